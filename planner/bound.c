@@ -1,0 +1,117 @@
+/*
+ * bound.c — lower bounds on the compute time of one iteration (forward and
+ * backward of every layer), for the plan's certificate:
+ *
+ *  area      sum_m L_m * min_n (n * T_m(n)) / N: the device-time every
+ *            MetaOp needs at its most efficient width, spread perfectly.
+ *  critical  the longest DAG path with every MetaOp at its fastest width:
+ *            max over paths of sum L_m * T_m(nmax_m).
+ *  lower     max(area, critical): no schedule under this cost model can
+ *            beat it.
+ *  paper     the paper's relaxed optimum: per BFS level, the C* at which
+ *            all the level's MetaOps finish together with real-valued
+ *            widths summing to N; levels add up. A MetaOp below one device
+ *            time-shares it: T(n) = T(1) / n for n < 1.
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+double relaxed_n(const metaop_t *m, double layers, double C)
+{
+	if (layers <= 0)
+		return 0;
+	double t1 = layers * mop_t(m, 1);
+	if (t1 <= C)
+		return t1 / C;
+	if (layers * mop_t(m, m->nmax) > C * (1 + 1e-12))
+		return HUGE_VAL;
+	int lo = 1, hi = m->nmax; /* L T(lo) > C >= L T(hi) */
+	while (hi - lo > 1) {
+		int mid = (lo + hi) / 2;
+		if (layers * mop_t(m, mid) > C)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	double a = layers * mop_t(m, lo), b = layers * mop_t(m, hi);
+	if (a <= b)
+		return hi;
+	return lo + (a - C) / (a - b);
+}
+
+double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
+		     double N, double *n_out)
+{
+	double lo = 0, hi = 0;
+	for (int i = 0; i < k; i++) {
+		const metaop_t *m = &pl->mops[mops[i]];
+		lo = fmax(lo, rem[i] * mop_t(m, m->nmax));
+		hi += rem[i] * mop_t(m, 1);
+	}
+	hi = fmax(hi, lo);
+	double need = 0;
+	for (int i = 0; i < k; i++)
+		need += relaxed_n(&pl->mops[mops[i]], rem[i], lo);
+	double C = lo;
+	if (need > N) {
+		for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
+			double mid = 0.5 * (lo + hi), s = 0;
+			for (int i = 0; i < k; i++)
+				s += relaxed_n(&pl->mops[mops[i]], rem[i], mid);
+			if (s > N)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		C = hi;
+	}
+	if (n_out)
+		for (int i = 0; i < k; i++)
+			n_out[i] = relaxed_n(&pl->mops[mops[i]], rem[i], C);
+	return C;
+}
+
+void bound_compute(const planner_t *pl, bounds_t *out)
+{
+	double area = 0;
+	double *finish = calloc((size_t)pl->n_mops + 1, sizeof(double));
+	int *ids = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
+	double *rem = malloc(sizeof(double) * (size_t)(pl->n_mops + 1));
+	out->area_ms = out->cp_ms = out->paper_ms = out->lower_ms = 0;
+	if (!finish || !ids || !rem)
+		goto cleanup;
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		double best = HUGE_VAL;
+		for (int n = 1; n <= mo->nmax; n++)
+			best = fmin(best, n * mop_t(mo, n));
+		area += mo->n_layers * best;
+	}
+	out->area_ms = area / pl->N;
+	for (int k = 0; k < pl->n_mops; k++) {
+		int m = pl->topo[k];
+		const metaop_t *mo = &pl->mops[m];
+		double start = 0;
+		for (int q = 0; q < mo->n_pred; q++)
+			start = fmax(start, finish[pl->edges[mo->pred[q]].src]);
+		finish[m] = start + mo->n_layers * mop_t(mo, mo->nmax);
+		out->cp_ms = fmax(out->cp_ms, finish[m]);
+	}
+	for (int lv = 0; lv < pl->n_levels; lv++) {
+		int k = 0;
+		for (int m = 0; m < pl->n_mops; m++)
+			if (pl->mops[m].level == lv) {
+				ids[k] = m;
+				rem[k++] = pl->mops[m].n_layers;
+			}
+		if (k)
+			out->paper_ms += relaxed_cstar(pl, ids, rem, k, pl->N, NULL);
+	}
+	out->lower_ms = fmax(out->area_ms, out->cp_ms);
+cleanup:
+	free(finish);
+	free(ids);
+	free(rem);
+}

@@ -1,0 +1,217 @@
+/*
+ * graph.c — graph contraction: the task DAG of operators (one per layer of
+ * each node) becomes a DAG of MetaOps.
+ *
+ * Rule (the paper's): merge operator i into j while out-degree(i) = 1,
+ * in-degree(j) = 1 and both have the same shape (type, seq, widths, heads,
+ * ffn, causal). Inside a node consecutive layers always merge, so each node
+ * is a chain; a node joins its input's MetaOp when it is that input's only
+ * consumer, has that single input, and has the same shape. Tasks never
+ * share operators (each has its own batch), so MetaOps never span tasks;
+ * a component used by several nodes keeps one parameter set (the runtime
+ * sums its gradients over all uses).
+ *
+ * Needs: a validated model. Leaves: pl->mops, pl->ops, pl->edges, pl->topo,
+ * levels. Consumers that read token 0 only (classifier, contrastive) take
+ * one token per input, so only that token is ever transferred.
+ */
+#include "planner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int topo_nodes(const sp_task_t *t, int *order)
+{
+	/* Kahn's algorithm in node order for determinism */
+	int n = t->n_nodes, k = 0;
+	int *indeg = calloc((size_t)n, sizeof(int));
+	if (!indeg)
+		return SP_ENOMEM;
+	for (int i = 0; i < n; i++)
+		indeg[i] = t->nodes[i].n_inputs;
+	while (k < n) {
+		int pick = -1;
+		for (int i = 0; i < n && pick < 0; i++)
+			if (indeg[i] == 0)
+				pick = i;
+		if (pick < 0)
+			break; /* cannot happen: the loader rejected cycles */
+		indeg[pick] = -1;
+		order[k++] = pick;
+		for (int j = 0; j < n; j++)
+			for (int q = 0; q < t->nodes[j].n_inputs; q++)
+				if (t->nodes[j].inputs[q] == pick)
+					indeg[j]--;
+	}
+	free(indeg);
+	return k == n ? 0 : SP_EINTERNAL;
+}
+
+static int consumers(const sp_task_t *t, int node, int *only)
+{
+	int c = 0;
+	for (int j = 0; j < t->n_nodes; j++)
+		for (int q = 0; q < t->nodes[j].n_inputs; q++)
+			if (t->nodes[j].inputs[q] == node) {
+				c++;
+				*only = j;
+			}
+	return c;
+}
+
+int graph_build(planner_t *pl)
+{
+	const sp_model_t *m = pl->model;
+	int total_nodes = 0, total_ops = 0;
+	for (int t = 0; t < m->n_tasks; t++) {
+		total_nodes += m->tasks[t].n_nodes;
+		for (int i = 0; i < m->tasks[t].n_nodes; i++)
+			total_ops += m->tasks[t].nodes[i].layer_to - m->tasks[t].nodes[i].layer_from;
+	}
+	int rc = 0;
+	int *order = malloc(sizeof(int) * (size_t)(total_nodes + 1));
+	int *mop_of = malloc(sizeof(int) * (size_t)(total_nodes + 1));
+	pl->mops = sp_arena_calloc(&pl->arena, (size_t)total_nodes, sizeof(metaop_t));
+	pl->ops = sp_arena_calloc(&pl->arena, (size_t)total_ops, sizeof(sp_op_t));
+	/* edges: at most one per node input */
+	int max_edges = 0;
+	for (int t = 0; t < m->n_tasks; t++)
+		for (int i = 0; i < m->tasks[t].n_nodes; i++)
+			max_edges += m->tasks[t].nodes[i].n_inputs;
+	pl->edges = sp_arena_calloc(&pl->arena, (size_t)max_edges + 1, sizeof(sp_edge_t));
+	if (!order || !mop_of || !pl->mops || !pl->ops || !pl->edges) {
+		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	int base = 0;
+	for (int ti = 0; ti < m->n_tasks; ti++) {
+		const sp_task_t *t = &m->tasks[ti];
+		if ((rc = topo_nodes(t, order))) {
+			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					"graph: task '%s' is not acyclic", t->name);
+			goto cleanup;
+		}
+		/* assign nodes to MetaOps in topological order, following each chain
+		 * to its end at once so that a MetaOp's operators are contiguous */
+		for (int k = 0; k < t->n_nodes; k++)
+			mop_of[base + order[k]] = -1;
+		for (int k = 0; k < t->n_nodes; k++) {
+			int i = order[k];
+			if (mop_of[base + i] >= 0)
+				continue;
+			const sp_node_t *n = &t->nodes[i];
+			sp_opshape_t sh = op_shape(m, t, n);
+			metaop_t *mo = &pl->mops[pl->n_mops];
+			mo->task = ti;
+			mo->first_op = pl->n_ops;
+			mo->shape = sh;
+			mo->batch = t->batch;
+			mo->source = comp_is_source(sh.type);
+			mo->sink = comp_is_sink(sh.type);
+			snprintf(mo->name, sizeof mo->name, "%s/%s", t->name, n->id);
+			for (int cur = i;;) {
+				const sp_node_t *cn = &t->nodes[cur];
+				for (int l = cn->layer_from; l < cn->layer_to; l++)
+					pl->ops[pl->n_ops++] = (sp_op_t){cur, l};
+				mo->n_layers += cn->layer_to - cn->layer_from;
+				mop_of[base + cur] = pl->n_mops;
+				int next = -1;
+				if (consumers(t, cur, &next) != 1 || t->nodes[next].n_inputs != 1)
+					break;
+				sp_opshape_t ns = op_shape(m, t, &t->nodes[next]);
+				if (!opshape_equal(&sh, &ns))
+					break;
+				size_t len = strlen(mo->name);
+				const char *dots = strstr(mo->name, "..");
+				if (dots)
+					len = (size_t)(dots - mo->name);
+				snprintf(mo->name + len, sizeof mo->name - len, "..%s",
+					 t->nodes[next].id);
+				cur = next;
+			}
+			pl->n_mops++;
+		}
+		base += t->n_nodes;
+	}
+	/* shapes of values and edges: the head node's inputs in order */
+	base = 0;
+	for (int ti = 0; ti < m->n_tasks; ti++) {
+		const sp_task_t *t = &m->tasks[ti];
+		for (int i = 0; i < t->n_nodes; i++) {
+			int mi = mop_of[base + i];
+			metaop_t *mo = &pl->mops[mi];
+			if (pl->ops[mo->first_op].node != i)
+				continue; /* not the head */
+			const sp_node_t *n = &t->nodes[i];
+			const sp_component_t *c = &m->comps[n->comp];
+			int one_token = c->type == COMP_CLASSIFIER || c->type == COMP_CONTRASTIVE;
+			int off = 0;
+			for (int q = 0; q < n->n_inputs; q++) {
+				const sp_node_t *src = &t->nodes[n->inputs[q]];
+				int len = one_token ? 1 : (int)src->seq;
+				pl->edges[pl->n_edges++] = (sp_edge_t){
+					mop_of[base + n->inputs[q]], mi, off, len};
+				off += len;
+				mo->width_in = (int)comp_out_width(&m->comps[src->comp]);
+			}
+			mo->seq_in = mo->source ? (int)n->seq : off;
+			if (mo->source)
+				mo->width_in = 0;
+			/* output: the last node of the chain */
+			const sp_node_t *last = &t->nodes[pl->ops[mo->first_op + mo->n_layers - 1].node];
+			mo->seq_out = mo->sink ? 0 : (int)last->seq;
+			mo->width_out = mo->sink ? 0 : (int)comp_out_width(&m->comps[last->comp]);
+		}
+		base += t->n_nodes;
+	}
+	/* adjacency */
+	for (int e = 0; e < pl->n_edges; e++) {
+		pl->mops[pl->edges[e].src].n_succ++;
+		pl->mops[pl->edges[e].dst].n_pred++;
+	}
+	for (int k = 0; k < pl->n_mops; k++) {
+		metaop_t *mo = &pl->mops[k];
+		mo->pred = sp_arena_calloc(&pl->arena, (size_t)mo->n_pred + 1, sizeof(int));
+		mo->succ = sp_arena_calloc(&pl->arena, (size_t)mo->n_succ + 1, sizeof(int));
+		if (!mo->pred || !mo->succ) {
+			rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+			goto cleanup;
+		}
+		mo->n_pred = mo->n_succ = 0;
+	}
+	for (int e = 0; e < pl->n_edges; e++) {
+		metaop_t *s = &pl->mops[pl->edges[e].src], *d = &pl->mops[pl->edges[e].dst];
+		s->succ[s->n_succ++] = e;
+		d->pred[d->n_pred++] = e;
+	}
+	/* levels: MetaOps were created in topological order inside each task */
+	pl->n_levels = 0;
+	for (int k = 0; k < pl->n_mops; k++) {
+		metaop_t *mo = &pl->mops[k];
+		mo->level = 0;
+		for (int q = 0; q < mo->n_pred; q++) {
+			int p = pl->edges[mo->pred[q]].src;
+			if (p >= k) {
+				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						"graph: MetaOps not in topological order");
+				goto cleanup;
+			}
+			mo->level = SP_MAX(mo->level, pl->mops[p].level + 1);
+		}
+		pl->n_levels = SP_MAX(pl->n_levels, mo->level + 1);
+	}
+	pl->topo = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(int));
+	if (!pl->topo) {
+		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	/* topological order: by level, then creation order (stable) */
+	for (int lv = 0, k = 0; lv < pl->n_levels; lv++)
+		for (int q = 0; q < pl->n_mops; q++)
+			if (pl->mops[q].level == lv)
+				pl->topo[k++] = q;
+cleanup:
+	free(order);
+	free(mop_of);
+	return rc;
+}

@@ -1,0 +1,172 @@
+/*
+ * main.c — spindle-plan: command line, loading the inputs, and the exit
+ * status. Everything else is in the passes (planner.h). Only this file
+ * prints errors and decides how the program exits.
+ */
+#include "planner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: spindle-plan MODEL.json CLUSTER.json [-o PLAN.bin] [options]\n"
+		"\n"
+		"  -o, --output FILE    write the plan (atomically; nothing on error)\n"
+		"  --inspect            print what was understood of the inputs and stop\n"
+		"  --report             print the report (algorithms, bounds, waves)\n"
+		"  --compare            plan with every algorithm (default: ours and sequential)\n"
+		"  --json               print the report as JSON\n"
+		"  --algo NAME          spindle (default), spindle-paper, sequential,\n"
+		"                       task-level, distmm-mt\n"
+		"  --placement KIND     spindle (default) or naive\n"
+		"  --mem-reserve GIB    memory kept free on every device\n"
+		"                       (default: 2 GiB or 10%% of it, whichever is less)\n"
+		"  --milp-ms MS         time limit of each MILP (default 2000)\n"
+		"  -h, --help           this text\n"
+		"\n"
+		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
+}
+
+static int parse_args(plan_opts_t *o, int argc, char **argv)
+{
+	memset(o, 0, sizeof *o);
+	o->algo = ALGO_SPINDLE;
+	o->placement = PLACE_SPINDLE;
+	o->mem_reserve_gib = -1; /* auto: min(2 GiB, 10% of the device) */
+	o->milp_time_ms = 2000;
+	int pos = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			exit(0);
+		} else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+			if (!val)
+				goto missing;
+			o->out_path = val;
+			i++;
+		} else if (!strcmp(a, "--inspect")) {
+			o->inspect = 1;
+		} else if (!strcmp(a, "--report")) {
+			o->report = 1;
+		} else if (!strcmp(a, "--compare")) {
+			o->compare = 1;
+		} else if (!strcmp(a, "--json")) {
+			o->json = 1;
+		} else if (!strcmp(a, "--algo")) {
+			if (!val)
+				goto missing;
+			if (algo_parse(val, &o->algo)) {
+				fprintf(stderr, "spindle-plan: unknown algorithm '%s'\nhint: use "
+						"spindle, spindle-paper, sequential, task-level or "
+						"distmm-mt\n",
+					val);
+				return SP_EXIT_INPUT;
+			}
+			i++;
+		} else if (!strcmp(a, "--placement")) {
+			if (!val)
+				goto missing;
+			if (!strcmp(val, "spindle"))
+				o->placement = PLACE_SPINDLE;
+			else if (!strcmp(val, "naive"))
+				o->placement = PLACE_NAIVE;
+			else {
+				fprintf(stderr, "spindle-plan: unknown placement '%s'\nhint: use "
+						"spindle or naive\n",
+					val);
+				return SP_EXIT_INPUT;
+			}
+			i++;
+		} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-ms")) {
+			if (!val)
+				goto missing;
+			char *end;
+			double x = strtod(val, &end);
+			if (*end || end == val || !(x >= 0) || x > 1e6) {
+				fprintf(stderr, "spindle-plan: %s: invalid number '%s'\n", a, val);
+				return SP_EXIT_INPUT;
+			}
+			if (!strcmp(a, "--mem-reserve"))
+				o->mem_reserve_gib = x;
+			else
+				o->milp_time_ms = (int)x;
+			i++;
+		} else if (a[0] == '-' && a[1]) {
+			fprintf(stderr, "spindle-plan: unknown option '%s'\nhint: see "
+					"spindle-plan --help\n",
+				a);
+			return SP_EXIT_INPUT;
+		} else if (pos == 0) {
+			o->model_path = a;
+			pos++;
+		} else if (pos == 1) {
+			o->cluster_path = a;
+			pos++;
+		} else {
+			fprintf(stderr, "spindle-plan: unexpected argument '%s'\n", a);
+			return SP_EXIT_INPUT;
+		}
+		continue;
+	missing:
+		fprintf(stderr, "spindle-plan: option '%s' needs a value\n", a);
+		return SP_EXIT_INPUT;
+	}
+	if (pos != 2) {
+		usage(stderr);
+		return SP_EXIT_INPUT;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	plan_opts_t o;
+	int rc = parse_args(&o, argc, argv);
+	if (rc)
+		return rc;
+	sp_err_t err = {0};
+	sp_model_t model = {0};
+	sp_cluster_t cluster = {0};
+	sp_plan_t plan = {0};
+	plan_summary_t sum;
+	int status = SP_EXIT_OK;
+	if (model_load(&model, o.model_path, &err) ||
+	    cluster_load(&cluster, o.cluster_path, &err)) {
+		sp_err_print(stderr, &err);
+		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		goto cleanup;
+	}
+	if (o.mem_reserve_gib < 0)
+		o.mem_reserve_gib = SP_MIN(2.0, 0.1 * cluster.memory_gib);
+	if (o.inspect) {
+		inspect_print(stdout, &model, &cluster);
+		goto cleanup;
+	}
+	if (planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
+		sp_err_print(stderr, &err);
+		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		goto cleanup;
+	}
+	if (o.json)
+		report_json(stdout, &plan, &sum);
+	else if (o.report || o.compare)
+		report_print(stdout, &plan, &sum);
+	else
+		fprintf(stdout, "%s: %s plan, predicted %.2f ms per iteration (lower bound "
+				"%.2f ms, sequential %.2f ms)\n",
+			o.model_path, algo_name(sum.chosen), plan.cert.iteration_ms,
+			plan.cert.lower_bound_ms, sum.algos[ALGO_SEQUENTIAL].iteration_ms);
+	if (o.out_path && plan_write(&plan, o.out_path, &err)) {
+		sp_err_print(stderr, &err);
+		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+	}
+cleanup:
+	plan_release(&plan);
+	model_release(&model);
+	cluster_release(&cluster);
+	return status;
+}

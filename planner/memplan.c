@@ -1,0 +1,83 @@
+/*
+ * memplan.c — predicted memory of every device (the formula lives in
+ * schemas/plan_mem.c, shared with the verifier and the runtime) and, when
+ * a device is over its cap, an explanation: which device, by how much, and
+ * which parameters or activations make it so.
+ */
+#include "planner.h"
+
+#include <string.h>
+
+static double gib(double b)
+{
+	return b / (1024.0 * 1024.0 * 1024.0);
+}
+
+/* "'llm' layers 0-31 (112.0 GiB)" for the component holding most state. */
+static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
+{
+	const sp_device_t *dv = &p->devices[d];
+	const sp_model_t *md = &p->model;
+	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
+	int best = -1;
+	double best_b = 0;
+	for (int c = 0; c < md->n_comps; c++) {
+		double b = 0;
+		for (int k = 0; k < dv->n_held; k++)
+			if (p->held[dv->held_off + k].comp == c)
+				b += (double)comp_layer_params(&md->comps[c]) * psb;
+		if (b > best_b) {
+			best_b = b;
+			best = c;
+		}
+	}
+	if (best < 0) {
+		snprintf(buf, cap, "no parameters");
+		return;
+	}
+	int lo = 1 << 30, hi = -1;
+	for (int k = 0; k < dv->n_held; k++)
+		if (p->held[dv->held_off + k].comp == best) {
+			lo = SP_MIN(lo, p->held[dv->held_off + k].layer);
+			hi = SP_MAX(hi, p->held[dv->held_off + k].layer);
+		}
+	snprintf(buf, cap, "'%s' layers %d-%d need %.1f GiB per replica with %s", md->comps[best].name,
+		 lo, hi, gib(best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD");
+}
+
+int memplan_run(planner_t *pl, sp_plan_t *p, int check)
+{
+	int worst = -1;
+	double worst_over = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		sp_device_t *dv = &p->devices[d];
+		if (plan_memory(p, d, dv->mem))
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "memory plan: device %d touches too many values", d);
+		dv->mem_peak = 0;
+		for (int c = 0; c < MEM__COUNT; c++)
+			dv->mem_peak += dv->mem[c];
+		double over = (double)dv->mem_peak - pl->mem_cap;
+		if (over > worst_over) {
+			worst_over = over;
+			worst = d;
+		}
+	}
+	if (!check || worst < 0)
+		return 0;
+	const sp_device_t *dv = &p->devices[worst];
+	char why[256];
+	explain_params(p, worst, why, sizeof why);
+	int rc = sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
+			    "no plan fits memory: device %d needs %.1f GiB, %.1f GiB more than "
+			    "the %.1f GiB usable (%.0f GiB less %.1f GiB reserve): parameter "
+			    "state %.1f GiB (%s), activations %.1f GiB, buffers %.1f GiB, "
+			    "workspace %.1f GiB",
+			    worst, gib((double)dv->mem_peak), gib(worst_over), gib(pl->mem_cap),
+			    pl->cluster->memory_gib, pl->opts->mem_reserve_gib,
+			    gib((double)dv->mem[MEM_PARAMS]), why, gib((double)dv->mem[MEM_ACTS]),
+			    gib((double)dv->mem[MEM_COMM]), gib((double)dv->mem[MEM_WORK]));
+	sp_err_hint(pl->err, "use more or larger devices, smaller batches, or lower "
+			     "--mem-reserve");
+	return rc;
+}

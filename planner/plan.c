@@ -1,0 +1,203 @@
+/*
+ * plan.c — the planner pipeline: every pass in order, for every algorithm
+ * asked for, then the certificate of the chosen plan and its verification.
+ * Wall-clock planning times go to the report only, never into the plan
+ * (same inputs and options must give the same bytes).
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Bytes sent between devices of different nodes. */
+static int64_t xnode_bytes(const sp_plan_t *p)
+{
+	int64_t total = 0;
+	int db = dtype_bytes(p->model.dtype);
+	for (int d = 0; d < p->n_devices; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			if (in->op != INS_SEND || p->devices[in->peer].node == dv->node)
+				continue;
+			int32_t seq, width;
+			plan_value_shape(p, in->src.metaop, in->src.layer, &seq, &width);
+			total += (int64_t)(in->s1 - in->s0) * in->seq_len * width * db;
+		}
+	}
+	return total;
+}
+
+/* schedule → placement → programs → memory → simulation, for one algorithm. */
+static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
+			sp_plan_t *out, sim_result_t *res, int *fits)
+{
+	sched_t s;
+	place_t pc = {0};
+	int rc;
+	if ((rc = sched_run(pl, a, variant, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
+	    (rc = lower_run(pl, &s, &pc, out)))
+		goto cleanup;
+	rc = memplan_run(pl, out, 0);
+	if (!rc)
+		rc = sim_run(pl, out, 1, res);
+	*fits = 1;
+	for (int d = 0; d < out->n_devices; d++)
+		if ((double)out->devices[d].mem_peak > pl->mem_cap)
+			*fits = 0;
+cleanup:
+	place_release(&pc);
+	sched_release(&s);
+	return rc;
+}
+
+/*
+ * One algorithm; for ours, every variant, judged by the simulator: the
+ * fastest plan that fits memory (or the fastest, if none fits).
+ */
+static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
+		    sim_result_t *res, int *fits)
+{
+	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1;
+	memset(out, 0, sizeof *out);
+	for (int v = 0; v < nv; v++) {
+		sp_plan_t p = {0};
+		sim_result_t r;
+		int f = 0;
+		int rc = plan_variant(pl, a, v, kind, &p, &r, &f);
+		if (rc) {
+			plan_release(&p);
+			plan_release(out);
+			return rc;
+		}
+		int better = v == 0 || (f && !*fits) ||
+			     (f == *fits && r.iteration_ms < res->iteration_ms * (1 - 1e-9));
+		if (better) {
+			plan_release(out);
+			*out = p;
+			*res = r;
+			*fits = f;
+		} else {
+			plan_release(&p);
+		}
+	}
+	return 0;
+}
+
+int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
+{
+	planner_t pl = {.model = m, .cluster = c, .opts = o, .err = err};
+	int rc = 0;
+	double t_start = now_ms();
+	memset(out, 0, sizeof *out);
+	memset(sum, 0, sizeof *sum);
+	sp_arena_init(&pl.arena);
+	pl.N = c->nodes * c->gpus_per_node;
+	pl.mem_cap = (c->memory_gib - o->mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
+	if (pl.mem_cap <= 0) {
+		rc = sp_err_set(err, SP_EINPUT, o->cluster_path, 0, 0, "gpu.memory_gib",
+				"%.1f GiB of memory leaves nothing after the %.1f GiB reserve",
+				c->memory_gib, o->mem_reserve_gib);
+		sp_err_hint(err, "lower --mem-reserve");
+		goto cleanup;
+	}
+	/* model → MetaOps → costs → bounds */
+	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)))
+		goto cleanup;
+	bound_compute(&pl, &sum->bounds);
+
+	int want[ALGO__COUNT] = {0};
+	for (int a = 0; a < ALGO__COUNT; a++)
+		want[a] = o->compare;
+	want[o->algo] = 1;
+	want[ALGO_SEQUENTIAL] = 1;
+	sim_result_t chosen_res = {0};
+	for (int a = 0; a < ALGO__COUNT; a++) {
+		if (!want[a])
+			continue;
+		sp_plan_t p = {0};
+		sim_result_t r;
+		int fits = 0;
+		double t0 = now_ms();
+		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &fits);
+		double t1 = now_ms();
+		if (rc) {
+			plan_release(&p);
+			goto cleanup;
+		}
+		sp_algo_result_t *ar = &sum->algos[a];
+		snprintf(ar->name, sizeof ar->name, "%s", algo_name((algo_t)a));
+		ar->iteration_ms = r.iteration_ms;
+		ar->compute_ms = r.compute_ms;
+		ar->utilisation = r.utilisation;
+		ar->planning_ms = t1 - t0;
+		ar->fits_memory = fits;
+		sum->ran[a] = 1;
+		if (a == (int)o->algo) {
+			*out = p;
+			chosen_res = r;
+		} else {
+			plan_release(&p);
+		}
+	}
+	sum->chosen = o->algo;
+	if ((rc = memplan_run(&pl, out, 1)))
+		goto cleanup;
+	if ((rc = verify_plan(out, pl.mem_cap, err)))
+		goto cleanup;
+
+	/* certificate */
+	sp_cert_t *ct = &out->cert;
+	ct->iteration_ms = chosen_res.iteration_ms;
+	ct->compute_ms = chosen_res.compute_ms;
+	ct->transfer_ms = chosen_res.transfer_ms;
+	ct->sync_ms = chosen_res.sync_ms;
+	ct->area_bound_ms = sum->bounds.area_ms;
+	ct->cp_bound_ms = sum->bounds.cp_ms;
+	ct->paper_bound_ms = sum->bounds.paper_ms;
+	ct->lower_bound_ms = sum->bounds.lower_ms;
+	ct->gap = ct->lower_bound_ms > 0 ? ct->compute_ms / ct->lower_bound_ms - 1 : 0;
+	ct->xnode_bytes = xnode_bytes(out);
+	ct->xfer_pred_ms = chosen_res.transfer_ms;
+	{
+		/* the same schedule placed naively, for comparison */
+		sp_plan_t naive = {0};
+		sim_result_t nr;
+		int fits;
+		if ((rc = plan_one(&pl, o->algo, PLACE_NAIVE, &naive, &nr, &fits))) {
+			plan_release(&naive);
+			goto cleanup;
+		}
+		ct->naive_xnode_bytes = xnode_bytes(&naive);
+		ct->naive_xfer_pred_ms = nr.transfer_ms;
+		plan_release(&naive);
+	}
+	out->n_algos = 0;
+	out->algos = calloc(ALGO__COUNT, sizeof *out->algos);
+	if (!out->algos) {
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	for (int a = 0; a < ALGO__COUNT; a++)
+		if (sum->ran[a]) {
+			out->algos[out->n_algos] = sum->algos[a];
+			out->algos[out->n_algos].planning_ms = 0; /* not deterministic */
+			out->n_algos++;
+		}
+	sum->total_ms = now_ms() - t_start;
+cleanup:
+	sp_arena_release(&pl.arena);
+	if (rc)
+		plan_release(out);
+	return rc;
+}

@@ -1,0 +1,238 @@
+/*
+ * planner.h — the planner's internal map, one section per pass (file).
+ *
+ * Pipeline (plan.c): load+validate (schemas/) → graph.c (task DAG →
+ * MetaOps) → cost.c (scalability estimator) → sched_*.c (waves of slices)
+ * → place.c (devices) → lower.c (per-device programs, buckets, held
+ * params) → memplan.c (memory per device) → sim.c (predicted times) →
+ * bound.c (certificate) → verify.c → plan_write (schemas/).
+ */
+#ifndef SPINDLE_PLANNER_H
+#define SPINDLE_PLANNER_H
+
+#include "common.h"
+#include "model.h"
+#include "plan.h"
+
+#include <stdio.h>
+
+typedef enum {
+	ALGO_SPINDLE,
+	ALGO_PAPER,
+	ALGO_SEQUENTIAL,
+	ALGO_TASK_LEVEL,
+	ALGO_DISTMM,
+	ALGO__COUNT
+} algo_t;
+
+typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
+
+typedef struct {
+	const char *model_path, *cluster_path, *out_path;
+	int inspect, report, compare, json;
+	algo_t algo;
+	place_kind_t placement;
+	double mem_reserve_gib; /* kept free on every device */
+	int milp_time_ms;       /* GLPK limit per MILP */
+} plan_opts_t;
+
+const char *algo_name(algo_t a);
+int algo_parse(const char *s, algo_t *out);
+
+/* ---- graph.c: task DAG → MetaOps ------------------------------------------ */
+
+typedef struct {
+	int task;
+	int n_layers, first_op; /* operators pl->ops[first_op .. +n_layers) */
+	sp_opshape_t shape;
+	int64_t batch;
+	int seq_in, width_in, seq_out, width_out;
+	int source, sink;
+	int n_pred, n_succ;
+	int *pred, *succ; /* edge indices into pl->edges */
+	int level;        /* longest path from a source, in MetaOps */
+	char name[2 * SP_NAME_MAX];
+	/* cost.c */
+	int nmax;        /* valid device counts: 1..nmax = min(batch, N) */
+	double *tf, *tb; /* [nmax+1]: per-layer ms at n devices, local batch ceil(B/n) */
+	int profiled;
+	int scales;      /* 0: every device of a slice does the whole work (contrastive) */
+	int64_t layer_state_bytes; /* parameter state of one layer replica */
+	int64_t saved_per_sample;  /* bytes saved for backward per layer and sample */
+} metaop_t;
+
+typedef struct planner {
+	const sp_model_t *model;
+	const sp_cluster_t *cluster;
+	const plan_opts_t *opts;
+	sp_err_t *err;
+	sp_arena_t arena;
+	int N; /* devices */
+	int n_mops, n_ops, n_edges;
+	metaop_t *mops;
+	sp_op_t *ops;
+	sp_edge_t *edges;
+	int *topo; /* MetaOps in a topological order (by level, then id) */
+	int n_levels;
+	double mem_cap; /* usable bytes per device */
+} planner_t;
+
+/* Builds operators and contracts chains into MetaOps. */
+int graph_build(planner_t *pl);
+
+/* ---- cost.c: scalability estimator ------------------------------------------ */
+
+/* Fills tf/tb/profiled for every MetaOp. */
+int cost_build(planner_t *pl);
+/* Per-layer ms of MetaOp m for a device holding `local` samples. */
+void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
+/* Time of one point-to-point transfer of bytes between devices a and b. */
+double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes);
+/* Ring all-reduce of bytes over the n devices devs[]. */
+double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+/* Optimizer step over elems parameters on one device. */
+double cost_step_ms(const planner_t *pl, int64_t elems);
+static inline int dev_node(const sp_cluster_t *c, int d)
+{
+	return d / c->gpus_per_node;
+}
+
+/* ---- sched.c (shared) and sched_*.c: schedules ---------------------------- */
+
+typedef struct {
+	int metaop, lf, lt; /* layers [lf, lt) */
+	int n;              /* devices */
+	int wave;
+	double t0, t1;      /* nominal start/end (the scheduler's own estimate) */
+} sslice_t;
+
+typedef struct {
+	algo_t algo;
+	sslice_t *s;
+	int n, cap;
+	int n_waves;
+	double planning_ms;
+} sched_t;
+
+int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
+	       double t1);
+void sched_release(sched_t *s);
+/* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
+void sched_finish(sched_t *s);
+/* Checks coverage, precedence and device counts; an internal error if broken. */
+int sched_check(const planner_t *pl, const sched_t *s);
+/* Per-layer fwd+bwd ms of m on n devices. */
+static inline double mop_t(const metaop_t *m, int n)
+{
+	return m->tf[n] + m->tb[n];
+}
+
+int sched_sequential(planner_t *pl, sched_t *out);
+int sched_task_level(planner_t *pl, sched_t *out);
+int sched_distmm(planner_t *pl, sched_t *out);
+int sched_paper(planner_t *pl, sched_t *out);
+/* The paper's wave packing over the whole DAG (a variant of ours). */
+int sched_paper_dag(planner_t *pl, sched_t *out);
+#define SPINDLE_VARIANTS 3
+int sched_spindle_variant(planner_t *pl, int variant, sched_t *out);
+/* variant: for ALGO_SPINDLE, which of SPINDLE_VARIANTS; else 0. */
+int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);
+
+/* ---- bound.c: lower bounds -------------------------------------------------- */
+
+typedef struct {
+	double area_ms, cp_ms, paper_ms, lower_ms;
+} bounds_t;
+void bound_compute(const planner_t *pl, bounds_t *out);
+/*
+ * The paper's relaxed optimum for a set of independent MetaOps: C* with
+ * sum_m n_m(C*) = N, n_m(C) = T_m^{-1}(C / L_m) (real n; below one device a
+ * MetaOp time-shares, T(n) = T(1)/n). rem[k] = layers left of mops[k].
+ */
+double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
+		     double N, double *n_out);
+/* Real-valued n with L * T_m(n) = C, by the same convention. */
+double relaxed_n(const metaop_t *m, double layers, double C);
+
+/* ---- place.c: devices for every slice --------------------------------------- */
+
+typedef struct {
+	int32_t *devs;  /* slice i: devs[off[i] .. off[i] + s[i].n) */
+	int32_t *off;
+	int64_t xnode_bytes; /* estimated inter-wave bytes crossing nodes */
+} place_t;
+
+int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out);
+void place_release(place_t *p);
+
+/* ---- lower.c: per-device programs -------------------------------------------- */
+
+/* Fills plan structure, programs, buckets and held params from s + placement. */
+int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out);
+
+/* ---- memplan.c: memory per device --------------------------------------------- */
+
+/* Fills devices[].mem and mem_peak; reports the worst overflow in err. */
+int memplan_run(planner_t *pl, sp_plan_t *p, int check);
+
+/* ---- sim.c: the one evaluator --------------------------------------------------- */
+
+typedef struct {
+	double iteration_ms, compute_ms, utilisation;
+	double transfer_ms, sync_ms, step_ms;
+} sim_result_t;
+
+/*
+ * Event-driven execution of all programs under the cost model. comm: 1 with
+ * transfer, sync and step costs; 0 for the compute schedule alone. Fills
+ * predicted times into p (slices, waves, devices) when comm is 1.
+ */
+int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
+
+/* ---- verify.c ------------------------------------------------------------------- */
+
+/*
+ * Simulates all programs together; rejects deadlocks, unmatched or
+ * mismatched transfers, compute without parameters or input, missing
+ * gradient contributions in syncs, and memory over capacity.
+ */
+int verify_plan(const sp_plan_t *p, double mem_cap_bytes, sp_err_t *err);
+
+/* ---- plan.c: the pipeline ------------------------------------------------------- */
+
+typedef struct {
+	sp_algo_result_t algos[ALGO__COUNT];
+	int ran[ALGO__COUNT];
+	algo_t chosen;
+	bounds_t bounds;
+	double total_ms;
+} plan_summary_t;
+
+int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err);
+
+/* ---- report.c -------------------------------------------------------------------- */
+
+void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
+void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
+
+/* ---- inspect.c ------------------------------------------------------------------- */
+
+typedef struct {
+	int64_t layers, params;
+	int64_t fwd_flops, bwd_flops; /* per sample, all layers of the node */
+	int64_t out_bytes;            /* output activation per sample */
+	int64_t saved_bytes;          /* saved for backward per sample */
+} inspect_node_t;
+
+typedef struct {
+	int64_t params, state_bytes_per_param, state_bytes;
+	int64_t iter_flops, saved_bytes; /* whole iteration, all tasks */
+} inspect_model_t;
+
+void inspect_node(inspect_node_t *out, const sp_model_t *m, const sp_task_t *t,
+		  const sp_node_t *n);
+void inspect_model(inspect_model_t *out, const sp_model_t *m);
+void inspect_print(FILE *f, const sp_model_t *m, const sp_cluster_t *c);
+
+#endif

@@ -1,0 +1,361 @@
+/*
+ * sched.c — the schedule structure every algorithm produces (waves of
+ * slices with layer ranges, device counts and nominal times), its checker,
+ * and the three baselines computed with the same cost model:
+ *
+ *  sequential  each task in turn, each MetaOp on min(N, B) devices
+ *              (data parallel on the whole cluster: Megatron-LM/DeepSpeed).
+ *  task-level  each task on its own fixed group, tasks concurrent; group
+ *              sizes by Optimus-style marginal gain: start every task at one
+ *              device, then give each further device to the task whose
+ *              completion time drops most from it. With more tasks than
+ *              devices, tasks go longest-first onto single devices.
+ *  distmm-mt   tasks in turn; inside a task the MetaOps of one level run in
+ *              parallel, devices split so that they finish together (the
+ *              relaxed C* of that level, rounded down, leftovers to the
+ *              MetaOp with most time left), then the next level.
+ *
+ * Nominal times (t0, t1) are each algorithm's own estimate; the simulator
+ * (sim.c) judges all of them on the lowered programs.
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *algo_name(algo_t a)
+{
+	static const char *const names[ALGO__COUNT] = {
+		"spindle", "spindle-paper", "sequential", "task-level", "distmm-mt"};
+	return (unsigned)a < ALGO__COUNT ? names[a] : "?";
+}
+
+int algo_parse(const char *s, algo_t *out)
+{
+	for (int a = 0; a < ALGO__COUNT; a++)
+		if (!strcmp(s, algo_name((algo_t)a))) {
+			*out = (algo_t)a;
+			return 0;
+		}
+	return -1;
+}
+
+int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
+	       double t1)
+{
+	sslice_t x = {metaop, lf, lt, n, wave, t0, t1};
+	return SP_PUSH(s->s, s->n, s->cap, x);
+}
+
+void sched_release(sched_t *s)
+{
+	if (!s)
+		return;
+	free(s->s);
+	memset(s, 0, sizeof *s);
+}
+
+typedef struct {
+	sslice_t s;
+	int idx;
+} keyed_t;
+
+static int cmp_slice(const void *a, const void *b)
+{
+	const keyed_t *x = a, *y = b;
+	if (x->s.t0 != y->s.t0)
+		return x->s.t0 < y->s.t0 ? -1 : 1;
+	if (x->s.wave != y->s.wave)
+		return x->s.wave - y->s.wave;
+	return x->idx - y->idx;
+}
+
+void sched_finish(sched_t *s)
+{
+	keyed_t *k = malloc(sizeof *k * (size_t)(s->n + 1));
+	if (!k)
+		return; /* order stays as created; still a valid schedule */
+	for (int i = 0; i < s->n; i++)
+		k[i] = (keyed_t){s->s[i], i};
+	qsort(k, (size_t)s->n, sizeof *k, cmp_slice);
+	int w = -1;
+	for (int i = 0; i < s->n; i++) {
+		if (i == 0 || k[i].s.t0 > k[i - 1].s.t0 + 1e-9 || k[i].s.wave != k[i - 1].s.wave)
+			w++;
+		s->s[i] = k[i].s;
+		s->s[i].wave = w;
+	}
+	s->n_waves = w + 1;
+	free(k);
+}
+
+int sched_check(const planner_t *pl, const sched_t *s)
+{
+	const double eps = 1e-6;
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		int next = 0, count = 0;
+		double first_t0 = -1, last_t1 = 0;
+		for (int i = 0; i < s->n; i++) {
+			const sslice_t *x = &s->s[i];
+			if (x->metaop != m)
+				continue;
+			if (x->lf != next || x->lt <= x->lf || x->n < 1 || x->n > mo->nmax)
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "%s schedule: MetaOp '%s' slice [%d,%d) on %d "
+						  "devices breaks coverage",
+						  algo_name(s->algo), mo->name, x->lf, x->lt, x->n);
+			if (count == 0)
+				first_t0 = x->t0;
+			next = x->lt;
+			last_t1 = x->t1;
+			count++;
+		}
+		if (next != mo->n_layers || (mo->sink && count != 1))
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "%s schedule: MetaOp '%s' covers %d of %d layers",
+					  algo_name(s->algo), mo->name, next, mo->n_layers);
+		for (int q = 0; q < mo->n_pred; q++) {
+			int p = pl->edges[mo->pred[q]].src;
+			double pt1 = 0;
+			for (int i = 0; i < s->n; i++)
+				if (s->s[i].metaop == p)
+					pt1 = s->s[i].t1;
+			if (first_t0 + eps < pt1)
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "%s schedule: '%s' starts before its input '%s' "
+						  "is done",
+						  algo_name(s->algo), mo->name, pl->mops[p].name);
+		}
+		(void)last_t1;
+	}
+	for (int i = 0; i < s->n; i++) {
+		int used = 0;
+		for (int j = 0; j < s->n; j++)
+			if (s->s[j].t0 <= s->s[i].t0 + eps && s->s[j].t1 > s->s[i].t0 + eps)
+				used += s->s[j].n;
+		if (used > pl->N)
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "%s schedule: %d devices in use at %.3f ms (of %d)",
+					  algo_name(s->algo), used, s->s[i].t0, pl->N);
+	}
+	return 0;
+}
+
+/* ---- sequential ---- */
+
+int sched_sequential(planner_t *pl, sched_t *out)
+{
+	double t = 0;
+	int w = 0;
+	for (int ti = 0; ti < pl->model->n_tasks; ti++)
+		for (int k = 0; k < pl->n_mops; k++) {
+			const metaop_t *m = &pl->mops[pl->topo[k]];
+			if (m->task != ti)
+				continue;
+			double d = m->n_layers * mop_t(m, m->nmax);
+			if (sched_push(out, pl->topo[k], 0, m->n_layers, m->nmax, w++, t, t + d))
+				return SP_ENOMEM;
+			t += d;
+		}
+	return 0;
+}
+
+/* ---- task-level ---- */
+
+static double task_time(const planner_t *pl, int ti, int g)
+{
+	double t = 0;
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *m = &pl->mops[k];
+		if (m->task == ti)
+			t += m->n_layers * mop_t(m, SP_MIN(g, m->nmax));
+	}
+	return t;
+}
+
+int sched_task_level(planner_t *pl, sched_t *out)
+{
+	int T = pl->model->n_tasks, N = pl->N, rc = 0;
+	int *g = calloc((size_t)T, sizeof(int));
+	double *free_at = calloc((size_t)N, sizeof(double));
+	int *order = calloc((size_t)T, sizeof(int));
+	if (!g || !free_at || !order) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int t = 0; t < T; t++) {
+		g[t] = 1;
+		order[t] = t;
+	}
+	if (T <= N) {
+		for (int left = N - T; left > 0; left--) {
+			int best = -1;
+			double gain = 1e-12;
+			for (int t = 0; t < T; t++) {
+				double d = task_time(pl, t, g[t]) - task_time(pl, t, g[t] + 1);
+				if (d > gain) {
+					gain = d;
+					best = t;
+				}
+			}
+			if (best < 0)
+				break;
+			g[best]++;
+		}
+	} else {
+		/* longest task first (stable) */
+		for (int i = 1; i < T; i++)
+			for (int j = i; j > 0 && task_time(pl, order[j], 1) >
+							 task_time(pl, order[j - 1], 1);
+			     j--) {
+				int x = order[j];
+				order[j] = order[j - 1];
+				order[j - 1] = x;
+			}
+	}
+	/* place task groups: T <= N: disjoint groups from 0; else earliest-free device */
+	for (int i = 0; i < T; i++) {
+		int ti = order[i];
+		double t = 0;
+		if (T > N) {
+			int d = 0;
+			for (int k = 1; k < N; k++)
+				if (free_at[k] < free_at[d])
+					d = k;
+			t = free_at[d];
+			free_at[d] = t + task_time(pl, ti, 1);
+		}
+		for (int k = 0; k < pl->n_mops; k++) {
+			const metaop_t *m = &pl->mops[pl->topo[k]];
+			if (m->task != ti)
+				continue;
+			int n = SP_MIN(g[ti], m->nmax);
+			double d = m->n_layers * mop_t(m, n);
+			if ((rc = sched_push(out, pl->topo[k], 0, m->n_layers, n, 0, t, t + d)))
+				goto cleanup;
+			t += d;
+		}
+	}
+cleanup:
+	free(g);
+	free(free_at);
+	free(order);
+	return rc;
+}
+
+/* ---- distmm-mt ---- */
+
+/* Integer device counts for independent MetaOps ids[0..k) on N devices, so
+ * that they finish together as nearly as integers allow. */
+static void split_devices(const planner_t *pl, const int *ids, int k, int N, int *n_out)
+{
+	double *rem = malloc(sizeof(double) * (size_t)k);
+	double *nr = malloc(sizeof(double) * (size_t)k);
+	int used = 0;
+	if (!rem || !nr) {
+		for (int i = 0; i < k; i++)
+			n_out[i] = 1;
+		free(rem);
+		free(nr);
+		return;
+	}
+	for (int i = 0; i < k; i++)
+		rem[i] = pl->mops[ids[i]].n_layers;
+	relaxed_cstar(pl, ids, rem, k, N, nr);
+	for (int i = 0; i < k; i++) {
+		n_out[i] = SP_MAX(1, SP_MIN((int)floor(nr[i] + 1e-9), pl->mops[ids[i]].nmax));
+		used += n_out[i];
+	}
+	while (used > N) { /* more MetaOps than devices is handled by the caller */
+		int worst = -1;
+		for (int i = 0; i < k; i++)
+			if (n_out[i] > 1 && (worst < 0 || n_out[i] > n_out[worst]))
+				worst = i;
+		if (worst < 0)
+			break;
+		n_out[worst]--;
+		used--;
+	}
+	while (used < N) {
+		int best = -1;
+		double bt = -1;
+		for (int i = 0; i < k; i++) {
+			const metaop_t *m = &pl->mops[ids[i]];
+			double t = m->n_layers * mop_t(m, n_out[i]);
+			if (n_out[i] < m->nmax && t > bt) {
+				bt = t;
+				best = i;
+			}
+		}
+		if (best < 0)
+			break;
+		n_out[best]++;
+		used++;
+	}
+	free(rem);
+	free(nr);
+}
+
+int sched_distmm(planner_t *pl, sched_t *out)
+{
+	int rc = 0, w = 0;
+	double t = 0;
+	int *ids = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
+	int *n = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
+	if (!ids || !n) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int ti = 0; ti < pl->model->n_tasks; ti++)
+		for (int lv = 0; lv < pl->n_levels; lv++) {
+			int k = 0;
+			for (int q = 0; q < pl->n_mops; q++)
+				if (pl->mops[pl->topo[q]].task == ti && pl->mops[pl->topo[q]].level == lv)
+					ids[k++] = pl->topo[q];
+			/* chunks of at most N MetaOps run as one wave each */
+			for (int c0 = 0; c0 < k; c0 += pl->N) {
+				int kc = SP_MIN(pl->N, k - c0);
+				split_devices(pl, ids + c0, kc, pl->N, n + c0);
+				double d = 0;
+				for (int i = c0; i < c0 + kc; i++) {
+					const metaop_t *m = &pl->mops[ids[i]];
+					d = fmax(d, m->n_layers * mop_t(m, n[i]));
+				}
+				for (int i = c0; i < c0 + kc; i++) {
+					const metaop_t *m = &pl->mops[ids[i]];
+					if ((rc = sched_push(out, ids[i], 0, m->n_layers, n[i], w, t,
+							     t + m->n_layers * mop_t(m, n[i]))))
+						goto cleanup;
+				}
+				w++;
+				t += d;
+			}
+		}
+cleanup:
+	free(ids);
+	free(n);
+	return rc;
+}
+
+int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out)
+{
+	memset(out, 0, sizeof *out);
+	out->algo = a;
+	int rc;
+	switch (a) {
+	case ALGO_SEQUENTIAL: rc = sched_sequential(pl, out); break;
+	case ALGO_TASK_LEVEL: rc = sched_task_level(pl, out); break;
+	case ALGO_DISTMM: rc = sched_distmm(pl, out); break;
+	case ALGO_PAPER: rc = sched_paper(pl, out); break;
+	case ALGO_SPINDLE: rc = sched_spindle_variant(pl, variant, out); break;
+	default: rc = SP_EINTERNAL; break;
+	}
+	if (rc == SP_ENOMEM)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	if (rc)
+		return rc;
+	sched_finish(out);
+	return sched_check(pl, out);
+}

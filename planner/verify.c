@@ -1,0 +1,455 @@
+/*
+ * verify.c — the plan's safety check, run on every plan before it is
+ * written. It executes all programs together (no timing, only data) and
+ * rejects, naming device, instruction and defect:
+ *   deadlock              no device can make progress before all finish
+ *   unmatched transfer    a SEND never received / RECV with no SEND / a tag
+ *                         used twice
+ *   size mismatch         the two ends of a transfer disagree on samples,
+ *                         tokens or peers
+ *   missing parameters    FWD/BWD/LOSS of a layer the device does not hold
+ *   missing input         a value read before all of it was written (FWD
+ *                         input, BWD output gradient, SEND/COPY source), a
+ *                         BWD without its FWD's saved activations, or a
+ *                         value written twice
+ *   missing gradient      a parameter's gradient contributions do not add up
+ *   contribution          to its task's full batch for every use, or come
+ *                         from a device outside its sync group
+ *   out of memory         predicted peak above the cap
+ * It is written independently of lower.c: it trusts only the plan.
+ */
+#include "planner.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+	int32_t m, l, g;
+	int32_t *cnt; /* tokens written per sample of the task's batch */
+} vbuf_t;
+
+typedef struct {
+	int32_t slice, s0, s1;
+} saved_t;
+
+typedef struct {
+	vbuf_t *v;
+	int nv, capv;
+	saved_t *sv;
+	int ns, caps;
+} dstate_t;
+
+typedef struct {
+	const sp_plan_t *p;
+	sp_err_t *err;
+	dstate_t *ds;
+	int *param_base, n_params;
+	int *bucket_of_param; /* -1 if none */
+} vstate_t;
+
+static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+{
+	char msg[400];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (d >= 0 && k >= 0)
+		return sp_err_set(st->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "plan verification failed: device %d instruction %d (%s): %s",
+				  d, k, ins_op_name(st->p->ins[st->p->devices[d].first_ins + k].op),
+				  msg);
+	return sp_err_set(st->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+			  "plan verification failed: %s", msg);
+}
+
+static int64_t batch_of(const sp_plan_t *p, int m)
+{
+	return p->model.tasks[p->metaops[m].task].batch;
+}
+
+static vbuf_t *value(vstate_t *st, int d, const sp_vref_t *r)
+{
+	dstate_t *ds = &st->ds[d];
+	for (int i = 0; i < ds->nv; i++)
+		if (ds->v[i].m == r->metaop && ds->v[i].l == r->layer && ds->v[i].g == r->grad)
+			return &ds->v[i];
+	vbuf_t nb = {r->metaop, r->layer, r->grad,
+		     calloc((size_t)batch_of(st->p, r->metaop) + 1, sizeof(int32_t))};
+	if (!nb.cnt || SP_PUSH(ds->v, ds->nv, ds->capv, nb)) {
+		free(nb.cnt);
+		return NULL;
+	}
+	return &ds->v[ds->nv - 1];
+}
+
+/* Tokens per sample a complete value holds. */
+static int32_t expected(const sp_plan_t *p, const sp_vref_t *r)
+{
+	const sp_metaop_t *m = &p->metaops[r->metaop];
+	if (!r->grad || r->layer < m->n_layers)
+		return r->layer == 0 ? m->seq_in : m->seq_out;
+	int32_t sum = 0; /* grad of the output: one piece per consumer edge */
+	for (int e = 0; e < p->n_edges; e++)
+		if (p->edges[e].src == r->metaop)
+			sum += p->edges[e].seq_len;
+	return sum;
+}
+
+static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0,
+			  int32_t s1, const char *what)
+{
+	vbuf_t *v = value(st, d, r);
+	if (!v)
+		return SP_ENOMEM;
+	int32_t want = expected(st->p, r);
+	for (int32_t s = s0; s < s1; s++)
+		if (v->cnt[s] != want)
+			return fail(st, d, k,
+				    "missing input: %s of '%s' sample %d has %d of %d tokens",
+				    what, st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s],
+				    (int)want);
+	return 0;
+}
+
+static int write_value(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0,
+		       int32_t s1, int32_t tokens)
+{
+	vbuf_t *v = value(st, d, r);
+	if (!v)
+		return SP_ENOMEM;
+	int32_t want = expected(st->p, r);
+	for (int32_t s = s0; s < s1; s++) {
+		v->cnt[s] += tokens;
+		if (v->cnt[s] > want)
+			return fail(st, d, k,
+				    "missing input: value of '%s' sample %d written twice "
+				    "(%d tokens)",
+				    st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s]);
+	}
+	return 0;
+}
+
+/* Checks parameters and records gradient contributions of a compute ins. */
+static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib)
+{
+	const sp_plan_t *p = st->p;
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *m = &p->metaops[sl->metaop];
+	const sp_device_t *dv = &p->devices[d];
+	const sp_task_t *t = &p->model.tasks[m->task];
+	for (int l = sl->layer_from; l < sl->layer_to; l++) {
+		const sp_op_t *op = &p->ops[m->first_op + l];
+		int comp = t->nodes[op->node].comp;
+		if (p->model.comps[comp].type == COMP_CONTRASTIVE)
+			continue;
+		int held = 0;
+		for (int q = 0; q < dv->n_held && !held; q++)
+			held = p->held[dv->held_off + q].comp == comp &&
+			       p->held[dv->held_off + q].layer == op->layer;
+		if (!held)
+			return fail(st, d, k, "missing parameters: '%s' layer %d is not held here",
+				    p->model.comps[comp].name, (int)op->layer);
+		if (in->op == INS_FWD)
+			continue;
+		contrib[m->first_op + l] += in->s1 - in->s0;
+		int b = st->bucket_of_param[st->param_base[comp] + op->layer];
+		int member = 0;
+		if (b >= 0)
+			for (int q = 0; q < p->buckets[b].n_dev; q++)
+				member |= p->bucket_devs[p->buckets[b].dev_off + q] == d;
+		if (!member)
+			return fail(st, d, k,
+				    "missing gradient contribution: gradients of '%s' layer %d "
+				    "computed here are not in its sync group",
+				    p->model.comps[comp].name, (int)op->layer);
+	}
+	return 0;
+}
+
+static int exec(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib)
+{
+	const sp_plan_t *p = st->p;
+	int rc = 0;
+	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
+		const sp_slice_t *sl = &p->slices[in->slice];
+		const sp_metaop_t *m = &p->metaops[sl->metaop];
+		int n_slot = -1;
+		for (int q = 0; q < sl->n_dev; q++)
+			if (p->slice_devs[sl->dev_off + q] == d)
+				n_slot = q;
+		int32_t a, b;
+		if (n_slot >= 0)
+			sample_range(batch_of(p, sl->metaop), n_slot, sl->n_dev, &a, &b);
+		if (n_slot < 0 || a != in->s0 || b != in->s1)
+			return fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
+					      "device's range of the slice",
+				    (int)in->s0, (int)in->s1);
+		if ((rc = check_params(st, d, k, in, contrib)))
+			return rc;
+		if (in->op == INS_FWD) {
+			sp_vref_t src = {sl->metaop, sl->layer_from, 0, 0};
+			sp_vref_t dst = {sl->metaop, sl->layer_to, 0, 0};
+			if (!(sl->layer_from == 0 && m->width_in == 0) &&
+			    (rc = check_complete(st, d, k, &src, in->s0, in->s1, "input")))
+				return rc;
+			saved_t sv = {in->slice, in->s0, in->s1};
+			if (SP_PUSH(st->ds[d].sv, st->ds[d].ns, st->ds[d].caps, sv))
+				return SP_ENOMEM;
+			return write_value(st, d, k, &dst, in->s0, in->s1, m->seq_out);
+		}
+		if (in->op == INS_LOSS) {
+			sp_vref_t src = {sl->metaop, 0, 0, 0}, dst = {sl->metaop, 0, 1, 0};
+			int32_t r0 = in->s0, r1 = in->s1;
+			if (m->shape.type == COMP_CONTRASTIVE) {
+				r0 = 0;
+				r1 = (int32_t)batch_of(p, sl->metaop);
+			}
+			if ((rc = check_complete(st, d, k, &src, r0, r1, "loss input")))
+				return rc;
+			return write_value(st, d, k, &dst, in->s0, in->s1, m->seq_in);
+		}
+		/* BWD */
+		sp_vref_t g = {sl->metaop, sl->layer_to, 1, 0};
+		sp_vref_t gd = {sl->metaop, sl->layer_from, 1, 0};
+		int found = 0;
+		for (int q = 0; q < st->ds[d].ns && !found; q++)
+			found = st->ds[d].sv[q].slice == in->slice && st->ds[d].sv[q].s0 == in->s0 &&
+				st->ds[d].sv[q].s1 == in->s1;
+		if (!found)
+			return fail(st, d, k, "missing input: backward of slice %d without its "
+					      "forward's saved activations",
+				    (int)in->slice);
+		if ((rc = check_complete(st, d, k, &g, in->s0, in->s1, "output gradient")))
+			return rc;
+		if (sl->layer_from == 0 && m->width_in == 0)
+			return 0; /* source: no input gradient */
+		return write_value(st, d, k, &gd, in->s0, in->s1,
+				   sl->layer_from == 0 ? m->seq_in : m->seq_out);
+	}
+	if (in->op == INS_SEND || in->op == INS_COPY)
+		if ((rc = check_complete(st, d, k, &in->src, in->s0, in->s1,
+					 in->op == INS_SEND ? "sent value" : "copied value")))
+			return rc;
+	if (in->op == INS_COPY || in->op == INS_RECV)
+		return write_value(st, d, k, &in->dst, in->s0, in->s1, in->seq_len);
+	return 0;
+}
+
+int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
+{
+	int N = p->n_devices, rc = 0;
+	vstate_t st = {.p = p, .err = err};
+	int max_tag = 0;
+	for (int k = 0; k < p->n_ins; k++)
+		if (p->ins[k].op == INS_SEND || p->ins[k].op == INS_RECV)
+			max_tag = SP_MAX(max_tag, p->ins[k].tag + 1);
+	st.ds = calloc((size_t)N + 1, sizeof *st.ds);
+	st.param_base = calloc((size_t)p->model.n_comps + 1, sizeof(int));
+	int *pc = calloc((size_t)N + 1, sizeof(int));
+	int *send_of = malloc(sizeof(int) * (size_t)(max_tag + 1)); /* global ins index */
+	char *sent = calloc((size_t)max_tag + 1, 1), *recvd = calloc((size_t)max_tag + 1, 1);
+	int *issued = calloc((size_t)p->n_buckets + 1, sizeof(int));
+	int64_t *contrib = calloc((size_t)p->n_ops + 1, sizeof(int64_t));
+	if (!st.ds || !st.param_base || !pc || !send_of || !sent || !recvd || !issued ||
+	    !contrib)
+		goto nomem;
+	for (int c = 0; c < p->model.n_comps; c++) {
+		st.param_base[c] = st.n_params;
+		st.n_params += p->model.comps[c].type == COMP_TRANSFORMER
+				       ? (int)p->model.comps[c].layers
+				       : 1;
+	}
+	st.bucket_of_param = malloc(sizeof(int) * (size_t)(st.n_params + 1));
+	if (!st.bucket_of_param)
+		goto nomem;
+	for (int q = 0; q < st.n_params; q++)
+		st.bucket_of_param[q] = -1;
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; q < p->buckets[b].n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+			int id = st.param_base[pr->comp] + pr->layer;
+			if (st.bucket_of_param[id] >= 0) {
+				rc = fail(&st, -1, -1, "missing gradient contribution: '%s' layer "
+						       "%d is in two sync buckets",
+					  p->model.comps[pr->comp].name, (int)pr->layer);
+				goto cleanup;
+			}
+			st.bucket_of_param[id] = b;
+		}
+	/* every holder of a parameter is in its bucket, and only holders */
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		for (int q = 0; q < bk->n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
+			for (int d = 0; d < N; d++) {
+				const sp_device_t *dv = &p->devices[d];
+				int holds = 0, member = 0;
+				for (int h = 0; h < dv->n_held && !holds; h++)
+					holds = p->held[dv->held_off + h].comp == pr->comp &&
+						p->held[dv->held_off + h].layer == pr->layer;
+				for (int h = 0; h < bk->n_dev; h++)
+					member |= p->bucket_devs[bk->dev_off + h] == d;
+				if (holds != member) {
+					rc = fail(&st, -1, -1,
+						  "missing gradient contribution: sync group of "
+						  "'%s' layer %d %s device %d",
+						  p->model.comps[pr->comp].name, (int)pr->layer,
+						  holds ? "leaves out holder" : "includes non-holder",
+						  d);
+					goto cleanup;
+				}
+			}
+		}
+	}
+	for (int t = 0; t <= max_tag; t++)
+		send_of[t] = -1;
+	int done = 0;
+	for (int d = 0; d < N; d++)
+		if (p->devices[d].n_ins == 0)
+			done++;
+	while (done < N) {
+		int progress = 0;
+		for (int d = 0; d < N; d++) {
+			const sp_device_t *dv = &p->devices[d];
+			while (pc[d] < dv->n_ins) {
+				int k = pc[d];
+				const sp_ins_t *in = &p->ins[dv->first_ins + k];
+				if (in->op == INS_RECV) {
+					if (in->tag < 0 || in->tag >= max_tag || !sent[in->tag])
+						break;
+					if (recvd[in->tag]) {
+						rc = fail(&st, d, k, "unmatched transfer: tag %d "
+								     "received twice",
+							  (int)in->tag);
+						goto cleanup;
+					}
+					const sp_ins_t *sd = &p->ins[send_of[in->tag]];
+					int sdev = 0;
+					while (sdev + 1 < N &&
+					       p->devices[sdev + 1].first_ins <= send_of[in->tag])
+						sdev++;
+					if (sd->s0 != in->s0 || sd->s1 != in->s1 ||
+					    sd->seq_len != in->seq_len || sd->peer != d ||
+					    in->peer != sdev) {
+						rc = fail(&st, d, k,
+							  "size mismatch: transfer tag %d differs "
+							  "from its send on device %d",
+							  (int)in->tag, sdev);
+						goto cleanup;
+					}
+					recvd[in->tag] = 1;
+				} else if (in->op == INS_SEND) {
+					if (in->tag < 0 || in->tag >= max_tag || sent[in->tag]) {
+						rc = fail(&st, d, k, "unmatched transfer: tag %d "
+								     "sent twice or invalid",
+							  (int)in->tag);
+						goto cleanup;
+					}
+					sent[in->tag] = 1;
+					send_of[in->tag] = dv->first_ins + k;
+				} else if (in->op == INS_SYNC) {
+					issued[in->peer]++;
+				} else if (in->op == INS_STEP) {
+					int blocked = 0;
+					for (int b = 0; b < p->n_buckets && !blocked; b++) {
+						const sp_bucket_t *bk = &p->buckets[b];
+						for (int q = 0; q < bk->n_dev; q++)
+							if (p->bucket_devs[bk->dev_off + q] == d &&
+							    issued[b] < bk->n_dev)
+								blocked = 1;
+					}
+					if (blocked)
+						break;
+				}
+				if ((rc = exec(&st, d, k, in, contrib)))
+					goto cleanup;
+				pc[d]++;
+				progress = 1;
+				if (pc[d] == dv->n_ins)
+					done++;
+			}
+		}
+		if (!progress) {
+			int d = 0;
+			while (pc[d] >= p->devices[d].n_ins)
+				d++;
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
+			if (in->op == INS_RECV)
+				rc = fail(&st, d, pc[d],
+					  "deadlock: waits for tag %d from device %d, which never "
+					  "sends it",
+					  (int)in->tag, (int)in->peer);
+			else
+				rc = fail(&st, d, pc[d],
+					  "deadlock: waits for a sync some member never starts");
+			goto cleanup;
+		}
+	}
+	for (int t = 0; t < max_tag; t++)
+		if (sent[t] && !recvd[t]) {
+			rc = fail(&st, -1, -1, "unmatched transfer: tag %d is sent but never "
+					       "received",
+				  t);
+			goto cleanup;
+		}
+	/* every parameter use receives its task's whole batch of contributions */
+	for (int m = 0; m < p->n_metaops; m++) {
+		const sp_metaop_t *mo = &p->metaops[m];
+		const sp_task_t *t = &p->model.tasks[mo->task];
+		for (int l = 0; l < mo->n_layers; l++) {
+			const sp_op_t *op = &p->ops[mo->first_op + l];
+			int comp = t->nodes[op->node].comp;
+			if (p->model.comps[comp].type == COMP_CONTRASTIVE)
+				continue;
+			if (contrib[mo->first_op + l] != t->batch) {
+				rc = fail(&st, -1, -1,
+					  "missing gradient contribution: '%s' layer %d gets %lld "
+					  "samples of gradient in '%s' (batch %lld)",
+					  p->model.comps[comp].name, (int)op->layer,
+					  (long long)contrib[mo->first_op + l], mo->name,
+					  (long long)t->batch);
+				goto cleanup;
+			}
+		}
+	}
+	if (mem_cap > 0)
+		for (int d = 0; d < N; d++) {
+			int64_t mem[MEM__COUNT], tot = 0;
+			if (plan_memory(p, d, mem))
+				goto nomem;
+			for (int c = 0; c < MEM__COUNT; c++)
+				tot += mem[c];
+			if ((double)tot > mem_cap) {
+				rc = fail(&st, -1, -1,
+					  "out of memory: device %d needs %lld MiB, more than its "
+					  "%.0f MiB",
+					  d, (long long)(tot >> 20), mem_cap / 1048576.0);
+				goto cleanup;
+			}
+		}
+	goto cleanup;
+nomem:
+	rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+cleanup:
+	if (st.ds)
+		for (int d = 0; d < N; d++) {
+			for (int i = 0; i < st.ds[d].nv; i++)
+				free(st.ds[d].v[i].cnt);
+			free(st.ds[d].v);
+			free(st.ds[d].sv);
+		}
+	free(st.ds);
+	free(st.param_base);
+	free(st.bucket_of_param);
+	free(pc);
+	free(send_of);
+	free(sent);
+	free(recvd);
+	free(issued);
+	free(contrib);
+	return rc;
+}

@@ -1,0 +1,795 @@
+/*
+ * layers.c — the fp32 CPU reference of every component type: forward and
+ * backward of sources, transformer blocks and linear layers, the three
+ * losses, and the optimizer steps. Matrix products go through CBLAS;
+ * elementwise work is plain loops with reductions in double.
+ *
+ * It computes on one device's samples only: splitting, scheduling and
+ * communication live elsewhere. Saved activations follow arith.c exactly;
+ * loss functions use `saved` as scratch. tblock_bwd and contrastive_loss
+ * allocate a small workspace per call (one sample's gradients, O(B)
+ * doubles) and free it before returning.
+ */
+#include "layers.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LN_EPS 1e-5
+#define NORM_EPS 1e-12
+#define INIT_STD 0.02
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* C = alpha op(A) op(B) + beta C, row-major, with int64 sizes. */
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+		 const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+		 float *c, int64_t ldc)
+{
+	if (m <= 0 || n <= 0)
+		return;
+	if (k <= 0) {
+		for (int64_t i = 0; i < m; i++)
+			for (int64_t j = 0; j < n; j++)
+				c[i * ldc + j] =
+					beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+		return;
+	}
+	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+		    tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
+		    (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p) {
+		fprintf(stderr,
+			"spindle: out of memory allocating %zu bytes of layer "
+			"workspace\n",
+			n);
+		abort();
+	}
+	return p;
+}
+
+/* Each of `rows` rows (stride ld) gets the vector v added. */
+static void add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v)
+{
+	for (int64_t r = 0; r < rows; r++)
+		for (int64_t c = 0; c < cols; c++)
+			y[r * ld + c] += v[c];
+}
+
+/* db += sum over rows of dy. */
+static void sum_rows(float *db, const float *dy, int64_t rows, int64_t cols, int64_t ld)
+{
+	for (int64_t r = 0; r < rows; r++)
+		for (int64_t c = 0; c < cols; c++)
+			db[c] += dy[r * ld + c];
+}
+
+/*
+ * LayerNorm of one row: mu = mean(x), rstd = 1/sqrt(var(x) + 1e-5),
+ * y = (x - mu) rstd g + b (biased variance).
+ */
+static void ln_row(float *y, float *mean, float *rstd, const float *x, int64_t h,
+		   const float *g, const float *b)
+{
+	double s = 0, ss = 0;
+	for (int64_t k = 0; k < h; k++)
+		s += x[k];
+	double mu = s / (double)h;
+	for (int64_t k = 0; k < h; k++) {
+		double d = x[k] - mu;
+		ss += d * d;
+	}
+	double r = 1.0 / sqrt(ss / (double)h + LN_EPS);
+	for (int64_t k = 0; k < h; k++)
+		y[k] = (float)((x[k] - mu) * r * g[k] + b[k]);
+	*mean = (float)mu;
+	*rstd = (float)r;
+}
+
+/*
+ * LayerNorm backward of one row, with xhat = (x - mu) rstd and dxhat = dy g:
+ *   dg += dy xhat; db += dy
+ *   dx += rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+ */
+static void ln_row_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
+		       float mean, float rstd, const float *g, int64_t h)
+{
+	double m1 = 0, m2 = 0;
+	for (int64_t k = 0; k < h; k++) {
+		double xh = ((double)x[k] - mean) * rstd;
+		double dxh = (double)dy[k] * g[k];
+		dg[k] += (float)(dy[k] * xh);
+		db[k] += dy[k];
+		m1 += dxh;
+		m2 += dxh * xh;
+	}
+	m1 /= (double)h;
+	m2 /= (double)h;
+	for (int64_t k = 0; k < h; k++) {
+		double xh = ((double)x[k] - mean) * rstd;
+		double dxh = (double)dy[k] * g[k];
+		dx[k] += (float)(rstd * (dxh - m1 - xh * m2));
+	}
+}
+
+/*
+ * GELU, tanh approximation, with u = c (x + 0.044715 x^3), c = sqrt(2/pi):
+ *   gelu(x)  = x/2 (1 + tanh u)
+ *   gelu'(x) = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) c (1 + 3 0.044715 x^2)
+ */
+static const double GELU_C = 0.7978845608028654;
+static const double GELU_K = 0.044715;
+
+static float gelu(float xf)
+{
+	double x = xf;
+	return (float)(0.5 * x * (1.0 + tanh(GELU_C * (x + GELU_K * x * x * x))));
+}
+
+static float gelu_grad(float xf)
+{
+	double x = xf;
+	double t = tanh(GELU_C * (x + GELU_K * x * x * x));
+	return (float)(0.5 * (1.0 + t) +
+		       0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_K * x * x));
+}
+
+/* log sum_k exp z_k, stable. */
+static double logsumexp(const float *z, int64_t n)
+{
+	double mx = -INFINITY, s = 0;
+	for (int64_t k = 0; k < n; k++)
+		mx = z[k] > mx ? z[k] : mx;
+	for (int64_t k = 0; k < n; k++)
+		s += exp((double)z[k] - mx);
+	return mx + log(s);
+}
+
+/* F.normalize's clamp: vectors shorter than 1e-12 are divided by 1e-12. */
+static double clamp_norm(double x)
+{
+	return x > NORM_EPS ? x : NORM_EPS;
+}
+
+/* A component with the dimensions of an operator shape, for layer_tensors. */
+static sp_component_t comp_of(const sp_opshape_t *s)
+{
+	sp_component_t c;
+	memset(&c, 0, sizeof c);
+	c.type = s->type;
+	c.vocab = s->vocab;
+	c.hidden = s->hidden;
+	c.max_seq = s->seq;
+	c.in = s->in;
+	c.out = s->out;
+	c.heads = s->heads;
+	c.ffn = s->ffn;
+	c.classes = s->classes;
+	c.causal = s->causal;
+	return c;
+}
+
+/* ---- parameter layout --------------------------------------------------- */
+
+int layer_tensors(const sp_component_t *c, layer_tensor_t out[12])
+{
+	int64_t h = c->hidden, f = c->ffn;
+	int nt = 0;
+	int64_t off = 0;
+#define T(nm, r, cl)                                                                     \
+	do {                                                                             \
+		out[nt].name = nm;                                                       \
+		out[nt].rows = r;                                                        \
+		out[nt].cols = cl;                                                       \
+		out[nt].offset = off;                                                    \
+		off += (int64_t)(r) * (cl);                                              \
+		nt++;                                                                    \
+	} while (0)
+	switch (c->type) {
+	case COMP_EMBEDDING:
+		T("tok", c->vocab, h);
+		T("pos", c->max_seq, h);
+		break;
+	case COMP_PATCH:
+		T("w", c->in, h);
+		T("b", h, 1);
+		T("pos", c->max_seq, h);
+		break;
+	case COMP_TRANSFORMER:
+		T("ln1_g", h, 1);
+		T("ln1_b", h, 1);
+		T("w_qkv", h, 3 * h);
+		T("b_qkv", 3 * h, 1);
+		T("w_o", h, h);
+		T("b_o", h, 1);
+		T("ln2_g", h, 1);
+		T("ln2_b", h, 1);
+		T("w_1", h, f);
+		T("b_1", f, 1);
+		T("w_2", f, h);
+		T("b_2", h, 1);
+		break;
+	case COMP_LINEAR:
+		T("w", c->in, c->out);
+		T("b", c->out, 1);
+		break;
+	case COMP_LM_HEAD:
+		T("ln_g", h, 1);
+		T("ln_b", h, 1);
+		T("w", h, c->vocab);
+		break;
+	case COMP_CLASSIFIER:
+		T("ln_g", h, 1);
+		T("ln_b", h, 1);
+		T("w", h, c->classes);
+		T("b", c->classes, 1);
+		break;
+	case COMP_CONTRASTIVE:
+	case COMP__COUNT: break;
+	}
+#undef T
+	return nt;
+}
+
+/* Transformer tensors, in layer_tensors order. */
+enum {
+	TB_LN1G,
+	TB_LN1B,
+	TB_WQKV,
+	TB_BQKV,
+	TB_WO,
+	TB_BO,
+	TB_LN2G,
+	TB_LN2B,
+	TB_W1,
+	TB_B1,
+	TB_W2,
+	TB_B2,
+	TB__COUNT
+};
+
+/*
+ * Every tensor is uniform in [-a, a], a = sqrt(3) 0.02 (std 0.02), except
+ * LayerNorm gains (1) and biases (0). Element k of the layer draws from
+ * key mix64(mix64(seed ^ fnv1a(name)) + layer) + k.
+ */
+void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed)
+{
+	layer_tensor_t t[12];
+	int nt = layer_tensors(c, t);
+	uint64_t hn = sp_fnv1a(SP_FNV_INIT, c->name, strnlen(c->name, SP_NAME_MAX));
+	uint64_t base = sp_mix64(sp_mix64(seed ^ hn) + (uint64_t)(int64_t)layer);
+	double a = sqrt(3.0) * INIT_STD;
+	for (int i = 0; i < nt; i++) {
+		const char *nm = t[i].name;
+		size_t len = strlen(nm);
+		int64_t n = t[i].rows * t[i].cols;
+		float *p = params + t[i].offset;
+		if (nm[0] == 'b' || (nm[0] == 'l' && nm[len - 1] == 'b')) {
+			for (int64_t k = 0; k < n; k++)
+				p[k] = 0.0f;
+		} else if (nm[0] == 'l') {
+			for (int64_t k = 0; k < n; k++)
+				p[k] = 1.0f;
+		} else {
+			uint64_t key = base + (uint64_t)t[i].offset;
+			for (int64_t k = 0; k < n; k++)
+				p[k] = (float)(a *
+					       (2.0 * sp_unit(key + (uint64_t)k) - 1.0));
+		}
+	}
+}
+
+/* ---- sources ------------------------------------------------------------- */
+
+/* y[i,t] = tok[tokens[i,t]] + pos[t] */
+void embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *tokens,
+		   float *y, float *saved)
+{
+	int64_t h = s->hidden, sq = s->seq;
+	const float *tok = p, *pos = p + s->vocab * h;
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t t = 0; t < sq; t++) {
+			int32_t id = tokens[i * sq + t];
+			assert(id >= 0 && id < s->vocab);
+			const float *e = tok + (int64_t)id * h, *q = pos + t * h;
+			float *o = y + (i * sq + t) * h;
+			for (int64_t k = 0; k < h; k++)
+				o[k] = e[k] + q[k];
+			saved[i * sq + t] = (float)id;
+		}
+}
+
+void embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const float *dy,
+		   float *dp)
+{
+	int64_t h = s->hidden, sq = s->seq;
+	float *dtok = dp, *dpos = dp + s->vocab * h;
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t t = 0; t < sq; t++) {
+			int64_t id = (int64_t)saved[i * sq + t];
+			const float *g = dy + (i * sq + t) * h;
+			for (int64_t k = 0; k < h; k++) {
+				dtok[id * h + k] += g[k];
+				dpos[t * h + k] += g[k];
+			}
+		}
+}
+
+/* y[i,t] = feats[i,t] W + b + pos[t] */
+void patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats, float *y,
+	       float *saved)
+{
+	int64_t h = s->hidden, sq = s->seq, in = s->in, rows = (int64_t)n * sq;
+	const float *w = p, *b = p + in * h, *pos = b + h;
+	memcpy(saved, feats, (size_t)(rows * in) * sizeof *saved);
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t t = 0; t < sq; t++) {
+			float *o = y + (i * sq + t) * h;
+			for (int64_t k = 0; k < h; k++)
+				o[k] = b[k] + pos[t * h + k];
+		}
+	gemm(0, 0, rows, h, in, 1.0f, feats, in, w, h, 1.0f, y, h);
+}
+
+/* dW += feats^T dy; db += sum dy; dpos[t] += sum_i dy[i,t] */
+void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+	       const float *dy, float *dp)
+{
+	(void)p;
+	int64_t h = s->hidden, sq = s->seq, in = s->in, rows = (int64_t)n * sq;
+	float *dw = dp, *db = dp + in * h, *dpos = db + h;
+	gemm(1, 0, in, h, rows, 1.0f, saved, in, dy, h, 1.0f, dw, h);
+	sum_rows(db, dy, rows, h, h);
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t k = 0; k < sq * h; k++)
+			dpos[k] += dy[i * sq * h + k];
+}
+
+/* ---- transformer block ------------------------------------------------------ */
+
+/* Pointers into one sample's saved block, in the order of layers.h. */
+typedef struct {
+	float *x, *ln1, *qkv, *cat, *xmid, *ln2, *pre, *act, *probs;
+	float *m1, *r1, *m2, *r2;
+} tb_saved_t;
+
+static int64_t tb_saved_elems(const sp_opshape_t *s)
+{
+	int64_t h = s->hidden, sq = s->seq;
+	return 8 * sq * h + 2 * sq * s->ffn + s->heads * sq * sq + 4 * sq;
+}
+
+static tb_saved_t tb_saved(const sp_opshape_t *s, float *base)
+{
+	int64_t h = s->hidden, sq = s->seq, f = s->ffn;
+	tb_saved_t v;
+	v.x = base;
+	v.ln1 = v.x + sq * h;
+	v.qkv = v.ln1 + sq * h;
+	v.cat = v.qkv + 3 * sq * h;
+	v.xmid = v.cat + sq * h;
+	v.ln2 = v.xmid + sq * h;
+	v.pre = v.ln2 + sq * h;
+	v.act = v.pre + sq * f;
+	v.probs = v.act + sq * f;
+	v.m1 = v.probs + s->heads * sq * sq;
+	v.r1 = v.m1 + sq;
+	v.m2 = v.r1 + sq;
+	v.r2 = v.m2 + sq;
+	return v;
+}
+
+/*
+ * y = x_mid + gelu(LN2(x_mid) W1 + b1) W2 + b2,
+ * x_mid = x + attn(LN1(x) Wqkv + bqkv) Wo + bo,
+ * per head: P = softmax(Q K^T / sqrt(d) [+ causal mask]), head out = P V.
+ */
+void tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		float *saved)
+{
+	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
+	sp_component_t c = comp_of(s);
+	layer_tensor_t t[12];
+	layer_tensors(&c, t);
+	const float *w[TB__COUNT];
+	for (int i = 0; i < TB__COUNT; i++)
+		w[i] = p + t[i].offset;
+	float scale = (float)(1.0 / sqrt((double)dh));
+	int64_t per = tb_saved_elems(s);
+	assert(h % a == 0);
+
+	for (int64_t i = 0; i < n; i++) {
+		tb_saved_t v = tb_saved(s, saved + i * per);
+		const float *xi = x + i * sq * h;
+		float *yi = y + i * sq * h;
+		memcpy(v.x, xi, (size_t)(sq * h) * sizeof *v.x);
+		for (int64_t r = 0; r < sq; r++)
+			ln_row(v.ln1 + r * h, &v.m1[r], &v.r1[r], v.x + r * h, h,
+			       w[TB_LN1G], w[TB_LN1B]);
+		for (int64_t r = 0; r < sq; r++)
+			memcpy(v.qkv + r * 3 * h, w[TB_BQKV],
+			       (size_t)(3 * h) * sizeof(float));
+		gemm(0, 0, sq, 3 * h, h, 1.0f, v.ln1, h, w[TB_WQKV], 3 * h, 1.0f, v.qkv,
+		     3 * h);
+
+		for (int64_t j = 0; j < a; j++) {
+			const float *q = v.qkv + j * dh, *k = q + h, *vv = q + 2 * h;
+			float *pr = v.probs + j * sq * sq;
+			gemm(0, 1, sq, sq, dh, scale, q, 3 * h, k, 3 * h, 0.0f, pr, sq);
+			for (int64_t r = 0; r < sq; r++) {
+				float *row = pr + r * sq;
+				int64_t lim = s->causal ? r + 1 : sq;
+				double lse = logsumexp(row, lim);
+				for (int64_t cc = 0; cc < lim; cc++)
+					row[cc] = (float)exp((double)row[cc] - lse);
+				for (int64_t cc = lim; cc < sq; cc++)
+					row[cc] = 0.0f;
+			}
+			gemm(0, 0, sq, dh, sq, 1.0f, pr, sq, vv, 3 * h, 0.0f,
+			     v.cat + j * dh, h);
+		}
+
+		memcpy(v.xmid, v.x, (size_t)(sq * h) * sizeof *v.x);
+		add_rows(v.xmid, sq, h, h, w[TB_BO]);
+		gemm(0, 0, sq, h, h, 1.0f, v.cat, h, w[TB_WO], h, 1.0f, v.xmid, h);
+
+		for (int64_t r = 0; r < sq; r++)
+			ln_row(v.ln2 + r * h, &v.m2[r], &v.r2[r], v.xmid + r * h, h,
+			       w[TB_LN2G], w[TB_LN2B]);
+		for (int64_t r = 0; r < sq; r++)
+			memcpy(v.pre + r * f, w[TB_B1], (size_t)f * sizeof(float));
+		gemm(0, 0, sq, f, h, 1.0f, v.ln2, h, w[TB_W1], f, 1.0f, v.pre, f);
+		for (int64_t k = 0; k < sq * f; k++)
+			v.act[k] = gelu(v.pre[k]);
+
+		memcpy(yi, v.xmid, (size_t)(sq * h) * sizeof *yi);
+		add_rows(yi, sq, h, h, w[TB_B2]);
+		gemm(0, 0, sq, h, f, 1.0f, v.act, f, w[TB_W2], h, 1.0f, yi, h);
+	}
+}
+
+/*
+ * Backward, per sample (dy given, everything else from `saved`):
+ *   MLP:  dW2 += act^T dy; dact = dy W2^T; dpre = dact gelu'(pre);
+ *         dW1 += ln2^T dpre; dln2 = dpre W1^T; dx_mid = dy + LN2'(dln2)
+ *   attn: dWo += cat^T dx_mid; dcat = dx_mid Wo^T; per head
+ *         dP = dO V^T; dV = P^T dO;
+ *         dS = P (dP - rowsum(P dP)) / sqrt(d)   (softmax backward)
+ *         dQ = dS K; dK = dS^T Q
+ *         dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T; dx += dx_mid + LN1'(dln1)
+ * Bias gradients are the column sums of the matching output gradients.
+ */
+void tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		const float *dy, float *dx, float *dp)
+{
+	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
+	sp_component_t c = comp_of(s);
+	layer_tensor_t t[12];
+	layer_tensors(&c, t);
+	const float *w[TB__COUNT];
+	float *g[TB__COUNT];
+	for (int i = 0; i < TB__COUNT; i++) {
+		w[i] = p + t[i].offset;
+		g[i] = dp + t[i].offset;
+	}
+	float scale = (float)(1.0 / sqrt((double)dh));
+	int64_t per = tb_saved_elems(s);
+
+	/* dxmid [s,h], dact [s,f], dln [s,h], dcat [s,h], dqkv [s,3h], dP [s,s] */
+	float *ws = xmalloc((size_t)(sq * (6 * h + f) + sq * sq) * sizeof(float));
+	float *dxm = ws, *dact = dxm + sq * h, *dln = dact + sq * f, *dcat = dln + sq * h;
+	float *dqkv = dcat + sq * h, *dpr = dqkv + 3 * sq * h;
+
+	for (int64_t i = 0; i < n; i++) {
+		tb_saved_t v = tb_saved(s, (float *)saved + i * per);
+		const float *dyi = dy + i * sq * h;
+		float *dxi = dx + i * sq * h;
+
+		gemm(1, 0, f, h, sq, 1.0f, v.act, f, dyi, h, 1.0f, g[TB_W2], h);
+		sum_rows(g[TB_B2], dyi, sq, h, h);
+		gemm(0, 1, sq, f, h, 1.0f, dyi, h, w[TB_W2], h, 0.0f, dact, f);
+		for (int64_t k = 0; k < sq * f; k++)
+			dact[k] *= gelu_grad(v.pre[k]);
+		gemm(1, 0, h, f, sq, 1.0f, v.ln2, h, dact, f, 1.0f, g[TB_W1], f);
+		sum_rows(g[TB_B1], dact, sq, f, f);
+		gemm(0, 1, sq, h, f, 1.0f, dact, f, w[TB_W1], f, 0.0f, dln, h);
+		memcpy(dxm, dyi, (size_t)(sq * h) * sizeof *dxm);
+		for (int64_t r = 0; r < sq; r++)
+			ln_row_bwd(dxm + r * h, g[TB_LN2G], g[TB_LN2B], dln + r * h,
+				   v.xmid + r * h, v.m2[r], v.r2[r], w[TB_LN2G], h);
+
+		gemm(1, 0, h, h, sq, 1.0f, v.cat, h, dxm, h, 1.0f, g[TB_WO], h);
+		sum_rows(g[TB_BO], dxm, sq, h, h);
+		gemm(0, 1, sq, h, h, 1.0f, dxm, h, w[TB_WO], h, 0.0f, dcat, h);
+
+		for (int64_t j = 0; j < a; j++) {
+			const float *q = v.qkv + j * dh, *k = q + h, *vv = q + 2 * h;
+			const float *pr = v.probs + j * sq * sq, *dout = dcat + j * dh;
+			float *dq = dqkv + j * dh, *dk = dq + h, *dv = dq + 2 * h;
+			gemm(0, 1, sq, sq, dh, 1.0f, dout, h, vv, 3 * h, 0.0f, dpr, sq);
+			gemm(1, 0, sq, dh, sq, 1.0f, pr, sq, dout, h, 0.0f, dv, 3 * h);
+			for (int64_t r = 0; r < sq; r++) {
+				const float *pw = pr + r * sq;
+				float *dw = dpr + r * sq;
+				double dot = 0;
+				for (int64_t cc = 0; cc < sq; cc++)
+					dot += (double)pw[cc] * dw[cc];
+				for (int64_t cc = 0; cc < sq; cc++)
+					dw[cc] = (float)(pw[cc] * (dw[cc] - dot) * scale);
+			}
+			gemm(0, 0, sq, dh, sq, 1.0f, dpr, sq, k, 3 * h, 0.0f, dq, 3 * h);
+			gemm(1, 0, sq, dh, sq, 1.0f, dpr, sq, q, 3 * h, 0.0f, dk, 3 * h);
+		}
+
+		gemm(1, 0, h, 3 * h, sq, 1.0f, v.ln1, h, dqkv, 3 * h, 1.0f, g[TB_WQKV],
+		     3 * h);
+		sum_rows(g[TB_BQKV], dqkv, sq, 3 * h, 3 * h);
+		gemm(0, 1, sq, h, 3 * h, 1.0f, dqkv, 3 * h, w[TB_WQKV], 3 * h, 0.0f, dln,
+		     h);
+		for (int64_t k = 0; k < sq * h; k++)
+			dxi[k] += dxm[k];
+		for (int64_t r = 0; r < sq; r++)
+			ln_row_bwd(dxi + r * h, g[TB_LN1G], g[TB_LN1B], dln + r * h,
+				   v.x + r * h, v.m1[r], v.r1[r], w[TB_LN1G], h);
+	}
+	free(ws);
+}
+
+/* ---- linear ---------------------------------------------------------------- */
+
+void linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		float *saved)
+{
+	int64_t in = s->in, out = s->out, rows = (int64_t)n * s->seq;
+	const float *w = p, *b = p + in * out;
+	memcpy(saved, x, (size_t)(rows * in) * sizeof *saved);
+	for (int64_t r = 0; r < rows; r++)
+		memcpy(y + r * out, b, (size_t)out * sizeof *y);
+	gemm(0, 0, rows, out, in, 1.0f, x, in, w, out, 1.0f, y, out);
+}
+
+/* dW += x^T dy; db += sum dy; dx += dy W^T */
+void linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		const float *dy, float *dx, float *dp)
+{
+	int64_t in = s->in, out = s->out, rows = (int64_t)n * s->seq;
+	const float *w = p;
+	float *dw = dp, *db = dp + in * out;
+	gemm(1, 0, in, out, rows, 1.0f, saved, in, dy, out, 1.0f, dw, out);
+	sum_rows(db, dy, rows, out, out);
+	gemm(0, 1, rows, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in);
+}
+
+/* ---- losses ---------------------------------------------------------------- */
+
+/*
+ * Per sample i with valid positions T_i (target >= 0), n_i = |T_i|:
+ *   loss_i = 1/n_i sum_{t in T_i} (logsumexp(z_t) - z_t[y_t])
+ *   dz_t = scale (softmax(z_t) - onehot(y_t)) / n_i, 0 at ignored positions
+ *   dW += ln^T dz; dln = dz W^T; LayerNorm backward into dx, dg, db.
+ * Scratch per sample: ln [s,h], dln [s,h], mean [s], rstd [s], dz [s,V].
+ */
+double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x,
+		    const int32_t *targets, double scale, float *dx, float *dp,
+		    float *saved)
+{
+	int64_t h = s->hidden, sq = s->seq, V = s->vocab;
+	int64_t per = 2 * sq * h + 2 * sq + sq * V;
+	const float *lng = p, *lnb = p + h, *w = p + 2 * h;
+	float *dg = dp, *db = dp + h, *dw = dp + 2 * h;
+	double total = 0;
+
+	for (int64_t i = 0; i < n; i++) {
+		float *ln = saved + i * per, *dln = ln + sq * h, *mean = dln + sq * h;
+		float *rstd = mean + sq, *z = rstd + sq;
+		const float *xi = x + i * sq * h;
+		const int32_t *yi = targets + i * sq;
+		int64_t cnt = 0;
+		for (int64_t t = 0; t < sq; t++) {
+			assert(yi[t] < V);
+			cnt += yi[t] >= 0;
+		}
+		if (cnt == 0)
+			continue;
+		for (int64_t t = 0; t < sq; t++)
+			ln_row(ln + t * h, &mean[t], &rstd[t], xi + t * h, h, lng, lnb);
+		gemm(0, 0, sq, V, h, 1.0f, ln, h, w, V, 0.0f, z, V);
+
+		double li = 0, coef = scale / (double)cnt;
+		for (int64_t t = 0; t < sq; t++) {
+			float *zt = z + t * V;
+			if (yi[t] < 0) {
+				memset(zt, 0, (size_t)V * sizeof *zt);
+				continue;
+			}
+			double lse = logsumexp(zt, V);
+			li += lse - zt[yi[t]];
+			for (int64_t k = 0; k < V; k++)
+				zt[k] = (float)(coef * exp((double)zt[k] - lse));
+			zt[yi[t]] -= (float)coef;
+		}
+		total += li / (double)cnt;
+
+		gemm(1, 0, h, V, sq, 1.0f, ln, h, z, V, 1.0f, dw, V);
+		gemm(0, 1, sq, h, V, 1.0f, z, V, w, V, 0.0f, dln, h);
+		for (int64_t t = 0; t < sq; t++)
+			ln_row_bwd(dx + i * sq * h + t * h, dg, db, dln + t * h,
+				   xi + t * h, mean[t], rstd[t], lng, h);
+	}
+	return total;
+}
+
+/*
+ * On token 0 of each sample: z = LN(x0) W + b,
+ *   loss_i = logsumexp(z_i) - z_i[label_i];  dz_i = scale (softmax(z_i) - onehot)
+ * A negative label leaves the sample out (loss 0, no gradient).
+ * Scratch per sample (stride 2h + 2 + C): ln [h], dln [h], mean, rstd, dz [C].
+ */
+double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+		       const float *x, const int32_t *labels, double scale, float *dx,
+		       float *dp, float *saved)
+{
+	int64_t h = s->hidden, C = s->classes, per = 2 * h + 2 + C, ldx = seq_in * h;
+	const float *lng = p, *lnb = p + h, *w = p + 2 * h, *b = w + h * C;
+	float *dg = dp, *dlb = dp + h, *dw = dp + 2 * h, *db = dw + h * C;
+	double total = 0;
+
+	for (int64_t i = 0; i < n; i++) {
+		float *sv = saved + i * per;
+		ln_row(sv, sv + 2 * h, sv + 2 * h + 1, x + i * ldx, h, lng, lnb);
+		memcpy(sv + 2 * h + 2, b, (size_t)C * sizeof *sv);
+	}
+	gemm(0, 0, n, C, h, 1.0f, saved, per, w, C, 1.0f, saved + 2 * h + 2, per);
+
+	for (int64_t i = 0; i < n; i++) {
+		float *z = saved + i * per + 2 * h + 2;
+		int32_t y = labels[i];
+		assert(y < C);
+		if (y < 0) {
+			memset(z, 0, (size_t)C * sizeof *z);
+			continue;
+		}
+		double lse = logsumexp(z, C);
+		total += lse - z[y];
+		for (int64_t k = 0; k < C; k++)
+			z[k] = (float)(scale * exp((double)z[k] - lse));
+		z[y] -= (float)scale;
+	}
+
+	gemm(1, 0, h, C, n, 1.0f, saved, per, saved + 2 * h + 2, per, 1.0f, dw, C);
+	sum_rows(db, saved + 2 * h + 2, n, C, per);
+	gemm(0, 1, n, h, C, 1.0f, saved + 2 * h + 2, per, w, C, 0.0f, saved + h, per);
+	for (int64_t i = 0; i < n; i++) {
+		const float *sv = saved + i * per;
+		if (labels[i] < 0)
+			continue;
+		ln_row_bwd(dx + i * ldx, dg, dlb, sv + h, x + i * ldx, sv[2 * h],
+			   sv[2 * h + 1], lng, h);
+	}
+	return total;
+}
+
+/*
+ * Symmetric InfoNCE. With u_i = a_i/|a_i|, v_j = b_j/|b_j| (norms clamped
+ * at 1e-12), S = U V^T / tau, r_i = logsumexp_j S_ij, c_j = logsumexp_i S_ij:
+ *   loss_i = (r_i - S_ii + c_i - S_ii) / 2
+ *   G_ij = dL/dS_ij = scale ((e^{S_ij - r_i} + e^{S_ij - c_j}) / 2 - [i = j])
+ *   du_i = (1/tau) sum_j G_ij v_j,   dv_j = (1/tau) sum_i G_ij u_i
+ *   da_i = (du_i - u_i (u_i . du_i)) / |a_i|,  u_i . du_i = sum_j G_ij S_ij
+ * and likewise db_j with column sums. Scratch (B samples' worth):
+ * U [B,w], V [B,w], |a| [B], |b| [B], G_ij/(tau |a_i|) [B,B],
+ * G_ij/(tau |b_j|) [B,B].
+ */
+double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			double temperature, int64_t s0, int64_t s1, const float *a,
+			const float *b, double scale, float *da, float *db, float *saved)
+{
+	int64_t lda = seq_a * w, ldb = seq_b * w;
+	float *an = saved, *bn = an + B * w, *na = bn + B * w, *nb = na + B;
+	float *pa = nb + B, *pb = pa + B * B;
+	double inv_t = 1.0 / temperature;
+	assert(0 <= s0 && s0 <= s1 && s1 <= B);
+
+	for (int64_t i = 0; i < B; i++) {
+		const float *src[2] = {a + i * lda, b + i * ldb};
+		float *dst[2] = {an + i * w, bn + i * w}, *nrm[2] = {na + i, nb + i};
+		for (int u = 0; u < 2; u++) {
+			double ss = 0;
+			for (int64_t k = 0; k < w; k++)
+				ss += (double)src[u][k] * src[u][k];
+			double nv = sqrt(ss), d = clamp_norm(nv);
+			for (int64_t k = 0; k < w; k++)
+				dst[u][k] = (float)(src[u][k] / d);
+			*nrm[u] = (float)nv;
+		}
+	}
+	gemm(0, 1, B, B, w, (float)inv_t, an, w, bn, w, 0.0f, pa, B);
+
+	/* r [B], c [B], sum_j G_ij S_ij [B], sum_i G_ij S_ij [B] */
+	double *r = xmalloc((size_t)(4 * B) * sizeof *r);
+	double *c = r + B, *dota = c + B, *dotb = dota + B;
+	for (int64_t i = 0; i < B; i++)
+		r[i] = logsumexp(pa + i * B, B);
+	for (int64_t j = 0; j < B; j++) {
+		double mx = -INFINITY, sum = 0;
+		for (int64_t i = 0; i < B; i++)
+			mx = pa[i * B + j] > mx ? pa[i * B + j] : mx;
+		for (int64_t i = 0; i < B; i++)
+			sum += exp((double)pa[i * B + j] - mx);
+		c[j] = mx + log(sum);
+		dotb[j] = 0;
+	}
+	double total = 0;
+	for (int64_t i = s0; i < s1; i++)
+		total += 0.5 * (r[i] + c[i]) - pa[i * B + i];
+
+	for (int64_t i = 0; i < B; i++) {
+		double ca = inv_t / clamp_norm(na[i]);
+		dota[i] = 0;
+		for (int64_t j = 0; j < B; j++) {
+			double sij = pa[i * B + j];
+			double gij = 0.5 * (exp(sij - r[i]) + exp(sij - c[j])) - (i == j);
+			gij *= scale;
+			dota[i] += gij * sij;
+			dotb[j] += gij * sij;
+			pa[i * B + j] = (float)(gij * ca);
+			pb[i * B + j] = (float)(gij * inv_t / clamp_norm(nb[j]));
+		}
+	}
+
+	gemm(0, 0, s1 - s0, w, B, 1.0f, pa + s0 * B, B, bn, w, 1.0f, da + s0 * lda, lda);
+	gemm(1, 0, s1 - s0, w, B, 1.0f, pb + s0, B, an, w, 1.0f, db + s0 * ldb, ldb);
+	for (int64_t i = s0; i < s1; i++) {
+		if (na[i] > NORM_EPS) {
+			float ca = (float)(dota[i] / na[i]);
+			for (int64_t k = 0; k < w; k++)
+				da[i * lda + k] -= ca * an[i * w + k];
+		}
+		if (nb[i] > NORM_EPS) {
+			float cb = (float)(dotb[i] / nb[i]);
+			for (int64_t k = 0; k < w; k++)
+				db[i * ldb + k] -= cb * bn[i * w + k];
+		}
+	}
+	free(r);
+	return total;
+}
+
+/* ---- optimizer ------------------------------------------------------------ */
+
+/*
+ * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+ * p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
+ */
+void adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int t,
+		const sp_optim_t *o)
+{
+	double b1 = o->beta1, b2 = o->beta2;
+	double c1 = 1.0 - pow(b1, t), c2 = 1.0 - pow(b2, t);
+	for (int64_t k = 0; k < n; k++) {
+		double mk = b1 * m[k] + (1.0 - b1) * g[k];
+		double vk = b2 * v[k] + (1.0 - b2) * (double)g[k] * g[k];
+		m[k] = (float)mk;
+		v[k] = (float)vk;
+		double upd =
+			(mk / c1) / (sqrt(vk / c2) + o->eps) + o->weight_decay * p[k];
+		p[k] = (float)(p[k] - o->lr * upd);
+	}
+}
+
+/* p -= lr (g + wd p) */
+void sgd_step(float *p, const float *g, int64_t n, const sp_optim_t *o)
+{
+	for (int64_t k = 0; k < n; k++)
+		p[k] = (float)(p[k] - o->lr * (g[k] + o->weight_decay * p[k]));
+}

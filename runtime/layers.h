@@ -1,0 +1,139 @@
+/*
+ * layers.h — the math of every component type, fp32, on n samples at a
+ * time: forward, backward, losses, optimizer. This is the reference the
+ * CUDA backend is checked against. Row-major throughout; a sample's
+ * activation is [seq, width]. Matrix products go through CBLAS.
+ *
+ * Parameters of one layer of a component are one contiguous float array,
+ * tensors in the order listed by layer_tensors(); gradients use the same
+ * layout. Backward functions ADD into parameter gradients and into input
+ * gradients (callers zero them once per step), so contributions from
+ * several slices, tasks and samples accumulate.
+ *
+ * Saved activations: each forward writes exactly op_saved_elems(shape)
+ * floats per sample into `saved` (layout below, per sample, contiguous),
+ * and the backward reads them back. Nothing else is kept between the two.
+ * Losses use `saved` as scratch: op_saved_elems(shape, B) floats per
+ * sample (contrastive: for all B samples).
+ */
+#ifndef SPINDLE_LAYERS_H
+#define SPINDLE_LAYERS_H
+
+#include "model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- parameter layout --------------------------------------------------- */
+
+typedef struct {
+	const char *name; /* "w_qkv", ... */
+	int64_t rows, cols; /* cols == 1 for vectors */
+	int64_t offset;     /* in floats from the layer's base */
+} layer_tensor_t;
+
+/*
+ * Tensors of one layer of component c (max 12). Order and shapes:
+ *  embedding:   tok [V,h], pos [max_seq,h]
+ *  patch:       w [in,h], b [h], pos [max_seq,h]
+ *  transformer: ln1_g [h], ln1_b [h], w_qkv [h,3h], b_qkv [3h], w_o [h,h],
+ *               b_o [h], ln2_g [h], ln2_b [h], w_1 [h,f], b_1 [f],
+ *               w_2 [f,h], b_2 [h]
+ *  linear:      w [in,out], b [out]
+ *  lm_head:     ln_g [h], ln_b [h], w [h,V]
+ *  classifier:  ln_g [h], ln_b [h], w [h,C], b [C]
+ *  contrastive: none
+ * Total floats == comp_layer_params(c). Returns the count of tensors.
+ */
+int layer_tensors(const sp_component_t *c, layer_tensor_t out[12]);
+
+/*
+ * Deterministic initialisation of one layer's parameters: a function of
+ * (seed, component name, layer) only, so every replica starts equal.
+ * LayerNorm gains 1, biases 0, matrices N(0, 0.02)-like uniform, position
+ * tables small uniform.
+ */
+void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed);
+
+/* ---- layers -------------------------------------------------------------- */
+
+/*
+ * Sources. tokens: [n, seq] int32 in [0, V); feats: [n, seq, in].
+ * Saved: the inputs themselves (tokens as floats for embedding).
+ */
+void embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *tokens,
+		   float *y, float *saved);
+void embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const float *dy,
+		   float *dp);
+void patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats, float *y,
+	       float *saved);
+void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+	       const float *dy, float *dp);
+
+/*
+ * Transformer block (pre-LN, GELU tanh approximation, LayerNorm eps 1e-5,
+ * scaled dot-product attention, causal mask when s->causal).
+ * Saved per sample, in this order: x [s,h], ln1 [s,h], qkv [s,3h],
+ * attn_cat [s,h], x_mid [s,h], ln2 [s,h], mlp_pre [s,f], mlp_act [s,f],
+ * probs [a,s,s], ln1_mean [s], ln1_rstd [s], ln2_mean [s], ln2_rstd [s].
+ * dx is added into (not overwritten).
+ */
+void tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		float *saved);
+void tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		const float *dy, float *dx, float *dp);
+
+/* Linear over every token: y = x W + b. Saved: x. */
+void linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		float *saved);
+void linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		const float *dy, float *dx, float *dp);
+
+/* ---- losses (forward and backward in one call) ----------------------------- */
+
+/*
+ * LM head: final LayerNorm, logits = ln(x) W, next-token cross-entropy
+ * against targets [n, seq] (-1: position ignored). A sample's loss is the
+ * mean over its valid positions (0, with no gradient, when it has none).
+ * Returns the sum of the n samples' losses;
+ * adds scale * d(sum of losses)/dx into dx and /dp into dp.
+ */
+double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x,
+		    const int32_t *targets, double scale, float *dx, float *dp,
+		    float *saved);
+
+/*
+ * Classifier on token 0 of x ([n, seq_in, h], row stride seq_in*h);
+ * labels [n] in [0, C), -1: sample left out (loss 0, no gradient).
+ */
+double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+		       const float *x, const int32_t *labels, double scale, float *dx,
+		       float *dp, float *saved);
+
+/*
+ * Symmetric InfoNCE over a whole batch of B samples: a_i = token 0 of
+ * input 1, b_i = token 0 of input 2 (row strides seq_a*w and seq_b*w, rows
+ * indexed by the full batch), both L2-normalised, logits = a b^T / temperature.
+ * Sample i's loss is (CE(row i) + CE(column i)) / 2. The caller holds all B
+ * rows of both inputs. Adds scale * d(sum over all B samples of loss)/d a_j
+ * and /d b_j for j in [s0, s1) only into da, db (same strides as a, b), so
+ * devices owning disjoint ranges together produce the full gradient.
+ * Returns the sum of losses of samples [s0, s1).
+ */
+double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			double temperature, int64_t s0, int64_t s1, const float *a,
+			const float *b, double scale, float *da, float *db, float *saved);
+
+/* ---- optimizer ------------------------------------------------------------ */
+
+/*
+ * AdamW (decoupled weight decay, bias-corrected, step t >= 1):
+ *   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+ *   p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd * p)
+ * SGD: p -= lr * (g + wd * p).
+ */
+void adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int t,
+		const sp_optim_t *o);
+void sgd_step(float *p, const float *g, int64_t n, const sp_optim_t *o);
+
+#endif

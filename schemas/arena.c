@@ -1,0 +1,94 @@
+/*
+ * arena.c — the planner's per-run bump allocator and the growable-array
+ * helper. Arena memory is zeroed and lives until sp_arena_release.
+ */
+#include "common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct sp_arena_block {
+	sp_arena_block_t *next;
+	size_t cap, used;
+	max_align_t data[];
+};
+
+void sp_arena_init(sp_arena_t *a)
+{
+	a->head = NULL;
+	a->used_total = 0;
+}
+
+void sp_arena_release(sp_arena_t *a)
+{
+	if (!a)
+		return;
+	sp_arena_block_t *b = a->head;
+	while (b) {
+		sp_arena_block_t *n = b->next;
+		free(b);
+		b = n;
+	}
+	a->head = NULL;
+	a->used_total = 0;
+}
+
+void *sp_arena_alloc(sp_arena_t *a, size_t n)
+{
+	if (n > ((size_t)1 << 40))
+		return NULL;
+	n = (n + 15) & ~(size_t)15;
+	if (n == 0)
+		n = 16;
+	sp_arena_block_t *b = a->head;
+	if (!b || b->cap - b->used < n) {
+		size_t cap = n > (1u << 20) ? n : (1u << 20);
+		b = malloc(sizeof *b + cap);
+		if (!b)
+			return NULL;
+		b->cap = cap;
+		b->used = 0;
+		b->next = a->head;
+		a->head = b;
+	}
+	void *p = (char *)b->data + b->used;
+	b->used += n;
+	a->used_total += n;
+	memset(p, 0, n);
+	return p;
+}
+
+void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size)
+{
+	if (size && count > SIZE_MAX / size)
+		return NULL;
+	return sp_arena_alloc(a, count * size);
+}
+
+char *sp_arena_strdup(sp_arena_t *a, const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p = sp_arena_alloc(a, n);
+	if (p)
+		memcpy(p, s, n);
+	return p;
+}
+
+int sp_grow(void **p, int *cap, int need, size_t sz)
+{
+	if (need <= *cap)
+		return 0;
+	int nc = *cap ? *cap : 8;
+	while (nc < need) {
+		if (nc > (1 << 29))
+			return SP_ENOMEM;
+		nc *= 2;
+	}
+	void *np = realloc(*p, (size_t)nc * sz);
+	if (!np)
+		return SP_ENOMEM;
+	memset((char *)np + (size_t)*cap * sz, 0, (size_t)(nc - *cap) * sz);
+	*p = np;
+	*cap = nc;
+	return 0;
+}

@@ -1,0 +1,222 @@
+/*
+ * arith.c — parameter counts, FLOPs and saved-activation sizes per operator.
+ * These formulas are the contract between the planner's cost and memory
+ * models and the runtime (the CPU backend saves exactly op_saved_elems).
+ *
+ * Notation: h hidden, f ffn, s seq, a heads, V vocab, C classes, w input
+ * width of a contrastive loss, B the task's batch.
+ *
+ *  type         params per layer        fwd FLOPs/sample        bwd     saved elems/sample
+ *  embedding    (V + max_seq) h         0 (gather + add)        0       s (token ids)
+ *  patch        in h + h + max_seq h    2 s in h                1x fwd  s in (features)
+ *  transformer  4h^2 + 2hf + 9h + f     8 s h^2 + 4 s^2 h       2x fwd  8 s h + 2 s f + a s^2 + 4 s
+ *                                        + 4 s h f
+ *  linear       in out + out            2 s in out              2x fwd  s in
+ *  lm_head      2h + h V                2 s h V                 2x fwd  2 s h + 2 s + s V
+ *  classifier   2h + h C + C            2 h C (token 0)         2x fwd  2 h + 2 + C
+ *  contrastive  0                       2 B w (row of B x B)    2x fwd  2 w + 2 + 2 B
+ *
+ * Transformer saved elements: block input, LN1 output, Q/K/V, concatenated
+ * heads before the output projection, residual after attention, LN2 output
+ * (8 s h), the MLP pre- and post-GELU (2 s f), attention probabilities
+ * (a s^2) and the two LayerNorms' mean and 1/std (4 s). The patch's source
+ * has no input gradient, so its backward is the weight gradient alone.
+ */
+#include "model.h"
+
+#include <string.h>
+
+__extension__ typedef __int128 i128;
+
+static int64_t sat(i128 x)
+{
+	if (x > (i128)INT64_MAX)
+		return INT64_MAX;
+	if (x < 0)
+		return INT64_MAX;
+	return (int64_t)x;
+}
+
+int64_t comp_layer_params(const sp_component_t *c)
+{
+	i128 h = c->hidden, f = c->ffn;
+	switch (c->type) {
+	case COMP_EMBEDDING: return sat(((i128)c->vocab + c->max_seq) * h);
+	case COMP_PATCH: return sat((i128)c->in * h + h + (i128)c->max_seq * h);
+	case COMP_TRANSFORMER: return sat(4 * h * h + 2 * h * f + 9 * h + f);
+	case COMP_LINEAR: return sat((i128)c->in * c->out + c->out);
+	case COMP_LM_HEAD: return sat(2 * h + h * c->vocab);
+	case COMP_CLASSIFIER: return sat(2 * h + h * c->classes + c->classes);
+	case COMP_CONTRASTIVE:
+	case COMP__COUNT: break;
+	}
+	return 0;
+}
+
+int64_t comp_params(const sp_component_t *c)
+{
+	i128 l = c->type == COMP_TRANSFORMER ? c->layers : 1;
+	return sat(l * comp_layer_params(c));
+}
+
+int64_t op_fwd_flops(const sp_opshape_t *o, int64_t task_batch)
+{
+	i128 h = o->hidden, s = o->seq, f = o->ffn;
+	switch (o->type) {
+	case COMP_EMBEDDING: return 0;
+	case COMP_PATCH: return sat(2 * s * o->in * h);
+	case COMP_TRANSFORMER: return sat(8 * s * h * h + 4 * s * s * h + 4 * s * h * f);
+	case COMP_LINEAR: return sat(2 * s * o->in * (i128)o->out);
+	case COMP_LM_HEAD: return sat(2 * s * h * o->vocab);
+	case COMP_CLASSIFIER: return sat(2 * h * o->classes);
+	case COMP_CONTRASTIVE: return sat(2 * (i128)task_batch * h);
+	case COMP__COUNT: break;
+	}
+	return 0;
+}
+
+int64_t op_bwd_flops(const sp_opshape_t *o, int64_t task_batch)
+{
+	i128 f = op_fwd_flops(o, task_batch);
+	if (o->type == COMP_PATCH || o->type == COMP_EMBEDDING)
+		return sat(f);
+	return sat(2 * f);
+}
+
+int64_t op_saved_elems(const sp_opshape_t *o, int64_t task_batch)
+{
+	i128 h = o->hidden, s = o->seq, f = o->ffn;
+	switch (o->type) {
+	case COMP_EMBEDDING: return sat(s);
+	case COMP_PATCH: return sat(s * o->in);
+	case COMP_TRANSFORMER: return sat(8 * s * h + 2 * s * f + (i128)o->heads * s * s + 4 * s);
+	case COMP_LINEAR: return sat(s * o->in);
+	case COMP_LM_HEAD: return sat(2 * s * h + 2 * s + s * o->vocab);
+	case COMP_CLASSIFIER: return sat(2 * h + 2 + o->classes);
+	case COMP_CONTRASTIVE: return sat(2 * h + 2 + 2 * (i128)task_batch);
+	case COMP__COUNT: break;
+	}
+	return 0;
+}
+
+int64_t comp_out_width(const sp_component_t *c)
+{
+	switch (c->type) {
+	case COMP_EMBEDDING:
+	case COMP_PATCH:
+	case COMP_TRANSFORMER: return c->hidden;
+	case COMP_LINEAR: return c->out;
+	default: return 0;
+	}
+}
+
+int64_t param_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt)
+{
+	int64_t b = 2 * dtype_bytes(dt); /* weights + gradients */
+	if (dt != DT_FP32)
+		b += 4; /* fp32 master weights */
+	if (opt == OPT_ADAMW)
+		b += 8; /* fp32 first and second moments */
+	return b;
+}
+
+int comp_is_source(sp_comp_type_t t)
+{
+	return t == COMP_EMBEDDING || t == COMP_PATCH;
+}
+
+int comp_is_sink(sp_comp_type_t t)
+{
+	return t == COMP_LM_HEAD || t == COMP_CLASSIFIER || t == COMP_CONTRASTIVE;
+}
+
+sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *n)
+{
+	const sp_component_t *c = &m->comps[n->comp];
+	sp_opshape_t s;
+	memset(&s, 0, sizeof s);
+	s.type = c->type;
+	switch (c->type) {
+	case COMP_EMBEDDING:
+		s.vocab = c->vocab;
+		s.hidden = c->hidden;
+		s.seq = n->seq;
+		break;
+	case COMP_PATCH:
+		s.in = c->in;
+		s.hidden = c->hidden;
+		s.seq = n->seq;
+		break;
+	case COMP_TRANSFORMER:
+		s.hidden = c->hidden;
+		s.heads = c->heads;
+		s.ffn = c->ffn;
+		s.seq = n->seq;
+		s.causal = c->causal;
+		break;
+	case COMP_LINEAR:
+		s.in = c->in;
+		s.out = c->out;
+		s.seq = n->seq;
+		break;
+	case COMP_LM_HEAD:
+		s.hidden = c->hidden;
+		s.vocab = c->vocab;
+		s.seq = n->seq;
+		break;
+	case COMP_CLASSIFIER:
+		s.hidden = c->hidden;
+		s.classes = c->classes;
+		break;
+	case COMP_CONTRASTIVE:
+		s.hidden = n->n_inputs > 0
+				   ? comp_out_width(&m->comps[t->nodes[n->inputs[0]].comp])
+				   : 0;
+		break;
+	case COMP__COUNT: break;
+	}
+	return s;
+}
+
+int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b)
+{
+	return a->type == b->type && a->hidden == b->hidden && a->heads == b->heads &&
+	       a->ffn == b->ffn && a->seq == b->seq && a->in == b->in &&
+	       a->out == b->out && a->vocab == b->vocab && a->classes == b->classes &&
+	       a->causal == b->causal;
+}
+
+void opshape_str(char *buf, size_t cap, const sp_opshape_t *s)
+{
+	switch (s->type) {
+	case COMP_EMBEDDING:
+		snprintf(buf, cap, "embedding V%lld h%lld s%lld", (long long)s->vocab,
+			 (long long)s->hidden, (long long)s->seq);
+		break;
+	case COMP_PATCH:
+		snprintf(buf, cap, "patch in%lld h%lld s%lld", (long long)s->in,
+			 (long long)s->hidden, (long long)s->seq);
+		break;
+	case COMP_TRANSFORMER:
+		snprintf(buf, cap, "transformer h%lld a%lld f%lld s%lld%s",
+			 (long long)s->hidden, (long long)s->heads, (long long)s->ffn,
+			 (long long)s->seq, s->causal ? " causal" : "");
+		break;
+	case COMP_LINEAR:
+		snprintf(buf, cap, "linear %lld->%lld s%lld", (long long)s->in,
+			 (long long)s->out, (long long)s->seq);
+		break;
+	case COMP_LM_HEAD:
+		snprintf(buf, cap, "lm_head h%lld V%lld s%lld", (long long)s->hidden,
+			 (long long)s->vocab, (long long)s->seq);
+		break;
+	case COMP_CLASSIFIER:
+		snprintf(buf, cap, "classifier h%lld C%lld", (long long)s->hidden,
+			 (long long)s->classes);
+		break;
+	case COMP_CONTRASTIVE:
+		snprintf(buf, cap, "contrastive w%lld", (long long)s->hidden);
+		break;
+	case COMP__COUNT: snprintf(buf, cap, "?"); break;
+	}
+}

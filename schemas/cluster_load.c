@@ -1,0 +1,246 @@
+/*
+ * cluster_load.c — reads spindle.cluster/1 (schemas/cluster.schema.json):
+ * machine shape, GPU, links and the optional measured profile. Profile
+ * entries must have strictly increasing batches and distinct op shapes.
+ */
+#include "jsonutil.h"
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cluster_release(sp_cluster_t *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < c->n_prof; i++)
+		free(c->prof[i].points);
+	free(c->prof);
+	memset(c, 0, sizeof *c);
+}
+
+static const char *const TYPES[COMP__COUNT] = {
+	"embedding", "patch", "transformer", "linear", "lm_head", "classifier",
+	"contrastive"};
+
+static const char *const *shape_keys(sp_comp_type_t t)
+{
+	static const char *const emb[] = {"type", "vocab", "hidden", "seq", NULL};
+	static const char *const patch[] = {"type", "in", "hidden", "seq", NULL};
+	static const char *const tr[] = {"type", "hidden", "heads", "ffn", "seq", "causal", NULL};
+	static const char *const lin[] = {"type", "in", "out", "seq", NULL};
+	static const char *const lm[] = {"type", "hidden", "vocab", "seq", NULL};
+	static const char *const cls[] = {"type", "hidden", "classes", NULL};
+	static const char *const con[] = {"type", "hidden", NULL};
+	switch (t) {
+	case COMP_EMBEDDING: return emb;
+	case COMP_PATCH: return patch;
+	case COMP_TRANSFORMER: return tr;
+	case COMP_LINEAR: return lin;
+	case COMP_LM_HEAD: return lm;
+	case COMP_CLASSIFIER: return cls;
+	default: return con;
+	}
+}
+
+static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
+{
+	int rc, type = 0;
+	memset(s, 0, sizeof *s);
+	if (!json_is_object(v))
+		return jerr(c, 0, "expected an operator shape (an object)");
+	if ((rc = jget_enum(c, v, "type", 1, TYPES, COMP__COUNT, &type)))
+		return rc;
+	s->type = (sp_comp_type_t)type;
+	char what[64];
+	snprintf(what, sizeof what, "a %s shape", TYPES[type]);
+	if ((rc = jcheck_object(c, v, what, shape_keys(s->type))))
+		return rc;
+	const char *const *k = shape_keys(s->type);
+	for (int i = 1; k[i]; i++) {
+		if (strcmp(k[i], "causal") == 0) {
+			if ((rc = jget_bool(c, v, "causal", 0, &s->causal)))
+				return rc;
+			continue;
+		}
+		int64_t *dst = strcmp(k[i], "hidden") == 0    ? &s->hidden
+			       : strcmp(k[i], "heads") == 0   ? &s->heads
+			       : strcmp(k[i], "ffn") == 0     ? &s->ffn
+			       : strcmp(k[i], "seq") == 0     ? &s->seq
+			       : strcmp(k[i], "in") == 0      ? &s->in
+			       : strcmp(k[i], "out") == 0     ? &s->out
+			       : strcmp(k[i], "vocab") == 0   ? &s->vocab
+			       : strcmp(k[i], "classes") == 0 ? &s->classes
+							      : NULL;
+		if (dst && (rc = jget_int(c, v, k[i], 1, 1, SP_MAX_DIM, dst)))
+			return rc;
+	}
+	return 0;
+}
+
+static int parse_profile_entry(jctx_t *c, json_t *v, sp_prof_entry_t *e)
+{
+	static const char *const keys[] = {"op", "points", NULL};
+	static const char *const pkeys[] = {"batch", "fwd_ms", "bwd_ms", NULL};
+	int rc;
+	if ((rc = jcheck_object(c, v, "a profile entry", keys)))
+		return rc;
+	json_t *op = json_object_get(v, "op");
+	if (!op)
+		return jerr(c, 0, "missing required key 'op'");
+	jp_push_key(c, "op");
+	rc = parse_shape(c, op, &e->shape);
+	jp_pop(c);
+	if (rc)
+		return rc;
+	json_t *pts = json_object_get(v, "points");
+	if (!pts)
+		return jerr(c, 0, "missing required key 'points'");
+	if (!json_is_array(pts) || json_array_size(pts) == 0 || json_array_size(pts) > 4096)
+		return jerr_member(c, "points", 0, "expected a non-empty array of points");
+	e->n_points = (int)json_array_size(pts);
+	e->points = calloc((size_t)e->n_points, sizeof *e->points);
+	if (!e->points)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	jp_push_key(c, "points");
+	for (int i = 0; i < e->n_points && !rc; i++) {
+		json_t *p = json_array_get(pts, (size_t)i);
+		sp_prof_point_t *q = &e->points[i];
+		jp_push_index(c, (size_t)i);
+		int64_t b = 0;
+		if (!(rc = jcheck_object(c, p, "a profile point", pkeys)) &&
+		    !(rc = jget_int(c, p, "batch", 1, 1, SP_MAX_BATCH, &b)) &&
+		    !(rc = jget_num(c, p, "fwd_ms", 1, 0, 1e9, 0, &q->fwd_ms)) &&
+		    !(rc = jget_num(c, p, "bwd_ms", 1, 0, 1e9, 0, &q->bwd_ms))) {
+			q->batch = (double)b;
+			if (i > 0 && q->batch <= e->points[i - 1].batch) {
+				rc = jerr_member(c, "batch", 0,
+						 "batch %lld is not greater than the previous "
+						 "point's %lld",
+						 (long long)b, (long long)e->points[i - 1].batch);
+				sp_err_hint(c->err, "list points in strictly increasing batch order");
+			}
+		}
+		jp_pop(c);
+	}
+	jp_pop(c);
+	return rc;
+}
+
+int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *fname,
+		  sp_err_t *err)
+{
+	static const char *const keys[] = {"format", "name", "nodes", "gpus_per_node",
+					   "gpu", "links", "profile", NULL};
+	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
+					    "mem_bandwidth_gbs", NULL};
+	static const char *const lkeys[] = {"intra_node_gbs", "intra_node_latency_us",
+					    "inter_node_gbs", "inter_node_latency_us", NULL};
+	memset(out, 0, sizeof *out);
+	jctx_t c = {.text = text, .len = len, .file = fname, .err = err};
+	json_t *root = jparse(&c);
+	if (!root)
+		return err->code ? err->code : SP_EINPUT;
+	int rc;
+	int64_t nodes = 0, gpn = 0;
+	if ((rc = jcheck_format(&c, root, "spindle.cluster", 1)) ||
+	    (rc = jcheck_object(&c, root, "a cluster", keys)) ||
+	    (rc = jget_name(&c, root, "name", 1, out->name, sizeof out->name)) ||
+	    (rc = jget_int(&c, root, "nodes", 1, 1, 4096, &nodes)) ||
+	    (rc = jget_int(&c, root, "gpus_per_node", 1, 1, 256, &gpn)))
+		goto cleanup;
+	if (nodes * gpn > SP_MAX_DEVICES) {
+		rc = jerr_member(&c, "nodes", 0, "%lld devices in all; at most %d supported",
+				 (long long)(nodes * gpn), SP_MAX_DEVICES);
+		goto cleanup;
+	}
+	out->nodes = (int)nodes;
+	out->gpus_per_node = (int)gpn;
+
+	json_t *g = json_object_get(root, "gpu");
+	if (!g) {
+		rc = jerr(&c, 0, "missing required key 'gpu'");
+		goto cleanup;
+	}
+	jp_push_key(&c, "gpu");
+	json_t *gn = json_object_get(g, "name");
+	if ((rc = jcheck_object(&c, g, "a gpu", gkeys)))
+		goto cleanup;
+	if (!gn || !json_is_string(gn) || json_string_length(gn) == 0 ||
+	    json_string_length(gn) >= SP_NAME_MAX) {
+		rc = gn ? jerr_member(&c, "name", 0, "expected a GPU name (1-63 characters)")
+			: jerr(&c, 0, "missing required key 'name'");
+		goto cleanup;
+	}
+	snprintf(out->gpu_name, sizeof out->gpu_name, "%s", json_string_value(gn));
+	if ((rc = jget_num(&c, g, "memory_gib", 1, 0, 1e6, 1, &out->memory_gib)) ||
+	    (rc = jget_num(&c, g, "peak_tflops", 1, 0, 1e7, 1, &out->peak_tflops)) ||
+	    (rc = jget_num(&c, g, "mem_bandwidth_gbs", 1, 0, 1e7, 1, &out->mem_bandwidth_gbs)))
+		goto cleanup;
+	jp_pop(&c);
+
+	json_t *l = json_object_get(root, "links");
+	if (!l) {
+		rc = jerr(&c, 0, "missing required key 'links'");
+		goto cleanup;
+	}
+	jp_push_key(&c, "links");
+	if ((rc = jcheck_object(&c, l, "links", lkeys)) ||
+	    (rc = jget_num(&c, l, "intra_node_gbs", 1, 0, 1e7, 1, &out->intra_gbs)) ||
+	    (rc = jget_num(&c, l, "intra_node_latency_us", 1, 0, 1e7, 0, &out->intra_lat_us)) ||
+	    (rc = jget_num(&c, l, "inter_node_gbs", 1, 0, 1e7, 1, &out->inter_gbs)) ||
+	    (rc = jget_num(&c, l, "inter_node_latency_us", 1, 0, 1e7, 0, &out->inter_lat_us)))
+		goto cleanup;
+	jp_pop(&c);
+
+	json_t *p = json_object_get(root, "profile");
+	if (p) {
+		if (!json_is_array(p) || json_array_size(p) > 65536) {
+			rc = jerr_member(&c, "profile", 0, "expected an array of profile entries");
+			goto cleanup;
+		}
+		out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
+		if (!out->prof) {
+			rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+			goto cleanup;
+		}
+		jp_push_key(&c, "profile");
+		for (size_t i = 0; i < json_array_size(p); i++) {
+			jp_push_index(&c, i);
+			out->n_prof++;
+			rc = parse_profile_entry(&c, json_array_get(p, i), &out->prof[i]);
+			for (size_t k = 0; !rc && k < i; k++)
+				if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
+					rc = jerr_member(&c, "op", 0,
+							 "duplicate profile shape (same as "
+							 "profile[%zu])",
+							 k);
+					sp_err_hint(err, "merge the points into one entry");
+				}
+			if (rc)
+				goto cleanup;
+			jp_pop(&c);
+		}
+		jp_pop(&c);
+	}
+	out->hash = jcanonical_hash(root);
+cleanup:
+	json_decref(root);
+	if (rc)
+		cluster_release(out);
+	return rc;
+}
+
+int cluster_load(sp_cluster_t *out, const char *path, sp_err_t *err)
+{
+	char *text;
+	size_t len;
+	memset(out, 0, sizeof *out);
+	int rc = sp_read_file(&text, &len, path, err);
+	if (rc)
+		return rc;
+	rc = cluster_parse(out, text, len, path, err);
+	free(text);
+	return rc;
+}

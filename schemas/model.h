@@ -1,0 +1,157 @@
+/*
+ * model.h — the two input formats (spindle.model/1, spindle.cluster/1) as
+ * C structs, their loaders, and the per-component arithmetic (parameter
+ * counts, FLOPs, activation bytes) that planner, runtime and tools share.
+ * Loaders enforce the JSON Schemas in schemas/ and the design's semantic
+ * rules; they never exit and report the first problem in an sp_err_t.
+ */
+#ifndef SPINDLE_MODEL_H
+#define SPINDLE_MODEL_H
+
+#include "common.h"
+
+#include <stdint.h>
+
+#define SP_NAME_MAX 64
+/* Upper limits that keep every FLOP and byte count inside int64. */
+#define SP_MAX_DIM (1LL << 24)     /* any width, vocab, seq, ffn */
+#define SP_MAX_BATCH (1LL << 22)
+#define SP_MAX_LAYERS 4096
+#define SP_MAX_TASKS 4096
+#define SP_MAX_NODES 4096 /* per task */
+#define SP_MAX_COMPONENTS 4096
+#define SP_MAX_DEVICES 65536
+
+typedef enum { DT_BF16, DT_FP16, DT_FP32 } sp_dtype_t;
+typedef enum { OPT_ADAMW, OPT_SGD } sp_opt_kind_t;
+
+typedef enum {
+	COMP_EMBEDDING,
+	COMP_PATCH,
+	COMP_TRANSFORMER,
+	COMP_LINEAR,
+	COMP_LM_HEAD,
+	COMP_CLASSIFIER,
+	COMP_CONTRASTIVE,
+	COMP__COUNT
+} sp_comp_type_t;
+
+typedef struct {
+	char name[SP_NAME_MAX];
+	sp_comp_type_t type;
+	/* fields used by the type; the rest are 0 */
+	int64_t vocab, hidden, max_seq, in, out, layers, heads, ffn, classes;
+	int causal;
+	double temperature;
+} sp_component_t;
+
+typedef struct {
+	char id[SP_NAME_MAX];
+	int comp;     /* index into model components */
+	int64_t seq;  /* tokens per sample leaving the node (loss: of its input) */
+	int n_inputs;
+	int *inputs;  /* node indices in the same task, in the order given */
+	int layer_from, layer_to; /* [from,to): transformer layers; else [0,1) */
+} sp_node_t;
+
+typedef struct {
+	char name[SP_NAME_MAX];
+	int64_t batch;
+	double weight;
+	int n_nodes;
+	sp_node_t *nodes;
+} sp_task_t;
+
+typedef struct {
+	sp_opt_kind_t kind;
+	double lr, weight_decay, beta1, beta2, eps;
+} sp_optim_t;
+
+typedef struct {
+	char name[SP_NAME_MAX];
+	sp_dtype_t dtype;
+	sp_optim_t opt;
+	uint64_t seed;
+	int n_comps;
+	sp_component_t *comps;
+	int n_tasks;
+	sp_task_t *tasks;
+	uint64_t hash; /* FNV-1a of the canonical form (see model_hash) */
+} sp_model_t;
+
+typedef struct {
+	double batch, fwd_ms, bwd_ms;
+} sp_prof_point_t;
+
+/*
+ * The shape of one operator (one layer of one node): what its cost depends
+ * on. Fields not used by its type are 0. For contrastive, hidden is the
+ * width of its inputs. Profile entries are matched on equality of shapes.
+ */
+typedef struct {
+	sp_comp_type_t type;
+	int64_t hidden, heads, ffn, seq, in, out, vocab, classes;
+	int causal;
+} sp_opshape_t;
+
+typedef struct {
+	sp_opshape_t shape;
+	int n_points; /* sorted by batch, strictly increasing */
+	sp_prof_point_t *points;
+} sp_prof_entry_t;
+
+typedef struct {
+	char name[SP_NAME_MAX];
+	int nodes, gpus_per_node;
+	char gpu_name[SP_NAME_MAX];
+	double memory_gib, peak_tflops, mem_bandwidth_gbs;
+	double intra_gbs, intra_lat_us, inter_gbs, inter_lat_us;
+	int n_prof;
+	sp_prof_entry_t *prof;
+	uint64_t hash;
+} sp_cluster_t;
+
+/* ---- model_load.c / cluster_load.c ---------------------------------- */
+
+/* Loads and validates; on error returns SP_EINPUT (or SP_ENOMEM) with err set. */
+int model_load(sp_model_t *out, const char *path, sp_err_t *err);
+int model_parse(sp_model_t *out, const char *text, size_t len,
+		const char *fname, sp_err_t *err);
+void model_release(sp_model_t *m);
+/* Deep copy (the plan embeds the model); SP_ENOMEM on failure. */
+int model_copy(sp_model_t *out, const sp_model_t *in);
+int cluster_load(sp_cluster_t *out, const char *path, sp_err_t *err);
+int cluster_parse(sp_cluster_t *out, const char *text, size_t len,
+		  const char *fname, sp_err_t *err);
+void cluster_release(sp_cluster_t *c);
+
+const char *comp_type_name(sp_comp_type_t t);
+const char *dtype_name(sp_dtype_t d);
+int dtype_bytes(sp_dtype_t d);
+
+/* ---- arith.c: per-operator arithmetic ------------------------------ */
+
+/*
+ * Counts for one operator (one layer of a node) and one sample. Computed in
+ * 128-bit and saturated at INT64_MAX, so callers can detect absurd sizes.
+ * FLOPs count 2 per multiply-add and only the matrix products.
+ */
+/* Shape of layer `node` of task `t` (seq and widths from the model). */
+sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *n);
+int64_t comp_layer_params(const sp_component_t *c);
+int64_t comp_params(const sp_component_t *c); /* all its layers */
+int64_t op_fwd_flops(const sp_opshape_t *s, int64_t task_batch);
+int64_t op_bwd_flops(const sp_opshape_t *s, int64_t task_batch);
+/* Elements saved for backward (the CPU backend saves exactly these). */
+int64_t op_saved_elems(const sp_opshape_t *s, int64_t task_batch);
+/* Width of a node's output activation (0 for sinks). */
+int64_t comp_out_width(const sp_component_t *c);
+/* Bytes of state per parameter: weights, grads, fp32 master, optimizer. */
+int64_t param_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
+int comp_is_source(sp_comp_type_t t);
+int comp_is_sink(sp_comp_type_t t);
+int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b);
+/* "transformer h1280 a16 f5120 s257" — for reports. */
+void opshape_str(char *buf, size_t cap, const sp_opshape_t *s);
+
+#endif

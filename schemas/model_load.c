@@ -1,0 +1,807 @@
+/*
+ * model_load.c — reads spindle.model/1 (schemas/model.schema.json) into an
+ * sp_model_t and enforces the semantic rules the schema cannot express:
+ * references resolve, task graphs are acyclic, sources are embedding/patch,
+ * concatenation sizes add up, widths match, hidden % heads == 0,
+ * seq <= max_seq, every node reaches a loss, sizes fit int64 arithmetic.
+ * It does not plan anything; the first problem found is reported.
+ */
+#include "jsonutil.h"
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const COMP_TYPES[COMP__COUNT] = {
+	"embedding", "patch", "transformer", "linear", "lm_head", "classifier",
+	"contrastive"};
+static const char *const DTYPES[] = {"bf16", "fp16", "fp32"};
+static const char *const OPTS[] = {"adamw", "sgd"};
+
+const char *comp_type_name(sp_comp_type_t t)
+{
+	return (unsigned)t < COMP__COUNT ? COMP_TYPES[t] : "?";
+}
+
+const char *dtype_name(sp_dtype_t d)
+{
+	return (unsigned)d < 3 ? DTYPES[d] : "?";
+}
+
+int dtype_bytes(sp_dtype_t d)
+{
+	return d == DT_FP32 ? 4 : 2;
+}
+
+void model_release(sp_model_t *m)
+{
+	if (!m)
+		return;
+	for (int t = 0; t < m->n_tasks; t++) {
+		for (int i = 0; i < m->tasks[t].n_nodes; i++)
+			free(m->tasks[t].nodes[i].inputs);
+		free(m->tasks[t].nodes);
+	}
+	free(m->tasks);
+	free(m->comps);
+	memset(m, 0, sizeof *m);
+}
+
+/* Keys each component type takes besides "type" (required unless noted). */
+static const char *const *comp_keys(sp_comp_type_t t)
+{
+	static const char *const emb[] = {"type", "vocab", "hidden", "max_seq", NULL};
+	static const char *const patch[] = {"type", "in", "hidden", "max_seq", NULL};
+	static const char *const tr[] = {"type", "layers", "hidden", "heads", "ffn",
+					 "causal", NULL};
+	static const char *const lin[] = {"type", "in", "out", NULL};
+	static const char *const lm[] = {"type", "hidden", "vocab", NULL};
+	static const char *const cls[] = {"type", "hidden", "classes", NULL};
+	static const char *const con[] = {"type", "temperature", NULL};
+	switch (t) {
+	case COMP_EMBEDDING: return emb;
+	case COMP_PATCH: return patch;
+	case COMP_TRANSFORMER: return tr;
+	case COMP_LINEAR: return lin;
+	case COMP_LM_HEAD: return lm;
+	case COMP_CLASSIFIER: return cls;
+	default: return con;
+	}
+}
+
+static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_t *out)
+{
+	static const char *const any[] = {"type", "vocab", "hidden", "max_seq", "in",
+					  "out", "layers", "heads", "ffn", "causal",
+					  "classes", "temperature", NULL};
+	int rc, type = 0;
+	if (!json_is_object(v))
+		return jerr(c, 0, "expected a component (an object)");
+	if ((rc = jget_enum(c, v, "type", 1, COMP_TYPES, COMP__COUNT, &type)))
+		return rc;
+	snprintf(out->name, sizeof out->name, "%s", name);
+	out->type = (sp_comp_type_t)type;
+	char what[96];
+	snprintf(what, sizeof what, "a %s component", COMP_TYPES[type]);
+	/* unknown to every type → typo hint against all; known elsewhere → not for this type */
+	const char *key;
+	json_t *m;
+	json_object_foreach(v, key, m) {
+		const char *const *allowed = comp_keys(out->type);
+		int ok = 0, known = 0;
+		for (int i = 0; allowed[i]; i++)
+			ok |= strcmp(allowed[i], key) == 0;
+		for (int i = 0; any[i]; i++)
+			known |= strcmp(any[i], key) == 0;
+		if (ok)
+			continue;
+		if (known) {
+			rc = jerr_member(c, key, 1, "'%s' is not a field of %s", key, what);
+			return rc;
+		}
+		return jcheck_object(c, v, what, allowed);
+	}
+	int64_t D = SP_MAX_DIM;
+	switch (out->type) {
+	case COMP_EMBEDDING:
+		if ((rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)) ||
+		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
+		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
+			return rc;
+		break;
+	case COMP_PATCH:
+		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
+		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
+		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
+			return rc;
+		break;
+	case COMP_TRANSFORMER:
+		if ((rc = jget_int(c, v, "layers", 1, 1, SP_MAX_LAYERS, &out->layers)) ||
+		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
+		    (rc = jget_int(c, v, "heads", 1, 1, D, &out->heads)) ||
+		    (rc = jget_int(c, v, "ffn", 1, 1, D, &out->ffn)) ||
+		    (rc = jget_bool(c, v, "causal", 0, &out->causal)))
+			return rc;
+		if (out->hidden % out->heads) {
+			rc = jerr_member(c, "heads", 0,
+					 "hidden %lld is not divisible by heads %lld",
+					 (long long)out->hidden, (long long)out->heads);
+			sp_err_hint(c->err, "choose heads so that hidden / heads is an integer");
+			return rc;
+		}
+		break;
+	case COMP_LINEAR:
+		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
+		    (rc = jget_int(c, v, "out", 1, 1, D, &out->out)))
+			return rc;
+		break;
+	case COMP_LM_HEAD:
+		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
+		    (rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)))
+			return rc;
+		break;
+	case COMP_CLASSIFIER:
+		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
+		    (rc = jget_int(c, v, "classes", 1, 2, D, &out->classes)))
+			return rc;
+		break;
+	case COMP_CONTRASTIVE:
+		out->temperature = 0.07;
+		if ((rc = jget_num(c, v, "temperature", 0, 0, 1e6, 1, &out->temperature)))
+			return rc;
+		break;
+	case COMP__COUNT: break;
+	}
+	if (comp_params(out) == INT64_MAX)
+		return jerr(c, 0, "component is too large: its parameter count "
+				  "overflows 64-bit arithmetic");
+	return 0;
+}
+
+static int parse_optimizer(jctx_t *c, json_t *root, sp_optim_t *o)
+{
+	json_t *v = json_object_get(root, "optimizer");
+	o->kind = OPT_ADAMW;
+	o->lr = 1e-3;
+	o->weight_decay = 0.01;
+	o->beta1 = 0.9;
+	o->beta2 = 0.999;
+	o->eps = 1e-8;
+	if (!v)
+		return 0;
+	int rc, kind = 0;
+	if (json_is_string(v)) {
+		if ((rc = jget_enum(c, root, "optimizer", 1, OPTS, 2, &kind)))
+			return rc;
+	} else if (json_is_object(v)) {
+		jp_push_key(c, "optimizer");
+		if ((rc = jget_enum(c, v, "type", 1, OPTS, 2, &kind)))
+			goto out;
+		static const char *const ka[] = {"type", "lr", "weight_decay", "beta1",
+						 "beta2", "eps", NULL};
+		static const char *const ks[] = {"type", "lr", "weight_decay", NULL};
+		if ((rc = jcheck_object(c, v, kind == OPT_ADAMW ? "an adamw optimizer"
+								: "an sgd optimizer",
+					kind == OPT_ADAMW ? ka : ks)))
+			goto out;
+		if (kind == OPT_SGD)
+			o->lr = 1e-2, o->weight_decay = 0;
+		if ((rc = jget_num(c, v, "lr", 0, 0, 1e3, 1, &o->lr)) ||
+		    (rc = jget_num(c, v, "weight_decay", 0, 0, 1e3, 0, &o->weight_decay)) ||
+		    (rc = jget_num(c, v, "beta1", 0, 0, 0.999999, 0, &o->beta1)) ||
+		    (rc = jget_num(c, v, "beta2", 0, 0, 0.999999999, 0, &o->beta2)) ||
+		    (rc = jget_num(c, v, "eps", 0, 0, 1, 1, &o->eps)))
+			goto out;
+	out:
+		jp_pop(c);
+		if (rc)
+			return rc;
+	} else {
+		return jerr_member(c, "optimizer", 0,
+				   "expected \"adamw\", \"sgd\" or an optimizer object");
+	}
+	o->kind = (sp_opt_kind_t)kind;
+	if (kind == OPT_SGD && !json_is_object(v))
+		o->lr = 1e-2, o->weight_decay = 0;
+	return 0;
+}
+
+static int find_node(const sp_task_t *t, const char *id)
+{
+	for (int i = 0; i < t->n_nodes; i++)
+		if (strcmp(t->nodes[i].id, id) == 0)
+			return i;
+	return -1;
+}
+
+static int find_comp(const sp_model_t *m, const char *name)
+{
+	for (int i = 0; i < m->n_comps; i++)
+		if (strcmp(m->comps[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* Points c's path at tasks[t].graph[i](.key) for an error. */
+static int node_err(jctx_t *c, int t, int i, const char *key, int idx,
+		    const char *fmt, const char *a, const char *b, long long x,
+		    long long y)
+{
+	jp_push_key(c, "tasks");
+	jp_push_index(c, (size_t)t);
+	jp_push_key(c, "graph");
+	jp_push_index(c, (size_t)i);
+	if (key)
+		jp_push_key(c, key);
+	if (idx >= 0)
+		jp_push_index(c, (size_t)idx);
+	int rc;
+	if (a && b)
+		rc = jerr(c, 0, fmt, a, b, x, y);
+	else if (a)
+		rc = jerr(c, 0, fmt, a, x, y);
+	else
+		rc = jerr(c, 0, fmt, x, y);
+	c->depth = 0;
+	return rc;
+}
+
+static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
+{
+	static const char *const keys[] = {"id", "component", "seq", "inputs", "layers",
+					   NULL};
+	sp_node_t *n = &t->nodes[i];
+	int rc;
+	if ((rc = jcheck_object(c, v, "a graph node", keys)) ||
+	    (rc = jget_name(c, v, "id", 1, n->id, sizeof n->id)))
+		return rc;
+	json_t *cv = json_object_get(v, "component");
+	if (!cv)
+		return jerr(c, 0, "missing required key 'component'");
+	if (!json_is_string(cv))
+		return jerr_member(c, "component", 0, "expected a component name (a string)");
+	n->comp = find_comp(m, json_string_value(cv));
+	if (n->comp < 0) {
+		rc = jerr_member(c, "component", 0, "unknown component '%.64s'",
+				 json_string_value(cv));
+		const char **names = malloc(sizeof(char *) * (size_t)m->n_comps);
+		if (names) {
+			for (int k = 0; k < m->n_comps; k++)
+				names[k] = m->comps[k].name;
+			const char *near = sp_closest(json_string_value(cv), names, m->n_comps);
+			if (near)
+				sp_err_hint(c->err, "did you mean '%s'?", near);
+			free(names);
+		}
+		return rc;
+	}
+	const sp_component_t *comp = &m->comps[n->comp];
+	int sink = comp_is_sink(comp->type);
+	if ((rc = jget_int(c, v, "seq", !sink, 1, SP_MAX_DIM, &n->seq)))
+		return rc;
+	n->layer_from = 0;
+	n->layer_to = comp->type == COMP_TRANSFORMER ? (int)comp->layers : 1;
+	json_t *lv = json_object_get(v, "layers");
+	if (lv) {
+		if (comp->type != COMP_TRANSFORMER)
+			return jerr_member(c, "layers", 1,
+					   "'layers' applies to transformer nodes only "
+					   "('%s' is a %s)",
+					   comp->name, COMP_TYPES[comp->type]);
+		if (!json_is_array(lv) || json_array_size(lv) != 2 ||
+		    !json_is_integer(json_array_get(lv, 0)) ||
+		    !json_is_integer(json_array_get(lv, 1)))
+			return jerr_member(c, "layers", 0,
+					   "expected [from, to] (two integers)");
+		json_int_t a = json_integer_value(json_array_get(lv, 0));
+		json_int_t b = json_integer_value(json_array_get(lv, 1));
+		if (a < 0 || b > comp->layers || a >= b) {
+			rc = jerr_member(c, "layers", 0,
+					 "layer range [%lld, %lld) is empty or outside "
+					 "component '%s' (%lld layers)",
+					 (long long)a, (long long)b, comp->name,
+					 (long long)comp->layers);
+			sp_err_hint(c->err, "ranges are half-open: [0, %lld) is the whole stack",
+				    (long long)comp->layers);
+			return rc;
+		}
+		n->layer_from = (int)a;
+		n->layer_to = (int)b;
+	}
+	json_t *iv = json_object_get(v, "inputs");
+	if (iv && !json_is_array(iv))
+		return jerr_member(c, "inputs", 0, "expected an array of node ids");
+	return 0;
+}
+
+static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t *graph)
+{
+	for (int i = 0; i < t->n_nodes; i++) {
+		sp_node_t *n = &t->nodes[i];
+		json_t *iv = json_object_get(json_array_get(graph, (size_t)i), "inputs");
+		size_t k = iv ? json_array_size(iv) : 0;
+		if (k > 64)
+			return node_err(c, ti, i, "inputs", -1,
+					"too many inputs (%lld, at most %lld)", NULL, NULL,
+					(long long)k, 64);
+		n->inputs = calloc(k ? k : 1, sizeof(int));
+		if (!n->inputs)
+			return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+		n->n_inputs = (int)k;
+		for (size_t j = 0; j < k; j++) {
+			json_t *e = json_array_get(iv, j);
+			if (!json_is_string(e))
+				return node_err(c, ti, i, "inputs", (int)j,
+						"expected a node id (a string)", NULL, NULL, 0, 0);
+			int src = find_node(t, json_string_value(e));
+			if (src < 0) {
+				int rc = node_err(c, ti, i, "inputs", (int)j, "unknown node '%.64s'",
+						  json_string_value(e), NULL, 0, 0);
+				const char **names = malloc(sizeof(char *) * (size_t)t->n_nodes);
+				if (names) {
+					for (int q = 0; q < t->n_nodes; q++)
+						names[q] = t->nodes[q].id;
+					const char *near =
+						sp_closest(json_string_value(e), names, t->n_nodes);
+					if (near)
+						sp_err_hint(c->err, "did you mean '%s'?", near);
+					free(names);
+				}
+				return rc;
+			}
+			for (size_t q = 0; q < j; q++)
+				if (n->inputs[q] == src)
+					return node_err(c, ti, i, "inputs", (int)j,
+							"input '%s' is listed twice",
+							t->nodes[src].id, NULL, 0, 0);
+			n->inputs[j] = src;
+		}
+	}
+	(void)m;
+	return 0;
+}
+
+/* DFS for cycles over input edges; reports one cycle by its ids. */
+static int check_acyclic(jctx_t *c, const sp_task_t *t, int ti)
+{
+	int n = t->n_nodes, rc = 0;
+	char *color = calloc((size_t)n, 1);
+	int *stack = malloc(sizeof(int) * (size_t)n * 2);
+	int *parent = malloc(sizeof(int) * (size_t)n);
+	if (!color || !stack || !parent) {
+		rc = sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	for (int s = 0; s < n && !rc; s++) {
+		if (color[s])
+			continue;
+		/* iterative DFS: stack holds (node, next input index) */
+		int sp = 0;
+		stack[sp++] = s;
+		stack[sp++] = 0;
+		color[s] = 1;
+		parent[s] = -1;
+		while (sp > 0 && !rc) {
+			int u = stack[sp - 2], k = stack[sp - 1];
+			if (k < t->nodes[u].n_inputs) {
+				stack[sp - 1]++;
+				int w = t->nodes[u].inputs[k];
+				if (color[w] == 1) {
+					char cyc[200];
+					size_t used = 0;
+					int x = u, guard = 0;
+					used += (size_t)snprintf(cyc, sizeof cyc, "%s", t->nodes[w].id);
+					while (x != -1 && x != w && guard++ < 8 && used < sizeof cyc) {
+						used += (size_t)snprintf(cyc + used, sizeof cyc - used,
+									 " <- %s", t->nodes[x].id);
+						x = parent[x];
+					}
+					if (used < sizeof cyc)
+						snprintf(cyc + used, sizeof cyc - used, " <- %s",
+							 t->nodes[w].id);
+					rc = node_err(c, ti, u, "inputs", k,
+						      "task graph has a cycle: %s", cyc, NULL, 0, 0);
+					sp_err_hint(c->err, "inputs must form a DAG from sources "
+							    "(embedding, patch) to losses");
+				} else if (color[w] == 0) {
+					color[w] = 1;
+					parent[w] = u;
+					stack[sp++] = w;
+					stack[sp++] = 0;
+				}
+			} else {
+				color[u] = 2;
+				sp -= 2;
+			}
+		}
+	}
+cleanup:
+	free(color);
+	free(stack);
+	free(parent);
+	return rc;
+}
+
+static int check_task(jctx_t *c, const sp_model_t *m, sp_task_t *t, int ti)
+{
+	int rc;
+	/* sources and arity */
+	for (int i = 0; i < t->n_nodes; i++) {
+		sp_node_t *n = &t->nodes[i];
+		const sp_component_t *cp = &m->comps[n->comp];
+		const char *tn = COMP_TYPES[cp->type];
+		if (comp_is_source(cp->type) && n->n_inputs > 0)
+			return node_err(c, ti, i, "inputs", -1,
+					"a %s node is a source and takes no inputs", tn, NULL, 0, 0);
+		if (!comp_is_source(cp->type) && n->n_inputs == 0) {
+			rc = node_err(c, ti, i, NULL, -1, "%s node '%s' has no inputs", tn,
+				      n->id, 0, 0);
+			sp_err_hint(c->err, "only embedding and patch nodes are sources");
+			return rc;
+		}
+		int want = -1;
+		if (cp->type == COMP_LINEAR || cp->type == COMP_LM_HEAD ||
+		    cp->type == COMP_CLASSIFIER)
+			want = 1;
+		if (cp->type == COMP_CONTRASTIVE)
+			want = 2;
+		if (want > 0 && n->n_inputs != want)
+			return node_err(c, ti, i, "inputs", -1,
+					"a %s node takes exactly %lld input(s), got %lld", tn,
+					NULL, want, n->n_inputs);
+		for (int k = 0; k < n->n_inputs; k++) {
+			const sp_node_t *src = &t->nodes[n->inputs[k]];
+			if (comp_is_sink(m->comps[src->comp].type))
+				return node_err(c, ti, i, "inputs", k,
+						"input '%s' is a loss node; losses are sinks",
+						src->id, NULL, 0, 0);
+		}
+	}
+	if ((rc = check_acyclic(c, t, ti)))
+		return rc;
+	/* shapes */
+	for (int i = 0; i < t->n_nodes; i++) {
+		sp_node_t *n = &t->nodes[i];
+		const sp_component_t *cp = &m->comps[n->comp];
+		if (comp_is_source(cp->type) && n->seq > cp->max_seq) {
+			rc = node_err(c, ti, i, "seq", -1,
+				      "seq %lld exceeds max_seq %lld of its component", NULL,
+				      NULL, n->seq, cp->max_seq);
+			sp_err_hint(c->err, "raise max_seq of component '%s' or shorten the node",
+				    cp->name);
+			return rc;
+		}
+		int64_t sum = 0;
+		for (int k = 0; k < n->n_inputs; k++) {
+			const sp_node_t *src = &t->nodes[n->inputs[k]];
+			const sp_component_t *sc = &m->comps[src->comp];
+			int64_t w = comp_out_width(sc);
+			int64_t need = cp->type == COMP_LINEAR ? cp->in : cp->hidden;
+			if (cp->type == COMP_CONTRASTIVE) {
+				need = comp_out_width(&m->comps[t->nodes[n->inputs[0]].comp]);
+			}
+			if (w != need) {
+				rc = node_err(c, ti, i, "inputs", k,
+					      "width mismatch: input '%s' has width %lld, "
+					      "expected %lld",
+					      src->id, NULL, w, need);
+				if (cp->type == COMP_CONTRASTIVE)
+					sp_err_hint(c->err, "both inputs of a contrastive loss need "
+							    "the same width; add a linear projection");
+				else
+					sp_err_hint(c->err, "add a linear projection from %lld to %lld",
+						    (long long)w, (long long)need);
+				return rc;
+			}
+			sum += src->seq;
+		}
+		if (cp->type == COMP_TRANSFORMER && sum != n->seq) {
+			rc = node_err(c, ti, i, "seq", -1,
+				      "seq %lld does not match its inputs (their seqs sum "
+				      "to %lld)",
+				      NULL, NULL, n->seq, sum);
+			sp_err_hint(c->err, "a transformer with several inputs concatenates "
+					    "them along seq");
+			return rc;
+		}
+		if ((cp->type == COMP_LINEAR || cp->type == COMP_LM_HEAD ||
+		     cp->type == COMP_CLASSIFIER) &&
+		    n->seq != 0 && n->seq != t->nodes[n->inputs[0]].seq)
+			return node_err(c, ti, i, "seq", -1,
+					"seq %lld differs from its input's seq %lld", NULL, NULL,
+					n->seq, t->nodes[n->inputs[0]].seq);
+		if (comp_is_sink(cp->type) && cp->type != COMP_CONTRASTIVE)
+			n->seq = t->nodes[n->inputs[0]].seq;
+		if (cp->type == COMP_CONTRASTIVE) {
+			if (n->seq != 0) {
+				rc = node_err(c, ti, i, "seq", -1,
+					      "a contrastive node has no seq (got %lld)", NULL,
+					      NULL, n->seq, 0);
+				sp_err_hint(c->err, "it reads token 0 of each input; remove 'seq'");
+				return rc;
+			}
+			n->seq = 1;
+		}
+	}
+	/* every node reaches a loss: propagate "reaches" backwards */
+	char *reach = calloc((size_t)t->n_nodes, 1);
+	if (!reach)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	for (int i = 0; i < t->n_nodes; i++)
+		reach[i] = (char)comp_is_sink(m->comps[t->nodes[i].comp].type);
+	for (int changed = 1; changed;) {
+		changed = 0;
+		for (int i = 0; i < t->n_nodes; i++)
+			if (reach[i])
+				for (int k = 0; k < t->nodes[i].n_inputs; k++)
+					if (!reach[t->nodes[i].inputs[k]]) {
+						reach[t->nodes[i].inputs[k]] = 1;
+						changed = 1;
+					}
+	}
+	rc = 0;
+	for (int i = 0; i < t->n_nodes && !rc; i++)
+		if (!reach[i]) {
+			rc = node_err(c, ti, i, "id", -1,
+				      "node '%s' does not reach any loss", t->nodes[i].id, NULL,
+				      0, 0);
+			sp_err_hint(c->err, "feed it (directly or through other nodes) into an "
+					    "lm_head, classifier or contrastive node, or remove it");
+		}
+	free(reach);
+	return rc;
+}
+
+/* Totals must fit the int64 FLOP and byte arithmetic of the planner. */
+static int check_sizes(jctx_t *c, const sp_model_t *m)
+{
+	const int64_t LIM = (int64_t)1 << 60;
+	int ovf = 0;
+	int64_t total_flops = 0, total_params = 0;
+	for (int k = 0; k < m->n_comps; k++)
+		total_params = sp_add(total_params, comp_params(&m->comps[k]), &ovf);
+	if (ovf || sp_mul(total_params, 32, &ovf) > LIM || ovf) {
+		jp_push_key(c, "components");
+		int rc = jerr(c, 0, "the model's parameters are too many for 64-bit "
+				    "byte arithmetic");
+		c->depth = 0;
+		return rc;
+	}
+	for (int ti = 0; ti < m->n_tasks; ti++) {
+		const sp_task_t *t = &m->tasks[ti];
+		for (int i = 0; i < t->n_nodes; i++) {
+			const sp_node_t *n = &t->nodes[i];
+			sp_opshape_t s = op_shape(m, t, n);
+			int64_t layers = n->layer_to - n->layer_from;
+			int64_t f = sp_add(op_fwd_flops(&s, t->batch),
+					   op_bwd_flops(&s, t->batch), &ovf);
+			f = sp_mul(sp_mul(f, layers, &ovf), t->batch, &ovf);
+			int64_t a = sp_mul(sp_mul(op_saved_elems(&s, t->batch), layers, &ovf),
+					   sp_mul(t->batch, 8, &ovf), &ovf);
+			total_flops = sp_add(total_flops, f, &ovf);
+			if (ovf || f > LIM || a > LIM || total_flops > LIM) {
+				int rc = node_err(c, ti, i, NULL, -1,
+						  "sizes overflow 64-bit FLOP/byte arithmetic "
+						  "(batch %lld, seq %lld)",
+						  NULL, NULL, t->batch, n->seq);
+				sp_err_hint(c->err, "reduce batch, seq or widths");
+				return rc;
+			}
+		}
+	}
+	return 0;
+}
+
+static int parse_task(jctx_t *c, sp_model_t *m, json_t *v, int ti)
+{
+	static const char *const keys[] = {"name", "batch", "weight", "graph", NULL};
+	sp_task_t *t = &m->tasks[ti];
+	int rc;
+	t->weight = 1.0;
+	if ((rc = jcheck_object(c, v, "a task", keys)) ||
+	    (rc = jget_name(c, v, "name", 1, t->name, sizeof t->name)) ||
+	    (rc = jget_int(c, v, "batch", 1, 1, SP_MAX_BATCH, &t->batch)) ||
+	    (rc = jget_num(c, v, "weight", 0, 0, 1e9, 1, &t->weight)))
+		return rc;
+	for (int k = 0; k < ti; k++)
+		if (strcmp(m->tasks[k].name, t->name) == 0)
+			return jerr_member(c, "name", 0, "duplicate task name '%s'", t->name);
+	json_t *g = json_object_get(v, "graph");
+	if (!g)
+		return jerr(c, 0, "missing required key 'graph'");
+	if (!json_is_array(g) || json_array_size(g) == 0)
+		return jerr_member(c, "graph", 0, "expected a non-empty array of nodes");
+	if (json_array_size(g) > SP_MAX_NODES)
+		return jerr_member(c, "graph", 0, "too many nodes (at most %d)", SP_MAX_NODES);
+	t->n_nodes = (int)json_array_size(g);
+	t->nodes = calloc((size_t)t->n_nodes, sizeof *t->nodes);
+	if (!t->nodes)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	jp_push_key(c, "graph");
+	for (int i = 0; i < t->n_nodes; i++) {
+		jp_push_index(c, (size_t)i);
+		rc = parse_node(c, m, t, json_array_get(g, (size_t)i), i);
+		if (!rc)
+			for (int k = 0; k < i; k++)
+				if (strcmp(t->nodes[k].id, t->nodes[i].id) == 0) {
+					rc = jerr_member(c, "id", 0, "duplicate node id '%s' in task '%s'",
+							 t->nodes[i].id, t->name);
+					break;
+				}
+		jp_pop(c);
+		if (rc)
+			break;
+	}
+	jp_pop(c);
+	if (rc)
+		return rc;
+	int depth = c->depth;
+	c->depth = 0;
+	if ((rc = resolve_inputs(c, m, t, ti, g)) || (rc = check_task(c, m, t, ti)))
+		return rc;
+	c->depth = depth;
+	return 0;
+}
+
+int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname,
+		sp_err_t *err)
+{
+	static const char *const keys[] = {"format", "name", "dtype", "optimizer", "seed",
+					   "components", "tasks", NULL};
+	memset(out, 0, sizeof *out);
+	jctx_t c = {.text = text, .len = len, .file = fname, .err = err};
+	json_t *root = jparse(&c);
+	if (!root)
+		return err->code ? err->code : SP_EINPUT;
+	int rc, dt = DT_BF16;
+	int64_t seed = 0;
+	if ((rc = jcheck_format(&c, root, "spindle.model", 1)) ||
+	    (rc = jcheck_object(&c, root, "a model", keys)) ||
+	    (rc = jget_name(&c, root, "name", 1, out->name, sizeof out->name)) ||
+	    (rc = jget_enum(&c, root, "dtype", 0, DTYPES, 3, &dt)) ||
+	    (rc = parse_optimizer(&c, root, &out->opt)) ||
+	    (rc = jget_int(&c, root, "seed", 0, 0, INT64_MAX, &seed)))
+		goto cleanup;
+	out->dtype = (sp_dtype_t)dt;
+	out->seed = (uint64_t)seed;
+
+	json_t *comps = json_object_get(root, "components");
+	if (!comps) {
+		rc = jerr(&c, 0, "missing required key 'components'");
+		goto cleanup;
+	}
+	if (!json_is_object(comps) || json_object_size(comps) == 0) {
+		rc = jerr_member(&c, "components", 0, "expected a non-empty object of components");
+		goto cleanup;
+	}
+	if (json_object_size(comps) > SP_MAX_COMPONENTS) {
+		rc = jerr_member(&c, "components", 0, "too many components (at most %d)",
+				 SP_MAX_COMPONENTS);
+		goto cleanup;
+	}
+	out->comps = calloc(json_object_size(comps), sizeof *out->comps);
+	if (!out->comps) {
+		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	/* object order as written in the file (jansson keeps insertion order) */
+	const char *key;
+	json_t *v;
+	jp_push_key(&c, "components");
+	json_object_foreach(comps, key, v) {
+		jp_push_key(&c, key);
+		if (!jvalid_name(key)) {
+			rc = jerr(&c, 1, "invalid component name '%.80s'", key);
+			sp_err_hint(err, "names are 1-63 characters of letters, digits, '_', "
+					 "and (after the first) '-' or '.'");
+			goto cleanup;
+		}
+		rc = parse_component(&c, v, key, &out->comps[out->n_comps]);
+		jp_pop(&c);
+		if (rc)
+			goto cleanup;
+		out->n_comps++;
+	}
+	jp_pop(&c);
+
+	json_t *tasks = json_object_get(root, "tasks");
+	if (!tasks) {
+		rc = jerr(&c, 0, "missing required key 'tasks'");
+		goto cleanup;
+	}
+	if (!json_is_array(tasks) || json_array_size(tasks) == 0) {
+		rc = jerr_member(&c, "tasks", 0, "expected a non-empty array of tasks");
+		goto cleanup;
+	}
+	if (json_array_size(tasks) > SP_MAX_TASKS) {
+		rc = jerr_member(&c, "tasks", 0, "too many tasks (at most %d)", SP_MAX_TASKS);
+		goto cleanup;
+	}
+	out->tasks = calloc(json_array_size(tasks), sizeof *out->tasks);
+	if (!out->tasks) {
+		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	for (size_t i = 0; i < json_array_size(tasks); i++) {
+		jp_push_key(&c, "tasks");
+		jp_push_index(&c, i);
+		out->n_tasks++;
+		rc = parse_task(&c, out, json_array_get(tasks, i), (int)i);
+		c.depth = 0;
+		if (rc)
+			goto cleanup;
+	}
+	/* every component is used by some node */
+	for (int k = 0; k < out->n_comps; k++) {
+		int used = 0;
+		for (int ti = 0; ti < out->n_tasks && !used; ti++)
+			for (int i = 0; i < out->tasks[ti].n_nodes; i++)
+				used |= out->tasks[ti].nodes[i].comp == k;
+		if (!used) {
+			jp_push_key(&c, "components");
+			jp_push_key(&c, out->comps[k].name);
+			rc = jerr(&c, 1, "component '%s' is not used by any node",
+				  out->comps[k].name);
+			sp_err_hint(err, "use it in a task graph or remove it");
+			goto cleanup;
+		}
+	}
+	if ((rc = check_sizes(&c, out)))
+		goto cleanup;
+	out->hash = jcanonical_hash(root);
+cleanup:
+	json_decref(root);
+	if (rc)
+		model_release(out);
+	return rc;
+}
+
+int model_load(sp_model_t *out, const char *path, sp_err_t *err)
+{
+	char *text;
+	size_t len;
+	memset(out, 0, sizeof *out);
+	int rc = sp_read_file(&text, &len, path, err);
+	if (rc)
+		return rc;
+	rc = model_parse(out, text, len, path, err);
+	free(text);
+	return rc;
+}
+
+int model_copy(sp_model_t *out, const sp_model_t *in)
+{
+	*out = *in;
+	out->comps = NULL;
+	out->tasks = NULL;
+	out->n_tasks = 0;
+	out->comps = malloc(sizeof *out->comps * (size_t)(in->n_comps + 1));
+	out->tasks = calloc((size_t)in->n_tasks + 1, sizeof *out->tasks);
+	if (!out->comps || !out->tasks)
+		goto fail;
+	memcpy(out->comps, in->comps, sizeof *out->comps * (size_t)in->n_comps);
+	for (int t = 0; t < in->n_tasks; t++) {
+		sp_task_t *d = &out->tasks[t];
+		*d = in->tasks[t];
+		d->nodes = calloc((size_t)d->n_nodes + 1, sizeof *d->nodes);
+		d->n_nodes = 0;
+		out->n_tasks++;
+		if (!d->nodes)
+			goto fail;
+		for (int i = 0; i < in->tasks[t].n_nodes; i++) {
+			sp_node_t *n = &d->nodes[i];
+			*n = in->tasks[t].nodes[i];
+			n->inputs = malloc(sizeof(int) * (size_t)(n->n_inputs + 1));
+			d->n_nodes++;
+			if (!n->inputs)
+				goto fail;
+			memcpy(n->inputs, in->tasks[t].nodes[i].inputs,
+			       sizeof(int) * (size_t)n->n_inputs);
+		}
+	}
+	return 0;
+fail:
+	model_release(out);
+	return SP_ENOMEM;
+}

@@ -1,0 +1,204 @@
+/*
+ * plan.h — the plan: what the planner produces, what plan.bin stores, what
+ * the runtime and the tools read. Defined once here; plan_write.c and
+ * plan_read.c map it to and from the binary format (schemas/PLAN-FORMAT.md).
+ *
+ * Vocabulary. A MetaOp is a chain of operators (layers) of one task with
+ * one shape. Its activations at layer boundary l (0 = input, L = output)
+ * are the value act(m, l), shape [task batch, seq, width]; grad(m, l) is
+ * the gradient of the loss with respect to it. A slice runs layers [a, b)
+ * of one MetaOp on a device group; inside it the batch is split in
+ * contiguous sample ranges, device i of n getting [i*B/n, (i+1)*B/n).
+ * Every device runs one program: a list of instructions.
+ */
+#ifndef SPINDLE_PLAN_H
+#define SPINDLE_PLAN_H
+
+#include "common.h"
+#include "model.h"
+
+#define PLAN_MAGIC "SPINDLE\0PLAN"
+#define PLAN_MAGIC_LEN 12
+#define PLAN_VERSION 1
+
+typedef enum {
+	INS_FWD = 1,  /* forward of slice's layers on samples [s0,s1) */
+	INS_BWD = 2,  /* backward of slice's layers, accumulates param grads */
+	INS_SEND = 3, /* src value [s0,s1) x seq [src.seq_off, +seq_len) to peer */
+	INS_RECV = 4, /* from peer into dst value at dst.seq_off (grad: added) */
+	INS_COPY = 5, /* local: src value -> dst value (grad: added) */
+	INS_LOSS = 6, /* sink slice: loss of [s0,s1) and grad(m,0)[s0,s1) */
+	INS_SYNC = 7, /* start the all-reduce of bucket `peer` over its group */
+	INS_STEP = 8  /* wait for all syncs, then the optimizer step */
+} sp_ins_op_t;
+
+/* A reference to a value on the executing device. */
+typedef struct {
+	int32_t metaop;
+	int32_t layer;   /* boundary 0..L */
+	int32_t grad;    /* 0: act(m, l), 1: grad(m, l) */
+	int32_t seq_off; /* first token on the seq axis */
+} sp_vref_t;
+
+typedef struct {
+	int32_t op;     /* sp_ins_op_t */
+	int32_t slice;  /* FWD, BWD, LOSS: the slice; else -1 */
+	int32_t s0, s1; /* sample range in the task's batch */
+	int32_t seq_len; /* SEND, RECV, COPY: tokens moved per sample */
+	sp_vref_t src, dst;
+	int32_t peer; /* SEND/RECV: the other device; SYNC: the bucket */
+	int32_t tag;  /* SEND/RECV: transfer id, equal on both ends */
+} sp_ins_t;
+
+typedef struct {
+	int32_t task;
+	sp_opshape_t shape;
+	int32_t n_layers;
+	int32_t first_op;  /* into plan.ops: n_layers operators in order */
+	int32_t seq_in;    /* seq of act(m, 0) */
+	int32_t width_in;  /* width of act(m, 0) (0 for sources: data) */
+	int32_t seq_out, width_out; /* of act(m, l >= 1); 0 for sinks */
+	double fwd_ms, bwd_ms;     /* per layer at the slice's local batch: see slices */
+	int32_t profiled;  /* 1: cost from the cluster profile, 0: analytic */
+	char name[2 * SP_NAME_MAX]; /* "task/node" or "task/node..node" */
+} sp_metaop_t;
+
+typedef struct {
+	int32_t node;  /* node index in the MetaOp's task */
+	int32_t layer; /* layer of the component (node.layer_from + k) */
+} sp_op_t;
+
+/* Producer p feeds consumer c: act(p, L_p) -> act(c, 0) at seq_off. */
+typedef struct {
+	int32_t src, dst;
+	int32_t seq_off, seq_len;
+} sp_edge_t;
+
+typedef struct {
+	int32_t wave;
+	int32_t metaop;
+	int32_t layer_from, layer_to;
+	int32_t n_dev, dev_off; /* devices: plan.slice_devs[dev_off .. +n_dev) */
+	double start_ms, fwd_ms, bwd_start_ms, bwd_ms; /* predicted */
+} sp_slice_t;
+
+typedef struct {
+	double start_ms, dur_ms;         /* forward */
+	double bwd_start_ms, bwd_dur_ms; /* its mirrored backward wave */
+	int32_t first_slice, n_slices;
+} sp_wave_t;
+
+/* One parameter tensor group: all tensors of one layer of one component. */
+typedef struct {
+	int32_t comp, layer;
+} sp_param_t;
+
+/* Gradient sync bucket: the params whose holders are exactly this group. */
+typedef struct {
+	int32_t n_dev, dev_off;     /* into plan.bucket_devs, ascending */
+	int32_t n_params, param_off; /* into plan.bucket_params */
+	int64_t elems;              /* parameters in the bucket */
+	double sync_ms;             /* predicted all-reduce time */
+} sp_bucket_t;
+
+/* Predicted memory of one device, in bytes. */
+enum { MEM_PARAMS, MEM_ACTS, MEM_COMM, MEM_WORK, MEM__COUNT };
+
+typedef struct {
+	int32_t node, local;        /* machine and GPU index in it */
+	int32_t first_ins, n_ins;   /* program: plan.ins[first_ins .. +n_ins) */
+	int32_t n_held, held_off;   /* params held: plan.held[held_off .. +n_held) */
+	int64_t mem[MEM__COUNT];
+	int64_t mem_peak;
+	double busy_ms, comm_ms, idle_ms, finish_ms;
+} sp_device_t;
+
+/* One algorithm's result, for the report and the plan's baselines table. */
+typedef struct {
+	char name[32];
+	double iteration_ms, compute_ms, planning_ms, utilisation;
+	int32_t fits_memory; /* 1 when its placement fits every device */
+} sp_algo_result_t;
+
+typedef struct {
+	double iteration_ms; /* simulated, with transfers and sync */
+	double compute_ms;   /* forward and backward waves alone */
+	double transfer_ms;  /* share of the iteration spent waiting on transfers */
+	double sync_ms, step_ms;
+	double area_bound_ms, cp_bound_ms, paper_bound_ms;
+	double lower_bound_ms; /* max(area, critical path) */
+	double gap;            /* compute_ms / lower_bound - 1 */
+	int64_t xnode_bytes, naive_xnode_bytes; /* inter-wave bytes across nodes */
+	double xfer_pred_ms, naive_xfer_pred_ms;
+} sp_cert_t;
+
+typedef struct sp_plan {
+	/* provenance */
+	char planner_version[32];
+	char algo[32];
+	char options[256];
+	uint64_t model_hash, cluster_hash;
+	/* inputs the runtime needs */
+	sp_model_t model;
+	char cluster_name[SP_NAME_MAX];
+	char gpu_name[SP_NAME_MAX];
+	int32_t nodes, gpus_per_node;
+	double memory_gib, mem_reserve_gib;
+	/* structure */
+	int32_t n_metaops, n_ops, n_edges, n_waves, n_slices, n_slice_devs;
+	sp_metaop_t *metaops;
+	sp_op_t *ops;
+	sp_edge_t *edges;
+	sp_wave_t *waves;
+	sp_slice_t *slices;
+	int32_t *slice_devs;
+	int32_t n_buckets, n_bucket_devs, n_bucket_params;
+	sp_bucket_t *buckets;
+	int32_t *bucket_devs;
+	sp_param_t *bucket_params;
+	int32_t n_devices, n_ins, n_held;
+	sp_device_t *devices;
+	sp_ins_t *ins;
+	sp_param_t *held;
+	/* predictions */
+	sp_cert_t cert;
+	int32_t n_algos;
+	sp_algo_result_t *algos;
+} sp_plan_t;
+
+/* ---- plan_write.c ----------------------------------------------------- */
+
+/* Serialises p (deterministically) into a new buffer *out of *out_len bytes. */
+int plan_encode(uint8_t **out, size_t *out_len, const sp_plan_t *p, sp_err_t *err);
+/* plan_encode + atomic write (temporary name, fsync, rename). */
+int plan_write(const sp_plan_t *p, const char *path, sp_err_t *err);
+
+/* ---- plan_read.c ------------------------------------------------------ */
+
+/*
+ * Checks magic, version, sizes, checksum, then every index and range, then
+ * fills *out. fname names the file in messages. On error *out is empty.
+ */
+int plan_decode(sp_plan_t *out, const uint8_t *data, size_t len, const char *fname,
+		sp_err_t *err);
+int plan_read(sp_plan_t *out, const char *path, sp_err_t *err);
+void plan_release(sp_plan_t *p);
+
+/* ---- plan_util.c ------------------------------------------------------ */
+
+const char *ins_op_name(int op);
+/* Sample range of device i of n in a batch of B: [*s0, *s1). */
+static inline void sample_range(int64_t B, int i, int n, int32_t *s0, int32_t *s1)
+{
+	*s0 = (int32_t)(B * i / n);
+	*s1 = (int32_t)(B * (i + 1) / n);
+}
+/* Width and seq of value (m, l): act(m,0) is the input, others the output. */
+void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *width);
+
+/* ---- plan_mem.c ------------------------------------------------------- */
+
+/* Predicted memory of device d by category (bytes); -1 if too many values. */
+int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT]);
+
+#endif

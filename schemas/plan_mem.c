@@ -1,0 +1,111 @@
+/*
+ * plan_mem.c — predicted memory of one device, computed from the plan
+ * alone (so planner, verifier and runtime agree on one formula), in the
+ * plan's dtype:
+ *
+ *  params  parameter state of every layer the device holds, once each:
+ *          comp_layer_params * param_state_bytes(dtype, optimizer)
+ *  acts    activations saved for backward: every FWD keeps
+ *          op_saved_elems * local batch * layers until its BWD; all forward
+ *          instructions precede all backward ones, so the peak is their sum
+ *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
+ *          device touches, over the union of its sample ranges
+ *  work    scratch: the largest single layer's saved size at its local
+ *          batch (losses compute in it) plus WORK_FIXED for libraries
+ */
+#include "plan.h"
+
+#include <string.h>
+
+#define WORK_FIXED ((int64_t)64 << 20)
+
+static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *m = &p->metaops[sl->metaop];
+	const sp_task_t *t = &p->model.tasks[m->task];
+	int64_t local = in->s1 - in->s0;
+	if (m->shape.type == COMP_CONTRASTIVE)
+		local = t->batch;
+	return op_saved_elems(&m->shape, t->batch) * local * db;
+}
+
+int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
+{
+	const sp_device_t *dv = &p->devices[d];
+	const sp_model_t *md = &p->model;
+	int db = dtype_bytes(md->dtype);
+	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
+	memset(out, 0, sizeof(int64_t) * MEM__COUNT);
+	for (int k = 0; k < dv->n_held; k++)
+		out[MEM_PARAMS] += comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * psb;
+	int64_t work = 0;
+	/* value buffers: (metaop, layer, grad) -> [lo, hi) */
+	enum { MAXV = 4096 };
+	struct {
+		int32_t m, l, g, lo, hi;
+	} v[MAXV];
+	int nv = 0;
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
+			const sp_slice_t *sl = &p->slices[in->slice];
+			int64_t one = saved_bytes(p, in, db);
+			if (in->op == INS_FWD)
+				out[MEM_ACTS] += one * (sl->layer_to - sl->layer_from);
+			work = SP_MAX(work, one);
+		}
+		const sp_vref_t *refs[2] = {NULL, NULL};
+		int32_t r0 = in->s0, r1 = in->s1;
+		switch (in->op) {
+		case INS_FWD:
+		case INS_BWD:
+		case INS_LOSS: {
+			const sp_metaop_t *m = &p->metaops[p->slices[in->slice].metaop];
+			if (!(in->op == INS_FWD && in->src.layer == 0 && m->width_in == 0))
+				refs[0] = &in->src;
+			refs[1] = &in->dst;
+			if (in->op == INS_LOSS && m->shape.type == COMP_CONTRASTIVE) {
+				r0 = 0;
+				r1 = (int32_t)p->model.tasks[m->task].batch;
+			}
+			break;
+		}
+		case INS_SEND: refs[0] = &in->src; break;
+		case INS_RECV: refs[1] = &in->dst; break;
+		case INS_COPY:
+			refs[0] = &in->src;
+			refs[1] = &in->dst;
+			break;
+		default: break;
+		}
+		for (int q = 0; q < 2; q++) {
+			const sp_vref_t *r = refs[q];
+			if (!r)
+				continue;
+			int found = -1;
+			for (int i = 0; i < nv && found < 0; i++)
+				if (v[i].m == r->metaop && v[i].l == r->layer && v[i].g == r->grad)
+					found = i;
+			if (found < 0) {
+				if (nv == MAXV)
+					return -1;
+				found = nv++;
+				v[found].m = r->metaop;
+				v[found].l = r->layer;
+				v[found].g = r->grad;
+				v[found].lo = r0;
+				v[found].hi = r1;
+			}
+			v[found].lo = SP_MIN(v[found].lo, r0);
+			v[found].hi = SP_MAX(v[found].hi, r1);
+		}
+	}
+	for (int i = 0; i < nv; i++) {
+		int32_t seq, width;
+		plan_value_shape(p, v[i].m, v[i].l, &seq, &width);
+		out[MEM_COMM] += (int64_t)(v[i].hi - v[i].lo) * seq * width * db;
+	}
+	out[MEM_WORK] = work + WORK_FIXED;
+	return 0;
+}

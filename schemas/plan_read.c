@@ -57,7 +57,10 @@ typedef struct {
 	int64_t min, max; /* record count */
 } sec_desc_t;
 
-/* Every known section is required, once. Unknown ids are skipped. */
+/*
+ * Every known section is required, once; unknown ids are skipped. A section
+ * added later within version 1 must be made optional: older files lack it.
+ */
 static const sec_desc_t SECS[SEC__END] = {
 	[SEC_STRINGS] = {"strings", 0, 1, UINT32_MAX},
 	[SEC_PROVENANCE] = {"provenance", 60, 1, 1},
@@ -93,6 +96,7 @@ typedef struct {
 	const char *fname;
 	sp_err_t *err;
 	int rc;
+	int own; /* err holds our error (not an earlier one): hints may be added */
 	sec_t sec[SEC__END];
 	const char *strs; /* the string table; its last byte is NUL */
 	size_t strs_len;
@@ -128,7 +132,9 @@ static int vfail(dec_t *d, int code, const char *field, const char *fmt, va_list
 		snprintf(path, sizeof path, "%s%s%s", d->where, field ? "." : "",
 			 field ? field : "");
 	vsnprintf(msg, sizeof msg, fmt, ap);
-	d->rc = sp_err_set(d->err, code, d->fname, 0, 0, path[0] ? path : NULL, "%s", msg);
+	d->own = d->err && !d->err->code;
+	d->rc = sp_err_set(d->err, code, d->fname, 0, 0, path[0] ? path : NULL, "%s",
+			   msg);
 	return d->rc;
 }
 
@@ -141,6 +147,20 @@ static int fail(dec_t *d, const char *field, const char *fmt, ...)
 	int rc = vfail(d, SP_EINPUT, field, fmt, ap);
 	va_end(ap);
 	return rc;
+}
+
+static void hint(dec_t *d, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void hint(dec_t *d, const char *fmt, ...)
+{
+	if (!d->own)
+		return;
+	char buf[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	sp_err_hint(d->err, "%s", buf);
 }
 
 static int fail_code(dec_t *d, int code, const char *fmt, ...)
@@ -204,8 +224,8 @@ static int chk_name(dec_t *d, const char *field, const char *s)
 	if (jvalid_name(s))
 		return 0;
 	fail(d, field, "invalid name '%s'", s);
-	sp_err_hint(d->err, "names are 1-63 characters of letters, digits, '_', "
-			    "and (after the first) '-' or '.'");
+	hint(d, "names are 1-63 characters of letters, digits, '_', and (after "
+		"the first) '-' or '.'");
 	return d->rc;
 }
 
@@ -280,13 +300,15 @@ static void get_str(dec_t *d, rcur_t *r, const char *field, char *dst, size_t ca
 		return;
 	}
 	if (off > 0 && d->strs[off - 1] != 0) {
-		fail(d, field, "string offset %u points into the middle of a string", off);
+		fail(d, field, "string offset %u points into the middle of a string",
+		     off);
 		return;
 	}
 	const char *s = d->strs + off;
 	size_t n = strnlen(s, d->strs_len - off);
 	if (n >= cap) {
-		fail(d, field, "string of %zu bytes is too long (at most %zu)", n, cap - 1);
+		fail(d, field, "string of %zu bytes is too long (at most %zu)", n,
+		     cap - 1);
 		return;
 	}
 	for (size_t k = 0; k < n; k++)
@@ -299,7 +321,8 @@ static void get_str(dec_t *d, rcur_t *r, const char *field, char *dst, size_t ca
 	dst[n] = 0;
 }
 
-#define GET_STR(d, r, rec, field) get_str(d, r, #field, (rec)->field, sizeof((rec)->field))
+#define GET_STR(d, r, rec, field) \
+	get_str(d, r, #field, (rec)->field, sizeof((rec)->field))
 
 static rcur_t rec_at(const dec_t *d, int id, int64_t i)
 {
@@ -329,7 +352,7 @@ static int check_header(dec_t *d, uint32_t *hsize)
 		return fail(d, NULL, "file is empty: not a Spindle plan");
 	if (memcmp(b, PLAN_MAGIC, SP_MIN(len, (size_t)PLAN_MAGIC_LEN)) != 0) {
 		fail(d, NULL, "not a Spindle plan (wrong magic bytes)");
-		sp_err_hint(d->err, "plan files are written by spindle-plan");
+		hint(d, "plan files are written by spindle-plan");
 		return d->rc;
 	}
 	if (len < 28)
@@ -339,13 +362,13 @@ static int check_header(dec_t *d, uint32_t *hsize)
 	if (version > PLAN_VERSION) {
 		fail(d, NULL, "plan format version %u is newer than this build "
 			      "(reads version %d)", version, PLAN_VERSION);
-		sp_err_hint(d->err, "use a newer spindle, or re-plan with this one");
+		hint(d, "use a newer spindle, or re-plan with this one");
 		return d->rc;
 	}
 	if (version < PLAN_VERSION) {
 		fail(d, NULL, "plan format version %u is older than this build "
 			      "(reads version %d)", version, PLAN_VERSION);
-		sp_err_hint(d->err, "re-run spindle-plan to write the plan again");
+		hint(d, "re-run spindle-plan to write the plan again");
 		return d->rc;
 	}
 	uint64_t fsize = rd_u64(b + 20);
@@ -360,14 +383,15 @@ static int check_header(dec_t *d, uint32_t *hsize)
 				     "%d-byte header)", len, HEADER_SIZE);
 	uint32_t hs = rd_u32(b + 16);
 	if (hs < HEADER_SIZE || hs % 8 || hs > len)
-		return fail(d, NULL, "header size %u is invalid (a multiple of 8, at least "
-				     "%d, within the file)", hs, HEADER_SIZE);
+		return fail(d, NULL, "header size %u is invalid (a multiple of 8, "
+				     "at least %d, within the file)", hs, HEADER_SIZE);
 	if (rd_u32(b + 36) != 0)
-		return fail(d, NULL, "reserved header field is %u, not 0", rd_u32(b + 36));
+		return fail(d, NULL, "reserved header field is %u, not 0",
+			    rd_u32(b + 36));
 	if (sp_crc32(0, b + hs, len - hs) != rd_u32(b + 32)) {
 		fail(d, NULL, "checksum mismatch: the file is corrupt");
-		sp_err_hint(d->err, "the file changed after spindle-plan wrote it; "
-				    "copy it again or re-plan");
+		hint(d, "the file changed after spindle-plan wrote it; copy it "
+			"again or re-plan");
 		return d->rc;
 	}
 	*hsize = hs;
@@ -379,12 +403,14 @@ static int read_table(dec_t *d, uint32_t hs)
 {
 	uint32_t n = rd_u32(d->data + 28);
 	if (n > (d->len - hs) / ENTRY_SIZE || n > MAX_SECTIONS)
-		return fail(d, NULL, "section table of %u entries does not fit the file", n);
+		return fail(d, NULL, "section table of %u entries does not fit the file",
+			    n);
 	uint64_t table_end = hs + (uint64_t)n * ENTRY_SIZE;
 	for (uint32_t i = 0; i < n; i++) {
 		const uint8_t *t = d->data + hs + (size_t)i * ENTRY_SIZE;
 		uint32_t id = rd_u32(t), reserved = rd_u32(t + 4);
-		uint64_t off = rd_u64(t + 8), size = rd_u64(t + 16), count = rd_u64(t + 24);
+		uint64_t off = rd_u64(t + 8), size = rd_u64(t + 16);
+		uint64_t count = rd_u64(t + 24);
 		int known = id >= 1 && id < SEC__END;
 		char name[48];
 		if (known)
@@ -393,20 +419,23 @@ static int read_table(dec_t *d, uint32_t hs)
 			snprintf(name, sizeof name, "%u (unknown)", id);
 		if (off < table_end)
 			return fail(d, NULL, "section %s overlaps the section table "
-					     "(offset %llu < %llu)", name,
-				    (unsigned long long)off, (unsigned long long)table_end);
+					     "(offset %llu < %llu)",
+				    name, (unsigned long long)off,
+				    (unsigned long long)table_end);
 		if (off % 8)
-			return fail(d, NULL, "section %s is not 8-byte aligned (offset %llu)",
+			return fail(d, NULL, "section %s is not 8-byte aligned "
+					     "(offset %llu)",
 				    name, (unsigned long long)off);
 		if (off > d->len || size > d->len - off) {
 			if (size > UINT64_MAX - off)
-				return fail(d, NULL, "section %s ends past the file (offset "
-						     "%llu + size %llu overflows)", name,
-					    (unsigned long long)off,
+				return fail(d, NULL, "section %s ends past the file "
+						     "(offset %llu + size %llu "
+						     "overflows)",
+					    name, (unsigned long long)off,
 					    (unsigned long long)size);
-			return fail(d, NULL, "section %s ends past the file (offset %llu > "
-					     "%zu)", name, (unsigned long long)(off + size),
-				    d->len);
+			return fail(d, NULL, "section %s ends past the file "
+					     "(offset %llu > %zu)",
+				    name, (unsigned long long)(off + size), d->len);
 		}
 		if (!known)
 			continue;
@@ -415,15 +444,17 @@ static int read_table(dec_t *d, uint32_t hs)
 		if (s->present)
 			return fail(d, NULL, "section %s appears twice", name);
 		if (reserved)
-			return fail(d, NULL, "section %s: reserved field is %u, not 0", name,
-				    reserved);
+			return fail(d, NULL, "section %s: reserved field is %u, not 0",
+				    name, reserved);
 		if (count < (uint64_t)sd->min || count > (uint64_t)sd->max)
-			return fail(d, NULL, "section %s has %llu records (expected %lld to "
-					     "%lld)", name, (unsigned long long)count,
+			return fail(d, NULL, "section %s has %llu records "
+					     "(expected %lld to %lld)",
+				    name, (unsigned long long)count,
 				    (long long)sd->min, (long long)sd->max);
 		if (sd->rec && (size % sd->rec || size / sd->rec != count))
-			return fail(d, NULL, "section %s: %llu bytes are not %llu records of "
-					     "%u bytes", name, (unsigned long long)size,
+			return fail(d, NULL, "section %s: %llu bytes are not "
+					     "%llu records of %u bytes",
+				    name, (unsigned long long)size,
 				    (unsigned long long)count, sd->rec);
 		s->off = off;
 		s->size = size;
@@ -432,7 +463,8 @@ static int read_table(dec_t *d, uint32_t hs)
 	}
 	for (int id = 1; id < SEC__END; id++)
 		if (!d->sec[id].present)
-			return fail(d, NULL, "required section '%s' is missing", SECS[id].name);
+			return fail(d, NULL, "required section '%s' is missing",
+				    SECS[id].name);
 	return 0;
 }
 
@@ -448,7 +480,8 @@ static int read_strings(dec_t *d)
 	for (size_t i = 0; i < d->strs_len; i++)
 		nul += d->strs[i] == 0;
 	if (nul != s->count)
-		return fail(d, NULL, "string table holds %llu strings, its entry says %llu",
+		return fail(d, NULL, "string table holds %llu strings, its entry "
+				     "says %llu",
 			    (unsigned long long)nul, (unsigned long long)s->count);
 	return 0;
 }
@@ -747,8 +780,9 @@ static int decode_graph(dec_t *d, sp_model_t *m)
 		if (end_rec(d, &r) || chk_int(d, "n_nodes", nn, 1, SP_MAX_NODES))
 			return d->rc;
 		if (first != next_node)
-			return fail(d, "first_node", "nodes start at %d, expected %lld (each "
-					       "task's nodes follow the previous task's)",
+			return fail(d, "first_node", "nodes start at %d, expected %lld "
+						     "(each task's nodes follow the "
+						     "previous task's)",
 				    first, (long long)next_node);
 		if (chk_span(d, "first_node", first, nn, all_nodes, "nodes"))
 			return d->rc;
@@ -767,9 +801,9 @@ static int decode_graph(dec_t *d, sp_model_t *m)
 			if (end_rec(d, &r) || chk_int(d, "n_inputs", ni, 0, 64))
 				return d->rc;
 			if (fi != next_input)
-				return fail(d, "first_input", "inputs start at %d, expected "
-							"%lld (each node's inputs follow "
-							"the previous node's)",
+				return fail(d, "first_input",
+					    "inputs start at %d, expected %lld (each "
+					    "node's inputs follow the previous node's)",
 					    fi, (long long)next_input);
 			if (chk_span(d, "first_input", fi, ni, all_inputs, "node inputs"))
 				return d->rc;
@@ -789,13 +823,13 @@ static int decode_graph(dec_t *d, sp_model_t *m)
 	}
 	at(d, NULL, -1);
 	if (next_node != all_nodes)
-		return fail(d, NULL, "section 'nodes' has %lld records, but the tasks hold "
-				     "%lld nodes", (long long)all_nodes,
-			    (long long)next_node);
+		return fail(d, NULL, "section 'nodes' has %lld records, but the "
+				     "tasks hold %lld nodes",
+			    (long long)all_nodes, (long long)next_node);
 	if (next_input != all_inputs)
-		return fail(d, NULL, "section 'node_inputs' has %lld records, but the "
-				     "nodes list %lld inputs", (long long)all_inputs,
-			    (long long)next_input);
+		return fail(d, NULL, "section 'node_inputs' has %lld records, but "
+				     "the nodes list %lld inputs",
+			    (long long)all_inputs, (long long)next_input);
 	return 0;
 }
 
@@ -881,7 +915,8 @@ static int64_t comp_nlayers(const sp_component_t *c)
 
 static int check_component(dec_t *d, const sp_component_t *c)
 {
-	if (chk_name(d, "name", c->name) || chk_int(d, "type", c->type, 0, COMP__COUNT - 1))
+	if (chk_name(d, "name", c->name) ||
+	    chk_int(d, "type", c->type, 0, COMP__COUNT - 1))
 		return d->rc;
 	const struct {
 		const char *name;
@@ -905,23 +940,26 @@ static int check_component(dec_t *d, const sp_component_t *c)
 			if (chk_int(d, f[k].name, f[k].v, f[k].lo, f[k].hi))
 				return d->rc;
 		} else if (f[k].v != 0) {
-			return fail(d, f[k].name, "a %s component has no '%s' (expected 0, "
-						  "got %lld)", tn, f[k].name, (long long)f[k].v);
+			return fail(d, f[k].name, "%s components have no '%s' "
+						  "(expected 0, got %lld)",
+				    tn, f[k].name, (long long)f[k].v);
 		}
 	}
 	if (c->type == COMP_TRANSFORMER) {
 		if (chk_int(d, "causal", c->causal, 0, 1))
 			return d->rc;
 		if (c->hidden % c->heads)
-			return fail(d, "heads", "hidden %lld is not divisible by heads %lld",
+			return fail(d, "heads", "hidden %lld is not divisible by "
+						"heads %lld",
 				    (long long)c->hidden, (long long)c->heads);
 	} else if (c->causal) {
-		return fail(d, "causal", "a %s component has no 'causal' (expected 0)", tn);
+		return fail(d, "causal", "%s components have no 'causal' "
+					 "(expected 0)", tn);
 	}
 	if (c->type == COMP_CONTRASTIVE)
 		return chk_num(d, "temperature", c->temperature, 0, 1e6, 1);
 	if (c->temperature != 0)
-		return fail(d, "temperature", "a %s component has no 'temperature' "
+		return fail(d, "temperature", "%s components have no 'temperature' "
 					      "(expected 0)", tn);
 	return 0;
 }
@@ -977,14 +1015,17 @@ static const char *node_name(const void *a, int i)
 static int check_node(dec_t *d, const sp_model_t *m, const sp_task_t *t, int i)
 {
 	const sp_node_t *n = &t->nodes[i];
-	if (chk_name(d, "id", n->id) || chk_index(d, "comp", n->comp, m->n_comps, "component") ||
+	if (chk_name(d, "id", n->id) ||
+	    chk_index(d, "comp", n->comp, m->n_comps, "component") ||
 	    chk_int(d, "seq", n->seq, 1, SP_MAX_DIM))
 		return d->rc;
 	const sp_component_t *c = &m->comps[n->comp];
 	int64_t L = comp_nlayers(c);
-	if (c->type == COMP_TRANSFORMER ? n->layer_from < 0 || n->layer_from >= n->layer_to ||
-						  n->layer_to > L
-					: n->layer_from != 0 || n->layer_to != 1)
+	int bad = c->type == COMP_TRANSFORMER
+			  ? n->layer_from < 0 || n->layer_from >= n->layer_to ||
+				    n->layer_to > L
+			  : n->layer_from != 0 || n->layer_to != 1;
+	if (bad)
 		return fail(d, "layer_from", "layer range [%d, %d) is empty or outside "
 					     "component '%s' (%lld layers)",
 			    n->layer_from, n->layer_to, c->name, (long long)L);
@@ -1012,8 +1053,8 @@ static int check_sizes(dec_t *d, const sp_model_t *m)
 		total_params = sp_add(total_params, comp_params(&m->comps[k]), &ovf);
 	if (ovf || sp_mul(total_params, 32, &ovf) > LIM || ovf) {
 		at(d, "components", -1);
-		return fail(d, NULL, "the model's parameters are too many for 64-bit byte "
-				     "arithmetic");
+		return fail(d, NULL, "the model's parameters are too many for 64-bit "
+				     "byte arithmetic");
 	}
 	for (int ti = 0; ti < m->n_tasks; ti++) {
 		const sp_task_t *t = &m->tasks[ti];
@@ -1024,14 +1065,15 @@ static int check_sizes(dec_t *d, const sp_model_t *m)
 			int64_t f = sp_add(op_fwd_flops(&s, t->batch),
 					   op_bwd_flops(&s, t->batch), &ovf);
 			f = sp_mul(sp_mul(f, layers, &ovf), t->batch, &ovf);
-			int64_t a = sp_mul(sp_mul(op_saved_elems(&s, t->batch), layers, &ovf),
-					   sp_mul(t->batch, 8, &ovf), &ovf);
+			int64_t a = sp_mul(op_saved_elems(&s, t->batch), layers, &ovf);
+			a = sp_mul(a, sp_mul(t->batch, 8, &ovf), &ovf);
 			total_flops = sp_add(total_flops, f, &ovf);
 			if (ovf || f > LIM || a > LIM || total_flops > LIM) {
-				snprintf(d->where_buf, sizeof d->where_buf, "tasks[%d].nodes", ti);
+				snprintf(d->where_buf, sizeof d->where_buf,
+					 "tasks[%d].nodes", ti);
 				at(d, d->where_buf, i);
-				return fail(d, NULL, "sizes overflow 64-bit FLOP/byte arithmetic "
-						     "(batch %lld, seq %lld)",
+				return fail(d, NULL, "sizes overflow 64-bit FLOP/byte "
+						     "arithmetic (batch %lld, seq %lld)",
 					    (long long)t->batch, (long long)n->seq);
 			}
 		}
@@ -1141,6 +1183,21 @@ static int chk_value_size(dec_t *d, const char *field, int64_t batch, int64_t se
 		    (long long)batch, (long long)seq, (long long)width);
 }
 
+/* One layer over the whole batch: FLOPs and saved bytes fit int64 with room,
+ * as model_load.c checks for every node (of at least one layer). */
+static int chk_layer_size(dec_t *d, const sp_opshape_t *s, int64_t batch)
+{
+	const int64_t LIM = (int64_t)1 << 60;
+	int ovf = 0;
+	int64_t f = sp_add(op_fwd_flops(s, batch), op_bwd_flops(s, batch), &ovf);
+	f = sp_mul(f, batch, &ovf);
+	int64_t a = sp_mul(op_saved_elems(s, batch), sp_mul(batch, 8, &ovf), &ovf);
+	if (!ovf && f <= LIM && a <= LIM)
+		return 0;
+	return fail(d, "shape", "one layer's FLOPs or saved bytes overflow 64-bit "
+				"arithmetic (batch %lld)", (long long)batch);
+}
+
 static int check_metaops(dec_t *d, const sp_plan_t *p)
 {
 	const sp_model_t *md = &p->model;
@@ -1157,9 +1214,11 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 		    chk_int(d, "width_out", m->width_out, 0, SP_MAX_DIM))
 			return d->rc;
 		const sp_task_t *t = &md->tasks[m->task];
-		if (chk_value_size(d, "seq_in", t->batch, m->seq_in, m->width_in) ||
+		if (chk_layer_size(d, &m->shape, t->batch) ||
+		    chk_value_size(d, "seq_in", t->batch, m->seq_in, m->width_in) ||
 		    chk_value_size(d, "seq_out", t->batch, m->seq_out, m->width_out) ||
-		    chk_finite(d, "fwd_ms", m->fwd_ms) || chk_finite(d, "bwd_ms", m->bwd_ms) ||
+		    chk_finite(d, "fwd_ms", m->fwd_ms) ||
+		    chk_finite(d, "bwd_ms", m->bwd_ms) ||
 		    chk_int(d, "profiled", m->profiled, 0, 1))
 			return d->rc;
 		if (!m->name[0])
@@ -1172,9 +1231,11 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 				return d->rc;
 			const sp_node_t *n = &t->nodes[o->node];
 			if (o->layer < n->layer_from || o->layer >= n->layer_to)
-				return fail(d, "layer", "layer %d is outside the layers [%d, %d) "
-							"of node '%s' (metaops[%d])",
-					    o->layer, n->layer_from, n->layer_to, n->id, i);
+				return fail(d, "layer", "layer %d is outside the layers "
+							"[%d, %d) of node '%s' "
+							"(metaops[%d])",
+					    o->layer, n->layer_from, n->layer_to, n->id,
+					    i);
 		}
 	}
 	return 0;
@@ -1187,7 +1248,8 @@ static int check_edges(dec_t *d, const sp_plan_t *p)
 		at(d, "edges", i);
 		if (chk_index(d, "src", e->src, p->n_metaops, "metaop") ||
 		    chk_index(d, "dst", e->dst, p->n_metaops, "metaop") ||
-		    chk_span(d, "seq_off", e->seq_off, e->seq_len, p->metaops[e->dst].seq_in,
+		    chk_span(d, "seq_off", e->seq_off, e->seq_len,
+			     p->metaops[e->dst].seq_in,
 			     "tokens of the consumer's input") ||
 		    chk_int(d, "seq_len", e->seq_len, 0, p->metaops[e->src].seq_out))
 			return d->rc;
@@ -1237,8 +1299,9 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return d->rc;
 		for (int s = x->first_slice; s < x->first_slice + x->n_slices; s++)
 			if (p->slices[s].wave != w)
-				return fail(d, "first_slice", "slice %d is in this wave's range "
-							      "but belongs to wave %d",
+				return fail(d, "first_slice",
+					    "slice %d is in this wave's range but "
+					    "belongs to wave %d",
 					    s, p->slices[s].wave);
 	}
 	for (int s = 0; s < p->n_slices; s++) {
@@ -1249,13 +1312,14 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return d->rc;
 		const sp_wave_t *w = &p->waves[x->wave];
 		if (s < w->first_slice || s >= w->first_slice + w->n_slices)
-			return fail(d, "wave", "slice is not in the slice range [%d, %d) of "
-					       "wave %d", w->first_slice,
-				    w->first_slice + w->n_slices, x->wave);
+			return fail(d, "wave", "slice is not in the slice range [%d, %d) "
+					       "of wave %d",
+				    w->first_slice, w->first_slice + w->n_slices,
+				    x->wave);
 		int32_t L = p->metaops[x->metaop].n_layers;
 		if (x->layer_from < 0 || x->layer_from >= x->layer_to || x->layer_to > L)
-			return fail(d, "layer_from", "layer range [%d, %d) is empty or outside "
-						     "the metaop's %d layers",
+			return fail(d, "layer_from", "layer range [%d, %d) is empty or "
+						     "outside the metaop's %d layers",
 				    x->layer_from, x->layer_to, L);
 		if (chk_int(d, "n_dev", x->n_dev, 1, p->n_devices) ||
 		    chk_span(d, "dev_off", x->dev_off, x->n_dev, p->n_slice_devs,
@@ -1268,8 +1332,8 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 		for (int k = 0; k < x->n_dev; k++) {
 			int32_t dev = p->slice_devs[x->dev_off + k];
 			if (stamp[dev] == s + 1)
-				return fail(d, "dev_off", "device %d is twice in the slice's "
-							  "group", dev);
+				return fail(d, "dev_off", "device %d is twice in the "
+							  "slice's group", dev);
 			stamp[dev] = s + 1;
 		}
 	}
@@ -1284,16 +1348,17 @@ static int check_buckets(dec_t *d, const sp_plan_t *p)
 		if (chk_int(d, "n_dev", x->n_dev, 1, p->n_devices) ||
 		    chk_span(d, "dev_off", x->dev_off, x->n_dev, p->n_bucket_devs,
 			     "bucket devices") ||
-		    chk_span(d, "param_off", x->param_off, x->n_params, p->n_bucket_params,
-			     "bucket params") ||
+		    chk_span(d, "param_off", x->param_off, x->n_params,
+			     p->n_bucket_params, "bucket params") ||
 		    chk_int(d, "elems", x->elems, 0, INT64_MAX) ||
 		    chk_finite(d, "sync_ms", x->sync_ms))
 			return d->rc;
 		const int32_t *dv = p->bucket_devs + x->dev_off;
 		for (int k = 1; k < x->n_dev; k++)
 			if (dv[k] <= dv[k - 1])
-				return fail(d, "dev_off", "devices are not ascending and distinct "
-							  "(%d after %d)", dv[k], dv[k - 1]);
+				return fail(d, "dev_off", "devices are not ascending and "
+							  "distinct (%d after %d)",
+					    dv[k], dv[k - 1]);
 	}
 	return 0;
 }
@@ -1310,8 +1375,10 @@ static int check_devices(dec_t *d, const sp_plan_t *p)
 		at(d, "devices", i);
 		if (chk_int(d, "node", x->node, 0, p->nodes - 1) ||
 		    chk_int(d, "local", x->local, 0, p->gpus_per_node - 1) ||
-		    chk_span(d, "first_ins", x->first_ins, x->n_ins, p->n_ins, "instructions") ||
-		    chk_span(d, "held_off", x->held_off, x->n_held, p->n_held, "held params") ||
+		    chk_span(d, "first_ins", x->first_ins, x->n_ins, p->n_ins,
+			     "instructions") ||
+		    chk_span(d, "held_off", x->held_off, x->n_held, p->n_held,
+			     "held params") ||
 		    chk_int(d, "mem_peak", x->mem_peak, 0, INT64_MAX) ||
 		    chk_finite(d, "busy_ms", x->busy_ms) ||
 		    chk_finite(d, "comm_ms", x->comm_ms) ||
@@ -1321,11 +1388,12 @@ static int check_devices(dec_t *d, const sp_plan_t *p)
 		for (int k = 0; k < MEM__COUNT; k++)
 			if (chk_int(d, "mem", x->mem[k], 0, INT64_MAX))
 				break;
-		char *u = &used[(size_t)x->node * (size_t)p->gpus_per_node + (size_t)x->local];
-		if (!d->rc && *u)
-			fail(d, "local", "node %d GPU %d is already another device", x->node,
-			     x->local);
-		*u = 1;
+		size_t slot = (size_t)x->node * (size_t)p->gpus_per_node +
+			      (size_t)x->local;
+		if (!d->rc && used[slot])
+			fail(d, "local", "node %d GPU %d is already another device",
+			     x->node, x->local);
+		used[slot] = 1;
 	}
 	free(used);
 	return d->rc;
@@ -1337,7 +1405,8 @@ static int chk_samples(dec_t *d, const sp_plan_t *p, const sp_ins_t *in, int m)
 	int64_t B = p->model.tasks[p->metaops[m].task].batch;
 	if (in->s0 >= 0 && in->s0 <= in->s1 && in->s1 <= B)
 		return 0;
-	return fail(d, "s0", "sample range [%d, %d) is outside the task's batch [0, %lld)",
+	return fail(d, "s0", "sample range [%d, %d) is outside the task's batch "
+			     "[0, %lld)",
 		    in->s0, in->s1, (long long)B);
 }
 
@@ -1372,8 +1441,9 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 			return d->rc;
 		int m = p->slices[in->slice].metaop;
 		if (in->op == INS_LOSS && !comp_is_sink(p->metaops[m].shape.type))
-			return fail(d, "slice", "loss of slice %d, whose metaop '%s' is not a "
-						"loss", in->slice, p->metaops[m].name);
+			return fail(d, "slice", "loss of slice %d, whose metaop '%s' "
+						"is not a loss",
+				    in->slice, p->metaops[m].name);
 		return chk_samples(d, p, in, m);
 	}
 	case INS_SEND:
@@ -1384,13 +1454,15 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 		return in->op == INS_SEND ? chk_vref(d, p, in, "src", &in->src)
 					  : chk_vref(d, p, in, "dst", &in->dst);
 	case INS_COPY: {
-		if (chk_vref(d, p, in, "src", &in->src) || chk_vref(d, p, in, "dst", &in->dst))
+		if (chk_vref(d, p, in, "src", &in->src) ||
+		    chk_vref(d, p, in, "dst", &in->dst))
 			return d->rc;
 		int32_t sq, ws, wd;
 		plan_value_shape(p, in->src.metaop, in->src.layer, &sq, &ws);
 		plan_value_shape(p, in->dst.metaop, in->dst.layer, &sq, &wd);
 		if (ws != wd)
-			return fail(d, "dst", "copy between values of widths %d and %d", ws, wd);
+			return fail(d, "dst", "copy between values of widths %d and %d",
+				    ws, wd);
 		return 0;
 	}
 	case INS_SYNC: return chk_index(d, "peer", in->peer, p->n_buckets, "bucket");
@@ -1399,25 +1471,40 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 	}
 }
 
+/*
+ * Programs do not share instructions (so checking them costs O(n_ins)), and a
+ * device does not send to or receive from itself.
+ */
 static int check_programs(dec_t *d, const sp_plan_t *p)
 {
-	for (int i = 0; i < p->n_ins; i++) {
-		at(d, "instructions", i);
-		if (check_ins(d, p, &p->ins[i]))
-			return d->rc;
-	}
-	/* a device does not send to or receive from itself */
-	for (int dev = 0; dev < p->n_devices; dev++) {
+	int32_t *owner = calloc(p->n_ins ? (size_t)p->n_ins : 1, sizeof *owner);
+	if (!owner)
+		return fail_code(d, SP_ENOMEM, "out of memory");
+	for (int dev = 0; dev < p->n_devices && !d->rc; dev++) {
 		const sp_device_t *x = &p->devices[dev];
 		for (int k = x->first_ins; k < x->first_ins + x->n_ins; k++) {
-			const sp_ins_t *in = &p->ins[k];
-			at(d, "instructions", k);
-			if ((in->op == INS_SEND || in->op == INS_RECV) && in->peer == dev)
-				return fail(d, "peer", "device %d %s itself", dev,
-					    in->op == INS_SEND ? "sends to" : "receives from");
+			if (owner[k]) {
+				at(d, "devices", dev);
+				fail(d, "first_ins", "instruction %d is also in "
+						     "the program of device %d",
+				     k, owner[k] - 1);
+				break;
+			}
+			owner[k] = dev + 1;
 		}
 	}
-	return 0;
+	for (int i = 0; i < p->n_ins && !d->rc; i++) {
+		const sp_ins_t *in = &p->ins[i];
+		int dev = owner[i] - 1;
+		at(d, "instructions", i);
+		if (check_ins(d, p, in))
+			break;
+		if ((in->op == INS_SEND || in->op == INS_RECV) && in->peer == dev)
+			fail(d, "peer", "device %d %s itself", dev,
+			     in->op == INS_SEND ? "sends to" : "receives from");
+	}
+	free(owner);
+	return d->rc;
 }
 
 static int check_results(dec_t *d, const sp_plan_t *p)
@@ -1467,7 +1554,8 @@ static int check_all(dec_t *d, const sp_plan_t *p)
 {
 	if (check_model(d, &p->model) || check_provenance(d, p) || check_metaops(d, p) ||
 	    check_edges(d, p) ||
-	    check_dev_list(d, "slice_devs", p->slice_devs, p->n_slice_devs, p->n_devices) ||
+	    check_dev_list(d, "slice_devs", p->slice_devs, p->n_slice_devs,
+			   p->n_devices) ||
 	    check_dev_list(d, "bucket_devs", p->bucket_devs, p->n_bucket_devs,
 			   p->n_devices) ||
 	    check_params(d, "bucket_params", p->bucket_params, p->n_bucket_params,

@@ -63,6 +63,7 @@ typedef struct {
 	const char *fname;
 	sp_err_t *err;
 	int rc;
+	int own; /* err holds our error, not an earlier one */
 } enc_t;
 
 static int enc_fail(enc_t *e, int code, const char *fmt, ...)
@@ -77,13 +78,14 @@ static int enc_fail(enc_t *e, int code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
+	e->own = e->err && !e->err->code;
 	e->rc = sp_err_set(e->err, code, e->fname, 0, 0, NULL, "%s", msg);
 	return e->rc;
 }
 
 static void buf_put(enc_t *e, buf_t *w, const void *p, size_t k)
 {
-	if (e->rc)
+	if (e->rc || k == 0)
 		return;
 	if (w->cap - w->n < k) {
 		size_t cap = w->cap ? w->cap : 256;
@@ -494,19 +496,19 @@ static int check_arrays(enc_t *e, const sp_plan_t *p)
 	};
 	for (int i = 0; i < SP_ARRAY_LEN(t); i++)
 		if (t[i].n < 0 || (t[i].n > 0 && !t[i].arr))
-			return enc_fail(e, SP_EINTERNAL, "plan.%s: count %lld with %s array",
-					t[i].name, (long long)t[i].n,
-					t[i].arr ? "an" : "no");
+			return enc_fail(e, SP_EINTERNAL,
+					"plan.%s: count %lld with %s array", t[i].name,
+					(long long)t[i].n, t[i].arr ? "an" : "no");
 	for (int ti = 0; ti < p->model.n_tasks; ti++) {
-		const sp_task_t *t = &p->model.tasks[ti];
-		if (t->n_nodes < 0 || (t->n_nodes > 0 && !t->nodes))
-			return enc_fail(e, SP_EINTERNAL, "model.tasks[%d]: bad node array",
-					ti);
-		for (int i = 0; i < t->n_nodes; i++)
-			if (t->nodes[i].n_inputs < 0 ||
-			    (t->nodes[i].n_inputs > 0 && !t->nodes[i].inputs))
-				return enc_fail(e, SP_EINTERNAL,
-						"model.tasks[%d].nodes[%d]: bad input array",
+		const sp_task_t *tk = &p->model.tasks[ti];
+		if (tk->n_nodes < 0 || (tk->n_nodes > 0 && !tk->nodes))
+			return enc_fail(e, SP_EINTERNAL,
+					"model.tasks[%d]: bad node array", ti);
+		for (int i = 0; i < tk->n_nodes; i++)
+			if (tk->nodes[i].n_inputs < 0 ||
+			    (tk->nodes[i].n_inputs > 0 && !tk->nodes[i].inputs))
+				return enc_fail(e, SP_EINTERNAL, "model.tasks[%d]."
+								 "nodes[%d]: bad inputs",
 						ti, i);
 	}
 	return 0;
@@ -651,8 +653,9 @@ static int self_check(enc_t *e, const uint8_t *b, size_t n)
 		return enc_fail(e, SP_ENOMEM, "out of memory");
 	enc_fail(e, SP_EINTERNAL, "refusing to write an invalid plan: %s%s%s",
 		 derr.path, derr.path[0] ? ": " : "", derr.msg);
-	sp_err_hint(e->err, "this is a bug in the planner: the plan it made breaks "
-			    "a rule of the plan format");
+	if (e->own)
+		sp_err_hint(e->err, "this is a bug in the planner: the plan it made "
+				    "breaks a rule of the plan format");
 	return e->rc;
 }
 

@@ -1,0 +1,210 @@
+/*
+ * comm_mpi.c — communication over Open MPI: non-blocking point-to-point
+ * (polled by the interpreter with a timeout), one sub-communicator per
+ * sync group (created collectively at start-up), in-place non-blocking
+ * all-reduce. Errors return instead of aborting so the caller can name
+ * the rank and instruction.
+ */
+#include "runtime.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+	MPI_Comm *groups;
+	int n_groups, cap;
+} mpi_impl_t;
+
+static int m_group(rt_comm_t *c, const int *ranks, int n, int *out)
+{
+	mpi_impl_t *im = c->impl;
+	int member = 0;
+	for (int i = 0; i < n; i++)
+		member |= ranks[i] == c->rank;
+	MPI_Comm nc = MPI_COMM_NULL;
+	if (MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, c->rank, &nc) !=
+	    MPI_SUCCESS)
+		return -1;
+	*out = -1;
+	if (!member)
+		return 0;
+	if (SP_PUSH(im->groups, im->n_groups, im->cap, nc))
+		return -1;
+	*out = im->n_groups - 1;
+	return 0;
+}
+
+static int m_isend(rt_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
+		   rt_req_t *req)
+{
+	(void)c;
+	MPI_Request *r = malloc(sizeof *r);
+	if (!r || bytes > (size_t)2147483647)
+		return free(r), -1;
+	if (MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r) != MPI_SUCCESS) {
+		free(r);
+		return -1;
+	}
+	*req = (rt_req_t){1, r, peer, tag};
+	return 0;
+}
+
+static int m_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req)
+{
+	(void)c;
+	MPI_Request *r = malloc(sizeof *r);
+	if (!r || bytes > (size_t)2147483647)
+		return free(r), -1;
+	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r) != MPI_SUCCESS) {
+		free(r);
+		return -1;
+	}
+	*req = (rt_req_t){2, r, peer, tag};
+	return 0;
+}
+
+static int m_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	mpi_impl_t *im = c->impl;
+	if (group < 0 || group >= im->n_groups || n > 2147483647)
+		return -1;
+	MPI_Request *r = malloc(sizeof *r);
+	if (!r)
+		return -1;
+	if (MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, im->groups[group], r) !=
+	    MPI_SUCCESS) {
+		free(r);
+		return -1;
+	}
+	*req = (rt_req_t){3, r, -1, group};
+	return 0;
+}
+
+static int m_test(rt_comm_t *c, rt_req_t *req, int *done)
+{
+	(void)c;
+	*done = 1;
+	if (!req->kind)
+		return 0;
+	int flag = 0;
+	if (MPI_Test(req->impl, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+		return -1;
+	*done = flag;
+	if (flag) {
+		free(req->impl);
+		req->kind = 0;
+		req->impl = NULL;
+	}
+	return 0;
+}
+
+static int m_allsum(rt_comm_t *c, double *buf, int n)
+{
+	(void)c;
+	return MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) ==
+			       MPI_SUCCESS
+		       ? 0
+		       : -1;
+}
+
+static int m_gather(rt_comm_t *c, const void *buf, size_t bytes, void **out, size_t **sizes)
+{
+	int n = c->nranks, rc = -1;
+	long long mine = (long long)bytes;
+	long long *all = malloc(sizeof(long long) * (size_t)n);
+	int *cnt = malloc(sizeof(int) * (size_t)n), *disp = malloc(sizeof(int) * (size_t)n);
+	*out = NULL;
+	*sizes = NULL;
+	if (!all || !cnt || !disp)
+		goto cleanup;
+	if (MPI_Gather(&mine, 1, MPI_LONG_LONG, all, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD) !=
+	    MPI_SUCCESS)
+		goto cleanup;
+	long long total = 0;
+	if (c->rank == 0) {
+		for (int i = 0; i < n; i++) {
+			if (all[i] > 2147483647LL || total + all[i] > 2147483647LL)
+				goto cleanup;
+			cnt[i] = (int)all[i];
+			disp[i] = (int)total;
+			total += all[i];
+		}
+		*out = malloc((size_t)total + 1);
+		*sizes = malloc(sizeof(size_t) * (size_t)n);
+		if (!*out || !*sizes)
+			goto cleanup;
+		for (int i = 0; i < n; i++)
+			(*sizes)[i] = (size_t)all[i];
+	}
+	if (MPI_Gatherv(buf, (int)bytes, MPI_BYTE, *out, cnt, disp, MPI_BYTE, 0,
+			MPI_COMM_WORLD) != MPI_SUCCESS)
+		goto cleanup;
+	rc = 0;
+cleanup:
+	if (rc) {
+		free(*out);
+		free(*sizes);
+		*out = NULL;
+		*sizes = NULL;
+	}
+	free(all);
+	free(cnt);
+	free(disp);
+	return rc;
+}
+
+static int m_barrier(rt_comm_t *c)
+{
+	(void)c;
+	return MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? 0 : -1;
+}
+
+static void m_abort(rt_comm_t *c, int code)
+{
+	(void)c;
+	MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+static void m_finalize(rt_comm_t *c)
+{
+	mpi_impl_t *im = c->impl;
+	if (im) {
+		for (int i = 0; i < im->n_groups; i++)
+			MPI_Comm_free(&im->groups[i]);
+		free(im->groups);
+		free(im);
+	}
+	c->impl = NULL;
+	MPI_Finalize();
+}
+
+int comm_mpi_available(void)
+{
+	return 1;
+}
+
+int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err)
+{
+	memset(c, 0, sizeof *c);
+	if (MPI_Init(argc, argv) != MPI_SUCCESS)
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "MPI_Init failed");
+	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+	c->impl = calloc(1, sizeof(mpi_impl_t));
+	if (!c->impl)
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &c->nranks);
+	c->name = "mpi";
+	c->group_create = m_group;
+	c->isend = m_isend;
+	c->irecv = m_irecv;
+	c->iallreduce = m_iallreduce;
+	c->test = m_test;
+	c->allsum = m_allsum;
+	c->gather = m_gather;
+	c->barrier = m_barrier;
+	c->abort = m_abort;
+	c->finalize = m_finalize;
+	return 0;
+}

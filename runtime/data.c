@@ -1,0 +1,164 @@
+/*
+ * data.c — synthetic training data. Deterministic: every number is a hash
+ * of (seed, step, task, node or component, sample, position), so ranks that
+ * split a batch differently see identical samples. Learnable:
+ *   z        latent of a sample: K = 8 uniforms in [-1, 1) from
+ *            (seed, step, task, sample); shared by all nodes of the task,
+ *            so paired modalities agree (contrastive losses can align them)
+ *   features x[p][f] = sum_k z_k R[p][f][k] / sqrt(K) + 0.1 noise, R a fixed
+ *            per-component projection (same "sensor" in every task)
+ *   tokens   t[0] = floor(V (z_0 + 1) / 2), t[q+1] = (5 t[q] + 3) mod V:
+ *            the next token is a function of the current one
+ *   labels   floor(C (z_0 + 1) / 2): readable from the features
+ *   LM       the target of a position is the next token of the embedding
+ *   targets  stream it came from (through transformers, which concatenate
+ *            their inputs along seq, and linears); -1 where it came from
+ *            features (ignored by the loss)
+ */
+#include "runtime.h"
+
+#include <math.h>
+#include <string.h>
+
+#define K_LATENT 8
+
+static uint64_t key(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e)
+{
+	uint64_t h = sp_mix64(a ^ 0x5851f42d4c957f2dULL);
+	h = sp_mix64(h ^ b);
+	h = sp_mix64(h ^ c);
+	h = sp_mix64(h ^ d);
+	return sp_mix64(h ^ e);
+}
+
+static double latent(uint64_t seed, int64_t step, int task, int64_t sample, int k)
+{
+	return 2.0 * sp_unit(key(seed, (uint64_t)step, (uint64_t)task, (uint64_t)sample,
+				 0x100 + (uint64_t)k)) -
+	       1.0;
+}
+
+static int32_t first_token(uint64_t seed, int64_t step, int task, int64_t sample, int64_t V)
+{
+	double u = (latent(seed, step, task, sample, 0) + 1.0) / 2.0;
+	int64_t t = (int64_t)floor(u * (double)V);
+	return (int32_t)SP_MIN(SP_MAX(t, 0), V - 1);
+}
+
+static int32_t token_at(int32_t t0, int64_t q, int64_t V)
+{
+	int64_t t = t0;
+	for (int64_t i = 0; i < q; i++)
+		t = (5 * t + 3) % V;
+	return (int32_t)t;
+}
+
+void data_tokens(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
+		 int node, int64_t s0, int64_t s1)
+{
+	const sp_node_t *n = &m->tasks[task].nodes[node];
+	int64_t V = m->comps[n->comp].vocab;
+	for (int64_t s = s0; s < s1; s++) {
+		int64_t t = first_token(seed, step, task, s, V);
+		for (int64_t q = 0; q < n->seq; q++) {
+			out[(s - s0) * n->seq + q] = (int32_t)t;
+			t = (5 * t + 3) % V;
+		}
+	}
+}
+
+void data_features(float *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
+		   int node, int64_t s0, int64_t s1)
+{
+	const sp_node_t *n = &m->tasks[task].nodes[node];
+	const sp_component_t *c = &m->comps[n->comp];
+	uint64_t cname = sp_fnv1a(SP_FNV_INIT, c->name, strlen(c->name));
+	double scale = 1.0 / sqrt((double)K_LATENT);
+	for (int64_t s = s0; s < s1; s++) {
+		double z[K_LATENT];
+		for (int k = 0; k < K_LATENT; k++)
+			z[k] = latent(seed, step, task, s, k);
+		for (int64_t p = 0; p < n->seq; p++)
+			for (int64_t f = 0; f < c->in; f++) {
+				double x = 0;
+				for (int k = 0; k < K_LATENT; k++) {
+					double r = 2.0 * sp_unit(key(seed, cname, (uint64_t)p,
+								     (uint64_t)f, (uint64_t)k)) -
+						   1.0;
+					x += z[k] * r;
+				}
+				double noise = 2.0 * sp_unit(key(seed ^ 0x9e37, (uint64_t)step,
+								 (uint64_t)task * 4096 + (uint64_t)node,
+								 (uint64_t)s,
+								 (uint64_t)(p * c->in + f))) -
+					       1.0;
+				out[((s - s0) * n->seq + p) * c->in + f] =
+					(float)(x * scale + 0.1 * noise);
+			}
+	}
+}
+
+void data_labels(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
+		 int node, int64_t s0, int64_t s1)
+{
+	const sp_node_t *n = &m->tasks[task].nodes[node];
+	int64_t C = m->comps[n->comp].classes;
+	for (int64_t s = s0; s < s1; s++) {
+		double u = (latent(seed, step, task, s, 0) + 1.0) / 2.0;
+		int64_t c = (int64_t)floor(u * (double)C);
+		out[s - s0] = (int32_t)SP_MIN(SP_MAX(c, 0), C - 1);
+	}
+}
+
+/* Follows position pos of node back to an embedding node; -1 if features. */
+static int trace_position(const sp_task_t *t, const sp_model_t *m, int node, int64_t pos,
+			  int64_t *out_pos)
+{
+	for (int guard = 0; guard < SP_MAX_NODES; guard++) {
+		const sp_node_t *n = &t->nodes[node];
+		sp_comp_type_t ty = m->comps[n->comp].type;
+		if (ty == COMP_EMBEDDING) {
+			*out_pos = pos;
+			return node;
+		}
+		if (ty == COMP_PATCH || n->n_inputs == 0)
+			return -1;
+		if (ty == COMP_TRANSFORMER && n->n_inputs > 1) {
+			int k = 0;
+			while (k < n->n_inputs && pos >= t->nodes[n->inputs[k]].seq) {
+				pos -= t->nodes[n->inputs[k]].seq;
+				k++;
+			}
+			if (k == n->n_inputs)
+				return -1;
+			node = n->inputs[k];
+		} else {
+			node = n->inputs[0];
+		}
+	}
+	return -1;
+}
+
+void data_lm_targets(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step,
+		     int task, int node, int64_t s0, int64_t s1)
+{
+	const sp_task_t *t = &m->tasks[task];
+	const sp_node_t *n = &t->nodes[node];
+	int src = n->inputs[0];
+	int64_t seq = n->seq;
+	for (int64_t p = 0; p < seq; p++) {
+		int64_t q = 0;
+		int e = trace_position(t, m, src, p, &q);
+		for (int64_t s = s0; s < s1; s++) {
+			int32_t v = -1;
+			if (e >= 0) {
+				int64_t V = m->comps[t->nodes[e].comp].vocab;
+				/* the LM head's vocabulary may be smaller than the stream's */
+				int64_t LV = m->comps[n->comp].vocab;
+				v = token_at(first_token(seed, step, task, s, V), q + 1, V);
+				v = (int32_t)(v % LV);
+			}
+			out[(s - s0) * seq + p] = v;
+		}
+	}
+}

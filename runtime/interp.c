@@ -1,0 +1,866 @@
+/*
+ * interp.c — executes one rank's program of a plan through a backend. It
+ * knows nothing about which backend runs it.
+ *
+ * Memory, one allocation per category (sizes fixed by the program):
+ *   params   weights, gradients, AdamW m and v of every held layer; held
+ *            layers are laid out bucket by bucket, so each sync bucket's
+ *            gradients are one contiguous range (all-reduced in place)
+ *   acts     activations saved by each FWD until its BWD
+ *   comm     value buffers: act/grad of each MetaOp boundary the rank
+ *            touches, rows = samples of the union of its ranges, each row
+ *            [seq, width]; plus staging for outgoing transfers
+ *   work     ping-pong buffers between layers of a slice, loss scratch,
+ *            generated input data
+ * A step: zero gradients and gradient values, run the program, reduce the
+ * per-task loss sums. SENDs and SYNCs are non-blocking and completed at
+ * STEP; RECVs and completions are polled against the timeout.
+ */
+#include "runtime.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+	int32_t m, l, g;
+	int32_t lo, hi, seq, width;
+	int64_t off;
+} vbuf_t;
+
+typedef struct {
+	int bucket, group;
+	int64_t off, n; /* float range in the params arrays */
+} mybucket_t;
+
+struct rt_state {
+	const sp_plan_t *p;
+	rt_backend_t *b;
+	rt_opts_t o;
+	int rank;
+	const sp_device_t *dev;
+	const sp_ins_t *prog;
+	int n_ins;
+	/* parameters */
+	int n_params_total; /* (comp, layer) slots in the model */
+	int *param_base;    /* per component */
+	int *slot;          /* (comp, layer) slot -> index in held order, or -1 */
+	sp_param_t *held;
+	int n_held;
+	int64_t *poff, *pcount;
+	float *w, *g, *m, *v;
+	int64_t n_w;
+	mybucket_t *mb;
+	int n_mb;
+	/* values and saved activations */
+	vbuf_t *vb;
+	int nvb;
+	int *src_vb, *dst_vb; /* per instruction */
+	float *vals;
+	int64_t vals_n;
+	int64_t *saved_off; /* per instruction, floats into saved; -1 if none */
+	int *fwd_of;        /* per BWD instruction: its FWD's index */
+	float *saved;
+	int64_t saved_n;
+	int64_t *stage_off; /* per SEND: floats into stage */
+	float *stage, *rstage;
+	int64_t stage_n, rstage_n;
+	/* workspace */
+	float *work;
+	int64_t ping_n, loss_n, feat_n, work_n;
+	int32_t *ints_dev, *ints_host;
+	float *feat_host;
+	int64_t ints_n;
+	/* per step */
+	rt_req_t *pending;
+	int *pending_ins;
+	int n_pending, cap_pending;
+	double *loss;
+	rt_event_t *ev;
+	int n_ev, cap_ev;
+	double t_origin;
+	int64_t mem[MEM__COUNT];
+};
+
+static double wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const sp_metaop_t *mop(const rt_state_t *st, int m)
+{
+	return &st->p->metaops[m];
+}
+
+static const sp_task_t *task_of(const rt_state_t *st, int m)
+{
+	return &st->p->model.tasks[mop(st, m)->task];
+}
+
+static int64_t saved_pp(const rt_state_t *st, int m)
+{
+	const sp_metaop_t *mo = mop(st, m);
+	return op_saved_elems(&mo->shape, task_of(st, m)->batch);
+}
+
+/* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
+static int layer_slot(const rt_state_t *st, int m, int l, int *comp)
+{
+	const sp_metaop_t *mo = mop(st, m);
+	const sp_op_t *op = &st->p->ops[mo->first_op + l];
+	*comp = task_of(st, m)->nodes[op->node].comp;
+	if (st->p->model.comps[*comp].type == COMP_CONTRASTIVE)
+		return -1;
+	return st->slot[st->param_base[*comp] + op->layer];
+}
+
+static int find_vb(rt_state_t *st, const sp_vref_t *r, int32_t s0, int32_t s1, int create)
+{
+	for (int i = 0; i < st->nvb; i++)
+		if (st->vb[i].m == r->metaop && st->vb[i].l == r->layer && st->vb[i].g == r->grad) {
+			if (create) {
+				st->vb[i].lo = SP_MIN(st->vb[i].lo, s0);
+				st->vb[i].hi = SP_MAX(st->vb[i].hi, s1);
+			}
+			return i;
+		}
+	if (!create)
+		return -1;
+	vbuf_t v = {r->metaop, r->layer, r->grad, s0, s1, 0, 0, 0};
+	plan_value_shape(st->p, r->metaop, r->layer, &v.seq, &v.width);
+	int cap = st->nvb;
+	vbuf_t *nv = realloc(st->vb, sizeof *nv * (size_t)(cap + 1));
+	if (!nv)
+		return -2;
+	st->vb = nv;
+	st->vb[st->nvb++] = v;
+	return st->nvb - 1;
+}
+
+static float *vptr(const rt_state_t *st, int vi, int32_t s, int32_t q)
+{
+	const vbuf_t *v = &st->vb[vi];
+	return st->vals + v->off + ((int64_t)(s - v->lo) * v->seq + q) * v->width;
+}
+
+static int fail(rt_state_t *st, sp_err_t *err, int k, const char *what)
+{
+	const sp_ins_t *in = k >= 0 ? &st->prog[k] : NULL;
+	if (!in)
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "rank %d: %s", st->rank, what);
+	return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+			  "rank %d: instruction %d (%s%s%d): %s", st->rank, k,
+			  ins_op_name(in->op),
+			  in->op == INS_SEND || in->op == INS_RECV ? " peer rank " : " ",
+			  in->op == INS_SEND || in->op == INS_RECV ? in->peer
+			  : in->op == INS_SYNC			 ? in->peer
+							      : in->slice,
+			  what);
+}
+
+/* Polls req until done or the timeout; names the rank, instruction, peer. */
+static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
+{
+	double deadline = wall_ms() + st->o.timeout_s * 1e3;
+	struct timespec nap = {0, 20000};
+	for (long spin = 0;; spin++) {
+		int done = 0;
+		if (st->b->comm.test(&st->b->comm, req, &done))
+			return fail(st, err, k, "communication failed");
+		if (done)
+			return 0;
+		if (wall_ms() > deadline) {
+			char msg[160];
+			const sp_ins_t *in = &st->prog[k];
+			if (in->op == INS_RECV || in->op == INS_SEND)
+				snprintf(msg, sizeof msg,
+					 "timed out after %.0f s waiting for rank %d (tag %d)",
+					 st->o.timeout_s, in->peer, in->tag);
+			else
+				snprintf(msg, sizeof msg,
+					 "timed out after %.0f s waiting for the members of sync "
+					 "bucket %d",
+					 st->o.timeout_s, in->op == INS_SYNC ? in->peer : -1);
+			return fail(st, err, k, msg);
+		}
+		if (spin > 1000)
+			nanosleep(&nap, NULL);
+	}
+}
+
+static int add_pending(rt_state_t *st, rt_req_t r, int k)
+{
+	if (st->n_pending == st->cap_pending) {
+		int nc = st->cap_pending ? 2 * st->cap_pending : 64;
+		rt_req_t *np = realloc(st->pending, sizeof *np * (size_t)nc);
+		if (!np)
+			return SP_ENOMEM;
+		st->pending = np;
+		int *ni = realloc(st->pending_ins, sizeof *ni * (size_t)nc);
+		if (!ni)
+			return SP_ENOMEM;
+		st->pending_ins = ni;
+		st->cap_pending = nc;
+	}
+	st->pending[st->n_pending] = r;
+	st->pending_ins[st->n_pending++] = k;
+	return 0;
+}
+
+static void event(rt_state_t *st, double t0, int k, int comm)
+{
+	if (!st->o.record_events)
+		return;
+	rt_event_t e = {t0 - st->t_origin, wall_ms() - st->t_origin, k, comm};
+	SP_PUSH(st->ev, st->n_ev, st->cap_ev, e);
+}
+
+/* ---- set-up ---- */
+
+static int plan_params(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	const sp_model_t *md = &p->model;
+	st->param_base = calloc((size_t)md->n_comps + 1, sizeof(int));
+	if (!st->param_base)
+		return SP_ENOMEM;
+	for (int c = 0; c < md->n_comps; c++) {
+		st->param_base[c] = st->n_params_total;
+		st->n_params_total += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+	}
+	st->slot = malloc(sizeof(int) * (size_t)(st->n_params_total + 1));
+	st->held = calloc((size_t)st->dev->n_held + 1, sizeof *st->held);
+	st->poff = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
+	st->pcount = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
+	st->mb = calloc((size_t)p->n_buckets + 1, sizeof *st->mb);
+	if (!st->slot || !st->held || !st->poff || !st->pcount || !st->mb)
+		return SP_ENOMEM;
+	for (int i = 0; i < st->n_params_total; i++)
+		st->slot[i] = -1;
+	/* held params in bucket order: each bucket's gradients contiguous */
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int member = 0;
+		for (int q = 0; q < bk->n_dev; q++)
+			member |= p->bucket_devs[bk->dev_off + q] == st->rank;
+		if (!member)
+			continue;
+		mybucket_t *mb = &st->mb[st->n_mb++];
+		mb->bucket = b;
+		mb->off = st->n_w;
+		for (int q = 0; q < bk->n_params; q++) {
+			sp_param_t pr = p->bucket_params[bk->param_off + q];
+			int id = st->param_base[pr.comp] + pr.layer;
+			if (st->n_held >= st->dev->n_held || st->slot[id] >= 0)
+				return SP_EINPUT;
+			st->slot[id] = st->n_held;
+			st->held[st->n_held] = pr;
+			st->poff[st->n_held] = st->n_w;
+			st->pcount[st->n_held] = comp_layer_params(&md->comps[pr.comp]);
+			st->n_w += st->pcount[st->n_held];
+			st->n_held++;
+		}
+		mb->n = st->n_w - mb->off;
+	}
+	if (st->n_held != st->dev->n_held)
+		return SP_EINPUT;
+	return 0;
+}
+
+static int plan_buffers(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	int n = st->n_ins;
+	st->src_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	st->dst_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	st->saved_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
+	st->stage_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
+	st->fwd_of = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!st->src_vb || !st->dst_vb || !st->saved_off || !st->stage_off || !st->fwd_of)
+		return SP_ENOMEM;
+	for (int k = 0; k < n; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		st->src_vb[k] = st->dst_vb[k] = -1;
+		st->saved_off[k] = st->stage_off[k] = -1;
+		st->fwd_of[k] = -1;
+		int32_t r0 = in->s0, r1 = in->s1;
+		int use_src = 0, use_dst = 0;
+		switch (in->op) {
+		case INS_FWD: {
+			const sp_slice_t *sl = &p->slices[in->slice];
+			const sp_metaop_t *mo = mop(st, sl->metaop);
+			int L = sl->layer_to - sl->layer_from;
+			use_src = !(sl->layer_from == 0 && mo->width_in == 0);
+			use_dst = 1;
+			st->saved_off[k] = st->saved_n;
+			st->saved_n += (int64_t)(in->s1 - in->s0) * saved_pp(st, sl->metaop) * L;
+			int64_t per = SP_MAX((int64_t)mo->seq_in * mo->width_in,
+					     (int64_t)mo->seq_out * mo->width_out);
+			st->ping_n = SP_MAX(st->ping_n, per * (in->s1 - in->s0));
+			if (mo->width_in == 0 && sl->layer_from == 0) {
+				int64_t in_w = mo->shape.type == COMP_PATCH ? mo->shape.in : 0;
+				st->feat_n = SP_MAX(st->feat_n, (int64_t)(in->s1 - in->s0) *
+									 mo->seq_in * in_w);
+				st->ints_n = SP_MAX(st->ints_n, (int64_t)(in->s1 - in->s0) * mo->seq_in);
+			}
+			break;
+		}
+		case INS_BWD: {
+			const sp_slice_t *sl = &p->slices[in->slice];
+			const sp_metaop_t *mo = mop(st, sl->metaop);
+			use_src = 1;
+			use_dst = !(sl->layer_from == 0 && mo->width_in == 0);
+			for (int j = 0; j < k; j++)
+				if (st->prog[j].op == INS_FWD && st->prog[j].slice == in->slice &&
+				    st->prog[j].s0 == in->s0)
+					st->fwd_of[k] = j;
+			if (st->fwd_of[k] < 0)
+				return SP_EINPUT;
+			break;
+		}
+		case INS_LOSS: {
+			const sp_slice_t *sl = &p->slices[in->slice];
+			const sp_metaop_t *mo = mop(st, sl->metaop);
+			int64_t B = task_of(st, sl->metaop)->batch;
+			use_src = use_dst = 1;
+			int64_t rows = in->s1 - in->s0;
+			if (mo->shape.type == COMP_CONTRASTIVE) {
+				r0 = 0;
+				r1 = (int32_t)B;
+				rows = B;
+			}
+			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop));
+			st->ints_n = SP_MAX(st->ints_n, (int64_t)(in->s1 - in->s0) * mo->seq_in);
+			break;
+		}
+		case INS_SEND:
+			use_src = 1;
+			st->stage_off[k] = st->stage_n;
+			break;
+		case INS_RECV: use_dst = 1; break;
+		case INS_COPY: use_src = use_dst = 1; break;
+		default: break;
+		}
+		if (use_src && (st->src_vb[k] = find_vb(st, &in->src, r0, r1, 1)) < -1)
+			return SP_ENOMEM;
+		if (use_dst && (st->dst_vb[k] = find_vb(st, &in->dst, r0, r1, 1)) < -1)
+			return SP_ENOMEM;
+		if (in->op == INS_SEND || in->op == INS_RECV) {
+			const sp_vref_t *r = in->op == INS_SEND ? &in->src : &in->dst;
+			int32_t seq, width;
+			plan_value_shape(p, r->metaop, r->layer, &seq, &width);
+			int64_t fl = (int64_t)(in->s1 - in->s0) * in->seq_len * width;
+			if (in->op == INS_SEND)
+				st->stage_n += fl;
+			else
+				st->rstage_n = SP_MAX(st->rstage_n, fl);
+		}
+	}
+	for (int i = 0; i < st->nvb; i++) {
+		st->vb[i].off = st->vals_n;
+		st->vals_n += (int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width;
+	}
+	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n;
+	return 0;
+}
+
+static int alloc_all(rt_state_t *st)
+{
+	rt_backend_t *b = st->b;
+	int64_t nw = SP_MAX(st->n_w, 1);
+	st->w = b->alloc(sizeof(float) * (size_t)nw);
+	st->g = b->alloc(sizeof(float) * (size_t)nw);
+	int adam = st->p->model.opt.kind == OPT_ADAMW;
+	st->m = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
+	st->v = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
+	st->saved = b->alloc(sizeof(float) * (size_t)SP_MAX(st->saved_n, 1));
+	st->vals = b->alloc(sizeof(float) * (size_t)SP_MAX(st->vals_n, 1));
+	st->stage = b->alloc(sizeof(float) * (size_t)SP_MAX(st->stage_n, 1));
+	st->rstage = b->alloc(sizeof(float) * (size_t)SP_MAX(st->rstage_n, 1));
+	st->work = b->alloc(sizeof(float) * (size_t)SP_MAX(st->work_n, 1));
+	st->ints_dev = b->alloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
+	st->ints_host = malloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
+	st->feat_host = malloc(sizeof(float) * (size_t)SP_MAX(st->feat_n, 1));
+	st->loss = calloc((size_t)st->p->model.n_tasks + 1, sizeof(double));
+	if (!st->w || !st->g || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
+	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
+	    !st->feat_host || !st->loss)
+		return SP_ENOMEM;
+	int64_t f = sizeof(float);
+	st->mem[MEM_PARAMS] = nw * f * (adam ? 4 : 2);
+	st->mem[MEM_ACTS] = st->saved_n * f;
+	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
+	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
+	return 0;
+}
+
+static int init_params(rt_state_t *st)
+{
+	const sp_model_t *md = &st->p->model;
+	for (int i = 0; i < st->n_held; i++) {
+		float *host = malloc(sizeof(float) * (size_t)SP_MAX(st->pcount[i], 1));
+		if (!host)
+			return SP_ENOMEM;
+		st->b->layer_init(host, &md->comps[st->held[i].comp], st->held[i].layer, st->o.seed);
+		st->b->to_device(st->w + st->poff[i], host, sizeof(float) * (size_t)st->pcount[i]);
+		free(host);
+	}
+	return 0;
+}
+
+int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_opts_t *o,
+	      sp_err_t *err)
+{
+	rt_state_t *st = calloc(1, sizeof *st);
+	*out = NULL;
+	if (!st)
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	st->p = p;
+	st->b = b;
+	st->o = *o;
+	st->rank = b->comm.rank;
+	st->dev = &p->devices[st->rank];
+	st->prog = p->ins + st->dev->first_ins;
+	st->n_ins = st->dev->n_ins;
+	int rc = plan_params(st);
+	if (!rc)
+		rc = plan_buffers(st);
+	if (rc == SP_EINPUT) {
+		rt_free(st);
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				  "rank %d: the plan's parameters, buckets and programs do not "
+				  "agree (was it verified?)",
+				  b->comm.rank);
+	}
+	if (!rc)
+		rc = alloc_all(st);
+	if (!rc)
+		rc = init_params(st);
+	if (rc) {
+		rt_free(st);
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
+				  "rank %d: out of memory allocating the plan's buffers",
+				  b->comm.rank);
+	}
+	/* sync groups: created collectively, in bucket order, on every rank */
+	for (int bk = 0, mi = 0; bk < p->n_buckets; bk++) {
+		const sp_bucket_t *bu = &p->buckets[bk];
+		int *ranks = malloc(sizeof(int) * (size_t)(bu->n_dev + 1));
+		if (!ranks) {
+			rt_free(st);
+			return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		}
+		for (int q = 0; q < bu->n_dev; q++)
+			ranks[q] = p->bucket_devs[bu->dev_off + q];
+		int gid = -1;
+		rc = b->comm.group_create(&b->comm, ranks, bu->n_dev, &gid);
+		free(ranks);
+		if (rc) {
+			rt_free(st);
+			return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+					  "rank %d: creating the group of sync bucket %d failed",
+					  b->comm.rank, bk);
+		}
+		if (mi < st->n_mb && st->mb[mi].bucket == bk)
+			st->mb[mi++].group = gid;
+	}
+	*out = st;
+	return 0;
+}
+
+void rt_free(rt_state_t *st)
+{
+	if (!st)
+		return;
+	rt_backend_t *b = st->b;
+	b->release(st->w);
+	b->release(st->g);
+	b->release(st->m);
+	b->release(st->v);
+	b->release(st->saved);
+	b->release(st->vals);
+	b->release(st->stage);
+	b->release(st->rstage);
+	b->release(st->work);
+	b->release(st->ints_dev);
+	free(st->ints_host);
+	free(st->feat_host);
+	free(st->param_base);
+	free(st->slot);
+	free(st->held);
+	free(st->poff);
+	free(st->pcount);
+	free(st->mb);
+	free(st->vb);
+	free(st->src_vb);
+	free(st->dst_vb);
+	free(st->saved_off);
+	free(st->stage_off);
+	free(st->fwd_of);
+	free(st->pending);
+	free(st->pending_ins);
+	free(st->loss);
+	free(st->ev);
+	free(st);
+}
+
+/* ---- instructions ---- */
+
+static void exec_fwd(rt_state_t *st, int k, int64_t step)
+{
+	const sp_ins_t *in = &st->prog[k];
+	const sp_slice_t *sl = &st->p->slices[in->slice];
+	const sp_metaop_t *mo = mop(st, sl->metaop);
+	rt_backend_t *b = st->b;
+	int n = in->s1 - in->s0;
+	int64_t spp = saved_pp(st, sl->metaop);
+	float *ping = st->work, *pong = st->work + st->ping_n;
+	const float *x = NULL;
+	for (int l = sl->layer_from; l < sl->layer_to; l++) {
+		int comp;
+		int si = layer_slot(st, sl->metaop, l, &comp);
+		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+		float *y = l == sl->layer_to - 1 ? vptr(st, st->dst_vb[k], in->s0, 0)
+						 : ((l - sl->layer_from) % 2 ? pong : ping);
+		float *saved = st->saved + st->saved_off[k] + (int64_t)(l - sl->layer_from) * n * spp;
+		if (l == sl->layer_from)
+			x = st->src_vb[k] >= 0 ? vptr(st, st->src_vb[k], in->s0, 0) : NULL;
+		const sp_op_t *op = &st->p->ops[mo->first_op + l];
+		switch (mo->shape.type) {
+		case COMP_EMBEDDING:
+			data_tokens(st->ints_host, &st->p->model, st->o.seed, step, mo->task,
+				    op->node, in->s0, in->s1);
+			b->to_device(st->ints_dev, st->ints_host,
+				     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
+			b->embedding_fwd(&mo->shape, n, pw, st->ints_dev, y, saved);
+			break;
+		case COMP_PATCH: {
+			float *feat = st->work + 2 * st->ping_n + st->loss_n;
+			data_features(st->feat_host, &st->p->model, st->o.seed, step, mo->task,
+				      op->node, in->s0, in->s1);
+			b->to_device(feat, st->feat_host,
+				     sizeof(float) * (size_t)n * (size_t)(mo->seq_in * mo->shape.in));
+			b->patch_fwd(&mo->shape, n, pw, feat, y, saved);
+			break;
+		}
+		case COMP_TRANSFORMER: b->tblock_fwd(&mo->shape, n, pw, x, y, saved); break;
+		case COMP_LINEAR: b->linear_fwd(&mo->shape, n, pw, x, y, saved); break;
+		default: break;
+		}
+		x = y;
+	}
+}
+
+static void exec_bwd(rt_state_t *st, int k)
+{
+	const sp_ins_t *in = &st->prog[k];
+	const sp_slice_t *sl = &st->p->slices[in->slice];
+	const sp_metaop_t *mo = mop(st, sl->metaop);
+	rt_backend_t *b = st->b;
+	int n = in->s1 - in->s0;
+	int64_t spp = saved_pp(st, sl->metaop);
+	float *bufs[2] = {st->work, st->work + st->ping_n};
+	const float *dy = vptr(st, st->src_vb[k], in->s0, 0);
+	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
+	for (int l = sl->layer_to - 1, j = 0; l >= sl->layer_from; l--, j++) {
+		int comp;
+		int si = layer_slot(st, sl->metaop, l, &comp);
+		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+		float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+		const float *saved = st->saved + fwd_off + (int64_t)(l - sl->layer_from) * n * spp;
+		float *dx = NULL;
+		if (l == sl->layer_from) {
+			if (st->dst_vb[k] >= 0)
+				dx = vptr(st, st->dst_vb[k], in->s0, 0);
+		} else {
+			dx = bufs[j % 2];
+			b->zero(dx, (int64_t)n * mo->seq_out * mo->width_out);
+		}
+		switch (mo->shape.type) {
+		case COMP_EMBEDDING: b->embedding_bwd(&mo->shape, n, saved, dy, dp); break;
+		case COMP_PATCH: b->patch_bwd(&mo->shape, n, pw, saved, dy, dp); break;
+		case COMP_TRANSFORMER: b->tblock_bwd(&mo->shape, n, pw, saved, dy, dx, dp); break;
+		case COMP_LINEAR: b->linear_bwd(&mo->shape, n, pw, saved, dy, dx, dp); break;
+		default: break;
+		}
+		dy = dx;
+	}
+}
+
+static void exec_loss(rt_state_t *st, int k, int64_t step)
+{
+	const sp_ins_t *in = &st->prog[k];
+	const sp_slice_t *sl = &st->p->slices[in->slice];
+	const sp_metaop_t *mo = mop(st, sl->metaop);
+	const sp_task_t *t = task_of(st, sl->metaop);
+	const sp_op_t *op = &st->p->ops[mo->first_op];
+	rt_backend_t *b = st->b;
+	int n = in->s1 - in->s0;
+	int comp;
+	int si = layer_slot(st, sl->metaop, 0, &comp);
+	const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+	float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+	float *scratch = st->work + 2 * st->ping_n;
+	double scale = t->weight / (double)t->batch, l = 0;
+	switch (mo->shape.type) {
+	case COMP_LM_HEAD:
+		data_lm_targets(st->ints_host, &st->p->model, st->o.seed, step, mo->task, op->node,
+				in->s0, in->s1);
+		b->to_device(st->ints_dev, st->ints_host,
+			     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
+		l = b->lm_head_loss(&mo->shape, n, pw, vptr(st, st->src_vb[k], in->s0, 0),
+				    st->ints_dev, scale, vptr(st, st->dst_vb[k], in->s0, 0), dp,
+				    scratch);
+		break;
+	case COMP_CLASSIFIER:
+		data_labels(st->ints_host, &st->p->model, st->o.seed, step, mo->task, op->node,
+			    in->s0, in->s1);
+		b->to_device(st->ints_dev, st->ints_host, sizeof(int32_t) * (size_t)n);
+		l = b->classifier_loss(&mo->shape, n, mo->seq_in, pw,
+				       vptr(st, st->src_vb[k], in->s0, 0), st->ints_dev, scale,
+				       vptr(st, st->dst_vb[k], in->s0, 0), dp, scratch);
+		break;
+	case COMP_CONTRASTIVE: {
+		const float *a = vptr(st, st->src_vb[k], 0, 0);
+		float *da = vptr(st, st->dst_vb[k], 0, 0);
+		int64_t w = mo->width_in;
+		l = b->contrastive_loss(t->batch, w, mo->seq_in, mo->seq_in,
+					st->p->model.comps[comp].temperature, in->s0, in->s1, a,
+					a + w, scale, da, da + w, scratch);
+		break;
+	}
+	default: break;
+	}
+	st->loss[mo->task] += l;
+}
+
+static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
+{
+	const sp_ins_t *in = &st->prog[k];
+	rt_backend_t *b = st->b;
+	int rows = in->s1 - in->s0;
+	if (in->op == INS_COPY) {
+		const vbuf_t *s = &st->vb[st->src_vb[k]], *d = &st->vb[st->dst_vb[k]];
+		b->copy_rows(vptr(st, st->dst_vb[k], in->s0, in->dst.seq_off),
+			     (int64_t)d->seq * d->width, vptr(st, st->src_vb[k], in->s0, in->src.seq_off),
+			     (int64_t)s->seq * s->width, rows, (int64_t)in->seq_len * s->width,
+			     in->dst.grad);
+		return 0;
+	}
+	if (in->op == INS_SEND) {
+		const vbuf_t *s = &st->vb[st->src_vb[k]];
+		int64_t cols = (int64_t)in->seq_len * s->width;
+		float *stage = st->stage + st->stage_off[k];
+		b->copy_rows(stage, cols, vptr(st, st->src_vb[k], in->s0, in->src.seq_off),
+			     (int64_t)s->seq * s->width, rows, cols, 0);
+		b->sync();
+		rt_req_t r = {0};
+		if (b->comm.isend(&b->comm, stage, sizeof(float) * (size_t)(rows * cols), in->peer,
+				  in->tag % 32768, &r))
+			return fail(st, err, k, "send failed");
+		return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
+	}
+	if (in->op == INS_RECV) {
+		const vbuf_t *d = &st->vb[st->dst_vb[k]];
+		int64_t cols = (int64_t)in->seq_len * d->width;
+		rt_req_t r = {0};
+		if (b->comm.irecv(&b->comm, st->rstage, sizeof(float) * (size_t)(rows * cols),
+				  in->peer, in->tag % 32768, &r))
+			return fail(st, err, k, "receive failed");
+		int rc = wait_req(st, &r, k, err);
+		if (rc)
+			return rc;
+		b->copy_rows(vptr(st, st->dst_vb[k], in->s0, in->dst.seq_off),
+			     (int64_t)d->seq * d->width, st->rstage, cols, rows, cols, in->dst.grad);
+		return 0;
+	}
+	if (in->op == INS_SYNC) {
+		for (int i = 0; i < st->n_mb; i++)
+			if (st->mb[i].bucket == in->peer) {
+				rt_req_t r = {0};
+				b->sync();
+				if (b->comm.iallreduce(&b->comm, st->g + st->mb[i].off, st->mb[i].n,
+						       st->mb[i].group, &r))
+					return fail(st, err, k, "all-reduce failed");
+				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
+			}
+		return fail(st, err, k, "not a member of this sync bucket");
+	}
+	return 0;
+}
+
+static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
+{
+	rt_backend_t *b = st->b;
+	for (int i = 0; i < st->n_pending; i++) {
+		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
+		if (rc)
+			return rc;
+	}
+	st->n_pending = 0;
+	(void)k;
+	const sp_optim_t *o = &st->p->model.opt;
+	if (st->n_w > 0) {
+		if (o->kind == OPT_ADAMW)
+			b->adamw_step(st->w, st->g, st->m, st->v, st->n_w, (int)t, o);
+		else
+			b->sgd_step(st->w, st->g, st->n_w, o);
+	}
+	return 0;
+}
+
+int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
+{
+	rt_backend_t *b = st->b;
+	st->n_ev = 0;
+	st->t_origin = wall_ms();
+	b->zero(st->g, st->n_w);
+	for (int i = 0; i < st->nvb; i++)
+		if (st->vb[i].g)
+			b->zero(st->vals + st->vb[i].off,
+				(int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width);
+	for (int i = 0; i < st->p->model.n_tasks; i++)
+		st->loss[i] = 0;
+	for (int k = 0; k < st->n_ins; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		double t0 = wall_ms();
+		int rc = 0, comm = 0;
+		switch (in->op) {
+		case INS_FWD: exec_fwd(st, k, t); break;
+		case INS_BWD: exec_bwd(st, k); break;
+		case INS_LOSS: exec_loss(st, k, t); break;
+		case INS_STEP:
+			comm = 1;
+			rc = exec_step(st, k, t, err);
+			break;
+		default:
+			comm = 1;
+			rc = exec_comm(st, k, err);
+			break;
+		}
+		if (rc)
+			return rc;
+		if (!comm)
+			b->sync();
+		event(st, t0, k, comm);
+	}
+	for (int i = 0; i < st->p->model.n_tasks; i++)
+		loss[i] += st->loss[i];
+	return 0;
+}
+
+void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
+{
+	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
+}
+
+const rt_event_t *rt_events(const rt_state_t *st, int *n)
+{
+	*n = st->n_ev;
+	return st->ev;
+}
+
+int rt_rank(const rt_state_t *st)
+{
+	return st->rank;
+}
+
+/* ---- parameters in and out ---- */
+
+static int owner_of(const rt_state_t *st, int comp, int layer)
+{
+	const sp_plan_t *p = st->p;
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; q < p->buckets[b].n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+			if (pr->comp == comp && pr->layer == layer)
+				return p->bucket_devs[p->buckets[b].dev_off];
+		}
+	return -1;
+}
+
+int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes)
+{
+	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
+	size_t total = 0;
+	for (int i = 0; i < st->n_held; i++)
+		if (owner_of(st, st->held[i].comp, st->held[i].layer) == st->rank)
+			total += 16 + sizeof(float) * (size_t)st->pcount[i] * (adam ? 3 : 1);
+	uint8_t *buf = malloc(total + 1);
+	if (!buf)
+		return SP_ENOMEM;
+	size_t o = 0;
+	/* canonical order: by (comp, layer) */
+	for (int c = 0; c < st->p->model.n_comps; c++) {
+		int nl = st->p->model.comps[c].type == COMP_TRANSFORMER
+				 ? (int)st->p->model.comps[c].layers
+				 : 1;
+		for (int l = 0; l < nl; l++) {
+			int i = st->slot[st->param_base[c] + l];
+			if (i < 0 || owner_of(st, c, l) != st->rank)
+				continue;
+			int32_t hdr[2] = {c, l};
+			int64_t cnt = st->pcount[i];
+			memcpy(buf + o, hdr, 8);
+			memcpy(buf + o + 8, &cnt, 8);
+			o += 16;
+			size_t fb = sizeof(float) * (size_t)cnt;
+			st->b->to_host(buf + o, st->w + st->poff[i], fb);
+			o += fb;
+			if (adam) {
+				st->b->to_host(buf + o, st->m + st->poff[i], fb);
+				o += fb;
+				st->b->to_host(buf + o, st->v + st->poff[i], fb);
+				o += fb;
+			}
+		}
+	}
+	*out = buf;
+	*bytes = o;
+	return 0;
+}
+
+int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_err_t *err)
+{
+	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
+	const uint8_t *buf = data;
+	size_t o = 0;
+	int loaded = 0;
+	while (o + 16 <= bytes) {
+		int32_t hdr[2];
+		int64_t cnt;
+		memcpy(hdr, buf + o, 8);
+		memcpy(&cnt, buf + o + 8, 8);
+		o += 16;
+		if (hdr[0] < 0 || hdr[0] >= st->p->model.n_comps || cnt < 0 ||
+		    cnt != comp_layer_params(&st->p->model.comps[hdr[0]]))
+			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+					  "parameter record does not match the model");
+		size_t fb = sizeof(float) * (size_t)cnt * (adam ? 3 : 1);
+		if (o + fb > bytes)
+			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+					  "parameter record is truncated");
+		int nl = st->p->model.comps[hdr[0]].type == COMP_TRANSFORMER
+				 ? (int)st->p->model.comps[hdr[0]].layers
+				 : 1;
+		int i = hdr[1] >= 0 && hdr[1] < nl ? st->slot[st->param_base[hdr[0]] + hdr[1]] : -1;
+		if (i >= 0) {
+			size_t one = sizeof(float) * (size_t)cnt;
+			st->b->to_device(st->w + st->poff[i], buf + o, one);
+			if (adam) {
+				st->b->to_device(st->m + st->poff[i], buf + o + one, one);
+				st->b->to_device(st->v + st->poff[i], buf + o + 2 * one, one);
+			}
+			loaded++;
+		}
+		o += fb;
+	}
+	if (loaded != st->n_held)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				  "rank %d: %d of its %d parameter layers were found", st->rank,
+				  loaded, st->n_held);
+	return 0;
+}

@@ -400,12 +400,42 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 			player[param_base[c] + l] = l;
 		}
 	}
-	for (int p = 0; p < n_params; p++) {
+	/* the first slice (in schedule order) touching each param: the backward
+	 * runs in reverse, so that slice's BWD is the param's last */
+	int *first_use = malloc(sizeof(int) * (size_t)(n_params + 1));
+	if (!first_use) {
+		free(pcomp);
+		free(player);
+		goto nomem;
+	}
+	for (int p = 0; p < n_params; p++)
+		first_use[p] = -1;
+	for (int i = s->n - 1; i >= 0; i--) {
+		const sslice_t *x = &s->s[i];
+		const metaop_t *mo = &pl->mops[x->metaop];
+		for (int l = x->lf; l < x->lt; l++) {
+			const sp_op_t *op = &pl->ops[mo->first_op + l];
+			int comp = md->tasks[mo->task].nodes[op->node].comp;
+			first_use[param_base[comp] + op->layer] = i;
+		}
+	}
+	/* buckets: params with the same holders whose gradients complete
+	 * together (same last slice), in the order their backward completes */
+	for (;;) {
+		int p = -1;
+		for (int q = 0; q < n_params; q++)
+			if (bucket_of[q] == -1 && first_use[q] >= 0 &&
+			    (p < 0 || first_use[q] > first_use[p]))
+				p = q;
+		if (p < 0)
+			break;
 		int any = 0;
 		for (int d = 0; d < N && !any; d++)
 			any = held[(size_t)d * n_params + p];
-		if (!any || bucket_of[p] >= 0)
+		if (!any) { /* parameter-free (contrastive) */
+			bucket_of[p] = -2;
 			continue;
+		}
 		int b = out->n_buckets++;
 		sp_bucket_t *bk = &out->buckets[b];
 		bk->dev_off = out->n_bucket_devs;
@@ -414,8 +444,8 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 				out->bucket_devs[out->n_bucket_devs++] = d;
 		bk->n_dev = out->n_bucket_devs - bk->dev_off;
 		bk->param_off = out->n_bucket_params;
-		for (int q = p; q < n_params; q++) {
-			int same = 1;
+		for (int q = 0; q < n_params; q++) {
+			int same = bucket_of[q] == -1 && first_use[q] == first_use[p];
 			for (int d = 0; d < N && same; d++)
 				same = held[(size_t)d * n_params + q] == held[(size_t)d * n_params + p];
 			if (!same)
@@ -428,6 +458,7 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 		bk->sync_ms = cost_allreduce_ms(cl, out->bucket_devs + bk->dev_off, bk->n_dev,
 						bk->elems * dtype_bytes(md->dtype));
 	}
+	free(first_use);
 	free(pcomp);
 	free(player);
 
@@ -492,6 +523,26 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 	if (!out->ins)
 		goto nomem;
 	int overlap = s->algo != ALGO_PAPER;
+	/* buckets over the same device group share a communicator: every member
+	 * must start their all-reduces in the same (bucket) order */
+	int *group = malloc(sizeof(int) * (size_t)(out->n_buckets + 1));
+	int *last_pos = malloc(sizeof(int) * (size_t)(out->n_buckets + 1));
+	if (!group || !last_pos) {
+		free(group);
+		free(last_pos);
+		goto nomem;
+	}
+	for (int b = 0; b < out->n_buckets; b++) {
+		const sp_bucket_t *bk = &out->buckets[b];
+		group[b] = b;
+		for (int a = 0; a < b && group[b] == b; a++) {
+			const sp_bucket_t *ba = &out->buckets[a];
+			if (ba->n_dev == bk->n_dev &&
+			    !memcmp(out->bucket_devs + ba->dev_off, out->bucket_devs + bk->dev_off,
+				    sizeof(int32_t) * (size_t)bk->n_dev))
+				group[b] = group[a];
+		}
+	}
 	for (int d = 0; d < N; d++) {
 		sp_device_t *dv = &out->devices[d];
 		dv->first_ins = out->n_ins;
@@ -500,6 +551,8 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 		for (int k = cnt[d]; k < cnt[d] + fill[d]; k++)
 			out->ins[out->n_ins++] = st.g[byd[k]].ins;
 		int nd = out->n_ins - n0;
+		for (int b = 0; b < out->n_buckets; b++)
+			last_pos[b] = -1;
 		/* last gradient-producing instruction per bucket on this device */
 		for (int b = 0; b < out->n_buckets; b++) {
 			const sp_bucket_t *bk = &out->buckets[b];
@@ -508,7 +561,7 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 				member |= out->bucket_devs[bk->dev_off + q] == d;
 			if (!member)
 				continue;
-			int at = nd; /* insert after position at-1 */
+			int at = nd; /* insert before position at */
 			if (overlap) {
 				at = 0;
 				for (int k = 0; k < nd; k++) {
@@ -520,17 +573,21 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 					for (int l = x->lf; l < x->lt; l++) {
 						const sp_op_t *op = &pl->ops[mo->first_op + l];
 						int comp = md->tasks[mo->task].nodes[op->node].comp;
-						if (md->comps[comp].type != COMP_CONTRASTIVE &&
-						    bucket_of[param_base[comp] + op->layer] == b)
+						if (bucket_of[param_base[comp] + op->layer] == b)
 							at = k + 1;
 					}
 				}
+				at = SP_MAX(at, last_pos[group[b]] + 1);
 			}
 			memmove(&out->ins[n0 + at + 1], &out->ins[n0 + at],
 				sizeof *out->ins * (size_t)(nd - at));
 			sp_ins_t sy = ins_new(INS_SYNC);
 			sy.peer = b;
 			out->ins[n0 + at] = sy;
+			for (int g = 0; g < out->n_buckets; g++)
+				if (last_pos[g] >= at)
+					last_pos[g]++;
+			last_pos[group[b]] = at;
 			nd++;
 			out->n_ins++;
 		}

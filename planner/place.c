@@ -58,6 +58,8 @@ typedef struct {
 	int n_params;
 	int *last_slice;  /* per MetaOp: index of its latest placed slice */
 	double *on, *island; /* scratch per device */
+	uint8_t *node_held; /* [node][param id]: some device of the node holds it */
+	uint8_t *any_held;  /* [param id] */
 } pstate_t;
 
 static int param_id(const pstate_t *st, int m, int l)
@@ -112,6 +114,24 @@ static int place_slice(pstate_t *st, place_t *pc, int i, place_kind_t kind)
 {
 	planner_t *pl = st->pl;
 	const sslice_t *x = &st->s->s[i];
+	if (x->chunk) {
+		/* a chunk continues the previous slice on the same devices */
+		int p = st->last_slice[x->metaop];
+		memcpy(pc->devs + pc->off[i], pc->devs + pc->off[p], sizeof(int32_t) * (size_t)x->n);
+		for (int j = 0; j < x->n; j++) {
+			int d = pc->devs[pc->off[i] + j];
+			st->mem[d] += slice_mem(st, i, d, j);
+			for (int l = x->lf; l < x->lt; l++) {
+				int pid = param_id(st, x->metaop, l);
+				st->held[(size_t)d * st->n_params + pid] = 1;
+				st->node_held[(size_t)dev_node(pl->cluster, d) * st->n_params + pid] = 1;
+				st->any_held[pid] = 1;
+			}
+			st->busy_until[d] = x->t1;
+		}
+		st->last_slice[x->metaop] = i;
+		return 0;
+	}
 	const metaop_t *mo = &pl->mops[x->metaop];
 	int N = pl->N, G = pl->cluster->gpus_per_node;
 	cand_t *c = malloc(sizeof *c * (size_t)N);
@@ -140,10 +160,20 @@ static int place_slice(pstate_t *st, place_t *pc, int i, place_kind_t kind)
 			continue;
 		double sc = 0;
 		if (kind == PLACE_SPINDLE) {
+			/* replicas of a layer: on this device no new state; inside
+			 * this node the layer's all-reduce stays on NVLink; on
+			 * another node only, it would cross the NIC */
 			double shared = 0;
-			for (int l = x->lf; l < x->lt; l++)
-				if (st->held[(size_t)d * st->n_params + param_id(st, x->metaop, l)])
+			int node = dev_node(pl->cluster, d);
+			for (int l = x->lf; l < x->lt; l++) {
+				int pid = param_id(st, x->metaop, l);
+				if (st->held[(size_t)d * st->n_params + pid])
 					shared += (double)mo->layer_state_bytes;
+				else if (st->node_held[(size_t)node * st->n_params + pid])
+					shared += 0.25 * (double)mo->layer_state_bytes;
+				else if (st->any_held[pid])
+					shared -= 0.25 * (double)mo->layer_state_bytes;
+			}
 			sc = on[d] + 0.25 * st->island[d] + shared - 1e-3 * st->mem[d];
 			if (st->mem[d] + slice_mem(st, i, d, 0) > pl->mem_cap)
 				sc -= 1e30; /* over the cap: only if nothing else is free */
@@ -230,8 +260,12 @@ static int place_slice(pstate_t *st, place_t *pc, int i, place_kind_t kind)
 	for (int j = 0; j < x->n; j++) {
 		int d = out[j];
 		st->mem[d] += slice_mem(st, i, d, j);
-		for (int l = x->lf; l < x->lt; l++)
-			st->held[(size_t)d * st->n_params + param_id(st, x->metaop, l)] = 1;
+		for (int l = x->lf; l < x->lt; l++) {
+			int pid = param_id(st, x->metaop, l);
+			st->held[(size_t)d * st->n_params + pid] = 1;
+			st->node_held[(size_t)dev_node(pl->cluster, d) * st->n_params + pid] = 1;
+			st->any_held[pid] = 1;
+		}
 		st->busy_until[d] = x->t1;
 	}
 	st->last_slice[x->metaop] = i;
@@ -267,10 +301,12 @@ int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out)
 	st.held = calloc((size_t)pl->N * (size_t)(st.n_params + 1), 1);
 	st.last_slice = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
 	st.on = calloc((size_t)pl->N, sizeof(double));
+	st.node_held = calloc((size_t)pl->cluster->nodes * (size_t)(st.n_params + 1), 1);
+	st.any_held = calloc((size_t)st.n_params + 1, 1);
 	st.island = calloc((size_t)pl->N, sizeof(double));
 	int *order = malloc(sizeof(int) * (size_t)(s->n + 1));
 	if (!st.param_base || !out->devs || !out->off || !st.busy_until || !st.mem ||
-	    !st.held || !st.last_slice || !order || !st.on || !st.island) {
+	    !st.held || !st.last_slice || !order || !st.on || !st.island || !st.node_held || !st.any_held) {
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		goto cleanup;
 	}
@@ -312,6 +348,8 @@ cleanup:
 	free(st.held);
 	free(st.last_slice);
 	free(st.on);
+	free(st.node_held);
+	free(st.any_held);
 	free(st.island);
 	free(order);
 	if (rc)

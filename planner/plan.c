@@ -50,6 +50,15 @@ static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
 	rc = memplan_run(pl, out, 0);
 	if (!rc)
 		rc = sim_run(pl, out, 1, res);
+	if (!rc && getenv("SPINDLE_DEBUG")) {
+		double nominal = 0;
+		for (int i = 0; i < s.n; i++)
+			nominal = fmax(nominal, s.s[i].t1);
+		fprintf(stderr, "debug: %s variant %d: nominal %.3f ms, %d waves, simulated "
+				"compute %.3f ms, iteration %.3f ms (transfers +%.3f, sync+step +%.3f)\n",
+			algo_name(a), variant, nominal, s.n_waves, res->compute_ms, res->iteration_ms,
+			res->transfer_ms, res->sync_ms);
+	}
 	*fits = 1;
 	for (int d = 0; d < out->n_devices; d++)
 		if ((double)out->devices[d].mem_peak > pl->mem_cap)

@@ -104,6 +104,7 @@ typedef struct {
 	int n;              /* devices */
 	int wave;
 	double t0, t1;      /* nominal start/end (the scheduler's own estimate) */
+	int chunk;          /* > 0: continues the previous slice on its devices */
 } sslice_t;
 
 typedef struct {
@@ -119,6 +120,13 @@ int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t
 void sched_release(sched_t *s);
 /* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
 void sched_finish(sched_t *s);
+/*
+ * Splits long slices of parameterised MetaOps into up to SYNC_CHUNKS chunks
+ * on the same devices, so each chunk's gradients can be all-reduced while
+ * the backward of the chunks before it still runs.
+ */
+#define SYNC_CHUNKS 4
+int sched_chunk(sched_t *s, const planner_t *pl);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
 /* Per-layer fwd+bwd ms of m on n devices. */

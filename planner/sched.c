@@ -44,7 +44,7 @@ int algo_parse(const char *s, algo_t *out)
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1)
 {
-	sslice_t x = {metaop, lf, lt, n, wave, t0, t1};
+	sslice_t x = {metaop, lf, lt, n, wave, t0, t1, 0};
 	return SP_PUSH(s->s, s->n, s->cap, x);
 }
 
@@ -357,5 +357,40 @@ int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out)
 	if (rc)
 		return rc;
 	sched_finish(out);
-	return sched_check(pl, out);
+	if ((rc = sched_check(pl, out)))
+		return rc;
+	if (a != ALGO_PAPER && sched_chunk(out, pl))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
+int sched_chunk(sched_t *s, const planner_t *pl)
+{
+	int extra = 0;
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		if (pl->mops[x->metaop].shape.type == COMP_TRANSFORMER)
+			extra += SP_MIN(x->lt - x->lf, SYNC_CHUNKS) - 1;
+	}
+	if (!extra)
+		return 0;
+	sslice_t *ns = malloc(sizeof *ns * (size_t)(s->n + extra));
+	if (!ns)
+		return SP_ENOMEM;
+	int n = 0;
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		int L = x->lt - x->lf;
+		int c = pl->mops[x->metaop].shape.type == COMP_TRANSFORMER ? SP_MIN(L, SYNC_CHUNKS) : 1;
+		double per = L > 0 ? (x->t1 - x->t0) / L : 0;
+		for (int k = 0; k < c; k++) {
+			int a = x->lf + L * k / c, b = x->lf + L * (k + 1) / c;
+			ns[n++] = (sslice_t){x->metaop, a, b, x->n, x->wave, x->t0 + (a - x->lf) * per,
+					     x->t0 + (b - x->lf) * per, k > 0};
+		}
+	}
+	free(s->s);
+	s->s = ns;
+	s->n = s->cap = n;
+	return 0;
 }

@@ -16,7 +16,8 @@
  *  analytic: t = max(F / (P * eff(F)), Q / BW) + c0, where
  *    F   = b * FLOPs per sample (model.h arithmetic),
  *    Q   = bytes moved: the layer's weights once (params * dtype bytes) plus
- *          b * saved elements * dtype bytes * 2 (written, then read back),
+ *          b * saved elements * dtype bytes * 2 (written, then read back);
+ *          an embedding reads only the rows it gathers (b * seq * hidden),
  *    P   = peak_tflops, BW = mem_bandwidth_gbs,
  *    eff(F) = E_MAX * F / (F + F_HALF), F_HALF = P * T_HALF:
  *          kernels reach E_MAX = 0.6 of peak on large work and half of that
@@ -84,6 +85,8 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bw
 	/* weights of the first op stand for the MetaOp's (all layers share a shape) */
 	const sp_node_t *n = &pl->model->tasks[m->task].nodes[pl->ops[m->first_op].node];
 	double wbytes = (double)comp_layer_params(&pl->model->comps[n->comp]) * db;
+	if (m->shape.type == COMP_EMBEDDING)
+		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
 	double abytes = (double)b * (double)op_saved_elems(&m->shape, m->batch) * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
 	double t_c = 0;

@@ -174,8 +174,12 @@ static int place_slice(pstate_t *st, place_t *pc, int i, place_kind_t kind)
 				else if (st->any_held[pid])
 					shared -= 0.25 * (double)mo->layer_state_bytes;
 			}
-			sc = on[d] + 0.25 * st->island[d] + shared - 1e-3 * st->mem[d];
-			if (st->mem[d] + slice_mem(st, i, d, 0) > pl->mem_cap)
+			/* memory: filling a device gets steeply more expensive (a full
+			 * device would force later slices elsewhere or not fit) */
+			double after = (st->mem[d] + slice_mem(st, i, d, 0)) / pl->mem_cap;
+			sc = on[d] + 0.25 * st->island[d] + shared - 1e-3 * st->mem[d] -
+			     after * after * after * after * 0.1 * pl->mem_cap;
+			if (after > 1)
 				sc -= 1e30; /* over the cap: only if nothing else is free */
 		} else {
 			sc = -d;

@@ -58,6 +58,16 @@ static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
 				"compute %.3f ms, iteration %.3f ms (transfers +%.3f, sync+step +%.3f)\n",
 			algo_name(a), variant, nominal, s.n_waves, res->compute_ms, res->iteration_ms,
 			res->transfer_ms, res->sync_ms);
+		if (atoi(getenv("SPINDLE_DEBUG")) > 1)
+			for (int i = 0; i < s.n; i++) {
+				fprintf(stderr, "  %-28s %3d-%-3d x%-3d %9.3f %9.3f  mem", pl->mops[s.s[i].metaop].name,
+					s.s[i].lf, s.s[i].lt, s.s[i].n, s.s[i].t0, s.s[i].t1);
+				for (int j = 0; j < s.s[i].n && j < 8; j++) {
+					int d = pc.devs[pc.off[i] + j];
+					fprintf(stderr, " %d:%.0f", d, (double)out->devices[d].mem_peak / (1 << 30));
+				}
+				fprintf(stderr, "\n");
+			}
 	}
 	*fits = 1;
 	for (int d = 0; d < out->n_devices; d++)

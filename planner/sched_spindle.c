@@ -27,10 +27,13 @@
  * running MetaOp that finishes last is widened at its next layer boundary
  * (a new slice on a superset of its devices) if that ends it sooner.
  *
- * Variants (plan.c evaluates each with the simulator and keeps the best):
- *   0  MILP widths, list scheduling with tails
- *   1  separable widths, list scheduling with tails
+ * Variants (plan.c evaluates each with the simulator and keeps the fastest
+ * that fits memory):
+ *   0  MILP widths, list scheduling with tails, segments within 70% of memory
+ *   1  separable widths, the same
  *   2  the paper's waves with the whole DAG (no level barrier)
+ *   3, 4  MILP widths with segments within 40% and 20% of memory
+ *   5  data parallel on all devices: when nothing beats it, we use it
  */
 #include "planner.h"
 
@@ -299,17 +302,40 @@ static double next_free_time(const run_t *run, int nrun, int have, int want)
 	return HUGE_VAL;
 }
 
-static int list_schedule(planner_t *pl, const int *w, sched_t *out)
+/*
+ * Memory: the most layers of m one device can hold in a slice of width n,
+ * with 70% of the cap for them: each layer costs its parameter state plus
+ * the activations saved for backward by every MetaOp sharing its component
+ * (placement puts those on the same devices), at their local batches. A
+ * MetaOp longer than that runs as consecutive segments on different devices.
+ */
+static int max_layers(const planner_t *pl, const int *w, int m, int n, double frac)
+{
+	const metaop_t *mo = &pl->mops[m];
+	const sp_model_t *md = pl->model;
+	int comp = md->tasks[mo->task].nodes[pl->ops[mo->first_op].node].comp;
+	double per = (double)mo->layer_state_bytes +
+		     (double)mo->saved_per_sample * (double)((mo->batch + n - 1) / n);
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *o = &pl->mops[k];
+		if (k == m || md->tasks[o->task].nodes[pl->ops[o->first_op].node].comp != comp)
+			continue;
+		per += (double)o->saved_per_sample * (double)((o->batch + w[k] - 1) / w[k]);
+	}
+	double lim = frac * pl->mem_cap / per;
+	return lim >= mo->n_layers ? mo->n_layers : SP_MAX(1, (int)lim);
+}
+
+static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 {
 	int M = pl->n_mops, rc = 0;
 	double *bl = malloc(sizeof(double) * (size_t)(M + 1));
 	int *done = calloc((size_t)M + 1, sizeof(int));	 /* layers scheduled */
 	int *finished = calloc((size_t)M + 1, sizeof(int)); /* all layers ended */
 	int *running = calloc((size_t)M + 1, sizeof(int));
-	double *ready_at = calloc((size_t)M + 1, sizeof(double));
 	int *order = malloc(sizeof(int) * (size_t)(M + 1));
 	run_t *run = malloc(sizeof(run_t) * (size_t)(M + 1));
-	if (!bl || !done || !finished || !running || !ready_at || !order || !run) {
+	if (!bl || !done || !finished || !running || !order || !run) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -339,7 +365,8 @@ static int list_schedule(planner_t *pl, const int *w, sched_t *out)
 				ready = finished[pl->edges[mo->pred[q]].src];
 			if (!ready)
 				continue;
-			int r = mo->n_layers - done[m], want = SP_MIN(w[m], mo->nmax), n = want;
+			int want = SP_MIN(w[m], mo->nmax), n = want;
+			int r = SP_MIN(mo->n_layers - done[m], max_layers(pl, w, m, want, frac));
 			if (want > free_dev) {
 				/* wait for enough devices, or start narrower now? */
 				double t_free = next_free_time(run, nrun, free_dev, want);
@@ -349,9 +376,9 @@ static int list_schedule(planner_t *pl, const int *w, sched_t *out)
 					continue; /* wait; a smaller one may backfill */
 				n = free_dev;
 			}
-			run[nrun++] = (run_t){m, done[m], mo->n_layers, n, t, t + r * mop_t(mo, n)};
+			run[nrun++] = (run_t){m, done[m], done[m] + r, n, t, t + r * mop_t(mo, n)};
 			running[m] = 1;
-			done[m] = mo->n_layers;
+			done[m] += r;
 			free_dev -= n;
 		}
 		/* malleable tail: idle devices widen the slice that ends last */
@@ -416,9 +443,10 @@ static int list_schedule(planner_t *pl, const int *w, sched_t *out)
 				goto cleanup;
 			free_dev += x->n;
 			running[x->m] = 0;
-			finished[x->m] = 1;
-			ready_at[x->m] = t;
-			n_fin++;
+			if (x->lt == pl->mops[x->m].n_layers) {
+				finished[x->m] = 1;
+				n_fin++;
+			}
 			run[i] = run[--nrun];
 		}
 	}
@@ -427,7 +455,6 @@ cleanup:
 	free(done);
 	free(finished);
 	free(running);
-	free(ready_at);
 	free(order);
 	free(run);
 	return rc;
@@ -435,22 +462,25 @@ cleanup:
 
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 {
+	/* variant: 0 MILP widths; 1 separable widths; 2 paper's waves over the
+	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5 data
+	 * parallel on all devices (the sequential plan: when it is best, ours
+	 * is that) */
+	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0};
 	int M = pl->n_mops, rc = 0;
+	if (variant == 2)
+		return sched_paper_dag(pl, out);
+	if (variant == 5)
+		return sched_sequential(pl, out);
 	int *w = malloc(sizeof(int) * (size_t)(M + 1));
 	if (!w)
 		return SP_ENOMEM;
-	if (variant == 2) {
-		rc = sched_paper_dag(pl, out);
-		free(w);
-		return rc;
-	}
 	if ((rc = allot_separable(pl, w)))
 		goto cleanup;
-	if (variant == 0 && (rc = allot_milp(pl, w)))
+	if (variant != 1 && (rc = allot_milp(pl, w)))
 		goto cleanup;
-	rc = list_schedule(pl, w, out);
+	rc = list_schedule(pl, w, frac[variant], out);
 cleanup:
 	free(w);
 	return rc;
 }
-

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Planner properties on many random workloads and clusters (1-16 devices,
+1-4 nodes), every algorithm:
+  * the plan is written, so it passed the verifier (deadlock-free, every
+    transfer matched, every parameter's gradient contributions add up to the
+    full batch of every task using it, memory within the cap);
+  * simulated compute time >= the lower bound, iteration >= compute;
+  * ours is never slower than sequential;
+and degenerate inputs get a clear answer: batch smaller than the device
+count, one device, one task, a model that fits nowhere.
+Also: the same inputs give byte-identical plans (every bundled workload).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+import workloads as W  # noqa: E402
+
+PLAN = os.environ["SPINDLE_PLAN"]
+ROOT = os.environ["SPINDLE_ROOT"]
+failures = []
+
+
+def fail(msg):
+    print("FAIL " + msg, flush=True)
+    failures.append(msg)
+
+
+def plan_json(m, c, out, extra=()):
+    p = subprocess.run([PLAN, m, c, "--compare", "--json", "-o", out, *extra],
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check_props(name, m, c, tmp):
+    out = os.path.join(tmp, "p.bin")
+    rc, so, se = plan_json(m, c, out)
+    if rc != 0:
+        fail(f"{name}: exit {rc}: {se.strip()}")
+        return
+    r = json.loads(so)
+    lb = r["lower_bound_ms"]
+    for a, v in r["algorithms"].items():
+        if v["compute_ms"] < lb * (1 - 1e-9):
+            fail(f"{name}: {a} compute {v['compute_ms']} below the lower bound {lb}")
+        if v["iteration_ms"] < v["compute_ms"] * (1 - 1e-9):
+            fail(f"{name}: {a} iteration below its compute time")
+    ours, seq = r["algorithms"]["spindle"], r["algorithms"]["sequential"]
+    if ours["iteration_ms"] > seq["iteration_ms"] * (1 + 1e-9):
+        fail(f"{name}: spindle {ours['iteration_ms']} slower than sequential "
+             f"{seq['iteration_ms']}")
+    if not os.path.exists(out):
+        fail(f"{name}: no plan written")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        n = 0
+        for seed in range(1, 25):
+            model = W.random_workload(100 + seed)
+            # planning-sized batches
+            for t in model["tasks"]:
+                t["batch"] *= 1 + seed % 5
+            m = W.write_json(tmp, "m.json", model)
+            for devs, nodes in ((1, 1), (2, 1), (3, 1), (4, 2), (8, 2), (12, 3), (16, 4)):
+                if (seed + devs) % 3:
+                    continue
+                c = W.write_json(tmp, "c.json", W.cluster(devs, nodes))
+                check_props(f"random{100 + seed} on {nodes}x{devs // nodes}", m, c, tmp)
+                n += 1
+        print(f"{n} random workload/cluster pairs checked", flush=True)
+
+        # degenerate inputs
+        demo = json.load(open(os.path.join(ROOT, "plans/demo/model.json")))
+        small = json.loads(json.dumps(demo))
+        for t in small["tasks"]:
+            t["batch"] = 2               # fewer samples than devices
+        m = W.write_json(tmp, "small.json", small)
+        c16 = W.write_json(tmp, "c16.json", W.cluster(16, 2))
+        check_props("batch 2 on 16 devices", m, c16, tmp)
+        c1 = W.write_json(tmp, "c1.json", W.cluster(1))
+        check_props("one device", W.write_json(tmp, "d.json", demo), c1, tmp)
+        one = json.loads(json.dumps(demo))
+        one["tasks"] = [one["tasks"][2]]
+        one["components"] = {k: v for k, v in one["components"].items()
+                             if k in {n["component"] for n in one["tasks"][0]["graph"]}}
+        check_props("one task", W.write_json(tmp, "one.json", one), c16, tmp)
+        tiny = W.cluster(4, memory_gib=0.07)   # 64 MiB of workspace alone exceed it
+        out = os.path.join(tmp, "none.bin")
+        rc, so, se = plan_json(W.write_json(tmp, "d2.json", demo),
+                               W.write_json(tmp, "tiny.json", tiny), out)
+        if rc != 1 or "no plan fits memory" not in se or os.path.exists(out):
+            fail(f"too little memory: exit {rc}, '{se.strip()}', file left: "
+                 f"{os.path.exists(out)}")
+        else:
+            print("ok   too little memory: " + se.splitlines()[0][:100])
+
+        # determinism: every bundled workload planned twice, byte-identical
+        for wl in sorted(os.listdir(os.path.join(ROOT, "plans"))):
+            d = os.path.join(ROOT, "plans", wl)
+            if not os.path.exists(os.path.join(d, "model.json")):
+                continue
+            outs = []
+            for k in range(2):
+                o = os.path.join(tmp, f"{wl}.{k}.bin")
+                p = subprocess.run([PLAN, os.path.join(d, "model.json"),
+                                    os.path.join(d, "cluster.json"), "-o", o],
+                                   capture_output=True, text=True, timeout=300)
+                if p.returncode != 0:
+                    fail(f"{wl}: exit {p.returncode}: {p.stderr.strip()}")
+                    break
+                outs.append(open(o, "rb").read())
+            if len(outs) == 2:
+                if outs[0] != outs[1]:
+                    fail(f"{wl}: two plans of the same inputs differ")
+                else:
+                    print(f"ok   {wl}: deterministic ({len(outs[0])} bytes)")
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,25 +86,32 @@ cleanup:
 static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 		    sim_result_t *res, int *fits)
 {
-	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1;
+	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1, found = 0;
 	memset(out, 0, sizeof *out);
 	for (int v = 0; v < nv; v++) {
 		sp_plan_t p = {0};
 		sim_result_t r;
 		int f = 0;
 		int rc = plan_variant(pl, a, v, kind, &p, &r, &f);
+		if (rc == SP_EINFEAS && (v + 1 < nv || found)) {
+			/* this variant found no schedule in memory; others may */
+			plan_release(&p);
+			memset(pl->err, 0, sizeof *pl->err);
+			continue;
+		}
 		if (rc) {
 			plan_release(&p);
 			plan_release(out);
 			return rc;
 		}
-		int better = v == 0 || (f && !*fits) ||
+		int better = !found || (f && !*fits) ||
 			     (f == *fits && r.iteration_ms < res->iteration_ms * (1 - 1e-9));
 		if (better) {
 			plan_release(out);
 			*out = p;
 			*res = r;
 			*fits = f;
+			found = 1;
 		} else {
 			plan_release(&p);
 		}

@@ -105,6 +105,7 @@ typedef struct {
 	int wave;
 	double t0, t1;      /* nominal start/end (the scheduler's own estimate) */
 	int chunk;          /* > 0: continues the previous slice on its devices */
+	int dev_off;        /* >= 0: devices chosen by the scheduler, in devs */
 } sslice_t;
 
 typedef struct {
@@ -112,11 +113,15 @@ typedef struct {
 	sslice_t *s;
 	int n, cap;
 	int n_waves;
-	double planning_ms;
+	int32_t *devs; /* devices of slices placed while scheduling */
+	int n_devs, cap_devs;
 } sched_t;
 
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1);
+/* The same, with the slice's n devices chosen already. */
+int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, double t1,
+		    const int32_t *devs);
 void sched_release(sched_t *s);
 /* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
 void sched_finish(sched_t *s);
@@ -167,11 +172,30 @@ double relaxed_n(const metaop_t *m, double layers, double C);
 typedef struct {
 	int32_t *devs;  /* slice i: devs[off[i] .. off[i] + s[i].n) */
 	int32_t *off;
-	int64_t xnode_bytes; /* estimated inter-wave bytes crossing nodes */
 } place_t;
 
+/* Places every slice (keeping devices a scheduler chose already). */
 int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out);
 void place_release(place_t *p);
+
+/* The placer: device state (free time, memory, held parameters) that a
+ * scheduler consults and updates as it schedules. */
+typedef struct placer placer_t;
+int placer_new(placer_t **out, planner_t *pl, place_kind_t kind);
+void placer_free(placer_t *P);
+/* Devices free at x->t0 whose memory takes x; *busy_fitting: busy ones. */
+int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting);
+/* The best x->n free devices into out (ascending); returns how many of them
+ * fit in memory, or -1 when fewer than x->n are free. */
+int placer_choose(placer_t *P, const sslice_t *x, int32_t *out);
+void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs);
+/* Counts the state of (comp, layer) as held on devs (a reserved home). */
+void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n);
+/* Devices become free at t (a running slice was cut short). */
+void placer_release_at(placer_t *P, const int32_t *devs, int n, double t);
+int placer_free_count(const placer_t *P, double t);
+/* 1 when device d is free at t. */
+int placer_free_count_dev(const placer_t *P, int d, double t);
 
 /* ---- lower.c: per-device programs -------------------------------------------- */
 

@@ -44,7 +44,18 @@ int algo_parse(const char *s, algo_t *out)
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1)
 {
-	sslice_t x = {metaop, lf, lt, n, wave, t0, t1, 0};
+	sslice_t x = {metaop, lf, lt, n, wave, t0, t1, 0, -1};
+	return SP_PUSH(s->s, s->n, s->cap, x);
+}
+
+int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, double t1,
+		    const int32_t *devs)
+{
+	sslice_t x = {metaop, lf, lt, n, 0, t0, t1, 0, s->n_devs};
+	if (sp_grow((void **)&s->devs, &s->cap_devs, s->n_devs + n, sizeof(int32_t)))
+		return SP_ENOMEM;
+	memcpy(s->devs + s->n_devs, devs, sizeof(int32_t) * (size_t)n);
+	s->n_devs += n;
 	return SP_PUSH(s->s, s->n, s->cap, x);
 }
 
@@ -53,6 +64,7 @@ void sched_release(sched_t *s)
 	if (!s)
 		return;
 	free(s->s);
+	free(s->devs);
 	memset(s, 0, sizeof *s);
 }
 
@@ -386,7 +398,7 @@ int sched_chunk(sched_t *s, const planner_t *pl)
 		for (int k = 0; k < c; k++) {
 			int a = x->lf + L * k / c, b = x->lf + L * (k + 1) / c;
 			ns[n++] = (sslice_t){x->metaop, a, b, x->n, x->wave, x->t0 + (a - x->lf) * per,
-					     x->t0 + (b - x->lf) * per, k > 0};
+					     x->t0 + (b - x->lf) * per, k > 0, x->dev_off};
 		}
 	}
 	free(s->s);

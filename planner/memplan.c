@@ -13,6 +13,16 @@ static double gib(double b)
 	return b / (1024.0 * 1024.0 * 1024.0);
 }
 
+/* "12.3 GiB" or, below 1 GiB, "45.6 MiB". */
+static const char *size_str(char *buf, size_t cap, double bytes)
+{
+	if (bytes >= 1024.0 * 1024.0 * 1024.0)
+		snprintf(buf, cap, "%.1f GiB", gib(bytes));
+	else
+		snprintf(buf, cap, "%.1f MiB", bytes / (1024.0 * 1024.0));
+	return buf;
+}
+
 /* "'llm' layers 0-31 (112.0 GiB)" for the component holding most state. */
 static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 {
@@ -68,15 +78,18 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 	const sp_device_t *dv = &p->devices[worst];
 	char why[256];
 	explain_params(p, worst, why, sizeof why);
+	char a[7][24];
 	int rc = sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
-			    "no plan fits memory: device %d needs %.1f GiB, %.1f GiB more than "
-			    "the %.1f GiB usable (%.0f GiB less %.1f GiB reserve): parameter "
-			    "state %.1f GiB (%s), activations %.1f GiB, buffers %.1f GiB, "
-			    "workspace %.1f GiB",
-			    worst, gib((double)dv->mem_peak), gib(worst_over), gib(pl->mem_cap),
+			    "no plan fits memory: device %d needs %s, %s more than the %s "
+			    "usable (%.0f GiB less %.2f GiB reserve): parameter state %s (%s), "
+			    "activations %s, buffers %s, workspace %s",
+			    worst, size_str(a[0], 24, (double)dv->mem_peak),
+			    size_str(a[1], 24, worst_over), size_str(a[2], 24, pl->mem_cap),
 			    pl->cluster->memory_gib, pl->opts->mem_reserve_gib,
-			    gib((double)dv->mem[MEM_PARAMS]), why, gib((double)dv->mem[MEM_ACTS]),
-			    gib((double)dv->mem[MEM_COMM]), gib((double)dv->mem[MEM_WORK]));
+			    size_str(a[3], 24, (double)dv->mem[MEM_PARAMS]), why,
+			    size_str(a[4], 24, (double)dv->mem[MEM_ACTS]),
+			    size_str(a[5], 24, (double)dv->mem[MEM_COMM]),
+			    size_str(a[6], 24, (double)dv->mem[MEM_WORK]));
 	sp_err_hint(pl->err, "use more or larger devices, smaller batches, or lower "
 			     "--mem-reserve");
 	return rc;

@@ -51,8 +51,9 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 			lo = SP_MIN(lo, p->held[dv->held_off + k].layer);
 			hi = SP_MAX(hi, p->held[dv->held_off + k].layer);
 		}
-	snprintf(buf, cap, "'%s' layers %d-%d need %.1f GiB per replica with %s", md->comps[best].name,
-		 lo, hi, gib(best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD");
+	char sz[24];
+	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s", md->comps[best].name,
+		 lo, hi, size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD");
 }
 
 int memplan_run(planner_t *pl, sp_plan_t *p, int check)
@@ -81,7 +82,7 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 	char a[7][24];
 	int rc = sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 			    "no plan fits memory: device %d needs %s, %s more than the %s "
-			    "usable (%.0f GiB less %.2f GiB reserve): parameter state %s (%s), "
+			    "usable (%g GiB less %g GiB reserve): parameter state %s (%s), "
 			    "activations %s, buffers %s, workspace %s",
 			    worst, size_str(a[0], 24, (double)dv->mem_peak),
 			    size_str(a[1], 24, worst_over), size_str(a[2], 24, pl->mem_cap),

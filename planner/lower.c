@@ -159,32 +159,35 @@ static int collect_xfers(lstate_t *st, int i)
 	return 0;
 }
 
-/* Indexes transfers by consumer slice and by producer slice (stable). */
+/* Indexes transfers by consumer slot and by producer slot (a slot is one
+ * device of one slice: pc->off[slice] + i), keeping their order. */
 static int index_xfers(lstate_t *st)
 {
-	int n = st->s->n;
+	int n = 0;
+	for (int i = 0; i < st->s->n; i++)
+		n += st->s->s[i].n;
 	st->cons_first = calloc((size_t)n + 2, sizeof(int));
 	st->prod_first = calloc((size_t)n + 2, sizeof(int));
 	st->cons_list = malloc(sizeof(int) * (size_t)(st->nx + 1));
 	st->prod_list = malloc(sizeof(int) * (size_t)(st->nx + 1));
-	if (!st->cons_first || !st->prod_first || !st->cons_list || !st->prod_list)
-		return SP_ENOMEM;
-	for (int k = 0; k < st->nx; k++) {
-		st->cons_first[st->x[k].cs + 1]++;
-		st->prod_first[st->x[k].ps + 1]++;
-	}
-	for (int i = 0; i < n; i++) {
-		st->cons_first[i + 1] += st->cons_first[i];
-		st->prod_first[i + 1] += st->prod_first[i];
-	}
 	int *cf = calloc((size_t)n + 1, sizeof(int)), *pf = calloc((size_t)n + 1, sizeof(int));
-	if (!cf || !pf) {
+	if (!st->cons_first || !st->prod_first || !st->cons_list || !st->prod_list || !cf ||
+	    !pf) {
 		free(cf);
 		free(pf);
 		return SP_ENOMEM;
 	}
 	for (int k = 0; k < st->nx; k++) {
-		int c = st->x[k].cs, p = st->x[k].ps;
+		st->cons_first[st->pc->off[st->x[k].cs] + st->x[k].cj + 1]++;
+		st->prod_first[st->pc->off[st->x[k].ps] + st->x[k].pj + 1]++;
+	}
+	for (int i = 0; i < n; i++) {
+		st->cons_first[i + 1] += st->cons_first[i];
+		st->prod_first[i + 1] += st->prod_first[i];
+	}
+	for (int k = 0; k < st->nx; k++) {
+		int c = st->pc->off[st->x[k].cs] + st->x[k].cj;
+		int p = st->pc->off[st->x[k].ps] + st->x[k].pj;
 		st->cons_list[st->cons_first[c] + cf[c]++] = k;
 		st->prod_list[st->prod_first[p] + pf[p]++] = k;
 	}
@@ -198,9 +201,10 @@ static int emit_xfers(lstate_t *st, int slice, int slot, int grad, int incoming)
 {
 	const int *list = incoming ? st->cons_list : st->prod_list;
 	const int *first = incoming ? st->cons_first : st->prod_first;
-	for (int q = first[slice]; q < first[slice + 1]; q++) {
+	int key = st->pc->off[slice] + slot;
+	for (int q = first[key]; q < first[key + 1]; q++) {
 		const xfer_t *x = &st->x[list[q]];
-		if (x->grad != grad || (incoming ? x->cj : x->pj) != slot)
+		if (x->grad != grad)
 			continue;
 		int pd = dev_of(st, x->ps, x->pj), cd = dev_of(st, x->cs, x->cj);
 		sp_ins_t in;

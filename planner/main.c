@@ -23,7 +23,7 @@ static void usage(FILE *f)
 		"  --placement KIND     spindle (default) or naive\n"
 		"  --mem-reserve GIB    memory kept free on every device\n"
 		"                       (default: 2 GiB or 10%% of it, whichever is less)\n"
-		"  --milp-ms MS         time limit of each MILP (default 2000)\n"
+		"  --milp-nodes N       branch-and-bound nodes per MILP (default 200)\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -35,7 +35,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->algo = ALGO_SPINDLE;
 	o->placement = PLACE_SPINDLE;
 	o->mem_reserve_gib = -1; /* auto: min(2 GiB, 10% of the device) */
-	o->milp_time_ms = 2000;
+	o->milp_nodes = 200;
 	int pos = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -81,7 +81,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 				return SP_EXIT_INPUT;
 			}
 			i++;
-		} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-ms")) {
+		} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
 			if (!val)
 				goto missing;
 			char *end;
@@ -93,7 +93,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 			if (!strcmp(a, "--mem-reserve"))
 				o->mem_reserve_gib = x;
 			else
-				o->milp_time_ms = (int)x;
+				o->milp_nodes = (int)x;
 			i++;
 		} else if (a[0] == '-' && a[1]) {
 			fprintf(stderr, "spindle-plan: unknown option '%s'\nhint: see "

@@ -46,7 +46,7 @@ struct placer {
 	int32_t *last_devs; /* [MetaOp][N]: devices of its latest slice */
 	int *last_n;
 	double *on, *island, *node_score;
-	int *node_order;
+	int *node_order, *node_cnt, *node_head, *cand_next;
 	cand_t *cand;
 };
 
@@ -82,6 +82,9 @@ void placer_free(placer_t *P)
 	free(P->island);
 	free(P->node_score);
 	free(P->node_order);
+	free(P->node_cnt);
+	free(P->node_head);
+	free(P->cand_next);
 	free(P->cand);
 	free(P);
 }
@@ -112,10 +115,14 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->island = calloc((size_t)N, sizeof(double));
 	P->node_score = calloc((size_t)nodes, sizeof(double));
 	P->node_order = calloc((size_t)nodes, sizeof(int));
+	P->node_cnt = calloc((size_t)nodes, sizeof(int));
+	P->node_head = calloc((size_t)nodes, sizeof(int));
+	P->cand_next = calloc((size_t)N, sizeof(int));
 	P->cand = calloc((size_t)N, sizeof(cand_t));
 	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
 	    !P->any_held || !P->last_devs || !P->last_n || !P->on || !P->island ||
-	    !P->node_score || !P->node_order || !P->cand) {
+	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
+	    !P->cand_next) {
 		placer_free(P);
 		return SP_ENOMEM;
 	}
@@ -238,11 +245,21 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 	int got = 0;
 	if (P->kind == PLACE_SPINDLE) {
 		/* fill nodes in order of their fitting candidates' total score */
-		for (int q = 0; q < nn; q++)
+		int *cnt = P->node_cnt, *head = P->node_head, *next = P->cand_next;
+		for (int q = 0; q < nn; q++) {
 			P->node_score[q] = 0;
-		for (int j = 0; j < k; j++)
-			P->node_score[dev_node(pl->cluster, c[j].dev)] +=
-				c[j].score > OVER_CAP / 2 ? c[j].score + 1.0 : -1e6;
+			cnt[q] = 0;
+			head[q] = -1;
+		}
+		for (int j = k - 1; j >= 0; j--) { /* per-node lists in score order */
+			int node = dev_node(pl->cluster, c[j].dev);
+			P->node_score[node] += c[j].score > OVER_CAP / 2 ? c[j].score + 1.0 : -1e6;
+			if (c[j].score > OVER_CAP / 2) {
+				cnt[node]++;
+				next[j] = head[node];
+				head[node] = j;
+			}
+		}
 		for (int q = 0; q < nn; q++)
 			P->node_order[q] = q;
 		for (int a = 1; a < nn; a++)
@@ -253,26 +270,19 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 				P->node_order[b] = P->node_order[b - 1];
 				P->node_order[b - 1] = t;
 			}
-		for (int q = 0; q < nn && got < x->n; q++) {
-			int node = P->node_order[q], cnt = 0;
-			for (int j = 0; j < k; j++)
-				cnt += dev_node(pl->cluster, c[j].dev) == node && c[j].score > OVER_CAP / 2;
-			if (x->n <= G && cnt < x->n && got == 0) {
-				/* a group that fits in one node goes to a node that holds it */
-				int better = 0;
-				for (int r = q + 1; r < nn && !better; r++) {
-					int cr = 0;
-					for (int j = 0; j < k; j++)
-						cr += dev_node(pl->cluster, c[j].dev) == P->node_order[r] &&
-						      c[j].score > OVER_CAP / 2;
-					better = cr >= x->n;
+		/* a group that fits in one node goes to the best node that holds it */
+		int first = 0;
+		if (x->n <= G) {
+			for (int q = 0; q < nn; q++)
+				if (cnt[P->node_order[q]] >= x->n) {
+					first = q;
+					break;
 				}
-				if (better)
-					continue;
-			}
-			for (int j = 0; j < k && got < x->n; j++)
-				if (dev_node(pl->cluster, c[j].dev) == node && c[j].score > OVER_CAP / 2)
-					out[got++] = c[j].dev;
+		}
+		for (int r = 0; r < nn && got < x->n; r++) {
+			int node = P->node_order[(first + r) % nn];
+			for (int j = head[node]; j >= 0 && got < x->n; j = next[j])
+				out[got++] = c[j].dev;
 		}
 	}
 	/* the rest by score, over the cap if nothing else is free */

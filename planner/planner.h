@@ -33,7 +33,7 @@ typedef struct {
 	algo_t algo;
 	place_kind_t placement;
 	double mem_reserve_gib; /* kept free on every device */
-	int milp_time_ms;       /* GLPK limit per MILP */
+	int milp_nodes;         /* branch-and-bound node budget per MILP */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -73,6 +73,7 @@ typedef struct planner {
 	sp_op_t *ops;
 	sp_edge_t *edges;
 	int *topo; /* MetaOps in a topological order (by level, then id) */
+	int *allot_sep, *allot_milp; /* our phase-1 widths, computed once */
 	int n_levels;
 	double mem_cap; /* usable bytes per device */
 } planner_t;

@@ -15,7 +15,8 @@
  *        x_mk in {0,1}, S_m >= 0
  *
  * S_m are start potentials (longest-path). Presolve on, cut generators
- * off, a time limit; the separable solution (each MetaOp's cheapest width
+ * off, a budget of branch-and-bound nodes (--milp-nodes, default 200;
+ * deterministic, unlike a time limit); the separable solution (each MetaOp's cheapest width
  * meeting a common deadline, scanned over all deadlines, critical path
  * evaluated exactly) is computed first and kept when it is as good.
  *
@@ -148,6 +149,16 @@ cleanup:
 	return rc;
 }
 
+static int milp_node_budget;
+
+/* Stops the branch and bound after milp_node_budget subproblems. */
+static void milp_budget(glp_tree *T, void *info)
+{
+	int *nodes = info;
+	if (glp_ios_reason(T) == GLP_ISELECT && ++*nodes > milp_node_budget)
+		glp_ios_terminate(T);
+}
+
 /* The MILP of the file comment; improves w (from allot_separable) if it can. */
 static int allot_milp(const planner_t *pl, int *w)
 {
@@ -246,11 +257,17 @@ static int allot_milp(const planner_t *pl, int *w)
 	glp_init_iocp(&parm);
 	parm.presolve = GLP_ON;
 	parm.msg_lev = GLP_MSG_OFF;
-	parm.tm_lim = pl->opts->milp_time_ms > 0 ? pl->opts->milp_time_ms : 2000;
+	/* a node budget, not a time limit, ends the search: the same inputs must
+	 * give the same plan on any machine. The time limit is a last resort. */
+	int nodes = 0;
+	parm.cb_func = milp_budget;
+	parm.cb_info = &nodes;
+	parm.tm_lim = 60000;
 	parm.mip_gap = 1e-3;
+	milp_node_budget = pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200;
 	int ret = glp_intopt(lp, &parm);
 	int st = glp_mip_status(lp);
-	if ((ret == 0 || ret == GLP_ETMLIM) && (st == GLP_OPT || st == GLP_FEAS)) {
+	if ((ret == 0 || ret == GLP_ESTOP || ret == GLP_ETMLIM) && (st == GLP_OPT || st == GLP_FEAS)) {
 		for (int m = 0; m < M; m++) {
 			cand_w[m] = w[m];
 			for (int j = first[m]; j < first[m + 1]; j++)
@@ -725,15 +742,19 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 		return sched_paper_dag(pl, out);
 	if (variant == 5)
 		return sched_sequential(pl, out);
-	int *w = malloc(sizeof(int) * (size_t)(M + 1));
-	if (!w)
-		return SP_ENOMEM;
-	if ((rc = allot_separable(pl, w)))
-		goto cleanup;
-	if (variant != 1 && (rc = allot_milp(pl, w)))
-		goto cleanup;
-	rc = list_schedule(pl, w, frac[variant], out);
-cleanup:
-	free(w);
-	return rc;
+	int **cache = variant == 1 ? &pl->allot_sep : &pl->allot_milp;
+	if (!*cache) {
+		/* the allotment is the same for every variant using it: once per run */
+		int *w = sp_arena_calloc(&pl->arena, (size_t)M + 1, sizeof(int));
+		if (!w)
+			return SP_ENOMEM;
+		if ((rc = allot_separable(pl, w)) || (variant != 1 && (rc = allot_milp(pl, w))))
+			return rc;
+		*cache = w;
+	}
+	const int *w = *cache;
+	if (variant == 1 && pl->allot_milp &&
+	    !memcmp(pl->allot_milp, pl->allot_sep, sizeof(int) * (size_t)M))
+		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
+	return list_schedule(pl, w, frac[variant], out);
 }

@@ -54,7 +54,8 @@ static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
 		return rc;
 	s->type = (sp_comp_type_t)type;
 	char what[64];
-	snprintf(what, sizeof what, "a %s shape", TYPES[type]);
+	snprintf(what, sizeof what, "%s %s shape", strchr("aeiou", TYPES[type][0]) ? "an" : "a",
+		 TYPES[type]);
 	if ((rc = jcheck_object(c, v, what, shape_keys(s->type))))
 		return rc;
 	const char *const *k = shape_keys(s->type);
@@ -73,7 +74,9 @@ static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
 			       : strcmp(k[i], "vocab") == 0   ? &s->vocab
 			       : strcmp(k[i], "classes") == 0 ? &s->classes
 							      : NULL;
-		if (dst && (rc = jget_int(c, v, k[i], 1, 1, SP_MAX_DIM, dst)))
+		/* as in model.json: a classifier needs at least two classes */
+		int64_t lo = dst == &s->classes ? 2 : 1;
+		if (dst && (rc = jget_int(c, v, k[i], 1, lo, SP_MAX_DIM, dst)))
 			return rc;
 	}
 	return 0;
@@ -97,8 +100,11 @@ static int parse_profile_entry(jctx_t *c, json_t *v, sp_prof_entry_t *e)
 	json_t *pts = json_object_get(v, "points");
 	if (!pts)
 		return jerr(c, 0, "missing required key 'points'");
-	if (!json_is_array(pts) || json_array_size(pts) == 0 || json_array_size(pts) > 4096)
+	if (!json_is_array(pts) || json_array_size(pts) == 0)
 		return jerr_member(c, "points", 0, "expected a non-empty array of points");
+	if (json_array_size(pts) > 4096)
+		return jerr_member(c, "points", 0, "too many points (%zu, at most 4096)",
+				   json_array_size(pts));
 	e->n_points = (int)json_array_size(pts);
 	e->points = calloc((size_t)e->n_points, sizeof *e->points);
 	if (!e->points)
@@ -196,8 +202,14 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 
 	json_t *p = json_object_get(root, "profile");
 	if (p) {
-		if (!json_is_array(p) || json_array_size(p) > 65536) {
+		if (!json_is_array(p)) {
 			rc = jerr_member(&c, "profile", 0, "expected an array of profile entries");
+			goto cleanup;
+		}
+		if (json_array_size(p) > 65536) {
+			rc = jerr_member(&c, "profile", 0,
+					 "too many profile entries (%zu, at most 65536)",
+					 json_array_size(p));
 			goto cleanup;
 		}
 		out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
@@ -224,7 +236,10 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 		}
 		jp_pop(&c);
 	}
+	/* 0 is what jcanonical_hash returns when it cannot allocate */
 	out->hash = jcanonical_hash(root);
+	if (out->hash == 0)
+		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
 cleanup:
 	json_decref(root);
 	if (rc)

@@ -63,29 +63,103 @@ static void skip_ws(scan_t *t)
 		t->s++;
 }
 
-/* Skips a string starting at '"'; copies its raw content (escapes kept
- * undecoded except \" and \\) into buf when buf is not NULL. */
-static int skip_string(scan_t *t, char *buf, size_t cap)
+/* Appends the UTF-8 encoding of code point u to b (at least 4 bytes). */
+static int utf8_put(unsigned long u, unsigned char *b)
 {
-	size_t n = 0;
+	if (u < 0x80) {
+		b[0] = (unsigned char)u;
+		return 1;
+	}
+	if (u < 0x800) {
+		b[0] = (unsigned char)(0xc0 | (u >> 6));
+		b[1] = (unsigned char)(0x80 | (u & 0x3f));
+		return 2;
+	}
+	if (u < 0x10000) {
+		b[0] = (unsigned char)(0xe0 | (u >> 12));
+		b[1] = (unsigned char)(0x80 | ((u >> 6) & 0x3f));
+		b[2] = (unsigned char)(0x80 | (u & 0x3f));
+		return 3;
+	}
+	b[0] = (unsigned char)(0xf0 | (u >> 18));
+	b[1] = (unsigned char)(0x80 | ((u >> 12) & 0x3f));
+	b[2] = (unsigned char)(0x80 | ((u >> 6) & 0x3f));
+	b[3] = (unsigned char)(0x80 | (u & 0x3f));
+	return 4;
+}
+
+static long hex4(const char *p, const char *end)
+{
+	long v = 0;
+	if (end - p < 4)
+		return -1;
+	for (int i = 0; i < 4; i++) {
+		char ch = p[i];
+		int d = ch >= '0' && ch <= '9'   ? ch - '0'
+			: ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+			: ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+						 : -1;
+		if (d < 0)
+			return -1;
+		v = v * 16 + d;
+	}
+	return v;
+}
+
+/*
+ * Skips a string starting at '"'. When want is not NULL, *eq tells whether
+ * the decoded string (escapes resolved as jansson resolves them) equals
+ * want, so keys written with escapes or of any length are found.
+ */
+static int skip_string(scan_t *t, const char *want, int *eq)
+{
+	size_t n = 0, wl = want ? strlen(want) : 0;
+	int same = 1;
 	if (t->s >= t->end || *t->s != '"')
 		return -1;
 	t->s++;
 	while (t->s < t->end && *t->s != '"') {
-		char ch = *t->s;
-		if (ch == '\\' && t->s + 1 < t->end) {
+		unsigned char b[8];
+		int k = 1;
+		b[0] = (unsigned char)*t->s;
+		if (*t->s == '\\' && t->s + 1 < t->end) {
 			t->s++;
-			ch = *t->s;
+			switch (*t->s) {
+			case 'b': b[0] = '\b'; break;
+			case 'f': b[0] = '\f'; break;
+			case 'n': b[0] = '\n'; break;
+			case 'r': b[0] = '\r'; break;
+			case 't': b[0] = '\t'; break;
+			case 'u': {
+				long u = hex4(t->s + 1, t->end);
+				if (u < 0)
+					return -1;
+				t->s += 4;
+				if (u >= 0xd800 && u < 0xdc00 && t->end - t->s > 6 &&
+				    t->s[1] == '\\' && t->s[2] == 'u') {
+					long lo = hex4(t->s + 3, t->end);
+					if (lo >= 0xdc00 && lo < 0xe000) {
+						u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
+						t->s += 6;
+					}
+				}
+				k = utf8_put((unsigned long)u, b);
+				break;
+			}
+			default: b[0] = (unsigned char)*t->s; break;
+			}
 		}
-		if (buf && n + 1 < cap)
-			buf[n++] = ch;
+		if (want)
+			for (int i = 0; i < k; i++, n++)
+				if (n >= wl || (unsigned char)want[n] != b[i])
+					same = 0;
 		t->s++;
 	}
-	if (buf)
-		buf[n] = 0;
 	if (t->s >= t->end)
 		return -1;
 	t->s++;
+	if (eq)
+		*eq = same && n == wl;
 	return 0;
 }
 
@@ -96,7 +170,7 @@ static int skip_value(scan_t *t)
 		return -1;
 	char ch = *t->s;
 	if (ch == '"')
-		return skip_string(t, NULL, 0);
+		return skip_string(t, NULL, NULL);
 	if (ch == '{' || ch == '[') {
 		char close = ch == '{' ? '}' : ']';
 		t->s++;
@@ -108,7 +182,7 @@ static int skip_value(scan_t *t)
 		for (;;) {
 			if (ch == '{') {
 				skip_ws(t);
-				if (skip_string(t, NULL, 0))
+				if (skip_string(t, NULL, NULL))
 					return -1;
 				skip_ws(t);
 				if (t->s >= t->end || *t->s != ':')
@@ -156,16 +230,16 @@ static const char *locate(const jctx_t *c, int depth, int at_key)
 				skip_ws(&t);
 				if (t.s >= t.end || *t.s == '}')
 					return NULL;
-				char kb[256];
+				int eq = 0;
 				key_pos = t.s;
-				if (skip_string(&t, kb, sizeof kb))
+				if (skip_string(&t, p->key, &eq))
 					return NULL;
 				skip_ws(&t);
 				if (t.s >= t.end || *t.s != ':')
 					return NULL;
 				t.s++;
 				skip_ws(&t);
-				if (strcmp(kb, p->key) == 0) {
+				if (eq) {
 					found = 1;
 					break;
 				}
@@ -213,11 +287,34 @@ static void line_col(const jctx_t *c, const char *pos, int *line, int *col)
 	}
 }
 
+/*
+ * Copies s to out with control characters written as escapes, so a name
+ * taken from the input cannot break the one-line error format.
+ */
+static void escape_controls(char *out, size_t cap, const char *s)
+{
+	size_t n = 0;
+	for (; *s && n + 5 < cap; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '\n' || ch == '\t' || ch == '\r') {
+			out[n++] = '\\';
+			out[n++] = ch == '\n' ? 'n' : ch == '\t' ? 't' : 'r';
+		} else if (ch < 0x20 || ch == 0x7f) {
+			n += (size_t)snprintf(out + n, cap - n, "\\x%02x", ch);
+		} else {
+			out[n++] = (char)ch;
+		}
+	}
+	out[n] = 0;
+}
+
 static int vjerr(jctx_t *c, int depth, int at_key, const char *fmt, va_list ap)
 {
-	char path[256], msg[512];
-	path_string(c, depth, path, sizeof path);
-	vsnprintf(msg, sizeof msg, fmt, ap);
+	char path[256], raw[512], msg[512];
+	path_string(c, depth, raw, sizeof raw);
+	escape_controls(path, sizeof path, raw);
+	vsnprintf(raw, sizeof raw, fmt, ap);
+	escape_controls(msg, sizeof msg, raw);
 	int line = 0, col = 0;
 	const char *pos = locate(c, depth, at_key);
 	if (pos)
@@ -245,29 +342,6 @@ int jerr_member(jctx_t *c, const char *key, int at_key, const char *fmt, ...)
 	return rc;
 }
 
-json_t *jparse(jctx_t *c)
-{
-	json_error_t je;
-	if (c->len == 0) {
-		sp_err_set(c->err, SP_EINPUT, c->file, 0, 0, NULL,
-			   "file is empty, expected a JSON object");
-		return NULL;
-	}
-	json_t *root = json_loadb(c->text, c->len,
-				  JSON_REJECT_DUPLICATES, &je);
-	if (!root) {
-		sp_err_set(c->err, SP_EINPUT, c->file, je.line, je.column, NULL,
-			   "invalid JSON: %s", je.text);
-		return NULL;
-	}
-	if (!json_is_object(root)) {
-		jerr(c, 0, "expected a JSON object at the top level");
-		json_decref(root);
-		return NULL;
-	}
-	return root;
-}
-
 static const char *type_word(json_t *v)
 {
 	switch (json_typeof(v)) {
@@ -281,6 +355,41 @@ static const char *type_word(json_t *v)
 	case JSON_NULL: return "null";
 	}
 	return "a value";
+}
+
+json_t *jparse(jctx_t *c)
+{
+	json_error_t je;
+	memset(&je, 0, sizeof je);
+	size_t k = 0;
+	while (k < c->len && c->text[k] && strchr(" \t\r\n", c->text[k]))
+		k++;
+	if (k == c->len) {
+		sp_err_set(c->err, SP_EINPUT, c->file, 0, 0, NULL,
+			   "file is empty, expected a JSON object");
+		return NULL;
+	}
+	json_t *root = json_loadb(c->text, c->len,
+				  JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+	if (!root) {
+		/* jansson leaves the text empty when its lexer cannot allocate */
+		if (json_error_code(&je) == json_error_out_of_memory || je.text[0] == 0) {
+			sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+			return NULL;
+		}
+		char text[sizeof je.text * 4];
+		escape_controls(text, sizeof text, je.text);
+		sp_err_set(c->err, SP_EINPUT, c->file, je.line, je.column, NULL,
+			   "invalid JSON: %s", text);
+		return NULL;
+	}
+	if (!json_is_object(root)) {
+		jerr(c, 0, "expected a JSON object at the top level, got %s",
+		     type_word(root));
+		json_decref(root);
+		return NULL;
+	}
+	return root;
 }
 
 int jcheck_object(jctx_t *c, json_t *obj, const char *what,
@@ -349,6 +458,24 @@ int jget_int(jctx_t *c, json_t *obj, const char *key, int required,
 	return 0;
 }
 
+/*
+ * Formats x exactly (integers plainly, others with the fewest significant
+ * digits that read back as x), so a bound like 0.999999999 is not printed
+ * as 1 and a value just outside a bound is not printed as the bound.
+ */
+static void fmt_num(char *buf, size_t cap, double x)
+{
+	if (x == floor(x) && fabs(x) < 1e15) {
+		snprintf(buf, cap, "%.0f", x);
+		return;
+	}
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, cap, "%.*g", prec, x);
+		if (strtod(buf, NULL) == x)
+			return;
+	}
+}
+
 int jget_num(jctx_t *c, json_t *obj, const char *key, int required,
 	     double lo, double hi, int lo_open, double *out)
 {
@@ -362,11 +489,15 @@ int jget_num(jctx_t *c, json_t *obj, const char *key, int required,
 		return jerr_member(c, key, 0, "expected a number, got %s", type_word(v));
 	double x = json_number_value(v);
 	if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
-		if (lo_open && hi == HUGE_VAL)
-			return jerr_member(c, key, 0, "%g is out of range (must be > %g)", x, lo);
+		char xs[32], ls[32], hs[32];
+		fmt_num(xs, sizeof xs, x);
+		fmt_num(ls, sizeof ls, lo);
+		fmt_num(hs, sizeof hs, hi);
 		if (hi == HUGE_VAL)
-			return jerr_member(c, key, 0, "%g is out of range (must be >= %g)", x, lo);
-		return jerr_member(c, key, 0, "%g is out of range [%g, %g]", x, lo, hi);
+			return jerr_member(c, key, 0, "%s is out of range (must be %s %s)", xs,
+					   lo_open ? ">" : ">=", ls);
+		return jerr_member(c, key, 0, "%s is out of range %s%s, %s]", xs,
+				   lo_open ? "(" : "[", ls, hs);
 	}
 	*out = x;
 	return 0;
@@ -461,6 +592,11 @@ int jget_enum(jctx_t *c, json_t *obj, const char *key, int required,
 	return rc;
 }
 
+/*
+ * The schemas' pattern is "^<family>/<version>$": the version is written
+ * as plain decimal digits without sign, spaces or leading zeros. Another
+ * version number is "unsupported"; anything else is not our format.
+ */
 int jcheck_format(jctx_t *c, json_t *root, const char *family, int version)
 {
 	json_t *v = json_object_get(root, "format");
@@ -474,26 +610,44 @@ int jcheck_format(jctx_t *c, json_t *root, const char *family, int version)
 	const char *s = json_string_value(v);
 	size_t fl = strlen(family);
 	if (strncmp(s, family, fl) == 0 && s[fl] == '/') {
-		char *end;
-		long ver = strtol(s + fl + 1, &end, 10);
-		if (*end == 0 && end != s + fl + 1) {
-			if (ver == version)
+		const char *d = s + fl + 1;
+		size_t nd = strspn(d, "0123456789");
+		if (nd > 0 && d[nd] == 0 && (d[0] != '0' || nd == 1)) {
+			char want[24];
+			snprintf(want, sizeof want, "%d", version);
+			int cmp = nd != strlen(want) ? (nd > strlen(want) ? 1 : -1)
+						     : strcmp(d, want);
+			if (cmp == 0)
 				return 0;
 			int rc = jerr_member(c, "format", 0,
-					     "unsupported format version '%.60s'", s);
+					     cmp > 0 ? "format '%.60s' is newer than this build"
+						     : "unsupported format version '%.60s'",
+					     s);
 			sp_err_hint(c->err, "this build reads %s/%d", family, version);
 			return rc;
 		}
+		int rc = jerr_member(c, "format", 0, "malformed format version '%.60s'", s);
+		sp_err_hint(c->err, "expected \"format\": \"%s/%d\"", family, version);
+		return rc;
 	}
 	int rc = jerr_member(c, "format", 0, "not a %s file (format '%.60s')", family, s);
 	sp_err_hint(c->err, "expected \"format\": \"%s/%d\"", family, version);
 	return rc;
 }
 
+/*
+ * jansson's dumper ignores some failed appends (a key can go missing when
+ * a buffer cannot grow), so the dump is read back and compared before it
+ * is trusted. 0 means no hash could be made (out of memory).
+ */
 uint64_t jcanonical_hash(json_t *root)
 {
 	char *s = json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(17));
-	uint64_t h = s ? sp_fnv1a(SP_FNV_INIT, s, strlen(s)) : 0;
+	if (!s)
+		return 0;
+	json_t *back = json_loads(s, JSON_DECODE_ANY, NULL);
+	uint64_t h = back && json_equal(back, root) ? sp_fnv1a(SP_FNV_INIT, s, strlen(s)) : 0;
+	json_decref(back);
 	free(s);
 	return h;
 }

@@ -77,13 +77,14 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 					  "classes", "temperature", NULL};
 	int rc, type = 0;
 	if (!json_is_object(v))
-		return jerr(c, 0, "expected a component (an object)");
+		return jcheck_object(c, v, "a component", any);
 	if ((rc = jget_enum(c, v, "type", 1, COMP_TYPES, COMP__COUNT, &type)))
 		return rc;
 	snprintf(out->name, sizeof out->name, "%s", name);
 	out->type = (sp_comp_type_t)type;
 	char what[96];
-	snprintf(what, sizeof what, "a %s component", COMP_TYPES[type]);
+	snprintf(what, sizeof what, "%s %s component",
+		 strchr("aeiou", COMP_TYPES[type][0]) ? "an" : "a", COMP_TYPES[type]);
 	/* unknown to every type → typo hint against all; known elsewhere → not for this type */
 	const char *key;
 	json_t *m;
@@ -287,7 +288,7 @@ static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
 		if (comp->type != COMP_TRANSFORMER)
 			return jerr_member(c, "layers", 1,
 					   "'layers' applies to transformer nodes only "
-					   "('%s' is a %s)",
+					   "(component '%s' has type %s)",
 					   comp->name, COMP_TYPES[comp->type]);
 		if (!json_is_array(lv) || json_array_size(lv) != 2 ||
 		    !json_is_integer(json_array_get(lv, 0)) ||
@@ -347,7 +348,17 @@ static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t
 					if (near)
 						sp_err_hint(c->err, "did you mean '%s'?", near);
 					free(names);
+					if (near)
+						return rc;
 				}
+				/* a node of an earlier task: say that inputs stay inside a task */
+				for (int q = 0; q < ti; q++)
+					if (find_node(&m->tasks[q], json_string_value(e)) >= 0) {
+						sp_err_hint(c->err, "'%s' is a node of task '%s'; inputs "
+								    "name nodes of the same task",
+							    json_string_value(e), m->tasks[q].name);
+						break;
+					}
 				return rc;
 			}
 			for (size_t q = 0; q < j; q++)
@@ -358,7 +369,6 @@ static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t
 			n->inputs[j] = src;
 		}
 	}
-	(void)m;
 	return 0;
 }
 
@@ -388,17 +398,28 @@ static int check_acyclic(jctx_t *c, const sp_task_t *t, int ti)
 				stack[sp - 1]++;
 				int w = t->nodes[u].inputs[k];
 				if (color[w] == 1) {
+					/*
+					 * u takes w as input and w reaches u through the
+					 * DFS path (parent[x] takes x), so data flows
+					 * w -> u -> parent[u] -> ... -> w.
+					 */
 					char cyc[200];
 					size_t used = 0;
 					int x = u, guard = 0;
 					used += (size_t)snprintf(cyc, sizeof cyc, "%s", t->nodes[w].id);
-					while (x != -1 && x != w && guard++ < 8 && used < sizeof cyc) {
+					while (x != -1 && x != w && used < sizeof cyc) {
+						if (guard++ == 6) {
+							used += (size_t)snprintf(cyc + used,
+										 sizeof cyc - used,
+										 " -> ...");
+							break;
+						}
 						used += (size_t)snprintf(cyc + used, sizeof cyc - used,
-									 " <- %s", t->nodes[x].id);
+									 " -> %s", t->nodes[x].id);
 						x = parent[x];
 					}
 					if (used < sizeof cyc)
-						snprintf(cyc + used, sizeof cyc - used, " <- %s",
+						snprintf(cyc + used, sizeof cyc - used, " -> %s",
 							 t->nodes[w].id);
 					rc = node_err(c, ti, u, "inputs", k,
 						      "task graph has a cycle: %s", cyc, NULL, 0, 0);
@@ -433,7 +454,8 @@ static int check_task(jctx_t *c, const sp_model_t *m, sp_task_t *t, int ti)
 		const char *tn = COMP_TYPES[cp->type];
 		if (comp_is_source(cp->type) && n->n_inputs > 0)
 			return node_err(c, ti, i, "inputs", -1,
-					"a %s node is a source and takes no inputs", tn, NULL, 0, 0);
+					"%s node '%s' is a source and takes no inputs", tn, n->id,
+					0, 0);
 		if (!comp_is_source(cp->type) && n->n_inputs == 0) {
 			rc = node_err(c, ti, i, NULL, -1, "%s node '%s' has no inputs", tn,
 				      n->id, 0, 0);
@@ -448,8 +470,9 @@ static int check_task(jctx_t *c, const sp_model_t *m, sp_task_t *t, int ti)
 			want = 2;
 		if (want > 0 && n->n_inputs != want)
 			return node_err(c, ti, i, "inputs", -1,
-					"a %s node takes exactly %lld input(s), got %lld", tn,
-					NULL, want, n->n_inputs);
+					want == 1 ? "%s node '%s' takes exactly %lld input, got %lld"
+						  : "%s node '%s' takes exactly %lld inputs, got %lld",
+					tn, n->id, want, n->n_inputs);
 		for (int k = 0; k < n->n_inputs; k++) {
 			const sp_node_t *src = &t->nodes[n->inputs[k]];
 			if (comp_is_sink(m->comps[src->comp].type))
@@ -558,7 +581,7 @@ static int check_sizes(jctx_t *c, const sp_model_t *m)
 {
 	const int64_t LIM = (int64_t)1 << 60;
 	int ovf = 0;
-	int64_t total_flops = 0, total_params = 0;
+	int64_t total_flops = 0, total_saved = 0, total_params = 0;
 	for (int k = 0; k < m->n_comps; k++)
 		total_params = sp_add(total_params, comp_params(&m->comps[k]), &ovf);
 	if (ovf || sp_mul(total_params, 32, &ovf) > LIM || ovf) {
@@ -580,7 +603,8 @@ static int check_sizes(jctx_t *c, const sp_model_t *m)
 			int64_t a = sp_mul(sp_mul(op_saved_elems(&s, t->batch), layers, &ovf),
 					   sp_mul(t->batch, 8, &ovf), &ovf);
 			total_flops = sp_add(total_flops, f, &ovf);
-			if (ovf || f > LIM || a > LIM || total_flops > LIM) {
+			total_saved = sp_add(total_saved, a, &ovf);
+			if (ovf || f > LIM || a > LIM || total_flops > LIM || total_saved > LIM) {
 				int rc = node_err(c, ti, i, NULL, -1,
 						  "sizes overflow 64-bit FLOP/byte arithmetic "
 						  "(batch %lld, seq %lld)",
@@ -614,10 +638,11 @@ static int parse_task(jctx_t *c, sp_model_t *m, json_t *v, int ti)
 		return jerr_member(c, "graph", 0, "expected a non-empty array of nodes");
 	if (json_array_size(g) > SP_MAX_NODES)
 		return jerr_member(c, "graph", 0, "too many nodes (at most %d)", SP_MAX_NODES);
-	t->n_nodes = (int)json_array_size(g);
-	t->nodes = calloc((size_t)t->n_nodes, sizeof *t->nodes);
+	/* n_nodes only once nodes exists: model_release walks nodes[0..n_nodes) */
+	t->nodes = calloc(json_array_size(g), sizeof *t->nodes);
 	if (!t->nodes)
 		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	t->n_nodes = (int)json_array_size(g);
 	jp_push_key(c, "graph");
 	for (int i = 0; i < t->n_nodes; i++) {
 		jp_push_index(c, (size_t)i);
@@ -749,7 +774,10 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	}
 	if ((rc = check_sizes(&c, out)))
 		goto cleanup;
+	/* 0 is what jcanonical_hash returns when it cannot allocate */
 	out->hash = jcanonical_hash(root);
+	if (out->hash == 0)
+		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
 cleanup:
 	json_decref(root);
 	if (rc)

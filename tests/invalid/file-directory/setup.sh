@@ -1,0 +1,1 @@
+rm model.json && mkdir model.json

@@ -1,0 +1,135 @@
+/*
+ * cuda_backend.h — the C face of the CUDA backend. Everything behind it is
+ * CUDA C++ (the .cu files beside it); backend_cuda.c puts these functions into an
+ * rt_backend_t and comm_nccl.c wraps the rank's rt_comm_t with NCCL. Layer
+ * functions have exactly the rt_backend_t signatures and layers.h
+ * semantics; every pointer they take is a device pointer.
+ *
+ * Precision (what is bf16 and what is fp32):
+ *   fp32  every buffer that crosses this interface: parameters (the fp32
+ *         masters), gradients, AdamW m and v, activations, input gradients,
+ *         saved-activation and loss-scratch buffers as the interpreter
+ *         sizes them; LayerNorm statistics; softmax probabilities; the
+ *         residual stream; losses (reduced in double); the optimizer math;
+ *         embedding gathers; the classifier and contrastive losses (small:
+ *         fp32 SGEMM without TF32).
+ *   bf16  operands of the large matrix products (transformer QKV, attention
+ *         scores and P V, output projection, MLP, linear, patch, lm_head):
+ *         a bf16 shadow of each weight matrix, kept inside the backend and
+ *         rewritten by the optimizer step (or lazily after any other write
+ *         to the parameters' allocation); bf16 copies of the activations
+ *         those products read, some stored inside `saved` in place of the
+ *         fp32 copies the CPU keeps (see cu_layers.cu). Products accumulate
+ *         in fp32 (CUBLAS_COMPUTE_32F) and weight gradients are accumulated
+ *         in fp32 directly by cuBLAS.
+ *
+ * Errors: functions returning int fill an sp_err_t. Functions that return
+ * void (the table's layer calls) record the first error, print it with
+ * file:line, rank and host, and abort the job through the hook set with
+ * cu_set_abort (the comm's abort), since a failed kernel leaves the CUDA
+ * context unusable.
+ */
+#ifndef SPINDLE_CUDA_BACKEND_H
+#define SPINDLE_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common.h"
+#include "model.h"
+
+struct rt_comm;
+
+/* ---- cu_runtime.cu: device, memory, errors, optimizer -------------------- */
+
+/* Number of usable devices; 0 when there is none or the driver fails. */
+int cu_device_count(void);
+/* Picks the rank's device (local rank modulo the device count), creates the
+ * stream and the cuBLAS handle. */
+int cu_init(int rank, sp_err_t *err);
+void cu_shutdown(void);
+/* Called (then never returns) when a void entry point hits an error. */
+void cu_set_abort(void (*fn)(void *ctx, int code), void *ctx);
+/* The first error recorded, "" when none. */
+const char *cu_first_error(void);
+/* Device of this process, -1 before cu_init. */
+int cu_device(void);
+/* Workspace cap in bytes: layers split their samples into chunks whose
+ * scratch fits (default 2 GiB, or SPINDLE_CUDA_WORKSPACE_MB). */
+void cu_set_workspace_cap(size_t bytes);
+/* Bytes the backend holds beside the interpreter's allocations. */
+void cu_memory_extra(size_t *workspace, size_t *shadows);
+/* The compute stream (cudaStream_t) for comm_nccl.c. */
+void *cu_stream(void);
+
+void *cu_alloc(size_t bytes);
+void cu_release(void *p);
+void cu_to_device(void *dst, const void *src, size_t bytes);
+void cu_to_host(void *dst, const void *src, size_t bytes);
+void cu_zero(float *p, int64_t n);
+void cu_copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+		  int64_t rows, int64_t cols, int acc);
+void cu_sync(void);
+void cu_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int t,
+		   const sp_optim_t *o);
+void cu_sgd_step(float *p, const float *g, int64_t n, const sp_optim_t *o);
+
+/* ---- cu_layers.cu: sources, transformer block, linear -------------------- */
+
+void cu_embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *tokens,
+		      float *y, float *saved);
+void cu_embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const float *dy,
+		      float *dp);
+void cu_patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats,
+		  float *y, float *saved);
+void cu_patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		  const float *dy, float *dp);
+void cu_tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		   float *saved);
+void cu_tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		   const float *dy, float *dx, float *dp);
+void cu_linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+		   float *saved);
+void cu_linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
+		   const float *dy, float *dx, float *dp);
+
+/* ---- cu_loss.cu: losses (forward and backward in one call) --------------- */
+
+double cu_lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x,
+		       const int32_t *targets, double scale, float *dx, float *dp,
+		       float *saved);
+double cu_classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+			  const float *x, const int32_t *labels, double scale, float *dx,
+			  float *dp, float *saved);
+double cu_contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			   double temperature, int64_t s0, int64_t s1, const float *a,
+			   const float *b, double scale, float *da, float *db, float *saved);
+
+/* ---- comm_nccl.c (or cuda/comm_nccl_none.c without NCCL) ------------------ */
+
+/* Whether this build has the NCCL data plane. */
+int comm_nccl_available(void);
+/*
+ * Wraps c (MPI or local, already initialised) so that isend, irecv,
+ * iallreduce, test and group_create move device buffers with NCCL; allsum,
+ * gather and barrier stay on the wrapped comm; abort and finalize tear the
+ * NCCL communicators down first. Makes no NCCL call yet. With one rank it
+ * only turns all-reduces into no-ops.
+ */
+int comm_nccl_wrap(struct rt_comm *c, sp_err_t *err);
+/*
+ * Collective over all ranks, after cu_init: agrees that every rank has a
+ * device (dev_ok) and creates the world communicator (unique id from rank
+ * 0, spread with the wrapped comm's allsum).
+ */
+int comm_nccl_start(struct rt_comm *c, int dev_ok, sp_err_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,491 @@
+/*
+ * test_gpu_layers.c — every layer of the cuda backend, forward and
+ * backward, against the CPU reference (layers.c) on the same random
+ * inputs: embedding, patch, transformer (causal and not, and again with
+ * the workspace capped so samples go one chunk at a time), linear,
+ * lm_head, classifier, contrastive, AdamW (including the bf16 shadow
+ * refresh), SGD, copy_rows and zero. A value passes when
+ * |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
+ * |ref| of that tensor: loose for bf16 paths, tight for fp32 ones.
+ * Prints the max difference and the first mismatches of each check.
+ * Exits 77 (skip) without a usable GPU.
+ */
+#include "cuda/cuda_backend.h"
+#include "layers.h"
+#include "runtime.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* bf16 paths: products of bf16 operands chained through a few layers */
+#define BF_TOL 0.03
+#define BF_EPS 0.03
+/* fp32 paths: order of summation only */
+#define F32_TOL 1e-5
+#define F32_EPS 1e-4
+
+static rt_backend_t B;
+static int n_fail, n_checks;
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+
+static double urand(void)
+{
+	rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float *hrand(int64_t n, double scale)
+{
+	float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+	for (int64_t i = 0; i < n; i++)
+		p[i] = (float)(scale * (2.0 * urand() - 1.0));
+	return p;
+}
+
+static float *hcopy(const float *src, int64_t n)
+{
+	float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+	memcpy(p, src, sizeof(float) * (size_t)n);
+	return p;
+}
+
+static void *dev(const void *host, size_t bytes)
+{
+	void *d = B.alloc(bytes ? bytes : 4);
+	if (!d) {
+		fprintf(stderr, "test_gpu_layers: device allocation of %zu bytes failed: %s\n",
+			bytes, cu_first_error());
+		exit(1);
+	}
+	if (host && bytes)
+		B.to_device(d, host, bytes);
+	return d;
+}
+
+static float *fetch(const float *d, int64_t n)
+{
+	float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+	B.to_host(h, d, sizeof(float) * (size_t)n);
+	return h;
+}
+
+/* |gpu - ref| <= tol_frac max|ref| + eps |ref|, elementwise */
+static void check(const char *what, const float *gpu, const float *ref, int64_t n,
+		  double tol_frac, double eps)
+{
+	double mx = 0, maxd = 0;
+	int64_t at = -1, bad = 0;
+	for (int64_t i = 0; i < n; i++)
+		mx = fmax(mx, fabs((double)ref[i]));
+	double tol = tol_frac * mx + 1e-12;
+	for (int64_t i = 0; i < n; i++) {
+		double d = fabs((double)gpu[i] - (double)ref[i]);
+		if (!(d <= maxd) || isnan(d)) {
+			maxd = isnan(d) ? INFINITY : d;
+			at = i;
+		}
+		if (!(d <= tol + eps * fabs((double)ref[i]))) {
+			if (bad < 5)
+				printf("    mismatch %s[%lld]: gpu %.8g ref %.8g\n", what, (long long)i,
+				       gpu[i], ref[i]);
+			bad++;
+		}
+	}
+	n_checks++;
+	printf("%s %-34s max |diff| %.3g at %lld (max |ref| %.3g, tol %.3g + %.0e |ref|, n %lld)\n",
+	       bad ? "FAIL" : "ok  ", what, maxd, (long long)at, mx, tol, eps, (long long)n);
+	if (bad) {
+		printf("    %lld of %lld values out of tolerance\n", (long long)bad, (long long)n);
+		n_fail++;
+	}
+}
+
+static void check_scalar(const char *what, double gpu, double ref, double rel)
+{
+	double d = fabs(gpu - ref);
+	int ok = d <= rel * fabs(ref) + 1e-9;
+	n_checks++;
+	printf("%s %-34s gpu %.9g ref %.9g |diff| %.3g\n", ok ? "ok  " : "FAIL", what, gpu, ref,
+	       d);
+	if (!ok)
+		n_fail++;
+}
+
+static sp_component_t comp_of(const sp_opshape_t *s)
+{
+	sp_component_t c;
+	memset(&c, 0, sizeof c);
+	snprintf(c.name, sizeof c.name, "test");
+	c.type = s->type;
+	c.vocab = s->vocab;
+	c.hidden = s->hidden;
+	c.max_seq = s->seq;
+	c.in = s->in;
+	c.out = s->out;
+	c.heads = s->heads;
+	c.ffn = s->ffn;
+	c.classes = s->classes;
+	c.causal = s->causal;
+	return c;
+}
+
+/* Parameters large enough that every path matters: LN gains 1 +- 0.2,
+ * biases +- 0.2, matrices +- 1/sqrt(rows). */
+static float *params(const sp_opshape_t *s, int64_t *count)
+{
+	sp_component_t c = comp_of(s);
+	layer_tensor_t t[12];
+	int nt = layer_tensors(&c, t);
+	*count = comp_layer_params(&c);
+	float *p = malloc(sizeof(float) * (size_t)(*count > 0 ? *count : 1));
+	for (int i = 0; i < nt; i++) {
+		int64_t n = t[i].rows * t[i].cols;
+		const char *nm = t[i].name;
+		size_t len = strlen(nm);
+		for (int64_t k = 0; k < n; k++) {
+			double u = 2.0 * urand() - 1.0;
+			float v;
+			if (nm[0] == 'l' && nm[len - 1] == 'g')
+				v = (float)(1.0 + 0.2 * u);
+			else if (t[i].cols == 1)
+				v = (float)(0.2 * u);
+			else
+				v = (float)(u / sqrt((double)t[i].rows));
+			p[t[i].offset + k] = v;
+		}
+	}
+	return p;
+}
+
+/* Compares a parameter gradient tensor by tensor. */
+static void check_params(const char *layer, const sp_opshape_t *s, const float *gpu,
+			 const float *ref, double tol, double eps)
+{
+	sp_component_t c = comp_of(s);
+	layer_tensor_t t[12];
+	int nt = layer_tensors(&c, t);
+	for (int i = 0; i < nt; i++) {
+		char what[96];
+		snprintf(what, sizeof what, "%s d%s", layer, t[i].name);
+		check(what, gpu + t[i].offset, ref + t[i].offset, t[i].rows * t[i].cols, tol, eps);
+	}
+}
+
+static void test_embedding(void)
+{
+	sp_opshape_t s = {.type = COMP_EMBEDDING, .hidden = 16, .seq = 5, .vocab = 11};
+	int n = 3;
+	int64_t np, rows = n * s.seq, h = s.hidden;
+	float *p = params(&s, &np);
+	int32_t *tok = malloc(sizeof(int32_t) * (size_t)rows);
+	for (int64_t i = 0; i < rows; i++)
+		tok[i] = (int32_t)(urand() * 4); /* repeats: the scatter must add */
+	float *y = calloc((size_t)(rows * h), 4), *sv = calloc((size_t)rows, 4);
+	float *dy = hrand(rows * h, 1.0), *dp = hrand(np, 0.1);
+	float *dp_ref = hcopy(dp, np);
+	embedding_fwd(&s, n, p, tok, y, sv);
+	embedding_bwd(&s, n, sv, dy, dp_ref);
+
+	float *dP = dev(p, 4 * (size_t)np), *dY = dev(NULL, 4 * (size_t)(rows * h));
+	float *dS = dev(NULL, 4 * (size_t)rows), *dDY = dev(dy, 4 * (size_t)(rows * h));
+	float *dDP = dev(dp, 4 * (size_t)np);
+	int32_t *dT = dev(tok, 4 * (size_t)rows);
+	B.embedding_fwd(&s, n, dP, dT, dY, dS);
+	B.embedding_bwd(&s, n, dS, dDY, dDP);
+	float *gy = fetch(dY, rows * h), *gdp = fetch(dDP, np);
+	check("embedding fwd y", gy, y, rows * h, F32_TOL, F32_EPS);
+	check_params("embedding bwd", &s, gdp, dp_ref, F32_TOL, F32_EPS);
+	B.release(dP), B.release(dY), B.release(dS), B.release(dDY), B.release(dDP),
+		B.release(dT);
+	free(p), free(tok), free(y), free(sv), free(dy), free(dp), free(dp_ref), free(gy), free(gdp);
+}
+
+static void test_patch(void)
+{
+	sp_opshape_t s = {.type = COMP_PATCH, .hidden = 24, .seq = 5, .in = 12};
+	int n = 3;
+	int64_t np, rows = n * s.seq, h = s.hidden;
+	float *p = params(&s, &np), *feats = hrand(rows * s.in, 1.0);
+	float *y = calloc((size_t)(rows * h), 4);
+	float *sv = calloc((size_t)op_saved_elems(&s, n) * (size_t)n, 4);
+	float *dy = hrand(rows * h, 1.0), *dp = hrand(np, 0.1), *dp_ref = hcopy(dp, np);
+	patch_fwd(&s, n, p, feats, y, sv);
+	patch_bwd(&s, n, p, sv, dy, dp_ref);
+
+	float *dP = dev(p, 4 * (size_t)np), *dF = dev(feats, 4 * (size_t)(rows * s.in));
+	float *dY = dev(NULL, 4 * (size_t)(rows * h));
+	float *dS = dev(NULL, 4 * (size_t)(op_saved_elems(&s, n) * n));
+	float *dDY = dev(dy, 4 * (size_t)(rows * h)), *dDP = dev(dp, 4 * (size_t)np);
+	B.patch_fwd(&s, n, dP, dF, dY, dS);
+	B.patch_bwd(&s, n, dP, dS, dDY, dDP);
+	float *gy = fetch(dY, rows * h), *gdp = fetch(dDP, np);
+	check("patch fwd y", gy, y, rows * h, BF_TOL, BF_EPS);
+	check_params("patch bwd", &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	B.release(dP), B.release(dF), B.release(dY), B.release(dS), B.release(dDY),
+		B.release(dDP);
+	free(p), free(feats), free(y), free(sv), free(dy), free(dp), free(dp_ref), free(gy),
+		free(gdp);
+}
+
+static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
+			int causal, int n, size_t ws_cap)
+{
+	sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = h, .heads = a, .ffn = f,
+			  .seq = sq, .causal = causal};
+	int64_t np, e = n * sq * h, ns = op_saved_elems(&s, n) * n;
+	float *p = params(&s, &np), *x = hrand(e, 1.0);
+	float *y = calloc((size_t)e, 4), *sv = calloc((size_t)ns, 4);
+	float *dy = hrand(e, 1.0), *dx = hrand(e, 0.5), *dp = hrand(np, 0.1);
+	float *dx_ref = hcopy(dx, e), *dp_ref = hcopy(dp, np);
+	tblock_fwd(&s, n, p, x, y, sv);
+	tblock_bwd(&s, n, p, sv, dy, dx_ref, dp_ref);
+
+	if (ws_cap)
+		cu_set_workspace_cap(ws_cap);
+	float *dP = dev(p, 4 * (size_t)np), *dX = dev(x, 4 * (size_t)e);
+	float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
+	float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(dx, 4 * (size_t)e);
+	float *dDP = dev(dp, 4 * (size_t)np);
+	B.tblock_fwd(&s, n, dP, dX, dY, dS);
+	B.tblock_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B.sync();
+	if (ws_cap)
+		cu_set_workspace_cap((size_t)2 << 30);
+	float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s fwd y", name);
+	check(what, gy, y, e, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd dx", name);
+	check(what, gdx, dx_ref, e, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd", name);
+	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	B.release(dP), B.release(dX), B.release(dY), B.release(dS), B.release(dDY),
+		B.release(dDX), B.release(dDP);
+	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
+		free(dp_ref), free(gy), free(gdx), free(gdp);
+}
+
+static void test_linear(const char *name, size_t ws_cap)
+{
+	sp_opshape_t s = {.type = COMP_LINEAR, .in = 24, .out = 20, .seq = 5};
+	int n = 3;
+	int64_t np, rows = n * s.seq, ex = rows * s.in, ey = rows * s.out;
+	int64_t ns = op_saved_elems(&s, n) * n;
+	float *p = params(&s, &np), *x = hrand(ex, 1.0), *y = calloc((size_t)ey, 4);
+	float *sv = calloc((size_t)ns, 4), *dy = hrand(ey, 1.0), *dx = hrand(ex, 0.5);
+	float *dp = hrand(np, 0.1), *dx_ref = hcopy(dx, ex), *dp_ref = hcopy(dp, np);
+	linear_fwd(&s, n, p, x, y, sv);
+	linear_bwd(&s, n, p, sv, dy, dx_ref, dp_ref);
+
+	float *dP = dev(p, 4 * (size_t)np), *dX = dev(x, 4 * (size_t)ex);
+	float *dY = dev(NULL, 4 * (size_t)ey), *dS = dev(NULL, 4 * (size_t)ns);
+	float *dDY = dev(dy, 4 * (size_t)ey), *dDX = dev(dx, 4 * (size_t)ex);
+	float *dDP = dev(dp, 4 * (size_t)np);
+	if (ws_cap)
+		cu_set_workspace_cap(ws_cap);
+	B.linear_fwd(&s, n, dP, dX, dY, dS);
+	B.linear_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B.sync();
+	if (ws_cap)
+		cu_set_workspace_cap((size_t)2 << 30);
+	float *gy = fetch(dY, ey), *gdx = fetch(dDX, ex), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s fwd y", name);
+	check(what, gy, y, ey, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd dx", name);
+	check(what, gdx, dx_ref, ex, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd", name);
+	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
+
+	/* the bf16 shadow follows the optimizer and later uploads (both sides
+	 * step with the CPU's gradient, so only the shadow can differ) */
+	sp_optim_t o = {OPT_ADAMW, 0.05, 0.01, 0.9, 0.999, 1e-8};
+	float *m = calloc((size_t)np, 4), *v = calloc((size_t)np, 4);
+	float *dM = dev(m, 4 * (size_t)np), *dV = dev(v, 4 * (size_t)np);
+	B.to_device(dDP, dp_ref, 4 * (size_t)np);
+	adamw_step(p, dp_ref, m, v, np, 1, &o);
+	B.adamw_step(dP, dDP, dM, dV, np, 1, &o);
+	linear_fwd(&s, n, p, x, y, sv);
+	B.linear_fwd(&s, n, dP, dX, dY, dS);
+	free(gy);
+	gy = fetch(dY, ey);
+	snprintf(what, sizeof what, "%s fwd after adamw", name);
+	check(what, gy, y, ey, BF_TOL, BF_EPS);
+	for (int64_t i = 0; i < np; i++)
+		p[i] = -p[i];
+	B.to_device(dP, p, 4 * (size_t)np);
+	linear_fwd(&s, n, p, x, y, sv);
+	B.linear_fwd(&s, n, dP, dX, dY, dS);
+	free(gy);
+	gy = fetch(dY, ey);
+	snprintf(what, sizeof what, "%s fwd after upload", name);
+	check(what, gy, y, ey, BF_TOL, BF_EPS);
+
+	B.release(dP), B.release(dX), B.release(dY), B.release(dS), B.release(dDY),
+		B.release(dDX), B.release(dDP), B.release(dM), B.release(dV);
+	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
+		free(dp_ref), free(gy), free(gdx), free(gdp), free(m), free(v);
+}
+
+static void test_lm_head(void)
+{
+	sp_opshape_t s = {.type = COMP_LM_HEAD, .hidden = 32, .vocab = 50, .seq = 6};
+	int n = 3;
+	int64_t np, e = n * s.seq * s.hidden, ns = op_saved_elems(&s, n) * n;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dx = hrand(e, 0.1);
+	float *dp = hrand(np, 0.1), *dx_ref = hcopy(dx, e), *dp_ref = hcopy(dp, np);
+	float *sv = calloc((size_t)ns, 4);
+	int32_t tg[18];
+	for (int i = 0; i < 18; i++)
+		tg[i] = i % 5 == 4 ? -1 : (int32_t)(urand() * 50);
+	for (int i = 12; i < 18; i++)
+		tg[i] = -1; /* a sample with no target: loss 0, no gradient */
+	double ref = lm_head_loss(&s, n, p, x, tg, 0.7, dx_ref, dp_ref, sv);
+
+	float *dP = dev(p, 4 * (size_t)np), *dX = dev(x, 4 * (size_t)e);
+	float *dDX = dev(dx, 4 * (size_t)e), *dDP = dev(dp, 4 * (size_t)np);
+	float *dS = dev(NULL, 4 * (size_t)ns);
+	int32_t *dT = dev(tg, sizeof tg);
+	double got = B.lm_head_loss(&s, n, dP, dX, dT, 0.7, dDX, dDP, dS);
+	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
+	check_scalar("lm_head loss", got, ref, 0.02);
+	check("lm_head dx", gdx, dx_ref, e, BF_TOL, BF_EPS);
+	check_params("lm_head", &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	B.release(dP), B.release(dX), B.release(dDX), B.release(dDP), B.release(dS), B.release(dT);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
+		free(gdp);
+}
+
+static void test_classifier(void)
+{
+	sp_opshape_t s = {.type = COMP_CLASSIFIER, .hidden = 32, .classes = 5, .seq = 4};
+	int n = 4;
+	int64_t seq_in = 4, np, e = n * seq_in * s.hidden, ns = op_saved_elems(&s, n) * n;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dx = hrand(e, 0.1);
+	float *dp = hrand(np, 0.1), *dx_ref = hcopy(dx, e), *dp_ref = hcopy(dp, np);
+	float *sv = calloc((size_t)ns, 4);
+	int32_t lb[4] = {2, -1, 0, 4};
+	double ref = classifier_loss(&s, n, seq_in, p, x, lb, 0.7, dx_ref, dp_ref, sv);
+
+	float *dP = dev(p, 4 * (size_t)np), *dX = dev(x, 4 * (size_t)e);
+	float *dDX = dev(dx, 4 * (size_t)e), *dDP = dev(dp, 4 * (size_t)np);
+	float *dS = dev(NULL, 4 * (size_t)ns);
+	int32_t *dL = dev(lb, sizeof lb);
+	double got = B.classifier_loss(&s, n, seq_in, dP, dX, dL, 0.7, dDX, dDP, dS);
+	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
+	check_scalar("classifier loss", got, ref, 1e-5);
+	check("classifier dx", gdx, dx_ref, e, F32_TOL, F32_EPS);
+	check_params("classifier", &s, gdp, dp_ref, F32_TOL, F32_EPS);
+	B.release(dP), B.release(dX), B.release(dDX), B.release(dDP), B.release(dS), B.release(dL);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
+		free(gdp);
+}
+
+static void test_contrastive(void)
+{
+	int64_t Bn = 6, w = 16, sa = 3, sb = 2, s0 = 1, s1 = 4;
+	sp_opshape_t s = {.type = COMP_CONTRASTIVE, .hidden = w};
+	int64_t ea = Bn * sa * w, eb = Bn * sb * w, ns = op_saved_elems(&s, Bn) * Bn;
+	float *a = hrand(ea, 1.0), *b = hrand(eb, 1.0), *da = hrand(ea, 0.1), *db = hrand(eb, 0.1);
+	float *da_ref = hcopy(da, ea), *db_ref = hcopy(db, eb), *sv = calloc((size_t)ns, 4);
+	double ref = contrastive_loss(Bn, w, sa, sb, 0.1, s0, s1, a, b, 0.7, da_ref, db_ref, sv);
+
+	float *dA = dev(a, 4 * (size_t)ea), *dB = dev(b, 4 * (size_t)eb);
+	float *dDA = dev(da, 4 * (size_t)ea), *dDB = dev(db, 4 * (size_t)eb);
+	float *dS = dev(NULL, 4 * (size_t)ns);
+	double got = B.contrastive_loss(Bn, w, sa, sb, 0.1, s0, s1, dA, dB, 0.7, dDA, dDB, dS);
+	float *gda = fetch(dDA, ea), *gdb = fetch(dDB, eb);
+	check_scalar("contrastive loss", got, ref, 1e-5);
+	check("contrastive da", gda, da_ref, ea, 1e-4, 1e-3);
+	check("contrastive db", gdb, db_ref, eb, 1e-4, 1e-3);
+	B.release(dA), B.release(dB), B.release(dDA), B.release(dDB), B.release(dS);
+	free(a), free(b), free(da), free(db), free(da_ref), free(db_ref), free(sv), free(gda),
+		free(gdb);
+}
+
+static void test_optimizers(void)
+{
+	int64_t n = 1000;
+	float *p = hrand(n, 1.0), *g = hrand(n, 1.0), *m = hrand(n, 0.1), *v = hrand(n, 0.1);
+	for (int64_t i = 0; i < n; i++)
+		v[i] = fabsf(v[i]);
+	float *dP = dev(p, 4 * (size_t)n), *dG = dev(g, 4 * (size_t)n);
+	float *dM = dev(m, 4 * (size_t)n), *dV = dev(v, 4 * (size_t)n);
+	sp_optim_t o = {OPT_ADAMW, 1e-2, 0.05, 0.9, 0.95, 1e-8};
+	adamw_step(p, g, m, v, n, 3, &o);
+	B.adamw_step(dP, dG, dM, dV, n, 3, &o);
+	float *gp = fetch(dP, n), *gm = fetch(dM, n), *gv = fetch(dV, n);
+	check("adamw p", gp, p, n, 1e-6, 1e-5);
+	check("adamw m", gm, m, n, 1e-6, 1e-5);
+	check("adamw v", gv, v, n, 1e-6, 1e-5);
+	sp_optim_t so = {OPT_SGD, 0.1, 0.01, 0, 0, 0};
+	sgd_step(p, g, n, &so);
+	B.sgd_step(dP, dG, n, &so);
+	free(gp);
+	gp = fetch(dP, n);
+	check("sgd p", gp, p, n, 1e-6, 1e-5);
+	B.release(dP), B.release(dG), B.release(dM), B.release(dV);
+	free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv);
+}
+
+static void test_copies(void)
+{
+	int64_t rows = 5, cols = 7, ds = 11, ss = 9;
+	float *dst = hrand(rows * ds, 1.0), *src = hrand(rows * ss, 1.0);
+	float *ref = hcopy(dst, rows * ds);
+	float *dD = dev(dst, 4 * (size_t)(rows * ds)), *dSrc = dev(src, 4 * (size_t)(rows * ss));
+	for (int acc = 0; acc < 2; acc++) {
+		for (int64_t r = 0; r < rows; r++)
+			for (int64_t c = 0; c < cols; c++)
+				ref[r * ds + c] = acc ? ref[r * ds + c] + src[r * ss + c] : src[r * ss + c];
+		B.copy_rows(dD, ds, dSrc, ss, rows, cols, acc);
+		float *got = fetch(dD, rows * ds);
+		check(acc ? "copy_rows acc" : "copy_rows", got, ref, rows * ds, 0, 0);
+		free(got);
+	}
+	B.zero(dD + 3, 20);
+	memset(ref + 3, 0, 20 * sizeof(float));
+	float *got = fetch(dD, rows * ds);
+	check("zero", got, ref, rows * ds, 0, 0);
+	B.release(dD), B.release(dSrc);
+	free(dst), free(src), free(ref), free(got);
+}
+
+int main(void)
+{
+	int nd = cu_device_count();
+	if (nd <= 0) {
+		printf("test_gpu_layers: no usable CUDA device, skipping\n");
+		return 77;
+	}
+	sp_err_t err = {0};
+	memset(&B, 0, sizeof B);
+	comm_local_init(&B.comm);
+	if (backend_cuda(&B, &err) || B.init(&B, 0, &err)) {
+		sp_err_print(stderr, &err);
+		return 1;
+	}
+	test_embedding();
+	test_patch();
+	test_tblock("tblock", 32, 4, 48, 7, 0, 3, 0);
+	test_tblock("tblock causal", 32, 4, 48, 7, 1, 3, 0);
+	test_tblock("tblock dh32", 64, 2, 128, 16, 1, 2, 0);
+	test_tblock("tblock chunked", 32, 4, 48, 7, 1, 3, 1);
+	test_tblock("tblock s1", 32, 2, 64, 1, 1, 2, 0);
+	test_linear("linear", 0);
+	test_linear("linear chunked", 100);
+	test_lm_head();
+	test_classifier();
+	test_contrastive();
+	test_optimizers();
+	test_copies();
+	size_t ws, sh;
+	cu_memory_extra(&ws, &sh);
+	printf("backend extra memory: workspace %zu bytes, bf16 shadows %zu bytes\n", ws, sh);
+	B.shutdown(&B);
+	B.comm.finalize(&B.comm);
+	printf("%d of %d checks failed\n", n_fail, n_checks);
+	return n_fail ? 1 : 0;
+}

@@ -8,6 +8,15 @@
  *            max over paths of sum L_m * T_m(nmax_m).
  *  lower     max(area, critical): no schedule under this cost model can
  *            beat it.
+ *  allotment the smallest C at which every MetaOp can run within C (each
+ *            alone) and all of them fit the devices' area N C: a MetaOp
+ *            meeting a span C needs at least the area A_m(C) of the lower
+ *            convex hull of its (L T(n), L n T(n)) points at C (layers may
+ *            mix widths); sum_m A_m(C) <= N C. It dominates the area bound
+ *            and is what a wide MetaOp on the critical path really costs,
+ *            so the gap to it shows how far a schedule is from the best
+ *            this cost model allows. (Reported beside the defined lower
+ *            bound, not in place of it.)
  *  paper     the paper's relaxed optimum: per BFS level, the C* at which
  *            all the level's MetaOps finish together with real-valued
  *            widths summing to N; levels add up. A MetaOp below one device
@@ -73,6 +82,102 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	return C;
 }
 
+/* Lower convex hull of a MetaOp's (time, area) points, by time ascending. */
+typedef struct {
+	int n;
+	double *t, *a;
+} hull_t;
+
+static int hull_build(const metaop_t *m, hull_t *h)
+{
+	h->n = 0;
+	h->t = malloc(sizeof(double) * (size_t)(m->nmax + 1));
+	h->a = malloc(sizeof(double) * (size_t)(m->nmax + 1));
+	if (!h->t || !h->a)
+		return SP_ENOMEM;
+	for (int k = m->nmax; k >= 1; k--) { /* widest (fastest) first */
+		double t = m->n_layers * mop_t(m, k), a = t * (m->scales ? k : 1);
+		if (h->n && t <= h->t[h->n - 1] + 1e-15) { /* same time: keep less area */
+			if (a < h->a[h->n - 1])
+				h->a[h->n - 1] = a;
+			continue;
+		}
+		while (h->n >= 2) {
+			/* drop the last point if it lies above the segment to the new one */
+			double t1 = h->t[h->n - 2], a1 = h->a[h->n - 2];
+			double t2 = h->t[h->n - 1], a2 = h->a[h->n - 1];
+			if ((a2 - a1) * (t - t1) >= (a - a1) * (t2 - t1))
+				h->n--;
+			else
+				break;
+		}
+		h->t[h->n] = t;
+		h->a[h->n++] = a;
+	}
+	return 0;
+}
+
+/* Least area of the MetaOp within span C (HUGE_VAL if it cannot). */
+static double hull_area(const hull_t *h, double C)
+{
+	if (C < h->t[0] * (1 - 1e-12))
+		return HUGE_VAL;
+	double best = HUGE_VAL;
+	for (int i = 0; i < h->n; i++) {
+		if (h->t[i] <= C)
+			best = fmin(best, h->a[i]);
+		if (i + 1 < h->n && h->t[i] <= C && C < h->t[i + 1]) {
+			double f = (C - h->t[i]) / (h->t[i + 1] - h->t[i]);
+			best = fmin(best, h->a[i] + f * (h->a[i + 1] - h->a[i]));
+		}
+	}
+	return best;
+}
+
+static double allotment_bound(const planner_t *pl, double lo)
+{
+	hull_t *h = calloc((size_t)pl->n_mops + 1, sizeof *h);
+	double C = lo;
+	if (!h)
+		return lo;
+	for (int m = 0; m < pl->n_mops; m++)
+		if (hull_build(&pl->mops[m], &h[m]))
+			goto cleanup;
+	double hi = fmax(lo, 1e-9);
+	for (int it = 0; it < 200; it++) { /* find a feasible upper end */
+		double need = 0;
+		for (int m = 0; m < pl->n_mops; m++)
+			need += hull_area(&h[m], hi);
+		if (need <= pl->N * hi)
+			break;
+		hi *= 2;
+	}
+	double need_lo = 0;
+	for (int m = 0; m < pl->n_mops; m++)
+		need_lo += hull_area(&h[m], lo);
+	if (need_lo <= pl->N * lo) {
+		C = lo;
+		goto cleanup;
+	}
+	for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; it++) {
+		double mid = 0.5 * (lo + hi), need = 0;
+		for (int m = 0; m < pl->n_mops; m++)
+			need += hull_area(&h[m], mid);
+		if (need <= pl->N * mid)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	C = hi;
+cleanup:
+	for (int m = 0; m < pl->n_mops; m++) {
+		free(h[m].t);
+		free(h[m].a);
+	}
+	free(h);
+	return C;
+}
+
 void bound_compute(const planner_t *pl, bounds_t *out)
 {
 	double area = 0;
@@ -110,6 +215,7 @@ void bound_compute(const planner_t *pl, bounds_t *out)
 			out->paper_ms += relaxed_cstar(pl, ids, rem, k, pl->N, NULL);
 	}
 	out->lower_ms = fmax(out->area_ms, out->cp_ms);
+	out->allot_ms = allotment_bound(pl, out->lower_ms);
 cleanup:
 	free(finish);
 	free(ids);

@@ -199,6 +199,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	ct->cp_bound_ms = sum->bounds.cp_ms;
 	ct->paper_bound_ms = sum->bounds.paper_ms;
 	ct->lower_bound_ms = sum->bounds.lower_ms;
+	ct->allot_bound_ms = sum->bounds.allot_ms;
 	ct->gap = ct->lower_bound_ms > 0 ? ct->compute_ms / ct->lower_bound_ms - 1 : 0;
 	ct->xnode_bytes = xnode_bytes(out);
 	ct->xfer_pred_ms = chosen_res.transfer_ms;

@@ -155,7 +155,7 @@ int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);
 /* ---- bound.c: lower bounds -------------------------------------------------- */
 
 typedef struct {
-	double area_ms, cp_ms, paper_ms, lower_ms;
+	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 } bounds_t;
 void bound_compute(const planner_t *pl, bounds_t *out);
 /*

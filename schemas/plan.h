@@ -127,6 +127,7 @@ typedef struct {
 	double sync_ms, step_ms;
 	double area_bound_ms, cp_bound_ms, paper_bound_ms;
 	double lower_bound_ms; /* max(area, critical path) */
+	double allot_bound_ms; /* allotment bound (planner/bound.c), >= lower */
 	double gap;            /* compute_ms / lower_bound - 1 */
 	int64_t xnode_bytes, naive_xnode_bytes; /* inter-wave bytes across nodes */
 	double xfer_pred_ms, naive_xfer_pred_ms;

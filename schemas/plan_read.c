@@ -81,7 +81,7 @@ static const sec_desc_t SECS[SEC__END] = {
 	[SEC_DEVICES] = {"devices", 96, 1, SP_MAX_DEVICES},
 	[SEC_INSTRUCTIONS] = {"instructions", 60, 0, MAX_RECORDS},
 	[SEC_HELD] = {"held", 8, 0, MAX_RECORDS},
-	[SEC_CERTIFICATE] = {"certificate", 112, 1, 1},
+	[SEC_CERTIFICATE] = {"certificate", 120, 1, 1},
 	[SEC_ALGORITHMS] = {"algorithms", 40, 0, 4096},
 };
 
@@ -713,6 +713,7 @@ static void get_cert(rcur_t *r, sp_cert_t *c)
 	c->cp_bound_ms = get_f64(r);
 	c->paper_bound_ms = get_f64(r);
 	c->lower_bound_ms = get_f64(r);
+	c->allot_bound_ms = get_f64(r);
 	c->gap = get_f64(r);
 	c->xnode_bytes = get_i64(r);
 	c->naive_xnode_bytes = get_i64(r);
@@ -1523,6 +1524,7 @@ static int check_results(dec_t *d, const sp_plan_t *p)
 		{"cp_bound_ms", c->cp_bound_ms},
 		{"paper_bound_ms", c->paper_bound_ms},
 		{"lower_bound_ms", c->lower_bound_ms},
+		{"allot_bound_ms", c->allot_bound_ms},
 		{"gap", c->gap},
 		{"xfer_pred_ms", c->xfer_pred_ms},
 		{"naive_xfer_pred_ms", c->naive_xfer_pred_ms},

@@ -436,6 +436,7 @@ static void put_cert(enc_t *e, const sp_cert_t *c)
 	put_f64(e, c->cp_bound_ms);
 	put_f64(e, c->paper_bound_ms);
 	put_f64(e, c->lower_bound_ms);
+	put_f64(e, c->allot_bound_ms);
 	put_f64(e, c->gap);
 	put_i64(e, c->xnode_bytes);
 	put_i64(e, c->naive_xnode_bytes);

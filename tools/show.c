@@ -189,7 +189,8 @@ static void text_header(FILE *f, const sp_plan_t *p, const view_t *v)
 	fprintf(f, "lower bound  %s ms = max(area %s, critical path %s); paper's relaxed bound %s\n",
 		N2(c->lower_bound_ms), N2(c->area_bound_ms), N2(c->cp_bound_ms),
 		N2(c->paper_bound_ms));
-	fprintf(f, "gap          %s%% (compute over the lower bound)\n", N1(100 * c->gap));
+	fprintf(f, "gap          %s%% (compute over the lower bound); allotment bound %s ms\n",
+		N1(100 * c->gap), N2(c->allot_bound_ms));
 	fprintf(f, "transfers    %s ms (%s%% of the iteration); cross-node %s GiB, naive placement "
 		   "%s GiB (+%s ms)\n",
 		N2(c->transfer_ms), N1(share(c->transfer_ms, c->iteration_ms)),

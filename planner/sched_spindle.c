@@ -28,9 +28,12 @@
  * running MetaOp that finishes last is widened at its next layer boundary
  * (a new slice on a superset of its devices) if that ends it sooner.
  *
+ * Phase 1b improves the MILP widths by local search on the schedule itself
+ * (allot_search).
+ *
  * Variants (plan.c evaluates each with the simulator and keeps the fastest
  * that fits memory):
- *   0  MILP widths, list scheduling with tails, segments within 70% of memory
+ *   0  MILP widths + search, list scheduling with tails, segments within 70%
  *   1  separable widths, the same
  *   2  the paper's waves with the whole DAG (no level barrier)
  *   3, 4  MILP widths with segments within 40% and 20% of memory
@@ -730,6 +733,88 @@ cleanup:
 	return rc;
 }
 
+/*
+ * Phase 1b, local search on the widths. The list schedule's nominal
+ * makespan is what the simulator measures for its compute (it replays the
+ * same cost model), so widths can be tuned on it cheaply: for each MetaOp,
+ * by decreasing work, try half, double, -1 and +1 its width and keep a
+ * change when the whole schedule gets shorter. A fixed budget of trial
+ * schedules (more on small clusters, where each is cheap) keeps it bounded
+ * and deterministic.
+ */
+static int allot_search(planner_t *pl, int *w, double frac)
+{
+	int M = pl->n_mops, rc = 0, budget = SP_MAX(12, 3000 / pl->N);
+	int *order = malloc(sizeof(int) * (size_t)(M + 1));
+	double *work = malloc(sizeof(double) * (size_t)(M + 1));
+	sched_t t;
+	memset(&t, 0, sizeof t);
+	if (!order || !work) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	double best = HUGE_VAL;
+	if ((rc = list_schedule(pl, w, frac, &t)) == 0) {
+		best = 0;
+		for (int i = 0; i < t.n; i++)
+			best = fmax(best, t.s[i].t1);
+	} else if (rc == SP_EINFEAS) {
+		memset(pl->err, 0, sizeof *pl->err);
+		rc = 0;
+	}
+	sched_release(&t);
+	if (rc || best == HUGE_VAL)
+		goto cleanup;
+	for (int m = 0; m < M; m++) {
+		order[m] = m;
+		work[m] = pl->mops[m].n_layers * mop_t(&pl->mops[m], w[m]) * w[m];
+	}
+	for (int a = 1; a < M; a++)
+		for (int b = a; b > 0 && work[order[b]] > work[order[b - 1]]; b--) {
+			int x = order[b];
+			order[b] = order[b - 1];
+			order[b - 1] = x;
+		}
+	for (int pass = 0; pass < 2 && budget > 0; pass++)
+		for (int oi = 0; oi < M && budget > 0; oi++) {
+			int m = order[oi], w0 = w[m];
+			const metaop_t *mo = &pl->mops[m];
+			if (!mo->scales || mo->nmax == 1)
+				continue;
+			int cand[4] = {w0 / 2, w0 * 2, w0 - 1, w0 + 1};
+			for (int c = 0; c < 4 && budget > 0; c++) {
+				int k = SP_MAX(1, SP_MIN(cand[c], mo->nmax));
+				if (k == w[m] || (c >= 2 && (k == w0 / 2 || k == w0 * 2)))
+					continue;
+				budget--;
+				int keep = w[m];
+				w[m] = k;
+				memset(&t, 0, sizeof t);
+				rc = list_schedule(pl, w, frac, &t);
+				double ms = HUGE_VAL;
+				if (rc == 0) {
+					ms = 0;
+					for (int i = 0; i < t.n; i++)
+						ms = fmax(ms, t.s[i].t1);
+				} else if (rc == SP_EINFEAS) {
+					memset(pl->err, 0, sizeof *pl->err);
+					rc = 0;
+				}
+				sched_release(&t);
+				if (rc)
+					goto cleanup;
+				if (ms < best * (1 - 1e-6))
+					best = ms;
+				else
+					w[m] = keep;
+			}
+		}
+cleanup:
+	free(order);
+	free(work);
+	return rc;
+}
+
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 {
 	/* variant: 0 MILP widths; 1 separable widths; 2 paper's waves over the
@@ -748,7 +833,8 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 		int *w = sp_arena_calloc(&pl->arena, (size_t)M + 1, sizeof(int));
 		if (!w)
 			return SP_ENOMEM;
-		if ((rc = allot_separable(pl, w)) || (variant != 1 && (rc = allot_milp(pl, w))))
+		if ((rc = allot_separable(pl, w)) || (variant != 1 && (rc = allot_milp(pl, w))) ||
+		    (variant != 1 && (rc = allot_search(pl, w, frac[0]))))
 			return rc;
 		*cache = w;
 	}

@@ -9,6 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* OpenBLAS's own threads would fight the other ranks for the cores: one
+ * rank stands for one device and computes on one thread. (A weak reference:
+ * other CBLAS libraries simply lack the call.) */
+void openblas_set_num_threads(int n) __attribute__((weak));
+
 static int cpu_init(rt_backend_t *b, int rank, sp_err_t *err)
 {
 	(void)b;
@@ -64,6 +69,8 @@ static void cpu_sync(void)
 
 void backend_cpu(rt_backend_t *b)
 {
+	if (openblas_set_num_threads)
+		openblas_set_num_threads(1);
 	rt_comm_t keep = b->comm;
 	memset(b, 0, sizeof *b);
 	b->comm = keep;

@@ -18,6 +18,7 @@
 #include "runtime.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define K_LATENT 8
@@ -74,28 +75,40 @@ void data_features(float *out, const sp_model_t *m, uint64_t seed, int64_t step,
 	const sp_component_t *c = &m->comps[n->comp];
 	uint64_t cname = sp_fnv1a(SP_FNV_INIT, c->name, strlen(c->name));
 	double scale = 1.0 / sqrt((double)K_LATENT);
+	int64_t cells = n->seq * c->in;
+	/* the projection R is the same for every sample: computed once per call
+	 * (if the table cannot be allocated, each element is hashed in place) */
+	float *R = malloc(sizeof(float) * (size_t)(cells * K_LATENT + 1));
+	for (int64_t e = 0; R && e < cells; e++) {
+		int64_t p = e / c->in, f = e % c->in;
+		for (int k = 0; k < K_LATENT; k++)
+			R[e * K_LATENT + k] = (float)(2.0 * sp_unit(key(seed, cname, (uint64_t)p,
+								     (uint64_t)f, (uint64_t)k)) -
+						      1.0);
+	}
 	for (int64_t s = s0; s < s1; s++) {
 		double z[K_LATENT];
 		for (int k = 0; k < K_LATENT; k++)
 			z[k] = latent(seed, step, task, s, k);
-		for (int64_t p = 0; p < n->seq; p++)
-			for (int64_t f = 0; f < c->in; f++) {
-				double x = 0;
-				for (int k = 0; k < K_LATENT; k++) {
-					double r = 2.0 * sp_unit(key(seed, cname, (uint64_t)p,
-								     (uint64_t)f, (uint64_t)k)) -
-						   1.0;
-					x += z[k] * r;
-				}
-				double noise = 2.0 * sp_unit(key(seed ^ 0x9e37, (uint64_t)step,
-								 (uint64_t)task * 4096 + (uint64_t)node,
-								 (uint64_t)s,
-								 (uint64_t)(p * c->in + f))) -
-					       1.0;
-				out[((s - s0) * n->seq + p) * c->in + f] =
-					(float)(x * scale + 0.1 * noise);
+		for (int64_t e = 0; e < cells; e++) {
+			double x = 0;
+			for (int k = 0; k < K_LATENT; k++) {
+				double r = R ? R[e * K_LATENT + k]
+					     : (float)(2.0 * sp_unit(key(seed, cname,
+									 (uint64_t)(e / c->in),
+									 (uint64_t)(e % c->in),
+									 (uint64_t)k)) -
+						       1.0);
+				x += z[k] * r;
 			}
+			double noise = 2.0 * sp_unit(key(seed ^ 0x9e37, (uint64_t)step,
+							 (uint64_t)task * 4096 + (uint64_t)node,
+							 (uint64_t)s, (uint64_t)e)) -
+				       1.0;
+			out[(s - s0) * cells + e] = (float)(x * scale + 0.1 * noise);
+		}
 	}
+	free(R);
 }
 
 void data_labels(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,

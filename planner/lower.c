@@ -547,57 +547,77 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 				group[b] = group[a];
 		}
 	}
+	int *sync_at = malloc(sizeof(int) * (size_t)(out->n_buckets + 1));
+	sp_ins_t *base = malloc(sizeof *base * (size_t)(st.ng + 1));
+	if (!sync_at || !base) {
+		free(sync_at);
+		free(base);
+		free(group);
+		free(last_pos);
+		goto nomem;
+	}
 	for (int d = 0; d < N; d++) {
 		sp_device_t *dv = &out->devices[d];
 		dv->first_ins = out->n_ins;
 		/* the device's instructions in global order */
-		int n0 = out->n_ins;
+		int nd = 0;
 		for (int k = cnt[d]; k < cnt[d] + fill[d]; k++)
-			out->ins[out->n_ins++] = st.g[byd[k]].ins;
-		int nd = out->n_ins - n0;
-		for (int b = 0; b < out->n_buckets; b++)
-			last_pos[b] = -1;
-		/* last gradient-producing instruction per bucket on this device */
+			base[nd++] = st.g[byd[k]].ins;
+		/* each member bucket's SYNC goes before base position sync_at[b]:
+		 * after its last gradient-producing instruction (overlap) or at the
+		 * end, never before an earlier bucket of the same group */
 		for (int b = 0; b < out->n_buckets; b++) {
-			const sp_bucket_t *bk = &out->buckets[b];
-			int member = 0;
-			for (int q = 0; q < bk->n_dev; q++)
-				member |= out->bucket_devs[bk->dev_off + q] == d;
-			if (!member)
+			const sp_param_t *pr = &out->bucket_params[out->buckets[b].param_off];
+			int member = held[(size_t)d * n_params + param_base[pr->comp] + pr->layer];
+			sync_at[b] = member ? (overlap ? 0 : nd) : -1;
+			last_pos[b] = 0;
+		}
+		for (int k = 0; overlap && k < nd; k++) {
+			const sp_ins_t *in = &base[k];
+			if (in->op != INS_BWD && in->op != INS_LOSS)
 				continue;
-			int at = nd; /* insert before position at */
-			if (overlap) {
-				at = 0;
-				for (int k = 0; k < nd; k++) {
-					const sp_ins_t *in = &out->ins[n0 + k];
-					if (in->op != INS_BWD && in->op != INS_LOSS)
-						continue;
-					const sslice_t *x = &s->s[in->slice];
-					const metaop_t *mo = &pl->mops[x->metaop];
-					for (int l = x->lf; l < x->lt; l++) {
-						const sp_op_t *op = &pl->ops[mo->first_op + l];
-						int comp = md->tasks[mo->task].nodes[op->node].comp;
-						if (bucket_of[param_base[comp] + op->layer] == b)
-							at = k + 1;
-					}
-				}
-				at = SP_MAX(at, last_pos[group[b]] + 1);
+			const sslice_t *x = &s->s[in->slice];
+			const metaop_t *mo = &pl->mops[x->metaop];
+			for (int l = x->lf; l < x->lt; l++) {
+				const sp_op_t *op = &pl->ops[mo->first_op + l];
+				int comp = md->tasks[mo->task].nodes[op->node].comp;
+				int bb = bucket_of[param_base[comp] + op->layer];
+				if (bb >= 0 && sync_at[bb] >= 0)
+					sync_at[bb] = k + 1;
 			}
-			memmove(&out->ins[n0 + at + 1], &out->ins[n0 + at],
-				sizeof *out->ins * (size_t)(nd - at));
-			sp_ins_t sy = ins_new(INS_SYNC);
-			sy.peer = b;
-			out->ins[n0 + at] = sy;
-			for (int g = 0; g < out->n_buckets; g++)
-				if (last_pos[g] >= at)
-					last_pos[g]++;
-			last_pos[group[b]] = at;
-			nd++;
-			out->n_ins++;
+		}
+		for (int b = 0; b < out->n_buckets; b++)
+			if (sync_at[b] >= 0) {
+				sync_at[b] = SP_MAX(sync_at[b], last_pos[group[b]]);
+				last_pos[group[b]] = sync_at[b];
+			}
+		/* merge: base instructions with SYNCs in (position, bucket) order */
+		int ns = 0;
+		for (int b = 0; b < out->n_buckets; b++)
+			if (sync_at[b] >= 0) {
+				int j = ns++;
+				while (j > 0 && sync_at[last_pos[j - 1]] > sync_at[b]) {
+					last_pos[j] = last_pos[j - 1];
+					j--;
+				}
+				last_pos[j] = b; /* reused: member buckets sorted by position */
+			}
+		for (int k = 0, q = 0; k <= nd; k++) {
+			for (; q < ns && sync_at[last_pos[q]] == k; q++) {
+				sp_ins_t sy = ins_new(INS_SYNC);
+				sy.peer = last_pos[q];
+				out->ins[out->n_ins++] = sy;
+			}
+			if (k < nd)
+				out->ins[out->n_ins++] = base[k];
 		}
 		out->ins[out->n_ins++] = ins_new(INS_STEP);
 		dv->n_ins = out->n_ins - dv->first_ins;
 	}
+	free(sync_at);
+	free(base);
+	free(group);
+	free(last_pos);
 	goto cleanup;
 nomem:
 	rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");

@@ -129,13 +129,13 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 					double ready = now[d];
 					int blocked = 0;
 					int64_t elems = 0;
-					for (int b = 0; b < p->n_buckets && !blocked; b++) {
-						const sp_bucket_t *bk = &p->buckets[b];
-						int member = 0;
-						for (int q = 0; q < bk->n_dev; q++)
-							member |= p->bucket_devs[bk->dev_off + q] == d;
-						if (!member)
+					/* the device's buckets: the SYNCs of its own program */
+					for (int k = 0; k < dv->n_ins && !blocked; k++) {
+						const sp_ins_t *sy = &p->ins[dv->first_ins + k];
+						if (sy->op != INS_SYNC)
 							continue;
+						int b = sy->peer;
+						const sp_bucket_t *bk = &p->buckets[b];
 						if (issued[b] < bk->n_dev) {
 							blocked = 1;
 							break;

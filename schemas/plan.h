@@ -199,7 +199,7 @@ void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *w
 
 /* ---- plan_mem.c ------------------------------------------------------- */
 
-/* Predicted memory of device d by category (bytes); -1 if too many values. */
+/* Predicted memory of device d by category (bytes); -1 if out of memory. */
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT]);
 
 #endif

@@ -15,6 +15,7 @@
  */
 #include "plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define WORK_FIXED ((int64_t)64 << 20)
@@ -40,12 +41,17 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	for (int k = 0; k < dv->n_held; k++)
 		out[MEM_PARAMS] += comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * psb;
 	int64_t work = 0;
-	/* value buffers: (metaop, layer, grad) -> [lo, hi) */
-	enum { MAXV = 4096 };
-	struct {
-		int32_t m, l, g, lo, hi;
-	} v[MAXV];
-	int nv = 0;
+	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
+	 * table (at most two values per instruction) */
+	typedef struct {
+		int32_t m, l, g, lo, hi, used;
+	} vslot_t;
+	size_t cap = 16;
+	while (cap < (size_t)dv->n_ins * 4 + 16)
+		cap *= 2;
+	vslot_t *v = calloc(cap, sizeof *v);
+	if (!v)
+		return -1;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
 		if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
@@ -83,29 +89,27 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 			const sp_vref_t *r = refs[q];
 			if (!r)
 				continue;
-			int found = -1;
-			for (int i = 0; i < nv && found < 0; i++)
-				if (v[i].m == r->metaop && v[i].l == r->layer && v[i].g == r->grad)
-					found = i;
-			if (found < 0) {
-				if (nv == MAXV)
-					return -1;
-				found = nv++;
-				v[found].m = r->metaop;
-				v[found].l = r->layer;
-				v[found].g = r->grad;
-				v[found].lo = r0;
-				v[found].hi = r1;
+			size_t h = ((size_t)r->metaop * 2654435761u + (size_t)r->layer * 40503u +
+				    (size_t)r->grad) & (cap - 1);
+			while (v[h].used && !(v[h].m == r->metaop && v[h].l == r->layer &&
+					       v[h].g == r->grad))
+				h = (h + 1) & (cap - 1);
+			if (!v[h].used) {
+				v[h] = (vslot_t){r->metaop, r->layer, r->grad, r0, r1, 1};
+				continue;
 			}
-			v[found].lo = SP_MIN(v[found].lo, r0);
-			v[found].hi = SP_MAX(v[found].hi, r1);
+			v[h].lo = SP_MIN(v[h].lo, r0);
+			v[h].hi = SP_MAX(v[h].hi, r1);
 		}
 	}
-	for (int i = 0; i < nv; i++) {
+	for (size_t i = 0; i < cap; i++) {
+		if (!v[i].used)
+			continue;
 		int32_t seq, width;
 		plan_value_shape(p, v[i].m, v[i].l, &seq, &width);
 		out[MEM_COMM] += (int64_t)(v[i].hi - v[i].lo) * seq * width * db;
 	}
+	free(v);
 	out[MEM_WORK] = work + WORK_FIXED;
 	return 0;
 }

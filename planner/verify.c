@@ -305,6 +305,21 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 			}
 		}
 	}
+	/* every program ends with its one optimizer step */
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		int steps = 0;
+		for (int k = 0; k < dv->n_ins; k++)
+			steps += p->ins[dv->first_ins + k].op == INS_STEP;
+		if (steps != 1 || dv->n_ins == 0 ||
+		    p->ins[dv->first_ins + dv->n_ins - 1].op != INS_STEP) {
+			rc = fail(&st, -1, -1,
+				  "missing gradient contribution: the program of device %d has "
+				  "%d optimizer steps (it must end with exactly one)",
+				  d, steps);
+			goto cleanup;
+		}
+	}
 	for (int t = 0; t <= max_tag; t++)
 		send_of[t] = -1;
 	int done = 0;
@@ -374,14 +389,37 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 			}
 		}
 		if (!progress) {
-			int d = 0;
-			while (pc[d] >= p->devices[d].n_ins)
-				d++;
+			/* name the most telling stuck device: a RECV whose SEND is
+			 * nowhere ahead in its peer's program, else the first one */
+			int d = -1, missing = 0;
+			for (int q = 0; q < N && !missing; q++) {
+				if (pc[q] >= p->devices[q].n_ins)
+					continue;
+				const sp_ins_t *in = &p->ins[p->devices[q].first_ins + pc[q]];
+				if (d < 0)
+					d = q;
+				if (in->op != INS_RECV || in->peer < 0 || in->peer >= N)
+					continue;
+				const sp_device_t *pv = &p->devices[in->peer];
+				int ahead = 0;
+				for (int k = pc[in->peer]; k < pv->n_ins && !ahead; k++)
+					ahead = p->ins[pv->first_ins + k].op == INS_SEND &&
+						p->ins[pv->first_ins + k].tag == in->tag;
+				if (!ahead) {
+					d = q;
+					missing = 1;
+				}
+			}
 			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
-			if (in->op == INS_RECV)
+			if (in->op == INS_RECV && missing)
 				rc = fail(&st, d, pc[d],
 					  "deadlock: waits for tag %d from device %d, which never "
 					  "sends it",
+					  (int)in->tag, (int)in->peer);
+			else if (in->op == INS_RECV)
+				rc = fail(&st, d, pc[d],
+					  "deadlock: waits for tag %d from device %d, which waits "
+					  "in turn (a cycle)",
 					  (int)in->tag, (int)in->peer);
 			else
 				rc = fail(&st, d, pc[d],
@@ -425,9 +463,9 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 				tot += mem[c];
 			if ((double)tot > mem_cap) {
 				rc = fail(&st, -1, -1,
-					  "out of memory: device %d needs %lld MiB, more than its "
-					  "%.0f MiB",
-					  d, (long long)(tot >> 20), mem_cap / 1048576.0);
+					  "out of memory: device %d needs %.1f MiB, more than its "
+					  "%.1f MiB",
+					  d, (double)tot / 1048576.0, mem_cap / 1048576.0);
 				goto cleanup;
 			}
 		}

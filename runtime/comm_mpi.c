@@ -3,13 +3,17 @@
  * (polled by the interpreter with a timeout), one sub-communicator per
  * sync group (created collectively at start-up), in-place non-blocking
  * all-reduce. Errors return instead of aborting so the caller can name
- * the rank and instruction.
+ * the rank and instruction; the caller then aborts (m_abort). The blocking
+ * calls (allsum, gather, barrier) have no timeout of their own: main.c
+ * runs them under its watchdog.
  */
 #include "runtime.h"
 
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
 	MPI_Comm *groups;
@@ -160,10 +164,20 @@ static int m_barrier(rt_comm_t *c)
 	return MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? 0 : -1;
 }
 
+/*
+ * Ends this rank at once with a non-zero status, which makes mpirun tear
+ * the whole job down (its default, orte_abort_on_non_zero_status). Not
+ * MPI_Abort: when several ranks time out together and each calls it, Open
+ * MPI 4.1.4's mpirun can crash (a segfault in its show_help relay) instead
+ * of reporting; and a rank whose launcher keeps the job running still has
+ * its peers' own timeouts bounding their wait.
+ */
 static void m_abort(rt_comm_t *c, int code)
 {
 	(void)c;
-	MPI_Abort(MPI_COMM_WORLD, code);
+	fflush(stdout);
+	fflush(stderr);
+	_exit(code ? code : 1);
 }
 
 static void m_finalize(rt_comm_t *c)

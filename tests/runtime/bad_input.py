@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Bad input at the runtime: a clear message, exit status 2 (bad input) or
+1 (an I/O failure while running), and no partial checkpoint left behind.
+
+  * a plan for 4 devices started on 2 ranks (and on 1, without mpirun)
+  * a checkpoint of another model (other components; same components of
+    other sizes; another optimizer), from a newer format version, with a
+    --seed other than the one it was trained with
+  * an unusable --save directory, refused at start-up before any step: a
+    path under a regular file (ENOTDIR), a path that is a regular file, a
+    missing parent. As root, chmod does not stop writes and no read-only
+    mount can be made here, so EACCES/EROFS themselves are not simulated;
+    they take the same path (mkdir or the probe file fails).
+  * a full disk, simulated by SPINDLE_FAULT=enospc-in-save:BYTES (every
+    write of a save fails with ENOSPC after BYTES bytes): early in a
+    component file, in the manifest, and in LATEST itself (after the new
+    snapshot was renamed into place). Each time the run exits 1 naming the
+    file and "No space left on device", and the checkpoint directory is
+    byte for byte as before: no step-*/ directory, no temporary, the same
+    LATEST, which still loads.
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(__file__))
+import rtlib as R  # noqa: E402
+
+
+def expect(F, r, rc, texts, what):
+    ok = r.rc == rc and all(t in r.err for t in texts)
+    return F.check(ok, f"{what}: exit {rc}", r.describe())
+
+
+def wrong_np(F, p4):
+    r = R.run(p4, 4, "--steps", 1, "--timeout", 20, np=2)
+    expect(F, r, 2, ["the plan is for 4 devices but 2 ranks were started",
+                     "hint: run: mpirun -np 4"], "a 4-device plan on 2 ranks")
+    F.check(r.err.count("the plan is for 4 devices") == 1, "... reported once, by rank 0",
+            r.describe())
+    r = R.run(p4, 1, "--steps", 1)
+    expect(F, r, 2, ["the plan is for 4 devices but 1 rank was started"],
+           "a 4-device plan without mpirun")
+
+
+def other_checkpoints(F, tmp, p1, good):
+    # another model altogether
+    rnd = R.W.random_workload(3, optimizer=R.ADAMW)
+    pr = R.make_plan(tmp, rnd, "random3", 1)
+    ck = os.path.join(tmp, "ck-random")
+    R.must(R.run(pr, 1, "--quiet", "--steps", 1, "--save", ck), "random workload")
+    r = R.run(p1, 1, "--steps", 1, "--load", ck)
+    expect(F, r, 2, ["a checkpoint resumes only a model with the same components"],
+           "a checkpoint of another model")
+    F.check("which the model 'demo' lacks" in r.err or "has no file for component" in r.err,
+            "... names the component that differs", r.describe())
+    # the same components, one of another size
+    m = R.demo_model(R.ADAMW)
+    m["components"]["cls"]["classes"] = 5
+    p5 = R.make_plan(tmp, m, "classes5", 1)
+    r = R.run(p5, 1, "--steps", 1, "--load", good)
+    expect(F, r, 2, ["cls.safetensors", "component 'cls' in the checkpoint",
+                     "differs from the model's"], "a component of another size")
+    # another optimizer
+    ps = R.make_plan(tmp, R.demo_model(R.SGD), "sgd", 1)
+    r = R.run(ps, 1, "--steps", 1, "--load", good)
+    expect(F, r, 2, ["checkpoint optimizer 'adamw' differs from the model's 'sgd'"],
+           "a checkpoint of another optimizer")
+    # a newer format version (checked before the manifest's checksum)
+    d = os.path.join(tmp, "ck-v2")
+    shutil.copytree(good, d)
+    man = os.path.join(R.latest_snapshot(d), "manifest.json")
+    R.edit(man, lambda t: t.replace("spindle.checkpoint/1", "spindle.checkpoint/2"))
+    r = R.run(p1, 1, "--steps", 1, "--load", d)
+    expect(F, r, 2, [man, "checkpoint format 'spindle.checkpoint/2' is newer than this build",
+                     "hint:"], "a checkpoint from a newer format version")
+    # not a checkpoint at all
+    r = R.run(p1, 1, "--steps", 1, "--load", tmp)
+    expect(F, r, 2, ["no checkpoint here"], "a directory without a checkpoint")
+    # another seed
+    r = R.run(p1, 1, "--steps", 1, "--load", good, "--seed", 99)
+    expect(F, r, 2, ["the checkpoint was trained with seed 1, not 99", "hint: omit --seed"],
+           "--seed other than the checkpoint's")
+
+
+def bad_save_dirs(F, tmp, p1, p4):
+    f = os.path.join(tmp, "a-file")
+    open(f, "w").write("not a directory\n")
+    log = os.path.join(tmp, "never.csv")
+    for what, path, text in (
+            ("--save under a regular file", os.path.join(f, "ckpt"), "Not a directory"),
+            ("--save naming a regular file", f, "not a directory"),
+            ("--save with a missing parent", os.path.join(tmp, "no", "such", "dir"),
+             "hint: create its parent directory first")):
+        r = R.run(p1, 1, "--steps", 3, "--save", path, "--log", log)
+        expect(F, r, 2, [path, text], what)
+        F.check("step " not in r.out and not os.path.exists(log),
+                f"{what}: refused at start-up, before any step", r.describe())
+    r = R.run(p4, 4, "--steps", 3, "--timeout", 20, "--save", os.path.join(f, "ckpt"))
+    expect(F, r, 2, ["Not a directory"], "4 ranks: --save under a regular file (all ranks)")
+    F.check("step " not in r.out and r.err.count("Not a directory") == 1,
+            "4 ranks: refused at start-up, reported once", r.describe())
+
+
+def full_disk(F, tmp, p4, good):
+    snap = R.latest_snapshot(good)
+    files = sorted(os.listdir(snap))
+    total = sum(os.path.getsize(os.path.join(snap, n)) for n in files)
+    man = os.path.getsize(os.path.join(snap, "manifest.json"))
+    for what, budget, where in (
+            ("early in a component file", 1000, ".safetensors"),
+            ("in the manifest", total - man + 10, "manifest.json"),
+            ("in LATEST, after the snapshot's rename", total + 5, "LATEST")):
+        d = os.path.join(tmp, "ck-full")
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(good, d)
+        before = R.snapshot_listing(d)
+        r = R.run(p4, 4, "--steps", 2, "--timeout", 20, "--load", d, "--save", d,
+                  env={"SPINDLE_FAULT": f"enospc-in-save:{budget}"})
+        line = [x for x in r.err.splitlines() if "No space left on device" in x]
+        F.check(r.rc == 1 and len(line) == 1 and where in line[0],
+                f"ENOSPC {what}: exit 1, the file named once", r.describe())
+        after = R.snapshot_listing(d)
+        F.check(after == before, f"ENOSPC {what}: the checkpoint directory is unchanged",
+                f"before {sorted(before)}\nafter  {sorted(after)}")
+        r = R.run(p4, 4, "--quiet", "--steps", 1, "--timeout", 20, "--load", d)
+        F.check(r.rc == 0, f"ENOSPC {what}: the previous checkpoint still loads", r.describe())
+
+
+def misc(F, p1):
+    r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
+    expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
+           "an unknown SPINDLE_FAULT")
+
+
+def main():
+    F = R.Failures()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = R.demo_model(R.ADAMW)
+        p4 = R.make_plan(tmp, model, "bad", 4)
+        p1 = R.make_plan(tmp, model, "bad", 1)
+        good = os.path.join(tmp, "ck-good")
+        R.must(R.run(p1, 1, "--quiet", "--steps", 2, "--save", good), "a good checkpoint")
+        wrong_np(F, p4)
+        other_checkpoints(F, tmp, p1, good)
+        bad_save_dirs(F, tmp, p1, p4)
+        full_disk(F, tmp, p4, good)
+        misc(F, p1)
+    return F.exit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -177,11 +177,11 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 			const sp_ins_t *in = &st->prog[k];
 			if (in->op == INS_RECV || in->op == INS_SEND)
 				snprintf(msg, sizeof msg,
-					 "timed out after %.0f s waiting for rank %d (tag %d)",
+					 "timed out after %g s waiting for rank %d (tag %d)",
 					 st->o.timeout_s, in->peer, in->tag);
 			else
 				snprintf(msg, sizeof msg,
-					 "timed out after %.0f s waiting for the members of sync "
+					 "timed out after %g s waiting for the members of sync "
 					 "bucket %d",
 					 st->o.timeout_s, in->op == INS_SYNC ? in->peer : -1);
 			return fail(st, err, k, msg);
@@ -428,21 +428,28 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 	int rc = plan_params(st);
 	if (!rc)
 		rc = plan_buffers(st);
-	if (rc == SP_EINPUT) {
-		rt_free(st);
-		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-				  "rank %d: the plan's parameters, buckets and programs do not "
-				  "agree (was it verified?)",
-				  b->comm.rank);
-	}
 	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
-	if (rc) {
+	/* every rank learns whether all could set up before any collective that
+	 * a failed rank would never join */
+	double bad[2] = {rc != 0, rc == SP_EINPUT};
+	if (b->comm.allsum(&b->comm, bad, 2))
+		bad[0] = 1;
+	if (bad[0] > 0) {
 		rt_free(st);
-		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
-				  "rank %d: out of memory allocating the plan's buffers",
+		if (rc == SP_EINPUT)
+			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+					  "rank %d: the plan's parameters, buckets and programs do "
+					  "not agree (was it verified?)",
+					  b->comm.rank);
+		if (rc)
+			return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
+					  "rank %d: out of memory allocating the plan's buffers",
+					  b->comm.rank);
+		return sp_err_set(err, bad[1] > 0 ? SP_EINPUT : SP_ENOMEM, NULL, 0, 0, NULL,
+				  "rank %d: another rank could not set up the plan",
 				  b->comm.rank);
 	}
 	/* sync groups: created collectively, in bucket order, on every rank */

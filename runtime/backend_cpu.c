@@ -8,6 +8,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 /* OpenBLAS's own threads would fight the other ranks for the cores: one
  * rank stands for one device and computes on one thread. (A weak reference:
@@ -71,6 +74,11 @@ void backend_cpu(rt_backend_t *b)
 {
 	if (openblas_set_num_threads)
 		openblas_set_num_threads(1);
+#if defined(__SSE__)
+	/* denormal results flush to zero (as GPUs and ML frameworks do): tiny
+	 * gradients late in training would otherwise slow the math many times */
+	_MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
+#endif
 	rt_comm_t keep = b->comm;
 	memset(b, 0, sizeof *b);
 	b->comm = keep;

@@ -699,6 +699,27 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 	return 0;
 }
 
+/*
+ * Lets outstanding sends and all-reduces progress between instructions.
+ * MPI moves a large message only while the sender is inside MPI, so a rank
+ * busy computing would otherwise hold its peer until its next transfer.
+ */
+static int poll_pending(rt_state_t *st, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_pending;) {
+		int done = 0;
+		if (st->b->comm.test(&st->b->comm, &st->pending[i], &done))
+			return fail(st, err, st->pending_ins[i], "communication failed");
+		if (done) {
+			st->pending[i] = st->pending[--st->n_pending];
+			st->pending_ins[i] = st->pending_ins[st->n_pending];
+		} else {
+			i++;
+		}
+	}
+	return 0;
+}
+
 static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
 {
 	rt_backend_t *b = st->b;
@@ -753,6 +774,8 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 		if (!comm)
 			b->sync();
 		event(st, t0, k, comm);
+		if (!comm && poll_pending(st, err))
+			return err->code;
 	}
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		loss[i] += st->loss[i];

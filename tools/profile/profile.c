@@ -327,8 +327,24 @@ static void run_bwd(bench_t *q)
 	}
 }
 
+/*
+ * Evicts the CPU caches before a timed run: in a training step a layer's
+ * weights and inputs were last touched many layers ago, so timing it with
+ * everything hot from the previous repetition would promise too much.
+ */
+static void flush_caches(void)
+{
+	enum { FLUSH_BYTES = 32 << 20 };
+	static volatile unsigned char *junk;
+	if (!junk)
+		junk = calloc(FLUSH_BYTES, 1);
+	for (size_t i = 0; junk && i < FLUSH_BYTES; i += 64)
+		junk[i]++;
+}
+
 static double run_calls(bench_t *q, int bwd, int k)
 {
+	flush_caches();
 	q->b->sync();
 	double t0 = now_ms();
 	for (int i = 0; i < k; i++)

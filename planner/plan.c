@@ -86,16 +86,45 @@ cleanup:
  * One algorithm; for ours, every variant, judged by the simulator: the
  * fastest plan that fits memory (or the fastest, if none fits).
  */
+/* The sequential plan becomes ours (its data-parallel variant). */
+static void adopt_sequential(sp_plan_t *p)
+{
+	snprintf(p->algo, sizeof p->algo, "%s", algo_name(ALGO_SPINDLE));
+	char *opt = strstr(p->options, "algo=sequential");
+	if (opt) {
+		char rest[256];
+		snprintf(rest, sizeof rest, "%s", opt + strlen("algo=sequential"));
+		snprintf(opt, sizeof p->options - (size_t)(opt - p->options), "algo=spindle%s",
+			 rest);
+	}
+}
+
+/*
+ * One algorithm; for ours, every variant, judged by the simulator: the
+ * fastest plan that fits memory (or the fastest, if none fits). Ours also
+ * weighs the sequential plan, already made (seq): when that one wins,
+ * *use_seq is set and out is left empty for the caller to take seq.
+ */
 static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
-		    sim_result_t *res, int *fits, int *chosen_variant)
+		    sim_result_t *res, int *fits, int *chosen_variant,
+		    const sim_result_t *seq_res, int seq_fits, int *use_seq)
 {
 	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1, found = 0;
 	memset(out, 0, sizeof *out);
+	if (use_seq)
+		*use_seq = 0;
 	for (int v = 0; v < nv; v++) {
 		sp_plan_t p = {0};
 		sim_result_t r;
-		int f = 0;
-		int rc = plan_variant(pl, a, v, kind, &p, &r, &f);
+		int f = 0, rc, from_seq = a == ALGO_SPINDLE && v == SPINDLE_VARIANTS - 1 && seq_res;
+		if (from_seq) {
+			/* data parallel is the sequential baseline, planned already */
+			rc = 0;
+			r = *seq_res;
+			f = seq_fits;
+		} else {
+			rc = plan_variant(pl, a, v, kind, &p, &r, &f);
+		}
 		if (rc == SP_EINFEAS && (v + 1 < nv || found)) {
 			/* this variant found no schedule in memory; others may */
 			plan_release(&p);
@@ -117,6 +146,8 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 			found = 1;
 			if (chosen_variant)
 				*chosen_variant = v;
+			if (use_seq)
+				*use_seq = from_seq;
 		} else {
 			plan_release(&p);
 		}
@@ -154,18 +185,28 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	want[ALGO_SEQUENTIAL] = 1;
 	sim_result_t chosen_res = {0};
 	int chosen_variant = 0;
-	for (int a = 0; a < ALGO__COUNT; a++) {
+	/* sequential first: ours reuses it as its data-parallel variant */
+	static const algo_t run_order[ALGO__COUNT] = {ALGO_SEQUENTIAL, ALGO_SPINDLE, ALGO_PAPER,
+						      ALGO_TASK_LEVEL, ALGO_DISTMM};
+	sp_plan_t seq_plan = {0};
+	sim_result_t seq_res = {0};
+	int seq_fits = 0, have_seq = 0;
+	for (int ai = 0; ai < ALGO__COUNT; ai++) {
+		int a = run_order[ai];
 		if (!want[a])
 			continue;
 		sp_plan_t p = {0};
 		sim_result_t r = {0};
 		int fits = 0;
 		double t0 = now_ms();
+		int use_seq = 0;
 		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &fits,
-			      a == (int)o->algo ? &chosen_variant : NULL);
+			      a == (int)o->algo ? &chosen_variant : NULL, have_seq ? &seq_res : NULL,
+			      seq_fits, &use_seq);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);
+			plan_release(&seq_plan);
 			goto cleanup;
 		}
 		sp_algo_result_t *ar = &sum->algos[a];
@@ -176,13 +217,24 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		ar->planning_ms = t1 - t0;
 		ar->fits_memory = fits;
 		sum->ran[a] = 1;
-		if (a == (int)o->algo) {
+		if (use_seq) { /* ours is the sequential plan */
+			p = seq_plan;
+			memset(&seq_plan, 0, sizeof seq_plan);
+			adopt_sequential(&p);
+		}
+		if (a == ALGO_SEQUENTIAL && a != (int)o->algo) {
+			seq_plan = p; /* kept for ours */
+			seq_res = r;
+			seq_fits = fits;
+			have_seq = 1;
+		} else if (a == (int)o->algo) {
 			*out = p;
 			chosen_res = r;
 		} else {
 			plan_release(&p);
 		}
 	}
+	plan_release(&seq_plan);
 	sum->chosen = o->algo;
 	if ((rc = memplan_run(&pl, out, 1)))
 		goto cleanup;
@@ -208,8 +260,10 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		sp_plan_t naive = {0};
 		sim_result_t nr = {0};
 		int fits;
-		if ((rc = plan_variant(&pl, o->algo, chosen_variant, PLACE_NAIVE, &naive, &nr,
-					&fits))) {
+		if ((rc = plan_variant(&pl, chosen_variant == SPINDLE_VARIANTS - 1 &&
+					       o->algo == ALGO_SPINDLE ? ALGO_SEQUENTIAL : o->algo,
+				       chosen_variant == SPINDLE_VARIANTS - 1 ? 0 : chosen_variant,
+				       PLACE_NAIVE, &naive, &nr, &fits))) {
 			plan_release(&naive);
 			goto cleanup;
 		}

@@ -225,7 +225,7 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	return fit;
 }
 
-static void sort_devs(int32_t *d, int n)
+void devs_sort(int32_t *d, int n)
 {
 	for (int a = 1; a < n; a++)
 		for (int b = a; b > 0 && d[b] < d[b - 1]; b--) {
@@ -294,7 +294,7 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 			out[got++] = c[j].dev;
 	}
 	/* ascending order keeps sample ranges aligned across slices on one set */
-	sort_devs(out, x->n);
+	devs_sort(out, x->n);
 	int fit = 0;
 	for (int j = 0; j < x->n; j++)
 		fit += P->mem[out[j]] + slice_mem(P, x, out[j], j) <= pl->mem_cap;

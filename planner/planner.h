@@ -178,6 +178,8 @@ typedef struct {
 /* Places every slice (keeping devices a scheduler chose already). */
 int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out);
 void place_release(place_t *p);
+/* Ascending device ids (sample ranges follow device order). */
+void devs_sort(int32_t *d, int n);
 
 /* The placer: device state (free time, memory, held parameters) that a
  * scheduler consults and updates as it schedules. */

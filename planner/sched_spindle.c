@@ -493,6 +493,19 @@ static int home_of(const planner_t *pl, const homes_t *h, int m, int l)
 	return h->seg_of ? h->seg_of[h->param_base[c] + layer] : -1;
 }
 
+/* Commits slice x on devs to the placer and records it as running. */
+static int start_slice(placer_t *P, run_t *ru, const sslice_t *x, const int32_t *devs, int N,
+		       int homed)
+{
+	placer_commit(P, x, devs);
+	*ru = (run_t){x->metaop, x->lf, x->lt, x->n, x->t0, x->t1,
+		      malloc(sizeof(int32_t) * (size_t)N), homed};
+	if (!ru->devs)
+		return SP_ENOMEM;
+	memcpy(ru->devs, devs, sizeof(int32_t) * (size_t)x->n);
+	return 0;
+}
+
 static int ready(const planner_t *pl, const int *finished, int m)
 {
 	const metaop_t *mo = &pl->mops[m];
@@ -566,24 +579,13 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 				int all_free = 1;
 				sslice_t x = {m, done[m], done[m] + r, n, 0, t, t + r * mop_t(mo, n), 0, -1};
 				memcpy(devs, H.devs + H.first[home], sizeof(int32_t) * (size_t)n);
-				for (int a = 1; a < n; a++)
-					for (int b = a; b > 0 && devs[b] < devs[b - 1]; b--) {
-						int32_t tmp = devs[b];
-						devs[b] = devs[b - 1];
-						devs[b - 1] = tmp;
-					}
+				devs_sort(devs, n);
 				for (int j = 0; j < n; j++)
 					all_free &= placer_free_count_dev(P, devs[j], t);
 				if (!all_free)
 					continue;
-				placer_commit(P, &x, devs);
-				run_t *ru = &run[nrun++];
-				*ru = (run_t){m, x.lf, x.lt, n, t, x.t1, malloc(sizeof(int32_t) * (size_t)N), 1};
-				if (!ru->devs) {
-					rc = SP_ENOMEM;
+				if ((rc = start_slice(P, &run[nrun++], &x, devs, N, 1)))
 					goto cleanup;
-				}
-				memcpy(ru->devs, devs, sizeof(int32_t) * (size_t)n);
 				running[m] = 1;
 				done[m] += r;
 				free_dev -= n;
@@ -618,14 +620,8 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 				blocked++; /* narrower means more samples each: no room */
 				continue;
 			}
-			placer_commit(P, &x, devs);
-			run_t *ru = &run[nrun++];
-			*ru = (run_t){m, x.lf, x.lt, n, t, x.t1, malloc(sizeof(int32_t) * (size_t)N), 0};
-			if (!ru->devs) {
-				rc = SP_ENOMEM;
+			if ((rc = start_slice(P, &run[nrun++], &x, devs, N, 0)))
 				goto cleanup;
-			}
-			memcpy(ru->devs, devs, sizeof(int32_t) * (size_t)n);
 			running[m] = 1;
 			done[m] += r;
 			free_dev -= n;
@@ -670,12 +666,7 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 			/* the widened slice: old devices from ts, extra ones from now */
 			memcpy(x->devs + x->n, devs, sizeof(int32_t) * (size_t)ext.n);
 			sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1};
-			for (int a = 1; a < nn; a++) /* ascending */
-				for (int b = a; b > 0 && x->devs[b] < x->devs[b - 1]; b--) {
-					int32_t tmp = x->devs[b];
-					x->devs[b] = x->devs[b - 1];
-					x->devs[b - 1] = tmp;
-				}
+			devs_sort(x->devs, nn);
 			placer_commit(P, &wide, x->devs);
 			free_dev -= ext.n;
 			x->lf = split;
@@ -742,28 +733,37 @@ cleanup:
  * schedules (more on small clusters, where each is cheap) keeps it bounded
  * and deterministic.
  */
-static int allot_search(planner_t *pl, int *w, double frac)
+/* The list schedule's makespan for widths w (HUGE_VAL if it finds none in
+ * memory). */
+static int makespan(planner_t *pl, const int *w, double frac, double *out)
 {
-	int M = pl->n_mops, rc = 0, budget = SP_MAX(12, 3000 / pl->N);
-	int *order = malloc(sizeof(int) * (size_t)(M + 1));
-	double *work = malloc(sizeof(double) * (size_t)(M + 1));
 	sched_t t;
 	memset(&t, 0, sizeof t);
-	if (!order || !work) {
-		rc = SP_ENOMEM;
-		goto cleanup;
-	}
-	double best = HUGE_VAL;
-	if ((rc = list_schedule(pl, w, frac, &t)) == 0) {
-		best = 0;
+	int rc = list_schedule(pl, w, frac, &t);
+	*out = HUGE_VAL;
+	if (rc == 0) {
+		*out = 0;
 		for (int i = 0; i < t.n; i++)
-			best = fmax(best, t.s[i].t1);
+			*out = fmax(*out, t.s[i].t1);
 	} else if (rc == SP_EINFEAS) {
 		memset(pl->err, 0, sizeof *pl->err);
 		rc = 0;
 	}
 	sched_release(&t);
-	if (rc || best == HUGE_VAL)
+	return rc;
+}
+
+static int allot_search(planner_t *pl, int *w, double frac)
+{
+	int M = pl->n_mops, rc = 0, budget = SP_MAX(12, 3000 / pl->N);
+	int *order = malloc(sizeof(int) * (size_t)(M + 1));
+	double *work = malloc(sizeof(double) * (size_t)(M + 1));
+	if (!order || !work) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	double best;
+	if ((rc = makespan(pl, w, frac, &best)) || best == HUGE_VAL)
 		goto cleanup;
 	for (int m = 0; m < M; m++) {
 		order[m] = m;
@@ -789,19 +789,8 @@ static int allot_search(planner_t *pl, int *w, double frac)
 				budget--;
 				int keep = w[m];
 				w[m] = k;
-				memset(&t, 0, sizeof t);
-				rc = list_schedule(pl, w, frac, &t);
-				double ms = HUGE_VAL;
-				if (rc == 0) {
-					ms = 0;
-					for (int i = 0; i < t.n; i++)
-						ms = fmax(ms, t.s[i].t1);
-				} else if (rc == SP_EINFEAS) {
-					memset(pl->err, 0, sizeof *pl->err);
-					rc = 0;
-				}
-				sched_release(&t);
-				if (rc)
+				double ms;
+				if ((rc = makespan(pl, w, frac, &ms)))
 					goto cleanup;
 				if (ms < best * (1 - 1e-6))
 					best = ms;

@@ -265,9 +265,9 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 		 SP_VERSION);
 	snprintf(out->algo, sizeof out->algo, "%s", algo_name(s->algo));
 	snprintf(out->options, sizeof out->options,
-		 "algo=%s placement=%s mem_reserve_gib=%.3f", algo_name(s->algo),
+		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d", algo_name(s->algo),
 		 pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
-		 pl->opts->mem_reserve_gib);
+		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes);
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))
@@ -527,8 +527,10 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 	if (!out->ins)
 		goto nomem;
 	int overlap = s->algo != ALGO_PAPER;
-	/* buckets over the same device group share a communicator: every member
-	 * must start their all-reduces in the same (bucket) order */
+	/* buckets over the same device group: every member starts their
+	 * all-reduces in the same (bucket) order, so a transport that runs one
+	 * group's collectives in order on one communicator cannot deadlock
+	 * (the MPI runtime happens to give each bucket its own) */
 	int *group = malloc(sizeof(int) * (size_t)(out->n_buckets + 1));
 	int *last_pos = malloc(sizeof(int) * (size_t)(out->n_buckets + 1));
 	if (!group || !last_pos) {

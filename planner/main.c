@@ -90,10 +90,16 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 				fprintf(stderr, "spindle-plan: %s: invalid number '%s'\n", a, val);
 				return SP_EXIT_INPUT;
 			}
-			if (!strcmp(a, "--mem-reserve"))
+			if (!strcmp(a, "--mem-reserve")) {
 				o->mem_reserve_gib = x;
-			else
+			} else if (x < 1 || x != (int)x) {
+				fprintf(stderr, "spindle-plan: --milp-nodes: '%s' is not a positive "
+						"integer\n",
+					val);
+				return SP_EXIT_INPUT;
+			} else {
 				o->milp_nodes = (int)x;
+			}
 			i++;
 		} else if (a[0] == '-' && a[1]) {
 			fprintf(stderr, "spindle-plan: unknown option '%s'\nhint: see "
@@ -151,6 +157,12 @@ int main(int argc, char **argv)
 		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
 		goto cleanup;
 	}
+	/* the file first: a run that cannot write it reports no success */
+	if (o.out_path && plan_write(&plan, o.out_path, &err)) {
+		sp_err_print(stderr, &err);
+		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		goto cleanup;
+	}
 	if (o.json)
 		report_json(stdout, &plan, &sum);
 	else if (o.report || o.compare)
@@ -160,10 +172,6 @@ int main(int argc, char **argv)
 				"%.2f ms, sequential %.2f ms)\n",
 			o.model_path, algo_name(sum.chosen), plan.cert.iteration_ms,
 			plan.cert.lower_bound_ms, sum.algos[ALGO_SEQUENTIAL].iteration_ms);
-	if (o.out_path && plan_write(&plan, o.out_path, &err)) {
-		sp_err_print(stderr, &err);
-		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
-	}
 cleanup:
 	plan_release(&plan);
 	model_release(&model);

@@ -125,7 +125,7 @@ int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, do
 		    const int32_t *devs);
 void sched_release(sched_t *s);
 /* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
-void sched_finish(sched_t *s);
+int sched_finish(sched_t *s);
 /*
  * Splits long slices of parameterised MetaOps into up to SYNC_CHUNKS chunks
  * on the same devices, so each chunk's gradients can be all-reduced while

@@ -83,11 +83,11 @@ static int cmp_slice(const void *a, const void *b)
 	return x->idx - y->idx;
 }
 
-void sched_finish(sched_t *s)
+int sched_finish(sched_t *s)
 {
 	keyed_t *k = malloc(sizeof *k * (size_t)(s->n + 1));
 	if (!k)
-		return; /* order stays as created; still a valid schedule */
+		return SP_ENOMEM;
 	for (int i = 0; i < s->n; i++)
 		k[i] = (keyed_t){s->s[i], i};
 	qsort(k, (size_t)s->n, sizeof *k, cmp_slice);
@@ -100,6 +100,7 @@ void sched_finish(sched_t *s)
 	}
 	s->n_waves = w + 1;
 	free(k);
+	return 0;
 }
 
 int sched_check(const planner_t *pl, const sched_t *s)
@@ -368,7 +369,8 @@ int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if (rc)
 		return rc;
-	sched_finish(out);
+	if (sched_finish(out))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if ((rc = sched_check(pl, out)))
 		return rc;
 	if (a != ALGO_PAPER && sched_chunk(out, pl))

@@ -3,8 +3,8 @@
  * (no level barriers: a MetaOp is ready as soon as its inputs are done):
  *
  * Phase 1, allotment (GLPK MILP). Choose one width k_m per MetaOp from a
- * candidate set K_m (every valid count up to 16, then a x1.5/x2 grid and
- * nmax) minimising C, the larger of the area and critical-path bounds of
+ * candidate set K_m (every valid count up to 16, then 24, 36, 48, 72, 96,
+ * ... alternately x1.5 and x4/3, and nmax) minimising C, the larger of the area and critical-path bounds of
  * the whole iteration under those widths:
  *
  *   min C
@@ -59,7 +59,7 @@ static int candidates(const metaop_t *m, int N, int *k)
 		k[n++] = c;
 	for (int c = 24, step = 0; c < lim && n < MAX_CAND - 1; step++) {
 		k[n++] = c;
-		c = step % 2 ? c * 4 / 3 : c * 3 / 2; /* 24 32 48 64 96 128 ... */
+		c = step % 2 ? c * 4 / 3 : c * 3 / 2; /* 24 36 48 72 96 144 ... */
 	}
 	if (lim > 16 && k[n - 1] != lim)
 		k[n++] = lim;
@@ -261,16 +261,15 @@ static int allot_milp(const planner_t *pl, int *w)
 	parm.presolve = GLP_ON;
 	parm.msg_lev = GLP_MSG_OFF;
 	/* a node budget, not a time limit, ends the search: the same inputs must
-	 * give the same plan on any machine. The time limit is a last resort. */
+	 * give the same plan on any machine (no tm_lim: GLPK's default is none) */
 	int nodes = 0;
 	parm.cb_func = milp_budget;
 	parm.cb_info = &nodes;
-	parm.tm_lim = 60000;
 	parm.mip_gap = 1e-3;
 	milp_node_budget = pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200;
 	int ret = glp_intopt(lp, &parm);
 	int st = glp_mip_status(lp);
-	if ((ret == 0 || ret == GLP_ESTOP || ret == GLP_ETMLIM) && (st == GLP_OPT || st == GLP_FEAS)) {
+	if ((ret == 0 || ret == GLP_ESTOP) && (st == GLP_OPT || st == GLP_FEAS)) {
 		for (int m = 0; m < M; m++) {
 			cand_w[m] = w[m];
 			for (int j = first[m]; j < first[m + 1]; j++)
@@ -305,23 +304,27 @@ typedef struct {
 	int homed;     /* on its home: never widened */
 } run_t;
 
-/* When at least want devices are free, if running slices end as planned. */
+/* When at least want devices are free, if running slices end as planned:
+ * the running slices taken in order of their ends. */
 static double next_free_time(const run_t *run, int nrun, int have, int want)
 {
-	char used[512] = {0};
-	for (int it = 0; it < nrun && it < 512 && have < want; it++) {
-		int e = -1;
-		for (int i = 0; i < nrun && i < 512; i++)
-			if (!used[i] && (e < 0 || run[i].t1 < run[e].t1))
-				e = i;
-		if (e < 0)
-			break;
-		used[e] = 1;
-		have += run[e].n;
-		if (have >= want)
-			return run[e].t1;
+	int *ord = malloc(sizeof(int) * (size_t)(nrun + 1));
+	double t = HUGE_VAL;
+	if (!ord)
+		return t;
+	for (int i = 0; i < nrun; i++) {
+		int j = i;
+		for (; j > 0 && run[ord[j - 1]].t1 > run[i].t1; j--)
+			ord[j] = ord[j - 1];
+		ord[j] = i;
 	}
-	return HUGE_VAL;
+	for (int i = 0; i < nrun && have < want; i++) {
+		have += run[ord[i]].n;
+		if (have >= want)
+			t = run[ord[i]].t1;
+	}
+	free(ord);
+	return t;
 }
 
 /*

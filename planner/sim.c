@@ -11,9 +11,13 @@
  *                 link_free = arrive (one outgoing transfer at a time)
  *   RECV          blocks until the matching SEND has arrived
  *   SYNC          non-blocking start; the bucket's all-reduce runs from the
- *                 moment its last member issued it, for the ring time
+ *                 moment its last member issued it and its members finished
+ *                 their earlier all-reduces (one at a time per device), for
+ *                 the ring time
  *   STEP          waits for every bucket the device belongs to, then
- *                 now += optimizer time of its held parameters
+ *                 now += optimizer time of its held parameters (all-reduces
+ *                 are timed after the programs ran, in the order they can
+ *                 start, since only the final STEPs wait for them)
  * A device that cannot proceed (RECV before its SEND ran, STEP before a
  * member issued SYNC) waits; if no device can proceed the programs
  * deadlock and the simulation says so. Modes switch costs off to measure
@@ -57,8 +61,12 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 	double *arrive = malloc(sizeof(double) * (size_t)(max_tag + 1));
 	int *issued = calloc((size_t)p->n_buckets + 1, sizeof(int));
 	double *last_issue = calloc((size_t)p->n_buckets + 1, sizeof(double));
+	double *sync_done = calloc((size_t)p->n_buckets + 1, sizeof(double));
+	double *sync_free = calloc((size_t)N + 1, sizeof(double));
+	int *border = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
 	double *s_f0 = NULL, *s_f1 = NULL, *s_b0 = NULL, *s_b1 = NULL;
-	if (!pc || !now || !link || !busy || !wait || !arrive || !issued || !last_issue) {
+	if (!pc || !now || !link || !busy || !wait || !arrive || !issued || !last_issue || !sync_done ||
+	    !sync_free || !border) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -126,36 +134,20 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 					issued[in->peer]++;
 					last_issue[in->peer] = fmax(last_issue[in->peer], now[d]);
 				} else if (in->op == INS_STEP) {
-					double ready = now[d];
-					int blocked = 0;
-					int64_t elems = 0;
-					/* the device's buckets: the SYNCs of its own program */
-					for (int k = 0; k < dv->n_ins && !blocked; k++) {
+					/* it waits for its buckets' all-reduces, timed below once
+					 * every bucket is known; here only for all of them to start */
+					for (int k = 0; k < dv->n_ins; k++) {
 						const sp_ins_t *sy = &p->ins[dv->first_ins + k];
-						if (sy->op != INS_SYNC)
-							continue;
-						int b = sy->peer;
-						const sp_bucket_t *bk = &p->buckets[b];
-						if (issued[b] < bk->n_dev) {
-							blocked = 1;
-							break;
-						}
-						elems += bk->elems;
-						ready = fmax(ready, last_issue[b] +
-									    ((mode & SIM_SYNC) ? bk->sync_ms : 0));
+						if (sy->op == INS_SYNC && issued[sy->peer] < p->buckets[sy->peer].n_dev)
+							goto blocked;
 					}
-					if (blocked)
-						break;
-					wait[d] += ready - now[d];
-					now[d] = ready;
-					if (mode & SIM_SYNC)
-						now[d] += cost_step_ms(pl, elems);
 				}
 				pc[d]++;
 				progress = 1;
 				if (pc[d] == dv->n_ins)
 					done++;
 			}
+		blocked:;
 		}
 		if (!progress && done < N) {
 			int d = 0;
@@ -168,6 +160,39 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 					ins_op_name(p->ins[p->devices[d].first_ins + pc[d]].op));
 			goto cleanup;
 		}
+	}
+	/* all-reduces in the order they can start; each device runs one at a
+	 * time (they share its links), then every device's optimizer step */
+	for (int i = 0; i < p->n_buckets; i++)
+		border[i] = i;
+	for (int a = 1; a < p->n_buckets; a++)
+		for (int b = a; b > 0 && last_issue[border[b]] < last_issue[border[b - 1]]; b--) {
+			int t = border[b];
+			border[b] = border[b - 1];
+			border[b - 1] = t;
+		}
+	for (int i = 0; i < p->n_buckets; i++) {
+		const sp_bucket_t *bk = &p->buckets[border[i]];
+		double start = last_issue[border[i]];
+		for (int q = 0; q < bk->n_dev; q++)
+			start = fmax(start, sync_free[p->bucket_devs[bk->dev_off + q]]);
+		sync_done[border[i]] = start + ((mode & SIM_SYNC) ? bk->sync_ms : 0);
+		for (int q = 0; q < bk->n_dev; q++)
+			sync_free[p->bucket_devs[bk->dev_off + q]] = sync_done[border[i]];
+	}
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		double ready = now[d];
+		int64_t elems = 0;
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *sy = &p->ins[dv->first_ins + k];
+			if (sy->op != INS_SYNC)
+				continue;
+			elems += p->buckets[sy->peer].elems;
+			ready = fmax(ready, sync_done[sy->peer]);
+		}
+		wait[d] += ready - now[d];
+		now[d] = ready + ((mode & SIM_SYNC) ? cost_step_ms(pl, elems) : 0);
 	}
 	res->iteration = 0;
 	res->busy_total = 0;
@@ -212,6 +237,9 @@ cleanup:
 	free(arrive);
 	free(issued);
 	free(last_issue);
+	free(sync_done);
+	free(sync_free);
+	free(border);
 	free(s_f0);
 	free(s_f1);
 	free(s_b0);

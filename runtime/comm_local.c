@@ -5,6 +5,7 @@
  */
 #include "runtime.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +98,7 @@ int comm_local_init(rt_comm_t *c)
 {
 	memset(c, 0, sizeof *c);
 	c->name = "local";
+	c->tag_ub = INT32_MAX;
 	c->rank = 0;
 	c->nranks = 1;
 	c->group_create = l_group;

@@ -210,6 +210,9 @@ int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err)
 	MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &c->nranks);
 	c->name = "mpi";
+	int *ub = NULL, flag = 0;
+	MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+	c->tag_ub = flag && ub ? *ub : 32767; /* the standard's guaranteed minimum */
 	c->group_create = m_group;
 	c->isend = m_isend;
 	c->irecv = m_irecv;

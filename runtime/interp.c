@@ -428,6 +428,11 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 	int rc = plan_params(st);
 	if (!rc)
 		rc = plan_buffers(st);
+	/* transfer tags go to the transport as they are: they must fit it */
+	for (int k = 0; !rc && k < st->n_ins; k++)
+		if ((st->prog[k].op == INS_SEND || st->prog[k].op == INS_RECV) &&
+		    st->prog[k].tag > b->comm.tag_ub)
+			rc = SP_EINPUT;
 	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)
@@ -442,8 +447,9 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 		if (rc == SP_EINPUT)
 			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
 					  "rank %d: the plan's parameters, buckets and programs do "
-					  "not agree (was it verified?)",
-					  b->comm.rank);
+					  "not agree, or its transfer tags exceed the transport's "
+					  "limit %d",
+					  b->comm.rank, b->comm.tag_ub);
 		if (rc)
 			return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
 					  "rank %d: out of memory allocating the plan's buffers",
@@ -666,7 +672,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 		b->sync();
 		rt_req_t r = {0};
 		if (b->comm.isend(&b->comm, stage, sizeof(float) * (size_t)(rows * cols), in->peer,
-				  in->tag % 32768, &r))
+				  in->tag, &r))
 			return fail(st, err, k, "send failed");
 		return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 	}
@@ -675,7 +681,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 		int64_t cols = (int64_t)in->seq_len * d->width;
 		rt_req_t r = {0};
 		if (b->comm.irecv(&b->comm, st->rstage, sizeof(float) * (size_t)(rows * cols),
-				  in->peer, in->tag % 32768, &r))
+				  in->peer, in->tag, &r))
 			return fail(st, err, k, "receive failed");
 		int rc = wait_req(st, &r, k, err);
 		if (rc)

@@ -360,12 +360,14 @@ int main(int argc, char **argv)
 	FILE *log = NULL;
 	double *loss = NULL;
 	/* quiet: the error is known to every rank and rank 0 reports it */
-	int quiet = 0, save_dir_made = 0;
+	int quiet = 0, loud = 0, save_dir_made = 0;
+	/* start-up: each rank checks what it can on its own, then all agree
+	 * before the first collective a failed rank would never join */
+	int pre = 0; /* the exit status this rank wants: 0 to go on */
+	rt_opts_t ro = {0, o.timeout_s, o.trace_path != NULL};
 	if (plan_read(&plan, o.plan_path, &err)) {
-		status = 2;
-		goto fail;
-	}
-	if (plan.n_devices != c->nranks) {
+		pre = 2;
+	} else if (plan.n_devices != c->nranks) {
 		sp_err_set(&err, SP_EINPUT, o.plan_path, 0, 0, NULL,
 			   "the plan is for %d devices but %d rank%s started", plan.n_devices,
 			   c->nranks, c->nranks == 1 ? " was" : "s were");
@@ -374,40 +376,72 @@ int main(int argc, char **argv)
 		else
 			sp_err_hint(&err, "run: mpirun -np %d spindle-run %s", plan.n_devices,
 				    o.plan_path);
-		status = 2;
-		goto fail;
+		pre = 2;
 	}
-	if (!strcmp(o.backend, "cuda")) {
-		if (backend_cuda(&be, &err)) {
-			status = 2;
+	if (!pre) {
+		if (!strcmp(o.backend, "cuda")) {
+			if (backend_cuda(&be, &err))
+				pre = 2;
+		} else {
+			backend_cpu(&be);
+		}
+	}
+	if (!pre && be.init(&be, rank, &err))
+		pre = 1;
+	if (!pre) {
+		ro.seed = o.seed_set ? o.seed : plan.model.seed;
+		if (o.load_dir) {
+			/* continue the checkpoint's data stream: its seed */
+			int64_t saved = 0;
+			uint64_t seed = 0;
+			if (ckpt_peek(o.load_dir, &saved, &seed, &err)) {
+				pre = err.code == SP_ENOMEM ? 1 : 2;
+			} else if (o.seed_set && o.seed != seed) {
+				sp_err_set(&err, SP_EINPUT, o.load_dir, 0, 0, NULL,
+					   "the checkpoint was trained with seed %llu, not %llu",
+					   (unsigned long long)seed, (unsigned long long)o.seed);
+				sp_err_hint(&err,
+					    "omit --seed to continue with the checkpoint's seed");
+				pre = 2;
+			} else {
+				ro.seed = seed;
+			}
+		}
+	}
+	{
+		/* who failed: the lowest failing rank reports, the others stay quiet */
+		double *who = calloc((size_t)c->nranks + 1, sizeof(double));
+		if (!who) {
+			sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL, "rank %d: out of memory", rank);
+			goto lost;
+		}
+		who[rank] = pre;
+		wd_arm(rank, "start-up checks");
+		if (c->allsum(c, who, c->nranks)) {
+			free(who);
+			sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL,
+				   "rank %d: start-up all-reduce failed", rank);
+			goto lost;
+		}
+		wd_disarm();
+		int first = -1, worst = 0;
+		for (int r = 0; r < c->nranks; r++)
+			if (who[r] > 0) {
+				if (first < 0)
+					first = r;
+				worst = SP_MAX(worst, (int)who[r]);
+			}
+		free(who);
+		if (first >= 0) {
+			status = pre ? pre : worst;
+			quiet = rank != first;
+			loud = rank == first;
+			if (rank == 0 && first != 0)
+				fprintf(stderr, "spindle-run: rank %d could not start (its message "
+						"follows or precedes this one)\n",
+					first);
 			goto fail;
 		}
-	} else {
-		backend_cpu(&be);
-	}
-	if (be.init(&be, rank, &err)) {
-		status = 1;
-		goto fail;
-	}
-	rt_opts_t ro = {o.seed_set ? o.seed : plan.model.seed, o.timeout_s,
-			o.trace_path != NULL};
-	if (o.load_dir) {
-		/* continue the checkpoint's data stream: its seed */
-		int64_t saved = 0;
-		uint64_t seed = 0;
-		if (ckpt_peek(o.load_dir, &saved, &seed, &err)) {
-			status = err.code == SP_ENOMEM ? 1 : 2;
-			goto fail;
-		}
-		if (o.seed_set && o.seed != seed) {
-			sp_err_set(&err, SP_EINPUT, o.load_dir, 0, 0, NULL,
-				   "the checkpoint was trained with seed %llu, not %llu",
-				   (unsigned long long)seed, (unsigned long long)o.seed);
-			sp_err_hint(&err, "omit --seed to continue with the checkpoint's seed");
-			status = 2;
-			goto fail;
-		}
-		ro.seed = seed;
 	}
 	wd_arm(rank, "setting up the plan's buffers and groups");
 	if (rt_create(&st, &plan, &be, &ro, &err)) {
@@ -562,7 +596,7 @@ lost:
 	c->abort(c, 1);
 	return 1;
 fail:
-	if (err.code && !quiet && (rank == 0 || status != 2))
+	if (err.code && !quiet && (rank == 0 || status != 2 || loud))
 		sp_err_print(stderr, &err);
 	if (status == 0)
 		status = 1;

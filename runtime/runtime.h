@@ -25,6 +25,7 @@ typedef struct rt_req {
 typedef struct rt_comm {
 	const char *name;
 	int rank, nranks;
+	int tag_ub; /* largest message tag the transport accepts */
 	void *impl;
 	/* Creates a group over ranks[0..n) (ascending); collective over all
 	 * ranks, called in the same order everywhere. *out: id, or -1 if this

@@ -162,8 +162,9 @@ int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err)
 	int rc = 0;
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (fd < 0) {
-		rc = sp_err_set(err, SP_EIO, path, 0, 0, NULL, "cannot create '%s': %s",
-				tmp, strerror(errno));
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: %s",
+				strerror(errno));
+		sp_err_hint(err, "check that the directory exists and is writable");
 		goto cleanup;
 	}
 	const char *p = data;

@@ -9,7 +9,9 @@
  *          op_saved_elems * local batch * layers until its BWD; all forward
  *          instructions precede all backward ones, so the peak is their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
- *          device touches, over the union of its sample ranges
+ *          device touches, over the union of its sample ranges; plus staging:
+ *          every SEND's bytes (sends stay outstanding until the step ends)
+ *          and the largest RECV's
  *  work    scratch: the largest single layer's saved size at its local
  *          batch (losses compute in it) plus WORK_FIXED for libraries
  */
@@ -52,8 +54,19 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	vslot_t *v = calloc(cap, sizeof *v);
 	if (!v)
 		return -1;
+	int64_t send_stage = 0, recv_stage = 0;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if (in->op == INS_SEND || in->op == INS_RECV) {
+			const sp_vref_t *r = in->op == INS_SEND ? &in->src : &in->dst;
+			int32_t sq, wd;
+			plan_value_shape(p, r->metaop, r->layer, &sq, &wd);
+			int64_t bytes = (int64_t)(in->s1 - in->s0) * in->seq_len * wd * db;
+			if (in->op == INS_SEND)
+				send_stage += bytes;
+			else
+				recv_stage = SP_MAX(recv_stage, bytes);
+		}
 		if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
 			const sp_slice_t *sl = &p->slices[in->slice];
 			int64_t one = saved_bytes(p, in, db);
@@ -110,6 +123,7 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 		out[MEM_COMM] += (int64_t)(v[i].hi - v[i].lo) * seq * width * db;
 	}
 	free(v);
+	out[MEM_COMM] += send_stage + recv_stage;
 	out[MEM_WORK] = work + WORK_FIXED;
 	return 0;
 }

@@ -1445,6 +1445,24 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 			return fail(d, "slice", "loss of slice %d, whose metaop '%s' "
 						"is not a loss",
 				    in->slice, p->metaops[m].name);
+		/* the values a compute instruction reads and writes are implied
+		 * by its slice; the runtime indexes them, so they must match */
+		const sp_slice_t *sl = &p->slices[in->slice];
+		int a = sl->layer_from, b = sl->layer_to;
+		sp_vref_t src = {m, a, 0, 0}, dst = {m, b, 0, 0};
+		if (in->op == INS_BWD) {
+			src = (sp_vref_t){m, b, 1, 0};
+			dst = (sp_vref_t){m, a, 1, 0};
+		} else if (in->op == INS_LOSS) {
+			src = (sp_vref_t){m, 0, 0, 0};
+			dst = (sp_vref_t){m, 0, 1, 0};
+		}
+		int bad_src = memcmp(&in->src, &src, sizeof src) != 0;
+		if (bad_src || memcmp(&in->dst, &dst, sizeof dst))
+			return fail(d, bad_src ? "src" : "dst", "values (metaop %d layer %d grad %d, metaop %d "
+					      "layer %d grad %d) do not match slice %d",
+				    in->src.metaop, in->src.layer, in->src.grad, in->dst.metaop,
+				    in->dst.layer, in->dst.grad, in->slice);
 		return chk_samples(d, p, in, m);
 	}
 	case INS_SEND:

@@ -39,7 +39,7 @@ static void usage(FILE *f)
 		"\n"
 		"Prints the canonical text view of a plan: header, one line per wave and\n"
 		"per slice, sync buckets and devices. Deterministic, so it works as a git\n"
-		"textconv driver (see tools/README-tools.md).\n"
+		"textconv driver (see README.md, \"Plans in git diff\").\n"
 		"\n"
 		"  --programs        add every device's program, one instruction per line\n"
 		"  --json            print the same content as JSON\n"

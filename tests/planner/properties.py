@@ -5,7 +5,8 @@
     transfer matched, every parameter's gradient contributions add up to the
     full batch of every task using it, memory within the cap);
   * simulated compute time >= the lower bound, iteration >= compute;
-  * ours is never slower than sequential;
+  * ours is never slower than sequential (a guard on how ours picks among
+    its candidates, one of which is the sequential plan);
 and degenerate inputs get a clear answer: batch smaller than the device
 count, one device, one task, a model that fits nowhere.
 Also: the same inputs give byte-identical plans (every bundled workload).
@@ -37,6 +38,8 @@ def plan_json(m, c, out, extra=()):
 
 def check_props(name, m, c, tmp):
     out = os.path.join(tmp, "p.bin")
+    if os.path.exists(out):
+        os.remove(out)
     rc, so, se = plan_json(m, c, out)
     if rc != 0:
         fail(f"{name}: exit {rc}: {se.strip()}")

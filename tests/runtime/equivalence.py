@@ -70,6 +70,8 @@ def compare(ref, got, floor, what):
         return f"{what}: parameter sets differ"
     worst, where = 0.0, None
     for k in pa:
+        if len(pa[k]) != len(pb[k]):
+            return f"{what}: parameter {k} has {len(pb[k])} elements, not {len(pa[k])}"
         for i, (x, y) in enumerate(zip(pa[k], pb[k])):
             tol = 1e-4 * abs(x) + floor
             excess = abs(x - y) / tol
@@ -77,6 +79,8 @@ def compare(ref, got, floor, what):
                 worst, where = excess, (k, i, x, y)
     if worst > 1:
         return f"{what}: parameter {where[0]}[{where[1]}] {where[2]:.9g} vs {where[3]:.9g}"
+    if len(la) != len(lb) or len(la) != STEPS * len({r["task"] for r in la}):
+        return f"{what}: the logs hold {len(la)} and {len(lb)} rows"
     for ra, rb in zip(la, lb):
         x, y = float(ra["loss"]), float(rb["loss"])
         if abs(x - y) > 1e-4 * abs(x) + 1e-6:

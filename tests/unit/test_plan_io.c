@@ -246,6 +246,18 @@ static void make_plan(sp_plan_t *p)
 	in[16] = ins(INS_SYNC, -1, 0, 0);
 	in[16].peer = 1;
 	in[17] = ins(INS_STEP, -1, 0, 0);
+	/* compute instructions name the values their slice implies */
+	for (int k = 0; k < p->n_ins; k++) {
+		sp_ins_t *c = &in[k];
+		if (c->op != INS_FWD && c->op != INS_BWD && c->op != INS_LOSS)
+			continue;
+		const sp_slice_t *sl = &p->slices[c->slice];
+		int m = sl->metaop, a = sl->layer_from, b = sl->layer_to;
+		c->src = c->op == INS_FWD ? vref(m, a, 0, 0)
+			 : c->op == INS_BWD ? vref(m, b, 1, 0) : vref(m, 0, 0, 0);
+		c->dst = c->op == INS_FWD ? vref(m, b, 0, 0)
+			 : c->op == INS_BWD ? vref(m, a, 1, 0) : vref(m, 0, 1, 0);
+	}
 
 	p->n_devices = 2;
 	NEW(p->devices, p->n_devices);
@@ -885,6 +897,12 @@ static void test_indices(void **state)
 			      "2 is outside [0, 1]");
 	expect_patch_rejected(f, 18, 12, 32, 1, "instructions[12].src.seq_off",
 			      "range [1, 7) is outside the 6 tokens of the value");
+	/* a compute instruction's values must be the ones its slice implies
+	 * (the runtime indexes them): a foreign metaop or layer is refused */
+	expect_patch_rejected(f, 18, 0, 20, 100000, "instructions[0].src",
+			      "do not match slice 0");
+	expect_patch_rejected(f, 18, 6, 40, 0, "instructions[6].dst",
+			      "do not match slice 4");
 	uint8_t *b = malloc(f->len);
 	assert_non_null(b);
 	memcpy(b, f->bin, f->len);
@@ -1064,9 +1082,9 @@ static void test_files(void **state)
 	plan_release(&back);
 	assert_int_equal(count_entries(tmpdir), 1);
 
-	/* a missing directory: an error, and no file */
+	/* a missing directory: a user error (exit 2), and no file */
 	memset(&err, 0, sizeof err);
-	assert_int_equal(plan_write(&f->plan, missing, &err), SP_EIO);
+	assert_int_equal(plan_write(&f->plan, missing, &err), SP_EINPUT);
 	assert_string_equal(err.file, missing);
 	struct stat st;
 	assert_int_equal(stat(missing, &st), -1);

@@ -160,8 +160,7 @@ static double clamp_norm(double x)
 	return x > NORM_EPS ? x : NORM_EPS;
 }
 
-/* A component with the dimensions of an operator shape, for layer_tensors. */
-static sp_component_t comp_of(const sp_opshape_t *s)
+sp_component_t layer_comp_of_shape(const sp_opshape_t *s)
 {
 	sp_component_t c;
 	memset(&c, 0, sizeof c);
@@ -398,7 +397,7 @@ void tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, fl
 		float *saved)
 {
 	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
-	sp_component_t c = comp_of(s);
+	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensor_t t[12];
 	layer_tensors(&c, t);
 	const float *w[TB__COUNT];
@@ -473,7 +472,7 @@ void tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved
 		const float *dy, float *dx, float *dp)
 {
 	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
-	sp_component_t c = comp_of(s);
+	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensor_t t[12];
 	layer_tensors(&c, t);
 	const float *w[TB__COUNT];

@@ -46,6 +46,12 @@ typedef struct {
  * Total floats == comp_layer_params(c). Returns the count of tensors.
  */
 int layer_tensors(const sp_component_t *c, layer_tensor_t out[12]);
+/*
+ * A component with the dimensions of an operator shape, for layer_tensors:
+ * max_seq is set to the shape's seq, which only sizes the position table,
+ * the last tensor, so every offset is right.
+ */
+sp_component_t layer_comp_of_shape(const sp_opshape_t *s);
 
 /*
  * Deterministic initialisation of one layer's parameters: a function of

@@ -37,29 +37,12 @@ namespace {
 
 constexpr cudaDataType_t BF = CUDA_R_16BF, F32 = CUDA_R_32F;
 
-sp_component_t comp_of(const sp_opshape_t *s)
-{
-	sp_component_t c;
-	memset(&c, 0, sizeof c);
-	c.type = s->type;
-	c.vocab = s->vocab;
-	c.hidden = s->hidden;
-	c.max_seq = s->seq;
-	c.in = s->in;
-	c.out = s->out;
-	c.heads = s->heads;
-	c.ffn = s->ffn;
-	c.classes = s->classes;
-	c.causal = s->causal;
-	return c;
-}
-
 /* Tensor offsets (floats) of one transformer layer, layer_tensors order. */
 enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, NT };
 
 void tb_offsets(const sp_opshape_t *s, int64_t off[NT])
 {
-	sp_component_t c = comp_of(s);
+	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensor_t t[12];
 	layer_tensors(&c, t);
 	for (int i = 0; i < NT; i++)
@@ -163,7 +146,7 @@ void cu_tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x,
 	if (n <= 0)
 		return;
 	tb_offsets(s, off);
-	sp_component_t comp = comp_of(s);
+	sp_component_t comp = layer_comp_of_shape(s);
 	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
 	float scale = (float)(1.0 / sqrt((double)dh));
 	int64_t nc = tb_chunk(s, n);
@@ -221,7 +204,7 @@ void cu_tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *sa
 	if (n <= 0)
 		return;
 	tb_offsets(s, off);
-	sp_component_t comp = comp_of(s);
+	sp_component_t comp = layer_comp_of_shape(s);
 	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
 	float scale = (float)(1.0 / sqrt((double)dh));
 	int64_t nc = tb_chunk(s, n);

@@ -113,29 +113,11 @@ static void check_scalar(const char *what, double gpu, double ref, double rel)
 		n_fail++;
 }
 
-static sp_component_t comp_of(const sp_opshape_t *s)
-{
-	sp_component_t c;
-	memset(&c, 0, sizeof c);
-	snprintf(c.name, sizeof c.name, "test");
-	c.type = s->type;
-	c.vocab = s->vocab;
-	c.hidden = s->hidden;
-	c.max_seq = s->seq;
-	c.in = s->in;
-	c.out = s->out;
-	c.heads = s->heads;
-	c.ffn = s->ffn;
-	c.classes = s->classes;
-	c.causal = s->causal;
-	return c;
-}
-
 /* Parameters large enough that every path matters: LN gains 1 +- 0.2,
  * biases +- 0.2, matrices +- 1/sqrt(rows). */
 static float *params(const sp_opshape_t *s, int64_t *count)
 {
-	sp_component_t c = comp_of(s);
+	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensor_t t[12];
 	int nt = layer_tensors(&c, t);
 	*count = comp_layer_params(&c);
@@ -163,7 +145,7 @@ static float *params(const sp_opshape_t *s, int64_t *count)
 static void check_params(const char *layer, const sp_opshape_t *s, const float *gpu,
 			 const float *ref, double tol, double eps)
 {
-	sp_component_t c = comp_of(s);
+	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensor_t t[12];
 	int nt = layer_tensors(&c, t);
 	for (int i = 0; i < nt; i++) {

@@ -110,28 +110,13 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		p->memory_gib - p->mem_reserve_gib, p->memory_gib, p->mem_reserve_gib);
 }
 
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
-}
-
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 {
 	const sp_cert_t *c = &p->cert;
 	fprintf(f, "{\n  \"model\": ");
-	json_str(f, p->model.name);
+	sp_json_str(f, p->model.name);
 	fprintf(f, ",\n  \"cluster\": ");
-	json_str(f, p->cluster_name);
+	sp_json_str(f, p->cluster_name);
 	fprintf(f, ",\n  \"devices\": %d,\n  \"algorithms\": {", p->n_devices);
 	int first = 1;
 	double seq = s->algos[ALGO_SEQUENTIAL].iteration_ms;
@@ -140,7 +125,7 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 			continue;
 		const sp_algo_result_t *r = &s->algos[a];
 		fprintf(f, "%s\n    ", first ? "" : ",");
-		json_str(f, r->name);
+		sp_json_str(f, r->name);
 		fprintf(f, ": {\"iteration_ms\": %.6f, \"compute_ms\": %.6f, \"planning_ms\": %.3f, "
 			   "\"utilisation\": %.6f, \"speedup_vs_sequential\": %.6f, "
 			   "\"fits_memory\": %s}",
@@ -160,6 +145,6 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		c->allot_bound_ms, c->gap,
 		c->transfer_ms, c->sync_ms, (long long)c->xnode_bytes,
 		(long long)c->naive_xnode_bytes, c->naive_xfer_pred_ms, p->n_waves, s->total_ms);
-	json_str(f, algo_name(s->chosen));
+	sp_json_str(f, algo_name(s->chosen));
 	fprintf(f, "\n}\n");
 }

@@ -126,6 +126,8 @@ static inline int64_t sp_add(int64_t a, int64_t b, int *ovf)
 #define SP_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define SP_ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* Writes s as a JSON string literal (quotes, escapes, \uXXXX controls). */
+void sp_json_str(FILE *f, const char *s);
 /* Reads a whole file; *out is NUL-terminated; caller frees. */
 int sp_read_file(char **out, size_t *out_len, const char *path, sp_err_t *err);
 /*

@@ -1,6 +1,7 @@
 /*
- * err.c — filling and printing sp_err_t, closest-name hints, and the two
- * file helpers every program needs (whole-file read, atomic write).
+ * err.c — filling and printing sp_err_t, closest-name hints, JSON string
+ * output, and the two file helpers every program needs (whole-file read,
+ * atomic write).
  */
 #include "common.h"
 
@@ -93,6 +94,20 @@ const char *sp_closest(const char *s, const char *const *names, int n)
 	if (best && bd <= SP_MAX(1, len / 3))
 		return best;
 	return NULL;
+}
+
+void sp_json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
 }
 
 int sp_read_file(char **out, size_t *out_len, const char *path, sp_err_t *err)

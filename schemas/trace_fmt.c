@@ -44,16 +44,6 @@ void trace_ins_name(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *i
 	}
 }
 
-static void json_escape(FILE *f, const char *s)
-{
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fputc('\\', f);
-		if ((unsigned char)*s >= 0x20)
-			fputc(*s, f);
-	}
-}
-
 void trace_begin(FILE *f, int n_proc, const char *proc_word)
 {
 	fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
@@ -72,10 +62,10 @@ void trace_begin(FILE *f, int n_proc, const char *proc_word)
 void trace_event(FILE *f, int pid, int tid, const char *name, const char *cat,
 		 double ts_ms, double dur_ms)
 {
-	fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
+	fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":",
 		pid, tid, ts_ms * 1e3, dur_ms * 1e3, cat);
-	json_escape(f, name);
-	fprintf(f, "\"},\n");
+	sp_json_str(f, name);
+	fprintf(f, "},\n");
 }
 
 void trace_end(FILE *f)

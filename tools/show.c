@@ -361,7 +361,7 @@ static void json_devlist(FILE *f, const int32_t *d, int n)
 static void json_vref(FILE *f, const char *key, const sp_plan_t *p, const sp_vref_t *r)
 {
 	fprintf(f, ", \"%s\": {\"value\": \"%s\", \"metaop\": ", key, r->grad ? "grad" : "act");
-	tl_json_str(f, p->metaops[r->metaop].name);
+	sp_json_str(f, p->metaops[r->metaop].name);
 	fprintf(f, ", \"layer\": %d, \"seq_off\": %d}", r->layer, r->seq_off);
 }
 
@@ -374,7 +374,7 @@ static void json_ins(FILE *f, const sp_plan_t *p, const sp_ins_t *in)
 	case INS_LOSS: {
 		const sp_slice_t *s = &p->slices[in->slice];
 		fprintf(f, ", \"metaop\": ");
-		tl_json_str(f, p->metaops[s->metaop].name);
+		sp_json_str(f, p->metaops[s->metaop].name);
 		fprintf(f, ", \"layers\": [%d, %d], \"samples\": [%d, %d]", s->layer_from,
 			s->layer_to, in->s0, in->s1);
 		break;
@@ -401,26 +401,26 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 	tl_ring_t nr = {0};
 	const sp_cert_t *c = &p->cert;
 	fprintf(f, "{\n  \"format\": \"%s\",\n  \"model\": ", VIEW_FORMAT);
-	tl_json_str(f, p->model.name);
+	sp_json_str(f, p->model.name);
 	fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"tasks\": [",
 		dtype_name(p->model.dtype), p->model.opt.kind == OPT_SGD ? "sgd" : "adamw");
 	for (int t = 0; t < p->model.n_tasks; t++) {
 		fprintf(f, "%s", t ? ", " : "");
-		tl_json_str(f, p->model.tasks[t].name);
+		sp_json_str(f, p->model.tasks[t].name);
 	}
 	fprintf(f, "],\n  \"cluster\": {\"name\": ");
-	tl_json_str(f, p->cluster_name);
+	sp_json_str(f, p->cluster_name);
 	fprintf(f, ", \"gpu\": ");
-	tl_json_str(f, p->gpu_name);
+	sp_json_str(f, p->gpu_name);
 	fprintf(f, ", \"nodes\": %d, \"gpus_per_node\": %d, \"memory_gib\": %s, "
 		   "\"mem_reserve_gib\": %s},\n",
 		p->nodes, p->gpus_per_node, J2(p->memory_gib), J2(p->mem_reserve_gib));
 	fprintf(f, "  \"algorithm\": ");
-	tl_json_str(f, p->algo);
+	sp_json_str(f, p->algo);
 	fprintf(f, ",\n  \"planner_version\": ");
-	tl_json_str(f, p->planner_version);
+	sp_json_str(f, p->planner_version);
 	fprintf(f, ",\n  \"options\": ");
-	tl_json_str(f, p->options);
+	sp_json_str(f, p->options);
 	fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n  \"cluster_hash\": \"%016llx\",\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "  \"predicted\": {\"iteration_ms\": %s, \"compute_ms\": %s, "
@@ -444,7 +444,7 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 	for (int a = 0; a < p->n_algos; a++) {
 		const sp_algo_result_t *r = &p->algos[a];
 		fprintf(f, "%s\n    {\"algorithm\": ", a ? "," : "");
-		tl_json_str(f, r->name);
+		sp_json_str(f, r->name);
 		fprintf(f, ", \"iteration_ms\": %s, \"compute_ms\": %s, \"speedup\": %s, "
 			   "\"utilisation\": %s, \"fits_memory\": %s, \"this_plan\": %s}",
 			J2(r->iteration_ms), J2(r->compute_ms),
@@ -466,9 +466,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 			char devs[512];
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			fprintf(f, "%s\n      {\"metaop\": ", i ? "," : "");
-			tl_json_str(f, m->name);
+			sp_json_str(f, m->name);
 			fprintf(f, ", \"task\": ");
-			tl_json_str(f, p->model.tasks[m->task].name);
+			sp_json_str(f, p->model.tasks[m->task].name);
 			fprintf(f, ", \"layers\": [%d, %d], \"n_dev\": %d, \"devices\": ",
 				s->layer_from, s->layer_to, s->n_dev);
 			json_devlist(f, p->slice_devs + s->dev_off, s->n_dev);
@@ -488,7 +488,7 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 		for (int i = 0; i < x->n_params; i++) {
 			const sp_param_t *pa = &p->bucket_params[x->param_off + i];
 			fprintf(f, "%s{\"component\": ", i ? ", " : "");
-			tl_json_str(f, p->model.comps[pa->comp].name);
+			sp_json_str(f, p->model.comps[pa->comp].name);
 			fprintf(f, ", \"layer\": %d}", pa->layer);
 		}
 		fprintf(f, "], \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,

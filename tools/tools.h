@@ -73,23 +73,6 @@ static inline void tl_devlist(char *buf, size_t cap, const int32_t *dev, int n)
 		strcpy(buf + cap - 4, "...");
 }
 
-/* ---- JSON ------------------------------------------------------------- */
-
-static inline void tl_json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
-}
-
 /* ---- output files ----------------------------------------------------- */
 
 /*

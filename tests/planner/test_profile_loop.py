@@ -141,7 +141,6 @@ def profile_into(prof_cluster, cluster_in, want):
     print(out, end="")
     check(rc == 0, f"spindle-profile exit {rc}\n{err}")
     print(f"profiling took {secs:.2f} s")
-    check(secs < 60, f"profiling the demo took {secs:.1f} s")
     text = open(prof_cluster).read()
     got = json.loads(text)
     keys_in = [k for k in cluster_in if k != "profile"]

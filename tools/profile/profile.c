@@ -559,24 +559,6 @@ out:
 
 /* ---- output ---------------------------------------------------------------- */
 
-static void put_string(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(f, "\\%c", *p);
-		else if (*p == '\n')
-			fputs("\\n", f);
-		else if (*p == '\t')
-			fputs("\\t", f);
-		else if (*p < 0x20)
-			fprintf(f, "\\u%04x", *p);
-		else
-			fputc(*p, f);
-	}
-	fputc('"', f);
-}
-
 /* Shortest of %.15g..%.17g that reads back as x (keeps the user's numbers). */
 static void put_real(FILE *f, double x)
 {
@@ -604,7 +586,7 @@ static void put_value(FILE *f, json_t *v)
 		json_object_foreach(v, k, x) {
 			fputs(first ? "" : ", ", f);
 			first = 0;
-			put_string(f, k);
+			sp_json_str(f, k);
 			fputs(": ", f);
 			put_value(f, x);
 		}
@@ -618,7 +600,7 @@ static void put_value(FILE *f, json_t *v)
 		}
 		fputc(']', f);
 		break;
-	case JSON_STRING: put_string(f, json_string_value(v)); break;
+	case JSON_STRING: sp_json_str(f, json_string_value(v)); break;
 	case JSON_INTEGER: fprintf(f, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
 	case JSON_REAL: put_real(f, json_real_value(v)); break;
 	case JSON_TRUE: fputs("true", f); break;
@@ -680,7 +662,7 @@ static int render(char **out, size_t *len, json_t *cluster, const shape_t *v, in
 		json_object_foreach(cluster, k, x) {
 			fputs(first ? "\n  " : ",\n  ", f);
 			first = 0;
-			put_string(f, k);
+			sp_json_str(f, k);
 			fputs(": ", f);
 			if (!strcmp(k, "profile")) {
 				put_profile(f, v, n);

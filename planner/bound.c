@@ -82,21 +82,17 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	return C;
 }
 
-/* Lower convex hull of a MetaOp's (time, area) points, by time ascending. */
-typedef struct {
-	int n;
-	double *t, *a;
-} hull_t;
-
-static int hull_build(const metaop_t *m, hull_t *h)
+/* Lower convex hull of (time[k], k time[k]) for k = nmax..1 (one device's
+ * worth if !scales), by time ascending. */
+int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
 {
 	h->n = 0;
-	h->t = malloc(sizeof(double) * (size_t)(m->nmax + 1));
-	h->a = malloc(sizeof(double) * (size_t)(m->nmax + 1));
+	h->t = malloc(sizeof(double) * (size_t)(nmax + 1));
+	h->a = malloc(sizeof(double) * (size_t)(nmax + 1));
 	if (!h->t || !h->a)
 		return SP_ENOMEM;
-	for (int k = m->nmax; k >= 1; k--) { /* widest (fastest) first */
-		double t = m->n_layers * mop_t(m, k), a = t * (m->scales ? k : 1);
+	for (int k = nmax; k >= 1; k--) { /* widest (fastest) first */
+		double t = time[k], a = t * (scales ? k : 1);
 		if (h->n && t <= h->t[h->n - 1] + 1e-15) { /* same time: keep less area */
 			if (a < h->a[h->n - 1])
 				h->a[h->n - 1] = a;
@@ -117,8 +113,28 @@ static int hull_build(const metaop_t *m, hull_t *h)
 	return 0;
 }
 
-/* Least area of the MetaOp within span C (HUGE_VAL if it cannot). */
-static double hull_area(const hull_t *h, double C)
+void hull_release(hull_t *h)
+{
+	free(h->t);
+	free(h->a);
+	h->t = h->a = NULL;
+	h->n = 0;
+}
+
+static int hull_build(const metaop_t *m, hull_t *h)
+{
+	double *time = malloc(sizeof(double) * (size_t)(m->nmax + 1));
+	if (!time)
+		return SP_ENOMEM;
+	for (int k = 1; k <= m->nmax; k++)
+		time[k] = m->n_layers * mop_t(m, k);
+	int rc = hull_from_times(time, m->nmax, m->scales, h);
+	free(time);
+	return rc;
+}
+
+/* Least area within span C (HUGE_VAL if it cannot). */
+double hull_area(const hull_t *h, double C)
 {
 	if (C < h->t[0] * (1 - 1e-12))
 		return HUGE_VAL;
@@ -170,10 +186,8 @@ static double allotment_bound(const planner_t *pl, double lo)
 	}
 	C = hi;
 cleanup:
-	for (int m = 0; m < pl->n_mops; m++) {
-		free(h[m].t);
-		free(h[m].a);
-	}
+	for (int m = 0; m < pl->n_mops; m++)
+		hull_release(&h[m]);
 	free(h);
 	return C;
 }

@@ -61,6 +61,18 @@ static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
 				"compute %.3f ms, iteration %.3f ms (transfers +%.3f, sync+step +%.3f)\n",
 			algo_name(a), variant, nominal, s.n_waves, res->compute_ms, res->iteration_ms,
 			res->transfer_ms, res->sync_ms);
+		if (atoi(getenv("SPINDLE_DEBUG")) > 2)
+			for (int m = 0; m < pl->n_mops; m++) {
+				const metaop_t *mo = &pl->mops[m];
+				double used = 0, best = HUGE_VAL; int bn = 0;
+				for (int i = 0; i < s.n; i++)
+					if (s.s[i].metaop == m)
+						used += s.s[i].n * (s.s[i].t1 - s.s[i].t0);
+				for (int n = 1; n <= mo->nmax; n++)
+					if (n * mop_t(mo, n) < best) { best = n * mop_t(mo, n); bn = n; }
+				fprintf(stderr, "  area %-28s used %9.3f min %9.3f (n=%d) excess %8.3f  T(1)=%.3f T(nmax=%d)=%.3f\n", mo->name, used,
+					mo->n_layers * best, bn, used - mo->n_layers * best, mop_t(mo,1), mo->nmax, mop_t(mo, mo->nmax));
+			}
 		if (atoi(getenv("SPINDLE_DEBUG")) > 1)
 			for (int i = 0; i < s.n; i++) {
 				fprintf(stderr, "  %-28s %3d-%-3d x%-3d %9.3f %9.3f  mem", pl->mops[s.s[i].metaop].name,

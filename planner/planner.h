@@ -147,7 +147,7 @@ int sched_distmm(planner_t *pl, sched_t *out);
 int sched_paper(planner_t *pl, sched_t *out);
 /* The paper's wave packing over the whole DAG (a variant of ours). */
 int sched_paper_dag(planner_t *pl, sched_t *out);
-#define SPINDLE_VARIANTS 6
+#define SPINDLE_VARIANTS 7
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out);
 /* variant: for ALGO_SPINDLE, which of SPINDLE_VARIANTS; else 0. */
 int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);
@@ -158,6 +158,17 @@ typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 } bounds_t;
 void bound_compute(const planner_t *pl, bounds_t *out);
+/* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
+ * time[k] if !scales), by time ascending: the least device-time to finish
+ * within a span, mixing widths over layers. */
+typedef struct {
+	int n;
+	double *t, *a;
+} hull_t;
+int hull_from_times(const double *time, int nmax, int scales, hull_t *h);
+/* Least area within span C (HUGE_VAL if it cannot). */
+double hull_area(const hull_t *h, double C);
+void hull_release(hull_t *h);
 /*
  * The paper's relaxed optimum for a set of independent MetaOps: C* with
  * sum_m n_m(C*) = N, n_m(C) = T_m^{-1}(C / L_m) (real n; below one device a

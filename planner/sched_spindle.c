@@ -3,9 +3,10 @@
  * (no level barriers: a MetaOp is ready as soon as its inputs are done):
  *
  * Phase 1, allotment (GLPK MILP). Choose one width k_m per MetaOp from a
- * candidate set K_m (every valid count up to 16, then 24, 36, 48, 72, 96,
- * ... alternately x1.5 and x4/3, and nmax) minimising C, the larger of the area and critical-path bounds of
- * the whole iteration under those widths:
+ * candidate set K_m (the widths faster than one device fewer, i.e. where
+ * the local batch ceil(B/n) shrinks; beyond 48 of them, all up to 16 and
+ * then about 8% apart) minimising C, the larger of the area and
+ * critical-path bounds of the whole iteration under those widths:
  *
  *   min C
  *   s.t. sum_k x_mk = 1                                   for every m
@@ -37,7 +38,9 @@
  *   1  separable widths, the same
  *   2  the paper's waves with the whole DAG (no level barrier)
  *   3, 4  MILP widths with segments within 40% and 20% of memory
- *   5  data parallel on all devices: when nothing beats it, we use it
+ *   5  lanes: independent chains share the devices as a fluid made
+ *      integral with McNaughton's wrap-around rule (see lanes_schedule)
+ *   6  data parallel on all devices: when nothing beats it, we use it
  */
 #include "planner.h"
 
@@ -48,21 +51,43 @@
 
 #define MAX_CAND 48
 
+static int faster_than_one_less(const metaop_t *m, int c)
+{
+	return c == 1 || mop_t(m, c) < mop_t(m, c - 1) * (1 - 1e-12);
+}
+
 static int candidates(const metaop_t *m, int N, int *k)
 {
-	int n = 0, lim = SP_MIN(N, m->nmax);
+	int n = 0, lim = SP_MIN(N, m->nmax), total = 0, last = 0;
 	if (!m->scales) {
 		k[n++] = 1;
 		return n;
 	}
-	for (int c = 1; c <= SP_MIN(lim, 16); c++)
-		k[n++] = c;
-	for (int c = 24, step = 0; c < lim && n < MAX_CAND - 1; step++) {
-		k[n++] = c;
-		c = step % 2 ? c * 4 / 3 : c * 3 / 2; /* 24 36 48 72 96 144 ... */
+	/* only widths faster than one device fewer: the others add devices
+	 * without shrinking the local batch ceil(B/n) */
+	for (int c = 1; c <= lim; c++)
+		total += faster_than_one_less(m, c);
+	for (int c = 1; c <= lim && n < MAX_CAND - 1; c++) {
+		if (!faster_than_one_less(m, c))
+			continue;
+		/* too many: all up to 16, then about 8% apart */
+		if (total > MAX_CAND && c > 16 && c < last * 1.08)
+			continue;
+		k[n++] = last = c;
 	}
-	if (lim > 16 && k[n - 1] != lim)
-		k[n++] = lim;
+	int top = lim;
+	while (top > 1 && !faster_than_one_less(m, top))
+		top--;
+	if (k[n - 1] != top)
+		k[n++] = top;
+	return n;
+}
+
+/* The fewest devices that run m as fast as n do. */
+static int pareto_floor(const metaop_t *m, int n)
+{
+	while (n > 1 && !faster_than_one_less(m, n))
+		n--;
 	return n;
 }
 
@@ -601,7 +626,8 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 					r = k; /* stop where homed layers begin */
 			sslice_t x = {m, done[m], done[m] + r, want, 0, t, 0, 0, -1};
 			int later = 0, fit = placer_fitting(P, &x, &later);
-			int n = SP_MIN(want, fit);
+			int n = pareto_floor(mo, SP_MIN(want, fit));
+			want = pareto_floor(mo, want);
 			if (n < want) {
 				/* wait for devices with room, or start narrower now? */
 				double t_free = next_free_time(run, nrun, fit, want);
@@ -656,7 +682,8 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 				break;
 			int fit = placer_fitting(P, &ext, NULL);
 			ext.n = SP_MIN(ext.n, fit);
-			int nn = x->n + ext.n;
+			int nn = pareto_floor(mo, x->n + ext.n);
+			ext.n = nn - x->n;
 			double fin = ts + (x->lt - split) * mop_t(mo, nn);
 			if (ext.n <= 0 || fin >= x->t1 - 1e-9)
 				break;
@@ -725,6 +752,424 @@ cleanup:
 	free(run);
 	free(devs);
 	return rc;
+}
+
+/* ---- variant 5: lanes, with McNaughton's wrap-around rule ---- */
+
+/*
+ * Lanes. A lane is a chain of MetaOps from a source, followed while each
+ * link is the only way out of one MetaOp and the only way into the next
+ * (in CLIP-style workloads: input layer, encoder, projection). Lanes are
+ * independent until they join, so they can share the devices as a fluid:
+ * lane j gets the real width x_j = A_j(H) / H, A_j(H) its least device-time
+ * to finish within H (the lower convex hull of its (time, device-time)
+ * points: two widths mixed over its layers), with H the shortest horizon at
+ * which sum_j x_j <= N (bisection). McNaughton's wrap-around rule makes the
+ * fluid integral: lay the x_j end to end on [0, N); a lane owns the devices
+ * wholly inside its interval for all of [0, H), and a device it shares with
+ * a neighbour for its share of H, the earlier lane first. A lane's width
+ * thus steps between at most three values and a device changes hands once
+ * per neighbour. Lanes that share a component sit next to each other, so
+ * its replicas span few nodes. Layers follow the windows: a layer runs on
+ * the lane's devices free at its start, keeping a device whose window ends
+ * during the layer only if at least half the layer fits (the next lane on
+ * it starts later). MetaOps outside lanes (the joins) follow in
+ * topological order, each at its allotted width on the devices free first.
+ */
+typedef struct {
+	int first, n; /* its MetaOps: lm[first .. first + n) */
+	hull_t hull;  /* of its time at each width */
+	double tail;  /* bottom level after its last MetaOp */
+	int key;      /* component of its heaviest MetaOp */
+	int heavy;    /* that MetaOp */
+	double x;     /* fluid width */
+} lane_t;
+
+/* Devices a MetaOp of a lane uses when the lane has n. */
+static int lane_width(const metaop_t *mo, int n)
+{
+	return mo->scales ? pareto_floor(mo, SP_MIN(n, mo->nmax)) : 1;
+}
+
+static double lanes_need(const lane_t *ln, int nl, double H)
+{
+	double need = 0;
+	for (int j = 0; j < nl; j++)
+		need += hull_area(&ln[j].hull, H) / H;
+	return need;
+}
+
+/* The slice of MetaOp m being built on one device set. */
+typedef struct {
+	int lf, n;
+	double t0;
+	int32_t *devs;
+} pend_t;
+
+static int pend_flush(sched_t *out, int m, pend_t *p, int lt, double t1)
+{
+	int rc = 0;
+	if (p->n > 0 && lt > p->lf)
+		rc = sched_push_devs(out, m, p->lf, lt, p->n, p->t0, t1, p->devs);
+	p->n = 0;
+	p->lf = lt;
+	return rc;
+}
+
+static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
+{
+	int M = pl->n_mops, N = pl->N, rc = 0, nl = 0, nm = 0;
+	lane_t *ln = calloc((size_t)M + 1, sizeof *ln);
+	int *lm = malloc(sizeof(int) * (size_t)(M + 1));
+	int *in_lane = calloc((size_t)M + 1, sizeof(int));
+	int *ord = malloc(sizeof(int) * (size_t)(M + 1));
+	double *time = malloc(sizeof(double) * (size_t)(N + 1));
+	double *bl = malloc(sizeof(double) * (size_t)(M + 1));
+	double *free_at = calloc((size_t)N + 1, sizeof(double));
+	double *finish = calloc((size_t)M + 1, sizeof(double));
+	double *ws = malloc(sizeof(double) * (size_t)(N + 2));
+	double *we = malloc(sizeof(double) * (size_t)(N + 2));
+	int *wd = malloc(sizeof(int) * (size_t)(N + 2));
+	int *cand = malloc(sizeof(int) * (size_t)(N + 2));
+	int32_t *devs = malloc(sizeof(int32_t) * (size_t)(N + 1));
+	double *orph_from = malloc(sizeof(double) * (size_t)(N + 1));
+	double *orph_to = malloc(sizeof(double) * (size_t)(N + 1));
+	double *free_from = calloc((size_t)N + 1, sizeof(double));
+	pend_t pd = {0, 0, 0, malloc(sizeof(int32_t) * (size_t)(N + 1))};
+	if (!ln || !lm || !in_lane || !ord || !time || !bl || !free_at || !finish || !ws ||
+	    !we || !wd || !cand || !devs || !orph_from || !orph_to || !free_from ||
+	    !pd.devs) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	blevels(pl, w, bl);
+	for (int m = 0; m < M; m++) {
+		if (pl->mops[m].n_pred)
+			continue;
+		lane_t *l = &ln[nl++];
+		l->first = nm;
+		double heavy = -1;
+		for (int cur = m;;) {
+			const metaop_t *mo = &pl->mops[cur];
+			lm[nm++] = cur;
+			in_lane[cur] = 1;
+			l->n++;
+			if (mo->n_layers * mop_t(mo, 1) > heavy) {
+				int lay;
+				heavy = mo->n_layers * mop_t(mo, 1);
+				l->key = op_comp(pl, cur, 0, &lay);
+				l->heavy = cur;
+			}
+			if (mo->n_succ != 1 || pl->mops[pl->edges[mo->succ[0]].dst].n_pred != 1)
+				break;
+			cur = pl->edges[mo->succ[0]].dst;
+		}
+		int last = lm[nm - 1];
+		const metaop_t *lo = &pl->mops[last];
+		l->tail = bl[last] - lo->n_layers * mop_t(lo, w[last]);
+		for (int k = 1; k <= N; k++) {
+			time[k] = 0;
+			for (int i = l->first; i < nm; i++) {
+				const metaop_t *mo = &pl->mops[lm[i]];
+				time[k] += mo->n_layers * mop_t(mo, lane_width(mo, k));
+			}
+		}
+		if ((rc = hull_from_times(time, N, 1, &l->hull)))
+			goto cleanup;
+	}
+	/* the horizon: shortest H with sum of fluid widths <= N */
+	double lo = 0, hi;
+	for (int j = 0; j < nl; j++)
+		lo = fmax(lo, ln[j].hull.t[0]);
+	hi = fmax(lo, 1e-9);
+	for (int it = 0; it < 200 && lanes_need(ln, nl, hi) > N; it++)
+		hi *= 2;
+	if (lanes_need(ln, nl, lo) <= N)
+		hi = lo;
+	for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; it++) {
+		double mid = 0.5 * (lo + hi);
+		if (lanes_need(ln, nl, mid) <= N)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	double H = hi;
+	for (int j = 0; j < nl; j++) {
+		ln[j].x = hull_area(&ln[j].hull, H) / H;
+		ord[j] = j;
+	}
+	/* layout order: by component, then widest first, then id */
+	for (int a = 1; a < nl; a++)
+		for (int b = a; b > 0; b--) {
+			const lane_t *x = &ln[ord[b]], *y = &ln[ord[b - 1]];
+			if (x->key > y->key || (x->key == y->key && x->x <= y->x))
+				break;
+			int s = ord[b];
+			ord[b] = ord[b - 1];
+			ord[b - 1] = s;
+		}
+	for (int d = 0; d < N; d++)
+		orph_from[d] = orph_to[d] = -1;
+	/* the layout, device by device: free_from[d] is where the lanes laid
+	 * out so far leave device d (the earlier lane has its start) */
+	int cur = 0;
+	for (int oj = 0; oj < nl; oj++) {
+		const lane_t *l = &ln[ord[oj]];
+		double A = l->x * H;
+		int nw = 0;
+		while (cur < N && A > 1e-9 * H && free_from[cur] > 0) {
+			/* the rest of a device the lane before began */
+			double len = fmin(H - free_from[cur], A);
+			wd[nw] = cur;
+			ws[nw] = free_from[cur];
+			we[nw++] = free_from[cur] + len;
+			A -= len;
+			free_from[cur] += len;
+			if (free_from[cur] >= H * (1 - 1e-12))
+				cur++;
+		}
+		if (cur < N && A > 1e-9 * H) {
+			/* whole devices and a share of one more. When the two widths
+			 * the lane's hull mixes at H are further apart (the local
+			 * batch ceil(B/n) does not shrink in between), it gets lo
+			 * whole devices and hi - lo devices for an equal share
+			 * each instead */
+			const hull_t *hl = &l->hull;
+			const metaop_t *hv = &pl->mops[l->heavy];
+			int held = 0, k = (int)floor(A / H + 1e-12), lo = 0, hi = 0;
+			for (int q = 0; q < nw; q++)
+				held += we[q] >= H * (1 - 1e-12);
+			if (mode == 0) { /* the hull's two widths at H */
+				for (int q = 0; q + 1 < hl->n; q++)
+					if (hl->t[q] <= H && H < hl->t[q + 1]) {
+						hi = (int)lround(hl->a[q] / hl->t[q]);
+						lo = (int)lround(hl->a[q + 1] / hl->t[q + 1]);
+					}
+			} else if (mode == 1 && hv->scales && held + k > 1 && held + k <= hv->nmax) {
+				/* the widths that gain around the one left after the share */
+				lo = pareto_floor(hv, held + k);
+				hi = held + k + 1;
+				while (hi <= hv->nmax && !faster_than_one_less(hv, hi))
+					hi++;
+			}
+			int whole = k, gang = 0;
+			if (hi - lo >= 2 && lo >= held && A - (lo - held) * H <= (hi - lo) * H &&
+			    A > (lo - held) * H && cur + (hi - held) <= N) {
+				whole = lo - held;
+				gang = hi - lo;
+			}
+			for (int q = 0; q < whole && cur < N; q++) {
+				wd[nw] = cur;
+				ws[nw] = 0;
+				we[nw++] = H;
+				free_from[cur++] = H;
+				A -= H;
+			}
+			double share = gang ? A / gang : A;
+			int first = cur;
+			for (int q = 0; q < SP_MAX(gang, 1) && cur < N && share > 1e-9 * H; q++) {
+				wd[nw] = cur;
+				ws[nw] = 0;
+				we[nw++] = fmin(share, H);
+				free_from[cur++] = fmin(share, H);
+			}
+			cur = SP_MIN(first, N); /* the next lane has the rest of these */
+			while (cur < N && free_from[cur] >= H * (1 - 1e-12))
+				cur++;
+		}
+		/* windows lanes before left unused (a width between two fast ones
+		 * saves nothing): this lane may have them */
+		for (int d = 0; d < N; d++) {
+			if (orph_to[d] < 0)
+				continue;
+			int k = 0;
+			while (k < nw && wd[k] != d)
+				k++;
+			if (k < nw) {
+				if (orph_to[d] >= ws[k] - 1e-9)
+					ws[k] = fmin(ws[k], orph_from[d]);
+				continue;
+			}
+			wd[nw] = d;
+			ws[nw] = orph_from[d];
+			we[nw++] = orph_to[d];
+		}
+		if (nw == 0) { /* rounding left it no room: the last device */
+			wd[nw] = N - 1;
+			ws[nw] = 0;
+			we[nw++] = H;
+		}
+		double t = 0;
+		for (int i = l->first; i < l->first + l->n; i++) {
+			int m = lm[i];
+			const metaop_t *mo = &pl->mops[m];
+			pd.n = 0;
+			pd.lf = 0;
+			for (int layer = 0; layer < mo->n_layers;) {
+				int nc = 0;
+				double next = HUGE_VAL;
+				for (int k = 0; k < nw; k++) {
+					double from = fmax(ws[k], free_at[wd[k]]);
+					if (from <= t + 1e-9 && t < we[k] - 1e-9)
+						cand[nc++] = k;
+					else if (from > t + 1e-9 && from < we[k] - 1e-9)
+						next = fmin(next, from);
+				}
+				if (nc == 0 && next < HUGE_VAL) {
+					if ((rc = pend_flush(out, m, &pd, layer, t)))
+						goto cleanup;
+					t = next;
+					continue;
+				}
+				if (nc == 0) {
+					/* every window is over: run on where no lane follows
+					 * (windows to the horizon), else on the last to end */
+					double last = 0, first = HUGE_VAL;
+					for (int q = 0; q < nw; q++)
+						last = fmax(last, we[q]);
+					for (int q = 0; q < nw; q++)
+						if (we[q] >= fmin(last, H) - 1e-9)
+							first = fmin(first, fmax(ws[q], free_at[wd[q]]));
+					t = fmax(t, first);
+					for (int q = 0; q < nw; q++)
+						if (we[q] >= fmin(last, H) - 1e-9 &&
+						    fmax(ws[q], free_at[wd[q]]) <= t + 1e-9)
+							cand[nc++] = q;
+				}
+				/* longest windows first */
+				for (int a2 = 1; a2 < nc; a2++)
+					for (int b2 = a2; b2 > 0 && we[cand[b2]] > we[cand[b2 - 1]]; b2--) {
+						int s = cand[b2];
+						cand[b2] = cand[b2 - 1];
+						cand[b2 - 1] = s;
+					}
+				int r = mo->sink ? mo->n_layers - layer : 1, n = nc, k;
+				for (;;) {
+					k = lane_width(mo, n);
+					double dur = r * mop_t(mo, k);
+					/* a window to the horizon has no lane after it */
+					double left = we[cand[k - 1]] - t;
+					if (k > 1 && we[cand[k - 1]] < H - 1e-9 && left < 0.5 * dur)
+						n = k - 1;
+					else
+						break;
+				}
+				for (int q = 0; q < k; q++)
+					devs[q] = wd[cand[q]];
+				devs_sort(devs, k);
+				if (pd.n != k || memcmp(pd.devs, devs, sizeof(int32_t) * (size_t)k)) {
+					if ((rc = pend_flush(out, m, &pd, layer, t)))
+						goto cleanup;
+					pd.n = k;
+					pd.lf = layer;
+					pd.t0 = t;
+					memcpy(pd.devs, devs, sizeof(int32_t) * (size_t)k);
+				}
+				t += r * mop_t(mo, k);
+				for (int q = 0; q < k; q++)
+					free_at[devs[q]] = t;
+				layer += r;
+			}
+			if ((rc = pend_flush(out, m, &pd, mo->n_layers, t)))
+				goto cleanup;
+			finish[m] = t;
+		}
+		for (int k = 0; k < nw; k++) {
+			int d = wd[k];
+			double from = fmax(ws[k], free_at[d]);
+			orph_from[d] = orph_to[d] = -1;
+			if (from < we[k] - 1e-9) {
+				orph_from[d] = from;
+				orph_to[d] = we[k];
+			}
+		}
+	}
+	/* the rest, in topological order, on the devices free first */
+	for (int q = 0; q < M; q++) {
+		int m = pl->topo[q];
+		const metaop_t *mo = &pl->mops[m];
+		if (in_lane[m])
+			continue;
+		double ready = 0;
+		for (int p = 0; p < mo->n_pred; p++)
+			ready = fmax(ready, finish[pl->edges[mo->pred[p]].src]);
+		int k = lane_width(mo, w[m]);
+		for (int d = 0; d < N; d++)
+			cand[d] = d;
+		for (int a2 = 1; a2 < N; a2++) /* by free time, then id */
+			for (int b2 = a2; b2 > 0 && fmax(free_at[cand[b2]], ready) <
+							 fmax(free_at[cand[b2 - 1]], ready);
+			     b2--) {
+				int s = cand[b2];
+				cand[b2] = cand[b2 - 1];
+				cand[b2 - 1] = s;
+			}
+		double t0 = ready;
+		for (int i = 0; i < k; i++) {
+			devs[i] = cand[i];
+			t0 = fmax(t0, free_at[cand[i]]);
+		}
+		devs_sort(devs, k);
+		double t1 = t0 + mo->n_layers * mop_t(mo, k);
+		if ((rc = sched_push_devs(out, m, 0, mo->n_layers, k, t0, t1, devs)))
+			goto cleanup;
+		for (int i = 0; i < k; i++)
+			free_at[devs[i]] = t1;
+		finish[m] = t1;
+	}
+cleanup:
+	for (int j = 0; ln && j < nl; j++)
+		hull_release(&ln[j].hull);
+	free(ln);
+	free(lm);
+	free(in_lane);
+	free(ord);
+	free(time);
+	free(bl);
+	free(free_at);
+	free(finish);
+	free(ws);
+	free(we);
+	free(wd);
+	free(cand);
+	free(devs);
+	free(orph_from);
+	free(orph_to);
+	free(free_from);
+	free(pd.devs);
+	return rc;
+}
+
+/* Lanes with each way of splitting a lane's last devices (0: the hull's two
+ * widths; 1: the two nearest widths that gain; 2: McNaughton's one shared
+ * device): the shortest. */
+static int lanes_best(planner_t *pl, const int *w, sched_t *out)
+{
+	sched_t best = *out;
+	double best_ms = HUGE_VAL;
+	for (int mode = 0; mode < 3; mode++) {
+		sched_t t = *out;
+		int rc = lanes_schedule(pl, w, mode, &t);
+		if (rc) {
+			sched_release(&t);
+			if (best_ms < HUGE_VAL)
+				sched_release(&best);
+			return rc;
+		}
+		double ms = 0;
+		for (int i = 0; i < t.n; i++)
+			ms = fmax(ms, t.s[i].t1);
+		if (ms < best_ms * (1 - 1e-9)) {
+			if (best_ms < HUGE_VAL)
+				sched_release(&best);
+			best = t;
+			best_ms = ms;
+		} else {
+			sched_release(&t);
+		}
+	}
+	*out = best;
+	return 0;
 }
 
 /*
@@ -810,14 +1255,14 @@ cleanup:
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 {
 	/* variant: 0 MILP widths; 1 separable widths; 2 paper's waves over the
-	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5 data
-	 * parallel on all devices (the sequential plan: when it is best, ours
-	 * is that) */
-	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0};
+	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5 lanes; 6
+	 * data parallel on all devices (the sequential plan: when it is best,
+	 * ours is that) */
+	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0, 0};
 	int M = pl->n_mops, rc = 0;
 	if (variant == 2)
 		return sched_paper_dag(pl, out);
-	if (variant == 5)
+	if (variant == SPINDLE_VARIANTS - 1)
 		return sched_sequential(pl, out);
 	int **cache = variant == 1 ? &pl->allot_sep : &pl->allot_milp;
 	if (!*cache) {
@@ -834,5 +1279,7 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 	if (variant == 1 && pl->allot_milp &&
 	    !memcmp(pl->allot_milp, pl->allot_sep, sizeof(int) * (size_t)M))
 		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
+	if (variant == 5)
+		return lanes_best(pl, w, out);
 	return list_schedule(pl, w, frac[variant], out);
 }

@@ -682,8 +682,7 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 				break;
 			int fit = placer_fitting(P, &ext, NULL);
 			ext.n = SP_MIN(ext.n, fit);
-			int nn = pareto_floor(mo, x->n + ext.n);
-			ext.n = nn - x->n;
+			int nn = x->n + ext.n;
 			double fin = ts + (x->lt - split) * mop_t(mo, nn);
 			if (ext.n <= 0 || fin >= x->t1 - 1e-9)
 				break;

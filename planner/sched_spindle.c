@@ -40,7 +40,9 @@
  *   3, 4  MILP widths with segments within 40% and 20% of memory
  *   5  lanes: independent chains share the devices as a fluid made
  *      integral with McNaughton's wrap-around rule (see lanes_schedule)
- *   6  data parallel on all devices: when nothing beats it, we use it
+ *   6  lanes with an end game: lanes that outrun their windows go on
+ *      wherever devices are free (shorter compute, more replicas)
+ *   7  data parallel on all devices: when nothing beats it, we use it
  */
 #include "planner.h"
 
@@ -784,6 +786,20 @@ typedef struct {
 	double x;     /* fluid width */
 } lane_t;
 
+typedef struct {
+	double key;
+	int id;
+} dev_key_t;
+
+/* By key, then id. */
+static int cmp_dev_key(const void *a, const void *b)
+{
+	const dev_key_t *x = a, *y = b;
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
+}
+
 /* Devices a MetaOp of a lane uses when the lane has n. */
 static int lane_width(const metaop_t *mo, int n)
 {
@@ -815,7 +831,8 @@ static int pend_flush(sched_t *out, int m, pend_t *p, int lt, double t1)
 	return rc;
 }
 
-static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
+static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, double cut,
+			  const double *adj, double *lane_end, double *horizon, sched_t *out)
 {
 	int M = pl->n_mops, N = pl->N, rc = 0, nl = 0, nm = 0;
 	lane_t *ln = calloc((size_t)M + 1, sizeof *ln);
@@ -834,13 +851,27 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 	double *orph_from = malloc(sizeof(double) * (size_t)(N + 1));
 	double *orph_to = malloc(sizeof(double) * (size_t)(N + 1));
 	double *free_from = calloc((size_t)N + 1, sizeof(double));
+	dev_key_t *byfree = malloc(sizeof *byfree * (size_t)(N + 1));
+	/* end game, per lane: MetaOp (-1: none left), layer, time, remaining
+	 * work, its last slice */
+	int *eg_i = malloc(sizeof(int) * (size_t)(M + 1));
+	int *comp_on = malloc(sizeof(int) * (size_t)(N + 1)); /* last lane's key */
+	int *eg_layer = calloc((size_t)M + 1, sizeof(int));
+	int *eg_last = malloc(sizeof(int) * (size_t)(M + 1));
+	double *eg_t = calloc((size_t)M + 1, sizeof(double));
+	double *eg_rem = calloc((size_t)M + 1, sizeof(double));
 	pend_t pd = {0, 0, 0, malloc(sizeof(int32_t) * (size_t)(N + 1))};
 	if (!ln || !lm || !in_lane || !ord || !time || !bl || !free_at || !finish || !ws ||
-	    !we || !wd || !cand || !devs || !orph_from || !orph_to || !free_from ||
+	    !we || !wd || !cand || !devs || !orph_from || !orph_to || !free_from || !byfree ||
+	    !eg_i || !comp_on || !eg_layer || !eg_last || !eg_t || !eg_rem ||
 	    !pd.devs) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
+	for (int m = 0; m < M; m++)
+		eg_i[m] = eg_last[m] = -1;
+	for (int d = 0; d < N; d++)
+		comp_on[d] = -1;
 	blevels(pl, w, bl);
 	for (int m = 0; m < M; m++) {
 		if (pl->mops[m].n_pred)
@@ -892,11 +923,15 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 		else
 			lo = mid;
 	}
-	double H = hi;
+	double H = hi, sum = 0;
 	for (int j = 0; j < nl; j++) {
-		ln[j].x = hull_area(&ln[j].hull, H) / H;
+		ln[j].x = hull_area(&ln[j].hull, H) / H * adj[j];
+		sum += ln[j].x;
 		ord[j] = j;
 	}
+	for (int j = 0; j < nl && sum > 0; j++) /* corrections keep the total */
+		ln[j].x *= N / sum;
+	*horizon = H;
 	/* layout order: by component, then widest first, then id */
 	for (int a = 1; a < nl; a++)
 		for (int b = a; b > 0; b--) {
@@ -1020,6 +1055,16 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 					t = next;
 					continue;
 				}
+				if (endgame && (nc == 0 || t >= cut * H)) {
+					/* every window is over, or the end game begins: it has
+					 * the rest */
+					if ((rc = pend_flush(out, m, &pd, layer, t)))
+						goto cleanup;
+					eg_i[ord[oj]] = i - l->first;
+					eg_layer[ord[oj]] = layer;
+					eg_t[ord[oj]] = t;
+					goto lane_stop;
+				}
 				if (nc == 0) {
 					/* every window is over: run on where no lane follows
 					 * (windows to the horizon), else on the last to end */
@@ -1065,14 +1110,18 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 					memcpy(pd.devs, devs, sizeof(int32_t) * (size_t)k);
 				}
 				t += r * mop_t(mo, k);
-				for (int q = 0; q < k; q++)
+				for (int q = 0; q < k; q++) {
 					free_at[devs[q]] = t;
+					comp_on[devs[q]] = l->key;
+				}
 				layer += r;
 			}
 			if ((rc = pend_flush(out, m, &pd, mo->n_layers, t)))
 				goto cleanup;
 			finish[m] = t;
 		}
+		lane_end[ord[oj]] = t + l->tail;
+	lane_stop:
 		for (int k = 0; k < nw; k++) {
 			int d = wd[k];
 			double from = fmax(ws[k], free_at[d]);
@@ -1080,6 +1129,81 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 			if (from < we[k] - 1e-9) {
 				orph_from[d] = from;
 				orph_to[d] = we[k];
+			}
+		}
+	}
+	/* the end game: lanes that outran their windows go on, the one that
+	 * can start first next, on the devices free then, at most its share
+	 * of the cluster by remaining work (single-device time) */
+	for (;;) {
+		int j = -1;
+		double tot = 0;
+		for (int q = 0; q < nl; q++) {
+			if (eg_i[q] < 0)
+				continue;
+			eg_rem[q] = 0;
+			for (int i = eg_i[q]; i < ln[q].n; i++) {
+				const metaop_t *mo = &pl->mops[lm[ln[q].first + i]];
+				eg_rem[q] += (mo->n_layers - (i == eg_i[q] ? eg_layer[q] : 0)) * mop_t(mo, 1);
+			}
+			tot += eg_rem[q];
+			if (j < 0 || eg_t[q] < eg_t[j] - 1e-9 ||
+			    (eg_t[q] < eg_t[j] + 1e-9 && eg_rem[q] > eg_rem[j]))
+				j = q;
+		}
+		if (j < 0)
+			break;
+		int m = lm[ln[j].first + eg_i[j]], layer = eg_layer[j];
+		const metaop_t *mo = &pl->mops[m];
+		double t = eg_t[j], soonest = HUGE_VAL;
+		int na = 0;
+		/* only devices that last ran the lane's component (fewer new
+		 * replicas to synchronise), the most recently freed first */
+		int own = 0;
+		for (int d = 0; d < N; d++)
+			own += comp_on[d] == ln[j].key;
+		for (int d = 0; d < N; d++) {
+			if (own && comp_on[d] != ln[j].key)
+				continue;
+			if (free_at[d] <= t + 1e-9)
+				byfree[na++] = (dev_key_t){-free_at[d], d};
+			else
+				soonest = fmin(soonest, free_at[d]);
+		}
+		if (na == 0) {
+			eg_t[j] = soonest;
+			continue;
+		}
+		qsort(byfree, (size_t)na, sizeof *byfree, cmp_dev_key);
+		int cap = SP_MAX(1, (int)ceil(N * eg_rem[j] / tot - 1e-9));
+		int k = lane_width(mo, SP_MIN(na, cap)), r = mo->sink ? mo->n_layers - layer : 1;
+		for (int q = 0; q < k; q++)
+			devs[q] = byfree[q].id;
+		devs_sort(devs, k);
+		double t1 = t + r * mop_t(mo, k);
+		sslice_t *last = eg_last[j] >= 0 ? &out->s[eg_last[j]] : NULL;
+		if (last && last->metaop == m && last->lt == layer && last->n == k &&
+		    fabs(last->t1 - t) < 1e-9 &&
+		    !memcmp(out->devs + last->dev_off, devs, sizeof(int32_t) * (size_t)k)) {
+			last->lt += r;
+			last->t1 = t1;
+		} else {
+			if ((rc = sched_push_devs(out, m, layer, layer + r, k, t, t1, devs)))
+				goto cleanup;
+			eg_last[j] = out->n - 1;
+		}
+		for (int q = 0; q < k; q++) {
+			free_at[devs[q]] = t1;
+			comp_on[devs[q]] = ln[j].key;
+		}
+		eg_t[j] = t1;
+		eg_layer[j] += r;
+		if (eg_layer[j] == mo->n_layers) {
+			finish[m] = t1;
+			eg_layer[j] = 0;
+			if (++eg_i[j] == ln[j].n) {
+				eg_i[j] = -1;
+				lane_end[j] = t1 + ln[j].tail;
 			}
 		}
 	}
@@ -1094,15 +1218,10 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, sched_t *out)
 			ready = fmax(ready, finish[pl->edges[mo->pred[p]].src]);
 		int k = lane_width(mo, w[m]);
 		for (int d = 0; d < N; d++)
-			cand[d] = d;
-		for (int a2 = 1; a2 < N; a2++) /* by free time, then id */
-			for (int b2 = a2; b2 > 0 && fmax(free_at[cand[b2]], ready) <
-							 fmax(free_at[cand[b2 - 1]], ready);
-			     b2--) {
-				int s = cand[b2];
-				cand[b2] = cand[b2 - 1];
-				cand[b2 - 1] = s;
-			}
+			byfree[d] = (dev_key_t){fmax(free_at[d], ready), d};
+		qsort(byfree, (size_t)N, sizeof *byfree, cmp_dev_key);
+		for (int d = 0; d < N; d++)
+			cand[d] = byfree[d].id;
 		double t0 = ready;
 		for (int i = 0; i < k; i++) {
 			devs[i] = cand[i];
@@ -1135,37 +1254,71 @@ cleanup:
 	free(orph_from);
 	free(orph_to);
 	free(free_from);
+	free(byfree);
+	free(eg_i);
+	free(comp_on);
+	free(eg_layer);
+	free(eg_last);
+	free(eg_t);
+	free(eg_rem);
 	free(pd.devs);
 	return rc;
 }
 
-/* Lanes with each way of splitting a lane's last devices (0: the hull's two
+/*
+ * Lanes with each way of splitting a lane's last devices (0: the hull's two
  * widths; 1: the two nearest widths that gain; 2: McNaughton's one shared
- * device): the shortest. */
-static int lanes_best(planner_t *pl, const int *w, sched_t *out)
+ * device), each calibrated a few rounds: layers are whole and widths
+ * integral, so a lane ends a little before or after H; the next round
+ * gives each lane (1 + its lateness / H) times its width, all rescaled to
+ * N. The shortest schedule wins.
+ */
+#define LANE_ROUNDS 3
+static int lanes_best(planner_t *pl, const int *w, int endgame, sched_t *out)
 {
+	int nl = 0, rc = 0;
+	for (int m = 0; m < pl->n_mops; m++)
+		nl += pl->mops[m].n_pred == 0;
+	double *adj = malloc(sizeof(double) * (size_t)(nl + 1));
+	double *end = malloc(sizeof(double) * (size_t)(nl + 1));
 	sched_t best = *out;
 	double best_ms = HUGE_VAL;
-	for (int mode = 0; mode < 3; mode++) {
-		sched_t t = *out;
-		int rc = lanes_schedule(pl, w, mode, &t);
-		if (rc) {
-			sched_release(&t);
-			if (best_ms < HUGE_VAL)
-				sched_release(&best);
-			return rc;
+	if (!adj || !end) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	static const double cuts[] = {1.0, 0.97, 0.94, 0.9};
+	for (int mode = 0; mode < 3 * (endgame ? 4 : 1); mode++) {
+		for (int j = 0; j < nl; j++)
+			adj[j] = 1;
+		for (int round = 0; round < LANE_ROUNDS; round++) {
+			sched_t t = *out;
+			double H = 0, ms = 0;
+			if ((rc = lanes_schedule(pl, w, mode % 3, endgame, cuts[mode / 3], adj, end, &H, &t))) {
+				sched_release(&t);
+				goto cleanup;
+			}
+			for (int i = 0; i < t.n; i++)
+				ms = fmax(ms, t.s[i].t1);
+			if (ms < best_ms * (1 - 1e-9)) {
+				if (best_ms < HUGE_VAL)
+					sched_release(&best);
+				best = t;
+				best_ms = ms;
+			} else {
+				sched_release(&t);
+			}
+			for (int j = 0; j < nl && H > 0; j++)
+				adj[j] *= fmax(0.5, fmin(2.0, 1 + (end[j] - H) / H));
 		}
-		double ms = 0;
-		for (int i = 0; i < t.n; i++)
-			ms = fmax(ms, t.s[i].t1);
-		if (ms < best_ms * (1 - 1e-9)) {
-			if (best_ms < HUGE_VAL)
-				sched_release(&best);
-			best = t;
-			best_ms = ms;
-		} else {
-			sched_release(&t);
-		}
+	}
+cleanup:
+	free(adj);
+	free(end);
+	if (rc) {
+		if (best_ms < HUGE_VAL)
+			sched_release(&best);
+		return rc;
 	}
 	*out = best;
 	return 0;
@@ -1254,10 +1407,10 @@ cleanup:
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 {
 	/* variant: 0 MILP widths; 1 separable widths; 2 paper's waves over the
-	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5 lanes; 6
-	 * data parallel on all devices (the sequential plan: when it is best,
-	 * ours is that) */
-	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0, 0};
+	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5, 6 lanes
+	 * without and with the end game; 7 data parallel on all devices (the
+	 * sequential plan: when it is best, ours is that) */
+	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0, 0, 0};
 	int M = pl->n_mops, rc = 0;
 	if (variant == 2)
 		return sched_paper_dag(pl, out);
@@ -1278,7 +1431,7 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 	if (variant == 1 && pl->allot_milp &&
 	    !memcmp(pl->allot_milp, pl->allot_sep, sizeof(int) * (size_t)M))
 		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
-	if (variant == 5)
-		return lanes_best(pl, w, out);
+	if (variant == 5 || variant == 6)
+		return lanes_best(pl, w, variant == 6, out);
 	return list_schedule(pl, w, frac[variant], out);
 }

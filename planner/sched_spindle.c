@@ -1287,11 +1287,13 @@ static int lanes_best(planner_t *pl, const int *w, int endgame, sched_t *out)
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
-	static const double cuts[] = {1.0, 0.97, 0.94, 0.9};
-	for (int mode = 0; mode < 3 * (endgame ? 4 : 1); mode++) {
+	static const double cuts[] = {1.0, 0.94, 0.97, 0.9};
+	/* big clusters: fewer tries (each costs more there) */
+	int n_cuts = endgame ? (pl->N > 256 ? 2 : 4) : 1, rounds = pl->N > 256 ? 1 : LANE_ROUNDS;
+	for (int mode = 0; mode < 3 * n_cuts; mode++) {
 		for (int j = 0; j < nl; j++)
 			adj[j] = 1;
-		for (int round = 0; round < LANE_ROUNDS; round++) {
+		for (int round = 0; round < rounds; round++) {
 			sched_t t = *out;
 			double H = 0, ms = 0;
 			if ((rc = lanes_schedule(pl, w, mode % 3, endgame, cuts[mode / 3], adj, end, &H, &t))) {

@@ -82,24 +82,47 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	return C;
 }
 
-/* Lower convex hull of (time[k], k time[k]) for k = nmax..1 (one device's
- * worth if !scales), by time ascending. */
+/* Lower convex hull of the points (time[k], k time[k]) for k = 1..nmax
+ * (area time[k] alone if !scales), by time ascending. Times need not fall
+ * monotonically with k (equal local batches, measured profiles), so the
+ * points are sorted by time first and those that another point beats on
+ * both time and area are dropped before the hull is taken. */
+typedef struct {
+	double t, a;
+} hpt_t;
+
+static int hpt_cmp(const void *x, const void *y)
+{
+	const hpt_t *p = x, *q = y;
+	if (p->t != q->t)
+		return p->t < q->t ? -1 : 1;
+	return (p->a > q->a) - (p->a < q->a);
+}
+
 int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
 {
 	h->n = 0;
 	h->t = malloc(sizeof(double) * (size_t)(nmax + 1));
 	h->a = malloc(sizeof(double) * (size_t)(nmax + 1));
-	if (!h->t || !h->a)
+	hpt_t *pt = malloc(sizeof(hpt_t) * (size_t)(nmax + 1));
+	if (!h->t || !h->a || !pt) {
+		free(pt);
+		hull_release(h);
 		return SP_ENOMEM;
-	for (int k = nmax; k >= 1; k--) { /* widest (fastest) first */
-		double t = time[k], a = t * (scales ? k : 1);
-		if (h->n && t <= h->t[h->n - 1] + 1e-15) { /* same time: keep less area */
-			if (a < h->a[h->n - 1])
-				h->a[h->n - 1] = a;
+	}
+	for (int k = 1; k <= nmax; k++)
+		pt[k - 1] = (hpt_t){time[k], time[k] * (scales ? k : 1)};
+	qsort(pt, (size_t)nmax, sizeof(hpt_t), hpt_cmp);
+	for (int i = 0; i < nmax; i++) {
+		double t = pt[i].t, a = pt[i].a;
+		/* slower and no smaller: dominated (this covers equal times too) */
+		if (h->n && a >= h->a[h->n - 1] * (1 - 1e-15))
 			continue;
-		}
+		if (h->n && t <= h->t[h->n - 1] + 1e-15)
+			h->n--; /* same time, less area: replaces the last point */
 		while (h->n >= 2) {
-			/* drop the last point if it lies above the segment to the new one */
+			/* drop the last point if it lies on or above the segment
+			 * from the one before it to the new one */
 			double t1 = h->t[h->n - 2], a1 = h->a[h->n - 2];
 			double t2 = h->t[h->n - 1], a2 = h->a[h->n - 1];
 			if ((a2 - a1) * (t - t1) >= (a - a1) * (t2 - t1))
@@ -110,6 +133,7 @@ int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
 		h->t[h->n] = t;
 		h->a[h->n++] = a;
 	}
+	free(pt);
 	return 0;
 }
 

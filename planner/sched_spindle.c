@@ -72,9 +72,14 @@ static int candidates(const metaop_t *m, int N, int *k)
 	for (int c = 1; c <= lim && n < MAX_CAND - 1; c++) {
 		if (!faster_than_one_less(m, c))
 			continue;
-		/* too many: all up to 16, then about 8% apart */
-		if (total > MAX_CAND && c > 16 && c < last * 1.08)
-			continue;
+		/* too many: all up to 16, then at least 8% apart, spaced
+		 * geometrically so that the slots left reach the top */
+		if (total > MAX_CAND && c > 16) {
+			int slots = MAX_CAND - 1 - n;
+			double ratio = fmax(1.08, pow((double)lim / last, 1.0 / slots));
+			if (c < last * ratio && c < lim)
+				continue;
+		}
 		k[n++] = last = c;
 	}
 	int top = lim;
@@ -1074,6 +1079,9 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, do
 					for (int q = 0; q < nw; q++)
 						if (we[q] >= fmin(last, H) - 1e-9)
 							first = fmin(first, fmax(ws[q], free_at[wd[q]]));
+					if (first > t + 1e-9 &&
+					    (rc = pend_flush(out, m, &pd, layer, t)))
+						goto cleanup;
 					t = fmax(t, first);
 					for (int q = 0; q < nw; q++)
 						if (we[q] >= fmin(last, H) - 1e-9 &&

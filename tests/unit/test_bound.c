@@ -1,0 +1,113 @@
+/*
+ * test_bound.c — the lower convex hull behind the allotment bound and the
+ * lanes' fluid widths (planner/bound.c). For many random time curves (with
+ * plateaus, equal times and non-monotone stretches, as measured profiles
+ * have) the hull must be convex, strictly faster-to-slower with strictly
+ * falling area, and hull_area(C) must equal a brute-force minimum over
+ * every single width and every mix of two widths that finishes within C.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* Least area of one width, or a mix of two, finishing within C. */
+static double brute_area(const double *time, int nmax, int scales, double C)
+{
+	double best = HUGE_VAL;
+	for (int i = 1; i <= nmax; i++) {
+		double ti = time[i], ai = ti * (scales ? i : 1);
+		if (ti <= C)
+			best = fmin(best, ai);
+		for (int j = 1; j <= nmax; j++) {
+			double tj = time[j], aj = tj * (scales ? j : 1);
+			if (ti <= C && C < tj) {
+				double f = (C - ti) / (tj - ti);
+				best = fmin(best, ai + f * (aj - ai));
+			}
+		}
+	}
+	return best;
+}
+
+static void check_curve(const double *time, int nmax, int scales)
+{
+	hull_t h;
+	assert_int_equal(hull_from_times(time, nmax, scales, &h), 0);
+	assert_true(h.n >= 1);
+	for (int i = 1; i < h.n; i++) {
+		assert_true(h.t[i] > h.t[i - 1]);
+		assert_true(h.a[i] < h.a[i - 1]);
+	}
+	for (int i = 2; i < h.n; i++) { /* slopes rise: convex */
+		double s1 = (h.a[i - 1] - h.a[i - 2]) / (h.t[i - 1] - h.t[i - 2]);
+		double s2 = (h.a[i] - h.a[i - 1]) / (h.t[i] - h.t[i - 1]);
+		assert_true(s2 > s1 - 1e-9 * fabs(s1));
+	}
+	double tmin = HUGE_VAL, tmax = 0;
+	for (int k = 1; k <= nmax; k++) {
+		tmin = fmin(tmin, time[k]);
+		tmax = fmax(tmax, time[k]);
+	}
+	assert_true(hull_area(&h, tmin * 0.99) == HUGE_VAL);
+	for (int s = 0; s <= 200; s++) {
+		double C = tmin + (tmax * 1.1 - tmin) * s / 200.0;
+		double want = brute_area(time, nmax, scales, C), got = hull_area(&h, C);
+		assert_true(fabs(got - want) <= 1e-9 * want);
+	}
+	/* every width's own point is on or above the hull */
+	for (int k = 1; k <= nmax; k++)
+		assert_true(hull_area(&h, time[k]) <= time[k] * (scales ? k : 1) * (1 + 1e-12));
+	hull_release(&h);
+}
+
+/* A data-parallel curve: T(n) = a + b ceil(B/n) / 1, with noise. */
+static void test_random_curves(void **state)
+{
+	(void)state;
+	srand(7);
+	for (int it = 0; it < 400; it++) {
+		int nmax = 1 + rand() % 64, B = 1 + rand() % 256;
+		double time[65];
+		double a = 0.01 + (rand() % 100) / 100.0, b = 0.01 + (rand() % 100) / 50.0;
+		int kind = it % 4;
+		for (int k = 1; k <= nmax; k++) {
+			double t = a + b * ((B + k - 1) / k);
+			if (kind == 1) /* measured: a little noise, not monotone */
+				t *= 1 + ((rand() % 21) - 10) / 200.0;
+			else if (kind == 2) /* coarse plateaus, equal times */
+				t = a + b * (((B + k - 1) / k + 7) / 8);
+			else if (kind == 3) /* slower past a point */
+				t += k > nmax / 2 ? 0.05 * b * k : 0;
+			time[k] = t;
+		}
+		check_curve(time, nmax, it % 5 != 0);
+	}
+}
+
+/* The case that once left a non-convex hull: a narrower width as fast as
+ * the previous point, with less area, after a point that it hides. */
+static void test_equal_time_replaces(void **state)
+{
+	(void)state;
+	/* k: 1..4 -> times 10, 4, 4.9, 5 (k=3 beats k=4 on time and area) */
+	double time[5] = {0, 10, 4, 4.9, 5};
+	check_curve(time, 4, 1);
+	double eq[5] = {0, 8, 4, 4, 3};
+	check_curve(eq, 4, 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_random_curves),
+		cmocka_unit_test(test_equal_time_replaces),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -14,10 +14,13 @@
  *                 moment its last member issued it and its members finished
  *                 their earlier all-reduces (one at a time per device), for
  *                 the ring time
- *   STEP          waits for every bucket the device belongs to, then
- *                 now += optimizer time of its held parameters (all-reduces
- *                 are timed after the programs ran, in the order they can
- *                 start, since only the final STEPs wait for them)
+ *   STEP          for each bucket the device belongs to, in the order of
+ *                 its SYNCs: wait for the bucket's all-reduce, then
+ *                 now += optimizer time of the bucket's parameters, so
+ *                 updates overlap later all-reduces, as the runtime does
+ *                 (all-reduces are timed after the programs ran, in the
+ *                 order they can start, since only the final STEPs wait
+ *                 for them)
  * A device that cannot proceed (RECV before its SEND ran, STEP before a
  * member issued SYNC) waits; if no device can proceed the programs
  * deadlock and the simulation says so. Modes switch costs off to measure
@@ -181,18 +184,21 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 			sync_free[p->bucket_devs[bk->dev_off + q]] = sync_done[border[i]];
 	}
 	for (int d = 0; d < N; d++) {
+		/* the step updates one bucket's parameters at a time, in program
+		 * order, each as soon as its all-reduce is done */
 		const sp_device_t *dv = &p->devices[d];
-		double ready = now[d];
-		int64_t elems = 0;
+		double t = now[d], waited = 0;
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *sy = &p->ins[dv->first_ins + k];
 			if (sy->op != INS_SYNC)
 				continue;
-			elems += p->buckets[sy->peer].elems;
-			ready = fmax(ready, sync_done[sy->peer]);
+			waited += fmax(0, sync_done[sy->peer] - t);
+			t = fmax(t, sync_done[sy->peer]);
+			if (mode & SIM_SYNC)
+				t += cost_step_ms(pl, p->buckets[sy->peer].elems);
 		}
-		wait[d] += ready - now[d];
-		now[d] = ready + ((mode & SIM_SYNC) ? cost_step_ms(pl, elems) : 0);
+		wait[d] += waited;
+		now[d] = t;
 	}
 	res->iteration = 0;
 	res->busy_total = 0;

@@ -14,7 +14,9 @@
  *                         value written twice
  *   missing gradient      a parameter's gradient contributions do not add up
  *   contribution          to its task's full batch for every use, or come
- *                         from a device outside its sync group
+ *                         from a device outside its sync group, or a device
+ *                         does not issue each of its buckets' all-reduces
+ *                         exactly once
  *   out of memory         predicted peak above the cap
  * It is written independently of lower.c: it trusts only the plan.
  */
@@ -450,6 +452,30 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 					  p->model.comps[comp].name, (int)op->layer,
 					  (long long)contrib[mo->first_op + l], mo->name,
 					  (long long)t->batch);
+				goto cleanup;
+			}
+		}
+	}
+	/* every device issues the all-reduce of each of its buckets once (its
+	 * step updates each bucket's parameters after that all-reduce) */
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		for (int b = 0; b < p->n_buckets; b++)
+			issued[b] = 0;
+		for (int k = 0; k < dv->n_ins; k++)
+			if (p->ins[dv->first_ins + k].op == INS_SYNC)
+				issued[p->ins[dv->first_ins + k].peer]++;
+		for (int b = 0; b < p->n_buckets; b++) {
+			const sp_bucket_t *bk = &p->buckets[b];
+			int member = 0;
+			for (int q = 0; q < bk->n_dev; q++)
+				member |= p->bucket_devs[bk->dev_off + q] == d;
+			if (issued[b] != member) {
+				rc = fail(&st, -1, -1,
+					  "missing gradient contribution: device %d issues the "
+					  "all-reduce of sync bucket %d %d times (%s)",
+					  d, b, issued[b],
+					  member ? "a member: once" : "not a member: never");
 				goto cleanup;
 			}
 		}

@@ -726,23 +726,61 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 	return 0;
 }
 
-static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
+/* The optimizer on the floats [off, off + n) of the held parameters. */
+static void step_range(rt_state_t *st, int64_t off, int64_t n, int64_t t)
 {
 	rt_backend_t *b = st->b;
+	const sp_optim_t *o = &st->p->model.opt;
+	if (n <= 0)
+		return;
+	if (o->kind == OPT_ADAMW)
+		b->adamw_step(st->w + off, st->g + off, st->m + off, st->v + off, n, (int)t, o);
+	else
+		b->sgd_step(st->w + off, st->g + off, n, o);
+}
+
+/*
+ * STEP: the device's sync buckets one at a time, in program order: wait
+ * for the bucket's all-reduce, then update its parameters, so the updates
+ * of early buckets overlap the all-reduces of later ones (the optimizer is
+ * elementwise, so this equals one update of everything). Then the sends
+ * still in flight.
+ */
+static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
+{
+	int64_t stepped = 0;
+	for (int q = 0; q < k; q++) {
+		const sp_ins_t *sy = &st->prog[q];
+		if (sy->op != INS_SYNC)
+			continue;
+		int i = 0;
+		while (i < st->n_mb && st->mb[i].bucket != sy->peer)
+			i++;
+		if (i == st->n_mb)
+			return fail(st, err, q, "not a member of this sync bucket");
+		for (int j = 0; j < st->n_pending; j++)
+			if (st->pending_ins[j] == q) {
+				int rc = wait_req(st, &st->pending[j], q, err);
+				if (rc)
+					return rc;
+				st->pending[j] = st->pending[--st->n_pending];
+				st->pending_ins[j] = st->pending_ins[st->n_pending];
+				break;
+			}
+		step_range(st, st->mb[i].off, st->mb[i].n, t);
+		stepped += st->mb[i].n;
+		if (poll_pending(st, err))
+			return err->code;
+	}
 	for (int i = 0; i < st->n_pending; i++) {
 		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
 		if (rc)
 			return rc;
 	}
 	st->n_pending = 0;
-	(void)k;
-	const sp_optim_t *o = &st->p->model.opt;
-	if (st->n_w > 0) {
-		if (o->kind == OPT_ADAMW)
-			b->adamw_step(st->w, st->g, st->m, st->v, st->n_w, (int)t, o);
-		else
-			b->sgd_step(st->w, st->g, st->n_w, o);
-	}
+	/* every held parameter is in one of the device's buckets */
+	if (stepped != st->n_w)
+		return fail(st, err, k, "the sync buckets do not cover the held parameters");
 	return 0;
 }
 

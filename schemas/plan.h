@@ -29,7 +29,7 @@ typedef enum {
 	INS_COPY = 5, /* local: src value -> dst value (grad: added) */
 	INS_LOSS = 6, /* sink slice: loss of [s0,s1) and grad(m,0)[s0,s1) */
 	INS_SYNC = 7, /* start the all-reduce of bucket `peer` over its group */
-	INS_STEP = 8  /* wait for all syncs, then the optimizer step */
+	INS_STEP = 8  /* per sync bucket, in program order: wait for its all-reduce, update its parameters */
 } sp_ins_op_t;
 
 /* A reference to a value on the executing device. */

@@ -602,6 +602,37 @@ static void test_param_unsynced(void **state)
 	plan_release(&ref);
 }
 
+/*
+ * A device that issues one of its buckets' all-reduces twice would update
+ * that bucket twice in its step (the step walks the device's SYNCs): the
+ * end-of-run check rejects it, naming device and bucket.
+ */
+static void test_sync_twice(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t ref;
+	copy_plan(f, &ref);
+	int n = 0, shown = 0;
+	for (int d = 0; d < ref.n_devices; d++)
+		for (int k = 0; k < ref.devices[d].n_ins; k++) {
+			sp_ins_t in = *ins_at(&ref, d, k);
+			if (in.op != INS_SYNC)
+				continue;
+			sp_plan_t p;
+			copy_plan(f, &p);
+			ins_ins(&p, d, k + 1, in);
+			char what[160];
+			snprintf(what, sizeof what, "device %d issues the all-reduce of sync bucket "
+				 "%d 2 times", d, (int)in.peer);
+			expect_defect(&p, f->cap, "missing gradient contribution", what, &shown);
+			plan_release(&p);
+			n++;
+		}
+	print_message("%d of %d repeated all-reduces rejected\n", n, n);
+	assert_true(n >= 2);
+	plan_release(&ref);
+}
+
 /* ---- (h) a memory cap below the plan's peak ------------------------------------ */
 
 static void test_out_of_memory(void **state)
@@ -725,6 +756,7 @@ int main(void)
 		cmocka_unit_test(test_fwd_before_recv),
 		cmocka_unit_test(test_bucket_member),
 		cmocka_unit_test(test_param_unsynced),
+		cmocka_unit_test(test_sync_twice),
 		cmocka_unit_test(test_out_of_memory),
 		cmocka_unit_test(test_deadlock_cycle),
 		cmocka_unit_test(test_every_deletion),

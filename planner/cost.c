@@ -98,6 +98,8 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bw
 	return fmax(t_c, t_m) * 1e3 + LAUNCH_MS;
 }
 
+#define LAYER_MIN_MS 1e-6
+
 void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double *bwd)
 {
 	const metaop_t *m = &pl->mops[mi];
@@ -115,6 +117,11 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
 		*fwd = analytic(pl, m, local, 0);
 		*bwd = analytic(pl, m, local, 1);
 	}
+	/* no layer with samples takes less than a nanosecond: a profile may say
+	 * 0 (or 1e-300), and the schedulers divide by these times and hand
+	 * them to the MILP as coefficients */
+	*fwd = fmax(*fwd, LAYER_MIN_MS);
+	*bwd = fmax(*bwd, LAYER_MIN_MS);
 }
 
 int cost_build(planner_t *pl)

@@ -103,6 +103,87 @@ int sched_finish(sched_t *s)
 	return 0;
 }
 
+/* Slices whose devices the scheduler chose: devices in range, distinct in
+ * a slice, and no device in two slices at once. */
+typedef struct {
+	double t0, t1;
+	int slice;
+} busy_t;
+
+static int cmp_busy(const void *a, const void *b)
+{
+	const busy_t *x = a, *y = b;
+	if (x->t0 != y->t0)
+		return x->t0 < y->t0 ? -1 : 1;
+	return (x->slice > y->slice) - (x->slice < y->slice);
+}
+
+static int check_devices(const planner_t *pl, const sched_t *s, double eps)
+{
+	int N = pl->N, rc = 0;
+	size_t total = 0;
+	for (int i = 0; i < s->n; i++)
+		total += s->s[i].dev_off >= 0 ? (size_t)s->s[i].n : 0;
+	int *cnt = calloc((size_t)N + 1, sizeof(int)), *off = calloc((size_t)N + 2, sizeof(int));
+	int *seen = calloc((size_t)N + 1, sizeof(int)); /* slice + 1 that last had d */
+	busy_t *b = malloc(sizeof *b * (total + 1));
+	if (!cnt || !off || !seen || !b) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		if (x->dev_off < 0)
+			continue;
+		for (int q = 0; q < x->n; q++) {
+			int d = s->devs[x->dev_off + q];
+			int dup = d >= 0 && d < N && seen[d] == i + 1;
+			if (d < 0 || d >= N || dup) {
+				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						"%s schedule: slice of '%s' has device %d %s",
+						algo_name(s->algo), pl->mops[x->metaop].name, d,
+						dup ? "twice" : "out of range");
+				goto cleanup;
+			}
+			seen[d] = i + 1;
+			cnt[d]++;
+		}
+	}
+	for (int d = 0; d < N; d++)
+		off[d + 1] = off[d] + cnt[d];
+	for (int d = 0; d < N; d++)
+		cnt[d] = off[d];
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		if (x->dev_off >= 0)
+			for (int q = 0; q < x->n; q++)
+				b[cnt[s->devs[x->dev_off + q]]++] = (busy_t){x->t0, x->t1, i};
+	}
+	for (int d = 0; d < N; d++) {
+		busy_t *v = b + off[d];
+		int n = off[d + 1] - off[d];
+		qsort(v, (size_t)n, sizeof *v, cmp_busy);
+		for (int k = 1; k < n; k++)
+			if (v[k].t0 + eps < v[k - 1].t1) {
+				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						"%s schedule: device %d runs '%s' (%.3f-%.3f ms) "
+						"and '%s' (%.3f-%.3f ms) at once",
+						algo_name(s->algo), d,
+						pl->mops[s->s[v[k - 1].slice].metaop].name,
+						v[k - 1].t0, v[k - 1].t1,
+						pl->mops[s->s[v[k].slice].metaop].name, v[k].t0,
+						v[k].t1);
+				goto cleanup;
+			}
+	}
+cleanup:
+	free(cnt);
+	free(off);
+	free(seen);
+	free(b);
+	return rc;
+}
+
 int sched_check(const planner_t *pl, const sched_t *s)
 {
 	const double eps = 1e-6;
@@ -153,7 +234,7 @@ int sched_check(const planner_t *pl, const sched_t *s)
 					  "%s schedule: %d devices in use at %.3f ms (of %d)",
 					  algo_name(s->algo), used, s->s[i].t0, pl->N);
 	}
-	return 0;
+	return check_devices(pl, s, eps);
 }
 
 /* ---- sequential ---- */

@@ -97,6 +97,30 @@ def random_workload(seed, optimizer=None, max_tasks=4):
             "seed": seed, "components": comps, "tasks": tasks}
 
 
+def op_shapes(model):
+    """The profile keys ("op" objects) of every operator in model, once each."""
+    comps, seen = model["components"], {}
+    for t in model["tasks"]:
+        nodes = {n["id"]: n for n in t["graph"]}
+        for n in t["graph"]:
+            c = comps[n["component"]]
+            ty = c["type"]
+            if ty in ("embedding", "patch", "transformer", "linear"):
+                keys = {"embedding": ("vocab", "hidden"), "patch": ("in", "hidden"),
+                        "transformer": ("hidden", "heads", "ffn", "causal"),
+                        "linear": ("in", "out")}[ty]
+                s = {"type": ty, "seq": n["seq"], **{k: c[k] for k in keys if k in c}}
+            elif ty == "classifier":
+                s = {"type": ty, "hidden": c["hidden"], "classes": c["classes"]}
+            elif ty == "contrastive":
+                src = comps[nodes[n["inputs"][0]]["component"]]
+                s = {"type": ty, "hidden": src.get("out", src.get("hidden"))}
+            else:
+                continue
+            seen[json.dumps(s, sort_keys=True)] = s
+    return [seen[k] for k in sorted(seen)]
+
+
 def write_json(dirpath, name, obj):
     path = os.path.join(dirpath, name)
     with open(path, "w") as f:

@@ -8,7 +8,8 @@
   * ours is never slower than sequential (a guard on how ours picks among
     its candidates, one of which is the sequential plan);
 and degenerate inputs get a clear answer: batch smaller than the device
-count, one device, one task, a model that fits nowhere.
+count, one device, one task, a model that fits nowhere, a profile whose
+layers take no time.
 Also: the same inputs give byte-identical plans (every bundled workload).
 """
 import json
@@ -91,6 +92,19 @@ def main():
         one["components"] = {k: v for k, v in one["components"].items()
                              if k in {n["component"] for n in one["tasks"][0]["graph"]}}
         check_props("one task", W.write_json(tmp, "one.json", one), c16, tmp)
+        # a profile that says every layer takes no time (or 1e-300 ms): the
+        # schedulers divide by layer times and the MILP takes them as
+        # coefficients; the planner must still plan
+        for t_ms in (0.0, 1e-300):
+            for seed in (3, 349):
+                zm = W.random_workload(seed)
+                zc = W.cluster(4, 2)
+                zc["profile"] = [{"op": s, "points": [{"batch": 1, "fwd_ms": t_ms,
+                                                        "bwd_ms": t_ms}]}
+                                 for s in W.op_shapes(zm)]
+                check_props(f"random{seed}, every layer {t_ms} ms",
+                            W.write_json(tmp, "zm.json", zm),
+                            W.write_json(tmp, "zc.json", zc), tmp)
         tiny = W.cluster(4, memory_gib=0.07)   # 64 MiB of workspace alone exceed it
         out = os.path.join(tmp, "none.bin")
         rc, so, se = plan_json(W.write_json(tmp, "d2.json", demo),

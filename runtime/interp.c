@@ -411,6 +411,37 @@ static int init_params(rt_state_t *st)
 	return 0;
 }
 
+/*
+ * The step updates each bucket's parameters after that bucket's SYNC, so
+ * the program must end with its one STEP and issue the SYNC of each of the
+ * device's buckets exactly once before it (and none of another's): else a
+ * bucket would be updated twice, or never.
+ */
+static int check_step(rt_state_t *st)
+{
+	int steps = 0, rc = 0;
+	int *seen = calloc((size_t)st->p->n_buckets + 1, sizeof(int));
+	if (!seen)
+		return SP_ENOMEM;
+	for (int k = 0; k < st->n_ins; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		if (in->op == INS_STEP)
+			steps++;
+		else if (in->op == INS_SYNC)
+			seen[in->peer]++; /* peer < n_buckets: the reader checked it */
+	}
+	if (steps != 1 || st->n_ins == 0 || st->prog[st->n_ins - 1].op != INS_STEP)
+		rc = SP_EINPUT;
+	for (int i = 0; i < st->n_mb && !rc; i++)
+		if (seen[st->mb[i].bucket]-- != 1)
+			rc = SP_EINPUT;
+	for (int bk = 0; bk < st->p->n_buckets && !rc; bk++)
+		if (seen[bk] > 0) /* a bucket this device is not in */
+			rc = SP_EINPUT;
+	free(seen);
+	return rc;
+}
+
 int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_opts_t *o,
 	      sp_err_t *err)
 {
@@ -433,6 +464,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 		if ((st->prog[k].op == INS_SEND || st->prog[k].op == INS_RECV) &&
 		    st->prog[k].tag > b->comm.tag_ub)
 			rc = SP_EINPUT;
+	if (!rc)
+		rc = check_step(st);
 	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)

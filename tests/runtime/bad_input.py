@@ -6,6 +6,8 @@
   * a checkpoint of another model (other components; same components of
     other sizes; another optimizer), from a newer format version, with a
     --seed other than the one it was trained with
+  * a program that issues one sync bucket's all-reduce twice and another's
+    never (the step updates bucket by bucket after each all-reduce)
   * an unusable --save directory, refused at start-up before any step: a
     path under a regular file (ENOTDIR), a path that is a regular file, a
     missing parent. As root, chmod does not stop writes and no read-only
@@ -21,8 +23,10 @@
 """
 import os
 import shutil
+import struct
 import sys
 import tempfile
+import zlib
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
@@ -129,7 +133,31 @@ def full_disk(F, tmp, p4, good):
         F.check(r.rc == 0, f"ENOSPC {what}: the previous checkpoint still loads", r.describe())
 
 
+def retarget_sync(src, dst):
+    """A copy of plan src whose first SYNC names the bucket of its second
+    one (valid for the reader: a bucket index in range, the CRC redone),
+    so one bucket's all-reduce is issued twice and another's never."""
+    b = bytearray(open(src, "rb").read())
+    hsize, nsec = struct.unpack_from("<I", b, 16)[0], struct.unpack_from("<I", b, 28)[0]
+    for e in range(nsec):
+        sid, _, off, size, count = struct.unpack_from("<IIQQQ", b, hsize + 40 * e)
+        if sid == 18:  # instructions, 60 bytes each; op at 0, peer at 52
+            syncs = [off + 60 * k for k in range(count)
+                     if struct.unpack_from("<i", b, off + 60 * k)[0] == 7]
+            break
+    peers = [struct.unpack_from("<i", b, at + 52)[0] for at in syncs]
+    k = next(i for i in range(1, len(peers)) if peers[i] != peers[0])
+    struct.pack_into("<i", b, syncs[0] + 52, peers[k])
+    struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[hsize:])) & 0xFFFFFFFF)
+    open(dst, "wb").write(b)
+
+
 def misc(F, p1):
+    bad = p1 + ".sync-twice.bin"
+    retarget_sync(p1, bad)
+    r = R.run(bad, 1, "--steps", 1)
+    expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
+           "a program that issues one bucket's all-reduce twice and another's never")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

@@ -677,8 +677,6 @@ static int list_schedule(planner_t *pl, const int *w, double frac, sched_t *out)
 			run_t *x = &run[best];
 			const metaop_t *mo = &pl->mops[x->m];
 			double per = mop_t(mo, x->n);
-			if (!(per > 0))
-				break;
 			int split = x->lf + (int)ceil((t - x->t0) / per - 1e-9);
 			split = SP_MAX(split, x->lf);
 			if (split >= x->lt || !mo->scales)
@@ -1185,7 +1183,7 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, do
 			continue;
 		}
 		qsort(byfree, (size_t)na, sizeof *byfree, cmp_dev_key);
-		int cap = tot > 0 ? SP_MAX(1, (int)ceil(N * eg_rem[j] / tot - 1e-9)) : N;
+		int cap = SP_MAX(1, (int)ceil(N * eg_rem[j] / tot - 1e-9));
 		int k = lane_width(mo, SP_MIN(na, cap)), r = mo->sink ? mo->n_layers - layer : 1;
 		for (int q = 0; q < k; q++)
 			devs[q] = byfree[q].id;

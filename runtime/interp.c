@@ -32,6 +32,7 @@ typedef struct {
 typedef struct {
 	int bucket, group;
 	int64_t off, n; /* float range in the params arrays */
+	int sync;       /* its SYNC instruction */
 } mybucket_t;
 
 struct rt_state {
@@ -53,6 +54,7 @@ struct rt_state {
 	int64_t n_w;
 	mybucket_t *mb;
 	int n_mb;
+	int *step_order; /* mb indices in the order of their SYNCs */
 	/* values and saved activations */
 	vbuf_t *vb;
 	int nvb;
@@ -415,30 +417,41 @@ static int init_params(rt_state_t *st)
  * The step updates each bucket's parameters after that bucket's SYNC, so
  * the program must end with its one STEP and issue the SYNC of each of the
  * device's buckets exactly once before it (and none of another's): else a
- * bucket would be updated twice, or never.
+ * bucket would be updated twice, or never. Records the order for the step.
  */
 static int check_step(rt_state_t *st)
 {
-	int steps = 0, rc = 0;
-	int *seen = calloc((size_t)st->p->n_buckets + 1, sizeof(int));
-	if (!seen)
+	const sp_plan_t *p = st->p;
+	int steps = 0, n = 0, rc = 0;
+	int *mb_of = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
+	st->step_order = malloc(sizeof(int) * (size_t)(st->n_mb + 1));
+	if (!mb_of || !st->step_order) {
+		free(mb_of);
 		return SP_ENOMEM;
-	for (int k = 0; k < st->n_ins; k++) {
-		const sp_ins_t *in = &st->prog[k];
-		if (in->op == INS_STEP)
-			steps++;
-		else if (in->op == INS_SYNC)
-			seen[in->peer]++; /* peer < n_buckets: the reader checked it */
 	}
-	if (steps != 1 || st->n_ins == 0 || st->prog[st->n_ins - 1].op != INS_STEP)
+	for (int b = 0; b < p->n_buckets; b++)
+		mb_of[b] = -1;
+	for (int i = 0; i < st->n_mb; i++) {
+		mb_of[st->mb[i].bucket] = i;
+		st->mb[i].sync = -1;
+	}
+	for (int k = 0; k < st->n_ins && !rc; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		if (in->op == INS_STEP) {
+			steps++;
+		} else if (in->op == INS_SYNC) {
+			int i = mb_of[in->peer]; /* peer < n_buckets: the reader checked it */
+			if (i < 0 || st->mb[i].sync >= 0) {
+				rc = SP_EINPUT; /* not this device's bucket, or twice */
+			} else {
+				st->mb[i].sync = k;
+				st->step_order[n++] = i;
+			}
+		}
+	}
+	if (steps != 1 || st->prog[st->n_ins - 1].op != INS_STEP || n != st->n_mb)
 		rc = SP_EINPUT;
-	for (int i = 0; i < st->n_mb && !rc; i++)
-		if (seen[st->mb[i].bucket]-- != 1)
-			rc = SP_EINPUT;
-	for (int bk = 0; bk < st->p->n_buckets && !rc; bk++)
-		if (seen[bk] > 0) /* a bucket this device is not in */
-			rc = SP_EINPUT;
-	free(seen);
+	free(mb_of);
 	return rc;
 }
 
@@ -540,6 +553,7 @@ void rt_free(rt_state_t *st)
 	free(st->poff);
 	free(st->pcount);
 	free(st->mb);
+	free(st->step_order);
 	free(st->vb);
 	free(st->src_vb);
 	free(st->dst_vb);
@@ -773,35 +787,26 @@ static void step_range(rt_state_t *st, int64_t off, int64_t n, int64_t t)
 }
 
 /*
- * STEP: the device's sync buckets one at a time, in program order: wait
- * for the bucket's all-reduce, then update its parameters, so the updates
- * of early buckets overlap the all-reduces of later ones (the optimizer is
- * elementwise, so this equals one update of everything). Then the sends
- * still in flight.
+ * STEP: the device's sync buckets one at a time, in the order of their
+ * SYNCs (check_step made sure each is there once): wait for the bucket's
+ * all-reduce, then update its parameters, so the updates of early buckets
+ * overlap the all-reduces of later ones (the optimizer is elementwise, so
+ * this equals one update of everything). Then the sends still in flight.
  */
-static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
+static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
-	int64_t stepped = 0;
-	for (int q = 0; q < k; q++) {
-		const sp_ins_t *sy = &st->prog[q];
-		if (sy->op != INS_SYNC)
-			continue;
-		int i = 0;
-		while (i < st->n_mb && st->mb[i].bucket != sy->peer)
-			i++;
-		if (i == st->n_mb)
-			return fail(st, err, q, "not a member of this sync bucket");
+	for (int q = 0; q < st->n_mb; q++) {
+		const mybucket_t *mb = &st->mb[st->step_order[q]];
 		for (int j = 0; j < st->n_pending; j++)
-			if (st->pending_ins[j] == q) {
-				int rc = wait_req(st, &st->pending[j], q, err);
+			if (st->pending_ins[j] == mb->sync) {
+				int rc = wait_req(st, &st->pending[j], mb->sync, err);
 				if (rc)
 					return rc;
 				st->pending[j] = st->pending[--st->n_pending];
 				st->pending_ins[j] = st->pending_ins[st->n_pending];
 				break;
 			}
-		step_range(st, st->mb[i].off, st->mb[i].n, t);
-		stepped += st->mb[i].n;
+		step_range(st, mb->off, mb->n, t);
 		if (poll_pending(st, err))
 			return err->code;
 	}
@@ -811,9 +816,6 @@ static int exec_step(rt_state_t *st, int k, int64_t t, sp_err_t *err)
 			return rc;
 	}
 	st->n_pending = 0;
-	/* every held parameter is in one of the device's buckets */
-	if (stepped != st->n_w)
-		return fail(st, err, k, "the sync buckets do not cover the held parameters");
 	return 0;
 }
 
@@ -839,7 +841,7 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 		case INS_LOSS: exec_loss(st, k, t); break;
 		case INS_STEP:
 			comm = 1;
-			rc = exec_step(st, k, t, err);
+			rc = exec_step(st, t, err);
 			break;
 		default:
 			comm = 1;

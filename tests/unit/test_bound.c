@@ -67,7 +67,7 @@ static void check_curve(const double *time, int nmax, int scales)
 	hull_release(&h);
 }
 
-/* A data-parallel curve: T(n) = a + b ceil(B/n) / 1, with noise. */
+/* Data-parallel curves T(n) = a + b ceil(B/n), and variants of them. */
 static void test_random_curves(void **state)
 {
 	(void)state;

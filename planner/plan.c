@@ -40,9 +40,16 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
+/* How a plan meets the memory cap: fits, and its worst device's bytes over
+ * the cap (<= 0 when it fits). */
+typedef struct {
+	int fits;
+	double over;
+} fit_t;
+
 /* schedule → placement → programs → memory → simulation, for one algorithm. */
 static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
-			sp_plan_t *out, sim_result_t *res, int *fits)
+			sp_plan_t *out, sim_result_t *res, fit_t *fit)
 {
 	sched_t s;
 	place_t pc = {0};
@@ -84,20 +91,16 @@ static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
 				fprintf(stderr, "\n");
 			}
 	}
-	*fits = 1;
+	fit->over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
-		if ((double)out->devices[d].mem_peak > pl->mem_cap)
-			*fits = 0;
+		fit->over = fmax(fit->over, (double)out->devices[d].mem_peak - pl->mem_cap);
+	fit->fits = fit->over <= 0;
 cleanup:
 	place_release(&pc);
 	sched_release(&s);
 	return rc;
 }
 
-/*
- * One algorithm; for ours, every variant, judged by the simulator: the
- * fastest plan that fits memory (or the fastest, if none fits).
- */
 /* The sequential plan becomes ours (its data-parallel variant). */
 static void adopt_sequential(sp_plan_t *p)
 {
@@ -113,13 +116,14 @@ static void adopt_sequential(sp_plan_t *p)
 
 /*
  * One algorithm; for ours, every variant, judged by the simulator: the
- * fastest plan that fits memory (or the fastest, if none fits). Ours also
+ * fastest plan that fits memory, or if none fits the one that comes
+ * closest (the error message then says what that one lacks). Ours also
  * weighs the sequential plan, already made (seq): when that one wins,
  * *use_seq is set and out is left empty for the caller to take seq.
  */
 static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
-		    sim_result_t *res, int *fits, int *chosen_variant,
-		    const sim_result_t *seq_res, int seq_fits, int *use_seq)
+		    sim_result_t *res, fit_t *fit, int *chosen_variant,
+		    const sim_result_t *seq_res, const fit_t *seq_fit, int *use_seq)
 {
 	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1, found = 0;
 	memset(out, 0, sizeof *out);
@@ -128,12 +132,13 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 	for (int v = 0; v < nv; v++) {
 		sp_plan_t p = {0};
 		sim_result_t r;
-		int f = 0, rc, from_seq = a == ALGO_SPINDLE && v == SPINDLE_VARIANTS - 1 && seq_res;
+		fit_t f = {0};
+		int rc, from_seq = a == ALGO_SPINDLE && v == SPINDLE_VARIANTS - 1 && seq_res;
 		if (from_seq) {
 			/* data parallel is the sequential baseline, planned already */
 			rc = 0;
 			r = *seq_res;
-			f = seq_fits;
+			f = *seq_fit;
 		} else {
 			rc = plan_variant(pl, a, v, kind, &p, &r, &f);
 		}
@@ -148,13 +153,14 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 			plan_release(out);
 			return rc;
 		}
-		int better = !found || (f && !*fits) ||
-			     (f == *fits && r.iteration_ms < res->iteration_ms * (1 - 1e-9));
+		int better = !found || (f.fits && !fit->fits) ||
+			     (f.fits && fit->fits && r.iteration_ms < res->iteration_ms * (1 - 1e-9)) ||
+			     (!f.fits && !fit->fits && f.over < fit->over);
 		if (better) {
 			plan_release(out);
 			*out = p;
 			*res = r;
-			*fits = f;
+			*fit = f;
 			found = 1;
 			if (chosen_variant)
 				*chosen_variant = v;
@@ -202,19 +208,20 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 						      ALGO_TASK_LEVEL, ALGO_DISTMM};
 	sp_plan_t seq_plan = {0};
 	sim_result_t seq_res = {0};
-	int seq_fits = 0, have_seq = 0;
+	fit_t seq_fit = {0};
+	int have_seq = 0;
 	for (int ai = 0; ai < ALGO__COUNT; ai++) {
 		int a = run_order[ai];
 		if (!want[a])
 			continue;
 		sp_plan_t p = {0};
 		sim_result_t r = {0};
-		int fits = 0;
+		fit_t fit = {0};
 		double t0 = now_ms();
-		int use_seq = 0;
-		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &fits,
-			      a == (int)o->algo ? &chosen_variant : NULL, have_seq ? &seq_res : NULL,
-			      seq_fits, &use_seq);
+		int use_seq = 0, mine = a == (int)o->algo;
+		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &fit,
+			      mine ? &chosen_variant : NULL,
+			      have_seq ? &seq_res : NULL, &seq_fit, &use_seq);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);
@@ -227,7 +234,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		ar->compute_ms = r.compute_ms;
 		ar->utilisation = r.utilisation;
 		ar->planning_ms = t1 - t0;
-		ar->fits_memory = fits;
+		ar->fits_memory = fit.fits;
 		sum->ran[a] = 1;
 		if (use_seq) { /* ours is the sequential plan */
 			p = seq_plan;
@@ -237,7 +244,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		if (a == ALGO_SEQUENTIAL && a != (int)o->algo) {
 			seq_plan = p; /* kept for ours */
 			seq_res = r;
-			seq_fits = fits;
+			seq_fit = fit;
 			have_seq = 1;
 		} else if (a == (int)o->algo) {
 			*out = p;
@@ -271,11 +278,14 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		/* the same schedule placed naively, for comparison */
 		sp_plan_t naive = {0};
 		sim_result_t nr = {0};
-		int fits;
-		if ((rc = plan_variant(&pl, chosen_variant == SPINDLE_VARIANTS - 1 &&
-					       o->algo == ALGO_SPINDLE ? ALGO_SEQUENTIAL : o->algo,
-				       chosen_variant == SPINDLE_VARIANTS - 1 ? 0 : chosen_variant,
-				       PLACE_NAIVE, &naive, &nr, &fits))) {
+		fit_t fit;
+		rc = plan_variant(&pl,
+				  chosen_variant == SPINDLE_VARIANTS - 1 && o->algo == ALGO_SPINDLE
+					  ? ALGO_SEQUENTIAL
+					  : o->algo,
+				  chosen_variant == SPINDLE_VARIANTS - 1 ? 0 : chosen_variant,
+				  PLACE_NAIVE, &naive, &nr, &fit);
+		if (rc) {
 			plan_release(&naive);
 			goto cleanup;
 		}

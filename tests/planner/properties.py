@@ -115,6 +115,32 @@ def main():
         else:
             print("ok   too little memory: " + se.splitlines()[0][:100])
 
+        # when no plan fits, the message is about the plan that came
+        # closest: qwen-val on 8 devices, where the sequential plan (the
+        # fastest) is far over and one of ours only a little
+        over = {}
+        for algo in ("spindle", "sequential"):
+            p = subprocess.run([PLAN, os.path.join(ROOT, "plans/qwen-val/model.json"),
+                                os.path.join(ROOT, "plans/clusters/a800-1x8.json"),
+                                "--algo", algo, "-o", out],
+                               capture_output=True, text=True, timeout=120)
+            words = p.stderr.split()
+            if p.returncode != 1 or "more" not in words or os.path.exists(out):
+                fail(f"qwen-val on 8 devices, {algo}: exit {p.returncode}, "
+                     f"'{p.stderr.strip()}'")
+                continue
+            k = words.index("more")  # "..., X GiB more than the ..."
+            over[algo] = float(words[k - 2]) * {"KiB": 2**-20, "MiB": 2**-10,
+                                                "GiB": 1.0}[words[k - 1].rstrip(",")]
+        if len(over) == 2:
+            if over["spindle"] < over["sequential"]:
+                print(f"ok   nothing fits: ours reports the closest plan, "
+                      f"{over['spindle']:.1f} GiB over (sequential "
+                      f"{over['sequential']:.1f})")
+            else:
+                fail(f"nothing fits: ours reports {over['spindle']:.1f} GiB over, "
+                     f"sequential {over['sequential']:.1f}")
+
         # determinism: every bundled workload planned twice, byte-identical
         for wl in sorted(os.listdir(os.path.join(ROOT, "plans"))):
             d = os.path.join(ROOT, "plans", wl)

@@ -298,6 +298,15 @@ static int allot_milp(const planner_t *pl, int *w)
 	parm.cb_func = milp_budget;
 	parm.cb_info = &nodes;
 	parm.mip_gap = 1e-3;
+	/* branch on the first fractional variable: under a node budget the
+	 * search rarely finishes on big instances, and Driebeck-Tomlin (GLPK's
+	 * default) spends most of each node computing tableau rows. Measured
+	 * on this project's machine: the same plans for every bundled workload,
+	 * MILP time 1134 -> 369 ms (32 tasks, 1024 devices) and 3740 -> 868 ms
+	 * (64 tasks), and over 180 random workload/cluster pairs (property-test
+	 * generator, seeds 0-89 on 8 and 16 devices) plans 1.1% faster in
+	 * geometric mean (13 faster, 9 slower, the rest the same) */
+	parm.br_tech = GLP_BR_FFV;
 	milp_node_budget = pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200;
 	int ret = glp_intopt(lp, &parm);
 	int st = glp_mip_status(lp);

@@ -8,8 +8,8 @@
   * ours is never slower than sequential (a guard on how ours picks among
     its candidates, one of which is the sequential plan);
 and degenerate inputs get a clear answer: batch smaller than the device
-count, one device, one task, a model that fits nowhere, a profile whose
-layers take no time.
+count, one device, one task, a model that fits nowhere (the message is
+about the plan that came closest), a profile whose layers take no time.
 Also: the same inputs give byte-identical plans (every bundled workload).
 """
 import json

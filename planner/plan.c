@@ -40,16 +40,9 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* How a plan meets the memory cap: fits, and its worst device's bytes over
- * the cap (<= 0 when it fits). */
-typedef struct {
-	int fits;
-	double over;
-} fit_t;
-
 /* schedule → placement → programs → memory → simulation, for one algorithm. */
 static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
-			sp_plan_t *out, sim_result_t *res, fit_t *fit)
+			sp_plan_t *out, sim_result_t *res, double *over)
 {
 	sched_t s;
 	place_t pc = {0};
@@ -91,10 +84,10 @@ static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
 				fprintf(stderr, "\n");
 			}
 	}
-	fit->over = -HUGE_VAL;
+	/* the worst device's bytes over the cap: <= 0 when the plan fits */
+	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
-		fit->over = fmax(fit->over, (double)out->devices[d].mem_peak - pl->mem_cap);
-	fit->fits = fit->over <= 0;
+		*over = fmax(*over, (double)out->devices[d].mem_peak - pl->mem_cap);
 cleanup:
 	place_release(&pc);
 	sched_release(&s);
@@ -120,10 +113,12 @@ static void adopt_sequential(sp_plan_t *p)
  * closest (the error message then says what that one lacks). Ours also
  * weighs the sequential plan, already made (seq): when that one wins,
  * *use_seq is set and out is left empty for the caller to take seq.
+ * *over is the chosen plan's worst device's bytes over the memory cap
+ * (<= 0: it fits).
  */
 static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
-		    sim_result_t *res, fit_t *fit, int *chosen_variant,
-		    const sim_result_t *seq_res, const fit_t *seq_fit, int *use_seq)
+		    sim_result_t *res, double *over, int *chosen_variant,
+		    const sim_result_t *seq_res, double seq_over, int *use_seq)
 {
 	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1, found = 0;
 	memset(out, 0, sizeof *out);
@@ -132,13 +127,13 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 	for (int v = 0; v < nv; v++) {
 		sp_plan_t p = {0};
 		sim_result_t r;
-		fit_t f = {0};
+		double f = 0;
 		int rc, from_seq = a == ALGO_SPINDLE && v == SPINDLE_VARIANTS - 1 && seq_res;
 		if (from_seq) {
 			/* data parallel is the sequential baseline, planned already */
 			rc = 0;
 			r = *seq_res;
-			f = *seq_fit;
+			f = seq_over;
 		} else {
 			rc = plan_variant(pl, a, v, kind, &p, &r, &f);
 		}
@@ -153,14 +148,17 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 			plan_release(out);
 			return rc;
 		}
-		int better = !found || (f.fits && !fit->fits) ||
-			     (f.fits && fit->fits && r.iteration_ms < res->iteration_ms * (1 - 1e-9)) ||
-			     (!f.fits && !fit->fits && f.over < fit->over);
+		/* fitting beats not fitting; then faster, or closer to fitting */
+		int fits = f <= 0, better;
+		if (!found || fits != (*over <= 0))
+			better = !found || fits;
+		else
+			better = fits ? r.iteration_ms < res->iteration_ms * (1 - 1e-9) : f < *over;
 		if (better) {
 			plan_release(out);
 			*out = p;
 			*res = r;
-			*fit = f;
+			*over = f;
 			found = 1;
 			if (chosen_variant)
 				*chosen_variant = v;
@@ -208,7 +206,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 						      ALGO_TASK_LEVEL, ALGO_DISTMM};
 	sp_plan_t seq_plan = {0};
 	sim_result_t seq_res = {0};
-	fit_t seq_fit = {0};
+	double seq_over = 0;
 	int have_seq = 0;
 	for (int ai = 0; ai < ALGO__COUNT; ai++) {
 		int a = run_order[ai];
@@ -216,12 +214,11 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 			continue;
 		sp_plan_t p = {0};
 		sim_result_t r = {0};
-		fit_t fit = {0};
-		double t0 = now_ms();
+		double over = 0, t0 = now_ms();
 		int use_seq = 0, mine = a == (int)o->algo;
-		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &fit,
-			      mine ? &chosen_variant : NULL,
-			      have_seq ? &seq_res : NULL, &seq_fit, &use_seq);
+		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &over,
+			      mine ? &chosen_variant : NULL, have_seq ? &seq_res : NULL, seq_over,
+			      &use_seq);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);
@@ -234,7 +231,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		ar->compute_ms = r.compute_ms;
 		ar->utilisation = r.utilisation;
 		ar->planning_ms = t1 - t0;
-		ar->fits_memory = fit.fits;
+		ar->fits_memory = over <= 0;
 		sum->ran[a] = 1;
 		if (use_seq) { /* ours is the sequential plan */
 			p = seq_plan;
@@ -244,9 +241,9 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		if (a == ALGO_SEQUENTIAL && a != (int)o->algo) {
 			seq_plan = p; /* kept for ours */
 			seq_res = r;
-			seq_fit = fit;
+			seq_over = over;
 			have_seq = 1;
-		} else if (a == (int)o->algo) {
+		} else if (mine) {
 			*out = p;
 			chosen_res = r;
 		} else {
@@ -278,13 +275,13 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		/* the same schedule placed naively, for comparison */
 		sp_plan_t naive = {0};
 		sim_result_t nr = {0};
-		fit_t fit;
+		double over;
 		rc = plan_variant(&pl,
 				  chosen_variant == SPINDLE_VARIANTS - 1 && o->algo == ALGO_SPINDLE
 					  ? ALGO_SEQUENTIAL
 					  : o->algo,
 				  chosen_variant == SPINDLE_VARIANTS - 1 ? 0 : chosen_variant,
-				  PLACE_NAIVE, &naive, &nr, &fit);
+				  PLACE_NAIVE, &naive, &nr, &over);
 		if (rc) {
 			plan_release(&naive);
 			goto cleanup;

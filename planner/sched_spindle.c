@@ -301,7 +301,8 @@ static int allot_milp(const planner_t *pl, int *w)
 	/* branch on the first fractional variable: under a node budget the
 	 * search rarely finishes on big instances, and Driebeck-Tomlin (GLPK's
 	 * default) spends most of each node computing tableau rows. Measured
-	 * on this project's machine: the same plans for every bundled workload,
+	 * on this project's machine: the same iteration and compute times for
+	 * every bundled workload (qwen-val places a few slices differently),
 	 * MILP time 1134 -> 369 ms (32 tasks, 1024 devices) and 3740 -> 868 ms
 	 * (64 tasks), and over 180 random workload/cluster pairs (property-test
 	 * generator, seeds 0-89 on 8 and 16 devices) plans 1.1% faster in

@@ -130,7 +130,7 @@ def main():
                      f"'{p.stderr.strip()}'")
                 continue
             k = words.index("more")  # "..., X GiB more than the ..."
-            over[algo] = float(words[k - 2]) * {"KiB": 2**-20, "MiB": 2**-10,
+            over[algo] = float(words[k - 2]) * {"MiB": 2**-10,
                                                 "GiB": 1.0}[words[k - 1].rstrip(",")]
         if len(over) == 2:
             if over["spindle"] < over["sequential"]:

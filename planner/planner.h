@@ -147,7 +147,7 @@ int sched_distmm(planner_t *pl, sched_t *out);
 int sched_paper(planner_t *pl, sched_t *out);
 /* The paper's wave packing over the whole DAG (a variant of ours). */
 int sched_paper_dag(planner_t *pl, sched_t *out);
-#define SPINDLE_VARIANTS 8
+#define SPINDLE_VARIANTS 9
 int sched_spindle_variant(planner_t *pl, int variant, sched_t *out);
 /* variant: for ALGO_SPINDLE, which of SPINDLE_VARIANTS; else 0. */
 int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);

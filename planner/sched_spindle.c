@@ -42,7 +42,9 @@
  *      integral with McNaughton's wrap-around rule (see lanes_schedule)
  *   6  lanes with an end game: lanes that outrun their windows go on
  *      wherever devices are free (shorter compute, more replicas)
- *   7  data parallel on all devices: when nothing beats it, we use it
+ *   7  lanes with the end game whose gangs step down through a middle
+ *      width (mid_step), calibrated longer
+ *   8  data parallel on all devices: when nothing beats it, we use it
  */
 #include "planner.h"
 
@@ -846,8 +848,43 @@ static int pend_flush(sched_t *out, int m, pend_t *p, int lt, double t1)
 	return rc;
 }
 
+/*
+ * Mode 3: the gang's share in two steps. Shares end mid-layer, and a lane
+ * whose heavy MetaOp mixes widths lo and hi far apart (16 and 32) can only
+ * move whole layers between them: one layer more or less at hi is a large
+ * step in its finish time. So the gang keeps all hi - lo devices for the
+ * whole layers at hi that fit in the share (those before the heavy one
+ * included, at the widths they take on hi devices), then the mid - lo of
+ * them for one layer at a width mid in between: the width that saves most
+ * time within the device-time left of the share. 0: no such width.
+ */
+static int mid_step(const planner_t *pl, const int *chain, int n, int heavy, int lo, int hi,
+		    double share, double *step)
+{
+	const metaop_t *hv = &pl->mops[heavy];
+	double pre = 0;
+	for (int i = 0; i < n && chain[i] != heavy; i++)
+		pre += pl->mops[chain[i]].n_layers * mop_t(&pl->mops[chain[i]],
+							     lane_width(&pl->mops[chain[i]], hi));
+	double per = mop_t(hv, hi);
+	if (!hv->scales || share < pre || per <= 0)
+		return 0;
+	int whole = (int)floor((share - pre) / per + 1e-9);
+	if (whole >= hv->n_layers)
+		return 0;
+	double left = (share - pre - whole * per) * (hi - lo);
+	int best = 0;
+	for (int k = lo + 1; k < hi; k++)
+		if (k <= hv->nmax && faster_than_one_less(hv, k) && (k - lo) * mop_t(hv, k) <= left &&
+		    (!best || mop_t(hv, k) < mop_t(hv, best)))
+			best = k;
+	*step = pre + whole * per;
+	return best;
+}
+
 static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, double cut,
-			  const double *adj, double *lane_end, double *horizon, sched_t *out)
+			  const double *adj, double *lane_end, double *horizon, int *mids,
+			  sched_t *out)
 {
 	int M = pl->n_mops, N = pl->N, rc = 0, nl = 0, nm = 0;
 	lane_t *ln = calloc((size_t)M + 1, sizeof *ln);
@@ -988,7 +1025,7 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, do
 			int held = 0, k = (int)floor(A / H + 1e-12), lo = 0, hi = 0;
 			for (int q = 0; q < nw; q++)
 				held += we[q] >= H * (1 - 1e-12);
-			if (mode == 0) { /* the hull's two widths at H */
+			if (mode == 0 || mode == 3) { /* the hull's two widths at H */
 				for (int q = 0; q + 1 < hl->n; q++)
 					if (hl->t[q] <= H && H < hl->t[q + 1]) {
 						hi = (int)lround(hl->a[q] / hl->t[q]);
@@ -1014,13 +1051,18 @@ static int lanes_schedule(planner_t *pl, const int *w, int mode, int endgame, do
 				free_from[cur++] = H;
 				A -= H;
 			}
-			double share = gang ? A / gang : A;
+			double share = gang ? A / gang : A, step = share;
+			int mid = 0;
+			if (mode == 3 && gang)
+				*mids += (mid = mid_step(pl, lm + l->first, l->n, l->heavy, lo, hi, share,
+							 &step)) > 0;
 			int first = cur;
 			for (int q = 0; q < SP_MAX(gang, 1) && cur < N && share > 1e-9 * H; q++) {
+				double len = fmin(mid ? step + (q < mid - lo) * mop_t(hv, mid) : share, H);
 				wd[nw] = cur;
 				ws[nw] = 0;
-				we[nw++] = fmin(share, H);
-				free_from[cur++] = fmin(share, H);
+				we[nw++] = len;
+				free_from[cur++] = len;
 			}
 			cur = SP_MIN(first, N); /* the next lane has the rest of these */
 			while (cur < N && free_from[cur] >= H * (1 - 1e-12))
@@ -1284,17 +1326,19 @@ cleanup:
 }
 
 /*
- * Lanes with each way of splitting a lane's last devices (0: the hull's two
- * widths; 1: the two nearest widths that gain; 2: McNaughton's one shared
- * device), each calibrated a few rounds: layers are whole and widths
+ * Lanes with each way of splitting a lane's last devices in modes
+ * [m0, m0 + nm) (0: the hull's two widths; 1: the two nearest widths that
+ * gain; 2: McNaughton's one shared device; 3: the hull's widths with a
+ * middle step), each calibrated a few rounds: layers are whole and widths
  * integral, so a lane ends a little before or after H; the next round
  * gives each lane (1 + its lateness / H) times its width, all rescaled to
  * N. The shortest schedule wins.
  */
 #define LANE_ROUNDS 3
-static int lanes_best(planner_t *pl, const int *w, int endgame, sched_t *out)
+static int lanes_best(planner_t *pl, const int *w, int endgame, int m0, int nm, int rounds,
+		      sched_t *out)
 {
-	int nl = 0, rc = 0;
+	int nl = 0, rc = 0, mids = 0;
 	for (int m = 0; m < pl->n_mops; m++)
 		nl += pl->mops[m].n_pred == 0;
 	double *adj = malloc(sizeof(double) * (size_t)(nl + 1));
@@ -1307,14 +1351,17 @@ static int lanes_best(planner_t *pl, const int *w, int endgame, sched_t *out)
 	}
 	static const double cuts[] = {1.0, 0.94, 0.97, 0.9};
 	/* big clusters: fewer tries (each costs more there) */
-	int n_cuts = endgame ? (pl->N > 256 ? 2 : 4) : 1, rounds = pl->N > 256 ? 1 : LANE_ROUNDS;
-	for (int mode = 0; mode < 3 * n_cuts; mode++) {
+	int n_cuts = endgame ? (pl->N > 256 ? 2 : 4) : 1;
+	if (pl->N > 256)
+		rounds = 1;
+	for (int mode = 0; mode < nm * n_cuts; mode++) {
 		for (int j = 0; j < nl; j++)
 			adj[j] = 1;
 		for (int round = 0; round < rounds; round++) {
 			sched_t t = *out;
 			double H = 0, ms = 0;
-			if ((rc = lanes_schedule(pl, w, mode % 3, endgame, cuts[mode / 3], adj, end, &H, &t))) {
+			if ((rc = lanes_schedule(pl, w, m0 + mode % nm, endgame, cuts[mode / nm],
+						 adj, end, &H, &mids, &t))) {
 				sched_release(&t);
 				goto cleanup;
 			}
@@ -1332,6 +1379,8 @@ static int lanes_best(planner_t *pl, const int *w, int endgame, sched_t *out)
 				adj[j] *= fmax(0.5, fmin(2.0, 1 + (end[j] - H) / H));
 		}
 	}
+	if (m0 == 3 && !mids)
+		rc = SP_EINFEAS; /* no middle step anywhere: nothing new */
 cleanup:
 	free(adj);
 	free(end);
@@ -1428,9 +1477,10 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 {
 	/* variant: 0 MILP widths; 1 separable widths; 2 paper's waves over the
 	 * whole DAG; 3, 4 MILP widths with smaller memory segments; 5, 6 lanes
-	 * without and with the end game; 7 data parallel on all devices (the
-	 * sequential plan: when it is best, ours is that) */
-	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0, 0, 0};
+	 * without and with the end game; 7 lanes with middle steps; 8 data
+	 * parallel on all devices (the sequential plan: when it is best, ours
+	 * is that) */
+	static const double frac[SPINDLE_VARIANTS] = {0.7, 0.7, 0, 0.4, 0.2, 0, 0, 0, 0};
 	int M = pl->n_mops, rc = 0;
 	if (variant == 2)
 		return sched_paper_dag(pl, out);
@@ -1452,6 +1502,8 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 	    !memcmp(pl->allot_milp, pl->allot_sep, sizeof(int) * (size_t)M))
 		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
 	if (variant == 5 || variant == 6)
-		return lanes_best(pl, w, variant == 6, out);
+		return lanes_best(pl, w, variant == 6, 0, 3, LANE_ROUNDS, out);
+	if (variant == 7) /* the middle steps move more per round: more rounds */
+		return lanes_best(pl, w, 1, 3, 1, LANE_ROUNDS + 2, out);
 	return list_schedule(pl, w, frac[variant], out);
 }

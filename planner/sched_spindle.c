@@ -43,7 +43,7 @@
  *   6  lanes with an end game: lanes that outrun their windows go on
  *      wherever devices are free (shorter compute, more replicas)
  *   7  lanes with the end game whose gangs step down through a middle
- *      width (mid_step), calibrated longer
+ *      width (mid_step), calibrated longer; up to 256 devices
  *   8  data parallel on all devices: when nothing beats it, we use it
  */
 #include "planner.h"
@@ -1503,6 +1503,8 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
 	if (variant == 5 || variant == 6)
 		return lanes_best(pl, w, variant == 6, 0, 3, LANE_ROUNDS, out);
+	if (variant == 7 && pl->N > 256)
+		return SP_EINFEAS; /* one calibration round there: steps rarely pay */
 	if (variant == 7) /* the middle steps move more per round: more rounds */
 		return lanes_best(pl, w, 1, 3, 1, LANE_ROUNDS + 2, out);
 	return list_schedule(pl, w, frac[variant], out);

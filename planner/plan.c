@@ -150,8 +150,10 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 		}
 		/* fitting beats not fitting; then faster, or closer to fitting */
 		int fits = f <= 0, better;
-		if (!found || fits != (*over <= 0))
-			better = !found || fits;
+		if (!found)
+			better = 1;
+		else if (fits != (*over <= 0))
+			better = fits;
 		else
 			better = fits ? r.iteration_ms < res->iteration_ms * (1 - 1e-9) : f < *over;
 		if (better) {

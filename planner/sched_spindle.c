@@ -1332,13 +1332,13 @@ cleanup:
  * middle step), each calibrated a few rounds: layers are whole and widths
  * integral, so a lane ends a little before or after H; the next round
  * gives each lane (1 + its lateness / H) times its width, all rescaled to
- * N. The shortest schedule wins.
+ * N. The shortest schedule wins. *mids counts the middle steps taken.
  */
 #define LANE_ROUNDS 3
 static int lanes_best(planner_t *pl, const int *w, int endgame, int m0, int nm, int rounds,
-		      sched_t *out)
+		      int *mids, sched_t *out)
 {
-	int nl = 0, rc = 0, mids = 0;
+	int nl = 0, rc = 0;
 	for (int m = 0; m < pl->n_mops; m++)
 		nl += pl->mops[m].n_pred == 0;
 	double *adj = malloc(sizeof(double) * (size_t)(nl + 1));
@@ -1361,7 +1361,7 @@ static int lanes_best(planner_t *pl, const int *w, int endgame, int m0, int nm, 
 			sched_t t = *out;
 			double H = 0, ms = 0;
 			if ((rc = lanes_schedule(pl, w, m0 + mode % nm, endgame, cuts[mode / nm],
-						 adj, end, &H, &mids, &t))) {
+						 adj, end, &H, mids, &t))) {
 				sched_release(&t);
 				goto cleanup;
 			}
@@ -1379,8 +1379,6 @@ static int lanes_best(planner_t *pl, const int *w, int endgame, int m0, int nm, 
 				adj[j] *= fmax(0.5, fmin(2.0, 1 + (end[j] - H) / H));
 		}
 	}
-	if (m0 == 3 && !mids)
-		rc = SP_EINFEAS; /* no middle step anywhere: nothing new */
 cleanup:
 	free(adj);
 	free(end);
@@ -1501,11 +1499,16 @@ int sched_spindle_variant(planner_t *pl, int variant, sched_t *out)
 	if (variant == 1 && pl->allot_milp &&
 	    !memcmp(pl->allot_milp, pl->allot_sep, sizeof(int) * (size_t)M))
 		return SP_EINFEAS; /* the same widths as variant 0: nothing new */
+	int mids = 0;
 	if (variant == 5 || variant == 6)
-		return lanes_best(pl, w, variant == 6, 0, 3, LANE_ROUNDS, out);
-	if (variant == 7 && pl->N > 256)
-		return SP_EINFEAS; /* one calibration round there: steps rarely pay */
-	if (variant == 7) /* the middle steps move more per round: more rounds */
-		return lanes_best(pl, w, 1, 3, 1, LANE_ROUNDS + 2, out);
+		return lanes_best(pl, w, variant == 6, 0, 3, LANE_ROUNDS, &mids, out);
+	if (variant == 7) {
+		/* middle steps move lanes more per round: more rounds. Above 256
+		 * devices there is one round, and steps rarely pay */
+		if (pl->N > 256)
+			return SP_EINFEAS;
+		rc = lanes_best(pl, w, 1, 3, 1, LANE_ROUNDS + 2, &mids, out);
+		return rc ? rc : mids ? 0 : SP_EINFEAS; /* no step anywhere: nothing new */
+	}
 	return list_schedule(pl, w, frac[variant], out);
 }

@@ -65,13 +65,42 @@ void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size)
 	return sp_arena_alloc(a, count * size);
 }
 
-char *sp_arena_strdup(sp_arena_t *a, const char *s)
+sp_arena_mark_t sp_arena_mark(const sp_arena_t *a)
 {
-	size_t n = strlen(s) + 1;
-	char *p = sp_arena_alloc(a, n);
-	if (p)
-		memcpy(p, s, n);
-	return p;
+	sp_arena_mark_t m = {a->head, a->head ? a->head->used : 0, a->used_total};
+	return m;
+}
+
+void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m)
+{
+	while (a->head && a->head != m.block) {
+		sp_arena_block_t *n = a->head->next;
+		free(a->head);
+		a->head = n;
+	}
+	if (a->head)
+		a->head->used = m.used;
+	a->used_total = m.used_total;
+}
+
+int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
+{
+	if (need <= *cap)
+		return 0;
+	int nc = *cap ? *cap : 8;
+	while (nc < need) {
+		if (nc > (1 << 29))
+			return SP_ENOMEM;
+		nc *= 2;
+	}
+	void *np = sp_arena_calloc(a, (size_t)nc, sz);
+	if (!np)
+		return SP_ENOMEM;
+	if (*cap)
+		memcpy(np, *p, (size_t)*cap * sz);
+	*p = np;
+	*cap = nc;
+	return 0;
 }
 
 int sp_grow(void **p, int *cap, int need, size_t sz)

@@ -56,19 +56,33 @@ const char *sp_closest(const char *s, const char *const *names, int n);
 
 /* ---- arena.c -------------------------------------------------------- */
 
-/* Bump allocator; everything of one planning run is freed at once. */
+/*
+ * Bump allocator; everything of one planning run is freed at once. A mark
+ * taken with sp_arena_mark and given back to sp_arena_reset frees, in one
+ * step, everything allocated since (LIFO scopes: a candidate plan, one
+ * trial schedule), so passes that allocate from it need no cleanup lists.
+ */
 typedef struct sp_arena_block sp_arena_block_t;
 typedef struct sp_arena {
 	sp_arena_block_t *head;
 	size_t used_total;
 } sp_arena_t;
+typedef struct {
+	sp_arena_block_t *block;
+	size_t used, used_total;
+} sp_arena_mark_t;
 
 void sp_arena_init(sp_arena_t *a);
 void sp_arena_release(sp_arena_t *a);
 /* Zeroed memory, aligned to 16; NULL on overflow or allocation failure. */
 void *sp_arena_alloc(sp_arena_t *a, size_t n);
 void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size);
-char *sp_arena_strdup(sp_arena_t *a, const char *s);
+sp_arena_mark_t sp_arena_mark(const sp_arena_t *a);
+/* Frees everything allocated after m was taken (m must be still live). */
+void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m);
+/* sp_grow in an arena: a larger array is copied, the old one stays until
+ * the arena (or its enclosing mark) is reset. */
+int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz);
 
 /* ---- vec: growable arrays on the heap -------------------------------- */
 

@@ -83,17 +83,24 @@ void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m)
 	a->used_total = m.used_total;
 }
 
+/* The doubled capacity that holds need elements, or -1 past 2^30. */
+static int grown_cap(int cap, int need)
+{
+	int nc = cap ? cap : 8;
+	while (nc < need) {
+		if (nc > (1 << 29))
+			return -1;
+		nc *= 2;
+	}
+	return nc;
+}
+
 int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
 {
 	if (need <= *cap)
 		return 0;
-	int nc = *cap ? *cap : 8;
-	while (nc < need) {
-		if (nc > (1 << 29))
-			return SP_ENOMEM;
-		nc *= 2;
-	}
-	void *np = sp_arena_calloc(a, (size_t)nc, sz);
+	int nc = grown_cap(*cap, need);
+	void *np = nc < 0 ? NULL : sp_arena_calloc(a, (size_t)nc, sz);
 	if (!np)
 		return SP_ENOMEM;
 	if (*cap)
@@ -107,13 +114,8 @@ int sp_grow(void **p, int *cap, int need, size_t sz)
 {
 	if (need <= *cap)
 		return 0;
-	int nc = *cap ? *cap : 8;
-	while (nc < need) {
-		if (nc > (1 << 29))
-			return SP_ENOMEM;
-		nc *= 2;
-	}
-	void *np = realloc(*p, (size_t)nc * sz);
+	int nc = grown_cap(*cap, need);
+	void *np = nc < 0 ? NULL : realloc(*p, (size_t)nc * sz);
 	if (!np)
 		return SP_ENOMEM;
 	memset((char *)np + (size_t)*cap * sz, 0, (size_t)(nc - *cap) * sz);

@@ -182,6 +182,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	memset(out, 0, sizeof *out);
 	memset(sum, 0, sizeof *sum);
 	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
 	pl.N = c->nodes * c->gpus_per_node;
 	pl.mem_cap = (c->memory_gib - o->mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	if (pl.mem_cap <= 0) {
@@ -306,6 +307,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		}
 	sum->total_ms = now_ms() - t_start;
 cleanup:
+	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)
 		plan_release(out);

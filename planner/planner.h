@@ -6,6 +6,15 @@
  * → place.c (devices) → lower.c (per-device programs, buckets, held
  * params) → memplan.c (memory per device) → sim.c (predicted times) →
  * bound.c (certificate) → verify.c → plan_write (schemas/).
+ *
+ * Memory (style.md): pl->arena lives for the planning run (MetaOps, costs,
+ * allotments); pl->scratch holds one candidate plan's temporaries
+ * (schedule, placement, lowering work arrays) and plan.c resets it when the
+ * candidate has been judged; a pass that tries many things (trial
+ * schedules) takes an sp_arena_mark and resets to it. Nothing allocated
+ * from either is freed one by one, so error paths need no cleanup lists.
+ * Only the lowered sp_plan_t lives on the heap (the kept plan outlives the
+ * run; plan_release frees the others).
  */
 #ifndef SPINDLE_PLANNER_H
 #define SPINDLE_PLANNER_H
@@ -66,7 +75,8 @@ typedef struct planner {
 	const sp_cluster_t *cluster;
 	const plan_opts_t *opts;
 	sp_err_t *err;
-	sp_arena_t arena;
+	sp_arena_t arena;   /* the planning run */
+	sp_arena_t scratch; /* one candidate plan; reset by plan.c */
 	int N; /* devices */
 	int n_mops, n_ops, n_edges;
 	metaop_t *mops;

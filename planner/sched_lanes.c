@@ -250,30 +250,21 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 {
 	int M = pl->n_mops, N = pl->N;
 	sp_arena_t *a = &pl->scratch;
-	R->ord = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	R->free_at = sp_arena_calloc(a, (size_t)N + 1, sizeof(double));
-	R->finish = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
-	R->comp_on = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
-	R->free_from = sp_arena_calloc(a, (size_t)N + 1, sizeof(double));
-	R->orph_from = sp_arena_calloc(a, (size_t)N + 1, sizeof(double));
-	R->orph_to = sp_arena_calloc(a, (size_t)N + 1, sizeof(double));
-	R->ws = sp_arena_calloc(a, (size_t)N + 2, sizeof(double));
-	R->we = sp_arena_calloc(a, (size_t)N + 2, sizeof(double));
-	R->wd = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
-	R->cand = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
-	R->devs = sp_arena_calloc(a, (size_t)N + 1, sizeof(int32_t));
-	R->byfree = sp_arena_calloc(a, (size_t)N + 1, sizeof(dev_key_t));
-	R->pd.devs = sp_arena_calloc(a, (size_t)N + 1, sizeof(int32_t));
-	R->eg_i = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	R->eg_layer = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	R->eg_last = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	R->eg_t = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
-	R->eg_rem = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
-	if (!R->ord || !R->free_at || !R->finish || !R->comp_on || !R->free_from ||
-	    !R->orph_from || !R->orph_to || !R->ws || !R->we || !R->wd || !R->cand ||
-	    !R->devs || !R->byfree || !R->pd.devs || !R->eg_i || !R->eg_layer ||
-	    !R->eg_last || !R->eg_t || !R->eg_rem)
+	size_t n = (size_t)N + 2, m = (size_t)M + 1;
+	/* carved from three blocks: per device (n) and per lane or MetaOp (m) */
+	double *dbl = sp_arena_calloc(a, 6 * n + 3 * m, sizeof(double));
+	int *ints = sp_arena_calloc(a, 3 * n + 4 * m, sizeof(int));
+	int32_t *ids = sp_arena_calloc(a, 2 * n, sizeof(int32_t));
+	R->byfree = sp_arena_calloc(a, n, sizeof(dev_key_t));
+	if (!dbl || !ints || !ids || !R->byfree)
 		return SP_ENOMEM;
+	R->free_at = dbl, R->free_from = dbl + n, R->orph_from = dbl + 2 * n;
+	R->orph_to = dbl + 3 * n, R->ws = dbl + 4 * n, R->we = dbl + 5 * n;
+	R->finish = dbl + 6 * n, R->eg_t = R->finish + m, R->eg_rem = R->finish + 2 * m;
+	R->comp_on = ints, R->wd = ints + n, R->cand = ints + 2 * n;
+	R->ord = ints + 3 * n, R->eg_i = R->ord + m, R->eg_layer = R->ord + 2 * m;
+	R->eg_last = R->ord + 3 * m;
+	R->devs = ids, R->pd.devs = ids + n;
 	for (int m = 0; m < M; m++)
 		R->eg_i[m] = R->eg_last[m] = -1;
 	for (int d = 0; d < N; d++) {

@@ -24,6 +24,9 @@ static void usage(FILE *f)
 		"  --mem-reserve GIB    memory kept free on every device\n"
 		"                       (default: 2 GiB or 10%% of it, whichever is less)\n"
 		"  --milp-nodes N       branch-and-bound nodes per MILP (default 200)\n"
+		"  --candidates         list our scheduling candidates and stop\n"
+		"  --exclude NAME       plan ours without candidate NAME (e.g. data-parallel:\n"
+		"                       ours without reusing the sequential plan)\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -66,6 +69,21 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 					val);
 				return SP_EXIT_INPUT;
 			}
+			i++;
+		} else if (!strcmp(a, "--candidates")) {
+			for (int c = 0; c < n_sched_cands; c++)
+				printf("%s\n", sched_cands[c].name);
+			exit(0);
+		} else if (!strcmp(a, "--exclude")) {
+			if (!val)
+				goto missing;
+			if (!cand_find(val)) {
+				fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
+						"spindle-plan --candidates lists them\n",
+					val);
+				return SP_EXIT_INPUT;
+			}
+			o->exclude = val;
 			i++;
 		} else if (!strcmp(a, "--placement")) {
 			if (!val)

@@ -66,66 +66,42 @@ static int param_id(const placer_t *P, int m, int l)
 	return P->param_base[comp] + op->layer;
 }
 
-void placer_free(placer_t *P)
-{
-	if (!P)
-		return;
-	free(P->busy_until);
-	free(P->mem);
-	free(P->held);
-	free(P->node_held);
-	free(P->any_held);
-	free(P->param_base);
-	free(P->last_devs);
-	free(P->last_n);
-	free(P->on);
-	free(P->island);
-	free(P->node_score);
-	free(P->node_order);
-	free(P->node_cnt);
-	free(P->node_head);
-	free(P->cand_next);
-	free(P->cand);
-	free(P);
-}
-
 int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 {
-	placer_t *P = calloc(1, sizeof *P);
+	sp_arena_t *a = &pl->scratch; /* the candidate's scope */
+	placer_t *P = sp_arena_calloc(a, 1, sizeof *P);
 	*out = NULL;
 	if (!P)
 		return SP_ENOMEM;
 	int N = pl->N, M = pl->n_mops, nodes = pl->cluster->nodes;
 	P->pl = pl;
 	P->kind = kind;
-	P->param_base = calloc((size_t)pl->model->n_comps + 1, sizeof(int));
+	P->param_base = sp_arena_calloc(a, (size_t)pl->model->n_comps + 1, sizeof(int));
 	for (int k = 0; P->param_base && k < pl->model->n_comps; k++) {
 		P->param_base[k] = P->n_params;
 		const sp_component_t *c = &pl->model->comps[k];
 		P->n_params += c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 	}
-	P->busy_until = calloc((size_t)N, sizeof(double));
-	P->mem = calloc((size_t)N, sizeof(double));
-	P->held = calloc((size_t)N * (size_t)(P->n_params + 1), 1);
-	P->node_held = calloc((size_t)nodes * (size_t)(P->n_params + 1), 1);
-	P->any_held = calloc((size_t)P->n_params + 1, 1);
-	P->last_devs = calloc((size_t)M * (size_t)N + 1, sizeof(int32_t));
-	P->last_n = calloc((size_t)M + 1, sizeof(int));
-	P->on = calloc((size_t)N, sizeof(double));
-	P->island = calloc((size_t)N, sizeof(double));
-	P->node_score = calloc((size_t)nodes, sizeof(double));
-	P->node_order = calloc((size_t)nodes, sizeof(int));
-	P->node_cnt = calloc((size_t)nodes, sizeof(int));
-	P->node_head = calloc((size_t)nodes, sizeof(int));
-	P->cand_next = calloc((size_t)N, sizeof(int));
-	P->cand = calloc((size_t)N, sizeof(cand_t));
+	P->busy_until = sp_arena_calloc(a, (size_t)N, sizeof(double));
+	P->mem = sp_arena_calloc(a, (size_t)N, sizeof(double));
+	P->held = sp_arena_calloc(a, (size_t)N * (size_t)(P->n_params + 1), 1);
+	P->node_held = sp_arena_calloc(a, (size_t)nodes * (size_t)(P->n_params + 1), 1);
+	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
+	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
+	P->last_n = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	P->on = sp_arena_calloc(a, (size_t)N, sizeof(double));
+	P->island = sp_arena_calloc(a, (size_t)N, sizeof(double));
+	P->node_score = sp_arena_calloc(a, (size_t)nodes, sizeof(double));
+	P->node_order = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
+	P->node_cnt = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
+	P->node_head = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
+	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
+	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
 	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
 	    !P->any_held || !P->last_devs || !P->last_n || !P->on || !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
-	    !P->cand_next) {
-		placer_free(P);
+	    !P->cand_next)
 		return SP_ENOMEM;
-	}
 	*out = P;
 	return 0;
 }
@@ -335,12 +311,6 @@ void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n
 	}
 }
 
-void placer_release_at(placer_t *P, const int32_t *devs, int n, double t)
-{
-	for (int j = 0; j < n; j++)
-		P->busy_until[devs[j]] = t;
-}
-
 int placer_free_count_dev(const placer_t *P, int d, double t)
 {
 	return P->busy_until[d] <= t + 1e-9;
@@ -364,17 +334,16 @@ int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out)
 {
 	memset(out, 0, sizeof *out);
 	placer_t *P = NULL;
-	int rc = 0, total = 0;
+	int total = 0;
 	for (int i = 0; i < s->n; i++)
 		total += s->s[i].n;
-	int *order = malloc(sizeof(int) * (size_t)(s->n + 1));
-	int *last = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
-	out->devs = calloc((size_t)total + 1, sizeof(int32_t));
-	out->off = calloc((size_t)s->n + 1, sizeof(int32_t));
-	if (!order || !last || !out->devs || !out->off || placer_new(&P, pl, kind)) {
-		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
+	sp_arena_t *a = &pl->scratch; /* the candidate's scope */
+	int *order = sp_arena_calloc(a, (size_t)(s->n + 1), sizeof(int));
+	int *last = sp_arena_calloc(a, (size_t)(pl->n_mops + 1), sizeof(int));
+	out->devs = sp_arena_calloc(a, (size_t)total + 1, sizeof(int32_t));
+	out->off = sp_arena_calloc(a, (size_t)s->n + 1, sizeof(int32_t));
+	if (!order || !last || !out->devs || !out->off || placer_new(&P, pl, kind))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int m = 0; m < pl->n_mops; m++)
 		last[m] = -1;
 	for (int i = 0, o = 0; i < s->n; i++) {
@@ -408,30 +377,14 @@ int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out)
 				/* placed by the scheduler already */
 				memcpy(devs, s->devs + x->dev_off, sizeof(int32_t) * (size_t)x->n);
 			} else if (placer_choose(P, x, devs) < 0) {
-				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-						"placement: too few devices free for '%s' at %.3f ms",
-						pl->mops[x->metaop].name, x->t0);
-				goto cleanup;
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "placement: too few devices free for '%s' at %.3f ms",
+						  pl->mops[x->metaop].name, x->t0);
 			}
 			placer_commit(P, x, devs);
 			last[x->metaop] = k;
 		}
 		i = j;
 	}
-cleanup:
-	placer_free(P);
-	free(order);
-	free(last);
-	if (rc)
-		place_release(out);
-	return rc;
-}
-
-void place_release(place_t *p)
-{
-	if (!p)
-		return;
-	free(p->devs);
-	free(p->off);
-	memset(p, 0, sizeof *p);
+	return 0;
 }

@@ -40,61 +40,27 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → programs → memory → simulation, for one algorithm. */
-static int plan_variant(planner_t *pl, algo_t a, int variant, place_kind_t kind,
-			sp_plan_t *out, sim_result_t *res, double *over)
+/* schedule → placement → programs → memory → simulation, for one algorithm
+ * (ours: candidate c). Leaves the schedule and placement in pl->scratch for
+ * the caller to reset; SCHED_NOTHING_NEW passed up. */
+static int plan_candidate(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+			  place_kind_t kind, sp_plan_t *out, sim_result_t *res, double *over)
 {
 	sched_t s;
-	place_t pc = {0};
+	place_t pc;
 	int rc;
-	if ((rc = sched_run(pl, a, variant, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
-	    (rc = lower_run(pl, &s, &pc, out)))
-		goto cleanup;
-	rc = memplan_run(pl, out, 0);
-	if (!rc)
-		rc = sim_run(pl, out, 1, res);
-	if (!rc && getenv("SPINDLE_DEBUG")) {
-		double nominal = 0;
-		for (int i = 0; i < s.n; i++)
-			nominal = fmax(nominal, s.s[i].t1);
-		fprintf(stderr, "debug: %s variant %d: nominal %.3f ms, %d waves, simulated "
-				"compute %.3f ms, iteration %.3f ms (transfers +%.3f, sync+step +%.3f)\n",
-			algo_name(a), variant, nominal, s.n_waves, res->compute_ms, res->iteration_ms,
-			res->transfer_ms, res->sync_ms);
-		if (atoi(getenv("SPINDLE_DEBUG")) > 2)
-			for (int m = 0; m < pl->n_mops; m++) {
-				const metaop_t *mo = &pl->mops[m];
-				double used = 0, best = HUGE_VAL; int bn = 0;
-				for (int i = 0; i < s.n; i++)
-					if (s.s[i].metaop == m)
-						used += s.s[i].n * (s.s[i].t1 - s.s[i].t0);
-				for (int n = 1; n <= mo->nmax; n++)
-					if (n * mop_t(mo, n) < best) { best = n * mop_t(mo, n); bn = n; }
-				fprintf(stderr, "  area %-28s used %9.3f min %9.3f (n=%d) excess %8.3f  T(1)=%.3f T(nmax=%d)=%.3f\n", mo->name, used,
-					mo->n_layers * best, bn, used - mo->n_layers * best, mop_t(mo,1), mo->nmax, mop_t(mo, mo->nmax));
-			}
-		if (atoi(getenv("SPINDLE_DEBUG")) > 1)
-			for (int i = 0; i < s.n; i++) {
-				fprintf(stderr, "  %-28s %3d-%-3d x%-3d %9.3f %9.3f  mem", pl->mops[s.s[i].metaop].name,
-					s.s[i].lf, s.s[i].lt, s.s[i].n, s.s[i].t0, s.s[i].t1);
-				for (int j = 0; j < s.s[i].n && j < 8; j++) {
-					int d = pc.devs[pc.off[i] + j];
-					fprintf(stderr, " %d:%.0f", d, (double)out->devices[d].mem_peak / (1 << 30));
-				}
-				fprintf(stderr, "\n");
-			}
-	}
+	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
+	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
+	    (rc = sim_run(pl, out, 1, res)))
+		return rc;
 	/* the worst device's bytes over the cap: <= 0 when the plan fits */
 	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
 		*over = fmax(*over, (double)out->devices[d].mem_peak - pl->mem_cap);
-cleanup:
-	place_release(&pc);
-	sched_release(&s);
-	return rc;
+	return 0;
 }
 
-/* The sequential plan becomes ours (its data-parallel variant). */
+/* The sequential plan becomes ours (the candidate that reuses it). */
 static void adopt_sequential(sp_plan_t *p)
 {
 	snprintf(p->algo, sizeof p->algo, "%s", algo_name(ALGO_SPINDLE));
@@ -108,37 +74,43 @@ static void adopt_sequential(sp_plan_t *p)
 }
 
 /*
- * One algorithm; for ours, every variant, judged by the simulator: the
- * fastest plan that fits memory, or if none fits the one that comes
- * closest (the error message then says what that one lacks). Ours also
- * weighs the sequential plan, already made (seq): when that one wins,
- * *use_seq is set and out is left empty for the caller to take seq.
+ * One algorithm; for ours, every candidate of the table (but the one
+ * o->exclude names), judged by the simulator: the fastest plan that fits
+ * memory, or if none fits the one that comes closest (the error message
+ * then says what that one lacks). A candidate that reuses the sequential
+ * plan takes the one made already (seq) when there is one: when that one
+ * wins, *use_seq is set and out is left empty for the caller to take seq.
  * *over is the chosen plan's worst device's bytes over the memory cap
- * (<= 0: it fits).
+ * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
+ * reset) once it is judged.
  */
-static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
-		    sim_result_t *res, double *over, int *chosen_variant,
+static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
+		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 		    const sim_result_t *seq_res, double seq_over, int *use_seq)
 {
-	int nv = a == ALGO_SPINDLE ? SPINDLE_VARIANTS : 1, found = 0;
+	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, found = 0;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
-	for (int v = 0; v < nv; v++) {
+	for (int v = 0; v < nc; v++) {
+		const sched_cand_t *c = a == ALGO_SPINDLE ? &sched_cands[v] : NULL;
 		sp_plan_t p = {0};
 		sim_result_t r;
 		double f = 0;
-		int rc, from_seq = a == ALGO_SPINDLE && v == SPINDLE_VARIANTS - 1 && seq_res;
+		int rc, from_seq = c && c->reuses_baseline && seq_res;
+		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
+			continue;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
-			/* data parallel is the sequential baseline, planned already */
 			rc = 0;
 			r = *seq_res;
 			f = seq_over;
 		} else {
-			rc = plan_variant(pl, a, v, kind, &p, &r, &f);
+			rc = plan_candidate(pl, a, st, c, kind, &p, &r, &f);
 		}
-		if (rc == SP_EINFEAS && (v + 1 < nv || found)) {
-			/* this variant found no schedule in memory; others may */
+		sp_arena_reset(&pl->scratch, mark);
+		if (rc == SCHED_NOTHING_NEW || (rc == SP_EINFEAS && (v + 1 < nc || found))) {
+			/* nothing new, or no schedule in memory: others may have one */
 			plan_release(&p);
 			memset(pl->err, 0, sizeof *pl->err);
 			continue;
@@ -162,14 +134,17 @@ static int plan_one(planner_t *pl, algo_t a, place_kind_t kind, sp_plan_t *out,
 			*res = r;
 			*over = f;
 			found = 1;
-			if (chosen_variant)
-				*chosen_variant = v;
+			if (chosen)
+				*chosen = c;
 			if (use_seq)
 				*use_seq = from_seq;
 		} else {
 			plan_release(&p);
 		}
 	}
+	if (!found) /* every candidate left out or adding nothing */
+		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
+				  "%s: no candidate made a schedule", algo_name(a));
 	return 0;
 }
 
@@ -203,8 +178,9 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	want[o->algo] = 1;
 	want[ALGO_SEQUENTIAL] = 1;
 	sim_result_t chosen_res = {0};
-	int chosen_variant = 0;
-	/* sequential first: ours reuses it as its data-parallel variant */
+	const sched_cand_t *chosen_cand = NULL;
+	cand_state_t cands = {0}; /* our allotments, shared by the candidates */
+	/* sequential first: ours reuses it (the candidate data-parallel) */
 	static const algo_t run_order[ALGO__COUNT] = {ALGO_SEQUENTIAL, ALGO_SPINDLE, ALGO_PAPER,
 						      ALGO_TASK_LEVEL, ALGO_DISTMM};
 	sp_plan_t seq_plan = {0};
@@ -219,8 +195,8 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		sim_result_t r = {0};
 		double over = 0, t0 = now_ms();
 		int use_seq = 0, mine = a == (int)o->algo;
-		rc = plan_one(&pl, (algo_t)a, o->placement, &p, &r, &over,
-			      mine ? &chosen_variant : NULL, have_seq ? &seq_res : NULL, seq_over,
+		rc = plan_one(&pl, (algo_t)a, &cands, o->placement, &p, &r, &over,
+			      mine ? &chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
 			      &use_seq);
 		double t1 = now_ms();
 		if (rc) {
@@ -279,12 +255,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		sp_plan_t naive = {0};
 		sim_result_t nr = {0};
 		double over;
-		rc = plan_variant(&pl,
-				  chosen_variant == SPINDLE_VARIANTS - 1 && o->algo == ALGO_SPINDLE
-					  ? ALGO_SEQUENTIAL
-					  : o->algo,
-				  chosen_variant == SPINDLE_VARIANTS - 1 ? 0 : chosen_variant,
-				  PLACE_NAIVE, &naive, &nr, &over);
+		rc = plan_candidate(&pl, o->algo, &cands, chosen_cand, PLACE_NAIVE, &naive, &nr, &over);
 		if (rc) {
 			plan_release(&naive);
 			goto cleanup;

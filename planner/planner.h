@@ -43,6 +43,7 @@ typedef struct {
 	place_kind_t placement;
 	double mem_reserve_gib; /* kept free on every device */
 	int milp_nodes;         /* branch-and-bound node budget per MILP */
+	const char *exclude;    /* one of our candidates left out (NULL: none) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -83,7 +84,6 @@ typedef struct planner {
 	sp_op_t *ops;
 	sp_edge_t *edges;
 	int *topo; /* MetaOps in a topological order (by level, then id) */
-	int *allot_sep, *allot_milp; /* our phase-1 widths, computed once */
 	int n_levels;
 	double mem_cap; /* usable bytes per device */
 } planner_t;
@@ -119,6 +119,8 @@ typedef struct {
 	int dev_off;        /* >= 0: devices chosen by the scheduler, in devs */
 } sslice_t;
 
+/* A schedule; its arrays grow in *arena (pl->scratch: one candidate), so
+ * there is nothing to release. */
 typedef struct {
 	algo_t algo;
 	sslice_t *s;
@@ -126,14 +128,20 @@ typedef struct {
 	int n_waves;
 	int32_t *devs; /* devices of slices placed while scheduling */
 	int n_devs, cap_devs;
+	sp_arena_t *arena;
 } sched_t;
 
+/* An empty schedule of algorithm a growing in arena. */
+void sched_init(sched_t *s, algo_t a, sp_arena_t *arena);
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1);
 /* The same, with the slice's n devices chosen already. */
 int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, double t1,
 		    const int32_t *devs);
-void sched_release(sched_t *s);
+/* out becomes a copy of s (its arrays in out->arena). */
+int sched_copy(sched_t *out, const sched_t *s);
+/* The latest nominal end of a slice. */
+double sched_makespan(const sched_t *s);
 /* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
 int sched_finish(sched_t *s);
 /*
@@ -150,17 +158,100 @@ static inline double mop_t(const metaop_t *m, int n)
 {
 	return m->tf[n] + m->tb[n];
 }
+/* 1 when c devices run m faster than c - 1 (the local batch shrinks). */
+int width_gains(const metaop_t *m, int c);
+/* The fewest devices that run m as fast as n do. */
+int width_floor(const metaop_t *m, int n);
+/* Bottom levels (longest path from m to the end, m included) at widths w. */
+void sched_blevels(const planner_t *pl, const int *w, double *bl);
+/* Component of MetaOp m's layer l; *layer: its layer in the component. */
+int mop_comp(const planner_t *pl, int m, int l, int *layer);
+
+/* A scheduler's answer besides 0 and the negative error codes: the
+ * candidate adds nothing (no plan; another candidate covers it). */
+#define SCHED_NOTHING_NEW 1
 
 int sched_sequential(planner_t *pl, sched_t *out);
 int sched_task_level(planner_t *pl, sched_t *out);
 int sched_distmm(planner_t *pl, sched_t *out);
 int sched_paper(planner_t *pl, sched_t *out);
-/* The paper's wave packing over the whole DAG (a variant of ours). */
+/* The paper's wave packing over the whole DAG (a candidate of ours). */
 int sched_paper_dag(planner_t *pl, sched_t *out);
-#define SPINDLE_VARIANTS 9
-int sched_spindle_variant(planner_t *pl, int variant, sched_t *out);
-/* variant: for ALGO_SPINDLE, which of SPINDLE_VARIANTS; else 0. */
-int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);
+
+/* ---- allot.c: our widths (phase 1) ------------------------------------------ */
+
+/* Separable allotment: each MetaOp's cheapest width meeting a common
+ * deadline, the best deadline. Temporaries in pl->scratch. */
+int allot_separable(planner_t *pl, int *w);
+/* The GLPK MILP; improves w (from allot_separable) if it can. */
+int allot_milp(planner_t *pl, int *w);
+/* Local search on w against the list schedule's makespan at memory
+ * fraction frac. */
+int allot_search(planner_t *pl, int *w, double frac);
+
+/* ---- sched_list.c: list scheduling with homes and malleable tails --------- */
+
+/* Phase 2 at widths w, a segment's layers within frac of the cap;
+ * SP_EINFEAS when some MetaOp finds no device with room. */
+int sched_list(planner_t *pl, const int *w, double frac, sched_t *out);
+
+/* ---- sched_lanes.c: lanes (fluid widths made integral) ---------------------- */
+
+/* How a lane splits its last devices between two widths. */
+typedef enum {
+	LANE_SPLIT_HULL,      /* the two widths of the lane's hull at H */
+	LANE_SPLIT_NEAREST,   /* the two nearest widths that gain */
+	LANE_SPLIT_ONE_SHARED, /* McNaughton's one shared device */
+	LANE_SPLIT_MID_STEP,  /* the hull's widths with a middle step */
+} lane_split_t;
+
+typedef struct {
+	lane_split_t first_split; /* tries splits first_split .. + n_splits - 1 */
+	int n_splits;
+	int endgame;              /* lanes that outrun their windows go on */
+	int rounds;               /* calibration rounds per try */
+} lanes_opts_t;
+
+/* Above this many devices the lanes calibrate less (each try costs more). */
+#define LANES_BIG_CLUSTER 256
+
+/* The shortest lanes schedule over the tries of o; *mids counts the middle
+ * steps taken. */
+int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
+		sched_t *out);
+
+/* ---- candidates.c: our scheduling candidates, as data ---------------------- */
+
+typedef enum { CAND_ALLOT_NONE, CAND_ALLOT_SEPARABLE, CAND_ALLOT_MILP, CAND_ALLOT__COUNT } cand_allot_t;
+typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE } cand_sched_t;
+
+typedef struct {
+	const char *name;
+	cand_allot_t allot;
+	cand_sched_t sched;
+	double mem_frac;     /* CAND_LIST: a segment's layers within this of the cap */
+	lanes_opts_t lanes;  /* CAND_LANES */
+	int max_devices;     /* 0: any cluster; else skipped above this */
+	int reuses_baseline; /* the sequential plan: plan.c may reuse it */
+} sched_cand_t;
+
+extern const sched_cand_t sched_cands[];
+extern const int n_sched_cands;
+/* The row named name, or NULL. */
+const sched_cand_t *cand_find(const char *name);
+
+/* The walk's state for one planning run: allotments, computed once each. */
+typedef struct {
+	int *widths[CAND_ALLOT__COUNT]; /* in pl->arena */
+} cand_state_t;
+
+/* Candidate c's schedule; SCHED_NOTHING_NEW when it would repeat another. */
+int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_t *out);
+
+/* Algorithm a's schedule (ours: candidate c with state st), finished,
+ * checked and chunked; SCHED_NOTHING_NEW passed up. */
+int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+	      sched_t *out);
 
 /* ---- bound.c: lower bounds -------------------------------------------------- */
 
@@ -191,6 +282,7 @@ double relaxed_n(const metaop_t *m, double layers, double C);
 
 /* ---- place.c: devices for every slice --------------------------------------- */
 
+/* In pl->scratch (one candidate): nothing to release. */
 typedef struct {
 	int32_t *devs;  /* slice i: devs[off[i] .. off[i] + s[i].n) */
 	int32_t *off;
@@ -198,15 +290,13 @@ typedef struct {
 
 /* Places every slice (keeping devices a scheduler chose already). */
 int place_run(planner_t *pl, const sched_t *s, place_kind_t kind, place_t *out);
-void place_release(place_t *p);
 /* Ascending device ids (sample ranges follow device order). */
 void devs_sort(int32_t *d, int n);
 
 /* The placer: device state (free time, memory, held parameters) that a
- * scheduler consults and updates as it schedules. */
+ * scheduler consults and updates as it schedules; in pl->scratch. */
 typedef struct placer placer_t;
 int placer_new(placer_t **out, planner_t *pl, place_kind_t kind);
-void placer_free(placer_t *P);
 /* Devices free at x->t0 whose memory takes x; *busy_fitting: busy ones. */
 int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting);
 /* The best x->n free devices into out (ascending); returns how many of them
@@ -215,8 +305,6 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out);
 void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs);
 /* Counts the state of (comp, layer) as held on devs (a reserved home). */
 void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n);
-/* Devices become free at t (a running slice was cut short). */
-void placer_release_at(placer_t *P, const int32_t *devs, int n, double t);
 int placer_free_count(const placer_t *P, double t);
 /* 1 when device d is free at t. */
 int placer_free_count_dev(const placer_t *P, int d, double t);

@@ -16,7 +16,9 @@
  *              MetaOp with most time left), then the next level.
  *
  * Nominal times (t0, t1) are each algorithm's own estimate; the simulator
- * (sim.c) judges all of them on the lowered programs.
+ * (sim.c) judges all of them on the lowered programs. Also the helpers our
+ * schedulers share (widths that gain, bottom levels). Schedules and their
+ * temporaries live in pl->scratch; nothing here is freed one by one.
  */
 #include "planner.h"
 
@@ -41,31 +43,95 @@ int algo_parse(const char *s, algo_t *out)
 	return -1;
 }
 
+void sched_init(sched_t *s, algo_t a, sp_arena_t *arena)
+{
+	memset(s, 0, sizeof *s);
+	s->algo = a;
+	s->arena = arena;
+}
+
+static int push_slice(sched_t *s, sslice_t x)
+{
+	if (sp_arena_grow(s->arena, (void **)&s->s, &s->cap, s->n + 1, sizeof *s->s))
+		return SP_ENOMEM;
+	s->s[s->n++] = x;
+	return 0;
+}
+
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1)
 {
-	sslice_t x = {metaop, lf, lt, n, wave, t0, t1, 0, -1};
-	return SP_PUSH(s->s, s->n, s->cap, x);
+	return push_slice(s, (sslice_t){metaop, lf, lt, n, wave, t0, t1, 0, -1});
 }
 
 int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, double t1,
 		    const int32_t *devs)
 {
 	sslice_t x = {metaop, lf, lt, n, 0, t0, t1, 0, s->n_devs};
-	if (sp_grow((void **)&s->devs, &s->cap_devs, s->n_devs + n, sizeof(int32_t)))
+	if (sp_arena_grow(s->arena, (void **)&s->devs, &s->cap_devs, s->n_devs + n,
+			  sizeof(int32_t)))
 		return SP_ENOMEM;
 	memcpy(s->devs + s->n_devs, devs, sizeof(int32_t) * (size_t)n);
 	s->n_devs += n;
-	return SP_PUSH(s->s, s->n, s->cap, x);
+	return push_slice(s, x);
 }
 
-void sched_release(sched_t *s)
+int sched_copy(sched_t *out, const sched_t *s)
 {
-	if (!s)
-		return;
-	free(s->s);
-	free(s->devs);
-	memset(s, 0, sizeof *s);
+	sp_arena_t *a = out->arena;
+	out->n = out->n_devs = 0;
+	if (sp_arena_grow(a, (void **)&out->s, &out->cap, s->n, sizeof *s->s) ||
+	    sp_arena_grow(a, (void **)&out->devs, &out->cap_devs, s->n_devs, sizeof *s->devs))
+		return SP_ENOMEM;
+	if (s->n)
+		memcpy(out->s, s->s, sizeof *s->s * (size_t)s->n);
+	if (s->n_devs)
+		memcpy(out->devs, s->devs, sizeof *s->devs * (size_t)s->n_devs);
+	out->algo = s->algo;
+	out->n = s->n;
+	out->n_waves = s->n_waves;
+	out->n_devs = s->n_devs;
+	return 0;
+}
+
+double sched_makespan(const sched_t *s)
+{
+	double ms = 0;
+	for (int i = 0; i < s->n; i++)
+		ms = fmax(ms, s->s[i].t1);
+	return ms;
+}
+
+int width_gains(const metaop_t *m, int c)
+{
+	return c == 1 || mop_t(m, c) < mop_t(m, c - 1) * (1 - 1e-12);
+}
+
+int width_floor(const metaop_t *m, int n)
+{
+	while (n > 1 && !width_gains(m, n))
+		n--;
+	return n;
+}
+
+void sched_blevels(const planner_t *pl, const int *w, double *bl)
+{
+	for (int q = pl->n_mops - 1; q >= 0; q--) {
+		int m = pl->topo[q];
+		const metaop_t *mo = &pl->mops[m];
+		double after = 0;
+		for (int s = 0; s < mo->n_succ; s++)
+			after = fmax(after, bl[pl->edges[mo->succ[s]].dst]);
+		bl[m] = mo->n_layers * mop_t(mo, w[m]) + after;
+	}
+}
+
+int mop_comp(const planner_t *pl, int m, int l, int *layer)
+{
+	const metaop_t *mo = &pl->mops[m];
+	const sp_op_t *op = &pl->ops[mo->first_op + l];
+	*layer = op->layer;
+	return pl->model->tasks[mo->task].nodes[op->node].comp;
 }
 
 typedef struct {
@@ -85,7 +151,7 @@ static int cmp_slice(const void *a, const void *b)
 
 int sched_finish(sched_t *s)
 {
-	keyed_t *k = malloc(sizeof *k * (size_t)(s->n + 1));
+	keyed_t *k = sp_arena_calloc(s->arena, (size_t)(s->n + 1), sizeof *k);
 	if (!k)
 		return SP_ENOMEM;
 	for (int i = 0; i < s->n; i++)
@@ -99,7 +165,6 @@ int sched_finish(sched_t *s)
 		s->s[i].wave = w;
 	}
 	s->n_waves = w + 1;
-	free(k);
 	return 0;
 }
 
@@ -120,17 +185,17 @@ static int cmp_busy(const void *a, const void *b)
 
 static int check_devices(const planner_t *pl, const sched_t *s, double eps)
 {
-	int N = pl->N, rc = 0;
+	int N = pl->N;
 	size_t total = 0;
 	for (int i = 0; i < s->n; i++)
 		total += s->s[i].dev_off >= 0 ? (size_t)s->s[i].n : 0;
-	int *cnt = calloc((size_t)N + 1, sizeof(int)), *off = calloc((size_t)N + 2, sizeof(int));
-	int *seen = calloc((size_t)N + 1, sizeof(int)); /* slice + 1 that last had d */
-	busy_t *b = malloc(sizeof *b * (total + 1));
-	if (!cnt || !off || !seen || !b) {
-		rc = SP_ENOMEM;
-		goto cleanup;
-	}
+	sp_arena_t *a = s->arena;
+	int *cnt = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
+	int *off = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
+	int *seen = sp_arena_calloc(a, (size_t)N + 1, sizeof(int)); /* slice + 1 that last had d */
+	busy_t *b = sp_arena_calloc(a, total + 1, sizeof *b);
+	if (!cnt || !off || !seen || !b)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int i = 0; i < s->n; i++) {
 		const sslice_t *x = &s->s[i];
 		if (x->dev_off < 0)
@@ -139,11 +204,10 @@ static int check_devices(const planner_t *pl, const sched_t *s, double eps)
 			int d = s->devs[x->dev_off + q];
 			int dup = d >= 0 && d < N && seen[d] == i + 1;
 			if (d < 0 || d >= N || dup) {
-				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 						"%s schedule: slice of '%s' has device %d %s",
 						algo_name(s->algo), pl->mops[x->metaop].name, d,
 						dup ? "twice" : "out of range");
-				goto cleanup;
 			}
 			seen[d] = i + 1;
 			cnt[d]++;
@@ -165,7 +229,7 @@ static int check_devices(const planner_t *pl, const sched_t *s, double eps)
 		qsort(v, (size_t)n, sizeof *v, cmp_busy);
 		for (int k = 1; k < n; k++)
 			if (v[k].t0 + eps < v[k - 1].t1) {
-				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 						"%s schedule: device %d runs '%s' (%.3f-%.3f ms) "
 						"and '%s' (%.3f-%.3f ms) at once",
 						algo_name(s->algo), d,
@@ -173,15 +237,9 @@ static int check_devices(const planner_t *pl, const sched_t *s, double eps)
 						v[k - 1].t0, v[k - 1].t1,
 						pl->mops[s->s[v[k].slice].metaop].name, v[k].t0,
 						v[k].t1);
-				goto cleanup;
 			}
 	}
-cleanup:
-	free(cnt);
-	free(off);
-	free(seen);
-	free(b);
-	return rc;
+	return 0;
 }
 
 int sched_check(const planner_t *pl, const sched_t *s)
@@ -271,14 +329,12 @@ static double task_time(const planner_t *pl, int ti, int g)
 
 int sched_task_level(planner_t *pl, sched_t *out)
 {
-	int T = pl->model->n_tasks, N = pl->N, rc = 0;
-	int *g = calloc((size_t)T, sizeof(int));
-	double *free_at = calloc((size_t)N, sizeof(double));
-	int *order = calloc((size_t)T, sizeof(int));
-	if (!g || !free_at || !order) {
-		rc = SP_ENOMEM;
-		goto cleanup;
-	}
+	int T = pl->model->n_tasks, N = pl->N;
+	int *g = sp_arena_calloc(&pl->scratch, (size_t)T, sizeof(int));
+	double *free_at = sp_arena_calloc(&pl->scratch, (size_t)N, sizeof(double));
+	int *order = sp_arena_calloc(&pl->scratch, (size_t)T, sizeof(int));
+	if (!g || !free_at || !order)
+		return SP_ENOMEM;
 	for (int t = 0; t < T; t++) {
 		g[t] = 1;
 		order[t] = t;
@@ -327,34 +383,25 @@ int sched_task_level(planner_t *pl, sched_t *out)
 				continue;
 			int n = SP_MIN(g[ti], m->nmax);
 			double d = m->n_layers * mop_t(m, n);
-			if ((rc = sched_push(out, pl->topo[k], 0, m->n_layers, n, 0, t, t + d)))
-				goto cleanup;
+			if (sched_push(out, pl->topo[k], 0, m->n_layers, n, 0, t, t + d))
+				return SP_ENOMEM;
 			t += d;
 		}
 	}
-cleanup:
-	free(g);
-	free(free_at);
-	free(order);
-	return rc;
+	return 0;
 }
 
 /* ---- distmm-mt ---- */
 
 /* Integer device counts for independent MetaOps ids[0..k) on N devices, so
  * that they finish together as nearly as integers allow. */
-static void split_devices(const planner_t *pl, const int *ids, int k, int N, int *n_out)
+static int split_devices(planner_t *pl, const int *ids, int k, int N, int *n_out)
 {
-	double *rem = malloc(sizeof(double) * (size_t)k);
-	double *nr = malloc(sizeof(double) * (size_t)k);
+	double *rem = sp_arena_calloc(&pl->scratch, (size_t)k, sizeof(double));
+	double *nr = sp_arena_calloc(&pl->scratch, (size_t)k, sizeof(double));
 	int used = 0;
-	if (!rem || !nr) {
-		for (int i = 0; i < k; i++)
-			n_out[i] = 1;
-		free(rem);
-		free(nr);
-		return;
-	}
+	if (!rem || !nr)
+		return SP_ENOMEM;
 	for (int i = 0; i < k; i++)
 		rem[i] = pl->mops[ids[i]].n_layers;
 	relaxed_cstar(pl, ids, rem, k, N, nr);
@@ -388,20 +435,17 @@ static void split_devices(const planner_t *pl, const int *ids, int k, int N, int
 		n_out[best]++;
 		used++;
 	}
-	free(rem);
-	free(nr);
+	return 0;
 }
 
 int sched_distmm(planner_t *pl, sched_t *out)
 {
-	int rc = 0, w = 0;
+	int w = 0;
 	double t = 0;
-	int *ids = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
-	int *n = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
-	if (!ids || !n) {
-		rc = SP_ENOMEM;
-		goto cleanup;
-	}
+	int *ids = sp_arena_calloc(&pl->scratch, (size_t)(pl->n_mops + 1), sizeof(int));
+	int *n = sp_arena_calloc(&pl->scratch, (size_t)(pl->n_mops + 1), sizeof(int));
+	if (!ids || !n)
+		return SP_ENOMEM;
 	for (int ti = 0; ti < pl->model->n_tasks; ti++)
 		for (int lv = 0; lv < pl->n_levels; lv++) {
 			int k = 0;
@@ -411,7 +455,8 @@ int sched_distmm(planner_t *pl, sched_t *out)
 			/* chunks of at most N MetaOps run as one wave each */
 			for (int c0 = 0; c0 < k; c0 += pl->N) {
 				int kc = SP_MIN(pl->N, k - c0);
-				split_devices(pl, ids + c0, kc, pl->N, n + c0);
+				if (split_devices(pl, ids + c0, kc, pl->N, n + c0))
+					return SP_ENOMEM;
 				double d = 0;
 				for (int i = c0; i < c0 + kc; i++) {
 					const metaop_t *m = &pl->mops[ids[i]];
@@ -419,36 +464,33 @@ int sched_distmm(planner_t *pl, sched_t *out)
 				}
 				for (int i = c0; i < c0 + kc; i++) {
 					const metaop_t *m = &pl->mops[ids[i]];
-					if ((rc = sched_push(out, ids[i], 0, m->n_layers, n[i], w, t,
-							     t + m->n_layers * mop_t(m, n[i]))))
-						goto cleanup;
+					if (sched_push(out, ids[i], 0, m->n_layers, n[i], w, t,
+						       t + m->n_layers * mop_t(m, n[i])))
+						return SP_ENOMEM;
 				}
 				w++;
 				t += d;
 			}
 		}
-cleanup:
-	free(ids);
-	free(n);
-	return rc;
+	return 0;
 }
 
-int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out)
+int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+	      sched_t *out)
 {
-	memset(out, 0, sizeof *out);
-	out->algo = a;
+	sched_init(out, a, &pl->scratch);
 	int rc;
 	switch (a) {
 	case ALGO_SEQUENTIAL: rc = sched_sequential(pl, out); break;
 	case ALGO_TASK_LEVEL: rc = sched_task_level(pl, out); break;
 	case ALGO_DISTMM: rc = sched_distmm(pl, out); break;
 	case ALGO_PAPER: rc = sched_paper(pl, out); break;
-	case ALGO_SPINDLE: rc = sched_spindle_variant(pl, variant, out); break;
+	case ALGO_SPINDLE: rc = cand_schedule(pl, st, c, out); break;
 	default: rc = SP_EINTERNAL; break;
 	}
 	if (rc == SP_ENOMEM)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	if (rc)
+	if (rc) /* an error, or SCHED_NOTHING_NEW */
 		return rc;
 	if (sched_finish(out))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
@@ -469,7 +511,7 @@ int sched_chunk(sched_t *s, const planner_t *pl)
 	}
 	if (!extra)
 		return 0;
-	sslice_t *ns = malloc(sizeof *ns * (size_t)(s->n + extra));
+	sslice_t *ns = sp_arena_calloc(s->arena, (size_t)(s->n + extra), sizeof *ns);
 	if (!ns)
 		return SP_ENOMEM;
 	int n = 0;
@@ -484,7 +526,6 @@ int sched_chunk(sched_t *s, const planner_t *pl)
 					     x->t0 + (b - x->lf) * per, k > 0, x->dev_off};
 		}
 	}
-	free(s->s);
 	s->s = ns;
 	s->n = s->cap = n;
 	return 0;

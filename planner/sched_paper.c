@@ -30,19 +30,18 @@ typedef struct {
  * layers are all done in earlier waves (our variant, not the paper's). */
 static int paper_pack(planner_t *pl, sched_t *out, int whole_dag)
 {
-	int M = pl->n_mops, rc = 0, wave = 0;
+	int M = pl->n_mops, wave = 0;
 	double t = 0;
-	int *ids = malloc(sizeof(int) * (size_t)(M + 1));
-	double *rem = malloc(sizeof(double) * (size_t)(M + 1));
-	double *nstar = malloc(sizeof(double) * (size_t)(M + 1));
-	tuple_t *tq = malloc(sizeof(tuple_t) * (size_t)(2 * M + 2));
-	int *done_layers = calloc((size_t)M + 1, sizeof(int));
-	int *pick = malloc(sizeof(int) * (size_t)(M + 1));
-	int *width = malloc(sizeof(int) * (size_t)(M + 1));
-	if (!ids || !rem || !nstar || !tq || !done_layers || !pick || !width) {
-		rc = SP_ENOMEM;
-		goto cleanup;
-	}
+	sp_arena_t *ar = &pl->scratch; /* work arrays: the candidate's scope */
+	int *ids = sp_arena_calloc(ar, (size_t)M + 1, sizeof(int));
+	double *rem = sp_arena_calloc(ar, (size_t)M + 1, sizeof(double));
+	double *nstar = sp_arena_calloc(ar, (size_t)M + 1, sizeof(double));
+	tuple_t *tq = sp_arena_calloc(ar, (size_t)(2 * M + 2), sizeof(tuple_t));
+	int *done_layers = sp_arena_calloc(ar, (size_t)M + 1, sizeof(int));
+	int *pick = sp_arena_calloc(ar, (size_t)M + 1, sizeof(int));
+	int *width = sp_arena_calloc(ar, (size_t)M + 1, sizeof(int));
+	if (!ids || !rem || !nstar || !tq || !done_layers || !pick || !width)
+		return SP_ENOMEM;
 	int n_passes = whole_dag ? 1 : pl->n_levels;
 	for (int lv = 0; lv < n_passes; lv++) {
 		int k = 0, nt = 0;
@@ -138,9 +137,8 @@ static int paper_pack(planner_t *pl, sched_t *out, int whole_dag)
 				int l = per > 0 ? (int)floor(D / per + 1e-9) : x->layers;
 				l = SP_MAX(1, SP_MIN(l, x->layers));
 				int lf = done_layers[x->m];
-				if ((rc = sched_push(out, x->m, lf, lf + l, width[a], wave, t,
-						     t + l * per)))
-					goto cleanup;
+				if (sched_push(out, x->m, lf, lf + l, width[a], wave, t, t + l * per))
+					return SP_ENOMEM;
 				done_layers[x->m] += l;
 				x->layers -= l;
 				end = fmax(end, t + l * per);
@@ -149,15 +147,7 @@ static int paper_pack(planner_t *pl, sched_t *out, int whole_dag)
 			t = end;
 		}
 	}
-cleanup:
-	free(ids);
-	free(rem);
-	free(nstar);
-	free(tq);
-	free(done_layers);
-	free(pick);
-	free(width);
-	return rc;
+	return 0;
 }
 
 int sched_paper(planner_t *pl, sched_t *out)

@@ -1,0 +1,113 @@
+/*
+ * candidates.c — our scheduler's candidates, as data: a fixed table of
+ * named rows (how widths are allotted, which scheduler, its memory
+ * fraction and limits) that plan.c walks, evaluating each candidate's plan
+ * with the simulator and keeping the fastest that fits memory. This file
+ * also holds the walk's per-run state (each allotment, computed once). It
+ * does not judge plans (plan.c does) and holds no algorithm itself: those
+ * are allot.c, sched_list.c, sched_lanes.c and sched_paper.c.
+ *
+ * Adding a candidate is one row here plus its code.
+ */
+#include "planner.h"
+
+#include <string.h>
+
+/* The local search tunes the MILP widths on list schedules whose segments
+ * take at most this fraction of the cap. */
+#define SEARCH_FRAC 0.7
+#define LANE_ROUNDS 3
+
+const sched_cand_t sched_cands[] = {
+	{.name = "milp-list", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST, .mem_frac = 0.7},
+	/* nothing new (skipped) when the separable widths are the MILP's */
+	{.name = "separable-list", .allot = CAND_ALLOT_SEPARABLE, .sched = CAND_LIST,
+	 .mem_frac = 0.7},
+	/* the paper's waves over the whole DAG (no level barrier) */
+	{.name = "paper-dag", .sched = CAND_PAPER_DAG},
+	/* Memory fallbacks: the MILP widths (searched once, at SEARCH_FRAC: the
+	 * widths are a cost choice) scheduled with smaller segments, so that a
+	 * workload whose segments do not fit at 70% of the cap still gets
+	 * these widths. Intended: the widths are not searched again here. */
+	{.name = "milp-list-mem40", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST, .mem_frac = 0.4},
+	{.name = "milp-list-mem20", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST, .mem_frac = 0.2},
+	/* lanes: independent chains share the devices as a fluid made integral
+	 * with McNaughton's wrap-around rule, three ways to split */
+	{.name = "lanes", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS}},
+	/* with an end game: lanes that outrun their windows go on wherever
+	 * devices are free (shorter compute, more replicas) */
+	{.name = "lanes-endgame", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_HULL, 3, 1, LANE_ROUNDS}},
+	/* with the end game whose gangs step down through a middle width,
+	 * calibrated longer (middle steps move lanes more per round); nothing
+	 * new when no lane takes a step. Above LANES_BIG_CLUSTER devices there
+	 * is one round, and steps rarely pay */
+	{.name = "lanes-midstep", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_MID_STEP, 1, 1, LANE_ROUNDS + 2},
+	 .max_devices = LANES_BIG_CLUSTER},
+	/* data parallel on all devices: the sequential plan; when nothing
+	 * beats it, ours is that */
+	{.name = "data-parallel", .sched = CAND_BASELINE, .reuses_baseline = 1},
+};
+const int n_sched_cands = (int)(sizeof sched_cands / sizeof sched_cands[0]);
+
+const sched_cand_t *cand_find(const char *name)
+{
+	for (int i = 0; i < n_sched_cands; i++)
+		if (!strcmp(sched_cands[i].name, name))
+			return &sched_cands[i];
+	return NULL;
+}
+
+/* The widths of allotment kind, computed on first use (in pl->arena). */
+static int cand_widths(planner_t *pl, cand_state_t *st, cand_allot_t kind, const int **out)
+{
+	int rc;
+	if (!st->widths[kind]) {
+		int *w = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(int));
+		if (!w)
+			return SP_ENOMEM;
+		if ((rc = allot_separable(pl, w)))
+			return rc;
+		if (kind == CAND_ALLOT_MILP &&
+		    ((rc = allot_milp(pl, w)) || (rc = allot_search(pl, w, SEARCH_FRAC))))
+			return rc;
+		st->widths[kind] = w;
+	}
+	*out = st->widths[kind];
+	return 0;
+}
+
+/* 1 when widths w equal those of another allotment computed already. */
+static int widths_known(const planner_t *pl, const cand_state_t *st, cand_allot_t kind,
+			const int *w)
+{
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		if (k != (int)kind && st->widths[k] &&
+		    !memcmp(st->widths[k], w, sizeof(int) * (size_t)pl->n_mops))
+			return 1;
+	return 0;
+}
+
+int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_t *out)
+{
+	const int *w = NULL;
+	int rc, mids = 0;
+	if (c->max_devices && pl->N > c->max_devices)
+		return SCHED_NOTHING_NEW;
+	if (c->sched == CAND_BASELINE)
+		return sched_sequential(pl, out);
+	if (c->sched == CAND_PAPER_DAG)
+		return sched_paper_dag(pl, out);
+	if ((rc = cand_widths(pl, st, c->allot, &w)))
+		return rc;
+	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
+		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
+	if (c->sched == CAND_LIST)
+		return sched_list(pl, w, c->mem_frac, out);
+	if ((rc = sched_lanes(pl, w, &c->lanes, &mids, out)))
+		return rc;
+	/* middle steps asked for and none taken: the end-game lanes again */
+	return c->lanes.first_split == LANE_SPLIT_MID_STEP && !mids ? SCHED_NOTHING_NEW : 0;
+}

@@ -1,0 +1,398 @@
+/*
+ * sched_list.c — phase 2 of our scheduler: list scheduling with homes and
+ * malleable tails, at widths chosen by allot.c. Event-driven over time:
+ * ready MetaOps start in order of bottom level (longest remaining path at
+ * the chosen widths) with their width when it fits the free devices; a
+ * MetaOp that does not fit starts narrower if that finishes no later than
+ * waiting would; smaller MetaOps backfill. When devices would sit idle, the
+ * running MetaOp that finishes last is widened at its next layer boundary
+ * (a new slice on a superset of its devices) if that ends it sooner. The
+ * placer (place.c) chooses devices as slices start, so memory holds device
+ * by device. It does not choose widths, and keeps nothing between calls:
+ * its work arrays live in pl->scratch.
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+	int m, lf, lt, n;
+	double t0, t1;
+	int32_t *devs; /* room for N devices, n used */
+	int homed;     /* on its home: never widened */
+} run_t;
+
+/* When at least want devices are free, if running slices end as planned:
+ * the running slices taken in order of their ends. */
+static double next_free_time(const run_t *run, int nrun, int have, int want, int *ord)
+{
+	double t = HUGE_VAL;
+	for (int i = 0; i < nrun; i++) {
+		int j = i;
+		for (; j > 0 && run[ord[j - 1]].t1 > run[i].t1; j--)
+			ord[j] = ord[j - 1];
+		ord[j] = i;
+	}
+	for (int i = 0; i < nrun && have < want; i++) {
+		have += run[ord[i]].n;
+		if (have >= want)
+			t = run[ord[i]].t1;
+	}
+	return t;
+}
+
+/*
+ * Memory: the most layers of m one device can hold in a slice of width n,
+ * with frac of the cap for them (the candidate's memory fraction): each layer costs its parameter state plus
+ * the activations saved for backward by every MetaOp sharing its component
+ * (placement puts those on the same devices), at their local batches. A
+ * MetaOp longer than that runs as consecutive segments on different devices.
+ */
+static int max_layers(const planner_t *pl, const int *w, int m, int n, double frac)
+{
+	const metaop_t *mo = &pl->mops[m];
+	const sp_model_t *md = pl->model;
+	int comp = md->tasks[mo->task].nodes[pl->ops[mo->first_op].node].comp;
+	double per = (double)mo->layer_state_bytes +
+		     (double)mo->saved_per_sample * (double)((mo->batch + n - 1) / n);
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *o = &pl->mops[k];
+		if (k == m || md->tasks[o->task].nodes[pl->ops[o->first_op].node].comp != comp)
+			continue;
+		per += (double)o->saved_per_sample * (double)((o->batch + w[k] - 1) / w[k]);
+	}
+	double lim = frac * pl->mem_cap / per;
+	return lim >= mo->n_layers ? mo->n_layers : SP_MAX(1, (int)lim);
+}
+
+/*
+ * Homes. A component whose full parameter state takes more than a quarter
+ * of a device cannot be replicated freely: its layers are cut into S
+ * segments of at most 40% of a device each, and every segment gets a fixed
+ * home group of g devices (inside one node when it fits) that holds it
+ * once; every MetaOp using those layers runs them there, data parallel over
+ * the home. Homes of different segments are disjoint while the devices
+ * last; g starts at the widest allotment among the component's MetaOps and
+ * shrinks until all homes fit, and S grows until a home also holds the
+ * activations its MetaOps save there.
+ */
+typedef struct {
+	int n_params;
+	int *param_base; /* per component */
+	int *seg_of;     /* per (comp, layer) slot: home segment, -1 if none */
+	int32_t *devs;   /* home devices, segment by segment */
+	int *first, *n;  /* per segment: devs[first .. +n) */
+	int n_seg;
+} homes_t;
+
+static int homes_build(planner_t *pl, const int *w, homes_t *h)
+{
+	const sp_model_t *md = pl->model;
+	int C = md->n_comps, N = pl->N, G = pl->cluster->gpus_per_node;
+	double psb = (double)param_state_bytes(md->dtype, md->opt.kind), cap = pl->mem_cap;
+	sp_arena_t *a = &pl->scratch;
+	memset(h, 0, sizeof *h);
+	h->param_base = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *S = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *g = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *L = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	if (!h->param_base || !S || !g || !L)
+		return SP_ENOMEM;
+	for (int c = 0; c < C; c++) {
+		h->param_base[c] = h->n_params;
+		L[c] = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+		h->n_params += L[c];
+		double ls = (double)comp_layer_params(&md->comps[c]) * psb;
+		if (ls * L[c] <= 0.25 * cap || md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		S[c] = SP_MIN(L[c], (int)ceil(ls * L[c] / (0.4 * cap)));
+		g[c] = 1;
+		for (int m = 0; m < pl->n_mops; m++) {
+			int lay;
+			if (mop_comp(pl, m, 0, &lay) == c)
+				g[c] = SP_MAX(g[c], w[m]);
+		}
+	}
+	for (int round = 0; round < 64; round++) {
+		int need = 0, grown = 0;
+		for (int c = 0; c < C; c++)
+			need += S[c] * g[c];
+		while (need > N) { /* shrink the widest homes */
+			int big = -1;
+			for (int c = 0; c < C; c++)
+				if (S[c] && g[c] > 1 && (big < 0 || g[c] > g[big]))
+					big = c;
+			if (big < 0)
+				break;
+			g[big]--;
+			need -= S[big];
+		}
+		/* a segment must also hold its MetaOps' saved activations */
+		for (int c = 0; c < C; c++) {
+			if (!S[c] || S[c] == L[c])
+				continue;
+			double acts = 0;
+			for (int m = 0; m < pl->n_mops; m++) {
+				int lay;
+				if (mop_comp(pl, m, 0, &lay) != c)
+					continue;
+				const metaop_t *mo = &pl->mops[m];
+				int gg = (int)SP_MIN((int64_t)g[c], mo->batch);
+				acts += (double)mo->saved_per_sample * (double)((mo->batch + gg - 1) / gg);
+			}
+			double per = (double)comp_layer_params(&md->comps[c]) * psb + acts;
+			if (per * ceil((double)L[c] / S[c]) > 0.75 * cap) {
+				S[c]++;
+				grown = 1;
+			}
+		}
+		if (!grown)
+			break;
+	}
+	h->seg_of = sp_arena_calloc(a, (size_t)(h->n_params + 1), sizeof(int));
+	int total = 0;
+	for (int c = 0; c < C; c++) {
+		h->n_seg += S[c];
+		total += S[c] * g[c];
+	}
+	h->devs = sp_arena_calloc(a, (size_t)total + 1, sizeof(int32_t));
+	h->first = sp_arena_calloc(a, (size_t)h->n_seg + 1, sizeof(int));
+	h->n = sp_arena_calloc(a, (size_t)h->n_seg + 1, sizeof(int));
+	if (!h->seg_of || !h->devs || !h->first || !h->n)
+		return SP_ENOMEM;
+	for (int q = 0; q < h->n_params; q++)
+		h->seg_of[q] = -1;
+	int seg = 0, o = 0, dev = 0;
+	for (int c = 0; c < C; c++)
+		for (int k = 0; k < S[c]; k++, seg++) {
+			/* keep a home inside one node when it fits */
+			if (g[c] <= G && dev % G + g[c] > G && (dev / G + 1) * G + g[c] <= N)
+				dev = (dev / G + 1) * G;
+			h->first[seg] = o;
+			h->n[seg] = g[c];
+			for (int j = 0; j < g[c]; j++)
+				h->devs[o++] = (dev++) % N;
+			for (int l = L[c] * k / S[c]; l < L[c] * (k + 1) / S[c]; l++)
+				h->seg_of[h->param_base[c] + l] = seg;
+		}
+	return 0;
+}
+
+/* Home segment of MetaOp m's layer l, or -1. */
+static int home_of(const planner_t *pl, const homes_t *h, int m, int l)
+{
+	int layer, c = mop_comp(pl, m, l, &layer);
+	return h->seg_of ? h->seg_of[h->param_base[c] + layer] : -1;
+}
+
+/* Commits slice x on devs to the placer and records it as running. */
+static void start_slice(placer_t *P, run_t *ru, const sslice_t *x, const int32_t *devs,
+			int homed)
+{
+	placer_commit(P, x, devs);
+	int32_t *room = ru->devs;
+	*ru = (run_t){x->metaop, x->lf, x->lt, x->n, x->t0, x->t1, room, homed};
+	memcpy(ru->devs, devs, sizeof(int32_t) * (size_t)x->n);
+}
+
+static int ready(const planner_t *pl, const int *finished, int m)
+{
+	const metaop_t *mo = &pl->mops[m];
+	for (int q = 0; q < mo->n_pred; q++)
+		if (!finished[pl->edges[mo->pred[q]].src])
+			return 0;
+	return 1;
+}
+
+/*
+ * Phase 2 with the placer: a slice starts only on free devices whose
+ * memory takes it, so the schedule respects memory device by device and
+ * the placement pass keeps these devices.
+ */
+int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
+{
+	int M = pl->n_mops, N = pl->N, rc = 0, nrun = 0, n_fin = 0;
+	placer_t *P = NULL;
+	homes_t H = {0};
+	sp_arena_t *a = &pl->scratch; /* the candidate's (or the trial's) scope */
+	double *bl = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
+	int *done = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));     /* layers scheduled */
+	int *finished = sp_arena_calloc(a, (size_t)M + 1, sizeof(int)); /* all layers ended */
+	int *running = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	int *order = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	int *by_end = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	run_t *run = sp_arena_calloc(a, (size_t)M + 1, sizeof(run_t));
+	/* a running slice per MetaOp at most, each with room for N devices */
+	int32_t *rooms = sp_arena_calloc(a, (size_t)(M + 1) * (size_t)N, sizeof(int32_t));
+	int32_t *devs = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
+	if (!bl || !done || !finished || !running || !order || !by_end || !run || !rooms ||
+	    !devs || placer_new(&P, pl, PLACE_SPINDLE) || homes_build(pl, w, &H))
+		return SP_ENOMEM;
+	for (int m = 0; m <= M; m++)
+		run[m].devs = rooms + (size_t)m * (size_t)N;
+	for (int c = 0; c < pl->model->n_comps; c++) {
+		int nl = pl->model->comps[c].type == COMP_TRANSFORMER ? (int)pl->model->comps[c].layers : 1;
+		for (int l = 0; l < nl; l++) {
+			int sg = H.seg_of[H.param_base[c] + l];
+			if (sg >= 0)
+				placer_reserve(P, c, l, H.devs + H.first[sg], H.n[sg]);
+		}
+	}
+	sched_blevels(pl, w, bl);
+	for (int m = 0; m < M; m++)
+		order[m] = m;
+	/* priority: bottom level, then id */
+	for (int i = 1; i < M; i++)
+		for (int b = i; b > 0; b--) {
+			int x = order[b], y = order[b - 1];
+			if (bl[x] < bl[y] || (bl[x] == bl[y] && x > y))
+				break;
+			order[b] = y;
+			order[b - 1] = x;
+		}
+	double t = 0;
+	while (n_fin < M) {
+		int free_dev = placer_free_count(P, t), blocked = 0;
+		/* start ready MetaOps */
+		for (int oi = 0; oi < M && free_dev > 0; oi++) {
+			int m = order[oi];
+			const metaop_t *mo = &pl->mops[m];
+			if (running[m] || done[m] == mo->n_layers || !ready(pl, finished, m))
+				continue;
+			int home = home_of(pl, &H, m, done[m]);
+			if (home >= 0) {
+				/* homed layers run on their home, when all of it is free */
+				int r = 1, n = (int)SP_MIN((int64_t)H.n[home], mo->batch);
+				while (done[m] + r < mo->n_layers && home_of(pl, &H, m, done[m] + r) == home)
+					r++;
+				int all_free = 1;
+				sslice_t x = {m, done[m], done[m] + r, n, 0, t, t + r * mop_t(mo, n), 0, -1};
+				memcpy(devs, H.devs + H.first[home], sizeof(int32_t) * (size_t)n);
+				devs_sort(devs, n);
+				for (int j = 0; j < n; j++)
+					all_free &= placer_free_count_dev(P, devs[j], t);
+				if (!all_free)
+					continue;
+				start_slice(P, &run[nrun++], &x, devs, 1);
+				running[m] = 1;
+				done[m] += r;
+				free_dev -= n;
+				continue;
+			}
+			int want = SP_MIN(w[m], mo->nmax);
+			int r = SP_MIN(mo->n_layers - done[m], max_layers(pl, w, m, want, frac));
+			for (int k = 1; k < r; k++)
+				if (home_of(pl, &H, m, done[m] + k) >= 0)
+					r = k; /* stop where homed layers begin */
+			sslice_t x = {m, done[m], done[m] + r, want, 0, t, 0, 0, -1};
+			int later = 0, fit = placer_fitting(P, &x, &later);
+			int n = width_floor(mo, SP_MIN(want, fit));
+			want = width_floor(mo, want);
+			if (n < want) {
+				/* wait for devices with room, or start narrower now? */
+				double t_free = next_free_time(run, nrun, fit, want, by_end);
+				double wait_fin = t_free + r * mop_t(mo, want);
+				double now_fin = n > 0 ? t + r * mop_t(mo, n) : HUGE_VAL;
+				if (n == 0 || (now_fin > wait_fin && later > 0)) {
+					blocked += n == 0 && later == 0;
+					continue; /* wait; a smaller one may backfill */
+				}
+			}
+			x.n = n;
+			x.t1 = t + r * mop_t(mo, n);
+			int fits = placer_choose(P, &x, devs);
+			if (fits < 0)
+				return SP_EINTERNAL;
+			if (fits < n) {
+				blocked++; /* narrower means more samples each: no room */
+				continue;
+			}
+			start_slice(P, &run[nrun++], &x, devs, 0);
+			running[m] = 1;
+			done[m] += r;
+			free_dev -= n;
+		}
+		/* malleable tail: idle devices widen the slice that ends last */
+		int any_waiting = 0;
+		for (int m = 0; m < M && !any_waiting; m++)
+			any_waiting = !running[m] && done[m] < pl->mops[m].n_layers &&
+				      ready(pl, finished, m);
+		while (!any_waiting && free_dev > 0) {
+			int best = -1;
+			for (int i = 0; i < nrun; i++)
+				if (!run[i].homed && (best < 0 || run[i].t1 > run[best].t1))
+					best = i;
+			if (best < 0)
+				break;
+			run_t *x = &run[best];
+			const metaop_t *mo = &pl->mops[x->m];
+			double per = mop_t(mo, x->n);
+			int split = x->lf + (int)ceil((t - x->t0) / per - 1e-9);
+			split = SP_MAX(split, x->lf);
+			if (split >= x->lt || !mo->scales)
+				break;
+			double ts = x->t0 + (split - x->lf) * per;
+			/* extra devices: free now, with room for the rest of the slice */
+			sslice_t ext = {x->m, split, x->lt, SP_MIN(mo->nmax, x->n + free_dev) - x->n,
+					0, t, 0, 0, -1};
+			if (ext.n <= 0)
+				break;
+			int fit = placer_fitting(P, &ext, NULL);
+			ext.n = SP_MIN(ext.n, fit);
+			int nn = x->n + ext.n;
+			double fin = ts + (x->lt - split) * mop_t(mo, nn);
+			if (ext.n <= 0 || fin >= x->t1 - 1e-9)
+				break;
+			ext.t1 = fin;
+			if (placer_choose(P, &ext, devs) < 0)
+				break;
+			if (split > x->lf &&
+			    (rc = sched_push_devs(out, x->m, x->lf, split, x->n, x->t0, ts, x->devs)))
+				return rc;
+			/* the widened slice: old devices from ts, extra ones from now */
+			memcpy(x->devs + x->n, devs, sizeof(int32_t) * (size_t)ext.n);
+			sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1};
+			devs_sort(x->devs, nn);
+			placer_commit(P, &wide, x->devs);
+			free_dev -= ext.n;
+			x->lf = split;
+			x->n = nn;
+			x->t0 = ts;
+			x->t1 = fin;
+		}
+		if (nrun == 0) {
+			if (blocked)
+				return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
+						  "spindle schedule: no device has memory left for "
+						  "some MetaOp at %.3f ms",
+						  t);
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "spindle schedule: nothing runnable at %.3f ms", t);
+		}
+		/* advance to the next end */
+		int e = 0;
+		for (int i = 1; i < nrun; i++)
+			if (run[i].t1 < run[e].t1)
+				e = i;
+		t = run[e].t1;
+		for (int i = 0; i < nrun;) {
+			if (run[i].t1 > t + 1e-12) {
+				i++;
+				continue;
+			}
+			run_t *x = &run[i];
+			if ((rc = sched_push_devs(out, x->m, x->lf, x->lt, x->n, x->t0, x->t1, x->devs)))
+				return rc;
+			running[x->m] = 0;
+			if (x->lt == pl->mops[x->m].n_layers) {
+				finished[x->m] = 1;
+				n_fin++;
+			}
+			run_t ended = *x; /* its room goes to the free slot at the end */
+			*x = run[--nrun];
+			run[nrun] = ended;
+		}
+	}
+	return 0;
+}

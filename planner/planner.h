@@ -231,6 +231,21 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 /* Fills devices[].mem and mem_peak; reports the worst overflow in err. */
 int memplan_run(planner_t *pl, sp_plan_t *p, int check);
 
+/* ---- progs.c: running every device's program together ----------------------------- */
+
+/* What a step function answers for device d's instruction k (in): */
+enum { PROGS_WAIT = 0, PROGS_RAN = 1 }; /* or a negative error code */
+#define PROGS_STUCK 1                   /* progs_run: no device can move */
+typedef int (*progs_step_fn)(void *ctx, int d, int k, const sp_ins_t *in);
+/*
+ * Devices take turns in id order, each running (step answers PROGS_RAN)
+ * until its next instruction must wait. pc[d] (n_devices entries, usually
+ * zero) is where device d starts and, on return, where it stopped. Returns
+ * 0 when every program finished, PROGS_STUCK when a round moved no device,
+ * or the first negative code step returned.
+ */
+int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
+
 /* ---- sim.c: the one evaluator --------------------------------------------------- */
 
 typedef struct {

@@ -223,7 +223,10 @@ int placer_free_count_dev(const placer_t *P, int d, double t);
 
 /* ---- lower.c: per-device programs -------------------------------------------- */
 
-/* Fills plan structure, programs, buckets and held params from s + placement. */
+/* Fills plan structure, programs, buckets and held params from s + placement
+ * (lower_xfer.c: transfers and instruction order; lower_sync.c: held params,
+ * buckets, SYNC and STEP; lower.h: their shared state). Work arrays come from
+ * pl->scratch and are given back on return; out's arrays are on the heap. */
 int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out);
 
 /* ---- memplan.c: memory per device --------------------------------------------- */

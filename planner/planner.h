@@ -2,10 +2,11 @@
  * planner.h — the planner's internal map, one section per pass (file).
  *
  * Pipeline (plan.c): load+validate (schemas/) → graph.c (task DAG →
- * MetaOps) → cost.c (scalability estimator) → sched_*.c (waves of slices)
- * → place.c (devices) → lower.c (per-device programs, buckets, held
- * params) → memplan.c (memory per device) → sim.c (predicted times) →
- * bound.c (certificate) → verify.c → plan_write (schemas/).
+ * MetaOps) → cost.c (scalability estimator) → bound.c (lower bounds, for
+ * the certificate); then for every candidate: sched_*.c (waves of slices)
+ * → place.c (devices) → lower*.c (per-device programs, buckets, held
+ * params) → memplan.c (memory per device) → sim.c (predicted times); for
+ * the chosen plan: verify.c → plan_write (schemas/).
  *
  * Memory (style.md): pl->arena lives for the planning run (MetaOps, costs,
  * allotments); pl->scratch holds one candidate plan's temporaries
@@ -14,7 +15,8 @@
  * schedules) takes an sp_arena_mark and resets to it. Nothing allocated
  * from either is freed one by one, so error paths need no cleanup lists.
  * Only the lowered sp_plan_t lives on the heap (the kept plan outlives the
- * run; plan_release frees the others).
+ * run; plan_release frees the others). verify_plan has no planner_t (tests
+ * and tools call it too): its work goes to one arena of its own.
  */
 #ifndef SPINDLE_PLANNER_H
 #define SPINDLE_PLANNER_H
@@ -167,7 +169,8 @@ int sched_run(planner_t *pl, algo_t a, int variant, sched_t *out);
 typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 } bounds_t;
-void bound_compute(const planner_t *pl, bounds_t *out);
+/* Its work arrays come from pl->scratch and are given back on return. */
+void bound_compute(planner_t *pl, bounds_t *out);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */
@@ -176,6 +179,9 @@ typedef struct {
 	double *t, *a;
 } hull_t;
 int hull_from_times(const double *time, int nmax, int scales, hull_t *h);
+/* The same with the hull's arrays in a: it lives as long as a's scope and
+ * is never given to hull_release. */
+int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */
 double hull_area(const hull_t *h, double C);
 void hull_release(hull_t *h);

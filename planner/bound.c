@@ -99,17 +99,11 @@ static int hpt_cmp(const void *x, const void *y)
 	return (p->a > q->a) - (p->a < q->a);
 }
 
-int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
+/* The hull of the points into h->t and h->a (nmax + 1 entries each),
+ * sorting them in pt (as many). */
+static void hull_fill(const double *time, int nmax, int scales, hpt_t *pt, hull_t *h)
 {
 	h->n = 0;
-	h->t = malloc(sizeof(double) * (size_t)(nmax + 1));
-	h->a = malloc(sizeof(double) * (size_t)(nmax + 1));
-	hpt_t *pt = malloc(sizeof(hpt_t) * (size_t)(nmax + 1));
-	if (!h->t || !h->a || !pt) {
-		free(pt);
-		hull_release(h);
-		return SP_ENOMEM;
-	}
 	for (int k = 1; k <= nmax; k++)
 		pt[k - 1] = (hpt_t){time[k], time[k] * (scales ? k : 1)};
 	qsort(pt, (size_t)nmax, sizeof(hpt_t), hpt_cmp);
@@ -133,7 +127,33 @@ int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
 		h->t[h->n] = t;
 		h->a[h->n++] = a;
 	}
+}
+
+int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
+{
+	h->n = 0;
+	h->t = malloc(sizeof(double) * (size_t)(nmax + 1));
+	h->a = malloc(sizeof(double) * (size_t)(nmax + 1));
+	hpt_t *pt = malloc(sizeof(hpt_t) * (size_t)(nmax + 1));
+	if (!h->t || !h->a || !pt) {
+		free(pt);
+		hull_release(h);
+		return SP_ENOMEM;
+	}
+	hull_fill(time, nmax, scales, pt, h);
 	free(pt);
+	return 0;
+}
+
+int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h)
+{
+	h->n = 0;
+	h->t = sp_arena_calloc(a, (size_t)nmax + 1, sizeof(double));
+	h->a = sp_arena_calloc(a, (size_t)nmax + 1, sizeof(double));
+	hpt_t *pt = sp_arena_calloc(a, (size_t)nmax + 1, sizeof(hpt_t));
+	if (!h->t || !h->a || !pt)
+		return SP_ENOMEM;
+	hull_fill(time, nmax, scales, pt, h);
 	return 0;
 }
 
@@ -145,16 +165,15 @@ void hull_release(hull_t *h)
 	h->n = 0;
 }
 
-static int hull_build(const metaop_t *m, hull_t *h)
+/* MetaOp m's hull, in a. */
+static int hull_build(sp_arena_t *a, const metaop_t *m, hull_t *h)
 {
-	double *time = malloc(sizeof(double) * (size_t)(m->nmax + 1));
+	double *time = sp_arena_calloc(a, (size_t)m->nmax + 1, sizeof(double));
 	if (!time)
 		return SP_ENOMEM;
 	for (int k = 1; k <= m->nmax; k++)
 		time[k] = m->n_layers * mop_t(m, k);
-	int rc = hull_from_times(time, m->nmax, m->scales, h);
-	free(time);
-	return rc;
+	return hull_from_times_in(a, time, m->nmax, m->scales, h);
 }
 
 /* Least area within span C (HUGE_VAL if it cannot). */
@@ -174,57 +193,68 @@ double hull_area(const hull_t *h, double C)
 	return best;
 }
 
-static double allotment_bound(const planner_t *pl, double lo)
+/* Least device area all MetaOps need to finish within span C. */
+static double hulls_area(const planner_t *pl, const hull_t *h, double C)
 {
-	hull_t *h = calloc((size_t)pl->n_mops + 1, sizeof *h);
-	double C = lo;
+	double need = 0;
+	for (int m = 0; m < pl->n_mops; m++)
+		need += hull_area(&h[m], C);
+	return need;
+}
+
+/* Hulls in pl->scratch (bound_compute's scope); lo on allocation failure. */
+static double allotment_bound(planner_t *pl, double lo)
+{
+	hull_t *h = sp_arena_calloc(&pl->scratch, (size_t)pl->n_mops + 1, sizeof *h);
 	if (!h)
 		return lo;
 	for (int m = 0; m < pl->n_mops; m++)
-		if (hull_build(&pl->mops[m], &h[m]))
-			goto cleanup;
+		if (hull_build(&pl->scratch, &pl->mops[m], &h[m]))
+			return lo;
 	double hi = fmax(lo, 1e-9);
 	for (int it = 0; it < 200; it++) { /* find a feasible upper end */
-		double need = 0;
-		for (int m = 0; m < pl->n_mops; m++)
-			need += hull_area(&h[m], hi);
-		if (need <= pl->N * hi)
+		if (hulls_area(pl, h, hi) <= pl->N * hi)
 			break;
 		hi *= 2;
 	}
-	double need_lo = 0;
-	for (int m = 0; m < pl->n_mops; m++)
-		need_lo += hull_area(&h[m], lo);
-	if (need_lo <= pl->N * lo) {
-		C = lo;
-		goto cleanup;
-	}
+	if (hulls_area(pl, h, lo) <= pl->N * lo)
+		return lo;
 	for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; it++) {
-		double mid = 0.5 * (lo + hi), need = 0;
-		for (int m = 0; m < pl->n_mops; m++)
-			need += hull_area(&h[m], mid);
-		if (need <= pl->N * mid)
+		double mid = 0.5 * (lo + hi);
+		if (hulls_area(pl, h, mid) <= pl->N * mid)
 			hi = mid;
 		else
 			lo = mid;
 	}
-	C = hi;
-cleanup:
-	for (int m = 0; m < pl->n_mops; m++)
-		hull_release(&h[m]);
-	free(h);
-	return C;
+	return hi;
 }
 
-void bound_compute(const planner_t *pl, bounds_t *out)
+/* The longest DAG path with every MetaOp at its fastest width. */
+static double critical_path(const planner_t *pl, double *finish)
 {
+	double cp = 0;
+	for (int k = 0; k < pl->n_mops; k++) {
+		int m = pl->topo[k];
+		const metaop_t *mo = &pl->mops[m];
+		double start = 0;
+		for (int q = 0; q < mo->n_pred; q++)
+			start = fmax(start, finish[pl->edges[mo->pred[q]].src]);
+		finish[m] = start + mo->n_layers * mop_t(mo, mo->nmax);
+		cp = fmax(cp, finish[m]);
+	}
+	return cp;
+}
+
+static void bound_steps(planner_t *pl, bounds_t *out)
+{
+	size_t nm = (size_t)pl->n_mops + 1;
 	double area = 0;
-	double *finish = calloc((size_t)pl->n_mops + 1, sizeof(double));
-	int *ids = malloc(sizeof(int) * (size_t)(pl->n_mops + 1));
-	double *rem = malloc(sizeof(double) * (size_t)(pl->n_mops + 1));
+	double *finish = sp_arena_calloc(&pl->scratch, nm, sizeof(double));
+	int *ids = sp_arena_calloc(&pl->scratch, nm, sizeof(int));
+	double *rem = sp_arena_calloc(&pl->scratch, nm, sizeof(double));
 	out->area_ms = out->cp_ms = out->paper_ms = out->lower_ms = 0;
 	if (!finish || !ids || !rem)
-		goto cleanup;
+		return;
 	for (int m = 0; m < pl->n_mops; m++) {
 		const metaop_t *mo = &pl->mops[m];
 		double best = HUGE_VAL;
@@ -233,15 +263,7 @@ void bound_compute(const planner_t *pl, bounds_t *out)
 		area += mo->n_layers * best;
 	}
 	out->area_ms = area / pl->N;
-	for (int k = 0; k < pl->n_mops; k++) {
-		int m = pl->topo[k];
-		const metaop_t *mo = &pl->mops[m];
-		double start = 0;
-		for (int q = 0; q < mo->n_pred; q++)
-			start = fmax(start, finish[pl->edges[mo->pred[q]].src]);
-		finish[m] = start + mo->n_layers * mop_t(mo, mo->nmax);
-		out->cp_ms = fmax(out->cp_ms, finish[m]);
-	}
+	out->cp_ms = critical_path(pl, finish);
 	for (int lv = 0; lv < pl->n_levels; lv++) {
 		int k = 0;
 		for (int m = 0; m < pl->n_mops; m++)
@@ -254,8 +276,11 @@ void bound_compute(const planner_t *pl, bounds_t *out)
 	}
 	out->lower_ms = fmax(out->area_ms, out->cp_ms);
 	out->allot_ms = allotment_bound(pl, out->lower_ms);
-cleanup:
-	free(finish);
-	free(ids);
-	free(rem);
+}
+
+void bound_compute(planner_t *pl, bounds_t *out)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	bound_steps(pl, out);
+	sp_arena_reset(&pl->scratch, mark);
 }

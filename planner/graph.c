@@ -17,14 +17,13 @@
  */
 #include "planner.h"
 
-#include <stdlib.h>
 #include <string.h>
 
-static int topo_nodes(const sp_task_t *t, int *order)
+static int topo_nodes(sp_arena_t *a, const sp_task_t *t, int *order)
 {
 	/* Kahn's algorithm in node order for determinism */
 	int n = t->n_nodes, k = 0;
-	int *indeg = calloc((size_t)n, sizeof(int));
+	int *indeg = sp_arena_calloc(a, (size_t)n + 1, sizeof(int));
 	if (!indeg)
 		return SP_ENOMEM;
 	for (int i = 0; i < n; i++)
@@ -43,7 +42,6 @@ static int topo_nodes(const sp_task_t *t, int *order)
 				if (t->nodes[j].inputs[q] == pick)
 					indeg[j]--;
 	}
-	free(indeg);
 	return k == n ? 0 : SP_EINTERNAL;
 }
 
@@ -59,7 +57,8 @@ static int consumers(const sp_task_t *t, int node, int *only)
 	return c;
 }
 
-int graph_build(planner_t *pl)
+/* Temporaries in pl->scratch (graph_build's scope); results in pl->arena. */
+static int graph_steps(planner_t *pl)
 {
 	const sp_model_t *m = pl->model;
 	int total_nodes = 0, total_ops = 0;
@@ -68,9 +67,8 @@ int graph_build(planner_t *pl)
 		for (int i = 0; i < m->tasks[t].n_nodes; i++)
 			total_ops += m->tasks[t].nodes[i].layer_to - m->tasks[t].nodes[i].layer_from;
 	}
-	int rc = 0;
-	int *order = malloc(sizeof(int) * (size_t)(total_nodes + 1));
-	int *mop_of = malloc(sizeof(int) * (size_t)(total_nodes + 1));
+	int *order = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
+	int *mop_of = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
 	pl->mops = sp_arena_calloc(&pl->arena, (size_t)total_nodes, sizeof(metaop_t));
 	pl->ops = sp_arena_calloc(&pl->arena, (size_t)total_ops, sizeof(sp_op_t));
 	/* edges: at most one per node input */
@@ -79,18 +77,14 @@ int graph_build(planner_t *pl)
 		for (int i = 0; i < m->tasks[t].n_nodes; i++)
 			max_edges += m->tasks[t].nodes[i].n_inputs;
 	pl->edges = sp_arena_calloc(&pl->arena, (size_t)max_edges + 1, sizeof(sp_edge_t));
-	if (!order || !mop_of || !pl->mops || !pl->ops || !pl->edges) {
-		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
+	if (!order || !mop_of || !pl->mops || !pl->ops || !pl->edges)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	int base = 0;
 	for (int ti = 0; ti < m->n_tasks; ti++) {
 		const sp_task_t *t = &m->tasks[ti];
-		if ((rc = topo_nodes(t, order))) {
-			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-					"graph: task '%s' is not acyclic", t->name);
-			goto cleanup;
-		}
+		if (topo_nodes(&pl->scratch, t, order))
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "graph: task '%s' is not acyclic", t->name);
 		/* assign nodes to MetaOps in topological order, following each chain
 		 * to its end at once so that a MetaOp's operators are contiguous */
 		for (int k = 0; k < t->n_nodes; k++)
@@ -173,10 +167,8 @@ int graph_build(planner_t *pl)
 		metaop_t *mo = &pl->mops[k];
 		mo->pred = sp_arena_calloc(&pl->arena, (size_t)mo->n_pred + 1, sizeof(int));
 		mo->succ = sp_arena_calloc(&pl->arena, (size_t)mo->n_succ + 1, sizeof(int));
-		if (!mo->pred || !mo->succ) {
-			rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-			goto cleanup;
-		}
+		if (!mo->pred || !mo->succ)
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		mo->n_pred = mo->n_succ = 0;
 	}
 	for (int e = 0; e < pl->n_edges; e++) {
@@ -191,27 +183,28 @@ int graph_build(planner_t *pl)
 		mo->level = 0;
 		for (int q = 0; q < mo->n_pred; q++) {
 			int p = pl->edges[mo->pred[q]].src;
-			if (p >= k) {
-				rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-						"graph: MetaOps not in topological order");
-				goto cleanup;
-			}
+			if (p >= k)
+				return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "graph: MetaOps not in topological order");
 			mo->level = SP_MAX(mo->level, pl->mops[p].level + 1);
 		}
 		pl->n_levels = SP_MAX(pl->n_levels, mo->level + 1);
 	}
 	pl->topo = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(int));
-	if (!pl->topo) {
-		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
+	if (!pl->topo)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	/* topological order: by level, then creation order (stable) */
 	for (int lv = 0, k = 0; lv < pl->n_levels; lv++)
 		for (int q = 0; q < pl->n_mops; q++)
 			if (pl->mops[q].level == lv)
 				pl->topo[k++] = q;
-cleanup:
-	free(order);
-	free(mop_of);
+	return 0;
+}
+
+int graph_build(planner_t *pl)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = graph_steps(pl);
+	sp_arena_reset(&pl->scratch, mark);
 	return rc;
 }

@@ -2,10 +2,11 @@
  * planner.h — the planner's internal map, one section per pass (file).
  *
  * Pipeline (plan.c): load+validate (schemas/) → graph.c (task DAG →
- * MetaOps) → cost.c (scalability estimator) → sched_*.c (waves of slices)
- * → place.c (devices) → lower.c (per-device programs, buckets, held
- * params) → memplan.c (memory per device) → sim.c (predicted times) →
- * bound.c (certificate) → verify.c → plan_write (schemas/).
+ * MetaOps) → cost.c (scalability estimator) → bound.c (lower bounds, for
+ * the certificate); then for every candidate: sched_*.c (waves of slices)
+ * → place.c (devices) → lower*.c (per-device programs, buckets, held
+ * params) → memplan.c (memory per device) → sim.c (predicted times); for
+ * the chosen plan: verify.c → plan_write (schemas/).
  *
  * Memory (style.md): pl->arena lives for the planning run (MetaOps, costs,
  * allotments); pl->scratch holds one candidate plan's temporaries
@@ -14,7 +15,8 @@
  * schedules) takes an sp_arena_mark and resets to it. Nothing allocated
  * from either is freed one by one, so error paths need no cleanup lists.
  * Only the lowered sp_plan_t lives on the heap (the kept plan outlives the
- * run; plan_release frees the others).
+ * run; plan_release frees the others). verify_plan has no planner_t (tests
+ * and tools call it too): its work goes to one arena of its own.
  */
 #ifndef SPINDLE_PLANNER_H
 #define SPINDLE_PLANNER_H
@@ -258,7 +260,8 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 } bounds_t;
-void bound_compute(const planner_t *pl, bounds_t *out);
+/* Its work arrays come from pl->scratch and are given back on return. */
+void bound_compute(planner_t *pl, bounds_t *out);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */
@@ -267,6 +270,9 @@ typedef struct {
 	double *t, *a;
 } hull_t;
 int hull_from_times(const double *time, int nmax, int scales, hull_t *h);
+/* The same with the hull's arrays in a: it lives as long as a's scope and
+ * is never given to hull_release. */
+int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */
 double hull_area(const hull_t *h, double C);
 void hull_release(hull_t *h);
@@ -311,13 +317,31 @@ int placer_free_count_dev(const placer_t *P, int d, double t);
 
 /* ---- lower.c: per-device programs -------------------------------------------- */
 
-/* Fills plan structure, programs, buckets and held params from s + placement. */
+/* Fills plan structure, programs, buckets and held params from s + placement
+ * (lower_xfer.c: transfers and instruction order; lower_sync.c: held params,
+ * buckets, SYNC and STEP; lower.h: their shared state). Work arrays come from
+ * pl->scratch and are given back on return; out's arrays are on the heap. */
 int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out);
 
 /* ---- memplan.c: memory per device --------------------------------------------- */
 
 /* Fills devices[].mem and mem_peak; reports the worst overflow in err. */
 int memplan_run(planner_t *pl, sp_plan_t *p, int check);
+
+/* ---- progs.c: running every device's program together ----------------------------- */
+
+/* What a step function answers for device d's instruction k (in): */
+enum { PROGS_WAIT = 0, PROGS_RAN = 1 }; /* or a negative error code */
+#define PROGS_STUCK 1                   /* progs_run: no device can move */
+typedef int (*progs_step_fn)(void *ctx, int d, int k, const sp_ins_t *in);
+/*
+ * Devices take turns in id order, each running (step answers PROGS_RAN)
+ * until its next instruction must wait. pc[d] (n_devices entries, usually
+ * zero) is where device d starts and, on return, where it stopped. Returns
+ * 0 when every program finished, PROGS_STUCK when a round moved no device,
+ * or the first negative code step returned.
+ */
+int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
 
 /* ---- sim.c: the one evaluator --------------------------------------------------- */
 

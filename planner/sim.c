@@ -29,7 +29,6 @@
 #include "planner.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 enum { SIM_XFER = 1, SIM_SYNC = 2 };
@@ -47,209 +46,243 @@ static int64_t value_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 	return (int64_t)(in->s1 - in->s0) * in->seq_len * width * db;
 }
 
-static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res)
+/* One run's state; arrays come from pl->scratch. */
+typedef struct {
+	planner_t *pl;
+	sp_plan_t *p;
+	int mode, record, db, max_tag;
+	int *pc;                         /* per device: next instruction */
+	double *now, *link, *busy, *wait; /* per device: clock, link free, compute, waiting */
+	double *arrive;                  /* per tag: when its SEND arrives; -1 before it ran */
+	int *issued;                     /* per bucket: SYNCs issued so far */
+	double *last_issue, *sync_done;  /* per bucket */
+	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
+} sim_t;
+
+static int sim_alloc(sim_t *st, sp_arena_t *a)
 {
-	int N = p->n_devices, rc = 0;
-	int db = dtype_bytes(pl->model->dtype);
-	const sp_cluster_t *cl = pl->cluster;
-	int max_tag = 0;
+	const sp_plan_t *p = st->p;
+	size_t N = (size_t)p->n_devices, nb = (size_t)p->n_buckets + 1;
+	size_t ns = (size_t)p->n_slices + 1;
+	st->max_tag = 0;
 	for (int k = 0; k < p->n_ins; k++)
 		if (p->ins[k].op == INS_SEND)
-			max_tag = SP_MAX(max_tag, p->ins[k].tag + 1);
-	int *pc = calloc((size_t)N, sizeof(int));
-	double *now = calloc((size_t)N, sizeof(double));
-	double *link = calloc((size_t)N, sizeof(double));
-	double *busy = calloc((size_t)N, sizeof(double));
-	double *wait = calloc((size_t)N, sizeof(double));
-	double *arrive = malloc(sizeof(double) * (size_t)(max_tag + 1));
-	int *issued = calloc((size_t)p->n_buckets + 1, sizeof(int));
-	double *last_issue = calloc((size_t)p->n_buckets + 1, sizeof(double));
-	double *sync_done = calloc((size_t)p->n_buckets + 1, sizeof(double));
-	double *sync_free = calloc((size_t)N + 1, sizeof(double));
-	int *border = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
-	double *s_f0 = NULL, *s_f1 = NULL, *s_b0 = NULL, *s_b1 = NULL;
-	if (!pc || !now || !link || !busy || !wait || !arrive || !issued || !last_issue || !sync_done ||
-	    !sync_free || !border) {
-		rc = SP_ENOMEM;
-		goto cleanup;
+			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
+	st->pc = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
+	st->link = sp_arena_calloc(a, N + 1, sizeof(double));
+	st->busy = sp_arena_calloc(a, N + 1, sizeof(double));
+	st->wait = sp_arena_calloc(a, N + 1, sizeof(double));
+	st->arrive = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(double));
+	st->issued = sp_arena_calloc(a, nb, sizeof(int));
+	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
+	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
+	if (!st->pc || !st->now || !st->link || !st->busy || !st->wait || !st->arrive ||
+	    !st->issued || !st->last_issue || !st->sync_done)
+		return SP_ENOMEM;
+	for (int t = 0; t <= st->max_tag; t++)
+		st->arrive[t] = -1;
+	if (!st->record)
+		return 0;
+	st->s_f0 = sp_arena_calloc(a, ns, sizeof(double));
+	st->s_f1 = sp_arena_calloc(a, ns, sizeof(double));
+	st->s_b0 = sp_arena_calloc(a, ns, sizeof(double));
+	st->s_b1 = sp_arena_calloc(a, ns, sizeof(double));
+	if (!st->s_f0 || !st->s_f1 || !st->s_b0 || !st->s_b1)
+		return SP_ENOMEM;
+	for (int i = 0; i < p->n_slices; i++)
+		st->s_f0[i] = st->s_b0[i] = HUGE_VAL;
+	return 0;
+}
+
+/* FWD/BWD/LOSS: the device computes for the slice's layers. */
+static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
+{
+	const sp_slice_t *sl = &st->p->slices[in->slice];
+	double f, b, t0 = st->now[d];
+	cost_layer(st->pl, sl->metaop, in->s1 - in->s0, &f, &b);
+	int L = sl->layer_to - sl->layer_from;
+	double dur = L * (in->op == INS_BWD ? b : f);
+	if (in->op == INS_LOSS)
+		dur = f + b;
+	st->now[d] += dur;
+	st->busy[d] += dur;
+	if (st->record) {
+		double *a = in->op == INS_BWD ? st->s_b0 : st->s_f0;
+		double *z = in->op == INS_BWD ? st->s_b1 : st->s_f1;
+		a[in->slice] = fmin(a[in->slice], t0);
+		z[in->slice] = fmax(z[in->slice], st->now[d]);
 	}
-	if (record) {
-		s_f0 = malloc(sizeof(double) * (size_t)(p->n_slices + 1));
-		s_f1 = calloc((size_t)p->n_slices + 1, sizeof(double));
-		s_b0 = malloc(sizeof(double) * (size_t)(p->n_slices + 1));
-		s_b1 = calloc((size_t)p->n_slices + 1, sizeof(double));
-		if (!s_f0 || !s_f1 || !s_b0 || !s_b1) {
-			rc = SP_ENOMEM;
-			goto cleanup;
+}
+
+/* One instruction of device d under the cost model (the table at the top). */
+static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
+{
+	sim_t *st = ctx;
+	const sp_plan_t *p = st->p;
+	const sp_cluster_t *cl = st->pl->cluster;
+	int xfer = st->mode & SIM_XFER;
+	(void)k;
+	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
+		sim_compute(st, d, in);
+	} else if (in->op == INS_COPY) {
+		if (xfer)
+			st->now[d] += (double)value_bytes(p, in, st->db) /
+				      (cl->mem_bandwidth_gbs * 1e6);
+	} else if (in->op == INS_SEND) {
+		double dep = xfer ? fmax(st->now[d], st->link[d]) : st->now[d];
+		double tt = xfer ? cost_xfer_ms(cl, d, in->peer, value_bytes(p, in, st->db)) : 0;
+		st->link[d] = dep + tt;
+		st->arrive[in->tag] = dep + tt;
+	} else if (in->op == INS_RECV) {
+		if (in->tag < 0 || in->tag > st->max_tag || st->arrive[in->tag] < 0)
+			return PROGS_WAIT; /* its SEND has not run yet */
+		if (st->arrive[in->tag] > st->now[d]) {
+			st->wait[d] += st->arrive[in->tag] - st->now[d];
+			st->now[d] = st->arrive[in->tag];
 		}
-		for (int i = 0; i < p->n_slices; i++)
-			s_f0[i] = s_b0[i] = HUGE_VAL;
-	}
-	for (int t = 0; t <= max_tag; t++)
-		arrive[t] = -1;
-	int done = 0;
-	for (int d = 0; d < N; d++)
-		if (p->devices[d].n_ins == 0)
-			done++;
-	while (done < N) {
-		int progress = 0;
-		for (int d = 0; d < N; d++) {
-			const sp_device_t *dv = &p->devices[d];
-			while (pc[d] < dv->n_ins) {
-				const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
-				double t0 = now[d];
-				if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
-					const sp_slice_t *sl = &p->slices[in->slice];
-					double f, b;
-					cost_layer(pl, sl->metaop, in->s1 - in->s0, &f, &b);
-					int L = sl->layer_to - sl->layer_from;
-					double dur = L * (in->op == INS_BWD ? b : f);
-					if (in->op == INS_LOSS)
-						dur = f + b;
-					now[d] += dur;
-					busy[d] += dur;
-					if (record) {
-						double *a = in->op == INS_BWD ? s_b0 : s_f0;
-						double *z = in->op == INS_BWD ? s_b1 : s_f1;
-						a[in->slice] = fmin(a[in->slice], t0);
-						z[in->slice] = fmax(z[in->slice], now[d]);
-					}
-				} else if (in->op == INS_COPY) {
-					if (mode & SIM_XFER)
-						now[d] += (double)value_bytes(p, in, db) /
-							  (cl->mem_bandwidth_gbs * 1e6);
-				} else if (in->op == INS_SEND) {
-					double dep = (mode & SIM_XFER) ? fmax(now[d], link[d]) : now[d];
-					double tt = (mode & SIM_XFER)
-							    ? cost_xfer_ms(cl, d, in->peer,
-									   value_bytes(p, in, db))
-							    : 0;
-					link[d] = dep + tt;
-					arrive[in->tag] = dep + tt;
-				} else if (in->op == INS_RECV) {
-					if (in->tag < 0 || in->tag > max_tag || arrive[in->tag] < 0)
-						break; /* its SEND has not run yet */
-					if (arrive[in->tag] > now[d]) {
-						wait[d] += arrive[in->tag] - now[d];
-						now[d] = arrive[in->tag];
-					}
-				} else if (in->op == INS_SYNC) {
-					issued[in->peer]++;
-					last_issue[in->peer] = fmax(last_issue[in->peer], now[d]);
-				} else if (in->op == INS_STEP) {
-					/* it waits for its buckets' all-reduces, timed below once
-					 * every bucket is known; here only for all of them to start */
-					for (int k = 0; k < dv->n_ins; k++) {
-						const sp_ins_t *sy = &p->ins[dv->first_ins + k];
-						if (sy->op == INS_SYNC && issued[sy->peer] < p->buckets[sy->peer].n_dev)
-							goto blocked;
-					}
-				}
-				pc[d]++;
-				progress = 1;
-				if (pc[d] == dv->n_ins)
-					done++;
-			}
-		blocked:;
-		}
-		if (!progress && done < N) {
-			int d = 0;
-			while (pc[d] >= p->devices[d].n_ins)
-				d++;
-			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-					"simulation: the programs deadlock (device %d stuck at "
-					"instruction %d, %s)",
-					d, pc[d],
-					ins_op_name(p->ins[p->devices[d].first_ins + pc[d]].op));
-			goto cleanup;
+	} else if (in->op == INS_SYNC) {
+		st->issued[in->peer]++;
+		st->last_issue[in->peer] = fmax(st->last_issue[in->peer], st->now[d]);
+	} else if (in->op == INS_STEP) {
+		/* it waits for its buckets' all-reduces, timed once every bucket is
+		 * known (finish_steps); here only for all of them to start */
+		const sp_device_t *dv = &p->devices[d];
+		for (int q = 0; q < dv->n_ins; q++) {
+			const sp_ins_t *sy = &p->ins[dv->first_ins + q];
+			if (sy->op == INS_SYNC && st->issued[sy->peer] < p->buckets[sy->peer].n_dev)
+				return PROGS_WAIT;
 		}
 	}
-	/* all-reduces in the order they can start; each device runs one at a
-	 * time (they share its links), then every device's optimizer step */
+	return PROGS_RAN;
+}
+
+/* All-reduces in the order they can start; each device runs one at a time
+ * (they share its links). Fills sync_done. */
+static int time_allreduces(sim_t *st, sp_arena_t *a)
+{
+	const sp_plan_t *p = st->p;
+	int *border = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
+	double *sync_free = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof(double));
+	if (!border || !sync_free)
+		return SP_ENOMEM;
 	for (int i = 0; i < p->n_buckets; i++)
 		border[i] = i;
-	for (int a = 1; a < p->n_buckets; a++)
-		for (int b = a; b > 0 && last_issue[border[b]] < last_issue[border[b - 1]]; b--) {
+	for (int i = 1; i < p->n_buckets; i++)
+		for (int b = i; b > 0 && st->last_issue[border[b]] < st->last_issue[border[b - 1]];
+		     b--) {
 			int t = border[b];
 			border[b] = border[b - 1];
 			border[b - 1] = t;
 		}
 	for (int i = 0; i < p->n_buckets; i++) {
 		const sp_bucket_t *bk = &p->buckets[border[i]];
-		double start = last_issue[border[i]];
+		double start = st->last_issue[border[i]];
 		for (int q = 0; q < bk->n_dev; q++)
 			start = fmax(start, sync_free[p->bucket_devs[bk->dev_off + q]]);
-		sync_done[border[i]] = start + ((mode & SIM_SYNC) ? bk->sync_ms : 0);
+		st->sync_done[border[i]] = start + ((st->mode & SIM_SYNC) ? bk->sync_ms : 0);
 		for (int q = 0; q < bk->n_dev; q++)
-			sync_free[p->bucket_devs[bk->dev_off + q]] = sync_done[border[i]];
+			sync_free[p->bucket_devs[bk->dev_off + q]] = st->sync_done[border[i]];
 	}
-	for (int d = 0; d < N; d++) {
-		/* the step updates one bucket's parameters at a time, in program
-		 * order, each as soon as its all-reduce is done */
+	return 0;
+}
+
+/* Every device's optimizer step: it updates one bucket's parameters at a
+ * time, in program order, each as soon as its all-reduce is done. */
+static void finish_steps(sim_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int d = 0; d < p->n_devices; d++) {
 		const sp_device_t *dv = &p->devices[d];
-		double t = now[d], waited = 0;
+		double t = st->now[d], waited = 0;
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *sy = &p->ins[dv->first_ins + k];
 			if (sy->op != INS_SYNC)
 				continue;
-			waited += fmax(0, sync_done[sy->peer] - t);
-			t = fmax(t, sync_done[sy->peer]);
-			if (mode & SIM_SYNC)
-				t += cost_step_ms(pl, p->buckets[sy->peer].elems);
+			waited += fmax(0, st->sync_done[sy->peer] - t);
+			t = fmax(t, st->sync_done[sy->peer]);
+			if (st->mode & SIM_SYNC)
+				t += cost_step_ms(st->pl, p->buckets[sy->peer].elems);
 		}
-		wait[d] += waited;
-		now[d] = t;
+		st->wait[d] += waited;
+		st->now[d] = t;
 	}
+}
+
+/* Predicted times into the plan's devices, slices and waves. */
+static void record_times(sim_t *st, double iteration)
+{
+	sp_plan_t *p = st->p;
+	for (int d = 0; d < p->n_devices; d++) {
+		sp_device_t *dv = &p->devices[d];
+		dv->busy_ms = st->busy[d];
+		dv->comm_ms = st->wait[d];
+		dv->finish_ms = st->now[d];
+		dv->idle_ms = fmax(0, iteration - st->busy[d] - st->wait[d]);
+	}
+	const double *f0 = st->s_f0, *f1 = st->s_f1, *b0 = st->s_b0, *b1 = st->s_b1;
+	for (int w = 0; w < p->n_waves; w++) {
+		sp_wave_t *wv = &p->waves[w];
+		double a = HUGE_VAL, z = 0, ba = HUGE_VAL, bz = 0;
+		for (int i = wv->first_slice; i < wv->first_slice + wv->n_slices; i++) {
+			sp_slice_t *sl = &p->slices[i];
+			sl->start_ms = f0[i] < HUGE_VAL ? f0[i] : 0;
+			sl->fwd_ms = f1[i] - sl->start_ms;
+			sl->bwd_start_ms = b0[i] < HUGE_VAL ? b0[i] : f1[i];
+			sl->bwd_ms = b1[i] > 0 ? b1[i] - sl->bwd_start_ms : 0;
+			a = fmin(a, sl->start_ms);
+			z = fmax(z, f1[i]);
+			ba = fmin(ba, sl->bwd_start_ms);
+			bz = fmax(bz, sl->bwd_start_ms + sl->bwd_ms);
+		}
+		wv->start_ms = a < HUGE_VAL ? a : 0;
+		wv->dur_ms = z - wv->start_ms;
+		wv->bwd_start_ms = ba < HUGE_VAL ? ba : 0;
+		wv->bwd_dur_ms = fmax(0, bz - wv->bwd_start_ms);
+	}
+}
+
+/* The programs, then the all-reduces, then the steps; its arrays live in
+ * pl->scratch until it returns. */
+static int run_scoped(sim_t *st, sim_out_t *res)
+{
+	const sp_plan_t *p = st->p;
+	sp_arena_t *a = &st->pl->scratch;
+	int rc;
+	if ((rc = sim_alloc(st, a)))
+		return rc;
+	rc = progs_run(p, st->pc, sim_step, st);
+	if (rc == PROGS_STUCK) {
+		int d = 0;
+		while (st->pc[d] >= p->devices[d].n_ins)
+			d++;
+		return sp_err_set(st->pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "simulation: the programs deadlock (device %d stuck at "
+				  "instruction %d, %s)",
+				  d, st->pc[d],
+				  ins_op_name(p->ins[p->devices[d].first_ins + st->pc[d]].op));
+	}
+	if (rc || (rc = time_allreduces(st, a)))
+		return rc;
+	finish_steps(st);
 	res->iteration = 0;
 	res->busy_total = 0;
-	for (int d = 0; d < N; d++) {
-		res->iteration = fmax(res->iteration, now[d]);
-		res->busy_total += busy[d];
+	for (int d = 0; d < p->n_devices; d++) {
+		res->iteration = fmax(res->iteration, st->now[d]);
+		res->busy_total += st->busy[d];
 	}
-	if (record) {
-		for (int d = 0; d < N; d++) {
-			sp_device_t *dv = &p->devices[d];
-			dv->busy_ms = busy[d];
-			dv->comm_ms = wait[d];
-			dv->finish_ms = now[d];
-			dv->idle_ms = fmax(0, res->iteration - busy[d] - wait[d]);
-		}
-		for (int w = 0; w < p->n_waves; w++) {
-			sp_wave_t *wv = &p->waves[w];
-			double a = HUGE_VAL, z = 0, ba = HUGE_VAL, bz = 0;
-			for (int i = wv->first_slice; i < wv->first_slice + wv->n_slices; i++) {
-				sp_slice_t *sl = &p->slices[i];
-				sl->start_ms = s_f0[i] < HUGE_VAL ? s_f0[i] : 0;
-				sl->fwd_ms = s_f1[i] - sl->start_ms;
-				sl->bwd_start_ms = s_b0[i] < HUGE_VAL ? s_b0[i] : s_f1[i];
-				sl->bwd_ms = s_b1[i] > 0 ? s_b1[i] - sl->bwd_start_ms : 0;
-				a = fmin(a, sl->start_ms);
-				z = fmax(z, s_f1[i]);
-				ba = fmin(ba, sl->bwd_start_ms);
-				bz = fmax(bz, sl->bwd_start_ms + sl->bwd_ms);
-			}
-			wv->start_ms = a < HUGE_VAL ? a : 0;
-			wv->dur_ms = z - wv->start_ms;
-			wv->bwd_start_ms = ba < HUGE_VAL ? ba : 0;
-			wv->bwd_dur_ms = fmax(0, bz - wv->bwd_start_ms);
-		}
-	}
-cleanup:
-	free(pc);
-	free(now);
-	free(link);
-	free(busy);
-	free(wait);
-	free(arrive);
-	free(issued);
-	free(last_issue);
-	free(sync_done);
-	free(sync_free);
-	free(border);
-	free(s_f0);
-	free(s_f1);
-	free(s_b0);
-	free(s_b1);
+	if (st->record)
+		record_times(st, res->iteration);
+	return 0;
+}
+
+static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res)
+{
+	sim_t st = {.pl = pl, .p = p, .mode = mode, .record = record,
+		    .db = dtype_bytes(pl->model->dtype)};
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = run_scoped(&st, res);
+	sp_arena_reset(&pl->scratch, mark);
 	if (rc == SP_ENOMEM)
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return rc;

@@ -18,13 +18,12 @@
  *                         does not issue each of its buckets' all-reduces
  *                         exactly once
  *   out of memory         predicted peak above the cap
- * It is written independently of lower.c: it trusts only the plan.
+ * It is written independently of lower.c: it trusts only the plan. Its
+ * working memory is one local arena, released at its single exit.
  */
 #include "planner.h"
 
 #include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
 
 typedef struct {
 	int32_t m, l, g;
@@ -45,9 +44,16 @@ typedef struct {
 typedef struct {
 	const sp_plan_t *p;
 	sp_err_t *err;
+	sp_arena_t arena; /* everything below; released once at the end */
 	dstate_t *ds;
 	int *param_base, n_params;
 	int *bucket_of_param; /* -1 if none */
+	int max_tag;          /* tags are 0 .. max_tag - 1 */
+	int *pc;              /* per device: next instruction */
+	int *send_of;         /* per tag: the SEND's global instruction index */
+	char *sent, *recvd;   /* per tag */
+	int *issued;          /* per bucket: SYNCs issued so far */
+	int64_t *contrib;     /* per operator: samples of gradient computed */
 } vstate_t;
 
 static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
@@ -80,12 +86,13 @@ static vbuf_t *value(vstate_t *st, int d, const sp_vref_t *r)
 		if (ds->v[i].m == r->metaop && ds->v[i].l == r->layer && ds->v[i].g == r->grad)
 			return &ds->v[i];
 	vbuf_t nb = {r->metaop, r->layer, r->grad,
-		     calloc((size_t)batch_of(st->p, r->metaop) + 1, sizeof(int32_t))};
-	if (!nb.cnt || SP_PUSH(ds->v, ds->nv, ds->capv, nb)) {
-		free(nb.cnt);
+		     sp_arena_calloc(&st->arena, (size_t)batch_of(st->p, r->metaop) + 1,
+				     sizeof(int32_t))};
+	if (!nb.cnt ||
+	    sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
 		return NULL;
-	}
-	return &ds->v[ds->nv - 1];
+	ds->v[ds->nv] = nb;
+	return &ds->v[ds->nv++];
 }
 
 /* Tokens per sample a complete value holds. */
@@ -136,7 +143,7 @@ static int write_value(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s
 }
 
 /* Checks parameters and records gradient contributions of a compute ins. */
-static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib)
+static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in)
 {
 	const sp_plan_t *p = st->p;
 	const sp_slice_t *sl = &p->slices[in->slice];
@@ -157,7 +164,7 @@ static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t 
 				    p->model.comps[comp].name, (int)op->layer);
 		if (in->op == INS_FWD)
 			continue;
-		contrib[m->first_op + l] += in->s1 - in->s0;
+		st->contrib[m->first_op + l] += in->s1 - in->s0;
 		int b = st->bucket_of_param[st->param_base[comp] + op->layer];
 		int member = 0;
 		if (b >= 0)
@@ -172,7 +179,7 @@ static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t 
 	return 0;
 }
 
-static int exec(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib)
+static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 {
 	const sp_plan_t *p = st->p;
 	int rc = 0;
@@ -190,7 +197,7 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib
 			return fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
 					      "device's range of the slice",
 				    (int)in->s0, (int)in->s1);
-		if ((rc = check_params(st, d, k, in, contrib)))
+		if ((rc = check_params(st, d, k, in)))
 			return rc;
 		if (in->op == INS_FWD) {
 			sp_vref_t src = {sl->metaop, sl->layer_from, 0, 0};
@@ -198,9 +205,11 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib
 			if (!(sl->layer_from == 0 && m->width_in == 0) &&
 			    (rc = check_complete(st, d, k, &src, in->s0, in->s1, "input")))
 				return rc;
-			saved_t sv = {in->slice, in->s0, in->s1};
-			if (SP_PUSH(st->ds[d].sv, st->ds[d].ns, st->ds[d].caps, sv))
+			dstate_t *ds = &st->ds[d];
+			if (sp_arena_grow(&st->arena, (void **)&ds->sv, &ds->caps, ds->ns + 1,
+					  sizeof *ds->sv))
 				return SP_ENOMEM;
+			ds->sv[ds->ns++] = (saved_t){in->slice, in->s0, in->s1};
 			return write_value(st, d, k, &dst, in->s0, in->s1, m->seq_out);
 		}
 		if (in->op == INS_LOSS) {
@@ -241,279 +250,302 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in, int64_t *contrib
 	return 0;
 }
 
-int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
+static int verify_alloc(vstate_t *st)
 {
-	int N = p->n_devices, rc = 0;
-	vstate_t st = {.p = p, .err = err};
-	int max_tag = 0;
+	const sp_plan_t *p = st->p;
+	sp_arena_t *a = &st->arena;
+	size_t N = (size_t)p->n_devices + 1, tags;
 	for (int k = 0; k < p->n_ins; k++)
 		if (p->ins[k].op == INS_SEND || p->ins[k].op == INS_RECV)
-			max_tag = SP_MAX(max_tag, p->ins[k].tag + 1);
-	st.ds = calloc((size_t)N + 1, sizeof *st.ds);
-	st.param_base = calloc((size_t)p->model.n_comps + 1, sizeof(int));
-	int *pc = calloc((size_t)N + 1, sizeof(int));
-	int *send_of = malloc(sizeof(int) * (size_t)(max_tag + 1)); /* global ins index */
-	char *sent = calloc((size_t)max_tag + 1, 1), *recvd = calloc((size_t)max_tag + 1, 1);
-	int *issued = calloc((size_t)p->n_buckets + 1, sizeof(int));
-	int64_t *contrib = calloc((size_t)p->n_ops + 1, sizeof(int64_t));
-	if (!st.ds || !st.param_base || !pc || !send_of || !sent || !recvd || !issued ||
-	    !contrib)
-		goto nomem;
+			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
+	st->param_base = sp_arena_calloc(a, (size_t)p->model.n_comps + 1, sizeof(int));
+	if (!st->param_base)
+		return SP_ENOMEM;
 	for (int c = 0; c < p->model.n_comps; c++) {
-		st.param_base[c] = st.n_params;
-		st.n_params += p->model.comps[c].type == COMP_TRANSFORMER
-				       ? (int)p->model.comps[c].layers
-				       : 1;
+		st->param_base[c] = st->n_params;
+		st->n_params += p->model.comps[c].type == COMP_TRANSFORMER
+					? (int)p->model.comps[c].layers
+					: 1;
 	}
-	st.bucket_of_param = malloc(sizeof(int) * (size_t)(st.n_params + 1));
-	if (!st.bucket_of_param)
-		goto nomem;
-	for (int q = 0; q < st.n_params; q++)
-		st.bucket_of_param[q] = -1;
+	tags = (size_t)st->max_tag + 1;
+	st->ds = sp_arena_calloc(a, N, sizeof *st->ds);
+	st->bucket_of_param = sp_arena_calloc(a, (size_t)st->n_params + 1, sizeof(int));
+	st->pc = sp_arena_calloc(a, N, sizeof(int));
+	st->send_of = sp_arena_calloc(a, tags, sizeof(int));
+	st->sent = sp_arena_calloc(a, tags, 1);
+	st->recvd = sp_arena_calloc(a, tags, 1);
+	st->issued = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
+	st->contrib = sp_arena_calloc(a, (size_t)p->n_ops + 1, sizeof(int64_t));
+	if (!st->ds || !st->bucket_of_param || !st->pc || !st->send_of || !st->sent ||
+	    !st->recvd || !st->issued || !st->contrib)
+		return SP_ENOMEM;
+	for (int q = 0; q < st->n_params; q++)
+		st->bucket_of_param[q] = -1;
+	for (int t = 0; t <= st->max_tag; t++)
+		st->send_of[t] = -1;
+	return 0;
+}
+
+/* Each parameter's bucket; a parameter in two buckets is a defect. */
+static int index_buckets(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
 	for (int b = 0; b < p->n_buckets; b++)
 		for (int q = 0; q < p->buckets[b].n_params; q++) {
 			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
-			int id = st.param_base[pr->comp] + pr->layer;
-			if (st.bucket_of_param[id] >= 0) {
-				rc = fail(&st, -1, -1, "missing gradient contribution: '%s' layer "
-						       "%d is in two sync buckets",
-					  p->model.comps[pr->comp].name, (int)pr->layer);
-				goto cleanup;
-			}
-			st.bucket_of_param[id] = b;
+			int id = st->param_base[pr->comp] + pr->layer;
+			if (st->bucket_of_param[id] >= 0)
+				return fail(st, -1, -1, "missing gradient contribution: '%s' layer "
+							"%d is in two sync buckets",
+					    p->model.comps[pr->comp].name, (int)pr->layer);
+			st->bucket_of_param[id] = b;
 		}
-	/* every holder of a parameter is in its bucket, and only holders */
+	return 0;
+}
+
+/* 1 when device d is a member of bucket bk. */
+static int bucket_member(const sp_plan_t *p, const sp_bucket_t *bk, int d)
+{
+	int member = 0;
+	for (int q = 0; q < bk->n_dev; q++)
+		member |= p->bucket_devs[bk->dev_off + q] == d;
+	return member;
+}
+
+/* Every holder of a parameter is in its bucket, and only holders. */
+static int check_sync_groups(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		for (int q = 0; q < bk->n_params; q++) {
 			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
-			for (int d = 0; d < N; d++) {
+			for (int d = 0; d < p->n_devices; d++) {
 				const sp_device_t *dv = &p->devices[d];
-				int holds = 0, member = 0;
+				int holds = 0, member = bucket_member(p, bk, d);
 				for (int h = 0; h < dv->n_held && !holds; h++)
 					holds = p->held[dv->held_off + h].comp == pr->comp &&
 						p->held[dv->held_off + h].layer == pr->layer;
-				for (int h = 0; h < bk->n_dev; h++)
-					member |= p->bucket_devs[bk->dev_off + h] == d;
-				if (holds != member) {
-					rc = fail(&st, -1, -1,
-						  "missing gradient contribution: sync group of "
-						  "'%s' layer %d %s device %d",
-						  p->model.comps[pr->comp].name, (int)pr->layer,
-						  holds ? "leaves out holder" : "includes non-holder",
-						  d);
-					goto cleanup;
-				}
+				if (holds != member)
+					return fail(st, -1, -1,
+						    "missing gradient contribution: sync group of "
+						    "'%s' layer %d %s device %d",
+						    p->model.comps[pr->comp].name, (int)pr->layer,
+						    holds ? "leaves out holder" : "includes non-holder",
+						    d);
 			}
 		}
 	}
-	/* every program ends with its one optimizer step */
-	for (int d = 0; d < N; d++) {
+	return 0;
+}
+
+/* Every program ends with its one optimizer step. */
+static int check_steps(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int d = 0; d < p->n_devices; d++) {
 		const sp_device_t *dv = &p->devices[d];
 		int steps = 0;
 		for (int k = 0; k < dv->n_ins; k++)
 			steps += p->ins[dv->first_ins + k].op == INS_STEP;
 		if (steps != 1 || dv->n_ins == 0 ||
-		    p->ins[dv->first_ins + dv->n_ins - 1].op != INS_STEP) {
-			rc = fail(&st, -1, -1,
-				  "missing gradient contribution: the program of device %d has "
-				  "%d optimizer steps (it must end with exactly one)",
-				  d, steps);
-			goto cleanup;
+		    p->ins[dv->first_ins + dv->n_ins - 1].op != INS_STEP)
+			return fail(st, -1, -1,
+				    "missing gradient contribution: the program of device %d has "
+				    "%d optimizer steps (it must end with exactly one)",
+				    d, steps);
+	}
+	return 0;
+}
+
+/* A RECV whose SEND has run: received once, and both ends agree. */
+static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
+{
+	const sp_plan_t *p = st->p;
+	if (st->recvd[in->tag])
+		return fail(st, d, k, "unmatched transfer: tag %d received twice", (int)in->tag);
+	const sp_ins_t *sd = &p->ins[st->send_of[in->tag]];
+	int sdev = 0;
+	while (sdev + 1 < p->n_devices && p->devices[sdev + 1].first_ins <= st->send_of[in->tag])
+		sdev++;
+	if (sd->s0 != in->s0 || sd->s1 != in->s1 || sd->seq_len != in->seq_len ||
+	    sd->peer != d || in->peer != sdev)
+		return fail(st, d, k, "size mismatch: transfer tag %d differs from its send on "
+				      "device %d",
+			    (int)in->tag, sdev);
+	st->recvd[in->tag] = 1;
+	return 0;
+}
+
+/* One instruction of device d: waits (RECV before its SEND, STEP before
+ * its buckets' all-reduces all started), else checked and executed. */
+static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
+{
+	vstate_t *st = ctx;
+	const sp_plan_t *p = st->p;
+	int rc = 0;
+	if (in->op == INS_RECV) {
+		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])
+			return PROGS_WAIT;
+		rc = match_recv(st, d, k, in);
+	} else if (in->op == INS_SEND) {
+		if (in->tag < 0 || in->tag >= st->max_tag || st->sent[in->tag])
+			return fail(st, d, k, "unmatched transfer: tag %d sent twice or invalid",
+				    (int)in->tag);
+		st->sent[in->tag] = 1;
+		st->send_of[in->tag] = p->devices[d].first_ins + k;
+	} else if (in->op == INS_SYNC) {
+		st->issued[in->peer]++;
+	} else if (in->op == INS_STEP) {
+		for (int b = 0; b < p->n_buckets; b++)
+			if (bucket_member(p, &p->buckets[b], d) &&
+			    st->issued[b] < p->buckets[b].n_dev)
+				return PROGS_WAIT;
+	}
+	if (rc || (rc = exec(st, d, k, in)))
+		return rc;
+	return PROGS_RAN;
+}
+
+/* No device can move: name the most telling stuck device, a RECV whose
+ * SEND is nowhere ahead in its peer's program, else the first one. */
+static int explain_deadlock(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
+	const int *pc = st->pc;
+	int N = p->n_devices, d = -1, missing = 0;
+	for (int q = 0; q < N && !missing; q++) {
+		if (pc[q] >= p->devices[q].n_ins)
+			continue;
+		const sp_ins_t *in = &p->ins[p->devices[q].first_ins + pc[q]];
+		if (d < 0)
+			d = q;
+		if (in->op != INS_RECV || in->peer < 0 || in->peer >= N)
+			continue;
+		const sp_device_t *pv = &p->devices[in->peer];
+		int ahead = 0;
+		for (int k = pc[in->peer]; k < pv->n_ins && !ahead; k++)
+			ahead = p->ins[pv->first_ins + k].op == INS_SEND &&
+				p->ins[pv->first_ins + k].tag == in->tag;
+		if (!ahead) {
+			d = q;
+			missing = 1;
 		}
 	}
-	for (int t = 0; t <= max_tag; t++)
-		send_of[t] = -1;
-	int done = 0;
-	for (int d = 0; d < N; d++)
-		if (p->devices[d].n_ins == 0)
-			done++;
-	while (done < N) {
-		int progress = 0;
-		for (int d = 0; d < N; d++) {
-			const sp_device_t *dv = &p->devices[d];
-			while (pc[d] < dv->n_ins) {
-				int k = pc[d];
-				const sp_ins_t *in = &p->ins[dv->first_ins + k];
-				if (in->op == INS_RECV) {
-					if (in->tag < 0 || in->tag >= max_tag || !sent[in->tag])
-						break;
-					if (recvd[in->tag]) {
-						rc = fail(&st, d, k, "unmatched transfer: tag %d "
-								     "received twice",
-							  (int)in->tag);
-						goto cleanup;
-					}
-					const sp_ins_t *sd = &p->ins[send_of[in->tag]];
-					int sdev = 0;
-					while (sdev + 1 < N &&
-					       p->devices[sdev + 1].first_ins <= send_of[in->tag])
-						sdev++;
-					if (sd->s0 != in->s0 || sd->s1 != in->s1 ||
-					    sd->seq_len != in->seq_len || sd->peer != d ||
-					    in->peer != sdev) {
-						rc = fail(&st, d, k,
-							  "size mismatch: transfer tag %d differs "
-							  "from its send on device %d",
-							  (int)in->tag, sdev);
-						goto cleanup;
-					}
-					recvd[in->tag] = 1;
-				} else if (in->op == INS_SEND) {
-					if (in->tag < 0 || in->tag >= max_tag || sent[in->tag]) {
-						rc = fail(&st, d, k, "unmatched transfer: tag %d "
-								     "sent twice or invalid",
-							  (int)in->tag);
-						goto cleanup;
-					}
-					sent[in->tag] = 1;
-					send_of[in->tag] = dv->first_ins + k;
-				} else if (in->op == INS_SYNC) {
-					issued[in->peer]++;
-				} else if (in->op == INS_STEP) {
-					int blocked = 0;
-					for (int b = 0; b < p->n_buckets && !blocked; b++) {
-						const sp_bucket_t *bk = &p->buckets[b];
-						for (int q = 0; q < bk->n_dev; q++)
-							if (p->bucket_devs[bk->dev_off + q] == d &&
-							    issued[b] < bk->n_dev)
-								blocked = 1;
-					}
-					if (blocked)
-						break;
-				}
-				if ((rc = exec(&st, d, k, in, contrib)))
-					goto cleanup;
-				pc[d]++;
-				progress = 1;
-				if (pc[d] == dv->n_ins)
-					done++;
-			}
-		}
-		if (!progress) {
-			/* name the most telling stuck device: a RECV whose SEND is
-			 * nowhere ahead in its peer's program, else the first one */
-			int d = -1, missing = 0;
-			for (int q = 0; q < N && !missing; q++) {
-				if (pc[q] >= p->devices[q].n_ins)
-					continue;
-				const sp_ins_t *in = &p->ins[p->devices[q].first_ins + pc[q]];
-				if (d < 0)
-					d = q;
-				if (in->op != INS_RECV || in->peer < 0 || in->peer >= N)
-					continue;
-				const sp_device_t *pv = &p->devices[in->peer];
-				int ahead = 0;
-				for (int k = pc[in->peer]; k < pv->n_ins && !ahead; k++)
-					ahead = p->ins[pv->first_ins + k].op == INS_SEND &&
-						p->ins[pv->first_ins + k].tag == in->tag;
-				if (!ahead) {
-					d = q;
-					missing = 1;
-				}
-			}
-			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
-			if (in->op == INS_RECV && missing)
-				rc = fail(&st, d, pc[d],
-					  "deadlock: waits for tag %d from device %d, which never "
-					  "sends it",
-					  (int)in->tag, (int)in->peer);
-			else if (in->op == INS_RECV)
-				rc = fail(&st, d, pc[d],
-					  "deadlock: waits for tag %d from device %d, which waits "
-					  "in turn (a cycle)",
-					  (int)in->tag, (int)in->peer);
-			else
-				rc = fail(&st, d, pc[d],
-					  "deadlock: waits for a sync some member never starts");
-			goto cleanup;
-		}
-	}
-	for (int t = 0; t < max_tag; t++)
-		if (sent[t] && !recvd[t]) {
-			rc = fail(&st, -1, -1, "unmatched transfer: tag %d is sent but never "
-					       "received",
-				  t);
-			goto cleanup;
-		}
-	/* every parameter use receives its task's whole batch of contributions */
+	const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
+	if (in->op == INS_RECV && missing)
+		return fail(st, d, pc[d],
+			    "deadlock: waits for tag %d from device %d, which never sends it",
+			    (int)in->tag, (int)in->peer);
+	if (in->op == INS_RECV)
+		return fail(st, d, pc[d],
+			    "deadlock: waits for tag %d from device %d, which waits in turn "
+			    "(a cycle)",
+			    (int)in->tag, (int)in->peer);
+	return fail(st, d, pc[d], "deadlock: waits for a sync some member never starts");
+}
+
+static int check_all_received(vstate_t *st)
+{
+	for (int t = 0; t < st->max_tag; t++)
+		if (st->sent[t] && !st->recvd[t])
+			return fail(st, -1, -1,
+				    "unmatched transfer: tag %d is sent but never received", t);
+	return 0;
+}
+
+/* Every parameter use receives its task's whole batch of contributions. */
+static int check_contributions(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
 	for (int m = 0; m < p->n_metaops; m++) {
 		const sp_metaop_t *mo = &p->metaops[m];
 		const sp_task_t *t = &p->model.tasks[mo->task];
 		for (int l = 0; l < mo->n_layers; l++) {
 			const sp_op_t *op = &p->ops[mo->first_op + l];
 			int comp = t->nodes[op->node].comp;
-			if (p->model.comps[comp].type == COMP_CONTRASTIVE)
+			if (p->model.comps[comp].type == COMP_CONTRASTIVE ||
+			    st->contrib[mo->first_op + l] == t->batch)
 				continue;
-			if (contrib[mo->first_op + l] != t->batch) {
-				rc = fail(&st, -1, -1,
-					  "missing gradient contribution: '%s' layer %d gets %lld "
-					  "samples of gradient in '%s' (batch %lld)",
-					  p->model.comps[comp].name, (int)op->layer,
-					  (long long)contrib[mo->first_op + l], mo->name,
-					  (long long)t->batch);
-				goto cleanup;
-			}
+			return fail(st, -1, -1,
+				    "missing gradient contribution: '%s' layer %d gets %lld "
+				    "samples of gradient in '%s' (batch %lld)",
+				    p->model.comps[comp].name, (int)op->layer,
+				    (long long)st->contrib[mo->first_op + l], mo->name,
+				    (long long)t->batch);
 		}
 	}
-	/* every device issues the all-reduce of each of its buckets once (its
-	 * step updates each bucket's parameters after that all-reduce) */
-	for (int d = 0; d < N; d++) {
+	return 0;
+}
+
+/* Every device issues the all-reduce of each of its buckets once (its step
+ * updates each bucket's parameters after that all-reduce). */
+static int check_sync_issues(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int d = 0; d < p->n_devices; d++) {
 		const sp_device_t *dv = &p->devices[d];
 		for (int b = 0; b < p->n_buckets; b++)
-			issued[b] = 0;
+			st->issued[b] = 0;
 		for (int k = 0; k < dv->n_ins; k++)
 			if (p->ins[dv->first_ins + k].op == INS_SYNC)
-				issued[p->ins[dv->first_ins + k].peer]++;
+				st->issued[p->ins[dv->first_ins + k].peer]++;
 		for (int b = 0; b < p->n_buckets; b++) {
-			const sp_bucket_t *bk = &p->buckets[b];
-			int member = 0;
-			for (int q = 0; q < bk->n_dev; q++)
-				member |= p->bucket_devs[bk->dev_off + q] == d;
-			if (issued[b] != member) {
-				rc = fail(&st, -1, -1,
-					  "missing gradient contribution: device %d issues the "
-					  "all-reduce of sync bucket %d %d times (%s)",
-					  d, b, issued[b],
-					  member ? "a member: once" : "not a member: never");
-				goto cleanup;
-			}
+			int member = bucket_member(p, &p->buckets[b], d);
+			if (st->issued[b] != member)
+				return fail(st, -1, -1,
+					    "missing gradient contribution: device %d issues the "
+					    "all-reduce of sync bucket %d %d times (%s)",
+					    d, b, st->issued[b],
+					    member ? "a member: once" : "not a member: never");
 		}
 	}
-	if (mem_cap > 0)
-		for (int d = 0; d < N; d++) {
-			int64_t mem[MEM__COUNT], tot = 0;
-			if (plan_memory(p, d, mem))
-				goto nomem;
-			for (int c = 0; c < MEM__COUNT; c++)
-				tot += mem[c];
-			if ((double)tot > mem_cap) {
-				rc = fail(&st, -1, -1,
-					  "out of memory: device %d needs %.1f MiB, more than its "
-					  "%.1f MiB",
-					  d, (double)tot / 1048576.0, mem_cap / 1048576.0);
-				goto cleanup;
-			}
-		}
-	goto cleanup;
-nomem:
-	rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-cleanup:
-	if (st.ds)
-		for (int d = 0; d < N; d++) {
-			for (int i = 0; i < st.ds[d].nv; i++)
-				free(st.ds[d].v[i].cnt);
-			free(st.ds[d].v);
-			free(st.ds[d].sv);
-		}
-	free(st.ds);
-	free(st.param_base);
-	free(st.bucket_of_param);
-	free(pc);
-	free(send_of);
-	free(sent);
-	free(recvd);
-	free(issued);
-	free(contrib);
+	return 0;
+}
+
+/* mem_cap <= 0: no check. */
+static int check_memory(vstate_t *st, double mem_cap)
+{
+	const sp_plan_t *p = st->p;
+	for (int d = 0; d < p->n_devices && mem_cap > 0; d++) {
+		int64_t mem[MEM__COUNT], tot = 0;
+		if (plan_memory(p, d, mem))
+			return SP_ENOMEM;
+		for (int c = 0; c < MEM__COUNT; c++)
+			tot += mem[c];
+		if ((double)tot > mem_cap)
+			return fail(st, -1, -1,
+				    "out of memory: device %d needs %.1f MiB, more than its "
+				    "%.1f MiB",
+				    d, (double)tot / 1048576.0, mem_cap / 1048576.0);
+	}
+	return 0;
+}
+
+/* The structure first, then all programs run together, then what only
+ * the finished run can show. */
+static int verify_steps(vstate_t *st, double mem_cap)
+{
+	int rc;
+	if ((rc = verify_alloc(st)) || (rc = index_buckets(st)) ||
+	    (rc = check_sync_groups(st)) || (rc = check_steps(st)))
+		return rc;
+	rc = progs_run(st->p, st->pc, verify_step, st);
+	if (rc == PROGS_STUCK)
+		return explain_deadlock(st);
+	if (rc || (rc = check_all_received(st)) || (rc = check_contributions(st)) ||
+	    (rc = check_sync_issues(st)))
+		return rc;
+	return check_memory(st, mem_cap);
+}
+
+int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
+{
+	vstate_t st = {.p = p, .err = err};
+	sp_arena_init(&st.arena);
+	int rc = verify_steps(&st, mem_cap);
+	if (rc == SP_ENOMEM)
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	sp_arena_release(&st.arena);
 	return rc;
 }

@@ -165,11 +165,11 @@ static void check_devices(const sp_plan_t *p, int64_t psb, int64_t db, int64_t *
 		int64_t mem[MEM__COUNT];
 		assert_int_equal(plan_memory(p, d, mem), 0);
 		hand_t h = hand_device(p, d, psb, db);
-		print_message("  device %d: %d held, %d FWD: params %lld acts %lld work %lld "
-			      "comm %lld\n",
+		print_message("  device %d: %d held, %d FWD: params %lld (by hand %lld) acts %lld "
+			      "(%lld) work %lld (%lld) comm %lld\n",
 			      d, (int)p->devices[d].n_held, h.n_fwd, (long long)mem[MEM_PARAMS],
-			      (long long)mem[MEM_ACTS], (long long)mem[MEM_WORK],
-			      (long long)mem[MEM_COMM]);
+			      (long long)h.params, (long long)mem[MEM_ACTS], (long long)h.acts,
+			      (long long)mem[MEM_WORK], (long long)h.work, (long long)mem[MEM_COMM]);
 		assert_int_equal(mem[MEM_PARAMS], h.params);
 		assert_int_equal(mem[MEM_ACTS], h.acts);
 		assert_int_equal(mem[MEM_WORK], h.work);
@@ -273,7 +273,8 @@ static void test_multi_layer_slices(void **state)
 	assert_true(widest >= 2); /* the premise: some FWD runs several layers */
 	int64_t mem[MEM__COUNT];
 	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("6 layers on 1 device, widest FWD %d layers: params %lld acts %lld\n",
+	print_message("6 layers on 1 device, widest FWD %d layers: params %lld (expected 62464) "
+		      "acts %lld (expected 20768)\n",
 		      widest, (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
 	assert_int_equal(mem[MEM_PARAMS], 62464);
 	assert_int_equal(mem[MEM_ACTS], 20768);
@@ -315,7 +316,8 @@ static void test_shared_counted_once(void **state)
 	assert_int_equal(p->devices[0].n_held, 4);
 	int64_t mem[MEM__COUNT];
 	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("shared components, 2 tasks on 1 device: params %lld acts %lld\n",
+	print_message("shared components, 2 tasks on 1 device: params %lld (expected 24064) "
+		      "acts %lld (expected 10416)\n",
 		      (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
 	assert_int_equal(mem[MEM_PARAMS], (int64_t)P_ALL * 16);
 	assert_int_equal(mem[MEM_PARAMS], 24064);

@@ -5,7 +5,8 @@
  * the valid plan must pass. Each test then breaks deep copies of it
  * (plan_encode + plan_decode) in one way, wherever that break applies,
  * and requires the verifier to reject every copy naming the defect the
- * break causes. The first message of each kind is printed. Which defect a
+ * break causes. The first message of each kind is printed, then how many
+ * breaks of that kind were made and how many were rejected. Which defect a
  * break causes is not always the obvious one (a deleted RECV starves a
  * reader before the end-of-run transfer check); each test says why.
  */
@@ -183,26 +184,12 @@ static int find_tag(const sp_plan_t *p, int op, int tag, int *dev)
 
 /* ---- expectations ----------------------------------------------------------- */
 
-/*
- * verify_plan rejects p as a bug of ours (SP_EINTERNAL) naming `defect`;
- * `where`, when given, must appear too (device and instruction). The
- * message is printed when *shown is 0.
- */
-static void expect_defect(const sp_plan_t *p, double cap, const char *defect,
-			  const char *where, int *shown)
+static int count_op(const sp_plan_t *p, int op)
 {
-	sp_err_t err = {0};
-	int rc = verify_plan(p, cap, &err);
-	if (rc != SP_EINTERNAL || !strstr(err.msg, defect) || (where && !strstr(err.msg, where)))
-		fail_msg("expected '%s'%s%s, got rc %d: %s", defect, where ? " at " : "",
-			 where ? where : "", rc, err.msg);
-	assert_int_equal(err.code, SP_EINTERNAL);
-	static const char pre[] = "plan verification failed: ";
-	assert_memory_equal(err.msg, pre, strlen(pre));
-	if (shown && !*shown) {
-		print_message("%s\n", err.msg);
-		*shown = 1;
-	}
+	int n = 0;
+	for (int k = 0; k < p->n_ins; k++)
+		n += p->ins[k].op == op;
+	return n;
 }
 
 static void expect_valid(const sp_plan_t *p, double cap)
@@ -213,12 +200,96 @@ static void expect_valid(const sp_plan_t *p, double cap)
 		fail_msg("valid plan rejected: %s", err.msg);
 }
 
-static int count_op(const sp_plan_t *p, int op)
+/*
+ * Breaks of one kind: a reference copy to find sites in, the copy being
+ * broken, how many breaks were made and how many the verifier rejected as
+ * expected. The first rejection's message and the first misses are
+ * printed; breaks_end prints both counts, so a miss shows in the summary.
+ */
+typedef struct {
+	const vfix_t *f;
+	const char *kind;
+	double cap;
+	sp_plan_t ref, p;
+	int made, rejected;
+} breaks_t;
+
+static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
 {
-	int n = 0;
-	for (int k = 0; k < p->n_ins; k++)
-		n += p->ins[k].op == op;
-	return n;
+	memset(b, 0, sizeof *b);
+	b->f = f;
+	b->kind = kind;
+	b->cap = f->cap;
+	copy_plan(f, &b->ref);
+}
+
+/* A fresh copy of the valid plan, to break. */
+static sp_plan_t *break_copy(breaks_t *b)
+{
+	copy_plan(b->f, &b->p);
+	return &b->p;
+}
+
+/*
+ * b->p, broken, is rejected as a bug of ours (SP_EINTERNAL) whose message
+ * starts "plan verification failed: " and names `defect`, and the text
+ * `where` formats to, when given (device and instruction). Releases b->p.
+ */
+static void judge(breaks_t *b, const char *defect, const char *where, ...)
+	__attribute__((format(printf, 3, 4)));
+static void judge(breaks_t *b, const char *defect, const char *where, ...)
+{
+	static const char pre[] = "plan verification failed: ";
+	char at[256] = "";
+	if (where) {
+		va_list ap;
+		va_start(ap, where);
+		vsnprintf(at, sizeof at, where, ap);
+		va_end(ap);
+	}
+	sp_err_t err = {0};
+	int rc = verify_plan(&b->p, b->cap, &err);
+	int ok = rc == SP_EINTERNAL && err.code == SP_EINTERNAL &&
+		 !strncmp(err.msg, pre, strlen(pre)) && strstr(err.msg, defect) &&
+		 strstr(err.msg, at);
+	b->made++;
+	if (ok && b->rejected++ == 0)
+		print_message("%s\n", err.msg);
+	if (!ok && b->made - b->rejected <= 3)
+		print_message("MISS %s: expected '%s' %s, got rc %d: %s\n", b->kind, defect, at,
+			      rc, err.msg);
+	plan_release(&b->p);
+}
+
+/* Every break made was rejected, and at least `least` were made. */
+static void breaks_end(breaks_t *b, int least)
+{
+	print_message("%s: %d of %d rejected (at least %d expected)\n", b->kind, b->rejected,
+		      b->made, least);
+	assert_int_equal(b->rejected, b->made);
+	assert_true(b->made >= least);
+	plan_release(&b->ref);
+}
+
+/* brk(b, d, k) for every instruction of b->ref with op `op` (-1: all).
+ * b is the array the test began: kinds after the first are b[1], .... */
+static void each_ins(breaks_t *b, int op, void (*brk)(breaks_t *b, int d, int k))
+{
+	for (int d = 0; d < b->ref.n_devices; d++)
+		for (int k = 0; k < b->ref.devices[d].n_ins; k++)
+			if (op < 0 || ins_at(&b->ref, d, k)->op == op)
+				brk(b, d, k);
+}
+
+/* brk(b, bucket, q) for every member q of every bucket of b->ref (params:
+ * 0), or every parameter q of it (params: 1). */
+static void each_bucket(breaks_t *b, int params, void (*brk)(breaks_t *b, int bk, int q))
+{
+	for (int bk = 0; bk < b->ref.n_buckets; bk++) {
+		int n = params ? b->ref.buckets[bk].n_params : b->ref.buckets[bk].n_dev;
+		for (int q = 0; q < n; q++)
+			brk(b, bk, q);
+	}
 }
 
 /* ---- the valid plan ------------------------------------------------------------ */
@@ -263,60 +334,42 @@ static void test_valid(void **state)
 
 /* ---- (a) a deleted SEND: its RECV waits forever ----------------------------------- */
 
+static void del_send(breaks_t *b, int d, int k)
+{
+	del_ins(break_copy(b), d, k);
+	/* the receiver blocks, and so does whoever waits on it; the report
+	 * names the lowest-numbered blocked device */
+	judge(b, "deadlock", NULL);
+}
+
 static void test_deleted_send(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			if (ins_at(&ref, d, k)->op != INS_SEND)
-				continue;
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_ins(&p, d, k);
-			/* the receiver blocks, and so does whoever waits on it; the
-			 * report names the lowest-numbered blocked device */
-			expect_defect(&p, f->cap, "deadlock", NULL, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d deletions rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "deleted SENDs");
+	each_ins(&b, INS_SEND, del_send);
+	breaks_end(&b, count_op(&b.ref, INS_SEND));
 }
 
 /* ---- (b) a RECV whose sample range differs from its SEND's -------------------- */
 
+static void resize_recv(breaks_t *b, int d, int k)
+{
+	for (int delta = -1; delta <= 1; delta += 2) {
+		const sp_ins_t *in = ins_at(&b->ref, d, k);
+		if (in->s1 + delta <= in->s0)
+			continue;
+		ins_at(break_copy(b), d, k)->s1 += delta;
+		/* caught at the RECV itself, when its SEND has run */
+		judge(b, "size mismatch", "device %d instruction %d (recv)", d, k);
+	}
+}
+
 static void test_recv_size(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			if (ins_at(&ref, d, k)->op != INS_RECV)
-				continue;
-			for (int delta = -1; delta <= 1; delta += 2) {
-				sp_plan_t p;
-				copy_plan(f, &p);
-				sp_ins_t *in = ins_at(&p, d, k);
-				if (in->s1 + delta <= in->s0)
-					continue;
-				in->s1 += delta;
-				/* caught at the RECV itself, when its SEND has run */
-				char where[64];
-				snprintf(where, sizeof where, "device %d instruction %d (recv)", d, k);
-				expect_defect(&p, f->cap, "size mismatch", where, &shown);
-				plan_release(&p);
-				n++;
-			}
-		}
-	print_message("%d of %d changed RECVs rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "changed RECVs");
+	each_ins(&b, INS_RECV, resize_recv);
+	breaks_end(&b, 2);
 }
 
 /*
@@ -328,78 +381,63 @@ static void test_recv_size(void **state)
  * LOSS, BWD, SEND or COPY), which then finds it incomplete. So a deleted
  * RECV is reported as "missing input", at the reader.
  */
+static void del_recv(breaks_t *b, int d, int k)
+{
+	del_ins(break_copy(b), d, k);
+	judge(b, "missing input", "device %d ", d);
+}
+
 static void test_deleted_recv(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			if (ins_at(&ref, d, k)->op != INS_RECV)
-				continue;
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_ins(&p, d, k);
-			char where[32];
-			snprintf(where, sizeof where, "device %d ", d);
-			expect_defect(&p, f->cap, "missing input", where, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d deletions rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "deleted RECVs");
+	each_ins(&b, INS_RECV, del_recv);
+	breaks_end(&b, count_op(&b.ref, INS_RECV));
+}
+
+static int max_tag(const sp_plan_t *p)
+{
+	int t = -1;
+	for (int k = 0; k < p->n_ins; k++)
+		t = SP_MAX(t, p->ins[k].tag);
+	return t;
+}
+
+/* b[0]: a later RECV takes its device's first RECV's tag; b[1]: the same
+ * value sent once more, under a tag of its own, just before STEP: every
+ * program finishes, one tag is left */
+static void retag(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *in = ins_at(&b->ref, d, k);
+	int first_recv = -1; /* before k */
+	for (int j = 0; j < k && first_recv < 0; j++)
+		if (ins_at(&b->ref, d, j)->op == INS_RECV)
+			first_recv = j;
+	if (in->op == INS_RECV && first_recv >= 0) {
+		sp_plan_t *p = break_copy(b);
+		ins_at(p, d, k)->tag = ins_at(p, d, first_recv)->tag;
+		judge(b, "unmatched transfer", "device %d instruction %d (recv)", d, k);
+	}
+	if (in->op == INS_SEND) {
+		int tag = max_tag(&b->ref) + 1;
+		sp_ins_t extra = *in;
+		extra.tag = tag;
+		sp_plan_t *p = break_copy(&b[1]);
+		ins_ins(p, d, p->devices[d].n_ins - 1, extra);
+		judge(&b[1], "unmatched transfer", "tag %d is sent but never received", tag);
+	}
 }
 
 /* "unmatched transfer" proper: a RECV of a tag its device received already,
  * and an extra SEND that no program receives */
 static void test_unmatched_transfer(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n_twice = 0, n_extra = 0, shown_twice = 0, shown_extra = 0;
-	int max_tag = -1;
-	for (int k = 0; k < ref.n_ins; k++)
-		max_tag = SP_MAX(max_tag, ref.ins[k].tag);
-	for (int d = 0; d < ref.n_devices; d++) {
-		int first_recv = -1;
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			const sp_ins_t *in = ins_at(&ref, d, k);
-			if (in->op == INS_RECV && first_recv < 0) {
-				first_recv = k;
-			} else if (in->op == INS_RECV) {
-				/* a later RECV takes the device's first RECV's tag */
-				sp_plan_t p;
-				copy_plan(f, &p);
-				ins_at(&p, d, k)->tag = ins_at(&p, d, first_recv)->tag;
-				char where[64];
-				snprintf(where, sizeof where, "device %d instruction %d (recv)", d, k);
-				expect_defect(&p, f->cap, "unmatched transfer", where, &shown_twice);
-				plan_release(&p);
-				n_twice++;
-			}
-			if (in->op == INS_SEND) {
-				/* the same value once more, under a tag of its own, just
-				 * before STEP: every program finishes, one tag is left */
-				sp_plan_t p;
-				copy_plan(f, &p);
-				sp_ins_t extra = *in;
-				extra.tag = max_tag + 1;
-				ins_ins(&p, d, p.devices[d].n_ins - 1, extra);
-				char what[64];
-				snprintf(what, sizeof what, "tag %d is sent but never received",
-					 max_tag + 1);
-				expect_defect(&p, f->cap, "unmatched transfer", what, &shown_extra);
-				plan_release(&p);
-				n_extra++;
-			}
-		}
-	}
-	print_message("%d retagged RECVs, %d extra SENDs rejected\n", n_twice, n_extra);
-	assert_true(n_twice >= 1 && n_extra >= 1);
-	plan_release(&ref);
+	breaks_t b[2];
+	breaks_begin(&b[0], *state, "retagged RECVs");
+	breaks_begin(&b[1], *state, "extra SENDs");
+	each_ins(b, -1, retag);
+	breaks_end(&b[0], 1);
+	breaks_end(&b[1], 1);
 }
 
 /*
@@ -413,53 +451,44 @@ static void test_unmatched_transfer(void **state)
  * lowering that forgot the parameter altogether) gets past that check, and
  * the first FWD of the layer there is "missing parameters".
  */
+static void drop_held(breaks_t *b, int bk, int q)
+{
+	const sp_plan_t *ref = &b->ref;
+	int d = ref->bucket_devs[ref->buckets[bk].dev_off + q];
+	/* the held entry of the bucket's first parameter on d */
+	const sp_param_t *pr = &ref->bucket_params[ref->buckets[bk].param_off];
+	const char *name = ref->model.comps[pr->comp].name;
+	int h = -1;
+	for (int k = 0; k < ref->devices[d].n_held; k++)
+		if (ref->held[ref->devices[d].held_off + k].comp == pr->comp &&
+		    ref->held[ref->devices[d].held_off + k].layer == pr->layer)
+			h = k;
+	assert_true(h >= 0);
+	del_held(break_copy(b), d, h);
+	judge(b, "missing gradient contribution",
+	      "sync group of '%s' layer %d includes non-holder device %d", name, pr->layer, d);
+	if (ref->buckets[bk].n_params != 1)
+		return; /* the bucket's other parameters stay held on d */
+	for (int check = 0; check < 2; check++) {
+		sp_plan_t *p = break_copy(&b[1]);
+		del_held(p, d, h);
+		del_bucket_dev(p, bk, q);
+		if (check == 0)
+			judge(&b[1], "missing parameters", "device %d ", d);
+		else
+			judge(&b[1], "missing parameters", "'%s' layer %d is not held here", name,
+			      pr->layer);
+	}
+}
+
 static void test_missing_params(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n_held = 0, n_both = 0, shown_held = 0, shown_both = 0;
-	for (int b = 0; b < ref.n_buckets; b++) {
-		const sp_bucket_t *bk = &ref.buckets[b];
-		for (int q = 0; q < bk->n_dev; q++) {
-			int d = ref.bucket_devs[bk->dev_off + q];
-			/* the held entry of the bucket's first parameter on d */
-			const sp_param_t *pr = &ref.bucket_params[bk->param_off];
-			int h = -1;
-			for (int k = 0; k < ref.devices[d].n_held; k++)
-				if (ref.held[ref.devices[d].held_off + k].comp == pr->comp &&
-				    ref.held[ref.devices[d].held_off + k].layer == pr->layer)
-					h = k;
-			assert_true(h >= 0);
-			char where[160];
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_held(&p, d, h);
-			snprintf(where, sizeof where, "sync group of '%s' layer %d includes "
-				 "non-holder device %d", p.model.comps[pr->comp].name, pr->layer, d);
-			expect_defect(&p, f->cap, "missing gradient contribution", where,
-				      &shown_held);
-			plan_release(&p);
-			n_held++;
-			if (bk->n_params != 1)
-				continue; /* the bucket's other parameters stay held on d */
-			copy_plan(f, &p);
-			del_held(&p, d, h);
-			del_bucket_dev(&p, b, q);
-			snprintf(where, sizeof where, "device %d ", d);
-			expect_defect(&p, f->cap, "missing parameters", where, &shown_both);
-			snprintf(where, sizeof where, "'%s' layer %d is not held here",
-				 p.model.comps[pr->comp].name, pr->layer);
-			expect_defect(&p, f->cap, "missing parameters", where, NULL);
-			plan_release(&p);
-			n_both++;
-		}
-	}
-	print_message("%d dropped held entries, %d dropped with their sync membership "
-		      "rejected\n",
-		      n_held, n_both);
-	assert_true(n_held >= 2 && n_both >= 1);
-	plan_release(&ref);
+	breaks_t b[2];
+	breaks_begin(&b[0], *state, "dropped held entries");
+	breaks_begin(&b[1], *state, "checks (two each) of held entries dropped with their sync membership");
+	each_bucket(b, 0, drop_held);
+	breaks_end(&b[0], 2);
+	breaks_end(&b[1], 2);
 }
 
 /*
@@ -470,107 +499,82 @@ static void test_missing_params(void **state)
  * below, or a SEND/COPY to the producer), finds it incomplete and says
  * "missing input". A source's BWD writes nothing anyone reads; what is lost
  * is its parameter gradient, which the end-of-run count finds short of the
- * task's batch: "missing gradient contribution".
+ * task's batch: "missing gradient contribution". b[0]: sources, b[1]: others.
  */
+static void del_bwd(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *in = ins_at(&b->ref, d, k);
+	const sp_slice_t *sl = &b->ref.slices[in->slice];
+	const sp_metaop_t *m = &b->ref.metaops[sl->metaop];
+	if (sl->layer_from == 0 && m->width_in == 0) {
+		/* the other devices of the slice still add their samples */
+		int64_t B = b->ref.model.tasks[m->task].batch;
+		del_ins(break_copy(b), d, k);
+		judge(b, "missing gradient contribution",
+		      "gets %lld samples of gradient in '%s' (batch %lld)",
+		      (long long)(B - (in->s1 - in->s0)), m->name, (long long)B);
+	} else {
+		del_ins(break_copy(&b[1]), d, k);
+		judge(&b[1], "missing input", "device %d ", d);
+	}
+}
+
 static void test_deleted_bwd(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n_src = 0, n_mid = 0, shown_src = 0, shown_mid = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			const sp_ins_t *in = ins_at(&ref, d, k);
-			if (in->op != INS_BWD)
-				continue;
-			const sp_slice_t *sl = &ref.slices[in->slice];
-			const sp_metaop_t *m = &ref.metaops[sl->metaop];
-			int source = sl->layer_from == 0 && m->width_in == 0;
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_ins(&p, d, k);
-			if (source) {
-				/* the other devices of the slice still add their samples */
-				int64_t B = ref.model.tasks[m->task].batch;
-				char what[200];
-				snprintf(what, sizeof what,
-					 "gets %lld samples of gradient in '%s' (batch %lld)",
-					 (long long)(B - (in->s1 - in->s0)), m->name, (long long)B);
-				expect_defect(&p, f->cap, "missing gradient contribution", what,
-					      &shown_src);
-				n_src++;
-			} else {
-				char where[32];
-				snprintf(where, sizeof where, "device %d ", d);
-				expect_defect(&p, f->cap, "missing input", where, &shown_mid);
-				n_mid++;
-			}
-			plan_release(&p);
-		}
-	print_message("%d source and %d other BWD deletions rejected\n", n_src, n_mid);
-	assert_true(n_src >= 1 && n_mid >= 1);
-	plan_release(&ref);
+	breaks_t b[2];
+	breaks_begin(&b[0], *state, "source BWD deletions");
+	breaks_begin(&b[1], *state, "other BWD deletions");
+	each_ins(b, INS_BWD, del_bwd);
+	breaks_end(&b[0], 1);
+	breaks_end(&b[1], 1);
 }
 
 /* ---- (f) a compute instruction moved before the RECV of its input ------------- */
 
+static void swap_recv(breaks_t *b, int d, int k)
+{
+	if (k == 0)
+		return;
+	const sp_ins_t *rv = ins_at(&b->ref, d, k - 1), *in = ins_at(&b->ref, d, k);
+	if (rv->op != INS_RECV || (in->op != INS_FWD && in->op != INS_LOSS))
+		return;
+	const sp_slice_t *sl = &b->ref.slices[in->slice];
+	if (rv->dst.grad || rv->dst.metaop != sl->metaop || rv->dst.layer != sl->layer_from)
+		return; /* not this instruction's input */
+	sp_plan_t *p = break_copy(b);
+	*ins_at(p, d, k - 1) = *in;
+	*ins_at(p, d, k) = *rv;
+	judge(b, "missing input", "device %d instruction %d (%s): missing input", d, k - 1,
+	      ins_op_name(in->op));
+}
+
 static void test_fwd_before_recv(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 1; k < ref.devices[d].n_ins; k++) {
-			const sp_ins_t *rv = ins_at(&ref, d, k - 1), *in = ins_at(&ref, d, k);
-			if (rv->op != INS_RECV || (in->op != INS_FWD && in->op != INS_LOSS))
-				continue;
-			const sp_slice_t *sl = &ref.slices[in->slice];
-			if (rv->dst.grad || rv->dst.metaop != sl->metaop ||
-			    rv->dst.layer != sl->layer_from)
-				continue; /* not this instruction's input */
-			sp_plan_t p;
-			copy_plan(f, &p);
-			sp_ins_t tmp = *ins_at(&p, d, k - 1);
-			*ins_at(&p, d, k - 1) = *ins_at(&p, d, k);
-			*ins_at(&p, d, k) = tmp;
-			char where[64];
-			snprintf(where, sizeof where, "device %d instruction %d (%s): missing input",
-				 d, k - 1, ins_op_name(in->op));
-			expect_defect(&p, f->cap, "missing input", where, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d swaps rejected\n", n, n);
-	assert_true(n >= 1);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "swaps");
+	each_ins(&b, -1, swap_recv);
+	breaks_end(&b, 1);
 }
 
 /* ---- (g) a holder left out of its sync bucket --------------------------------- */
 
+static void drop_member(breaks_t *b, int bk, int q)
+{
+	const sp_plan_t *ref = &b->ref;
+	int d = ref->bucket_devs[ref->buckets[bk].dev_off + q];
+	const sp_param_t *pr = &ref->bucket_params[ref->buckets[bk].param_off];
+	del_bucket_dev(break_copy(b), bk, q);
+	judge(b, "missing gradient contribution",
+	      "sync group of '%s' layer %d leaves out holder device %d",
+	      ref->model.comps[pr->comp].name, pr->layer, d);
+}
+
 static void test_bucket_member(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int b = 0; b < ref.n_buckets; b++)
-		for (int q = 0; q < ref.buckets[b].n_dev; q++) {
-			int d = ref.bucket_devs[ref.buckets[b].dev_off + q];
-			const sp_param_t *pr = &ref.bucket_params[ref.buckets[b].param_off];
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_bucket_dev(&p, b, q);
-			char what[160];
-			snprintf(what, sizeof what, "sync group of '%s' layer %d leaves out holder "
-				 "device %d", p.model.comps[pr->comp].name, pr->layer, d);
-			expect_defect(&p, f->cap, "missing gradient contribution", what, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d dropped members rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "dropped members");
+	each_bucket(&b, 0, drop_member);
+	breaks_end(&b, b.ref.n_bucket_devs);
 }
 
 /*
@@ -578,28 +582,21 @@ static void test_bucket_member(void **state)
  * walks the buckets) but not the first instruction that computes its
  * gradient: its contributions would never be all-reduced.
  */
+static void drop_param(breaks_t *b, int bk, int q)
+{
+	const sp_param_t *pr = &b->ref.bucket_params[b->ref.buckets[bk].param_off + q];
+	del_bucket_param(break_copy(b), bk, q);
+	judge(b, "missing gradient contribution",
+	      "gradients of '%s' layer %d computed here are not in its sync group",
+	      b->ref.model.comps[pr->comp].name, pr->layer);
+}
+
 static void test_param_unsynced(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int b = 0; b < ref.n_buckets; b++)
-		for (int q = 0; q < ref.buckets[b].n_params; q++) {
-			sp_param_t pr = ref.bucket_params[ref.buckets[b].param_off + q];
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_bucket_param(&p, b, q);
-			char what[160];
-			snprintf(what, sizeof what, "gradients of '%s' layer %d computed here are "
-				 "not in its sync group", p.model.comps[pr.comp].name, pr.layer);
-			expect_defect(&p, f->cap, "missing gradient contribution", what, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d unsynced parameters rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "unsynced parameters");
+	each_bucket(&b, 1, drop_param);
+	breaks_end(&b, b.ref.n_bucket_params);
 }
 
 /*
@@ -607,62 +604,52 @@ static void test_param_unsynced(void **state)
  * that bucket twice in its step (the step walks the device's SYNCs): the
  * end-of-run check rejects it, naming device and bucket.
  */
+static void sync_twice(breaks_t *b, int d, int k)
+{
+	sp_ins_t in = *ins_at(&b->ref, d, k);
+	ins_ins(break_copy(b), d, k + 1, in);
+	judge(b, "missing gradient contribution",
+	      "device %d issues the all-reduce of sync bucket %d 2 times", d, (int)in.peer);
+}
+
 static void test_sync_twice(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			sp_ins_t in = *ins_at(&ref, d, k);
-			if (in.op != INS_SYNC)
-				continue;
-			sp_plan_t p;
-			copy_plan(f, &p);
-			ins_ins(&p, d, k + 1, in);
-			char what[160];
-			snprintf(what, sizeof what, "device %d issues the all-reduce of sync bucket "
-				 "%d 2 times", d, (int)in.peer);
-			expect_defect(&p, f->cap, "missing gradient contribution", what, &shown);
-			plan_release(&p);
-			n++;
-		}
-	print_message("%d of %d repeated all-reduces rejected\n", n, n);
-	assert_true(n >= 2);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "repeated all-reduces");
+	each_ins(&b, INS_SYNC, sync_twice);
+	breaks_end(&b, count_op(&b.ref, INS_SYNC));
 }
 
 /* ---- (h) a memory cap below the plan's peak ------------------------------------ */
 
 static void test_out_of_memory(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t p;
-	copy_plan(f, &p);
+	breaks_t b;
+	breaks_begin(&b, *state, "caps below the peak");
 	int64_t peak = 0;
 	int worst = -1;
-	for (int d = 0; d < p.n_devices; d++) {
+	for (int d = 0; d < b.ref.n_devices; d++) {
 		int64_t mem[MEM__COUNT], tot = 0;
-		assert_int_equal(plan_memory(&p, d, mem), 0);
+		assert_int_equal(plan_memory(&b.ref, d, mem), 0);
 		for (int c = 0; c < MEM__COUNT; c++)
 			tot += mem[c];
-		assert_int_equal(tot, p.devices[d].mem_peak);
+		assert_int_equal(tot, b.ref.devices[d].mem_peak);
 		if (tot > peak) {
 			peak = tot;
 			worst = d;
 		}
 	}
-	assert_true(peak > 0 && (double)peak <= f->cap);
+	assert_true(peak > 0 && (double)peak <= b.cap);
 	/* a cap of exactly the peak fits; one byte less does not, and the
 	 * first device at the peak is named */
-	expect_valid(&p, (double)peak);
-	char what[64];
-	snprintf(what, sizeof what, "out of memory: device %d needs", worst);
-	int shown = 0;
-	expect_defect(&p, (double)(peak - 1), "out of memory", what, &shown);
-	expect_defect(&p, (double)peak / 2, "out of memory", NULL, NULL);
-	plan_release(&p);
+	expect_valid(&b.ref, (double)peak);
+	b.cap = (double)(peak - 1);
+	break_copy(&b);
+	judge(&b, "out of memory", "out of memory: device %d needs", worst);
+	b.cap = (double)peak / 2;
+	break_copy(&b);
+	judge(&b, "out of memory", NULL);
+	breaks_end(&b, 2);
 }
 
 /*
@@ -672,39 +659,32 @@ static void test_out_of_memory(void **state)
  * transfer t2 back to A, A's RECV of t2 is moved before its SEND of t1: A
  * waits for t2, which B sends only after receiving t1.
  */
+static void make_cycle(breaks_t *b, int a, int ka)
+{
+	sp_plan_t *ref = &b->ref;
+	const sp_ins_t *s1 = ins_at(ref, a, ka);
+	int d = -1;
+	int kb = find_tag(ref, INS_RECV, s1->tag, &d);
+	assert_true(kb >= 0 && d == s1->peer);
+	for (int j = kb + 1; j < ref->devices[d].n_ins; j++) {
+		const sp_ins_t *s2 = ins_at(ref, d, j);
+		if (s2->op != INS_SEND || s2->peer != a)
+			continue;
+		int a2 = -1;
+		int kr = find_tag(ref, INS_RECV, s2->tag, &a2);
+		assert_true(a2 == a && kr > ka);
+		move_ins(break_copy(b), a, kr, ka);
+		judge(b, "deadlock", NULL);
+		return;
+	}
+}
+
 static void test_deadlock_cycle(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, shown = 0;
-	for (int a = 0; a < ref.n_devices; a++)
-		for (int ka = 0; ka < ref.devices[a].n_ins; ka++) {
-			const sp_ins_t *s1 = ins_at(&ref, a, ka);
-			if (s1->op != INS_SEND)
-				continue;
-			int b = -1;
-			int kb = find_tag(&ref, INS_RECV, s1->tag, &b);
-			assert_true(kb >= 0 && b == s1->peer);
-			for (int j = kb + 1; j < ref.devices[b].n_ins; j++) {
-				const sp_ins_t *s2 = ins_at(&ref, b, j);
-				if (s2->op != INS_SEND || s2->peer != a)
-					continue;
-				int a2 = -1;
-				int kr = find_tag(&ref, INS_RECV, s2->tag, &a2);
-				assert_true(a2 == a && kr > ka);
-				sp_plan_t p;
-				copy_plan(f, &p);
-				move_ins(&p, a, kr, ka);
-				expect_defect(&p, f->cap, "deadlock", NULL, &shown);
-				plan_release(&p);
-				n++;
-				break;
-			}
-		}
-	print_message("%d of %d cycles rejected\n", n, n);
-	assert_true(n >= 1);
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "cycles");
+	each_ins(&b, INS_SEND, make_cycle);
+	breaks_end(&b, 1);
 }
 
 /*
@@ -712,35 +692,27 @@ static void test_deadlock_cycle(void **state)
  * without its STEP passes: the verifier checks that gradients are complete
  * and synchronised, not that the optimizer runs.)
  */
+static void del_any(breaks_t *b, int d, int k)
+{
+	if (ins_at(&b->ref, d, k)->op == INS_STEP)
+		return;
+	del_ins(break_copy(b), d, k);
+	judge(b, "", NULL);
+}
+
 static void test_every_deletion(void **state)
 {
-	const vfix_t *f = *state;
-	sp_plan_t ref;
-	copy_plan(f, &ref);
-	int n = 0, by_op[INS_STEP + 1] = {0};
-	for (int d = 0; d < ref.n_devices; d++)
-		for (int k = 0; k < ref.devices[d].n_ins; k++) {
-			int op = ins_at(&ref, d, k)->op;
-			if (op == INS_STEP)
-				continue;
-			sp_plan_t p;
-			copy_plan(f, &p);
-			del_ins(&p, d, k);
-			sp_err_t err = {0};
-			int rc = verify_plan(&p, f->cap, &err);
-			if (rc != SP_EINTERNAL)
-				fail_msg("deleting device %d instruction %d (%s) passed (rc %d)", d, k,
-					 ins_op_name(op), rc);
-			plan_release(&p);
-			by_op[op]++;
-			n++;
-		}
-	print_message("%d deletions rejected: %d FWD %d BWD %d SEND %d RECV %d COPY %d LOSS "
-		      "%d SYNC\n",
-		      n, by_op[INS_FWD], by_op[INS_BWD], by_op[INS_SEND], by_op[INS_RECV],
-		      by_op[INS_COPY], by_op[INS_LOSS], by_op[INS_SYNC]);
-	assert_int_equal(n, ref.n_ins - count_op(&ref, INS_STEP));
-	plan_release(&ref);
+	breaks_t b;
+	breaks_begin(&b, *state, "every deletion but STEP");
+	each_ins(&b, -1, del_any);
+	const sp_plan_t *r = &b.ref;
+	print_message("deleted: %d FWD %d BWD %d SEND %d RECV %d COPY %d LOSS %d SYNC\n",
+		      count_op(r, INS_FWD), count_op(r, INS_BWD), count_op(r, INS_SEND),
+		      count_op(r, INS_RECV), count_op(r, INS_COPY), count_op(r, INS_LOSS),
+		      count_op(r, INS_SYNC));
+	int want = r->n_ins - count_op(r, INS_STEP);
+	assert_int_equal(b.made, want);
+	breaks_end(&b, want);
 }
 
 int main(void)

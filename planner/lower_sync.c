@@ -1,0 +1,280 @@
+/*
+ * lower_sync.c — the lowering's gradient synchronisation (the "Sync" rule
+ * in lower.c's header): which devices hold which parameters, the buckets
+ * of parameters all-reduced together, and each device's program: its part
+ * of the global sequence (lower_xfer.c) with SYNCs and a final STEP put in.
+ * It times nothing (the buckets' all-reduce times come from cost.c).
+ */
+#include "lower.h"
+
+#include <stdlib.h>
+
+/* The parameter id of layer l of MetaOp mo. */
+static int param_id(const lstate_t *st, const metaop_t *mo, int l, int *comp_out)
+{
+	const sp_model_t *md = st->pl->model;
+	const sp_op_t *op = &st->pl->ops[mo->first_op + l];
+	int comp = md->tasks[mo->task].nodes[op->node].comp;
+	if (comp_out)
+		*comp_out = comp;
+	return st->param_base[comp] + op->layer;
+}
+
+int lower_held(lstate_t *st, sp_plan_t *out)
+{
+	const sp_model_t *md = st->pl->model;
+	const sched_t *s = st->s;
+	int N = st->pl->N, n_params = st->n_params;
+	st->held = sp_arena_calloc(st->a, (size_t)N * (size_t)n_params + 1, 1);
+	out->devices = calloc((size_t)N, sizeof *out->devices);
+	if (!st->held || !out->devices)
+		return SP_ENOMEM;
+	out->n_devices = N;
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		for (int l = x->lf; l < x->lt; l++) {
+			int comp, pid = param_id(st, &st->pl->mops[x->metaop], l, &comp);
+			if (md->comps[comp].type == COMP_CONTRASTIVE)
+				continue;
+			for (int j = 0; j < x->n; j++)
+				st->held[(size_t)lower_dev_of(st, i, j) * n_params + pid] = 1;
+		}
+	}
+	int total_held = 0;
+	for (size_t k = 0; k < (size_t)N * n_params; k++)
+		total_held += st->held[k];
+	out->held = calloc((size_t)total_held + 1, sizeof *out->held);
+	if (!out->held)
+		return SP_ENOMEM;
+	for (int d = 0; d < N; d++) {
+		sp_device_t *dv = &out->devices[d];
+		dv->node = d / st->pl->cluster->gpus_per_node;
+		dv->local = d % st->pl->cluster->gpus_per_node;
+		dv->held_off = out->n_held;
+		for (int c = 0; c < md->n_comps; c++) {
+			int nl = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+			for (int l = 0; l < nl; l++)
+				if (st->held[(size_t)d * n_params + st->param_base[c] + l])
+					out->held[out->n_held++] = (sp_param_t){c, l};
+		}
+		dv->n_held = out->n_held - dv->held_off;
+	}
+	return 0;
+}
+
+/* The first slice (in schedule order) touching each param: the backward
+ * runs in reverse, so that slice's BWD is the param's last. */
+static int *first_uses(lstate_t *st)
+{
+	int *first_use = sp_arena_calloc(st->a, (size_t)st->n_params + 1, sizeof(int));
+	if (!first_use)
+		return NULL;
+	for (int p = 0; p < st->n_params; p++)
+		first_use[p] = -1;
+	for (int i = st->s->n - 1; i >= 0; i--) {
+		const sslice_t *x = &st->s->s[i];
+		for (int l = x->lf; l < x->lt; l++)
+			first_use[param_id(st, &st->pl->mops[x->metaop], l, NULL)] = i;
+	}
+	return first_use;
+}
+
+/* A new bucket: every unbucketed param with p's holders and p's last
+ * slice, in (comp, layer) order. pcomp/player: each id's comp and layer. */
+static void add_bucket(lstate_t *st, sp_plan_t *out, int p, const int *first_use,
+		       const int *pcomp, const int *player)
+{
+	const sp_model_t *md = st->pl->model;
+	const uint8_t *held = st->held;
+	int N = st->pl->N, n_params = st->n_params;
+	int b = out->n_buckets++;
+	sp_bucket_t *bk = &out->buckets[b];
+	bk->dev_off = out->n_bucket_devs;
+	for (int d = 0; d < N; d++)
+		if (held[(size_t)d * n_params + p])
+			out->bucket_devs[out->n_bucket_devs++] = d;
+	bk->n_dev = out->n_bucket_devs - bk->dev_off;
+	bk->param_off = out->n_bucket_params;
+	for (int q = 0; q < n_params; q++) {
+		int same = st->bucket_of[q] == -1 && first_use[q] == first_use[p];
+		for (int d = 0; d < N && same; d++)
+			same = held[(size_t)d * n_params + q] == held[(size_t)d * n_params + p];
+		if (!same)
+			continue;
+		st->bucket_of[q] = b;
+		out->bucket_params[out->n_bucket_params++] = (sp_param_t){pcomp[q], player[q]};
+		bk->elems += comp_layer_params(&md->comps[pcomp[q]]);
+	}
+	bk->n_params = out->n_bucket_params - bk->param_off;
+	bk->sync_ms = cost_allreduce_ms(st->pl->cluster, out->bucket_devs + bk->dev_off,
+					bk->n_dev, bk->elems * dtype_bytes(md->dtype));
+}
+
+/* Buckets: params with the same holders whose gradients complete together
+ * (same last slice), in the order their backward completes. */
+int lower_buckets(lstate_t *st, sp_plan_t *out)
+{
+	const sp_model_t *md = st->pl->model;
+	int N = st->pl->N, n_params = st->n_params;
+	size_t np = (size_t)n_params + 1;
+	out->buckets = calloc(np, sizeof *out->buckets);
+	out->bucket_params = calloc(np, sizeof *out->bucket_params);
+	out->bucket_devs = calloc((size_t)out->n_held + 1, sizeof(int32_t));
+	st->bucket_of = sp_arena_calloc(st->a, np, sizeof(int));
+	int *pcomp = sp_arena_calloc(st->a, np, sizeof(int));
+	int *player = sp_arena_calloc(st->a, np, sizeof(int));
+	int *first_use = first_uses(st);
+	if (!out->buckets || !out->bucket_params || !out->bucket_devs || !st->bucket_of ||
+	    !pcomp || !player || !first_use)
+		return SP_ENOMEM;
+	for (int p = 0; p < n_params; p++)
+		st->bucket_of[p] = -1;
+	for (int c = 0; c < md->n_comps; c++) {
+		int nl = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+		for (int l = 0; l < nl; l++) {
+			pcomp[st->param_base[c] + l] = c;
+			player[st->param_base[c] + l] = l;
+		}
+	}
+	for (;;) {
+		int p = -1;
+		for (int q = 0; q < n_params; q++)
+			if (st->bucket_of[q] == -1 && first_use[q] >= 0 &&
+			    (p < 0 || first_use[q] > first_use[p]))
+				p = q;
+		if (p < 0)
+			return 0;
+		int any = 0;
+		for (int d = 0; d < N && !any; d++)
+			any = st->held[(size_t)d * n_params + p];
+		if (any)
+			add_bucket(st, out, p, first_use, pcomp, player);
+		else
+			st->bucket_of[p] = -2; /* parameter-free (contrastive) */
+	}
+}
+
+/* Per-device work arrays of lower_programs. */
+typedef struct {
+	int overlap;   /* SYNC after a bucket's last gradient, else all before STEP */
+	int *group;    /* per bucket: the first bucket over the same devices */
+	int *sync_at;  /* per bucket: SYNC before base position; -1 not a member */
+	int *last_pos; /* per group: the last SYNC position so far; then reused */
+	sp_ins_t *base; /* the device's part of the global sequence */
+} syncw_t;
+
+/* Buckets over the same device group: every member starts their
+ * all-reduces in the same (bucket) order, so a transport that runs one
+ * group's collectives in order on one communicator cannot deadlock (the
+ * MPI runtime happens to give each bucket its own). */
+static void bucket_groups(const sp_plan_t *out, int *group)
+{
+	for (int b = 0; b < out->n_buckets; b++) {
+		const sp_bucket_t *bk = &out->buckets[b];
+		group[b] = b;
+		for (int a = 0; a < b && group[b] == b; a++) {
+			const sp_bucket_t *ba = &out->buckets[a];
+			if (ba->n_dev == bk->n_dev &&
+			    !memcmp(out->bucket_devs + ba->dev_off, out->bucket_devs + bk->dev_off,
+				    sizeof(int32_t) * (size_t)bk->n_dev))
+				group[b] = group[a];
+		}
+	}
+}
+
+/* Each member bucket's SYNC goes before base position sync_at[b]: after
+ * its last gradient-producing instruction (overlap) or at the end, never
+ * before an earlier bucket of the same group. */
+static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w, int d,
+			   int nd)
+{
+	for (int b = 0; b < out->n_buckets; b++) {
+		const sp_param_t *pr = &out->bucket_params[out->buckets[b].param_off];
+		int member =
+			st->held[(size_t)d * st->n_params + st->param_base[pr->comp] + pr->layer];
+		w->sync_at[b] = member ? (w->overlap ? 0 : nd) : -1;
+		w->last_pos[b] = 0;
+	}
+	for (int k = 0; w->overlap && k < nd; k++) {
+		const sp_ins_t *in = &w->base[k];
+		if (in->op != INS_BWD && in->op != INS_LOSS)
+			continue;
+		const sslice_t *x = &st->s->s[in->slice];
+		for (int l = x->lf; l < x->lt; l++) {
+			int bb = st->bucket_of[param_id(st, &st->pl->mops[x->metaop], l, NULL)];
+			if (bb >= 0 && w->sync_at[bb] >= 0)
+				w->sync_at[bb] = k + 1;
+		}
+	}
+	for (int b = 0; b < out->n_buckets; b++)
+		if (w->sync_at[b] >= 0) {
+			w->sync_at[b] = SP_MAX(w->sync_at[b], w->last_pos[w->group[b]]);
+			w->last_pos[w->group[b]] = w->sync_at[b];
+		}
+}
+
+/* Appends device d's program to out->ins: base instructions with SYNCs in
+ * (position, bucket) order, then STEP. */
+static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
+{
+	int ns = 0, *sorted = w->last_pos; /* reused: member buckets by position */
+	for (int b = 0; b < out->n_buckets; b++)
+		if (w->sync_at[b] >= 0) {
+			int j = ns++;
+			while (j > 0 && w->sync_at[sorted[j - 1]] > w->sync_at[b]) {
+				sorted[j] = sorted[j - 1];
+				j--;
+			}
+			sorted[j] = b;
+		}
+	for (int k = 0, q = 0; k <= nd; k++) {
+		for (; q < ns && w->sync_at[sorted[q]] == k; q++) {
+			sp_ins_t sy = lower_ins_new(INS_SYNC);
+			sy.peer = sorted[q];
+			out->ins[out->n_ins++] = sy;
+		}
+		if (k < nd)
+			out->ins[out->n_ins++] = w->base[k];
+	}
+	out->ins[out->n_ins++] = lower_ins_new(INS_STEP);
+}
+
+int lower_programs(lstate_t *st, sp_plan_t *out)
+{
+	int N = st->pl->N, ng = st->ng, nb = out->n_buckets;
+	/* the global sequence by device, keeping its order */
+	int *fill = sp_arena_calloc(st->a, (size_t)N + 1, sizeof(int));
+	int *cnt = sp_arena_calloc(st->a, (size_t)N + 1, sizeof(int));
+	int *byd = sp_arena_calloc(st->a, (size_t)ng + 1, sizeof(int));
+	syncw_t w = {st->s->algo != ALGO_PAPER,
+		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
+		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
+		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
+		     sp_arena_calloc(st->a, (size_t)ng + 1, sizeof(sp_ins_t))};
+	if (!fill || !cnt || !byd || !w.group || !w.sync_at || !w.last_pos || !w.base)
+		return SP_ENOMEM;
+	for (int k = 0; k < ng; k++)
+		cnt[st->g[k].dev + 1]++;
+	for (int d = 0; d < N; d++)
+		cnt[d + 1] += cnt[d];
+	for (int k = 0; k < ng; k++)
+		byd[cnt[st->g[k].dev] + fill[st->g[k].dev]++] = k;
+	int per_dev_extra = 0;
+	for (int d = 0; d < N; d++)
+		per_dev_extra += out->devices[d].n_held ? nb + 1 : 1;
+	out->ins = calloc((size_t)(ng + per_dev_extra) + 1, sizeof *out->ins);
+	if (!out->ins)
+		return SP_ENOMEM;
+	bucket_groups(out, w.group);
+	for (int d = 0; d < N; d++) {
+		sp_device_t *dv = &out->devices[d];
+		int nd = 0;
+		dv->first_ins = out->n_ins;
+		for (int k = cnt[d]; k < cnt[d] + fill[d]; k++)
+			w.base[nd++] = st->g[byd[k]].ins;
+		sync_positions(st, out, &w, d, nd);
+		merge_syncs(out, &w, nd);
+		dv->n_ins = out->n_ins - dv->first_ins;
+	}
+	return 0;
+}

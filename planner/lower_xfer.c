@@ -1,0 +1,216 @@
+/*
+ * lower_xfer.c — the lowering's transfers and its global instruction
+ * sequence (the "Sample ranges" and "Order" rules in lower.c's header).
+ * Which devices hold which parameters and where SYNC and STEP go is
+ * lower_sync.c's; the plan's structure is lower.c's.
+ */
+#include "lower.h"
+
+static void slot_range(const lstate_t *st, int slice, int slot, int32_t *a, int32_t *b)
+{
+	const sslice_t *x = &st->s->s[slice];
+	sample_range(st->pl->mops[x->metaop].batch, slot, x->n, a, b);
+}
+
+static sp_vref_t vref(int m, int l, int grad, int off)
+{
+	return (sp_vref_t){m, l, grad, off};
+}
+
+static int add_xfer(lstate_t *st, xfer_t x)
+{
+	x.tag = st->nx;
+	if (sp_arena_grow(st->a, (void **)&st->x, &st->capx, st->nx + 1, sizeof *st->x))
+		return SP_ENOMEM;
+	st->x[st->nx++] = x;
+	return 0;
+}
+
+static int emit(lstate_t *st, int dev, sp_ins_t ins)
+{
+	if (sp_arena_grow(st->a, (void **)&st->g, &st->capg, st->ng + 1, sizeof *st->g))
+		return SP_ENOMEM;
+	st->g[st->ng++] = (gins_t){dev, ins};
+	return 0;
+}
+
+/* All transfers (forward and backward) into consumer slice i. */
+static int collect_xfers(lstate_t *st, int i)
+{
+	const planner_t *pl = st->pl;
+	const sslice_t *c = &st->s->s[i];
+	const metaop_t *mo = &pl->mops[c->metaop];
+	if (mo->source)
+		return 0;
+	for (int j = 0; j < c->n; j++) {
+		int32_t a0, a1, own0, own1;
+		slot_range(st, i, j, &own0, &own1);
+		a0 = own0;
+		a1 = own1;
+		if (!mo->scales) {
+			a0 = 0;
+			a1 = (int32_t)mo->batch;
+		}
+		int nin = c->lf > 0 ? 1 : mo->n_pred;
+		for (int q = 0; q < nin; q++) {
+			int p, src_m, src_l, off, len;
+			if (c->lf > 0) {
+				p = st->prev[i];
+				src_m = c->metaop;
+				src_l = c->lf;
+				off = 0;
+				len = mo->seq_out;
+			} else {
+				const sp_edge_t *e = &pl->edges[mo->pred[q]];
+				p = st->last[e->src];
+				src_m = e->src;
+				src_l = pl->mops[e->src].n_layers;
+				off = e->seq_off;
+				len = e->seq_len;
+			}
+			const sslice_t *y = &st->s->s[p];
+			for (int k = 0; k < y->n; k++) {
+				int32_t b0, b1;
+				slot_range(st, p, k, &b0, &b1);
+				int same = lower_dev_of(st, p, k) == lower_dev_of(st, i, j);
+				int32_t o0 = SP_MAX(a0, b0), o1 = SP_MIN(a1, b1);
+				int chain = c->lf > 0; /* same buffer: nothing to move locally */
+				if (o0 < o1 && !(same && chain)) {
+					xfer_t x = {p, k, i, j, o0, o1, len, vref(src_m, src_l, 0, 0),
+						    vref(c->metaop, c->lf, 0, off), 0, 0};
+					if (add_xfer(st, x))
+						return SP_ENOMEM;
+				}
+				o0 = SP_MAX(own0, b0);
+				o1 = SP_MIN(own1, b1);
+				if (o0 < o1 && !(same && chain)) {
+					xfer_t x = {i, j, p, k, o0, o1, len,
+						    vref(c->metaop, c->lf, 1, off),
+						    vref(src_m, src_l, 1, 0), 1, 0};
+					if (add_xfer(st, x))
+						return SP_ENOMEM;
+				}
+			}
+		}
+	}
+	return 0;
+}
+
+/* Indexes transfers by consumer slot and by producer slot (a slot is one
+ * device of one slice: pc->off[slice] + i), keeping their order. */
+static int index_xfers(lstate_t *st)
+{
+	int n = 0;
+	for (int i = 0; i < st->s->n; i++)
+		n += st->s->s[i].n;
+	st->cons_first = sp_arena_calloc(st->a, (size_t)n + 2, sizeof(int));
+	st->prod_first = sp_arena_calloc(st->a, (size_t)n + 2, sizeof(int));
+	st->cons_list = sp_arena_calloc(st->a, (size_t)st->nx + 1, sizeof(int));
+	st->prod_list = sp_arena_calloc(st->a, (size_t)st->nx + 1, sizeof(int));
+	int *cf = sp_arena_calloc(st->a, (size_t)n + 1, sizeof(int));
+	int *pf = sp_arena_calloc(st->a, (size_t)n + 1, sizeof(int));
+	if (!st->cons_first || !st->prod_first || !st->cons_list || !st->prod_list || !cf ||
+	    !pf)
+		return SP_ENOMEM;
+	for (int k = 0; k < st->nx; k++) {
+		st->cons_first[st->pc->off[st->x[k].cs] + st->x[k].cj + 1]++;
+		st->prod_first[st->pc->off[st->x[k].ps] + st->x[k].pj + 1]++;
+	}
+	for (int i = 0; i < n; i++) {
+		st->cons_first[i + 1] += st->cons_first[i];
+		st->prod_first[i + 1] += st->prod_first[i];
+	}
+	for (int k = 0; k < st->nx; k++) {
+		int c = st->pc->off[st->x[k].cs] + st->x[k].cj;
+		int p = st->pc->off[st->x[k].ps] + st->x[k].pj;
+		st->cons_list[st->cons_first[c] + cf[c]++] = k;
+		st->prod_list[st->prod_first[p] + pf[p]++] = k;
+	}
+	return 0;
+}
+
+/* Emits the xfers of one direction touching (slice, slot) on one side. */
+static int emit_xfers(lstate_t *st, int slice, int slot, int grad, int incoming)
+{
+	const int *list = incoming ? st->cons_list : st->prod_list;
+	const int *first = incoming ? st->cons_first : st->prod_first;
+	int key = st->pc->off[slice] + slot;
+	for (int q = first[key]; q < first[key + 1]; q++) {
+		const xfer_t *x = &st->x[list[q]];
+		if (x->grad != grad)
+			continue;
+		int pd = lower_dev_of(st, x->ps, x->pj), cd = lower_dev_of(st, x->cs, x->cj);
+		int local = pd == cd;
+		if (local && !incoming)
+			continue; /* local copies are emitted on the consumer side */
+		sp_ins_t in = {.op = local ? INS_COPY : incoming ? INS_RECV : INS_SEND,
+			       .slice = -1, .s0 = x->s0, .s1 = x->s1, .seq_len = x->seq_len,
+			       .src = x->src, .dst = x->dst,
+			       .peer = local ? -1 : incoming ? pd : cd,
+			       .tag = local ? -1 : x->tag};
+		if (emit(st, incoming ? cd : pd, in))
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
+/* Forward slices in schedule order: per slot its RECVs, FWD (or LOSS),
+ * SENDs; a loss also sends its input gradients back at once. */
+static int emit_forward(lstate_t *st)
+{
+	const sched_t *s = st->s;
+	for (int ii = 0; ii < s->n; ii++) {
+		int i = st->order[ii];
+		const sslice_t *x = &s->s[i];
+		const metaop_t *mo = &st->pl->mops[x->metaop];
+		for (int j = 0; j < x->n; j++) {
+			if (emit_xfers(st, i, j, 0, 1))
+				return SP_ENOMEM;
+			sp_ins_t in = lower_ins_new(mo->sink ? INS_LOSS : INS_FWD);
+			in.slice = i;
+			slot_range(st, i, j, &in.s0, &in.s1);
+			in.src = vref(x->metaop, x->lf, 0, 0);
+			in.dst = mo->sink ? vref(x->metaop, 0, 1, 0) : vref(x->metaop, x->lt, 0, 0);
+			if (emit(st, lower_dev_of(st, i, j), in) || emit_xfers(st, i, j, 0, 0))
+				return SP_ENOMEM;
+			if (mo->sink && emit_xfers(st, i, j, 1, 0))
+				return SP_ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* Backward slices in reverse order (losses did theirs): RECVs, BWD, SENDs. */
+static int emit_backward(lstate_t *st)
+{
+	const sched_t *s = st->s;
+	for (int ii = s->n - 1; ii >= 0; ii--) {
+		int i = st->order[ii];
+		const sslice_t *x = &s->s[i];
+		if (st->pl->mops[x->metaop].sink)
+			continue;
+		for (int j = 0; j < x->n; j++) {
+			if (emit_xfers(st, i, j, 1, 1))
+				return SP_ENOMEM;
+			sp_ins_t in = lower_ins_new(INS_BWD);
+			in.slice = i;
+			slot_range(st, i, j, &in.s0, &in.s1);
+			in.src = vref(x->metaop, x->lt, 1, 0);
+			in.dst = vref(x->metaop, x->lf, 1, 0);
+			if (emit(st, lower_dev_of(st, i, j), in) || emit_xfers(st, i, j, 1, 0))
+				return SP_ENOMEM;
+		}
+	}
+	return 0;
+}
+
+int lower_sequence(lstate_t *st)
+{
+	int rc;
+	for (int i = 0; i < st->s->n; i++)
+		if ((rc = collect_xfers(st, i)))
+			return rc;
+	if ((rc = index_xfers(st)) || (rc = emit_forward(st)))
+		return rc;
+	return emit_backward(st);
+}

@@ -129,23 +129,7 @@ static void hull_fill(const double *time, int nmax, int scales, hpt_t *pt, hull_
 	}
 }
 
-int hull_from_times(const double *time, int nmax, int scales, hull_t *h)
-{
-	h->n = 0;
-	h->t = malloc(sizeof(double) * (size_t)(nmax + 1));
-	h->a = malloc(sizeof(double) * (size_t)(nmax + 1));
-	hpt_t *pt = malloc(sizeof(hpt_t) * (size_t)(nmax + 1));
-	if (!h->t || !h->a || !pt) {
-		free(pt);
-		hull_release(h);
-		return SP_ENOMEM;
-	}
-	hull_fill(time, nmax, scales, pt, h);
-	free(pt);
-	return 0;
-}
-
-int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h)
+int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h)
 {
 	h->n = 0;
 	h->t = sp_arena_calloc(a, (size_t)nmax + 1, sizeof(double));
@@ -157,14 +141,6 @@ int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, 
 	return 0;
 }
 
-void hull_release(hull_t *h)
-{
-	free(h->t);
-	free(h->a);
-	h->t = h->a = NULL;
-	h->n = 0;
-}
-
 /* MetaOp m's hull, in a. */
 static int hull_build(sp_arena_t *a, const metaop_t *m, hull_t *h)
 {
@@ -173,7 +149,7 @@ static int hull_build(sp_arena_t *a, const metaop_t *m, hull_t *h)
 		return SP_ENOMEM;
 	for (int k = 1; k <= m->nmax; k++)
 		time[k] = m->n_layers * mop_t(m, k);
-	return hull_from_times_in(a, time, m->nmax, m->scales, h);
+	return hull_from_times(a, time, m->nmax, m->scales, h);
 }
 
 /* Least area within span C (HUGE_VAL if it cannot). */

@@ -269,13 +269,10 @@ typedef struct {
 	int n;
 	double *t, *a;
 } hull_t;
-int hull_from_times(const double *time, int nmax, int scales, hull_t *h);
-/* The same with the hull's arrays in a: it lives as long as a's scope and
- * is never given to hull_release. */
-int hull_from_times_in(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
+/* The hull's arrays live in a. */
+int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */
 double hull_area(const hull_t *h, double C);
-void hull_release(hull_t *h);
 /*
  * The paper's relaxed optimum for a set of independent MetaOps: C* with
  * sum_m n_m(C*) = N, n_m(C) = T_m^{-1}(C / L_m) (real n; below one device a

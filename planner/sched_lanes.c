@@ -173,18 +173,11 @@ static int lanes_build(planner_t *pl, const int *w, lanes_t *L)
 				time[k] += mo->n_layers * mop_t(mo, lane_width(mo, k));
 			}
 		}
-		int rc = hull_from_times(time, N, 1, &l->hull);
+		int rc = hull_from_times(a, time, N, 1, &l->hull);
 		if (rc)
 			return rc;
 	}
 	return 0;
-}
-
-/* The hulls are on the heap (bound.c); the rest is in pl->scratch. */
-static void lanes_release(lanes_t *L)
-{
-	for (int j = 0; L->ln && j < L->nl; j++)
-		hull_release(&L->ln[j].hull);
 }
 
 /* The horizon: the shortest H with sum of fluid widths <= N (bisection). */
@@ -759,6 +752,5 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 	}
 done:
 	sp_arena_release(&trial);
-	lanes_release(&L);
 	return rc;
 }

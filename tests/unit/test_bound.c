@@ -39,7 +39,9 @@ static double brute_area(const double *time, int nmax, int scales, double C)
 static void check_curve(const double *time, int nmax, int scales)
 {
 	hull_t h;
-	assert_int_equal(hull_from_times(time, nmax, scales, &h), 0);
+	sp_arena_t a;
+	sp_arena_init(&a);
+	assert_int_equal(hull_from_times(&a, time, nmax, scales, &h), 0);
 	assert_true(h.n >= 1);
 	for (int i = 1; i < h.n; i++) {
 		assert_true(h.t[i] > h.t[i - 1]);
@@ -64,7 +66,7 @@ static void check_curve(const double *time, int nmax, int scales)
 	/* every width's own point is on or above the hull */
 	for (int k = 1; k <= nmax; k++)
 		assert_true(hull_area(&h, time[k]) <= time[k] * (scales ? k : 1) * (1 + 1e-12));
-	hull_release(&h);
+	sp_arena_release(&a);
 }
 
 /* Data-parallel curves T(n) = a + b ceil(B/n), and variants of them. */

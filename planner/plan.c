@@ -226,22 +226,24 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 }
 
 /* The certificate of plan p: its simulated times (res) beside the lower
- * bounds, and the bytes it sends between nodes. */
+ * bounds, and the bytes it sends between nodes (the naive placement's
+ * figures come later, from naive_compare). */
 static void write_cert(sp_plan_t *p, const sim_result_t *res, const bounds_t *b)
 {
-	sp_cert_t *ct = &p->cert;
-	ct->iteration_ms = res->iteration_ms;
-	ct->compute_ms = res->compute_ms;
-	ct->transfer_ms = res->transfer_ms;
-	ct->sync_ms = res->sync_ms;
-	ct->area_bound_ms = b->area_ms;
-	ct->cp_bound_ms = b->cp_ms;
-	ct->paper_bound_ms = b->paper_ms;
-	ct->lower_bound_ms = b->lower_ms;
-	ct->allot_bound_ms = b->allot_ms;
-	ct->gap = ct->lower_bound_ms > 0 ? ct->compute_ms / ct->lower_bound_ms - 1 : 0;
-	ct->xnode_bytes = xnode_bytes(p);
-	ct->xfer_pred_ms = res->transfer_ms;
+	p->cert = (sp_cert_t){
+		.iteration_ms = res->iteration_ms,
+		.compute_ms = res->compute_ms,
+		.transfer_ms = res->transfer_ms,
+		.sync_ms = res->sync_ms,
+		.area_bound_ms = b->area_ms,
+		.cp_bound_ms = b->cp_ms,
+		.paper_bound_ms = b->paper_ms,
+		.lower_bound_ms = b->lower_ms,
+		.allot_bound_ms = b->allot_ms,
+		.gap = b->lower_ms > 0 ? res->compute_ms / b->lower_ms - 1 : 0,
+		.xnode_bytes = xnode_bytes(p),
+		.xfer_pred_ms = res->transfer_ms,
+	};
 }
 
 /* The certificate's comparison: the same schedule (candidate c of the

@@ -67,7 +67,8 @@ static int width_candidates(const metaop_t *m, int N, int *k)
 	return n;
 }
 
-/* The fewest devices that run m as fast as n do. */
+/* The MILP's objective at widths w: the larger of the area and
+ * critical-path bounds (scratch: room for M bottom levels). */
 static double allot_objective(const planner_t *pl, const int *w, double *scratch)
 {
 	double area = 0, cp = 0;
@@ -145,53 +146,65 @@ static void milp_budget(glp_tree *T, void *info)
 		glp_ios_terminate(T);
 }
 
-/* The MILP of the file comment; improves w (from allot_separable) if it can. */
-int allot_milp(planner_t *pl, int *w)
+/* The MILP's columns: x_mk at 1..nx (MetaOp by MetaOp), S_m at nx+1..nx+M,
+ * C at nx+M+1. */
+typedef struct {
+	int nx;
+	int *col_m, *col_k; /* per x column j: its MetaOp and width, at [j - 1] */
+	int *first;         /* per MetaOp: its first x column; first[M] = nx + 1 */
+} milp_cols_t;
+
+/* Numbers the x columns: every MetaOp's candidate widths. */
+static int milp_columns(planner_t *pl, milp_cols_t *cols)
 {
-	int M = pl->n_mops;
+	int M = pl->n_mops, nx = 0;
 	sp_arena_t *a = &pl->scratch;
-	sp_arena_mark_t mark = sp_arena_mark(a);
 	int *k = sp_arena_calloc(a, MAX_CAND, sizeof(int));
-	double *scratch = sp_arena_calloc(a, (size_t)(M + 1), sizeof(double));
-	int *cand_w = sp_arena_calloc(a, (size_t)(M + 1), sizeof(int));
-	int *first = sp_arena_calloc(a, (size_t)(M + 1), sizeof(int));
-	if (!k || !scratch || !cand_w || !first)
+	cols->first = sp_arena_calloc(a, (size_t)(M + 1), sizeof(int));
+	if (!k || !cols->first)
 		return SP_ENOMEM;
-	int nx = 0;
 	for (int m = 0; m < M; m++)
 		nx += width_candidates(&pl->mops[m], pl->N, k);
-	/* columns: x (nx), S (M), C (1) */
-	int ncol = nx + M + 1, cC = nx + M + 1;
-	int *col_m = sp_arena_calloc(a, (size_t)(nx + 1), sizeof(int));
-	int *col_k = sp_arena_calloc(a, (size_t)(nx + 1), sizeof(int));
-	size_t nz_cap = (size_t)nx * 3 + (size_t)pl->n_edges * (2 + 2 * MAX_CAND) +
-			(size_t)M * 2 + 8;
-	int *ia = sp_arena_calloc(a, nz_cap + 1, sizeof(int));
-	int *ja = sp_arena_calloc(a, nz_cap + 1, sizeof(int));
-	double *ar = sp_arena_calloc(a, nz_cap + 1, sizeof(double));
-	if (!col_m || !col_k || !ia || !ja || !ar)
+	cols->nx = nx;
+	cols->col_m = sp_arena_calloc(a, (size_t)(nx + 1), sizeof(int));
+	cols->col_k = sp_arena_calloc(a, (size_t)(nx + 1), sizeof(int));
+	if (!cols->col_m || !cols->col_k)
 		return SP_ENOMEM;
-	glp_term_out(GLP_OFF);
-	glp_prob *lp = glp_create_prob();
-	glp_set_obj_dir(lp, GLP_MIN);
-	glp_add_cols(lp, ncol);
 	for (int m = 0, j = 0; m < M; m++) {
 		int nk = width_candidates(&pl->mops[m], pl->N, k);
-		first[m] = j + 1;
+		cols->first[m] = j + 1;
 		for (int i = 0; i < nk; i++, j++) {
-			col_m[j] = m;
-			col_k[j] = k[i];
-			glp_set_col_kind(lp, j + 1, GLP_BV);
+			cols->col_m[j] = m;
+			cols->col_k[j] = k[i];
 		}
 	}
-	first[M] = nx + 1;
+	cols->first[M] = nx + 1;
+	return 0;
+}
+
+/* Loads the problem of the file comment into lp: columns, objective and
+ * rows. */
+static int milp_build(planner_t *pl, const milp_cols_t *cols, glp_prob *lp)
+{
+	int M = pl->n_mops, nx = cols->nx, cC = nx + M + 1, r = 0;
+	const int *first = cols->first, *col_k = cols->col_k;
+	size_t nz_cap = (size_t)nx * 3 + (size_t)pl->n_edges * (2 + 2 * MAX_CAND) +
+			(size_t)M * 2 + 8;
+	int *ia = sp_arena_calloc(&pl->scratch, nz_cap + 1, sizeof(int));
+	int *ja = sp_arena_calloc(&pl->scratch, nz_cap + 1, sizeof(int));
+	double *ar = sp_arena_calloc(&pl->scratch, nz_cap + 1, sizeof(double));
+	if (!ia || !ja || !ar)
+		return SP_ENOMEM;
+	glp_set_obj_dir(lp, GLP_MIN);
+	glp_add_cols(lp, nx + M + 1);
+	for (int j = 1; j <= nx; j++)
+		glp_set_col_kind(lp, j, GLP_BV);
 	for (int m = 0; m < M; m++)
 		glp_set_col_bnds(lp, nx + 1 + m, GLP_LO, 0, 0);
 	glp_set_col_bnds(lp, cC, GLP_LO, 0, 0);
 	glp_set_obj_coef(lp, cC, 1.0);
-	int nrow = M + 1 + pl->n_edges + M, r = 0;
 	size_t nz = 0;
-	glp_add_rows(lp, nrow);
+	glp_add_rows(lp, M + 1 + pl->n_edges + M);
 #define NZ(row, col, val)                                                          \
 	do {                                                                       \
 		nz++;                                                              \
@@ -208,7 +221,7 @@ int allot_milp(planner_t *pl, int *w)
 	r++; /* area */
 	glp_set_row_bnds(lp, r, GLP_UP, 0, 0);
 	for (int j = 1; j <= nx; j++) {
-		const metaop_t *mo = &pl->mops[col_m[j - 1]];
+		const metaop_t *mo = &pl->mops[cols->col_m[j - 1]];
 		NZ(r, j, mo->n_layers * col_k[j - 1] * mop_t(mo, col_k[j - 1]));
 	}
 	NZ(r, cC, -(double)pl->N);
@@ -231,6 +244,12 @@ int allot_milp(planner_t *pl, int *w)
 	}
 #undef NZ
 	glp_load_matrix(lp, (int)nz, ia, ja, ar);
+	return 0;
+}
+
+/* Branch and bound within the node budget; 1 when it found a solution. */
+static int milp_solve(const planner_t *pl, glp_prob *lp)
+{
 	glp_iocp parm;
 	glp_init_iocp(&parm);
 	parm.presolve = GLP_ON;
@@ -254,20 +273,43 @@ int allot_milp(planner_t *pl, int *w)
 	milp_node_budget = pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200;
 	int ret = glp_intopt(lp, &parm);
 	int st = glp_mip_status(lp);
-	if ((ret == 0 || ret == GLP_ESTOP) && (st == GLP_OPT || st == GLP_FEAS)) {
-		for (int m = 0; m < M; m++) {
-			cand_w[m] = w[m];
-			for (int j = first[m]; j < first[m + 1]; j++)
-				if (glp_mip_col_val(lp, j) > 0.5)
-					cand_w[m] = col_k[j - 1];
-		}
-		if (allot_objective(pl, cand_w, scratch) <
-		    allot_objective(pl, w, scratch) * (1 - 1e-9))
-			memcpy(w, cand_w, sizeof(int) * (size_t)M);
+	return (ret == 0 || ret == GLP_ESTOP) && (st == GLP_OPT || st == GLP_FEAS);
+}
+
+/* The solution's widths replace w when their objective is lower. */
+static int milp_keep_better(planner_t *pl, const milp_cols_t *cols, glp_prob *lp, int *w)
+{
+	int M = pl->n_mops;
+	double *scratch = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(double));
+	int *cand_w = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(int));
+	if (!scratch || !cand_w)
+		return SP_ENOMEM;
+	for (int m = 0; m < M; m++) {
+		cand_w[m] = w[m];
+		for (int j = cols->first[m]; j < cols->first[m + 1]; j++)
+			if (glp_mip_col_val(lp, j) > 0.5)
+				cand_w[m] = cols->col_k[j - 1];
 	}
-	glp_delete_prob(lp);
-	sp_arena_reset(a, mark);
+	if (allot_objective(pl, cand_w, scratch) < allot_objective(pl, w, scratch) * (1 - 1e-9))
+		memcpy(w, cand_w, sizeof(int) * (size_t)M);
 	return 0;
+}
+
+/* The MILP of the file comment; improves w (from allot_separable) if it can. */
+int allot_milp(planner_t *pl, int *w)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	milp_cols_t cols;
+	int rc = milp_columns(pl, &cols);
+	if (!rc) {
+		glp_term_out(GLP_OFF);
+		glp_prob *lp = glp_create_prob();
+		if (!(rc = milp_build(pl, &cols, lp)) && milp_solve(pl, lp))
+			rc = milp_keep_better(pl, &cols, lp, w);
+		glp_delete_prob(lp);
+	}
+	sp_arena_reset(&pl->scratch, mark);
+	return rc;
 }
 
 /*

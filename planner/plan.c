@@ -148,10 +148,146 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 	return 0;
 }
 
+/* Algorithm a's row of the summary. */
+static void record_algo(plan_summary_t *sum, algo_t a, const sim_result_t *r, double over,
+			double planning_ms)
+{
+	sp_algo_result_t *ar = &sum->algos[a];
+	snprintf(ar->name, sizeof ar->name, "%s", algo_name(a));
+	ar->iteration_ms = r->iteration_ms;
+	ar->compute_ms = r->compute_ms;
+	ar->utilisation = r->utilisation;
+	ar->planning_ms = planning_ms;
+	ar->fits_memory = over <= 0;
+	sum->ran[a] = 1;
+}
+
+/*
+ * Every algorithm asked for: the chosen one (o->algo), the sequential one
+ * (ours may reuse its plan), and all of them with --compare. Each gets its
+ * row in sum; the chosen one's plan goes to out, its simulated result to
+ * *chosen_res and, for ours, its candidate to *chosen_cand.
+ */
+static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
+		     sim_result_t *chosen_res, const sched_cand_t **chosen_cand,
+		     plan_summary_t *sum)
+{
+	const plan_opts_t *o = pl->opts;
+	int want[ALGO__COUNT] = {0};
+	for (int a = 0; a < ALGO__COUNT; a++)
+		want[a] = o->compare;
+	want[o->algo] = 1;
+	want[ALGO_SEQUENTIAL] = 1;
+	/* sequential first: ours reuses it (the candidate data-parallel) */
+	static const algo_t run_order[ALGO__COUNT] = {ALGO_SEQUENTIAL, ALGO_SPINDLE, ALGO_PAPER,
+						      ALGO_TASK_LEVEL, ALGO_DISTMM};
+	sp_plan_t seq_plan = {0};
+	sim_result_t seq_res = {0};
+	double seq_over = 0;
+	int have_seq = 0;
+	for (int ai = 0; ai < ALGO__COUNT; ai++) {
+		int a = run_order[ai];
+		if (!want[a])
+			continue;
+		sp_plan_t p = {0};
+		sim_result_t r = {0};
+		double over = 0, t0 = now_ms();
+		int use_seq = 0, mine = a == (int)o->algo;
+		int rc = plan_one(pl, (algo_t)a, cands, o->placement, &p, &r, &over,
+				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
+				  &use_seq);
+		double t1 = now_ms();
+		if (rc) {
+			plan_release(&p);
+			plan_release(&seq_plan);
+			return rc;
+		}
+		record_algo(sum, (algo_t)a, &r, over, t1 - t0);
+		if (use_seq) { /* ours is the sequential plan */
+			p = seq_plan;
+			memset(&seq_plan, 0, sizeof seq_plan);
+			adopt_sequential(&p);
+		}
+		if (a == ALGO_SEQUENTIAL && a != (int)o->algo) {
+			seq_plan = p; /* kept for ours */
+			seq_res = r;
+			seq_over = over;
+			have_seq = 1;
+		} else if (mine) {
+			*out = p;
+			*chosen_res = r;
+		} else {
+			plan_release(&p);
+		}
+	}
+	plan_release(&seq_plan);
+	sum->chosen = o->algo;
+	return 0;
+}
+
+/* The certificate of plan p: its simulated times (res) beside the lower
+ * bounds, and the bytes it sends between nodes (the naive placement's
+ * figures come later, from naive_compare). */
+static void write_cert(sp_plan_t *p, const sim_result_t *res, const bounds_t *b)
+{
+	p->cert = (sp_cert_t){
+		.iteration_ms = res->iteration_ms,
+		.compute_ms = res->compute_ms,
+		.transfer_ms = res->transfer_ms,
+		.sync_ms = res->sync_ms,
+		.area_bound_ms = b->area_ms,
+		.cp_bound_ms = b->cp_ms,
+		.paper_bound_ms = b->paper_ms,
+		.lower_bound_ms = b->lower_ms,
+		.allot_bound_ms = b->allot_ms,
+		.gap = b->lower_ms > 0 ? res->compute_ms / b->lower_ms - 1 : 0,
+		.xnode_bytes = xnode_bytes(p),
+		.xfer_pred_ms = res->transfer_ms,
+	};
+}
+
+/* The certificate's comparison: the same schedule (candidate c of the
+ * chosen algorithm) placed naively, its bytes between nodes and transfer
+ * time. */
+static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t *c,
+			 sp_cert_t *ct)
+{
+	sp_plan_t naive = {0};
+	sim_result_t nr = {0};
+	double over;
+	int rc = plan_candidate(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive, &nr, &over);
+	if (!rc) {
+		ct->naive_xnode_bytes = xnode_bytes(&naive);
+		ct->naive_xfer_pred_ms = nr.transfer_ms;
+	}
+	plan_release(&naive);
+	return rc;
+}
+
+/* The plan's table of the algorithms that ran, without their planning
+ * times (not deterministic). */
+static int algo_table(sp_plan_t *p, const plan_summary_t *sum, sp_err_t *err)
+{
+	p->n_algos = 0;
+	p->algos = calloc(ALGO__COUNT, sizeof *p->algos);
+	if (!p->algos)
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int a = 0; a < ALGO__COUNT; a++)
+		if (sum->ran[a]) {
+			p->algos[p->n_algos] = sum->algos[a];
+			p->algos[p->n_algos].planning_ms = 0;
+			p->n_algos++;
+		}
+	return 0;
+}
+
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
 	planner_t pl = {.model = m, .cluster = c, .opts = o, .err = err};
+	sim_result_t chosen_res = {0};
+	const sched_cand_t *chosen_cand = NULL;
+	cand_state_t cands = {0}; /* our allotments, shared by the candidates */
 	int rc = 0;
 	double t_start = now_ms();
 	memset(out, 0, sizeof *out);
@@ -171,111 +307,14 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)))
 		goto cleanup;
 	bound_compute(&pl, &sum->bounds);
-
-	int want[ALGO__COUNT] = {0};
-	for (int a = 0; a < ALGO__COUNT; a++)
-		want[a] = o->compare;
-	want[o->algo] = 1;
-	want[ALGO_SEQUENTIAL] = 1;
-	sim_result_t chosen_res = {0};
-	const sched_cand_t *chosen_cand = NULL;
-	cand_state_t cands = {0}; /* our allotments, shared by the candidates */
-	/* sequential first: ours reuses it (the candidate data-parallel) */
-	static const algo_t run_order[ALGO__COUNT] = {ALGO_SEQUENTIAL, ALGO_SPINDLE, ALGO_PAPER,
-						      ALGO_TASK_LEVEL, ALGO_DISTMM};
-	sp_plan_t seq_plan = {0};
-	sim_result_t seq_res = {0};
-	double seq_over = 0;
-	int have_seq = 0;
-	for (int ai = 0; ai < ALGO__COUNT; ai++) {
-		int a = run_order[ai];
-		if (!want[a])
-			continue;
-		sp_plan_t p = {0};
-		sim_result_t r = {0};
-		double over = 0, t0 = now_ms();
-		int use_seq = 0, mine = a == (int)o->algo;
-		rc = plan_one(&pl, (algo_t)a, &cands, o->placement, &p, &r, &over,
-			      mine ? &chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-			      &use_seq);
-		double t1 = now_ms();
-		if (rc) {
-			plan_release(&p);
-			plan_release(&seq_plan);
-			goto cleanup;
-		}
-		sp_algo_result_t *ar = &sum->algos[a];
-		snprintf(ar->name, sizeof ar->name, "%s", algo_name((algo_t)a));
-		ar->iteration_ms = r.iteration_ms;
-		ar->compute_ms = r.compute_ms;
-		ar->utilisation = r.utilisation;
-		ar->planning_ms = t1 - t0;
-		ar->fits_memory = over <= 0;
-		sum->ran[a] = 1;
-		if (use_seq) { /* ours is the sequential plan */
-			p = seq_plan;
-			memset(&seq_plan, 0, sizeof seq_plan);
-			adopt_sequential(&p);
-		}
-		if (a == ALGO_SEQUENTIAL && a != (int)o->algo) {
-			seq_plan = p; /* kept for ours */
-			seq_res = r;
-			seq_over = over;
-			have_seq = 1;
-		} else if (mine) {
-			*out = p;
-			chosen_res = r;
-		} else {
-			plan_release(&p);
-		}
-	}
-	plan_release(&seq_plan);
-	sum->chosen = o->algo;
-	if ((rc = memplan_run(&pl, out, 1)))
+	/* every algorithm asked for; the chosen plan's final memory, verified */
+	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)) ||
+	    (rc = memplan_run(&pl, out, 1)) || (rc = verify_plan(out, pl.mem_cap, err)))
 		goto cleanup;
-	if ((rc = verify_plan(out, pl.mem_cap, err)))
+	write_cert(out, &chosen_res, &sum->bounds);
+	if ((rc = naive_compare(&pl, &cands, chosen_cand, &out->cert)) ||
+	    (rc = algo_table(out, sum, err)))
 		goto cleanup;
-
-	/* certificate */
-	sp_cert_t *ct = &out->cert;
-	ct->iteration_ms = chosen_res.iteration_ms;
-	ct->compute_ms = chosen_res.compute_ms;
-	ct->transfer_ms = chosen_res.transfer_ms;
-	ct->sync_ms = chosen_res.sync_ms;
-	ct->area_bound_ms = sum->bounds.area_ms;
-	ct->cp_bound_ms = sum->bounds.cp_ms;
-	ct->paper_bound_ms = sum->bounds.paper_ms;
-	ct->lower_bound_ms = sum->bounds.lower_ms;
-	ct->allot_bound_ms = sum->bounds.allot_ms;
-	ct->gap = ct->lower_bound_ms > 0 ? ct->compute_ms / ct->lower_bound_ms - 1 : 0;
-	ct->xnode_bytes = xnode_bytes(out);
-	ct->xfer_pred_ms = chosen_res.transfer_ms;
-	{
-		/* the same schedule placed naively, for comparison */
-		sp_plan_t naive = {0};
-		sim_result_t nr = {0};
-		double over;
-		rc = plan_candidate(&pl, o->algo, &cands, chosen_cand, PLACE_NAIVE, &naive, &nr, &over);
-		if (rc) {
-			plan_release(&naive);
-			goto cleanup;
-		}
-		ct->naive_xnode_bytes = xnode_bytes(&naive);
-		ct->naive_xfer_pred_ms = nr.transfer_ms;
-		plan_release(&naive);
-	}
-	out->n_algos = 0;
-	out->algos = calloc(ALGO__COUNT, sizeof *out->algos);
-	if (!out->algos) {
-		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
-	for (int a = 0; a < ALGO__COUNT; a++)
-		if (sum->ran[a]) {
-			out->algos[out->n_algos] = sum->algos[a];
-			out->algos[out->n_algos].planning_ms = 0; /* not deterministic */
-			out->n_algos++;
-		}
 	sum->total_ms = now_ms() - t_start;
 cleanup:
 	sp_arena_release(&pl.scratch);

@@ -86,20 +86,17 @@ typedef struct {
 	int n_seg;
 } homes_t;
 
-static int homes_build(planner_t *pl, const int *w, homes_t *h)
+/* Which components need homes: those whose full parameter state takes
+ * more than a quarter of a device get S[c] segments of at most 40% of a
+ * device, on homes of g[c] devices (the widest allotment among the
+ * component's MetaOps). L[c] is the component's layer count; every
+ * (comp, layer) slot gets its index from h->param_base. */
+static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int *S, int *g,
+			      int *L)
 {
 	const sp_model_t *md = pl->model;
-	int C = md->n_comps, N = pl->N, G = pl->cluster->gpus_per_node;
 	double psb = (double)param_state_bytes(md->dtype, md->opt.kind), cap = pl->mem_cap;
-	sp_arena_t *a = &pl->scratch;
-	memset(h, 0, sizeof *h);
-	h->param_base = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
-	int *S = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
-	int *g = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
-	int *L = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
-	if (!h->param_base || !S || !g || !L)
-		return SP_ENOMEM;
-	for (int c = 0; c < C; c++) {
+	for (int c = 0; c < md->n_comps; c++) {
 		h->param_base[c] = h->n_params;
 		L[c] = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
 		h->n_params += L[c];
@@ -114,11 +111,21 @@ static int homes_build(planner_t *pl, const int *w, homes_t *h)
 				g[c] = SP_MAX(g[c], w[m]);
 		}
 	}
+}
+
+/* Shrinks the widest homes until all of them fit on the devices, and
+ * grows S[c] until a segment also holds the activations its MetaOps save
+ * there; at most 64 rounds of both. */
+static void homes_fit(const planner_t *pl, int *S, int *g, const int *L)
+{
+	const sp_model_t *md = pl->model;
+	int C = md->n_comps;
+	double psb = (double)param_state_bytes(md->dtype, md->opt.kind), cap = pl->mem_cap;
 	for (int round = 0; round < 64; round++) {
 		int need = 0, grown = 0;
 		for (int c = 0; c < C; c++)
 			need += S[c] * g[c];
-		while (need > N) { /* shrink the widest homes */
+		while (need > pl->N) { /* shrink the widest homes */
 			int big = -1;
 			for (int c = 0; c < C; c++)
 				if (S[c] && g[c] > 1 && (big < 0 || g[c] > g[big]))
@@ -150,6 +157,15 @@ static int homes_build(planner_t *pl, const int *w, homes_t *h)
 		if (!grown)
 			break;
 	}
+}
+
+/* Lays the homes out on the devices, segment after segment (each inside
+ * one node when it fits), and maps every (comp, layer) slot to its
+ * segment. */
+static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, const int *L)
+{
+	int C = pl->model->n_comps, N = pl->N, G = pl->cluster->gpus_per_node;
+	sp_arena_t *a = &pl->scratch;
 	h->seg_of = sp_arena_calloc(a, (size_t)(h->n_params + 1), sizeof(int));
 	int total = 0;
 	for (int c = 0; c < C; c++) {
@@ -179,6 +195,22 @@ static int homes_build(planner_t *pl, const int *w, homes_t *h)
 	return 0;
 }
 
+static int homes_build(planner_t *pl, const int *w, homes_t *h)
+{
+	int C = pl->model->n_comps;
+	sp_arena_t *a = &pl->scratch;
+	memset(h, 0, sizeof *h);
+	h->param_base = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *S = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *g = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *L = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	if (!h->param_base || !S || !g || !L)
+		return SP_ENOMEM;
+	homes_first_guess(pl, w, h, S, g, L);
+	homes_fit(pl, S, g, L);
+	return homes_lay_out(pl, h, S, g, L);
+}
+
 /* Home segment of MetaOp m's layer l, or -1. */
 static int home_of(const planner_t *pl, const homes_t *h, int m, int l)
 {
@@ -205,44 +237,33 @@ static int ready(const planner_t *pl, const int *finished, int m)
 	return 1;
 }
 
-/*
- * Phase 2 with the placer: a slice starts only on free devices whose
- * memory takes it, so the schedule respects memory device by device and
- * the placement pass keeps these devices.
- */
-int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
+/* One call's state: the placer (devices and their memory), the homes, the
+ * MetaOps' progress and the slices running at time t; all in pl->scratch. */
+typedef struct {
+	planner_t *pl;
+	const int *w;
+	double frac;
+	sched_t *out;
+	placer_t *P;
+	homes_t H;
+	int *done;     /* per MetaOp: layers scheduled */
+	int *finished; /* per MetaOp: all layers ended */
+	int *running;  /* per MetaOp: a slice running */
+	int *order;    /* MetaOps by priority */
+	int *by_end;   /* next_free_time's work array */
+	run_t *run;    /* the running slices, nrun of them */
+	int nrun, n_fin;
+	int32_t *devs; /* room for N devices */
+	double t;
+} list_t;
+
+/* Priority: bottom level at widths w, then id. */
+static void list_order(const planner_t *pl, const int *w, double *bl, int *order)
 {
-	int M = pl->n_mops, N = pl->N, rc = 0, nrun = 0, n_fin = 0;
-	placer_t *P = NULL;
-	homes_t H = {0};
-	sp_arena_t *a = &pl->scratch; /* the candidate's (or the trial's) scope */
-	double *bl = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
-	int *done = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));     /* layers scheduled */
-	int *finished = sp_arena_calloc(a, (size_t)M + 1, sizeof(int)); /* all layers ended */
-	int *running = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	int *order = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	int *by_end = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	run_t *run = sp_arena_calloc(a, (size_t)M + 1, sizeof(run_t));
-	/* a running slice per MetaOp at most, each with room for N devices */
-	int32_t *rooms = sp_arena_calloc(a, (size_t)(M + 1) * (size_t)N, sizeof(int32_t));
-	int32_t *devs = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
-	if (!bl || !done || !finished || !running || !order || !by_end || !run || !rooms ||
-	    !devs || placer_new(&P, pl, PLACE_SPINDLE) || homes_build(pl, w, &H))
-		return SP_ENOMEM;
-	for (int m = 0; m <= M; m++)
-		run[m].devs = rooms + (size_t)m * (size_t)N;
-	for (int c = 0; c < pl->model->n_comps; c++) {
-		int nl = pl->model->comps[c].type == COMP_TRANSFORMER ? (int)pl->model->comps[c].layers : 1;
-		for (int l = 0; l < nl; l++) {
-			int sg = H.seg_of[H.param_base[c] + l];
-			if (sg >= 0)
-				placer_reserve(P, c, l, H.devs + H.first[sg], H.n[sg]);
-		}
-	}
+	int M = pl->n_mops;
 	sched_blevels(pl, w, bl);
 	for (int m = 0; m < M; m++)
 		order[m] = m;
-	/* priority: bottom level, then id */
 	for (int i = 1; i < M; i++)
 		for (int b = i; b > 0; b--) {
 			int x = order[b], y = order[b - 1];
@@ -251,148 +272,246 @@ int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
 			order[b] = y;
 			order[b - 1] = x;
 		}
-	double t = 0;
-	while (n_fin < M) {
-		int free_dev = placer_free_count(P, t), blocked = 0;
-		/* start ready MetaOps */
-		for (int oi = 0; oi < M && free_dev > 0; oi++) {
-			int m = order[oi];
-			const metaop_t *mo = &pl->mops[m];
-			if (running[m] || done[m] == mo->n_layers || !ready(pl, finished, m))
-				continue;
-			int home = home_of(pl, &H, m, done[m]);
-			if (home >= 0) {
-				/* homed layers run on their home, when all of it is free */
-				int r = 1, n = (int)SP_MIN((int64_t)H.n[home], mo->batch);
-				while (done[m] + r < mo->n_layers && home_of(pl, &H, m, done[m] + r) == home)
-					r++;
-				int all_free = 1;
-				sslice_t x = {m, done[m], done[m] + r, n, 0, t, t + r * mop_t(mo, n), 0, -1};
-				memcpy(devs, H.devs + H.first[home], sizeof(int32_t) * (size_t)n);
-				devs_sort(devs, n);
-				for (int j = 0; j < n; j++)
-					all_free &= placer_free_count_dev(P, devs[j], t);
-				if (!all_free)
-					continue;
-				start_slice(P, &run[nrun++], &x, devs, 1);
-				running[m] = 1;
-				done[m] += r;
-				free_dev -= n;
-				continue;
-			}
-			int want = SP_MIN(w[m], mo->nmax);
-			int r = SP_MIN(mo->n_layers - done[m], max_layers(pl, w, m, want, frac));
-			for (int k = 1; k < r; k++)
-				if (home_of(pl, &H, m, done[m] + k) >= 0)
-					r = k; /* stop where homed layers begin */
-			sslice_t x = {m, done[m], done[m] + r, want, 0, t, 0, 0, -1};
-			int later = 0, fit = placer_fitting(P, &x, &later);
-			int n = width_floor(mo, SP_MIN(want, fit));
-			want = width_floor(mo, want);
-			if (n < want) {
-				/* wait for devices with room, or start narrower now? */
-				double t_free = next_free_time(run, nrun, fit, want, by_end);
-				double wait_fin = t_free + r * mop_t(mo, want);
-				double now_fin = n > 0 ? t + r * mop_t(mo, n) : HUGE_VAL;
-				if (n == 0 || (now_fin > wait_fin && later > 0)) {
-					blocked += n == 0 && later == 0;
-					continue; /* wait; a smaller one may backfill */
-				}
-			}
-			x.n = n;
-			x.t1 = t + r * mop_t(mo, n);
-			int fits = placer_choose(P, &x, devs);
-			if (fits < 0)
-				return SP_EINTERNAL;
-			if (fits < n) {
-				blocked++; /* narrower means more samples each: no room */
-				continue;
-			}
-			start_slice(P, &run[nrun++], &x, devs, 0);
-			running[m] = 1;
-			done[m] += r;
-			free_dev -= n;
+}
+
+/* The work arrays, the placer with every home reserved, and the order. */
+static int list_init(list_t *s, planner_t *pl, const int *w, double frac, sched_t *out)
+{
+	int M = pl->n_mops, N = pl->N;
+	sp_arena_t *a = &pl->scratch; /* the candidate's (or the trial's) scope */
+	*s = (list_t){.pl = pl, .w = w, .frac = frac, .out = out};
+	double *bl = sp_arena_calloc(a, (size_t)M + 1, sizeof(double));
+	s->done = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	s->finished = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	s->running = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	s->order = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	s->by_end = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	s->run = sp_arena_calloc(a, (size_t)M + 1, sizeof(run_t));
+	/* a running slice per MetaOp at most, each with room for N devices */
+	int32_t *rooms = sp_arena_calloc(a, (size_t)(M + 1) * (size_t)N, sizeof(int32_t));
+	s->devs = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
+	if (!bl || !s->done || !s->finished || !s->running || !s->order || !s->by_end ||
+	    !s->run || !rooms || !s->devs || placer_new(&s->P, pl, PLACE_SPINDLE) ||
+	    homes_build(pl, w, &s->H))
+		return SP_ENOMEM;
+	for (int m = 0; m <= M; m++)
+		s->run[m].devs = rooms + (size_t)m * (size_t)N;
+	const homes_t *H = &s->H;
+	for (int c = 0; c < pl->model->n_comps; c++) {
+		int nl = pl->model->comps[c].type == COMP_TRANSFORMER ? (int)pl->model->comps[c].layers : 1;
+		for (int l = 0; l < nl; l++) {
+			int sg = H->seg_of[H->param_base[c] + l];
+			if (sg >= 0)
+				placer_reserve(s->P, c, l, H->devs + H->first[sg], H->n[sg]);
 		}
-		/* malleable tail: idle devices widen the slice that ends last */
-		int any_waiting = 0;
-		for (int m = 0; m < M && !any_waiting; m++)
-			any_waiting = !running[m] && done[m] < pl->mops[m].n_layers &&
-				      ready(pl, finished, m);
-		while (!any_waiting && free_dev > 0) {
-			int best = -1;
-			for (int i = 0; i < nrun; i++)
-				if (!run[i].homed && (best < 0 || run[i].t1 > run[best].t1))
-					best = i;
-			if (best < 0)
-				break;
-			run_t *x = &run[best];
-			const metaop_t *mo = &pl->mops[x->m];
-			double per = mop_t(mo, x->n);
-			int split = x->lf + (int)ceil((t - x->t0) / per - 1e-9);
-			split = SP_MAX(split, x->lf);
-			if (split >= x->lt || !mo->scales)
-				break;
-			double ts = x->t0 + (split - x->lf) * per;
-			/* extra devices: free now, with room for the rest of the slice */
-			sslice_t ext = {x->m, split, x->lt, SP_MIN(mo->nmax, x->n + free_dev) - x->n,
-					0, t, 0, 0, -1};
-			if (ext.n <= 0)
-				break;
-			int fit = placer_fitting(P, &ext, NULL);
-			ext.n = SP_MIN(ext.n, fit);
-			int nn = x->n + ext.n;
-			double fin = ts + (x->lt - split) * mop_t(mo, nn);
-			if (ext.n <= 0 || fin >= x->t1 - 1e-9)
-				break;
-			ext.t1 = fin;
-			if (placer_choose(P, &ext, devs) < 0)
-				break;
-			if (split > x->lf &&
-			    (rc = sched_push_devs(out, x->m, x->lf, split, x->n, x->t0, ts, x->devs)))
-				return rc;
-			/* the widened slice: old devices from ts, extra ones from now */
-			memcpy(x->devs + x->n, devs, sizeof(int32_t) * (size_t)ext.n);
-			sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1};
-			devs_sort(x->devs, nn);
-			placer_commit(P, &wide, x->devs);
-			free_dev -= ext.n;
-			x->lf = split;
-			x->n = nn;
-			x->t0 = ts;
-			x->t1 = fin;
+	}
+	list_order(pl, w, bl, s->order);
+	return 0;
+}
+
+/* Homed layers of m from done[m] on run on their home, when all of it is
+ * free: the run of them on that home starts now. */
+static void start_on_home(list_t *s, int m, int home, int *free_dev)
+{
+	const metaop_t *mo = &s->pl->mops[m];
+	const homes_t *H = &s->H;
+	int d = s->done[m], r = 1, n = (int)SP_MIN((int64_t)H->n[home], mo->batch);
+	while (d + r < mo->n_layers && home_of(s->pl, H, m, d + r) == home)
+		r++;
+	int all_free = 1;
+	sslice_t x = {m, d, d + r, n, 0, s->t, s->t + r * mop_t(mo, n), 0, -1};
+	memcpy(s->devs, H->devs + H->first[home], sizeof(int32_t) * (size_t)n);
+	devs_sort(s->devs, n);
+	for (int j = 0; j < n; j++)
+		all_free &= placer_free_count_dev(s->P, s->devs[j], s->t);
+	if (!all_free)
+		return;
+	start_slice(s->P, &s->run[s->nrun++], &x, s->devs, 1);
+	s->running[m] = 1;
+	s->done[m] += r;
+	*free_dev -= n;
+}
+
+/* Starts ready MetaOp m now at its width, or narrower when that finishes
+ * no later than waiting for devices would; else it waits (*blocked counts
+ * those that wait for memory no device will free). */
+static int start_metaop(list_t *s, int m, int *free_dev, int *blocked)
+{
+	planner_t *pl = s->pl;
+	const metaop_t *mo = &pl->mops[m];
+	int home = home_of(pl, &s->H, m, s->done[m]);
+	if (home >= 0) {
+		start_on_home(s, m, home, free_dev);
+		return 0;
+	}
+	double t = s->t;
+	int d = s->done[m], want = SP_MIN(s->w[m], mo->nmax);
+	int r = SP_MIN(mo->n_layers - d, max_layers(pl, s->w, m, want, s->frac));
+	for (int k = 1; k < r; k++)
+		if (home_of(pl, &s->H, m, d + k) >= 0)
+			r = k; /* stop where homed layers begin */
+	sslice_t x = {m, d, d + r, want, 0, t, 0, 0, -1};
+	int later = 0, fit = placer_fitting(s->P, &x, &later);
+	int n = width_floor(mo, SP_MIN(want, fit));
+	want = width_floor(mo, want);
+	if (n < want) {
+		/* wait for devices with room, or start narrower now? */
+		double t_free = next_free_time(s->run, s->nrun, fit, want, s->by_end);
+		double wait_fin = t_free + r * mop_t(mo, want);
+		double now_fin = n > 0 ? t + r * mop_t(mo, n) : HUGE_VAL;
+		if (n == 0 || (now_fin > wait_fin && later > 0)) {
+			*blocked += n == 0 && later == 0;
+			return 0; /* wait; a smaller one may backfill */
 		}
-		if (nrun == 0) {
-			if (blocked)
-				return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
-						  "spindle schedule: no device has memory left for "
-						  "some MetaOp at %.3f ms",
-						  t);
-			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-					  "spindle schedule: nothing runnable at %.3f ms", t);
+	}
+	x.n = n;
+	x.t1 = t + r * mop_t(mo, n);
+	int fits = placer_choose(s->P, &x, s->devs);
+	if (fits < 0)
+		return SP_EINTERNAL;
+	if (fits < n) {
+		++*blocked; /* narrower means more samples each: no room */
+		return 0;
+	}
+	start_slice(s->P, &s->run[s->nrun++], &x, s->devs, 0);
+	s->running[m] = 1;
+	s->done[m] += r;
+	*free_dev -= n;
+	return 0;
+}
+
+/* Ready MetaOps start in priority order while devices are free. */
+static int start_ready(list_t *s, int *free_dev, int *blocked)
+{
+	int rc;
+	for (int oi = 0; oi < s->pl->n_mops && *free_dev > 0; oi++) {
+		int m = s->order[oi];
+		if (s->running[m] || s->done[m] == s->pl->mops[m].n_layers ||
+		    !ready(s->pl, s->finished, m))
+			continue;
+		if ((rc = start_metaop(s, m, free_dev, blocked)))
+			return rc;
+	}
+	return 0;
+}
+
+/*
+ * Malleable tail: when no MetaOp waits, idle devices widen the running
+ * (unhomed) slice that ends last at its next layer boundary, if that ends
+ * it sooner; the part before the boundary is pushed as its own slice.
+ * Repeats while devices stay free.
+ */
+static int widen_last(list_t *s, int free_dev)
+{
+	planner_t *pl = s->pl;
+	double t = s->t;
+	int rc, any_waiting = 0;
+	for (int m = 0; m < pl->n_mops && !any_waiting; m++)
+		any_waiting = !s->running[m] && s->done[m] < pl->mops[m].n_layers &&
+			      ready(pl, s->finished, m);
+	while (!any_waiting && free_dev > 0) {
+		int best = -1;
+		for (int i = 0; i < s->nrun; i++)
+			if (!s->run[i].homed && (best < 0 || s->run[i].t1 > s->run[best].t1))
+				best = i;
+		if (best < 0)
+			break;
+		run_t *x = &s->run[best];
+		const metaop_t *mo = &pl->mops[x->m];
+		double per = mop_t(mo, x->n);
+		int split = x->lf + (int)ceil((t - x->t0) / per - 1e-9);
+		split = SP_MAX(split, x->lf);
+		if (split >= x->lt || !mo->scales)
+			break;
+		double ts = x->t0 + (split - x->lf) * per;
+		/* extra devices: free now, with room for the rest of the slice */
+		sslice_t ext = {x->m, split, x->lt, SP_MIN(mo->nmax, x->n + free_dev) - x->n,
+				0, t, 0, 0, -1};
+		if (ext.n <= 0)
+			break;
+		int fit = placer_fitting(s->P, &ext, NULL);
+		ext.n = SP_MIN(ext.n, fit);
+		int nn = x->n + ext.n;
+		double fin = ts + (x->lt - split) * mop_t(mo, nn);
+		if (ext.n <= 0 || fin >= x->t1 - 1e-9)
+			break;
+		ext.t1 = fin;
+		if (placer_choose(s->P, &ext, s->devs) < 0)
+			break;
+		if (split > x->lf &&
+		    (rc = sched_push_devs(s->out, x->m, x->lf, split, x->n, x->t0, ts, x->devs)))
+			return rc;
+		/* the widened slice: old devices from ts, extra ones from now */
+		memcpy(x->devs + x->n, s->devs, sizeof(int32_t) * (size_t)ext.n);
+		sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1};
+		devs_sort(x->devs, nn);
+		placer_commit(s->P, &wide, x->devs);
+		free_dev -= ext.n;
+		x->lf = split;
+		x->n = nn;
+		x->t0 = ts;
+		x->t1 = fin;
+	}
+	return 0;
+}
+
+/* Advances t to the next end of a running slice and pushes the slices that
+ * end then; nothing running is an error (blocked: for want of memory). */
+static int next_event(list_t *s, int blocked)
+{
+	planner_t *pl = s->pl;
+	int rc;
+	if (s->nrun == 0) {
+		if (blocked)
+			return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
+					  "spindle schedule: no device has memory left for "
+					  "some MetaOp at %.3f ms",
+					  s->t);
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "spindle schedule: nothing runnable at %.3f ms", s->t);
+	}
+	int e = 0;
+	for (int i = 1; i < s->nrun; i++)
+		if (s->run[i].t1 < s->run[e].t1)
+			e = i;
+	s->t = s->run[e].t1;
+	for (int i = 0; i < s->nrun;) {
+		if (s->run[i].t1 > s->t + 1e-12) {
+			i++;
+			continue;
 		}
-		/* advance to the next end */
-		int e = 0;
-		for (int i = 1; i < nrun; i++)
-			if (run[i].t1 < run[e].t1)
-				e = i;
-		t = run[e].t1;
-		for (int i = 0; i < nrun;) {
-			if (run[i].t1 > t + 1e-12) {
-				i++;
-				continue;
-			}
-			run_t *x = &run[i];
-			if ((rc = sched_push_devs(out, x->m, x->lf, x->lt, x->n, x->t0, x->t1, x->devs)))
-				return rc;
-			running[x->m] = 0;
-			if (x->lt == pl->mops[x->m].n_layers) {
-				finished[x->m] = 1;
-				n_fin++;
-			}
-			run_t ended = *x; /* its room goes to the free slot at the end */
-			*x = run[--nrun];
-			run[nrun] = ended;
+		run_t *x = &s->run[i];
+		if ((rc = sched_push_devs(s->out, x->m, x->lf, x->lt, x->n, x->t0, x->t1, x->devs)))
+			return rc;
+		s->running[x->m] = 0;
+		if (x->lt == pl->mops[x->m].n_layers) {
+			s->finished[x->m] = 1;
+			s->n_fin++;
 		}
+		run_t ended = *x; /* its room goes to the free slot at the end */
+		*x = s->run[--s->nrun];
+		s->run[s->nrun] = ended;
+	}
+	return 0;
+}
+
+/*
+ * Phase 2 with the placer: a slice starts only on free devices whose
+ * memory takes it, so the schedule respects memory device by device and
+ * the placement pass keeps these devices. Event by event: start ready
+ * MetaOps, widen the slice that ends last, advance to the next end.
+ */
+int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
+{
+	list_t s;
+	int rc;
+	if ((rc = list_init(&s, pl, w, frac, out)))
+		return rc;
+	while (s.n_fin < pl->n_mops) {
+		int free_dev = placer_free_count(s.P, s.t), blocked = 0;
+		if ((rc = start_ready(&s, &free_dev, &blocked)) || (rc = widen_last(&s, free_dev)) ||
+		    (rc = next_event(&s, blocked)))
+			return rc;
 	}
 	return 0;
 }

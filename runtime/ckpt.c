@@ -636,9 +636,9 @@ int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 		bad = 1;
 	}
 	/* every rank takes part in every collective, failed or not */
-	int comm = c->gather(c, mine, bytes, &all, &sizes);
+	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
 	free(mine);
-	if (comm || c->allsum(c, &bad, 1)) {
+	if (comm || c->ops->allsum(c, &bad, 1)) {
 		free(all);
 		free(sizes);
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
@@ -655,7 +655,7 @@ int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 	free(all);
 	free(sizes);
 	/* every rank learns whether the save succeeded */
-	if (c->allsum(c, &bad, 1))
+	if (c->ops->allsum(c, &bad, 1))
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
 				  "rank %d: checkpoint of step %lld: communication failed", c->rank,
 				  (long long)step);
@@ -978,7 +978,7 @@ int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
 	flags[c->rank] = rc ? 1 : 0;
 	flags[c->nranks] = rc ? 0 : (double)*step;
-	if (c->allsum(c, flags, c->nranks + 1)) {
+	if (c->ops->allsum(c, flags, c->nranks + 1)) {
 		free(flags);
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
 				  "rank %d: checkpoint load: communication failed", c->rank);

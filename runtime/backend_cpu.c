@@ -84,30 +84,11 @@ static int cpu_attach(rt_comm_t *c, sp_err_t *err)
 	return 0;
 }
 
+#define CPU_MATH(f) .f = f,
 const rt_backend_t backend_cpu = {
-	.name = "cpu",
-	.attach = cpu_attach,
-	.init = cpu_init,
-	.shutdown = cpu_shutdown,
-	.alloc = cpu_alloc,
-	.release = cpu_release,
-	.to_device = cpu_copy,
-	.to_host = cpu_copy,
-	.zero = cpu_zero,
-	.copy_rows = cpu_copy_rows,
-	.embedding_fwd = embedding_fwd,
-	.embedding_bwd = embedding_bwd,
-	.patch_fwd = patch_fwd,
-	.patch_bwd = patch_bwd,
-	.tblock_fwd = tblock_fwd,
-	.tblock_bwd = tblock_bwd,
-	.linear_fwd = linear_fwd,
-	.linear_bwd = linear_bwd,
-	.lm_head_loss = lm_head_loss,
-	.classifier_loss = classifier_loss,
-	.contrastive_loss = contrastive_loss,
-	.adamw_step = adamw_step,
-	.sgd_step = sgd_step,
-	.layer_init = layer_init,
-	.sync = cpu_sync,
+	.name = "cpu", .attach = cpu_attach, .init = cpu_init, .shutdown = cpu_shutdown,
+	/* host memory: moving in and out is a copy */
+	.alloc = cpu_alloc, .release = cpu_release, .to_device = cpu_copy, .to_host = cpu_copy,
+	.zero = cpu_zero, .copy_rows = cpu_copy_rows, .sync = cpu_sync,
+	RT_BACKEND_MATH(CPU_MATH) .layer_init = layer_init,
 };

@@ -46,30 +46,12 @@ static int cuda_init(rt_comm_t *c, sp_err_t *err)
 	return rc;
 }
 
+#define CUDA_MATH(f) .f = cu_##f,
 const rt_backend_t backend_cuda = {
-	.name = "cuda",
-	.attach = cuda_attach,
-	.init = cuda_init,
-	.shutdown = cu_shutdown,
-	.alloc = cu_alloc,
-	.release = cu_release,
-	.to_device = cu_to_device,
-	.to_host = cu_to_host,
-	.zero = cu_zero,
-	.copy_rows = cu_copy_rows,
-	.embedding_fwd = cu_embedding_fwd,
-	.embedding_bwd = cu_embedding_bwd,
-	.patch_fwd = cu_patch_fwd,
-	.patch_bwd = cu_patch_bwd,
-	.tblock_fwd = cu_tblock_fwd,
-	.tblock_bwd = cu_tblock_bwd,
-	.linear_fwd = cu_linear_fwd,
-	.linear_bwd = cu_linear_bwd,
-	.lm_head_loss = cu_lm_head_loss,
-	.classifier_loss = cu_classifier_loss,
-	.contrastive_loss = cu_contrastive_loss,
-	.adamw_step = cu_adamw_step,
-	.sgd_step = cu_sgd_step,
+	.name = "cuda", .attach = cuda_attach, .init = cuda_init, .shutdown = cu_shutdown,
+	.alloc = cu_alloc, .release = cu_release, .to_device = cu_to_device,
+	.to_host = cu_to_host, .zero = cu_zero, .copy_rows = cu_copy_rows, .sync = cu_sync,
+	RT_BACKEND_MATH(CUDA_MATH)
+	/* parameters are initialised on the host, then copied */
 	.layer_init = layer_init,
-	.sync = cu_sync,
 };

@@ -95,9 +95,9 @@ static void l_finalize(rt_comm_t *c)
 }
 
 static const rt_comm_ops_t local_ops = {
-	.group_create = l_group, .isend = l_p2p,   .irecv = l_recv,	    .iallreduce = l_allreduce,
-	.test = l_test,		 .allsum = l_allsum, .gather = l_gather,	    .barrier = l_barrier,
-	.abort = l_abort,	 .finalize = l_finalize,
+	.group_create = l_group, .isend = l_p2p, .irecv = l_recv,
+	.iallreduce = l_allreduce, .test = l_test, .allsum = l_allsum, .gather = l_gather,
+	.barrier = l_barrier, .abort = l_abort, .finalize = l_finalize,
 };
 
 int comm_local_init(rt_comm_t *c)
@@ -110,4 +110,12 @@ int comm_local_init(rt_comm_t *c)
 int comm_under_launcher(void)
 {
 	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int comm_member(const rt_comm_t *c, const int *ranks, int n)
+{
+	int member = 0;
+	for (int i = 0; i < n; i++)
+		member |= ranks[i] == c->rank;
+	return member;
 }

@@ -23,19 +23,15 @@ typedef struct {
 static int m_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	mpi_impl_t *im = c->impl;
-	int member = 0;
-	for (int i = 0; i < n; i++)
-		member |= ranks[i] == c->rank;
+	int member = comm_member(c, ranks, n);
 	MPI_Comm nc = MPI_COMM_NULL;
 	if (MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, c->rank, &nc) !=
 	    MPI_SUCCESS)
 		return -1;
-	*out = -1;
-	if (!member)
-		return 0;
-	if (SP_PUSH(im->groups, im->n_groups, im->cap, nc))
+	/* a member keeps the communicator; the group's id is its place in the list */
+	if (member && SP_PUSH(im->groups, im->n_groups, im->cap, nc))
 		return -1;
-	*out = im->n_groups - 1;
+	*out = member ? im->n_groups - 1 : -1;
 	return 0;
 }
 
@@ -199,9 +195,9 @@ int comm_mpi_available(void)
 }
 
 static const rt_comm_ops_t mpi_ops = {
-	.group_create = m_group, .isend = m_isend,   .irecv = m_irecv,	    .iallreduce = m_iallreduce,
-	.test = m_test,		 .allsum = m_allsum, .gather = m_gather,	    .barrier = m_barrier,
-	.abort = m_abort,	 .finalize = m_finalize,
+	.group_create = m_group, .isend = m_isend, .irecv = m_irecv,
+	.iallreduce = m_iallreduce, .test = m_test, .allsum = m_allsum, .gather = m_gather,
+	.barrier = m_barrier, .abort = m_abort, .finalize = m_finalize,
 };
 
 int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err)

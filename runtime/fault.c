@@ -23,13 +23,15 @@ int fault_parse(fault_t *f, const char *spec)
 	if (strlen(spec) >= sizeof buf)
 		goto bad;
 	snprintf(buf, sizeof buf, "%s", spec);
-	for (char *save = NULL, *s = strtok_r(buf, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
+	char *save = NULL;
+	for (char *s = strtok_r(buf, ",", &save); s; s = strtok_r(NULL, ",", &save)) {
 		long long a = 0, b = 0;
 		int n = 0;
 		if (sscanf(s, "kill-in-save:%lld%n", &a, &n) == 1 && a > 0 && !s[n]) {
 			f->ckpt.kill_step = a;
 			f->ckpt.kill_latest = 0;
-		} else if (sscanf(s, "kill-in-save:%lld:latest%n", &a, &n) == 1 && a > 0 && !s[n]) {
+		} else if (sscanf(s, "kill-in-save:%lld:latest%n", &a, &n) == 1 && a > 0 &&
+			   !s[n]) {
 			f->ckpt.kill_step = a;
 			f->ckpt.kill_latest = 1;
 		} else if (sscanf(s, "enospc-in-save:%lld%n", &a, &n) == 1 && a > 0 && !s[n]) {

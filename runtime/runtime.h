@@ -67,6 +67,8 @@ int comm_local_init(rt_comm_t *c);
 int comm_mpi_available(void);
 /* Whether this process was started by mpirun (environment). */
 int comm_under_launcher(void);
+/* Whether c's rank is among ranks[0..n) (for group_create). */
+int comm_member(const rt_comm_t *c, const int *ranks, int n);
 
 /* ---- backend: memory, layers, optimizer --------------------------------- */
 
@@ -109,6 +111,13 @@ typedef struct rt_backend {
 	/* waits for queued device work (no-op on the CPU) */
 	rt_sync_fn_t *sync;
 } rt_backend_t;
+
+/* The math entries every backend fills with its functions of the same
+ * names, under its own prefix (CPU: none, layers.h; CUDA: cu_). */
+#define RT_BACKEND_MATH(X)                                                                  \
+	X(embedding_fwd) X(embedding_bwd) X(patch_fwd) X(patch_bwd) X(tblock_fwd)           \
+	X(tblock_bwd) X(linear_fwd) X(linear_bwd) X(lm_head_loss) X(classifier_loss)        \
+	X(contrastive_loss) X(adamw_step) X(sgd_step)
 
 /* backend_cpu.c: the reference. backend_cuda.c: the CUDA table; in builds
  * without CUDA, backend_cuda_none.c's, whose attach says so (and whose

@@ -520,7 +520,8 @@ static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 	}
 	op->state = ST_WAIT_CHAN;
 	/* the receive is enqueued (progress) before the sender can match it */
-	if (im->inner.ops->isend(&im->inner, &op->cts, sizeof op->cts, peer, CTRL_TAG, &op->cts_req)) {
+	if (im->inner.ops->isend(&im->inner, &op->cts, sizeof op->cts, peer, CTRL_TAG,
+				 &op->cts_req)) {
 		op_free(im, op);
 		return -1;
 	}
@@ -531,10 +532,8 @@ static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 static int n_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	nccl_impl_t *im = impl(c);
-	int member = 0;
+	int member = comm_member(c, ranks, n);
 	*out = -1;
-	for (int i = 0; i < n; i++)
-		member |= ranks[i] == c->rank;
 	group_t g = {NULL, NULL};
 	if (n > 1) {
 		if (!im->started || !im->world)
@@ -740,9 +739,9 @@ static void n_finalize(rt_comm_t *c)
 }
 
 static const rt_comm_ops_t nccl_ops = {
-	.group_create = n_group, .isend = n_isend,   .irecv = n_irecv,	    .iallreduce = n_iallreduce,
-	.test = n_test,		 .allsum = n_allsum, .gather = n_gather,	    .barrier = n_barrier,
-	.abort = n_abort,	 .finalize = n_finalize,
+	.group_create = n_group, .isend = n_isend, .irecv = n_irecv,
+	.iallreduce = n_iallreduce, .test = n_test, .allsum = n_allsum, .gather = n_gather,
+	.barrier = n_barrier, .abort = n_abort, .finalize = n_finalize,
 };
 
 int comm_nccl_available(void)

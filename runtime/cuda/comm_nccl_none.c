@@ -74,9 +74,9 @@ static void none_finalize(rt_comm_t *c)
 }
 
 static const rt_comm_ops_t none_ops = {
-	.group_create = none_group, .isend = none_isend,   .irecv = none_irecv,
+	.group_create = none_group, .isend = none_isend, .irecv = none_irecv,
 	.iallreduce = none_iallreduce, .test = none_test, .allsum = none_allsum,
-	.gather = none_gather,	    .barrier = none_barrier, .abort = none_abort,
+	.gather = none_gather, .barrier = none_barrier, .abort = none_abort,
 	.finalize = none_finalize,
 };
 

@@ -17,17 +17,16 @@
  * other CBLAS libraries simply lack the call.) */
 void openblas_set_num_threads(int n) __attribute__((weak));
 
-static int cpu_init(rt_backend_t *b, int rank, sp_err_t *err)
+/* Nothing to set up beyond what attach did: the device is this process. */
+static int cpu_init(rt_comm_t *c, sp_err_t *err)
 {
-	(void)b;
-	(void)rank;
+	(void)c;
 	(void)err;
 	return 0;
 }
 
-static void cpu_shutdown(rt_backend_t *b)
+static void cpu_shutdown(void)
 {
-	(void)b;
 }
 
 static void *cpu_alloc(size_t bytes)
@@ -70,8 +69,11 @@ static void cpu_sync(void)
 {
 }
 
-void backend_cpu(rt_backend_t *b)
+/* Any comm serves: the CPU's buffers are host memory. */
+static int cpu_attach(rt_comm_t *c, sp_err_t *err)
 {
+	(void)c;
+	(void)err;
 	if (openblas_set_num_threads)
 		openblas_set_num_threads(1);
 #if defined(__SSE__)
@@ -79,31 +81,14 @@ void backend_cpu(rt_backend_t *b)
 	 * gradients late in training would otherwise slow the math many times */
 	_MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
 #endif
-	rt_comm_t keep = b->comm;
-	memset(b, 0, sizeof *b);
-	b->comm = keep;
-	b->name = "cpu";
-	b->init = cpu_init;
-	b->shutdown = cpu_shutdown;
-	b->alloc = cpu_alloc;
-	b->release = cpu_release;
-	b->to_device = cpu_copy;
-	b->to_host = cpu_copy;
-	b->zero = cpu_zero;
-	b->copy_rows = cpu_copy_rows;
-	b->embedding_fwd = embedding_fwd;
-	b->embedding_bwd = embedding_bwd;
-	b->patch_fwd = patch_fwd;
-	b->patch_bwd = patch_bwd;
-	b->tblock_fwd = tblock_fwd;
-	b->tblock_bwd = tblock_bwd;
-	b->linear_fwd = linear_fwd;
-	b->linear_bwd = linear_bwd;
-	b->lm_head_loss = lm_head_loss;
-	b->classifier_loss = classifier_loss;
-	b->contrastive_loss = contrastive_loss;
-	b->adamw_step = adamw_step;
-	b->sgd_step = sgd_step;
-	b->layer_init = layer_init;
-	b->sync = cpu_sync;
+	return 0;
 }
+
+#define CPU_MATH(f) .f = f,
+const rt_backend_t backend_cpu = {
+	.name = "cpu", .attach = cpu_attach, .init = cpu_init, .shutdown = cpu_shutdown,
+	/* host memory: moving in and out is a copy */
+	.alloc = cpu_alloc, .release = cpu_release, .to_device = cpu_copy, .to_host = cpu_copy,
+	.zero = cpu_zero, .copy_rows = cpu_copy_rows, .sync = cpu_sync,
+	RT_BACKEND_MATH(CPU_MATH) .layer_init = layer_init,
+};

@@ -210,24 +210,6 @@ static int write_file(writer_t *w, const char *path, const void *a, size_t na,
 	return rc;
 }
 
-/* Removes a snapshot directory (flat: files only) and its files. */
-static void remove_tree(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return;
-	struct dirent *e;
-	char path[4608];
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-	rmdir(dir);
-}
-
 /* Whether name is one of ours: step-<digits>[-<digits>][.tmp]. */
 static int snapshot_name(const char *name, int allow_tmp)
 {
@@ -251,8 +233,14 @@ static int snapshot_name(const char *name, int allow_tmp)
 	return *s == 0;
 }
 
-/* Removes every snapshot (and stale .tmp) in dir but keep_a and keep_b. */
-static void prune(const char *dir, const char *keep_a, const char *keep_b)
+static void remove_tree(const char *dir);
+
+/*
+ * Removes the entries of dir but keep_a and keep_b (either may be NULL).
+ * snaps 0: every entry, each a file; snaps 1: only those named like our
+ * snapshots (and stale .tmp), each a flat directory.
+ */
+static void remove_entries(const char *dir, int snaps, const char *keep_a, const char *keep_b)
 {
 	DIR *d = opendir(dir);
 	if (!d)
@@ -260,14 +248,30 @@ static void prune(const char *dir, const char *keep_a, const char *keep_b)
 	struct dirent *e;
 	char path[4608];
 	while ((e = readdir(d))) {
-		if (!snapshot_name(e->d_name, 1))
+		const char *nm = e->d_name;
+		if (!strcmp(nm, ".") || !strcmp(nm, "..") || (snaps && !snapshot_name(nm, 1)) ||
+		    (keep_a && !strcmp(nm, keep_a)) || (keep_b && !strcmp(nm, keep_b)))
 			continue;
-		if ((keep_a && !strcmp(e->d_name, keep_a)) || (keep_b && !strcmp(e->d_name, keep_b)))
-			continue;
-		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		remove_tree(path);
+		snprintf(path, sizeof path, "%s/%s", dir, nm);
+		if (snaps)
+			remove_tree(path);
+		else
+			unlink(path);
 	}
 	closedir(d);
+}
+
+/* Removes a snapshot directory (flat: files only) and its files. */
+static void remove_tree(const char *dir)
+{
+	remove_entries(dir, 0, NULL, NULL);
+	rmdir(dir);
+}
+
+/* Removes every snapshot (and stale .tmp) in dir but keep_a and keep_b. */
+static void prune(const char *dir, const char *keep_a, const char *keep_b)
+{
+	remove_entries(dir, 1, keep_a, keep_b);
 }
 
 /* The snapshot LATEST names (0), or -1 when there is none or it is not
@@ -636,9 +640,9 @@ int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 		bad = 1;
 	}
 	/* every rank takes part in every collective, failed or not */
-	int comm = c->gather(c, mine, bytes, &all, &sizes);
+	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
 	free(mine);
-	if (comm || c->allsum(c, &bad, 1)) {
+	if (comm || c->ops->allsum(c, &bad, 1)) {
 		free(all);
 		free(sizes);
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
@@ -655,7 +659,7 @@ int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 	free(all);
 	free(sizes);
 	/* every rank learns whether the save succeeded */
-	if (c->allsum(c, &bad, 1))
+	if (c->ops->allsum(c, &bad, 1))
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
 				  "rank %d: checkpoint of step %lld: communication failed", c->rank,
 				  (long long)step);
@@ -978,7 +982,7 @@ int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
 	flags[c->rank] = rc ? 1 : 0;
 	flags[c->nranks] = rc ? 0 : (double)*step;
-	if (c->allsum(c, flags, c->nranks + 1)) {
+	if (c->ops->allsum(c, flags, c->nranks + 1)) {
 		free(flags);
 		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
 				  "rank %d: checkpoint load: communication failed", c->rank);

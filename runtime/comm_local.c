@@ -94,27 +94,28 @@ static void l_finalize(rt_comm_t *c)
 	(void)c;
 }
 
+static const rt_comm_ops_t local_ops = {
+	.group_create = l_group, .isend = l_p2p, .irecv = l_recv,
+	.iallreduce = l_allreduce, .test = l_test, .allsum = l_allsum, .gather = l_gather,
+	.barrier = l_barrier, .abort = l_abort, .finalize = l_finalize,
+};
+
 int comm_local_init(rt_comm_t *c)
 {
-	memset(c, 0, sizeof *c);
-	c->name = "local";
-	c->tag_ub = INT32_MAX;
-	c->rank = 0;
-	c->nranks = 1;
-	c->group_create = l_group;
-	c->isend = l_p2p;
-	c->irecv = l_recv;
-	c->iallreduce = l_allreduce;
-	c->test = l_test;
-	c->allsum = l_allsum;
-	c->gather = l_gather;
-	c->barrier = l_barrier;
-	c->abort = l_abort;
-	c->finalize = l_finalize;
+	*c = (rt_comm_t){.ops = &local_ops, .name = "local", .rank = 0, .nranks = 1,
+			 .tag_ub = INT32_MAX};
 	return 0;
 }
 
 int comm_under_launcher(void)
 {
 	return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int comm_member(const rt_comm_t *c, const int *ranks, int n)
+{
+	int member = 0;
+	for (int i = 0; i < n; i++)
+		member |= ranks[i] == c->rank;
+	return member;
 }

@@ -23,19 +23,31 @@ typedef struct {
 static int m_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	mpi_impl_t *im = c->impl;
-	int member = 0;
-	for (int i = 0; i < n; i++)
-		member |= ranks[i] == c->rank;
+	int member = comm_member(c, ranks, n);
 	MPI_Comm nc = MPI_COMM_NULL;
 	if (MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, c->rank, &nc) !=
 	    MPI_SUCCESS)
 		return -1;
-	*out = -1;
-	if (!member)
-		return 0;
-	if (SP_PUSH(im->groups, im->n_groups, im->cap, nc))
+	/* a member keeps the communicator; the group's id is its place in the list */
+	if (member && SP_PUSH(im->groups, im->n_groups, im->cap, nc))
 		return -1;
-	*out = im->n_groups - 1;
+	*out = member ? im->n_groups - 1 : -1;
+	return 0;
+}
+
+/* One point-to-point request: kind 1 send, 2 receive. */
+static int m_p2p(int kind, void *buf, size_t bytes, int peer, int tag, rt_req_t *req)
+{
+	MPI_Request *r = malloc(sizeof *r);
+	if (!r || bytes > (size_t)2147483647)
+		return free(r), -1;
+	int rc = kind == 1 ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r)
+			   : MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r);
+	if (rc != MPI_SUCCESS) {
+		free(r);
+		return -1;
+	}
+	*req = (rt_req_t){kind, r, peer, tag};
 	return 0;
 }
 
@@ -43,29 +55,13 @@ static int m_isend(rt_comm_t *c, const void *buf, size_t bytes, int peer, int ta
 		   rt_req_t *req)
 {
 	(void)c;
-	MPI_Request *r = malloc(sizeof *r);
-	if (!r || bytes > (size_t)2147483647)
-		return free(r), -1;
-	if (MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r) != MPI_SUCCESS) {
-		free(r);
-		return -1;
-	}
-	*req = (rt_req_t){1, r, peer, tag};
-	return 0;
+	return m_p2p(1, (void *)buf, bytes, peer, tag, req);
 }
 
 static int m_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req)
 {
 	(void)c;
-	MPI_Request *r = malloc(sizeof *r);
-	if (!r || bytes > (size_t)2147483647)
-		return free(r), -1;
-	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r) != MPI_SUCCESS) {
-		free(r);
-		return -1;
-	}
-	*req = (rt_req_t){2, r, peer, tag};
-	return 0;
+	return m_p2p(2, buf, bytes, peer, tag, req);
 }
 
 static int m_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
@@ -198,9 +194,15 @@ int comm_mpi_available(void)
 	return 1;
 }
 
+static const rt_comm_ops_t mpi_ops = {
+	.group_create = m_group, .isend = m_isend, .irecv = m_irecv,
+	.iallreduce = m_iallreduce, .test = m_test, .allsum = m_allsum, .gather = m_gather,
+	.barrier = m_barrier, .abort = m_abort, .finalize = m_finalize,
+};
+
 int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err)
 {
-	memset(c, 0, sizeof *c);
+	*c = (rt_comm_t){.ops = &mpi_ops, .name = "mpi"};
 	if (MPI_Init(argc, argv) != MPI_SUCCESS)
 		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "MPI_Init failed");
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -209,19 +211,8 @@ int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err)
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &c->nranks);
-	c->name = "mpi";
 	int *ub = NULL, flag = 0;
 	MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
 	c->tag_ub = flag && ub ? *ub : 32767; /* the standard's guaranteed minimum */
-	c->group_create = m_group;
-	c->isend = m_isend;
-	c->irecv = m_irecv;
-	c->iallreduce = m_iallreduce;
-	c->test = m_test;
-	c->allsum = m_allsum;
-	c->gather = m_gather;
-	c->barrier = m_barrier;
-	c->abort = m_abort;
-	c->finalize = m_finalize;
 	return 0;
 }

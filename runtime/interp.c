@@ -37,7 +37,8 @@ typedef struct {
 
 struct rt_state {
 	const sp_plan_t *p;
-	rt_backend_t *b;
+	const rt_backend_t *b;
+	rt_comm_t *c;
 	rt_opts_t o;
 	int rank;
 	const sp_device_t *dev;
@@ -170,7 +171,7 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 	struct timespec nap = {0, 20000};
 	for (long spin = 0;; spin++) {
 		int done = 0;
-		if (st->b->comm.test(&st->b->comm, req, &done))
+		if (st->c->ops->test(st->c, req, &done))
 			return fail(st, err, k, "communication failed");
 		if (done)
 			return 0;
@@ -371,7 +372,7 @@ static int plan_buffers(rt_state_t *st)
 
 static int alloc_all(rt_state_t *st)
 {
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
 	int64_t nw = SP_MAX(st->n_w, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
 	st->g = b->alloc(sizeof(float) * (size_t)nw);
@@ -455,8 +456,8 @@ static int check_step(rt_state_t *st)
 	return rc;
 }
 
-int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_opts_t *o,
-	      sp_err_t *err)
+int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
+	      const rt_opts_t *o, sp_err_t *err)
 {
 	rt_state_t *st = calloc(1, sizeof *st);
 	*out = NULL;
@@ -464,8 +465,9 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	st->p = p;
 	st->b = b;
+	st->c = c;
 	st->o = *o;
-	st->rank = b->comm.rank;
+	st->rank = c->rank;
 	st->dev = &p->devices[st->rank];
 	st->prog = p->ins + st->dev->first_ins;
 	st->n_ins = st->dev->n_ins;
@@ -475,7 +477,7 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 	/* transfer tags go to the transport as they are: they must fit it */
 	for (int k = 0; !rc && k < st->n_ins; k++)
 		if ((st->prog[k].op == INS_SEND || st->prog[k].op == INS_RECV) &&
-		    st->prog[k].tag > b->comm.tag_ub)
+		    st->prog[k].tag > c->tag_ub)
 			rc = SP_EINPUT;
 	if (!rc)
 		rc = check_step(st);
@@ -486,7 +488,7 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 	/* every rank learns whether all could set up before any collective that
 	 * a failed rank would never join */
 	double bad[2] = {rc != 0, rc == SP_EINPUT};
-	if (b->comm.allsum(&b->comm, bad, 2))
+	if (c->ops->allsum(c, bad, 2))
 		bad[0] = 1;
 	if (bad[0] > 0) {
 		rt_free(st);
@@ -495,14 +497,14 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 					  "rank %d: the plan's parameters, buckets and programs do "
 					  "not agree, or its transfer tags exceed the transport's "
 					  "limit %d",
-					  b->comm.rank, b->comm.tag_ub);
+					  c->rank, c->tag_ub);
 		if (rc)
 			return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
 					  "rank %d: out of memory allocating the plan's buffers",
-					  b->comm.rank);
+					  c->rank);
 		return sp_err_set(err, bad[1] > 0 ? SP_EINPUT : SP_ENOMEM, NULL, 0, 0, NULL,
 				  "rank %d: another rank could not set up the plan",
-				  b->comm.rank);
+				  c->rank);
 	}
 	/* sync groups: created collectively, in bucket order, on every rank */
 	for (int bk = 0, mi = 0; bk < p->n_buckets; bk++) {
@@ -515,13 +517,13 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_op
 		for (int q = 0; q < bu->n_dev; q++)
 			ranks[q] = p->bucket_devs[bu->dev_off + q];
 		int gid = -1;
-		rc = b->comm.group_create(&b->comm, ranks, bu->n_dev, &gid);
+		rc = c->ops->group_create(c, ranks, bu->n_dev, &gid);
 		free(ranks);
 		if (rc) {
 			rt_free(st);
 			return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
 					  "rank %d: creating the group of sync bucket %d failed",
-					  b->comm.rank, bk);
+					  c->rank, bk);
 		}
 		if (mi < st->n_mb && st->mb[mi].bucket == bk)
 			st->mb[mi++].group = gid;
@@ -534,7 +536,7 @@ void rt_free(rt_state_t *st)
 {
 	if (!st)
 		return;
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
 	b->release(st->w);
 	b->release(st->g);
 	b->release(st->m);
@@ -569,45 +571,69 @@ void rt_free(rt_state_t *st)
 
 /* ---- instructions ---- */
 
+/* What a forward or backward instruction k runs: its slice's layers of one
+ * MetaOp on n samples, each layer saving spp floats per sample. */
+typedef struct {
+	const sp_ins_t *in;
+	const sp_slice_t *sl;
+	const sp_metaop_t *mo;
+	int n;
+	int64_t spp;
+} slice_run_t;
+
+static slice_run_t slice_run(const rt_state_t *st, int k)
+{
+	slice_run_t r;
+	r.in = &st->prog[k];
+	r.sl = &st->p->slices[r.in->slice];
+	r.mo = mop(st, r.sl->metaop);
+	r.n = r.in->s1 - r.in->s0;
+	r.spp = saved_pp(st, r.sl->metaop);
+	return r;
+}
+
+/* Saved activations of layer l of a run whose block starts at off. */
+static float *layer_saved(const rt_state_t *st, const slice_run_t *r, int64_t off, int l)
+{
+	return st->saved + off + (int64_t)(l - r->sl->layer_from) * r->n * r->spp;
+}
+
 static void exec_fwd(rt_state_t *st, int k, int64_t step)
 {
-	const sp_ins_t *in = &st->prog[k];
-	const sp_slice_t *sl = &st->p->slices[in->slice];
-	const sp_metaop_t *mo = mop(st, sl->metaop);
-	rt_backend_t *b = st->b;
-	int n = in->s1 - in->s0;
-	int64_t spp = saved_pp(st, sl->metaop);
+	const slice_run_t r = slice_run(st, k);
+	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
-	for (int l = sl->layer_from; l < sl->layer_to; l++) {
+	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
-		int si = layer_slot(st, sl->metaop, l, &comp);
+		int si = layer_slot(st, r.sl->metaop, l, &comp);
 		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
-		float *y = l == sl->layer_to - 1 ? vptr(st, st->dst_vb[k], in->s0, 0)
-						 : ((l - sl->layer_from) % 2 ? pong : ping);
-		float *saved = st->saved + st->saved_off[k] + (int64_t)(l - sl->layer_from) * n * spp;
-		if (l == sl->layer_from)
-			x = st->src_vb[k] >= 0 ? vptr(st, st->src_vb[k], in->s0, 0) : NULL;
-		const sp_op_t *op = &st->p->ops[mo->first_op + l];
-		switch (mo->shape.type) {
+		float *y = l == r.sl->layer_to - 1 ? vptr(st, st->dst_vb[k], r.in->s0, 0)
+						   : ((l - r.sl->layer_from) % 2 ? pong : ping);
+		float *saved = layer_saved(st, &r, st->saved_off[k], l);
+		if (l == r.sl->layer_from)
+			x = st->src_vb[k] >= 0 ? vptr(st, st->src_vb[k], r.in->s0, 0) : NULL;
+		const sp_op_t *op = &st->p->ops[r.mo->first_op + l];
+		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING:
-			data_tokens(st->ints_host, &st->p->model, st->o.seed, step, mo->task,
-				    op->node, in->s0, in->s1);
+			data_tokens(st->ints_host, &st->p->model, st->o.seed, step, r.mo->task,
+				    op->node, r.in->s0, r.in->s1);
 			b->to_device(st->ints_dev, st->ints_host,
-				     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
-			b->embedding_fwd(&mo->shape, n, pw, st->ints_dev, y, saved);
+				     sizeof(int32_t) * (size_t)r.n * (size_t)r.mo->seq_in);
+			b->embedding_fwd(&r.mo->shape, r.n, pw, st->ints_dev, y, saved);
 			break;
 		case COMP_PATCH: {
 			float *feat = st->work + 2 * st->ping_n + st->loss_n;
-			data_features(st->feat_host, &st->p->model, st->o.seed, step, mo->task,
-				      op->node, in->s0, in->s1);
+			data_features(st->feat_host, &st->p->model, st->o.seed, step, r.mo->task,
+				      op->node, r.in->s0, r.in->s1);
 			b->to_device(feat, st->feat_host,
-				     sizeof(float) * (size_t)n * (size_t)(mo->seq_in * mo->shape.in));
-			b->patch_fwd(&mo->shape, n, pw, feat, y, saved);
+				     sizeof(float) * (size_t)r.n *
+					     (size_t)(r.mo->seq_in * r.mo->shape.in));
+			b->patch_fwd(&r.mo->shape, r.n, pw, feat, y, saved);
 			break;
 		}
-		case COMP_TRANSFORMER: b->tblock_fwd(&mo->shape, n, pw, x, y, saved); break;
-		case COMP_LINEAR: b->linear_fwd(&mo->shape, n, pw, x, y, saved); break;
+		case COMP_TRANSFORMER: b->tblock_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
+		case COMP_LINEAR: b->linear_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
 		default: break;
 		}
 		x = y;
@@ -616,34 +642,30 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 
 static void exec_bwd(rt_state_t *st, int k)
 {
-	const sp_ins_t *in = &st->prog[k];
-	const sp_slice_t *sl = &st->p->slices[in->slice];
-	const sp_metaop_t *mo = mop(st, sl->metaop);
-	rt_backend_t *b = st->b;
-	int n = in->s1 - in->s0;
-	int64_t spp = saved_pp(st, sl->metaop);
+	const slice_run_t r = slice_run(st, k);
+	const rt_backend_t *b = st->b;
 	float *bufs[2] = {st->work, st->work + st->ping_n};
-	const float *dy = vptr(st, st->src_vb[k], in->s0, 0);
+	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
 	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
-	for (int l = sl->layer_to - 1, j = 0; l >= sl->layer_from; l--, j++) {
+	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
-		int si = layer_slot(st, sl->metaop, l, &comp);
+		int si = layer_slot(st, r.sl->metaop, l, &comp);
 		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
 		float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
-		const float *saved = st->saved + fwd_off + (int64_t)(l - sl->layer_from) * n * spp;
+		const float *saved = layer_saved(st, &r, fwd_off, l);
 		float *dx = NULL;
-		if (l == sl->layer_from) {
+		if (l == r.sl->layer_from) {
 			if (st->dst_vb[k] >= 0)
-				dx = vptr(st, st->dst_vb[k], in->s0, 0);
+				dx = vptr(st, st->dst_vb[k], r.in->s0, 0);
 		} else {
 			dx = bufs[j % 2];
-			b->zero(dx, (int64_t)n * mo->seq_out * mo->width_out);
+			b->zero(dx, (int64_t)r.n * r.mo->seq_out * r.mo->width_out);
 		}
-		switch (mo->shape.type) {
-		case COMP_EMBEDDING: b->embedding_bwd(&mo->shape, n, saved, dy, dp); break;
-		case COMP_PATCH: b->patch_bwd(&mo->shape, n, pw, saved, dy, dp); break;
-		case COMP_TRANSFORMER: b->tblock_bwd(&mo->shape, n, pw, saved, dy, dx, dp); break;
-		case COMP_LINEAR: b->linear_bwd(&mo->shape, n, pw, saved, dy, dx, dp); break;
+		switch (r.mo->shape.type) {
+		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
+		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
+		case COMP_TRANSFORMER: b->tblock_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
+		case COMP_LINEAR: b->linear_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
 		default: break;
 		}
 		dy = dx;
@@ -657,7 +679,7 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	const sp_metaop_t *mo = mop(st, sl->metaop);
 	const sp_task_t *t = task_of(st, sl->metaop);
 	const sp_op_t *op = &st->p->ops[mo->first_op];
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
 	int n = in->s1 - in->s0;
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
@@ -700,7 +722,8 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
+	rt_comm_t *c = st->c;
 	int rows = in->s1 - in->s0;
 	if (in->op == INS_COPY) {
 		const vbuf_t *s = &st->vb[st->src_vb[k]], *d = &st->vb[st->dst_vb[k]];
@@ -718,8 +741,8 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			     (int64_t)s->seq * s->width, rows, cols, 0);
 		b->sync();
 		rt_req_t r = {0};
-		if (b->comm.isend(&b->comm, stage, sizeof(float) * (size_t)(rows * cols), in->peer,
-				  in->tag, &r))
+		if (c->ops->isend(c, stage, sizeof(float) * (size_t)(rows * cols), in->peer, in->tag,
+				  &r))
 			return fail(st, err, k, "send failed");
 		return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 	}
@@ -727,8 +750,8 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 		const vbuf_t *d = &st->vb[st->dst_vb[k]];
 		int64_t cols = (int64_t)in->seq_len * d->width;
 		rt_req_t r = {0};
-		if (b->comm.irecv(&b->comm, st->rstage, sizeof(float) * (size_t)(rows * cols),
-				  in->peer, in->tag, &r))
+		if (c->ops->irecv(c, st->rstage, sizeof(float) * (size_t)(rows * cols), in->peer,
+				  in->tag, &r))
 			return fail(st, err, k, "receive failed");
 		int rc = wait_req(st, &r, k, err);
 		if (rc)
@@ -742,7 +765,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			if (st->mb[i].bucket == in->peer) {
 				rt_req_t r = {0};
 				b->sync();
-				if (b->comm.iallreduce(&b->comm, st->g + st->mb[i].off, st->mb[i].n,
+				if (c->ops->iallreduce(c, st->g + st->mb[i].off, st->mb[i].n,
 						       st->mb[i].group, &r))
 					return fail(st, err, k, "all-reduce failed");
 				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
@@ -761,7 +784,7 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_pending;) {
 		int done = 0;
-		if (st->b->comm.test(&st->b->comm, &st->pending[i], &done))
+		if (st->c->ops->test(st->c, &st->pending[i], &done))
 			return fail(st, err, st->pending_ins[i], "communication failed");
 		if (done) {
 			st->pending[i] = st->pending[--st->n_pending];
@@ -776,7 +799,7 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 /* The optimizer on the floats [off, off + n) of the held parameters. */
 static void step_range(rt_state_t *st, int64_t off, int64_t n, int64_t t)
 {
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
 	const sp_optim_t *o = &st->p->model.opt;
 	if (n <= 0)
 		return;
@@ -821,7 +844,7 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 {
-	rt_backend_t *b = st->b;
+	const rt_backend_t *b = st->b;
 	st->n_ev = 0;
 	st->t_origin = wall_ms();
 	b->zero(st->g, st->n_w);
@@ -870,11 +893,6 @@ const rt_event_t *rt_events(const rt_state_t *st, int *n)
 {
 	*n = st->n_ev;
 	return st->ev;
-}
-
-int rt_rank(const rt_state_t *st)
-{
-	return st->rank;
 }
 
 /* ---- parameters in and out ---- */

@@ -2,7 +2,9 @@
  * layers.h — the math of every component type, fp32, on n samples at a
  * time: forward, backward, losses, optimizer. This is the reference the
  * CUDA backend is checked against. Row-major throughout; a sample's
- * activation is [seq, width]. Matrix products go through CBLAS.
+ * activation is [seq, width]. Matrix products go through CBLAS. Each
+ * function's type (its signature) is in backend_ops.h; the parameter
+ * names used below are the ones written there.
  *
  * Parameters of one layer of a component are one contiguous float array,
  * tensors in the order listed by layer_tensors(); gradients use the same
@@ -19,6 +21,7 @@
 #ifndef SPINDLE_LAYERS_H
 #define SPINDLE_LAYERS_H
 
+#include "backend_ops.h"
 #include "model.h"
 
 #include <stddef.h>
@@ -59,7 +62,7 @@ sp_component_t layer_comp_of_shape(const sp_opshape_t *s);
  * LayerNorm gains 1, biases 0, matrices N(0, 0.02)-like uniform, position
  * tables small uniform.
  */
-void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed);
+rt_layer_init_fn_t layer_init;
 
 /* ---- layers -------------------------------------------------------------- */
 
@@ -67,14 +70,10 @@ void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed
  * Sources. tokens: [n, seq] int32 in [0, V); feats: [n, seq, in].
  * Saved: the inputs themselves (tokens as floats for embedding).
  */
-void embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *tokens,
-		   float *y, float *saved);
-void embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const float *dy,
-		   float *dp);
-void patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats, float *y,
-	       float *saved);
-void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-	       const float *dy, float *dp);
+rt_embedding_fwd_fn_t embedding_fwd;
+rt_embedding_bwd_fn_t embedding_bwd;
+rt_fwd_fn_t patch_fwd; /* x: feats */
+rt_patch_bwd_fn_t patch_bwd;
 
 /*
  * Transformer block (pre-LN, GELU tanh approximation, LayerNorm eps 1e-5,
@@ -84,16 +83,12 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
  * probs [a,s,s], ln1_mean [s], ln1_rstd [s], ln2_mean [s], ln2_rstd [s].
  * dx is added into (not overwritten).
  */
-void tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		float *saved);
-void tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		const float *dy, float *dx, float *dp);
+rt_fwd_fn_t tblock_fwd;
+rt_bwd_fn_t tblock_bwd;
 
 /* Linear over every token: y = x W + b. Saved: x. */
-void linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		float *saved);
-void linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		const float *dy, float *dx, float *dp);
+rt_fwd_fn_t linear_fwd;
+rt_bwd_fn_t linear_bwd;
 
 /* ---- losses (forward and backward in one call) ----------------------------- */
 
@@ -104,17 +99,13 @@ void linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved
  * Returns the sum of the n samples' losses;
  * adds scale * d(sum of losses)/dx into dx and /dp into dp.
  */
-double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x,
-		    const int32_t *targets, double scale, float *dx, float *dp,
-		    float *saved);
+rt_lm_head_loss_fn_t lm_head_loss;
 
 /*
  * Classifier on token 0 of x ([n, seq_in, h], row stride seq_in*h);
  * labels [n] in [0, C), -1: sample left out (loss 0, no gradient).
  */
-double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
-		       const float *x, const int32_t *labels, double scale, float *dx,
-		       float *dp, float *saved);
+rt_classifier_loss_fn_t classifier_loss;
 
 /*
  * Symmetric InfoNCE over a whole batch of B samples: a_i = token 0 of
@@ -126,9 +117,7 @@ double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float
  * devices owning disjoint ranges together produce the full gradient.
  * Returns the sum of losses of samples [s0, s1).
  */
-double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
-			double temperature, int64_t s0, int64_t s1, const float *a,
-			const float *b, double scale, float *da, float *db, float *saved);
+rt_contrastive_loss_fn_t contrastive_loss;
 
 /* ---- optimizer ------------------------------------------------------------ */
 
@@ -138,8 +127,7 @@ double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
  *   p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd * p)
  * SGD: p -= lr * (g + wd * p).
  */
-void adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int t,
-		const sp_optim_t *o);
-void sgd_step(float *p, const float *g, int64_t n, const sp_optim_t *o);
+rt_adamw_step_fn_t adamw_step;
+rt_sgd_step_fn_t sgd_step;
 
 #endif

@@ -19,30 +19,27 @@
  * the job down. The watchdog also bounds a checkpoint write on rank 0:
  * --timeout must exceed it.
  *
- * Testing hooks (not for users): --fault-exit-at STEP [--fault-rank R]
- * exits with status 3 at the start of STEP; the environment variable
- * SPINDLE_FAULT holds comma-separated faults:
- *   kill-in-save:STEP         rank 0 raises SIGKILL in the save of STEP,
- *                             after writing the snapshot, before publishing
- *   kill-in-save:STEP:latest  the same after the snapshot's rename, before
- *                             LATEST is replaced
- *   enospc-in-save:BYTES      checkpoint writes fail with ENOSPC after BYTES
- *                             bytes of each save
- *   stop-at:STEP:RANK[:end]   rank RANK raises SIGSTOP at the start of STEP
- *                             (with :end, after its program, before the
- *                             losses are summed)
+ * Steps, each a function below, in order: parse the options, start the
+ * comm, the checks each rank makes alone (plan, launch, backend,
+ * checkpoint seed), agreeing on them, building the rank's state (and
+ * loading a checkpoint), opening rank 0's outputs, the training loop (a
+ * step, its losses and log line, its checkpoint), the final report, and
+ * finishing (or aborting when the ranks are out of step).
+ *
+ * Testing hooks (not for users): fault.h.
  */
 #include "ckpt.h"
+#include "fault.h"
 #include "runtime.h"
 #include "trace.h"
 
 #include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,48 +50,8 @@ typedef struct {
 	uint64_t seed;
 	int seed_set, quiet;
 	double timeout_s;
-	int64_t die_at_step; /* testing hook: --fault-exit-at STEP (rank given by --fault-rank) */
-	int fault_rank;
-	ckpt_fault_t ckpt_fault; /* testing hooks from SPINDLE_FAULT */
-	int64_t stop_step;
-	int stop_rank, stop_end;
+	fault_t fault; /* testing hooks */
 } run_opts_t;
-
-/* Parses SPINDLE_FAULT (see the top of this file). */
-static int parse_faults(run_opts_t *o, const char *spec)
-{
-	char buf[512];
-	if (strlen(spec) >= sizeof buf)
-		goto bad;
-	snprintf(buf, sizeof buf, "%s", spec);
-	for (char *save = NULL, *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
-		long long a = 0, b = 0;
-		int n = 0;
-		if (sscanf(f, "kill-in-save:%lld%n", &a, &n) == 1 && a > 0 && !f[n]) {
-			o->ckpt_fault.kill_step = a;
-			o->ckpt_fault.kill_latest = 0;
-		} else if (sscanf(f, "kill-in-save:%lld:latest%n", &a, &n) == 1 && a > 0 && !f[n]) {
-			o->ckpt_fault.kill_step = a;
-			o->ckpt_fault.kill_latest = 1;
-		} else if (sscanf(f, "enospc-in-save:%lld%n", &a, &n) == 1 && a > 0 && !f[n]) {
-			o->ckpt_fault.enospc_after = a;
-		} else if (sscanf(f, "stop-at:%lld:%lld%n", &a, &b, &n) == 2 && a > 0 && b >= 0 &&
-			   b < 1 << 20 && (!f[n] || !strcmp(f + n, ":end"))) {
-			o->stop_step = a;
-			o->stop_rank = (int)b;
-			o->stop_end = f[n] != 0;
-		} else {
-			goto bad;
-		}
-	}
-	return 0;
-bad:
-	fprintf(stderr, "spindle-run: SPINDLE_FAULT: invalid fault '%s'\nhint: use "
-			"kill-in-save:STEP[:latest], enospc-in-save:BYTES or stop-at:STEP:RANK[:end] "
-			"(testing hooks)\n",
-		spec);
-	return 2;
-}
 
 /* ---- watchdog: bounds every blocking collective outside a step ---------- */
 
@@ -200,7 +157,7 @@ static int parse(run_opts_t *o, int argc, char **argv)
 	o->backend = "cpu";
 	o->steps = 10;
 	o->timeout_s = 300;
-	o->fault_rank = -1;
+	fault_init(&o->fault);
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -246,9 +203,9 @@ static int parse(run_opts_t *o, int argc, char **argv)
 					o->seed = (uint64_t)x;
 					o->seed_set = 1;
 				} else if (!strcmp(a, "--fault-exit-at"))
-					o->die_at_step = x;
+					o->fault.exit_step = x;
 				else
-					o->fault_rank = (int)x;
+					o->fault.exit_rank = (int)x;
 			} else if (!strcmp(a, "--timeout")) {
 				double x = strtod(v, &end);
 				if (!*v || *end || !(x > 0) || x > 1e7) {
@@ -275,9 +232,9 @@ static int parse(run_opts_t *o, int argc, char **argv)
 		return 2;
 	}
 	const char *faults = getenv("SPINDLE_FAULT");
-	if (faults && *faults && parse_faults(o, faults))
+	if (faults && *faults && fault_parse(&o->fault, faults))
 		return 2;
-	if (strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
+	if (!backend_find(o->backend)) {
 		fprintf(stderr, "spindle-run: unknown backend '%s'\nhint: use cpu or cuda\n",
 			o->backend);
 		return 2;
@@ -290,14 +247,6 @@ static double wall_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void fault_stop(int rank, int64_t t, const char *where)
-{
-	fprintf(stderr, "spindle-run: rank %d: stopping at %s of step %lld (fault injection)\n",
-		rank, where, (long long)t);
-	fflush(stderr);
-	raise(SIGSTOP);
 }
 
 /* A failure the ranks may not agree on (a collective failed): abort. */
@@ -317,7 +266,7 @@ static int param_digest(rt_state_t *st, rt_comm_t *c, double *l2, uint64_t *hash
 		bytes = 0;
 		bad = 1;
 	}
-	int comm = c->gather(c, mine, bytes, &all, &sizes);
+	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
 	free(mine);
 	if (comm)
 		return sp_err_set(err, RUN_ECOMM, NULL, 0, 0, NULL,
@@ -326,7 +275,7 @@ static int param_digest(rt_state_t *st, rt_comm_t *c, double *l2, uint64_t *hash
 		bad = ckpt_records_sorted(all, sizes, c->nranks, l2, hash, dump_path, err) ? 1 : 0;
 	free(all);
 	free(sizes);
-	if (c->allsum(c, &bad, 1))
+	if (c->ops->allsum(c, &bad, 1))
 		return sp_err_set(err, RUN_ECOMM, NULL, 0, 0, NULL,
 				  "rank %d: gathering parameters failed", c->rank);
 	if (bad > 0)
@@ -335,283 +284,388 @@ static int param_digest(rt_state_t *st, rt_comm_t *c, double *l2, uint64_t *hash
 	return 0;
 }
 
-int main(int argc, char **argv)
-{
+/* What one run holds from start-up to the end; main's steps share it. */
+typedef struct {
 	run_opts_t o;
-	int status = parse(&o, argc, argv);
-	if (status)
-		return status;
-	sp_err_t err = {0};
-	rt_backend_t be;
-	memset(&be, 0, sizeof be);
-	int mpi = comm_under_launcher() && comm_mpi_available();
-	wd_init(o.timeout_s);
+	rt_comm_t comm;
+	const rt_backend_t *be; /* once attached: shut down at the end */
+	int mpi;
+	sp_plan_t plan;
+	rt_opts_t ro;
+	rt_state_t *st;
+	FILE *log;
+	double *loss;
+	int64_t first_step;
+	double total_ms;
+	sp_err_t err;
+	int status; /* the exit status */
+	/* quiet: the error is known to every rank and rank 0 reports it */
+	int quiet, loud, save_dir_made;
+} run_t;
+
+/* How a step of main ends: go on; fail (every rank knows: finalize and
+ * exit with status); or lost (the ranks are out of step: abort). */
+enum { RUN_GO, RUN_FAIL, RUN_LOST };
+
+/* MPI under mpirun, else one local rank; MPI_Init under the watchdog. */
+static int start_comm(run_t *r, int *argc, char ***argv)
+{
+	r->mpi = comm_under_launcher() && comm_mpi_available();
+	wd_init(r->o.timeout_s);
 	wd_arm_launch();
-	if (mpi ? comm_mpi_init(&be.comm, &argc, &argv, &err) : comm_local_init(&be.comm)) {
+	if (r->mpi ? comm_mpi_init(&r->comm, argc, argv, &r->err) : comm_local_init(&r->comm)) {
 		wd_disarm();
-		sp_err_print(stderr, &err);
+		sp_err_print(stderr, &r->err);
 		return 2;
 	}
 	wd_disarm();
-	rt_comm_t *c = &be.comm;
-	int rank = c->rank;
-	sp_plan_t plan = {0};
-	rt_state_t *st = NULL;
-	FILE *log = NULL;
-	double *loss = NULL;
-	/* quiet: the error is known to every rank and rank 0 reports it */
-	int quiet = 0, loud = 0, save_dir_made = 0;
-	/* start-up: each rank checks what it can on its own, then all agree
-	 * before the first collective a failed rank would never join */
-	int pre = 0; /* the exit status this rank wants: 0 to go on */
-	rt_opts_t ro = {0, o.timeout_s, o.trace_path != NULL};
-	if (plan_read(&plan, o.plan_path, &err)) {
-		pre = 2;
-	} else if (plan.n_devices != c->nranks) {
-		sp_err_set(&err, SP_EINPUT, o.plan_path, 0, 0, NULL,
-			   "the plan is for %d devices but %d rank%s started", plan.n_devices,
+	return 0;
+}
+
+/* The backend named by the options, on the rank's device. Returns the exit
+ * status this rank wants: 0 to go on. */
+static int start_backend(run_t *r)
+{
+	const rt_backend_t *be = backend_find(r->o.backend);
+	if (be->attach(&r->comm, &r->err))
+		return 2;
+	r->be = be;
+	return be->init(&r->comm, &r->err) ? 1 : 0;
+}
+
+/*
+ * What each rank can check on its own before any collective a failed rank
+ * would never join: the plan and the launch, the backend, the seed of a
+ * checkpoint to resume. Returns the exit status this rank wants: 0 to go
+ * on.
+ */
+static int check_alone(run_t *r)
+{
+	const run_opts_t *o = &r->o;
+	rt_comm_t *c = &r->comm;
+	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL};
+	if (plan_read(&r->plan, o->plan_path, &r->err))
+		return 2;
+	if (r->plan.n_devices != c->nranks) {
+		sp_err_set(&r->err, SP_EINPUT, o->plan_path, 0, 0, NULL,
+			   "the plan is for %d devices but %d rank%s started", r->plan.n_devices,
 			   c->nranks, c->nranks == 1 ? " was" : "s were");
-		if (!mpi && comm_under_launcher())
-			sp_err_hint(&err, "this spindle-run was built without MPI");
+		if (!r->mpi && comm_under_launcher())
+			sp_err_hint(&r->err, "this spindle-run was built without MPI");
 		else
-			sp_err_hint(&err, "run: mpirun -np %d spindle-run %s", plan.n_devices,
-				    o.plan_path);
-		pre = 2;
+			sp_err_hint(&r->err, "run: mpirun -np %d spindle-run %s",
+				    r->plan.n_devices, o->plan_path);
+		return 2;
 	}
-	if (!pre) {
-		if (!strcmp(o.backend, "cuda")) {
-			if (backend_cuda(&be, &err))
-				pre = 2;
-		} else {
-			backend_cpu(&be);
-		}
+	int pre = start_backend(r);
+	if (pre)
+		return pre;
+	r->ro.seed = o->seed_set ? o->seed : r->plan.model.seed;
+	if (!o->load_dir)
+		return 0;
+	/* continue the checkpoint's data stream: its seed */
+	int64_t saved = 0;
+	uint64_t seed = 0;
+	if (ckpt_peek(o->load_dir, &saved, &seed, &r->err))
+		return r->err.code == SP_ENOMEM ? 1 : 2;
+	if (o->seed_set && o->seed != seed) {
+		sp_err_set(&r->err, SP_EINPUT, o->load_dir, 0, 0, NULL,
+			   "the checkpoint was trained with seed %llu, not %llu",
+			   (unsigned long long)seed, (unsigned long long)o->seed);
+		sp_err_hint(&r->err, "omit --seed to continue with the checkpoint's seed");
+		return 2;
 	}
-	if (!pre && be.init(&be, rank, &err))
-		pre = 1;
-	if (!pre) {
-		ro.seed = o.seed_set ? o.seed : plan.model.seed;
-		if (o.load_dir) {
-			/* continue the checkpoint's data stream: its seed */
-			int64_t saved = 0;
-			uint64_t seed = 0;
-			if (ckpt_peek(o.load_dir, &saved, &seed, &err)) {
-				pre = err.code == SP_ENOMEM ? 1 : 2;
-			} else if (o.seed_set && o.seed != seed) {
-				sp_err_set(&err, SP_EINPUT, o.load_dir, 0, 0, NULL,
-					   "the checkpoint was trained with seed %llu, not %llu",
-					   (unsigned long long)seed, (unsigned long long)o.seed);
-				sp_err_hint(&err,
-					    "omit --seed to continue with the checkpoint's seed");
-				pre = 2;
-			} else {
-				ro.seed = seed;
-			}
-		}
+	r->ro.seed = seed;
+	return 0;
+}
+
+/* Every rank learns which failed its own checks (pre: this rank's wish);
+ * the lowest failing rank reports, the others stay quiet. */
+static int agree_start(run_t *r, int pre)
+{
+	rt_comm_t *c = &r->comm;
+	int rank = c->rank;
+	double *who = calloc((size_t)c->nranks + 1, sizeof(double));
+	if (!who) {
+		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL, "rank %d: out of memory", rank);
+		return RUN_LOST;
 	}
-	{
-		/* who failed: the lowest failing rank reports, the others stay quiet */
-		double *who = calloc((size_t)c->nranks + 1, sizeof(double));
-		if (!who) {
-			sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL, "rank %d: out of memory", rank);
-			goto lost;
-		}
-		who[rank] = pre;
-		wd_arm(rank, "start-up checks");
-		if (c->allsum(c, who, c->nranks)) {
-			free(who);
-			sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL,
-				   "rank %d: start-up all-reduce failed", rank);
-			goto lost;
-		}
-		wd_disarm();
-		int first = -1, worst = 0;
-		for (int r = 0; r < c->nranks; r++)
-			if (who[r] > 0) {
-				if (first < 0)
-					first = r;
-				worst = SP_MAX(worst, (int)who[r]);
-			}
+	who[rank] = pre;
+	wd_arm(rank, "start-up checks");
+	if (c->ops->allsum(c, who, c->nranks)) {
 		free(who);
-		if (first >= 0) {
-			status = pre ? pre : worst;
-			quiet = rank != first;
-			loud = rank == first;
-			if (rank == 0 && first != 0)
-				fprintf(stderr, "spindle-run: rank %d could not start (its message "
-						"follows or precedes this one)\n",
-					first);
-			goto fail;
-		}
+		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
+			   "rank %d: start-up all-reduce failed", rank);
+		return RUN_LOST;
 	}
+	wd_disarm();
+	int first = -1, worst = 0;
+	for (int q = 0; q < c->nranks; q++)
+		if (who[q] > 0) {
+			if (first < 0)
+				first = q;
+			worst = SP_MAX(worst, (int)who[q]);
+		}
+	free(who);
+	if (first < 0)
+		return RUN_GO;
+	r->status = pre ? pre : worst;
+	r->quiet = rank != first;
+	r->loud = rank == first;
+	if (rank == 0 && first != 0)
+		fprintf(stderr, "spindle-run: rank %d could not start (its message follows or "
+				"precedes this one)\n",
+			first);
+	return RUN_FAIL;
+}
+
+/* The rank's parameters, buffers and groups; then the checkpoint to resume. */
+static int build_state(run_t *r)
+{
+	int rank = r->comm.rank;
 	wd_arm(rank, "setting up the plan's buffers and groups");
-	if (rt_create(&st, &plan, &be, &ro, &err)) {
-		status = err.code == SP_EINPUT ? 2 : 1;
-		goto fail;
+	if (rt_create(&r->st, &r->plan, r->be, &r->comm, &r->ro, &r->err)) {
+		r->status = r->err.code == SP_EINPUT ? 2 : 1;
+		return RUN_FAIL;
 	}
-	int64_t first_step = 1;
-	if (o.load_dir) {
-		wd_arm(rank, "loading the checkpoint '%s'", o.load_dir);
-		if (ckpt_load(st, c, &plan, o.load_dir, &first_step, &err)) {
-			if (err.code == RUN_ECOMM)
-				goto lost;
-			status = err.code == SP_ENOMEM ? 1 : 2;
-			goto fail;
-		}
-		first_step++;
+	r->first_step = 1;
+	if (!r->o.load_dir)
+		return RUN_GO;
+	wd_arm(rank, "loading the checkpoint '%s'", r->o.load_dir);
+	if (ckpt_load(r->st, &r->comm, &r->plan, r->o.load_dir, &r->first_step, &r->err)) {
+		if (r->err.code == RUN_ECOMM)
+			return RUN_LOST;
+		r->status = r->err.code == SP_ENOMEM ? 1 : 2;
+		return RUN_FAIL;
 	}
-	/* start-up checks of rank 0's outputs, agreed by every rank */
+	r->first_step++;
+	return RUN_GO;
+}
+
+/* Rank 0's outputs (checkpoint directory, CSV log), agreed by every rank. */
+static int open_outputs(run_t *r)
+{
+	const run_opts_t *o = &r->o;
+	rt_comm_t *c = &r->comm;
 	double bad = 0;
-	if (rank == 0 && o.save_dir && ckpt_check_dir(o.save_dir, &save_dir_made, &err))
+	if (c->rank == 0 && o->save_dir && ckpt_check_dir(o->save_dir, &r->save_dir_made, &r->err))
 		bad = 1;
-	if (rank == 0 && !bad && o.log_path) {
-		log = fopen(o.log_path, "w");
-		if (!log) {
-			sp_err_set(&err, SP_EINPUT, o.log_path, 0, 0, NULL,
+	if (c->rank == 0 && !bad && o->log_path) {
+		r->log = fopen(o->log_path, "w");
+		if (!r->log) {
+			sp_err_set(&r->err, SP_EINPUT, o->log_path, 0, 0, NULL,
 				   "cannot open for writing: %s", strerror(errno));
 			bad = 1;
 		} else {
-			fprintf(log, "step,task,loss,step_ms,predicted_ms,param_l2,param_hash\n");
+			fprintf(r->log, "step,task,loss,step_ms,predicted_ms,param_l2,param_hash\n");
 		}
 	}
-	wd_arm(rank, "start-up");
-	if (c->allsum(c, &bad, 1)) {
-		sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL, "rank %d: start-up all-reduce failed",
-			   rank);
-		goto lost;
+	wd_arm(c->rank, "start-up");
+	if (c->ops->allsum(c, &bad, 1)) {
+		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
+			   "rank %d: start-up all-reduce failed", c->rank);
+		return RUN_LOST;
 	}
 	wd_disarm();
 	if (bad > 0) {
-		status = 2;
-		goto fail;
+		r->status = 2;
+		return RUN_FAIL;
 	}
-	if (rank == 0 && !o.quiet) {
-		int64_t act[MEM__COUNT], pred[MEM__COUNT];
-		rt_memory(st, act);
-		plan_memory(&plan, 0, pred);
-		printf("spindle-run: plan '%s' (%s, %s) on %d rank%s, backend %s\n", o.plan_path,
-		       plan.model.name, plan.algo, c->nranks, c->nranks > 1 ? "s" : "", be.name);
-		if (o.load_dir)
-			printf("resuming after step %lld from '%s'\n", (long long)(first_step - 1),
-			       o.load_dir);
-		printf("rank 0 memory (MiB): params+state %.2f, activations %.2f, buffers %.2f, "
-		       "work %.2f; plan predicted %.2f, %.2f, %.2f, %.2f in %s\n",
-		       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
-		       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0,
-		       pred[3] / 1048576.0, dtype_name(plan.model.dtype));
-	}
-	int T = plan.model.n_tasks;
-	loss = calloc((size_t)T + 1, sizeof(double));
-	if (!loss) {
-		sp_err_set(&err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory", rank);
-		goto lost;
-	}
-	double total_ms = 0;
-	for (int64_t t = first_step; t < first_step + o.steps; t++) {
+	return RUN_GO;
+}
+
+/* Rank 0: what runs where, and its memory next to the plan's prediction. */
+static void print_start(const run_t *r)
+{
+	const sp_plan_t *p = &r->plan;
+	int64_t act[MEM__COUNT], pred[MEM__COUNT];
+	rt_memory(r->st, act);
+	plan_memory(p, 0, pred);
+	printf("spindle-run: plan '%s' (%s, %s) on %d rank%s, backend %s\n", r->o.plan_path,
+	       p->model.name, p->algo, r->comm.nranks, r->comm.nranks > 1 ? "s" : "",
+	       r->be->name);
+	if (r->o.load_dir)
+		printf("resuming after step %lld from '%s'\n", (long long)(r->first_step - 1),
+		       r->o.load_dir);
+	printf("rank 0 memory (MiB): params+state %.2f, activations %.2f, buffers %.2f, "
+	       "work %.2f; plan predicted %.2f, %.2f, %.2f, %.2f in %s\n",
+	       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
+	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
+	       dtype_name(p->model.dtype));
+}
+
+/* Rank 0: step t's line on stdout and in the CSV log. */
+static void print_step(const run_t *r, int64_t t, double ms, double l2, uint64_t h)
+{
+	const sp_plan_t *p = &r->plan;
+	int T = p->model.n_tasks;
+	if (!r->o.quiet) {
+		printf("step %3lld  %8.2f ms (predicted %.2f)  loss", (long long)t, ms,
+		       p->cert.iteration_ms);
 		for (int i = 0; i < T; i++)
-			loss[i] = 0;
-		if (o.die_at_step == t && (o.fault_rank < 0 || o.fault_rank == rank)) {
-			fprintf(stderr, "spindle-run: rank %d: exiting at step %lld (fault injection)\n",
-				rank, (long long)t);
-			exit(3);
-		}
-		if (o.stop_step == t && o.stop_rank == rank && !o.stop_end)
-			fault_stop(rank, t, "the start");
-		double t0 = wall_ms();
-		if (rt_step(st, t, loss, &err))
-			goto lost;
-		if (o.stop_step == t && o.stop_rank == rank && o.stop_end)
-			fault_stop(rank, t, "the end");
-		wd_arm(rank, "step %lld: summing the losses", (long long)t);
-		if (c->allsum(c, loss, T)) {
-			sp_err_set(&err, RUN_ECOMM, NULL, 0, 0, NULL,
-				   "rank %d: step %lld: summing the losses failed", rank, (long long)t);
-			goto lost;
-		}
-		double ms = wall_ms() - t0;
-		total_ms += ms;
-		double l2 = 0;
-		uint64_t h = 0;
-		int last = t == first_step + o.steps - 1;
-		wd_arm(rank, "step %lld: gathering the parameters", (long long)t);
-		if ((o.log_path || (last && o.dump_path)) &&
-		    param_digest(st, c, &l2, &h, last ? o.dump_path : NULL, &err)) {
-			if (err.code == RUN_ECOMM)
-				goto lost;
-			quiet = rank != 0;
-			status = 1;
-			goto fail;
-		}
-		wd_disarm();
-		if (rank == 0) {
-			if (!o.quiet) {
-				printf("step %3lld  %8.2f ms (predicted %.2f)  loss", (long long)t, ms,
-				       plan.cert.iteration_ms);
-				for (int i = 0; i < T; i++)
-					printf("  %s %.4f", plan.model.tasks[i].name,
-					       loss[i] / (double)plan.model.tasks[i].batch);
-				printf("\n");
-			}
-			for (int i = 0; log && i < T; i++)
-				fprintf(log, "%lld,%s,%.9g,%.3f,%.3f,%.9g,%016llx\n", (long long)t,
-					plan.model.tasks[i].name,
-					loss[i] / (double)plan.model.tasks[i].batch, ms,
-					plan.cert.iteration_ms, l2, (unsigned long long)h);
-			if (log)
-				fflush(log);
-		}
-		int save_now = o.save_dir && ((o.save_every > 0 && t % o.save_every == 0) || last);
-		if (save_now) {
-			wd_arm(rank, "step %lld: writing the checkpoint to '%s'", (long long)t,
-			       o.save_dir);
-			if (ckpt_save(st, c, &plan, o.save_dir, t, ro.seed, &o.ckpt_fault, &err)) {
-				if (err.code == RUN_ECOMM)
-					goto lost;
-				quiet = rank != 0;
-				status = err.code == SP_EINPUT ? 2 : 1;
-				goto fail;
-			}
-			wd_disarm();
-			save_dir_made = 0;
-		}
+			printf("  %s %.4f", p->model.tasks[i].name,
+			       r->loss[i] / (double)p->model.tasks[i].batch);
+		printf("\n");
 	}
-	if (rank == 0)
-		printf("spindle-run: %lld steps, %.2f ms per step measured, %.2f ms predicted\n",
-		       (long long)o.steps, o.steps ? total_ms / (double)o.steps : 0,
-		       plan.cert.iteration_ms);
-	wd_arm(rank, "gathering the trace");
-	if (o.trace_path && trace_write_measured(st, c, &plan, o.trace_path, &err)) {
-		status = 1;
-		goto fail;
+	for (int i = 0; r->log && i < T; i++)
+		fprintf(r->log, "%lld,%s,%.9g,%.3f,%.3f,%.9g,%016llx\n", (long long)t,
+			p->model.tasks[i].name, r->loss[i] / (double)p->model.tasks[i].batch, ms,
+			p->cert.iteration_ms, l2, (unsigned long long)h);
+	if (r->log)
+		fflush(r->log);
+}
+
+/* The checkpoint of step t. */
+static int save_step(run_t *r, int64_t t)
+{
+	int rank = r->comm.rank;
+	wd_arm(rank, "step %lld: writing the checkpoint to '%s'", (long long)t, r->o.save_dir);
+	if (ckpt_save(r->st, &r->comm, &r->plan, r->o.save_dir, t, r->ro.seed, &r->o.fault.ckpt,
+		      &r->err)) {
+		if (r->err.code == RUN_ECOMM)
+			return RUN_LOST;
+		r->quiet = rank != 0;
+		r->status = r->err.code == SP_EINPUT ? 2 : 1;
+		return RUN_FAIL;
 	}
-	goto done;
-lost:
-	/* the ranks are out of step: finalizing could wait forever */
 	wd_disarm();
-	if (err.code)
-		sp_err_print(stderr, &err);
+	r->save_dir_made = 0;
+	return RUN_GO;
+}
+
+/* Training step t: the rank's program, the summed losses, the parameter
+ * digest (for the log or the last step's dump), the report, a checkpoint. */
+static int train_step(run_t *r, int64_t t)
+{
+	const run_opts_t *o = &r->o;
+	rt_comm_t *c = &r->comm;
+	int rank = c->rank, T = r->plan.model.n_tasks;
+	for (int i = 0; i < T; i++)
+		r->loss[i] = 0;
+	fault_at_step(&o->fault, rank, t, 0);
+	double t0 = wall_ms();
+	if (rt_step(r->st, t, r->loss, &r->err))
+		return RUN_LOST;
+	fault_at_step(&o->fault, rank, t, 1);
+	wd_arm(rank, "step %lld: summing the losses", (long long)t);
+	if (c->ops->allsum(c, r->loss, T)) {
+		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
+			   "rank %d: step %lld: summing the losses failed", rank, (long long)t);
+		return RUN_LOST;
+	}
+	double ms = wall_ms() - t0;
+	r->total_ms += ms;
+	double l2 = 0;
+	uint64_t h = 0;
+	int last = t == r->first_step + o->steps - 1;
+	wd_arm(rank, "step %lld: gathering the parameters", (long long)t);
+	if ((o->log_path || (last && o->dump_path)) &&
+	    param_digest(r->st, c, &l2, &h, last ? o->dump_path : NULL, &r->err)) {
+		if (r->err.code == RUN_ECOMM)
+			return RUN_LOST;
+		r->quiet = rank != 0;
+		r->status = 1;
+		return RUN_FAIL;
+	}
+	wd_disarm();
+	if (rank == 0)
+		print_step(r, t, ms, l2, h);
+	if (o->save_dir && ((o->save_every > 0 && t % o->save_every == 0) || last))
+		return save_step(r, t);
+	return RUN_GO;
+}
+
+static int train(run_t *r)
+{
+	r->loss = calloc((size_t)r->plan.model.n_tasks + 1, sizeof(double));
+	if (!r->loss) {
+		sp_err_set(&r->err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory",
+			   r->comm.rank);
+		return RUN_LOST;
+	}
+	int out = RUN_GO;
+	for (int64_t t = r->first_step; out == RUN_GO && t < r->first_step + r->o.steps; t++)
+		out = train_step(r, t);
+	return out;
+}
+
+/* The summary line, and the measured trace of the last step. */
+static int report_end(run_t *r)
+{
+	int64_t K = r->o.steps;
+	if (r->comm.rank == 0)
+		printf("spindle-run: %lld steps, %.2f ms per step measured, %.2f ms predicted\n",
+		       (long long)K, K ? r->total_ms / (double)K : 0, r->plan.cert.iteration_ms);
+	wd_arm(r->comm.rank, "gathering the trace");
+	if (r->o.trace_path &&
+	    trace_write_measured(r->st, &r->comm, &r->plan, r->o.trace_path, &r->err)) {
+		r->status = 1;
+		return RUN_FAIL;
+	}
+	return RUN_GO;
+}
+
+/* The ranks are out of step: finalizing could wait forever, so abort. */
+static int lose(run_t *r)
+{
+	wd_disarm();
+	if (r->err.code)
+		sp_err_print(stderr, &r->err);
 	fflush(stdout);
 	fflush(stderr);
-	if (log)
-		fclose(log);
-	c->abort(c, 1);
+	if (r->log)
+		fclose(r->log);
+	r->comm.ops->abort(&r->comm, 1);
 	return 1;
-fail:
-	if (err.code && !quiet && (rank == 0 || status != 2 || loud))
-		sp_err_print(stderr, &err);
-	if (status == 0)
-		status = 1;
-	if (save_dir_made)
-		rmdir(o.save_dir); /* only when still empty */
-done:
-	if (log)
-		fclose(log);
-	free(loss);
-	rt_free(st);
-	plan_release(&plan);
-	if (be.shutdown)
-		be.shutdown(&be);
+}
+
+/* Reports a failure every rank knows of (out == RUN_FAIL), releases
+ * everything and finalizes the comm. Returns the exit status. */
+static int finish(run_t *r, int out)
+{
+	int rank = r->comm.rank;
+	if (out == RUN_FAIL) {
+		if (r->err.code && !r->quiet && (rank == 0 || r->status != 2 || r->loud))
+			sp_err_print(stderr, &r->err);
+		if (r->status == 0)
+			r->status = 1;
+		if (r->save_dir_made)
+			rmdir(r->o.save_dir); /* only when still empty */
+	}
+	if (r->log)
+		fclose(r->log);
+	free(r->loss);
+	rt_free(r->st);
+	plan_release(&r->plan);
+	if (r->be)
+		r->be->shutdown();
 	wd_arm(rank, "finishing (MPI_Finalize)");
-	c->finalize(c);
+	r->comm.ops->finalize(&r->comm);
 	wd_disarm();
-	return status;
+	return r->status;
+}
+
+int main(int argc, char **argv)
+{
+	static run_t r; /* zero: nothing held yet */
+	int status = parse(&r.o, argc, argv);
+	if (!status)
+		status = start_comm(&r, &argc, &argv);
+	if (status)
+		return status;
+	int out = agree_start(&r, check_alone(&r));
+	if (out == RUN_GO)
+		out = build_state(&r);
+	if (out == RUN_GO)
+		out = open_outputs(&r);
+	if (out == RUN_GO) {
+		if (r.comm.rank == 0 && !r.o.quiet)
+			print_start(&r);
+		out = train(&r);
+	}
+	if (out == RUN_GO)
+		out = report_end(&r);
+	if (out == RUN_LOST)
+		return lose(&r);
+	return finish(&r, out);
 }

@@ -7,6 +7,7 @@
 #ifndef SPINDLE_RUNTIME_H
 #define SPINDLE_RUNTIME_H
 
+#include "backend_ops.h"
 #include "common.h"
 #include "model.h"
 #include "plan.h"
@@ -22,32 +23,43 @@ typedef struct rt_req {
 	int peer, tag;
 } rt_req_t;
 
-typedef struct rt_comm {
+typedef struct rt_comm rt_comm_t;
+
+/* What a transport does; one static const table per transport (comm_mpi.c,
+ * comm_local.c, cuda/comm_nccl.c), each entry taking the comm itself. */
+typedef struct rt_comm_ops {
+	/* Creates a group over ranks[0..n) (ascending); collective over all
+	 * ranks, called in the same order everywhere. *out: id, or -1 if this
+	 * rank is not a member. */
+	int (*group_create)(rt_comm_t *c, const int *ranks, int n, int *out);
+	int (*isend)(rt_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
+		     rt_req_t *req);
+	int (*irecv)(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req);
+	/* In-place sum over the group's members. */
+	int (*iallreduce)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
+	/* *done = 1 when complete (req is then reset). */
+	int (*test)(rt_comm_t *c, rt_req_t *req, int *done);
+	/* Sum of doubles over all ranks (blocking; losses, norms). */
+	int (*allsum)(rt_comm_t *c, double *buf, int n);
+	/* Gathers every rank's bytes to rank 0 (blocking). out valid on 0. */
+	int (*gather)(rt_comm_t *c, const void *buf, size_t bytes, void **out, size_t **sizes);
+	int (*barrier)(rt_comm_t *c);
+	/* Ends the process (and so the job) at once; never returns. */
+	void (*abort)(rt_comm_t *c, int code);
+	/* Releases what the comm holds; collective. */
+	void (*finalize)(rt_comm_t *c);
+} rt_comm_ops_t;
+
+/* One rank's communicator, a struct its caller owns (main.c). A transport
+ * may be wrapped in place by another (cuda/comm_nccl.c keeps a copy of the
+ * wrapped comm and takes over ops and impl; rank, nranks, tag_ub stay). */
+struct rt_comm {
+	const rt_comm_ops_t *ops;
 	const char *name;
 	int rank, nranks;
 	int tag_ub; /* largest message tag the transport accepts */
 	void *impl;
-	/* Creates a group over ranks[0..n) (ascending); collective over all
-	 * ranks, called in the same order everywhere. *out: id, or -1 if this
-	 * rank is not a member. */
-	int (*group_create)(struct rt_comm *c, const int *ranks, int n, int *out);
-	int (*isend)(struct rt_comm *c, const void *buf, size_t bytes, int peer, int tag,
-		     rt_req_t *req);
-	int (*irecv)(struct rt_comm *c, void *buf, size_t bytes, int peer, int tag,
-		     rt_req_t *req);
-	/* In-place sum over the group's members. */
-	int (*iallreduce)(struct rt_comm *c, float *buf, int64_t n, int group, rt_req_t *req);
-	/* *done = 1 when complete (req is then reset). */
-	int (*test)(struct rt_comm *c, rt_req_t *req, int *done);
-	/* Sum of doubles over all ranks (blocking; losses, norms). */
-	int (*allsum)(struct rt_comm *c, double *buf, int n);
-	/* Gathers every rank's bytes to rank 0 (blocking). out valid on 0. */
-	int (*gather)(struct rt_comm *c, const void *buf, size_t bytes, void **out,
-		      size_t **sizes);
-	int (*barrier)(struct rt_comm *c);
-	void (*abort)(struct rt_comm *c, int code);
-	void (*finalize)(struct rt_comm *c);
-} rt_comm_t;
+};
 
 /* comm_mpi.c: Open MPI (when built with it); comm_local.c: one rank. */
 int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err);
@@ -55,63 +67,66 @@ int comm_local_init(rt_comm_t *c);
 int comm_mpi_available(void);
 /* Whether this process was started by mpirun (environment). */
 int comm_under_launcher(void);
+/* Whether c's rank is among ranks[0..n) (for group_create). */
+int comm_member(const rt_comm_t *c, const int *ranks, int n);
 
 /* ---- backend: memory, layers, optimizer --------------------------------- */
 
+/*
+ * A compute backend is one static const table (backend_cpu.c,
+ * backend_cuda.c), chosen by name at start-up; it holds no state of its
+ * own beyond what its functions keep. It moves device buffers over the
+ * comm it was started with.
+ */
 typedef struct rt_backend {
 	const char *name;
-	int (*init)(struct rt_backend *b, int rank, sp_err_t *err);
-	void (*shutdown)(struct rt_backend *b);
+	/* Checks that this build can serve c's ranks and may wrap c (cuda:
+	 * device buffers over NCCL). Errors are the launch's (bad input). */
+	int (*attach)(rt_comm_t *c, sp_err_t *err);
+	/* Sets up this rank's device; collective when c has several ranks. */
+	int (*init)(rt_comm_t *c, sp_err_t *err);
+	void (*shutdown)(void);
 	/* device memory */
-	void *(*alloc)(size_t bytes);
-	void (*release)(void *p);
-	void (*to_device)(void *dst, const void *src, size_t bytes);
-	void (*to_host)(void *dst, const void *src, size_t bytes);
-	void (*zero)(float *p, int64_t n);
+	rt_alloc_fn_t *alloc;
+	rt_release_fn_t *release;
+	rt_copy_fn_t *to_device, *to_host;
+	rt_zero_fn_t *zero;
 	/* rows x cols floats between strided buffers; acc: add instead of copy */
-	void (*copy_rows)(float *dst, int64_t dst_stride, const float *src,
-			  int64_t src_stride, int64_t rows, int64_t cols, int acc);
+	rt_copy_rows_fn_t *copy_rows;
 	/* layers (layers.h semantics, device pointers) */
-	void (*embedding_fwd)(const sp_opshape_t *s, int n, const float *p,
-			      const int32_t *tokens, float *y, float *saved);
-	void (*embedding_bwd)(const sp_opshape_t *s, int n, const float *saved,
-			      const float *dy, float *dp);
-	void (*patch_fwd)(const sp_opshape_t *s, int n, const float *p, const float *feats,
-			  float *y, float *saved);
-	void (*patch_bwd)(const sp_opshape_t *s, int n, const float *p, const float *saved,
-			  const float *dy, float *dp);
-	void (*tblock_fwd)(const sp_opshape_t *s, int n, const float *p, const float *x,
-			   float *y, float *saved);
-	void (*tblock_bwd)(const sp_opshape_t *s, int n, const float *p, const float *saved,
-			   const float *dy, float *dx, float *dp);
-	void (*linear_fwd)(const sp_opshape_t *s, int n, const float *p, const float *x,
-			   float *y, float *saved);
-	void (*linear_bwd)(const sp_opshape_t *s, int n, const float *p, const float *saved,
-			   const float *dy, float *dx, float *dp);
-	double (*lm_head_loss)(const sp_opshape_t *s, int n, const float *p, const float *x,
-			       const int32_t *targets, double scale, float *dx, float *dp,
-			       float *saved);
-	double (*classifier_loss)(const sp_opshape_t *s, int n, int64_t seq_in,
-				  const float *p, const float *x, const int32_t *labels,
-				  double scale, float *dx, float *dp, float *saved);
-	double (*contrastive_loss)(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
-				   double temperature, int64_t s0, int64_t s1, const float *a,
-				   const float *b, double scale, float *da, float *db,
-				   float *saved);
-	void (*adamw_step)(float *p, const float *g, float *m, float *v, int64_t n, int t,
-			   const sp_optim_t *o);
-	void (*sgd_step)(float *p, const float *g, int64_t n, const sp_optim_t *o);
-	void (*layer_init)(float *params, const sp_component_t *c, int layer, uint64_t seed);
+	rt_embedding_fwd_fn_t *embedding_fwd;
+	rt_embedding_bwd_fn_t *embedding_bwd;
+	rt_fwd_fn_t *patch_fwd;
+	rt_patch_bwd_fn_t *patch_bwd;
+	rt_fwd_fn_t *tblock_fwd;
+	rt_bwd_fn_t *tblock_bwd;
+	rt_fwd_fn_t *linear_fwd;
+	rt_bwd_fn_t *linear_bwd;
+	rt_lm_head_loss_fn_t *lm_head_loss;
+	rt_classifier_loss_fn_t *classifier_loss;
+	rt_contrastive_loss_fn_t *contrastive_loss;
+	rt_adamw_step_fn_t *adamw_step;
+	rt_sgd_step_fn_t *sgd_step;
+	rt_layer_init_fn_t *layer_init;
 	/* waits for queued device work (no-op on the CPU) */
-	void (*sync)(void);
-	rt_comm_t comm;
+	rt_sync_fn_t *sync;
 } rt_backend_t;
 
-/* backend_cpu.c */
-void backend_cpu(rt_backend_t *b);
-/* backend_cuda.c: 0 and a filled table when built with CUDA, else an error
- * that says so. */
-int backend_cuda(rt_backend_t *b, sp_err_t *err);
+/* The math entries every backend fills with its functions of the same
+ * names, under its own prefix (CPU: none, layers.h; CUDA: cu_). */
+#define RT_BACKEND_MATH(X)                                                                  \
+	X(embedding_fwd) X(embedding_bwd) X(patch_fwd) X(patch_bwd) X(tblock_fwd)           \
+	X(tblock_bwd) X(linear_fwd) X(linear_bwd) X(lm_head_loss) X(classifier_loss)        \
+	X(contrastive_loss) X(adamw_step) X(sgd_step)
+
+/* backend_cpu.c: the reference. backend_cuda.c: the CUDA table; in builds
+ * without CUDA, backend_cuda_none.c's, whose attach says so (and whose
+ * other entries are NULL). */
+extern const rt_backend_t backend_cpu, backend_cuda;
+/* The backend called name ("cpu", "cuda"), NULL if there is none. */
+const rt_backend_t *backend_find(const char *name);
+/* attach, then init: a process that uses the backend alone (tools, tests). */
+int backend_start(const rt_backend_t *b, rt_comm_t *c, sp_err_t *err);
 
 /* ---- data.c: synthetic, deterministic, learnable training data ------------ */
 
@@ -151,8 +166,8 @@ typedef struct {
 } rt_opts_t;
 
 /* Builds parameters and buffers of this rank for plan p. */
-int rt_create(rt_state_t **out, const sp_plan_t *p, rt_backend_t *b, const rt_opts_t *o,
-	      sp_err_t *err);
+int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
+	      const rt_opts_t *o, sp_err_t *err);
 void rt_free(rt_state_t *st);
 /* One training step (1-based t); adds per-task loss sums into loss[] (this
  * rank's samples only). */
@@ -173,6 +188,5 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 /* Loads parameters (and optimizer state) from records like the above for
  * every (comp, layer) this rank holds. */
 int rt_unpack(rt_state_t *st, const void *buf, size_t bytes, int opt_state, sp_err_t *err);
-int rt_rank(const rt_state_t *st);
 
 #endif

@@ -16,7 +16,7 @@ int trace_write_measured(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p,
 	const rt_event_t *ev = rt_events(st, &n);
 	void *all = NULL;
 	size_t *sizes = NULL;
-	if (c->gather(c, ev, sizeof *ev * (size_t)n, &all, &sizes))
+	if (c->ops->gather(c, ev, sizeof *ev * (size_t)n, &all, &sizes))
 		return sp_err_set(err, SP_EIO, path, 0, 0, NULL, "gathering the trace failed");
 	if (c->rank != 0)
 		return 0;

@@ -47,7 +47,6 @@ static inline void cu_check_cublas(cublasStatus_t s, const char *what, const cha
 /* ---- cu_runtime.cu: state -------------------------------------------------- */
 
 cudaStream_t cu_s(void);
-cublasHandle_t cu_blas(void);
 /* Workspace cap (bytes) layers size their sample chunks by. */
 size_t cu_ws_cap(void);
 /*

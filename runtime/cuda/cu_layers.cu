@@ -132,6 +132,19 @@ void gemm_grid(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 	}
 }
 
+/* What both directions of a block start from: tensor offsets, the bf16
+ * shadow of the weights, the attention scale 1/sqrt(dh), the chunk size. */
+const bf16 *tb_prepare(const sp_opshape_t *s, int n, const float *p, int64_t off[NT],
+		       float *scale, int64_t *nc)
+{
+	tb_offsets(s, off);
+	sp_component_t comp = layer_comp_of_shape(s);
+	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
+	*scale = (float)(1.0 / sqrt((double)(s->hidden / s->heads)));
+	*nc = tb_chunk(s, n);
+	return wb;
+}
+
 } /* namespace */
 
 /*
@@ -142,14 +155,11 @@ void cu_tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x,
 		   float *saved)
 {
 	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, dh = h / a;
-	int64_t per = op_saved_elems(s, 0), off[NT];
+	int64_t per = op_saved_elems(s, 0), off[NT], nc = 0;
 	if (n <= 0)
 		return;
-	tb_offsets(s, off);
-	sp_component_t comp = layer_comp_of_shape(s);
-	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
-	float scale = (float)(1.0 / sqrt((double)dh));
-	int64_t nc = tb_chunk(s, n);
+	float scale = 0;
+	const bf16 *wb = tb_prepare(s, n, p, off, &scale, &nc);
 	char *ws = cu_ws_get((size_t)(2 * nc * a * sq * sq) + 256);
 	bf16 *pb = (bf16 *)ws;
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
@@ -200,14 +210,11 @@ void cu_tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *sa
 		   const float *dy, float *dx, float *dp)
 {
 	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, dh = h / a;
-	int64_t per = op_saved_elems(s, 0), off[NT];
+	int64_t per = op_saved_elems(s, 0), off[NT], nc = 0;
 	if (n <= 0)
 		return;
-	tb_offsets(s, off);
-	sp_component_t comp = layer_comp_of_shape(s);
-	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
-	float scale = (float)(1.0 / sqrt((double)dh));
-	int64_t nc = tb_chunk(s, n);
+	float scale = 0;
+	const bf16 *wb = tb_prepare(s, n, p, off, &scale, &nc);
 	char *ws = cu_ws_get(tb_ws_bytes(s, nc));
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
 		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;

@@ -93,7 +93,7 @@ char *grow(char **buf, size_t *have, size_t bytes, const char *what)
 	return *buf;
 }
 
-int local_rank(int rank)
+int cu_local_rank(int rank)
 {
 	const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
 			       "LOCAL_RANK"};
@@ -159,19 +159,9 @@ cudaStream_t cu_s(void)
 	return g.stream;
 }
 
-cublasHandle_t cu_blas(void)
-{
-	return g.blas;
-}
-
 void *cu_stream(void)
 {
 	return (void *)g.stream;
-}
-
-int cu_device(void)
-{
-	return g.device;
 }
 
 size_t cu_ws_cap(void)
@@ -234,7 +224,7 @@ int cu_init(int rank, sp_err_t *err)
 		sp_err_hint(err, "check nvidia-smi, or run with --backend cpu");
 		return SP_EINPUT;
 	}
-	g.device = local_rank(rank) % n;
+	g.device = cu_local_rank(rank) % n;
 #define INIT_CHECK(call, what)                                                                \
 	do {                                                                                  \
 		cudaError_t ce_ = (call);                                                     \

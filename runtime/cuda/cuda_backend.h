@@ -1,9 +1,10 @@
 /*
  * cuda_backend.h — the C face of the CUDA backend. Everything behind it is
- * CUDA C++ (the .cu files beside it); backend_cuda.c puts these functions into an
- * rt_backend_t and comm_nccl.c wraps the rank's rt_comm_t with NCCL. Layer
- * functions have exactly the rt_backend_t signatures and layers.h
- * semantics; every pointer they take is a device pointer.
+ * CUDA C++ (the .cu files beside it); backend_cuda.c puts these functions into
+ * its const rt_backend_t table and comm_nccl.c (beside this header) wraps the
+ * rank's rt_comm_t with NCCL. The functions are declared with the types of
+ * backend_ops.h and have layers.h semantics; every pointer they take is a
+ * device pointer.
  *
  * Precision (what is bf16 and what is fp32):
  *   fp32  every buffer that crosses this interface: parameters (the fp32
@@ -39,6 +40,7 @@
 extern "C" {
 #endif
 
+#include "backend_ops.h"
 #include "common.h"
 #include "model.h"
 
@@ -56,8 +58,6 @@ void cu_shutdown(void);
 void cu_set_abort(void (*fn)(void *ctx, int code), void *ctx);
 /* The first error recorded, "" when none. */
 const char *cu_first_error(void);
-/* Device of this process, -1 before cu_init. */
-int cu_device(void);
 /* Workspace cap in bytes: layers split their samples into chunks whose
  * scratch fits (default 2 GiB, or SPINDLE_CUDA_WORKSPACE_MB). */
 void cu_set_workspace_cap(size_t bytes);
@@ -66,48 +66,28 @@ void cu_memory_extra(size_t *workspace, size_t *shadows);
 /* The compute stream (cudaStream_t) for comm_nccl.c. */
 void *cu_stream(void);
 
-void *cu_alloc(size_t bytes);
-void cu_release(void *p);
-void cu_to_device(void *dst, const void *src, size_t bytes);
-void cu_to_host(void *dst, const void *src, size_t bytes);
-void cu_zero(float *p, int64_t n);
-void cu_copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
-		  int64_t rows, int64_t cols, int acc);
-void cu_sync(void);
-void cu_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, int t,
-		   const sp_optim_t *o);
-void cu_sgd_step(float *p, const float *g, int64_t n, const sp_optim_t *o);
+rt_alloc_fn_t cu_alloc;
+rt_release_fn_t cu_release;
+rt_copy_fn_t cu_to_device, cu_to_host;
+rt_zero_fn_t cu_zero;
+rt_copy_rows_fn_t cu_copy_rows;
+rt_sync_fn_t cu_sync;
+rt_adamw_step_fn_t cu_adamw_step;
+rt_sgd_step_fn_t cu_sgd_step;
 
 /* ---- cu_layers.cu: sources, transformer block, linear -------------------- */
 
-void cu_embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *tokens,
-		      float *y, float *saved);
-void cu_embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const float *dy,
-		      float *dp);
-void cu_patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats,
-		  float *y, float *saved);
-void cu_patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		  const float *dy, float *dp);
-void cu_tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		   float *saved);
-void cu_tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		   const float *dy, float *dx, float *dp);
-void cu_linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		   float *saved);
-void cu_linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		   const float *dy, float *dx, float *dp);
+rt_embedding_fwd_fn_t cu_embedding_fwd;
+rt_embedding_bwd_fn_t cu_embedding_bwd;
+rt_fwd_fn_t cu_patch_fwd, cu_tblock_fwd, cu_linear_fwd;
+rt_patch_bwd_fn_t cu_patch_bwd;
+rt_bwd_fn_t cu_tblock_bwd, cu_linear_bwd;
 
 /* ---- cu_loss.cu: losses (forward and backward in one call) --------------- */
 
-double cu_lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x,
-		       const int32_t *targets, double scale, float *dx, float *dp,
-		       float *saved);
-double cu_classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
-			  const float *x, const int32_t *labels, double scale, float *dx,
-			  float *dp, float *saved);
-double cu_contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
-			   double temperature, int64_t s0, int64_t s1, const float *a,
-			   const float *b, double scale, float *da, float *db, float *saved);
+rt_lm_head_loss_fn_t cu_lm_head_loss;
+rt_classifier_loss_fn_t cu_classifier_loss;
+rt_contrastive_loss_fn_t cu_contrastive_loss;
 
 /* ---- comm_nccl.c (or cuda/comm_nccl_none.c without NCCL) ------------------ */
 

@@ -13,6 +13,7 @@
  * without a GPU.
  */
 #include "cuda/cuda_backend.h"
+#include "gpu_start.h"
 #include "layers.h"
 #include "runtime.h"
 
@@ -21,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-static rt_backend_t B;
+static const rt_backend_t *const B = &backend_cuda;
+static rt_comm_t comm;
 
 static double now_ms(void)
 {
@@ -35,9 +37,9 @@ static void *dev_rand(int64_t n, float scale, uint64_t seed)
 	float *h = malloc(sizeof(float) * (size_t)n);
 	for (int64_t i = 0; i < n; i++)
 		h[i] = (float)(scale * (2.0 * sp_unit(seed + (uint64_t)i) - 1.0));
-	void *d = B.alloc(sizeof(float) * (size_t)n);
+	void *d = B->alloc(sizeof(float) * (size_t)n);
 	if (d)
-		B.to_device(d, h, sizeof(float) * (size_t)n);
+		B->to_device(d, h, sizeof(float) * (size_t)n);
 	free(h);
 	return d;
 }
@@ -61,27 +63,27 @@ static int bench(int64_t h, int64_t a, int64_t f, int64_t s, int causal, int n, 
 	int64_t ns = op_saved_elems(&sh, n) * n;
 	float *hp = malloc(sizeof(float) * (size_t)np);
 	layer_init(hp, &c, 0, 1);
-	float *p = B.alloc(sizeof(float) * (size_t)np), *g = B.alloc(sizeof(float) * (size_t)np);
+	float *p = B->alloc(sizeof(float) * (size_t)np), *g = B->alloc(sizeof(float) * (size_t)np);
 	float *x = dev_rand(e, 1.0f, 7), *dy = dev_rand(e, 1.0f, 11);
-	float *y = B.alloc(sizeof(float) * (size_t)e), *dx = B.alloc(sizeof(float) * (size_t)e);
-	float *sv = B.alloc(sizeof(float) * (size_t)ns);
+	float *y = B->alloc(sizeof(float) * (size_t)e), *dx = B->alloc(sizeof(float) * (size_t)e);
+	float *sv = B->alloc(sizeof(float) * (size_t)ns);
 	if (!p || !g || !x || !dy || !y || !dx || !sv) {
 		fprintf(stderr, "bench_tblock: out of device memory at batch %d\n", n);
 		free(hp);
-		B.release(p), B.release(g), B.release(x), B.release(dy), B.release(y),
-			B.release(dx), B.release(sv);
+		B->release(p), B->release(g), B->release(x), B->release(dy), B->release(y),
+			B->release(dx), B->release(sv);
 		return -1;
 	}
-	B.to_device(p, hp, sizeof(float) * (size_t)np);
+	B->to_device(p, hp, sizeof(float) * (size_t)np);
 	free(hp);
 	double tf = 0, tb = 0;
 	for (int r = -2; r < reps; r++) {
 		double t0 = now_ms();
-		B.tblock_fwd(&sh, n, p, x, y, sv);
-		B.sync();
+		B->tblock_fwd(&sh, n, p, x, y, sv);
+		B->sync();
 		double t1 = now_ms();
-		B.tblock_bwd(&sh, n, p, sv, dy, dx, g);
-		B.sync();
+		B->tblock_bwd(&sh, n, p, sv, dy, dx, g);
+		B->sync();
 		double t2 = now_ms();
 		if (r >= 0) {
 			tf += t1 - t0;
@@ -96,8 +98,8 @@ static int bench(int64_t h, int64_t a, int64_t f, int64_t s, int causal, int n, 
 	       (long long)h, (long long)a, (long long)f, (long long)s, causal ? " causal" : "", n,
 	       tf, tb, ff / (tf * 1e-3) / 1e12, fb / (tb * 1e-3) / 1e12, tfl, tfl / peak);
 	fflush(stdout);
-	B.release(p), B.release(g), B.release(x), B.release(dy), B.release(y), B.release(dx),
-		B.release(sv);
+	B->release(p), B->release(g), B->release(x), B->release(dy), B->release(y), B->release(dx),
+		B->release(sv);
 	return 0;
 }
 
@@ -118,17 +120,9 @@ int main(int argc, char **argv)
 				"[h a f s causal batch[,batch...]]...\n");
 		return 2;
 	}
-	if (cu_device_count() <= 0) {
-		printf("bench_tblock: no usable CUDA device, skipping\n");
-		return 77;
-	}
-	sp_err_t err = {0};
-	memset(&B, 0, sizeof B);
-	comm_local_init(&B.comm);
-	if (backend_cuda(&B, &err) || B.init(&B, 0, &err)) {
-		sp_err_print(stderr, &err);
-		return 1;
-	}
+	int up = gpu_start("bench_tblock", &comm);
+	if (up)
+		return up;
 	static const char *dflt[] = {"1280", "16", "5120",  "257", "0", "1,8,32,64",
 				     "4096", "32", "11008", "512", "1", "1,2,4,8"};
 	const char **args = (const char **)argv + i;
@@ -145,7 +139,6 @@ int main(int argc, char **argv)
 			bench(atoll(args[k]), atoll(args[k + 1]), atoll(args[k + 2]), atoll(args[k + 3]),
 			      atoi(args[k + 4]), atoi(t), reps, peak);
 	}
-	B.shutdown(&B);
-	B.comm.finalize(&B.comm);
+	gpu_stop(&comm);
 	return 0;
 }

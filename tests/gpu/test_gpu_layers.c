@@ -11,6 +11,7 @@
  * Exits 77 (skip) without a usable GPU.
  */
 #include "cuda/cuda_backend.h"
+#include "gpu_start.h"
 #include "layers.h"
 #include "runtime.h"
 
@@ -26,7 +27,8 @@
 #define F32_TOL 1e-5
 #define F32_EPS 1e-4
 
-static rt_backend_t B;
+static const rt_backend_t *const B = &backend_cuda;
+static rt_comm_t comm;
 static int n_fail, n_checks;
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 
@@ -53,21 +55,21 @@ static float *hcopy(const float *src, int64_t n)
 
 static void *dev(const void *host, size_t bytes)
 {
-	void *d = B.alloc(bytes ? bytes : 4);
+	void *d = B->alloc(bytes ? bytes : 4);
 	if (!d) {
 		fprintf(stderr, "test_gpu_layers: device allocation of %zu bytes failed: %s\n",
 			bytes, cu_first_error());
 		exit(1);
 	}
 	if (host && bytes)
-		B.to_device(d, host, bytes);
+		B->to_device(d, host, bytes);
 	return d;
 }
 
 static float *fetch(const float *d, int64_t n)
 {
 	float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-	B.to_host(h, d, sizeof(float) * (size_t)n);
+	B->to_host(h, d, sizeof(float) * (size_t)n);
 	return h;
 }
 
@@ -174,13 +176,13 @@ static void test_embedding(void)
 	float *dS = dev(NULL, 4 * (size_t)rows), *dDY = dev(dy, 4 * (size_t)(rows * h));
 	float *dDP = dev(dp, 4 * (size_t)np);
 	int32_t *dT = dev(tok, 4 * (size_t)rows);
-	B.embedding_fwd(&s, n, dP, dT, dY, dS);
-	B.embedding_bwd(&s, n, dS, dDY, dDP);
+	B->embedding_fwd(&s, n, dP, dT, dY, dS);
+	B->embedding_bwd(&s, n, dS, dDY, dDP);
 	float *gy = fetch(dY, rows * h), *gdp = fetch(dDP, np);
 	check("embedding fwd y", gy, y, rows * h, F32_TOL, F32_EPS);
 	check_params("embedding bwd", &s, gdp, dp_ref, F32_TOL, F32_EPS);
-	B.release(dP), B.release(dY), B.release(dS), B.release(dDY), B.release(dDP),
-		B.release(dT);
+	B->release(dP), B->release(dY), B->release(dS), B->release(dDY), B->release(dDP),
+		B->release(dT);
 	free(p), free(tok), free(y), free(sv), free(dy), free(dp), free(dp_ref), free(gy), free(gdp);
 }
 
@@ -200,13 +202,13 @@ static void test_patch(void)
 	float *dY = dev(NULL, 4 * (size_t)(rows * h));
 	float *dS = dev(NULL, 4 * (size_t)(op_saved_elems(&s, n) * n));
 	float *dDY = dev(dy, 4 * (size_t)(rows * h)), *dDP = dev(dp, 4 * (size_t)np);
-	B.patch_fwd(&s, n, dP, dF, dY, dS);
-	B.patch_bwd(&s, n, dP, dS, dDY, dDP);
+	B->patch_fwd(&s, n, dP, dF, dY, dS);
+	B->patch_bwd(&s, n, dP, dS, dDY, dDP);
 	float *gy = fetch(dY, rows * h), *gdp = fetch(dDP, np);
 	check("patch fwd y", gy, y, rows * h, BF_TOL, BF_EPS);
 	check_params("patch bwd", &s, gdp, dp_ref, BF_TOL, BF_EPS);
-	B.release(dP), B.release(dF), B.release(dY), B.release(dS), B.release(dDY),
-		B.release(dDP);
+	B->release(dP), B->release(dF), B->release(dY), B->release(dS), B->release(dDY),
+		B->release(dDP);
 	free(p), free(feats), free(y), free(sv), free(dy), free(dp), free(dp_ref), free(gy),
 		free(gdp);
 }
@@ -230,9 +232,9 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
 	float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(dx, 4 * (size_t)e);
 	float *dDP = dev(dp, 4 * (size_t)np);
-	B.tblock_fwd(&s, n, dP, dX, dY, dS);
-	B.tblock_bwd(&s, n, dP, dS, dDY, dDX, dDP);
-	B.sync();
+	B->tblock_fwd(&s, n, dP, dX, dY, dS);
+	B->tblock_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
 	float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
@@ -243,8 +245,8 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	check(what, gdx, dx_ref, e, BF_TOL, BF_EPS);
 	snprintf(what, sizeof what, "%s bwd", name);
 	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
-	B.release(dP), B.release(dX), B.release(dY), B.release(dS), B.release(dDY),
-		B.release(dDX), B.release(dDP);
+	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+		B->release(dDX), B->release(dDP);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
 		free(dp_ref), free(gy), free(gdx), free(gdp);
 }
@@ -267,9 +269,9 @@ static void test_linear(const char *name, size_t ws_cap)
 	float *dDP = dev(dp, 4 * (size_t)np);
 	if (ws_cap)
 		cu_set_workspace_cap(ws_cap);
-	B.linear_fwd(&s, n, dP, dX, dY, dS);
-	B.linear_bwd(&s, n, dP, dS, dDY, dDX, dDP);
-	B.sync();
+	B->linear_fwd(&s, n, dP, dX, dY, dS);
+	B->linear_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
 	float *gy = fetch(dY, ey), *gdx = fetch(dDX, ex), *gdp = fetch(dDP, np);
@@ -286,27 +288,27 @@ static void test_linear(const char *name, size_t ws_cap)
 	sp_optim_t o = {OPT_ADAMW, 0.05, 0.01, 0.9, 0.999, 1e-8};
 	float *m = calloc((size_t)np, 4), *v = calloc((size_t)np, 4);
 	float *dM = dev(m, 4 * (size_t)np), *dV = dev(v, 4 * (size_t)np);
-	B.to_device(dDP, dp_ref, 4 * (size_t)np);
+	B->to_device(dDP, dp_ref, 4 * (size_t)np);
 	adamw_step(p, dp_ref, m, v, np, 1, &o);
-	B.adamw_step(dP, dDP, dM, dV, np, 1, &o);
+	B->adamw_step(dP, dDP, dM, dV, np, 1, &o);
 	linear_fwd(&s, n, p, x, y, sv);
-	B.linear_fwd(&s, n, dP, dX, dY, dS);
+	B->linear_fwd(&s, n, dP, dX, dY, dS);
 	free(gy);
 	gy = fetch(dY, ey);
 	snprintf(what, sizeof what, "%s fwd after adamw", name);
 	check(what, gy, y, ey, BF_TOL, BF_EPS);
 	for (int64_t i = 0; i < np; i++)
 		p[i] = -p[i];
-	B.to_device(dP, p, 4 * (size_t)np);
+	B->to_device(dP, p, 4 * (size_t)np);
 	linear_fwd(&s, n, p, x, y, sv);
-	B.linear_fwd(&s, n, dP, dX, dY, dS);
+	B->linear_fwd(&s, n, dP, dX, dY, dS);
 	free(gy);
 	gy = fetch(dY, ey);
 	snprintf(what, sizeof what, "%s fwd after upload", name);
 	check(what, gy, y, ey, BF_TOL, BF_EPS);
 
-	B.release(dP), B.release(dX), B.release(dY), B.release(dS), B.release(dDY),
-		B.release(dDX), B.release(dDP), B.release(dM), B.release(dV);
+	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+		B->release(dDX), B->release(dDP), B->release(dM), B->release(dV);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
 		free(dp_ref), free(gy), free(gdx), free(gdp), free(m), free(v);
 }
@@ -330,12 +332,12 @@ static void test_lm_head(void)
 	float *dDX = dev(dx, 4 * (size_t)e), *dDP = dev(dp, 4 * (size_t)np);
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dT = dev(tg, sizeof tg);
-	double got = B.lm_head_loss(&s, n, dP, dX, dT, 0.7, dDX, dDP, dS);
+	double got = B->lm_head_loss(&s, n, dP, dX, dT, 0.7, dDX, dDP, dS);
 	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
 	check_scalar("lm_head loss", got, ref, 0.02);
 	check("lm_head dx", gdx, dx_ref, e, BF_TOL, BF_EPS);
 	check_params("lm_head", &s, gdp, dp_ref, BF_TOL, BF_EPS);
-	B.release(dP), B.release(dX), B.release(dDX), B.release(dDP), B.release(dS), B.release(dT);
+	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dT);
 	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
 		free(gdp);
 }
@@ -355,12 +357,12 @@ static void test_classifier(void)
 	float *dDX = dev(dx, 4 * (size_t)e), *dDP = dev(dp, 4 * (size_t)np);
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dL = dev(lb, sizeof lb);
-	double got = B.classifier_loss(&s, n, seq_in, dP, dX, dL, 0.7, dDX, dDP, dS);
+	double got = B->classifier_loss(&s, n, seq_in, dP, dX, dL, 0.7, dDX, dDP, dS);
 	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
 	check_scalar("classifier loss", got, ref, 1e-5);
 	check("classifier dx", gdx, dx_ref, e, F32_TOL, F32_EPS);
 	check_params("classifier", &s, gdp, dp_ref, F32_TOL, F32_EPS);
-	B.release(dP), B.release(dX), B.release(dDX), B.release(dDP), B.release(dS), B.release(dL);
+	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dL);
 	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
 		free(gdp);
 }
@@ -377,12 +379,12 @@ static void test_contrastive(void)
 	float *dA = dev(a, 4 * (size_t)ea), *dB = dev(b, 4 * (size_t)eb);
 	float *dDA = dev(da, 4 * (size_t)ea), *dDB = dev(db, 4 * (size_t)eb);
 	float *dS = dev(NULL, 4 * (size_t)ns);
-	double got = B.contrastive_loss(Bn, w, sa, sb, 0.1, s0, s1, dA, dB, 0.7, dDA, dDB, dS);
+	double got = B->contrastive_loss(Bn, w, sa, sb, 0.1, s0, s1, dA, dB, 0.7, dDA, dDB, dS);
 	float *gda = fetch(dDA, ea), *gdb = fetch(dDB, eb);
 	check_scalar("contrastive loss", got, ref, 1e-5);
 	check("contrastive da", gda, da_ref, ea, 1e-4, 1e-3);
 	check("contrastive db", gdb, db_ref, eb, 1e-4, 1e-3);
-	B.release(dA), B.release(dB), B.release(dDA), B.release(dDB), B.release(dS);
+	B->release(dA), B->release(dB), B->release(dDA), B->release(dDB), B->release(dS);
 	free(a), free(b), free(da), free(db), free(da_ref), free(db_ref), free(sv), free(gda),
 		free(gdb);
 }
@@ -397,18 +399,18 @@ static void test_optimizers(void)
 	float *dM = dev(m, 4 * (size_t)n), *dV = dev(v, 4 * (size_t)n);
 	sp_optim_t o = {OPT_ADAMW, 1e-2, 0.05, 0.9, 0.95, 1e-8};
 	adamw_step(p, g, m, v, n, 3, &o);
-	B.adamw_step(dP, dG, dM, dV, n, 3, &o);
+	B->adamw_step(dP, dG, dM, dV, n, 3, &o);
 	float *gp = fetch(dP, n), *gm = fetch(dM, n), *gv = fetch(dV, n);
 	check("adamw p", gp, p, n, 1e-6, 1e-5);
 	check("adamw m", gm, m, n, 1e-6, 1e-5);
 	check("adamw v", gv, v, n, 1e-6, 1e-5);
 	sp_optim_t so = {OPT_SGD, 0.1, 0.01, 0, 0, 0};
 	sgd_step(p, g, n, &so);
-	B.sgd_step(dP, dG, n, &so);
+	B->sgd_step(dP, dG, n, &so);
 	free(gp);
 	gp = fetch(dP, n);
 	check("sgd p", gp, p, n, 1e-6, 1e-5);
-	B.release(dP), B.release(dG), B.release(dM), B.release(dV);
+	B->release(dP), B->release(dG), B->release(dM), B->release(dV);
 	free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv);
 }
 
@@ -422,33 +424,24 @@ static void test_copies(void)
 		for (int64_t r = 0; r < rows; r++)
 			for (int64_t c = 0; c < cols; c++)
 				ref[r * ds + c] = acc ? ref[r * ds + c] + src[r * ss + c] : src[r * ss + c];
-		B.copy_rows(dD, ds, dSrc, ss, rows, cols, acc);
+		B->copy_rows(dD, ds, dSrc, ss, rows, cols, acc);
 		float *got = fetch(dD, rows * ds);
 		check(acc ? "copy_rows acc" : "copy_rows", got, ref, rows * ds, 0, 0);
 		free(got);
 	}
-	B.zero(dD + 3, 20);
+	B->zero(dD + 3, 20);
 	memset(ref + 3, 0, 20 * sizeof(float));
 	float *got = fetch(dD, rows * ds);
 	check("zero", got, ref, rows * ds, 0, 0);
-	B.release(dD), B.release(dSrc);
+	B->release(dD), B->release(dSrc);
 	free(dst), free(src), free(ref), free(got);
 }
 
 int main(void)
 {
-	int nd = cu_device_count();
-	if (nd <= 0) {
-		printf("test_gpu_layers: no usable CUDA device, skipping\n");
-		return 77;
-	}
-	sp_err_t err = {0};
-	memset(&B, 0, sizeof B);
-	comm_local_init(&B.comm);
-	if (backend_cuda(&B, &err) || B.init(&B, 0, &err)) {
-		sp_err_print(stderr, &err);
-		return 1;
-	}
+	int up = gpu_start("test_gpu_layers", &comm);
+	if (up)
+		return up;
 	test_embedding();
 	test_patch();
 	test_tblock("tblock", 32, 4, 48, 7, 0, 3, 0);
@@ -466,8 +459,7 @@ int main(void)
 	size_t ws, sh;
 	cu_memory_extra(&ws, &sh);
 	printf("backend extra memory: workspace %zu bytes, bf16 shadows %zu bytes\n", ws, sh);
-	B.shutdown(&B);
-	B.comm.finalize(&B.comm);
+	gpu_stop(&comm);
 	printf("%d of %d checks failed\n", n_fail, n_checks);
 	return n_fail ? 1 : 0;
 }

@@ -168,7 +168,7 @@ static int parse_args(opts_t *o, int argc, char **argv)
 			} else if (!strcmp(a, "--cluster")) {
 				o->cluster_path = v;
 			} else if (!strcmp(a, "--backend")) {
-				if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+				if (!backend_find(v)) {
 					fprintf(stderr, "spindle-profile: unknown backend '%s'\n"
 							"hint: use cpu or cuda\n", v);
 					return SP_EXIT_INPUT;
@@ -276,7 +276,7 @@ static double now_ms(void)
 
 /* Buffers of one (shape, batch) measurement, all from b->alloc. */
 typedef struct {
-	rt_backend_t *b;
+	const rt_backend_t *b;
 	const sp_opshape_t *s;
 	const sp_component_t *c;
 	int n;
@@ -287,7 +287,7 @@ typedef struct {
 
 static void run_fwd(bench_t *q)
 {
-	rt_backend_t *b = q->b;
+	const rt_backend_t *b = q->b;
 	const sp_opshape_t *s = q->s;
 	int n = q->n;
 	double scale = 1.0 / n;
@@ -316,7 +316,7 @@ static void run_fwd(bench_t *q)
 
 static void run_bwd(bench_t *q)
 {
-	rt_backend_t *b = q->b;
+	const rt_backend_t *b = q->b;
 	const sp_opshape_t *s = q->s;
 	switch (s->type) {
 	case COMP_EMBEDDING: b->embedding_bwd(s, q->n, q->saved, q->dy, q->dp); break;
@@ -377,7 +377,7 @@ static double median(double *t, int n)
 }
 
 /* Host buffer of n floats, uniform in [-a, a), copied to the device. */
-static float *dev_floats(rt_backend_t *b, int64_t n, double a, uint64_t key)
+static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t key)
 {
 	float *d = b->alloc(sizeof(float) * (size_t)SP_MAX(n, 1));
 	float *h = malloc(sizeof(float) * (size_t)SP_MAX(n, 1));
@@ -394,7 +394,7 @@ static float *dev_floats(rt_backend_t *b, int64_t n, double a, uint64_t key)
 	return d;
 }
 
-static int32_t *dev_ints(rt_backend_t *b, int64_t n, int64_t range, uint64_t key)
+static int32_t *dev_ints(const rt_backend_t *b, int64_t n, int64_t range, uint64_t key)
 {
 	int32_t *d = b->alloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
 	int32_t *h = malloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
@@ -420,7 +420,7 @@ static void bench_free(bench_t *q)
 }
 
 /* Parameters, inputs and buffers of one shape at per-device batch n. */
-static int bench_setup(bench_t *qp, rt_backend_t *b, const sp_model_t *m, const shape_t *sh,
+static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, const shape_t *sh,
 		       int64_t n, sp_err_t *err)
 {
 	const sp_opshape_t *s = &sh->s;
@@ -500,7 +500,7 @@ static int bench_setup(bench_t *qp, rt_backend_t *b, const sp_model_t *m, const 
  * burst of other load on the machine slows one rep of several points,
  * which the median discards, rather than every rep of one point.
  */
-static int measure_shape(rt_backend_t *b, const sp_model_t *m, shape_t *sh, const opts_t *o,
+static int measure_shape(const rt_backend_t *b, const sp_model_t *m, shape_t *sh, const opts_t *o,
 			 sp_err_t *err)
 {
 	int nb = sh->n_batches, rc = 0;
@@ -713,8 +713,8 @@ int main(int argc, char **argv)
 	char *text = NULL;
 	size_t len = 0;
 	int n = 0, status = SP_EXIT_OK, up = 0;
-	rt_backend_t be;
-	memset(&be, 0, sizeof be);
+	rt_comm_t comm;
+	const rt_backend_t *be = backend_find(o.backend);
 	if (model_load(&model, o.model_path, &err) ||
 	    (o.cluster_path && load_cluster_json(&cluster, o.cluster_path, &err)))
 		goto fail;
@@ -723,35 +723,31 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	/* one local rank: no MPI, whatever the build links */
-	if (comm_local_init(&be.comm)) {
+	if (comm_local_init(&comm)) {
 		sp_err_set(&err, SP_EINTERNAL, NULL, 0, 0, NULL, "cannot set up the local comm");
 		goto fail;
 	}
-	if (!strcmp(o.backend, "cuda")) {
-		if (backend_cuda(&be, &err)) {
-			fprintf(stderr, "spindle-profile: ");
-			err.code = SP_EINPUT;
-			goto fail;
-		}
-	} else {
-		backend_cpu(&be);
+	if (be->attach(&comm, &err)) {
+		fprintf(stderr, "spindle-profile: ");
+		err.code = SP_EINPUT;
+		goto fail;
 	}
-	if (be.init(&be, 0, &err)) {
+	if (be->init(&comm, &err)) {
 		if (!err.code)
 			sp_err_set(&err, SP_EIO, NULL, 0, 0, NULL, "backend %s failed to start",
-				   be.name);
+				   be->name);
 		goto fail;
 	}
 	up = 1;
 	double t0 = now_ms();
 	printf("spindle-profile: %s, backend %s, %d shape%s, %d warm-up + %d timed runs "
 	       "per point\n",
-	       model.name, be.name, n, n == 1 ? "" : "s", o.warmup, o.reps);
+	       model.name, be->name, n, n == 1 ? "" : "s", o.warmup, o.reps);
 	for (int k = 0; k < n; k++) {
 		shape_t *sh = &shapes[k];
 		char name[128];
 		opshape_str(name, sizeof name, &sh->s);
-		if (measure_shape(&be, &model, sh, &o, &err)) {
+		if (measure_shape(be, &model, sh, &o, &err)) {
 			fprintf(stderr, "spindle-profile: %s: ", name);
 			goto fail;
 		}
@@ -787,8 +783,8 @@ fail:
 	sp_err_print(stderr, &err);
 	status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
 done:
-	if (up && be.shutdown)
-		be.shutdown(&be);
+	if (up)
+		be->shutdown();
 	free(text);
 	free(shapes);
 	json_decref(cluster);

@@ -1,5 +1,5 @@
 /*
- * comm_nccl.c — the CUDA backend's data plane: device buffers move over
+ * cuda/comm_nccl.c — the CUDA backend's data plane: device buffers move over
  * NCCL while the host collectives (allsum, gather, barrier) stay on the
  * comm it wraps (MPI, or the local single rank). It does not pick devices
  * (cu_runtime.cu does) and never touches the interpreter's buffers beyond
@@ -32,7 +32,7 @@
  * Sends are grouped (ncclGroupStart/End) when several become ready at
  * once. Completion is polled with cudaEventQuery from test().
  */
-#include "cuda/cuda_backend.h"
+#include "cuda_backend.h"
 #include "runtime.h"
 
 #include <cuda_runtime_api.h>
@@ -359,7 +359,7 @@ static int progress(nccl_impl_t *im)
 		peer_t *pe = &im->peers[p];
 		if (pe->ctrl_posted) {
 			int done = 0;
-			if (im->inner.test(&im->inner, &pe->ctrl_req, &done))
+			if (im->inner.ops->test(&im->inner, &pe->ctrl_req, &done))
 				return -1;
 			if (done) {
 				pe->ctrl_posted = 0;
@@ -396,7 +396,7 @@ static int progress(nccl_impl_t *im)
 		for (nop_t *op = im->ops; op; op = op->next)
 			waiting += op->kind == OP_SEND && op->peer == p && op->state == ST_WAIT_CTS;
 		if (!pe->ctrl_posted && waiting > pe->n_fifo) {
-			if (im->inner.irecv(&im->inner, &pe->ctrl_buf, sizeof pe->ctrl_buf, p,
+			if (im->inner.ops->irecv(&im->inner, &pe->ctrl_buf, sizeof pe->ctrl_buf, p,
 					    CTRL_TAG, &pe->ctrl_req))
 				return -1;
 			pe->ctrl_posted = 1;
@@ -437,7 +437,7 @@ static int progress(nccl_impl_t *im)
 	for (nop_t *op = im->ops; op; op = op->next) {
 		if (op->kind == OP_RECV && op->cts_req.kind) {
 			int done = 0;
-			if (im->inner.test(&im->inner, &op->cts_req, &done))
+			if (im->inner.ops->test(&im->inner, &op->cts_req, &done))
 				return -1;
 		}
 		if (op->state != ST_LAUNCHED)
@@ -520,7 +520,8 @@ static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 	}
 	op->state = ST_WAIT_CHAN;
 	/* the receive is enqueued (progress) before the sender can match it */
-	if (im->inner.isend(&im->inner, &op->cts, sizeof op->cts, peer, CTRL_TAG, &op->cts_req)) {
+	if (im->inner.ops->isend(&im->inner, &op->cts, sizeof op->cts, peer, CTRL_TAG,
+				 &op->cts_req)) {
 		op_free(im, op);
 		return -1;
 	}
@@ -531,10 +532,8 @@ static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 static int n_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	nccl_impl_t *im = impl(c);
-	int member = 0;
+	int member = comm_member(c, ranks, n);
 	*out = -1;
-	for (int i = 0; i < n; i++)
-		member |= ranks[i] == c->rank;
 	group_t g = {NULL, NULL};
 	if (n > 1) {
 		if (!im->started || !im->world)
@@ -636,19 +635,19 @@ static int n_test(rt_comm_t *c, rt_req_t *req, int *done)
 static int n_allsum(rt_comm_t *c, double *buf, int n)
 {
 	nccl_impl_t *im = impl(c);
-	return im->inner.allsum(&im->inner, buf, n);
+	return im->inner.ops->allsum(&im->inner, buf, n);
 }
 
 static int n_gather(rt_comm_t *c, const void *buf, size_t bytes, void **out, size_t **sizes)
 {
 	nccl_impl_t *im = impl(c);
-	return im->inner.gather(&im->inner, buf, bytes, out, sizes);
+	return im->inner.ops->gather(&im->inner, buf, bytes, out, sizes);
 }
 
 static int n_barrier(rt_comm_t *c)
 {
 	nccl_impl_t *im = impl(c);
-	return im->inner.barrier(&im->inner);
+	return im->inner.ops->barrier(&im->inner);
 }
 
 /* Every communicator of this rank, for teardown. */
@@ -724,7 +723,7 @@ static void n_abort(rt_comm_t *c, int code)
 {
 	nccl_impl_t *im = impl(c);
 	teardown(im, 1);
-	im->inner.abort(&im->inner, code);
+	im->inner.ops->abort(&im->inner, code);
 }
 
 static void n_finalize(rt_comm_t *c)
@@ -736,8 +735,14 @@ static void n_finalize(rt_comm_t *c)
 	free(im->groups);
 	free(im);
 	*c = inner;
-	c->finalize(c);
+	c->ops->finalize(c);
 }
+
+static const rt_comm_ops_t nccl_ops = {
+	.group_create = n_group, .isend = n_isend, .irecv = n_irecv,
+	.iallreduce = n_iallreduce, .test = n_test, .allsum = n_allsum, .gather = n_gather,
+	.barrier = n_barrier, .abort = n_abort, .finalize = n_finalize,
+};
 
 int comm_nccl_available(void)
 {
@@ -762,16 +767,7 @@ int comm_nccl_wrap(rt_comm_t *c, sp_err_t *err)
 	im->started = c->nranks == 1;
 	c->impl = im;
 	c->name = c->nranks > 1 ? "nccl" : c->name;
-	c->group_create = n_group;
-	c->isend = n_isend;
-	c->irecv = n_irecv;
-	c->iallreduce = n_iallreduce;
-	c->test = n_test;
-	c->allsum = n_allsum;
-	c->gather = n_gather;
-	c->barrier = n_barrier;
-	c->abort = n_abort;
-	c->finalize = n_finalize;
+	c->ops = &nccl_ops;
 	return 0;
 }
 
@@ -795,7 +791,7 @@ int comm_nccl_start(rt_comm_t *c, int dev_ok, sp_err_t *err)
 				v[1 + i] = (double)(unsigned char)id.internal[i];
 		}
 	}
-	if (im->inner.allsum(&im->inner, v, nid + 1)) {
+	if (im->inner.ops->allsum(&im->inner, v, nid + 1)) {
 		free(v);
 		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
 				  "rank %d: agreeing on the NCCL unique id failed", c->rank);

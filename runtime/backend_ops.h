@@ -1,0 +1,61 @@
+/*
+ * backend_ops.h — the function type of every entry of a backend's table,
+ * each signature written once. layers.h declares the CPU reference
+ * functions with these types, cuda/cuda_backend.h the CUDA ones, and
+ * runtime.h's rt_backend_t holds pointers to them, so the compiler checks
+ * that all three agree. Semantics live beside the CPU declarations
+ * (layers.h) and the table (runtime.h); this header only names types.
+ * Included by C and by CUDA C++ (inside extern "C" there).
+ */
+#ifndef SPINDLE_BACKEND_OPS_H
+#define SPINDLE_BACKEND_OPS_H
+
+#include "model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- device memory ------------------------------------------------------ */
+
+typedef void *rt_alloc_fn_t(size_t bytes);
+typedef void rt_release_fn_t(void *p);
+typedef void rt_copy_fn_t(void *dst, const void *src, size_t bytes);
+typedef void rt_zero_fn_t(float *p, int64_t n);
+typedef void rt_copy_rows_fn_t(float *dst, int64_t dst_stride, const float *src,
+			       int64_t src_stride, int64_t rows, int64_t cols, int acc);
+typedef void rt_sync_fn_t(void);
+
+/* ---- layers ------------------------------------------------------------- */
+
+typedef void rt_embedding_fwd_fn_t(const sp_opshape_t *s, int n, const float *p,
+				   const int32_t *tokens, float *y, float *saved);
+typedef void rt_embedding_bwd_fn_t(const sp_opshape_t *s, int n, const float *saved,
+				   const float *dy, float *dp);
+/* patch, transformer block, linear: x -> y */
+typedef void rt_fwd_fn_t(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
+			 float *saved);
+typedef void rt_patch_bwd_fn_t(const sp_opshape_t *s, int n, const float *p,
+			       const float *saved, const float *dy, float *dp);
+/* transformer block, linear: dy -> dx, dp */
+typedef void rt_bwd_fn_t(const sp_opshape_t *s, int n, const float *p, const float *saved,
+			 const float *dy, float *dx, float *dp);
+
+/* ---- losses, optimizer, initialisation ------------------------------------ */
+
+typedef double rt_lm_head_loss_fn_t(const sp_opshape_t *s, int n, const float *p,
+				    const float *x, const int32_t *targets, double scale,
+				    float *dx, float *dp, float *saved);
+typedef double rt_classifier_loss_fn_t(const sp_opshape_t *s, int n, int64_t seq_in,
+				       const float *p, const float *x, const int32_t *labels,
+				       double scale, float *dx, float *dp, float *saved);
+typedef double rt_contrastive_loss_fn_t(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+					double temperature, int64_t s0, int64_t s1,
+					const float *a, const float *b, double scale, float *da,
+					float *db, float *saved);
+typedef void rt_adamw_step_fn_t(float *p, const float *g, float *m, float *v, int64_t n, int t,
+				const sp_optim_t *o);
+typedef void rt_sgd_step_fn_t(float *p, const float *g, int64_t n, const sp_optim_t *o);
+typedef void rt_layer_init_fn_t(float *params, const sp_component_t *c, int layer,
+				uint64_t seed);
+
+#endif

@@ -12,40 +12,13 @@
  */
 #include "jsonutil.h"
 #include "plan.h"
+#include "plan_format.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Stable section ids: keep in step with plan_write.c and PLAN-FORMAT.md. */
-enum {
-	SEC_STRINGS = 1,
-	SEC_PROVENANCE = 2,
-	SEC_MODEL = 3,
-	SEC_COMPONENTS = 4,
-	SEC_TASKS = 5,
-	SEC_NODES = 6,
-	SEC_NODE_INPUTS = 7,
-	SEC_METAOPS = 8,
-	SEC_OPS = 9,
-	SEC_EDGES = 10,
-	SEC_WAVES = 11,
-	SEC_SLICES = 12,
-	SEC_SLICE_DEVS = 13,
-	SEC_BUCKETS = 14,
-	SEC_BUCKET_DEVS = 15,
-	SEC_BUCKET_PARAMS = 16,
-	SEC_DEVICES = 17,
-	SEC_INSTRUCTIONS = 18,
-	SEC_HELD = 19,
-	SEC_CERTIFICATE = 20,
-	SEC_ALGORITHMS = 21,
-	SEC__END
-};
-
-#define HEADER_SIZE 40
-#define ENTRY_SIZE 40
 #define MAX_SECTIONS 4096     /* table entries, known or not */
 #define MAX_RECORDS (1 << 28) /* any array: sizes stay far from overflow */
 /* batch x seq x width of one value: its byte count fits int64 with room */
@@ -63,26 +36,26 @@ typedef struct {
  */
 static const sec_desc_t SECS[SEC__END] = {
 	[SEC_STRINGS] = {"strings", 0, 1, UINT32_MAX},
-	[SEC_PROVENANCE] = {"provenance", 60, 1, 1},
-	[SEC_MODEL] = {"model", 68, 1, 1},
-	[SEC_COMPONENTS] = {"components", 92, 1, SP_MAX_COMPONENTS},
-	[SEC_TASKS] = {"tasks", 28, 1, SP_MAX_TASKS},
-	[SEC_NODES] = {"nodes", 32, 1, SP_MAX_TASKS * SP_MAX_NODES},
-	[SEC_NODE_INPUTS] = {"node_inputs", 4, 0, MAX_RECORDS},
-	[SEC_METAOPS] = {"metaops", 124, 0, MAX_RECORDS},
-	[SEC_OPS] = {"ops", 8, 0, MAX_RECORDS},
-	[SEC_EDGES] = {"edges", 16, 0, MAX_RECORDS},
-	[SEC_WAVES] = {"waves", 40, 0, MAX_RECORDS},
-	[SEC_SLICES] = {"slices", 56, 0, MAX_RECORDS},
-	[SEC_SLICE_DEVS] = {"slice_devs", 4, 0, MAX_RECORDS},
-	[SEC_BUCKETS] = {"buckets", 32, 0, MAX_RECORDS},
-	[SEC_BUCKET_DEVS] = {"bucket_devs", 4, 0, MAX_RECORDS},
-	[SEC_BUCKET_PARAMS] = {"bucket_params", 8, 0, MAX_RECORDS},
-	[SEC_DEVICES] = {"devices", 96, 1, SP_MAX_DEVICES},
-	[SEC_INSTRUCTIONS] = {"instructions", 60, 0, MAX_RECORDS},
-	[SEC_HELD] = {"held", 8, 0, MAX_RECORDS},
-	[SEC_CERTIFICATE] = {"certificate", 120, 1, 1},
-	[SEC_ALGORITHMS] = {"algorithms", 40, 0, 4096},
+	[SEC_PROVENANCE] = {"provenance", REC_PROVENANCE, 1, 1},
+	[SEC_MODEL] = {"model", REC_MODEL, 1, 1},
+	[SEC_COMPONENTS] = {"components", REC_COMPONENT, 1, SP_MAX_COMPONENTS},
+	[SEC_TASKS] = {"tasks", REC_TASK, 1, SP_MAX_TASKS},
+	[SEC_NODES] = {"nodes", REC_NODE, 1, SP_MAX_TASKS * SP_MAX_NODES},
+	[SEC_NODE_INPUTS] = {"node_inputs", REC_NODE_INPUT, 0, MAX_RECORDS},
+	[SEC_METAOPS] = {"metaops", REC_METAOP, 0, MAX_RECORDS},
+	[SEC_OPS] = {"ops", REC_OP, 0, MAX_RECORDS},
+	[SEC_EDGES] = {"edges", REC_EDGE, 0, MAX_RECORDS},
+	[SEC_WAVES] = {"waves", REC_WAVE, 0, MAX_RECORDS},
+	[SEC_SLICES] = {"slices", REC_SLICE, 0, MAX_RECORDS},
+	[SEC_SLICE_DEVS] = {"slice_devs", REC_SLICE_DEV, 0, MAX_RECORDS},
+	[SEC_BUCKETS] = {"buckets", REC_BUCKET, 0, MAX_RECORDS},
+	[SEC_BUCKET_DEVS] = {"bucket_devs", REC_BUCKET_DEV, 0, MAX_RECORDS},
+	[SEC_BUCKET_PARAMS] = {"bucket_params", REC_BUCKET_PARAM, 0, MAX_RECORDS},
+	[SEC_DEVICES] = {"devices", REC_DEVICE, 1, SP_MAX_DEVICES},
+	[SEC_INSTRUCTIONS] = {"instructions", REC_INSTRUCTION, 0, MAX_RECORDS},
+	[SEC_HELD] = {"held", REC_HELD, 0, MAX_RECORDS},
+	[SEC_CERTIFICATE] = {"certificate", REC_CERTIFICATE, 1, 1},
+	[SEC_ALGORITHMS] = {"algorithms", REC_ALGORITHM, 0, 4096},
 };
 
 typedef struct {
@@ -355,10 +328,11 @@ static int check_header(dec_t *d, uint32_t *hsize)
 		hint(d, "plan files are written by spindle-plan");
 		return d->rc;
 	}
-	if (len < 28)
+	/* the version, header size and file size must be readable */
+	if (len < HDR_FILE_SIZE + 8)
 		return fail(d, NULL, "file is truncated (%zu bytes, shorter than the "
 				     "%d-byte header)", len, HEADER_SIZE);
-	uint32_t version = rd_u32(b + 12);
+	uint32_t version = rd_u32(b + HDR_VERSION);
 	if (version > PLAN_VERSION) {
 		fail(d, NULL, "plan format version %u is newer than this build "
 			      "(reads version %d)", version, PLAN_VERSION);
@@ -371,7 +345,7 @@ static int check_header(dec_t *d, uint32_t *hsize)
 		hint(d, "re-run spindle-plan to write the plan again");
 		return d->rc;
 	}
-	uint64_t fsize = rd_u64(b + 20);
+	uint64_t fsize = rd_u64(b + HDR_FILE_SIZE);
 	if (fsize > len)
 		return fail(d, NULL, "file is truncated (%zu of %llu bytes)", len,
 			    (unsigned long long)fsize);
@@ -381,14 +355,14 @@ static int check_header(dec_t *d, uint32_t *hsize)
 	if (len < HEADER_SIZE)
 		return fail(d, NULL, "file is truncated (%zu bytes, shorter than the "
 				     "%d-byte header)", len, HEADER_SIZE);
-	uint32_t hs = rd_u32(b + 16);
+	uint32_t hs = rd_u32(b + HDR_SIZE_FIELD);
 	if (hs < HEADER_SIZE || hs % 8 || hs > len)
 		return fail(d, NULL, "header size %u is invalid (a multiple of 8, "
 				     "at least %d, within the file)", hs, HEADER_SIZE);
-	if (rd_u32(b + 36) != 0)
+	if (rd_u32(b + HDR_RESERVED) != 0)
 		return fail(d, NULL, "reserved header field is %u, not 0",
-			    rd_u32(b + 36));
-	if (sp_crc32(0, b + hs, len - hs) != rd_u32(b + 32)) {
+			    rd_u32(b + HDR_RESERVED));
+	if (sp_crc32(0, b + hs, len - hs) != rd_u32(b + HDR_CRC)) {
 		fail(d, NULL, "checksum mismatch: the file is corrupt");
 		hint(d, "the file changed after spindle-plan wrote it; copy it "
 			"again or re-plan");
@@ -401,16 +375,16 @@ static int check_header(dec_t *d, uint32_t *hsize)
 /* Known sections: bounds, count, record size. Unknown ones: bounds only. */
 static int read_table(dec_t *d, uint32_t hs)
 {
-	uint32_t n = rd_u32(d->data + 28);
+	uint32_t n = rd_u32(d->data + HDR_N_SECTIONS);
 	if (n > (d->len - hs) / ENTRY_SIZE || n > MAX_SECTIONS)
 		return fail(d, NULL, "section table of %u entries does not fit the file",
 			    n);
 	uint64_t table_end = hs + (uint64_t)n * ENTRY_SIZE;
 	for (uint32_t i = 0; i < n; i++) {
 		const uint8_t *t = d->data + hs + (size_t)i * ENTRY_SIZE;
-		uint32_t id = rd_u32(t), reserved = rd_u32(t + 4);
-		uint64_t off = rd_u64(t + 8), size = rd_u64(t + 16);
-		uint64_t count = rd_u64(t + 24);
+		uint32_t id = rd_u32(t + ENT_ID), reserved = rd_u32(t + ENT_RESERVED);
+		uint64_t off = rd_u64(t + ENT_OFFSET), size = rd_u64(t + ENT_SIZE);
+		uint64_t count = rd_u64(t + ENT_COUNT);
 		int known = id >= 1 && id < SEC__END;
 		char name[48];
 		if (known)

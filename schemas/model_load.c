@@ -586,10 +586,7 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	model_report_t r = {json_report, &jr};
 	if ((rc = model_check_totals(out, &r)))
 		goto cleanup;
-	/* 0 is what jcanonical_hash returns when it cannot allocate */
-	out->hash = jcanonical_hash(root);
-	if (out->hash == 0)
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:
 	json_decref(root);
 	if (rc)
@@ -597,17 +594,16 @@ cleanup:
 	return rc;
 }
 
+static int parse_text(void *out, const char *text, size_t len, const char *fname,
+		      sp_err_t *err)
+{
+	return model_parse(out, text, len, fname, err);
+}
+
 int model_load(sp_model_t *out, const char *path, sp_err_t *err)
 {
-	char *text;
-	size_t len;
 	memset(out, 0, sizeof *out);
-	int rc = sp_read_file(&text, &len, path, err);
-	if (rc)
-		return rc;
-	rc = model_parse(out, text, len, path, err);
-	free(text);
-	return rc;
+	return sp_parse_file(out, parse_text, path, err);
 }
 
 int model_copy(sp_model_t *out, const sp_model_t *in)

@@ -735,17 +735,16 @@ int plan_decode(sp_plan_t *out, const uint8_t *data, size_t len, const char *fna
 	return 0;
 }
 
+static int parse_text(void *out, const char *text, size_t len, const char *fname,
+		      sp_err_t *err)
+{
+	return plan_decode(out, (const uint8_t *)text, len, fname, err);
+}
+
 int plan_read(sp_plan_t *out, const char *path, sp_err_t *err)
 {
-	char *buf;
-	size_t len;
 	memset(out, 0, sizeof *out);
-	int rc = sp_read_file(&buf, &len, path, err);
-	if (rc)
-		return rc;
-	rc = plan_decode(out, (const uint8_t *)buf, len, path, err);
-	free(buf);
-	return rc;
+	return sp_parse_file(out, parse_text, path, err);
 }
 
 void plan_release(sp_plan_t *p)

@@ -438,19 +438,18 @@ static int member(jctx_t *c, json_t *obj, const char *key, int required, json_t 
 	return 0;
 }
 
-/* A string member in *s, NULL when absent; absent and required, or not a
- * string, is an error. */
-static int member_str(jctx_t *c, json_t *obj, const char *key, int required,
-		      const char **s)
+/* As member; present, it must be a string (kind 's') or a boolean ('b'). */
+static int member_kind(jctx_t *c, json_t *obj, const char *key, int required, char kind,
+		       json_t **v)
 {
-	json_t *v;
-	*s = NULL;
-	int rc = member(c, obj, key, required, &v);
-	if (rc || !v)
+	int rc = member(c, obj, key, required, v);
+	if (rc || !*v)
 		return rc;
-	if (!json_is_string(v))
-		return jerr_member(c, key, 0, "expected a string, got %s", type_word(v));
-	*s = json_string_value(v);
+	if (kind == 's' && !json_is_string(*v))
+		return jerr_member(c, key, 0, "expected a string, got %s", type_word(*v));
+	if (kind == 'b' && !json_is_boolean(*v))
+		return jerr_member(c, key, 0, "expected true or false, got %s",
+				   type_word(*v));
 	return 0;
 }
 
@@ -527,13 +526,10 @@ int jget_num(jctx_t *c, json_t *obj, const char *key, int required,
 int jget_bool(jctx_t *c, json_t *obj, const char *key, int required, int *out)
 {
 	json_t *v;
-	int rc = member(c, obj, key, required, &v);
-	if (rc || !v)
-		return rc;
-	if (!json_is_boolean(v))
-		return jerr_member(c, key, 0, "expected true or false, got %s", type_word(v));
-	*out = json_is_true(v);
-	return 0;
+	int rc = member_kind(c, obj, key, required, 'b', &v);
+	if (!rc && v)
+		*out = json_is_true(v);
+	return rc;
 }
 
 int jvalid_name(const char *s)
@@ -555,10 +551,11 @@ int jvalid_name(const char *s)
 int jget_name(jctx_t *c, json_t *obj, const char *key, int required,
 	      char *out, size_t cap)
 {
-	const char *s;
-	int rc = member_str(c, obj, key, required, &s);
-	if (rc || !s)
+	json_t *v;
+	int rc = member_kind(c, obj, key, required, 's', &v);
+	if (rc || !v)
 		return rc;
+	const char *s = json_string_value(v);
 	if (!jvalid_name(s)) {
 		rc = jerr_member(c, key, 0, "invalid name '%.80s'", s);
 		sp_err_hint(c->err, "names are 1-63 characters of letters, digits, '_', "
@@ -572,10 +569,11 @@ int jget_name(jctx_t *c, json_t *obj, const char *key, int required,
 int jget_enum(jctx_t *c, json_t *obj, const char *key, int required,
 	      const char *const *choices, int n, int *out)
 {
-	const char *s;
-	int rc = member_str(c, obj, key, required, &s);
-	if (rc || !s)
+	json_t *v;
+	int rc = member_kind(c, obj, key, required, 's', &v);
+	if (rc || !v)
 		return rc;
+	const char *s = json_string_value(v);
 	for (int i = 0; i < n; i++)
 		if (strcmp(s, choices[i]) == 0) {
 			*out = i;

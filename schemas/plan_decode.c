@@ -167,7 +167,7 @@ static int end_rec(dec_t *d, const rcur_t *r)
 	if (d->rc)
 		return d->rc;
 	if (r->over || r->p != r->end)
-		return pr_fail_code(d, SP_EINTERNAL, "bug: plan_read.c reads records of "
+		return pr_fail_code(d, SP_EINTERNAL, "bug: plan_decode.c reads records of "
 						  "'%s' with the wrong size", d->where);
 	return 0;
 }

@@ -24,7 +24,6 @@
  */
 #include "model.h"
 
-#include <string.h>
 
 __extension__ typedef __int128 i128;
 
@@ -130,50 +129,23 @@ int comp_is_sink(sp_comp_type_t t)
 	return t == COMP_LM_HEAD || t == COMP_CLASSIFIER || t == COMP_CONTRASTIVE;
 }
 
+/*
+ * A component's fields that its type does not use are 0 (the loaders and the
+ * plan reader make sure), so its shape copies them all; the seq is the
+ * node's, except for the losses that read one token per sample.
+ */
 sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *n)
 {
 	const sp_component_t *c = &m->comps[n->comp];
-	sp_opshape_t s;
-	memset(&s, 0, sizeof s);
-	s.type = c->type;
-	switch (c->type) {
-	case COMP_EMBEDDING:
-		s.vocab = c->vocab;
-		s.hidden = c->hidden;
-		s.seq = n->seq;
-		break;
-	case COMP_PATCH:
-		s.in = c->in;
-		s.hidden = c->hidden;
-		s.seq = n->seq;
-		break;
-	case COMP_TRANSFORMER:
-		s.hidden = c->hidden;
-		s.heads = c->heads;
-		s.ffn = c->ffn;
-		s.seq = n->seq;
-		s.causal = c->causal;
-		break;
-	case COMP_LINEAR:
-		s.in = c->in;
-		s.out = c->out;
-		s.seq = n->seq;
-		break;
-	case COMP_LM_HEAD:
-		s.hidden = c->hidden;
-		s.vocab = c->vocab;
-		s.seq = n->seq;
-		break;
-	case COMP_CLASSIFIER:
-		s.hidden = c->hidden;
-		s.classes = c->classes;
-		break;
-	case COMP_CONTRASTIVE:
+	sp_opshape_t s = {c->type, c->hidden, c->heads, c->ffn, n->seq, c->in, c->out,
+			  c->vocab, c->classes, c->causal};
+	if (c->type == COMP_CLASSIFIER)
+		s.seq = 0;
+	if (c->type == COMP_CONTRASTIVE) {
+		s.seq = 0;
 		s.hidden = n->n_inputs > 0
 				   ? comp_out_width(&m->comps[t->nodes[n->inputs[0]].comp])
 				   : 0;
-		break;
-	case COMP__COUNT: break;
 	}
 	return s;
 }

@@ -236,10 +236,7 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 		}
 		jp_pop(&c);
 	}
-	/* 0 is what jcanonical_hash returns when it cannot allocate */
-	out->hash = jcanonical_hash(root);
-	if (out->hash == 0)
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:
 	json_decref(root);
 	if (rc)
@@ -247,15 +244,14 @@ cleanup:
 	return rc;
 }
 
+static int parse_text(void *out, const char *text, size_t len, const char *fname,
+		      sp_err_t *err)
+{
+	return cluster_parse(out, text, len, fname, err);
+}
+
 int cluster_load(sp_cluster_t *out, const char *path, sp_err_t *err)
 {
-	char *text;
-	size_t len;
 	memset(out, 0, sizeof *out);
-	int rc = sp_read_file(&text, &len, path, err);
-	if (rc)
-		return rc;
-	rc = cluster_parse(out, text, len, path, err);
-	free(text);
-	return rc;
+	return sp_parse_file(out, parse_text, path, err);
 }

@@ -144,6 +144,10 @@ static inline int64_t sp_add(int64_t a, int64_t b, int *ovf)
 void sp_json_str(FILE *f, const char *s);
 /* Reads a whole file; *out is NUL-terminated; caller frees. */
 int sp_read_file(char **out, size_t *out_len, const char *path, sp_err_t *err);
+/* Parses a file's text into out: every loader's *_load, given its *_parse. */
+typedef int (*sp_parse_fn)(void *out, const char *text, size_t len, const char *fname,
+			   sp_err_t *err);
+int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err);
 /*
  * Writes data to path atomically: a temporary file in the same directory,
  * fsync, rename. On failure nothing is left at path or at the temp name.

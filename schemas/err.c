@@ -167,6 +167,18 @@ int sp_read_file(char **out, size_t *out_len, const char *path, sp_err_t *err)
 	return 0;
 }
 
+int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err)
+{
+	char *text;
+	size_t len;
+	int rc = sp_read_file(&text, &len, path, err);
+	if (rc)
+		return rc;
+	rc = parse(out, text, len, path, err);
+	free(text);
+	return rc;
+}
+
 int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err)
 {
 	size_t pl = strlen(path);

@@ -429,15 +429,37 @@ int jcheck_object(jctx_t *c, json_t *obj, const char *what,
 	return 0;
 }
 
+/* obj[key] in *v, NULL when absent; absent and required is an error. */
+static int member(jctx_t *c, json_t *obj, const char *key, int required, json_t **v)
+{
+	*v = json_object_get(obj, key);
+	if (!*v && required)
+		return jerr(c, 0, "missing required key '%s'", key);
+	return 0;
+}
+
+/* As member; present, it must be a string (kind 's') or a boolean ('b'). */
+static int member_kind(jctx_t *c, json_t *obj, const char *key, int required, char kind,
+		       json_t **v)
+{
+	int rc = member(c, obj, key, required, v);
+	if (rc || !*v)
+		return rc;
+	if (kind == 's' && !json_is_string(*v))
+		return jerr_member(c, key, 0, "expected a string, got %s", type_word(*v));
+	if (kind == 'b' && !json_is_boolean(*v))
+		return jerr_member(c, key, 0, "expected true or false, got %s",
+				   type_word(*v));
+	return 0;
+}
+
 int jget_int(jctx_t *c, json_t *obj, const char *key, int required,
 	     int64_t lo, int64_t hi, int64_t *out)
 {
-	json_t *v = json_object_get(obj, key);
-	if (!v) {
-		if (required)
-			return jerr(c, 0, "missing required key '%s'", key);
-		return 0;
-	}
+	json_t *v;
+	int rc = member(c, obj, key, required, &v);
+	if (rc || !v)
+		return rc;
 	int64_t x;
 	if (json_is_integer(v)) {
 		x = json_integer_value(v);
@@ -479,12 +501,10 @@ static void fmt_num(char *buf, size_t cap, double x)
 int jget_num(jctx_t *c, json_t *obj, const char *key, int required,
 	     double lo, double hi, int lo_open, double *out)
 {
-	json_t *v = json_object_get(obj, key);
-	if (!v) {
-		if (required)
-			return jerr(c, 0, "missing required key '%s'", key);
-		return 0;
-	}
+	json_t *v;
+	int rc = member(c, obj, key, required, &v);
+	if (rc || !v)
+		return rc;
 	if (!json_is_number(v))
 		return jerr_member(c, key, 0, "expected a number, got %s", type_word(v));
 	double x = json_number_value(v);
@@ -505,16 +525,11 @@ int jget_num(jctx_t *c, json_t *obj, const char *key, int required,
 
 int jget_bool(jctx_t *c, json_t *obj, const char *key, int required, int *out)
 {
-	json_t *v = json_object_get(obj, key);
-	if (!v) {
-		if (required)
-			return jerr(c, 0, "missing required key '%s'", key);
-		return 0;
-	}
-	if (!json_is_boolean(v))
-		return jerr_member(c, key, 0, "expected true or false, got %s", type_word(v));
-	*out = json_is_true(v);
-	return 0;
+	json_t *v;
+	int rc = member_kind(c, obj, key, required, 'b', &v);
+	if (!rc && v)
+		*out = json_is_true(v);
+	return rc;
 }
 
 int jvalid_name(const char *s)
@@ -536,17 +551,13 @@ int jvalid_name(const char *s)
 int jget_name(jctx_t *c, json_t *obj, const char *key, int required,
 	      char *out, size_t cap)
 {
-	json_t *v = json_object_get(obj, key);
-	if (!v) {
-		if (required)
-			return jerr(c, 0, "missing required key '%s'", key);
-		return 0;
-	}
-	if (!json_is_string(v))
-		return jerr_member(c, key, 0, "expected a string, got %s", type_word(v));
+	json_t *v;
+	int rc = member_kind(c, obj, key, required, 's', &v);
+	if (rc || !v)
+		return rc;
 	const char *s = json_string_value(v);
 	if (!jvalid_name(s)) {
-		int rc = jerr_member(c, key, 0, "invalid name '%.80s'", s);
+		rc = jerr_member(c, key, 0, "invalid name '%.80s'", s);
 		sp_err_hint(c->err, "names are 1-63 characters of letters, digits, '_', "
 				    "and (after the first) '-' or '.'");
 		return rc;
@@ -558,21 +569,17 @@ int jget_name(jctx_t *c, json_t *obj, const char *key, int required,
 int jget_enum(jctx_t *c, json_t *obj, const char *key, int required,
 	      const char *const *choices, int n, int *out)
 {
-	json_t *v = json_object_get(obj, key);
-	if (!v) {
-		if (required)
-			return jerr(c, 0, "missing required key '%s'", key);
-		return 0;
-	}
-	if (!json_is_string(v))
-		return jerr_member(c, key, 0, "expected a string, got %s", type_word(v));
+	json_t *v;
+	int rc = member_kind(c, obj, key, required, 's', &v);
+	if (rc || !v)
+		return rc;
 	const char *s = json_string_value(v);
 	for (int i = 0; i < n; i++)
 		if (strcmp(s, choices[i]) == 0) {
 			*out = i;
 			return 0;
 		}
-	int rc = jerr_member(c, key, 0, "unknown value '%.80s'", s);
+	rc = jerr_member(c, key, 0, "unknown value '%.80s'", s);
 	const char *near = sp_closest(s, choices, n);
 	if (near) {
 		sp_err_hint(c->err, "did you mean '%s'?", near);
@@ -640,14 +647,15 @@ int jcheck_format(jctx_t *c, json_t *root, const char *family, int version)
  * a buffer cannot grow), so the dump is read back and compared before it
  * is trusted. 0 means no hash could be made (out of memory).
  */
-uint64_t jcanonical_hash(json_t *root)
+int jcanonical_hash(jctx_t *c, json_t *root, uint64_t *out)
 {
 	char *s = json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(17));
-	if (!s)
-		return 0;
-	json_t *back = json_loads(s, JSON_DECODE_ANY, NULL);
-	uint64_t h = back && json_equal(back, root) ? sp_fnv1a(SP_FNV_INIT, s, strlen(s)) : 0;
+	json_t *back = s ? json_loads(s, JSON_DECODE_ANY, NULL) : NULL;
+	*out = back && json_equal(back, root) ? sp_fnv1a(SP_FNV_INIT, s, strlen(s)) : 0;
 	json_decref(back);
 	free(s);
-	return h;
+	/* the dump and the reload fail only when memory runs out */
+	if (*out == 0)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	return 0;
 }

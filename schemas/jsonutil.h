@@ -68,8 +68,8 @@ int jcheck_format(jctx_t *c, json_t *root, const char *family, int version);
 /* Name rule shared by ids: [A-Za-z0-9_][A-Za-z0-9_.-]*, 1..63 chars. */
 int jvalid_name(const char *s);
 
-/* FNV-1a of the canonical dump (sorted keys, compact): whitespace and
- * key order do not change it. */
-uint64_t jcanonical_hash(json_t *root);
+/* FNV-1a of the canonical dump (sorted keys, compact) in *out: whitespace
+ * and key order do not change it. SP_ENOMEM (reported) when it cannot. */
+int jcanonical_hash(jctx_t *c, json_t *root, uint64_t *out);
 
 #endif

@@ -129,6 +129,38 @@ const char *comp_type_name(sp_comp_type_t t);
 const char *dtype_name(sp_dtype_t d);
 int dtype_bytes(sp_dtype_t d);
 
+/* ---- model_check.c: the model's rules, whatever its format ---------- */
+
+/*
+ * The element a broken rule concerns: node `node` of task `task` (its field
+ * `key`, element `index` of it), else component `comp`, else (all -1) the
+ * components as a whole. A loader maps it to where the element was written.
+ */
+typedef struct {
+	int task, node, comp;
+	const char *key; /* a field of the node, or NULL */
+	int index;       /* an element of that field, or -1 */
+} model_where_t;
+
+/* Fills the caller's error for one broken rule (code SP_EINPUT or
+ * SP_ENOMEM; hint may be NULL) and returns the code. */
+typedef struct {
+	int (*report)(void *ctx, int code, const model_where_t *w, const char *msg,
+		      const char *hint);
+	void *ctx;
+} model_report_t;
+
+/*
+ * The rules of a loaded model (indices, names and field limits already
+ * checked by its reader): task graphs (sources, arity, acyclic, seq and
+ * widths, every node reaches a loss), every component used, size totals.
+ * Returns 0 or the code of the first broken rule, after reporting it.
+ */
+int model_check(const sp_model_t *m, const model_report_t *r);
+/* The parts of model_check: one task's graph; components used and totals. */
+int model_check_task(const sp_model_t *m, int task, const model_report_t *r);
+int model_check_totals(const sp_model_t *m, const model_report_t *r);
+
 /* ---- arith.c: per-operator arithmetic ------------------------------ */
 
 /*

@@ -1,10 +1,11 @@
 /*
  * model_load.c — reads spindle.model/1 (schemas/model.schema.json) into an
- * sp_model_t and enforces the semantic rules the schema cannot express:
- * references resolve, task graphs are acyclic, sources are embedding/patch,
- * concatenation sizes add up, widths match, hidden % heads == 0,
- * seq <= max_seq, every node reaches a loss, sizes fit int64 arithmetic.
- * It does not plan anything; the first problem found is reported.
+ * sp_model_t: types, keys, limits and names as the schema says, references
+ * resolved, hidden % heads == 0, loss nodes' seqs filled in; then the rules
+ * of every model, whatever its format (task graphs acyclic, sources,
+ * arities, widths and seqs agreeing, every node reaching a loss, sizes
+ * fitting int64 arithmetic), by model_check.c, with errors located in the
+ * JSON text. It does not plan anything; the first problem found is reported.
  */
 #include "jsonutil.h"
 #include "model.h"
@@ -372,247 +373,68 @@ static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t
 	return 0;
 }
 
-/* DFS for cycles over input edges; reports one cycle by its ids. */
-static int check_acyclic(jctx_t *c, const sp_task_t *t, int ti)
-{
-	int n = t->n_nodes, rc = 0;
-	char *color = calloc((size_t)n, 1);
-	int *stack = malloc(sizeof(int) * (size_t)n * 2);
-	int *parent = malloc(sizeof(int) * (size_t)n);
-	if (!color || !stack || !parent) {
-		rc = sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
-	for (int s = 0; s < n && !rc; s++) {
-		if (color[s])
-			continue;
-		/* iterative DFS: stack holds (node, next input index) */
-		int sp = 0;
-		stack[sp++] = s;
-		stack[sp++] = 0;
-		color[s] = 1;
-		parent[s] = -1;
-		while (sp > 0 && !rc) {
-			int u = stack[sp - 2], k = stack[sp - 1];
-			if (k < t->nodes[u].n_inputs) {
-				stack[sp - 1]++;
-				int w = t->nodes[u].inputs[k];
-				if (color[w] == 1) {
-					/*
-					 * u takes w as input and w reaches u through the
-					 * DFS path (parent[x] takes x), so data flows
-					 * w -> u -> parent[u] -> ... -> w.
-					 */
-					char cyc[200];
-					size_t used = 0;
-					int x = u, guard = 0;
-					used += (size_t)snprintf(cyc, sizeof cyc, "%s", t->nodes[w].id);
-					while (x != -1 && x != w && used < sizeof cyc) {
-						if (guard++ == 6) {
-							used += (size_t)snprintf(cyc + used,
-										 sizeof cyc - used,
-										 " -> ...");
-							break;
-						}
-						used += (size_t)snprintf(cyc + used, sizeof cyc - used,
-									 " -> %s", t->nodes[x].id);
-						x = parent[x];
-					}
-					if (used < sizeof cyc)
-						snprintf(cyc + used, sizeof cyc - used, " -> %s",
-							 t->nodes[w].id);
-					rc = node_err(c, ti, u, "inputs", k,
-						      "task graph has a cycle: %s", cyc, NULL, 0, 0);
-					sp_err_hint(c->err, "inputs must form a DAG from sources "
-							    "(embedding, patch) to losses");
-				} else if (color[w] == 0) {
-					color[w] = 1;
-					parent[w] = u;
-					stack[sp++] = w;
-					stack[sp++] = 0;
-				}
-			} else {
-				color[u] = 2;
-				sp -= 2;
-			}
-		}
-	}
-cleanup:
-	free(color);
-	free(stack);
-	free(parent);
-	return rc;
-}
+/* What json_report needs: the text's context and the model's names. */
+typedef struct {
+	jctx_t *c;
+	const sp_model_t *m;
+} jreport_t;
 
-static int check_task(jctx_t *c, const sp_model_t *m, sp_task_t *t, int ti)
+/* Reports a broken model_check rule at the JSON path of its element. */
+static int json_report(void *ctx, int code, const model_where_t *w, const char *msg,
+		       const char *hint)
 {
-	int rc;
-	/* sources and arity */
-	for (int i = 0; i < t->n_nodes; i++) {
-		sp_node_t *n = &t->nodes[i];
-		const sp_component_t *cp = &m->comps[n->comp];
-		const char *tn = COMP_TYPES[cp->type];
-		if (comp_is_source(cp->type) && n->n_inputs > 0)
-			return node_err(c, ti, i, "inputs", -1,
-					"%s node '%s' is a source and takes no inputs", tn, n->id,
-					0, 0);
-		if (!comp_is_source(cp->type) && n->n_inputs == 0) {
-			rc = node_err(c, ti, i, NULL, -1, "%s node '%s' has no inputs", tn,
-				      n->id, 0, 0);
-			sp_err_hint(c->err, "only embedding and patch nodes are sources");
-			return rc;
-		}
-		int want = -1;
-		if (cp->type == COMP_LINEAR || cp->type == COMP_LM_HEAD ||
-		    cp->type == COMP_CLASSIFIER)
-			want = 1;
-		if (cp->type == COMP_CONTRASTIVE)
-			want = 2;
-		if (want > 0 && n->n_inputs != want)
-			return node_err(c, ti, i, "inputs", -1,
-					want == 1 ? "%s node '%s' takes exactly %lld input, got %lld"
-						  : "%s node '%s' takes exactly %lld inputs, got %lld",
-					tn, n->id, want, n->n_inputs);
-		for (int k = 0; k < n->n_inputs; k++) {
-			const sp_node_t *src = &t->nodes[n->inputs[k]];
-			if (comp_is_sink(m->comps[src->comp].type))
-				return node_err(c, ti, i, "inputs", k,
-						"input '%s' is a loss node; losses are sinks",
-						src->id, NULL, 0, 0);
-		}
-	}
-	if ((rc = check_acyclic(c, t, ti)))
-		return rc;
-	/* shapes */
-	for (int i = 0; i < t->n_nodes; i++) {
-		sp_node_t *n = &t->nodes[i];
-		const sp_component_t *cp = &m->comps[n->comp];
-		if (comp_is_source(cp->type) && n->seq > cp->max_seq) {
-			rc = node_err(c, ti, i, "seq", -1,
-				      "seq %lld exceeds max_seq %lld of its component", NULL,
-				      NULL, n->seq, cp->max_seq);
-			sp_err_hint(c->err, "raise max_seq of component '%s' or shorten the node",
-				    cp->name);
-			return rc;
-		}
-		int64_t sum = 0;
-		for (int k = 0; k < n->n_inputs; k++) {
-			const sp_node_t *src = &t->nodes[n->inputs[k]];
-			const sp_component_t *sc = &m->comps[src->comp];
-			int64_t w = comp_out_width(sc);
-			int64_t need = cp->type == COMP_LINEAR ? cp->in : cp->hidden;
-			if (cp->type == COMP_CONTRASTIVE) {
-				need = comp_out_width(&m->comps[t->nodes[n->inputs[0]].comp]);
-			}
-			if (w != need) {
-				rc = node_err(c, ti, i, "inputs", k,
-					      "width mismatch: input '%s' has width %lld, "
-					      "expected %lld",
-					      src->id, NULL, w, need);
-				if (cp->type == COMP_CONTRASTIVE)
-					sp_err_hint(c->err, "both inputs of a contrastive loss need "
-							    "the same width; add a linear projection");
-				else
-					sp_err_hint(c->err, "add a linear projection from %lld to %lld",
-						    (long long)w, (long long)need);
-				return rc;
-			}
-			sum += src->seq;
-		}
-		if (cp->type == COMP_TRANSFORMER && sum != n->seq) {
-			rc = node_err(c, ti, i, "seq", -1,
-				      "seq %lld does not match its inputs (their seqs sum "
-				      "to %lld)",
-				      NULL, NULL, n->seq, sum);
-			sp_err_hint(c->err, "a transformer with several inputs concatenates "
-					    "them along seq");
-			return rc;
-		}
-		if ((cp->type == COMP_LINEAR || cp->type == COMP_LM_HEAD ||
-		     cp->type == COMP_CLASSIFIER) &&
-		    n->seq != 0 && n->seq != t->nodes[n->inputs[0]].seq)
-			return node_err(c, ti, i, "seq", -1,
-					"seq %lld differs from its input's seq %lld", NULL, NULL,
-					n->seq, t->nodes[n->inputs[0]].seq);
-		if (comp_is_sink(cp->type) && cp->type != COMP_CONTRASTIVE)
-			n->seq = t->nodes[n->inputs[0]].seq;
-		if (cp->type == COMP_CONTRASTIVE) {
-			if (n->seq != 0) {
-				rc = node_err(c, ti, i, "seq", -1,
-					      "a contrastive node has no seq (got %lld)", NULL,
-					      NULL, n->seq, 0);
-				sp_err_hint(c->err, "it reads token 0 of each input; remove 'seq'");
-				return rc;
-			}
-			n->seq = 1;
-		}
-	}
-	/* every node reaches a loss: propagate "reaches" backwards */
-	char *reach = calloc((size_t)t->n_nodes, 1);
-	if (!reach)
-		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
-	for (int i = 0; i < t->n_nodes; i++)
-		reach[i] = (char)comp_is_sink(m->comps[t->nodes[i].comp].type);
-	for (int changed = 1; changed;) {
-		changed = 0;
-		for (int i = 0; i < t->n_nodes; i++)
-			if (reach[i])
-				for (int k = 0; k < t->nodes[i].n_inputs; k++)
-					if (!reach[t->nodes[i].inputs[k]]) {
-						reach[t->nodes[i].inputs[k]] = 1;
-						changed = 1;
-					}
-	}
-	rc = 0;
-	for (int i = 0; i < t->n_nodes && !rc; i++)
-		if (!reach[i]) {
-			rc = node_err(c, ti, i, "id", -1,
-				      "node '%s' does not reach any loss", t->nodes[i].id, NULL,
-				      0, 0);
-			sp_err_hint(c->err, "feed it (directly or through other nodes) into an "
-					    "lm_head, classifier or contrastive node, or remove it");
-		}
-	free(reach);
-	return rc;
-}
-
-/* Totals must fit the int64 FLOP and byte arithmetic of the planner. */
-static int check_sizes(jctx_t *c, const sp_model_t *m)
-{
-	const int64_t LIM = (int64_t)1 << 60;
-	int ovf = 0;
-	int64_t total_flops = 0, total_saved = 0, total_params = 0;
-	for (int k = 0; k < m->n_comps; k++)
-		total_params = sp_add(total_params, comp_params(&m->comps[k]), &ovf);
-	if (ovf || sp_mul(total_params, 32, &ovf) > LIM || ovf) {
+	const jreport_t *jr = ctx;
+	jctx_t *c = jr->c;
+	if (code != SP_EINPUT)
+		return sp_err_set(c->err, code, c->file, 0, 0, NULL, "%s", msg);
+	c->depth = 0;
+	if (w->task >= 0) {
+		jp_push_key(c, "tasks");
+		jp_push_index(c, (size_t)w->task);
+		jp_push_key(c, "graph");
+		jp_push_index(c, (size_t)w->node);
+	} else {
 		jp_push_key(c, "components");
-		int rc = jerr(c, 0, "the model's parameters are too many for 64-bit "
-				    "byte arithmetic");
-		c->depth = 0;
-		return rc;
+		if (w->comp >= 0)
+			jp_push_key(c, jr->m->comps[w->comp].name);
 	}
-	for (int ti = 0; ti < m->n_tasks; ti++) {
-		const sp_task_t *t = &m->tasks[ti];
-		for (int i = 0; i < t->n_nodes; i++) {
-			const sp_node_t *n = &t->nodes[i];
-			sp_opshape_t s = op_shape(m, t, n);
-			int64_t layers = n->layer_to - n->layer_from;
-			int64_t f = sp_add(op_fwd_flops(&s, t->batch),
-					   op_bwd_flops(&s, t->batch), &ovf);
-			f = sp_mul(sp_mul(f, layers, &ovf), t->batch, &ovf);
-			int64_t a = sp_mul(sp_mul(op_saved_elems(&s, t->batch), layers, &ovf),
-					   sp_mul(t->batch, 8, &ovf), &ovf);
-			total_flops = sp_add(total_flops, f, &ovf);
-			total_saved = sp_add(total_saved, a, &ovf);
-			if (ovf || f > LIM || a > LIM || total_flops > LIM || total_saved > LIM) {
-				int rc = node_err(c, ti, i, NULL, -1,
-						  "sizes overflow 64-bit FLOP/byte arithmetic "
-						  "(batch %lld, seq %lld)",
-						  NULL, NULL, t->batch, n->seq);
-				sp_err_hint(c->err, "reduce batch, seq or widths");
-				return rc;
-			}
+	if (w->key)
+		jp_push_key(c, w->key);
+	if (w->index >= 0)
+		jp_push_index(c, (size_t)w->index);
+	int rc = jerr(c, w->comp >= 0, "%s", msg);
+	if (hint)
+		sp_err_hint(c->err, "%s", hint);
+	c->depth = 0;
+	return rc;
+}
+
+/*
+ * The loaded form of seq, which model_check expects: a loss node without
+ * one takes its input's, a contrastive node (which reads token 0 of each
+ * input) has none written and gets 1. Nodes without inputs are left to
+ * model_check's arity rule.
+ */
+static int fill_loss_seqs(jctx_t *c, const sp_model_t *m, sp_task_t *t, int ti)
+{
+	for (int i = 0; i < t->n_nodes; i++) {
+		sp_node_t *n = &t->nodes[i];
+		sp_comp_type_t type = m->comps[n->comp].type;
+		if (!comp_is_sink(type) || n->n_inputs == 0)
+			continue;
+		if (type != COMP_CONTRASTIVE) {
+			if (n->seq == 0)
+				n->seq = t->nodes[n->inputs[0]].seq;
+			continue;
 		}
+		if (n->seq != 0) {
+			int rc = node_err(c, ti, i, "seq", -1,
+					  "a contrastive node has no seq (got %lld)", NULL,
+					  NULL, n->seq, 0);
+			sp_err_hint(c->err, "it reads token 0 of each input; remove 'seq'");
+			return rc;
+		}
+		n->seq = 1;
 	}
 	return 0;
 }
@@ -663,7 +485,10 @@ static int parse_task(jctx_t *c, sp_model_t *m, json_t *v, int ti)
 		return rc;
 	int depth = c->depth;
 	c->depth = 0;
-	if ((rc = resolve_inputs(c, m, t, ti, g)) || (rc = check_task(c, m, t, ti)))
+	jreport_t jr = {c, m};
+	model_report_t r = {json_report, &jr};
+	if ((rc = resolve_inputs(c, m, t, ti, g)) || (rc = fill_loss_seqs(c, m, t, ti)) ||
+	    (rc = model_check_task(m, ti, &r)))
 		return rc;
 	c->depth = depth;
 	return 0;
@@ -757,27 +582,11 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 		if (rc)
 			goto cleanup;
 	}
-	/* every component is used by some node */
-	for (int k = 0; k < out->n_comps; k++) {
-		int used = 0;
-		for (int ti = 0; ti < out->n_tasks && !used; ti++)
-			for (int i = 0; i < out->tasks[ti].n_nodes; i++)
-				used |= out->tasks[ti].nodes[i].comp == k;
-		if (!used) {
-			jp_push_key(&c, "components");
-			jp_push_key(&c, out->comps[k].name);
-			rc = jerr(&c, 1, "component '%s' is not used by any node",
-				  out->comps[k].name);
-			sp_err_hint(err, "use it in a task graph or remove it");
-			goto cleanup;
-		}
-	}
-	if ((rc = check_sizes(&c, out)))
+	jreport_t jr = {&c, out};
+	model_report_t r = {json_report, &jr};
+	if ((rc = model_check_totals(out, &r)))
 		goto cleanup;
-	/* 0 is what jcanonical_hash returns when it cannot allocate */
-	out->hash = jcanonical_hash(root);
-	if (out->hash == 0)
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
+	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:
 	json_decref(root);
 	if (rc)
@@ -785,17 +594,16 @@ cleanup:
 	return rc;
 }
 
+static int parse_text(void *out, const char *text, size_t len, const char *fname,
+		      sp_err_t *err)
+{
+	return model_parse(out, text, len, fname, err);
+}
+
 int model_load(sp_model_t *out, const char *path, sp_err_t *err)
 {
-	char *text;
-	size_t len;
 	memset(out, 0, sizeof *out);
-	int rc = sp_read_file(&text, &len, path, err);
-	if (rc)
-		return rc;
-	rc = model_parse(out, text, len, path, err);
-	free(text);
-	return rc;
+	return sp_parse_file(out, parse_text, path, err);
 }
 
 int model_copy(sp_model_t *out, const sp_model_t *in)

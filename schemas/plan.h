@@ -1,7 +1,7 @@
 /*
  * plan.h — the plan: what the planner produces, what plan.bin stores, what
  * the runtime and the tools read. Defined once here; plan_write.c and
- * plan_read.c map it to and from the binary format (schemas/PLAN-FORMAT.md).
+ * plan_decode.c map it to and from the binary format (schemas/PLAN-FORMAT.md).
  *
  * Vocabulary. A MetaOp is a chain of operators (layers) of one task with
  * one shape. Its activations at layer boundary l (0 = input, L = output)
@@ -174,7 +174,7 @@ int plan_encode(uint8_t **out, size_t *out_len, const sp_plan_t *p, sp_err_t *er
 /* plan_encode + atomic write (temporary name, fsync, rename). */
 int plan_write(const sp_plan_t *p, const char *path, sp_err_t *err);
 
-/* ---- plan_read.c ------------------------------------------------------ */
+/* ---- plan_decode.c (checks: plan_check.c) ------------------------------ */
 
 /*
  * Checks magic, version, sizes, checksum, then every index and range, then

@@ -10,39 +10,12 @@
  * file owns none). It does no other I/O than sp_write_atomic.
  */
 #include "plan.h"
+#include "plan_format.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Stable section ids: keep in step with plan_read.c and PLAN-FORMAT.md. */
-enum {
-	SEC_STRINGS = 1,
-	SEC_PROVENANCE = 2,
-	SEC_MODEL = 3,
-	SEC_COMPONENTS = 4,
-	SEC_TASKS = 5,
-	SEC_NODES = 6,
-	SEC_NODE_INPUTS = 7,
-	SEC_METAOPS = 8,
-	SEC_OPS = 9,
-	SEC_EDGES = 10,
-	SEC_WAVES = 11,
-	SEC_SLICES = 12,
-	SEC_SLICE_DEVS = 13,
-	SEC_BUCKETS = 14,
-	SEC_BUCKET_DEVS = 15,
-	SEC_BUCKET_PARAMS = 16,
-	SEC_DEVICES = 17,
-	SEC_INSTRUCTIONS = 18,
-	SEC_HELD = 19,
-	SEC_CERTIFICATE = 20,
-	SEC_ALGORITHMS = 21,
-	SEC__END
-};
-
-#define HEADER_SIZE 40
-#define ENTRY_SIZE 40
 #define N_SECTIONS (SEC__END - 1)
 
 _Static_assert(MEM__COUNT == 4, "the device record holds 4 memory classes: "
@@ -618,23 +591,23 @@ static int assemble(enc_t *e, uint8_t **out, size_t *out_len)
 	uint8_t *b = calloc(total, 1);
 	if (!b)
 		return enc_fail(e, SP_ENOMEM, "out of memory");
-	memcpy(b, PLAN_MAGIC, PLAN_MAGIC_LEN);
-	wr_u32(b + 12, PLAN_VERSION);
-	wr_u32(b + 16, HEADER_SIZE);
-	wr_u64(b + 20, total);
-	wr_u32(b + 28, N_SECTIONS);
-	/* b + 32: CRC, below; b + 36: reserved, 0 */
+	memcpy(b + HDR_MAGIC, PLAN_MAGIC, PLAN_MAGIC_LEN);
+	wr_u32(b + HDR_VERSION, PLAN_VERSION);
+	wr_u32(b + HDR_SIZE_FIELD, HEADER_SIZE);
+	wr_u64(b + HDR_FILE_SIZE, total);
+	wr_u32(b + HDR_N_SECTIONS, N_SECTIONS);
+	/* HDR_CRC: below; HDR_RESERVED: 0 */
 	for (int id = 1; id < SEC__END; id++) {
 		uint8_t *t = b + HEADER_SIZE + (size_t)(id - 1) * ENTRY_SIZE;
-		wr_u32(t, (uint32_t)id);
-		wr_u32(t + 4, 0);
-		wr_u64(t + 8, off[id]);
-		wr_u64(t + 16, e->sec[id].n);
-		wr_u64(t + 24, e->count[id]);
+		wr_u32(t + ENT_ID, (uint32_t)id);
+		wr_u32(t + ENT_RESERVED, 0);
+		wr_u64(t + ENT_OFFSET, off[id]);
+		wr_u64(t + ENT_SIZE, e->sec[id].n);
+		wr_u64(t + ENT_COUNT, e->count[id]);
 		if (e->sec[id].n)
 			memcpy(b + off[id], e->sec[id].b, e->sec[id].n);
 	}
-	wr_u32(b + 32, sp_crc32(0, b + HEADER_SIZE, total - HEADER_SIZE));
+	wr_u32(b + HDR_CRC, sp_crc32(0, b + HEADER_SIZE, total - HEADER_SIZE));
 	*out = b;
 	*out_len = total;
 	return 0;

@@ -1,6 +1,6 @@
 /*
- * fuzz_plan.c — libFuzzer target for the plan reader (schemas/
- * plan_read.c). Each input is decoded twice: as it is (the header checks)
+ * fuzz_plan.c — libFuzzer target for the plan reader (schemas/plan_decode.c,
+ * plan_check.c). Each input is decoded twice: as it is (the header checks)
  * and with its file-size and CRC-32 header fields recomputed (otherwise
  * nearly every mutation stops at the checksum and the section and record
  * checks behind it are never reached). Either decode rejects with an error

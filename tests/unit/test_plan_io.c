@@ -21,33 +21,59 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char MODEL_JSON[] =
-	"{\"format\": \"spindle.model/1\", \"name\": \"mini-2\", \"dtype\": \"bf16\",\n"
-	" \"optimizer\": \"adamw\", \"seed\": 7,\n"
-	" \"components\": {\n"
-	"  \"tok\": {\"type\": \"embedding\", \"vocab\": 64, \"hidden\": 16,\n"
-	"          \"max_seq\": 8},\n"
-	"  \"img_in\": {\"type\": \"patch\", \"in\": 12, \"hidden\": 16,\n"
-	"             \"max_seq\": 6},\n"
-	"  \"body\": {\"type\": \"transformer\", \"layers\": 4, \"hidden\": 16,\n"
-	"           \"heads\": 2, \"ffn\": 32, \"causal\": true},\n"
-	"  \"head\": {\"type\": \"lm_head\", \"hidden\": 16, \"vocab\": 64},\n"
-	"  \"align\": {\"type\": \"contrastive\", \"temperature\": 0.07}},\n"
-	" \"tasks\": [\n"
-	"  {\"name\": \"lm\", \"batch\": 8, \"graph\": [\n"
-	"    {\"id\": \"t_in\", \"component\": \"tok\", \"seq\": 8},\n"
-	"    {\"id\": \"t\", \"component\": \"body\", \"seq\": 8,\n"
-	"     \"inputs\": [\"t_in\"]},\n"
-	"    {\"id\": \"loss\", \"component\": \"head\", \"inputs\": [\"t\"]}]},\n"
-	"  {\"name\": \"clip\", \"batch\": 4, \"weight\": 0.5, \"graph\": [\n"
-	"    {\"id\": \"i_in\", \"component\": \"img_in\", \"seq\": 6},\n"
-	"    {\"id\": \"i\", \"component\": \"body\", \"seq\": 6, \"layers\": [0, 2],\n"
-	"     \"inputs\": [\"i_in\"]},\n"
-	"    {\"id\": \"c_in\", \"component\": \"tok\", \"seq\": 5},\n"
-	"    {\"id\": \"c\", \"component\": \"body\", \"seq\": 5,\n"
-	"     \"inputs\": [\"c_in\"]},\n"
-	"    {\"id\": \"loss\", \"component\": \"align\",\n"
-	"     \"inputs\": [\"i\", \"c\"]}]}]}\n";
+#define MODEL_HEAD \
+	"{\"format\": \"spindle.model/1\", \"name\": \"mini-2\", \"dtype\": \"bf16\",\n" \
+	" \"optimizer\": \"adamw\", \"seed\": 7,\n" \
+	" \"components\": {\n" \
+	"  \"tok\": {\"type\": \"embedding\", \"vocab\": 64, \"hidden\": 16,\n" \
+	"          \"max_seq\": 8},\n" \
+	"  \"img_in\": {\"type\": \"patch\", \"in\": 12, \"hidden\": 16,\n" \
+	"             \"max_seq\": 6},\n" \
+	"  \"body\": {\"type\": \"transformer\", \"layers\": 4, \"hidden\": 16,\n" \
+	"           \"heads\": 2, \"ffn\": 32, \"causal\": true},\n" \
+	"  \"head\": {\"type\": \"lm_head\", \"hidden\": 16, \"vocab\": 64},\n" \
+	"  \"align\": {\"type\": \"contrastive\", \"temperature\": 0.07}"
+#define MODEL_TASKS \
+	"},\n" \
+	" \"tasks\": [\n" \
+	"  {\"name\": \"lm\", \"batch\": 8, \"graph\": [\n" \
+	"    {\"id\": \"t_in\", \"component\": \"tok\", \"seq\": 8},\n" \
+	"    {\"id\": \"t\", \"component\": \"body\", \"seq\": 8,\n" \
+	"     \"inputs\": [\"t_in\"]},\n" \
+	"    {\"id\": \"loss\", \"component\": \"head\", \"inputs\": [\"t\"]}]},\n" \
+	"  {\"name\": \"clip\", \"batch\": 4, \"weight\": 0.5, \"graph\": [\n" \
+	"    {\"id\": \"i_in\", \"component\": \"img_in\", \"seq\": 6},\n" \
+	"    {\"id\": \"i\", \"component\": \"body\", \"seq\": 6, \"layers\": [0, 2],\n" \
+	"     \"inputs\": [\"i_in\"]},\n" \
+	"    {\"id\": \"c_in\", \"component\": \"tok\", \"seq\": 5},\n" \
+	"    {\"id\": \"c\", \"component\": \"body\", \"seq\": 5,\n" \
+	"     \"inputs\": [\"c_in\"]},\n" \
+	"    {\"id\": \"loss\", \"component\": \"align\",\n" \
+	"     \"inputs\": [\"i\", \"c\"]}]}"
+
+static const char MODEL_JSON[] = MODEL_HEAD MODEL_TASKS "]}\n";
+
+/*
+ * The mini model and a third task, "wide", whose nodes each keep their
+ * saved activations within the 2^60-byte limit while their sum passes it at
+ * batch 2^22: two linear nodes of 2^17 x 2^17 x 2^22 x 8 = 2^59 bytes each,
+ * with fewer FLOPs than bytes (out = 1). WIDE_BATCH is 1 or 4194304.
+ */
+#define WIDE_MODEL_JSON(WIDE_BATCH) \
+	MODEL_HEAD ",\n" \
+	"  \"ids\": {\"type\": \"embedding\", \"vocab\": 64, \"hidden\": 131072,\n" \
+	"          \"max_seq\": 131072},\n" \
+	"  \"proj\": {\"type\": \"linear\", \"in\": 131072, \"out\": 1},\n" \
+	"  \"score\": {\"type\": \"classifier\", \"hidden\": 1, \"classes\": 2}" \
+	MODEL_TASKS ",\n" \
+	"  {\"name\": \"wide\", \"batch\": " #WIDE_BATCH ", \"graph\": [\n" \
+	"    {\"id\": \"x\", \"component\": \"ids\", \"seq\": 131072},\n" \
+	"    {\"id\": \"p\", \"component\": \"proj\", \"seq\": 131072,\n" \
+	"     \"inputs\": [\"x\"]},\n" \
+	"    {\"id\": \"q\", \"component\": \"proj\", \"seq\": 131072,\n" \
+	"     \"inputs\": [\"x\"]},\n" \
+	"    {\"id\": \"p_loss\", \"component\": \"score\", \"inputs\": [\"p\"]},\n" \
+	"    {\"id\": \"q_loss\", \"component\": \"score\", \"inputs\": [\"q\"]}]}]}\n"
 
 /* component indices, in the JSON's order */
 enum { C_TOK, C_IMG, C_BODY, C_HEAD, C_ALIGN };
@@ -116,12 +142,12 @@ static sp_vref_t vref(int m, int layer, int grad, int seq_off)
  * task "clip": i_in -> i (body layers 0-2), c_in -> c, (i, c) -> loss.
  * Eight MetaOps, five waves, nine slices, three buckets, 18 instructions.
  */
-static void make_plan(sp_plan_t *p)
+static void make_plan(sp_plan_t *p, const char *model_json)
 {
 	sp_err_t err;
 	memset(p, 0, sizeof *p);
 	memset(&err, 0, sizeof err);
-	int rc = model_parse(&p->model, MODEL_JSON, strlen(MODEL_JSON), "model.json",
+	int rc = model_parse(&p->model, model_json, strlen(model_json), "model.json",
 			     &err);
 	if (rc)
 		sp_err_print(stderr, &err);
@@ -534,7 +560,7 @@ static int setup(void **state)
 	fix_t *f = calloc(1, sizeof *f);
 	if (!f)
 		return -1;
-	make_plan(&f->plan);
+	make_plan(&f->plan, MODEL_JSON);
 	encode(&f->plan, &f->bin, &f->len);
 	*state = f;
 	return 0;
@@ -986,6 +1012,41 @@ static void test_indices(void **state)
 }
 
 /* The writer refuses plans the reader would reject, and malformed arrays. */
+/*
+ * One home for the model's rules: a plan whose model breaks one of the JSON
+ * loader's rules is rejected by the reader too, at the plan record. Here the
+ * total of saved activations (each node within the limit, their sum past
+ * it), which the reader once did not check.
+ */
+static void test_model_rules_shared(void **state)
+{
+	(void)state;
+	static const char bad_json[] = WIDE_MODEL_JSON(4194304);
+	sp_model_t m;
+	sp_err_t err;
+	memset(&err, 0, sizeof err);
+	assert_int_equal(model_parse(&m, bad_json, strlen(bad_json), "model.json", &err),
+			 SP_EINPUT);
+	if (strcmp(err.path, "tasks[2].graph[2]") != 0 ||
+	    !strstr(err.msg, "sizes overflow 64-bit FLOP/byte arithmetic")) {
+		sp_err_print(stderr, &err);
+		fail_msg("expected the loader to reject the saved-activation total");
+	}
+	/* the same model at batch 1 is valid; the plan's batch field set to 2^22 */
+	sp_plan_t p;
+	uint8_t *b;
+	size_t n;
+	make_plan(&p, WIDE_MODEL_JSON(1));
+	encode(&p, &b, &n);
+	/* task record: name 0, batch 4 (i64: low word, high word 0) */
+	patch(b, n, 5, 2, 4, 1u << 22);
+	expect_rejected_at(b, n, "tasks[2].nodes[2]",
+			   "sizes overflow 64-bit FLOP/byte arithmetic (batch 4194304, "
+			   "seq 131072)");
+	free(b);
+	plan_release(&p);
+}
+
 static void test_encode_refuses_invalid(void **state)
 {
 	fix_t *f = *state;
@@ -1151,6 +1212,7 @@ int main(void)
 		T(test_sections),
 		T(test_unknown_and_duplicate_sections),
 		T(test_indices),
+		T(test_model_rules_shared),
 		T(test_encode_refuses_invalid),
 		T(test_files),
 		T(test_util),

@@ -1,0 +1,335 @@
+/*
+ * model_check.c — the model's validity rules that hold whatever format the
+ * model came in: every task graph's sources and arities, acyclicity, seq and
+ * width agreement, every node reaching a loss, every component used, and
+ * totals (parameters, FLOPs, saved activation bytes) that fit the planner's
+ * int64 arithmetic. The JSON loader (model_load.c) and the plan reader
+ * (plan_check.c) both call it, so a plan cannot carry a model the loader
+ * rejects.
+ *
+ * It checks the loaded form of a model (sp_model_t after model_parse: loss
+ * nodes carry their input's seq, contrastive nodes seq 1) and assumes what
+ * each reader establishes first: indices in range, names valid, each field
+ * within its limits. It does not know where a field was written: each broken
+ * rule goes to the caller's report function with the element it concerns,
+ * and the caller turns that into file:line:col or a plan section and record.
+ */
+#include "model.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+
+/* Limit on FLOP and byte totals: int64 with room for sums of a few. */
+#define SIZE_LIM ((int64_t)1 << 60)
+
+/* Formats the message and passes it to the caller's report. */
+static int bad(const model_report_t *r, int task, int node, const char *key, int index,
+	       const char *hint, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int bad(const model_report_t *r, int task, int node, const char *key, int index,
+	       const char *hint, const char *fmt, ...)
+{
+	char msg[400];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	model_where_t w = {task, node, -1, key, index};
+	return r->report(r->ctx, SP_EINPUT, &w, msg, hint);
+}
+
+static int bad_comp(const model_report_t *r, int comp, const char *hint, const char *fmt,
+		    ...) __attribute__((format(printf, 4, 5)));
+static int bad_comp(const model_report_t *r, int comp, const char *hint, const char *fmt,
+		    ...)
+{
+	char msg[400];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	model_where_t w = {-1, -1, comp, NULL, -1};
+	return r->report(r->ctx, SP_EINPUT, &w, msg, hint);
+}
+
+static int no_memory(const model_report_t *r)
+{
+	model_where_t w = {-1, -1, -1, NULL, -1};
+	return r->report(r->ctx, SP_ENOMEM, &w, "out of memory", NULL);
+}
+
+/* Inputs a node of this type takes exactly, or -1 for one or more. */
+static int arity(sp_comp_type_t t)
+{
+	if (t == COMP_LINEAR || t == COMP_LM_HEAD || t == COMP_CLASSIFIER)
+		return 1;
+	return t == COMP_CONTRASTIVE ? 2 : -1;
+}
+
+/* Sources take no inputs, the others some; arities; losses are sinks. */
+static int check_arity(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+		       int ti)
+{
+	for (int i = 0; i < t->n_nodes; i++) {
+		const sp_node_t *n = &t->nodes[i];
+		const sp_component_t *cp = &m->comps[n->comp];
+		const char *tn = comp_type_name(cp->type);
+		if (comp_is_source(cp->type) && n->n_inputs > 0)
+			return bad(r, ti, i, "inputs", -1, NULL,
+				   "%s node '%s' is a source and takes no inputs", tn, n->id);
+		if (!comp_is_source(cp->type) && n->n_inputs == 0)
+			return bad(r, ti, i, NULL, -1,
+				   "only embedding and patch nodes are sources",
+				   "%s node '%s' has no inputs", tn, n->id);
+		int want = arity(cp->type);
+		if (want > 0 && n->n_inputs != want)
+			return bad(r, ti, i, "inputs", -1, NULL,
+				   "%s node '%s' takes exactly %d input%s, got %d", tn, n->id,
+				   want, want == 1 ? "" : "s", n->n_inputs);
+		for (int k = 0; k < n->n_inputs; k++) {
+			const sp_node_t *src = &t->nodes[n->inputs[k]];
+			if (comp_is_sink(m->comps[src->comp].type))
+				return bad(r, ti, i, "inputs", k, NULL,
+					   "input '%s' is a loss node; losses are sinks",
+					   src->id);
+		}
+	}
+	return 0;
+}
+
+/*
+ * u takes w as input and w reaches u through the DFS path (parent[x] takes
+ * x), so data flows w -> u -> parent[u] -> ... -> w: reported by its ids.
+ */
+static int report_cycle(const model_report_t *r, const sp_task_t *t, int ti, int u, int k,
+			const int *parent)
+{
+	int w = t->nodes[u].inputs[k];
+	char cyc[200];
+	size_t used = 0;
+	int x = u, guard = 0;
+	used += (size_t)snprintf(cyc, sizeof cyc, "%s", t->nodes[w].id);
+	while (x != -1 && x != w && used < sizeof cyc) {
+		if (guard++ == 6) {
+			used += (size_t)snprintf(cyc + used, sizeof cyc - used, " -> ...");
+			break;
+		}
+		used += (size_t)snprintf(cyc + used, sizeof cyc - used, " -> %s",
+					 t->nodes[x].id);
+		x = parent[x];
+	}
+	if (used < sizeof cyc)
+		snprintf(cyc + used, sizeof cyc - used, " -> %s", t->nodes[w].id);
+	return bad(r, ti, u, "inputs", k,
+		   "inputs must form a DAG from sources (embedding, patch) to losses",
+		   "task graph has a cycle: %s", cyc);
+}
+
+/* Iterative DFS over input edges; the stack holds (node, next input index). */
+static int check_acyclic(const model_report_t *r, const sp_task_t *t, int ti)
+{
+	int n = t->n_nodes, rc = 0;
+	if (n <= 0)
+		return 0;
+	char *color = calloc((size_t)n, 1);
+	int *stack = malloc(sizeof(int) * (size_t)n * 2);
+	int *parent = malloc(sizeof(int) * (size_t)n);
+	if (!color || !stack || !parent) {
+		rc = no_memory(r);
+		goto cleanup;
+	}
+	for (int s = 0; s < n && !rc; s++) {
+		if (color[s])
+			continue;
+		int sp = 0;
+		stack[sp++] = s;
+		stack[sp++] = 0;
+		color[s] = 1;
+		parent[s] = -1;
+		while (sp > 0 && !rc) {
+			int u = stack[sp - 2], k = stack[sp - 1];
+			if (k >= t->nodes[u].n_inputs) {
+				color[u] = 2;
+				sp -= 2;
+				continue;
+			}
+			stack[sp - 1]++;
+			int w = t->nodes[u].inputs[k];
+			if (color[w] == 1) {
+				rc = report_cycle(r, t, ti, u, k, parent);
+			} else if (color[w] == 0) {
+				color[w] = 1;
+				parent[w] = u;
+				stack[sp++] = w;
+				stack[sp++] = 0;
+			}
+		}
+	}
+cleanup:
+	free(color);
+	free(stack);
+	free(parent);
+	return rc;
+}
+
+/* Each input's width is what node i takes (contrastive: its first input's). */
+static int check_widths(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+			int ti, int i)
+{
+	const sp_node_t *n = &t->nodes[i];
+	const sp_component_t *cp = &m->comps[n->comp];
+	for (int k = 0; k < n->n_inputs; k++) {
+		const sp_node_t *src = &t->nodes[n->inputs[k]];
+		int64_t w = comp_out_width(&m->comps[src->comp]);
+		int64_t need = cp->type == COMP_LINEAR ? cp->in : cp->hidden;
+		if (cp->type == COMP_CONTRASTIVE)
+			need = comp_out_width(&m->comps[t->nodes[n->inputs[0]].comp]);
+		if (w == need)
+			continue;
+		char hint[96];
+		if (cp->type == COMP_CONTRASTIVE)
+			snprintf(hint, sizeof hint, "both inputs of a contrastive loss need "
+						    "the same width; add a linear projection");
+		else
+			snprintf(hint, sizeof hint, "add a linear projection from %lld to %lld",
+				 (long long)w, (long long)need);
+		return bad(r, ti, i, "inputs", k, hint,
+			   "width mismatch: input '%s' has width %lld, expected %lld", src->id,
+			   (long long)w, (long long)need);
+	}
+	return 0;
+}
+
+/*
+ * seq: a source's fits its max_seq; a transformer's is the sum of its
+ * inputs' (concatenation); linear, lm_head and classifier keep their
+ * input's; a contrastive loss reads token 0 of each input, so its seq is 1.
+ */
+static int check_seqs(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+		      int ti, int i)
+{
+	const sp_node_t *n = &t->nodes[i];
+	const sp_component_t *cp = &m->comps[n->comp];
+	if (comp_is_source(cp->type) && n->seq > cp->max_seq) {
+		char hint[128];
+		snprintf(hint, sizeof hint,
+			 "raise max_seq of component '%s' or shorten the node", cp->name);
+		return bad(r, ti, i, "seq", -1, hint,
+			   "seq %lld exceeds max_seq %lld of its component", (long long)n->seq,
+			   (long long)cp->max_seq);
+	}
+	int64_t sum = 0;
+	for (int k = 0; k < n->n_inputs; k++)
+		sum += t->nodes[n->inputs[k]].seq;
+	if (cp->type == COMP_TRANSFORMER && sum != n->seq)
+		return bad(r, ti, i, "seq", -1,
+			   "a transformer with several inputs concatenates them along seq",
+			   "seq %lld does not match its inputs (their seqs sum to %lld)",
+			   (long long)n->seq, (long long)sum);
+	if (arity(cp->type) == 1 && n->seq != t->nodes[n->inputs[0]].seq)
+		return bad(r, ti, i, "seq", -1, NULL,
+			   "seq %lld differs from its input's seq %lld", (long long)n->seq,
+			   (long long)t->nodes[n->inputs[0]].seq);
+	if (cp->type == COMP_CONTRASTIVE && n->seq != 1)
+		return bad(r, ti, i, "seq", -1, NULL,
+			   "a contrastive node has seq 1 (got %lld)", (long long)n->seq);
+	return 0;
+}
+
+/* Every node reaches a loss: "reaches" propagated backwards from the losses. */
+static int check_reach(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+		       int ti)
+{
+	char *reach = calloc((size_t)t->n_nodes, 1);
+	if (!reach)
+		return no_memory(r);
+	for (int i = 0; i < t->n_nodes; i++)
+		reach[i] = (char)comp_is_sink(m->comps[t->nodes[i].comp].type);
+	for (int changed = 1; changed;) {
+		changed = 0;
+		for (int i = 0; i < t->n_nodes; i++)
+			for (int k = 0; reach[i] && k < t->nodes[i].n_inputs; k++)
+				if (!reach[t->nodes[i].inputs[k]]) {
+					reach[t->nodes[i].inputs[k]] = 1;
+					changed = 1;
+				}
+	}
+	int rc = 0;
+	for (int i = 0; i < t->n_nodes && !rc; i++)
+		if (!reach[i])
+			rc = bad(r, ti, i, "id", -1,
+				 "feed it (directly or through other nodes) into an lm_head, "
+				 "classifier or contrastive node, or remove it",
+				 "node '%s' does not reach any loss", t->nodes[i].id);
+	free(reach);
+	return rc;
+}
+
+int model_check_task(const sp_model_t *m, int ti, const model_report_t *r)
+{
+	const sp_task_t *t = &m->tasks[ti];
+	int rc;
+	if ((rc = check_arity(r, m, t, ti)) || (rc = check_acyclic(r, t, ti)))
+		return rc;
+	for (int i = 0; i < t->n_nodes; i++)
+		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)))
+			return rc;
+	return check_reach(r, m, t, ti);
+}
+
+/* Totals must fit the int64 FLOP and byte arithmetic of the planner. */
+static int check_sizes(const model_report_t *r, const sp_model_t *m)
+{
+	int ovf = 0;
+	int64_t total_flops = 0, total_saved = 0, total_params = 0;
+	for (int k = 0; k < m->n_comps; k++)
+		total_params = sp_add(total_params, comp_params(&m->comps[k]), &ovf);
+	if (ovf || sp_mul(total_params, 32, &ovf) > SIZE_LIM || ovf)
+		return bad_comp(r, -1, NULL, "the model's parameters are too many for "
+					     "64-bit byte arithmetic");
+	for (int ti = 0; ti < m->n_tasks; ti++) {
+		const sp_task_t *t = &m->tasks[ti];
+		for (int i = 0; i < t->n_nodes; i++) {
+			const sp_node_t *n = &t->nodes[i];
+			sp_opshape_t s = op_shape(m, t, n);
+			int64_t layers = n->layer_to - n->layer_from;
+			int64_t f = sp_add(op_fwd_flops(&s, t->batch),
+					   op_bwd_flops(&s, t->batch), &ovf);
+			f = sp_mul(sp_mul(f, layers, &ovf), t->batch, &ovf);
+			int64_t a = sp_mul(sp_mul(op_saved_elems(&s, t->batch), layers, &ovf),
+					   sp_mul(t->batch, 8, &ovf), &ovf);
+			total_flops = sp_add(total_flops, f, &ovf);
+			total_saved = sp_add(total_saved, a, &ovf);
+			if (ovf || f > SIZE_LIM || a > SIZE_LIM || total_flops > SIZE_LIM ||
+			    total_saved > SIZE_LIM)
+				return bad(r, ti, i, NULL, -1, "reduce batch, seq or widths",
+					   "sizes overflow 64-bit FLOP/byte arithmetic "
+					   "(batch %lld, seq %lld)",
+					   (long long)t->batch, (long long)n->seq);
+		}
+	}
+	return 0;
+}
+
+int model_check_totals(const sp_model_t *m, const model_report_t *r)
+{
+	for (int k = 0; k < m->n_comps; k++) {
+		int used = 0;
+		for (int ti = 0; ti < m->n_tasks && !used; ti++)
+			for (int i = 0; i < m->tasks[ti].n_nodes; i++)
+				used |= m->tasks[ti].nodes[i].comp == k;
+		if (!used)
+			return bad_comp(r, k, "use it in a task graph or remove it",
+					"component '%s' is not used by any node",
+					m->comps[k].name);
+	}
+	return check_sizes(r, m);
+}
+
+int model_check(const sp_model_t *m, const model_report_t *r)
+{
+	int rc;
+	for (int ti = 0; ti < m->n_tasks; ti++)
+		if ((rc = model_check_task(m, ti, r)))
+			return rc;
+	return model_check_totals(m, r);
+}

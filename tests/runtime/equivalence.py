@@ -131,7 +131,7 @@ def main():
                 cfg = [(2, 1, algos[0]), (3, 1, algos[1]), (4, 1, algos[2])]
                 failures += check_model(m, tmp, name, cfg, floor)
         # ours on 2 ranks for random workloads 3 and 4 is a lanes plan
-        # (planner/sched_spindle.c): replay those too
+        # (planner/sched_lanes.c): replay those too
         for seed in (3, 4):
             m = W.random_workload(seed, optimizer={"type": "sgd", "lr": 0.05})
             failures += check_model(m, tmp, f"random{seed}-lanes", [(2, 1, "spindle")], 1e-7)

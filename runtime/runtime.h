@@ -1,8 +1,9 @@
 /*
  * runtime.h — the runtime's internal map, one section per file. The runtime
  * does not plan: it reads a plan (schemas/plan_decode.c, plan_check.c),
- * builds this rank's parameters and buffers, and executes the rank's program step by step
- * through a backend (a table of function pointers chosen at start-up).
+ * builds this rank's parameters and buffers, and executes the rank's
+ * program step by step through a backend (a table of function pointers
+ * chosen at start-up).
  */
 #ifndef SPINDLE_RUNTIME_H
 #define SPINDLE_RUNTIME_H

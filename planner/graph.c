@@ -57,79 +57,93 @@ static int consumers(const sp_task_t *t, int node, int *only)
 	return c;
 }
 
-/* Temporaries in pl->scratch (graph_build's scope); results in pl->arena. */
-static int graph_steps(planner_t *pl)
+/* Room for every MetaOp, operator and edge (results in pl->arena), and the
+ * node → MetaOp map (*mop_of, in pl->scratch: graph_build's scope). */
+static int graph_alloc(planner_t *pl, int **mop_of)
 {
 	const sp_model_t *m = pl->model;
-	int total_nodes = 0, total_ops = 0;
-	for (int t = 0; t < m->n_tasks; t++) {
-		total_nodes += m->tasks[t].n_nodes;
-		for (int i = 0; i < m->tasks[t].n_nodes; i++)
-			total_ops += m->tasks[t].nodes[i].layer_to - m->tasks[t].nodes[i].layer_from;
-	}
-	int *order = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
-	int *mop_of = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
+	int total_nodes = 0, total_ops = 0, max_edges = 0; /* one edge per node input */
+	for (int t = 0; t < m->n_tasks; t++)
+		for (int i = 0; i < m->tasks[t].n_nodes; i++) {
+			const sp_node_t *n = &m->tasks[t].nodes[i];
+			total_nodes++;
+			total_ops += n->layer_to - n->layer_from;
+			max_edges += n->n_inputs;
+		}
+	*mop_of = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
 	pl->mops = sp_arena_calloc(&pl->arena, (size_t)total_nodes, sizeof(metaop_t));
 	pl->ops = sp_arena_calloc(&pl->arena, (size_t)total_ops, sizeof(sp_op_t));
-	/* edges: at most one per node input */
-	int max_edges = 0;
-	for (int t = 0; t < m->n_tasks; t++)
-		for (int i = 0; i < m->tasks[t].n_nodes; i++)
-			max_edges += m->tasks[t].nodes[i].n_inputs;
 	pl->edges = sp_arena_calloc(&pl->arena, (size_t)max_edges + 1, sizeof(sp_edge_t));
-	if (!order || !mop_of || !pl->mops || !pl->ops || !pl->edges)
+	if (!*mop_of || !pl->mops || !pl->ops || !pl->edges)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	int base = 0;
-	for (int ti = 0; ti < m->n_tasks; ti++) {
+	return 0;
+}
+
+/* A new MetaOp headed by node i of task ti, followed along its chain while
+ * the contraction rule allows; its operators are contiguous. */
+static void contract_chain(planner_t *pl, int ti, int i, int *mop_of)
+{
+	const sp_model_t *m = pl->model;
+	const sp_task_t *t = &m->tasks[ti];
+	const sp_node_t *n = &t->nodes[i];
+	sp_opshape_t sh = op_shape(m, t, n);
+	metaop_t *mo = &pl->mops[pl->n_mops];
+	mo->task = ti;
+	mo->first_op = pl->n_ops;
+	mo->shape = sh;
+	mo->batch = t->batch;
+	mo->source = comp_is_source(sh.type);
+	mo->sink = comp_is_sink(sh.type);
+	snprintf(mo->name, sizeof mo->name, "%s/%s", t->name, n->id);
+	for (int cur = i;;) {
+		const sp_node_t *cn = &t->nodes[cur];
+		for (int l = cn->layer_from; l < cn->layer_to; l++)
+			pl->ops[pl->n_ops++] = (sp_op_t){cur, l};
+		mo->n_layers += cn->layer_to - cn->layer_from;
+		mop_of[cur] = pl->n_mops;
+		int next = -1;
+		if (consumers(t, cur, &next) != 1 || t->nodes[next].n_inputs != 1)
+			break;
+		sp_opshape_t ns = op_shape(m, t, &t->nodes[next]);
+		if (!opshape_equal(&sh, &ns))
+			break;
+		size_t len = strlen(mo->name);
+		const char *dots = strstr(mo->name, "..");
+		if (dots)
+			len = (size_t)(dots - mo->name);
+		snprintf(mo->name + len, sizeof mo->name - len, "..%s", t->nodes[next].id);
+		cur = next;
+	}
+	pl->n_mops++;
+}
+
+/* Nodes to MetaOps, task by task in topological order, following each
+ * chain to its end at once. mop_of is indexed by (task's base + node). */
+static int graph_contract(planner_t *pl, int *mop_of)
+{
+	const sp_model_t *m = pl->model;
+	for (int ti = 0, base = 0; ti < m->n_tasks; base += m->tasks[ti].n_nodes, ti++) {
 		const sp_task_t *t = &m->tasks[ti];
+		int *order = sp_arena_calloc(&pl->scratch, (size_t)t->n_nodes + 1, sizeof(int));
+		if (!order)
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		if (topo_nodes(&pl->scratch, t, order))
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 					  "graph: task '%s' is not acyclic", t->name);
-		/* assign nodes to MetaOps in topological order, following each chain
-		 * to its end at once so that a MetaOp's operators are contiguous */
 		for (int k = 0; k < t->n_nodes; k++)
 			mop_of[base + order[k]] = -1;
-		for (int k = 0; k < t->n_nodes; k++) {
-			int i = order[k];
-			if (mop_of[base + i] >= 0)
-				continue;
-			const sp_node_t *n = &t->nodes[i];
-			sp_opshape_t sh = op_shape(m, t, n);
-			metaop_t *mo = &pl->mops[pl->n_mops];
-			mo->task = ti;
-			mo->first_op = pl->n_ops;
-			mo->shape = sh;
-			mo->batch = t->batch;
-			mo->source = comp_is_source(sh.type);
-			mo->sink = comp_is_sink(sh.type);
-			snprintf(mo->name, sizeof mo->name, "%s/%s", t->name, n->id);
-			for (int cur = i;;) {
-				const sp_node_t *cn = &t->nodes[cur];
-				for (int l = cn->layer_from; l < cn->layer_to; l++)
-					pl->ops[pl->n_ops++] = (sp_op_t){cur, l};
-				mo->n_layers += cn->layer_to - cn->layer_from;
-				mop_of[base + cur] = pl->n_mops;
-				int next = -1;
-				if (consumers(t, cur, &next) != 1 || t->nodes[next].n_inputs != 1)
-					break;
-				sp_opshape_t ns = op_shape(m, t, &t->nodes[next]);
-				if (!opshape_equal(&sh, &ns))
-					break;
-				size_t len = strlen(mo->name);
-				const char *dots = strstr(mo->name, "..");
-				if (dots)
-					len = (size_t)(dots - mo->name);
-				snprintf(mo->name + len, sizeof mo->name - len, "..%s",
-					 t->nodes[next].id);
-				cur = next;
-			}
-			pl->n_mops++;
-		}
-		base += t->n_nodes;
+		for (int k = 0; k < t->n_nodes; k++)
+			if (mop_of[base + order[k]] < 0)
+				contract_chain(pl, ti, order[k], mop_of + base);
 	}
-	/* shapes of values and edges: the head node's inputs in order */
-	base = 0;
-	for (int ti = 0; ti < m->n_tasks; ti++) {
+	return 0;
+}
+
+/* Shapes of values and edges: each MetaOp's head node's inputs in order. */
+static void graph_edges(planner_t *pl, const int *mop_of)
+{
+	const sp_model_t *m = pl->model;
+	for (int ti = 0, base = 0; ti < m->n_tasks; base += m->tasks[ti].n_nodes, ti++) {
 		const sp_task_t *t = &m->tasks[ti];
 		for (int i = 0; i < t->n_nodes; i++) {
 			int mi = mop_of[base + i];
@@ -156,9 +170,12 @@ static int graph_steps(planner_t *pl)
 			mo->seq_out = mo->sink ? 0 : (int)last->seq;
 			mo->width_out = mo->sink ? 0 : (int)comp_out_width(&m->comps[last->comp]);
 		}
-		base += t->n_nodes;
 	}
-	/* adjacency */
+}
+
+/* Each MetaOp's predecessor and successor edges. */
+static int graph_adjacency(planner_t *pl)
+{
 	for (int e = 0; e < pl->n_edges; e++) {
 		pl->mops[pl->edges[e].src].n_succ++;
 		pl->mops[pl->edges[e].dst].n_pred++;
@@ -176,7 +193,13 @@ static int graph_steps(planner_t *pl)
 		s->succ[s->n_succ++] = e;
 		d->pred[d->n_pred++] = e;
 	}
-	/* levels: MetaOps were created in topological order inside each task */
+	return 0;
+}
+
+/* Levels (MetaOps were created in topological order inside each task) and
+ * pl->topo: by level, then creation order (stable). */
+static int graph_levels(planner_t *pl)
+{
 	pl->n_levels = 0;
 	for (int k = 0; k < pl->n_mops; k++) {
 		metaop_t *mo = &pl->mops[k];
@@ -193,7 +216,6 @@ static int graph_steps(planner_t *pl)
 	pl->topo = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(int));
 	if (!pl->topo)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	/* topological order: by level, then creation order (stable) */
 	for (int lv = 0, k = 0; lv < pl->n_levels; lv++)
 		for (int q = 0; q < pl->n_mops; q++)
 			if (pl->mops[q].level == lv)
@@ -201,10 +223,16 @@ static int graph_steps(planner_t *pl)
 	return 0;
 }
 
+/* Temporaries in pl->scratch (this call's scope); results in pl->arena. */
 int graph_build(planner_t *pl)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	int rc = graph_steps(pl);
+	int *mop_of = NULL, rc;
+	if (!(rc = graph_alloc(pl, &mop_of)) && !(rc = graph_contract(pl, mop_of))) {
+		graph_edges(pl, mop_of);
+		if (!(rc = graph_adjacency(pl)))
+			rc = graph_levels(pl);
+	}
 	sp_arena_reset(&pl->scratch, mark);
 	return rc;
 }

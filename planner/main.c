@@ -32,6 +32,88 @@ static void usage(FILE *f)
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
 }
 
+static int takes_value(const char *a)
+{
+	static const char *const names[] = {"-o", "--output", "--algo", "--exclude",
+					    "--placement", "--mem-reserve", "--milp-nodes"};
+	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+		if (!strcmp(a, names[i]))
+			return 1;
+	return 0;
+}
+
+/* A number option's value: --mem-reserve GIB or --milp-nodes N. */
+static int opt_number(plan_opts_t *o, const char *a, const char *val)
+{
+	char *end;
+	double x = strtod(val, &end);
+	if (*end || end == val || !(x >= 0) || x > 1e6) {
+		fprintf(stderr, "spindle-plan: %s: invalid number '%s'\n", a, val);
+		return SP_EXIT_INPUT;
+	}
+	if (!strcmp(a, "--mem-reserve")) {
+		o->mem_reserve_gib = x;
+	} else if (x < 1 || x != (int)x) {
+		fprintf(stderr, "spindle-plan: --milp-nodes: '%s' is not a positive integer\n",
+			val);
+		return SP_EXIT_INPUT;
+	} else {
+		o->milp_nodes = (int)x;
+	}
+	return 0;
+}
+
+/* An option that takes a value: 0 when taken, -1 when a is not one of
+ * them, SP_EXIT_INPUT on a bad value. */
+static int opt_value(plan_opts_t *o, const char *a, const char *val)
+{
+	if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+		o->out_path = val;
+	} else if (!strcmp(a, "--algo")) {
+		if (algo_parse(val, &o->algo)) {
+			fprintf(stderr, "spindle-plan: unknown algorithm '%s'\nhint: use spindle, "
+					"spindle-paper, sequential, task-level or distmm-mt\n",
+				val);
+			return SP_EXIT_INPUT;
+		}
+	} else if (!strcmp(a, "--exclude")) {
+		if (!cand_find(val)) {
+			fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
+					"spindle-plan --candidates lists them\n",
+				val);
+			return SP_EXIT_INPUT;
+		}
+		o->exclude = val;
+	} else if (!strcmp(a, "--placement")) {
+		if (!strcmp(val, "spindle") || !strcmp(val, "naive")) {
+			o->placement = !strcmp(val, "spindle") ? PLACE_SPINDLE : PLACE_NAIVE;
+		} else {
+			fprintf(stderr, "spindle-plan: unknown placement '%s'\nhint: use "
+					"spindle or naive\n",
+				val);
+			return SP_EXIT_INPUT;
+		}
+	} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
+		return opt_number(o, a, val);
+	} else {
+		return -1;
+	}
+	return 0;
+}
+
+/* A flag without a value: 1 when a is one. */
+static int opt_flag(plan_opts_t *o, const char *a)
+{
+	int *f = !strcmp(a, "--inspect")   ? &o->inspect
+		 : !strcmp(a, "--report")  ? &o->report
+		 : !strcmp(a, "--compare") ? &o->compare
+		 : !strcmp(a, "--json")    ? &o->json
+					   : NULL;
+	if (f)
+		*f = 1;
+	return f != NULL;
+}
+
 static int parse_args(plan_opts_t *o, int argc, char **argv)
 {
 	memset(o, 0, sizeof *o);
@@ -39,107 +121,44 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->placement = PLACE_SPINDLE;
 	o->mem_reserve_gib = -1; /* auto: min(2 GiB, 10% of the device) */
 	o->milp_nodes = 200;
-	int pos = 0;
+	const char **pos[] = {&o->model_path, &o->cluster_path};
+	int n_pos = 0;
 	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
 			exit(0);
-		} else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-			if (!val)
-				goto missing;
-			o->out_path = val;
-			i++;
-		} else if (!strcmp(a, "--inspect")) {
-			o->inspect = 1;
-		} else if (!strcmp(a, "--report")) {
-			o->report = 1;
-		} else if (!strcmp(a, "--compare")) {
-			o->compare = 1;
-		} else if (!strcmp(a, "--json")) {
-			o->json = 1;
-		} else if (!strcmp(a, "--algo")) {
-			if (!val)
-				goto missing;
-			if (algo_parse(val, &o->algo)) {
-				fprintf(stderr, "spindle-plan: unknown algorithm '%s'\nhint: use "
-						"spindle, spindle-paper, sequential, task-level or "
-						"distmm-mt\n",
-					val);
-				return SP_EXIT_INPUT;
-			}
-			i++;
-		} else if (!strcmp(a, "--candidates")) {
+		}
+		if (!strcmp(a, "--candidates")) {
 			for (int c = 0; c < n_sched_cands; c++)
 				printf("%s\n", sched_cands[c].name);
 			exit(0);
-		} else if (!strcmp(a, "--exclude")) {
-			if (!val)
-				goto missing;
-			if (!cand_find(val)) {
-				fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
-						"spindle-plan --candidates lists them\n",
-					val);
-				return SP_EXIT_INPUT;
-			}
-			o->exclude = val;
+		}
+		if (opt_flag(o, a))
+			continue;
+		int rc = val ? opt_value(o, a, val) : -1;
+		if (rc > 0)
+			return rc;
+		if (rc == 0) {
 			i++;
-		} else if (!strcmp(a, "--placement")) {
-			if (!val)
-				goto missing;
-			if (!strcmp(val, "spindle"))
-				o->placement = PLACE_SPINDLE;
-			else if (!strcmp(val, "naive"))
-				o->placement = PLACE_NAIVE;
-			else {
-				fprintf(stderr, "spindle-plan: unknown placement '%s'\nhint: use "
-						"spindle or naive\n",
-					val);
-				return SP_EXIT_INPUT;
-			}
-			i++;
-		} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
-			if (!val)
-				goto missing;
-			char *end;
-			double x = strtod(val, &end);
-			if (*end || end == val || !(x >= 0) || x > 1e6) {
-				fprintf(stderr, "spindle-plan: %s: invalid number '%s'\n", a, val);
-				return SP_EXIT_INPUT;
-			}
-			if (!strcmp(a, "--mem-reserve")) {
-				o->mem_reserve_gib = x;
-			} else if (x < 1 || x != (int)x) {
-				fprintf(stderr, "spindle-plan: --milp-nodes: '%s' is not a positive "
-						"integer\n",
-					val);
-				return SP_EXIT_INPUT;
-			} else {
-				o->milp_nodes = (int)x;
-			}
-			i++;
-		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "spindle-plan: unknown option '%s'\nhint: see "
-					"spindle-plan --help\n",
-				a);
+			continue;
+		}
+		if (a[0] == '-' && a[1]) {
+			if (!val && takes_value(a))
+				fprintf(stderr, "spindle-plan: option '%s' needs a value\n", a);
+			else
+				fprintf(stderr, "spindle-plan: unknown option '%s'\nhint: see "
+						"spindle-plan --help\n",
+					a);
 			return SP_EXIT_INPUT;
-		} else if (pos == 0) {
-			o->model_path = a;
-			pos++;
-		} else if (pos == 1) {
-			o->cluster_path = a;
-			pos++;
-		} else {
+		}
+		if (n_pos == 2) {
 			fprintf(stderr, "spindle-plan: unexpected argument '%s'\n", a);
 			return SP_EXIT_INPUT;
 		}
-		continue;
-	missing:
-		fprintf(stderr, "spindle-plan: option '%s' needs a value\n", a);
-		return SP_EXIT_INPUT;
+		*pos[n_pos++] = a;
 	}
-	if (pos != 2) {
+	if (n_pos != 2) {
 		usage(stderr);
 		return SP_EXIT_INPUT;
 	}

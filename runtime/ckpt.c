@@ -427,164 +427,197 @@ static void fault_kill(void)
 	raise(SIGKILL);
 }
 
+/* One snapshot being saved by rank 0: where it goes and how far it got. */
+typedef struct {
+	const sp_plan_t *p;
+	const char *dir;
+	int64_t step;
+	const ckpt_fault_t *fault;
+	writer_t w;
+	char name[64], tmp[4200], fin[4096], prev[256];
+	int renamed, published;
+} snap_t;
+
+/* The checkpoint directory, the previous LATEST, a fresh snapshot name
+ * (never overwriting a snapshot, published or not) and its temporary
+ * directory, created empty. */
+static int snap_begin(snap_t *S, sp_err_t *err)
+{
+	if (mkdir(S->dir, 0755) != 0 && errno != EEXIST)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL,
+				  "cannot create the checkpoint directory: %s", strerror(errno));
+	if (read_latest(S->dir, S->prev, sizeof S->prev))
+		S->prev[0] = 0;
+	struct stat sb;
+	snprintf(S->name, sizeof S->name, "step-%08lld", (long long)S->step);
+	snprintf(S->fin, sizeof S->fin, "%s/%s", S->dir, S->name);
+	for (int k = 2; lstat(S->fin, &sb) == 0 && k < 1000000; k++) {
+		snprintf(S->name, sizeof S->name, "step-%08lld-%d", (long long)S->step, k);
+		snprintf(S->fin, sizeof S->fin, "%s/%s", S->dir, S->name);
+	}
+	snprintf(S->tmp, sizeof S->tmp, "%s.tmp", S->fin);
+	remove_tree(S->tmp);
+	if (mkdir(S->tmp, 0755) != 0) {
+		int rc = sp_err_set(err, SP_EIO, S->tmp, 0, 0, NULL,
+				    "cannot create the checkpoint's temporary directory: %s",
+				    strerror(errno));
+		S->tmp[0] = 0; /* nothing of ours to remove */
+		return rc;
+	}
+	return 0;
+}
+
+/* Component c's safetensors file in the temporary directory, and its
+ * entry (name, bytes, CRC) appended to files. */
+static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *files,
+			  sp_err_t *err)
+{
+	const sp_model_t *md = &S->p->model;
+	char *hdr = NULL, path[4608];
+	uint8_t *data = NULL, *head = NULL;
+	size_t hl = 0, dl = 0;
+	int rc = 0;
+	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &hdr, &hl, &data, &dl))
+		goto nomem;
+	/* header padded with spaces to 8 bytes, as safetensors allows */
+	size_t padded = (hl + 7) & ~(size_t)7;
+	if (!(head = malloc(8 + padded)))
+		goto nomem;
+	uint64_t len = padded;
+	for (int i = 0; i < 8; i++)
+		head[i] = (uint8_t)(len >> (8 * i));
+	memcpy(head + 8, hdr, hl);
+	memset(head + 8 + hl, ' ', padded - hl);
+	snprintf(path, sizeof path, "%s/%s.safetensors", S->tmp, md->comps[c].name);
+	uint32_t crc = 0;
+	if ((rc = write_file(&S->w, path, head, 8 + padded, data, dl, &crc, err)))
+		goto done;
+	char crcs[16];
+	snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
+	json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name, "file",
+			      strrchr(path, '/') + 1, "bytes", (json_int_t)(8 + padded + dl),
+			      "crc32", crcs);
+	if (!f || json_array_append_new(files, f))
+		goto nomem;
+	goto done;
+nomem:
+	rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+done:
+	free(head);
+	free(hdr);
+	free(data);
+	return rc;
+}
+
+/* manifest.json (takes files), then the temporary directory synced. */
+static int snap_manifest(snap_t *S, uint64_t seed, json_t *files, sp_err_t *err)
+{
+	const sp_model_t *md = &S->p->model;
+	char hash[32], mcrc[9], path[4608], *ms = NULL;
+	json_t *man = json_object();
+	int rc = 0;
+	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)S->p->model_hash);
+	if (!man) {
+		json_decref(files);
+		return sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+	}
+	json_object_set_new(man, "format", json_string(CKPT_FORMAT));
+	json_object_set_new(man, "model", json_string(md->name));
+	json_object_set_new(man, "model_hash", json_string(hash));
+	json_object_set_new(man, "step", json_integer(S->step));
+	json_object_set_new(man, "seed", json_integer((json_int_t)seed));
+	json_object_set_new(man, "data_position", json_integer(S->step + 1));
+	json_object_set_new(man, "optimizer",
+			    json_string(md->opt.kind == OPT_ADAMW ? "adamw" : "sgd"));
+	json_object_set_new(man, "files", files);
+	if (manifest_crc(man, mcrc) ||
+	    json_object_set_new(man, "manifest_crc32", json_string(mcrc)) ||
+	    !(ms = json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS))) {
+		rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+	} else {
+		snprintf(path, sizeof path, "%s/manifest.json", S->tmp);
+		rc = write_file(&S->w, path, ms, strlen(ms), "\n", 1, NULL, err);
+	}
+	if (!rc && fsync_dir(S->tmp) != 0)
+		rc = sp_err_set(err, SP_EIO, S->tmp, 0, 0, NULL, "fsync failed: %s",
+				strerror(errno));
+	json_decref(man);
+	free(ms);
+	return rc;
+}
+
+/* The temporary directory renamed to its final name, then the commit
+ * point: LATEST names the new snapshot; older ones pruned. */
+static int snap_publish(snap_t *S, sp_err_t *err)
+{
+	const ckpt_fault_t *fault = S->fault;
+	char line[80], path[4608], latest[4608];
+	if (fault && fault->kill_step == S->step && !fault->kill_latest)
+		fault_kill();
+	if (rename(S->tmp, S->fin) != 0)
+		return sp_err_set(err, SP_EIO, S->fin, 0, 0, NULL,
+				  "cannot publish the checkpoint: %s", strerror(errno));
+	S->renamed = 1;
+	if (fsync_dir(S->dir) != 0)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL, "fsync failed: %s",
+				  strerror(errno));
+	if (fault && fault->kill_step == S->step && fault->kill_latest)
+		fault_kill();
+	snprintf(line, sizeof line, "%s\n", S->name);
+	snprintf(path, sizeof path, "%s/LATEST.tmp", S->dir);
+	snprintf(latest, sizeof latest, "%s/LATEST", S->dir);
+	int rc = write_file(&S->w, path, line, strlen(line), NULL, 0, NULL, err);
+	if (!rc && rename(path, latest) != 0)
+		rc = sp_err_set(err, SP_EIO, latest, 0, 0, NULL, "cannot replace: %s",
+				strerror(errno));
+	if (rc) {
+		unlink(path);
+		return rc;
+	}
+	S->published = 1;
+	if (fsync_dir(S->dir) != 0)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL,
+				  "fsync failed after publishing '%s': %s", S->name,
+				  strerror(errno));
+	prune(S->dir, S->name, S->prev[0] ? S->prev : NULL);
+	return 0;
+}
+
 static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_t seed,
 		      const void *all, size_t total, const ckpt_fault_t *fault, sp_err_t *err)
 {
 	const sp_model_t *md = &p->model;
-	int adam = md->opt.kind == OPT_ADAMW;
+	snap_t S = {.p = p, .dir = dir, .step = step, .fault = fault, .w = {fault, 0}};
 	rec_t *rec = NULL;
-	int n = 0, rc = 0, renamed = 0, published = 0;
-	char name[64] = "", tmp[4200] = "", fin[4096] = "", path[4608], prev[256] = "";
-	json_t *man = NULL, *files = NULL;
-	char *ms = NULL;
-	writer_t w = {fault, 0};
-	if (parse_records(all, total, adam ? 3 : 1, &rec, &n)) {
+	json_t *files = NULL;
+	int n = 0, rc;
+	if (parse_records(all, total, md->opt.kind == OPT_ADAMW ? 3 : 1, &rec, &n)) {
 		free(rec);
 		return sp_err_set(err, SP_EINTERNAL, dir, 0, 0, NULL, "bad parameter records");
 	}
 	qsort(rec, (size_t)n, sizeof *rec, cmp_rec);
-	if ((rc = check_records(md, rec, n, err)))
+	if ((rc = check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
 		goto cleanup;
-	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-		rc = sp_err_set(err, SP_EIO, dir, 0, 0, NULL,
-				"cannot create the checkpoint directory: %s", strerror(errno));
-		goto cleanup;
-	}
-	if (read_latest(dir, prev, sizeof prev))
-		prev[0] = 0;
-	/* a fresh name: never overwrite a snapshot, published or not */
-	struct stat sb;
-	snprintf(name, sizeof name, "step-%08lld", (long long)step);
-	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	for (int k = 2; lstat(fin, &sb) == 0 && k < 1000000; k++) {
-		snprintf(name, sizeof name, "step-%08lld-%d", (long long)step, k);
-		snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	}
-	snprintf(tmp, sizeof tmp, "%s.tmp", fin);
-	remove_tree(tmp);
-	if (mkdir(tmp, 0755) != 0) {
-		rc = sp_err_set(err, SP_EIO, tmp, 0, 0, NULL,
-				"cannot create the checkpoint's temporary directory: %s",
-				strerror(errno));
-		goto cleanup;
-	}
-	man = json_object();
-	files = json_array();
-	if (!man || !files) {
+	if (!(files = json_array())) {
 		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
 		goto cleanup;
 	}
-	for (int c = 0; c < md->n_comps && !rc; c++) {
-		if (md->comps[c].type == COMP_CONTRASTIVE)
-			continue;
-		char *hdr = NULL;
-		uint8_t *data = NULL;
-		size_t hl = 0, dl = 0;
-		if (component_file(md, c, rec, n, adam, &hdr, &hl, &data, &dl)) {
-			rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
-			break;
-		}
-		/* header padded with spaces to 8 bytes, as safetensors allows */
-		size_t padded = (hl + 7) & ~(size_t)7;
-		uint8_t *head = malloc(8 + padded);
-		if (!head) {
-			free(hdr);
-			free(data);
-			rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
-			break;
-		}
-		uint64_t len = padded;
-		for (int i = 0; i < 8; i++)
-			head[i] = (uint8_t)(len >> (8 * i));
-		memcpy(head + 8, hdr, hl);
-		memset(head + 8 + hl, ' ', padded - hl);
-		snprintf(path, sizeof path, "%s/%s.safetensors", tmp, md->comps[c].name);
-		uint32_t crc = 0;
-		rc = write_file(&w, path, head, 8 + padded, data, dl, &crc, err);
-		char crcs[16];
-		snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
-		json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name,
-				      "file", strrchr(path, '/') + 1, "bytes",
-				      (json_int_t)(8 + padded + dl), "crc32", crcs);
-		if (rc)
-			json_decref(f);
-		else if (!f || json_array_append_new(files, f))
-			rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
-		free(head);
-		free(hdr);
-		free(data);
-	}
+	for (int c = 0; c < md->n_comps && !rc; c++)
+		if (md->comps[c].type != COMP_CONTRASTIVE)
+			rc = snap_component(&S, c, rec, n, files, err);
 	if (rc)
 		goto cleanup;
-	char hash[32], mcrc[9];
-	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)p->model_hash);
-	json_object_set_new(man, "format", json_string(CKPT_FORMAT));
-	json_object_set_new(man, "model", json_string(md->name));
-	json_object_set_new(man, "model_hash", json_string(hash));
-	json_object_set_new(man, "step", json_integer(step));
-	json_object_set_new(man, "seed", json_integer((json_int_t)seed));
-	json_object_set_new(man, "data_position", json_integer(step + 1));
-	json_object_set_new(man, "optimizer", json_string(adam ? "adamw" : "sgd"));
-	json_object_set_new(man, "files", files);
-	files = NULL;
-	if (manifest_crc(man, mcrc) ||
-	    json_object_set_new(man, "manifest_crc32", json_string(mcrc)) ||
-	    !(ms = json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS))) {
-		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
-	snprintf(path, sizeof path, "%s/manifest.json", tmp);
-	if ((rc = write_file(&w, path, ms, strlen(ms), "\n", 1, NULL, err)))
-		goto cleanup;
-	if (fsync_dir(tmp) != 0) {
-		rc = sp_err_set(err, SP_EIO, tmp, 0, 0, NULL, "fsync failed: %s", strerror(errno));
-		goto cleanup;
-	}
-	if (fault && fault->kill_step == step && !fault->kill_latest)
-		fault_kill();
-	if (rename(tmp, fin) != 0) {
-		rc = sp_err_set(err, SP_EIO, fin, 0, 0, NULL, "cannot publish the checkpoint: %s",
-				strerror(errno));
-		goto cleanup;
-	}
-	renamed = 1;
-	if (fsync_dir(dir) != 0) {
-		rc = sp_err_set(err, SP_EIO, dir, 0, 0, NULL, "fsync failed: %s", strerror(errno));
-		goto cleanup;
-	}
-	if (fault && fault->kill_step == step && fault->kill_latest)
-		fault_kill();
-	/* the commit point: LATEST names the new snapshot */
-	char line[80], latest[4608];
-	snprintf(line, sizeof line, "%s\n", name);
-	snprintf(path, sizeof path, "%s/LATEST.tmp", dir);
-	snprintf(latest, sizeof latest, "%s/LATEST", dir);
-	if ((rc = write_file(&w, path, line, strlen(line), NULL, 0, NULL, err))) {
-		unlink(path);
-		goto cleanup;
-	}
-	if (rename(path, latest) != 0) {
-		rc = sp_err_set(err, SP_EIO, latest, 0, 0, NULL, "cannot replace: %s",
-				strerror(errno));
-		unlink(path);
-		goto cleanup;
-	}
-	published = 1;
-	if (fsync_dir(dir) != 0) {
-		rc = sp_err_set(err, SP_EIO, dir, 0, 0, NULL,
-				"fsync failed after publishing '%s': %s", name, strerror(errno));
-		goto cleanup;
-	}
-	prune(dir, name, prev[0] ? prev : NULL);
+	rc = snap_manifest(&S, seed, files, err);
+	files = NULL; /* the manifest took it */
+	if (!rc)
+		rc = snap_publish(&S, err);
 cleanup:
-	if (rc && !published && tmp[0]) {
-		remove_tree(renamed ? fin : tmp);
-		if (renamed)
+	if (rc && !S.published && S.tmp[0]) {
+		remove_tree(S.renamed ? S.fin : S.tmp);
+		if (S.renamed)
 			fsync_dir(dir);
 	}
-	json_decref(man);
 	json_decref(files);
-	free(ms);
 	free(rec);
 	return rc;
 }

@@ -134,15 +134,88 @@ static int parse_profile_entry(jctx_t *c, json_t *v, sp_prof_entry_t *e)
 	return rc;
 }
 
+static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
+{
+	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
+					    "mem_bandwidth_gbs", NULL};
+	json_t *g = json_object_get(root, "gpu");
+	if (!g)
+		return jerr(c, 0, "missing required key 'gpu'");
+	jp_push_key(c, "gpu");
+	json_t *gn = json_object_get(g, "name");
+	int rc;
+	if ((rc = jcheck_object(c, g, "a gpu", gkeys)))
+		return rc;
+	if (!gn || !json_is_string(gn) || json_string_length(gn) == 0 ||
+	    json_string_length(gn) >= SP_NAME_MAX)
+		return gn ? jerr_member(c, "name", 0, "expected a GPU name (1-63 characters)")
+			  : jerr(c, 0, "missing required key 'name'");
+	snprintf(out->gpu_name, sizeof out->gpu_name, "%s", json_string_value(gn));
+	if ((rc = jget_num(c, g, "memory_gib", 1, 0, 1e6, 1, &out->memory_gib)) ||
+	    (rc = jget_num(c, g, "peak_tflops", 1, 0, 1e7, 1, &out->peak_tflops)) ||
+	    (rc = jget_num(c, g, "mem_bandwidth_gbs", 1, 0, 1e7, 1, &out->mem_bandwidth_gbs)))
+		return rc;
+	jp_pop(c);
+	return 0;
+}
+
+static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
+{
+	static const char *const lkeys[] = {"intra_node_gbs", "intra_node_latency_us",
+					    "inter_node_gbs", "inter_node_latency_us", NULL};
+	json_t *l = json_object_get(root, "links");
+	if (!l)
+		return jerr(c, 0, "missing required key 'links'");
+	jp_push_key(c, "links");
+	int rc;
+	if ((rc = jcheck_object(c, l, "links", lkeys)) ||
+	    (rc = jget_num(c, l, "intra_node_gbs", 1, 0, 1e7, 1, &out->intra_gbs)) ||
+	    (rc = jget_num(c, l, "intra_node_latency_us", 1, 0, 1e7, 0, &out->intra_lat_us)) ||
+	    (rc = jget_num(c, l, "inter_node_gbs", 1, 0, 1e7, 1, &out->inter_gbs)) ||
+	    (rc = jget_num(c, l, "inter_node_latency_us", 1, 0, 1e7, 0, &out->inter_lat_us)))
+		return rc;
+	jp_pop(c);
+	return 0;
+}
+
+/* The optional measured profile: distinct op shapes. */
+static int parse_profile(jctx_t *c, json_t *root, sp_cluster_t *out)
+{
+	json_t *p = json_object_get(root, "profile");
+	if (!p)
+		return 0;
+	if (!json_is_array(p))
+		return jerr_member(c, "profile", 0, "expected an array of profile entries");
+	if (json_array_size(p) > 65536)
+		return jerr_member(c, "profile", 0, "too many profile entries (%zu, at most 65536)",
+				   json_array_size(p));
+	out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
+	if (!out->prof)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	jp_push_key(c, "profile");
+	for (size_t i = 0; i < json_array_size(p); i++) {
+		jp_push_index(c, i);
+		out->n_prof++;
+		int rc = parse_profile_entry(c, json_array_get(p, i), &out->prof[i]);
+		for (size_t k = 0; !rc && k < i; k++)
+			if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
+				rc = jerr_member(c, "op", 0,
+						 "duplicate profile shape (same as profile[%zu])", k);
+				sp_err_hint(c->err, "merge the points into one entry");
+			}
+		if (rc)
+			return rc;
+		jp_pop(c);
+	}
+	jp_pop(c);
+	return 0;
+}
+
 int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *fname,
 		  sp_err_t *err)
 {
 	static const char *const keys[] = {"format", "name", "nodes", "gpus_per_node",
 					   "gpu", "links", "profile", NULL};
-	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
-					    "mem_bandwidth_gbs", NULL};
-	static const char *const lkeys[] = {"intra_node_gbs", "intra_node_latency_us",
-					    "inter_node_gbs", "inter_node_latency_us", NULL};
 	memset(out, 0, sizeof *out);
 	jctx_t c = {.text = text, .len = len, .file = fname, .err = err};
 	json_t *root = jparse(&c);
@@ -163,79 +236,9 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 	}
 	out->nodes = (int)nodes;
 	out->gpus_per_node = (int)gpn;
-
-	json_t *g = json_object_get(root, "gpu");
-	if (!g) {
-		rc = jerr(&c, 0, "missing required key 'gpu'");
+	if ((rc = parse_gpu(&c, root, out)) || (rc = parse_links(&c, root, out)) ||
+	    (rc = parse_profile(&c, root, out)))
 		goto cleanup;
-	}
-	jp_push_key(&c, "gpu");
-	json_t *gn = json_object_get(g, "name");
-	if ((rc = jcheck_object(&c, g, "a gpu", gkeys)))
-		goto cleanup;
-	if (!gn || !json_is_string(gn) || json_string_length(gn) == 0 ||
-	    json_string_length(gn) >= SP_NAME_MAX) {
-		rc = gn ? jerr_member(&c, "name", 0, "expected a GPU name (1-63 characters)")
-			: jerr(&c, 0, "missing required key 'name'");
-		goto cleanup;
-	}
-	snprintf(out->gpu_name, sizeof out->gpu_name, "%s", json_string_value(gn));
-	if ((rc = jget_num(&c, g, "memory_gib", 1, 0, 1e6, 1, &out->memory_gib)) ||
-	    (rc = jget_num(&c, g, "peak_tflops", 1, 0, 1e7, 1, &out->peak_tflops)) ||
-	    (rc = jget_num(&c, g, "mem_bandwidth_gbs", 1, 0, 1e7, 1, &out->mem_bandwidth_gbs)))
-		goto cleanup;
-	jp_pop(&c);
-
-	json_t *l = json_object_get(root, "links");
-	if (!l) {
-		rc = jerr(&c, 0, "missing required key 'links'");
-		goto cleanup;
-	}
-	jp_push_key(&c, "links");
-	if ((rc = jcheck_object(&c, l, "links", lkeys)) ||
-	    (rc = jget_num(&c, l, "intra_node_gbs", 1, 0, 1e7, 1, &out->intra_gbs)) ||
-	    (rc = jget_num(&c, l, "intra_node_latency_us", 1, 0, 1e7, 0, &out->intra_lat_us)) ||
-	    (rc = jget_num(&c, l, "inter_node_gbs", 1, 0, 1e7, 1, &out->inter_gbs)) ||
-	    (rc = jget_num(&c, l, "inter_node_latency_us", 1, 0, 1e7, 0, &out->inter_lat_us)))
-		goto cleanup;
-	jp_pop(&c);
-
-	json_t *p = json_object_get(root, "profile");
-	if (p) {
-		if (!json_is_array(p)) {
-			rc = jerr_member(&c, "profile", 0, "expected an array of profile entries");
-			goto cleanup;
-		}
-		if (json_array_size(p) > 65536) {
-			rc = jerr_member(&c, "profile", 0,
-					 "too many profile entries (%zu, at most 65536)",
-					 json_array_size(p));
-			goto cleanup;
-		}
-		out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
-		if (!out->prof) {
-			rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
-			goto cleanup;
-		}
-		jp_push_key(&c, "profile");
-		for (size_t i = 0; i < json_array_size(p); i++) {
-			jp_push_index(&c, i);
-			out->n_prof++;
-			rc = parse_profile_entry(&c, json_array_get(p, i), &out->prof[i]);
-			for (size_t k = 0; !rc && k < i; k++)
-				if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
-					rc = jerr_member(&c, "op", 0,
-							 "duplicate profile shape (same as "
-							 "profile[%zu])",
-							 k);
-					sp_err_hint(err, "merge the points into one entry");
-				}
-			if (rc)
-				goto cleanup;
-			jp_pop(&c);
-		}
-		jp_pop(&c);
-	}
 	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:
 	json_decref(root);

@@ -134,26 +134,53 @@ static int parse_profile_entry(jctx_t *c, json_t *v, sp_prof_entry_t *e)
 	return rc;
 }
 
+/* Required object member key of root, entered (jp_push_key) into *out. */
+static int enter_section(jctx_t *c, json_t *root, const char *key, json_t **out)
+{
+	*out = json_object_get(root, key);
+	if (!*out)
+		return jerr(c, 0, "missing required key '%s'", key);
+	jp_push_key(c, key);
+	return 0;
+}
+
+/* Required numbers of one section: key, range (lo open or closed), field. */
+typedef struct {
+	const char *key;
+	double lo, hi;
+	int lo_open;
+	double *out;
+} num_field_t;
+
+static int get_nums(jctx_t *c, json_t *obj, const num_field_t *f, int n)
+{
+	int rc = 0;
+	for (int i = 0; i < n && !rc; i++)
+		rc = jget_num(c, obj, f[i].key, 1, f[i].lo, f[i].hi, f[i].lo_open, f[i].out);
+	return rc;
+}
+
 static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 {
 	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
 					    "mem_bandwidth_gbs", NULL};
-	json_t *g = json_object_get(root, "gpu");
-	if (!g)
-		return jerr(c, 0, "missing required key 'gpu'");
-	jp_push_key(c, "gpu");
-	json_t *gn = json_object_get(g, "name");
+	json_t *g;
 	int rc;
-	if ((rc = jcheck_object(c, g, "a gpu", gkeys)))
+	if ((rc = enter_section(c, root, "gpu", &g)) ||
+	    (rc = jcheck_object(c, g, "a gpu", gkeys)))
 		return rc;
+	json_t *gn = json_object_get(g, "name");
 	if (!gn || !json_is_string(gn) || json_string_length(gn) == 0 ||
 	    json_string_length(gn) >= SP_NAME_MAX)
 		return gn ? jerr_member(c, "name", 0, "expected a GPU name (1-63 characters)")
 			  : jerr(c, 0, "missing required key 'name'");
 	snprintf(out->gpu_name, sizeof out->gpu_name, "%s", json_string_value(gn));
-	if ((rc = jget_num(c, g, "memory_gib", 1, 0, 1e6, 1, &out->memory_gib)) ||
-	    (rc = jget_num(c, g, "peak_tflops", 1, 0, 1e7, 1, &out->peak_tflops)) ||
-	    (rc = jget_num(c, g, "mem_bandwidth_gbs", 1, 0, 1e7, 1, &out->mem_bandwidth_gbs)))
+	const num_field_t nums[] = {
+		{"memory_gib", 0, 1e6, 1, &out->memory_gib},
+		{"peak_tflops", 0, 1e7, 1, &out->peak_tflops},
+		{"mem_bandwidth_gbs", 0, 1e7, 1, &out->mem_bandwidth_gbs},
+	};
+	if ((rc = get_nums(c, g, nums, 3)))
 		return rc;
 	jp_pop(c);
 	return 0;
@@ -163,16 +190,16 @@ static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 {
 	static const char *const lkeys[] = {"intra_node_gbs", "intra_node_latency_us",
 					    "inter_node_gbs", "inter_node_latency_us", NULL};
-	json_t *l = json_object_get(root, "links");
-	if (!l)
-		return jerr(c, 0, "missing required key 'links'");
-	jp_push_key(c, "links");
+	json_t *l;
 	int rc;
-	if ((rc = jcheck_object(c, l, "links", lkeys)) ||
-	    (rc = jget_num(c, l, "intra_node_gbs", 1, 0, 1e7, 1, &out->intra_gbs)) ||
-	    (rc = jget_num(c, l, "intra_node_latency_us", 1, 0, 1e7, 0, &out->intra_lat_us)) ||
-	    (rc = jget_num(c, l, "inter_node_gbs", 1, 0, 1e7, 1, &out->inter_gbs)) ||
-	    (rc = jget_num(c, l, "inter_node_latency_us", 1, 0, 1e7, 0, &out->inter_lat_us)))
+	const num_field_t nums[] = {
+		{"intra_node_gbs", 0, 1e7, 1, &out->intra_gbs},
+		{"intra_node_latency_us", 0, 1e7, 0, &out->intra_lat_us},
+		{"inter_node_gbs", 0, 1e7, 1, &out->inter_gbs},
+		{"inter_node_latency_us", 0, 1e7, 0, &out->inter_lat_us},
+	};
+	if ((rc = enter_section(c, root, "links", &l)) ||
+	    (rc = jcheck_object(c, l, "links", lkeys)) || (rc = get_nums(c, l, nums, 4)))
 		return rc;
 	jp_pop(c);
 	return 0;

@@ -1,0 +1,43 @@
+/*
+ * ckpt_internal.h — what ckpt.c, ckpt_save.c and ckpt_load.c share (the
+ * format's names, packed parameter records, snapshot names, the manifest's
+ * CRC); private to those three files. The protocol is described in ckpt.c.
+ */
+#ifndef SPINDLE_CKPT_INTERNAL_H
+#define SPINDLE_CKPT_INTERNAL_H
+
+#include "ckpt.h"
+#include "layers.h"
+
+#include <jansson.h>
+
+#define CKPT_PREFIX "spindle.checkpoint/"
+#define CKPT_FORMAT "spindle.checkpoint/1"
+#define CKPT_VERSION 1
+
+typedef struct {
+	int32_t comp, layer;
+	int64_t count;
+	const float *data; /* count floats, then m and v when present */
+} rec_t;
+
+/* qsort order of records: by component, then layer. */
+int ck_cmp_rec(const void *a, const void *b);
+/* Splits packed records; floats per record = count * per. *out is on the
+ * heap (free it, also on failure). */
+int ck_parse_records(const void *all, size_t bytes, int per, rec_t **out, int *n);
+/* Whether name is one of ours: step-<digits>[-<digits>][.tmp]. */
+int ck_snapshot_name(const char *name, int allow_tmp);
+/* The snapshot LATEST names (0), or -1 when there is none or it is not
+ * one of ours. */
+int ck_read_latest(const char *dir, char *name, size_t cap);
+/* A component's dimensions as the manifest records them. */
+void ck_dims_string(char *out, size_t cap, const sp_component_t *c);
+int ck_comp_layers(const sp_component_t *c);
+/* A tensor's safetensors shape: [rows] for vectors, else [rows, cols]. */
+json_t *ck_tensor_shape(const layer_tensor_t *t);
+/* CRC-32 of the compact, key-sorted JSON of the manifest without its
+ * "manifest_crc32" member, as 8 hex digits. */
+int ck_manifest_crc(const json_t *man, char out[9]);
+
+#endif

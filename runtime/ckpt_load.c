@@ -1,0 +1,358 @@
+/*
+ * ckpt_load.c — reading a checkpoint (ckpt_peek, ckpt_load): the manifest's
+ * format, version and CRC first, then every file's size and CRC, the
+ * components against the model and the safetensors structure, then the
+ * layers this rank holds (the protocol is described in ckpt.c). It writes
+ * nothing.
+ */
+#include "ckpt_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Resolves the snapshot in dir and reads its manifest: format and version
+ * first, then the manifest's CRC-32 and fields. */
+static int read_manifest(const char *dir, char *snap, size_t cap, json_t **out,
+			 int64_t *step, uint64_t *seed, sp_err_t *err)
+{
+	char path[4608], name[256];
+	*out = NULL;
+	if (strlen(dir) > 2000)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
+	snprintf(path, sizeof path, "%s/manifest.json", dir);
+	if (access(path, F_OK) == 0) {
+		snprintf(snap, cap, "%s", dir);
+	} else {
+		snprintf(path, sizeof path, "%s/LATEST", dir);
+		if (access(path, F_OK) != 0)
+			return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+					  "no checkpoint here (neither LATEST nor manifest.json)");
+		if (ck_read_latest(dir, name, sizeof name))
+			return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+					  "does not name a snapshot (step-NNNNNNNN)");
+		snprintf(snap, cap, "%s/%s", dir, name);
+	}
+	snprintf(path, sizeof path, "%s/manifest.json", snap);
+	char *text = NULL;
+	size_t len = 0;
+	int rc = sp_read_file(&text, &len, path, err);
+	if (rc)
+		return rc;
+	json_error_t je;
+	json_t *man = json_loadb(text, len, 0, &je);
+	free(text);
+	if (!man)
+		return sp_err_set(err, SP_EINPUT, path, je.line, je.column, NULL,
+				  "checkpoint manifest is corrupt or torn: %s", je.text);
+	const char *fmt = json_string_value(json_object_get(man, "format"));
+	if (!fmt || strncmp(fmt, CKPT_PREFIX, strlen(CKPT_PREFIX))) {
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, "format", "not a Spindle checkpoint");
+		goto cleanup;
+	}
+	if (strcmp(fmt, CKPT_FORMAT)) {
+		const char *v = fmt + strlen(CKPT_PREFIX);
+		char *end = NULL;
+		long ver = strtol(v, &end, 10);
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, "format",
+				"checkpoint format '%s' is %s (this build reads %s)", fmt,
+				*v && !*end && ver > CKPT_VERSION ? "newer than this build"
+								  : "not supported",
+				CKPT_FORMAT);
+		if (*v && !*end && ver > CKPT_VERSION)
+			sp_err_hint(err, "resume with the spindle-run that wrote it, or a newer one");
+		goto cleanup;
+	}
+	char want[9];
+	const char *got = json_string_value(json_object_get(man, "manifest_crc32"));
+	if (ck_manifest_crc(man, want)) {
+		rc = sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	if (!got || strcmp(got, want)) {
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				"checkpoint manifest is corrupt (crc32 %s; it records %s)", want,
+				got ? got : "none");
+		goto cleanup;
+	}
+	json_t *jstep = json_object_get(man, "step"), *jseed = json_object_get(man, "seed");
+	json_t *jpos = json_object_get(man, "data_position");
+	if (!json_is_integer(jstep) || json_integer_value(jstep) < 0 || !json_is_integer(jseed) ||
+	    !json_is_integer(jpos) || json_integer_value(jpos) != json_integer_value(jstep) + 1 ||
+	    !json_is_string(json_object_get(man, "optimizer")) ||
+	    !json_is_array(json_object_get(man, "files"))) {
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				"checkpoint manifest lacks step, seed, data_position, optimizer "
+				"or files");
+		goto cleanup;
+	}
+	*step = json_integer_value(jstep);
+	*seed = (uint64_t)json_integer_value(jseed);
+	*out = man;
+	man = NULL;
+cleanup:
+	json_decref(man);
+	return rc;
+}
+
+int ckpt_peek(const char *dir, int64_t *step, uint64_t *seed, sp_err_t *err)
+{
+	char snap[4096];
+	json_t *man = NULL;
+	int rc = read_manifest(dir, snap, sizeof snap, &man, step, seed, err);
+	json_decref(man);
+	return rc;
+}
+
+static int load_file(const char *path, const char *crc_hex, json_int_t bytes, uint8_t **out,
+		     size_t *len, sp_err_t *err)
+{
+	char *buf = NULL;
+	int rc = sp_read_file(&buf, len, path, err);
+	if (rc)
+		return rc;
+	char crcs[16];
+	snprintf(crcs, sizeof crcs, "%08" PRIx32, sp_crc32(0, buf, *len));
+	if ((json_int_t)*len != bytes || strcmp(crcs, crc_hex)) {
+		free(buf);
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				  "checkpoint file is corrupt or torn (size %zu, crc32 %s; the "
+				  "manifest records %lld, %s)",
+				  *len, crcs, (long long)bytes, crc_hex);
+	}
+	*out = (uint8_t *)buf;
+	return 0;
+}
+
+/* The tensor `key` of a safetensors header: its byte range in the data,
+ * checked against dtype F32, the expected shape and the data size. */
+static int tensor_range(json_t *h, const char *key, const layer_tensor_t *t, size_t dlen,
+			size_t *a_out)
+{
+	json_t *e = json_object_get(h, key);
+	json_t *off = json_object_get(e, "data_offsets"), *shape = json_object_get(e, "shape");
+	json_t *want = ck_tensor_shape(t);
+	int ok = json_is_object(e) && json_is_array(off) && json_array_size(off) == 2 &&
+		 json_is_integer(json_array_get(off, 0)) && json_is_integer(json_array_get(off, 1)) &&
+		 json_is_string(json_object_get(e, "dtype")) &&
+		 !strcmp(json_string_value(json_object_get(e, "dtype")), "F32") && want &&
+		 json_equal(shape, want);
+	json_decref(want);
+	if (!ok)
+		return -1;
+	json_int_t a = json_integer_value(json_array_get(off, 0));
+	json_int_t b = json_integer_value(json_array_get(off, 1));
+	size_t nb = 4 * (size_t)(t->rows * t->cols);
+	if (a < 0 || b < a || (uint64_t)b > (uint64_t)dlen || (uint64_t)(b - a) != nb)
+		return -1;
+	*a_out = (size_t)a;
+	return 0;
+}
+
+/* Appends this component's records (weights [+ m + v] per layer) from its
+ * safetensors file to *recs. */
+static int component_records(const sp_model_t *md, int comp, const uint8_t *buf, size_t len,
+			     const char *path, int adam, uint8_t **recs, size_t *rlen,
+			     size_t *rcap, sp_err_t *err)
+{
+	const sp_component_t *c = &md->comps[comp];
+	if (len < 8)
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "not a safetensors file");
+	uint64_t hl = 0;
+	for (int i = 0; i < 8; i++)
+		hl |= (uint64_t)buf[i] << (8 * i);
+	if (hl > len - 8 || hl < 2 || buf[8] != '{')
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				  "not a safetensors file (header length %llu of %zu bytes)",
+				  (unsigned long long)hl, len);
+	json_error_t je;
+	json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &je);
+	if (!h)
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "bad safetensors header: %s",
+				  je.text);
+	int rc = 0;
+	json_t *meta = json_object_get(h, "__metadata__");
+	const char *ty = json_string_value(json_object_get(meta, "type"));
+	const char *dims = json_string_value(json_object_get(meta, "dims"));
+	char want[200];
+	ck_dims_string(want, sizeof want, c);
+	if (!ty || !dims || strcmp(ty, comp_type_name(c->type)) || strcmp(dims, want)) {
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				"component '%s' in the checkpoint (%s %s) differs from the "
+				"model's (%s %s)",
+				c->name, ty ? ty : "?", dims ? dims : "?", comp_type_name(c->type),
+				want);
+		sp_err_hint(err, "a checkpoint resumes only a model with the same components");
+		goto cleanup;
+	}
+	const uint8_t *data = buf + 8 + hl;
+	size_t dlen = len - 8 - (size_t)hl;
+	layer_tensor_t t[12];
+	int nt = layer_tensors(c, t);
+	int64_t cnt = comp_layer_params(c);
+	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};
+	size_t need = 16 + 4 * (size_t)cnt * (adam ? 3 : 1);
+	for (int l = 0; l < ck_comp_layers(c) && !rc; l++) {
+		if (*rlen + need > *rcap) {
+			size_t nc = (*rlen + need) * 2;
+			uint8_t *nb = realloc(*recs, nc);
+			if (!nb) {
+				rc = sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
+				break;
+			}
+			*recs = nb;
+			*rcap = nc;
+		}
+		uint8_t *r = *recs + *rlen;
+		int32_t hdr[2] = {comp, l};
+		memcpy(r, hdr, 8);
+		memcpy(r + 8, &cnt, 8);
+		for (int part = 0; part < (adam ? 3 : 1) && !rc; part++)
+			for (int q = 0; q < nt; q++) {
+				char key[128];
+				size_t a = 0;
+				snprintf(key, sizeof key, "l%d.%s%s", l, t[q].name, sfx[part]);
+				if (tensor_range(h, key, &t[q], dlen, &a)) {
+					rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+							"tensor '%s' is missing or has the wrong "
+							"dtype, shape or offsets",
+							key);
+					break;
+				}
+				memcpy(r + 16 + 4 * ((size_t)part * (size_t)cnt + (size_t)t[q].offset),
+				       data + a, 4 * (size_t)(t[q].rows * t[q].cols));
+			}
+		*rlen += need;
+	}
+cleanup:
+	json_decref(h);
+	return rc;
+}
+
+static int load_local(rt_state_t *st, const sp_plan_t *p, const char *dir, int64_t *step,
+		      sp_err_t *err)
+{
+	const sp_model_t *md = &p->model;
+	int adam = md->opt.kind == OPT_ADAMW;
+	char snap[4096], mpath[4608];
+	uint64_t seed = 0;
+	json_t *man = NULL;
+	int rc = read_manifest(dir, snap, sizeof snap, &man, step, &seed, err);
+	if (rc)
+		return rc;
+	snprintf(mpath, sizeof mpath, "%s/manifest.json", snap);
+	uint8_t *recs = NULL;
+	size_t rlen = 0, rcap = 0;
+	const char *opt = json_string_value(json_object_get(man, "optimizer"));
+	if (strcmp(opt, adam ? "adamw" : "sgd")) {
+		rc = sp_err_set(err, SP_EINPUT, mpath, 0, 0, "optimizer",
+				"checkpoint optimizer '%s' differs from the model's '%s'", opt,
+				adam ? "adamw" : "sgd");
+		goto cleanup;
+	}
+	json_t *files = json_object_get(man, "files"), *e;
+	size_t i;
+	/* the same set of components: none missing (below), none extra */
+	json_array_foreach(files, i, e) {
+		const char *cn = json_string_value(json_object_get(e, "component"));
+		int found = 0;
+		for (int c = 0; cn && c < md->n_comps; c++)
+			found |= md->comps[c].type != COMP_CONTRASTIVE && !strcmp(cn, md->comps[c].name);
+		if (!found) {
+			rc = sp_err_set(err, SP_EINPUT, mpath, 0, 0, NULL,
+					"checkpoint holds component '%s', which the model '%s' "
+					"lacks",
+					cn ? cn : "?", md->name);
+			sp_err_hint(err, "a checkpoint resumes only a model with the same components");
+			goto cleanup;
+		}
+	}
+	for (int c = 0; c < md->n_comps && !rc; c++) {
+		if (md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		json_t *f = NULL;
+		json_array_foreach(files, i, e) {
+			const char *cn = json_string_value(json_object_get(e, "component"));
+			if (cn && !strcmp(cn, md->comps[c].name))
+				f = e;
+		}
+		if (!f) {
+			rc = sp_err_set(err, SP_EINPUT, mpath, 0, 0, NULL,
+					"checkpoint has no file for component '%s' of the model "
+					"'%s'",
+					md->comps[c].name, md->name);
+			sp_err_hint(err, "a checkpoint resumes only a model with the same components");
+			break;
+		}
+		const char *fname = json_string_value(json_object_get(f, "file"));
+		const char *crc = json_string_value(json_object_get(f, "crc32"));
+		json_t *jb = json_object_get(f, "bytes");
+		if (!fname || !crc || !json_is_integer(jb) || strchr(fname, '/') ||
+		    !strcmp(fname, "..")) {
+			rc = sp_err_set(err, SP_EINPUT, mpath, 0, 0, NULL, "bad file entry for '%s'",
+					md->comps[c].name);
+			break;
+		}
+		char fpath[8192];
+		snprintf(fpath, sizeof fpath, "%s/%s", snap, fname);
+		uint8_t *buf = NULL;
+		size_t len = 0;
+		rc = load_file(fpath, crc, json_integer_value(jb), &buf, &len, err);
+		if (!rc)
+			rc = component_records(md, c, buf, len, fpath, adam, &recs, &rlen, &rcap, err);
+		free(buf);
+	}
+	if (!rc)
+		rc = rt_unpack(st, recs, rlen, 1, err);
+cleanup:
+	json_decref(man);
+	free(recs);
+	return rc;
+}
+
+int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
+	      int64_t *step, sp_err_t *err)
+{
+	sp_err_t mine = {0};
+	*step = 0;
+	int rc = load_local(st, p, dir, step, &mine);
+	/* flags[r]: rank r failed; the last entry checks that all read one step */
+	double *flags = calloc((size_t)c->nranks + 1, sizeof(double));
+	if (!flags)
+		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
+	flags[c->rank] = rc ? 1 : 0;
+	flags[c->nranks] = rc ? 0 : (double)*step;
+	if (c->ops->allsum(c, flags, c->nranks + 1)) {
+		free(flags);
+		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
+				  "rank %d: checkpoint load: communication failed", c->rank);
+	}
+	int first_bad = -1, n_bad = 0;
+	for (int r = 0; r < c->nranks; r++)
+		if (flags[r] > 0) {
+			n_bad++;
+			if (first_bad < 0)
+				first_bad = r;
+		}
+	double sum_step = flags[c->nranks];
+	free(flags);
+	if (rc) {
+		*err = mine;
+		return rc;
+	}
+	if (n_bad)
+		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+				  "checkpoint failed to load on rank %d", first_bad);
+	if (sum_step != (double)*step * c->nranks)
+		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+				  "the ranks read different checkpoints (was it replaced while "
+				  "loading?)");
+	return 0;
+}

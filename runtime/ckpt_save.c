@@ -1,0 +1,501 @@
+/*
+ * ckpt_save.c — writing a checkpoint (ckpt_save, ckpt_check_dir): records
+ * gathered on rank 0, one safetensors file per component and the manifest
+ * in a temporary directory, published by renames with LATEST as the commit
+ * point, older snapshots pruned (the protocol is described in ckpt.c). It
+ * does not read checkpoints (ckpt_load.c).
+ */
+#include "ckpt_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Bytes written by one save, and the injected failure (testing hook). */
+typedef struct {
+	const ckpt_fault_t *fault;
+	int64_t written;
+} writer_t;
+
+static int write_all(writer_t *w, int fd, const void *data, size_t n)
+{
+	const char *p = data;
+	while (n > 0) {
+		size_t chunk = n;
+		if (w->fault && w->fault->enospc_after > 0) {
+			if (w->written >= w->fault->enospc_after) {
+				errno = ENOSPC;
+				return -1;
+			}
+			chunk = (size_t)SP_MIN((int64_t)n, w->fault->enospc_after - w->written);
+		}
+		ssize_t r = write(fd, p, chunk);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+		w->written += r;
+	}
+	return 0;
+}
+
+static int fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return -1;
+	int rc = fsync(fd), e = errno;
+	close(fd);
+	/* some file systems cannot sync directories */
+	if (rc != 0 && e != EINVAL && e != ENOTSUP) {
+		errno = e;
+		return -1;
+	}
+	return 0;
+}
+
+/* Creates path (truncating), writes a then b, fsyncs; *crc = CRC-32 of the
+ * bytes. */
+static int write_file(writer_t *w, const char *path, const void *a, size_t na,
+		      const void *b, size_t nb, uint32_t *crc, sp_err_t *err)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		return sp_err_set(err, SP_EIO, path, 0, 0, NULL, "cannot create: %s",
+				  strerror(errno));
+	int rc = 0;
+	if (write_all(w, fd, a, na) || (nb && write_all(w, fd, b, nb)))
+		rc = sp_err_set(err, SP_EIO, path, 0, 0, NULL, "write failed: %s", strerror(errno));
+	if (!rc && fsync(fd) != 0 && errno != EINVAL)
+		rc = sp_err_set(err, SP_EIO, path, 0, 0, NULL, "fsync failed: %s", strerror(errno));
+	if (close(fd) != 0 && !rc)
+		rc = sp_err_set(err, SP_EIO, path, 0, 0, NULL, "close failed: %s", strerror(errno));
+	if (crc)
+		*crc = sp_crc32(sp_crc32(0, a, na), b, nb);
+	return rc;
+}
+
+static void remove_tree(const char *dir);
+
+/*
+ * Removes the entries of dir but keep_a and keep_b (either may be NULL).
+ * snaps 0: every entry, each a file; snaps 1: only those named like our
+ * snapshots (and stale .tmp), each a flat directory.
+ */
+static void remove_entries(const char *dir, int snaps, const char *keep_a, const char *keep_b)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	char path[4608];
+	while ((e = readdir(d))) {
+		const char *nm = e->d_name;
+		if (!strcmp(nm, ".") || !strcmp(nm, "..") || (snaps && !ck_snapshot_name(nm, 1)) ||
+		    (keep_a && !strcmp(nm, keep_a)) || (keep_b && !strcmp(nm, keep_b)))
+			continue;
+		snprintf(path, sizeof path, "%s/%s", dir, nm);
+		if (snaps)
+			remove_tree(path);
+		else
+			unlink(path);
+	}
+	closedir(d);
+}
+
+/* Removes a snapshot directory (flat: files only) and its files. */
+static void remove_tree(const char *dir)
+{
+	remove_entries(dir, 0, NULL, NULL);
+	rmdir(dir);
+}
+
+/* Removes every snapshot (and stale .tmp) in dir but keep_a and keep_b. */
+static void prune(const char *dir, const char *keep_a, const char *keep_b)
+{
+	remove_entries(dir, 1, keep_a, keep_b);
+}
+
+/* One component's safetensors file in memory: header JSON + data. rec[]
+ * is sorted and holds every layer of comp exactly once. */
+static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int n, int adam,
+			  char **hdr_out, size_t *hdr_len, uint8_t **data_out, size_t *data_len)
+{
+	const sp_component_t *c = &md->comps[comp];
+	json_t *h = json_object(), *meta = json_object();
+	size_t total = 0;
+	int rc = -1;
+	uint8_t *data = NULL;
+	char *js = NULL;
+	if (!h || !meta)
+		goto cleanup;
+	char dims[200];
+	ck_dims_string(dims, sizeof dims, c);
+	/* safetensors: __metadata__ maps strings to strings */
+	if (json_object_set_new(meta, "format", json_string("spindle.tensors/1")) ||
+	    json_object_set_new(meta, "component", json_string(c->name)) ||
+	    json_object_set_new(meta, "type", json_string(comp_type_name(c->type))) ||
+	    json_object_set_new(meta, "dims", json_string(dims)))
+		goto cleanup;
+	json_object_set_new(h, "__metadata__", meta);
+	meta = NULL;
+	for (int i = 0; i < n; i++)
+		if (rec[i].comp == comp)
+			total += 4 * (size_t)rec[i].count * (adam ? 3 : 1);
+	data = malloc(total + 1);
+	if (!data)
+		goto cleanup;
+	size_t o = 0;
+	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};
+	layer_tensor_t t[12];
+	int nt = layer_tensors(c, t);
+	for (int part = 0; part < (adam ? 3 : 1); part++)
+		for (int i = 0; i < n; i++) {
+			if (rec[i].comp != comp)
+				continue;
+			for (int q = 0; q < nt; q++) {
+				char key[128];
+				snprintf(key, sizeof key, "l%d.%s%s", rec[i].layer, t[q].name, sfx[part]);
+				size_t nb = 4 * (size_t)(t[q].rows * t[q].cols);
+				json_t *d = json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape",
+						      ck_tensor_shape(&t[q]), "data_offsets",
+						      (json_int_t)o, (json_int_t)(o + nb));
+				if (!d || json_object_set_new(h, key, d))
+					goto cleanup;
+				memcpy(data + o,
+				       rec[i].data + (size_t)part * (size_t)rec[i].count + t[q].offset, nb);
+				o += nb;
+			}
+		}
+	js = json_dumps(h, JSON_SORT_KEYS | JSON_COMPACT);
+	if (!js)
+		goto cleanup;
+	*hdr_len = strlen(js);
+	*hdr_out = js;
+	js = NULL;
+	*data_out = data;
+	*data_len = o;
+	data = NULL;
+	rc = 0;
+cleanup:
+	json_decref(h);
+	json_decref(meta);
+	free(data);
+	free(js);
+	return rc;
+}
+
+/* Every parameter layer of the model is in rec[] exactly once, with the
+ * model's size (rec[] sorted). */
+static int check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err)
+{
+	int i = 0;
+	for (int c = 0; c < md->n_comps; c++) {
+		if (md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++, i++)
+			if (i >= n || rec[i].comp != c || rec[i].layer != l ||
+			    rec[i].count != comp_layer_params(&md->comps[c]))
+				return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "checkpoint records: layer %d of component '%s' is "
+						  "missing, repeated or of the wrong size",
+						  l, md->comps[c].name);
+	}
+	if (i != n)
+		return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "checkpoint records: %d records for %d layers", n, i);
+	return 0;
+}
+
+static void fault_kill(void)
+{
+	fprintf(stderr, "spindle-run: rank 0: killing itself in a checkpoint save (fault "
+			"injection)\n");
+	fflush(stderr);
+	raise(SIGKILL);
+}
+
+/* One snapshot being saved by rank 0: where it goes and how far it got. */
+typedef struct {
+	const sp_plan_t *p;
+	const char *dir;
+	int64_t step;
+	const ckpt_fault_t *fault;
+	writer_t w;
+	char name[64], tmp[4200], fin[4096], prev[256];
+	int renamed, published;
+} snap_t;
+
+/* The checkpoint directory, the previous LATEST, a fresh snapshot name
+ * (never overwriting a snapshot, published or not) and its temporary
+ * directory, created empty. */
+static int snap_begin(snap_t *S, sp_err_t *err)
+{
+	if (mkdir(S->dir, 0755) != 0 && errno != EEXIST)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL,
+				  "cannot create the checkpoint directory: %s", strerror(errno));
+	if (ck_read_latest(S->dir, S->prev, sizeof S->prev))
+		S->prev[0] = 0;
+	struct stat sb;
+	snprintf(S->name, sizeof S->name, "step-%08lld", (long long)S->step);
+	snprintf(S->fin, sizeof S->fin, "%s/%s", S->dir, S->name);
+	for (int k = 2; lstat(S->fin, &sb) == 0 && k < 1000000; k++) {
+		snprintf(S->name, sizeof S->name, "step-%08lld-%d", (long long)S->step, k);
+		snprintf(S->fin, sizeof S->fin, "%s/%s", S->dir, S->name);
+	}
+	snprintf(S->tmp, sizeof S->tmp, "%s.tmp", S->fin);
+	remove_tree(S->tmp);
+	if (mkdir(S->tmp, 0755) != 0) {
+		int rc = sp_err_set(err, SP_EIO, S->tmp, 0, 0, NULL,
+				    "cannot create the checkpoint's temporary directory: %s",
+				    strerror(errno));
+		S->tmp[0] = 0; /* nothing of ours to remove */
+		return rc;
+	}
+	return 0;
+}
+
+/* Component c's safetensors file in the temporary directory, and its
+ * entry (name, bytes, CRC) appended to files. */
+static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *files,
+			  sp_err_t *err)
+{
+	const sp_model_t *md = &S->p->model;
+	char *hdr = NULL, path[4608];
+	uint8_t *data = NULL, *head = NULL;
+	size_t hl = 0, dl = 0;
+	int rc = 0;
+	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &hdr, &hl, &data, &dl))
+		goto nomem;
+	/* header padded with spaces to 8 bytes, as safetensors allows */
+	size_t padded = (hl + 7) & ~(size_t)7;
+	if (!(head = malloc(8 + padded)))
+		goto nomem;
+	uint64_t len = padded;
+	for (int i = 0; i < 8; i++)
+		head[i] = (uint8_t)(len >> (8 * i));
+	memcpy(head + 8, hdr, hl);
+	memset(head + 8 + hl, ' ', padded - hl);
+	snprintf(path, sizeof path, "%s/%s.safetensors", S->tmp, md->comps[c].name);
+	uint32_t crc = 0;
+	if ((rc = write_file(&S->w, path, head, 8 + padded, data, dl, &crc, err)))
+		goto done;
+	char crcs[16];
+	snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
+	json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name, "file",
+			      strrchr(path, '/') + 1, "bytes", (json_int_t)(8 + padded + dl),
+			      "crc32", crcs);
+	if (!f || json_array_append_new(files, f))
+		goto nomem;
+	goto done;
+nomem:
+	rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+done:
+	free(head);
+	free(hdr);
+	free(data);
+	return rc;
+}
+
+/* manifest.json (takes files), then the temporary directory synced. */
+static int snap_manifest(snap_t *S, uint64_t seed, json_t *files, sp_err_t *err)
+{
+	const sp_model_t *md = &S->p->model;
+	char hash[32], mcrc[9], path[4608], *ms = NULL;
+	json_t *man = json_object();
+	int rc = 0;
+	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)S->p->model_hash);
+	if (!man) {
+		json_decref(files);
+		return sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+	}
+	json_object_set_new(man, "format", json_string(CKPT_FORMAT));
+	json_object_set_new(man, "model", json_string(md->name));
+	json_object_set_new(man, "model_hash", json_string(hash));
+	json_object_set_new(man, "step", json_integer(S->step));
+	json_object_set_new(man, "seed", json_integer((json_int_t)seed));
+	json_object_set_new(man, "data_position", json_integer(S->step + 1));
+	json_object_set_new(man, "optimizer",
+			    json_string(md->opt.kind == OPT_ADAMW ? "adamw" : "sgd"));
+	json_object_set_new(man, "files", files);
+	if (ck_manifest_crc(man, mcrc) ||
+	    json_object_set_new(man, "manifest_crc32", json_string(mcrc)) ||
+	    !(ms = json_dumps(man, JSON_INDENT(2) | JSON_SORT_KEYS))) {
+		rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
+	} else {
+		snprintf(path, sizeof path, "%s/manifest.json", S->tmp);
+		rc = write_file(&S->w, path, ms, strlen(ms), "\n", 1, NULL, err);
+	}
+	if (!rc && fsync_dir(S->tmp) != 0)
+		rc = sp_err_set(err, SP_EIO, S->tmp, 0, 0, NULL, "fsync failed: %s",
+				strerror(errno));
+	json_decref(man);
+	free(ms);
+	return rc;
+}
+
+/* The temporary directory renamed to its final name, then the commit
+ * point: LATEST names the new snapshot; older ones pruned. */
+static int snap_publish(snap_t *S, sp_err_t *err)
+{
+	const ckpt_fault_t *fault = S->fault;
+	char line[80], path[4608], latest[4608];
+	if (fault && fault->kill_step == S->step && !fault->kill_latest)
+		fault_kill();
+	if (rename(S->tmp, S->fin) != 0)
+		return sp_err_set(err, SP_EIO, S->fin, 0, 0, NULL,
+				  "cannot publish the checkpoint: %s", strerror(errno));
+	S->renamed = 1;
+	if (fsync_dir(S->dir) != 0)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL, "fsync failed: %s",
+				  strerror(errno));
+	if (fault && fault->kill_step == S->step && fault->kill_latest)
+		fault_kill();
+	snprintf(line, sizeof line, "%s\n", S->name);
+	snprintf(path, sizeof path, "%s/LATEST.tmp", S->dir);
+	snprintf(latest, sizeof latest, "%s/LATEST", S->dir);
+	int rc = write_file(&S->w, path, line, strlen(line), NULL, 0, NULL, err);
+	if (!rc && rename(path, latest) != 0)
+		rc = sp_err_set(err, SP_EIO, latest, 0, 0, NULL, "cannot replace: %s",
+				strerror(errno));
+	if (rc) {
+		unlink(path);
+		return rc;
+	}
+	S->published = 1;
+	if (fsync_dir(S->dir) != 0)
+		return sp_err_set(err, SP_EIO, S->dir, 0, 0, NULL,
+				  "fsync failed after publishing '%s': %s", S->name,
+				  strerror(errno));
+	prune(S->dir, S->name, S->prev[0] ? S->prev : NULL);
+	return 0;
+}
+
+static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_t seed,
+		      const void *all, size_t total, const ckpt_fault_t *fault, sp_err_t *err)
+{
+	const sp_model_t *md = &p->model;
+	snap_t S = {.p = p, .dir = dir, .step = step, .fault = fault, .w = {fault, 0}};
+	rec_t *rec = NULL;
+	json_t *files = NULL;
+	int n = 0, rc;
+	if (ck_parse_records(all, total, md->opt.kind == OPT_ADAMW ? 3 : 1, &rec, &n)) {
+		free(rec);
+		return sp_err_set(err, SP_EINTERNAL, dir, 0, 0, NULL, "bad parameter records");
+	}
+	qsort(rec, (size_t)n, sizeof *rec, ck_cmp_rec);
+	if ((rc = check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
+		goto cleanup;
+	if (!(files = json_array())) {
+		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	for (int c = 0; c < md->n_comps && !rc; c++)
+		if (md->comps[c].type != COMP_CONTRASTIVE)
+			rc = snap_component(&S, c, rec, n, files, err);
+	if (rc)
+		goto cleanup;
+	rc = snap_manifest(&S, seed, files, err);
+	files = NULL; /* the manifest took it */
+	if (!rc)
+		rc = snap_publish(&S, err);
+cleanup:
+	if (rc && !S.published && S.tmp[0]) {
+		remove_tree(S.renamed ? S.fin : S.tmp);
+		if (S.renamed)
+			fsync_dir(dir);
+	}
+	json_decref(files);
+	free(rec);
+	return rc;
+}
+
+int ckpt_check_dir(const char *dir, int *created, sp_err_t *err)
+{
+	*created = 0;
+	if (strlen(dir) > 2000)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
+	if (mkdir(dir, 0755) == 0)
+		*created = 1;
+	else if (errno != EEXIST) {
+		int e = errno;
+		sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+			   "cannot create the checkpoint directory: %s", strerror(e));
+		if (e == ENOENT)
+			sp_err_hint(err, "create its parent directory first");
+		return err->code;
+	}
+	struct stat sb;
+	if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+				  "the checkpoint path exists and is not a directory");
+	char probe[2100];
+	snprintf(probe, sizeof probe, "%s/.probe.%ld", dir, (long)getpid());
+	int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0) {
+		int e = errno;
+		if (*created)
+			rmdir(dir);
+		*created = 0;
+		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
+				  "cannot write in the checkpoint directory: %s", strerror(e));
+	}
+	close(fd);
+	unlink(probe);
+	return 0;
+}
+
+int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
+	      int64_t step, uint64_t seed, const ckpt_fault_t *fault, sp_err_t *err)
+{
+	if (strlen(dir) > 2000)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
+	void *mine = NULL, *all = NULL;
+	size_t bytes = 0, *sizes = NULL;
+	double bad = 0;
+	if (rt_pack_owned(st, 1, &mine, &bytes)) {
+		sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
+			   "rank %d: out of memory packing the checkpoint", c->rank);
+		mine = NULL;
+		bytes = 0;
+		bad = 1;
+	}
+	/* every rank takes part in every collective, failed or not */
+	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
+	free(mine);
+	if (comm || c->ops->allsum(c, &bad, 1)) {
+		free(all);
+		free(sizes);
+		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
+				  "rank %d: gathering the checkpoint of step %lld failed", c->rank,
+				  (long long)step);
+	}
+	if (c->rank == 0 && !bad) {
+		size_t total = 0;
+		for (int r = 0; r < c->nranks; r++)
+			total += sizes[r];
+		if (save_rank0(p, dir, step, seed, all, total, fault, err))
+			bad = 1;
+	}
+	free(all);
+	free(sizes);
+	/* every rank learns whether the save succeeded */
+	if (c->ops->allsum(c, &bad, 1))
+		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
+				  "rank %d: checkpoint of step %lld: communication failed", c->rank,
+				  (long long)step);
+	if (bad > 0)
+		return sp_err_set(err, SP_EIO, dir, 0, 0, NULL,
+				  "checkpoint of step %lld failed on rank 0", (long long)step);
+	return 0;
+}

@@ -1,38 +1,39 @@
 /*
  * cuda/comm_nccl.c — the CUDA backend's data plane: device buffers move over
  * NCCL while the host collectives (allsum, gather, barrier) stay on the
- * comm it wraps (MPI, or the local single rank). It does not pick devices
- * (cu_runtime.cu does) and never touches the interpreter's buffers beyond
- * the pointers it is given.
+ * comm it wraps (MPI, or the local single rank). It fills the progress
+ * engine's primitive table (nccl_engine.h) with NCCL and CUDA calls and
+ * maps rt_comm_t's entries onto the engine; every decision about order and
+ * waiting is the engine's. It does not pick devices (cu_runtime.cu does)
+ * and never touches the interpreter's buffers beyond the pointers it is
+ * given.
  *
- * Communicators (all non-blocking, so nothing here can hang: every wait
- * polls ncclCommGetAsyncError against SPINDLE_NCCL_TIMEOUT, default 300 s,
- * and aborts the communicator on error or timeout, naming rank and peer):
- *   world    created once in comm_nccl_start: rank 0's ncclUniqueId is
- *            spread with the wrapped comm's allsum (one double per byte);
- *   groups   one per sync bucket with more than one member, ncclCommSplit
- *            of world (collective, in bucket order, like comm_mpi.c's
- *            MPI_Comm_split), each with its own stream so an all-reduce
- *            overlaps later backward work on the compute stream; a group
- *            of one is a no-op;
- *   channels one two-rank communicator per direction of each pair that
- *            exchanges data, created on first use.
+ * Communicators are all non-blocking (config.blocking = 0): no NCCL call
+ * here waits for a peer. Start-up (the only loops that wait, each polling
+ * with SPINDLE_NCCL_TIMEOUT, default 300 s, and aborting with a message
+ * naming rank and peer):
+ *   comm_nccl_start    the world communicator: rank 0's ncclUniqueId is
+ *                      spread with the wrapped comm's allsum;
+ *   comm_nccl_prepare  everything the plan needs, in the plan's global
+ *                      order (ne_prepare): one communicator per sync
+ *                      bucket with several members, one per direction of
+ *                      each pair that exchanges data, all split from world,
+ *                      each warmed up with a 4-byte operation.
+ * After that group_create only hands out the buckets' communicators.
  *
- * Point-to-point keeps MPI's semantics (sends never block the sender's
- * later receives; messages match by tag) although NCCL has neither tags
- * nor independent operations on one communicator:
- *   - each direction has its own communicator and stream, so a pending
- *     send never sits in front of a receive;
- *   - receives drive the order: irecv sends the sender a clear-to-send
- *     message {tag, bytes} on the wrapped comm (tag CTRL_TAG) and enqueues
- *     ncclRecv; the sender enqueues its ncclSends in the order the
- *     clear-to-send messages arrive, matched by tag, so both sides of a
- *     channel enqueue the same sequence. The first message on a channel
- *     also carries the ncclUniqueId the receiver made for it.
- * Sends are grouped (ncclGroupStart/End) when several become ready at
- * once. Completion is polled with cudaEventQuery from test().
+ * Split configuration (split_config): splitShare = 1, so the children
+ * reuse world's proxy thread and buffers instead of each allocating its
+ * own (a plan with many peers and buckets otherwise holds dozens of
+ * full-size communicators); maxCTAs bounded so that the kernels of every
+ * communicator of a rank can be resident at once: NCCL guarantees progress
+ * of concurrent operations on different communicators only when their
+ * kernels are co-resident, and a send kernel waiting for its peer must not
+ * keep a receive kernel of another channel from being scheduled. The bound
+ * is the SM count divided by the number of communicators (at least 1, at
+ * most 16).
  */
 #include "cuda_backend.h"
+#include "nccl_engine.h"
 #include "runtime.h"
 
 #include <cuda_runtime_api.h>
@@ -43,126 +44,58 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CTRL_TAG 32767
 #define REQ_NCCL 0x4e43 /* rt_req_t.kind of our requests */
-
-typedef struct {
-	int32_t tag, fresh;
-	int64_t bytes;
-	ncclUniqueId id;
-} cts_msg_t;
-
-enum { OP_SEND, OP_RECV, OP_ALLREDUCE };
-enum { ST_WAIT_CTS, ST_MATCHED, ST_WAIT_CHAN, ST_LAUNCHED, ST_DONE, ST_FAILED };
-
-typedef struct nop {
-	int kind, state, peer, tag, group;
-	long seq; /* sends: order of their clear-to-send */
-	void *buf;
-	size_t bytes;
-	cudaEvent_t ev;
-	cts_msg_t cts;    /* receives: the clear-to-send message */
-	rt_req_t cts_req; /* receives: its host send (kind 0 once complete) */
-	struct nop *next;
-} nop_t;
-
-typedef struct {
-	ncclComm_t comm; /* NULL until created */
-	cudaStream_t stream;
-	int ready, failed;
-	double t_start;
-} chan_t;
-
-typedef struct {
-	chan_t out, in;  /* out: this rank sends (comm rank 0); in: receives (rank 1) */
-	cts_msg_t *fifo; /* clear-to-send messages not yet matched, in arrival order */
-	int n_fifo, cap_fifo;
-	cts_msg_t ctrl_buf;
-	rt_req_t ctrl_req;
-	int ctrl_posted;
-	long seq;
-} peer_t;
-
-typedef struct {
-	ncclComm_t comm; /* NULL: a group of one */
-	cudaStream_t stream;
-} group_t;
 
 typedef struct {
 	rt_comm_t inner;
 	char host[64];
 	double timeout_s;
 	ncclComm_t world;
-	group_t *groups;
-	int n_groups, cap_groups;
-	peer_t *peers;
-	nop_t *ops; /* live operations, in posting order */
+	ne_engine_t *eng;
 	cudaEvent_t ready_ev;
+	float *warm;       /* device: the warm-up operations' buffer */
+	int max_ctas;      /* for splits; set by comm_nccl_prepare */
+	int n_groups_made; /* group_create calls so far (bucket index) */
 	int started;
 } nccl_impl_t;
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static nccl_impl_t *impl(rt_comm_t *c)
 {
 	return c->impl;
 }
 
-static void report(nccl_impl_t *im, const char *what, int peer, const char *detail)
+static void report(nccl_impl_t *im, const char *what, const char *detail)
 {
-	if (peer >= 0)
-		fprintf(stderr, "spindle-run: rank %d on %s: nccl: %s rank %d: %s\n",
-			im->inner.rank, im->host, what, peer, detail);
-	else
-		fprintf(stderr, "spindle-run: rank %d on %s: nccl: %s: %s\n", im->inner.rank,
-			im->host, what, detail);
+	fprintf(stderr, "spindle-run: rank %d on %s: nccl: %s: %s\n", im->inner.rank, im->host,
+		what, detail);
 	fflush(stderr);
 }
 
-static void report_nccl(nccl_impl_t *im, const char *what, int peer, ncclComm_t comm,
-			ncclResult_t r)
+/* ---- the engine's primitives: NCCL and CUDA ---- */
+
+static int nres(ncclResult_t r)
 {
-	char msg[512];
-	const char *last = comm ? ncclGetLastError(comm) : NULL;
-	snprintf(msg, sizeof msg, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "",
-		 last ? last : "");
-	report(im, what, peer, msg);
+	return r == ncclSuccess ? NE_OK : r == ncclInProgress ? NE_PENDING : NE_ERR;
 }
 
-/*
- * Waits until a non-blocking communicator has finished its pending call
- * (init, split, or enqueueing a group). On error or timeout it is aborted
- * (*comm becomes NULL) and -1 returned.
- */
-static int wait_comm(nccl_impl_t *im, ncclComm_t *comm, const char *what, int peer)
+static int cres(cudaError_t e)
 {
-	double deadline = now_s() + im->timeout_s;
-	struct timespec nap = {0, 100000};
-	for (;;) {
-		ncclResult_t st = ncclSuccess;
-		ncclResult_t r = ncclCommGetAsyncError(*comm, &st);
-		if (r != ncclSuccess)
-			st = r;
-		if (st == ncclSuccess)
-			return 0;
-		if (st != ncclInProgress) {
-			report_nccl(im, what, peer, *comm, st);
-			break;
-		}
-		if (now_s() > deadline) {
-			report(im, what, peer, "timed out; aborting the communicator");
-			break;
-		}
-		nanosleep(&nap, NULL);
+	if (e == cudaSuccess)
+		return NE_OK;
+	if (e == cudaErrorNotReady) {
+		cudaGetLastError();
+		return NE_PENDING;
 	}
-	ncclCommAbort(*comm);
-	*comm = NULL;
-	return -1;
+	cudaGetLastError();
+	return NE_ERR;
+}
+
+static double p_now(void *ctx)
+{
+	(void)ctx;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static ncclConfig_t nb_config(void)
@@ -172,441 +105,214 @@ static ncclConfig_t nb_config(void)
 	return cfg;
 }
 
-/* ---- operations ---- */
-
-static nop_t *op_new(nccl_impl_t *im, int kind, int peer, int tag, void *buf, size_t bytes)
+static ncclConfig_t split_config(const nccl_impl_t *im)
 {
-	nop_t *op = calloc(1, sizeof *op);
-	if (!op)
-		return NULL;
-	if (cudaEventCreateWithFlags(&op->ev, cudaEventDisableTiming) != cudaSuccess) {
-		cudaGetLastError();
-		free(op);
-		return NULL;
-	}
-	op->kind = kind;
-	op->peer = peer;
-	op->tag = tag;
-	op->buf = buf;
-	op->bytes = bytes;
-	op->group = -1;
-	nop_t **tail = &im->ops;
-	while (*tail)
-		tail = &(*tail)->next;
-	*tail = op;
-	return op;
+	ncclConfig_t cfg = nb_config();
+	cfg.splitShare = 1;
+	if (im->max_ctas > 0)
+		cfg.maxCTAs = im->max_ctas;
+	return cfg;
 }
 
-static void op_free(nccl_impl_t *im, nop_t *op)
+static int p_split(void *ctx, void *parent, int color, int key, void **out)
 {
-	for (nop_t **p = &im->ops; *p; p = &(*p)->next)
-		if (*p == op) {
-			*p = op->next;
-			break;
-		}
-	cudaEventDestroy(op->ev);
-	free(op);
+	ncclConfig_t cfg = split_config(ctx);
+	ncclComm_t nc = NULL;
+	int r = nres(ncclCommSplit((ncclComm_t)parent, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+				   key, &nc, &cfg));
+	*out = nc;
+	return r;
 }
 
-static chan_t *op_chan(nccl_impl_t *im, nop_t *op)
+static int p_status(void *ctx, void *comm)
 {
-	return op->kind == OP_SEND ? &im->peers[op->peer].out : &im->peers[op->peer].in;
+	(void)ctx;
+	ncclResult_t st = ncclSuccess;
+	ncclResult_t r = ncclCommGetAsyncError((ncclComm_t)comm, &st);
+	return nres(r != ncclSuccess ? r : st);
 }
 
-static ncclComm_t op_comm(nccl_impl_t *im, nop_t *op)
+static void p_abort(void *ctx, void *comm)
 {
-	if (op->kind == OP_ALLREDUCE)
-		return im->groups[op->group].comm;
-	return op_chan(im, op)->comm;
+	(void)ctx;
+	ncclCommAbort((ncclComm_t)comm);
 }
 
-/* "send to rank 3 (tag 17)", "all-reduce of sync group 2" */
-static const char *op_desc(const nop_t *op, char *buf, size_t n)
+static int p_finalize(void *ctx, void *comm)
 {
-	if (op->kind == OP_ALLREDUCE)
-		snprintf(buf, n, "all-reduce of sync group %d", op->group);
-	else
-		snprintf(buf, n, "%s rank %d (tag %d)", op->kind == OP_SEND ? "send to" : "receive from",
-			 op->peer, op->tag);
-	return buf;
+	(void)ctx;
+	return nres(ncclCommFinalize((ncclComm_t)comm));
+}
+
+static void p_destroy(void *ctx, void *comm)
+{
+	(void)ctx;
+	ncclCommDestroy((ncclComm_t)comm);
+}
+
+static const char *p_why(void *ctx, void *comm)
+{
+	(void)ctx;
+	const char *w = comm ? ncclGetLastError((ncclComm_t)comm) : NULL;
+	return w && *w ? w : "NCCL error";
+}
+
+static int p_group_start(void *ctx)
+{
+	(void)ctx;
+	return nres(ncclGroupStart());
+}
+
+static int p_group_end(void *ctx)
+{
+	(void)ctx;
+	return nres(ncclGroupEnd());
+}
+
+static int p_send(void *ctx, const void *buf, size_t bytes, int peer, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclSend(buf, bytes, ncclUint8, peer, (ncclComm_t)comm, (cudaStream_t)s));
+}
+
+static int p_recv(void *ctx, void *buf, size_t bytes, int peer, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclRecv(buf, bytes, ncclUint8, peer, (ncclComm_t)comm, (cudaStream_t)s));
+}
+
+static int p_allreduce(void *ctx, float *buf, size_t n, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, (ncclComm_t)comm,
+				  (cudaStream_t)s));
+}
+
+static int p_stream_new(void *ctx, void **out)
+{
+	(void)ctx;
+	cudaStream_t s = NULL;
+	int r = cres(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	*out = s;
+	return r == NE_OK ? NE_OK : NE_ERR;
+}
+
+static void p_stream_free(void *ctx, void *s)
+{
+	(void)ctx;
+	cudaStreamDestroy((cudaStream_t)s);
+}
+
+static int p_event_new(void *ctx, void **out)
+{
+	(void)ctx;
+	cudaEvent_t ev = NULL;
+	int r = cres(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	*out = ev;
+	return r == NE_OK ? NE_OK : NE_ERR;
+}
+
+static void p_event_free(void *ctx, void *ev)
+{
+	(void)ctx;
+	cudaEventDestroy((cudaEvent_t)ev);
 }
 
 /* The channel's stream waits for the compute stream: buffers written there
- * (staging copies) are complete, and ones read there (the previous
- * receive's copy-out) are free. */
-static int after_compute(nccl_impl_t *im, cudaStream_t s)
+ * (staging copies) are complete, and ones read there are free. */
+static int p_after_compute(void *ctx, void *s)
 {
+	nccl_impl_t *im = ctx;
 	if (cudaEventRecord(im->ready_ev, (cudaStream_t)cu_stream()) != cudaSuccess ||
-	    cudaStreamWaitEvent(s, im->ready_ev, 0) != cudaSuccess) {
-		report(im, "ordering after the compute stream", -1,
-		       cudaGetErrorString(cudaGetLastError()));
-		return -1;
+	    cudaStreamWaitEvent((cudaStream_t)s, im->ready_ev, 0) != cudaSuccess) {
+		report(im, "ordering after the compute stream", cudaGetErrorString(cudaGetLastError()));
+		return NE_ERR;
 	}
-	return 0;
+	return NE_OK;
 }
 
-static int chan_create(nccl_impl_t *im, chan_t *ch, ncclUniqueId id, int my_rank, int peer)
+static int p_record(void *ctx, void *ev, void *s)
 {
-	ncclConfig_t cfg = nb_config();
-	if (cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking) != cudaSuccess) {
-		report(im, "creating a stream for", peer, cudaGetErrorString(cudaGetLastError()));
-		ch->failed = 1;
-		return -1;
-	}
-	ncclResult_t r = ncclCommInitRankConfig(&ch->comm, 2, id, my_rank, &cfg);
-	if (r != ncclSuccess && r != ncclInProgress) {
-		report_nccl(im, "creating the channel with", peer, NULL, r);
-		ch->comm = NULL;
-		ch->failed = 1;
-		return -1;
-	}
-	ch->t_start = now_s();
-	ch->ready = 0;
-	return 0;
+	(void)ctx;
+	return cres(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s)) == NE_OK ? NE_OK : NE_ERR;
 }
 
-/* Polls a channel under creation; fails it on error or timeout. */
-static void chan_poll(nccl_impl_t *im, chan_t *ch, int peer)
+static int p_query(void *ctx, void *ev)
 {
-	if (!ch->comm || ch->ready || ch->failed)
-		return;
-	ncclResult_t st = ncclSuccess;
-	ncclResult_t r = ncclCommGetAsyncError(ch->comm, &st);
-	if (r != ncclSuccess)
-		st = r;
-	if (st == ncclSuccess) {
-		ch->ready = 1;
-		return;
-	}
-	if (st == ncclInProgress && now_s() - ch->t_start < im->timeout_s)
-		return;
-	if (st == ncclInProgress)
-		report(im, "creating the channel with", peer, "timed out; aborting it");
-	else
-		report_nccl(im, "creating the channel with", peer, ch->comm, st);
-	ncclCommAbort(ch->comm);
-	ch->comm = NULL;
-	ch->failed = 1;
-	for (nop_t *op = im->ops; op; op = op->next)
-		if (op->kind != OP_ALLREDUCE && op->peer == peer && op_chan(im, op) == ch &&
-		    op->state != ST_DONE)
-			op->state = ST_FAILED;
+	(void)ctx;
+	return cres(cudaEventQuery((cudaEvent_t)ev));
 }
 
-/* Enqueues ops[0..n) (all on one channel) as one group; records their events. */
-static int launch(nccl_impl_t *im, chan_t *ch, nop_t **ops, int n, int peer)
-{
-	if (after_compute(im, ch->stream)) {
-		for (int i = 0; i < n; i++)
-			ops[i]->state = ST_FAILED;
-		return -1;
-	}
-	ncclResult_t r = ncclGroupStart();
-	for (int i = 0; i < n && r == ncclSuccess; i++)
-		r = ops[i]->kind == OP_SEND
-			    ? ncclSend(ops[i]->buf, ops[i]->bytes, ncclUint8, 1, ch->comm, ch->stream)
-			    : ncclRecv(ops[i]->buf, ops[i]->bytes, ncclUint8, 0, ch->comm,
-				       ch->stream);
-	ncclResult_t r2 = ncclGroupEnd();
-	if (r == ncclSuccess)
-		r = r2;
-	if (r == ncclInProgress)
-		r = wait_comm(im, &ch->comm, ops[0]->kind == OP_SEND ? "send to" : "receive from",
-			      peer)
-			    ? ncclInternalError
-			    : ncclSuccess;
-	if (r != ncclSuccess) {
-		if (ch->comm) {
-			report_nccl(im, ops[0]->kind == OP_SEND ? "send to" : "receive from", peer,
-				    ch->comm, r);
-			ncclCommAbort(ch->comm);
-			ch->comm = NULL;
-		}
-		ch->failed = 1;
-		for (int i = 0; i < n; i++)
-			ops[i]->state = ST_FAILED;
-		return -1;
-	}
-	for (int i = 0; i < n; i++) {
-		if (cudaEventRecord(ops[i]->ev, ch->stream) != cudaSuccess) {
-			report(im, "recording an event for", peer,
-			       cudaGetErrorString(cudaGetLastError()));
-			ops[i]->state = ST_FAILED;
-			continue;
-		}
-		ops[i]->state = ST_LAUNCHED;
-	}
-	return 0;
-}
-
-/* Handles one clear-to-send from peer p. */
-static int got_cts(nccl_impl_t *im, int p, const cts_msg_t *m)
-{
-	peer_t *pe = &im->peers[p];
-	if (m->fresh && !pe->out.comm && !pe->out.failed && chan_create(im, &pe->out, m->id, 0, p))
-		return -1;
-	if (SP_PUSH(pe->fifo, pe->n_fifo, pe->cap_fifo, *m))
-		return -1;
-	return 0;
-}
-
-/* Moves the ops along: control messages, matching, channel set-up,
- * launches, completions. Returns -1 when the wrapped comm fails. */
-static int progress(nccl_impl_t *im)
-{
-	int n = im->inner.nranks;
-	for (int p = 0; p < n; p++) {
-		peer_t *pe = &im->peers[p];
-		if (pe->ctrl_posted) {
-			int done = 0;
-			if (im->inner.ops->test(&im->inner, &pe->ctrl_req, &done))
-				return -1;
-			if (done) {
-				pe->ctrl_posted = 0;
-				if (got_cts(im, p, &pe->ctrl_buf))
-					return -1;
-			}
-		}
-		/* match the clear-to-send messages in arrival order */
-		while (pe->n_fifo > 0) {
-			nop_t *hit = NULL;
-			for (nop_t *op = im->ops; op && !hit; op = op->next)
-				if (op->kind == OP_SEND && op->peer == p && op->state == ST_WAIT_CTS &&
-				    op->tag == pe->fifo[0].tag)
-					hit = op;
-			if (!hit)
-				break;
-			if ((int64_t)hit->bytes != pe->fifo[0].bytes) {
-				char msg[160];
-				snprintf(msg, sizeof msg,
-					 "size mismatch on tag %d: sending %zu bytes, the receiver "
-					 "expects %lld",
-					 hit->tag, hit->bytes, (long long)pe->fifo[0].bytes);
-				report(im, "send to", p, msg);
-				hit->state = ST_FAILED;
-			} else {
-				hit->state = ST_MATCHED;
-				hit->seq = pe->seq++;
-			}
-			memmove(pe->fifo, pe->fifo + 1, sizeof *pe->fifo * (size_t)(pe->n_fifo - 1));
-			pe->n_fifo--;
-		}
-		/* listen for more while sends still wait for theirs */
-		int waiting = 0;
-		for (nop_t *op = im->ops; op; op = op->next)
-			waiting += op->kind == OP_SEND && op->peer == p && op->state == ST_WAIT_CTS;
-		if (!pe->ctrl_posted && waiting > pe->n_fifo) {
-			if (im->inner.ops->irecv(&im->inner, &pe->ctrl_buf, sizeof pe->ctrl_buf, p,
-					    CTRL_TAG, &pe->ctrl_req))
-				return -1;
-			pe->ctrl_posted = 1;
-		}
-		chan_poll(im, &pe->out, p);
-		chan_poll(im, &pe->in, p);
-	}
-	/* launch: sends in clear-to-send order, receives in posting order */
-	for (int p = 0; p < n; p++) {
-		peer_t *pe = &im->peers[p];
-		nop_t *batch[64];
-		int nb = 0;
-		if (pe->out.ready && pe->out.comm) {
-			for (;;) {
-				nop_t *first = NULL;
-				for (nop_t *op = im->ops; op; op = op->next)
-					if (op->kind == OP_SEND && op->peer == p &&
-					    op->state == ST_MATCHED && (!first || op->seq < first->seq))
-						first = op;
-				if (!first || nb == 64)
-					break;
-				first->state = ST_WAIT_CHAN; /* taken */
-				batch[nb++] = first;
-			}
-			if (nb)
-				launch(im, &pe->out, batch, nb, p);
-		}
-		nb = 0;
-		if (pe->in.ready && pe->in.comm) {
-			for (nop_t *op = im->ops; op && nb < 64; op = op->next)
-				if (op->kind == OP_RECV && op->peer == p && op->state == ST_WAIT_CHAN)
-					batch[nb++] = op;
-			if (nb)
-				launch(im, &pe->in, batch, nb, p);
-		}
-	}
-	/* completions */
-	for (nop_t *op = im->ops; op; op = op->next) {
-		if (op->kind == OP_RECV && op->cts_req.kind) {
-			int done = 0;
-			if (im->inner.ops->test(&im->inner, &op->cts_req, &done))
-				return -1;
-		}
-		if (op->state != ST_LAUNCHED)
-			continue;
-		cudaError_t e = cudaEventQuery(op->ev);
-		if (e == cudaSuccess) {
-			op->state = ST_DONE;
-			continue;
-		}
-		char desc[96];
-		if (e != cudaErrorNotReady) {
-			report(im, op_desc(op, desc, sizeof desc), -1, cudaGetErrorString(e));
-			op->state = ST_FAILED;
-			continue;
-		}
-		ncclComm_t comm = op_comm(im, op);
-		ncclResult_t st = ncclSuccess;
-		if (comm && ncclCommGetAsyncError(comm, &st) == ncclSuccess && st != ncclSuccess &&
-		    st != ncclInProgress) {
-			report_nccl(im, op_desc(op, desc, sizeof desc), -1, comm, st);
-			ncclCommAbort(comm);
-			if (op->kind == OP_ALLREDUCE)
-				im->groups[op->group].comm = NULL;
-			else {
-				op_chan(im, op)->comm = NULL;
-				op_chan(im, op)->failed = 1;
-			}
-			for (nop_t *o = im->ops; o; o = o->next)
-				if (o->state == ST_LAUNCHED && op_comm(im, o) == NULL)
-					o->state = ST_FAILED;
-			op->state = ST_FAILED;
-		}
-	}
-	return 0;
-}
+static const ne_prims_t nccl_prims = {
+	.now = p_now, .split = p_split, .status = p_status, .abort = p_abort,
+	.finalize = p_finalize, .destroy = p_destroy, .why = p_why,
+	.group_start = p_group_start, .group_end = p_group_end, .send = p_send, .recv = p_recv,
+	.allreduce = p_allreduce, .stream_new = p_stream_new, .stream_free = p_stream_free,
+	.event_new = p_event_new, .event_free = p_event_free, .after_compute = p_after_compute,
+	.record = p_record, .query = p_query,
+};
 
 /* ---- rt_comm_t entry points ---- */
+
+static int n_post_ok(nccl_impl_t *im)
+{
+	if (im->eng && ne_prepared(im->eng))
+		return 1;
+	report(im, "moving device buffers",
+	       "the plan's communicators were not made at start-up (comm_nccl_prepare)");
+	return 0;
+}
 
 static int n_isend(rt_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
 		   rt_req_t *req)
 {
 	nccl_impl_t *im = impl(c);
-	if (!im->started || peer < 0 || peer >= c->nranks || peer == c->rank ||
-	    im->peers[peer].out.failed)
+	ne_op_t *op = NULL;
+	if (!n_post_ok(im) || ne_isend(im->eng, buf, bytes, peer, tag, &op))
 		return -1;
-	nop_t *op = op_new(im, OP_SEND, peer, tag, (void *)buf, bytes);
-	if (!op)
-		return -1;
-	op->state = ST_WAIT_CTS;
 	*req = (rt_req_t){REQ_NCCL, op, peer, tag};
-	return progress(im);
+	return 0;
 }
 
 static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req)
 {
 	nccl_impl_t *im = impl(c);
-	if (!im->started || peer < 0 || peer >= c->nranks || peer == c->rank)
+	ne_op_t *op = NULL;
+	if (!n_post_ok(im) || ne_irecv(im->eng, buf, bytes, peer, tag, &op))
 		return -1;
-	peer_t *pe = &im->peers[peer];
-	if (pe->in.failed)
-		return -1;
-	nop_t *op = op_new(im, OP_RECV, peer, tag, buf, bytes);
-	if (!op)
-		return -1;
-	memset(&op->cts, 0, sizeof op->cts);
-	op->cts.tag = tag;
-	op->cts.bytes = (int64_t)bytes;
-	if (!pe->in.comm) {
-		ncclResult_t r = ncclGetUniqueId(&op->cts.id);
-		if (r != ncclSuccess) {
-			report_nccl(im, "making a unique id for the channel from", peer, NULL, r);
-			op_free(im, op);
-			return -1;
-		}
-		op->cts.fresh = 1;
-		if (chan_create(im, &pe->in, op->cts.id, 1, peer)) {
-			op_free(im, op);
-			return -1;
-		}
-	}
-	op->state = ST_WAIT_CHAN;
-	/* the receive is enqueued (progress) before the sender can match it */
-	if (im->inner.ops->isend(&im->inner, &op->cts, sizeof op->cts, peer, CTRL_TAG,
-				 &op->cts_req)) {
-		op_free(im, op);
-		return -1;
-	}
 	*req = (rt_req_t){REQ_NCCL, op, peer, tag};
-	return progress(im);
+	return 0;
 }
 
+/* Called in bucket order (interp.c's rt_create): the k-th call is bucket
+ * k, whose communicator comm_nccl_prepare made. One rank: groups of one. */
 static int n_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	nccl_impl_t *im = impl(c);
-	int member = comm_member(c, ranks, n);
+	int bucket = im->n_groups_made++;
 	*out = -1;
-	group_t g = {NULL, NULL};
-	if (n > 1) {
-		if (!im->started || !im->world)
-			return -1;
-		ncclConfig_t cfg = nb_config();
-		ncclResult_t r = ncclCommSplit(im->world, member ? 0 : NCCL_SPLIT_NOCOLOR, c->rank,
-					       &g.comm, &cfg);
-		if (r != ncclSuccess && r != ncclInProgress) {
-			report_nccl(im, "splitting a sync group from the world communicator", -1,
-				    im->world, r);
-			return -1;
-		}
-		if (wait_comm(im, &im->world, "splitting a sync group", -1))
-			return -1;
-		if (g.comm && wait_comm(im, &g.comm, "creating a sync group", -1))
-			return -1;
-		if (member && !g.comm)
-			return -1;
-		if (g.comm && cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking) !=
-				      cudaSuccess) {
-			report(im, "creating a sync group stream", -1,
-			       cudaGetErrorString(cudaGetLastError()));
-			return -1;
-		}
-	}
-	if (!member)
+	if (c->nranks == 1) {
+		*out = comm_member(c, ranks, n) ? bucket : -1;
 		return 0;
-	if (SP_PUSH(im->groups, im->n_groups, im->cap_groups, g))
+	}
+	if (!n_post_ok(im) || ne_group_id(im->eng, bucket, out)) {
+		report(im, "creating a sync group", "the plan's buckets and the calls disagree");
 		return -1;
-	*out = im->n_groups - 1;
-	return 0;
+	}
+	return (*out >= 0) == comm_member(c, ranks, n) ? 0 : -1;
 }
 
 static int n_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
 {
 	nccl_impl_t *im = impl(c);
-	if (group < 0 || group >= im->n_groups)
+	ne_op_t *op = NULL;
+	*req = (rt_req_t){0, NULL, -1, group};
+	if (c->nranks == 1)
+		return 0; /* groups of one: the sum is the buffer itself */
+	if (!n_post_ok(im) || ne_iallreduce(im->eng, buf, n, group, &op))
 		return -1;
-	group_t *g = &im->groups[group];
-	if (!g->comm) {
-		/* a group of one: the sum is the buffer itself */
-		*req = (rt_req_t){0, NULL, -1, group};
-		return 0;
-	}
-	nop_t *op = op_new(im, OP_ALLREDUCE, -1, group, buf, sizeof(float) * (size_t)n);
-	if (!op)
-		return -1;
-	op->group = group;
-	if (after_compute(im, g->stream)) {
-		op_free(im, op);
-		return -1;
-	}
-	ncclResult_t r = ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, g->comm, g->stream);
-	if (r == ncclInProgress)
-		r = wait_comm(im, &g->comm, "enqueueing an all-reduce", -1) ? ncclInternalError
-									    : ncclSuccess;
-	if (r != ncclSuccess) {
-		if (g->comm) {
-			report_nccl(im, "enqueueing an all-reduce", -1, g->comm, r);
-			ncclCommAbort(g->comm);
-			g->comm = NULL;
-		}
-		op_free(im, op);
-		return -1;
-	}
-	if (cudaEventRecord(op->ev, g->stream) != cudaSuccess) {
-		report(im, "recording an event for an all-reduce", -1,
-		       cudaGetErrorString(cudaGetLastError()));
-		op_free(im, op);
-		return -1;
-	}
-	op->state = ST_LAUNCHED;
-	*req = (rt_req_t){REQ_NCCL, op, -1, group};
+	if (op)
+		*req = (rt_req_t){REQ_NCCL, op, -1, group};
 	return 0;
 }
 
@@ -619,16 +325,10 @@ static int n_test(rt_comm_t *c, rt_req_t *req, int *done)
 		req->kind = 0;
 		return 0;
 	}
-	if (progress(im))
+	if (ne_test(im->eng, req->impl, done))
 		return -1;
-	nop_t *op = req->impl;
-	if (op->state == ST_FAILED)
-		return -1;
-	if (op->state != ST_DONE || (op->kind == OP_RECV && op->cts_req.kind))
-		return 0;
-	op_free(im, op);
-	*req = (rt_req_t){0, NULL, -1, -1};
-	*done = 1;
+	if (*done)
+		*req = (rt_req_t){0, NULL, -1, -1};
 	return 0;
 }
 
@@ -650,70 +350,23 @@ static int n_barrier(rt_comm_t *c)
 	return im->inner.ops->barrier(&im->inner);
 }
 
-/* Every communicator of this rank, for teardown. */
-static int all_comms(nccl_impl_t *im, ncclComm_t **out)
-{
-	int n = 0;
-	for (int p = 0; im->peers && p < im->inner.nranks; p++) {
-		out[n++] = &im->peers[p].out.comm;
-		out[n++] = &im->peers[p].in.comm;
-	}
-	for (int i = 0; i < im->n_groups; i++)
-		out[n++] = &im->groups[i].comm;
-	out[n++] = &im->world;
-	return n;
-}
-
-/*
- * Ends every communicator. Gracefully: finalize all first (finalizing
- * waits for the peers to finalize theirs too, so waiting on one before
- * starting the next could deadlock), then wait for each and destroy it.
- * Hard (abort, or work still in flight): ncclCommAbort each.
- */
+/* Ends every communicator (the engine's, or world alone before prepare). */
 static void teardown(nccl_impl_t *im, int hard)
 {
-	for (nop_t *op = im->ops; op; op = op->next)
-		hard |= op->state == ST_LAUNCHED;
-	ncclComm_t **cs = malloc(sizeof *cs * (size_t)(2 * im->inner.nranks + im->n_groups + 1));
-	int n = cs ? all_comms(im, cs) : 0;
-	hard |= !cs;
-	for (int i = 0; i < n; i++)
-		if (*cs[i] && !hard) {
-			ncclResult_t r = ncclCommFinalize(*cs[i]);
-			if (r != ncclSuccess && r != ncclInProgress) {
-				ncclCommAbort(*cs[i]);
-				*cs[i] = NULL;
-			}
-		}
-	for (int i = 0; i < n; i++) {
-		if (!*cs[i])
-			continue;
-		if (hard) {
-			ncclCommAbort(*cs[i]);
-		} else {
-			if (wait_comm(im, cs[i], "finalizing a communicator", -1))
-				continue; /* aborted */
-			ncclCommDestroy(*cs[i]);
-		}
-		*cs[i] = NULL;
+	if (im->eng) {
+		ne_free(im->eng, hard);
+		im->world = NULL; /* the engine ended it */
+	} else if (im->world) {
+		if (hard)
+			ncclCommAbort(im->world);
+		else
+			ncclCommDestroy(im->world);
 	}
-	free(cs);
-	for (int p = 0; im->peers && p < im->inner.nranks; p++) {
-		chan_t *ch[2] = {&im->peers[p].out, &im->peers[p].in};
-		for (int k = 0; k < 2; k++) {
-			if (ch[k]->stream)
-				cudaStreamDestroy(ch[k]->stream);
-			ch[k]->stream = NULL;
-		}
-		free(im->peers[p].fifo);
-		im->peers[p].fifo = NULL;
-	}
-	for (int i = 0; i < im->n_groups; i++)
-		if (im->groups[i].stream)
-			cudaStreamDestroy(im->groups[i].stream);
-	im->n_groups = 0;
-	while (im->ops)
-		op_free(im, im->ops);
+	im->eng = NULL;
+	im->world = NULL;
+	if (im->warm)
+		cudaFree(im->warm);
+	im->warm = NULL;
 	if (im->ready_ev)
 		cudaEventDestroy(im->ready_ev);
 	im->ready_ev = NULL;
@@ -731,8 +384,6 @@ static void n_finalize(rt_comm_t *c)
 	nccl_impl_t *im = impl(c);
 	teardown(im, 0);
 	rt_comm_t inner = im->inner;
-	free(im->peers);
-	free(im->groups);
 	free(im);
 	*c = inner;
 	c->ops->finalize(c);
@@ -755,11 +406,6 @@ int comm_nccl_wrap(rt_comm_t *c, sp_err_t *err)
 	if (!im)
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	im->inner = *c;
-	im->peers = calloc((size_t)c->nranks, sizeof *im->peers);
-	if (!im->peers) {
-		free(im);
-		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	}
 	if (gethostname(im->host, sizeof im->host - 1) != 0)
 		snprintf(im->host, sizeof im->host, "?");
 	const char *t = getenv("SPINDLE_NCCL_TIMEOUT");
@@ -769,6 +415,24 @@ int comm_nccl_wrap(rt_comm_t *c, sp_err_t *err)
 	c->name = c->nranks > 1 ? "nccl" : c->name;
 	c->ops = &nccl_ops;
 	return 0;
+}
+
+/* Polls a non-blocking communicator under creation (start-up only: every
+ * rank is in the same call). Aborts it on error or timeout. */
+static int wait_created(nccl_impl_t *im, ncclComm_t *comm, const char *what)
+{
+	double deadline = p_now(NULL) + im->timeout_s;
+	struct timespec nap = {0, 100000};
+	int s;
+	while ((s = p_status(im, *comm)) == NE_PENDING && p_now(NULL) < deadline)
+		nanosleep(&nap, NULL);
+	if (s == NE_OK)
+		return 0;
+	report(im, what, s == NE_PENDING ? "timed out; aborting the communicator"
+					 : p_why(im, *comm));
+	ncclCommAbort(*comm);
+	*comm = NULL;
+	return -1;
 }
 
 int comm_nccl_start(rt_comm_t *c, int dev_ok, sp_err_t *err)
@@ -784,7 +448,7 @@ int comm_nccl_start(rt_comm_t *c, int dev_ok, sp_err_t *err)
 		ncclUniqueId id;
 		ncclResult_t r = ncclGetUniqueId(&id);
 		if (r != ncclSuccess) {
-			report_nccl(im, "ncclGetUniqueId", -1, NULL, r);
+			report(im, "ncclGetUniqueId", ncclGetErrorString(r));
 			v[0] = 1.0;
 		} else {
 			for (int i = 0; i < nid; i++)
@@ -809,22 +473,70 @@ int comm_nccl_start(rt_comm_t *c, int dev_ok, sp_err_t *err)
 	for (int i = 0; i < nid; i++)
 		id.internal[i] = (char)(unsigned char)(v[1 + i] + 0.5);
 	free(v);
-	if (cudaEventCreateWithFlags(&im->ready_ev, cudaEventDisableTiming) != cudaSuccess)
-		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "rank %d: cudaEventCreate: %s",
+	if (cudaEventCreateWithFlags(&im->ready_ev, cudaEventDisableTiming) != cudaSuccess ||
+	    cudaMalloc((void **)&im->warm, sizeof(float)) != cudaSuccess ||
+	    cudaMemset(im->warm, 0, sizeof(float)) != cudaSuccess)
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "rank %d: setting up NCCL: %s",
 				  c->rank, cudaGetErrorString(cudaGetLastError()));
 	ncclConfig_t cfg = nb_config();
 	ncclResult_t r = ncclCommInitRankConfig(&im->world, n, id, c->rank, &cfg);
 	if (r != ncclSuccess && r != ncclInProgress) {
-		report_nccl(im, "creating the world communicator", -1, NULL, r);
+		report(im, "creating the world communicator", ncclGetErrorString(r));
 		im->world = NULL;
-		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
-				  "rank %d on %s: creating the NCCL world communicator failed",
-				  c->rank, im->host);
 	}
-	if (wait_comm(im, &im->world, "creating the world communicator", -1))
+	if (!im->world || wait_created(im, &im->world, "creating the world communicator"))
 		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
 				  "rank %d on %s: creating the NCCL world communicator failed",
 				  c->rank, im->host);
 	im->started = 1;
+	return 0;
+}
+
+/* maxCTAs for the splits: every communicator's kernels resident at once. */
+static int ctas_for(int n_comms)
+{
+	int sms = 0, dev = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+		cudaGetLastError();
+		return 1;
+	}
+	int k = sms / (n_comms > 0 ? n_comms : 1);
+	return k < 1 ? 1 : k > 16 ? 16 : k;
+}
+
+int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
+{
+	if (c->ops != &nccl_ops || c->nranks == 1)
+		return 0;
+	nccl_impl_t *im = impl(c);
+	if (!im->started || !im->world)
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+				  "rank %d: the NCCL world communicator is missing", c->rank);
+	ne_layout_t lay;
+	if (ne_layout_init(&lay, p))
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	/* communicators of this rank: world, its buckets, its channels */
+	int mine = 1;
+	for (int b = 0; b < lay.n_buckets; b++)
+		mine += comm_member(c, p->bucket_devs + lay.buckets[b].dev_off, lay.buckets[b].n_dev);
+	for (int i = 0; i < lay.n_chans; i++)
+		mine += lay.chans[i][0] == c->rank || lay.chans[i][1] == c->rank;
+	im->max_ctas = ctas_for(mine);
+	im->eng = ne_new(&nccl_prims, im, &im->inner, im->world, im->warm, im->timeout_s,
+			 im->host);
+	int r = im->eng ? NE_PENDING : NE_ERR;
+	struct timespec nap = {0, 100000};
+	/* every rank walks the same global order; ne_prepare bounds each wait */
+	while (r == NE_PENDING) {
+		r = ne_prepare(im->eng, &lay);
+		if (r == NE_PENDING)
+			nanosleep(&nap, NULL);
+	}
+	ne_layout_release(&lay);
+	if (r != NE_OK)
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+				  "rank %d on %s: making the plan's NCCL communicators failed",
+				  c->rank, im->host);
 	return 0;
 }

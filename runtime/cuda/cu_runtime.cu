@@ -8,8 +8,17 @@
  * Not here: layer math (cu_layers.cu, cu_loss.cu, cu_kernels.cu) and
  * communication (comm_nccl.c).
  *
- * bf16 shadows: an allocation gets a bf16 mirror the first time a layer
- * asks for the shadow of a pointer inside it (cu_shadow). The optimizer
+ * Device memory before step 1: cu_init reserves the layer workspace (at the
+ * cap the layers chunk their samples to) and the reduction scratch, and a
+ * pinned staging buffer through which every host<->device copy goes
+ * (cudaMemcpyAsync from pageable memory stages and synchronises behind
+ * the caller's back). cudaMalloc/cudaFree mid-step synchronise the device,
+ * which hangs while an NCCL kernel waits for a peer; a later request above
+ * a reservation still grows it, with a warning naming the sizes.
+ *
+ * bf16 shadows: cu_reserve_shadow makes an allocation's bf16 mirror at
+ * start-up; otherwise it is made the first time a layer asks for the
+ * shadow of a pointer inside it (cu_shadow). The optimizer
  * kernels write the mirror as they update the fp32 masters; any other write
  * through this backend (to_device, zero, copy_rows) marks the allocation
  * dirty and the next cu_shadow re-converts it whole. Layer kernels never
@@ -43,6 +52,9 @@ struct cu_state {
 	char *red = nullptr;
 	size_t red_bytes = 0;
 	double *pinned = nullptr;
+	char *stage = nullptr; /* pinned staging for host<->device copies */
+	size_t stage_bytes = 0;
+	bool reserved = false, warned = false, share_ok = false;
 	alloc_rec *recs = nullptr;
 	int n_recs = 0, cap_recs = 0;
 	size_t shadow_bytes = 0;
@@ -74,6 +86,15 @@ char *grow(char **buf, size_t *have, size_t bytes, const char *what)
 {
 	if (bytes <= *have && *buf)
 		return *buf;
+	if (g.reserved && !g.warned) {
+		char msg[200];
+		snprintf(msg, sizeof msg,
+			 "rank %d: %s: %.1f MiB asked, %.1f MiB reserved at start-up: growing "
+			 "mid-step (this synchronises the device)",
+			 g.rank, what, (double)bytes / 1048576.0, (double)*have / 1048576.0);
+		fprintf(stderr, "spindle-run: warning: %s\n", msg);
+		g.warned = true;
+	}
 	size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
 	if (want == 0)
 		want = (size_t)1 << 20;
@@ -224,7 +245,17 @@ int cu_init(int rank, sp_err_t *err)
 		sp_err_hint(err, "check nvidia-smi, or run with --backend cpu");
 		return SP_EINPUT;
 	}
-	g.device = cu_local_rank(rank) % n;
+	int local = cu_local_rank(rank);
+	if (local >= n && !g.share_ok) {
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "rank %d on %s: local rank %d but only %d CUDA device%s: two ranks "
+			   "would share a GPU, which NCCL refuses",
+			   rank, g.host, local, n, n == 1 ? "" : "s");
+		sp_err_hint(err, "start at most %d rank%s per machine, or use --comm mpi", n,
+			    n == 1 ? "" : "s");
+		return SP_EINPUT;
+	}
+	g.device = local % n;
 #define INIT_CHECK(call, what)                                                                \
 	do {                                                                                  \
 		cudaError_t ce_ = (call);                                                     \
@@ -240,6 +271,16 @@ int cu_init(int rank, sp_err_t *err)
 		   "creating the compute stream");
 	INIT_CHECK(cudaMallocHost((void **)&g.pinned, 16 * sizeof(double)),
 		   "allocating pinned host memory");
+	g.stage_bytes = (size_t)8 << 20;
+	INIT_CHECK(cudaMallocHost((void **)&g.stage, g.stage_bytes),
+		   "allocating the pinned staging buffer");
+	/* the workspace and reduction scratch, before any collective runs */
+	INIT_CHECK(cudaMalloc((void **)&g.ws, g.ws_cap), "reserving the layer workspace");
+	g.ws_bytes = g.ws_cap;
+	INIT_CHECK(cudaMalloc((void **)&g.red, (size_t)64 << 20),
+		   "reserving the reduction scratch");
+	g.red_bytes = (size_t)64 << 20;
+	g.reserved = true;
 #undef INIT_CHECK
 	cublasStatus_t bs = cublasCreate(&g.blas);
 	if (bs == CUBLAS_STATUS_SUCCESS)
@@ -274,6 +315,11 @@ void cu_shutdown(void)
 	if (g.pinned)
 		cudaFreeHost(g.pinned);
 	g.pinned = nullptr;
+	if (g.stage)
+		cudaFreeHost(g.stage);
+	g.stage = nullptr;
+	g.stage_bytes = 0;
+	g.reserved = g.warned = false;
 	if (g.blas)
 		cublasDestroy(g.blas);
 	g.blas = nullptr;
@@ -328,6 +374,17 @@ void cu_release(void *p)
 	CUDA_CHECK(cudaFree(p));
 }
 
+void cu_allow_shared_device(int allowed)
+{
+	g.share_ok = allowed != 0;
+}
+
+void cu_reserve_shadow(const float *p, int64_t n)
+{
+	cu_shadow(p, n);
+	CUDA_CHECK(cudaStreamSynchronize(g.stream));
+}
+
 const bf16 *cu_shadow(const float *p, int64_t n)
 {
 	alloc_rec *r = find_rec(p);
@@ -363,12 +420,31 @@ static bf16 *shadow_for_update(float *p, int64_t n)
 	return r->shadow + (p - (const float *)r->base);
 }
 
+/* Host<->device through the pinned staging buffer, one chunk at a time
+ * (to_device: 1, dev is dst). Synchronous, like the CPU backend's copies. */
+static void staged_copy(char *dev, char *host, size_t bytes, int to_device)
+{
+	for (size_t off = 0; off < bytes; off += g.stage_bytes) {
+		size_t n = bytes - off < g.stage_bytes ? bytes - off : g.stage_bytes;
+		if (to_device) {
+			memcpy(g.stage, host + off, n);
+			CUDA_CHECK(cudaMemcpyAsync(dev + off, g.stage, n, cudaMemcpyHostToDevice,
+						   g.stream));
+			CUDA_CHECK(cudaStreamSynchronize(g.stream));
+		} else {
+			CUDA_CHECK(cudaMemcpyAsync(g.stage, dev + off, n, cudaMemcpyDeviceToHost,
+						   g.stream));
+			CUDA_CHECK(cudaStreamSynchronize(g.stream));
+			memcpy(host + off, g.stage, n);
+		}
+	}
+}
+
 void cu_to_device(void *dst, const void *src, size_t bytes)
 {
 	if (!bytes)
 		return;
-	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream));
-	CUDA_CHECK(cudaStreamSynchronize(g.stream));
+	staged_copy((char *)dst, (char *)src, bytes, 1);
 	mark_dirty(dst);
 }
 
@@ -376,8 +452,7 @@ void cu_to_host(void *dst, const void *src, size_t bytes)
 {
 	if (!bytes)
 		return;
-	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
-	CUDA_CHECK(cudaStreamSynchronize(g.stream));
+	staged_copy((char *)src, (char *)dst, bytes, 0);
 }
 
 void cu_zero(float *p, int64_t n)

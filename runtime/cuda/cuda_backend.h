@@ -45,14 +45,23 @@ extern "C" {
 #include "model.h"
 
 struct rt_comm;
+struct sp_plan;
 
 /* ---- cu_runtime.cu: device, memory, errors, optimizer -------------------- */
 
 /* Number of usable devices; 0 when there is none or the driver fails. */
 int cu_device_count(void);
-/* Picks the rank's device (local rank modulo the device count), creates the
- * stream and the cuBLAS handle. */
+/* Picks the rank's device (its local rank), creates the stream and the
+ * cuBLAS handle, and reserves the layer workspace, reduction scratch and
+ * pinned staging buffer. More local ranks than devices is an input error
+ * unless cu_allow_shared_device(1) was called first. */
 int cu_init(int rank, sp_err_t *err);
+/* Whether several local ranks may share one device (a comm that is not
+ * NCCL, e.g. host-staged MPI); call before cu_init. Default: no. */
+void cu_allow_shared_device(int allowed);
+/* Makes the bf16 shadow of the allocation holding p[0..n) now (start-up)
+ * instead of in the first forward. */
+void cu_reserve_shadow(const float *p, int64_t n);
 void cu_shutdown(void);
 /* Called (then never returns) when a void entry point hits an error. */
 void cu_set_abort(void (*fn)(void *ctx, int code), void *ctx);
@@ -107,6 +116,15 @@ int comm_nccl_wrap(struct rt_comm *c, sp_err_t *err);
  * 0, spread with the wrapped comm's allsum).
  */
 int comm_nccl_start(struct rt_comm *c, int dev_ok, sp_err_t *err);
+/*
+ * Collective over all ranks, after comm_nccl_start and before the plan's
+ * groups are created (rt_create): makes and warms up every communicator
+ * the plan needs (one per sync bucket with several members, one per
+ * direction of each pair that exchanges data) in the plan's global order.
+ * Does nothing for a comm that is not NCCL's or with one rank. Without it,
+ * group_create, isend and irecv fail with a message saying so.
+ */
+int comm_nccl_prepare(struct rt_comm *c, const struct sp_plan *p, sp_err_t *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,762 @@
+/*
+ * cuda/nccl_engine.c — the NCCL data plane's decisions (see nccl_engine.h
+ * for the deadlock-freedom argument). Point-to-point keeps MPI's semantics
+ * (sends never block the sender's later receives; messages match by tag)
+ * although NCCL has neither tags nor independent operations on one
+ * communicator:
+ *   - each direction of a pair has its own two-rank communicator (sender
+ *     is its rank 0) and stream;
+ *   - receives drive the order: ne_irecv sends the sender a clear-to-send
+ *     {tag, bytes} over the host comm (tag NE_CTRL_TAG) and enqueues its
+ *     receive; the sender enqueues its sends in the order the clear-to-send
+ *     messages arrive, matched by tag (the head of the queue waits for its
+ *     send), so both sides of a channel enqueue the same sequence.
+ * Operation states: WAIT_CTS (send without its clear-to-send) → READY →
+ * ENQUEUING (group end returned pending; its communicator is busy and
+ * gets no other call until its status is OK) → LAUNCHED (event recorded)
+ * → DONE, or FAILED. Every state is left by ne_progress only; nothing
+ * here loops waiting for anything but the start-up helper in comm_nccl.c.
+ */
+#include "nccl_engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NE_CTRL_TAG 32767
+#define NE_BATCH 64
+
+typedef struct {
+	int32_t tag, pad;
+	int64_t bytes;
+} cts_t;
+
+enum { OP_SEND, OP_RECV, OP_ALLREDUCE };
+enum { ST_WAIT_CTS, ST_READY, ST_ENQUEUING, ST_LAUNCHED, ST_DONE, ST_FAILED };
+
+/* A communicator with its stream; busy while an enqueue is pending. */
+typedef struct {
+	void *comm, *stream;
+	int busy, failed;
+	double t_busy;
+} ne_chan_t;
+
+struct ne_op {
+	int kind, state, peer, tag;
+	long seq; /* sends: order of their clear-to-send */
+	void *buf;
+	size_t bytes;
+	void *ev;
+	double t0;
+	ne_chan_t *ch;
+	cts_t cts;       /* receives: the clear-to-send message */
+	rt_req_t cts_req; /* receives: its host send (kind 0 once complete) */
+	ne_op_t *next;
+};
+
+typedef struct {
+	ne_chan_t out, in;
+	cts_t *fifo; /* clear-to-send messages not yet matched, in arrival order */
+	int n_fifo, cap_fifo;
+	cts_t ctrl_buf;
+	rt_req_t ctrl_req;
+	int ctrl_posted;
+	long seq;
+} ne_peer_t;
+
+struct ne_engine {
+	const ne_prims_t *pr;
+	void *ctx;
+	rt_comm_t *host;
+	int rank, nranks;
+	double timeout_s;
+	char hostname[64];
+	void *world, *warm;
+	ne_peer_t *peers;
+	ne_chan_t *groups; /* one per bucket this rank is in (comm NULL: alone) */
+	int n_groups;
+	int *bucket_group; /* bucket -> group id, -1 when not a member */
+	int n_buckets;
+	ne_op_t *ops; /* live operations, in posting order */
+	/* start-up: item prep_at of the global order, its sub-state */
+	int prep_at, prep_sub, prepared;
+	void *prep_comm;
+	ne_op_t *prep_op;
+	double prep_t0;
+};
+
+/* ---- layout: what a plan needs ---- */
+
+static int cmp_pair(const void *a, const void *b)
+{
+	const int *x = a, *y = b;
+	return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int ne_layout_init(ne_layout_t *out, const sp_plan_t *p)
+{
+	memset(out, 0, sizeof *out);
+	out->n_buckets = p->n_buckets;
+	out->buckets = p->buckets;
+	out->bucket_devs = p->bucket_devs;
+	int n = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++)
+			n += p->ins[p->devices[d].first_ins + k].op == INS_SEND;
+	if (!n)
+		return 0;
+	out->chans = malloc(sizeof *out->chans * (size_t)n);
+	if (!out->chans)
+		return -1;
+	n = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op == INS_SEND) {
+				out->chans[n][0] = d;
+				out->chans[n++][1] = in->peer;
+			}
+		}
+	qsort(out->chans, (size_t)n, sizeof *out->chans, cmp_pair);
+	int u = 0;
+	for (int i = 0; i < n; i++)
+		if (!u || cmp_pair(out->chans[i], out->chans[u - 1])) {
+			out->chans[u][0] = out->chans[i][0];
+			out->chans[u++][1] = out->chans[i][1];
+		}
+	out->n_chans = u;
+	return 0;
+}
+
+void ne_layout_release(ne_layout_t *l)
+{
+	free(l->chans);
+	l->chans = NULL;
+	l->n_chans = 0;
+}
+
+/* ---- messages ---- */
+
+static void report(ne_engine_t *e, const char *what, int peer, const char *detail)
+{
+	if (peer >= 0)
+		fprintf(stderr, "spindle-run: rank %d on %s: nccl: %s rank %d: %s\n", e->rank,
+			e->hostname, what, peer, detail);
+	else
+		fprintf(stderr, "spindle-run: rank %d on %s: nccl: %s: %s\n", e->rank,
+			e->hostname, what, detail);
+	fflush(stderr);
+}
+
+/* "send to rank 3 (tag 17)", "all-reduce of sync group 2" */
+static const char *op_desc(const ne_engine_t *e, const ne_op_t *op, char *buf, size_t n)
+{
+	if (op->kind == OP_ALLREDUCE)
+		snprintf(buf, n, "all-reduce of sync group %d", (int)(op->ch - e->groups));
+	else
+		snprintf(buf, n, "%s rank %d (tag %d)", op->kind == OP_SEND ? "send to" : "receive from",
+			 op->peer, op->tag);
+	return buf;
+}
+
+/* Aborts ch's communicator and fails every operation on it. */
+static void chan_fail(ne_engine_t *e, ne_chan_t *ch, const char *what, int peer,
+		      const char *detail)
+{
+	char msg[400];
+	snprintf(msg, sizeof msg, "%s; aborting the communicator", detail);
+	report(e, what, peer, msg);
+	if (ch->comm)
+		e->pr->abort(e->ctx, ch->comm);
+	ch->comm = NULL;
+	ch->busy = 0;
+	ch->failed = 1;
+	for (ne_op_t *op = e->ops; op; op = op->next)
+		if (op->ch == ch && op->state != ST_DONE)
+			op->state = ST_FAILED;
+}
+
+static const char *why(ne_engine_t *e, void *comm)
+{
+	const char *w = e->pr->why(e->ctx, comm);
+	return w && *w ? w : "error";
+}
+
+/* ---- operations ---- */
+
+static ne_op_t *op_new(ne_engine_t *e, int kind, int peer, int tag, void *buf, size_t bytes,
+		       ne_chan_t *ch)
+{
+	ne_op_t *op = calloc(1, sizeof *op);
+	if (!op)
+		return NULL;
+	if (e->pr->event_new(e->ctx, &op->ev)) {
+		free(op);
+		return NULL;
+	}
+	op->kind = kind;
+	op->peer = peer;
+	op->tag = tag;
+	op->buf = buf;
+	op->bytes = bytes;
+	op->ch = ch;
+	op->t0 = e->pr->now(e->ctx);
+	ne_op_t **tail = &e->ops;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = op;
+	return op;
+}
+
+static void op_free(ne_engine_t *e, ne_op_t *op)
+{
+	for (ne_op_t **p = &e->ops; *p; p = &(*p)->next)
+		if (*p == op) {
+			*p = op->next;
+			break;
+		}
+	e->pr->event_free(e->ctx, op->ev);
+	free(op);
+}
+
+static int op_call(ne_engine_t *e, ne_op_t *op)
+{
+	const ne_prims_t *pr = e->pr;
+	ne_chan_t *ch = op->ch;
+	if (op->kind == OP_ALLREDUCE)
+		return pr->allreduce(e->ctx, op->buf, op->bytes / sizeof(float), ch->comm,
+				     ch->stream);
+	/* two-rank channels: the sender is rank 0, the receiver rank 1 */
+	if (op->kind == OP_SEND)
+		return pr->send(e->ctx, op->buf, op->bytes, 1, ch->comm, ch->stream);
+	return pr->recv(e->ctx, op->buf, op->bytes, 0, ch->comm, ch->stream);
+}
+
+/* Records the events of ch's enqueued operations: they are launched. */
+static void launched(ne_engine_t *e, ne_chan_t *ch)
+{
+	for (ne_op_t *op = e->ops; op; op = op->next) {
+		if (op->ch != ch || op->state != ST_ENQUEUING)
+			continue;
+		if (e->pr->record(e->ctx, op->ev, ch->stream)) {
+			char desc[96];
+			report(e, op_desc(e, op, desc, sizeof desc), -1, "recording an event failed");
+			op->state = ST_FAILED;
+			continue;
+		}
+		op->state = ST_LAUNCHED;
+	}
+}
+
+/*
+ * Enqueues ops[0..n) (all on ch, which is idle) as one group. A pending
+ * group end leaves them ENQUEUING and ch busy: ne_progress polls it.
+ */
+static void enqueue(ne_engine_t *e, ne_chan_t *ch, ne_op_t **ops, int n)
+{
+	const ne_prims_t *pr = e->pr;
+	char desc[96];
+	int r = pr->after_compute(e->ctx, ch->stream) ? NE_ERR : pr->group_start(e->ctx);
+	if (r == NE_OK) {
+		for (int i = 0; i < n && r == NE_OK; i++)
+			r = op_call(e, ops[i]);
+		int r2 = pr->group_end(e->ctx);
+		if (r == NE_OK)
+			r = r2;
+	}
+	for (int i = 0; i < n; i++)
+		ops[i]->state = ST_ENQUEUING;
+	if (r == NE_ERR) {
+		chan_fail(e, ch, op_desc(e, ops[0], desc, sizeof desc), -1, why(e, ch->comm));
+		return;
+	}
+	if (r == NE_PENDING) {
+		ch->busy = 1;
+		ch->t_busy = pr->now(e->ctx);
+		return;
+	}
+	launched(e, ch);
+}
+
+/* A busy communicator: done enqueueing, failed, or still at it. */
+static void poll_busy(ne_engine_t *e, ne_chan_t *ch, int peer, const char *what)
+{
+	if (!ch->busy || !ch->comm)
+		return;
+	int st = e->pr->status(e->ctx, ch->comm);
+	if (st == NE_OK) {
+		ch->busy = 0;
+		launched(e, ch);
+	} else if (st == NE_ERR) {
+		chan_fail(e, ch, what, peer, why(e, ch->comm));
+	} else if (e->pr->now(e->ctx) - ch->t_busy > e->timeout_s) {
+		chan_fail(e, ch, what, peer, "enqueueing timed out");
+	}
+}
+
+/* ---- clear-to-send ---- */
+
+/* Receives, queues and matches peer p's clear-to-send messages. */
+static int control(ne_engine_t *e, int p)
+{
+	ne_peer_t *pe = &e->peers[p];
+	rt_comm_t *h = e->host;
+	if (pe->ctrl_posted) {
+		int done = 0;
+		if (h->ops->test(h, &pe->ctrl_req, &done))
+			return -1;
+		if (done) {
+			pe->ctrl_posted = 0;
+			if (SP_PUSH(pe->fifo, pe->n_fifo, pe->cap_fifo, pe->ctrl_buf))
+				return -1;
+		}
+	}
+	/* in arrival order: the head waits until its send is posted */
+	while (pe->n_fifo > 0) {
+		ne_op_t *hit = NULL;
+		for (ne_op_t *op = e->ops; op && !hit; op = op->next)
+			if (op->kind == OP_SEND && op->peer == p && op->state == ST_WAIT_CTS &&
+			    op->tag == pe->fifo[0].tag)
+				hit = op;
+		if (!hit)
+			break;
+		if ((int64_t)hit->bytes != pe->fifo[0].bytes) {
+			char msg[160];
+			snprintf(msg, sizeof msg,
+				 "size mismatch on tag %d: sending %zu bytes, the receiver expects "
+				 "%lld",
+				 hit->tag, hit->bytes, (long long)pe->fifo[0].bytes);
+			report(e, "send to", p, msg);
+			hit->state = ST_FAILED;
+		} else {
+			hit->state = ST_READY;
+			hit->seq = pe->seq++;
+		}
+		memmove(pe->fifo, pe->fifo + 1, sizeof *pe->fifo * (size_t)(pe->n_fifo - 1));
+		pe->n_fifo--;
+	}
+	/* listen for more while sends still wait for theirs */
+	int waiting = 0;
+	for (ne_op_t *op = e->ops; op; op = op->next)
+		waiting += op->kind == OP_SEND && op->peer == p && op->state == ST_WAIT_CTS;
+	if (!pe->ctrl_posted && waiting > pe->n_fifo) {
+		if (h->ops->irecv(h, &pe->ctrl_buf, sizeof pe->ctrl_buf, p, NE_CTRL_TAG,
+				  &pe->ctrl_req))
+			return -1;
+		pe->ctrl_posted = 1;
+	}
+	return 0;
+}
+
+/* ---- launching ---- */
+
+/* Ready operations of one kind on ch, taken in order: sends by their
+ * clear-to-send order, receives and all-reduces by posting order. */
+static int ready_batch(ne_engine_t *e, ne_chan_t *ch, int kind, ne_op_t **batch)
+{
+	int nb = 0;
+	if (!ch->comm || ch->busy || ch->failed)
+		return 0;
+	while (nb < NE_BATCH) {
+		ne_op_t *first = NULL;
+		for (ne_op_t *op = e->ops; op; op = op->next)
+			if (op->ch == ch && op->kind == kind && op->state == ST_READY &&
+			    (!first || op->seq < first->seq))
+				first = op;
+		if (!first)
+			break;
+		first->state = ST_ENQUEUING; /* taken */
+		batch[nb++] = first;
+	}
+	return nb;
+}
+
+static void launch_all(ne_engine_t *e)
+{
+	ne_op_t *batch[NE_BATCH];
+	/* receives first: nothing blocks, but a receive never waits behind a send */
+	for (int p = 0; p < e->nranks; p++) {
+		int nb = ready_batch(e, &e->peers[p].in, OP_RECV, batch);
+		if (nb)
+			enqueue(e, &e->peers[p].in, batch, nb);
+	}
+	for (int p = 0; p < e->nranks; p++) {
+		int nb = ready_batch(e, &e->peers[p].out, OP_SEND, batch);
+		if (nb)
+			enqueue(e, &e->peers[p].out, batch, nb);
+	}
+	for (int g = 0; g < e->n_groups; g++) {
+		int nb = ready_batch(e, &e->groups[g], OP_ALLREDUCE, batch);
+		if (nb)
+			enqueue(e, &e->groups[g], batch, nb);
+	}
+}
+
+/* Launched operations: complete, failed, or timed out. */
+static int complete_all(ne_engine_t *e)
+{
+	double now = e->pr->now(e->ctx);
+	for (ne_op_t *op = e->ops; op; op = op->next) {
+		char desc[96];
+		if (op->kind == OP_RECV && op->cts_req.kind) {
+			int done = 0;
+			if (e->host->ops->test(e->host, &op->cts_req, &done))
+				return -1;
+		}
+		if (op->state == ST_LAUNCHED) {
+			int q = e->pr->query(e->ctx, op->ev);
+			if (q == NE_OK) {
+				op->state = ST_DONE;
+				continue;
+			}
+			if (q == NE_ERR || (op->ch->comm && e->pr->status(e->ctx, op->ch->comm) ==
+								    NE_ERR)) {
+				chan_fail(e, op->ch, op_desc(e, op, desc, sizeof desc), -1,
+					  why(e, op->ch->comm));
+				continue;
+			}
+		}
+		if (op->state != ST_DONE && op->state != ST_FAILED && now - op->t0 > e->timeout_s) {
+			char msg[96];
+			snprintf(msg, sizeof msg, "timed out after %g s", e->timeout_s);
+			chan_fail(e, op->ch, op_desc(e, op, desc, sizeof desc), -1, msg);
+		}
+	}
+	return 0;
+}
+
+int ne_progress(ne_engine_t *e)
+{
+	for (int p = 0; p < e->nranks; p++) {
+		if (p != e->rank && control(e, p))
+			return -1;
+		poll_busy(e, &e->peers[p].in, p, "receiving from");
+		poll_busy(e, &e->peers[p].out, p, "sending to");
+	}
+	for (int g = 0; g < e->n_groups; g++)
+		poll_busy(e, &e->groups[g], -1, "all-reduce of a sync group");
+	launch_all(e);
+	return complete_all(e);
+}
+
+/* ---- entry points ---- */
+
+ne_engine_t *ne_new(const ne_prims_t *pr, void *ctx, rt_comm_t *host, void *world,
+		    void *warm, double timeout_s, const char *hostname)
+{
+	ne_engine_t *e = calloc(1, sizeof *e);
+	if (!e)
+		return NULL;
+	e->peers = calloc((size_t)host->nranks, sizeof *e->peers);
+	if (!e->peers) {
+		free(e);
+		return NULL;
+	}
+	e->pr = pr;
+	e->ctx = ctx;
+	e->host = host;
+	e->rank = host->rank;
+	e->nranks = host->nranks;
+	e->world = world;
+	e->warm = warm;
+	e->timeout_s = timeout_s;
+	snprintf(e->hostname, sizeof e->hostname, "%s", hostname ? hostname : "?");
+	return e;
+}
+
+static int post_ok(const ne_engine_t *e, int peer)
+{
+	return e->prepared && peer >= 0 && peer < e->nranks && peer != e->rank;
+}
+
+int ne_isend(ne_engine_t *e, const void *buf, size_t bytes, int peer, int tag, ne_op_t **out)
+{
+	*out = NULL;
+	if (!post_ok(e, peer) || !e->peers[peer].out.comm) {
+		report(e, "sending to", peer, "no channel to that rank was made at start-up");
+		return -1;
+	}
+	ne_op_t *op = op_new(e, OP_SEND, peer, tag, (void *)buf, bytes, &e->peers[peer].out);
+	if (!op)
+		return -1;
+	op->state = ST_WAIT_CTS;
+	*out = op;
+	return ne_progress(e);
+}
+
+int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t **out)
+{
+	*out = NULL;
+	if (!post_ok(e, peer) || !e->peers[peer].in.comm) {
+		report(e, "receiving from", peer, "no channel from that rank was made at start-up");
+		return -1;
+	}
+	ne_op_t *op = op_new(e, OP_RECV, peer, tag, buf, bytes, &e->peers[peer].in);
+	if (!op)
+		return -1;
+	op->cts = (cts_t){tag, 0, (int64_t)bytes};
+	op->state = ST_READY;
+	if (e->host->ops->isend(e->host, &op->cts, sizeof op->cts, peer, NE_CTRL_TAG,
+				&op->cts_req)) {
+		op_free(e, op);
+		return -1;
+	}
+	*out = op;
+	return ne_progress(e);
+}
+
+int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
+{
+	*out = NULL;
+	if (g < 0 || g >= e->n_groups)
+		return -1;
+	if (!e->groups[g].comm)
+		return e->groups[g].failed ? -1 : 0; /* a group of one: the sum is buf */
+	ne_op_t *op = op_new(e, OP_ALLREDUCE, -1, g, buf, sizeof(float) * (size_t)n, &e->groups[g]);
+	if (!op)
+		return -1;
+	op->state = ST_READY;
+	*out = op;
+	return ne_progress(e);
+}
+
+int ne_test(ne_engine_t *e, ne_op_t *op, int *done)
+{
+	*done = 0;
+	if (!op) {
+		*done = 1;
+		return 0;
+	}
+	if (ne_progress(e))
+		return -1;
+	if (op->state == ST_FAILED)
+		return -1;
+	if (op->state != ST_DONE || (op->kind == OP_RECV && op->cts_req.kind))
+		return 0;
+	op_free(e, op);
+	*done = 1;
+	return 0;
+}
+
+int ne_live(const ne_engine_t *e)
+{
+	int n = 0;
+	for (const ne_op_t *op = e->ops; op; op = op->next)
+		n += op->state != ST_DONE;
+	return n;
+}
+
+/* ---- start-up: communicators in one global order ---- */
+
+/*
+ * Item i of the global order: [0, nb) split bucket i, [nb, nb + nc) split
+ * channel i - nb, then the same again for the warm-up. member: whether this
+ * rank takes part (*key: its rank in the new communicator); *ch: where the
+ * communicator lives on this rank (NULL when not a member).
+ */
+static int prep_item(ne_engine_t *e, const ne_layout_t *l, int i, int *key, ne_chan_t **ch,
+		     int *peer)
+{
+	int nb = l->n_buckets;
+	*ch = NULL;
+	*key = e->rank;
+	*peer = -1;
+	if (i < nb) {
+		const sp_bucket_t *bu = &l->buckets[i];
+		int member = 0;
+		for (int q = 0; q < bu->n_dev; q++)
+			member |= l->bucket_devs[bu->dev_off + q] == e->rank;
+		if (member)
+			*ch = &e->groups[e->bucket_group[i]];
+		return bu->n_dev > 1;
+	}
+	const int *c = l->chans[i - nb];
+	if (c[0] == e->rank) {
+		*ch = &e->peers[c[1]].out;
+		*key = 0;
+		*peer = c[1];
+	} else if (c[1] == e->rank) {
+		*ch = &e->peers[c[0]].in;
+		*key = 1;
+		*peer = c[0];
+	}
+	return 1;
+}
+
+/* The groups table from the layout: one entry per bucket with this rank. */
+static int prep_groups(ne_engine_t *e, const ne_layout_t *l)
+{
+	e->bucket_group = malloc(sizeof(int) * (size_t)(l->n_buckets + 1));
+	e->groups = calloc((size_t)l->n_buckets + 1, sizeof *e->groups);
+	if (!e->bucket_group || !e->groups)
+		return -1;
+	e->n_buckets = l->n_buckets;
+	for (int b = 0; b < l->n_buckets; b++) {
+		const sp_bucket_t *bu = &l->buckets[b];
+		e->bucket_group[b] = -1;
+		for (int q = 0; q < bu->n_dev; q++)
+			if (l->bucket_devs[bu->dev_off + q] == e->rank)
+				e->bucket_group[b] = e->n_groups++;
+	}
+	return 0;
+}
+
+/* One step of a split item: issue it, then poll it until OK. */
+static int prep_split(ne_engine_t *e, int needed, int key, ne_chan_t *ch, int peer)
+{
+	const ne_prims_t *pr = e->pr;
+	if (!needed)
+		return NE_OK;
+	if (!e->prep_sub) {
+		if (pr->split(e->ctx, e->world, ch ? 0 : -1, key, &e->prep_comm) == NE_ERR) {
+			report(e, "splitting a communicator from the world", peer, why(e, e->world));
+			return NE_ERR;
+		}
+		e->prep_sub = 1;
+		e->prep_t0 = pr->now(e->ctx);
+	}
+	int s = pr->status(e->ctx, e->world);
+	if (s == NE_OK && e->prep_comm)
+		s = pr->status(e->ctx, e->prep_comm);
+	if (s == NE_ERR || (s == NE_PENDING && pr->now(e->ctx) - e->prep_t0 > e->timeout_s)) {
+		report(e, "creating the communicator with", peer,
+		       s == NE_ERR ? why(e, e->prep_comm ? e->prep_comm : e->world)
+				   : "timed out; aborting it");
+		if (e->prep_comm)
+			pr->abort(e->ctx, e->prep_comm);
+		e->prep_comm = NULL;
+		return NE_ERR;
+	}
+	if (s == NE_PENDING)
+		return NE_PENDING;
+	if (ch) {
+		ch->comm = e->prep_comm;
+		if (pr->stream_new(e->ctx, &ch->stream)) {
+			report(e, "creating a stream for the communicator with", peer, "failed");
+			return NE_ERR;
+		}
+	}
+	e->prep_comm = NULL;
+	return NE_OK;
+}
+
+/* One step of a warm-up item: a 4-byte operation on a new communicator. */
+static int prep_warm(ne_engine_t *e, int key, ne_chan_t *ch, int peer)
+{
+	if (!ch || !ch->comm)
+		return NE_OK;
+	if (!e->prep_sub) {
+		int kind = peer < 0 ? OP_ALLREDUCE : key == 0 ? OP_SEND : OP_RECV;
+		e->prep_op = op_new(e, kind, peer, -1, e->warm, sizeof(float), ch);
+		if (!e->prep_op)
+			return NE_ERR;
+		e->prep_sub = 1;
+		enqueue(e, ch, &e->prep_op, 1);
+	}
+	poll_busy(e, ch, peer, "warming up the communicator with");
+	if (complete_all(e))
+		return NE_ERR;
+	int st = e->prep_op->state;
+	if (st == ST_FAILED || st == ST_DONE) {
+		op_free(e, e->prep_op);
+		e->prep_op = NULL;
+	}
+	return st == ST_FAILED ? NE_ERR : st == ST_DONE ? NE_OK : NE_PENDING;
+}
+
+int ne_prepare(ne_engine_t *e, const ne_layout_t *l)
+{
+	if (e->prepared)
+		return NE_OK;
+	if (!e->groups && prep_groups(e, l))
+		return NE_ERR;
+	int items = l->n_buckets + l->n_chans;
+	while (e->prep_at < 2 * items) {
+		int i = e->prep_at % items, key, peer;
+		ne_chan_t *ch;
+		int needed = prep_item(e, l, i, &key, &ch, &peer);
+		int r = e->prep_at < items ? prep_split(e, needed, key, ch, peer)
+					   : prep_warm(e, key, ch, peer);
+		if (r != NE_OK)
+			return r;
+		e->prep_at++;
+		e->prep_sub = 0;
+	}
+	e->prepared = 1;
+	return NE_OK;
+}
+
+int ne_prepared(const ne_engine_t *e)
+{
+	return e->prepared;
+}
+
+int ne_group_id(const ne_engine_t *e, int bucket, int *out)
+{
+	*out = -1;
+	if (!e->prepared || bucket < 0 || bucket >= e->n_buckets)
+		return -1;
+	*out = e->bucket_group[bucket];
+	return 0;
+}
+
+/* ---- teardown ---- */
+
+/*
+ * Gracefully: finalize every communicator first (finalizing waits for the
+ * peers to finalize theirs too, so waiting on one before starting the next
+ * could deadlock), then poll each and destroy it. Hard, or with work in
+ * flight: abort each.
+ */
+void ne_free(ne_engine_t *e, int hard)
+{
+	if (!e)
+		return;
+	const ne_prims_t *pr = e->pr;
+	hard |= ne_live(e) > 0;
+	int n = 2 * e->nranks + e->n_groups + 1, k = 0;
+	ne_chan_t *world = &(ne_chan_t){e->world, NULL, 0, 0, 0.0};
+	ne_chan_t **cs = malloc(sizeof *cs * (size_t)n);
+	hard |= !cs;
+	for (int p = 0; cs && p < e->nranks; p++) {
+		cs[k++] = &e->peers[p].out;
+		cs[k++] = &e->peers[p].in;
+	}
+	for (int g = 0; cs && g < e->n_groups; g++)
+		cs[k++] = &e->groups[g];
+	if (cs)
+		cs[k++] = world;
+	for (int i = 0; i < k; i++)
+		if (cs[i]->comm && !hard && pr->finalize(e->ctx, cs[i]->comm) == NE_ERR) {
+			pr->abort(e->ctx, cs[i]->comm);
+			cs[i]->comm = NULL;
+		}
+	double t0 = pr->now(e->ctx);
+	for (int i = 0; i < k; i++) {
+		if (!cs[i]->comm)
+			continue;
+		int s = hard ? NE_ERR : pr->status(e->ctx, cs[i]->comm);
+		while (s == NE_PENDING && pr->now(e->ctx) - t0 < e->timeout_s)
+			s = pr->status(e->ctx, cs[i]->comm);
+		if (s == NE_OK)
+			pr->destroy(e->ctx, cs[i]->comm);
+		else
+			pr->abort(e->ctx, cs[i]->comm);
+		cs[i]->comm = NULL;
+	}
+	free(cs);
+	for (int i = 0; i < 2 * e->nranks + e->n_groups; i++) {
+		ne_chan_t *ch = i < 2 * e->nranks ? (i % 2 ? &e->peers[i / 2].in : &e->peers[i / 2].out)
+						 : &e->groups[i - 2 * e->nranks];
+		if (ch->stream)
+			pr->stream_free(e->ctx, ch->stream);
+	}
+	for (int p = 0; p < e->nranks; p++)
+		free(e->peers[p].fifo);
+	while (e->ops)
+		op_free(e, e->ops);
+	free(e->peers);
+	free(e->groups);
+	free(e->bucket_group);
+	free(e);
+}

@@ -1,0 +1,129 @@
+/*
+ * cuda/nccl_engine.h — the NCCL data plane's progress engine: every
+ * decision (which communicators a plan needs and in which order they are
+ * made and warmed up, clear-to-send handling, matching sends to receives
+ * by tag, what to enqueue next, which enqueue is still in progress, when an
+ * operation is complete or has timed out) without a single NCCL or CUDA
+ * call. It calls them through ne_prims_t, a const table that comm_nccl.c
+ * fills with NCCL and CUDA and tests/unit/test_nccl_engine.c with a
+ * simulated non-blocking communicator. Plain C, built in every build.
+ *
+ * Not here: unique ids and the world communicator's creation (comm_nccl.c
+ * does those with the wrapped comm before handing world over), device
+ * choice and device memory.
+ *
+ * Deadlock freedom, by construction:
+ *   - nothing in the step loop waits: an enqueue (group end) that returns
+ *     "pending" marks its communicator busy and its operations ENQUEUING,
+ *     and ne_progress polls it like everything else, so a rank waiting for
+ *     anything still serves its peers' clear-to-send messages;
+ *   - every communicator a plan needs is made and warmed up in ne_prepare,
+ *     in one global order (sync buckets by index, then directed channels
+ *     by (sender, receiver)) that every rank derives from the plan; each
+ *     rank walks the subsequence it belongs to and finishes each item
+ *     before the next. The smallest unfinished item has all its members
+ *     done with every earlier one, so they all reach it and it finishes:
+ *     no cycle of waits can form at start-up either;
+ *   - receives are enqueued before sends on each pass, and every
+ *     direction of a pair has its own communicator and stream, so a
+ *     pending send never sits in front of a receive.
+ */
+#ifndef SPINDLE_NCCL_ENGINE_H
+#define SPINDLE_NCCL_ENGINE_H
+
+#include "plan.h"
+#include "runtime.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a primitive returns. */
+enum { NE_OK = 0, NE_PENDING = 1, NE_ERR = -1 };
+
+/*
+ * The calls the engine makes. Handles (comm, stream, event) are opaque;
+ * NULL is never a valid one. Every entry takes the table's ctx first.
+ */
+typedef struct ne_prims {
+	/* seconds on a monotonic clock (the double's is virtual) */
+	double (*now)(void *ctx);
+	/* ncclCommSplit of parent (non-blocking, shared resources): color < 0
+	 * means "not a member" (*out = NULL). OK, PENDING (poll status on
+	 * parent and on *out) or ERR. */
+	int (*split)(void *ctx, void *parent, int color, int key, void **out);
+	/* ncclCommGetAsyncError: OK, PENDING or ERR */
+	int (*status)(void *ctx, void *comm);
+	void (*abort)(void *ctx, void *comm);
+	/* graceful end: finalize (may be PENDING: poll status), then destroy */
+	int (*finalize)(void *ctx, void *comm);
+	void (*destroy)(void *ctx, void *comm);
+	/* the reason for the last error on comm (NULL comm: the last call's) */
+	const char *(*why)(void *ctx, void *comm);
+	/* enqueue: group end may return PENDING for every comm in the group */
+	int (*group_start)(void *ctx);
+	int (*group_end)(void *ctx);
+	int (*send)(void *ctx, const void *buf, size_t bytes, int peer, void *comm, void *stream);
+	int (*recv)(void *ctx, void *buf, size_t bytes, int peer, void *comm, void *stream);
+	int (*allreduce)(void *ctx, float *buf, size_t n, void *comm, void *stream);
+	/* streams and events */
+	int (*stream_new)(void *ctx, void **out);
+	void (*stream_free)(void *ctx, void *s);
+	int (*event_new)(void *ctx, void **out);
+	void (*event_free)(void *ctx, void *ev);
+	/* s waits for the compute stream (staged buffers are written) */
+	int (*after_compute)(void *ctx, void *s);
+	int (*record)(void *ctx, void *ev, void *s);
+	/* cudaEventQuery: OK (done), PENDING or ERR */
+	int (*query)(void *ctx, void *ev);
+} ne_prims_t;
+
+/* What a plan needs: sync buckets and directed channels, in global order. */
+typedef struct {
+	int n_buckets;
+	const sp_bucket_t *buckets;  /* the plan's, index order */
+	const int32_t *bucket_devs;
+	int n_chans;
+	int (*chans)[2];             /* {sender, receiver}, ascending */
+} ne_layout_t;
+
+/* The directed pairs of p's programs (every SEND's {device, peer}),
+ * sorted and unique; *out is malloc'd (NULL when n is 0). */
+int ne_layout_init(ne_layout_t *out, const sp_plan_t *p);
+void ne_layout_release(ne_layout_t *l);
+
+typedef struct ne_op ne_op_t;
+typedef struct ne_engine ne_engine_t;
+
+/*
+ * A new engine for rank `rank` of nranks. host carries the clear-to-send
+ * messages (the wrapped MPI comm; it stays the caller's). world: the
+ * world communicator, already created (NULL with one rank). warm: a
+ * device buffer of at least 4 bytes for the warm-up operations.
+ * timeout_s bounds every wait. hostname appears in messages.
+ */
+ne_engine_t *ne_new(const ne_prims_t *pr, void *ctx, rt_comm_t *host, void *world,
+		    void *warm, double timeout_s, const char *hostname);
+/* Releases everything (hard: abort every communicator). Accepts NULL. */
+void ne_free(ne_engine_t *e, int hard);
+
+/* Collective: makes and warms up every communicator of the layout, in the
+ * global order. Idempotent; afterwards ne_group_id answers bucket ids. */
+int ne_prepare(ne_engine_t *e, const ne_layout_t *l);
+int ne_prepared(const ne_engine_t *e);
+/* Sync group of bucket b for this rank: id >= 0, or -1 when not a member.
+ * Fails (-1 return) when ne_prepare did not see b. */
+int ne_group_id(const ne_engine_t *e, int bucket, int *out);
+
+/* Post operations (never wait). *out is the handle for ne_test. */
+int ne_isend(ne_engine_t *e, const void *buf, size_t bytes, int peer, int tag, ne_op_t **out);
+int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t **out);
+/* In-place sum over group g (a group of one: *out = NULL, done at once). */
+int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
+/* Moves every operation along; *done = 1 frees op. -1 when op failed. */
+int ne_test(ne_engine_t *e, ne_op_t *op, int *done);
+/* One pass over everything; -1 when the host comm fails. */
+int ne_progress(ne_engine_t *e);
+/* Operations not yet completed. */
+int ne_live(const ne_engine_t *e);
+
+#endif

@@ -1,0 +1,914 @@
+/*
+ * test_nccl_engine.c — the NCCL progress engine (runtime/cuda/nccl_engine.c)
+ * against a test double of NCCL, CUDA events and the host comm, N ranks in
+ * one process under a seeded round-robin scheduler. No GPU, no NCCL.
+ *
+ * The double behaves like a non-blocking communicator, at its harshest:
+ *   - a split completes when every world rank has made that split;
+ *   - group end returns "pending" when an operation in it has no
+ *     counterpart posted yet (mode STRICT: every operation; mode CONNECT:
+ *     only a communicator's first, i.e. connection set-up), and the
+ *     communicator then refuses every call (counted as a violation) until
+ *     its status is polled OK, which needs the peers to post;
+ *   - send/recv complete when both sides are posted and enqueued (the i-th
+ *     send of a channel matches its i-th receive, sizes must agree, the
+ *     bytes are copied); an all-reduce when every member has (the sum is
+ *     computed and checked).
+ * The scheduler runs each rank's program like interp.c does (sends and
+ * syncs post and go on, a receive waits, the end waits for everything).
+ * When a whole round changes nothing it declares a deadlock and fails: no
+ * test can hang. The clock is virtual.
+ *
+ * The switch old_blocking makes group end spin on "pending" without
+ * returning (what comm_nccl.c's wait_comm did before this engine); since no
+ * other rank runs during the spin, it ends in the engine's timeout, so the
+ * two regression scenarios fail under it: they can fail.
+ *
+ * Not covered: real NCCL or CUDA behaviour (kernel co-residency, stream
+ * ordering), which needs a GPU.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cuda/nccl_engine.h"
+
+#define MAXR 6
+#define MAXOPS 512
+#define MAXACT 64
+
+enum { STRICT, CONNECT };
+enum { K_SEND, K_RECV, K_ALLREDUCE };
+
+typedef struct sop sop_t;
+typedef struct scomm scomm_t;
+
+typedef struct {
+	scomm_t *c; /* NULL while its split is pending */
+	int me;     /* rank in c */
+	int wrank;
+	int busy, split_k;
+	sop_t *wait[MAXOPS];
+	int n_wait;
+} handle_t;
+
+struct sop {
+	int kind, idx, done;
+	handle_t *h;
+	float *buf;
+	size_t bytes;
+};
+
+struct scomm {
+	int n, connected, aborted;
+	handle_t *h[MAXR];          /* by comm rank */
+	sop_t *ops[MAXR][MAXOPS];   /* posted, by comm rank */
+	int n_ops[MAXR], n_kind[MAXR][3];
+};
+
+typedef struct {
+	sop_t *last;
+} stream_t;
+typedef struct {
+	sop_t *op;
+} event_t;
+
+typedef struct {
+	int kind, peer, tag, n; /* kind: K_SEND, K_RECV, K_ALLREDUCE (sync), -1 end */
+	float buf[8];
+	ne_op_t *op;
+} act_t;
+
+typedef struct {
+	int src, dst, tag;
+	char data[64];
+	size_t bytes;
+	int taken;
+} msg_t;
+
+typedef struct sim {
+	int n, mode, old_blocking;
+	double now, timeout;
+	long changes;
+	int violations;
+	/* world splits: [k][rank] */
+	int split_color[64][MAXR], split_key[64][MAXR], n_split[64];
+	handle_t *split_h[64][MAXR];
+	scomm_t *world;
+	handle_t *world_h[MAXR];
+	/* every object, freed at the end */
+	void *objs[8192];
+	int n_objs;
+	/* group under construction, per rank */
+	sop_t *grp[MAXR][MAXOPS];
+	int n_grp[MAXR], in_grp[MAXR];
+	/* host messages */
+	msg_t msgs[4096];
+	int n_msgs;
+	rt_comm_t host[MAXR];
+	ne_engine_t *eng[MAXR];
+	/* programs */
+	act_t prog[MAXR][MAXACT];
+	int n_prog[MAXR], pc[MAXR], pending[MAXR][MAXACT], n_pending[MAXR], finished[MAXR];
+	int buckets_n;
+	sp_bucket_t buckets[8];
+	int32_t bucket_devs[64];
+	int prepared[MAXR];
+	float warm[MAXR][4];
+} sim_t;
+
+/* per rank context: which sim and which rank */
+typedef struct {
+	sim_t *s;
+	int rank;
+} ctx_t;
+static ctx_t ctxs[MAXR];
+
+static void *keep(sim_t *s, void *p)
+{
+	assert_non_null(p);
+	assert_true(s->n_objs < (int)(sizeof s->objs / sizeof s->objs[0]));
+	s->objs[s->n_objs++] = p;
+	return p;
+}
+
+/* ---- the double: communicators ---- */
+
+static int posted_kind(const scomm_t *c, int r, int kind)
+{
+	return c->n_kind[r][kind];
+}
+
+/* Whether op's counterparts are posted. */
+static int counterpart(const sop_t *op)
+{
+	scomm_t *c = op->h->c;
+	if (op->kind == K_ALLREDUCE) {
+		for (int r = 0; r < c->n; r++)
+			if (posted_kind(c, r, K_ALLREDUCE) <= op->idx)
+				return 0;
+		return 1;
+	}
+	int other = 1 - op->h->me;
+	return posted_kind(c, other, op->kind == K_SEND ? K_RECV : K_SEND) > op->idx;
+}
+
+static sop_t *find_op(scomm_t *c, int r, int kind, int idx)
+{
+	for (int i = 0; i < c->n_ops[r]; i++)
+		if (c->ops[r][i]->kind == kind && c->ops[r][i]->idx == idx)
+			return c->ops[r][i];
+	return NULL;
+}
+
+/* Completes op (and its counterparts) when everything is posted and enqueued. */
+static int try_complete(sim_t *s, sop_t *op)
+{
+	if (op->done)
+		return 1;
+	scomm_t *c = op->h->c;
+	if (c->aborted || !counterpart(op) || op->h->busy)
+		return 0;
+	if (op->kind == K_ALLREDUCE) {
+		sop_t *all[MAXR];
+		for (int r = 0; r < c->n; r++) {
+			all[r] = find_op(c, r, K_ALLREDUCE, op->idx);
+			if (all[r]->h->busy || all[r]->bytes != op->bytes)
+				return 0;
+		}
+		float sum[8] = {0};
+		size_t nf = op->bytes / sizeof(float);
+		assert_true(nf <= 8);
+		for (int r = 0; r < c->n; r++)
+			for (size_t i = 0; i < nf; i++)
+				sum[i] += all[r]->buf[i];
+		for (int r = 0; r < c->n; r++) {
+			memcpy(all[r]->buf, sum, op->bytes);
+			all[r]->done = 1;
+		}
+	} else {
+		int other = 1 - op->h->me;
+		sop_t *peer = find_op(c, other, op->kind == K_SEND ? K_RECV : K_SEND, op->idx);
+		if (peer->h->busy)
+			return 0;
+		assert_int_equal(op->bytes, peer->bytes);
+		sop_t *snd = op->kind == K_SEND ? op : peer, *rcv = op->kind == K_SEND ? peer : op;
+		memcpy(rcv->buf, snd->buf, snd->bytes);
+		snd->done = rcv->done = 1;
+	}
+	s->changes++;
+	return 1;
+}
+
+static int d_status_h(sim_t *s, handle_t *h)
+{
+	if (!h->c) {
+		int k = h->split_k;
+		return s->n_split[k] == s->n ? NE_OK : NE_PENDING;
+	}
+	if (h->c->aborted)
+		return NE_ERR;
+	if (h->busy) {
+		for (int i = 0; i < h->n_wait; i++)
+			if (!counterpart(h->wait[i]))
+				return NE_PENDING;
+		h->busy = 0;
+		h->n_wait = 0;
+		h->c->connected = 1;
+		s->changes++;
+	}
+	return NE_OK;
+}
+
+static double d_now(void *ctx)
+{
+	return ((ctx_t *)ctx)->s->now;
+}
+
+/* Makes the children of split k once every rank has called it. */
+static void resolve_split(sim_t *s, int k)
+{
+	for (int color = 0; color < MAXR * 2; color++) {
+		scomm_t *c = NULL;
+		for (int key = 0; key < MAXR * 2; key++)
+			for (int r = 0; r < s->n; r++)
+				if (s->split_color[k][r] == color && s->split_key[k][r] == key) {
+					if (!c)
+						c = keep(s, calloc(1, sizeof *c));
+					handle_t *h = s->split_h[k][r];
+					h->c = c;
+					h->me = c->n;
+					c->h[c->n++] = h;
+				}
+	}
+	s->changes++;
+}
+
+static int d_split(void *ctx, void *parent, int color, int key, void **out)
+{
+	ctx_t *x = ctx;
+	sim_t *s = x->s;
+	handle_t *w = parent;
+	assert_ptr_equal(w, s->world_h[x->rank]);
+	int k = 0;
+	while (k < 64 && s->split_h[k][x->rank])
+		k++;
+	assert_true(k < 64);
+	if (w->busy || d_status_h(s, w) != NE_OK) {
+		s->violations++;
+		return NE_ERR;
+	}
+	handle_t *h = keep(s, calloc(1, sizeof *h));
+	h->wrank = x->rank;
+	h->split_k = k;
+	s->split_color[k][x->rank] = color;
+	s->split_key[k][x->rank] = key;
+	s->split_h[k][x->rank] = h;
+	if (++s->n_split[k] == s->n)
+		resolve_split(s, k);
+	*out = color < 0 ? NULL : h;
+	return s->n_split[k] == s->n ? NE_OK : NE_PENDING;
+}
+
+static int d_status(void *ctx, void *comm)
+{
+	ctx_t *x = ctx;
+	handle_t *h = comm;
+	if (h == x->s->world_h[x->rank]) {
+		/* world is busy while this rank's latest split is unresolved */
+		for (int k = 0; k < 64; k++)
+			if (x->s->split_h[k][x->rank] && x->s->n_split[k] < x->s->n)
+				return NE_PENDING;
+		return NE_OK;
+	}
+	return d_status_h(x->s, h);
+}
+
+static void d_abort(void *ctx, void *comm)
+{
+	(void)ctx;
+	handle_t *h = comm;
+	if (h->c)
+		h->c->aborted = 1;
+}
+
+static int d_finalize(void *ctx, void *comm)
+{
+	(void)ctx;
+	(void)comm;
+	return NE_OK;
+}
+
+static void d_destroy(void *ctx, void *comm)
+{
+	(void)ctx;
+	(void)comm;
+}
+
+static const char *d_why(void *ctx, void *comm)
+{
+	(void)ctx;
+	(void)comm;
+	return "simulated failure";
+}
+
+static int d_group_start(void *ctx)
+{
+	ctx_t *x = ctx;
+	x->s->in_grp[x->rank] = 1;
+	x->s->n_grp[x->rank] = 0;
+	return NE_OK;
+}
+
+static int d_post(ctx_t *x, int kind, void *buf, size_t bytes, int peer, void *comm, void *st)
+{
+	sim_t *s = x->s;
+	handle_t *h = comm;
+	if (!h || !h->c || h->busy || !s->in_grp[x->rank]) {
+		s->violations++;
+		return NE_ERR;
+	}
+	if (kind != K_ALLREDUCE && peer != 1 - h->me) {
+		s->violations++;
+		return NE_ERR;
+	}
+	sop_t *op = keep(s, calloc(1, sizeof *op));
+	*op = (sop_t){kind, h->c->n_kind[h->me][kind], 0, h, buf, bytes};
+	s->grp[x->rank][s->n_grp[x->rank]++] = op;
+	((stream_t *)st)->last = op;
+	return NE_OK;
+}
+
+static int d_send(void *ctx, const void *buf, size_t bytes, int peer, void *comm, void *st)
+{
+	return d_post(ctx, K_SEND, (void *)buf, bytes, peer, comm, st);
+}
+
+static int d_recv(void *ctx, void *buf, size_t bytes, int peer, void *comm, void *st)
+{
+	return d_post(ctx, K_RECV, buf, bytes, peer, comm, st);
+}
+
+static int d_allreduce(void *ctx, float *buf, size_t n, void *comm, void *st)
+{
+	return d_post(ctx, K_ALLREDUCE, buf, n * sizeof(float), -1, comm, st);
+}
+
+static int d_group_end(void *ctx)
+{
+	ctx_t *x = ctx;
+	sim_t *s = x->s;
+	int r = x->rank, pending = 0;
+	s->in_grp[r] = 0;
+	for (int i = 0; i < s->n_grp[r]; i++) {
+		sop_t *op = s->grp[r][i];
+		scomm_t *c = op->h->c;
+		c->ops[op->h->me][c->n_ops[op->h->me]++] = op;
+		c->n_kind[op->h->me][op->kind]++;
+		s->changes++;
+	}
+	for (int i = 0; i < s->n_grp[r]; i++) {
+		sop_t *op = s->grp[r][i];
+		if (!counterpart(op) && (s->mode == STRICT || !op->h->c->connected)) {
+			op->h->busy = 1;
+			pending = 1;
+		}
+	}
+	for (int i = 0; pending && i < s->n_grp[r]; i++) {
+		handle_t *h = s->grp[r][i]->h;
+		h->busy = 1;
+		h->wait[h->n_wait++] = s->grp[r][i];
+	}
+	if (!pending)
+		return NE_OK;
+	/* the old code had no start-up warm-up: its spin is modelled in steps */
+	int stepping = 1;
+	for (int q = 0; q < s->n; q++)
+		stepping &= s->prepared[q];
+	if (!s->old_blocking || !stepping)
+		return NE_PENDING;
+	/* the old wait_comm: spin until OK or the timeout, serving nobody */
+	double t0 = s->now;
+	for (;;) {
+		int st = NE_OK;
+		for (int i = 0; i < s->n_grp[r]; i++)
+			if (d_status_h(s, s->grp[r][i]->h) != NE_OK)
+				st = NE_PENDING;
+		if (st == NE_OK)
+			return NE_OK;
+		if (s->now - t0 > s->timeout)
+			return NE_ERR;
+		s->now += 1.0;
+	}
+}
+
+static int d_stream_new(void *ctx, void **out)
+{
+	*out = keep(((ctx_t *)ctx)->s, calloc(1, sizeof(stream_t)));
+	return NE_OK;
+}
+
+static void d_stream_free(void *ctx, void *st)
+{
+	(void)ctx;
+	(void)st;
+}
+
+static int d_event_new(void *ctx, void **out)
+{
+	*out = keep(((ctx_t *)ctx)->s, calloc(1, sizeof(event_t)));
+	return NE_OK;
+}
+
+static int d_after_compute(void *ctx, void *st)
+{
+	(void)ctx;
+	(void)st;
+	return NE_OK;
+}
+
+static int d_record(void *ctx, void *ev, void *st)
+{
+	(void)ctx;
+	((event_t *)ev)->op = ((stream_t *)st)->last;
+	return NE_OK;
+}
+
+static int d_query(void *ctx, void *ev)
+{
+	sop_t *op = ((event_t *)ev)->op;
+	if (!op)
+		return NE_OK;
+	if (op->h->c->aborted)
+		return NE_ERR;
+	return try_complete(((ctx_t *)ctx)->s, op) ? NE_OK : NE_PENDING;
+}
+
+static const ne_prims_t double_prims = {
+	.now = d_now, .split = d_split, .status = d_status, .abort = d_abort,
+	.finalize = d_finalize, .destroy = d_destroy, .why = d_why,
+	.group_start = d_group_start, .group_end = d_group_end, .send = d_send,
+	.recv = d_recv, .allreduce = d_allreduce, .stream_new = d_stream_new,
+	.stream_free = d_stream_free, .event_new = d_event_new, .event_free = d_stream_free,
+	.after_compute = d_after_compute, .record = d_record, .query = d_query,
+};
+
+/* ---- the double: host comm (eager, ordered per pair and tag) ---- */
+
+typedef struct {
+	void *buf;
+	size_t bytes;
+	int src, tag;
+} hrecv_t;
+
+static sim_t *host_sim(rt_comm_t *c)
+{
+	return c->impl;
+}
+
+static int h_isend(rt_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
+		   rt_req_t *req)
+{
+	sim_t *s = host_sim(c);
+	assert_true(s->n_msgs < 4096 && bytes <= 64);
+	msg_t *m = &s->msgs[s->n_msgs++];
+	*m = (msg_t){c->rank, peer, tag, {0}, bytes, 0};
+	memcpy(m->data, buf, bytes);
+	*req = (rt_req_t){0, NULL, peer, tag};
+	s->changes++;
+	return 0;
+}
+
+static int h_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req)
+{
+	hrecv_t *r = keep(host_sim(c), calloc(1, sizeof *r));
+	*r = (hrecv_t){buf, bytes, peer, tag};
+	*req = (rt_req_t){1, r, peer, tag};
+	return 0;
+}
+
+static int h_test(rt_comm_t *c, rt_req_t *req, int *done)
+{
+	sim_t *s = host_sim(c);
+	hrecv_t *r = req->impl;
+	*done = 0;
+	if (!req->kind) {
+		*done = 1;
+		return 0;
+	}
+	for (int i = 0; i < s->n_msgs; i++) {
+		msg_t *m = &s->msgs[i];
+		if (!m->taken && m->src == r->src && m->dst == c->rank && m->tag == r->tag) {
+			assert_int_equal(m->bytes, r->bytes);
+			memcpy(r->buf, m->data, m->bytes);
+			m->taken = 1;
+			req->kind = 0;
+			*done = 1;
+			s->changes++;
+			return 0;
+		}
+	}
+	return 0;
+}
+
+static const rt_comm_ops_t host_ops = {.isend = h_isend, .irecv = h_irecv, .test = h_test};
+
+/* ---- the scheduler: interp.c's way of running a program ---- */
+
+static void sim_init(sim_t *s, int n, int mode)
+{
+	memset(s, 0, sizeof *s);
+	s->n = n;
+	s->mode = mode;
+	s->timeout = 50.0;
+	s->world = keep(s, calloc(1, sizeof *s->world));
+	s->world->connected = 1;
+	for (int r = 0; r < n; r++) {
+		handle_t *h = keep(s, calloc(1, sizeof *h));
+		h->c = s->world;
+		h->me = r;
+		h->wrank = r;
+		s->world->h[r] = h;
+		s->world_h[r] = h;
+		s->host[r] = (rt_comm_t){&host_ops, "sim", r, n, 32767, s};
+	}
+	s->world->n = n;
+}
+
+static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
+{
+	assert_true(s->n_prog[r] < MAXACT - 1);
+	act_t *a = &s->prog[r][s->n_prog[r]++];
+	memset(a, 0, sizeof *a);
+	*a = (act_t){kind, peer, tag, n, {0}, NULL};
+	for (int i = 0; i < n; i++)
+		a->buf[i] = kind == K_SEND ? (float)(tag * 10 + i) : kind == K_ALLREDUCE ? (float)(r + 1) : -1.0f;
+}
+
+static void add_bucket(sim_t *s, const int *ranks, int n)
+{
+	sp_bucket_t *b = &s->buckets[s->buckets_n];
+	int off = s->buckets_n ? s->buckets[s->buckets_n - 1].dev_off + s->buckets[s->buckets_n - 1].n_dev : 0;
+	*b = (sp_bucket_t){.n_dev = n, .dev_off = off};
+	for (int i = 0; i < n; i++)
+		s->bucket_devs[off + i] = ranks[i];
+	s->buckets_n++;
+}
+
+/* Whether action a (done) left the right bytes. */
+static void check_act(const sim_t *s, int r, const act_t *a)
+{
+	if (a->kind == K_RECV)
+		for (int i = 0; i < a->n; i++)
+			assert_true(a->buf[i] == (float)(a->tag * 10 + i));
+	if (a->kind == K_ALLREDUCE) {
+		const sp_bucket_t *b = &s->buckets[a->peer];
+		float want = 0;
+		for (int q = 0; q < b->n_dev; q++)
+			want += (float)(s->bucket_devs[b->dev_off + q] + 1);
+		for (int i = 0; i < a->n; i++)
+			assert_true(a->buf[i] == want);
+	}
+	(void)r;
+}
+
+/* One turn of rank r. -1: an engine call failed. */
+static int turn(sim_t *s, int r, const ne_layout_t *lay)
+{
+	ne_engine_t *e = s->eng[r];
+	if (!s->prepared[r]) {
+		int p = ne_prepare(e, lay);
+		if (p == NE_ERR)
+			return -1;
+		s->prepared[r] = p == NE_OK;
+		s->changes += p == NE_OK;
+		return 0;
+	}
+	/* poll what is outstanding, as interp.c's poll_pending does */
+	for (int i = 0; i < s->n_pending[r];) {
+		act_t *a = &s->prog[r][s->pending[r][i]];
+		int done = 0;
+		if (ne_test(e, a->op, &done))
+			return -1;
+		if (done) {
+			check_act(s, r, a);
+			a->op = NULL;
+			s->pending[r][i] = s->pending[r][--s->n_pending[r]];
+			s->changes++;
+		} else {
+			i++;
+		}
+	}
+	if (s->pc[r] == s->n_prog[r]) {
+		if (!s->n_pending[r] && !s->finished[r]) {
+			s->finished[r] = 1;
+			s->changes++;
+		}
+		return ne_progress(e);
+	}
+	act_t *a = &s->prog[r][s->pc[r]];
+	if (a->kind == K_RECV && a->op) {
+		int done = 0;
+		if (ne_test(e, a->op, &done))
+			return -1;
+		if (!done)
+			return 0;
+		check_act(s, r, a);
+		a->op = NULL;
+		s->pc[r]++;
+		s->changes++;
+		return 0;
+	}
+	int rc = 0;
+	size_t bytes = sizeof(float) * (size_t)a->n;
+	if (a->kind == K_SEND)
+		rc = ne_isend(e, a->buf, bytes, a->peer, a->tag, &a->op);
+	else if (a->kind == K_RECV)
+		return ne_irecv(e, a->buf, bytes, a->peer, a->tag, &a->op);
+	else {
+		int g = -1;
+		assert_int_equal(ne_group_id(e, a->peer, &g), 0);
+		assert_true(g >= 0);
+		rc = ne_iallreduce(e, a->buf, a->n, g, &a->op);
+		if (!rc && !a->op)
+			check_act(s, r, a); /* a group of one: nothing to sum */
+	}
+	if (rc)
+		return -1;
+	if (a->op)
+		s->pending[r][s->n_pending[r]++] = s->pc[r];
+	s->pc[r]++;
+	s->changes++;
+	return 0;
+}
+
+/* The directed channels of the programs, sorted and unique. */
+static void sim_layout(sim_t *s, ne_layout_t *lay, int (*chans)[2])
+{
+	int n = 0;
+	for (int a = 0; a < s->n; a++)
+		for (int b = 0; b < s->n; b++) {
+			int used = 0;
+			for (int k = 0; k < s->n_prog[a]; k++)
+				used |= s->prog[a][k].kind == K_SEND && s->prog[a][k].peer == b;
+			if (used) {
+				chans[n][0] = a;
+				chans[n++][1] = b;
+			}
+		}
+	*lay = (ne_layout_t){s->buckets_n, s->buckets, s->bucket_devs, n, chans};
+}
+
+/* Runs every rank to its end. 0: done; 1: an engine call failed (the
+ * engine printed why); 2: deadlock (a round without change). */
+static int sim_run(sim_t *s, unsigned seed)
+{
+	ne_layout_t lay;
+	int chans[MAXR * MAXR][2];
+	sim_layout(s, &lay, chans);
+	for (int r = 0; r < s->n; r++) {
+		ctxs[r] = (ctx_t){s, r};
+		s->eng[r] = ne_new(&double_prims, &ctxs[r], &s->host[r], s->world_h[r], s->warm[r],
+				   s->timeout, "sim");
+		assert_non_null(s->eng[r]);
+	}
+	int result = 2, order[MAXR];
+	srand(seed);
+	for (int round = 0; round < 100000; round++) {
+		long before = s->changes;
+		for (int r = 0; r < s->n; r++)
+			order[r] = r;
+		for (int r = s->n - 1; r > 0; r--) {
+			int j = rand() % (r + 1), t = order[r];
+			order[r] = order[j];
+			order[j] = t;
+		}
+		for (int i = 0; i < s->n; i++)
+			if (turn(s, order[i], &lay)) {
+				result = 1;
+				goto out;
+			}
+		int all = 1;
+		for (int r = 0; r < s->n; r++)
+			all &= s->finished[r];
+		if (all) {
+			result = 0;
+			goto out;
+		}
+		s->now += 0.001;
+		if (s->changes == before)
+			break; /* nothing can move any more */
+	}
+out:
+	for (int r = 0; r < s->n; r++)
+		ne_free(s->eng[r], result != 0);
+	for (int i = 0; i < s->n_objs; i++)
+		free(s->objs[i]);
+	s->n_objs = 0;
+	return result;
+}
+
+/* ---- tests ---- */
+
+/*
+ * Regression (a): A sends to B, then syncs a bucket {A, B} and waits for
+ * it; B receives from A first. A waiting on its all-reduce must still
+ * serve B's clear-to-send. Before this engine, A's all-reduce enqueue spun
+ * in wait_comm (it needs B's, which B posts only after its receive), so
+ * B never got the send: a hang until the timeout.
+ */
+static void sync_serves_cts(sim_t *s, int old)
+{
+	sim_init(s, 2, STRICT);
+	s->old_blocking = old;
+	add_bucket(s, (int[]){0, 1}, 2);
+	add_act(s, 0, K_SEND, 1, 5, 4);
+	add_act(s, 0, K_ALLREDUCE, 0, 0, 2);
+	add_act(s, 1, K_RECV, 0, 5, 4);
+	add_act(s, 1, K_ALLREDUCE, 0, 0, 2);
+}
+
+static void test_sync_serves_cts(void **state)
+{
+	sim_t *s = *state;
+	sync_serves_cts(s, 0);
+	assert_int_equal(sim_run(s, 1), 0);
+	assert_int_equal(s->violations, 0);
+}
+
+static void test_sync_serves_cts_old_hangs(void **state)
+{
+	sim_t *s = *state;
+	sync_serves_cts(s, 1);
+	assert_int_not_equal(sim_run(s, 1), 0);
+}
+
+/*
+ * Regression (b): A and B each send to the other, then receive: two
+ * channels in opposite directions whose operations each need the peer's
+ * (STRICT makes every operation behave like a channel's first). Before,
+ * each rank spun in its send's enqueue and never enqueued its receive.
+ */
+static void crossing(sim_t *s, int old)
+{
+	sim_init(s, 2, STRICT);
+	s->old_blocking = old;
+	add_act(s, 0, K_SEND, 1, 1, 3);
+	add_act(s, 0, K_RECV, 1, 2, 3);
+	add_act(s, 1, K_SEND, 0, 2, 3);
+	add_act(s, 1, K_RECV, 0, 1, 3);
+}
+
+static void test_crossing_channels(void **state)
+{
+	sim_t *s = *state;
+	crossing(s, 0);
+	assert_int_equal(sim_run(s, 2), 0);
+	assert_int_equal(s->violations, 0);
+}
+
+static void test_crossing_channels_old_hangs(void **state)
+{
+	sim_t *s = *state;
+	crossing(s, 1);
+	assert_int_not_equal(sim_run(s, 2), 0);
+}
+
+/* The detector: a program that cannot finish under any engine (B waits
+ * for a message A never sends) ends as a deadlock, not a hang. */
+static void test_detects_no_progress(void **state)
+{
+	sim_t *s = *state;
+	sim_init(s, 2, STRICT);
+	add_act(s, 0, K_SEND, 1, 1, 1);
+	add_act(s, 1, K_RECV, 0, 1, 1);
+	add_act(s, 1, K_RECV, 0, 9, 1);
+	assert_int_equal(sim_run(s, 3), 2);
+}
+
+/*
+ * Random plans: a global sequence of transfers and syncs, each rank's
+ * program its subsequence (so some order finishes: sends never block),
+ * receives moved later at random so tags arrive in a different order
+ * than they were sent. Every seed, both modes, must finish.
+ */
+static void random_plan(sim_t *s, unsigned seed, int mode)
+{
+	srand(seed);
+	int n = 2 + rand() % 3;
+	sim_init(s, n, mode);
+	int nb = 1 + rand() % 3;
+	for (int b = 0; b < nb; b++) {
+		int ranks[MAXR], k = 0;
+		for (int r = 0; r < n; r++)
+			if (rand() % 2)
+				ranks[k++] = r;
+		if (!k)
+			ranks[k++] = rand() % n;
+		add_bucket(s, ranks, k);
+	}
+	/* receives wait in a queue and are placed a few steps later */
+	int qr[64], qp[64], qt[64], nq = 0, tag = 1;
+	int steps = 6 + rand() % 10;
+	for (int t = 0; t < steps; t++) {
+		int a = rand() % n, b = rand() % n;
+		if (a != b) {
+			add_act(s, a, K_SEND, b, tag, 1 + rand() % 4);
+			qr[nq] = b;
+			qp[nq] = a;
+			qt[nq++] = tag++;
+		}
+		while (nq > 0 && rand() % 3 == 0) {
+			int i = rand() % nq;
+			int len = 0;
+			for (int k = 0; k < s->n_prog[qp[i]]; k++)
+				if (s->prog[qp[i]][k].tag == qt[i] && s->prog[qp[i]][k].kind == K_SEND)
+					len = s->prog[qp[i]][k].n;
+			add_act(s, qr[i], K_RECV, qp[i], qt[i], len);
+			qr[i] = qr[--nq];
+			qp[i] = qp[nq];
+			qt[i] = qt[nq];
+		}
+	}
+	while (nq > 0) {
+		int i = nq - 1, len = 0;
+		for (int k = 0; k < s->n_prog[qp[i]]; k++)
+			if (s->prog[qp[i]][k].tag == qt[i] && s->prog[qp[i]][k].kind == K_SEND)
+				len = s->prog[qp[i]][k].n;
+		add_act(s, qr[i], K_RECV, qp[i], qt[i], len);
+		nq--;
+	}
+	/* syncs in bucket order on every member (like the plan's SYNCs) */
+	for (int b = 0; b < nb; b++)
+		for (int q = 0; q < s->buckets[b].n_dev; q++)
+			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_ALLREDUCE, b, 0, 3);
+}
+
+static void test_random_plans(void **state)
+{
+	sim_t *s = *state;
+	for (unsigned seed = 1; seed <= 60; seed++)
+		for (int mode = STRICT; mode <= CONNECT; mode++) {
+			random_plan(s, seed, mode);
+			int r = sim_run(s, seed * 7 + (unsigned)mode);
+			if (r)
+				fprintf(stderr, "seed %u mode %d: %s\n", seed, mode,
+					r == 2 ? "deadlock" : "failed");
+			assert_int_equal(r, 0);
+			assert_int_equal(s->violations, 0);
+		}
+}
+
+/* ne_layout_init: every SEND's pair, sorted and unique. */
+static void test_layout_from_plan(void **state)
+{
+	(void)state;
+	sp_ins_t ins[5] = {
+		{.op = INS_SEND, .peer = 2}, {.op = INS_RECV, .peer = 1}, {.op = INS_SEND, .peer = 2},
+		{.op = INS_SEND, .peer = 0}, {.op = INS_SEND, .peer = 0},
+	};
+	sp_device_t dev[3] = {{.first_ins = 0, .n_ins = 3}, {.first_ins = 3, .n_ins = 1},
+			      {.first_ins = 4, .n_ins = 1}};
+	sp_plan_t p = {.n_devices = 3, .devices = dev, .ins = ins, .n_ins = 5};
+	ne_layout_t l;
+	assert_int_equal(ne_layout_init(&l, &p), 0);
+	assert_int_equal(l.n_chans, 3);
+	int want[3][2] = {{0, 2}, {1, 0}, {2, 0}};
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(l.chans[i][0], want[i][0]);
+		assert_int_equal(l.chans[i][1], want[i][1]);
+	}
+	ne_layout_release(&l);
+}
+
+static int setup(void **state)
+{
+	*state = calloc(1, sizeof(sim_t));
+	return *state ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	free(*state);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_layout_from_plan),
+		cmocka_unit_test(test_sync_serves_cts),
+		cmocka_unit_test(test_sync_serves_cts_old_hangs),
+		cmocka_unit_test(test_crossing_channels),
+		cmocka_unit_test(test_crossing_channels_old_hangs),
+		cmocka_unit_test(test_detects_no_progress),
+		cmocka_unit_test(test_random_plans),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

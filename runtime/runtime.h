@@ -59,6 +59,10 @@ struct rt_comm {
 	int rank, nranks;
 	int tag_ub; /* largest message tag the transport accepts */
 	void *impl;
+	/* How a backend with device buffers moves them (--comm): NULL, its
+	 * default; "nccl"; "mpi" (staged through host memory). Set by the
+	 * caller before attach, which checks it. */
+	const char *dataplane;
 };
 
 /* comm_mpi.c: Open MPI (when built with it); comm_local.c: one rank. */

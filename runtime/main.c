@@ -44,7 +44,7 @@
 #include <unistd.h>
 
 typedef struct {
-	const char *plan_path, *backend, *trace_path, *log_path, *dump_path;
+	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
 	int64_t steps, save_every;
 	uint64_t seed;
@@ -134,6 +134,11 @@ static void usage(FILE *f)
 		"       spindle-run PLAN.bin [options]        (one-device plans)\n"
 		"\n"
 		"  --backend cpu|cuda   compute backend (default cpu)\n"
+		"  --comm nccl|mpi      how the cuda backend moves device buffers between\n"
+		"                       ranks: nccl (default; one GPU per rank) or mpi\n"
+		"                       (staged through host memory; ranks may share a\n"
+		"                       GPU). The cpu backend always uses MPI: it accepts\n"
+		"                       --comm mpi and refuses --comm nccl\n"
 		"  --steps K            training steps (default 10)\n"
 		"  --seed S             data and initialisation seed (default: the model's)\n"
 		"  --log FILE.csv       step,task,loss,step_ms,predicted_ms,param_l2,param_hash\n"
@@ -149,6 +154,30 @@ static void usage(FILE *f)
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"
 		"checkpoint could not be written), 2 bad input (plan, options, launch,\n"
 		"checkpoint to load)\n");
+}
+
+/* --comm: a data plane this build has, and one the backend can use. The
+ * CPU backend's buffers are host memory, which only MPI moves. */
+static int check_comm(const run_opts_t *o)
+{
+	if (!o->comm)
+		return 0;
+	if (strcmp(o->comm, "nccl") && strcmp(o->comm, "mpi")) {
+		fprintf(stderr, "spindle-run: unknown --comm '%s'\nhint: use nccl or mpi\n",
+			o->comm);
+		return 2;
+	}
+	if (!strcmp(o->comm, "mpi") && !comm_mpi_available()) {
+		fprintf(stderr, "spindle-run: --comm mpi: this spindle-run was built without "
+				"MPI\nhint: rebuild with -Dmpi=enabled, or omit --comm\n");
+		return 2;
+	}
+	if (!strcmp(o->comm, "nccl") && backend_find(o->backend) == &backend_cpu) {
+		fprintf(stderr, "spindle-run: --comm nccl: the cpu backend moves host buffers "
+				"over MPI only\nhint: omit --comm, or use --backend cuda\n");
+		return 2;
+	}
+	return 0;
 }
 
 static int parse(run_opts_t *o, int argc, char **argv)
@@ -177,6 +206,8 @@ static int parse(run_opts_t *o, int argc, char **argv)
 			i++;
 			if (!strcmp(a, "--backend"))
 				o->backend = v;
+			else if (!strcmp(a, "--comm"))
+				o->comm = v;
 			else if (!strcmp(a, "--trace"))
 				o->trace_path = v;
 			else if (!strcmp(a, "--log"))
@@ -239,7 +270,7 @@ static int parse(run_opts_t *o, int argc, char **argv)
 			o->backend);
 		return 2;
 	}
-	return 0;
+	return check_comm(o);
 }
 
 static double wall_ms(void)
@@ -327,6 +358,7 @@ static int start_comm(run_t *r, int *argc, char ***argv)
 static int start_backend(run_t *r)
 {
 	const rt_backend_t *be = backend_find(r->o.backend);
+	r->comm.dataplane = r->o.comm;
 	if (be->attach(&r->comm, &r->err))
 		return 2;
 	r->be = be;
@@ -423,8 +455,9 @@ static int agree_start(run_t *r, int pre)
 static int build_state(run_t *r)
 {
 	int rank = r->comm.rank;
-	wd_arm(rank, "setting up the plan's buffers and groups");
-	if (rt_create(&r->st, &r->plan, r->be, &r->comm, &r->ro, &r->err)) {
+	wd_arm(rank, "setting up the plan's communicators, buffers and groups");
+	if ((r->be->prepare && r->be->prepare(&r->comm, &r->plan, &r->err)) ||
+	    rt_create(&r->st, &r->plan, r->be, &r->comm, &r->ro, &r->err)) {
 		r->status = r->err.code == SP_EINPUT ? 2 : 1;
 		return RUN_FAIL;
 	}

@@ -60,6 +60,10 @@ struct rt_comm {
 	int rank, nranks;
 	int tag_ub; /* largest message tag the transport accepts */
 	void *impl;
+	/* How a backend with device buffers moves them (--comm): NULL, its
+	 * default; "nccl"; "mpi" (staged through host memory). Set by the
+	 * caller before attach, which checks it. */
+	const char *dataplane;
 };
 
 /* comm_mpi.c: Open MPI (when built with it); comm_local.c: one rank. */
@@ -86,6 +90,10 @@ typedef struct rt_backend {
 	int (*attach)(rt_comm_t *c, sp_err_t *err);
 	/* Sets up this rank's device; collective when c has several ranks. */
 	int (*init)(rt_comm_t *c, sp_err_t *err);
+	/* Optional, collective, after init and before rt_create: everything the
+	 * plan's communication needs made now, in one order on every rank (cuda
+	 * over NCCL: communicators and channels, warmed up), never mid-step. */
+	int (*prepare)(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err);
 	void (*shutdown)(void);
 	/* device memory */
 	rt_alloc_fn_t *alloc;

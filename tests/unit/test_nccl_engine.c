@@ -536,7 +536,8 @@ static void sim_init(sim_t *s, int n, int mode)
 		h->wrank = r;
 		s->world->h[r] = h;
 		s->world_h[r] = h;
-		s->host[r] = (rt_comm_t){&host_ops, "sim", r, n, 32767, s};
+		s->host[r] = (rt_comm_t){.ops = &host_ops, .name = "sim", .rank = r, .nranks = n,
+					  .tag_ub = 32767, .impl = s};
 	}
 	s->world->n = n;
 }

@@ -365,8 +365,17 @@ int verify_plan(const sp_plan_t *p, double mem_cap_bytes, sp_err_t *err);
 
 /* ---- plan.c: the pipeline ------------------------------------------------------- */
 
+/* An algorithm's figures beside its sp_algo_result_t that the plan file does
+ * not hold (its format stays as it is): what transfers and then sync with
+ * the optimizer step add to the compute schedule (sim_result_t), and the
+ * model FLOPs utilisation (plan.c says which FLOPs count). */
+typedef struct {
+	double sync_ms, transfer_ms, mfu;
+} algo_extra_t;
+
 typedef struct {
 	sp_algo_result_t algos[ALGO__COUNT];
+	algo_extra_t extra[ALGO__COUNT];
 	int ran[ALGO__COUNT];
 	algo_t chosen;
 	bounds_t bounds;

@@ -40,7 +40,7 @@ typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
 
 typedef struct {
 	const char *model_path, *cluster_path, *out_path;
-	int inspect, report, compare, json;
+	int inspect, costs, report, compare, json;
 	algo_t algo;
 	place_kind_t placement;
 	double mem_reserve_gib; /* kept free on every device */
@@ -389,6 +389,14 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 
 void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
+
+/* ---- costs.c: the cost table out (--costs) ------------------------------------- */
+
+/* Builds the MetaOps and their costs (its own arenas) and prints them with
+ * the collective, transfer and step prices as JSON (schemas/costs.schema.json);
+ * on error prints nothing. */
+int costs_print(FILE *f, const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		sp_err_t *err);
 
 /* ---- inspect.c ------------------------------------------------------------------- */
 

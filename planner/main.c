@@ -15,6 +15,9 @@ static void usage(FILE *f)
 		"\n"
 		"  -o, --output FILE    write the plan (atomically; nothing on error)\n"
 		"  --inspect            print what was understood of the inputs and stop\n"
+		"  --costs              print the cost table (per-layer times of every MetaOp\n"
+		"                       at every width, collective and transfer prices) as\n"
+		"                       JSON and stop\n"
 		"  --report             print the report (algorithms, bounds, waves)\n"
 		"  --compare            plan with every algorithm (default: ours and sequential)\n"
 		"  --json               print the report as JSON\n"
@@ -105,6 +108,7 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 static int opt_flag(plan_opts_t *o, const char *a)
 {
 	int *f = !strcmp(a, "--inspect")   ? &o->inspect
+		 : !strcmp(a, "--costs")   ? &o->costs
 		 : !strcmp(a, "--report")  ? &o->report
 		 : !strcmp(a, "--compare") ? &o->compare
 		 : !strcmp(a, "--json")    ? &o->json
@@ -165,6 +169,13 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	return 0;
 }
 
+/* Prints err; the exit status it calls for. */
+static int fail(const sp_err_t *err)
+{
+	sp_err_print(stderr, err);
+	return err->code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+}
+
 int main(int argc, char **argv)
 {
 	plan_opts_t o;
@@ -179,8 +190,7 @@ int main(int argc, char **argv)
 	int status = SP_EXIT_OK;
 	if (model_load(&model, o.model_path, &err) ||
 	    cluster_load(&cluster, o.cluster_path, &err)) {
-		sp_err_print(stderr, &err);
-		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		status = fail(&err);
 		goto cleanup;
 	}
 	if (o.mem_reserve_gib < 0)
@@ -189,15 +199,18 @@ int main(int argc, char **argv)
 		inspect_print(stdout, &model, &cluster);
 		goto cleanup;
 	}
+	if (o.costs) {
+		if (costs_print(stdout, &o, &model, &cluster, &err))
+			status = fail(&err);
+		goto cleanup;
+	}
 	if (planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
-		sp_err_print(stderr, &err);
-		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		status = fail(&err);
 		goto cleanup;
 	}
 	/* the file first: a run that cannot write it reports no success */
 	if (o.out_path && plan_write(&plan, o.out_path, &err)) {
-		sp_err_print(stderr, &err);
-		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+		status = fail(&err);
 		goto cleanup;
 	}
 	if (o.json)

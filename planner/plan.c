@@ -148,9 +148,26 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 	return 0;
 }
 
-/* Algorithm a's row of the summary. */
-static void record_algo(plan_summary_t *sum, algo_t a, const sim_result_t *r, double over,
-			double planning_ms)
+/*
+ * Model FLOPs utilisation of an iteration of iteration_ms on n_dev devices:
+ * the model's FLOPs of one iteration / (devices x peak FLOP/s x time). The
+ * FLOPs are inspect_model's (model.h arithmetic): forward and backward of
+ * every layer of every task at its batch, once each; no recomputation, no
+ * communication, no optimizer step, so the figure does not reward work a
+ * plan adds.
+ */
+static double mfu(const planner_t *pl, double iteration_ms)
+{
+	inspect_model_t im;
+	inspect_model(&im, pl->model);
+	double peak = (double)pl->N * pl->cluster->peak_tflops * 1e12;
+	return iteration_ms > 0 ? (double)im.iter_flops / (peak * iteration_ms * 1e-3) : 0;
+}
+
+/* Algorithm a's row of the summary; the figures the plan file does not
+ * hold (sync, transfers, MFU) go to sum->extra. */
+static void record_algo(const planner_t *pl, plan_summary_t *sum, algo_t a,
+			const sim_result_t *r, double over, double planning_ms)
 {
 	sp_algo_result_t *ar = &sum->algos[a];
 	snprintf(ar->name, sizeof ar->name, "%s", algo_name(a));
@@ -159,6 +176,8 @@ static void record_algo(plan_summary_t *sum, algo_t a, const sim_result_t *r, do
 	ar->utilisation = r->utilisation;
 	ar->planning_ms = planning_ms;
 	ar->fits_memory = over <= 0;
+	sum->extra[a] = (algo_extra_t){.sync_ms = r->sync_ms, .transfer_ms = r->transfer_ms,
+				       .mfu = mfu(pl, r->iteration_ms)};
 	sum->ran[a] = 1;
 }
 
@@ -202,7 +221,7 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 			plan_release(&seq_plan);
 			return rc;
 		}
-		record_algo(sum, (algo_t)a, &r, over, t1 - t0);
+		record_algo(pl, sum, (algo_t)a, &r, over, t1 - t0);
 		if (use_seq) { /* ours is the sequential plan */
 			p = seq_plan;
 			memset(&seq_plan, 0, sizeof seq_plan);

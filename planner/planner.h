@@ -40,7 +40,7 @@ typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
 
 typedef struct {
 	const char *model_path, *cluster_path, *out_path;
-	int inspect, report, compare, json;
+	int inspect, costs, report, compare, json;
 	algo_t algo;
 	place_kind_t placement;
 	double mem_reserve_gib; /* kept free on every device */
@@ -365,8 +365,17 @@ int verify_plan(const sp_plan_t *p, double mem_cap_bytes, sp_err_t *err);
 
 /* ---- plan.c: the pipeline ------------------------------------------------------- */
 
+/* An algorithm's figures beside its sp_algo_result_t that the plan file does
+ * not hold (its format stays as it is): what transfers and then sync with
+ * the optimizer step add to the compute schedule (sim_result_t), and the
+ * model FLOPs utilisation (plan.c says which FLOPs count). */
+typedef struct {
+	double sync_ms, transfer_ms, mfu;
+} algo_extra_t;
+
 typedef struct {
 	sp_algo_result_t algos[ALGO__COUNT];
+	algo_extra_t extra[ALGO__COUNT];
 	int ran[ALGO__COUNT];
 	algo_t chosen;
 	bounds_t bounds;
@@ -380,6 +389,14 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 
 void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s);
+
+/* ---- costs.c: the cost table out (--costs) ------------------------------------- */
+
+/* Builds the MetaOps and their costs (its own arenas) and prints them with
+ * the collective, transfer and step prices as JSON (schemas/costs.schema.json);
+ * on error prints nothing. */
+int costs_print(FILE *f, const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		sp_err_t *err);
 
 /* ---- inspect.c ------------------------------------------------------------------- */
 

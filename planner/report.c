@@ -1,6 +1,7 @@
 /*
  * report.c — `--report` / `--compare` (text) and `--json`: per-algorithm
- * predicted iteration time, speed-up over sequential, utilisation, bounds
+ * predicted iteration time with what transfers and sync add to it, speed-up
+ * over sequential, utilisation and model FLOPs utilisation, bounds
  * and gap, planning time; the chosen schedule wave by wave; the cost model
  * used per MetaOp; per-device memory and timeline.
  */
@@ -36,17 +37,24 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 	double seq = s->algos[ALGO_SEQUENTIAL].iteration_ms;
 	fprintf(f, "plan for '%s' on '%s' (%d x %s), algorithm %s\n\n", p->model.name,
 		p->cluster_name, p->n_devices, p->gpu_name, p->algo);
-	fprintf(f, "  %-14s %13s %11s %9s %12s %12s  %s\n", "algorithm", "iteration ms",
-		"compute ms", "speed-up", "utilisation", "planning ms", "memory");
+	/* transfers and sync: what each adds to the compute schedule */
+	fprintf(f, "  %-14s %13s %11s %11s %9s %9s %12s %6s %12s  %s\n", "algorithm",
+		"iteration ms", "compute ms", "transfer ms", "sync ms", "speed-up", "utilisation",
+		"MFU", "planning ms", "memory");
 	for (int a = 0; a < ALGO__COUNT; a++) {
 		if (!s->ran[a])
 			continue;
 		const sp_algo_result_t *r = &s->algos[a];
-		fprintf(f, "  %-14s %13.3f %11.3f %8.2fx %11.1f%% %12.1f  %s%s\n", r->name,
-			r->iteration_ms, r->compute_ms, r->iteration_ms > 0 ? seq / r->iteration_ms : 0,
-			100 * r->utilisation, r->planning_ms, r->fits_memory ? "fits" : "over cap",
+		const algo_extra_t *x = &s->extra[a];
+		fprintf(f, "  %-14s %13.3f %11.3f %11.3f %9.3f %8.2fx %11.1f%% %5.1f%% %12.1f  %s%s\n",
+			r->name, r->iteration_ms, r->compute_ms, x->transfer_ms, x->sync_ms,
+			r->iteration_ms > 0 ? seq / r->iteration_ms : 0, 100 * r->utilisation,
+			100 * x->mfu, r->planning_ms, r->fits_memory ? "fits" : "over cap",
 			a == (int)s->chosen ? "  <- chosen" : "");
 	}
+	fprintf(f, "(transfer and sync ms: what transfers, then sync and the optimizer step, "
+		   "add to the compute schedule; MFU: model FLOPs / (devices x peak x "
+		   "iteration))\n");
 	fprintf(f, "\nlower bound %.3f ms = max(area %.3f, critical path %.3f); paper's relaxed "
 		   "bound %.3f ms\n",
 		c->lower_bound_ms, c->area_bound_ms, c->cp_bound_ms, c->paper_bound_ms);
@@ -124,13 +132,14 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		if (!s->ran[a])
 			continue;
 		const sp_algo_result_t *r = &s->algos[a];
+		const algo_extra_t *x = &s->extra[a];
 		fprintf(f, "%s\n    ", first ? "" : ",");
 		sp_json_str(f, r->name);
-		fprintf(f, ": {\"iteration_ms\": %.6f, \"compute_ms\": %.6f, \"planning_ms\": %.3f, "
-			   "\"utilisation\": %.6f, \"speedup_vs_sequential\": %.6f, "
-			   "\"fits_memory\": %s}",
-			r->iteration_ms, r->compute_ms, r->planning_ms, r->utilisation,
-			r->iteration_ms > 0 ? seq / r->iteration_ms : 0,
+		fprintf(f, ": {\"iteration_ms\": %.6f, \"compute_ms\": %.6f, \"transfer_ms\": %.6f, "
+			   "\"sync_ms\": %.6f, \"planning_ms\": %.3f, \"utilisation\": %.6f, "
+			   "\"mfu\": %.6f, \"speedup_vs_sequential\": %.6f, \"fits_memory\": %s}",
+			r->iteration_ms, r->compute_ms, x->transfer_ms, x->sync_ms, r->planning_ms,
+			r->utilisation, x->mfu, r->iteration_ms > 0 ? seq / r->iteration_ms : 0,
 			r->fits_memory ? "true" : "false");
 		first = 0;
 	}

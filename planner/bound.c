@@ -17,10 +17,12 @@
  *            so the gap to it shows how far a schedule is from the best
  *            this cost model allows. (Reported beside the defined lower
  *            bound, not in place of it.)
- *  paper     the paper's relaxed optimum: per BFS level, the C* at which
- *            all the level's MetaOps finish together with real-valued
- *            widths summing to N; levels add up. A MetaOp below one device
- *            time-shares it: T(n) = T(1) / n for n < 1.
+ *  paper     the paper's relaxed optimum: per level, the C* at which all
+ *            the level's MetaOps finish together with real-valued widths
+ *            summing to N; levels add up. Its inverse of T is the authors'
+ *            (sched_paper.c's paper_cstar: speed-up interpolated between
+ *            batch-divisible counts; below one device a MetaOp
+ *            time-shares it). Reported, not a lower bound of this model.
  */
 #include "planner.h"
 
@@ -248,7 +250,7 @@ static void bound_steps(planner_t *pl, bounds_t *out)
 				rem[k++] = pl->mops[m].n_layers;
 			}
 		if (k)
-			out->paper_ms += relaxed_cstar(pl, ids, rem, k, pl->N, NULL);
+			out->paper_ms += paper_cstar(pl, ids, rem, k, pl->N, NULL);
 	}
 	out->lower_ms = fmax(out->area_ms, out->cp_ms);
 	out->allot_ms = allotment_bound(pl, out->lower_ms);

@@ -52,8 +52,8 @@ double relaxed_n(const metaop_t *m, double layers, double C)
 	return lo + (a - C) / (a - b);
 }
 
-double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
-		     double N, double *n_out)
+double relaxed_cstar_by(const planner_t *pl, const int *mops, const double *rem, int k,
+			double N, double *n_out, relaxed_inv_t inv)
 {
 	double lo = 0, hi = 0;
 	for (int i = 0; i < k; i++) {
@@ -64,13 +64,13 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	hi = fmax(hi, lo);
 	double need = 0;
 	for (int i = 0; i < k; i++)
-		need += relaxed_n(&pl->mops[mops[i]], rem[i], lo);
+		need += inv(&pl->mops[mops[i]], rem[i], lo);
 	double C = lo;
 	if (need > N) {
 		for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
 			double mid = 0.5 * (lo + hi), s = 0;
 			for (int i = 0; i < k; i++)
-				s += relaxed_n(&pl->mops[mops[i]], rem[i], mid);
+				s += inv(&pl->mops[mops[i]], rem[i], mid);
 			if (s > N)
 				lo = mid;
 			else
@@ -80,8 +80,14 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	}
 	if (n_out)
 		for (int i = 0; i < k; i++)
-			n_out[i] = relaxed_n(&pl->mops[mops[i]], rem[i], C);
+			n_out[i] = inv(&pl->mops[mops[i]], rem[i], C);
 	return C;
+}
+
+double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
+		     double N, double *n_out)
+{
+	return relaxed_cstar_by(pl, mops, rem, k, N, n_out, relaxed_n);
 }
 
 /* Lower convex hull of the points (time[k], k time[k]) for k = 1..nmax

@@ -292,6 +292,10 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 		     double N, double *n_out);
 /* Real-valued n with L * T_m(n) = C, by the same convention. */
 double relaxed_n(const metaop_t *m, double layers, double C);
+/* relaxed_cstar with another inverse of T (HUGE_VAL: C cannot be met). */
+typedef double (*relaxed_inv_t)(const metaop_t *m, double layers, double C);
+double relaxed_cstar_by(const planner_t *pl, const int *mops, const double *rem, int k,
+			double N, double *n_out, relaxed_inv_t inv);
 
 /* ---- place.c: devices for every slice --------------------------------------- */
 

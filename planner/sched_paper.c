@@ -103,33 +103,7 @@ static double paper_n(const metaop_t *m, double layers, double C)
 double paper_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
 		   double N, double *n_out)
 {
-	double lo = 0, hi = 0;
-	for (int i = 0; i < k; i++) {
-		const metaop_t *m = &pl->mops[mops[i]];
-		lo = fmax(lo, rem[i] * mop_t(m, valid_max(m)));
-		hi += rem[i] * mop_t(m, 1);
-	}
-	hi = fmax(hi, lo);
-	double need = 0;
-	for (int i = 0; i < k; i++)
-		need += paper_n(&pl->mops[mops[i]], rem[i], lo);
-	double C = lo;
-	if (need > N) {
-		for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
-			double mid = 0.5 * (lo + hi), s = 0;
-			for (int i = 0; i < k; i++)
-				s += paper_n(&pl->mops[mops[i]], rem[i], mid);
-			if (s > N)
-				lo = mid;
-			else
-				hi = mid;
-		}
-		C = hi;
-	}
-	if (n_out)
-		for (int i = 0; i < k; i++)
-			n_out[i] = paper_n(&pl->mops[mops[i]], rem[i], C);
-	return C;
+	return relaxed_cstar_by(pl, mops, rem, k, N, n_out, paper_n);
 }
 
 /* Whole layers in a share of t ms at per ms a layer, within [0, L]; -1

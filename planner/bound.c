@@ -17,10 +17,12 @@
  *            so the gap to it shows how far a schedule is from the best
  *            this cost model allows. (Reported beside the defined lower
  *            bound, not in place of it.)
- *  paper     the paper's relaxed optimum: per BFS level, the C* at which
- *            all the level's MetaOps finish together with real-valued
- *            widths summing to N; levels add up. A MetaOp below one device
- *            time-shares it: T(n) = T(1) / n for n < 1.
+ *  paper     the paper's relaxed optimum: per level, the C* at which all
+ *            the level's MetaOps finish together with real-valued widths
+ *            summing to N; levels add up. Its inverse of T is the authors'
+ *            (sched_paper.c's paper_cstar: speed-up interpolated between
+ *            batch-divisible counts; below one device a MetaOp
+ *            time-shares it). Reported, not a lower bound of this model.
  */
 #include "planner.h"
 
@@ -50,8 +52,8 @@ double relaxed_n(const metaop_t *m, double layers, double C)
 	return lo + (a - C) / (a - b);
 }
 
-double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
-		     double N, double *n_out)
+double relaxed_cstar_by(const planner_t *pl, const int *mops, const double *rem, int k,
+			double N, double *n_out, relaxed_inv_t inv)
 {
 	double lo = 0, hi = 0;
 	for (int i = 0; i < k; i++) {
@@ -62,13 +64,13 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	hi = fmax(hi, lo);
 	double need = 0;
 	for (int i = 0; i < k; i++)
-		need += relaxed_n(&pl->mops[mops[i]], rem[i], lo);
+		need += inv(&pl->mops[mops[i]], rem[i], lo);
 	double C = lo;
 	if (need > N) {
 		for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
 			double mid = 0.5 * (lo + hi), s = 0;
 			for (int i = 0; i < k; i++)
-				s += relaxed_n(&pl->mops[mops[i]], rem[i], mid);
+				s += inv(&pl->mops[mops[i]], rem[i], mid);
 			if (s > N)
 				lo = mid;
 			else
@@ -78,8 +80,14 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 	}
 	if (n_out)
 		for (int i = 0; i < k; i++)
-			n_out[i] = relaxed_n(&pl->mops[mops[i]], rem[i], C);
+			n_out[i] = inv(&pl->mops[mops[i]], rem[i], C);
 	return C;
+}
+
+double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
+		     double N, double *n_out)
+{
+	return relaxed_cstar_by(pl, mops, rem, k, N, n_out, relaxed_n);
 }
 
 /* Lower convex hull of the points (time[k], k time[k]) for k = 1..nmax
@@ -248,7 +256,7 @@ static void bound_steps(planner_t *pl, bounds_t *out)
 				rem[k++] = pl->mops[m].n_layers;
 			}
 		if (k)
-			out->paper_ms += relaxed_cstar(pl, ids, rem, k, pl->N, NULL);
+			out->paper_ms += paper_cstar(pl, ids, rem, k, pl->N, NULL);
 	}
 	out->lower_ms = fmax(out->area_ms, out->cp_ms);
 	out->allot_ms = allotment_bound(pl, out->lower_ms);

@@ -29,7 +29,8 @@
  * with the same holder set form one bucket (one all-reduce per group). A
  * device issues a bucket's SYNC right after its last instruction that
  * produces gradients of it (overlap), or all SYNCs just before STEP (the
- * paper's variant). STEP waits for all of them.
+ * paper's algorithm and baseline: algo_overlaps_sync). STEP waits for all
+ * of them.
  */
 #include "lower.h"
 

@@ -246,7 +246,7 @@ int lower_programs(lstate_t *st, sp_plan_t *out)
 	int *fill = sp_arena_calloc(st->a, (size_t)N + 1, sizeof(int));
 	int *cnt = sp_arena_calloc(st->a, (size_t)N + 1, sizeof(int));
 	int *byd = sp_arena_calloc(st->a, (size_t)ng + 1, sizeof(int));
-	syncw_t w = {st->s->algo != ALGO_PAPER,
+	syncw_t w = {algo_overlaps_sync(st->s->algo),
 		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
 		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
 		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),

@@ -199,7 +199,8 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 	want[ALGO_SEQUENTIAL] = 1;
 	/* sequential first: ours reuses it (the candidate data-parallel) */
 	static const algo_t run_order[ALGO__COUNT] = {ALGO_SEQUENTIAL, ALGO_SPINDLE, ALGO_PAPER,
-						      ALGO_TASK_LEVEL, ALGO_DISTMM};
+						      ALGO_TASK_LEVEL, ALGO_DISTMM,
+						      ALGO_SEQUENTIAL_PAPER};
 	sp_plan_t seq_plan = {0};
 	sim_result_t seq_res = {0};
 	double seq_over = 0;

@@ -33,6 +33,7 @@ typedef enum {
 	ALGO_SEQUENTIAL,
 	ALGO_TASK_LEVEL,
 	ALGO_DISTMM,
+	ALGO_SEQUENTIAL_PAPER,
 	ALGO__COUNT
 } algo_t;
 
@@ -50,6 +51,10 @@ typedef struct {
 
 const char *algo_name(algo_t a);
 int algo_parse(const char *s, algo_t *out);
+/* 1 when a's gradient sync overlaps its backward (SYNC after a bucket's
+ * last gradient, transformer slices in chunks); 0: all SYNCs after the
+ * last backward, as in the paper's algorithm and baseline. */
+int algo_overlaps_sync(algo_t a);
 
 /* ---- graph.c: task DAG → MetaOps ------------------------------------------ */
 
@@ -179,6 +184,11 @@ int sched_distmm(planner_t *pl, sched_t *out);
 int sched_paper(planner_t *pl, sched_t *out);
 /* The paper's wave packing over the whole DAG (a candidate of ours). */
 int sched_paper_dag(planner_t *pl, sched_t *out);
+/* The paper's relaxed optimum of independent MetaOps mops[0..k) with rem[i]
+ * layers on N devices, by the authors' inverse of T (speed-up interpolated
+ * between batch-divisible counts); n_out[i]: real n* (may be NULL). */
+double paper_cstar(const planner_t *pl, const int *mops, const double *rem, int k,
+		   double N, double *n_out);
 
 /* ---- allot.c: our widths (phase 1) ------------------------------------------ */
 
@@ -282,6 +292,10 @@ double relaxed_cstar(const planner_t *pl, const int *mops, const double *rem, in
 		     double N, double *n_out);
 /* Real-valued n with L * T_m(n) = C, by the same convention. */
 double relaxed_n(const metaop_t *m, double layers, double C);
+/* relaxed_cstar with another inverse of T (HUGE_VAL: C cannot be met). */
+typedef double (*relaxed_inv_t)(const metaop_t *m, double layers, double C);
+double relaxed_cstar_by(const planner_t *pl, const int *mops, const double *rem, int k,
+			double N, double *n_out, relaxed_inv_t inv);
 
 /* ---- place.c: devices for every slice --------------------------------------- */
 

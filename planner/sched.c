@@ -4,7 +4,11 @@
  * and the three baselines computed with the same cost model:
  *
  *  sequential  each task in turn, each MetaOp on min(N, B) devices
- *              (data parallel on the whole cluster: Megatron-LM/DeepSpeed).
+ *              (data parallel on the whole cluster: Megatron-LM/DeepSpeed),
+ *              sync overlapped with backward: our strong baseline.
+ *  sequential-paper  the same schedule as the paper's baseline runs it
+ *              (Spindle §6.1: Megatron-LM/DeepSpeed, gradients accumulated
+ *              task by task): no chunks, one sync after the last backward.
  *  task-level  each task on its own fixed group, tasks concurrent; group
  *              sizes by Optimus-style marginal gain: start every task at one
  *              device, then give each further device to the task whose
@@ -26,11 +30,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The algorithms: name, sync overlapped with backward. */
+static const struct {
+	const char *name;
+	int overlap;
+} algos[ALGO__COUNT] = {
+	[ALGO_SPINDLE] = {"spindle", 1},
+	[ALGO_PAPER] = {"spindle-paper", 0},
+	[ALGO_SEQUENTIAL] = {"sequential", 1},
+	[ALGO_TASK_LEVEL] = {"task-level", 1},
+	[ALGO_DISTMM] = {"distmm-mt", 1},
+	[ALGO_SEQUENTIAL_PAPER] = {"sequential-paper", 0},
+};
+
 const char *algo_name(algo_t a)
 {
-	static const char *const names[ALGO__COUNT] = {
-		"spindle", "spindle-paper", "sequential", "task-level", "distmm-mt"};
-	return (unsigned)a < ALGO__COUNT ? names[a] : "?";
+	return (unsigned)a < ALGO__COUNT ? algos[a].name : "?";
+}
+
+int algo_overlaps_sync(algo_t a)
+{
+	return (unsigned)a < ALGO__COUNT && algos[a].overlap;
 }
 
 int algo_parse(const char *s, algo_t *out)
@@ -481,7 +501,8 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 	sched_init(out, a, &pl->scratch);
 	int rc;
 	switch (a) {
-	case ALGO_SEQUENTIAL: rc = sched_sequential(pl, out); break;
+	case ALGO_SEQUENTIAL:
+	case ALGO_SEQUENTIAL_PAPER: rc = sched_sequential(pl, out); break;
 	case ALGO_TASK_LEVEL: rc = sched_task_level(pl, out); break;
 	case ALGO_DISTMM: rc = sched_distmm(pl, out); break;
 	case ALGO_PAPER: rc = sched_paper(pl, out); break;
@@ -496,7 +517,7 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if ((rc = sched_check(pl, out)))
 		return rc;
-	if (a != ALGO_PAPER && sched_chunk(out, pl))
+	if (algo_overlaps_sync(a) && sched_chunk(out, pl))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return 0;
 }

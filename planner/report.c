@@ -38,7 +38,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 	fprintf(f, "plan for '%s' on '%s' (%d x %s), algorithm %s\n\n", p->model.name,
 		p->cluster_name, p->n_devices, p->gpu_name, p->algo);
 	/* transfers and sync: what each adds to the compute schedule */
-	fprintf(f, "  %-14s %13s %11s %11s %9s %9s %12s %6s %12s  %s\n", "algorithm",
+	fprintf(f, "  %-16s %11s %11s %11s %9s %9s %12s %6s %12s  %s\n", "algorithm",
 		"iteration ms", "compute ms", "transfer ms", "sync ms", "speed-up", "utilisation",
 		"MFU", "planning ms", "memory");
 	for (int a = 0; a < ALGO__COUNT; a++) {
@@ -46,7 +46,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 			continue;
 		const sp_algo_result_t *r = &s->algos[a];
 		const algo_extra_t *x = &s->extra[a];
-		fprintf(f, "  %-14s %13.3f %11.3f %11.3f %9.3f %8.2fx %11.1f%% %5.1f%% %12.1f  %s%s\n",
+		fprintf(f, "  %-16s %11.3f %11.3f %11.3f %9.3f %8.2fx %11.1f%% %5.1f%% %12.1f  %s%s\n",
 			r->name, r->iteration_ms, r->compute_ms, x->transfer_ms, x->sync_ms,
 			r->iteration_ms > 0 ? seq / r->iteration_ms : 0, 100 * r->utilisation,
 			100 * x->mfu, r->planning_ms, r->fits_memory ? "fits" : "over cap",

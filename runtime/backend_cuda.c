@@ -134,7 +134,7 @@ static int cuda_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 #define CUDA_MATH(f) .f = cu_##f,
 const rt_backend_t backend_cuda = {
 	.name = "cuda", .attach = cuda_attach, .init = cuda_init, .prepare = cuda_prepare,
-	.shutdown = cu_shutdown,
+	.reserve_params = cu_reserve_shadow, .shutdown = cu_shutdown,
 	.alloc = cu_alloc, .release = cu_release, .to_device = cu_to_device,
 	.to_host = cu_to_host, .zero = cu_zero, .copy_rows = cu_copy_rows, .sync = cu_sync,
 	RT_BACKEND_MATH(CUDA_MATH)

@@ -392,6 +392,8 @@ static int alloc_all(rt_state_t *st)
 	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
 	    !st->feat_host || !st->loss)
 		return SP_ENOMEM;
+	if (b->reserve_params)
+		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
 	st->mem[MEM_PARAMS] = nw * f * (adam ? 4 : 2);
 	st->mem[MEM_ACTS] = st->saved_n * f;

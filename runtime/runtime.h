@@ -94,6 +94,9 @@ typedef struct rt_backend {
 	 * plan's communication needs made now, in one order on every rank (cuda
 	 * over NCCL: communicators and channels, warmed up), never mid-step. */
 	int (*prepare)(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err);
+	/* Optional: whatever the parameters w[0..n) need beside them made at
+	 * start-up, not in step 1 (cuda: their bf16 shadow). */
+	void (*reserve_params)(const float *w, int64_t n);
 	void (*shutdown)(void);
 	/* device memory */
 	rt_alloc_fn_t *alloc;

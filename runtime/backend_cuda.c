@@ -125,9 +125,34 @@ static int cuda_init(rt_comm_t *c, sp_err_t *err)
 	return rc;
 }
 
+/*
+ * The reduction scratch the plan's layers can ask for (cu_kernels.cu: a
+ * column sum over rows in at most 1024 chunks of >= 64 rows keeps one float
+ * per chunk and column, layer norm's two): 4 bytes times the larger of
+ *   2 * 1024 * the widest bias or norm (3h, ffn, out, classes, h), and
+ *   ceil(B/64) * seq * h for position embeddings summed over B samples,
+ * B the largest task batch. Reserved at start-up so that no step grows it
+ * (a request above it would still grow it, with a warning).
+ */
+static size_t reduction_bound(const sp_plan_t *p)
+{
+	const sp_model_t *m = &p->model;
+	int64_t batch = 1, wide = 1, pos = 1;
+	for (int t = 0; t < m->n_tasks; t++)
+		batch = SP_MAX(batch, m->tasks[t].batch);
+	for (int i = 0; i < m->n_comps; i++) {
+		const sp_component_t *c = &m->comps[i];
+		wide = SP_MAX(wide, SP_MAX(3 * c->hidden, SP_MAX(c->ffn, SP_MAX(c->out, c->classes))));
+		if (c->type == COMP_EMBEDDING || c->type == COMP_PATCH)
+			pos = SP_MAX(pos, (batch + 63) / 64 * c->max_seq * c->hidden);
+	}
+	return sizeof(float) * (size_t)SP_MAX(2 * 1024 * wide, pos);
+}
+
 static int cuda_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 {
 	const dataplane_t *dp = plane_of(c);
+	cu_reserve_reduction(reduction_bound(p));
 	return c->nranks > 1 && dp && dp->prepare ? dp->prepare(c, p, err) : 0;
 }
 

@@ -9,7 +9,8 @@
  * communication (comm_nccl.c).
  *
  * Device memory before step 1: cu_init reserves the layer workspace (at the
- * cap the layers chunk their samples to) and the reduction scratch, and a
+ * cap the layers chunk their samples to) and the reduction scratch (grown
+ * to the plan's bound by cu_reserve_reduction before rt_create), and a
  * pinned staging buffer through which every host<->device copy goes
  * (cudaMemcpyAsync from pageable memory stages and synchronises behind
  * the caller's back). cudaMalloc/cudaFree mid-step synchronise the device,
@@ -204,6 +205,14 @@ void cu_memory_extra(size_t *workspace, size_t *shadows)
 char *cu_ws_get(size_t bytes)
 {
 	return grow(&g.ws, &g.ws_bytes, bytes, "growing the layer workspace");
+}
+
+void cu_reserve_reduction(size_t bytes)
+{
+	bool was = g.reserved; /* start-up: no warning */
+	g.reserved = false;
+	grow(&g.red, &g.red_bytes, bytes, "reserving the reduction scratch");
+	g.reserved = was;
 }
 
 char *cu_red_get(size_t bytes)

@@ -62,6 +62,8 @@ void cu_allow_shared_device(int allowed);
 /* Makes the bf16 shadow of the allocation holding p[0..n) now (start-up)
  * instead of in the first forward. */
 void cu_reserve_shadow(const float *p, int64_t n);
+/* Grows the reduction scratch to bytes now, at start-up (no warning). */
+void cu_reserve_reduction(size_t bytes);
 void cu_shutdown(void);
 /* Called (then never returns) when a void entry point hits an error. */
 void cu_set_abort(void (*fn)(void *ctx, int code), void *ctx);

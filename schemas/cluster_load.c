@@ -208,8 +208,12 @@ static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 	/* optional, default 1; every NIC serves at least one GPU (rail-optimised:
 	 * GPU g uses NIC floor(g * nics / gpus_per_node)) */
 	int64_t nics = 1;
-	if ((rc = jget_int(c, l, "nics_per_node", 0, 1, out->gpus_per_node, &nics)))
+	if ((rc = jget_int(c, l, "nics_per_node", 0, 1, out->gpus_per_node, &nics))) {
+		if (rc == SP_EINPUT && json_is_integer(json_object_get(l, "nics_per_node")))
+			sp_err_hint(c->err, "every NIC serves at least one GPU: give at most "
+					    "gpus_per_node NICs per node");
 		return rc;
+	}
 	out->nics = (int)nics;
 	jp_pop(c);
 	return 0;

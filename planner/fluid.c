@@ -15,7 +15,8 @@
  * job not yet frozen together; when a link is full, freeze the jobs on it;
  * repeat until all are frozen. It is recomputed at every event where a
  * phase starts or stops draining, so a job speeds up when a competitor
- * leaves. Why this rule: InfiniBand and NVLink arbitrate per queue pair /
+ * leaves; only for the jobs connected to that phase through shared links
+ * (max-min rates of unconnected jobs are independent). Why this rule: InfiniBand and NVLink arbitrate per queue pair /
  * channel in round robin, which gives competing long flows equal shares of
  * a bottleneck and lets a flow limited elsewhere leave its unused share to
  * the others; that is max-min fairness (Bertsekas & Gallager, Data
@@ -47,14 +48,25 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	size_t nj = (size_t)max_jobs + 1;
 	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
 	out->pending = sp_arena_calloc(a, nj, sizeof(int));
-	out->active = sp_arena_calloc(a, nj, sizeof(int));
+	out->comp = sp_arena_calloc(a, nj, sizeof(int));
+	out->jmark = sp_arena_calloc(a, nj, sizeof(int));
+	out->lj = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int *));
+	out->ln = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	out->lcap = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	out->lmark = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
 	out->waiting = sp_arena_calloc(a, nj, sizeof(int));
 	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
 	out->busy = sp_arena_calloc(a, (size_t)N + 1, sizeof(char));
-	out->used = sp_arena_calloc(a, (size_t)nr + 1, sizeof(double));
+	out->left = sp_arena_calloc(a, (size_t)nr + 1, sizeof(double));
 	out->sum = sp_arena_calloc(a, (size_t)nr + 1, sizeof(double));
-	if (!out->jobs || !out->pending || !out->active || !out->waiting || !out->frozen ||
-	    !out->busy || !out->used || !out->sum)
+	out->cnt = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	out->unfrozen = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	out->first = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	out->links = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
+	if (!out->jobs || !out->pending || !out->comp || !out->jmark || !out->lj || !out->ln ||
+	    !out->lcap || !out->lmark || !out->waiting || !out->frozen ||
+	    !out->busy || !out->left || !out->sum || !out->cnt || !out->unfrozen ||
+	    !out->first || !out->links)
 		return SP_ENOMEM;
 	return 0;
 }
@@ -145,36 +157,130 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	return bytes > 0 ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a) : 0;
 }
 
-/* ---- events ----------------------------------------------------------------- */
+/* ---- links in use --------------------------------------------------------------- */
 
-static void set_active(fl_net_t *n, int j)
+/* Per link, the jobs draining through it; every link whose set changed is
+ * a seed of the next sharing. */
+static int seed(fl_net_t *n, int r)
 {
-	n->active[n->n_active++] = j;
+	if (sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
+		return SP_ENOMEM;
+	n->seeds[n->n_seeds++] = r;
+	return 0;
 }
 
-/* Starts phase jb->phase at n->now, skipping empty ones; 1 when the job is
- * done. */
-static int enter_phase(fl_net_t *n, fl_job_t *jb)
+static int drain_begin(fl_net_t *n, int j)
 {
+	fl_job_t *jb = &n->jobs[j];
+	const net_phase_t *ph = &jb->co.ph[jb->phase];
+	jb->state = J_DRAIN;
+	jb->rate = 0;
+	jb->t_ref = n->now;
+	for (int i = 0; i < ph->n_load; i++) {
+		int r = ph->load[i].res;
+		if (sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1, sizeof(int)) ||
+		    seed(n, r))
+			return SP_ENOMEM;
+		n->lj[r][n->ln[r]++] = j;
+	}
+	return 0;
+}
+
+static int drain_end(fl_net_t *n, int j)
+{
+	const fl_job_t *jb = &n->jobs[j];
+	const net_phase_t *ph = &jb->co.ph[jb->phase];
+	for (int i = 0; i < ph->n_load; i++) {
+		int r = ph->load[i].res;
+		for (int q = 0; q < n->ln[r]; q++)
+			if (n->lj[r][q] == j) {
+				n->lj[r][q] = n->lj[r][--n->ln[r]];
+				break;
+			}
+		if (seed(n, r))
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
+/* ---- the event heap, by (time, job); an entry is stale when its version is
+ * not its job's ------------------------------------------------------------------- */
+
+static int ev_before(const fl_net_t *n, int i, int j)
+{
+	const fl_ev_t *a = &n->ev[i], *b = &n->ev[j];
+	return a->t < b->t || (a->t == b->t && a->job < b->job);
+}
+
+static void ev_swap(fl_net_t *n, int i, int j)
+{
+	fl_ev_t t = n->ev[i];
+	n->ev[i] = n->ev[j];
+	n->ev[j] = t;
+}
+
+static int ev_push(fl_net_t *n, int j, double t)
+{
+	if (sp_arena_grow(n->a, (void **)&n->ev, &n->cap_ev, n->n_ev + 1, sizeof(fl_ev_t)))
+		return SP_ENOMEM;
+	int k = n->n_ev++;
+	n->ev[k] = (fl_ev_t){t, j, ++n->jobs[j].ver};
+	while (k > 0 && ev_before(n, k, (k - 1) / 2)) {
+		ev_swap(n, k, (k - 1) / 2);
+		k = (k - 1) / 2;
+	}
+	return 0;
+}
+
+static void ev_pop(fl_net_t *n)
+{
+	n->ev[0] = n->ev[--n->n_ev];
+	for (int k = 0;;) {
+		int l = 2 * k + 1, r = l + 1, m = k;
+		if (l < n->n_ev && ev_before(n, l, m))
+			m = l;
+		if (r < n->n_ev && ev_before(n, r, m))
+			m = r;
+		if (m == k)
+			break;
+		ev_swap(n, k, m);
+		k = m;
+	}
+}
+
+/* The next live event's time, HUGE_VAL when none. */
+static double ev_next(fl_net_t *n)
+{
+	while (n->n_ev > 0 && n->ev[0].ver != n->jobs[n->ev[0].job].ver)
+		ev_pop(n);
+	return n->n_ev > 0 ? n->ev[0].t : HUGE_VAL;
+}
+
+/* ---- phases ------------------------------------------------------------------------ */
+
+/* Starts phase jb->phase at n->now, skipping empty ones: 1 when the job is
+ * done, 0 when it runs, SP_ENOMEM. */
+static int enter_phase(fl_net_t *n, int j)
+{
+	fl_job_t *jb = &n->jobs[j];
 	for (; jb->phase < jb->co.n_phase; jb->phase++) {
 		const net_phase_t *ph = &jb->co.ph[jb->phase];
 		double v = 0;
 		for (int i = 0; i < ph->n_load; i++)
 			v = fmax(v, ph->load[i].bytes);
 		jb->vol = jb->rem = v;
-		if (v > 0) {
-			jb->state = J_DRAIN;
-			n->changed = 1;
-			return 0;
-		}
-		if (ph->lat_ms > 0) {
+		if (v > 0)
+			return drain_begin(n, j);
+		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
 			jb->state = J_DELAY;
-			jb->t_end = n->now + ph->lat_ms;
-			return 0;
+			return ev_push(n, j, n->now + ph->lat_ms);
 		}
 	}
+	/* a transfer's last latency needs no event: it arrives that much later,
+	 * and nothing waits for it before then */
 	jb->state = J_DONE;
-	jb->done = n->now;
+	jb->done = n->now + (jb->coll ? 0 : jb->co.ph[jb->co.n_phase - 1].lat_ms);
+	jb->ver++;
 	return 1;
 }
 
@@ -182,7 +288,7 @@ static void finish(fl_net_t *n, int j)
 {
 	fl_job_t *jb = &n->jobs[j];
 	if (!jb->coll) {
-		n->arrived = 1;
+		n->arrived |= jb->wake;
 		return;
 	}
 	for (int i = 0; i < jb->n_dev; i++)
@@ -190,173 +296,257 @@ static void finish(fl_net_t *n, int j)
 	n->freed = 1;
 }
 
+/* Phase p of job j is through (its bytes and its latency): the next one. */
+static int next_phase(fl_net_t *n, int j)
+{
+	n->jobs[j].phase++;
+	int rc = enter_phase(n, j);
+	if (rc == 1)
+		finish(n, j);
+	return rc < 0 ? rc : 0;
+}
+
 /* Waiting all-reduces whose members are all free start, in order; one that
  * finishes at once frees its members for the rest. */
-static void start_waiting(fl_net_t *n)
+static int start_waiting(fl_net_t *n)
 {
 	while (n->freed) {
 		n->freed = 0;
-		int kept = 0;
+		int kept = 0, rc = 0;
 		for (int w = 0; w < n->n_waiting; w++) {
 			int j = n->waiting[w];
 			fl_job_t *jb = &n->jobs[j];
 			int free = 1;
 			for (int i = 0; i < jb->n_dev && free; i++)
 				free = !n->busy[jb->devs[i]];
-			if (!free) {
+			if (!free || rc < 0) {
 				n->waiting[kept++] = j;
 				continue;
 			}
 			for (int i = 0; i < jb->n_dev; i++)
 				n->busy[jb->devs[i]] = 1;
-			if (enter_phase(n, jb))
+			if ((rc = enter_phase(n, j)) == 1)
 				finish(n, j);
-			else
-				set_active(n, j);
 		}
 		n->n_waiting = kept;
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* ---- sharing ------------------------------------------------------------------ */
+
+/* The links' heap, by (level, link): lazy, an entry is stale when its level
+ * is not the link's current one. */
+static int lv_before(const fl_net_t *n, int i, int j)
+{
+	const fl_level_t *a = &n->heap[i], *b = &n->heap[j];
+	return a->lvl < b->lvl || (a->lvl == b->lvl && a->res < b->res);
+}
+
+static void lv_swap(fl_net_t *n, int i, int j)
+{
+	fl_level_t t = n->heap[i];
+	n->heap[i] = n->heap[j];
+	n->heap[j] = t;
+}
+
+static void lv_push(fl_net_t *n, int r)
+{
+	int k = n->n_heap++;
+	n->heap[k] = (fl_level_t){n->left[r] / n->sum[r], r};
+	while (k > 0 && lv_before(n, k, (k - 1) / 2)) {
+		lv_swap(n, k, (k - 1) / 2);
+		k = (k - 1) / 2;
 	}
 }
 
-static double end_of(const fl_net_t *n, const fl_job_t *jb)
+static fl_level_t lv_pop(fl_net_t *n)
 {
-	return jb->state == J_DRAIN ? n->now + jb->rem / jb->rate : jb->t_end;
+	fl_level_t top = n->heap[0];
+	n->heap[0] = n->heap[--n->n_heap];
+	for (int k = 0;;) {
+		int l = 2 * k + 1, r = l + 1, m = k;
+		if (l < n->n_heap && lv_before(n, l, m))
+			m = l;
+		if (r < n->n_heap && lv_before(n, r, m))
+			m = r;
+		if (m == k)
+			break;
+		lv_swap(n, k, m);
+		k = m;
+	}
+	return top;
 }
 
-/* Max-min fair rates of the draining phases (progressive filling). */
-static void share(fl_net_t *n)
+/*
+ * Max-min fair rates of the draining phases, by progressive filling: every
+ * unfrozen job's rate is the common level x; link r fills at
+ *   x_r = left_r / sum_r,  left_r = cap_r - what frozen jobs use,
+ *                          sum_r  = sum of unfrozen jobs' bytes_r / V;
+ * the link with the least x_r fills first, its jobs freeze at x_r, and the
+ * links they also cross lose their use. x_r only grows as jobs freeze, so
+ * the links are taken from a heap: O(loads log links) per event.
+ */
+static int share(fl_net_t *n)
 {
 	const sp_cluster_t *c = n->c;
-	int left = 0;
-	for (int k = 0; k < n->n_active; k++) {
-		fl_job_t *jb = &n->jobs[n->active[k]];
-		n->frozen[k] = jb->state != J_DRAIN;
-		left += !n->frozen[k];
-		const net_phase_t *ph = &jb->co.ph[jb->phase];
-		for (int i = 0; i < ph->n_load; i++)
-			n->used[ph->load[i].res] = 0;
-	}
-	while (left > 0) {
-		for (int k = 0; k < n->n_active; k++) {
-			const fl_job_t *jb = &n->jobs[n->active[k]];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			for (int i = 0; i < ph->n_load; i++)
-				n->sum[ph->load[i].res] = 0;
+	int nl = 0, nc = 0, nloads = 0, ep = ++n->epoch;
+	/* the component of the seeds: links and the jobs draining through them,
+	 * closed under "crosses"; rates elsewhere do not change */
+	for (int i = 0; i < n->n_seeds; i++)
+		if (n->lmark[n->seeds[i]] != ep) {
+			n->lmark[n->seeds[i]] = ep;
+			n->links[nl++] = n->seeds[i];
 		}
-		for (int k = 0; k < n->n_active; k++) {
-			const fl_job_t *jb = &n->jobs[n->active[k]];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			for (int i = 0; i < ph->n_load && !n->frozen[k]; i++)
-				n->sum[ph->load[i].res] += ph->load[i].bytes / jb->vol;
-		}
-		/* the level at which the first link fills */
-		double lvl = HUGE_VAL;
-		for (int k = 0; k < n->n_active; k++) {
-			const fl_job_t *jb = &n->jobs[n->active[k]];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			for (int i = 0; i < ph->n_load && !n->frozen[k]; i++) {
-				int r = ph->load[i].res;
-				lvl = fmin(lvl, (net_res_gbs(c, r) * 1e6 - n->used[r]) / n->sum[r]);
-			}
-		}
-		/* freeze the jobs on the links that filled, then charge them */
-		int first = n->n_active;
-		for (int k = 0; k < n->n_active; k++) {
-			fl_job_t *jb = &n->jobs[n->active[k]];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			int full = 0;
-			for (int i = 0; i < ph->n_load && !n->frozen[k] && !full; i++) {
-				int r = ph->load[i].res;
-				full = (net_res_gbs(c, r) * 1e6 - n->used[r]) / n->sum[r] <=
-				       lvl * (1 + 1e-9);
-			}
-			if (full) {
-				jb->rate = lvl;
-				n->frozen[k] = 2;
-				first = SP_MIN(first, k);
-			}
-		}
-		for (int k = first; k < n->n_active; k++) {
-			if (n->frozen[k] != 2)
+	n->n_seeds = 0;
+	for (int q = 0; q < nl; q++) {
+		int r = n->links[q];
+		n->cnt[r] = 0;
+		n->sum[r] = 0;
+		n->left[r] = net_res_gbs(c, r) * 1e6;
+		for (int e = 0; e < n->ln[r]; e++) {
+			int j = n->lj[r][e];
+			if (n->jmark[j] == ep)
 				continue;
-			const fl_job_t *jb = &n->jobs[n->active[k]];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
+			n->jmark[j] = ep;
+			n->comp[nc++] = j;
+			const net_phase_t *ph = &n->jobs[j].co.ph[n->jobs[j].phase];
+			nloads += ph->n_load;
 			for (int i = 0; i < ph->n_load; i++)
-				n->used[ph->load[i].res] += lvl * ph->load[i].bytes / jb->vol;
-			n->frozen[k] = 1;
-			left--;
+				if (n->lmark[ph->load[i].res] != ep) {
+					n->lmark[ph->load[i].res] = ep;
+					n->links[nl++] = ph->load[i].res;
+				}
 		}
 	}
+	if (sp_arena_grow(n->a, (void **)&n->on, &n->cap_on, nloads, sizeof(int)) ||
+	    sp_arena_grow(n->a, (void **)&n->heap, &n->cap_heap, nloads + nl, sizeof(fl_level_t)))
+		return SP_ENOMEM;
+	for (int k = 0; k < nc; k++) {
+		const fl_job_t *jb = &n->jobs[n->comp[k]];
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		for (int i = 0; i < ph->n_load; i++) {
+			n->cnt[ph->load[i].res]++;
+			n->sum[ph->load[i].res] += ph->load[i].bytes / jb->vol;
+		}
+	}
+	for (int i = 0, off = 0; i < nl; i++) {
+		int r = n->links[i];
+		n->first[r] = off;
+		off += n->cnt[r];
+		n->unfrozen[r] = n->cnt[r];
+		n->cnt[r] = 0;
+	}
+	for (int k = 0; k < nc; k++) {
+		const fl_job_t *jb = &n->jobs[n->comp[k]];
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		n->frozen[k] = 0;
+		for (int i = 0; i < ph->n_load; i++) {
+			int r = ph->load[i].res;
+			n->on[n->first[r] + n->cnt[r]++] = k;
+		}
+	}
+	n->n_heap = 0;
+	for (int i = 0; i < nl; i++)
+		if (n->unfrozen[n->links[i]] > 0)
+			lv_push(n, n->links[i]);
+	double x = 0;
+	while (n->n_heap > 0) {
+		fl_level_t top = lv_pop(n);
+		int r = top.res;
+		if (n->unfrozen[r] == 0 || top.lvl != n->left[r] / n->sum[r])
+			continue; /* stale */
+		x = fmax(top.lvl, x); /* levels only grow; keeps rounding from going back */
+		for (int q = n->first[r]; q < n->first[r] + n->cnt[r]; q++) {
+			int k = n->on[q];
+			if (n->frozen[k])
+				continue;
+			fl_job_t *jb = &n->jobs[n->comp[k]];
+			n->frozen[k] = 1;
+			/* what it drained at its old rate, then the new one */
+			jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
+			jb->t_ref = n->now;
+			jb->rate = x;
+			if (ev_push(n, n->comp[k], n->now + jb->rem / x))
+				return SP_ENOMEM;
+			const net_phase_t *ph = &jb->co.ph[jb->phase];
+			for (int i = 0; i < ph->n_load; i++) {
+				int r2 = ph->load[i].res;
+				double w = ph->load[i].bytes / jb->vol;
+				n->left[r2] -= x * w;
+				n->sum[r2] -= w;
+				if (--n->unfrozen[r2] > 0 && r2 != r)
+					lv_push(n, r2);
+			}
+		}
+		n->unfrozen[r] = 0;
+	}
+	return 0;
 }
 
 /* Moves the clock to t and handles every event at t. */
-static void step_to(fl_net_t *n, double t)
+static int step_to(fl_net_t *n, double t)
 {
-	for (int k = 0; k < n->n_active; k++) {
-		fl_job_t *jb = &n->jobs[n->active[k]];
-		if (jb->state == J_DRAIN)
-			jb->rem = end_of(n, jb) <= t * (1 + SAME_TIME) ? 0
-								     : jb->rem - jb->rate * (t - n->now);
-	}
+	int rc = 0;
 	n->now = t;
-	int kept = 0, n0 = n->n_active;
-	for (int k = 0; k < n0; k++) {
-		int j = n->active[k];
+	while (!rc && ev_next(n) <= t * (1 + SAME_TIME)) {
+		int j = n->ev[0].job;
 		fl_job_t *jb = &n->jobs[j];
-		int next = 0;
-		if (jb->state == J_DRAIN && jb->rem <= 0) {
-			n->changed = 1;
-			double lat = jb->co.ph[jb->phase].lat_ms;
+		ev_pop(n);
+		if (jb->state == J_DELAY) {
+			rc = next_phase(n, j);
+			continue;
+		}
+		/* its bytes are through */
+		double lat = jb->co.ph[jb->phase].lat_ms;
+		jb->ver++;
+		if ((rc = drain_end(n, j)))
+			break;
+		if (lat <= 0 || (!jb->coll && jb->phase + 1 == jb->co.n_phase)) {
+			rc = next_phase(n, j);
+		} else {
 			jb->state = J_DELAY;
-			jb->t_end = t + lat;
-			next = lat <= 0;
-		} else if (jb->state == J_DELAY && jb->t_end <= t * (1 + SAME_TIME)) {
-			next = 1;
+			rc = ev_push(n, j, t + lat);
 		}
-		if (next) {
-			jb->phase++;
-			if (enter_phase(n, jb)) {
-				finish(n, j);
-				continue;
-			}
-		}
-		n->active[kept++] = j;
 	}
-	/* jobs activated above by nobody; keep the list compact */
-	n->n_active = kept;
-	while (n->n_pending > 0 && n->jobs[n->pending[0]].start <= t * (1 + SAME_TIME)) {
+	while (!rc && n->n_pending > 0 && n->jobs[n->pending[0]].start <= t * (1 + SAME_TIME)) {
 		int j = heap_pop(n);
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {
 			jb->state = J_WAITING;
 			n->waiting[n->n_waiting++] = j;
 			n->freed = 1;
-		} else if (enter_phase(n, jb)) {
+		} else if ((rc = enter_phase(n, j)) == 1) {
 			finish(n, j);
-		} else {
-			set_active(n, j);
+			rc = 0;
 		}
 	}
-	start_waiting(n);
+	return rc ? rc : start_waiting(n);
 }
 
 int fl_advance(fl_net_t *n, int until_arrival)
 {
+	int rc;
 	for (;;) {
-		if (n->changed) {
-			n->changed = 0;
-			share(n);
-		}
+		if (n->n_seeds > 0 && (rc = share(n)))
+			return rc;
 		double t = n->n_pending > 0 ? n->jobs[n->pending[0]].start : HUGE_VAL;
-		for (int k = 0; k < n->n_active; k++)
-			t = fmin(t, end_of(n, &n->jobs[n->active[k]]));
+		t = fmin(t, ev_next(n));
 		if (t == HUGE_VAL)
 			return 0;
 		n->arrived = 0;
-		step_to(n, fmax(t, n->now));
+		if ((rc = step_to(n, fmax(t, n->now))))
+			return rc;
 		if (until_arrival && n->arrived)
 			return 1;
 	}
+}
+
+void fl_await(fl_net_t *n, int j)
+{
+	n->jobs[j].wake = 1;
 }
 
 double fl_done(const fl_net_t *n, int j)

@@ -147,24 +147,44 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 /* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
 
 typedef struct {
-	int state, coll, phase, n_dev;
+	int state, coll, phase, n_dev, wake, ver; /* ver: of its live event */
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
-	double vol, rem, rate, t_end; /* current phase */
+	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
 	net_coll_t co;
 	net_load_t xl[2];          /* a transfer's loads */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
 typedef struct {
+	double lvl;
+	int res;
+} fl_level_t;
+
+typedef struct {
+	double t;
+	int job, ver;
+} fl_ev_t;
+
+typedef struct {
 	const sp_cluster_t *c;
 	sp_arena_t *a;
 	double now;
-	int n_jobs, cap_jobs, n_pending, n_active, n_waiting;
+	int n_jobs, cap_jobs, n_pending, n_waiting;
 	fl_job_t *jobs;
-	int *pending, *active, *waiting; /* heap by start; in flight; ready all-reduces */
-	char *frozen, *busy;             /* per active slot; per device (in an all-reduce) */
-	double *used, *sum;              /* per link, while sharing */
-	int changed, freed, arrived;
+	int *pending, *waiting;  /* heap by start; ready all-reduces */
+	fl_ev_t *ev;             /* heap of phase ends */
+	int n_ev, cap_ev;
+	int **lj, *ln, *lcap;    /* per link: jobs draining through it */
+	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
+	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
+	/* while sharing: per link what is left, the unfrozen weight, loads on
+	 * it (on[first..first+cnt), unfrozen of them); the component's links
+	 * and jobs (marked with epoch); a heap of links by level */
+	double *left, *sum;
+	int *cnt, *unfrozen, *first, *links, *on, cap_on, n_heap, cap_heap;
+	int *comp, *lmark, *jmark, epoch;
+	fl_level_t *heap;
+	int freed, arrived;
 } fl_net_t;
 
 /* Room for max_jobs jobs, arrays from a. SP_ENOMEM. */
@@ -174,9 +194,11 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes);
 /* An all-reduce of bytes over devs (kept, increasing ids) ready at ready;
  * bytes 0 takes no time. Its job, or a negative code. */
 int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes);
-/* Runs events in time order: until a transfer arrives (1) when until_arrival,
- * else until every job is done (0). Jobs added later must not start before
- * the clock. */
+/* Marks transfer j as awaited: fl_advance(n, 1) stops when it arrives. */
+void fl_await(fl_net_t *n, int j);
+/* Runs events in time order: until an awaited transfer arrives (1) when
+ * until_arrival, else until every job is done (0); SP_ENOMEM. Jobs added
+ * later must not start before the clock. */
 int fl_advance(fl_net_t *n, int until_arrival);
 /* When job j finished, or -1. */
 double fl_done(const fl_net_t *n, int j);

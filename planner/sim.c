@@ -55,6 +55,7 @@ typedef struct {
 	sp_plan_t *p;
 	int mode, record, db, max_tag;
 	int *pc;                         /* per device: next instruction */
+	int *scan;                       /* per device: SYNCs before it all issued */
 	double *now, *busy, *wait;       /* per device: clock, compute, waiting */
 	double *arrive;                  /* per tag: when its SEND arrives; -1 before it
 					  * ran, -2 while in the network */
@@ -75,6 +76,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		if (p->ins[k].op == INS_SEND)
 			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
 	st->pc = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->scan = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->busy = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->wait = sp_arena_calloc(a, N + 1, sizeof(double));
@@ -84,7 +86,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->sjob = sp_arena_calloc(a, nb, sizeof(int));
 	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
 	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
-	if (!st->pc || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
+	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done ||
 	    fl_init(&st->net, st->pl->cluster, a, st->max_tag + p->n_buckets))
 		return SP_ENOMEM;
@@ -151,6 +153,7 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		if (st->arrive[in->tag] == -2 &&
 		    (st->arrive[in->tag] = fl_done(&st->net, st->xjob[in->tag])) < 0) {
 			st->arrive[in->tag] = -2;
+			fl_await(&st->net, st->xjob[in->tag]);
 			return PROGS_WAIT; /* still in the network */
 		}
 		if (st->arrive[in->tag] > st->now[d]) {
@@ -169,8 +172,8 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		/* it waits for its buckets' all-reduces, timed once every bucket is
 		 * known (finish_steps); here only for all of them to start */
 		const sp_device_t *dv = &p->devices[d];
-		for (int q = 0; q < dv->n_ins; q++) {
-			const sp_ins_t *sy = &p->ins[dv->first_ins + q];
+		for (; st->scan[d] < dv->n_ins; st->scan[d]++) {
+			const sp_ins_t *sy = &p->ins[dv->first_ins + st->scan[d]];
 			if (sy->op == INS_SYNC && st->issued[sy->peer] < p->buckets[sy->peer].n_dev)
 				return PROGS_WAIT;
 		}
@@ -243,9 +246,12 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	if ((rc = sim_alloc(st, a)))
 		return rc;
 	/* stuck: every device waits; the network delivers its next transfer */
+	int got = 1;
 	while ((rc = progs_run(p, st->pc, sim_step, st)) == PROGS_STUCK &&
-	       fl_advance(&st->net, 1))
+	       (got = fl_advance(&st->net, 1)) == 1)
 		;
+	if (got < 0)
+		return got;
 	if (rc == PROGS_STUCK) {
 		int d = 0;
 		while (st->pc[d] >= p->devices[d].n_ins)
@@ -258,7 +264,8 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	}
 	if (rc)
 		return rc;
-	fl_advance(&st->net, 0);
+	if ((rc = fl_advance(&st->net, 0)))
+		return rc;
 	for (int b = 0; b < p->n_buckets; b++)
 		st->sync_done[b] = fl_done(&st->net, st->sjob[b]);
 	finish_steps(st);

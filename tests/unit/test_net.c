@@ -174,7 +174,7 @@ static void test_allreduce_beside_flow(void **state)
 
 /* S and 2S on one NIC: both at 25 GB/s until the first is through (4 ms),
  * then the second alone at 50 GB/s for its last S (2 ms). The network
- * stops at the first arrival when asked to. */
+ * stops at the first awaited arrival when asked to. */
 static void test_share_given_back(void **state)
 {
 	(void)state;
@@ -183,6 +183,8 @@ static void test_share_given_back(void **state)
 	sp_cluster_t c = cluster(2, 2, 1, 5);
 	fl_net_t *n = net_new(&a, &c);
 	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, 2 * S_BYTES);
+	fl_await(n, j0);
+	fl_await(n, j1);
 	assert_int_equal(fl_advance(n, 1), 1);
 	near(fl_done(n, j0), 4.0 + 0.01, "short one");
 	assert_true(fl_done(n, j1) < 0);

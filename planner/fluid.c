@@ -44,68 +44,66 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->c = c;
 	out->a = a;
 	out->cap_jobs = max_jobs;
-	int nr = net_n_res(c), N = c->nodes * c->gpus_per_node;
-	size_t nj = (size_t)max_jobs + 1;
+	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
+	int **per_link[] = {&out->ln, &out->lcap, &out->lmark, &out->cnt,
+			    &out->unfrozen, &out->first, &out->links};
+	int **per_job[] = {&out->comp, &out->jmark, &out->waiting};
+	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
+		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
+			return SP_ENOMEM;
+	for (size_t i = 0; i < sizeof per_job / sizeof *per_job; i++)
+		if (!(*per_job[i] = sp_arena_calloc(a, nj, sizeof(int))))
+			return SP_ENOMEM;
 	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
-	out->pending = sp_arena_calloc(a, nj, sizeof(int));
-	out->comp = sp_arena_calloc(a, nj, sizeof(int));
-	out->jmark = sp_arena_calloc(a, nj, sizeof(int));
-	out->lj = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int *));
-	out->ln = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->lcap = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->lmark = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->waiting = sp_arena_calloc(a, nj, sizeof(int));
+	out->lj = sp_arena_calloc(a, nr, sizeof(int *));
 	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
-	out->busy = sp_arena_calloc(a, (size_t)N + 1, sizeof(char));
-	out->left = sp_arena_calloc(a, (size_t)nr + 1, sizeof(double));
-	out->sum = sp_arena_calloc(a, (size_t)nr + 1, sizeof(double));
-	out->cnt = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->unfrozen = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->first = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	out->links = sp_arena_calloc(a, (size_t)nr + 1, sizeof(int));
-	if (!out->jobs || !out->pending || !out->comp || !out->jmark || !out->lj || !out->ln ||
-	    !out->lcap || !out->lmark || !out->waiting || !out->frozen ||
-	    !out->busy || !out->left || !out->sum || !out->cnt || !out->unfrozen ||
-	    !out->first || !out->links)
+	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
+	out->left = sp_arena_calloc(a, nr, sizeof(double));
+	out->sum = sp_arena_calloc(a, nr, sizeof(double));
+	if (!out->jobs || !out->lj || !out->frozen || !out->busy || !out->left || !out->sum)
 		return SP_ENOMEM;
 	return 0;
 }
 
-/* ---- the pending heap, by (start, job) ------------------------------------- */
+/* ---- heaps of (time or level, id), least first; ties by id ---------------- */
 
-static int before(const fl_net_t *n, int i, int j)
+static int hp_before(const fl_heap_t *h, int i, int j)
 {
-	double a = n->jobs[i].start, b = n->jobs[j].start;
-	return a < b || (a == b && i < j);
+	const fl_ev_t *a = &h->e[i], *b = &h->e[j];
+	return a->t < b->t || (a->t == b->t && a->id < b->id);
 }
 
-static void heap_push(fl_net_t *n, int j)
+static void hp_swap(fl_heap_t *h, int i, int j)
 {
-	int k = n->n_pending++;
-	n->pending[k] = j;
-	while (k > 0 && before(n, n->pending[k], n->pending[(k - 1) / 2])) {
-		int p = (k - 1) / 2, t = n->pending[p];
-		n->pending[p] = n->pending[k];
-		n->pending[k] = t;
-		k = p;
-	}
+	fl_ev_t t = h->e[i];
+	h->e[i] = h->e[j];
+	h->e[j] = t;
 }
 
-static int heap_pop(fl_net_t *n)
+static int hp_push(sp_arena_t *a, fl_heap_t *h, fl_ev_t x)
 {
-	int top = n->pending[0];
-	n->pending[0] = n->pending[--n->n_pending];
+	if (sp_arena_grow(a, (void **)&h->e, &h->cap, h->n + 1, sizeof(fl_ev_t)))
+		return SP_ENOMEM;
+	int k = h->n++;
+	h->e[k] = x;
+	for (; k > 0 && hp_before(h, k, (k - 1) / 2); k = (k - 1) / 2)
+		hp_swap(h, k, (k - 1) / 2);
+	return 0;
+}
+
+static fl_ev_t hp_pop(fl_heap_t *h)
+{
+	fl_ev_t top = h->e[0];
+	h->e[0] = h->e[--h->n];
 	for (int k = 0;;) {
 		int l = 2 * k + 1, r = l + 1, m = k;
-		if (l < n->n_pending && before(n, n->pending[l], n->pending[m]))
+		if (l < h->n && hp_before(h, l, m))
 			m = l;
-		if (r < n->n_pending && before(n, n->pending[r], n->pending[m]))
+		if (r < h->n && hp_before(h, r, m))
 			m = r;
 		if (m == k)
 			break;
-		int t = n->pending[m];
-		n->pending[m] = n->pending[k];
-		n->pending[k] = t;
+		hp_swap(h, k, m);
 		k = m;
 	}
 	return top;
@@ -123,8 +121,7 @@ static int new_job(fl_net_t *n, double start)
 	jb->start = fmax(start, n->now); /* sim.c never adds one in the past */
 	jb->done = -1;
 	jb->state = J_PENDING;
-	heap_push(n, j);
-	return j;
+	return hp_push(n->a, &n->pending, (fl_ev_t){jb->start, j, 0}) ? SP_ENOMEM : j;
 }
 
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
@@ -203,57 +200,19 @@ static int drain_end(fl_net_t *n, int j)
 	return 0;
 }
 
-/* ---- the event heap, by (time, job); an entry is stale when its version is
- * not its job's ------------------------------------------------------------------- */
-
-static int ev_before(const fl_net_t *n, int i, int j)
-{
-	const fl_ev_t *a = &n->ev[i], *b = &n->ev[j];
-	return a->t < b->t || (a->t == b->t && a->job < b->job);
-}
-
-static void ev_swap(fl_net_t *n, int i, int j)
-{
-	fl_ev_t t = n->ev[i];
-	n->ev[i] = n->ev[j];
-	n->ev[j] = t;
-}
+/* ---- phase ends: an entry is stale when its version is not its job's ----- */
 
 static int ev_push(fl_net_t *n, int j, double t)
 {
-	if (sp_arena_grow(n->a, (void **)&n->ev, &n->cap_ev, n->n_ev + 1, sizeof(fl_ev_t)))
-		return SP_ENOMEM;
-	int k = n->n_ev++;
-	n->ev[k] = (fl_ev_t){t, j, ++n->jobs[j].ver};
-	while (k > 0 && ev_before(n, k, (k - 1) / 2)) {
-		ev_swap(n, k, (k - 1) / 2);
-		k = (k - 1) / 2;
-	}
-	return 0;
-}
-
-static void ev_pop(fl_net_t *n)
-{
-	n->ev[0] = n->ev[--n->n_ev];
-	for (int k = 0;;) {
-		int l = 2 * k + 1, r = l + 1, m = k;
-		if (l < n->n_ev && ev_before(n, l, m))
-			m = l;
-		if (r < n->n_ev && ev_before(n, r, m))
-			m = r;
-		if (m == k)
-			break;
-		ev_swap(n, k, m);
-		k = m;
-	}
+	return hp_push(n->a, &n->ev, (fl_ev_t){t, j, ++n->jobs[j].ver});
 }
 
 /* The next live event's time, HUGE_VAL when none. */
 static double ev_next(fl_net_t *n)
 {
-	while (n->n_ev > 0 && n->ev[0].ver != n->jobs[n->ev[0].job].ver)
-		ev_pop(n);
-	return n->n_ev > 0 ? n->ev[0].t : HUGE_VAL;
+	while (n->ev.n > 0 && n->ev.e[0].ver != n->jobs[n->ev.e[0].id].ver)
+		hp_pop(&n->ev);
+	return n->ev.n > 0 ? n->ev.e[0].t : HUGE_VAL;
 }
 
 /* ---- phases ------------------------------------------------------------------------ */
@@ -337,49 +296,6 @@ static int start_waiting(fl_net_t *n)
 
 /* ---- sharing ------------------------------------------------------------------ */
 
-/* The links' heap, by (level, link): lazy, an entry is stale when its level
- * is not the link's current one. */
-static int lv_before(const fl_net_t *n, int i, int j)
-{
-	const fl_level_t *a = &n->heap[i], *b = &n->heap[j];
-	return a->lvl < b->lvl || (a->lvl == b->lvl && a->res < b->res);
-}
-
-static void lv_swap(fl_net_t *n, int i, int j)
-{
-	fl_level_t t = n->heap[i];
-	n->heap[i] = n->heap[j];
-	n->heap[j] = t;
-}
-
-static void lv_push(fl_net_t *n, int r)
-{
-	int k = n->n_heap++;
-	n->heap[k] = (fl_level_t){n->left[r] / n->sum[r], r};
-	while (k > 0 && lv_before(n, k, (k - 1) / 2)) {
-		lv_swap(n, k, (k - 1) / 2);
-		k = (k - 1) / 2;
-	}
-}
-
-static fl_level_t lv_pop(fl_net_t *n)
-{
-	fl_level_t top = n->heap[0];
-	n->heap[0] = n->heap[--n->n_heap];
-	for (int k = 0;;) {
-		int l = 2 * k + 1, r = l + 1, m = k;
-		if (l < n->n_heap && lv_before(n, l, m))
-			m = l;
-		if (r < n->n_heap && lv_before(n, r, m))
-			m = r;
-		if (m == k)
-			break;
-		lv_swap(n, k, m);
-		k = m;
-	}
-	return top;
-}
-
 /*
  * Max-min fair rates of the draining phases, by progressive filling: every
  * unfrozen job's rate is the common level x; link r fills at
@@ -389,6 +305,11 @@ static fl_level_t lv_pop(fl_net_t *n)
  * links they also cross lose their use. x_r only grows as jobs freeze, so
  * the links are taken from a heap: O(loads log links) per event.
  */
+static int lv_push(fl_net_t *n, int r)
+{
+	return hp_push(n->a, &n->lv, (fl_ev_t){n->left[r] / n->sum[r], r, 0});
+}
+
 static int share(fl_net_t *n)
 {
 	const sp_cluster_t *c = n->c;
@@ -421,8 +342,7 @@ static int share(fl_net_t *n)
 				}
 		}
 	}
-	if (sp_arena_grow(n->a, (void **)&n->on, &n->cap_on, nloads, sizeof(int)) ||
-	    sp_arena_grow(n->a, (void **)&n->heap, &n->cap_heap, nloads + nl, sizeof(fl_level_t)))
+	if (sp_arena_grow(n->a, (void **)&n->on, &n->cap_on, nloads, sizeof(int)))
 		return SP_ENOMEM;
 	for (int k = 0; k < nc; k++) {
 		const fl_job_t *jb = &n->jobs[n->comp[k]];
@@ -448,17 +368,19 @@ static int share(fl_net_t *n)
 			n->on[n->first[r] + n->cnt[r]++] = k;
 		}
 	}
-	n->n_heap = 0;
+	/* the links by level, lazily: an entry is stale when its level is not
+	 * the link's current one */
+	n->lv.n = 0;
 	for (int i = 0; i < nl; i++)
-		if (n->unfrozen[n->links[i]] > 0)
-			lv_push(n, n->links[i]);
+		if (n->unfrozen[n->links[i]] > 0 && lv_push(n, n->links[i]))
+			return SP_ENOMEM;
 	double x = 0;
-	while (n->n_heap > 0) {
-		fl_level_t top = lv_pop(n);
-		int r = top.res;
-		if (n->unfrozen[r] == 0 || top.lvl != n->left[r] / n->sum[r])
+	while (n->lv.n > 0) {
+		fl_ev_t top = hp_pop(&n->lv);
+		int r = top.id;
+		if (n->unfrozen[r] == 0 || top.t != n->left[r] / n->sum[r])
 			continue; /* stale */
-		x = fmax(top.lvl, x); /* levels only grow; keeps rounding from going back */
+		x = fmax(top.t, x); /* levels only grow; keeps rounding from going back */
 		for (int q = n->first[r]; q < n->first[r] + n->cnt[r]; q++) {
 			int k = n->on[q];
 			if (n->frozen[k])
@@ -477,8 +399,8 @@ static int share(fl_net_t *n)
 				double w = ph->load[i].bytes / jb->vol;
 				n->left[r2] -= x * w;
 				n->sum[r2] -= w;
-				if (--n->unfrozen[r2] > 0 && r2 != r)
-					lv_push(n, r2);
+				if (--n->unfrozen[r2] > 0 && r2 != r && lv_push(n, r2))
+					return SP_ENOMEM;
 			}
 		}
 		n->unfrozen[r] = 0;
@@ -492,9 +414,8 @@ static int step_to(fl_net_t *n, double t)
 	int rc = 0;
 	n->now = t;
 	while (!rc && ev_next(n) <= t * (1 + SAME_TIME)) {
-		int j = n->ev[0].job;
+		int j = hp_pop(&n->ev).id;
 		fl_job_t *jb = &n->jobs[j];
-		ev_pop(n);
 		if (jb->state == J_DELAY) {
 			rc = next_phase(n, j);
 			continue;
@@ -511,8 +432,8 @@ static int step_to(fl_net_t *n, double t)
 			rc = ev_push(n, j, t + lat);
 		}
 	}
-	while (!rc && n->n_pending > 0 && n->jobs[n->pending[0]].start <= t * (1 + SAME_TIME)) {
-		int j = heap_pop(n);
+	while (!rc && n->pending.n > 0 && n->pending.e[0].t <= t * (1 + SAME_TIME)) {
+		int j = hp_pop(&n->pending).id;
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {
 			jb->state = J_WAITING;
@@ -532,7 +453,7 @@ int fl_advance(fl_net_t *n, int until_arrival)
 	for (;;) {
 		if (n->n_seeds > 0 && (rc = share(n)))
 			return rc;
-		double t = n->n_pending > 0 ? n->jobs[n->pending[0]].start : HUGE_VAL;
+		double t = n->pending.n > 0 ? n->pending.e[0].t : HUGE_VAL;
 		t = fmin(t, ev_next(n));
 		if (t == HUGE_VAL)
 			return 0;

@@ -155,35 +155,33 @@ typedef struct {
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
-typedef struct {
-	double lvl;
-	int res;
-} fl_level_t;
-
+/* A heap entry: a time or level, a job or link, a version. */
 typedef struct {
 	double t;
-	int job, ver;
+	int id, ver;
 } fl_ev_t;
+typedef struct {
+	fl_ev_t *e;
+	int n, cap;
+} fl_heap_t;
 
 typedef struct {
 	const sp_cluster_t *c;
 	sp_arena_t *a;
 	double now;
-	int n_jobs, cap_jobs, n_pending, n_waiting;
+	int n_jobs, cap_jobs, n_waiting;
 	fl_job_t *jobs;
-	int *pending, *waiting;  /* heap by start; ready all-reduces */
-	fl_ev_t *ev;             /* heap of phase ends */
-	int n_ev, cap_ev;
+	int *waiting;            /* ready all-reduces */
+	fl_heap_t pending, ev, lv; /* jobs by start; phase ends; links by level */
 	int **lj, *ln, *lcap;    /* per link: jobs draining through it */
 	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
 	/* while sharing: per link what is left, the unfrozen weight, loads on
 	 * it (on[first..first+cnt), unfrozen of them); the component's links
-	 * and jobs (marked with epoch); a heap of links by level */
+	 * and jobs (marked with epoch) */
 	double *left, *sum;
-	int *cnt, *unfrozen, *first, *links, *on, cap_on, n_heap, cap_heap;
+	int *cnt, *unfrozen, *first, *links, *on, cap_on;
 	int *comp, *lmark, *jmark, epoch;
-	fl_level_t *heap;
 	int freed, arrived;
 } fl_net_t;
 

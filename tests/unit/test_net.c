@@ -115,8 +115,27 @@ static void test_phases_price(void **state)
 #define S_BYTES 100000000
 #define ALONE (2.0 + 0.01)
 
-static fl_net_t *net_new(sp_arena_t *a, const sp_cluster_t *c)
+/* Each network test gets a fresh arena as its state. */
+static int arena_setup(void **state)
 {
+	sp_arena_t *a = calloc(1, sizeof *a);
+	if (!a)
+		return -1;
+	sp_arena_init(a);
+	*state = a;
+	return 0;
+}
+
+static int arena_teardown(void **state)
+{
+	sp_arena_release(*state);
+	free(*state);
+	return 0;
+}
+
+static fl_net_t *net_new(void **state, const sp_cluster_t *c)
+{
+	sp_arena_t *a = *state;
 	fl_net_t *n = sp_arena_calloc(a, 1, sizeof *n);
 	assert_non_null(n);
 	assert_int_equal(fl_init(n, c, a, 8), 0);
@@ -125,30 +144,24 @@ static fl_net_t *net_new(sp_arena_t *a, const sp_cluster_t *c)
 
 static void test_two_flows_one_nic(void **state)
 {
-	(void)state;
-	sp_arena_t a;
-	sp_arena_init(&a);
 	sp_cluster_t c = cluster(2, 2, 1, 5);
-	fl_net_t *n = net_new(&a, &c);
+	fl_net_t *n = net_new(state, &c);
 	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, S_BYTES);
 	fl_advance(n, 0);
 	near(fl_done(n, j0), 2 * 2.0 + 0.01, "first of two on one nic");
 	near(fl_done(n, j1), 2 * 2.0 + 0.01, "second of two on one nic");
-	sp_arena_release(&a);
+
 }
 
 static void test_two_flows_two_rails(void **state)
 {
-	(void)state;
-	sp_arena_t a;
-	sp_arena_init(&a);
 	sp_cluster_t c = cluster(2, 2, 2, 5);
-	fl_net_t *n = net_new(&a, &c);
+	fl_net_t *n = net_new(state, &c);
 	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, S_BYTES);
 	fl_advance(n, 0);
 	near(fl_done(n, j0), ALONE, "rail 0");
 	near(fl_done(n, j1), ALONE, "rail 1");
-	sp_arena_release(&a);
+
 }
 
 /* A ring all-reduce of S over GPU 0 of each node loads each NIC with
@@ -157,19 +170,16 @@ static void test_two_flows_two_rails(void **state)
  * (all-reduce: 2 (n-1) a_x = 0.02 ms). Alone: 2 ms + latency. */
 static void test_allreduce_beside_flow(void **state)
 {
-	(void)state;
-	sp_arena_t a;
-	sp_arena_init(&a);
 	sp_cluster_t c = cluster(2, 2, 1, 5);
 	static const int32_t devs[2] = {0, 2};
 	near(cost_allreduce_ms(&c, devs, 2, S_BYTES), 2.0 + 0.02, "all-reduce alone");
-	fl_net_t *n = net_new(&a, &c);
+	fl_net_t *n = net_new(state, &c);
 	int ar = fl_allreduce(n, 0, devs, 2, S_BYTES), x = fl_xfer(n, 0, 1, 3, S_BYTES);
 	assert_true(ar >= 0 && x >= 0);
 	fl_advance(n, 0);
 	near(fl_done(n, ar), 4.0 + 0.02, "all-reduce beside a transfer");
 	near(fl_done(n, x), 4.0 + 0.01, "transfer beside an all-reduce");
-	sp_arena_release(&a);
+
 }
 
 /* S and 2S on one NIC: both at 25 GB/s until the first is through (4 ms),
@@ -177,11 +187,8 @@ static void test_allreduce_beside_flow(void **state)
  * stops at the first awaited arrival when asked to. */
 static void test_share_given_back(void **state)
 {
-	(void)state;
-	sp_arena_t a;
-	sp_arena_init(&a);
 	sp_cluster_t c = cluster(2, 2, 1, 5);
-	fl_net_t *n = net_new(&a, &c);
+	fl_net_t *n = net_new(state, &c);
 	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, 2 * S_BYTES);
 	fl_await(n, j0);
 	fl_await(n, j1);
@@ -190,7 +197,7 @@ static void test_share_given_back(void **state)
 	assert_true(fl_done(n, j1) < 0);
 	assert_int_equal(fl_advance(n, 0), 0);
 	near(fl_done(n, j1), 6.0 + 0.01, "long one");
-	sp_arena_release(&a);
+
 }
 
 int main(void)
@@ -200,10 +207,10 @@ int main(void)
 		cmocka_unit_test(test_one_nic_is_old_price),
 		cmocka_unit_test(test_ring_or_hierarchical),
 		cmocka_unit_test(test_phases_price),
-		cmocka_unit_test(test_two_flows_one_nic),
-		cmocka_unit_test(test_two_flows_two_rails),
-		cmocka_unit_test(test_allreduce_beside_flow),
-		cmocka_unit_test(test_share_given_back),
+		cmocka_unit_test_setup_teardown(test_two_flows_one_nic, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -387,12 +387,15 @@ static int share(fl_net_t *n)
 				continue;
 			fl_job_t *jb = &n->jobs[n->comp[k]];
 			n->frozen[k] = 1;
-			/* what it drained at its old rate, then the new one */
-			jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
-			jb->t_ref = n->now;
-			jb->rate = x;
-			if (ev_push(n, n->comp[k], n->now + jb->rem / x))
-				return SP_ENOMEM;
+			/* what it drained at its old rate, then the new one; at the
+			 * same rate its end event stands */
+			if (x != jb->rate) {
+				jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
+				jb->t_ref = n->now;
+				jb->rate = x;
+				if (ev_push(n, n->comp[k], n->now + jb->rem / x))
+					return SP_ENOMEM;
+			}
 			const net_phase_t *ph = &jb->co.ph[jb->phase];
 			for (int i = 0; i < ph->n_load; i++) {
 				int r2 = ph->load[i].res;

@@ -1,7 +1,7 @@
 /*
  * cost.c — the scalability estimator: per-layer forward and backward time
- * of every MetaOp on n devices, and the time of transfers, all-reduces and
- * the optimizer step. It prices work; it does not schedule.
+ * of every MetaOp on n devices, and the time of the optimizer step (net.c
+ * prices transfers and all-reduces). It prices work; it does not schedule.
  *
  * Inside a slice of n devices the batch is split data-parallel, so a
  * device holds a local batch b = ceil(B/n). T_m(n) is the time of one layer
@@ -29,12 +29,8 @@
  * The contrastive loss does not scale: every device of its slice computes
  * the whole B x B similarity of its task, so its time is T(1) for all n.
  *
- * Links: a transfer between two devices of one node costs
- * lat_intra + bytes / intra_node_gbs; across nodes lat_inter + bytes /
- * inter_node_gbs (the node's NIC). Ring all-reduce of S bytes over n
- * devices: 2 (n-1)/n * S / bw_slowest + 2 (n-1) lat, with the slowest link
- * of the group (NIC when it spans nodes). Optimizer step: reads and writes
- * every byte of parameter state once: 2 * state bytes / BW.
+ * Transfers and all-reduces are priced in net.c. Optimizer step: reads and
+ * writes every byte of parameter state once: 2 * state bytes / BW.
  */
 #include "planner.h"
 
@@ -153,27 +149,6 @@ int cost_build(planner_t *pl)
 		m->saved_per_sample = op_saved_elems(&m->shape, m->batch) * db;
 	}
 	return 0;
-}
-
-double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes)
-{
-	if (a == b || bytes <= 0)
-		return 0;
-	if (dev_node(c, a) == dev_node(c, b))
-		return c->intra_lat_us * 1e-3 + (double)bytes / (c->intra_gbs * 1e6);
-	return c->inter_lat_us * 1e-3 + (double)bytes / (c->inter_gbs * 1e6);
-}
-
-double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes)
-{
-	if (n <= 1 || bytes <= 0)
-		return 0;
-	int span = 0;
-	for (int i = 1; i < n; i++)
-		span |= dev_node(c, devs[i]) != dev_node(c, devs[0]);
-	double bw = span ? c->inter_gbs : c->intra_gbs;
-	double lat = span ? c->inter_lat_us : c->intra_lat_us;
-	return 2.0 * (n - 1) / n * (double)bytes / (bw * 1e6) + 2.0 * (n - 1) * lat * 1e-3;
 }
 
 double cost_step_ms(const planner_t *pl, int64_t elems)

@@ -104,16 +104,107 @@ int graph_build(planner_t *pl);
 int cost_build(planner_t *pl);
 /* Per-layer ms of MetaOp m for a device holding `local` samples. */
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
-/* Time of one point-to-point transfer of bytes between devices a and b. */
-double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes);
-/* Ring all-reduce of bytes over the n devices devs[]. */
-double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
 static inline int dev_node(const sp_cluster_t *c, int d)
 {
 	return d / c->gpus_per_node;
 }
+
+/* ---- net.c: prices of transfers and all-reduces, per-link loads ------------- */
+
+/* Global id of the NIC device d sends and receives through (rail-optimised). */
+int dev_nic(const sp_cluster_t *c, int d);
+/* Time of one point-to-point transfer of bytes between devices a and b. */
+double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes);
+/* All-reduce of bytes over the n devices devs[] (increasing ids), the
+ * cheaper of flat ring and hierarchical, alone on the network. */
+double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+
+/* Links that can be shared: every GPU's intra-node port and every NIC, each
+ * direction apart; ids 0..net_n_res-1. */
+typedef struct {
+	int res;
+	double bytes;
+} net_load_t;
+typedef struct {
+	double lat_ms; /* after its bytes */
+	int n_load;
+	net_load_t *load;
+} net_phase_t;
+#define NET_MAX_PHASES 3
+typedef struct {
+	int n_phase;
+	net_phase_t ph[NET_MAX_PHASES];
+} net_coll_t;
+
+int net_n_res(const sp_cluster_t *c);
+/* Bandwidth of link r, GB/s. */
+double net_res_gbs(const sp_cluster_t *c, int r);
+/* The two links a transfer from a to b crosses (out of a, into b); returns 2. */
+int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res);
+/* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM. */
+int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
+			 int64_t bytes, sp_arena_t *a);
+/* Time of the phases alone on the network (equals cost_allreduce_ms). */
+double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
+
+/* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
+
+typedef struct {
+	int state, coll, phase, n_dev, wake, ver; /* ver: of its live event */
+	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
+	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
+	net_coll_t co;
+	net_load_t xl[2];          /* a transfer's loads */
+	const int32_t *devs;       /* an all-reduce's members */
+} fl_job_t;
+
+/* A heap entry: a time or level, a job or link, a version. */
+typedef struct {
+	double t;
+	int id, ver;
+} fl_ev_t;
+typedef struct {
+	fl_ev_t *e;
+	int n, cap;
+} fl_heap_t;
+
+typedef struct {
+	const sp_cluster_t *c;
+	sp_arena_t *a;
+	double now;
+	int n_jobs, cap_jobs, n_waiting;
+	fl_job_t *jobs;
+	int *waiting;            /* ready all-reduces */
+	fl_heap_t pending, ev, lv; /* jobs by start; phase ends; links by level */
+	int **lj, *ln, *lcap;    /* per link: jobs draining through it */
+	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
+	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
+	/* while sharing: per link what is left, the unfrozen weight, loads on
+	 * it (on[first..first+cnt), unfrozen of them); the component's links
+	 * and jobs (marked with epoch) */
+	double *left, *sum;
+	int *cnt, *unfrozen, *first, *links, *on, cap_on;
+	int *comp, *lmark, *jmark, epoch;
+	int freed, arrived;
+} fl_net_t;
+
+/* Room for max_jobs jobs, arrays from a. SP_ENOMEM. */
+int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs);
+/* A transfer of bytes from a to b leaving at start (>= the clock); its job. */
+int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes);
+/* An all-reduce of bytes over devs (kept, increasing ids) ready at ready;
+ * bytes 0 takes no time. Its job, or a negative code. */
+int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes);
+/* Marks transfer j as awaited: fl_advance(n, 1) stops when it arrives. */
+void fl_await(fl_net_t *n, int j);
+/* Runs events in time order: until an awaited transfer arrives (1) when
+ * until_arrival, else until every job is done (0); SP_ENOMEM. Jobs added
+ * later must not start before the clock. */
+int fl_advance(fl_net_t *n, int until_arrival);
+/* When job j finished, or -1. */
+double fl_done(const fl_net_t *n, int j);
 
 /* ---- sched.c (shared) and sched_*.c: schedules ---------------------------- */
 

@@ -6,25 +6,28 @@
  * Each device runs its program in order with a clock `now`:
  *   FWD/BWD/LOSS  now += layers * T_fwd|bwd(m, local batch)
  *   COPY          now += bytes / memory bandwidth
- *   SEND          non-blocking; leaves when the device's link is free:
- *                 depart = max(now, link_free), arrive = depart + xfer time,
- *                 link_free = arrive (one outgoing transfer at a time)
- *   RECV          blocks until the matching SEND has arrived
- *   SYNC          non-blocking start; the bucket's all-reduce runs from the
- *                 moment its last member issued it and its members finished
- *                 their earlier all-reduces (one at a time per device), for
- *                 the ring time
+ *   SEND          non-blocking; the transfer enters the network (fluid.c)
+ *                 at now, where it shares the links it crosses with every
+ *                 transfer and all-reduce in flight beside it
+ *   RECV          blocks until the matching transfer has arrived
+ *   SYNC          non-blocking; when the bucket's last member issued it,
+ *                 its all-reduce enters the network, ready at that moment;
+ *                 it starts when its members finished their earlier
+ *                 all-reduces (one at a time per device) and shares links
+ *                 like a transfer
  *   STEP          for each bucket the device belongs to, in the order of
  *                 its SYNCs: wait for the bucket's all-reduce, then
  *                 now += optimizer time of the bucket's parameters, so
  *                 updates overlap later all-reduces, as the runtime does
- *                 (all-reduces are timed after the programs ran, in the
- *                 order they can start, since only the final STEPs wait
- *                 for them)
- * A device that cannot proceed (RECV before its SEND ran, STEP before a
- * member issued SYNC) waits; if no device can proceed the programs
- * deadlock and the simulation says so. Modes switch costs off to measure
- * the compute schedule alone and the share of transfers.
+ *                 (steps are timed after the programs ran, since only the
+ *                 final STEPs wait for all-reduces)
+ * Devices run ahead of each other (progs.c); the network runs in time
+ * order. When no device can proceed, the network runs to its next arrival:
+ * every device is then waiting, so whatever it sends later leaves after
+ * that arrival and cannot change it. If the network has nothing left to
+ * deliver, the programs deadlock and the simulation says so. Modes switch
+ * costs off to measure the compute schedule alone and the share of
+ * transfers.
  */
 #include "planner.h"
 
@@ -52,10 +55,14 @@ typedef struct {
 	sp_plan_t *p;
 	int mode, record, db, max_tag;
 	int *pc;                         /* per device: next instruction */
-	double *now, *link, *busy, *wait; /* per device: clock, link free, compute, waiting */
-	double *arrive;                  /* per tag: when its SEND arrives; -1 before it ran */
-	int *issued;                     /* per bucket: SYNCs issued so far */
+	int *scan;                       /* per device: SYNCs before it all issued */
+	double *now, *busy, *wait;       /* per device: clock, compute, waiting */
+	double *arrive;                  /* per tag: when its SEND arrives; -1 before it
+					  * ran, -2 while in the network */
+	int *xjob;                       /* per tag: its job in the network */
+	int *issued, *sjob;              /* per bucket: SYNCs issued so far, its job */
 	double *last_issue, *sync_done;  /* per bucket */
+	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
 } sim_t;
 
@@ -69,16 +76,19 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		if (p->ins[k].op == INS_SEND)
 			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
 	st->pc = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->scan = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
-	st->link = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->busy = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->wait = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->arrive = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(double));
+	st->xjob = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
 	st->issued = sp_arena_calloc(a, nb, sizeof(int));
+	st->sjob = sp_arena_calloc(a, nb, sizeof(int));
 	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
 	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
-	if (!st->pc || !st->now || !st->link || !st->busy || !st->wait || !st->arrive ||
-	    !st->issued || !st->last_issue || !st->sync_done)
+	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
+	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done ||
+	    fl_init(&st->net, st->pl->cluster, a, st->max_tag + p->n_buckets))
 		return SP_ENOMEM;
 	for (int t = 0; t <= st->max_tag; t++)
 		st->arrive[t] = -1;
@@ -130,61 +140,45 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 			st->now[d] += (double)value_bytes(p, in, st->db) /
 				      (cl->mem_bandwidth_gbs * 1e6);
 	} else if (in->op == INS_SEND) {
-		double dep = xfer ? fmax(st->now[d], st->link[d]) : st->now[d];
-		double tt = xfer ? cost_xfer_ms(cl, d, in->peer, value_bytes(p, in, st->db)) : 0;
-		st->link[d] = dep + tt;
-		st->arrive[in->tag] = dep + tt;
+		int64_t bytes = xfer ? value_bytes(p, in, st->db) : 0;
+		st->arrive[in->tag] = st->now[d];
+		if (bytes > 0 && in->peer != d) {
+			if ((st->xjob[in->tag] = fl_xfer(&st->net, st->now[d], d, in->peer, bytes)) < 0)
+				return st->xjob[in->tag];
+			st->arrive[in->tag] = -2;
+		}
 	} else if (in->op == INS_RECV) {
-		if (in->tag < 0 || in->tag > st->max_tag || st->arrive[in->tag] < 0)
+		if (in->tag < 0 || in->tag > st->max_tag || st->arrive[in->tag] == -1)
 			return PROGS_WAIT; /* its SEND has not run yet */
+		if (st->arrive[in->tag] == -2 &&
+		    (st->arrive[in->tag] = fl_done(&st->net, st->xjob[in->tag])) < 0) {
+			st->arrive[in->tag] = -2;
+			fl_await(&st->net, st->xjob[in->tag]);
+			return PROGS_WAIT; /* still in the network */
+		}
 		if (st->arrive[in->tag] > st->now[d]) {
 			st->wait[d] += st->arrive[in->tag] - st->now[d];
 			st->now[d] = st->arrive[in->tag];
 		}
 	} else if (in->op == INS_SYNC) {
-		st->issued[in->peer]++;
+		const sp_bucket_t *bk = &p->buckets[in->peer];
 		st->last_issue[in->peer] = fmax(st->last_issue[in->peer], st->now[d]);
+		if (++st->issued[in->peer] == bk->n_dev &&
+		    (st->sjob[in->peer] = fl_allreduce(
+			     &st->net, st->last_issue[in->peer], p->bucket_devs + bk->dev_off,
+			     bk->n_dev, (st->mode & SIM_SYNC) ? bk->elems * st->db : 0)) < 0)
+			return st->sjob[in->peer];
 	} else if (in->op == INS_STEP) {
 		/* it waits for its buckets' all-reduces, timed once every bucket is
 		 * known (finish_steps); here only for all of them to start */
 		const sp_device_t *dv = &p->devices[d];
-		for (int q = 0; q < dv->n_ins; q++) {
-			const sp_ins_t *sy = &p->ins[dv->first_ins + q];
+		for (; st->scan[d] < dv->n_ins; st->scan[d]++) {
+			const sp_ins_t *sy = &p->ins[dv->first_ins + st->scan[d]];
 			if (sy->op == INS_SYNC && st->issued[sy->peer] < p->buckets[sy->peer].n_dev)
 				return PROGS_WAIT;
 		}
 	}
 	return PROGS_RAN;
-}
-
-/* All-reduces in the order they can start; each device runs one at a time
- * (they share its links). Fills sync_done. */
-static int time_allreduces(sim_t *st, sp_arena_t *a)
-{
-	const sp_plan_t *p = st->p;
-	int *border = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
-	double *sync_free = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof(double));
-	if (!border || !sync_free)
-		return SP_ENOMEM;
-	for (int i = 0; i < p->n_buckets; i++)
-		border[i] = i;
-	for (int i = 1; i < p->n_buckets; i++)
-		for (int b = i; b > 0 && st->last_issue[border[b]] < st->last_issue[border[b - 1]];
-		     b--) {
-			int t = border[b];
-			border[b] = border[b - 1];
-			border[b - 1] = t;
-		}
-	for (int i = 0; i < p->n_buckets; i++) {
-		const sp_bucket_t *bk = &p->buckets[border[i]];
-		double start = st->last_issue[border[i]];
-		for (int q = 0; q < bk->n_dev; q++)
-			start = fmax(start, sync_free[p->bucket_devs[bk->dev_off + q]]);
-		st->sync_done[border[i]] = start + ((st->mode & SIM_SYNC) ? bk->sync_ms : 0);
-		for (int q = 0; q < bk->n_dev; q++)
-			sync_free[p->bucket_devs[bk->dev_off + q]] = st->sync_done[border[i]];
-	}
-	return 0;
 }
 
 /* Every device's optimizer step: it updates one bucket's parameters at a
@@ -251,7 +245,13 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	int rc;
 	if ((rc = sim_alloc(st, a)))
 		return rc;
-	rc = progs_run(p, st->pc, sim_step, st);
+	/* stuck: every device waits; the network delivers its next transfer */
+	int got = 1;
+	while ((rc = progs_run(p, st->pc, sim_step, st)) == PROGS_STUCK &&
+	       (got = fl_advance(&st->net, 1)) == 1)
+		;
+	if (got < 0)
+		return got;
 	if (rc == PROGS_STUCK) {
 		int d = 0;
 		while (st->pc[d] >= p->devices[d].n_ins)
@@ -262,8 +262,12 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 				  d, st->pc[d],
 				  ins_op_name(p->ins[p->devices[d].first_ins + st->pc[d]].op));
 	}
-	if (rc || (rc = time_allreduces(st, a)))
+	if (rc)
 		return rc;
+	if ((rc = fl_advance(&st->net, 0)))
+		return rc;
+	for (int b = 0; b < p->n_buckets; b++)
+		st->sync_done[b] = fl_done(&st->net, st->sjob[b]);
 	finish_steps(st);
 	res->iteration = 0;
 	res->busy_total = 0;

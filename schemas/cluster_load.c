@@ -163,7 +163,7 @@ static int get_nums(jctx_t *c, json_t *obj, const num_field_t *f, int n)
 static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 {
 	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
-					    "mem_bandwidth_gbs", NULL};
+					    "mem_bandwidth_gbs", "sm_count", NULL};
 	json_t *g;
 	int rc;
 	if ((rc = enter_section(c, root, "gpu", &g)) ||
@@ -180,8 +180,11 @@ static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 		{"peak_tflops", 0, 1e7, 1, &out->peak_tflops},
 		{"mem_bandwidth_gbs", 0, 1e7, 1, &out->mem_bandwidth_gbs},
 	};
-	if ((rc = get_nums(c, g, nums, 3)))
+	/* optional; 0 = not modelled (the H100 SXM has 132 SMs, so 4096 leaves room) */
+	int64_t sms = 0;
+	if ((rc = get_nums(c, g, nums, 3)) || (rc = jget_int(c, g, "sm_count", 0, 1, 4096, &sms)))
 		return rc;
+	out->sm_count = (int)sms;
 	jp_pop(c);
 	return 0;
 }
@@ -189,7 +192,8 @@ static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 {
 	static const char *const lkeys[] = {"intra_node_gbs", "intra_node_latency_us",
-					    "inter_node_gbs", "inter_node_latency_us", NULL};
+					    "inter_node_gbs", "inter_node_latency_us",
+					    "nics_per_node", NULL};
 	json_t *l;
 	int rc;
 	const num_field_t nums[] = {
@@ -201,6 +205,16 @@ static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 	if ((rc = enter_section(c, root, "links", &l)) ||
 	    (rc = jcheck_object(c, l, "links", lkeys)) || (rc = get_nums(c, l, nums, 4)))
 		return rc;
+	/* optional, default 1; every NIC serves at least one GPU (rail-optimised:
+	 * GPU g uses NIC floor(g * nics / gpus_per_node)) */
+	int64_t nics = 1;
+	if ((rc = jget_int(c, l, "nics_per_node", 0, 1, out->gpus_per_node, &nics))) {
+		if (rc == SP_EINPUT && json_is_integer(json_object_get(l, "nics_per_node")))
+			sp_err_hint(c->err, "every NIC serves at least one GPU: give at most "
+					    "gpus_per_node NICs per node");
+		return rc;
+	}
+	out->nics = (int)nics;
 	jp_pop(c);
 	return 0;
 }

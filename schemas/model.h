@@ -105,7 +105,10 @@ typedef struct {
 	int nodes, gpus_per_node;
 	char gpu_name[SP_NAME_MAX];
 	double memory_gib, peak_tflops, mem_bandwidth_gbs;
+	int sm_count; /* gpu.sm_count; 0 when absent (not modelled) */
+	/* inter_gbs is per NIC; GPU g of a node uses NIC g * nics / gpus_per_node */
 	double intra_gbs, intra_lat_us, inter_gbs, inter_lat_us;
+	int nics;     /* links.nics_per_node, 1..gpus_per_node; 1 when absent */
 	int n_prof;
 	sp_prof_entry_t *prof;
 	uint64_t hash;

@@ -1,0 +1,479 @@
+/*
+ * fluid.c — the simulator's network: transfers and all-reduces in flight at
+ * the same time share the links they cross. It times jobs whose prices and
+ * per-link loads net.c gives; it knows nothing of programs (sim.c feeds it
+ * jobs as the devices issue them and asks when they finish).
+ *
+ * A job is a sequence of phases (a transfer: one; an all-reduce: one for a
+ * ring, three for the hierarchical algorithm); a phase puts bytes_r on each
+ * link r it crosses, then waits its latency. The phase drains at a rate x
+ * (bytes per ms on its most loaded link, V = max_r bytes_r), loading link r
+ * with x * bytes_r / V; alone on the network it takes max_r bytes_r / cap_r,
+ * net.c's price.
+ *
+ * Sharing is max-min fair, by progressive filling: raise the rate of every
+ * job not yet frozen together; when a link is full, freeze the jobs on it;
+ * repeat until all are frozen. It is recomputed at every event where a
+ * phase starts or stops draining, so a job speeds up when a competitor
+ * leaves; only for the jobs connected to that phase through shared links
+ * (max-min rates of unconnected jobs are independent). Why this rule: InfiniBand and NVLink arbitrate per queue pair /
+ * channel in round robin, which gives competing long flows equal shares of
+ * a bottleneck and lets a flow limited elsewhere leave its unused share to
+ * the others; that is max-min fairness (Bertsekas & Gallager, Data
+ * Networks, 6.5.2). Equal shares per job rather than per NCCL channel: a
+ * collective runs as many channels as a transfer has queue pairs, to first
+ * order.
+ *
+ * All-reduces run one at a time per device (the runtime issues them on one
+ * stream): one that is ready waits until none of its members is in another;
+ * waiting ones start in the order they became ready (ties: first added).
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { J_PENDING, J_WAITING, J_DRAIN, J_DELAY, J_DONE };
+
+/* Relative tolerance under which two event times are one event. */
+#define SAME_TIME 1e-12
+
+int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
+{
+	memset(out, 0, sizeof *out);
+	out->c = c;
+	out->a = a;
+	out->cap_jobs = max_jobs;
+	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
+	int **per_link[] = {&out->ln, &out->lcap, &out->lmark, &out->cnt,
+			    &out->unfrozen, &out->first, &out->links};
+	int **per_job[] = {&out->comp, &out->jmark, &out->waiting};
+	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
+		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
+			return SP_ENOMEM;
+	for (size_t i = 0; i < sizeof per_job / sizeof *per_job; i++)
+		if (!(*per_job[i] = sp_arena_calloc(a, nj, sizeof(int))))
+			return SP_ENOMEM;
+	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
+	out->lj = sp_arena_calloc(a, nr, sizeof(int *));
+	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
+	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
+	out->left = sp_arena_calloc(a, nr, sizeof(double));
+	out->sum = sp_arena_calloc(a, nr, sizeof(double));
+	if (!out->jobs || !out->lj || !out->frozen || !out->busy || !out->left || !out->sum)
+		return SP_ENOMEM;
+	return 0;
+}
+
+/* ---- heaps of (time or level, id), least first; ties by id ---------------- */
+
+static int hp_before(const fl_heap_t *h, int i, int j)
+{
+	const fl_ev_t *a = &h->e[i], *b = &h->e[j];
+	return a->t < b->t || (a->t == b->t && a->id < b->id);
+}
+
+static void hp_swap(fl_heap_t *h, int i, int j)
+{
+	fl_ev_t t = h->e[i];
+	h->e[i] = h->e[j];
+	h->e[j] = t;
+}
+
+static int hp_push(sp_arena_t *a, fl_heap_t *h, fl_ev_t x)
+{
+	if (sp_arena_grow(a, (void **)&h->e, &h->cap, h->n + 1, sizeof(fl_ev_t)))
+		return SP_ENOMEM;
+	int k = h->n++;
+	h->e[k] = x;
+	for (; k > 0 && hp_before(h, k, (k - 1) / 2); k = (k - 1) / 2)
+		hp_swap(h, k, (k - 1) / 2);
+	return 0;
+}
+
+static fl_ev_t hp_pop(fl_heap_t *h)
+{
+	fl_ev_t top = h->e[0];
+	h->e[0] = h->e[--h->n];
+	for (int k = 0;;) {
+		int l = 2 * k + 1, r = l + 1, m = k;
+		if (l < h->n && hp_before(h, l, m))
+			m = l;
+		if (r < h->n && hp_before(h, r, m))
+			m = r;
+		if (m == k)
+			break;
+		hp_swap(h, k, m);
+		k = m;
+	}
+	return top;
+}
+
+/* ---- adding jobs ------------------------------------------------------------ */
+
+static int new_job(fl_net_t *n, double start)
+{
+	if (n->n_jobs >= n->cap_jobs)
+		return SP_EINTERNAL;
+	int j = n->n_jobs++;
+	fl_job_t *jb = &n->jobs[j];
+	memset(jb, 0, sizeof *jb);
+	jb->start = fmax(start, n->now); /* sim.c never adds one in the past */
+	jb->done = -1;
+	jb->state = J_PENDING;
+	return hp_push(n->a, &n->pending, (fl_ev_t){jb->start, j, 0}) ? SP_ENOMEM : j;
+}
+
+int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
+{
+	int j = new_job(n, start);
+	if (j < 0)
+		return j;
+	fl_job_t *jb = &n->jobs[j];
+	int res[2];
+	net_xfer_loads(n->c, a, b, res);
+	jb->xl[0] = (net_load_t){res[0], (double)bytes};
+	jb->xl[1] = (net_load_t){res[1], (double)bytes};
+	jb->co.n_phase = 1;
+	jb->co.ph[0] = (net_phase_t){.lat_ms = dev_node(n->c, a) == dev_node(n->c, b)
+						       ? n->c->intra_lat_us * 1e-3
+						       : n->c->inter_lat_us * 1e-3,
+				     .n_load = 2, .load = jb->xl};
+	return j;
+}
+
+int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes)
+{
+	int j = new_job(n, ready);
+	if (j < 0)
+		return j;
+	fl_job_t *jb = &n->jobs[j];
+	jb->coll = 1;
+	jb->devs = devs;
+	jb->n_dev = nd;
+	return bytes > 0 ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a) : 0;
+}
+
+/* ---- links in use --------------------------------------------------------------- */
+
+/* Per link, the jobs draining through it; every link whose set changed is
+ * a seed of the next sharing. */
+static int seed(fl_net_t *n, int r)
+{
+	if (sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
+		return SP_ENOMEM;
+	n->seeds[n->n_seeds++] = r;
+	return 0;
+}
+
+static int drain_begin(fl_net_t *n, int j)
+{
+	fl_job_t *jb = &n->jobs[j];
+	const net_phase_t *ph = &jb->co.ph[jb->phase];
+	jb->state = J_DRAIN;
+	jb->rate = 0;
+	jb->t_ref = n->now;
+	for (int i = 0; i < ph->n_load; i++) {
+		int r = ph->load[i].res;
+		if (sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1, sizeof(int)) ||
+		    seed(n, r))
+			return SP_ENOMEM;
+		n->lj[r][n->ln[r]++] = j;
+	}
+	return 0;
+}
+
+static int drain_end(fl_net_t *n, int j)
+{
+	const fl_job_t *jb = &n->jobs[j];
+	const net_phase_t *ph = &jb->co.ph[jb->phase];
+	for (int i = 0; i < ph->n_load; i++) {
+		int r = ph->load[i].res;
+		for (int q = 0; q < n->ln[r]; q++)
+			if (n->lj[r][q] == j) {
+				n->lj[r][q] = n->lj[r][--n->ln[r]];
+				break;
+			}
+		if (seed(n, r))
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
+/* ---- phase ends: an entry is stale when its version is not its job's ----- */
+
+static int ev_push(fl_net_t *n, int j, double t)
+{
+	return hp_push(n->a, &n->ev, (fl_ev_t){t, j, ++n->jobs[j].ver});
+}
+
+/* The next live event's time, HUGE_VAL when none. */
+static double ev_next(fl_net_t *n)
+{
+	while (n->ev.n > 0 && n->ev.e[0].ver != n->jobs[n->ev.e[0].id].ver)
+		hp_pop(&n->ev);
+	return n->ev.n > 0 ? n->ev.e[0].t : HUGE_VAL;
+}
+
+/* ---- phases ------------------------------------------------------------------------ */
+
+/* Starts phase jb->phase at n->now, skipping empty ones: 1 when the job is
+ * done, 0 when it runs, SP_ENOMEM. */
+static int enter_phase(fl_net_t *n, int j)
+{
+	fl_job_t *jb = &n->jobs[j];
+	for (; jb->phase < jb->co.n_phase; jb->phase++) {
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		double v = 0;
+		for (int i = 0; i < ph->n_load; i++)
+			v = fmax(v, ph->load[i].bytes);
+		jb->vol = jb->rem = v;
+		if (v > 0)
+			return drain_begin(n, j);
+		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
+			jb->state = J_DELAY;
+			return ev_push(n, j, n->now + ph->lat_ms);
+		}
+	}
+	/* a transfer's last latency needs no event: it arrives that much later,
+	 * and nothing waits for it before then */
+	jb->state = J_DONE;
+	jb->done = n->now + (jb->coll ? 0 : jb->co.ph[jb->co.n_phase - 1].lat_ms);
+	jb->ver++;
+	return 1;
+}
+
+static void finish(fl_net_t *n, int j)
+{
+	fl_job_t *jb = &n->jobs[j];
+	if (!jb->coll) {
+		n->arrived |= jb->wake;
+		return;
+	}
+	for (int i = 0; i < jb->n_dev; i++)
+		n->busy[jb->devs[i]] = 0;
+	n->freed = 1;
+}
+
+/* Phase p of job j is through (its bytes and its latency): the next one. */
+static int next_phase(fl_net_t *n, int j)
+{
+	n->jobs[j].phase++;
+	int rc = enter_phase(n, j);
+	if (rc == 1)
+		finish(n, j);
+	return rc < 0 ? rc : 0;
+}
+
+/* Waiting all-reduces whose members are all free start, in order; one that
+ * finishes at once frees its members for the rest. */
+static int start_waiting(fl_net_t *n)
+{
+	while (n->freed) {
+		n->freed = 0;
+		int kept = 0, rc = 0;
+		for (int w = 0; w < n->n_waiting; w++) {
+			int j = n->waiting[w];
+			fl_job_t *jb = &n->jobs[j];
+			int free = 1;
+			for (int i = 0; i < jb->n_dev && free; i++)
+				free = !n->busy[jb->devs[i]];
+			if (!free || rc < 0) {
+				n->waiting[kept++] = j;
+				continue;
+			}
+			for (int i = 0; i < jb->n_dev; i++)
+				n->busy[jb->devs[i]] = 1;
+			if ((rc = enter_phase(n, j)) == 1)
+				finish(n, j);
+		}
+		n->n_waiting = kept;
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* ---- sharing ------------------------------------------------------------------ */
+
+/*
+ * Max-min fair rates of the draining phases, by progressive filling: every
+ * unfrozen job's rate is the common level x; link r fills at
+ *   x_r = left_r / sum_r,  left_r = cap_r - what frozen jobs use,
+ *                          sum_r  = sum of unfrozen jobs' bytes_r / V;
+ * the link with the least x_r fills first, its jobs freeze at x_r, and the
+ * links they also cross lose their use. x_r only grows as jobs freeze, so
+ * the links are taken from a heap: O(loads log links) per event.
+ */
+static int lv_push(fl_net_t *n, int r)
+{
+	return hp_push(n->a, &n->lv, (fl_ev_t){n->left[r] / n->sum[r], r, 0});
+}
+
+static int share(fl_net_t *n)
+{
+	const sp_cluster_t *c = n->c;
+	int nl = 0, nc = 0, nloads = 0, ep = ++n->epoch;
+	/* the component of the seeds: links and the jobs draining through them,
+	 * closed under "crosses"; rates elsewhere do not change */
+	for (int i = 0; i < n->n_seeds; i++)
+		if (n->lmark[n->seeds[i]] != ep) {
+			n->lmark[n->seeds[i]] = ep;
+			n->links[nl++] = n->seeds[i];
+		}
+	n->n_seeds = 0;
+	for (int q = 0; q < nl; q++) {
+		int r = n->links[q];
+		n->cnt[r] = 0;
+		n->sum[r] = 0;
+		n->left[r] = net_res_gbs(c, r) * 1e6;
+		for (int e = 0; e < n->ln[r]; e++) {
+			int j = n->lj[r][e];
+			if (n->jmark[j] == ep)
+				continue;
+			n->jmark[j] = ep;
+			n->comp[nc++] = j;
+			const net_phase_t *ph = &n->jobs[j].co.ph[n->jobs[j].phase];
+			nloads += ph->n_load;
+			for (int i = 0; i < ph->n_load; i++)
+				if (n->lmark[ph->load[i].res] != ep) {
+					n->lmark[ph->load[i].res] = ep;
+					n->links[nl++] = ph->load[i].res;
+				}
+		}
+	}
+	if (sp_arena_grow(n->a, (void **)&n->on, &n->cap_on, nloads, sizeof(int)))
+		return SP_ENOMEM;
+	for (int k = 0; k < nc; k++) {
+		const fl_job_t *jb = &n->jobs[n->comp[k]];
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		for (int i = 0; i < ph->n_load; i++) {
+			n->cnt[ph->load[i].res]++;
+			n->sum[ph->load[i].res] += ph->load[i].bytes / jb->vol;
+		}
+	}
+	for (int i = 0, off = 0; i < nl; i++) {
+		int r = n->links[i];
+		n->first[r] = off;
+		off += n->cnt[r];
+		n->unfrozen[r] = n->cnt[r];
+		n->cnt[r] = 0;
+	}
+	for (int k = 0; k < nc; k++) {
+		const fl_job_t *jb = &n->jobs[n->comp[k]];
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		n->frozen[k] = 0;
+		for (int i = 0; i < ph->n_load; i++) {
+			int r = ph->load[i].res;
+			n->on[n->first[r] + n->cnt[r]++] = k;
+		}
+	}
+	/* the links by level, lazily: an entry is stale when its level is not
+	 * the link's current one */
+	n->lv.n = 0;
+	for (int i = 0; i < nl; i++)
+		if (n->unfrozen[n->links[i]] > 0 && lv_push(n, n->links[i]))
+			return SP_ENOMEM;
+	double x = 0;
+	while (n->lv.n > 0) {
+		fl_ev_t top = hp_pop(&n->lv);
+		int r = top.id;
+		if (n->unfrozen[r] == 0 || top.t != n->left[r] / n->sum[r])
+			continue; /* stale */
+		x = fmax(top.t, x); /* levels only grow; keeps rounding from going back */
+		for (int q = n->first[r]; q < n->first[r] + n->cnt[r]; q++) {
+			int k = n->on[q];
+			if (n->frozen[k])
+				continue;
+			fl_job_t *jb = &n->jobs[n->comp[k]];
+			n->frozen[k] = 1;
+			/* what it drained at its old rate, then the new one; at the
+			 * same rate its end event stands */
+			if (x != jb->rate) {
+				jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
+				jb->t_ref = n->now;
+				jb->rate = x;
+				if (ev_push(n, n->comp[k], n->now + jb->rem / x))
+					return SP_ENOMEM;
+			}
+			const net_phase_t *ph = &jb->co.ph[jb->phase];
+			for (int i = 0; i < ph->n_load; i++) {
+				int r2 = ph->load[i].res;
+				double w = ph->load[i].bytes / jb->vol;
+				n->left[r2] -= x * w;
+				n->sum[r2] -= w;
+				if (--n->unfrozen[r2] > 0 && r2 != r && lv_push(n, r2))
+					return SP_ENOMEM;
+			}
+		}
+		n->unfrozen[r] = 0;
+	}
+	return 0;
+}
+
+/* Moves the clock to t and handles every event at t. */
+static int step_to(fl_net_t *n, double t)
+{
+	int rc = 0;
+	n->now = t;
+	while (!rc && ev_next(n) <= t * (1 + SAME_TIME)) {
+		int j = hp_pop(&n->ev).id;
+		fl_job_t *jb = &n->jobs[j];
+		if (jb->state == J_DELAY) {
+			rc = next_phase(n, j);
+			continue;
+		}
+		/* its bytes are through */
+		double lat = jb->co.ph[jb->phase].lat_ms;
+		jb->ver++;
+		if ((rc = drain_end(n, j)))
+			break;
+		if (lat <= 0 || (!jb->coll && jb->phase + 1 == jb->co.n_phase)) {
+			rc = next_phase(n, j);
+		} else {
+			jb->state = J_DELAY;
+			rc = ev_push(n, j, t + lat);
+		}
+	}
+	while (!rc && n->pending.n > 0 && n->pending.e[0].t <= t * (1 + SAME_TIME)) {
+		int j = hp_pop(&n->pending).id;
+		fl_job_t *jb = &n->jobs[j];
+		if (jb->coll) {
+			jb->state = J_WAITING;
+			n->waiting[n->n_waiting++] = j;
+			n->freed = 1;
+		} else if ((rc = enter_phase(n, j)) == 1) {
+			finish(n, j);
+			rc = 0;
+		}
+	}
+	return rc ? rc : start_waiting(n);
+}
+
+int fl_advance(fl_net_t *n, int until_arrival)
+{
+	int rc;
+	for (;;) {
+		if (n->n_seeds > 0 && (rc = share(n)))
+			return rc;
+		double t = n->pending.n > 0 ? n->pending.e[0].t : HUGE_VAL;
+		t = fmin(t, ev_next(n));
+		if (t == HUGE_VAL)
+			return 0;
+		n->arrived = 0;
+		if ((rc = step_to(n, fmax(t, n->now))))
+			return rc;
+		if (until_arrival && n->arrived)
+			return 1;
+	}
+}
+
+void fl_await(fl_net_t *n, int j)
+{
+	n->jobs[j].wake = 1;
+}
+
+double fl_done(const fl_net_t *n, int j)
+{
+	return n->jobs[j].done;
+}

@@ -1,0 +1,275 @@
+/*
+ * net.c — the network part of the cost model: which NIC a GPU uses, the
+ * isolated price of a point-to-point transfer and of an all-reduce, and the
+ * same all-reduce as phases of per-link byte loads, which the simulator's
+ * fair-sharing network (fluid.c) drains under contention. It prices one
+ * operation alone; sharing between operations is fluid.c's.
+ *
+ * Cluster: G GPUs per node, K NICs per node (links.nics_per_node), GPU g of
+ * a node uses NIC floor(g K / G) (rail-optimised). B_n = intra_node_gbs per
+ * GPU port and direction (NVLink via NVSwitch), B_x = inter_node_gbs per NIC
+ * and direction; a_n, a_x their latencies. Resources (the links that can be
+ * shared): every GPU's intra-node port and every NIC, each direction apart.
+ *
+ * P2P of S bytes from a to b:
+ *   same node:   a_n + S / B_n      (a's port out, b's port in)
+ *   other nodes: a_x + S / B_x      (a's rail NIC out, b's rail NIC in)
+ *
+ * All-reduce of S bytes over a group of n GPUs on m nodes, k_j of them on
+ * node j, using u_j distinct NICs there; c_max = most group GPUs on one NIC.
+ * NCCL picks the cheaper of its algorithms from the sizes alone; we price
+ * both and take the minimum (ties: ring):
+ *
+ *   flat ring: every link of the ring carries 2 (n-1)/n S. NCCL runs one
+ *     ring per NIC a node can offer (channels), so the ring traffic leaving
+ *     node j spreads over its u_j NICs and the slowest node has u_min:
+ *       t_ring = 2 (n-1)/n S / min(u_min B_x, B_n if some k_j >= 2)
+ *                + 2 (n-1) a_x                       (m >= 2)
+ *       t_ring = 2 (n-1)/n S / B_n + 2 (n-1) a_n    (m = 1)
+ *     Loads: each NIC the group uses on node j, 2 (n-1)/n S / u_j each way;
+ *     each GPU's port on a node with k_j >= 2, 2 (n-1)/n S each way.
+ *
+ *   hierarchical (only when every node holds the same k GPUs of the group,
+ *     m >= 2): reduce-scatter inside each node over NVLink, k all-reduces of
+ *     S/k across nodes (one per local rank, each over its GPU's rail NIC, so
+ *     a NIC carries the shards of the c_x group GPUs it serves), all-gather
+ *     inside each node:
+ *       t_rs = t_ag = (k-1)/k S / B_n + (k-1) a_n          (0 when k = 1)
+ *       t_x  = 2 (m-1)/m c_max S/k / B_x + 2 (m-1) a_x
+ *       t_hier = t_rs + t_x + t_ag
+ *     Loads: the ports (k-1)/k S each way in the first and last phase; NIC
+ *     x, 2 (m-1)/m c_x S/k each way in the middle one.
+ *
+ * With one NIC per node and one GPU of the group per node, both are
+ * 2 (n-1)/n S / B_x + 2 (n-1) a_x, the price before NICs were modelled
+ * (tests/unit/test_net.c checks it).
+ */
+#include "planner.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int dev_nic(const sp_cluster_t *c, int d)
+{
+	int g = d % c->gpus_per_node, k = c->nics > 0 ? c->nics : 1;
+	return dev_node(c, d) * k + g * k / c->gpus_per_node;
+}
+
+int net_n_res(const sp_cluster_t *c)
+{
+	int k = c->nics > 0 ? c->nics : 1;
+	return 2 * c->nodes * c->gpus_per_node + 2 * c->nodes * k;
+}
+
+/* Resource ids: ports out, ports in, NICs out, NICs in. */
+static int res_port(const sp_cluster_t *c, int d, int in)
+{
+	return in * c->nodes * c->gpus_per_node + d;
+}
+
+static int res_nic(const sp_cluster_t *c, int nic, int in)
+{
+	int k = c->nics > 0 ? c->nics : 1;
+	return 2 * c->nodes * c->gpus_per_node + in * c->nodes * k + nic;
+}
+
+double net_res_gbs(const sp_cluster_t *c, int r)
+{
+	return r < 2 * c->nodes * c->gpus_per_node ? c->intra_gbs : c->inter_gbs;
+}
+
+double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes)
+{
+	if (a == b || bytes <= 0)
+		return 0;
+	if (dev_node(c, a) == dev_node(c, b))
+		return c->intra_lat_us * 1e-3 + (double)bytes / (c->intra_gbs * 1e6);
+	return c->inter_lat_us * 1e-3 + (double)bytes / (c->inter_gbs * 1e6);
+}
+
+int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res)
+{
+	if (dev_node(c, a) == dev_node(c, b)) {
+		out_res[0] = res_port(c, a, 0);
+		out_res[1] = res_port(c, b, 1);
+	} else {
+		out_res[0] = res_nic(c, dev_nic(c, a), 0);
+		out_res[1] = res_nic(c, dev_nic(c, b), 1);
+	}
+	return 2;
+}
+
+/* The shape of a group (devs in increasing order, as every group the
+ * planner builds: nodes and NICs are then monotone along devs). */
+typedef struct {
+	int n, m, kmin, kmax, umin, cmax;
+} group_t;
+
+static void group_shape(const sp_cluster_t *c, const int32_t *devs, int n, group_t *g)
+{
+	memset(g, 0, sizeof *g);
+	g->n = n;
+	g->kmin = g->umin = n + 1;
+	int k = 0, u = 0, cnic = 0;
+	for (int i = 0; i < n; i++) {
+		assert(i == 0 || devs[i] > devs[i - 1]);
+		int node = dev_node(c, devs[i]), nic = dev_nic(c, devs[i]);
+		if (i == 0 || node != dev_node(c, devs[i - 1])) {
+			if (i > 0) {
+				g->kmin = SP_MIN(g->kmin, k);
+				g->kmax = SP_MAX(g->kmax, k);
+				g->umin = SP_MIN(g->umin, u);
+			}
+			g->m++;
+			k = u = 0;
+		}
+		if (i == 0 || nic != dev_nic(c, devs[i - 1])) {
+			u++;
+			cnic = 0;
+		}
+		k++;
+		cnic++;
+		g->cmax = SP_MAX(g->cmax, cnic);
+	}
+	g->kmin = SP_MIN(g->kmin, k);
+	g->kmax = SP_MAX(g->kmax, k);
+	g->umin = SP_MIN(g->umin, u);
+}
+
+/* t_ring above; m = 1 is a ring over the ports alone */
+static double ring_ms(const sp_cluster_t *c, const group_t *g, double S)
+{
+	double vol = 2.0 * (g->n - 1) / g->n * S;
+	if (g->m == 1)
+		return vol / (c->intra_gbs * 1e6) + 2.0 * (g->n - 1) * c->intra_lat_us * 1e-3;
+	double bw = g->umin * c->inter_gbs;
+	if (g->kmax >= 2)
+		bw = fmin(bw, c->intra_gbs);
+	return vol / (bw * 1e6) + 2.0 * (g->n - 1) * c->inter_lat_us * 1e-3;
+}
+
+/* t_hier above; HUGE_VAL where it does not apply */
+static double hier_ms(const sp_cluster_t *c, const group_t *g, double S)
+{
+	if (g->m < 2 || g->kmin != g->kmax)
+		return HUGE_VAL;
+	int k = g->kmin, m = g->m;
+	double t_in = (k - 1.0) / k * S / (c->intra_gbs * 1e6) + (k - 1) * c->intra_lat_us * 1e-3;
+	double t_x = 2.0 * (m - 1) / m * g->cmax * S / k / (c->inter_gbs * 1e6) +
+		     2.0 * (m - 1) * c->inter_lat_us * 1e-3;
+	return 2 * t_in + t_x;
+}
+
+double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes)
+{
+	if (n <= 1 || bytes <= 0)
+		return 0;
+	group_t g;
+	group_shape(c, devs, n, &g);
+	return fmin(ring_ms(c, &g, (double)bytes), hier_ms(c, &g, (double)bytes));
+}
+
+static void put(net_phase_t *ph, int res, double bytes)
+{
+	ph->load[ph->n_load++] = (net_load_t){res, bytes};
+}
+
+/* Every group GPU's port, both ways. */
+static void port_loads(const sp_cluster_t *c, net_phase_t *ph, const int32_t *devs, int n,
+		       double bytes)
+{
+	for (int i = 0; i < n; i++) {
+		put(ph, res_port(c, devs[i], 0), bytes);
+		put(ph, res_port(c, devs[i], 1), bytes);
+	}
+}
+
+/* NIC loads node by node: the ring's vol / u_j per NIC (per_gpu = 0), or
+ * the hierarchical middle phase's per_gpu * c_x (ring = 0). */
+static void nic_loads(const sp_cluster_t *c, net_phase_t *ph, const int32_t *devs, int n,
+		      double vol, double per_gpu)
+{
+	for (int i0 = 0, i1; i0 < n; i0 = i1) {
+		int u = 0;
+		for (i1 = i0; i1 < n && dev_node(c, devs[i1]) == dev_node(c, devs[i0]); i1++)
+			u += i1 == i0 || dev_nic(c, devs[i1]) != dev_nic(c, devs[i1 - 1]);
+		for (int a = i0, b; a < i1; a = b) {
+			for (b = a; b < i1 && dev_nic(c, devs[b]) == dev_nic(c, devs[a]); b++)
+				;
+			double x = per_gpu > 0 ? per_gpu * (b - a) : vol / u;
+			put(ph, res_nic(c, dev_nic(c, devs[a]), 0), x);
+			put(ph, res_nic(c, dev_nic(c, devs[a]), 1), x);
+		}
+	}
+}
+
+static net_phase_t *new_phase(net_coll_t *out, sp_arena_t *a, int cap, double lat_ms)
+{
+	net_phase_t *ph = &out->ph[out->n_phase];
+	ph->load = sp_arena_calloc(a, (size_t)cap + 1, sizeof *ph->load);
+	if (!ph->load)
+		return NULL;
+	ph->n_load = 0;
+	ph->lat_ms = lat_ms;
+	out->n_phase++;
+	return ph;
+}
+
+int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
+			 int64_t bytes, sp_arena_t *a)
+{
+	memset(out, 0, sizeof *out);
+	if (n <= 1 || bytes <= 0)
+		return 0;
+	group_t g;
+	double S = (double)bytes;
+	group_shape(c, devs, n, &g);
+	net_phase_t *ph;
+	if (ring_ms(c, &g, S) <= hier_ms(c, &g, S)) {
+		double vol = 2.0 * (n - 1) / n * S;
+		double lat = 2.0 * (n - 1) * (g.m == 1 ? c->intra_lat_us : c->inter_lat_us) * 1e-3;
+		if (!(ph = new_phase(out, a, 4 * n, lat)))
+			return SP_ENOMEM;
+		if (g.m > 1)
+			nic_loads(c, ph, devs, n, vol, 0);
+		/* ports carry the ring inside nodes that hold two or more */
+		for (int i0 = 0, i1; i0 < n; i0 = i1) {
+			for (i1 = i0; i1 < n && dev_node(c, devs[i1]) == dev_node(c, devs[i0]); i1++)
+				;
+			if (i1 - i0 >= 2)
+				port_loads(c, ph, devs + i0, i1 - i0, vol);
+		}
+		return 0;
+	}
+	int k = g.kmin, m = g.m;
+	double in_vol = (k - 1.0) / k * S, in_lat = (k - 1) * c->intra_lat_us * 1e-3;
+	if (k > 1) {
+		if (!(ph = new_phase(out, a, 2 * n, in_lat)))
+			return SP_ENOMEM;
+		port_loads(c, ph, devs, n, in_vol);
+	}
+	if (!(ph = new_phase(out, a, 2 * n, 2.0 * (m - 1) * c->inter_lat_us * 1e-3)))
+		return SP_ENOMEM;
+	nic_loads(c, ph, devs, n, 0, 2.0 * (m - 1) / m * S / k);
+	if (k > 1) {
+		if (!(ph = new_phase(out, a, 2 * n, in_lat)))
+			return SP_ENOMEM;
+		port_loads(c, ph, devs, n, in_vol);
+	}
+	return 0;
+}
+
+double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co)
+{
+	double t = 0;
+	for (int p = 0; p < co->n_phase; p++) {
+		double x = 0;
+		for (int i = 0; i < co->ph[p].n_load; i++)
+			x = fmax(x, co->ph[p].load[i].bytes /
+					    (net_res_gbs(c, co->ph[p].load[i].res) * 1e6));
+		t += x + co->ph[p].lat_ms;
+	}
+	return t;
+}

@@ -1,0 +1,216 @@
+/*
+ * test_net.c — the network model (planner/net.c, planner/fluid.c): the rail
+ * mapping, the isolated prices of transfers and all-reduces (with one NIC
+ * and one GPU per node they are the prices from before NICs were modelled;
+ * the phases the simulator drains price the same as cost_allreduce_ms), and
+ * max-min fair sharing on hand-computed cases: two transfers through one
+ * NIC take twice as long, through two NICs (rails) they do not, an
+ * all-reduce beside a transfer on one NIC slows both, and a transfer that
+ * leaves gives its share back.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Bandwidths in GB/s = 1e6 bytes/ms; latencies in us = 1e-3 ms. */
+static sp_cluster_t cluster(int nodes, int gpn, int nics, double lat_us)
+{
+	sp_cluster_t c = {.nodes = nodes, .gpus_per_node = gpn, .nics = nics,
+			  .intra_gbs = 200, .intra_lat_us = lat_us,
+			  .inter_gbs = 50, .inter_lat_us = 2 * lat_us};
+	return c;
+}
+
+static void near(double got, double want, const char *what)
+{
+	if (fabs(got - want) > 1e-9 * fmax(1, fabs(want))) {
+		fprintf(stderr, "%s: expected %.12g ms, got %.12g ms\n", what, want, got);
+		fail();
+	}
+}
+
+static void test_rails(void **state)
+{
+	(void)state;
+	sp_cluster_t c = cluster(2, 8, 4, 0);
+	const int want4[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+	for (int g = 0; g < 8; g++) {
+		assert_int_equal(dev_nic(&c, g), want4[g]);
+		assert_int_equal(dev_nic(&c, 8 + g), 4 + want4[g]);
+	}
+	c.nics = 3; /* need not divide: floor(g * 3 / 8) */
+	const int want3[8] = {0, 0, 0, 1, 1, 1, 2, 2};
+	for (int g = 0; g < 8; g++)
+		assert_int_equal(dev_nic(&c, g), want3[g]);
+}
+
+/* With one NIC and one GPU of the group per node: the flat ring at the NIC,
+ * 2 (n-1)/n S / B_x + 2 (n-1) a_x, as before NICs were modelled. */
+static void test_one_nic_is_old_price(void **state)
+{
+	(void)state;
+	for (int gpn = 1; gpn <= 8; gpn *= 2)
+		for (int n = 2; n <= 16; n++) {
+			sp_cluster_t c = cluster(16, gpn, 1, 5);
+			int32_t devs[16];
+			for (int i = 0; i < n; i++)
+				devs[i] = i * gpn + (i % gpn);
+			int64_t S = 123456789;
+			double old = 2.0 * (n - 1) / n * (double)S / (c.inter_gbs * 1e6) +
+				     2.0 * (n - 1) * c.inter_lat_us * 1e-3;
+			near(cost_allreduce_ms(&c, devs, n, S), old, "one-nic all-reduce");
+			near(cost_xfer_ms(&c, devs[0], devs[1], S),
+			     c.inter_lat_us * 1e-3 + (double)S / (c.inter_gbs * 1e6), "xfer");
+		}
+}
+
+/* 16 GPUs on 2 nodes of 8, S = 1 GB, no latency. One NIC: ring 2*15/16 S at
+ * 50 GB/s = 37.5 ms; hierarchical 2 * 7/8 S at 200 + 2*1/2 * 8 * S/8 at 50
+ * = 8.75 + 20 = 28.75 ms. Four NICs: ring at min(4*50, 200) = 9.375 ms;
+ * hierarchical 8.75 + 2*1/2 * 2 * S/8 at 50 = 13.75 ms. */
+static void test_ring_or_hierarchical(void **state)
+{
+	(void)state;
+	int32_t devs[16];
+	for (int i = 0; i < 16; i++)
+		devs[i] = i;
+	sp_cluster_t c1 = cluster(2, 8, 1, 0), c4 = cluster(2, 8, 4, 0);
+	near(cost_allreduce_ms(&c1, devs, 16, 1000000000), 28.75, "1 nic, hierarchical");
+	near(cost_allreduce_ms(&c4, devs, 16, 1000000000), 9.375, "4 nics, ring");
+}
+
+/* The phases the simulator drains take, alone, the price. */
+static void test_phases_price(void **state)
+{
+	(void)state;
+	sp_arena_t a;
+	sp_arena_init(&a);
+	srand(7);
+	for (int it = 0; it < 2000; it++) {
+		int gpn = 1 + rand() % 8, nodes = 1 + rand() % 6;
+		sp_cluster_t c = cluster(nodes, gpn, 1 + rand() % gpn, rand() % 10);
+		int32_t devs[48];
+		int n = 0;
+		int even = rand() % 2, per = 1 + rand() % gpn;
+		for (int d = 0; d < nodes * gpn; d++)
+			if (even ? d % gpn < per : rand() % 2)
+				devs[n++] = d;
+		int64_t S = 1 + rand() % 100000000;
+		net_coll_t co;
+		assert_int_equal(net_allreduce_phases(&co, &c, devs, n, S, &a), 0);
+		near(net_phases_ms(&c, &co), cost_allreduce_ms(&c, devs, n, S), "phases");
+	}
+	sp_arena_release(&a);
+}
+
+/* S = 100 MB over one 50 GB/s NIC takes 2 ms alone, a_x = 0.01 ms. */
+#define S_BYTES 100000000
+#define ALONE (2.0 + 0.01)
+
+/* Each network test gets a fresh arena as its state. */
+static int arena_setup(void **state)
+{
+	sp_arena_t *a = calloc(1, sizeof *a);
+	if (!a)
+		return -1;
+	sp_arena_init(a);
+	*state = a;
+	return 0;
+}
+
+static int arena_teardown(void **state)
+{
+	sp_arena_release(*state);
+	free(*state);
+	return 0;
+}
+
+static fl_net_t *net_new(void **state, const sp_cluster_t *c)
+{
+	sp_arena_t *a = *state;
+	fl_net_t *n = sp_arena_calloc(a, 1, sizeof *n);
+	assert_non_null(n);
+	assert_int_equal(fl_init(n, c, a, 8), 0);
+	return n;
+}
+
+static void test_two_flows_one_nic(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, S_BYTES);
+	fl_advance(n, 0);
+	near(fl_done(n, j0), 2 * 2.0 + 0.01, "first of two on one nic");
+	near(fl_done(n, j1), 2 * 2.0 + 0.01, "second of two on one nic");
+
+}
+
+static void test_two_flows_two_rails(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 2, 5);
+	fl_net_t *n = net_new(state, &c);
+	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, S_BYTES);
+	fl_advance(n, 0);
+	near(fl_done(n, j0), ALONE, "rail 0");
+	near(fl_done(n, j1), ALONE, "rail 1");
+
+}
+
+/* A ring all-reduce of S over GPU 0 of each node loads each NIC with
+ * 2 (2-1)/2 S = S each way; beside it a transfer of S from GPU 1 to GPU 3
+ * on the same NICs. Both get 25 GB/s: 4 ms of bytes, then latency
+ * (all-reduce: 2 (n-1) a_x = 0.02 ms). Alone: 2 ms + latency. */
+static void test_allreduce_beside_flow(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	static const int32_t devs[2] = {0, 2};
+	near(cost_allreduce_ms(&c, devs, 2, S_BYTES), 2.0 + 0.02, "all-reduce alone");
+	fl_net_t *n = net_new(state, &c);
+	int ar = fl_allreduce(n, 0, devs, 2, S_BYTES), x = fl_xfer(n, 0, 1, 3, S_BYTES);
+	assert_true(ar >= 0 && x >= 0);
+	fl_advance(n, 0);
+	near(fl_done(n, ar), 4.0 + 0.02, "all-reduce beside a transfer");
+	near(fl_done(n, x), 4.0 + 0.01, "transfer beside an all-reduce");
+
+}
+
+/* S and 2S on one NIC: both at 25 GB/s until the first is through (4 ms),
+ * then the second alone at 50 GB/s for its last S (2 ms). The network
+ * stops at the first awaited arrival when asked to. */
+static void test_share_given_back(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int j0 = fl_xfer(n, 0, 0, 2, S_BYTES), j1 = fl_xfer(n, 0, 1, 3, 2 * S_BYTES);
+	fl_await(n, j0);
+	fl_await(n, j1);
+	assert_int_equal(fl_advance(n, 1), 1);
+	near(fl_done(n, j0), 4.0 + 0.01, "short one");
+	assert_true(fl_done(n, j1) < 0);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, j1), 6.0 + 0.01, "long one");
+
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_rails),
+		cmocka_unit_test(test_one_nic_is_old_price),
+		cmocka_unit_test(test_ring_or_hierarchical),
+		cmocka_unit_test(test_phases_price),
+		cmocka_unit_test_setup_teardown(test_two_flows_one_nic, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

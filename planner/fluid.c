@@ -45,8 +45,8 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->a = a;
 	out->cap_jobs = max_jobs;
 	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
-	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark, &out->cnt,
-			    &out->unfrozen, &out->first, &out->links, &out->changed,
+	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark,   &out->cnt,
+			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
 			    &out->lv.pos};
 	int **per_job[] = {&out->comp, &out->jmark, &out->waiting, &out->ev.pos};
 	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
@@ -61,12 +61,13 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->ev.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
 	out->lv.e = sp_arena_calloc(a, nr, sizeof(fl_ev_t));
 	out->touched = sp_arena_calloc(a, nr, sizeof(char));
-	out->lj = sp_arena_calloc(a, nr, sizeof(int *));
+	out->lj = sp_arena_calloc(a, nr, sizeof *out->lj);
+	out->on = sp_arena_calloc(a, nr, sizeof *out->on);
 	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
 	out->sum = sp_arena_calloc(a, nr, sizeof(double));
-	if (!out->jobs || !out->lj || !out->frozen || !out->busy || !out->left || !out->sum ||
+	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->left || !out->sum ||
 	    !out->pending.e || !out->ev.e || !out->lv.e || !out->touched)
 		return SP_ENOMEM;
 	return 0;
@@ -165,6 +166,7 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	jb->xl[0] = (net_load_t){res[0], (double)bytes};
 	jb->xl[1] = (net_load_t){res[1], (double)bytes};
 	jb->co.n_phase = 1;
+	jb->slot = jb->xslot;
 	jb->co.ph[0] = (net_phase_t){.lat_ms = dev_node(n->c, a) == dev_node(n->c, b)
 						       ? n->c->intra_lat_us * 1e-3
 						       : n->c->inter_lat_us * 1e-3,
@@ -181,7 +183,17 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	jb->coll = 1;
 	jb->devs = devs;
 	jb->n_dev = nd;
-	return bytes > 0 ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a) : 0;
+	/* FIXME: returns 0 on success, not j (as on main since the network
+	 * model landed), so sim.c times every bucket's steps by job 0; returning
+	 * j changes plans, so it is left to its own change */
+	if (bytes <= 0)
+		return 0;
+	int rc = net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a), most = 0;
+	for (int p = 0; p < jb->co.n_phase; p++)
+		most = SP_MAX(most, jb->co.ph[p].n_load);
+	if (!rc && !(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))))
+		rc = SP_ENOMEM;
+	return rc;
 }
 
 /* ---- links in use --------------------------------------------------------------- */
@@ -205,10 +217,12 @@ static int drain_begin(fl_net_t *n, int j)
 	jb->t_ref = n->now;
 	for (int i = 0; i < ph->n_load; i++) {
 		int r = ph->load[i].res;
-		if (sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1, sizeof(int)) ||
+		if (sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
+				  sizeof(struct fl_on)) ||
 		    seed(n, r))
 			return SP_ENOMEM;
-		n->lj[r][n->ln[r]++] = j;
+		jb->slot[i] = n->ln[r];
+		n->lj[r][n->ln[r]++] = (struct fl_on){j, i};
 	}
 	return 0;
 }
@@ -218,12 +232,11 @@ static int drain_end(fl_net_t *n, int j)
 	const fl_job_t *jb = &n->jobs[j];
 	const net_phase_t *ph = &jb->co.ph[jb->phase];
 	for (int i = 0; i < ph->n_load; i++) {
-		int r = ph->load[i].res;
-		for (int q = 0; q < n->ln[r]; q++)
-			if (n->lj[r][q] == j) {
-				n->lj[r][q] = n->lj[r][--n->ln[r]];
-				break;
-			}
+		/* the link's last load takes its place */
+		int r = ph->load[i].res, q = jb->slot[i];
+		struct fl_on last = n->lj[r][--n->ln[r]];
+		n->lj[r][q] = last;
+		n->jobs[last.job].slot[last.load] = q;
 		if (seed(n, r))
 			return SP_ENOMEM;
 	}
@@ -343,64 +356,52 @@ static void lv_update(fl_net_t *n, int r)
 		hp_del(&n->lv, n->lv.pos[r]);
 }
 
+/* Link r joins the component: full capacity, nothing on it yet. */
+static void link_join(fl_net_t *n, int r, int *nl)
+{
+	n->lmark[r] = n->epoch;
+	n->links[(*nl)++] = r;
+	n->left[r] = net_res_gbs(n->c, r) * 1e6;
+	n->sum[r] = 0;
+	n->cnt[r] = 0;
+}
+
 static int share(fl_net_t *n)
 {
-	const sp_cluster_t *c = n->c;
-	int nl = 0, nc = 0, nloads = 0, ep = ++n->epoch;
+	int nl = 0, nc = 0, ep = ++n->epoch;
 	/* the component of the seeds: links and the jobs draining through them,
-	 * closed under "crosses"; rates elsewhere do not change */
+	 * closed under "crosses"; rates elsewhere do not change. Jobs are
+	 * numbered k in the order found; each link lists its loads' k in
+	 * on[r], increasing, and sums their weights bytes_r / V in that order */
 	for (int i = 0; i < n->n_seeds; i++)
-		if (n->lmark[n->seeds[i]] != ep) {
-			n->lmark[n->seeds[i]] = ep;
-			n->links[nl++] = n->seeds[i];
-		}
+		if (n->lmark[n->seeds[i]] != ep)
+			link_join(n, n->seeds[i], &nl);
 	n->n_seeds = 0;
 	for (int q = 0; q < nl; q++) {
 		int r = n->links[q];
-		n->cnt[r] = 0;
-		n->sum[r] = 0;
-		n->left[r] = net_res_gbs(c, r) * 1e6;
 		for (int e = 0; e < n->ln[r]; e++) {
-			int j = n->lj[r][e];
+			int j = n->lj[r][e].job, k = nc;
 			if (n->jmark[j] == ep)
 				continue;
 			n->jmark[j] = ep;
 			n->comp[nc++] = j;
-			const net_phase_t *ph = &n->jobs[j].co.ph[n->jobs[j].phase];
-			nloads += ph->n_load;
-			for (int i = 0; i < ph->n_load; i++)
-				if (n->lmark[ph->load[i].res] != ep) {
-					n->lmark[ph->load[i].res] = ep;
-					n->links[nl++] = ph->load[i].res;
-				}
+			n->frozen[k] = 0;
+			const fl_job_t *jb = &n->jobs[j];
+			const net_phase_t *ph = &jb->co.ph[jb->phase];
+			for (int i = 0; i < ph->n_load; i++) {
+				int r2 = ph->load[i].res;
+				if (n->lmark[r2] != ep)
+					link_join(n, r2, &nl);
+				if (sp_arena_grow(n->a, (void **)&n->on[r2], &n->oncap[r2],
+						  n->cnt[r2] + 1, sizeof(int)))
+					return SP_ENOMEM;
+				n->on[r2][n->cnt[r2]++] = k;
+				n->sum[r2] += ph->load[i].bytes / jb->vol;
+			}
 		}
 	}
-	if (sp_arena_grow(n->a, (void **)&n->on, &n->cap_on, nloads, sizeof(int)))
-		return SP_ENOMEM;
-	for (int k = 0; k < nc; k++) {
-		const fl_job_t *jb = &n->jobs[n->comp[k]];
-		const net_phase_t *ph = &jb->co.ph[jb->phase];
-		for (int i = 0; i < ph->n_load; i++) {
-			n->cnt[ph->load[i].res]++;
-			n->sum[ph->load[i].res] += ph->load[i].bytes / jb->vol;
-		}
-	}
-	for (int i = 0, off = 0; i < nl; i++) {
-		int r = n->links[i];
-		n->first[r] = off;
-		off += n->cnt[r];
-		n->unfrozen[r] = n->cnt[r];
-		n->cnt[r] = 0;
-	}
-	for (int k = 0; k < nc; k++) {
-		const fl_job_t *jb = &n->jobs[n->comp[k]];
-		const net_phase_t *ph = &jb->co.ph[jb->phase];
-		n->frozen[k] = 0;
-		for (int i = 0; i < ph->n_load; i++) {
-			int r = ph->load[i].res;
-			n->on[n->first[r] + n->cnt[r]++] = k;
-		}
-	}
+	for (int i = 0; i < nl; i++)
+		n->unfrozen[n->links[i]] = n->cnt[n->links[i]];
 	n->lv.n = 0;
 	for (int i = 0; i < nl; i++)
 		n->lv.pos[n->links[i]] = -1;
@@ -411,8 +412,8 @@ static int share(fl_net_t *n)
 		fl_ev_t top = hp_pop(&n->lv);
 		int r = top.id, n_changed = 0;
 		x = fmax(top.t, x); /* levels only grow; keeps rounding from going back */
-		for (int q = n->first[r]; q < n->first[r] + n->cnt[r]; q++) {
-			int k = n->on[q];
+		for (int q = 0; q < n->cnt[r]; q++) {
+			int k = n->on[r][q];
 			if (n->frozen[k])
 				continue;
 			fl_job_t *jb = &n->jobs[n->comp[k]];

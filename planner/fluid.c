@@ -16,13 +16,13 @@
  * repeat until all are frozen. It is recomputed at every event where a
  * phase starts or stops draining, so a job speeds up when a competitor
  * leaves; only for the jobs connected to that phase through shared links
- * (max-min rates of unconnected jobs are independent). Why this rule: InfiniBand and NVLink arbitrate per queue pair /
- * channel in round robin, which gives competing long flows equal shares of
- * a bottleneck and lets a flow limited elsewhere leave its unused share to
- * the others; that is max-min fairness (Bertsekas & Gallager, Data
- * Networks, 6.5.2). Equal shares per job rather than per NCCL channel: a
- * collective runs as many channels as a transfer has queue pairs, to first
- * order.
+ * (max-min rates of unconnected jobs are independent). Why this rule:
+ * InfiniBand and NVLink arbitrate per queue pair / channel in round robin,
+ * which gives competing long flows equal shares of a bottleneck and lets a
+ * flow limited elsewhere leave its unused share to the others; that is
+ * max-min fairness (Bertsekas & Gallager, Data Networks, 6.5.2). Equal
+ * shares per job rather than per NCCL channel: a collective runs as many
+ * channels as a transfer has queue pairs, to first order.
  *
  * All-reduces run one at a time per device (the runtime issues them on one
  * stream): one that is ready waits until none of its members is in another;

@@ -152,22 +152,27 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 /* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
 
 typedef struct {
-	int state, coll, phase, n_dev, wake, ver; /* ver: of its live event */
+	int state, coll, phase, n_dev, wake;
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
 	net_coll_t co;
 	net_load_t xl[2];          /* a transfer's loads */
+	int xslot[2];              /* a transfer's slots */
+	int *slot;                 /* per load of the draining phase: its index in
+				    * its link's list */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
-/* A heap entry: a time or level, a job or link, a version. */
+/* A heap entry: a time or level, a job or link. */
 typedef struct {
 	double t;
-	int id, ver;
+	int id;
 } fl_ev_t;
+/* Least (t, id) first; with pos (per id: its index, -1 when absent) an id
+ * has at most one entry, whose key can change. */
 typedef struct {
 	fl_ev_t *e;
-	int n, cap;
+	int n, *pos;
 } fl_heap_t;
 
 typedef struct {
@@ -178,14 +183,19 @@ typedef struct {
 	fl_job_t *jobs;
 	int *waiting;            /* ready all-reduces */
 	fl_heap_t pending, ev, lv; /* jobs by start; phase ends; links by level */
-	int **lj, *ln, *lcap;    /* per link: jobs draining through it */
+	/* per link: the loads draining through it (job, index of the load) */
+	struct fl_on {
+		int job, load;
+	} **lj;
+	int *ln, *lcap;
 	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
-	/* while sharing: per link what is left, the unfrozen weight, loads on
-	 * it (on[first..first+cnt), unfrozen of them); the component's links
-	 * and jobs (marked with epoch) */
+	char *touched;           /* per link: in changed[] (its level changed this round) */
+	/* while sharing: per link what is left, the unfrozen weight, its loads'
+	 * jobs (component slots on[r][0..cnt), unfrozen of them); the
+	 * component's links and jobs (marked with epoch) */
 	double *left, *sum;
-	int *cnt, *unfrozen, *first, *links, *on, cap_on;
+	int **on, *oncap, *cnt, *unfrozen, *links, *changed;
 	int *comp, *lmark, *jmark, epoch;
 	int freed, arrived;
 } fl_net_t;

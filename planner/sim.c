@@ -71,10 +71,16 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	const sp_plan_t *p = st->p;
 	size_t N = (size_t)p->n_devices, nb = (size_t)p->n_buckets + 1;
 	size_t ns = (size_t)p->n_slices + 1;
+	int n_xfer = 0; /* transfers that may enter the network */
 	st->max_tag = 0;
-	for (int k = 0; k < p->n_ins; k++)
-		if (p->ins[k].op == INS_SEND)
-			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op != INS_SEND)
+				continue;
+			st->max_tag = SP_MAX(st->max_tag, in->tag + 1);
+			n_xfer += (st->mode & SIM_XFER) && in->peer != d;
+		}
 	st->pc = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->scan = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
@@ -88,7 +94,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done ||
-	    fl_init(&st->net, st->pl->cluster, a, st->max_tag + p->n_buckets))
+	    fl_init(&st->net, st->pl->cluster, a, n_xfer + p->n_buckets))
 		return SP_ENOMEM;
 	for (int t = 0; t <= st->max_tag; t++)
 		st->arrive[t] = -1;

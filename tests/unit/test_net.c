@@ -5,8 +5,8 @@
  * the phases the simulator drains price the same as cost_allreduce_ms), and
  * max-min fair sharing on hand-computed cases: two transfers through one
  * NIC take twice as long, through two NICs (rails) they do not, an
- * all-reduce beside a transfer on one NIC slows both, and a transfer that
- * leaves gives its share back.
+ * all-reduce beside a transfer on one NIC slows both, a transfer that
+ * leaves gives its share back, also from the middle of its links' lists.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -200,6 +200,21 @@ static void test_share_given_back(void **state)
 
 }
 
+/* 3S, S and 2S on one NIC, at 50/3 GB/s each: the middle one is through
+ * at 6 ms, then two at 25 GB/s until the last added is at 10 ms, then the
+ * first alone at 50 GB/s for its last S (12 ms). */
+static void test_leave_in_turn(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int j0 = fl_xfer(n, 0, 0, 2, 3 * S_BYTES), j1 = fl_xfer(n, 0, 1, 3, S_BYTES),
+	    j2 = fl_xfer(n, 0, 0, 3, 2 * S_BYTES);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, j1), 6.0 + 0.01, "middle one");
+	near(fl_done(n, j2), 10.0 + 0.01, "last added");
+	near(fl_done(n, j0), 12.0 + 0.01, "first added");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -211,6 +226,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

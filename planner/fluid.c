@@ -183,17 +183,14 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	jb->coll = 1;
 	jb->devs = devs;
 	jb->n_dev = nd;
-	/* FIXME: returns 0 on success, not j (as on main since the network
-	 * model landed), so sim.c times every bucket's steps by job 0; returning
-	 * j changes plans, so it is left to its own change */
 	if (bytes <= 0)
-		return 0;
+		return j; /* nothing to move: done when ready */
 	int rc = net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a), most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);
 	if (!rc && !(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))))
 		rc = SP_ENOMEM;
-	return rc;
+	return rc ? rc : j;
 }
 
 /* ---- links in use --------------------------------------------------------------- */

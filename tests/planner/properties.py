@@ -8,10 +8,12 @@
   * ours without its data-parallel candidate (--exclude data-parallel: it
     reuses the sequential plan, so with it "ours >= sequential" would hold
     by construction) tests the scheduler itself: its compute time is no
-    more than sequential's and within OURS_VS_BOUND of the lower bound
-    (measured on these pairs: at most 0.67 of sequential's on more than
-    one device, at most 1.46 times the bound; sequential is 1.6-5.8 times
-    it, so a scheduler that falls back to data parallel fails);
+    more than sequential's, and on more than one device at most
+    OURS_VS_SEQ of it (measured on 354 such pairs, seeds 101-159 on 2-16
+    devices: at most 0.81, so a scheduler that falls back to data parallel
+    fails). Not the lower bound: ours picks by iteration time, and with
+    sync priced per NIC it may trade compute for sync (up to 2.0 times
+    the bound measured there, where sequential is at least 1.43 times it);
   * sequential-paper (the paper's baseline: sequential's schedule, one sync
     after the last backward) computes as long as sequential, and in its plan
     every device's SYNCs follow its last compute. Its iteration is NOT
@@ -35,7 +37,7 @@ import workloads as W  # noqa: E402
 PLAN = os.environ["SPINDLE_PLAN"]
 ROOT = os.environ["SPINDLE_ROOT"]
 failures = []
-OURS_VS_BOUND = 1.6
+OURS_VS_SEQ = 0.9
 
 
 def fail(msg):
@@ -76,12 +78,17 @@ def check_props(name, m, c, tmp, extra=()):
         if ours["compute_ms"] > seq["compute_ms"] * (1 + 1e-9):
             fail(f"{name}: spindle without data parallel computes "
                  f"{ours['compute_ms']} ms, sequential {seq['compute_ms']} ms")
-        if ours["compute_ms"] > lb * OURS_VS_BOUND:
+        if c_devices(c) > 1 and ours["compute_ms"] > seq["compute_ms"] * OURS_VS_SEQ:
             fail(f"{name}: spindle without data parallel computes "
-                 f"{ours['compute_ms']} ms, over {OURS_VS_BOUND} times the lower "
-                 f"bound {lb} ms")
+                 f"{ours['compute_ms']} ms, over {OURS_VS_SEQ} times sequential's "
+                 f"{seq['compute_ms']} ms")
     if not os.path.exists(out):
         fail(f"{name}: no plan written")
+
+
+def c_devices(path):
+    c = json.load(open(path))
+    return c["nodes"] * c["gpus_per_node"]
 
 
 SHOW = os.path.join(os.path.dirname(PLAN), "..", "tools", "spindle-show")

@@ -180,6 +180,17 @@ int ck_comp_layers(const sp_component_t *c)
 	return c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 }
 
+int ck_comp_trained(const sp_model_t *md, int c)
+{
+	if (md->comps[c].type == COMP_CONTRASTIVE)
+		return 0;
+	for (int ti = 0; ti < md->n_tasks; ti++)
+		for (int i = 0; i < md->tasks[ti].n_nodes; i++)
+			if (md->tasks[ti].nodes[i].comp == c)
+				return 1;
+	return 0;
+}
+
 json_t *ck_tensor_shape(const layer_tensor_t *t)
 {
 	/* layers.h gives vectors as cols == 1 */

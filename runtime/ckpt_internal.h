@@ -34,6 +34,10 @@ int ck_read_latest(const char *dir, char *name, size_t cap);
 /* A component's dimensions as the manifest records them. */
 void ck_dims_string(char *out, size_t cap, const sp_component_t *c);
 int ck_comp_layers(const sp_component_t *c);
+/* Whether component c has parameters that are trained: it is no
+ * contrastive loss and some node uses it (an unused component is planned
+ * nowhere, so no rank holds it and no file carries it). */
+int ck_comp_trained(const sp_model_t *md, int c);
 /* A tensor's safetensors shape: [rows] for vectors, else [rows, cols]. */
 json_t *ck_tensor_shape(const layer_tensor_t *t);
 /* CRC-32 of the compact, key-sorted JSON of the manifest without its

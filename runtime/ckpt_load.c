@@ -259,7 +259,8 @@ static int load_local(rt_state_t *st, const sp_plan_t *p, const char *dir, int64
 	}
 	json_t *files = json_object_get(man, "files"), *e;
 	size_t i;
-	/* the same set of components: none missing (below), none extra */
+	/* the same set of components: none missing (below), none extra; a file
+	 * for a component this model has but leaves unused is skipped */
 	json_array_foreach(files, i, e) {
 		const char *cn = json_string_value(json_object_get(e, "component"));
 		int found = 0;
@@ -275,7 +276,7 @@ static int load_local(rt_state_t *st, const sp_plan_t *p, const char *dir, int64
 		}
 	}
 	for (int c = 0; c < md->n_comps && !rc; c++) {
-		if (md->comps[c].type == COMP_CONTRASTIVE)
+		if (!ck_comp_trained(md, c))
 			continue;
 		json_t *f = NULL;
 		json_array_foreach(files, i, e) {

@@ -195,13 +195,13 @@ cleanup:
 	return rc;
 }
 
-/* Every parameter layer of the model is in rec[] exactly once, with the
- * model's size (rec[] sorted). */
+/* Every trained parameter layer of the model is in rec[] exactly once,
+ * with the model's size (rec[] sorted). */
 static int check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err)
 {
 	int i = 0;
 	for (int c = 0; c < md->n_comps; c++) {
-		if (md->comps[c].type == COMP_CONTRASTIVE)
+		if (!ck_comp_trained(md, c))
 			continue;
 		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++, i++)
 			if (i >= n || rec[i].comp != c || rec[i].layer != l ||
@@ -401,7 +401,7 @@ static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_
 		goto cleanup;
 	}
 	for (int c = 0; c < md->n_comps && !rc; c++)
-		if (md->comps[c].type != COMP_CONTRASTIVE)
+		if (ck_comp_trained(md, c))
 			rc = snap_component(&S, c, rec, n, files, err);
 	if (rc)
 		goto cleanup;

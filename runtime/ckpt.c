@@ -191,13 +191,6 @@ int ck_comp_trained(const sp_model_t *md, int c)
 	return 0;
 }
 
-json_t *ck_tensor_shape(const layer_tensor_t *t)
-{
-	/* layers.h gives vectors as cols == 1 */
-	return t->cols == 1 ? json_pack("[I]", (json_int_t)t->rows)
-			    : json_pack("[I,I]", (json_int_t)t->rows, (json_int_t)t->cols);
-}
-
 /* CRC-32 of the compact, key-sorted JSON of the manifest without its
  * "manifest_crc32" member, as 8 hex digits. */
 int ck_manifest_crc(const json_t *man, char out[9])

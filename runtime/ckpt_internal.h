@@ -38,8 +38,6 @@ int ck_comp_layers(const sp_component_t *c);
  * contrastive loss and some node uses it (an unused component is planned
  * nowhere, so no rank holds it and no file carries it). */
 int ck_comp_trained(const sp_model_t *md, int c);
-/* A tensor's safetensors shape: [rows] for vectors, else [rows, cols]. */
-json_t *ck_tensor_shape(const layer_tensor_t *t);
 /* CRC-32 of the compact, key-sorted JSON of the manifest without its
  * "manifest_crc32" member, as 8 hex digits. */
 int ck_manifest_crc(const json_t *man, char out[9]);

@@ -6,6 +6,7 @@
  * does not read checkpoints (ckpt_load.c).
  */
 #include "ckpt_internal.h"
+#include "safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -126,36 +127,19 @@ static void prune(const char *dir, const char *keep_a, const char *keep_b)
 	remove_entries(dir, 1, keep_a, keep_b);
 }
 
-/* One component's safetensors file in memory: header JSON + data. rec[]
+/* One component's safetensors file in memory (framed header, data). rec[]
  * is sorted and holds every layer of comp exactly once. */
 static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int n, int adam,
-			  char **hdr_out, size_t *hdr_len, uint8_t **data_out, size_t *data_len)
+			  uint8_t **head, size_t *head_len, st_out_t *o)
 {
 	const sp_component_t *c = &md->comps[comp];
-	json_t *h = json_object(), *meta = json_object();
-	size_t total = 0;
-	int rc = -1;
-	uint8_t *data = NULL;
-	char *js = NULL;
-	if (!h || !meta)
-		goto cleanup;
 	char dims[200];
 	ck_dims_string(dims, sizeof dims, c);
 	/* safetensors: __metadata__ maps strings to strings */
-	if (json_object_set_new(meta, "format", json_string("spindle.tensors/1")) ||
-	    json_object_set_new(meta, "component", json_string(c->name)) ||
-	    json_object_set_new(meta, "type", json_string(comp_type_name(c->type))) ||
-	    json_object_set_new(meta, "dims", json_string(dims)))
-		goto cleanup;
-	json_object_set_new(h, "__metadata__", meta);
-	meta = NULL;
-	for (int i = 0; i < n; i++)
-		if (rec[i].comp == comp)
-			total += 4 * (size_t)rec[i].count * (adam ? 3 : 1);
-	data = malloc(total + 1);
-	if (!data)
-		goto cleanup;
-	size_t o = 0;
+	if (st_out_init(o, json_pack("{s:s, s:s, s:s, s:s}", "format", "spindle.tensors/1",
+				     "component", c->name, "type", comp_type_name(c->type),
+				     "dims", dims)))
+		return -1;
 	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};
 	layer_tensor_t t[12];
 	int nt = layer_tensors(c, t);
@@ -166,33 +150,14 @@ static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int 
 			for (int q = 0; q < nt; q++) {
 				char key[128];
 				snprintf(key, sizeof key, "l%d.%s%s", rec[i].layer, t[q].name, sfx[part]);
-				size_t nb = 4 * (size_t)(t[q].rows * t[q].cols);
-				json_t *d = json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape",
-						      ck_tensor_shape(&t[q]), "data_offsets",
-						      (json_int_t)o, (json_int_t)(o + nb));
-				if (!d || json_object_set_new(h, key, d))
-					goto cleanup;
-				memcpy(data + o,
-				       rec[i].data + (size_t)part * (size_t)rec[i].count + t[q].offset, nb);
-				o += nb;
+				if (st_out_add(o, key, &t[q],
+					       rec[i].data + (size_t)part * (size_t)rec[i].count +
+						       t[q].offset,
+					       ST_F32))
+					return -1;
 			}
 		}
-	js = json_dumps(h, JSON_SORT_KEYS | JSON_COMPACT);
-	if (!js)
-		goto cleanup;
-	*hdr_len = strlen(js);
-	*hdr_out = js;
-	js = NULL;
-	*data_out = data;
-	*data_len = o;
-	data = NULL;
-	rc = 0;
-cleanup:
-	json_decref(h);
-	json_decref(meta);
-	free(data);
-	free(js);
-	return rc;
+	return st_out_finish(o, head, head_len);
 }
 
 /* Every trained parameter layer of the model is in rec[] exactly once,
@@ -271,29 +236,21 @@ static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *fil
 			  sp_err_t *err)
 {
 	const sp_model_t *md = &S->p->model;
-	char *hdr = NULL, path[4608];
-	uint8_t *data = NULL, *head = NULL;
-	size_t hl = 0, dl = 0;
+	char path[4608];
+	uint8_t *head = NULL;
+	size_t padded = 0;
+	st_out_t o = {0};
 	int rc = 0;
-	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &hdr, &hl, &data, &dl))
+	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &head, &padded, &o))
 		goto nomem;
-	/* header padded with spaces to 8 bytes, as safetensors allows */
-	size_t padded = (hl + 7) & ~(size_t)7;
-	if (!(head = malloc(8 + padded)))
-		goto nomem;
-	uint64_t len = padded;
-	for (int i = 0; i < 8; i++)
-		head[i] = (uint8_t)(len >> (8 * i));
-	memcpy(head + 8, hdr, hl);
-	memset(head + 8 + hl, ' ', padded - hl);
 	snprintf(path, sizeof path, "%s/%s.safetensors", S->tmp, md->comps[c].name);
 	uint32_t crc = 0;
-	if ((rc = write_file(&S->w, path, head, 8 + padded, data, dl, &crc, err)))
+	if ((rc = write_file(&S->w, path, head, padded, o.data, o.len, &crc, err)))
 		goto done;
 	char crcs[16];
 	snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
 	json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name, "file",
-			      strrchr(path, '/') + 1, "bytes", (json_int_t)(8 + padded + dl),
+			      strrchr(path, '/') + 1, "bytes", (json_int_t)(padded + o.len),
 			      "crc32", crcs);
 	if (!f || json_array_append_new(files, f))
 		goto nomem;
@@ -302,8 +259,7 @@ nomem:
 	rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
 done:
 	free(head);
-	free(hdr);
-	free(data);
+	st_out_release(&o);
 	return rc;
 }
 

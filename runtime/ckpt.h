@@ -38,6 +38,23 @@ typedef struct {
 	int64_t enospc_after;
 } ckpt_fault_t;
 
+/* What rank 0 does with the packed records of every rank (rt_pack_owned),
+ * sizes[r] bytes each, concatenated in rank order. */
+typedef int (*ckpt_apply_fn)(void *ctx, const void *all, const size_t *sizes, int nranks,
+			     sp_err_t *err);
+
+/*
+ * Collective: every rank packs the layers it owns (with their AdamW state
+ * when opt_state), rank 0 gathers them and calls fn, and every rank learns
+ * whether all of it succeeded. Returns 0; CKPT_ECOMM when a collective
+ * failed; otherwise, after a failure, rank 0's own error on rank 0 (or the
+ * packing rank's on that rank) and SP_EIO "<what> failed on rank R" on the
+ * others. `what` names the operation in messages ("the checkpoint of step
+ * 5").
+ */
+int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn fn,
+		      void *ctx, const char *what, sp_err_t *err);
+
 /*
  * Rank 0: the gathered records of all ranks (sizes[r] bytes each), sorted
  * into canonical (component, layer) order. Computes the L2 norm and an

@@ -1,7 +1,8 @@
 /*
  * ckpt_internal.h — what ckpt.c, ckpt_save.c and ckpt_load.c share (the
  * format's names, packed parameter records, snapshot names, the manifest's
- * CRC); private to those three files. The protocol is described in ckpt.c.
+ * CRC), and weights.c with them (records, trained components, agreement);
+ * private to those four files. The protocol is described in ckpt.c.
  */
 #ifndef SPINDLE_CKPT_INTERNAL_H
 #define SPINDLE_CKPT_INTERNAL_H
@@ -26,6 +27,16 @@ int ck_cmp_rec(const void *a, const void *b);
 /* Splits packed records; floats per record = count * per. *out is on the
  * heap (free it, also on failure). */
 int ck_parse_records(const void *all, size_t bytes, int per, rec_t **out, int *n);
+/* Every trained layer of the model in rec[] (sorted) exactly once, with
+ * the model's size; SP_EINTERNAL (our bug) otherwise. */
+int ck_check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err);
+/*
+ * Collective: every rank learns the lowest rank whose rc is not 0
+ * (*first_bad, -1: none) and the sum of value over the ranks whose rc is 0.
+ * Returns 0, or CKPT_ECOMM with err set (`what` names the operation).
+ */
+int ck_agree(rt_comm_t *c, int rc, double value, int *first_bad, double *sum,
+	     const char *what, sp_err_t *err);
 /* Whether name is one of ours: step-<digits>[-<digits>][.tmp]. */
 int ck_snapshot_name(const char *name, int allow_tmp);
 /* The snapshot LATEST names (0), or -1 when there is none or it is not

@@ -279,32 +279,16 @@ int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 {
 	sp_err_t mine = {0};
 	*step = 0;
-	int rc = load_local(st, p, dir, step, &mine);
-	/* flags[r]: rank r failed; the last entry checks that all read one step */
-	double *flags = calloc((size_t)c->nranks + 1, sizeof(double));
-	if (!flags)
-		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
-	flags[c->rank] = rc ? 1 : 0;
-	flags[c->nranks] = rc ? 0 : (double)*step;
-	if (c->ops->allsum(c, flags, c->nranks + 1)) {
-		free(flags);
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: checkpoint load: communication failed", c->rank);
-	}
-	int first_bad = -1, n_bad = 0;
-	for (int r = 0; r < c->nranks; r++)
-		if (flags[r] > 0) {
-			n_bad++;
-			if (first_bad < 0)
-				first_bad = r;
-		}
-	double sum_step = flags[c->nranks];
-	free(flags);
+	int rc = load_local(st, p, dir, step, &mine), first_bad = -1;
+	double sum_step = 0;
+	/* the sum of the steps read checks that all read one step */
+	if (ck_agree(c, rc, (double)*step, &first_bad, &sum_step, "checkpoint load", err))
+		return err->code;
 	if (rc) {
 		*err = mine;
 		return rc;
 	}
-	if (n_bad)
+	if (first_bad >= 0)
 		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
 				  "checkpoint failed to load on rank %d", first_bad);
 	if (sum_step != (double)*step * c->nranks)

@@ -160,28 +160,6 @@ static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int 
 	return st_out_finish(o, head, head_len);
 }
 
-/* Every trained parameter layer of the model is in rec[] exactly once,
- * with the model's size (rec[] sorted). */
-static int check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err)
-{
-	int i = 0;
-	for (int c = 0; c < md->n_comps; c++) {
-		if (!ck_comp_trained(md, c))
-			continue;
-		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++, i++)
-			if (i >= n || rec[i].comp != c || rec[i].layer != l ||
-			    rec[i].count != comp_layer_params(&md->comps[c]))
-				return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
-						  "checkpoint records: layer %d of component '%s' is "
-						  "missing, repeated or of the wrong size",
-						  l, md->comps[c].name);
-	}
-	if (i != n)
-		return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
-				  "checkpoint records: %d records for %d layers", n, i);
-	return 0;
-}
-
 static void fault_kill(void)
 {
 	fprintf(stderr, "spindle-run: rank 0: killing itself in a checkpoint save (fault "
@@ -350,7 +328,7 @@ static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_
 		return sp_err_set(err, SP_EINTERNAL, dir, 0, 0, NULL, "bad parameter records");
 	}
 	qsort(rec, (size_t)n, sizeof *rec, ck_cmp_rec);
-	if ((rc = check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
+	if ((rc = ck_check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
 		goto cleanup;
 	if (!(files = json_array())) {
 		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
@@ -411,47 +389,32 @@ int ckpt_check_dir(const char *dir, int *created, sp_err_t *err)
 	return 0;
 }
 
+/* What save_gathered needs beside the records. */
+typedef struct {
+	const sp_plan_t *p;
+	const char *dir;
+	int64_t step;
+	uint64_t seed;
+	const ckpt_fault_t *fault;
+} save_ctx_t;
+
+static int save_gathered(void *ctx, const void *all, const size_t *sizes, int nranks,
+			 sp_err_t *err)
+{
+	const save_ctx_t *s = ctx;
+	size_t total = 0;
+	for (int r = 0; r < nranks; r++)
+		total += sizes[r];
+	return save_rank0(s->p, s->dir, s->step, s->seed, all, total, s->fault, err);
+}
+
 int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 	      int64_t step, uint64_t seed, const ckpt_fault_t *fault, sp_err_t *err)
 {
 	if (strlen(dir) > 2000)
 		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
-	void *mine = NULL, *all = NULL;
-	size_t bytes = 0, *sizes = NULL;
-	double bad = 0;
-	if (rt_pack_owned(st, 1, &mine, &bytes)) {
-		sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
-			   "rank %d: out of memory packing the checkpoint", c->rank);
-		mine = NULL;
-		bytes = 0;
-		bad = 1;
-	}
-	/* every rank takes part in every collective, failed or not */
-	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
-	free(mine);
-	if (comm || c->ops->allsum(c, &bad, 1)) {
-		free(all);
-		free(sizes);
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: gathering the checkpoint of step %lld failed", c->rank,
-				  (long long)step);
-	}
-	if (c->rank == 0 && !bad) {
-		size_t total = 0;
-		for (int r = 0; r < c->nranks; r++)
-			total += sizes[r];
-		if (save_rank0(p, dir, step, seed, all, total, fault, err))
-			bad = 1;
-	}
-	free(all);
-	free(sizes);
-	/* every rank learns whether the save succeeded */
-	if (c->ops->allsum(c, &bad, 1))
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: checkpoint of step %lld: communication failed", c->rank,
-				  (long long)step);
-	if (bad > 0)
-		return sp_err_set(err, SP_EIO, dir, 0, 0, NULL,
-				  "checkpoint of step %lld failed on rank 0", (long long)step);
-	return 0;
+	save_ctx_t s = {p, dir, step, seed, fault};
+	char what[64];
+	snprintf(what, sizeof what, "the checkpoint of step %lld", (long long)step);
+	return ckpt_gather_apply(st, c, 1, save_gathered, &s, what, err);
 }

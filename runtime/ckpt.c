@@ -103,7 +103,10 @@ int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn
 	for (int r = 0; r < c->nranks && !comm; r++)
 		if (bad[r] > 0 && first < 0)
 			first = r;
-	if (!comm && c->rank == 0 && first < 0 && fn(ctx, all, sizes, c->nranks, err))
+	size_t total = 0;
+	for (int r = 0; !comm && c->rank == 0 && r < c->nranks; r++)
+		total += sizes[r];
+	if (!comm && c->rank == 0 && first < 0 && fn(ctx, all, total, err))
 		bad[0] = 1;
 	free(all);
 	free(sizes);
@@ -122,12 +125,12 @@ int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn
 	return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "%s failed on rank %d", what, first);
 }
 
-int ck_agree(rt_comm_t *c, int rc, double value, int *first_bad, double *sum,
-	     const char *what, sp_err_t *err)
+int ck_agree(rt_comm_t *c, int rc, const sp_err_t *mine, double value, double *sum,
+	     const char *path, const char *what, sp_err_t *err)
 {
 	/* flags[r]: rank r failed; the last entry sums the values */
 	double *flags = calloc((size_t)c->nranks + 1, sizeof(double));
-	*first_bad = -1;
+	int first_bad = -1;
 	*sum = 0;
 	if (!flags)
 		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
@@ -135,23 +138,27 @@ int ck_agree(rt_comm_t *c, int rc, double value, int *first_bad, double *sum,
 	flags[c->nranks] = rc ? 0 : value;
 	if (c->ops->allsum(c, flags, c->nranks + 1)) {
 		free(flags);
-		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL,
+		return sp_err_set(err, CKPT_ECOMM, path, 0, 0, NULL,
 				  "rank %d: %s: communication failed", c->rank, what);
 	}
 	for (int r = c->nranks - 1; r >= 0; r--)
 		if (flags[r] > 0)
-			*first_bad = r;
+			first_bad = r;
 	*sum = flags[c->nranks];
 	free(flags);
+	if (rc) {
+		*err = *mine;
+		return rc;
+	}
+	if (first_bad >= 0)
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "%s failed on rank %d", what,
+				  first_bad);
 	return 0;
 }
 
-int ckpt_records_sorted(const void *all, const size_t *sizes, int nranks, double *l2,
-			uint64_t *hash, const char *dump_path, sp_err_t *err)
+int ckpt_records_sorted(const void *all, size_t total, double *l2, uint64_t *hash,
+			const char *dump_path, sp_err_t *err)
 {
-	size_t total = 0;
-	for (int r = 0; r < nranks; r++)
-		total += sizes[r];
 	rec_t *rec = NULL;
 	int n = 0;
 	if (ck_parse_records(all, total, 1, &rec, &n)) {

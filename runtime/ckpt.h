@@ -39,9 +39,8 @@ typedef struct {
 } ckpt_fault_t;
 
 /* What rank 0 does with the packed records of every rank (rt_pack_owned),
- * sizes[r] bytes each, concatenated in rank order. */
-typedef int (*ckpt_apply_fn)(void *ctx, const void *all, const size_t *sizes, int nranks,
-			     sp_err_t *err);
+ * concatenated in rank order, `bytes` in all. */
+typedef int (*ckpt_apply_fn)(void *ctx, const void *all, size_t bytes, sp_err_t *err);
 
 /*
  * Collective: every rank packs the layers it owns (with their AdamW state
@@ -56,13 +55,13 @@ int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn
 		      void *ctx, const char *what, sp_err_t *err);
 
 /*
- * Rank 0: the gathered records of all ranks (sizes[r] bytes each), sorted
+ * Rank 0: the gathered records of all ranks (`bytes` in all), sorted
  * into canonical (component, layer) order. Computes the L2 norm and an
  * FNV-1a hash of the exact weight bytes; writes them to dump_path when
  * given (magic "SPDUMP1\n", then the records).
  */
-int ckpt_records_sorted(const void *all, const size_t *sizes, int nranks, double *l2,
-			uint64_t *hash, const char *dump_path, sp_err_t *err);
+int ckpt_records_sorted(const void *all, size_t bytes, double *l2, uint64_t *hash,
+			const char *dump_path, sp_err_t *err);
 
 /*
  * Local (call it on rank 0 before training): creates DIR when missing and

@@ -31,12 +31,14 @@ int ck_parse_records(const void *all, size_t bytes, int per, rec_t **out, int *n
  * the model's size; SP_EINTERNAL (our bug) otherwise. */
 int ck_check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err);
 /*
- * Collective: every rank learns the lowest rank whose rc is not 0
- * (*first_bad, -1: none) and the sum of value over the ranks whose rc is 0.
- * Returns 0, or CKPT_ECOMM with err set (`what` names the operation).
+ * Collective, after each rank tried something alone (rc, its error in
+ * *mine): every rank learns whether all succeeded, and *sum = the sum of
+ * value over the ranks that did. Returns 0; CKPT_ECOMM; on a failed rank
+ * its own error (copied from mine); on the others SP_EINPUT "<what> failed
+ * on rank R" (R the lowest that failed) about path.
  */
-int ck_agree(rt_comm_t *c, int rc, double value, int *first_bad, double *sum,
-	     const char *what, sp_err_t *err);
+int ck_agree(rt_comm_t *c, int rc, const sp_err_t *mine, double value, double *sum,
+	     const char *path, const char *what, sp_err_t *err);
 /* Whether name is one of ours: step-<digits>[-<digits>][.tmp]. */
 int ck_snapshot_name(const char *name, int allow_tmp);
 /* The snapshot LATEST names (0), or -1 when there is none or it is not

@@ -279,18 +279,12 @@ int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 {
 	sp_err_t mine = {0};
 	*step = 0;
-	int rc = load_local(st, p, dir, step, &mine), first_bad = -1;
 	double sum_step = 0;
+	int rc = load_local(st, p, dir, step, &mine);
 	/* the sum of the steps read checks that all read one step */
-	if (ck_agree(c, rc, (double)*step, &first_bad, &sum_step, "checkpoint load", err))
-		return err->code;
-	if (rc) {
-		*err = mine;
+	if ((rc = ck_agree(c, rc, &mine, (double)*step, &sum_step, dir, "the checkpoint load",
+			   err)))
 		return rc;
-	}
-	if (first_bad >= 0)
-		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
-				  "checkpoint failed to load on rank %d", first_bad);
 	if (sum_step != (double)*step * c->nranks)
 		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
 				  "the ranks read different checkpoints (was it replaced while "

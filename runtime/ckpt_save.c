@@ -127,10 +127,10 @@ static void prune(const char *dir, const char *keep_a, const char *keep_b)
 	remove_entries(dir, 1, keep_a, keep_b);
 }
 
-/* One component's safetensors file in memory (framed header, data). rec[]
- * is sorted and holds every layer of comp exactly once. */
+/* One component's safetensors file in memory. rec[] is sorted and holds
+ * every layer of comp exactly once. */
 static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int n, int adam,
-			  uint8_t **head, size_t *head_len, st_out_t *o)
+			  uint8_t **file, size_t *len, st_out_t *o)
 {
 	const sp_component_t *c = &md->comps[comp];
 	char dims[200];
@@ -157,7 +157,7 @@ static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int 
 					return -1;
 			}
 		}
-	return st_out_finish(o, head, head_len);
+	return st_out_finish(o, file, len);
 }
 
 static void fault_kill(void)
@@ -173,6 +173,7 @@ typedef struct {
 	const sp_plan_t *p;
 	const char *dir;
 	int64_t step;
+	uint64_t seed;
 	const ckpt_fault_t *fault;
 	writer_t w;
 	char name[64], tmp[4200], fin[4096], prev[256];
@@ -215,20 +216,20 @@ static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *fil
 {
 	const sp_model_t *md = &S->p->model;
 	char path[4608];
-	uint8_t *head = NULL;
-	size_t padded = 0;
+	uint8_t *file = NULL;
+	size_t len = 0;
 	st_out_t o = {0};
 	int rc = 0;
-	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &head, &padded, &o))
+	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &file, &len, &o))
 		goto nomem;
 	snprintf(path, sizeof path, "%s/%s.safetensors", S->tmp, md->comps[c].name);
 	uint32_t crc = 0;
-	if ((rc = write_file(&S->w, path, head, padded, o.data, o.len, &crc, err)))
+	if ((rc = write_file(&S->w, path, file, len, NULL, 0, &crc, err)))
 		goto done;
 	char crcs[16];
 	snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
 	json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name, "file",
-			      strrchr(path, '/') + 1, "bytes", (json_int_t)(padded + o.len),
+			      strrchr(path, '/') + 1, "bytes", (json_int_t)len,
 			      "crc32", crcs);
 	if (!f || json_array_append_new(files, f))
 		goto nomem;
@@ -236,7 +237,7 @@ static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *fil
 nomem:
 	rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
 done:
-	free(head);
+	free(file);
 	st_out_release(&o);
 	return rc;
 }
@@ -315,11 +316,12 @@ static int snap_publish(snap_t *S, sp_err_t *err)
 	return 0;
 }
 
-static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_t seed,
-		      const void *all, size_t total, const ckpt_fault_t *fault, sp_err_t *err)
+/* Rank 0, given the gathered records: the whole save of snapshot *ctx. */
+static int save_rank0(void *ctx, const void *all, size_t total, sp_err_t *err)
 {
-	const sp_model_t *md = &p->model;
-	snap_t S = {.p = p, .dir = dir, .step = step, .fault = fault, .w = {fault, 0}};
+	snap_t *S = ctx;
+	const char *dir = S->dir;
+	const sp_model_t *md = &S->p->model;
 	rec_t *rec = NULL;
 	json_t *files = NULL;
 	int n = 0, rc;
@@ -328,7 +330,7 @@ static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_
 		return sp_err_set(err, SP_EINTERNAL, dir, 0, 0, NULL, "bad parameter records");
 	}
 	qsort(rec, (size_t)n, sizeof *rec, ck_cmp_rec);
-	if ((rc = ck_check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
+	if ((rc = ck_check_records(md, rec, n, err)) || (rc = snap_begin(S, err)))
 		goto cleanup;
 	if (!(files = json_array())) {
 		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
@@ -336,17 +338,17 @@ static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_
 	}
 	for (int c = 0; c < md->n_comps && !rc; c++)
 		if (ck_comp_trained(md, c))
-			rc = snap_component(&S, c, rec, n, files, err);
+			rc = snap_component(S, c, rec, n, files, err);
 	if (rc)
 		goto cleanup;
-	rc = snap_manifest(&S, seed, files, err);
+	rc = snap_manifest(S, S->seed, files, err);
 	files = NULL; /* the manifest took it */
 	if (!rc)
-		rc = snap_publish(&S, err);
+		rc = snap_publish(S, err);
 cleanup:
-	if (rc && !S.published && S.tmp[0]) {
-		remove_tree(S.renamed ? S.fin : S.tmp);
-		if (S.renamed)
+	if (rc && !S->published && S->tmp[0]) {
+		remove_tree(S->renamed ? S->fin : S->tmp);
+		if (S->renamed)
 			fsync_dir(dir);
 	}
 	json_decref(files);
@@ -389,32 +391,14 @@ int ckpt_check_dir(const char *dir, int *created, sp_err_t *err)
 	return 0;
 }
 
-/* What save_gathered needs beside the records. */
-typedef struct {
-	const sp_plan_t *p;
-	const char *dir;
-	int64_t step;
-	uint64_t seed;
-	const ckpt_fault_t *fault;
-} save_ctx_t;
-
-static int save_gathered(void *ctx, const void *all, const size_t *sizes, int nranks,
-			 sp_err_t *err)
-{
-	const save_ctx_t *s = ctx;
-	size_t total = 0;
-	for (int r = 0; r < nranks; r++)
-		total += sizes[r];
-	return save_rank0(s->p, s->dir, s->step, s->seed, all, total, s->fault, err);
-}
-
 int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 	      int64_t step, uint64_t seed, const ckpt_fault_t *fault, sp_err_t *err)
 {
 	if (strlen(dir) > 2000)
 		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
-	save_ctx_t s = {p, dir, step, seed, fault};
+	snap_t S = {.p = p, .dir = dir, .step = step, .seed = seed, .fault = fault,
+		    .w = {fault, 0}};
 	char what[64];
 	snprintf(what, sizeof what, "the checkpoint of step %lld", (long long)step);
-	return ckpt_gather_apply(st, c, 1, save_gathered, &s, what, err);
+	return ckpt_gather_apply(st, c, 1, save_rank0, &S, what, err);
 }

@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -195,6 +196,30 @@ static int check_comm(const run_opts_t *o)
 	return 0;
 }
 
+/* The options whose value is a string, and where each goes (NULL: none). */
+static const char **string_option(run_opts_t *o, const char *name)
+{
+	static const struct {
+		const char *name;
+		size_t at;
+	} opts[] = {
+		{"--backend", offsetof(run_opts_t, backend)},
+		{"--comm", offsetof(run_opts_t, comm)},
+		{"--trace", offsetof(run_opts_t, trace_path)},
+		{"--log", offsetof(run_opts_t, log_path)},
+		{"--dump-params", offsetof(run_opts_t, dump_path)},
+		{"--save", offsetof(run_opts_t, save_dir)},
+		{"--load", offsetof(run_opts_t, load_dir)},
+		{"--init", offsetof(run_opts_t, init_path)},
+		{"--init-map", offsetof(run_opts_t, init_map)},
+		{"--export", offsetof(run_opts_t, export_path)},
+	};
+	for (int i = 0; i < SP_ARRAY_LEN(opts); i++)
+		if (!strcmp(name, opts[i].name))
+			return (const char **)(void *)((char *)o + opts[i].at);
+	return NULL;
+}
+
 static int parse(run_opts_t *o, int argc, char **argv)
 {
 	memset(o, 0, sizeof *o);
@@ -219,26 +244,9 @@ static int parse(run_opts_t *o, int argc, char **argv)
 			}
 			char *end = NULL;
 			i++;
-			if (!strcmp(a, "--backend"))
-				o->backend = v;
-			else if (!strcmp(a, "--comm"))
-				o->comm = v;
-			else if (!strcmp(a, "--trace"))
-				o->trace_path = v;
-			else if (!strcmp(a, "--log"))
-				o->log_path = v;
-			else if (!strcmp(a, "--dump-params"))
-				o->dump_path = v;
-			else if (!strcmp(a, "--save"))
-				o->save_dir = v;
-			else if (!strcmp(a, "--load"))
-				o->load_dir = v;
-			else if (!strcmp(a, "--init"))
-				o->init_path = v;
-			else if (!strcmp(a, "--init-map"))
-				o->init_map = v;
-			else if (!strcmp(a, "--export"))
-				o->export_path = v;
+			const char **str = string_option(o, a);
+			if (str)
+				*str = v;
 			else if (!strcmp(a, "--export-dtype")) {
 				if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
 					fprintf(stderr, "spindle-run: unknown --export-dtype '%s'\n"
@@ -330,11 +338,10 @@ typedef struct {
 	const char *dump_path;
 } digest_t;
 
-static int digest_gathered(void *ctx, const void *all, const size_t *sizes, int nranks,
-			   sp_err_t *err)
+static int digest_gathered(void *ctx, const void *all, size_t bytes, sp_err_t *err)
 {
 	digest_t *d = ctx;
-	return ckpt_records_sorted(all, sizes, nranks, &d->l2, &d->hash, d->dump_path, err);
+	return ckpt_records_sorted(all, bytes, &d->l2, &d->hash, d->dump_path, err);
 }
 
 /* L2 norm and FNV hash of all parameters in canonical order (rank 0);
@@ -576,6 +583,17 @@ static void print_start(const run_t *r)
 	       dtype_name(p->model.dtype));
 }
 
+/* After a failed gather of the parameters (digest, export): lost when the
+ * ranks are out of step, else a failure rank 0 reports. */
+static int gather_failed(run_t *r)
+{
+	if (r->err.code == RUN_ECOMM)
+		return RUN_LOST;
+	r->quiet = r->comm.rank != 0;
+	r->status = 1;
+	return RUN_FAIL;
+}
+
 /* Rank 0: step t's line on stdout and in the CSV log. */
 static void print_step(const run_t *r, int64_t t, double ms, double l2, uint64_t h)
 {
@@ -643,11 +661,7 @@ static int train_step(run_t *r, int64_t t)
 	wd_arm(rank, "step %lld: gathering the parameters", (long long)t);
 	if ((o->log_path || (last && o->dump_path)) &&
 	    param_digest(r->st, c, &l2, &h, last ? o->dump_path : NULL, &r->err)) {
-		if (r->err.code == RUN_ECOMM)
-			return RUN_LOST;
-		r->quiet = rank != 0;
-		r->status = 1;
-		return RUN_FAIL;
+		return gather_failed(r);
 	}
 	wd_disarm();
 	if (rank == 0)
@@ -680,11 +694,7 @@ static int export_end(run_t *r)
 	wd_arm(rank, "writing the weights to '%s'", r->o.export_path);
 	if (weights_export(r->st, &r->comm, &r->plan, r->o.export_path, r->o.export_dtype,
 			   r->first_step + r->o.steps - 1, &r->err)) {
-		if (r->err.code == RUN_ECOMM)
-			return RUN_LOST;
-		r->quiet = rank != 0;
-		r->status = 1;
-		return RUN_FAIL;
+		return gather_failed(r);
 	}
 	wd_disarm();
 	return RUN_GO;

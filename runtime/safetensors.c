@@ -126,34 +126,36 @@ int st_out_add(st_out_t *o, const char *name, const layer_tensor_t *t, const flo
 	return 0;
 }
 
-int st_out_finish(st_out_t *o, uint8_t **head, size_t *head_len)
+int st_out_finish(st_out_t *o, uint8_t **file, size_t *len)
 {
 	char *js = json_dumps(o->hdr, JSON_SORT_KEYS | JSON_COMPACT);
 	if (!js)
 		return SP_ENOMEM;
 	size_t hl = strlen(js), padded = (hl + 7) & ~(size_t)7;
-	uint8_t *h = malloc(8 + padded);
-	if (!h) {
+	uint8_t *f = malloc(8 + padded + o->len);
+	if (!f) {
 		free(js);
 		return SP_ENOMEM;
 	}
 	for (int i = 0; i < 8; i++)
-		h[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-	memcpy(h + 8, js, hl);
-	memset(h + 8 + hl, ' ', padded - hl);
+		f[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+	memcpy(f + 8, js, hl);
+	memset(f + 8 + hl, ' ', padded - hl);
+	if (o->len)
+		memcpy(f + 8 + padded, o->data, o->len);
 	free(js);
-	*head = h;
-	*head_len = 8 + padded;
+	*file = f;
+	*len = 8 + padded + o->len;
 	return 0;
 }
 
 void st_out_release(st_out_t *o)
 {
-	if (!o)
-		return;
-	json_decref(o->hdr);
-	free(o->data);
-	memset(o, 0, sizeof *o);
+	if (o) {
+		json_decref(o->hdr);
+		free(o->data);
+		*o = (st_out_t){0};
+	}
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -287,8 +289,8 @@ int st_in_open(st_in_t *in, const char *path, sp_err_t *err)
 		return rc;
 	char *text = malloc((size_t)hl + 1);
 	if (!text)
-		return sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
-	if (read_at(in->fd, text, (size_t)hl, 8))
+		rc = sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
+	else if (read_at(in->fd, text, (size_t)hl, 8))
 		rc = sp_err_set(err, SP_EIO, path, 0, 0, NULL, "read error");
 	else
 		rc = parse_header(in, text, hl, err);
@@ -298,13 +300,12 @@ int st_in_open(st_in_t *in, const char *path, sp_err_t *err)
 
 void st_in_release(st_in_t *in)
 {
-	if (!in)
-		return;
-	json_decref(in->hdr);
-	if (in->fd >= 0)
+	if (in && in->fd >= 0)
 		close(in->fd);
-	memset(in, 0, sizeof *in);
-	in->fd = -1;
+	if (in) {
+		json_decref(in->hdr);
+		*in = (st_in_t){.fd = -1};
+	}
 }
 
 /* "[r, c]" or "[r]" of a header's shape array. */

@@ -45,9 +45,9 @@ int st_out_init(st_out_t *o, json_t *meta);
  * stored as dt (F32 or BF16; F16 is only read). */
 int st_out_add(st_out_t *o, const char *name, const layer_tensor_t *t, const float *x,
 	       st_dtype_t dt);
-/* The framing: *head = the 8-byte length and the padded JSON header
- * (key-sorted, compact; caller frees); the data follows it, o->data[0..len). */
-int st_out_finish(st_out_t *o, uint8_t **head, size_t *head_len);
+/* The whole file: the 8-byte length, the JSON header (key-sorted,
+ * compact, padded) and the data; *file is on the heap (caller frees). */
+int st_out_finish(st_out_t *o, uint8_t **file, size_t *len);
 void st_out_release(st_out_t *o);
 
 /* ---- reading ------------------------------------------------------------ */

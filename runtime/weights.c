@@ -199,18 +199,9 @@ int weights_init(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *p
 		 const char *map_path, sp_err_t *err)
 {
 	sp_err_t mine = {0};
-	int rc = init_local(st, p, c->rank, path, map_path, &mine), first_bad = -1;
-	double sum = 0;
-	if (ck_agree(c, rc, 0, &first_bad, &sum, "loading the weights", err))
-		return err->code;
-	if (rc) {
-		*err = mine;
-		return rc;
-	}
-	if (first_bad >= 0)
-		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
-				  "the weights failed to load on rank %d", first_bad);
-	return 0;
+	double unused = 0;
+	int rc = init_local(st, p, c->rank, path, map_path, &mine);
+	return ck_agree(c, rc, &mine, 0, &unused, path, "loading the weights", err);
 }
 
 int weights_check_path(const char *path, sp_err_t *err)
@@ -219,18 +210,16 @@ int weights_check_path(const char *path, sp_err_t *err)
 	if (strlen(path) > 4000)
 		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "--export path is too long");
 	snprintf(probe, sizeof probe, "%s.probe.%ld", path, (long)getpid());
-	int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
-	if (fd < 0) {
+	FILE *f = fopen(probe, "wx");
+	if (!f || fclose(f) != 0) {
 		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: %s",
 			   strerror(errno));
 		sp_err_hint(err, "check that the directory exists and is writable");
 		return err->code;
 	}
-	close(fd);
 	unlink(probe);
 	return 0;
 }
-
 /* What export_gathered needs beside the records. */
 typedef struct {
 	const sp_model_t *md;
@@ -240,18 +229,14 @@ typedef struct {
 } export_t;
 
 /* Rank 0: the sorted records as one safetensors file, written atomically. */
-static int export_gathered(void *ctx, const void *all, const size_t *sizes, int nranks,
-			   sp_err_t *err)
+static int export_gathered(void *ctx, const void *all, size_t total, sp_err_t *err)
 {
 	const export_t *x = ctx;
 	const sp_model_t *md = x->md;
-	size_t total = 0;
-	for (int r = 0; r < nranks; r++)
-		total += sizes[r];
 	rec_t *rec = NULL;
 	st_out_t o = {0};
-	uint8_t *head = NULL, *file = NULL;
-	size_t hl = 0;
+	uint8_t *file = NULL;
+	size_t len = 0;
 	int n = 0, rc;
 	if (ck_parse_records(all, total, 1, &rec, &n)) {
 		rc = sp_err_set(err, SP_EINTERNAL, x->path, 0, 0, NULL, "bad parameter records");
@@ -274,22 +259,13 @@ static int export_gathered(void *ctx, const void *all, const size_t *sizes, int 
 			rc = st_out_add(&o, name, &t[q], rec[i].data + t[q].offset, x->dt);
 		}
 	}
-	if (!rc)
-		rc = st_out_finish(&o, &head, &hl);
-	if (!rc && !(file = malloc(hl + o.len + 1)))
-		rc = SP_ENOMEM;
-	if (rc) {
+	if (rc || (rc = st_out_finish(&o, &file, &len)))
 		rc = sp_err_set(err, SP_ENOMEM, x->path, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
-	memcpy(file, head, hl);
-	if (o.len)
-		memcpy(file + hl, o.data, o.len);
-	rc = sp_write_atomic(x->path, file, hl + o.len, err);
+	else
+		rc = sp_write_atomic(x->path, file, len, err);
 cleanup:
 	st_out_release(&o);
 	free(rec);
-	free(head);
 	free(file);
 	return rc;
 }

@@ -169,6 +169,12 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	return 0;
 }
 
+/* err's warn function: each warning of the loaders, on stderr. */
+static void warn(void *ctx, const sp_err_t *w)
+{
+	sp_warn_print(ctx, w);
+}
+
 /* Prints err; the exit status it calls for. */
 static int fail(const sp_err_t *err)
 {
@@ -182,7 +188,7 @@ int main(int argc, char **argv)
 	int rc = parse_args(&o, argc, argv);
 	if (rc)
 		return rc;
-	sp_err_t err = {0};
+	sp_err_t err = {.warn = warn, .warn_ctx = stderr};
 	sp_model_t model = {0};
 	sp_cluster_t cluster = {0};
 	sp_plan_t plan = {0};

@@ -77,12 +77,88 @@ int ck_parse_records(const void *all, size_t bytes, int per, rec_t **out, int *n
 	return o == bytes ? 0 : -1;
 }
 
-int ckpt_records_sorted(const void *all, const size_t *sizes, int nranks, double *l2,
-			uint64_t *hash, const char *dump_path, sp_err_t *err)
+int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn fn,
+		      void *ctx, const char *what, sp_err_t *err)
 {
+	void *mine = NULL, *all = NULL;
+	size_t bytes = 0, *sizes = NULL;
+	/* bad[r]: rank r failed (packing, or rank 0's fn) */
+	double *bad = calloc((size_t)c->nranks, sizeof(double));
+	if (!bad)
+		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "rank %d: out of memory",
+				  c->rank);
+	if (rt_pack_owned(st, opt_state, &mine, &bytes)) {
+		sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory packing %s",
+			   c->rank, what);
+		mine = NULL;
+		bytes = 0;
+		bad[c->rank] = 1;
+	}
+	/* every rank takes part in every collective, failed or not */
+	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
+	free(mine);
+	if (!comm)
+		comm = c->ops->allsum(c, bad, c->nranks);
+	int first = -1;
+	for (int r = 0; r < c->nranks && !comm; r++)
+		if (bad[r] > 0 && first < 0)
+			first = r;
 	size_t total = 0;
-	for (int r = 0; r < nranks; r++)
+	for (int r = 0; !comm && c->rank == 0 && r < c->nranks; r++)
 		total += sizes[r];
+	if (!comm && c->rank == 0 && first < 0 && fn(ctx, all, total, err))
+		bad[0] = 1;
+	free(all);
+	free(sizes);
+	/* every rank learns whether rank 0 succeeded */
+	double b0 = c->rank == 0 ? bad[0] : 0;
+	if (comm || c->ops->allsum(c, &b0, 1)) {
+		free(bad);
+		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL,
+				  "rank %d: gathering %s failed (communication)", c->rank, what);
+	}
+	free(bad);
+	if (first < 0 && b0 > 0)
+		first = 0;
+	if (first < 0)
+		return 0;
+	return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL, "%s failed on rank %d", what, first);
+}
+
+int ck_agree(rt_comm_t *c, int rc, const sp_err_t *mine, double value, double *sum,
+	     const char *path, const char *what, sp_err_t *err)
+{
+	/* flags[r]: rank r failed; the last entry sums the values */
+	double *flags = calloc((size_t)c->nranks + 1, sizeof(double));
+	int first_bad = -1;
+	*sum = 0;
+	if (!flags)
+		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
+	flags[c->rank] = rc ? 1 : 0;
+	flags[c->nranks] = rc ? 0 : value;
+	if (c->ops->allsum(c, flags, c->nranks + 1)) {
+		free(flags);
+		return sp_err_set(err, CKPT_ECOMM, path, 0, 0, NULL,
+				  "rank %d: %s: communication failed", c->rank, what);
+	}
+	for (int r = c->nranks - 1; r >= 0; r--)
+		if (flags[r] > 0)
+			first_bad = r;
+	*sum = flags[c->nranks];
+	free(flags);
+	if (rc) {
+		*err = *mine;
+		return rc;
+	}
+	if (first_bad >= 0)
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "%s failed on rank %d", what,
+				  first_bad);
+	return 0;
+}
+
+int ckpt_records_sorted(const void *all, size_t total, double *l2, uint64_t *hash,
+			const char *dump_path, sp_err_t *err)
+{
 	rec_t *rec = NULL;
 	int n = 0;
 	if (ck_parse_records(all, total, 1, &rec, &n)) {
@@ -180,11 +256,35 @@ int ck_comp_layers(const sp_component_t *c)
 	return c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 }
 
-json_t *ck_tensor_shape(const layer_tensor_t *t)
+int ck_check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err)
 {
-	/* layers.h gives vectors as cols == 1 */
-	return t->cols == 1 ? json_pack("[I]", (json_int_t)t->rows)
-			    : json_pack("[I,I]", (json_int_t)t->rows, (json_int_t)t->cols);
+	int i = 0;
+	for (int c = 0; c < md->n_comps; c++) {
+		if (!ck_comp_trained(md, c))
+			continue;
+		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++, i++)
+			if (i >= n || rec[i].comp != c || rec[i].layer != l ||
+			    rec[i].count != comp_layer_params(&md->comps[c]))
+				return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
+						  "checkpoint records: layer %d of component '%s' is "
+						  "missing, repeated or of the wrong size",
+						  l, md->comps[c].name);
+	}
+	if (i != n)
+		return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "checkpoint records: %d records for %d layers", n, i);
+	return 0;
+}
+
+int ck_comp_trained(const sp_model_t *md, int c)
+{
+	if (md->comps[c].type == COMP_CONTRASTIVE)
+		return 0;
+	for (int ti = 0; ti < md->n_tasks; ti++)
+		for (int i = 0; i < md->tasks[ti].n_nodes; i++)
+			if (md->tasks[ti].nodes[i].comp == c)
+				return 1;
+	return 0;
 }
 
 /* CRC-32 of the compact, key-sorted JSON of the manifest without its

@@ -38,14 +38,30 @@ typedef struct {
 	int64_t enospc_after;
 } ckpt_fault_t;
 
+/* What rank 0 does with the packed records of every rank (rt_pack_owned),
+ * concatenated in rank order, `bytes` in all. */
+typedef int (*ckpt_apply_fn)(void *ctx, const void *all, size_t bytes, sp_err_t *err);
+
 /*
- * Rank 0: the gathered records of all ranks (sizes[r] bytes each), sorted
+ * Collective: every rank packs the layers it owns (with their AdamW state
+ * when opt_state), rank 0 gathers them and calls fn, and every rank learns
+ * whether all of it succeeded. Returns 0; CKPT_ECOMM when a collective
+ * failed; otherwise, after a failure, rank 0's own error on rank 0 (or the
+ * packing rank's on that rank) and SP_EIO "<what> failed on rank R" on the
+ * others. `what` names the operation in messages ("the checkpoint of step
+ * 5").
+ */
+int ckpt_gather_apply(rt_state_t *st, rt_comm_t *c, int opt_state, ckpt_apply_fn fn,
+		      void *ctx, const char *what, sp_err_t *err);
+
+/*
+ * Rank 0: the gathered records of all ranks (`bytes` in all), sorted
  * into canonical (component, layer) order. Computes the L2 norm and an
  * FNV-1a hash of the exact weight bytes; writes them to dump_path when
  * given (magic "SPDUMP1\n", then the records).
  */
-int ckpt_records_sorted(const void *all, const size_t *sizes, int nranks, double *l2,
-			uint64_t *hash, const char *dump_path, sp_err_t *err);
+int ckpt_records_sorted(const void *all, size_t bytes, double *l2, uint64_t *hash,
+			const char *dump_path, sp_err_t *err);
 
 /*
  * Local (call it on rank 0 before training): creates DIR when missing and

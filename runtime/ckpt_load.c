@@ -6,6 +6,7 @@
  * nothing.
  */
 #include "ckpt_internal.h"
+#include "safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -131,31 +132,6 @@ static int load_file(const char *path, const char *crc_hex, json_int_t bytes, ui
 	return 0;
 }
 
-/* The tensor `key` of a safetensors header: its byte range in the data,
- * checked against dtype F32, the expected shape and the data size. */
-static int tensor_range(json_t *h, const char *key, const layer_tensor_t *t, size_t dlen,
-			size_t *a_out)
-{
-	json_t *e = json_object_get(h, key);
-	json_t *off = json_object_get(e, "data_offsets"), *shape = json_object_get(e, "shape");
-	json_t *want = ck_tensor_shape(t);
-	int ok = json_is_object(e) && json_is_array(off) && json_array_size(off) == 2 &&
-		 json_is_integer(json_array_get(off, 0)) && json_is_integer(json_array_get(off, 1)) &&
-		 json_is_string(json_object_get(e, "dtype")) &&
-		 !strcmp(json_string_value(json_object_get(e, "dtype")), "F32") && want &&
-		 json_equal(shape, want);
-	json_decref(want);
-	if (!ok)
-		return -1;
-	json_int_t a = json_integer_value(json_array_get(off, 0));
-	json_int_t b = json_integer_value(json_array_get(off, 1));
-	size_t nb = 4 * (size_t)(t->rows * t->cols);
-	if (a < 0 || b < a || (uint64_t)b > (uint64_t)dlen || (uint64_t)(b - a) != nb)
-		return -1;
-	*a_out = (size_t)a;
-	return 0;
-}
-
 /* Appends this component's records (weights [+ m + v] per layer) from its
  * safetensors file to *recs. */
 static int component_records(const sp_model_t *md, int comp, const uint8_t *buf, size_t len,
@@ -163,22 +139,11 @@ static int component_records(const sp_model_t *md, int comp, const uint8_t *buf,
 			     size_t *rcap, sp_err_t *err)
 {
 	const sp_component_t *c = &md->comps[comp];
-	if (len < 8)
-		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "not a safetensors file");
-	uint64_t hl = 0;
-	for (int i = 0; i < 8; i++)
-		hl |= (uint64_t)buf[i] << (8 * i);
-	if (hl > len - 8 || hl < 2 || buf[8] != '{')
-		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
-				  "not a safetensors file (header length %llu of %zu bytes)",
-				  (unsigned long long)hl, len);
-	json_error_t je;
-	json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &je);
-	if (!h)
-		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "bad safetensors header: %s",
-				  je.text);
-	int rc = 0;
-	json_t *meta = json_object_get(h, "__metadata__");
+	st_in_t in;
+	int rc = st_in_mem(&in, path, buf, len, err);
+	if (rc)
+		goto cleanup;
+	json_t *meta = json_object_get(in.hdr, "__metadata__");
 	const char *ty = json_string_value(json_object_get(meta, "type"));
 	const char *dims = json_string_value(json_object_get(meta, "dims"));
 	char want[200];
@@ -192,8 +157,6 @@ static int component_records(const sp_model_t *md, int comp, const uint8_t *buf,
 		sp_err_hint(err, "a checkpoint resumes only a model with the same components");
 		goto cleanup;
 	}
-	const uint8_t *data = buf + 8 + hl;
-	size_t dlen = len - 8 - (size_t)hl;
 	layer_tensor_t t[12];
 	int nt = layer_tensors(c, t);
 	int64_t cnt = comp_layer_params(c);
@@ -214,25 +177,18 @@ static int component_records(const sp_model_t *md, int comp, const uint8_t *buf,
 		int32_t hdr[2] = {comp, l};
 		memcpy(r, hdr, 8);
 		memcpy(r + 8, &cnt, 8);
+		float *f = (float *)(void *)(r + 16);
 		for (int part = 0; part < (adam ? 3 : 1) && !rc; part++)
-			for (int q = 0; q < nt; q++) {
+			for (int q = 0; q < nt && !rc; q++) {
 				char key[128];
-				size_t a = 0;
 				snprintf(key, sizeof key, "l%d.%s%s", l, t[q].name, sfx[part]);
-				if (tensor_range(h, key, &t[q], dlen, &a)) {
-					rc = sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
-							"tensor '%s' is missing or has the wrong "
-							"dtype, shape or offsets",
-							key);
-					break;
-				}
-				memcpy(r + 16 + 4 * ((size_t)part * (size_t)cnt + (size_t)t[q].offset),
-				       data + a, 4 * (size_t)(t[q].rows * t[q].cols));
+				rc = st_in_get(&in, key, NULL, &t[q], 1,
+					       f + (size_t)part * (size_t)cnt + (size_t)t[q].offset, err);
 			}
 		*rlen += need;
 	}
 cleanup:
-	json_decref(h);
+	st_in_release(&in);
 	return rc;
 }
 
@@ -259,7 +215,8 @@ static int load_local(rt_state_t *st, const sp_plan_t *p, const char *dir, int64
 	}
 	json_t *files = json_object_get(man, "files"), *e;
 	size_t i;
-	/* the same set of components: none missing (below), none extra */
+	/* the same set of components: none missing (below), none extra; a file
+	 * for a component this model has but leaves unused is skipped */
 	json_array_foreach(files, i, e) {
 		const char *cn = json_string_value(json_object_get(e, "component"));
 		int found = 0;
@@ -275,7 +232,7 @@ static int load_local(rt_state_t *st, const sp_plan_t *p, const char *dir, int64
 		}
 	}
 	for (int c = 0; c < md->n_comps && !rc; c++) {
-		if (md->comps[c].type == COMP_CONTRASTIVE)
+		if (!ck_comp_trained(md, c))
 			continue;
 		json_t *f = NULL;
 		json_array_foreach(files, i, e) {
@@ -322,34 +279,12 @@ int ckpt_load(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 {
 	sp_err_t mine = {0};
 	*step = 0;
+	double sum_step = 0;
 	int rc = load_local(st, p, dir, step, &mine);
-	/* flags[r]: rank r failed; the last entry checks that all read one step */
-	double *flags = calloc((size_t)c->nranks + 1, sizeof(double));
-	if (!flags)
-		return sp_err_set(err, CKPT_ECOMM, NULL, 0, 0, NULL, "out of memory");
-	flags[c->rank] = rc ? 1 : 0;
-	flags[c->nranks] = rc ? 0 : (double)*step;
-	if (c->ops->allsum(c, flags, c->nranks + 1)) {
-		free(flags);
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: checkpoint load: communication failed", c->rank);
-	}
-	int first_bad = -1, n_bad = 0;
-	for (int r = 0; r < c->nranks; r++)
-		if (flags[r] > 0) {
-			n_bad++;
-			if (first_bad < 0)
-				first_bad = r;
-		}
-	double sum_step = flags[c->nranks];
-	free(flags);
-	if (rc) {
-		*err = mine;
+	/* the sum of the steps read checks that all read one step */
+	if ((rc = ck_agree(c, rc, &mine, (double)*step, &sum_step, dir, "the checkpoint load",
+			   err)))
 		return rc;
-	}
-	if (n_bad)
-		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
-				  "checkpoint failed to load on rank %d", first_bad);
 	if (sum_step != (double)*step * c->nranks)
 		return sp_err_set(err, SP_EINPUT, dir, 0, 0, NULL,
 				  "the ranks read different checkpoints (was it replaced while "

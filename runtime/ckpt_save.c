@@ -6,6 +6,7 @@
  * does not read checkpoints (ckpt_load.c).
  */
 #include "ckpt_internal.h"
+#include "safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -126,36 +127,19 @@ static void prune(const char *dir, const char *keep_a, const char *keep_b)
 	remove_entries(dir, 1, keep_a, keep_b);
 }
 
-/* One component's safetensors file in memory: header JSON + data. rec[]
- * is sorted and holds every layer of comp exactly once. */
+/* One component's safetensors file in memory. rec[] is sorted and holds
+ * every layer of comp exactly once. */
 static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int n, int adam,
-			  char **hdr_out, size_t *hdr_len, uint8_t **data_out, size_t *data_len)
+			  uint8_t **file, size_t *len, st_out_t *o)
 {
 	const sp_component_t *c = &md->comps[comp];
-	json_t *h = json_object(), *meta = json_object();
-	size_t total = 0;
-	int rc = -1;
-	uint8_t *data = NULL;
-	char *js = NULL;
-	if (!h || !meta)
-		goto cleanup;
 	char dims[200];
 	ck_dims_string(dims, sizeof dims, c);
 	/* safetensors: __metadata__ maps strings to strings */
-	if (json_object_set_new(meta, "format", json_string("spindle.tensors/1")) ||
-	    json_object_set_new(meta, "component", json_string(c->name)) ||
-	    json_object_set_new(meta, "type", json_string(comp_type_name(c->type))) ||
-	    json_object_set_new(meta, "dims", json_string(dims)))
-		goto cleanup;
-	json_object_set_new(h, "__metadata__", meta);
-	meta = NULL;
-	for (int i = 0; i < n; i++)
-		if (rec[i].comp == comp)
-			total += 4 * (size_t)rec[i].count * (adam ? 3 : 1);
-	data = malloc(total + 1);
-	if (!data)
-		goto cleanup;
-	size_t o = 0;
+	if (st_out_init(o, json_pack("{s:s, s:s, s:s, s:s}", "format", "spindle.tensors/1",
+				     "component", c->name, "type", comp_type_name(c->type),
+				     "dims", dims)))
+		return -1;
 	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};
 	layer_tensor_t t[12];
 	int nt = layer_tensors(c, t);
@@ -166,55 +150,14 @@ static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int 
 			for (int q = 0; q < nt; q++) {
 				char key[128];
 				snprintf(key, sizeof key, "l%d.%s%s", rec[i].layer, t[q].name, sfx[part]);
-				size_t nb = 4 * (size_t)(t[q].rows * t[q].cols);
-				json_t *d = json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape",
-						      ck_tensor_shape(&t[q]), "data_offsets",
-						      (json_int_t)o, (json_int_t)(o + nb));
-				if (!d || json_object_set_new(h, key, d))
-					goto cleanup;
-				memcpy(data + o,
-				       rec[i].data + (size_t)part * (size_t)rec[i].count + t[q].offset, nb);
-				o += nb;
+				if (st_out_add(o, key, &t[q],
+					       rec[i].data + (size_t)part * (size_t)rec[i].count +
+						       t[q].offset,
+					       ST_F32))
+					return -1;
 			}
 		}
-	js = json_dumps(h, JSON_SORT_KEYS | JSON_COMPACT);
-	if (!js)
-		goto cleanup;
-	*hdr_len = strlen(js);
-	*hdr_out = js;
-	js = NULL;
-	*data_out = data;
-	*data_len = o;
-	data = NULL;
-	rc = 0;
-cleanup:
-	json_decref(h);
-	json_decref(meta);
-	free(data);
-	free(js);
-	return rc;
-}
-
-/* Every parameter layer of the model is in rec[] exactly once, with the
- * model's size (rec[] sorted). */
-static int check_records(const sp_model_t *md, const rec_t *rec, int n, sp_err_t *err)
-{
-	int i = 0;
-	for (int c = 0; c < md->n_comps; c++) {
-		if (md->comps[c].type == COMP_CONTRASTIVE)
-			continue;
-		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++, i++)
-			if (i >= n || rec[i].comp != c || rec[i].layer != l ||
-			    rec[i].count != comp_layer_params(&md->comps[c]))
-				return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
-						  "checkpoint records: layer %d of component '%s' is "
-						  "missing, repeated or of the wrong size",
-						  l, md->comps[c].name);
-	}
-	if (i != n)
-		return sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
-				  "checkpoint records: %d records for %d layers", n, i);
-	return 0;
+	return st_out_finish(o, file, len);
 }
 
 static void fault_kill(void)
@@ -230,6 +173,7 @@ typedef struct {
 	const sp_plan_t *p;
 	const char *dir;
 	int64_t step;
+	uint64_t seed;
 	const ckpt_fault_t *fault;
 	writer_t w;
 	char name[64], tmp[4200], fin[4096], prev[256];
@@ -271,29 +215,21 @@ static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *fil
 			  sp_err_t *err)
 {
 	const sp_model_t *md = &S->p->model;
-	char *hdr = NULL, path[4608];
-	uint8_t *data = NULL, *head = NULL;
-	size_t hl = 0, dl = 0;
+	char path[4608];
+	uint8_t *file = NULL;
+	size_t len = 0;
+	st_out_t o = {0};
 	int rc = 0;
-	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &hdr, &hl, &data, &dl))
+	if (component_file(md, c, rec, n, md->opt.kind == OPT_ADAMW, &file, &len, &o))
 		goto nomem;
-	/* header padded with spaces to 8 bytes, as safetensors allows */
-	size_t padded = (hl + 7) & ~(size_t)7;
-	if (!(head = malloc(8 + padded)))
-		goto nomem;
-	uint64_t len = padded;
-	for (int i = 0; i < 8; i++)
-		head[i] = (uint8_t)(len >> (8 * i));
-	memcpy(head + 8, hdr, hl);
-	memset(head + 8 + hl, ' ', padded - hl);
 	snprintf(path, sizeof path, "%s/%s.safetensors", S->tmp, md->comps[c].name);
 	uint32_t crc = 0;
-	if ((rc = write_file(&S->w, path, head, 8 + padded, data, dl, &crc, err)))
+	if ((rc = write_file(&S->w, path, file, len, NULL, 0, &crc, err)))
 		goto done;
 	char crcs[16];
 	snprintf(crcs, sizeof crcs, "%08" PRIx32, crc);
 	json_t *f = json_pack("{s:s, s:s, s:I, s:s}", "component", md->comps[c].name, "file",
-			      strrchr(path, '/') + 1, "bytes", (json_int_t)(8 + padded + dl),
+			      strrchr(path, '/') + 1, "bytes", (json_int_t)len,
 			      "crc32", crcs);
 	if (!f || json_array_append_new(files, f))
 		goto nomem;
@@ -301,9 +237,8 @@ static int snap_component(snap_t *S, int c, const rec_t *rec, int n, json_t *fil
 nomem:
 	rc = sp_err_set(err, SP_ENOMEM, S->dir, 0, 0, NULL, "out of memory");
 done:
-	free(head);
-	free(hdr);
-	free(data);
+	free(file);
+	st_out_release(&o);
 	return rc;
 }
 
@@ -381,11 +316,12 @@ static int snap_publish(snap_t *S, sp_err_t *err)
 	return 0;
 }
 
-static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_t seed,
-		      const void *all, size_t total, const ckpt_fault_t *fault, sp_err_t *err)
+/* Rank 0, given the gathered records: the whole save of snapshot *ctx. */
+static int save_rank0(void *ctx, const void *all, size_t total, sp_err_t *err)
 {
-	const sp_model_t *md = &p->model;
-	snap_t S = {.p = p, .dir = dir, .step = step, .fault = fault, .w = {fault, 0}};
+	snap_t *S = ctx;
+	const char *dir = S->dir;
+	const sp_model_t *md = &S->p->model;
 	rec_t *rec = NULL;
 	json_t *files = NULL;
 	int n = 0, rc;
@@ -394,25 +330,25 @@ static int save_rank0(const sp_plan_t *p, const char *dir, int64_t step, uint64_
 		return sp_err_set(err, SP_EINTERNAL, dir, 0, 0, NULL, "bad parameter records");
 	}
 	qsort(rec, (size_t)n, sizeof *rec, ck_cmp_rec);
-	if ((rc = check_records(md, rec, n, err)) || (rc = snap_begin(&S, err)))
+	if ((rc = ck_check_records(md, rec, n, err)) || (rc = snap_begin(S, err)))
 		goto cleanup;
 	if (!(files = json_array())) {
 		rc = sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
 		goto cleanup;
 	}
 	for (int c = 0; c < md->n_comps && !rc; c++)
-		if (md->comps[c].type != COMP_CONTRASTIVE)
-			rc = snap_component(&S, c, rec, n, files, err);
+		if (ck_comp_trained(md, c))
+			rc = snap_component(S, c, rec, n, files, err);
 	if (rc)
 		goto cleanup;
-	rc = snap_manifest(&S, seed, files, err);
+	rc = snap_manifest(S, S->seed, files, err);
 	files = NULL; /* the manifest took it */
 	if (!rc)
-		rc = snap_publish(&S, err);
+		rc = snap_publish(S, err);
 cleanup:
-	if (rc && !S.published && S.tmp[0]) {
-		remove_tree(S.renamed ? S.fin : S.tmp);
-		if (S.renamed)
+	if (rc && !S->published && S->tmp[0]) {
+		remove_tree(S->renamed ? S->fin : S->tmp);
+		if (S->renamed)
 			fsync_dir(dir);
 	}
 	json_decref(files);
@@ -460,42 +396,9 @@ int ckpt_save(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *dir,
 {
 	if (strlen(dir) > 2000)
 		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "checkpoint path is too long");
-	void *mine = NULL, *all = NULL;
-	size_t bytes = 0, *sizes = NULL;
-	double bad = 0;
-	if (rt_pack_owned(st, 1, &mine, &bytes)) {
-		sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
-			   "rank %d: out of memory packing the checkpoint", c->rank);
-		mine = NULL;
-		bytes = 0;
-		bad = 1;
-	}
-	/* every rank takes part in every collective, failed or not */
-	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
-	free(mine);
-	if (comm || c->ops->allsum(c, &bad, 1)) {
-		free(all);
-		free(sizes);
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: gathering the checkpoint of step %lld failed", c->rank,
-				  (long long)step);
-	}
-	if (c->rank == 0 && !bad) {
-		size_t total = 0;
-		for (int r = 0; r < c->nranks; r++)
-			total += sizes[r];
-		if (save_rank0(p, dir, step, seed, all, total, fault, err))
-			bad = 1;
-	}
-	free(all);
-	free(sizes);
-	/* every rank learns whether the save succeeded */
-	if (c->ops->allsum(c, &bad, 1))
-		return sp_err_set(err, CKPT_ECOMM, dir, 0, 0, NULL,
-				  "rank %d: checkpoint of step %lld: communication failed", c->rank,
-				  (long long)step);
-	if (bad > 0)
-		return sp_err_set(err, SP_EIO, dir, 0, 0, NULL,
-				  "checkpoint of step %lld failed on rank 0", (long long)step);
-	return 0;
+	snap_t S = {.p = p, .dir = dir, .step = step, .seed = seed, .fault = fault,
+		    .w = {fault, 0}};
+	char what[64];
+	snprintf(what, sizeof what, "the checkpoint of step %lld", (long long)step);
+	return ckpt_gather_apply(st, c, 1, save_rank0, &S, what, err);
 }

@@ -1,11 +1,12 @@
 /*
  * main.c — spindle-run: one process per plan device (under mpirun), or one
  * process for a one-device plan. Reads the plan through the shared reader,
- * checks it matches the launch, builds the rank's state, trains K steps,
- * reports per-task losses and times next to the plan's prediction, and
- * optionally writes a CSV log, a measured Chrome trace, parameter dumps and
- * checkpoints. Only this file decides exit statuses: 0 ok, 1 failure while
- * running, 2 bad input (plan, options, launch, checkpoint).
+ * checks it matches the launch, builds the rank's state (from --init weights
+ * or a checkpoint when given), trains K steps, reports per-task losses and
+ * times next to the plan's prediction, and optionally writes a CSV log, a
+ * measured Chrome trace, parameter dumps, checkpoints and exported weights.
+ * Only this file decides exit statuses: 0 ok, 1 failure while running, 2
+ * bad input (plan, options, launch, checkpoint, weights).
  *
  * Failures. Errors every rank knows of (bad input, a failed checkpoint
  * write, agreed through an all-reduce) end every rank with the same status
@@ -22,8 +23,9 @@
  * Steps, each a function below, in order: parse the options, start the
  * comm, the checks each rank makes alone (plan, launch, backend,
  * checkpoint seed), agreeing on them, building the rank's state (and
- * loading a checkpoint), opening rank 0's outputs, the training loop (a
- * step, its losses and log line, its checkpoint), the final report, and
+ * loading weights or a checkpoint), opening rank 0's outputs, the training
+ * loop (a step, its losses and log line, its checkpoint), the export, the
+ * final report, and
  * finishing (or aborting when the ranks are out of step).
  *
  * Testing hooks (not for users): fault.h.
@@ -32,10 +34,12 @@
 #include "fault.h"
 #include "runtime.h"
 #include "trace.h"
+#include "weights.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -46,6 +50,8 @@
 typedef struct {
 	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
+	const char *init_path, *init_map, *export_path;
+	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
 	int seed_set, quiet;
@@ -147,13 +153,23 @@ static void usage(FILE *f)
 		"  --save DIR           write a checkpoint at the end (and see --save-every)\n"
 		"  --save-every K       also checkpoint every K steps\n"
 		"  --load DIR           resume from a checkpoint (any plan of the same model)\n"
+		"  --init FILE          start from the parameters in a safetensors file whose\n"
+		"                       tensors are named component.layer.tensor (layer 0\n"
+		"                       but for transformers; tensor names as in\n"
+		"                       runtime/layers.h, e.g. vision.3.w_qkv, text.0.tok);\n"
+		"                       F32, BF16 or F16; every shape is checked\n"
+		"  --init-map MAP.json  rename the file's tensors first: {\"their.name\":\n"
+		"                       \"component.layer.tensor\", ...}; null skips one\n"
+		"  --export FILE        write the parameters after the last step as a\n"
+		"                       safetensors file with the names of --init\n"
+		"  --export-dtype T     fp32 (default) or bf16\n"
 		"  --timeout S          seconds a rank waits for a peer before aborting (300);\n"
 		"                       also bounds each checkpoint write\n"
 		"  --quiet              print only the summary\n"
 		"\n"
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"
 		"checkpoint could not be written), 2 bad input (plan, options, launch,\n"
-		"checkpoint to load)\n");
+		"checkpoint or weights to load)\n");
 }
 
 /* --comm: a data plane this build has, and one the backend can use. The
@@ -180,6 +196,30 @@ static int check_comm(const run_opts_t *o)
 	return 0;
 }
 
+/* The options whose value is a string, and where each goes (NULL: none). */
+static const char **string_option(run_opts_t *o, const char *name)
+{
+	static const struct {
+		const char *name;
+		size_t at;
+	} opts[] = {
+		{"--backend", offsetof(run_opts_t, backend)},
+		{"--comm", offsetof(run_opts_t, comm)},
+		{"--trace", offsetof(run_opts_t, trace_path)},
+		{"--log", offsetof(run_opts_t, log_path)},
+		{"--dump-params", offsetof(run_opts_t, dump_path)},
+		{"--save", offsetof(run_opts_t, save_dir)},
+		{"--load", offsetof(run_opts_t, load_dir)},
+		{"--init", offsetof(run_opts_t, init_path)},
+		{"--init-map", offsetof(run_opts_t, init_map)},
+		{"--export", offsetof(run_opts_t, export_path)},
+	};
+	for (int i = 0; i < SP_ARRAY_LEN(opts); i++)
+		if (!strcmp(name, opts[i].name))
+			return (const char **)(void *)((char *)o + opts[i].at);
+	return NULL;
+}
+
 static int parse(run_opts_t *o, int argc, char **argv)
 {
 	memset(o, 0, sizeof *o);
@@ -204,20 +244,18 @@ static int parse(run_opts_t *o, int argc, char **argv)
 			}
 			char *end = NULL;
 			i++;
-			if (!strcmp(a, "--backend"))
-				o->backend = v;
-			else if (!strcmp(a, "--comm"))
-				o->comm = v;
-			else if (!strcmp(a, "--trace"))
-				o->trace_path = v;
-			else if (!strcmp(a, "--log"))
-				o->log_path = v;
-			else if (!strcmp(a, "--dump-params"))
-				o->dump_path = v;
-			else if (!strcmp(a, "--save"))
-				o->save_dir = v;
-			else if (!strcmp(a, "--load"))
-				o->load_dir = v;
+			const char **str = string_option(o, a);
+			if (str)
+				*str = v;
+			else if (!strcmp(a, "--export-dtype")) {
+				if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
+					fprintf(stderr, "spindle-run: unknown --export-dtype '%s'\n"
+							"hint: use fp32 or bf16\n",
+						v);
+					return 2;
+				}
+				o->export_dtype = strcmp(v, "fp32") ? ST_BF16 : ST_F32;
+			}
 			else if (!strcmp(a, "--steps") || !strcmp(a, "--save-every") ||
 				 !strcmp(a, "--seed") || !strcmp(a, "--fault-exit-at") ||
 				 !strcmp(a, "--fault-rank")) {
@@ -262,6 +300,16 @@ static int parse(run_opts_t *o, int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (o->init_map && !o->init_path) {
+		fprintf(stderr, "spindle-run: --init-map renames the tensors of --init, which "
+				"is missing\n");
+		return 2;
+	}
+	if (o->init_path && o->load_dir) {
+		fprintf(stderr, "spindle-run: --init and --load both give the parameters\nhint: "
+				"a checkpoint (--load) resumes; --init starts afresh\n");
+		return 2;
+	}
 	const char *faults = getenv("SPINDLE_FAULT");
 	if (faults && *faults && fault_parse(&o->fault, faults))
 		return 2;
@@ -283,36 +331,29 @@ static double wall_ms(void)
 /* A failure the ranks may not agree on (a collective failed): abort. */
 #define RUN_ECOMM CKPT_ECOMM
 
+/* What digest_gathered fills and writes. */
+typedef struct {
+	double l2;
+	uint64_t hash;
+	const char *dump_path;
+} digest_t;
+
+static int digest_gathered(void *ctx, const void *all, size_t bytes, sp_err_t *err)
+{
+	digest_t *d = ctx;
+	return ckpt_records_sorted(all, bytes, &d->l2, &d->hash, d->dump_path, err);
+}
+
 /* L2 norm and FNV hash of all parameters in canonical order (rank 0);
  * collective, and every rank learns whether rank 0 wrote the dump. */
 static int param_digest(rt_state_t *st, rt_comm_t *c, double *l2, uint64_t *hash,
 			const char *dump_path, sp_err_t *err)
 {
-	void *mine = NULL, *all = NULL;
-	size_t bytes = 0, *sizes = NULL;
-	double bad = 0;
-	if (rt_pack_owned(st, 0, &mine, &bytes)) {
-		sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory", c->rank);
-		mine = NULL;
-		bytes = 0;
-		bad = 1;
-	}
-	int comm = c->ops->gather(c, mine, bytes, &all, &sizes);
-	free(mine);
-	if (comm)
-		return sp_err_set(err, RUN_ECOMM, NULL, 0, 0, NULL,
-				  "rank %d: gathering parameters failed", c->rank);
-	if (c->rank == 0 && !bad)
-		bad = ckpt_records_sorted(all, sizes, c->nranks, l2, hash, dump_path, err) ? 1 : 0;
-	free(all);
-	free(sizes);
-	if (c->ops->allsum(c, &bad, 1))
-		return sp_err_set(err, RUN_ECOMM, NULL, 0, 0, NULL,
-				  "rank %d: gathering parameters failed", c->rank);
-	if (bad > 0)
-		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
-				  "gathering or writing the parameters failed on rank 0");
-	return 0;
+	digest_t d = {0, 0, dump_path};
+	int rc = ckpt_gather_apply(st, c, 0, digest_gathered, &d, "the parameters", err);
+	*l2 = d.l2;
+	*hash = d.hash;
+	return rc;
 }
 
 /* What one run holds from start-up to the end; main's steps share it. */
@@ -451,7 +492,8 @@ static int agree_start(run_t *r, int pre)
 	return RUN_FAIL;
 }
 
-/* The rank's parameters, buffers and groups; then the checkpoint to resume. */
+/* The rank's parameters, buffers and groups; then the weights to start
+ * from, or the checkpoint to resume. */
 static int build_state(run_t *r)
 {
 	int rank = r->comm.rank;
@@ -462,6 +504,17 @@ static int build_state(run_t *r)
 		return RUN_FAIL;
 	}
 	r->first_step = 1;
+	if (r->o.init_path) {
+		wd_arm(rank, "loading the weights '%s'", r->o.init_path);
+		if (weights_init(r->st, &r->comm, &r->plan, r->o.init_path, r->o.init_map,
+				 &r->err)) {
+			if (r->err.code == RUN_ECOMM)
+				return RUN_LOST;
+			r->status = r->err.code == SP_ENOMEM || r->err.code == SP_EIO ? 1 : 2;
+			return RUN_FAIL;
+		}
+		wd_disarm();
+	}
 	if (!r->o.load_dir)
 		return RUN_GO;
 	wd_arm(rank, "loading the checkpoint '%s'", r->o.load_dir);
@@ -475,13 +528,16 @@ static int build_state(run_t *r)
 	return RUN_GO;
 }
 
-/* Rank 0's outputs (checkpoint directory, CSV log), agreed by every rank. */
+/* Rank 0's outputs (checkpoint directory, export path, CSV log), agreed by
+ * every rank. */
 static int open_outputs(run_t *r)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	double bad = 0;
 	if (c->rank == 0 && o->save_dir && ckpt_check_dir(o->save_dir, &r->save_dir_made, &r->err))
+		bad = 1;
+	if (c->rank == 0 && !bad && o->export_path && weights_check_path(o->export_path, &r->err))
 		bad = 1;
 	if (c->rank == 0 && !bad && o->log_path) {
 		r->log = fopen(o->log_path, "w");
@@ -525,6 +581,17 @@ static void print_start(const run_t *r)
 	       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
 	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
 	       dtype_name(p->model.dtype));
+}
+
+/* After a failed gather of the parameters (digest, export): lost when the
+ * ranks are out of step, else a failure rank 0 reports. */
+static int gather_failed(run_t *r)
+{
+	if (r->err.code == RUN_ECOMM)
+		return RUN_LOST;
+	r->quiet = r->comm.rank != 0;
+	r->status = 1;
+	return RUN_FAIL;
 }
 
 /* Rank 0: step t's line on stdout and in the CSV log. */
@@ -594,11 +661,7 @@ static int train_step(run_t *r, int64_t t)
 	wd_arm(rank, "step %lld: gathering the parameters", (long long)t);
 	if ((o->log_path || (last && o->dump_path)) &&
 	    param_digest(r->st, c, &l2, &h, last ? o->dump_path : NULL, &r->err)) {
-		if (r->err.code == RUN_ECOMM)
-			return RUN_LOST;
-		r->quiet = rank != 0;
-		r->status = 1;
-		return RUN_FAIL;
+		return gather_failed(r);
 	}
 	wd_disarm();
 	if (rank == 0)
@@ -620,6 +683,21 @@ static int train(run_t *r)
 	for (int64_t t = r->first_step; out == RUN_GO && t < r->first_step + r->o.steps; t++)
 		out = train_step(r, t);
 	return out;
+}
+
+/* The parameters after the last step, as --export asks. */
+static int export_end(run_t *r)
+{
+	int rank = r->comm.rank;
+	if (!r->o.export_path)
+		return RUN_GO;
+	wd_arm(rank, "writing the weights to '%s'", r->o.export_path);
+	if (weights_export(r->st, &r->comm, &r->plan, r->o.export_path, r->o.export_dtype,
+			   r->first_step + r->o.steps - 1, &r->err)) {
+		return gather_failed(r);
+	}
+	wd_disarm();
+	return RUN_GO;
 }
 
 /* The summary line, and the measured trace of the last step. */
@@ -696,6 +774,8 @@ int main(int argc, char **argv)
 			print_start(&r);
 		out = train(&r);
 	}
+	if (out == RUN_GO)
+		out = export_end(&r);
 	if (out == RUN_GO)
 		out = report_end(&r);
 	if (out == RUN_LOST)

@@ -33,6 +33,12 @@ enum {
  *   file:line:col: path: message
  *   hint: hint
  * with the parts that are unknown (line 0, empty path) left out.
+ *
+ * Warnings (a problem that does not stop the work) travel the same way:
+ * library code fills an sp_err_t of its own (code 0) and passes it to
+ * sp_err_warn, which hands it to the caller's warn function when the caller
+ * set one (main() prints it with sp_warn_print) and drops it otherwise.
+ * sp_err_set leaves warn and warn_ctx alone.
  */
 typedef struct sp_err {
 	int code;
@@ -41,6 +47,8 @@ typedef struct sp_err {
 	char path[256];
 	char msg[512];
 	char hint[256];
+	void (*warn)(void *ctx, const struct sp_err *w);
+	void *warn_ctx;
 } sp_err_t;
 
 /* Sets *e unless it already holds an error; returns code. */
@@ -51,6 +59,10 @@ int sp_err_set(sp_err_t *e, int code, const char *file, int line, int col,
 void sp_err_hint(sp_err_t *e, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 void sp_err_print(FILE *f, const sp_err_t *e);
+/* Passes warning w to e's warn function, if e has one. */
+void sp_err_warn(const sp_err_t *e, const sp_err_t *w);
+/* Prints w like sp_err_print, its message after "warning: ". */
+void sp_warn_print(FILE *f, const sp_err_t *w);
 /* Levenshtein-closest of names[0..n) to s, or NULL when none is close. */
 const char *sp_closest(const char *s, const char *const *names, int n);
 

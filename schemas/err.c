@@ -1,7 +1,7 @@
 /*
- * err.c — filling and printing sp_err_t, closest-name hints, JSON string
- * output, and the two file helpers every program needs (whole-file read,
- * atomic write).
+ * err.c — filling and printing sp_err_t (errors and warnings),
+ * closest-name hints, JSON string output, and the two file helpers every
+ * program needs (whole-file read, atomic write).
  */
 #include "common.h"
 
@@ -41,7 +41,7 @@ void sp_err_hint(sp_err_t *e, const char *fmt, ...)
 	va_end(ap);
 }
 
-void sp_err_print(FILE *f, const sp_err_t *e)
+static void print_labelled(FILE *f, const sp_err_t *e, const char *label)
 {
 	if (e->file[0]) {
 		fputs(e->file, f);
@@ -51,9 +51,25 @@ void sp_err_print(FILE *f, const sp_err_t *e)
 	}
 	if (e->path[0])
 		fprintf(f, "%s: ", e->path);
-	fprintf(f, "%s\n", e->msg);
+	fprintf(f, "%s%s\n", label, e->msg);
 	if (e->hint[0])
 		fprintf(f, "hint: %s\n", e->hint);
+}
+
+void sp_err_print(FILE *f, const sp_err_t *e)
+{
+	print_labelled(f, e, "");
+}
+
+void sp_warn_print(FILE *f, const sp_err_t *w)
+{
+	print_labelled(f, w, "warning: ");
+}
+
+void sp_err_warn(const sp_err_t *e, const sp_err_t *w)
+{
+	if (e && e->warn)
+		e->warn(e->warn_ctx, w);
 }
 
 static int levenshtein(const char *a, const char *b)

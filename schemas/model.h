@@ -146,7 +146,8 @@ typedef struct {
 } model_where_t;
 
 /* Fills the caller's error for one broken rule (code SP_EINPUT or
- * SP_ENOMEM; hint may be NULL) and returns the code. */
+ * SP_ENOMEM; hint may be NULL) and returns the code; or, with code 0, passes
+ * on a warning (sp_err_warn, or nothing) and returns 0. */
 typedef struct {
 	int (*report)(void *ctx, int code, const model_where_t *w, const char *msg,
 		      const char *hint);
@@ -156,11 +157,14 @@ typedef struct {
 /*
  * The rules of a loaded model (indices, names and field limits already
  * checked by its reader): task graphs (sources, arity, acyclic, seq and
- * widths, every node reaches a loss), every component used, size totals.
- * Returns 0 or the code of the first broken rule, after reporting it.
+ * widths, every node reaches a loss), size totals; a component no node
+ * uses is a warning (a component library shared by several task sets is
+ * normal). Returns 0 or the code of the first broken rule, after reporting
+ * it.
  */
 int model_check(const sp_model_t *m, const model_report_t *r);
-/* The parts of model_check: one task's graph; components used and totals. */
+/* The parts of model_check: one task's graph; unused components (warned
+ * about) and totals. */
 int model_check_task(const sp_model_t *m, int task, const model_report_t *r);
 int model_check_totals(const sp_model_t *m, const model_report_t *r);
 

@@ -1,9 +1,8 @@
 /*
  * model_check.c — the model's validity rules that hold whatever format the
  * model came in: every task graph's sources and arities, acyclicity, seq and
- * width agreement, every node reaching a loss, every component used, and
- * totals (parameters, FLOPs, saved activation bytes) that fit the planner's
- * int64 arithmetic. The JSON loader (model_load.c) and the plan reader
+ * width agreement, every node reaching a loss, and totals (parameters,
+ * FLOPs, saved activation bytes) that fit the planner's int64 arithmetic. The JSON loader (model_load.c) and the plan reader
  * (plan_check.c) both call it, so a plan cannot carry a model the loader
  * rejects.
  *
@@ -13,10 +12,12 @@
  * within its limits. It does not know where a field was written: each broken
  * rule goes to the caller's report function with the element it concerns,
  * and the caller turns that into file:line:col or a plan section and record.
+ * A component no node uses is reported as a warning (code 0), not an error.
  */
 #include "model.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Limit on FLOP and byte totals: int64 with room for sums of a few. */
@@ -317,10 +318,15 @@ int model_check_totals(const sp_model_t *m, const model_report_t *r)
 		for (int ti = 0; ti < m->n_tasks && !used; ti++)
 			for (int i = 0; i < m->tasks[ti].n_nodes; i++)
 				used |= m->tasks[ti].nodes[i].comp == k;
-		if (!used)
-			return bad_comp(r, k, "use it in a task graph or remove it",
-					"component '%s' is not used by any node",
-					m->comps[k].name);
+		if (!used) {
+			model_where_t w = {-1, -1, k, NULL, -1};
+			char msg[200];
+			snprintf(msg, sizeof msg,
+				 "component '%s' is not used by any node: it is neither "
+				 "planned nor trained",
+				 m->comps[k].name);
+			r->report(r->ctx, 0, &w, msg, NULL);
+		}
 	}
 	return check_sizes(r, m);
 }

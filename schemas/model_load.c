@@ -385,7 +385,10 @@ static int json_report(void *ctx, int code, const model_where_t *w, const char *
 {
 	const jreport_t *jr = ctx;
 	jctx_t *c = jr->c;
-	if (code != SP_EINPUT)
+	sp_err_t warning = {0}, *err = c->err;
+	if (code == 0) /* a warning: located like an error, into a struct of its own */
+		c->err = &warning;
+	else if (code != SP_EINPUT)
 		return sp_err_set(c->err, code, c->file, 0, 0, NULL, "%s", msg);
 	c->depth = 0;
 	if (w->task >= 0) {
@@ -406,6 +409,12 @@ static int json_report(void *ctx, int code, const model_where_t *w, const char *
 	if (hint)
 		sp_err_hint(c->err, "%s", hint);
 	c->depth = 0;
+	if (code == 0) {
+		c->err = err;
+		warning.code = 0;
+		sp_err_warn(err, &warning);
+		return 0;
+	}
 	return rc;
 }
 

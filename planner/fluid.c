@@ -299,6 +299,8 @@ static int next_phase(fl_net_t *n, int j)
 }
 
 /* Waiting all-reduces whose members are all free start, in order; one that
+ * waits holds its members for the later ones (busy bit 2, for this scan:
+ * a device runs its all-reduces in the order they became ready); one that
  * finishes at once frees its members for the rest. */
 static int start_waiting(fl_net_t *n)
 {
@@ -312,6 +314,8 @@ static int start_waiting(fl_net_t *n)
 			for (int i = 0; i < jb->n_dev && free; i++)
 				free = !n->busy[jb->devs[i]];
 			if (!free || rc < 0) {
+				for (int i = 0; i < jb->n_dev; i++)
+					n->busy[jb->devs[i]] |= 2;
 				n->waiting[kept++] = j;
 				continue;
 			}
@@ -321,6 +325,9 @@ static int start_waiting(fl_net_t *n)
 				finish(n, j);
 		}
 		n->n_waiting = kept;
+		for (int w = 0; w < kept; w++)
+			for (int i = 0; i < n->jobs[n->waiting[w]].n_dev; i++)
+				n->busy[n->jobs[n->waiting[w]].devs[i]] &= 1;
 		if (rc < 0)
 			return rc;
 	}

@@ -219,6 +219,25 @@ static void test_leave_in_turn(void **state)
 	near(fl_done(n, j0), 12.0 + 0.01, "first added");
 }
 
+/* All-reduces run one at a time per device, in the order they became
+ * ready: X over GPUs 1 and 3, then A over 0 and 1 (waits for X on GPU 1),
+ * then B over 0 and 2, all ready at 0. B must not start on GPU 0 before A,
+ * which became ready first: X alone 2.02 ms, A over NVLink 0.5 + 0.01 ms
+ * after it, B 2.02 ms after A. (B once jumped ahead of A, shared the NIC
+ * with X, and both ended at 4.02 ms.) */
+static void test_allreduce_order_per_device(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	static const int32_t dx[2] = {1, 3}, da[2] = {0, 1}, db[2] = {0, 2};
+	fl_net_t *n = net_new(state, &c);
+	int x = fl_allreduce(n, 0, dx, 2, S_BYTES), a = fl_allreduce(n, 0, da, 2, S_BYTES),
+	    b = fl_allreduce(n, 0, db, 2, S_BYTES);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, x), 2.02, "first all-reduce");
+	near(fl_done(n, a), 2.02 + 0.51, "second, after the first on GPU 1");
+	near(fl_done(n, b), 2.53 + 2.02, "third, after the second on GPU 0");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -231,6 +250,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
+						arena_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

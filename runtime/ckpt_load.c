@@ -85,6 +85,15 @@ static int read_manifest(const char *dir, char *snap, size_t cap, json_t **out,
 	}
 	json_t *jstep = json_object_get(man, "step"), *jseed = json_object_get(man, "seed");
 	json_t *jpos = json_object_get(man, "data_position");
+	/* step at most 2^40, the most --steps allows: the step after a run
+	 * (step + --steps) stays far inside int64, and the ranks' sum of steps
+	 * in ck_agree stays exact in a double */
+	if (json_integer_value(jstep) > ((json_int_t)1 << 40)) {
+		rc = sp_err_set(err, SP_EINPUT, path, 0, 0, "step",
+				"checkpoint step %lld is out of range (at most 2^40)",
+				(long long)json_integer_value(jstep));
+		goto cleanup;
+	}
 	if (!json_is_integer(jstep) || json_integer_value(jstep) < 0 || !json_is_integer(jseed) ||
 	    !json_is_integer(jpos) || json_integer_value(jpos) != json_integer_value(jstep) + 1 ||
 	    !json_is_string(json_object_get(man, "optimizer")) ||

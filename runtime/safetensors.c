@@ -200,20 +200,33 @@ static int check_entry(const st_in_t *in, const char *key, json_t *e, sp_err_t *
 	return 0;
 }
 
-/* The header hl bytes at text: JSON, an object, every entry checked. */
+/* __metadata__, when present: an object of strings, as the format says. */
+static int check_meta(const st_in_t *in, json_t *meta, sp_err_t *err)
+{
+	const char *k;
+	json_t *v;
+	int ok = json_is_object(meta);
+	json_object_foreach(meta, k, v)
+		ok &= json_is_string(v);
+	return ok ? 0
+		  : sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL,
+			       "bad safetensors header: __metadata__ is not an object of strings");
+}
+
+/* The header hl bytes at text: JSON, an object with each name once, every
+ * entry checked. */
 static int parse_header(st_in_t *in, const char *text, uint64_t hl, sp_err_t *err)
 {
 	json_error_t je;
-	in->hdr = json_loadb(text, (size_t)hl, 0, &je);
+	in->hdr = json_loadb(text, (size_t)hl, JSON_REJECT_DUPLICATES, &je);
 	if (!in->hdr || !json_is_object(in->hdr))
 		return sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL,
 				  "bad safetensors header: %s", in->hdr ? "not an object" : je.text);
 	const char *key;
 	json_t *e;
 	json_object_foreach(in->hdr, key, e) {
-		if (!strcmp(key, "__metadata__"))
-			continue;
-		int rc = check_entry(in, key, e, err);
+		int rc = strcmp(key, "__metadata__") ? check_entry(in, key, e, err)
+						     : check_meta(in, e, err);
 		if (rc)
 			return rc;
 	}

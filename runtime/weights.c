@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define WEIGHTS_FORMAT "spindle.weights/1"
@@ -56,11 +57,19 @@ static want_t *find(want_t *w, int n, const char *name)
 	return NULL;
 }
 
-/* The rename map: a JSON object of strings (or null: skip the tensor). */
+/* The rename map: a JSON object of strings (or null: skip the tensor),
+ * each of the file's names once. */
 static int read_map(const char *path, json_t **out, sp_err_t *err)
 {
 	json_error_t je;
-	*out = json_load_file(path, 0, &je);
+	char *text = NULL;
+	size_t len = 0;
+	*out = NULL;
+	int rc = sp_read_file(&text, &len, path, err);
+	if (rc)
+		return rc;
+	*out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+	free(text);
 	if (!*out)
 		return sp_err_set(err, SP_EINPUT, path, je.line, je.column, NULL,
 				  "cannot read the rename map: %s", je.text);
@@ -207,8 +216,15 @@ int weights_init(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *p
 int weights_check_path(const char *path, sp_err_t *err)
 {
 	char probe[4200];
-	if (strlen(path) > 4000)
-		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "--export path is too long");
+	struct stat sb;
+	if (!*path || strlen(path) > 4000)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "--export path is %s",
+				  *path ? "too long" : "empty");
+	/* the file is renamed onto path at the end: a directory there (or a
+	 * path ending in '/') would fail only after the last step */
+	if (path[strlen(path) - 1] == '/' || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
+		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
+				  "--export names a directory; give a file name");
 	snprintf(probe, sizeof probe, "%s.probe.%ld", path, (long)getpid());
 	FILE *f = fopen(probe, "wx");
 	if (!f || fclose(f) != 0) {

@@ -14,10 +14,12 @@
     LATEST garbled) is refused with exit status 2 and a message naming the
     file, and no step is trained: it is never loaded silently.
 """
+import json
 import os
 import shutil
 import sys
 import tempfile
+import zlib
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
@@ -111,6 +113,22 @@ def corruptions(F, tmp, p1, p4, good):
         r = R.run(p1, 1, "--timeout", "20", "--steps", 1, "--load", d)
         F.check(r.rc == 2 and expect in r.err and "step " not in r.out,
                 f"{what}: refused (exit 2)", r.describe())
+    # a step near 2^63 under a valid manifest CRC: refused, not overflowed
+    # (step + 1 is signed overflow; UBSan stops at it)
+    for step in (2**63 - 2, 2**63 - 1):
+        d = os.path.join(tmp, "bad")
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(good, d)
+        mp = os.path.join(d, snap, "manifest.json")
+        man = json.load(open(mp))
+        man.update(step=step, data_position=min(step + 1, 2**63 - 1))
+        del man["manifest_crc32"]
+        canon = json.dumps(man, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        man["manifest_crc32"] = "%08x" % zlib.crc32(canon.encode())
+        json.dump(man, open(mp, "w"))
+        r = R.run(p1, 1, "--timeout", "20", "--steps", 1, "--load", d)
+        F.check(r.rc == 2 and mp in r.err and "out of range" in r.err and "step " not in r.out,
+                f"manifest step {step}: refused (exit 2), the manifest named", r.describe())
     # the same under mpirun: every rank refuses; mpirun returns 2; one message
     d = os.path.join(tmp, "bad")
     shutil.rmtree(d, ignore_errors=True)

@@ -174,7 +174,26 @@ def bad_files(F, tmp, p1, p2, a, ta, their, their_map):
     m = json.load(open(their_map))
     m["model.img_patch/0/b"] = "img_patch.0.bias"
     json.dump(m, open(bad_map, "w"))
+    dup = os.path.join(tmp, "dup.safetensors")  # one name twice: json.dumps can't
+    write_safetensors(dup, [(k, dt, s, raw) for k, (dt, s, raw) in sorted(ta.items())])
+    b = open(dup, "rb").read()
+    hl = struct.unpack_from("<Q", b)[0]
+    h = b[8:8 + hl].rstrip()
+    entry = json.dumps(dict(json.loads(h)["img_patch.0.b"]))
+    h = h[:-1] + b', "img_patch.0.b": ' + entry.encode() + b"}"
+    h += b" " * (-len(h) % 8)
+    open(dup, "wb").write(struct.pack("<Q", len(h)) + h + b[8 + hl:])
+    meta = os.path.join(tmp, "meta.safetensors")
+    write_safetensors(meta, [(k, dt, s, raw) for k, (dt, s, raw) in sorted(ta.items())],
+                      {"step": 2})
+    dup_map = os.path.join(tmp, "dupmap.json")
+    open(dup_map, "w").write('{"img_patch.0.b": "img_patch.0.b", "img_patch.0.b": null}')
     cases = [
+        ("a tensor named twice", [dup], ["dup.safetensors", "duplicate", "'\"img_patch.0.b\"'"]),
+        ("__metadata__ of a number", [meta], ["meta.safetensors", "__metadata__"]),
+        ("a map naming a tensor twice", [a, "--init-map", dup_map],
+         ["dupmap.json", "duplicate", "'\"img_patch.0.b\"'"]),
+        ("a map that is a directory", [a, "--init-map", tmp], [tmp, "is a directory"]),
         ("a wrong shape", [shape], ["shape.safetensors", "'img_patch.0.b'", "has shape"]),
         ("a missing tensor", [missing], ["missing.safetensors", "'img_enc.1.w_qkv' is missing"]),
         ("an unknown name", [unknown], ["unknown.safetensors", "'img_enc.9.w_qkv'",
@@ -192,6 +211,18 @@ def bad_files(F, tmp, p1, p2, a, ta, their, their_map):
                   and r.err.count(texts[0]) == 1)
             F.check(ok, f"{what} ({ranks} rank(s)): exit 2 before step 1, file and tensor "
                     "named once", r.describe())
+
+
+def bad_export(F, tmp, p1):
+    """--export onto a directory (or a name ending in '/', or nothing):
+    refused before step 1, not after the last one."""
+    d = os.path.join(tmp, "export-dir")
+    os.makedirs(d, exist_ok=True)
+    for path in (d, os.path.join(tmp, "nowhere") + "/", ""):
+        r = R.run(p1, 1, "--steps", 1, "--export", path, "--timeout", 30)
+        want = "directory" if path else "is empty"
+        F.check(r.rc == 2 and "step   1" not in r.out and want in r.err,
+                f"--export '{path}': exit 2 before step 1", r.describe())
 
 
 def unused_component(F, tmp):
@@ -224,6 +255,7 @@ def main():
         bf16(F, tmp, p1, a, ta)
         their, their_map = python_file(F, tmp, p1, ta)
         bad_files(F, tmp, p1, p2, a, ta, their, their_map)
+        bad_export(F, tmp, p1)
         unused_component(F, tmp)
     return F.exit()
 

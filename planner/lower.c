@@ -83,9 +83,11 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		 SP_VERSION);
 	snprintf(out->algo, sizeof out->algo, "%s", algo_name(algo));
 	snprintf(out->options, sizeof out->options,
-		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d", algo_name(algo),
-		 pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
-		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes);
+		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d zero=%s recompute=%s",
+		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
+		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
+		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
+		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1]);
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))
@@ -131,8 +133,10 @@ static int lower_structure(const planner_t *pl, sp_plan_t *out)
 	return 0;
 }
 
-/* Slices with their devices, and waves with their nominal spans. */
-static int lower_slices(const sched_t *s, const place_t *pc, sp_plan_t *out)
+/* Slices with their devices, and waves with their nominal spans; under
+ * --recompute all every transformer slice recomputes. */
+static int lower_slices(const planner_t *pl, const sched_t *s, const place_t *pc,
+			sp_plan_t *out)
 {
 	out->n_slices = s->n;
 	out->n_waves = s->n_waves;
@@ -156,6 +160,8 @@ static int lower_slices(const sched_t *s, const place_t *pc, sp_plan_t *out)
 		o->dev_off = pc->off[i];
 		o->start_ms = x->t0;
 		o->fwd_ms = x->t1 - x->t0;
+		o->recompute = pl->opts->recompute == 1 &&
+			       pl->mops[x->metaop].shape.type == COMP_TRANSFORMER;
 		memcpy(out->slice_devs + pc->off[i], pc->devs + pc->off[i],
 		       sizeof(int32_t) * (size_t)x->n);
 		sp_wave_t *w = &out->waves[x->wave];
@@ -175,7 +181,7 @@ static int lower_steps(lstate_t *st, sp_plan_t *out)
 	int rc;
 	if ((rc = index_slices(st)) || (rc = index_params(st)) ||
 	    (rc = lower_header(st->pl, st->s->algo, out)) || (rc = lower_structure(st->pl, out)) ||
-	    (rc = lower_slices(st->s, st->pc, out)) || (rc = lower_held(st, out)) ||
+	    (rc = lower_slices(st->pl, st->s, st->pc, out)) || (rc = lower_held(st, out)) ||
 	    (rc = lower_buckets(st, out)) || (rc = lower_sequence(st)))
 		return rc;
 	return lower_programs(st, out);

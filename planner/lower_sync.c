@@ -1,8 +1,9 @@
 /*
  * lower_sync.c — the lowering's gradient synchronisation (the "Sync" rule
  * in lower.c's header): which devices hold which parameters, the buckets
- * of parameters all-reduced together, and each device's program: its part
- * of the global sequence (lower_xfer.c) with SYNCs and a final STEP put in.
+ * of parameters all-reduced together (or, under zero-1, reduce-scattered
+ * and all-gathered), and each device's program: its part of the global
+ * sequence (lower_xfer.c) with SYNCs, a STEP and the zero-1 GATHERs put in.
  * It times nothing (the buckets' all-reduce times come from cost.c).
  */
 #include "lower.h"
@@ -106,8 +107,17 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, const int *first_use
 		bk->elems += comp_layer_params(&md->comps[pcomp[q]]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;
-	bk->sync_ms = cost_allreduce_ms(st->pl->cluster, out->bucket_devs + bk->dev_off,
-					bk->n_dev, bk->elems * dtype_bytes(md->dtype));
+	bk->layout = st->pl->opts->zero == 1 && bk->n_dev >= 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
+	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
+}
+
+void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db)
+{
+	double ar = cost_allreduce_ms(c, p->bucket_devs + bk->dev_off, bk->n_dev, bk->elems * db);
+	/* a ring all-reduce is a reduce-scatter then an all-gather, each moving
+	 * (n-1)/n of the bytes per device: each half the all-reduce's time */
+	bk->sync_ms = bk->layout == LAYOUT_ZERO1 ? ar / 2 : ar;
+	bk->gather_ms = bk->layout == LAYOUT_ZERO1 ? ar / 2 : 0;
 }
 
 /* Buckets: params with the same holders whose gradients complete together
@@ -214,7 +224,8 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 }
 
 /* Appends device d's program to out->ins: base instructions with SYNCs in
- * (position, bucket) order, then STEP. */
+ * (position, bucket) order, then STEP, then a GATHER of each zero-1 bucket
+ * in the order of their SYNCs (the same on every member). */
 static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 {
 	int ns = 0, *sorted = w->last_pos; /* reused: member buckets by position */
@@ -237,6 +248,12 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 			out->ins[out->n_ins++] = w->base[k];
 	}
 	out->ins[out->n_ins++] = lower_ins_new(INS_STEP);
+	for (int q = 0; q < ns; q++)
+		if (out->buckets[sorted[q]].layout == LAYOUT_ZERO1) {
+			sp_ins_t ga = lower_ins_new(INS_GATHER);
+			ga.peer = sorted[q];
+			out->ins[out->n_ins++] = ga;
+		}
 }
 
 int lower_programs(lstate_t *st, sp_plan_t *out)
@@ -261,7 +278,7 @@ int lower_programs(lstate_t *st, sp_plan_t *out)
 		byd[cnt[st->g[k].dev] + fill[st->g[k].dev]++] = k;
 	int per_dev_extra = 0;
 	for (int d = 0; d < N; d++)
-		per_dev_extra += out->devices[d].n_held ? nb + 1 : 1;
+		per_dev_extra += out->devices[d].n_held ? 2 * nb + 1 : 1;
 	out->ins = calloc((size_t)(ng + per_dev_extra) + 1, sizeof *out->ins);
 	if (!out->ins)
 		return SP_ENOMEM;

@@ -30,6 +30,13 @@ static void usage(FILE *f)
 		"  --candidates         list our scheduling candidates and stop\n"
 		"  --exclude NAME       plan ours without candidate NAME (e.g. data-parallel:\n"
 		"                       ours without reusing the sequential plan)\n"
+		"  --zero 0|1|auto      parameter state layout of every sync group of 2 or\n"
+		"                       more devices: 0 replicated, 1 zero-1 (optimizer state\n"
+		"                       sharded); auto (default) chooses per group\n"
+		"  --recompute none|all|auto\n"
+		"                       transformer slices keep their activations or\n"
+		"                       recompute them in the backward; auto (default)\n"
+		"                       chooses per slice\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -37,8 +44,9 @@ static void usage(FILE *f)
 
 static int takes_value(const char *a)
 {
-	static const char *const names[] = {"-o", "--output", "--algo", "--exclude",
-					    "--placement", "--mem-reserve", "--milp-nodes"};
+	static const char *const names[] = {"-o",	   "--output",	   "--algo",
+					    "--exclude",   "--placement",  "--mem-reserve",
+					    "--milp-nodes", "--zero",	   "--recompute"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -64,6 +72,19 @@ static int opt_number(plan_opts_t *o, const char *a, const char *val)
 		o->milp_nodes = (int)x;
 	}
 	return 0;
+}
+
+/* --zero and --recompute: a word of words[] (its index - 1: -1 is auto). */
+static int opt_word(int *out, const char *a, const char *val, const char *const words[3],
+		    const char *hint)
+{
+	for (int k = 0; k < 3; k++)
+		if (!strcmp(val, words[k])) {
+			*out = k - 1;
+			return 0;
+		}
+	fprintf(stderr, "spindle-plan: %s: unknown value '%s'\nhint: %s\n", a, val, hint);
+	return SP_EXIT_INPUT;
 }
 
 /* An option that takes a value: 0 when taken, -1 when a is not one of
@@ -98,6 +119,15 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 		}
 	} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
 		return opt_number(o, a, val);
+	} else if (!strcmp(a, "--zero")) {
+		static const char *const w[3] = {"auto", "0", "1"};
+		return opt_word(&o->zero, a, val, w,
+				!strcmp(val, "2") || !strcmp(val, "3")
+					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
+					: "use 0, 1 or auto");
+	} else if (!strcmp(a, "--recompute")) {
+		static const char *const w[3] = {"auto", "none", "all"};
+		return opt_word(&o->recompute, a, val, w, "use none, all or auto");
 	} else {
 		return -1;
 	}
@@ -125,6 +155,8 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->placement = PLACE_SPINDLE;
 	o->mem_reserve_gib = -1; /* auto: min(2 GiB, 10% of the device) */
 	o->milp_nodes = 200;
+	o->zero = -1;
+	o->recompute = -1;
 	const char **pos[] = {&o->model_path, &o->cluster_path};
 	int n_pos = 0;
 	for (int i = 1; i < argc; i++) {

@@ -47,6 +47,9 @@ typedef struct {
 	double mem_reserve_gib; /* kept free on every device */
 	int milp_nodes;         /* branch-and-bound node budget per MILP */
 	const char *exclude;    /* one of our candidates left out (NULL: none) */
+	int zero;               /* state layout of every bucket over 2+ devices:
+				 * -1 auto, 0 replicated, 1 zero-1 */
+	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -120,6 +123,9 @@ double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes);
 /* All-reduce of bytes over the n devices devs[] (increasing ids), the
  * cheaper of flat ring and hierarchical, alone on the network. */
 double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+/* lower_sync.c: bk's sync_ms and gather_ms under its layout, alone on the
+ * network (db: bytes per parameter). */
+void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db);
 
 /* Links that can be shared: every GPU's intra-node port and every NIC, each
  * direction apart; ids 0..net_n_res-1. */

@@ -4,23 +4,32 @@
  * its lowered programs, never by its own estimate.
  *
  * Each device runs its program in order with a clock `now`:
- *   FWD/BWD/LOSS  now += layers * T_fwd|bwd(m, local batch)
+ *   FWD/BWD/LOSS  now += layers * T_fwd|bwd(m, local batch); a recomputing
+ *                 slice's BWD also re-runs its forward (T_fwd + T_bwd)
  *   COPY          now += bytes / memory bandwidth
  *   SEND          non-blocking; the transfer enters the network (fluid.c)
  *                 at now, where it shares the links it crosses with every
  *                 transfer and all-reduce in flight beside it
  *   RECV          blocks until the matching transfer has arrived
  *   SYNC          non-blocking; when the bucket's last member issued it,
- *                 its all-reduce enters the network, ready at that moment;
+ *                 its all-reduce (zero-1: reduce-scatter, priced as an
+ *                 all-reduce of half the bytes) enters the network, ready
+ *                 at that moment;
  *                 it starts when its members finished their earlier
  *                 all-reduces (one at a time per device) and shares links
  *                 like a transfer
  *   STEP          for each bucket the device belongs to, in the order of
  *                 its SYNCs: wait for the bucket's all-reduce, then
- *                 now += optimizer time of the bucket's parameters, so
- *                 updates overlap later all-reduces, as the runtime does
- *                 (steps are timed after the programs ran, since only the
- *                 final STEPs wait for all-reduces)
+ *                 now += optimizer time of the bucket's parameters (zero-1:
+ *                 of the device's shard), so updates overlap later
+ *                 all-reduces, as the runtime does (steps are timed after
+ *                 the programs ran, since only the final STEPs wait for
+ *                 all-reduces)
+ *   GATHER        zero-1: the bucket's all-gather starts when its last
+ *                 member finished that bucket's update and takes the
+ *                 bucket's gather_ms (priced alone on the network: the
+ *                 gathers run after every other collective); the device is
+ *                 done when its gathers are
  * Devices run ahead of each other (progs.c); the network runs in time
  * order. When no device can proceed, the network runs to its next arrival:
  * every device is then waiting, so whatever it sends later leaves after
@@ -62,6 +71,7 @@ typedef struct {
 	int *xjob;                       /* per tag: its job in the network */
 	int *issued, *sjob;              /* per bucket: SYNCs issued so far, its job */
 	double *last_issue, *sync_done;  /* per bucket */
+	double *gather_at;               /* per bucket: its last member's update done */
 	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
 } sim_t;
@@ -92,8 +102,9 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->sjob = sp_arena_calloc(a, nb, sizeof(int));
 	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
 	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
+	st->gather_at = sp_arena_calloc(a, nb, sizeof(double));
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
-	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done ||
+	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
 	    fl_init(&st->net, st->pl->cluster, a, n_xfer + p->n_buckets))
 		return SP_ENOMEM;
 	for (int t = 0; t <= st->max_tag; t++)
@@ -118,7 +129,7 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	double f, b, t0 = st->now[d];
 	cost_layer(st->pl, sl->metaop, in->s1 - in->s0, &f, &b);
 	int L = sl->layer_to - sl->layer_from;
-	double dur = L * (in->op == INS_BWD ? b : f);
+	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
 	if (in->op == INS_LOSS)
 		dur = f + b;
 	st->now[d] += dur;
@@ -172,7 +183,10 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		if (++st->issued[in->peer] == bk->n_dev &&
 		    (st->sjob[in->peer] = fl_allreduce(
 			     &st->net, st->last_issue[in->peer], p->bucket_devs + bk->dev_off,
-			     bk->n_dev, (st->mode & SIM_SYNC) ? bk->elems * st->db : 0)) < 0)
+			     bk->n_dev,
+			     (st->mode & SIM_SYNC)
+				     ? bk->elems * st->db / (bk->layout == LAYOUT_ZERO1 ? 2 : 1)
+				     : 0)) < 0)
 			return st->sjob[in->peer];
 	} else if (in->op == INS_STEP) {
 		/* it waits for its buckets' all-reduces, timed once every bucket is
@@ -187,11 +201,14 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	return PROGS_RAN;
 }
 
-/* Every device's optimizer step: it updates one bucket's parameters at a
- * time, in program order, each as soon as its all-reduce is done. */
+/* Every device's optimizer step: it updates one bucket's parameters (or
+ * its zero-1 shard) at a time, in program order, each as soon as its
+ * collective is done; then the zero-1 all-gathers. */
 static void finish_steps(sim_t *st)
 {
 	const sp_plan_t *p = st->p;
+	for (int b = 0; b < p->n_buckets; b++)
+		st->gather_at[b] = 0;
 	for (int d = 0; d < p->n_devices; d++) {
 		const sp_device_t *dv = &p->devices[d];
 		double t = st->now[d], waited = 0;
@@ -201,10 +218,24 @@ static void finish_steps(sim_t *st)
 				continue;
 			waited += fmax(0, st->sync_done[sy->peer] - t);
 			t = fmax(t, st->sync_done[sy->peer]);
+			int64_t off, n;
+			bucket_shard(p, sy->peer, d, &off, &n);
 			if (st->mode & SIM_SYNC)
-				t += cost_step_ms(st->pl, p->buckets[sy->peer].elems);
+				t += cost_step_ms(st->pl, n);
+			st->gather_at[sy->peer] = fmax(st->gather_at[sy->peer], t);
 		}
 		st->wait[d] += waited;
+		st->now[d] = t;
+	}
+	for (int d = 0; d < p->n_devices && (st->mode & SIM_SYNC); d++) {
+		const sp_device_t *dv = &p->devices[d];
+		double t = st->now[d];
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *ga = &p->ins[dv->first_ins + k];
+			if (ga->op == INS_GATHER)
+				t = fmax(t, st->gather_at[ga->peer] + p->buckets[ga->peer].gather_ms);
+		}
+		st->wait[d] += t - st->now[d];
 		st->now[d] = t;
 	}
 }

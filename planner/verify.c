@@ -306,10 +306,8 @@ static int index_buckets(vstate_t *st)
 /* 1 when device d is a member of bucket bk. */
 static int bucket_member(const sp_plan_t *p, const sp_bucket_t *bk, int d)
 {
-	int member = 0;
-	for (int q = 0; q < bk->n_dev; q++)
-		member |= p->bucket_devs[bk->dev_off + q] == d;
-	return member;
+	int64_t off, n; /* bucket devices are ascending: a binary search */
+	return bucket_shard(p, (int)(bk - p->buckets), d, &off, &n) >= 0;
 }
 
 /* Every holder of a parameter is in its bucket, and only holders. */
@@ -339,23 +337,61 @@ static int check_sync_groups(vstate_t *st)
 	return 0;
 }
 
-/* Every program ends with its one optimizer step. */
+/* Every program ends with its one optimizer step, followed only by one
+ * GATHER of each zero-1 bucket the device belongs to: a sharded bucket's
+ * weights are whole again before the next iteration uses them. seen: per
+ * bucket, the last device (+ 1) that gathered it. */
+static int check_step_tail(vstate_t *st, int d, int *seen)
+{
+	const sp_plan_t *p = st->p;
+	const sp_device_t *dv = &p->devices[d];
+	int steps = 0, after = 0, missing = 0;
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if (in->op == INS_STEP) {
+			steps++;
+		} else if (in->op == INS_GATHER) {
+			const char *why = !steps			? "before the optimizer step"
+					  : seen[in->peer] == d + 1 ? "twice"
+					  : !bucket_member(p, &p->buckets[in->peer], d)
+						  ? "by a device outside its group"
+						  : NULL;
+			if (why)
+				return fail(st, d, k, "sharded parameters: all-gather of bucket %d %s",
+					    (int)in->peer, why);
+			seen[in->peer] = d + 1;
+		} else if (steps) {
+			after++;
+		}
+	}
+	if (steps != 1 || after)
+		return fail(st, -1, -1,
+			    "missing gradient contribution: the program of device %d has %d "
+			    "optimizer steps (it must end with exactly one, followed only by "
+			    "all-gathers)",
+			    d, steps);
+	for (int b = 0; b < p->n_buckets; b++)
+		missing += p->buckets[b].layout == LAYOUT_ZERO1 && seen[b] != d + 1 &&
+			   bucket_member(p, &p->buckets[b], d);
+	if (missing)
+		return fail(st, -1, -1,
+			    "sharded parameters: device %d leaves %d of its zero-1 buckets "
+			    "without an all-gather (it would start the next iteration with "
+			    "stale weights)",
+			    d, missing);
+	return 0;
+}
+
 static int check_steps(vstate_t *st)
 {
 	const sp_plan_t *p = st->p;
-	for (int d = 0; d < p->n_devices; d++) {
-		const sp_device_t *dv = &p->devices[d];
-		int steps = 0;
-		for (int k = 0; k < dv->n_ins; k++)
-			steps += p->ins[dv->first_ins + k].op == INS_STEP;
-		if (steps != 1 || dv->n_ins == 0 ||
-		    p->ins[dv->first_ins + dv->n_ins - 1].op != INS_STEP)
-			return fail(st, -1, -1,
-				    "missing gradient contribution: the program of device %d has "
-				    "%d optimizer steps (it must end with exactly one)",
-				    d, steps);
-	}
-	return 0;
+	int *seen = sp_arena_calloc(&st->arena, (size_t)p->n_buckets + 1, sizeof(int));
+	if (!seen)
+		return SP_ENOMEM;
+	int rc = 0;
+	for (int d = 0; d < p->n_devices && !rc; d++)
+		rc = check_step_tail(st, d, seen);
+	return rc;
 }
 
 /* A RECV whose SEND has run: received once, and both ends agree. */

@@ -412,12 +412,37 @@ static int start_backend(run_t *r)
  * checkpoint to resume. Returns the exit status this rank wants: 0 to go
  * on.
  */
+/* Layouts and policies this build cannot execute yet: refused up front. */
+static int check_supported(run_t *r)
+{
+	const sp_plan_t *p = &r->plan;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout != LAYOUT_REPLICATED) {
+			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,
+				   "sync bucket %d has state layout %s, which this build of "
+				   "spindle-run does not execute yet",
+				   b, layout_name(p->buckets[b].layout));
+			sp_err_hint(&r->err, "re-plan with spindle-plan --zero 0");
+			return 2;
+		}
+	for (int s = 0; s < p->n_slices; s++)
+		if (p->slices[s].recompute) {
+			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,
+				   "slice %d ('%s') recomputes its activations, which this "
+				   "build of spindle-run does not execute yet",
+				   s, p->metaops[p->slices[s].metaop].name);
+			sp_err_hint(&r->err, "re-plan with spindle-plan --recompute none");
+			return 2;
+		}
+	return 0;
+}
+
 static int check_alone(run_t *r)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL};
-	if (plan_read(&r->plan, o->plan_path, &r->err))
+	if (plan_read(&r->plan, o->plan_path, &r->err) || check_supported(r))
 		return 2;
 	if (r->plan.n_devices != c->nranks) {
 		sp_err_set(&r->err, SP_EINPUT, o->plan_path, 0, 0, NULL,

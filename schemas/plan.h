@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 1
+#define PLAN_VERSION 2
 
 typedef enum {
 	INS_FWD = 1,  /* forward of slice's layers on samples [s0,s1) */
@@ -28,9 +28,21 @@ typedef enum {
 	INS_RECV = 4, /* from peer into dst value at dst.seq_off (grad: added) */
 	INS_COPY = 5, /* local: src value -> dst value (grad: added) */
 	INS_LOSS = 6, /* sink slice: loss of [s0,s1) and grad(m,0)[s0,s1) */
-	INS_SYNC = 7, /* start the all-reduce of bucket `peer` over its group */
-	INS_STEP = 8  /* per sync bucket, in program order: wait for its all-reduce, update its parameters */
+	INS_SYNC = 7, /* start bucket `peer`'s gradient collective over its group:
+		       * all-reduce (replicated) or reduce-scatter (zero-1) */
+	INS_STEP = 8, /* per sync bucket, in program order: wait for its
+		       * collective, update its parameters (zero-1: its shard) */
+	INS_GATHER = 9 /* after STEP, zero-1 bucket `peer`: start the all-gather
+			* of the updated weights from every member's shard */
 } sp_ins_op_t;
+
+/* State layout of a sync bucket's parameters over its devices. */
+typedef enum {
+	LAYOUT_REPLICATED = 0, /* every member holds weights, gradients, optimizer state */
+	LAYOUT_ZERO1 = 1,      /* optimizer state (and fp32 master weights) sharded:
+				* member i of n owns elements sample_range(elems, i, n) */
+	LAYOUT__COUNT
+} sp_layout_t;
 
 /* A reference to a value on the executing device. */
 typedef struct {
@@ -79,7 +91,9 @@ typedef struct {
 	int32_t metaop;
 	int32_t layer_from, layer_to;
 	int32_t n_dev, dev_off; /* devices: plan.slice_devs[dev_off .. +n_dev) */
-	double start_ms, fwd_ms, bwd_start_ms, bwd_ms; /* predicted */
+	double start_ms, fwd_ms, bwd_start_ms, bwd_ms; /* predicted; bwd includes recompute */
+	int32_t recompute; /* 1: FWD keeps each layer's input only; BWD re-runs each
+			    * layer's forward from it before its backward */
 } sp_slice_t;
 
 typedef struct {
@@ -98,7 +112,9 @@ typedef struct {
 	int32_t n_dev, dev_off;     /* into plan.bucket_devs, ascending */
 	int32_t n_params, param_off; /* into plan.bucket_params */
 	int64_t elems;              /* parameters in the bucket */
-	double sync_ms;             /* predicted all-reduce time */
+	double sync_ms;             /* predicted all-reduce (zero-1: reduce-scatter) time */
+	int32_t layout;             /* sp_layout_t */
+	double gather_ms;           /* zero-1: predicted all-gather time; else 0 */
 } sp_bucket_t;
 
 /* Predicted memory of one device, in bytes. */
@@ -126,11 +142,12 @@ typedef struct {
 	double transfer_ms;  /* share of the iteration spent waiting on transfers */
 	double sync_ms, step_ms;
 	double area_bound_ms, cp_bound_ms, paper_bound_ms;
-	double lower_bound_ms; /* max(area, critical path) */
+	double lower_bound_ms; /* max of the bounds */
 	double allot_bound_ms; /* allotment bound (planner/bound.c), >= lower */
 	double gap;            /* compute_ms / lower_bound - 1 */
 	int64_t xnode_bytes, naive_xnode_bytes; /* inter-wave bytes across nodes */
 	double xfer_pred_ms, naive_xfer_pred_ms;
+	double comm_lower_bound_ms; /* communication bound (planner/bound.c); 0 if none */
 } sp_cert_t;
 
 typedef struct sp_plan {
@@ -196,6 +213,14 @@ static inline void sample_range(int64_t B, int i, int n, int32_t *s0, int32_t *s
 }
 /* Width and seq of value (m, l): act(m,0) is the input, others the output. */
 void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *width);
+const char *layout_name(int layout);
+/*
+ * Device dev's position in bucket b's group (or -1 if not a member) and,
+ * for a member, the elements it owns under the bucket's layout: its shard
+ * [*off, *off + *n) of the bucket's elems (the flattened parameters in
+ * bucket_params order) under zero-1, all of them when replicated.
+ */
+int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n);
 
 /* ---- plan_mem.c ------------------------------------------------------- */
 

@@ -445,8 +445,14 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 		    pr_finite(d, "start_ms", x->start_ms) ||
 		    pr_finite(d, "fwd_ms", x->fwd_ms) ||
 		    pr_finite(d, "bwd_start_ms", x->bwd_start_ms) ||
-		    pr_finite(d, "bwd_ms", x->bwd_ms))
+		    pr_finite(d, "bwd_ms", x->bwd_ms) ||
+		    pr_int(d, "recompute", x->recompute, 0, 1))
 			return d->rc;
+		if (x->recompute && p->metaops[x->metaop].shape.type != COMP_TRANSFORMER)
+			return pr_fail(d, "recompute", "recomputation on metaop '%s', which is "
+						    "not a transformer (only transformer "
+						    "layers recompute)",
+				    p->metaops[x->metaop].name);
 		for (int k = 0; k < x->n_dev; k++) {
 			int32_t dev = p->slice_devs[x->dev_off + k];
 			if (stamp[dev] == s + 1)
@@ -469,8 +475,13 @@ static int check_buckets(dec_t *d, const sp_plan_t *p)
 		    pr_span(d, "param_off", x->param_off, x->n_params,
 			     p->n_bucket_params, "bucket params") ||
 		    pr_int(d, "elems", x->elems, 0, INT64_MAX) ||
-		    pr_finite(d, "sync_ms", x->sync_ms))
+		    pr_finite(d, "sync_ms", x->sync_ms) ||
+		    pr_int(d, "layout", x->layout, 0, LAYOUT__COUNT - 1) ||
+		    pr_finite(d, "gather_ms", x->gather_ms))
 			return d->rc;
+		if (x->layout == LAYOUT_ZERO1 && x->n_dev < 2)
+			return pr_fail(d, "layout", "zero-1 over a single device: there "
+						 "is nothing to shard");
 		const int32_t *dv = p->bucket_devs + x->dev_off;
 		for (int k = 1; k < x->n_dev; k++)
 			if (dv[k] <= dv[k - 1])
@@ -602,6 +613,13 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 		return 0;
 	}
 	case INS_SYNC: return pr_index(d, "peer", in->peer, p->n_buckets, "bucket");
+	case INS_GATHER:
+		if (pr_index(d, "peer", in->peer, p->n_buckets, "bucket"))
+			return d->rc;
+		if (p->buckets[in->peer].layout != LAYOUT_ZERO1)
+			return pr_fail(d, "peer", "all-gather of bucket %d, whose parameters "
+					       "are not sharded", in->peer);
+		return 0;
 	case INS_STEP: return 0;
 	default: return pr_fail(d, "op", "unknown instruction op code %d", in->op);
 	}
@@ -663,6 +681,7 @@ static int check_results(dec_t *d, const sp_plan_t *p)
 		{"gap", c->gap},
 		{"xfer_pred_ms", c->xfer_pred_ms},
 		{"naive_xfer_pred_ms", c->naive_xfer_pred_ms},
+		{"comm_lower_bound_ms", c->comm_lower_bound_ms},
 	};
 	pr_at(d, "certificate", -1);
 	for (int k = 0; k < SP_ARRAY_LEN(f); k++)

@@ -463,6 +463,7 @@ static void get_slice(dec_t *d, rcur_t *r, void *v)
 	s->fwd_ms = get_f64(r);
 	s->bwd_start_ms = get_f64(r);
 	s->bwd_ms = get_f64(r);
+	s->recompute = get_i32(r);
 }
 
 static void get_index(dec_t *d, rcur_t *r, void *v)
@@ -481,6 +482,8 @@ static void get_bucket(dec_t *d, rcur_t *r, void *v)
 	b->param_off = get_i32(r);
 	b->elems = get_i64(r);
 	b->sync_ms = get_f64(r);
+	b->layout = get_i32(r);
+	b->gather_ms = get_f64(r);
 }
 
 static void get_param(dec_t *d, rcur_t *r, void *v)
@@ -550,6 +553,7 @@ static void get_cert(rcur_t *r, sp_cert_t *c)
 	c->naive_xnode_bytes = get_i64(r);
 	c->xfer_pred_ms = get_f64(r);
 	c->naive_xfer_pred_ms = get_f64(r);
+	c->comm_lower_bound_ms = get_f64(r);
 }
 
 static void get_algo(dec_t *d, rcur_t *r, void *v)

@@ -3,17 +3,24 @@
  * alone (so planner, verifier and runtime agree on one formula), in the
  * plan's dtype:
  *
- *  params  parameter state of every layer the device holds, once each:
- *          comp_layer_params * param_state_bytes(dtype, optimizer)
+ *  params  weights and gradients of every layer the device holds, once
+ *          each (comp_layer_params * 2 * dtype bytes), plus the optimizer
+ *          state (fp32 master weights, AdamW moments: param_state_bytes
+ *          minus those) of the elements it owns in each of its buckets: all
+ *          of them when replicated, its shard under zero-1 (bucket_shard)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems * local batch * layers until its BWD; all forward
- *          instructions precede all backward ones, so the peak is their sum
+ *          op_saved_elems * local batch * layers until its BWD, or under
+ *          recompute only each layer's input (seq * hidden per sample); all
+ *          forward instructions precede all backward ones, so the peak is
+ *          their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
  *          device touches, over the union of its sample ranges; plus staging:
  *          every SEND's bytes (sends stay outstanding until the step ends)
  *          and the largest RECV's
  *  work    scratch: the largest single layer's saved size at its local
- *          batch (losses compute in it) plus WORK_FIXED for libraries
+ *          batch (losses compute in it), plus, when a slice recomputes, the
+ *          largest recomputed layer's saved size (its forward is re-run into
+ *          it), plus WORK_FIXED for libraries
  */
 #include "plan.h"
 
@@ -33,6 +40,26 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 	return op_saved_elems(&m->shape, t->batch) * local * db;
 }
 
+/* Bytes one FWD keeps per layer: all it saves, or under recompute its input. */
+static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_t saved)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_opshape_t *s = &p->metaops[sl->metaop].shape;
+	if (!sl->recompute)
+		return saved;
+	return (int64_t)(in->s1 - in->s0) * s->seq * s->hidden * db;
+}
+
+/* Optimizer state of the elements d owns in each bucket it belongs to. */
+static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
+{
+	int64_t sum = 0, off, n;
+	for (int b = 0; b < p->n_buckets && per_elem > 0; b++)
+		if (bucket_shard(p, b, d, &off, &n) >= 0)
+			sum += n * per_elem;
+	return sum;
+}
+
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 {
 	const sp_device_t *dv = &p->devices[d];
@@ -41,8 +68,10 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	memset(out, 0, sizeof(int64_t) * MEM__COUNT);
 	for (int k = 0; k < dv->n_held; k++)
-		out[MEM_PARAMS] += comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * psb;
-	int64_t work = 0;
+		out[MEM_PARAMS] +=
+			comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * 2 * db;
+	out[MEM_PARAMS] += owned_state_bytes(p, d, psb - 2 * db);
+	int64_t work = 0, redo = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most two values per instruction) */
 	typedef struct {
@@ -71,8 +100,11 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 			const sp_slice_t *sl = &p->slices[in->slice];
 			int64_t one = saved_bytes(p, in, db);
 			if (in->op == INS_FWD)
-				out[MEM_ACTS] += one * (sl->layer_to - sl->layer_from);
+				out[MEM_ACTS] += kept_bytes(p, in, db, one) *
+						 (sl->layer_to - sl->layer_from);
 			work = SP_MAX(work, one);
+			if (sl->recompute)
+				redo = SP_MAX(redo, one);
 		}
 		const sp_vref_t *refs[2] = {NULL, NULL};
 		int32_t r0 = in->s0, r1 = in->s1;
@@ -124,6 +156,6 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	}
 	free(v);
 	out[MEM_COMM] += send_stage + recv_stage;
-	out[MEM_WORK] = work + WORK_FIXED;
+	out[MEM_WORK] = work + redo + WORK_FIXED;
 	return 0;
 }

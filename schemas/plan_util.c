@@ -17,6 +17,7 @@ const char *ins_op_name(int op)
 	case INS_LOSS: return "loss";
 	case INS_SYNC: return "sync";
 	case INS_STEP: return "step";
+	case INS_GATHER: return "gather";
 	default: return "?";
 	}
 }
@@ -27,4 +28,36 @@ void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *w
 	const sp_metaop_t *mo = &p->metaops[m];
 	*seq = l == 0 ? mo->seq_in : mo->seq_out;
 	*width = l == 0 ? mo->width_in : mo->width_out;
+}
+
+const char *layout_name(int layout)
+{
+	switch (layout) {
+	case LAYOUT_REPLICATED: return "replicated";
+	case LAYOUT_ZERO1: return "zero-1";
+	default: return "?";
+	}
+}
+
+int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	const int32_t *dv = p->bucket_devs + bk->dev_off;
+	int lo = 0, hi = bk->n_dev; /* ascending: binary search */
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		if (dv[mid] < dev)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == bk->n_dev || dv[lo] != dev)
+		return -1;
+	*off = 0;
+	*n = bk->elems;
+	if (bk->layout == LAYOUT_ZERO1) {
+		*off = bk->elems * lo / bk->n_dev;
+		*n = bk->elems * (lo + 1) / bk->n_dev - *off;
+	}
+	return lo;
 }

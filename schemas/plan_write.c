@@ -333,6 +333,7 @@ static void put_slice(enc_t *e, const void *v)
 	put_f64(e, s->fwd_ms);
 	put_f64(e, s->bwd_start_ms);
 	put_f64(e, s->bwd_ms);
+	put_i32(e, s->recompute);
 }
 
 static void put_index(enc_t *e, const void *v)
@@ -349,6 +350,8 @@ static void put_bucket(enc_t *e, const void *v)
 	put_i32(e, b->param_off);
 	put_i64(e, b->elems);
 	put_f64(e, b->sync_ms);
+	put_i32(e, b->layout);
+	put_f64(e, b->gather_ms);
 }
 
 static void put_param(enc_t *e, const void *v)
@@ -415,6 +418,7 @@ static void put_cert(enc_t *e, const sp_cert_t *c)
 	put_i64(e, c->naive_xnode_bytes);
 	put_f64(e, c->xfer_pred_ms);
 	put_f64(e, c->naive_xfer_pred_ms);
+	put_f64(e, c->comm_lower_bound_ms);
 }
 
 static void put_algo(enc_t *e, const void *v)

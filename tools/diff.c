@@ -522,7 +522,8 @@ static void ins_key(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *i
 			 p->metaops[in->dst.metaop].name, in->dst.layer, in->src.seq_off,
 			 in->dst.seq_off, in->seq_len, in->s0, in->s1);
 		break;
-	case INS_SYNC: snprintf(buf, cap, "sync bucket %d", in->peer); break;
+	case INS_SYNC:
+	case INS_GATHER: snprintf(buf, cap, "%s bucket %d", ins_op_name(in->op), in->peer); break;
 	default: snprintf(buf, cap, "%s", ins_op_name(in->op)); break;
 	}
 }

@@ -239,9 +239,10 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 			char devs[512], lay[32];
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			snprintf(lay, sizeof lay, "%d-%d", s->layer_from, s->layer_to);
-			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s\n",
+			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s\n",
 				w, p->metaops[s->metaop].name, lay, s->n_dev, devs, N2(s->start_ms),
-				N2(s->fwd_ms), N2(s->bwd_start_ms), N2(s->bwd_ms));
+				N2(s->fwd_ms), N2(s->bwd_start_ms), N2(s->bwd_ms),
+				s->recompute ? "  recompute" : "");
 		}
 	}
 }
@@ -250,14 +251,19 @@ static void text_buckets(FILE *f, const sp_plan_t *p)
 {
 	tl_ring_t nr = {0};
 	fprintf(f, "\nsync buckets: devices, parameter groups (component layers), elements, "
-		   "all-reduce ms\n");
+		   "all-reduce ms (zero-1: reduce-scatter + all-gather ms)\n");
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *x = &p->buckets[b];
 		char devs[512], params[1024];
 		tl_devlist(devs, sizeof devs, p->bucket_devs + x->dev_off, x->n_dev);
 		param_list(params, sizeof params, p, p->bucket_params + x->param_off, x->n_params);
-		fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s ms\n", b, devs, params,
-			(long long)x->elems, N2(x->sync_ms));
+		if (x->layout == LAYOUT_REPLICATED)
+			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s ms\n", b, devs,
+				params, (long long)x->elems, N2(x->sync_ms));
+		else
+			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s, %s + %s ms\n",
+				b, devs, params, (long long)x->elems, layout_name(x->layout),
+				N2(x->sync_ms), N2(x->gather_ms));
 	}
 }
 
@@ -311,7 +317,8 @@ static void text_ins(FILE *f, const sp_plan_t *p, int k, const sp_ins_t *in)
 		vref_str(b, sizeof b, p, &in->dst, in->seq_len);
 		fprintf(f, "%s -> %s samples %d-%d\n", a, b, in->s0, in->s1);
 		break;
-	case INS_SYNC: {
+	case INS_SYNC:
+	case INS_GATHER: {
 		const sp_bucket_t *x = &p->buckets[in->peer];
 		tl_devlist(a, sizeof a, p->bucket_devs + x->dev_off, x->n_dev);
 		fprintf(f, "bucket %d devices %s\n", in->peer, a);
@@ -390,7 +397,8 @@ static void json_ins(FILE *f, const sp_plan_t *p, const sp_ins_t *in)
 		if (in->op != INS_COPY)
 			fprintf(f, ", \"peer\": %d, \"tag\": %d", in->peer, in->tag);
 		break;
-	case INS_SYNC: fprintf(f, ", \"bucket\": %d", in->peer); break;
+	case INS_SYNC:
+	case INS_GATHER: fprintf(f, ", \"bucket\": %d", in->peer); break;
 	default: break;
 	}
 	fputc('}', f);

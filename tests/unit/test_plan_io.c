@@ -214,9 +214,9 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	static const sp_param_t bparams[] = {{C_BODY, 0}, {C_BODY, 1}, {C_BODY, 2},
 					     {C_BODY, 3}, {C_IMG, 0},  {C_TOK, 0},
 					     {C_HEAD, 0}};
-	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75},
-					      {1, 2, 1, 4, 304, 0.01},
-					      {1, 3, 2, 5, 1152 + 1056, 0.02}};
+	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5},
+					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0},
+					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0}};
 	p->n_bucket_devs = SP_ARRAY_LEN(bdevs);
 	p->n_bucket_params = SP_ARRAY_LEN(bparams);
 	p->n_buckets = SP_ARRAY_LEN(buckets);
@@ -795,7 +795,7 @@ static void test_sections(void **state)
 	t = entry_of(b, 12);
 	wr64(t + 24, rd64(t + 24) + 1);
 	fix_crc(b, f->len);
-	expect_reject(b, f->len, "records of 56 bytes");
+	expect_reject(b, f->len, "records of 60 bytes");
 	/* a section count larger than the table */
 	memcpy(b, f->bin, f->len);
 	wr32(b + 28, 22);
@@ -909,8 +909,15 @@ static void test_indices(void **state)
 			      "device 1 sends to itself");
 	expect_patch_rejected(f, 18, 8, 52, 3, "instructions[8].peer",
 			      "bucket 3 does not exist (there are 3)");
-	expect_patch_rejected(f, 18, 0, 0, 9, "instructions[0].op",
-			      "unknown instruction op code 9");
+	expect_patch_rejected(f, 18, 0, 0, 10, "instructions[0].op",
+			      "unknown instruction op code 10");
+	/* a gather names a zero-1 bucket (bucket 1 is replicated) */
+	expect_patch_rejected(f, 18, 16, 0, INS_GATHER, "instructions[16].peer", "not sharded");
+	/* bucket record: layout 32; slice record: recompute 56 */
+	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO1, "buckets[1].layout",
+			      "nothing to shard");
+	expect_patch_rejected(f, 14, 0, 32, 2, "buckets[0].layout", "outside");
+	expect_patch_rejected(f, 12, 0, 56, 2, "slices[0].recompute", "outside");
 	expect_patch_rejected(f, 18, 0, 4, 9, "instructions[0].slice",
 			      "slice 9 does not exist");
 	expect_patch_rejected(f, 18, 0, 12, 9, "instructions[0].s0",
@@ -1182,9 +1189,9 @@ static void test_files(void **state)
 static void test_util(void **state)
 {
 	fix_t *f = *state;
-	static const char *const names[] = {"?",    "fwd",  "bwd",  "send", "recv",
-					    "copy", "loss", "sync", "step", "?"};
-	for (int op = 0; op <= 9; op++)
+	static const char *const names[] = {"?",    "fwd",  "bwd",  "send", "recv", "copy",
+					    "loss", "sync", "step", "gather", "?"};
+	for (int op = 0; op <= 10; op++)
 		assert_string_equal(ins_op_name(op), names[op]);
 	assert_string_equal(ins_op_name(-1), "?");
 	int32_t seq, width;

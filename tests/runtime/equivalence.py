@@ -97,13 +97,17 @@ def check_model(model, tmp, name, configs, floor):
     W.plan(mpath, c1, p1)
     ref = run(p1, 1, tmp, f"{name}.1")
     failures = []
-    for ranks, nodes, algo in configs:
+    for ranks, nodes, algo, *extra in configs:
+        # extra: planner options that force a choice, e.g. ("--zero", "1")
+        opts = tuple(extra[0]) if extra else ()
+        what = " ".join((algo,) + opts)
+        tag = f"{name}.{ranks}.{algo}" + "".join(o.strip("-") for o in opts)
         cpath = W.write_json(tmp, f"cpu-{nodes}x{ranks}.json", W.cluster(ranks, nodes))
-        pp = os.path.join(tmp, f"{name}.{ranks}.{algo}.bin")
-        W.plan(mpath, cpath, pp, algo)
-        got = run(pp, ranks, tmp, f"{name}.{ranks}.{algo}")
-        err = compare(ref, got, floor, f"{name} on {ranks} ranks ({algo})")
-        print(("FAIL " + err) if err else f"ok   {name} on {ranks} ranks ({algo})",
+        pp = os.path.join(tmp, f"{tag}.bin")
+        W.plan(mpath, cpath, pp, algo, opts)
+        got = run(pp, ranks, tmp, tag)
+        err = compare(ref, got, floor, f"{name} on {ranks} ranks ({what})")
+        print(("FAIL " + err) if err else f"ok   {name} on {ranks} ranks ({what})",
               flush=True)
         if err:
             failures.append(err)

@@ -3,27 +3,25 @@ for a model dict, with the standard library only: random token ids,
 features, labels and lengths (some samples padded), a task's samples split
 over two shards. Used by tests/runtime/data.py; it does not make learnable
 or realistic data (tools/make-dataset does)."""
+import importlib.machinery
+import importlib.util
 import json
 import os
 import random
-import struct
 
 FORMATS = {"I32": "<%di", "F32": "<%df"}
 
 
-def write_safetensors(path, tensors):
-    """tensors: {name: (dtype, shape, flat list)} -> a safetensors file."""
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        dt, shape, flat = tensors[name]
-        b = struct.pack(FORMATS[dt] % len(flat), *flat)
-        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+def _make_dataset():
+    """tools/make-dataset as a module (its safetensors writer is the one)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "make-dataset")
+    loader = importlib.machinery.SourceFileLoader("make_dataset", path)
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    return mod
+
+
+write_safetensors = _make_dataset().write_safetensors
 
 
 def columns(model, task):

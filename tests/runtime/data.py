@@ -10,7 +10,8 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
-    and a message naming the file, the tensor and, for content, the sample
+    and a message naming the file, the tensor and, for content, the sample;
+    so does every truncation of a shard (8 cuts)
 """
 import json
 import os
@@ -170,6 +171,21 @@ def strict(F, tmp, plans, ds):
         r = R.run(plans[1], 1, "--steps", 1, "--data", bad)
         ok = r.rc == 2 and all(t in r.err for t in texts) and "step   1" not in r.out
         F.check(ok, f"{what}: exit 2 before step 1, naming it", r.describe())
+    # every truncation of a shard (8 cuts from inside the length field to
+    # one byte short) is refused up front
+    src = shard(ds, "caption", 1)
+    size = os.path.getsize(src)
+    cuts = sorted({4, 8, 40, size // 4, size // 2, 3 * size // 4, size - 4, size - 1})
+    bad = os.path.join(tmp, "cut")
+    shutil.copytree(ds, bad)
+    refused = []
+    for cut in cuts:
+        with open(src, "rb") as f, open(shard(bad, "caption", 1), "wb") as g:
+            g.write(f.read(cut))
+        r = R.run(plans[1], 1, "--steps", 1, "--data", bad)
+        refused.append(r.rc == 2 and "caption-00001.safetensors" in r.err)
+    F.check(all(refused), f"every truncation of a shard ({len(cuts)} cuts of {size} bytes) "
+            "is refused with exit 2, naming the file", str(list(zip(cuts, refused))))
     # on 2 ranks, the rank whose share holds the bad row reports it once
     bad = os.path.join(tmp, "bad-2ranks")
     shutil.copytree(ds, bad)

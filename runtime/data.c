@@ -1,5 +1,7 @@
 /*
- * data.c — synthetic training data. Deterministic: every number is a hash
+ * data.c — training data for the interpreter: from a dataset (--data,
+ * dataset.c reads it; here only the LM targets are derived from its tokens)
+ * or, by default, synthetic. Synthetic data is deterministic: every number is a hash
  * of (seed, step, task, node or component, sample, position), so ranks that
  * split a batch differently see identical samples. Learnable:
  *   z        latent of a sample: K = 8 uniforms in [-1, 1) from
@@ -54,9 +56,13 @@ static int32_t token_at(int32_t t0, int64_t q, int64_t V)
 	return (int32_t)t;
 }
 
-void data_tokens(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		 int node, int64_t s0, int64_t s1)
+void data_tokens(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		 int64_t step, int task, int node, int64_t s0, int64_t s1)
 {
+	if (ds) {
+		dataset_rows(out, ds, step, task, node, s0, s1);
+		return;
+	}
 	const sp_node_t *n = &m->tasks[task].nodes[node];
 	int64_t V = m->comps[n->comp].vocab;
 	for (int64_t s = s0; s < s1; s++) {
@@ -68,9 +74,13 @@ void data_tokens(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step,
 	}
 }
 
-void data_features(float *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		   int node, int64_t s0, int64_t s1)
+void data_features(float *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		   int64_t step, int task, int node, int64_t s0, int64_t s1)
 {
+	if (ds) {
+		dataset_rows(out, ds, step, task, node, s0, s1);
+		return;
+	}
 	const sp_node_t *n = &m->tasks[task].nodes[node];
 	const sp_component_t *c = &m->comps[n->comp];
 	uint64_t cname = sp_fnv1a(SP_FNV_INIT, c->name, strlen(c->name));
@@ -111,9 +121,13 @@ void data_features(float *out, const sp_model_t *m, uint64_t seed, int64_t step,
 	free(R);
 }
 
-void data_labels(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		 int node, int64_t s0, int64_t s1)
+void data_labels(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		 int64_t step, int task, int node, int64_t s0, int64_t s1)
 {
+	if (ds) {
+		dataset_rows(out, ds, step, task, node, s0, s1);
+		return;
+	}
 	const sp_node_t *n = &m->tasks[task].nodes[node];
 	int64_t C = m->comps[n->comp].classes;
 	for (int64_t s = s0; s < s1; s++) {
@@ -152,26 +166,36 @@ static int trace_position(const sp_task_t *t, const sp_model_t *m, int node, int
 	return -1;
 }
 
-void data_lm_targets(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step,
-		     int task, int node, int64_t s0, int64_t s1)
+/*
+ * The target of position q of embedding node e's stream in sample s: the
+ * next token (synthetic: of the endless stream; dataset: -1 when q + 1 is
+ * at or past the sample's length, so the loss ignores the last token and
+ * the padding), reduced modulo the LM head's vocabulary LV, which may be
+ * smaller than the stream's.
+ */
+static int32_t next_token(const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+			  int64_t step, int task, int e, int64_t q, int64_t s, int64_t LV)
+{
+	int64_t V = m->comps[m->tasks[task].nodes[e].comp].vocab;
+	if (!ds)
+		return (int32_t)(token_at(first_token(seed, step, task, s, V), q + 1, V) % LV);
+	int32_t len;
+	const int32_t *row = dataset_tokens(ds, step, task, e, s, &len);
+	return q + 1 < len ? (int32_t)(row[q + 1] % LV) : -1;
+}
+
+void data_lm_targets(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m,
+		     uint64_t seed, int64_t step, int task, int node, int64_t s0, int64_t s1)
 {
 	const sp_task_t *t = &m->tasks[task];
 	const sp_node_t *n = &t->nodes[node];
 	int src = n->inputs[0];
-	int64_t seq = n->seq;
+	int64_t seq = n->seq, LV = m->comps[n->comp].vocab;
 	for (int64_t p = 0; p < seq; p++) {
 		int64_t q = 0;
 		int e = trace_position(t, m, src, p, &q);
-		for (int64_t s = s0; s < s1; s++) {
-			int32_t v = -1;
-			if (e >= 0) {
-				int64_t V = m->comps[t->nodes[e].comp].vocab;
-				/* the LM head's vocabulary may be smaller than the stream's */
-				int64_t LV = m->comps[n->comp].vocab;
-				v = token_at(first_token(seed, step, task, s, V), q + 1, V);
-				v = (int32_t)(v % LV);
-			}
-			out[(s - s0) * seq + p] = v;
-		}
+		for (int64_t s = s0; s < s1; s++)
+			out[(s - s0) * seq + p] =
+				e < 0 ? -1 : next_token(ds, m, seed, step, task, e, q, s, LV);
 	}
 }

@@ -618,7 +618,7 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 		const sp_op_t *op = &st->p->ops[r.mo->first_op + l];
 		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING:
-			data_tokens(st->ints_host, &st->p->model, st->o.seed, step, r.mo->task,
+			data_tokens(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, r.mo->task,
 				    op->node, r.in->s0, r.in->s1);
 			b->to_device(st->ints_dev, st->ints_host,
 				     sizeof(int32_t) * (size_t)r.n * (size_t)r.mo->seq_in);
@@ -626,7 +626,7 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 			break;
 		case COMP_PATCH: {
 			float *feat = st->work + 2 * st->ping_n + st->loss_n;
-			data_features(st->feat_host, &st->p->model, st->o.seed, step, r.mo->task,
+			data_features(st->feat_host, st->o.data, &st->p->model, st->o.seed, step, r.mo->task,
 				      op->node, r.in->s0, r.in->s1);
 			b->to_device(feat, st->feat_host,
 				     sizeof(float) * (size_t)r.n *
@@ -691,7 +691,7 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	double scale = t->weight / (double)t->batch, l = 0;
 	switch (mo->shape.type) {
 	case COMP_LM_HEAD:
-		data_lm_targets(st->ints_host, &st->p->model, st->o.seed, step, mo->task, op->node,
+		data_lm_targets(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
 				in->s0, in->s1);
 		b->to_device(st->ints_dev, st->ints_host,
 			     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
@@ -700,7 +700,7 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 				    scratch);
 		break;
 	case COMP_CLASSIFIER:
-		data_labels(st->ints_host, &st->p->model, st->o.seed, step, mo->task, op->node,
+		data_labels(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
 			    in->s0, in->s1);
 		b->to_device(st->ints_dev, st->ints_host, sizeof(int32_t) * (size_t)n);
 		l = b->classifier_loss(&mo->shape, n, mo->seq_in, pw,

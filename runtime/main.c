@@ -2,11 +2,12 @@
  * main.c — spindle-run: one process per plan device (under mpirun), or one
  * process for a one-device plan. Reads the plan through the shared reader,
  * checks it matches the launch, builds the rank's state (from --init weights
- * or a checkpoint when given), trains K steps, reports per-task losses and
+ * or a checkpoint when given), trains K steps (on synthetic data, or on
+ * a --data directory: dataset.c), reports per-task losses and
  * times next to the plan's prediction, and optionally writes a CSV log, a
  * measured Chrome trace, parameter dumps, checkpoints and exported weights.
  * Only this file decides exit statuses: 0 ok, 1 failure while running, 2
- * bad input (plan, options, launch, checkpoint, weights).
+ * bad input (plan, options, launch, checkpoint, weights, dataset).
  *
  * Failures. Errors every rank knows of (bad input, a failed checkpoint
  * write, agreed through an all-reduce) end every rank with the same status
@@ -51,6 +52,7 @@ typedef struct {
 	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
 	const char *init_path, *init_map, *export_path;
+	const char *data_dir;
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
@@ -147,7 +149,11 @@ static void usage(FILE *f)
 		"                       --comm mpi and refuses --comm nccl\n"
 		"  --steps K            training steps (default 10)\n"
 		"  --seed S             data and initialisation seed (default: the model's)\n"
-		"  --log FILE.csv       step,task,loss,step_ms,predicted_ms,param_l2,param_hash\n"
+		"  --data DIR           train on a spindle.dataset/1 directory (format:\n"
+		"                       schemas/DATASET-FORMAT.md), in an epoch-wise\n"
+		"                       shuffle from the seed; default: synthetic data\n"
+		"  --log FILE.csv       step,task,loss,step_ms,predicted_ms,param_l2,param_hash,\n"
+		"                       epoch\n"
 		"  --trace FILE.json    measured timeline of the last step (Chrome trace)\n"
 		"  --dump-params FILE   all parameters after the last step (canonical order)\n"
 		"  --save DIR           write a checkpoint at the end (and see --save-every)\n"
@@ -169,7 +175,7 @@ static void usage(FILE *f)
 		"\n"
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"
 		"checkpoint could not be written), 2 bad input (plan, options, launch,\n"
-		"checkpoint or weights to load)\n");
+		"checkpoint, weights or dataset to load)\n");
 }
 
 /* --comm: a data plane this build has, and one the backend can use. The
@@ -213,6 +219,7 @@ static const char **string_option(run_opts_t *o, const char *name)
 		{"--init", offsetof(run_opts_t, init_path)},
 		{"--init-map", offsetof(run_opts_t, init_map)},
 		{"--export", offsetof(run_opts_t, export_path)},
+		{"--data", offsetof(run_opts_t, data_dir)},
 	};
 	for (int i = 0; i < SP_ARRAY_LEN(opts); i++)
 		if (!strcmp(name, opts[i].name))
@@ -365,6 +372,7 @@ typedef struct {
 	sp_plan_t plan;
 	rt_opts_t ro;
 	rt_state_t *st;
+	rt_dataset_t *ds;
 	FILE *log;
 	double *loss;
 	int64_t first_step;
@@ -406,11 +414,24 @@ static int start_backend(run_t *r)
 	return be->init(&r->comm, &r->err) ? 1 : 0;
 }
 
+/* --data: the samples of steps after+1 .. after+steps, in the seed's order
+ * (a resumed run continues it). */
+static int open_data(run_t *r, int64_t after)
+{
+	if (!r->o.data_dir)
+		return 0;
+	if (dataset_open(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
+			 r->ro.seed, after + 1, after + r->o.steps, &r->err))
+		return r->err.code == SP_EINPUT ? 2 : 1;
+	r->ro.data = r->ds;
+	return 0;
+}
+
 /*
  * What each rank can check on its own before any collective a failed rank
  * would never join: the plan and the launch, the backend, the seed of a
- * checkpoint to resume. Returns the exit status this rank wants: 0 to go
- * on.
+ * checkpoint to resume, the dataset (read and checked here). Returns the
+ * exit status this rank wants: 0 to go on.
  */
 /* Layouts and policies this build cannot execute yet: refused up front. */
 static int check_supported(run_t *r)
@@ -441,7 +462,7 @@ static int check_alone(run_t *r)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
-	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL};
+	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL};
 	if (plan_read(&r->plan, o->plan_path, &r->err) || check_supported(r))
 		return 2;
 	if (r->plan.n_devices != c->nranks) {
@@ -460,7 +481,7 @@ static int check_alone(run_t *r)
 		return pre;
 	r->ro.seed = o->seed_set ? o->seed : r->plan.model.seed;
 	if (!o->load_dir)
-		return 0;
+		return open_data(r, 0);
 	/* continue the checkpoint's data stream: its seed */
 	int64_t saved = 0;
 	uint64_t seed = 0;
@@ -474,7 +495,7 @@ static int check_alone(run_t *r)
 		return 2;
 	}
 	r->ro.seed = seed;
-	return 0;
+	return open_data(r, saved);
 }
 
 /* Every rank learns which failed its own checks (pre: this rank's wish);
@@ -571,7 +592,8 @@ static int open_outputs(run_t *r)
 				   "cannot open for writing: %s", strerror(errno));
 			bad = 1;
 		} else {
-			fprintf(r->log, "step,task,loss,step_ms,predicted_ms,param_l2,param_hash\n");
+			fprintf(r->log,
+				"step,task,loss,step_ms,predicted_ms,param_l2,param_hash,epoch\n");
 		}
 	}
 	wd_arm(c->rank, "start-up");
@@ -619,23 +641,37 @@ static int gather_failed(run_t *r)
 	return RUN_FAIL;
 }
 
+/* The epoch of step t of the task that has been through its samples least
+ * often (tasks have their own epochs: dataset.c). */
+static int64_t min_epoch(const run_t *r, int64_t t)
+{
+	int64_t e = INT64_MAX;
+	for (int i = 0; i < r->plan.model.n_tasks; i++)
+		e = SP_MIN(e, dataset_epoch(r->ds, i, t));
+	return e;
+}
+
 /* Rank 0: step t's line on stdout and in the CSV log. */
 static void print_step(const run_t *r, int64_t t, double ms, double l2, uint64_t h)
 {
 	const sp_plan_t *p = &r->plan;
 	int T = p->model.n_tasks;
 	if (!r->o.quiet) {
-		printf("step %3lld  %8.2f ms (predicted %.2f)  loss", (long long)t, ms,
+		printf("step %3lld  %8.2f ms (predicted %.2f)  ", (long long)t, ms,
 		       p->cert.iteration_ms);
+		if (r->ds) /* every task has seen all its samples this many times */
+			printf("epoch %lld  ", (long long)min_epoch(r, t));
+		printf("loss");
 		for (int i = 0; i < T; i++)
 			printf("  %s %.4f", p->model.tasks[i].name,
 			       r->loss[i] / (double)p->model.tasks[i].batch);
 		printf("\n");
 	}
 	for (int i = 0; r->log && i < T; i++)
-		fprintf(r->log, "%lld,%s,%.9g,%.3f,%.3f,%.9g,%016llx\n", (long long)t,
+		fprintf(r->log, "%lld,%s,%.9g,%.3f,%.3f,%.9g,%016llx,%lld\n", (long long)t,
 			p->model.tasks[i].name, r->loss[i] / (double)p->model.tasks[i].batch, ms,
-			p->cert.iteration_ms, l2, (unsigned long long)h);
+			p->cert.iteration_ms, l2, (unsigned long long)h,
+			r->ds ? (long long)dataset_epoch(r->ds, i, t) : 0LL);
 	if (r->log)
 		fflush(r->log);
 }
@@ -772,6 +808,7 @@ static int finish(run_t *r, int out)
 		fclose(r->log);
 	free(r->loss);
 	rt_free(r->st);
+	dataset_free(r->ds);
 	plan_release(&r->plan);
 	if (r->be)
 		r->be->shutdown();

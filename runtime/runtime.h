@@ -140,26 +140,53 @@ const rt_backend_t *backend_find(const char *name);
 /* attach, then init: a process that uses the backend alone (tools, tests). */
 int backend_start(const rt_backend_t *b, rt_comm_t *c, sp_err_t *err);
 
-/* ---- data.c: synthetic, deterministic, learnable training data ------------ */
+/* ---- data.c: training data, synthetic or from a dataset ------------------- */
+
+typedef struct rt_dataset rt_dataset_t;
 
 /*
- * Everything is a function of (seed, step, task, node, sample index) only,
- * so any split of a batch across ranks sees the same samples. A sample of a
- * task has a latent z (K numbers); patch features are a fixed per-component
- * projection of z plus noise; token sequences start from z and follow
- * t[q+1] = (5 t[q] + 3) mod V; classifier labels bucket z[0]; LM targets
- * are the next token of the embedding stream a position came from (-1 where
- * it came from features).
+ * With ds NULL, synthetic data: everything is a function of (seed, step,
+ * task, node, sample index) only, so any split of a batch across ranks sees
+ * the same samples. A sample of a task has a latent z (K numbers); patch
+ * features are a fixed per-component projection of z plus noise; token
+ * sequences start from z and follow t[q+1] = (5 t[q] + 3) mod V; classifier
+ * labels bucket z[0]; LM targets are the next token of the embedding stream
+ * a position came from (-1 where it came from features).
+ * With a dataset (dataset.c), the same from its samples: padding holds
+ * token 0 / zero features, LM targets are the stream's next token, -1 at
+ * and after the stream's last valid position.
  */
-void data_tokens(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		 int node, int64_t s0, int64_t s1);
-void data_features(float *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		   int node, int64_t s0, int64_t s1);
-void data_labels(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step, int task,
-		 int node, int64_t s0, int64_t s1);
+void data_tokens(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		 int64_t step, int task, int node, int64_t s0, int64_t s1);
+void data_features(float *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		   int64_t step, int task, int node, int64_t s0, int64_t s1);
+void data_labels(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m, uint64_t seed,
+		 int64_t step, int task, int node, int64_t s0, int64_t s1);
 /* LM targets of loss node `node` for samples [s0,s1): [n, seq] */
-void data_lm_targets(int32_t *out, const sp_model_t *m, uint64_t seed, int64_t step,
-		     int task, int node, int64_t s0, int64_t s1);
+void data_lm_targets(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m,
+		     uint64_t seed, int64_t step, int task, int node, int64_t s0, int64_t s1);
+
+/* ---- dataset.c: a "spindle.dataset/1" directory (schemas/DATASET-FORMAT.md) - */
+
+/*
+ * Opens dir for rank `rank` of plan p and the steps [first, last] of this
+ * run: checks the index and every shard's tensors against the model, reads
+ * and checks the rows the rank's program touches (and its share of the
+ * rest), all before step 1. SP_EINPUT names the file, tensor and sample.
+ */
+int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
+		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err);
+void dataset_free(rt_dataset_t *d);
+/* The epoch (0-based) task's step `step` is in. */
+int64_t dataset_epoch(const rt_dataset_t *d, int task, int64_t step);
+/* Rows of source or classifier node `node` for batch positions [s0, s1) of
+ * step: [n, seq(, width)] int32 or float, or [n] labels. */
+void dataset_rows(void *out, const rt_dataset_t *d, int64_t step, int task, int node,
+		  int64_t s0, int64_t s1);
+/* Token row [seq] of embedding node `node` at batch position s, and its
+ * valid length. */
+const int32_t *dataset_tokens(const rt_dataset_t *d, int64_t step, int task, int node,
+			      int64_t s, int32_t *len);
 
 /* ---- interp.c: executing programs ---------------------------------------------- */
 
@@ -175,6 +202,7 @@ typedef struct {
 	uint64_t seed;
 	double timeout_s;
 	int record_events;
+	const rt_dataset_t *data; /* NULL: synthetic data */
 } rt_opts_t;
 
 /* Builds parameters and buffers of this rank for plan p. */

@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 /* Bytes per element of each dtype, in st_dtype_t order. */
-static const char *const DT_NAMES[] = {"F32", "BF16", "F16"};
-static const int DT_BYTES[] = {4, 2, 2};
+static const char *const DT_NAMES[] = {"F32", "BF16", "F16", "I32"};
+static const int DT_BYTES[] = {4, 2, 2, 4};
 
 const char *st_dtype_name(st_dtype_t d)
 {
@@ -98,7 +98,7 @@ int st_out_add(st_out_t *o, const char *name, const layer_tensor_t *t, const flo
 	       st_dtype_t dt)
 {
 	size_t n = (size_t)(t->rows * t->cols), nb = n * (size_t)DT_BYTES[dt];
-	if (dt == ST_F16) /* read, never written: a trainer exports F32 or BF16 */
+	if (dt == ST_F16 || dt == ST_I32) /* read, never written: a trainer exports F32 or BF16 */
 		return SP_EINTERNAL;
 	if (o->len + nb > o->cap) {
 		size_t cap = SP_MAX(o->cap * 2, o->len + nb);
@@ -357,6 +357,9 @@ int st_in_get(st_in_t *in, const char *name, const char *ours, const layer_tenso
 		return sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL,
 				  "tensor '%s'%s has shape %s, the model's is %s", name, as, got_s,
 				  want_s);
+	if (dt == ST_I32)
+		return sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL,
+				  "tensor '%s'%s has dtype I32, not a float type", name, as);
 	if (f32_only && dt != ST_F32)
 		return sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL,
 				  "tensor '%s'%s has dtype %s, not F32", name, as, DT_NAMES[dt]);
@@ -390,5 +393,37 @@ int st_in_get(st_in_t *in, const char *name, const char *ours, const layer_tenso
 	}
 	if (tmp && dt != ST_F32)
 		free(tmp);
+	return 0;
+}
+
+int st_in_info(st_in_t *in, const char *name, st_info_t *out, sp_err_t *err)
+{
+	json_t *e = strcmp(name, "__metadata__") ? json_object_get(in->hdr, name) : NULL;
+	memset(out, 0, sizeof *out);
+	if (!e)
+		return sp_err_set(err, SP_EINPUT, in->path, 0, 0, NULL, "tensor '%s' is missing",
+				  name);
+	json_t *shape = json_object_get(e, "shape");
+	out->dtype = (st_dtype_t)dtype_of(json_string_value(json_object_get(e, "dtype")));
+	out->ndim = (int)SP_MIN(json_array_size(shape), (size_t)ST_MAX_DIMS);
+	for (int i = 0; i < out->ndim; i++)
+		out->shape[i] = (int64_t)json_integer_value(json_array_get(shape, (size_t)i));
+	if (json_array_size(shape) > ST_MAX_DIMS)
+		out->ndim = ST_MAX_DIMS + 1;
+	out->offset = (uint64_t)json_integer_value(json_array_get(json_object_get(e, "data_offsets"), 0));
+	return 0;
+}
+
+int st_in_read(st_in_t *in, const st_info_t *t, uint64_t at, size_t n, void *out,
+	       sp_err_t *err)
+{
+	if (in->buf) {
+		memcpy(out, in->buf + in->data_at + t->offset + at, n);
+		return 0;
+	}
+	if (read_at(in->fd, out, n, in->data_at + t->offset + at))
+		return sp_err_set(err, SP_EIO, in->path, 0, 0, NULL,
+				  "read error at byte %llu (did the file shrink?)",
+				  (unsigned long long)(in->data_at + t->offset + at));
 	return 0;
 }

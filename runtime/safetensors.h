@@ -24,9 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ST_F32, ST_BF16, ST_F16 } st_dtype_t;
+/* I32 is read only as raw integers (st_in_info, st_in_read: datasets), never
+ * as parameters. */
+typedef enum { ST_F32, ST_BF16, ST_F16, ST_I32 } st_dtype_t;
 
-/* "F32", "BF16", "F16" (safetensors' names). */
+/* "F32", "BF16", "F16", "I32" (safetensors' names). */
 const char *st_dtype_name(st_dtype_t d);
 
 /* ---- writing ------------------------------------------------------------ */
@@ -80,5 +82,23 @@ void st_in_release(st_in_t *in);
  */
 int st_in_get(st_in_t *in, const char *name, const char *shown_as, const layer_tensor_t *t,
 	      int f32_only, float *out, sp_err_t *err);
+
+/* A tensor's entry in a checked header: dtype, shape (ndim > ST_MAX_DIMS:
+ * more dimensions than shown), start of its data (bytes after the header). */
+#define ST_MAX_DIMS 4
+typedef struct {
+	st_dtype_t dtype;
+	int ndim;
+	int64_t shape[ST_MAX_DIMS];
+	uint64_t offset;
+} st_info_t;
+
+/* Tensor `name`'s entry; a missing tensor is SP_EINPUT naming file and
+ * tensor. */
+int st_in_info(st_in_t *in, const char *name, st_info_t *out, sp_err_t *err);
+/* Bytes [at, at + n) of t's data, raw (little-endian, as stored); the
+ * caller keeps within the tensor. A failed read is SP_EIO naming the file. */
+int st_in_read(st_in_t *in, const st_info_t *t, uint64_t at, size_t n, void *out,
+	       sp_err_t *err);
 
 #endif

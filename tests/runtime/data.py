@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Training on a dataset (--data, schemas/DATASET-FORMAT.md) on the demo
+workload, with a small generated dataset (dataset_gen.py; variable lengths,
+two shards per task, sizes chosen so 3 steps cross an epoch):
+
+  * equivalence on real data: plans on 2 and 3 ranks give the losses and
+    parameters of the one-device plan after 3 steps (tolerances of
+    equivalence.py), and the data is really used (losses differ from the
+    synthetic run's); the log's epoch column follows N / batch
+  * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
+    steps straight (the same sample order continues, across epochs 1 and 2)
+  * strict reading: each kind of bad dataset stops with exit 2 before step 1
+    and a message naming the file, the tensor and, for content, the sample;
+    so does every truncation of a shard (8 cuts)
+"""
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(__file__))
+import dataset_gen as G  # noqa: E402
+import rtlib as R  # noqa: E402
+
+# per task: 2.5 batches (match 32, caption 16, classify 8): 2 steps an epoch
+SAMPLES = {"match": 80, "caption": 40, "classify": 20}
+STEPS = 3
+
+
+def train(plan, ranks, tmp, tag, data, *extra):
+    dump, log = os.path.join(tmp, f"{tag}.dump"), os.path.join(tmp, f"{tag}.csv")
+    args = ["--dump-params", dump, "--log", log, "--quiet", "--timeout", 60]
+    if data:
+        args += ["--data", data]
+    R.must(R.run(plan, ranks, *args, *extra), tag)
+    return R.load_dump(dump), R.read_log(log)
+
+
+def equivalence(F, tmp, plans, ds):
+    ref = train(plans[1], 1, tmp, "data-1", ds, "--steps", STEPS)
+    for n in (2, 3):
+        got = train(plans[n], n, tmp, f"data-{n}", ds, "--steps", STEPS)
+        msg = R.compare(ref, got, R.FLOOR["adamw"], f"{n} ranks against 1 on real data")
+        F.check(msg is None, f"{n} ranks equal one device on real data", msg or "")
+    syn = train(plans[1], 1, tmp, "synthetic-1", None, "--steps", STEPS)
+    F.check(all(a["loss"] != b["loss"] for a, b in zip(ref[1], syn[1])),
+            "the dataset's samples are trained on (losses differ from synthetic data)")
+    epochs = [(r["step"], r["task"], r["epoch"]) for r in ref[1] if r["task"] == "match"]
+    F.check(epochs == [("1", "match", "0"), ("2", "match", "0"), ("3", "match", "1")],
+            "the log's epoch: 2 steps an epoch for 80 samples in batches of 32",
+            str(epochs))
+
+
+def resume(F, tmp, plans, ds):
+    straight = train(plans[1], 1, tmp, "straight", ds, "--steps", 2 + STEPS)
+    ck = os.path.join(tmp, "ck")
+    train(plans[1], 1, tmp, "first-half", ds, "--steps", 2, "--save", ck)
+    tail = train(plans[2], 2, tmp, "second-half", ds, "--steps", STEPS, "--load", ck)
+    ref = (straight[0], [r for r in straight[1] if int(r["step"]) > 2])
+    msg = R.compare(ref, tail, R.FLOOR["adamw"], "resumed against straight")
+    F.check(msg is None, "a run resumed on another plan continues the same sample order",
+            msg or "")
+
+
+# ---- strict reading: one bad dataset each --------------------------------
+
+def shard(ds, task, k=0):
+    return os.path.join(ds, f"{task}-{k:05d}.safetensors")
+
+
+def rewrite(path, fn):
+    """Applies fn to the shard's {name: (dtype, shape, flat)} and writes it."""
+    header, data = R.read_safetensors(path)
+    t = {}
+    for name, e in header.items():
+        a, b = e["data_offsets"]
+        fmt = G.FORMATS[e["dtype"]] % ((b - a) // 4)
+        t[name] = (e["dtype"], e["shape"], list(struct.unpack(fmt, data[a:b])))
+    fn(t)
+    G.write_safetensors(path, t)
+
+
+def edit_index(ds, fn):
+    p = os.path.join(ds, "index.json")
+    idx = json.load(open(p))
+    fn(idx)
+    json.dump(idx, open(p, "w"))
+
+
+def set_at(t, name, i, v):
+    t[name][2][i] = v
+
+
+def as_f32(t, name):
+    t[name] = ("F32", t[name][1], [float(x) for x in t[name][2]])
+
+
+def drop(t, name):
+    del t[name]
+
+
+def truncate(path):
+    b = open(path, "rb").read()
+    open(path, "wb").write(b[:-100])
+
+
+def corrupt(path):
+    b = bytearray(open(path, "rb").read())
+    b[8:12] = b"#!x?"
+    open(path, "wb").write(bytes(b))
+
+
+def fewer(idx):
+    idx["tasks"]["classify"] = {"samples": 7, "shards": [{"file": "classify-00000.safetensors",
+                                                          "samples": 7}]}
+
+
+CASES = [
+    # (what, edit of the dataset directory, texts the message must hold)
+    ("a token id past the vocabulary",
+     lambda d: rewrite(shard(d, "caption", 1), lambda t: set_at(t, "txt_in.tokens", 12 * 3, 64)),
+     ["caption-00001.safetensors", "'txt_in.tokens'", "row 3 (sample 23 of task 'caption')",
+      "token id 64", "vocabulary"]),
+    ("a length past the node's seq",
+     lambda d: rewrite(shard(d, "match"), lambda t: set_at(t, "img_in.length", 5, 9)),
+     ["match-00000.safetensors", "'img_in.features'", "row 5 (sample 5 of task 'match')",
+      "length 9 is not in [1, 8]"]),
+    ("a label past the classes",
+     lambda d: rewrite(shard(d, "classify"), lambda t: set_at(t, "loss.labels", 2, 4)),
+     ["classify-00000.safetensors", "'loss.labels'", "row 2", "label 4"]),
+    ("a feature that is not finite",
+     lambda d: rewrite(shard(d, "classify", 1), lambda t: set_at(t, "img_in.features", 0,
+                                                                 float("nan"))),
+     ["classify-00001.safetensors", "'img_in.features'", "row 0 (sample 10", "not finite"]),
+    ("token ids of the wrong dtype",
+     lambda d: rewrite(shard(d, "caption"), lambda t: as_f32(t, "txt_in.tokens")),
+     ["caption-00000.safetensors", "'txt_in.tokens' has dtype F32, not I32"]),
+    ("features of the wrong shape",
+     lambda d: rewrite(shard(d, "match"), lambda t: t.update(
+         {"img_in.features": ("F32", [40, 8, 16], t["img_in.features"][2][:40 * 8 * 16])})),
+     ["match-00000.safetensors", "'img_in.features' has another shape than [40, 8, 32]"]),
+    ("a node's tensor missing",
+     lambda d: rewrite(shard(d, "match", 1), lambda t: drop(t, "txt_in.length")),
+     ["match-00001.safetensors", "'txt_in.length' is missing"]),
+    ("a truncated shard",
+     lambda d: truncate(shard(d, "classify")),
+     ["classify-00000.safetensors", "is the file truncated?"]),
+    ("a corrupt shard header",
+     lambda d: corrupt(shard(d, "caption")),
+     ["caption-00000.safetensors", "bad safetensors header"]),
+    ("a task missing from the index",
+     lambda d: edit_index(d, lambda i: i["tasks"].pop("caption")),
+     ["index.json", "task 'caption' is missing"]),
+    ("fewer samples than one batch",
+     lambda d: edit_index(d, fewer),
+     ["index.json", "task 'classify' has 7 samples, fewer than one batch (8)"]),
+    ("a missing shard file",
+     lambda d: os.remove(shard(d, "match", 1)),
+     ["match-00001.safetensors", "cannot open file"]),
+]
+
+
+def strict(F, tmp, plans, ds):
+    for k, (what, fn, texts) in enumerate(CASES):
+        bad = os.path.join(tmp, f"bad{k}")
+        shutil.copytree(ds, bad)
+        fn(bad)
+        r = R.run(plans[1], 1, "--steps", 1, "--data", bad)
+        ok = r.rc == 2 and all(t in r.err for t in texts) and "step   1" not in r.out
+        F.check(ok, f"{what}: exit 2 before step 1, naming it", r.describe())
+    # every truncation of a shard (8 cuts from inside the length field to
+    # one byte short) is refused up front
+    src = shard(ds, "caption", 1)
+    size = os.path.getsize(src)
+    cuts = sorted({4, 8, 40, size // 4, size // 2, 3 * size // 4, size - 4, size - 1})
+    bad = os.path.join(tmp, "cut")
+    shutil.copytree(ds, bad)
+    refused = []
+    for cut in cuts:
+        with open(src, "rb") as f, open(shard(bad, "caption", 1), "wb") as g:
+            g.write(f.read(cut))
+        r = R.run(plans[1], 1, "--steps", 1, "--data", bad)
+        refused.append(r.rc == 2 and "caption-00001.safetensors" in r.err)
+    F.check(all(refused), f"every truncation of a shard ({len(cuts)} cuts of {size} bytes) "
+            "is refused with exit 2, naming the file", str(list(zip(cuts, refused))))
+    # on 2 ranks, the rank whose share holds the bad row reports it once
+    bad = os.path.join(tmp, "bad-2ranks")
+    shutil.copytree(ds, bad)
+    rewrite(shard(bad, "match", 1), lambda t: set_at(t, "txt_in.tokens", 12 * 30, 99))
+    r = R.run(plans[2], 2, "--steps", 1, "--data", bad)
+    F.check(r.rc == 2 and r.err.count("token id 99") == 1 and "sample 70" in r.err,
+            "2 ranks: a bad row is reported once, exit 2", r.describe())
+
+
+def main():
+    F = R.Failures()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = R.demo_model()
+        plans = {n: R.make_plan(tmp, model, "demo", n) for n in (1, 2, 3)}
+        ds = os.path.join(tmp, "ds")
+        G.make(model, ds, SAMPLES)
+        equivalence(F, tmp, plans, ds)
+        resume(F, tmp, plans, ds)
+        strict(F, tmp, plans, ds)
+    return F.exit()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

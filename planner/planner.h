@@ -106,6 +106,16 @@ int cost_build(planner_t *pl);
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
+/* One matrix product of a layer: batch copies of M x N x K, issued calls times. */
+typedef struct {
+	double m, n, k, batch, calls;
+} cost_gemm_t;
+#define COST_MAX_GEMMS 12
+/* The products of one layer of shape s at local batch b, forward or
+ * backward, as the CUDA backend issues them; returns how many. */
+int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);
+/* Kernels (with stream copies and memsets) the CUDA backend issues for it. */
+int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd);
 static inline int dev_node(const sp_cluster_t *c, int d)
 {
 	return d / c->gpus_per_node;

@@ -205,9 +205,9 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 	return k;
 }
 
-/* Least time of one GEMM over the cuBLAS tile sizes (cost.c's header). */
-static double gemm_ms(const cost_gemm_t *g, double sms, double peak)
+double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops)
 {
+	double sms = sm_count, peak = peak_flops;
 	static const double tiles[][2] = {{256, 128}, {128, 256}, {128, 128},
 					  {128, 64},  {64, 128},  {64, 64}};
 	double best = HUGE_VAL, per_sm = E_MAX * peak / sms;
@@ -240,7 +240,7 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bw
 		int ng = cost_layer_gemms(&m->shape, b, bwd, g);
 		double t_c = 0;
 		for (int i = 0; i < ng; i++)
-			t_c += gemm_ms(&g[i], c->sm_count, peak);
+			t_c += cost_gemm_ms(&g[i], c->sm_count, peak);
 		return fmax(t_c, t_m) +
 		       c->launch_us * 1e-3 * (double)cost_layer_kernels(&m->shape, b, bwd);
 	}

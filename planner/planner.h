@@ -114,6 +114,9 @@ typedef struct {
 /* The products of one layer of shape s at local batch b, forward or
  * backward, as the CUDA backend issues them; returns how many. */
 int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);
+/* ms of one product on sm_count SMs of peak_flops FLOP/s: tile and wave
+ * quantised, the least over cuBLAS's tile sizes (cost.c's header). */
+double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops);
 /* Kernels (with stream copies and memsets) the CUDA backend issues for it. */
 int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd);
 static inline int dev_node(const sp_cluster_t *c, int d)

@@ -383,9 +383,14 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 
 typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
+	/* bound_comm of the chosen plan (plan.c fills it after placement) */
+	double comm_ms;
 } bounds_t;
 /* Its work arrays come from pl->scratch and are given back on return. */
 void bound_compute(planner_t *pl, bounds_t *out);
+/* Communication lower bound on placed plan p's iteration (bound.c's
+ * header); 0 or SP_ENOMEM. */
+int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */

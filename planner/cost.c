@@ -111,7 +111,7 @@ static double interp(const sp_prof_entry_t *e, double b, int bwd)
  *               exec_loss), so all their launches count as forward.
  * Not counted: the bf16 weight shadow (cu_shadow converts once per step
  * after the optimizer touched the weights, not per layer and pass).
- * Besides, runtime/interp.c adds per layer (INTERP_*): a host-to-device
+ * Besides, runtime/interp.c adds per layer (interp_extra): a host-to-device
  * copy of the tokens, features, targets or labels (embedding, patch
  * forward; lm_head, classifier), and a memset of dx before every
  * transformer backward but the first of a slice (exec_bwd; counted for
@@ -131,20 +131,25 @@ static const launches_t LAUNCHES[COMP__COUNT] = {
 	[COMP_CONTRASTIVE] = {14, 0, 0, 0},
 };
 
-static const launches_t INTERP_EXTRA[COMP__COUNT] = {
-	[COMP_EMBEDDING] = {1, 0, 0, 0},
-	[COMP_PATCH] = {1, 0, 0, 0},
-	[COMP_TRANSFORMER] = {0, 0, 1, 0},
-	[COMP_LM_HEAD] = {1, 0, 0, 0},
-	[COMP_CLASSIFIER] = {1, 0, 0, 0},
-};
+/* runtime/interp.c's launches beside the layer function (see above) */
+static int interp_extra(sp_comp_type_t t, int bwd)
+{
+	switch (t) {
+	case COMP_EMBEDDING:
+	case COMP_PATCH:
+	case COMP_LM_HEAD:
+	case COMP_CLASSIFIER: return !bwd; /* host-to-device copy of the inputs */
+	case COMP_TRANSFORMER: return bwd; /* exec_bwd's memset of dx */
+	default: return 0;
+	}
+}
 
 int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
 {
-	const launches_t *l = &LAUNCHES[s->type], *x = &INTERP_EXTRA[s->type];
+	const launches_t *l = &LAUNCHES[s->type];
 	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1));
-	return bwd ? l->bwd + x->bwd + heads * l->bwd_per_head
-		   : l->fwd + x->fwd + heads * l->fwd_per_head;
+	return interp_extra(s->type, bwd) +
+	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
 
 /*

@@ -238,11 +238,10 @@ static int cmp_issue(const void *a, const void *b)
 static int cmp_sync(const void *a, const void *b)
 {
 	const tl_sync_t *x = a, *y = b;
-	if (x->dev != y->dev)
-		return x->dev < y->dev ? -1 : 1;
-	if (x->t0 != y->t0)
-		return x->t0 < y->t0 ? -1 : 1;
-	return (x->bucket > y->bucket) - (x->bucket < y->bucket);
+	int c = (x->dev > y->dev) - (x->dev < y->dev);
+	if (!c)
+		c = (x->t0 > y->t0) - (x->t0 < y->t0);
+	return c ? c : (x->bucket > y->bucket) - (x->bucket < y->bucket);
 }
 
 /*

@@ -96,12 +96,13 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(&shapes[7], 8, 0), 14);
 }
 
+static const struct CMUnitTest cost_tests[] = {
+	cmocka_unit_test(products_add_up_to_flops),
+	cmocka_unit_test(quantised_time),
+	cmocka_unit_test(kernels_follow_head_loops),
+};
+
 int main(void)
 {
-	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(products_add_up_to_flops),
-		cmocka_unit_test(quantised_time),
-		cmocka_unit_test(kernels_follow_head_loops),
-	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(cost_tests, NULL, NULL);
 }

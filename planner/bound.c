@@ -23,6 +23,22 @@
  *            (sched_paper.c's paper_cstar: speed-up interpolated between
  *            batch-divisible counts; below one device a MetaOp
  *            time-shares it). Reported, not a lower bound of this model.
+ *
+ * and, once the chosen plan is placed, a bound on its iteration:
+ *
+ *  comm      (bound_comm) max over nodes v of E_v / (K B_x): E_v the
+ *            gradient bytes S_b (elems x dtype bytes) of every sync bucket b
+ *            whose devices lie on v and on at least one other node, K B_x
+ *            the node's NICs together (nics_per_node x inter_node_gbs).
+ *            Whatever the collective, each element of v's gradient must
+ *            leave v at least once (every other node's result depends on it
+ *            and the map from it to their sum is invertible), so at least
+ *            S_b bytes cross v's NICs each way; they cannot all have crossed
+ *            before E_v / (K B_x). Valid for this placement under the
+ *            cluster's link model, not for every plan (a placement that
+ *            keeps a group inside one node has no such term); latencies and
+ *            transfers between waves are left out, so it stays a bound.
+ *            With the compute bounds it makes the report's lower bound.
  */
 #include "planner.h"
 
@@ -267,4 +283,41 @@ void bound_compute(planner_t *pl, bounds_t *out)
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	bound_steps(pl, out);
 	sp_arena_reset(&pl->scratch, mark);
+}
+
+int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c)
+{
+	*out = 0;
+	int nodes = c->nodes, db = dtype_bytes(p->model.dtype);
+	double *bytes = calloc((size_t)nodes + 1, sizeof *bytes);
+	int *seen = calloc((size_t)nodes + 1, sizeof *seen);
+	int rc = 0;
+	if (!bytes || !seen) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int n_nodes = 0;
+		/* seen[v] == b + 1: v holds a replica of bucket b (counted once) */
+		for (int i = 0; i < bk->n_dev; i++) {
+			int v = p->devices[p->bucket_devs[bk->dev_off + i]].node;
+			if (seen[v] != b + 1) {
+				seen[v] = b + 1;
+				n_nodes++;
+			}
+		}
+		if (n_nodes < 2)
+			continue;
+		for (int v = 0; v < nodes; v++)
+			if (seen[v] == b + 1)
+				bytes[v] += (double)bk->elems * db;
+	}
+	double bw = (double)(c->nics > 0 ? c->nics : 1) * c->inter_gbs * 1e6; /* bytes per ms */
+	for (int v = 0; v < nodes; v++)
+		*out = fmax(*out, bytes[v] / bw);
+cleanup:
+	free(bytes);
+	free(seen);
+	return rc;
 }

@@ -13,17 +13,38 @@
  *    below the first, the line through the first two, never below
  *    first * b / b_first.
  *
- *  analytic: t = max(F / (P * eff(F)), Q / BW) + c0, where
+ *  analytic: t = max(t_c, Q / BW) + t_launch, where
  *    F   = b * FLOPs per sample (model.h arithmetic),
  *    Q   = bytes moved: the layer's weights once (params * dtype bytes) plus
  *          b * saved elements * dtype bytes * 2 (written, then read back);
  *          an embedding reads only the rows it gathers (b * seq * hidden),
- *    P   = peak_tflops, BW = mem_bandwidth_gbs,
- *    eff(F) = E_MAX * F / (F + F_HALF), F_HALF = P * T_HALF:
- *          kernels reach E_MAX = 0.6 of peak on large work and half of that
- *          when the work is what the GPU does in T_HALF = 20 us at peak, so
- *          small per-device batches scale poorly (the paper's observation);
- *    c0  = LAUNCH_MS = 0.01 ms per layer and pass (kernel launches).
+ *    P   = peak_tflops, BW = mem_bandwidth_gbs (the memory roof).
+ *    Without gpu.sm_count (0: not modelled, the files before it):
+ *      t_c = F / (P * eff(F)), eff(F) = E_MAX * F / (F + F_HALF),
+ *          F_HALF = P * T_HALF: kernels reach E_MAX = 0.6 of peak on large
+ *          work and half of that when the work is what the GPU does in
+ *          T_HALF = 20 us at peak;
+ *      t_launch = LAUNCH_MS = 0.01 ms per layer and pass.
+ *    With S = gpu.sm_count SMs: the layer's matrix products as our CUDA
+ *      backend issues them (layer_gemms), each an M x N x K product in
+ *      `batch` independent copies, issued `calls` times. A GEMM kernel
+ *      covers its output with thread-block tiles TM x TN and runs them in
+ *      waves of S (NVIDIA, "Matrix Multiplication Background User's Guide",
+ *      DU-09799-001, 2023, ch. 3 "Dimension Quantization Effects"):
+ *        tiles = ceil(M/TM) ceil(N/TN) batch,  waves = ceil(tiles / S),
+ *        t_gemm = calls * waves * 2 TM TN K / (E_MAX P / S),
+ *      an SM running one tile at E_MAX of its share of the peak. The tile
+ *      is the one of the guide's cuBLAS tile sizes (section 2.3: 256x128,
+ *      128x256, 128x128, 128x64, 64x128, 64x64) that gives the least
+ *      t_gemm, as if cuBLAS's heuristic chose perfectly and small tiles ran
+ *      as fast per SM as large ones (the guide shows they do not: this
+ *      errs on the fast side). t_c = sum of t_gemm; F is only a check
+ *      (the products' 2 M N K batch calls add up to it);
+ *      t_launch = launch_us * kernels(layer, b): the kernels, stream
+ *      copies and memsets the backend issues for the layer (LAUNCHES).
+ *    A layer's kernels run one after another on one stream, so launches
+ *    add to the roofline time (the authors' fitted Time = A FLOPs + D has
+ *    the same form).
  *  Backward uses the backward FLOPs and twice the bytes.
  *
  * The contrastive loss does not scale: every device of its slice computes
@@ -71,6 +92,139 @@ static double interp(const sp_prof_entry_t *e, double b, int bwd)
 	return fmax(y, 0.0);
 }
 
+/*
+ * Kernels one layer issues in our CUDA backend, per pass: fixed launches
+ * plus per_head for every loop over heads (gemm_grid issues one batched
+ * GEMM per min(b, heads) and loops over the other). Counted in
+ * runtime/cuda/ (the .cu files) as launched: each <<<>>> one, each cu_gemm /
+ * cu_gemm_batched call one, each cudaMemcpyAsync / cudaMemsetAsync one;
+ * k_colsum and k_colsum_bf16 two, k_ln_bwd four (with parameter grads),
+ * k_infonce_grads four. Functions counted (straight-line, one workspace
+ * chunk; tests/planner/launch_counts.py recounts them from the sources
+ * and fails when this table drifts):
+ *   embedding   cu_embedding_fwd / cu_embedding_bwd
+ *   patch       cu_patch_fwd / cu_patch_bwd
+ *   transformer cu_tblock_fwd / cu_tblock_bwd
+ *   linear      cu_linear_fwd / cu_linear_bwd (with dx)
+ *   losses      cu_lm_head_loss, cu_classifier_loss, cu_contrastive_loss:
+ *               forward and backward in one call (runtime/interp.c
+ *               exec_loss), so all their launches count as forward.
+ * Not counted: the bf16 weight shadow (cu_shadow converts once per step
+ * after the optimizer touched the weights, not per layer and pass).
+ * Besides, runtime/interp.c adds per layer (interp_extra): a host-to-device
+ * copy of the tokens, features, targets or labels (embedding, patch
+ * forward; lm_head, classifier), and a memset of dx before every
+ * transformer backward but the first of a slice (exec_bwd; counted for
+ * every layer).
+ */
+typedef struct {
+	int fwd, fwd_per_head, bwd, bwd_per_head;
+} launches_t;
+
+static const launches_t LAUNCHES[COMP__COUNT] = {
+	[COMP_EMBEDDING] = {1, 0, 3, 0},
+	[COMP_PATCH] = {3, 0, 6, 0},
+	[COMP_TRANSFORMER] = {13, 2, 29, 4},
+	[COMP_LINEAR] = {3, 0, 5, 0},
+	[COMP_LM_HEAD] = {12, 0, 0, 0},
+	[COMP_CLASSIFIER] = {14, 0, 0, 0},
+	[COMP_CONTRASTIVE] = {14, 0, 0, 0},
+};
+
+/* runtime/interp.c's launches beside the layer function (see above) */
+static int interp_extra(sp_comp_type_t t, int bwd)
+{
+	switch (t) {
+	case COMP_EMBEDDING:
+	case COMP_PATCH:
+	case COMP_LM_HEAD:
+	case COMP_CLASSIFIER: return !bwd; /* host-to-device copy of the inputs */
+	case COMP_TRANSFORMER: return bwd; /* exec_bwd's memset of dx */
+	default: return 0;
+	}
+}
+
+int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
+{
+	const launches_t *l = &LAUNCHES[s->type];
+	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1));
+	return interp_extra(s->type, bwd) +
+	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
+}
+
+/*
+ * The matrix products of one layer at local batch b as the backend issues
+ * them (runtime/cuda/cu_layers.cu, cu_loss.cu): out[i] = {M, N, K, batch,
+ * calls}; returns how many. Backward of a product M x N x K (weights K x N)
+ * is dW: K x N x M and dX: M x K x N; a source layer has no dX. The
+ * contrastive loss computes the whole B x B similarity (T(1), it does not
+ * scale) and two gradient products of B x w x B.
+ */
+int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS])
+{
+	double T = (double)b * (double)s->seq, h = (double)s->hidden, f = (double)s->ffn;
+	int k = 0;
+#define G(m_, n_, k_, batch_, calls_) out[k++] = (cost_gemm_t){(m_), (n_), (k_), (batch_), (calls_)}
+	/* forward product M x N x K: fwd that, bwd dW and (unless a source) dX */
+#define PROD(m_, n_, k_, dx_)                                \
+	do {                                                 \
+		if (!bwd) {                                  \
+			G(m_, n_, k_, 1, 1);                 \
+		} else {                                     \
+			G(k_, n_, m_, 1, 1);                 \
+			if (dx_)                             \
+				G(m_, k_, n_, 1, 1);         \
+		}                                            \
+	} while (0)
+	switch (s->type) {
+	case COMP_PATCH: PROD(T, h, (double)s->in, 0); break;
+	case COMP_LINEAR: PROD(T, (double)s->out, (double)s->in, 1); break;
+	case COMP_LM_HEAD: PROD(T, (double)s->vocab, h, 1); break;
+	case COMP_CLASSIFIER: PROD((double)b, (double)s->classes, h, 1); break;
+	case COMP_CONTRASTIVE:
+		if (!bwd)
+			G((double)b, (double)b, h, 1, 1);
+		else
+			G((double)b, h, (double)b, 1, 2);
+		break;
+	case COMP_TRANSFORMER: {
+		double a = (double)SP_MAX(s->heads, 1), sq = (double)s->seq, dh = h / a;
+		double calls = fmin((double)b, a), batch = fmax((double)b, a);
+		PROD(T, 3 * h, h, 1); /* QKV */
+		PROD(T, h, h, 1);     /* output projection */
+		PROD(T, f, h, 1);     /* MLP up */
+		PROD(T, h, f, 1);     /* MLP down */
+		/* per (sample, head): S = Q K^T and P V forward; dP, dV, dQ, dK backward */
+		G(sq, sq, dh, batch, calls);
+		G(sq, dh, sq, batch, calls);
+		if (bwd) {
+			G(sq, dh, sq, batch, calls);
+			G(sq, dh, sq, batch, calls);
+		}
+		break;
+	}
+	default: break;
+	}
+#undef PROD
+#undef G
+	return k;
+}
+
+double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops)
+{
+	double sms = sm_count, peak = peak_flops;
+	static const double tiles[][2] = {{256, 128}, {128, 256}, {128, 128},
+					  {128, 64},  {64, 128},  {64, 64}};
+	double best = HUGE_VAL, per_sm = E_MAX * peak / sms;
+	for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+		double tm = tiles[i][0], tn = tiles[i][1];
+		double n_tiles = ceil(g->m / tm) * ceil(g->n / tn) * g->batch;
+		double waves = ceil(n_tiles / sms);
+		best = fmin(best, g->calls * waves * 2.0 * tm * tn * g->k / per_sm);
+	}
+	return best * 1e3;
+}
+
 static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bwd)
 {
 	const sp_cluster_t *c = pl->cluster;
@@ -85,13 +239,22 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bw
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
 	double abytes = (double)b * (double)op_saved_elems(&m->shape, m->batch) * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
+	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9) * 1e3;
+	if (c->sm_count > 0) {
+		cost_gemm_t g[COST_MAX_GEMMS];
+		int ng = cost_layer_gemms(&m->shape, b, bwd, g);
+		double t_c = 0;
+		for (int i = 0; i < ng; i++)
+			t_c += cost_gemm_ms(&g[i], c->sm_count, peak);
+		return fmax(t_c, t_m) +
+		       c->launch_us * 1e-3 * (double)cost_layer_kernels(&m->shape, b, bwd);
+	}
 	double t_c = 0;
 	if (flops > 0) {
 		double eff = E_MAX * flops / (flops + peak * T_HALF_S);
 		t_c = flops / (peak * eff);
 	}
-	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9);
-	return fmax(t_c, t_m) * 1e3 + LAUNCH_MS;
+	return fmax(t_c * 1e3, t_m) + LAUNCH_MS;
 }
 
 #define LAYER_MIN_MS 1e-6

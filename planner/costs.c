@@ -160,8 +160,9 @@ static void print_cluster(FILE *f, const sp_cluster_t *c)
 		c->nodes, c->gpus_per_node, c->nodes * c->gpus_per_node);
 	fprintf(f, "  \"gpu\": {\"name\": ");
 	sp_json_str(f, c->gpu_name);
-	fprintf(f, ", \"memory_gib\": %.6f, \"peak_tflops\": %.6f, \"mem_bandwidth_gbs\": %.6f},\n",
-		c->memory_gib, c->peak_tflops, c->mem_bandwidth_gbs);
+	fprintf(f, ", \"memory_gib\": %.6f, \"peak_tflops\": %.6f, \"mem_bandwidth_gbs\": %.6f, "
+		   "\"sm_count\": %d, \"launch_us\": %.6f},\n",
+		c->memory_gib, c->peak_tflops, c->mem_bandwidth_gbs, c->sm_count, c->launch_us);
 	fprintf(f, "  \"links\": {\"intra_node_gbs\": %.6f, \"intra_node_latency_us\": %.6f, "
 		   "\"inter_node_gbs\": %.6f, \"inter_node_latency_us\": %.6f},\n",
 		c->intra_gbs, c->intra_lat_us, c->inter_gbs, c->inter_lat_us);

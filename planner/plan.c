@@ -332,6 +332,11 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	    (rc = memplan_run(&pl, out, 1)) || (rc = verify_plan(out, pl.mem_cap, err)))
 		goto cleanup;
 	write_cert(out, &chosen_res, &sum->bounds);
+	if (bound_comm(&sum->bounds.comm_ms, out, c)) {
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
+	out->cert.comm_lower_bound_ms = sum->bounds.comm_ms;
 	if ((rc = naive_compare(&pl, &cands, chosen_cand, &out->cert)) ||
 	    (rc = algo_table(out, sum, err)))
 		goto cleanup;

@@ -109,6 +109,19 @@ int cost_build(planner_t *pl);
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
+/* One matrix product of a layer: batch copies of M x N x K, issued calls times. */
+typedef struct {
+	double m, n, k, batch, calls;
+} cost_gemm_t;
+#define COST_MAX_GEMMS 12
+/* The products of one layer of shape s at local batch b, forward or
+ * backward, as the CUDA backend issues them; returns how many. */
+int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);
+/* ms of one product on sm_count SMs of peak_flops FLOP/s: tile and wave
+ * quantised, the least over cuBLAS's tile sizes (cost.c's header). */
+double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops);
+/* Kernels (with stream copies and memsets) the CUDA backend issues for it. */
+int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd);
 static inline int dev_node(const sp_cluster_t *c, int d)
 {
 	return d / c->gpus_per_node;
@@ -376,9 +389,14 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 
 typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
+	/* bound_comm of the chosen plan (plan.c fills it after placement) */
+	double comm_ms;
 } bounds_t;
 /* Its work arrays come from pl->scratch and are given back on return. */
 void bound_compute(planner_t *pl, bounds_t *out);
+/* Communication lower bound on placed plan p's iteration (bound.c's
+ * header); 0 or SP_ENOMEM. */
+int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */

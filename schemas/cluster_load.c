@@ -163,7 +163,7 @@ static int get_nums(jctx_t *c, json_t *obj, const num_field_t *f, int n)
 static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 {
 	static const char *const gkeys[] = {"name", "memory_gib", "peak_tflops",
-					    "mem_bandwidth_gbs", "sm_count", NULL};
+					    "mem_bandwidth_gbs", "sm_count", "launch_us", NULL};
 	json_t *g;
 	int rc;
 	if ((rc = enter_section(c, root, "gpu", &g)) ||
@@ -182,7 +182,9 @@ static int parse_gpu(jctx_t *c, json_t *root, sp_cluster_t *out)
 	};
 	/* optional; 0 = not modelled (the H100 SXM has 132 SMs, so 4096 leaves room) */
 	int64_t sms = 0;
-	if ((rc = get_nums(c, g, nums, 3)) || (rc = jget_int(c, g, "sm_count", 0, 1, 4096, &sms)))
+	out->launch_us = SP_LAUNCH_US_DEFAULT; /* optional; model.h cites the default */
+	if ((rc = get_nums(c, g, nums, 3)) || (rc = jget_int(c, g, "sm_count", 0, 1, 4096, &sms)) ||
+	    (rc = jget_num(c, g, "launch_us", 0, 0, 1e6, 0, &out->launch_us)))
 		return rc;
 	out->sm_count = (int)sms;
 	jp_pop(c);

@@ -100,12 +100,24 @@ typedef struct {
 	sp_prof_point_t *points;
 } sp_prof_entry_t;
 
+/*
+ * Default gpu.launch_us: 3.8 us per kernel, the time per kernel that NVIDIA
+ * measured for a short kernel launched back to back in one stream (A. Gray,
+ * "Getting Started with CUDA Graphs", NVIDIA Technical Blog, 2019: 3.8 us per
+ * kernel of ~2.9 us execution without a synchronisation between launches;
+ * 9.6 us with one). Our CUDA backend launches without synchronising.
+ */
+#define SP_LAUNCH_US_DEFAULT 3.8
+
 typedef struct {
 	char name[SP_NAME_MAX];
 	int nodes, gpus_per_node;
 	char gpu_name[SP_NAME_MAX];
 	double memory_gib, peak_tflops, mem_bandwidth_gbs;
 	int sm_count; /* gpu.sm_count; 0 when absent (not modelled) */
+	/* gpu.launch_us, per kernel; SP_LAUNCH_US_DEFAULT when absent. Used by
+	 * the analytic layer model only where sm_count > 0 */
+	double launch_us;
 	/* inter_gbs is per NIC; GPU g of a node uses NIC g * nics / gpus_per_node */
 	double intra_gbs, intra_lat_us, inter_gbs, inter_lat_us;
 	int nics;     /* links.nics_per_node, 1..gpus_per_node; 1 when absent */

@@ -142,12 +142,12 @@ typedef struct {
 	double transfer_ms;  /* share of the iteration spent waiting on transfers */
 	double sync_ms, step_ms;
 	double area_bound_ms, cp_bound_ms, paper_bound_ms;
-	double lower_bound_ms; /* max of the bounds */
+	double lower_bound_ms; /* max(area, critical path): the compute bound */
 	double allot_bound_ms; /* allotment bound (planner/bound.c), >= lower */
 	double gap;            /* compute_ms / lower_bound - 1 */
 	int64_t xnode_bytes, naive_xnode_bytes; /* inter-wave bytes across nodes */
 	double xfer_pred_ms, naive_xfer_pred_ms;
-	double comm_lower_bound_ms; /* communication bound (planner/bound.c); 0 if none */
+	double comm_lower_bound_ms; /* sync bound of the chosen placement (planner/bound.c) */
 } sp_cert_t;
 
 typedef struct sp_plan {

@@ -235,22 +235,36 @@ static int cmp_issue(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+static int cmp_sync(const void *a, const void *b)
+{
+	const tl_sync_t *x = a, *y = b;
+	int c = (x->dev > y->dev) - (x->dev < y->dev);
+	if (!c)
+		c = (x->t0 > y->t0) - (x->t0 < y->t0);
+	return c ? c : (x->bucket > y->bucket) - (x->bucket < y->bucket);
+}
+
 /*
- * Syncs. A device issues a bucket's all-reduce (its SYNC instruction) when
- * the compute item before it in its program ends; the all-reduce runs from
- * when its last member issued it, for the bucket's sync_ms (the planner's
- * simulator's rule). A device runs one collective at a time, so a bucket
- * that would overlap the previous one on the device waits for it.
+ * Syncs, by the simulator's rule (planner/sim.c, planner/fluid.c): a device
+ * issues a bucket's all-reduce (its SYNC instruction) when the compute
+ * item before it in its program ends; the all-reduce is ready when its
+ * last member issued it, and starts once none of its members is in
+ * another (a device runs them one at a time, in the order they became
+ * ready; ties: the lower bucket first), on all its members at once. Each
+ * is drawn for the bucket's sync_ms, its price alone: the plan does not
+ * hold the cluster's links, so the stretch from sharing them with
+ * transfers and other all-reduces (which the simulator adds) is not drawn.
  */
 static int place_syncs(tl_timeline_t *t, const sp_plan_t *p)
 {
 	int rc = 0, N = p->n_devices;
 	double *issue = calloc((size_t)p->n_buckets + 1, sizeof *issue);
+	double *free_at = calloc((size_t)N + 1, sizeof *free_at);
 	int *bfirst = calloc((size_t)N + 1, sizeof *bfirst); /* bars of device d */
 	int *order = malloc(sizeof *order * (size_t)(p->n_buckets + 1));
 	t->syncs = malloc(sizeof *t->syncs * (size_t)(p->n_bucket_devs + 1));
 	t->n_syncs = 0;
-	if (!issue || !bfirst || !order || !t->syncs) {
+	if (!issue || !free_at || !bfirst || !order || !t->syncs) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -274,25 +288,25 @@ static int place_syncs(tl_timeline_t *t, const sp_plan_t *p)
 			}
 		}
 	}
-	for (int d = 0; d < N; d++) {
-		int nb = 0;
-		for (int b = 0; b < p->n_buckets; b++) {
-			const sp_bucket_t *bk = &p->buckets[b];
-			for (int k = 0; k < bk->n_dev; k++)
-				if (p->bucket_devs[bk->dev_off + k] == d)
-					order[nb++] = b;
-		}
-		sort_issue = issue;
-		qsort(order, (size_t)nb, sizeof *order, cmp_issue);
-		double free_at = 0;
-		for (int k = 0; k < nb; k++) {
-			double t0 = fmax(issue[order[k]], free_at), dur = p->buckets[order[k]].sync_ms;
-			t->syncs[t->n_syncs++] = (tl_sync_t){d, order[k], t0, dur};
-			free_at = t0 + dur;
+	for (int b = 0; b < p->n_buckets; b++)
+		order[b] = b;
+	sort_issue = issue;
+	qsort(order, (size_t)p->n_buckets, sizeof *order, cmp_issue);
+	for (int k = 0; k < p->n_buckets; k++) {
+		const sp_bucket_t *bk = &p->buckets[order[k]];
+		const int32_t *devs = p->bucket_devs + bk->dev_off;
+		double t0 = issue[order[k]];
+		for (int i = 0; i < bk->n_dev; i++)
+			t0 = fmax(t0, free_at[devs[i]]);
+		for (int i = 0; i < bk->n_dev; i++) {
+			t->syncs[t->n_syncs++] = (tl_sync_t){devs[i], order[k], t0, bk->sync_ms};
+			free_at[devs[i]] = t0 + bk->sync_ms;
 		}
 	}
+	qsort(t->syncs, (size_t)t->n_syncs, sizeof *t->syncs, cmp_sync);
 cleanup:
 	free(issue);
+	free(free_at);
 	free(bfirst);
 	free(order);
 	return rc;

@@ -191,6 +191,9 @@ static void text_header(FILE *f, const sp_plan_t *p, const view_t *v)
 		N2(c->paper_bound_ms));
 	fprintf(f, "gap          %s%% (compute over the lower bound); allotment bound %s ms\n",
 		N1(100 * c->gap), N2(c->allot_bound_ms));
+	fprintf(f, "comm bound   %s ms (gradient bytes over the busiest node's NICs, this "
+		   "placement)\n",
+		N2(c->comm_lower_bound_ms));
 	fprintf(f, "transfers    %s ms (%s%% of the iteration); cross-node %s GiB, naive placement "
 		   "%s GiB (+%s ms)\n",
 		N2(c->transfer_ms), N1(share(c->transfer_ms, c->iteration_ms)),

@@ -60,10 +60,18 @@ def check_props(name, m, c, tmp, extra=()):
         fail(f"{name}: exit {rc}: {se.strip()}")
         return
     r = json.loads(so)
-    lb = r["lower_bound_ms"]
+    lb = max(r["area_bound_ms"], r["critical_path_bound_ms"])
     for a, v in r["algorithms"].items():
         if v["compute_ms"] < lb * (1 - 1e-9):
-            fail(f"{name}: {a} compute {v['compute_ms']} below the lower bound {lb}")
+            fail(f"{name}: {a} compute {v['compute_ms']} below the compute bound {lb}")
+    # the lower bound adds the chosen placement's communication bound: a
+    # bound on the chosen plan's iteration
+    chosen = r["algorithms"][r["chosen"]]
+    if r["lower_bound_ms"] < max(lb, r["comm_lower_bound_ms"]) * (1 - 1e-9):
+        fail(f"{name}: lower bound {r['lower_bound_ms']} is not the max of the bounds")
+    if chosen["iteration_ms"] < r["lower_bound_ms"] * (1 - 1e-9):
+        fail(f"{name}: {r['chosen']} iteration {chosen['iteration_ms']} below the lower "
+             f"bound {r['lower_bound_ms']} (communication {r['comm_lower_bound_ms']})")
         if v["iteration_ms"] < v["compute_ms"] * (1 - 1e-9):
             fail(f"{name}: {a} iteration below its compute time")
     ours, seq = r["algorithms"]["spindle"], r["algorithms"]["sequential"]

@@ -5,6 +5,8 @@
  * have) the hull must be convex, strictly faster-to-slower with strictly
  * falling area, and hull_area(C) must equal a brute-force minimum over
  * every single width and every mix of two widths that finishes within C.
+ * The communication bound on a hand-built placement against hand-computed
+ * bytes over NIC bandwidth.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,11 +107,48 @@ static void test_equal_time_replaces(void **state)
 	check_curve(eq, 4, 1);
 }
 
+/* The communication bound by hand: 3 nodes of 4 GPUs, bf16 gradients.
+ * Buckets {0,4} 1000 elements (nodes 0, 1), {4,8,9} 3000 (nodes 1, 2),
+ * {1,2} 500 (node 0 alone: no NIC bytes). Node 1 carries the most:
+ * (1000 + 3000) x 2 bytes = 8000 bytes over its NICs. */
+static void test_comm_bound(void **state)
+{
+	(void)state;
+	sp_device_t devs[12] = {0};
+	for (int d = 0; d < 12; d++)
+		devs[d].node = d / 4;
+	int32_t bdevs[] = {0, 4, 4, 8, 9, 1, 2};
+	sp_bucket_t bks[] = {{.n_dev = 2, .dev_off = 0, .elems = 1000},
+			     {.n_dev = 3, .dev_off = 2, .elems = 3000},
+			     {.n_dev = 2, .dev_off = 5, .elems = 500}};
+	sp_plan_t p = {0};
+	p.model.dtype = DT_BF16;
+	p.n_devices = 12;
+	p.devices = devs;
+	p.n_buckets = 3;
+	p.buckets = bks;
+	p.bucket_devs = bdevs;
+	sp_cluster_t c = {.nodes = 3, .gpus_per_node = 4, .inter_gbs = 50, .nics = 2};
+	double t = -1;
+	assert_int_equal(bound_comm(&t, &p, &c), 0);
+	/* 8000 bytes / (2 NICs x 50 GB/s) = 8e-5 ms */
+	assert_true(fabs(t - 8000.0 / (2 * 50e6)) < 1e-15);
+	c.nics = 1;
+	assert_int_equal(bound_comm(&t, &p, &c), 0);
+	assert_true(fabs(t - 8000.0 / 50e6) < 1e-15);
+	/* every group inside one node: nothing crosses a NIC */
+	for (int d = 0; d < 12; d++)
+		devs[d].node = 0;
+	assert_int_equal(bound_comm(&t, &p, &c), 0);
+	assert_true(t == 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_curves),
 		cmocka_unit_test(test_equal_time_replaces),
+		cmocka_unit_test(test_comm_bound),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -200,6 +200,24 @@ static void check_devices(const sp_plan_t *p, int64_t psb, int64_t db, int64_t *
 	}
 }
 
+/* Device 0's params, acts and work are the numbers worked out above the
+ * test (what), and the hand tables agree on every device. */
+static void expect_device0(const sp_plan_t *p, const char *what, int64_t psb, int64_t db,
+			   const int64_t want[3])
+{
+	int64_t mem[MEM__COUNT];
+	assert_int_equal(plan_memory(p, 0, mem), 0);
+	print_message("%s: device 0 params %lld acts %lld work %lld (expected %lld %lld %lld)\n",
+		      what, (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS],
+		      (long long)mem[MEM_WORK], (long long)want[0], (long long)want[1],
+		      (long long)want[2]);
+	assert_int_equal(mem[MEM_PARAMS], want[0]);
+	assert_int_equal(mem[MEM_ACTS], want[1]);
+	assert_int_equal(mem[MEM_WORK], want[2]);
+	int64_t sp, sa;
+	check_devices(p, psb, db, &sp, &sa);
+}
+
 /*
  * One task of batch 4, every dtype and optimizer, on 1 and 2 devices.
  *
@@ -249,11 +267,9 @@ static void test_formula(void **state)
 			check_devices(&f.plan, cases[c].psb, cases[c].db, &sp, &sa);
 			assert_int_equal(sa, cases[c].acts1);
 			if (gpus == 1) {
-				int64_t mem[MEM__COUNT];
-				assert_int_equal(plan_memory(&f.plan, 0, mem), 0);
-				assert_int_equal(mem[MEM_PARAMS], cases[c].params1);
-				assert_int_equal(mem[MEM_ACTS], cases[c].acts1);
-				assert_int_equal(mem[MEM_WORK], cases[c].work1);
+				expect_device0(&f.plan, "1 device", cases[c].psb, cases[c].db,
+					       (int64_t[3]){cases[c].params1, cases[c].acts1,
+							    cases[c].work1});
 			} else {
 				/* replicas only add: never less than one full copy */
 				assert_true(sp >= cases[c].params1);
@@ -286,16 +302,8 @@ static void test_multi_layer_slices(void **state)
 			widest = SP_MAX(widest, p->slices[p->ins[k].slice].layer_to -
 							p->slices[p->ins[k].slice].layer_from);
 	assert_true(widest >= 2); /* the premise: some FWD runs several layers */
-	int64_t mem[MEM__COUNT];
-	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("6 layers on 1 device, widest FWD %d layers: params %lld (expected 62464) "
-		      "acts %lld (expected 20768)\n",
-		      widest, (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
-	assert_int_equal(mem[MEM_PARAMS], 62464);
-	assert_int_equal(mem[MEM_ACTS], 20768);
-	assert_int_equal(mem[MEM_WORK], 67112320);
-	int64_t sp, sa;
-	check_devices(p, 16, 2, &sp, &sa);
+	print_message("widest FWD: %d layers\n", widest);
+	expect_device0(p, "6 layers on 1 device", 16, 2, (int64_t[3]){62464, 20768, 67112320});
 	mfix_release(&f);
 }
 
@@ -331,12 +339,9 @@ static void test_recompute(void **state)
 		print_message("recompute, 6 layers on %d device(s): acts %lld (expected 1568)\n",
 			      gpus, (long long)sa);
 		assert_int_equal(sa, 1568);
-		if (gpus == 1) {
-			int64_t mem[MEM__COUNT];
-			assert_int_equal(plan_memory(p, 0, mem), 0);
-			assert_int_equal(mem[MEM_ACTS], 1568);
-			assert_int_equal(mem[MEM_WORK], 67115776);
-		}
+		if (gpus == 1)
+			expect_device0(p, "recompute, 6 layers on 1 device", 16, 2,
+				       (int64_t[3]){62464, 1568, 67115776});
 		mfix_release(&f);
 	}
 }
@@ -347,6 +352,7 @@ static void test_recompute(void **state)
  *   params  1504 * 16                                     = 24064
  *   acts    per sample (4 + 2 * 432) = 868 elements, for 4 + 2 samples
  *           = 5208 elements * 2 B                         = 10416
+ *   work    the transformer at batch 4: 432 * 4 * 2 + 64 MiB  = 67112320
  */
 static void test_shared_counted_once(void **state)
 {
@@ -371,16 +377,8 @@ static void test_shared_counted_once(void **state)
 	assert_int_equal(task_mask, 3);
 	/* held: (emb, 0), (tr, 0), (tr, 1), (lm, 0), each once */
 	assert_int_equal(p->devices[0].n_held, 4);
-	int64_t mem[MEM__COUNT];
-	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("shared components, 2 tasks on 1 device: params %lld (expected 24064) "
-		      "acts %lld (expected 10416)\n",
-		      (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
-	assert_int_equal(mem[MEM_PARAMS], (int64_t)P_ALL * 16);
-	assert_int_equal(mem[MEM_PARAMS], 24064);
-	assert_int_equal(mem[MEM_ACTS], 10416);
-	int64_t sp, sa;
-	check_devices(p, 16, 2, &sp, &sa);
+	expect_device0(p, "shared components, 2 tasks on 1 device", 16, 2,
+		       (int64_t[3]){(int64_t)P_ALL * 16, 10416, 67112320});
 	mfix_release(&f);
 }
 

@@ -6,12 +6,15 @@
  *   params   weights, gradients, AdamW m and v of every held layer; held
  *            layers are laid out bucket by bucket, so each sync bucket's
  *            gradients are one contiguous range (all-reduced in place)
- *   acts     activations saved by each FWD until its BWD
+ *   acts     activations saved by each FWD until its BWD; a slice that
+ *            recomputes keeps only each layer's input ([seq, hidden] per
+ *            sample) and its BWD re-runs the layer's forward from it
  *   comm     value buffers: act/grad of each MetaOp boundary the rank
  *            touches, rows = samples of the union of its ranges, each row
  *            [seq, width]; plus staging for outgoing transfers
  *   work     ping-pong buffers between layers of a slice, loss scratch,
- *            generated input data
+ *            generated input data, and the one layer's saved activations a
+ *            recomputing BWD re-creates (the largest such layer's)
  * A step: zero gradients and gradient values, run the program, reduce the
  * per-task loss sums. SENDs and SYNCs are non-blocking and completed at
  * STEP; RECVs and completions are polled against the timeout.
@@ -71,7 +74,7 @@ struct rt_state {
 	int64_t stage_n, rstage_n;
 	/* workspace */
 	float *work;
-	int64_t ping_n, loss_n, feat_n, work_n;
+	int64_t ping_n, loss_n, feat_n, redo_n, work_n;
 	int32_t *ints_dev, *ints_host;
 	float *feat_host;
 	int64_t ints_n;
@@ -107,6 +110,16 @@ static int64_t saved_pp(const rt_state_t *st, int m)
 {
 	const sp_metaop_t *mo = mop(st, m);
 	return op_saved_elems(&mo->shape, task_of(st, m)->batch);
+}
+
+/* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
+ * layer saves, or under recompute its input [seq, hidden] (plan_mem.c's
+ * kept_bytes; the reader allows recompute on transformers only, whose input
+ * is [seq, hidden]). */
+static int64_t kept_pp(const rt_state_t *st, const sp_slice_t *s)
+{
+	const sp_opshape_t *sh = &mop(st, s->metaop)->shape;
+	return s->recompute ? (int64_t)sh->seq * sh->hidden : saved_pp(st, s->metaop);
 }
 
 /* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
@@ -299,7 +312,10 @@ static int plan_buffers(rt_state_t *st)
 			use_src = !(sl->layer_from == 0 && mo->width_in == 0);
 			use_dst = 1;
 			st->saved_off[k] = st->saved_n;
-			st->saved_n += (int64_t)(in->s1 - in->s0) * saved_pp(st, sl->metaop) * L;
+			st->saved_n += (int64_t)(in->s1 - in->s0) * kept_pp(st, sl) * L;
+			if (sl->recompute)
+				st->redo_n = SP_MAX(st->redo_n, (int64_t)(in->s1 - in->s0) *
+									saved_pp(st, sl->metaop));
 			int64_t per = SP_MAX((int64_t)mo->seq_in * mo->width_in,
 					     (int64_t)mo->seq_out * mo->width_out);
 			st->ping_n = SP_MAX(st->ping_n, per * (in->s1 - in->s0));
@@ -366,7 +382,7 @@ static int plan_buffers(rt_state_t *st)
 		st->vb[i].off = st->vals_n;
 		st->vals_n += (int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width;
 	}
-	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n;
+	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n;
 	return 0;
 }
 
@@ -574,13 +590,14 @@ void rt_free(rt_state_t *st)
 /* ---- instructions ---- */
 
 /* What a forward or backward instruction k runs: its slice's layers of one
- * MetaOp on n samples, each layer saving spp floats per sample. */
+ * MetaOp on n samples, each layer keeping kpp floats per sample from its
+ * FWD to its BWD (kept_pp). */
 typedef struct {
 	const sp_ins_t *in;
 	const sp_slice_t *sl;
 	const sp_metaop_t *mo;
 	int n;
-	int64_t spp;
+	int64_t kpp;
 } slice_run_t;
 
 static slice_run_t slice_run(const rt_state_t *st, int k)
@@ -590,14 +607,22 @@ static slice_run_t slice_run(const rt_state_t *st, int k)
 	r.sl = &st->p->slices[r.in->slice];
 	r.mo = mop(st, r.sl->metaop);
 	r.n = r.in->s1 - r.in->s0;
-	r.spp = saved_pp(st, r.sl->metaop);
+	r.kpp = kept_pp(st, r.sl);
 	return r;
 }
 
-/* Saved activations of layer l of a run whose block starts at off. */
+/* What the FWD kept of layer l of a run whose block starts at off: its
+ * saved activations, or under recompute its input [n, seq, hidden]. */
 static float *layer_saved(const rt_state_t *st, const slice_run_t *r, int64_t off, int l)
 {
-	return st->saved + off + (int64_t)(l - r->sl->layer_from) * r->n * r->spp;
+	return st->saved + off + (int64_t)(l - r->sl->layer_from) * r->n * r->kpp;
+}
+
+/* Where a recomputing slice's layer writes its full saved activations, in
+ * its FWD and again in its BWD (after loss scratch and input features). */
+static float *redo_buf(const rt_state_t *st)
+{
+	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
 static void exec_fwd(rt_state_t *st, int k, int64_t step)
@@ -615,6 +640,13 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 		float *saved = layer_saved(st, &r, st->saved_off[k], l);
 		if (l == r.sl->layer_from)
 			x = st->src_vb[k] >= 0 ? vptr(st, st->src_vb[k], r.in->s0, 0) : NULL;
+		if (r.sl->recompute) {
+			/* keep the input bit for bit; the saved activations go to
+			 * scratch, re-created from it by the BWD */
+			int64_t h = r.mo->shape.hidden;
+			b->copy_rows(saved, h, x, h, r.n * r.kpp / h, h, 0);
+			saved = redo_buf(st);
+		}
 		const sp_op_t *op = &st->p->ops[r.mo->first_op + l];
 		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING:
@@ -655,6 +687,14 @@ static void exec_bwd(rt_state_t *st, int k)
 		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
 		float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
 		const float *saved = layer_saved(st, &r, fwd_off, l);
+		if (r.sl->recompute) {
+			/* the same forward on the same input and weights as the FWD
+			 * (parameters change only at STEP), so the same saved
+			 * activations; its output goes to bufs[j % 2], free here: dy
+			 * is in the other buffer or a value, and dx is zeroed below */
+			b->tblock_fwd(&r.mo->shape, r.n, pw, saved, bufs[j % 2], redo_buf(st));
+			saved = redo_buf(st);
+		}
 		float *dx = NULL;
 		if (l == r.sl->layer_from) {
 			if (st->dst_vb[k] >= 0)

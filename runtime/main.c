@@ -446,15 +446,6 @@ static int check_supported(run_t *r)
 			sp_err_hint(&r->err, "re-plan with spindle-plan --zero 0");
 			return 2;
 		}
-	for (int s = 0; s < p->n_slices; s++)
-		if (p->slices[s].recompute) {
-			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,
-				   "slice %d ('%s') recomputes its activations, which this "
-				   "build of spindle-run does not execute yet",
-				   s, p->metaops[p->slices[s].metaop].name);
-			sp_err_hint(&r->err, "re-plan with spindle-plan --recompute none");
-			return 2;
-		}
 	return 0;
 }
 

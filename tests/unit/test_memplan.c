@@ -4,7 +4,8 @@
  * planner_run on a tiny model; the test then walks each device's held
  * parameters and FWD instructions with its own table of per-layer sizes
  * (below, with the arithmetic) and requires MEM_PARAMS, MEM_ACTS and
- * MEM_WORK to match exactly, whatever schedule the planner chose. Also: a
+ * MEM_WORK to match exactly, whatever schedule the planner chose, with
+ * activations kept or recomputed (--recompute all). Also: a
  * layer used by two tasks on one device is counted once, and a cluster too
  * small for any plan fails with SP_EINFEAS naming the device. MEM_COMM (value
  * buffers) depends on the lowering's buffer layout and is only checked to
@@ -39,9 +40,12 @@
  *                                      = 256 + 128 + 32 + 16        = 432
  *   lm_head      2sh + 2s + sV         = 2*4*8 + 2*4 + 4*16
  *                                      = 64 + 8 + 64                 = 136
+ * A recomputing transformer FWD keeps only the layer's input, what
+ * spindle-run's interp.c allocates for it (kept_pp):
+ *   transformer  s h                   = 4*8                         = 32
  */
 enum { P_EMB = 160, P_TR = 600, P_LM = 144, P_ALL = 1504 };
-enum { S_EMB = 4, S_TR = 432, S_LM = 136 };
+enum { S_EMB = 4, S_TR = 432, S_LM = 136, K_TR = 32 };
 #define MIB64 ((int64_t)64 << 20) /* the workspace's fixed part: 67108864 */
 
 static const char *const MODEL_FMT =
@@ -76,9 +80,10 @@ typedef struct {
 	sp_err_t err;
 } mfix_t;
 
-/* Loads model and cluster and plans with main.c's default options. */
-static int mfix_plan(mfix_t *f, const char *dtype, const char *opt, int layers,
-		     const char *tasks, int gpus, double mem_gib)
+/* Loads model and cluster and sets main.c's default options (activations
+ * kept, replicated state: this file's hand tables). */
+static void mfix_load(mfix_t *f, const char *dtype, const char *opt, int layers,
+		      const char *tasks, int gpus, double mem_gib)
 {
 	char text[4096];
 	memset(f, 0, sizeof *f);
@@ -94,6 +99,13 @@ static int mfix_plan(mfix_t *f, const char *dtype, const char *opt, int layers,
 	f->opts.placement = PLACE_SPINDLE;
 	f->opts.mem_reserve_gib = SP_MIN(2.0, 0.1 * f->cluster.memory_gib);
 	f->opts.milp_nodes = 200;
+}
+
+/* mfix_load, then plans. */
+static int mfix_plan(mfix_t *f, const char *dtype, const char *opt, int layers,
+		     const char *tasks, int gpus, double mem_gib)
+{
+	mfix_load(f, dtype, opt, layers, tasks, gpus, mem_gib);
 	return planner_run(&f->opts, &f->model, &f->cluster, &f->plan, &f->sum, &f->err);
 }
 
@@ -138,7 +150,7 @@ static hand_t hand_device(const sp_plan_t *p, int d, int64_t psb, int64_t db)
 	const sp_device_t *dv = &p->devices[d];
 	for (int k = 0; k < dv->n_held; k++)
 		h.params += hand_params(&p->model.comps[p->held[dv->held_off + k].comp]) * psb;
-	int64_t big = 0;
+	int64_t big = 0, redo = 0;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
@@ -146,12 +158,15 @@ static hand_t hand_device(const sp_plan_t *p, int d, int64_t psb, int64_t db)
 		const sp_slice_t *sl = &p->slices[in->slice];
 		int64_t one = hand_saved(p->metaops[sl->metaop].shape.type) * (in->s1 - in->s0) * db;
 		big = SP_MAX(big, one);
+		if (sl->recompute)
+			redo = SP_MAX(redo, one);
 		if (in->op == INS_FWD) {
-			h.acts += one * (sl->layer_to - sl->layer_from);
+			int64_t kept = sl->recompute ? K_TR * (in->s1 - in->s0) * db : one;
+			h.acts += kept * (sl->layer_to - sl->layer_from);
 			h.n_fwd++;
 		}
 	}
-	h.work = big + MIB64;
+	h.work = big + redo + MIB64;
 	return h;
 }
 
@@ -183,6 +198,24 @@ static void check_devices(const sp_plan_t *p, int64_t psb, int64_t db, int64_t *
 		*sum_params += h.params;
 		*sum_acts += h.acts;
 	}
+}
+
+/* Device 0's params, acts and work are the numbers worked out above the
+ * test (what), and the hand tables agree on every device. */
+static void expect_device0(const sp_plan_t *p, const char *what, int64_t psb, int64_t db,
+			   const int64_t want[3])
+{
+	int64_t mem[MEM__COUNT];
+	assert_int_equal(plan_memory(p, 0, mem), 0);
+	print_message("%s: device 0 params %lld acts %lld work %lld (expected %lld %lld %lld)\n",
+		      what, (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS],
+		      (long long)mem[MEM_WORK], (long long)want[0], (long long)want[1],
+		      (long long)want[2]);
+	assert_int_equal(mem[MEM_PARAMS], want[0]);
+	assert_int_equal(mem[MEM_ACTS], want[1]);
+	assert_int_equal(mem[MEM_WORK], want[2]);
+	int64_t sp, sa;
+	check_devices(p, psb, db, &sp, &sa);
 }
 
 /*
@@ -234,11 +267,9 @@ static void test_formula(void **state)
 			check_devices(&f.plan, cases[c].psb, cases[c].db, &sp, &sa);
 			assert_int_equal(sa, cases[c].acts1);
 			if (gpus == 1) {
-				int64_t mem[MEM__COUNT];
-				assert_int_equal(plan_memory(&f.plan, 0, mem), 0);
-				assert_int_equal(mem[MEM_PARAMS], cases[c].params1);
-				assert_int_equal(mem[MEM_ACTS], cases[c].acts1);
-				assert_int_equal(mem[MEM_WORK], cases[c].work1);
+				expect_device0(&f.plan, "1 device", cases[c].psb, cases[c].db,
+					       (int64_t[3]){cases[c].params1, cases[c].acts1,
+							    cases[c].work1});
 			} else {
 				/* replicas only add: never less than one full copy */
 				assert_true(sp >= cases[c].params1);
@@ -271,17 +302,48 @@ static void test_multi_layer_slices(void **state)
 			widest = SP_MAX(widest, p->slices[p->ins[k].slice].layer_to -
 							p->slices[p->ins[k].slice].layer_from);
 	assert_true(widest >= 2); /* the premise: some FWD runs several layers */
-	int64_t mem[MEM__COUNT];
-	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("6 layers on 1 device, widest FWD %d layers: params %lld (expected 62464) "
-		      "acts %lld (expected 20768)\n",
-		      widest, (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
-	assert_int_equal(mem[MEM_PARAMS], 62464);
-	assert_int_equal(mem[MEM_ACTS], 20768);
-	assert_int_equal(mem[MEM_WORK], 67112320);
-	int64_t sp, sa;
-	check_devices(p, 16, 2, &sp, &sa);
+	print_message("widest FWD: %d layers\n", widest);
+	expect_device0(p, "6 layers on 1 device", 16, 2, (int64_t[3]){62464, 20768, 67112320});
 	mfix_release(&f);
+}
+
+/*
+ * The same 6 layers with every transformer slice recomputing: a FWD keeps
+ * each layer's input only, and the workspace grows by the largest
+ * recomputed layer's saved size (its forward re-runs there). On one
+ * device, bf16+adamw:
+ *   acts    (4 * 4 + 32 * 4 * 6) * 2 = (16 + 768) * 2          = 1568
+ *   work    432 * 4 * 2 + 432 * 4 * 2 + 64 MiB                 = 67115776
+ * On two devices the hand tables hold per device, and the kept inputs
+ * summed over devices are the one-device number.
+ */
+static void test_recompute(void **state)
+{
+	(void)state;
+	for (int gpus = 1; gpus <= 2; gpus++) {
+		mfix_t f;
+		mfix_load(&f, "bf16", "adamw", 6, TASK("t", 4), gpus, 16);
+		f.opts.recompute = 1;
+		int rc = planner_run(&f.opts, &f.model, &f.cluster, &f.plan, &f.sum, &f.err);
+		if (rc)
+			print_message("plan: %s\n", f.err.msg);
+		assert_int_equal(rc, 0);
+		const sp_plan_t *p = &f.plan;
+		/* the premise: exactly the transformer slices recompute */
+		for (int s = 0; s < p->n_slices; s++)
+			assert_int_equal(p->slices[s].recompute,
+					 p->metaops[p->slices[s].metaop].shape.type ==
+						 COMP_TRANSFORMER);
+		int64_t sp, sa;
+		check_devices(p, 16, 2, &sp, &sa);
+		print_message("recompute, 6 layers on %d device(s): acts %lld (expected 1568)\n",
+			      gpus, (long long)sa);
+		assert_int_equal(sa, 1568);
+		if (gpus == 1)
+			expect_device0(p, "recompute, 6 layers on 1 device", 16, 2,
+				       (int64_t[3]){62464, 1568, 67115776});
+		mfix_release(&f);
+	}
 }
 
 /*
@@ -290,6 +352,7 @@ static void test_multi_layer_slices(void **state)
  *   params  1504 * 16                                     = 24064
  *   acts    per sample (4 + 2 * 432) = 868 elements, for 4 + 2 samples
  *           = 5208 elements * 2 B                         = 10416
+ *   work    the transformer at batch 4: 432 * 4 * 2 + 64 MiB  = 67112320
  */
 static void test_shared_counted_once(void **state)
 {
@@ -314,16 +377,8 @@ static void test_shared_counted_once(void **state)
 	assert_int_equal(task_mask, 3);
 	/* held: (emb, 0), (tr, 0), (tr, 1), (lm, 0), each once */
 	assert_int_equal(p->devices[0].n_held, 4);
-	int64_t mem[MEM__COUNT];
-	assert_int_equal(plan_memory(p, 0, mem), 0);
-	print_message("shared components, 2 tasks on 1 device: params %lld (expected 24064) "
-		      "acts %lld (expected 10416)\n",
-		      (long long)mem[MEM_PARAMS], (long long)mem[MEM_ACTS]);
-	assert_int_equal(mem[MEM_PARAMS], (int64_t)P_ALL * 16);
-	assert_int_equal(mem[MEM_PARAMS], 24064);
-	assert_int_equal(mem[MEM_ACTS], 10416);
-	int64_t sp, sa;
-	check_devices(p, 16, 2, &sp, &sa);
+	expect_device0(p, "shared components, 2 tasks on 1 device", 16, 2,
+		       (int64_t[3]){(int64_t)P_ALL * 16, 10416, 67112320});
 	mfix_release(&f);
 }
 
@@ -360,6 +415,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_formula),
 		cmocka_unit_test(test_multi_layer_slices),
+		cmocka_unit_test(test_recompute),
 		cmocka_unit_test(test_shared_counted_once),
 		cmocka_unit_test(test_no_plan_fits),
 	};

@@ -3,9 +3,11 @@
  * knows nothing about which backend runs it.
  *
  * Memory, one allocation per category (sizes fixed by the program):
- *   params   weights, gradients, AdamW m and v of every held layer; held
- *            layers are laid out bucket by bucket, so each sync bucket's
- *            gradients are one contiguous range (all-reduced in place)
+ *   params   weights and gradients of every held layer, laid out bucket by
+ *            bucket, so each sync bucket's are one contiguous range
+ *            (all-reduced in place); AdamW m and v of the elements the rank
+ *            owns in each bucket, bucket after bucket: all of a replicated
+ *            bucket, the rank's shard of a zero-1 one (bucket_shard)
  *   acts     activations saved by each FWD until its BWD
  *   comm     value buffers: act/grad of each MetaOp boundary the rank
  *            touches, rows = samples of the union of its ranges, each row
@@ -15,6 +17,12 @@
  * A step: zero gradients and gradient values, run the program, reduce the
  * per-task loss sums. SENDs and SYNCs are non-blocking and completed at
  * STEP; RECVs and completions are polled against the timeout.
+ *
+ * A zero-1 bucket: SYNC starts the reduce-scatter of its gradients, which
+ * leaves the sum over the rank's shard at the shard's own place in the
+ * gradients (the rest of the bucket's gradients is then undefined); STEP
+ * updates the shard's weights with the shard's m and v; GATHER starts the
+ * all-gather of the weights, which rt_step completes before it returns.
  */
 #include "runtime.h"
 
@@ -31,8 +39,11 @@ typedef struct {
 
 typedef struct {
 	int bucket, group;
-	int64_t off, n; /* float range in the params arrays */
-	int sync;       /* its SYNC instruction */
+	int64_t off, n;   /* float range in the weights and gradients */
+	int zero1;        /* layout: the optimizer state is sharded */
+	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
+	int64_t moff;     /* where the owned range starts in m and v */
+	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
 } mybucket_t;
 
 struct rt_state {
@@ -52,7 +63,7 @@ struct rt_state {
 	int n_held;
 	int64_t *poff, *pcount;
 	float *w, *g, *m, *v;
-	int64_t n_w;
+	int64_t n_w, n_opt; /* floats in w and g; in m and v */
 	mybucket_t *mb;
 	int n_mb;
 	int *step_order; /* mb indices in the order of their SYNCs */
@@ -158,9 +169,9 @@ static int fail(rt_state_t *st, sp_err_t *err, int k, const char *what)
 			  "rank %d: instruction %d (%s%s%d): %s", st->rank, k,
 			  ins_op_name(in->op),
 			  in->op == INS_SEND || in->op == INS_RECV ? " peer rank " : " ",
-			  in->op == INS_SEND || in->op == INS_RECV ? in->peer
-			  : in->op == INS_SYNC			 ? in->peer
-							      : in->slice,
+			  in->op == INS_SEND || in->op == INS_RECV	 ? in->peer
+			  : in->op == INS_SYNC || in->op == INS_GATHER ? in->peer
+								       : in->slice,
 			  what);
 }
 
@@ -186,7 +197,8 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 				snprintf(msg, sizeof msg,
 					 "timed out after %g s waiting for the members of sync "
 					 "bucket %d",
-					 st->o.timeout_s, in->op == INS_SYNC ? in->peer : -1);
+					 st->o.timeout_s,
+					 in->op == INS_SYNC || in->op == INS_GATHER ? in->peer : -1);
 			return fail(st, err, k, msg);
 		}
 		if (spin > 1000)
@@ -267,6 +279,14 @@ static int plan_params(rt_state_t *st)
 			st->n_held++;
 		}
 		mb->n = st->n_w - mb->off;
+		int64_t so, sn;
+		if (mb->n != bk->elems || bucket_shard(p, b, st->rank, &so, &sn) < 0)
+			return SP_EINPUT;
+		mb->zero1 = bk->layout == LAYOUT_ZERO1;
+		mb->soff = mb->off + so;
+		mb->sn = sn;
+		mb->moff = st->n_opt;
+		st->n_opt += sn;
 	}
 	if (st->n_held != st->dev->n_held)
 		return SP_EINPUT;
@@ -373,12 +393,12 @@ static int plan_buffers(rt_state_t *st)
 static int alloc_all(rt_state_t *st)
 {
 	const rt_backend_t *b = st->b;
-	int64_t nw = SP_MAX(st->n_w, 1);
+	int64_t nw = SP_MAX(st->n_w, 1), nm = SP_MAX(st->n_opt, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
 	st->g = b->alloc(sizeof(float) * (size_t)nw);
 	int adam = st->p->model.opt.kind == OPT_ADAMW;
-	st->m = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
-	st->v = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
+	st->m = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
+	st->v = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
 	st->saved = b->alloc(sizeof(float) * (size_t)SP_MAX(st->saved_n, 1));
 	st->vals = b->alloc(sizeof(float) * (size_t)SP_MAX(st->vals_n, 1));
 	st->stage = b->alloc(sizeof(float) * (size_t)SP_MAX(st->stage_n, 1));
@@ -395,7 +415,7 @@ static int alloc_all(rt_state_t *st)
 	if (b->reserve_params)
 		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
-	st->mem[MEM_PARAMS] = nw * f * (adam ? 4 : 2);
+	st->mem[MEM_PARAMS] = nw * f * 2 + (adam ? nm * f * 2 : 0);
 	st->mem[MEM_ACTS] = st->saved_n * f;
 	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
 	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
@@ -418,14 +438,17 @@ static int init_params(rt_state_t *st)
 
 /*
  * The step updates each bucket's parameters after that bucket's SYNC, so
- * the program must end with its one STEP and issue the SYNC of each of the
+ * the program must have one STEP and issue the SYNC of each of the
  * device's buckets exactly once before it (and none of another's): else a
- * bucket would be updated twice, or never. Records the order for the step.
+ * bucket would be updated twice, or never. After the STEP come only
+ * GATHERs, one for each of the device's zero-1 buckets (else a member's
+ * weights would stay stale, or an all-gather would lack a member). Records
+ * the order for the step.
  */
 static int check_step(rt_state_t *st)
 {
 	const sp_plan_t *p = st->p;
-	int steps = 0, n = 0, rc = 0;
+	int steps = 0, n = 0, rc = 0, gathers = 0, zero1 = 0, last = -1;
 	int *mb_of = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
 	st->step_order = malloc(sizeof(int) * (size_t)(st->n_mb + 1));
 	if (!mb_of || !st->step_order) {
@@ -436,12 +459,24 @@ static int check_step(rt_state_t *st)
 		mb_of[b] = -1;
 	for (int i = 0; i < st->n_mb; i++) {
 		mb_of[st->mb[i].bucket] = i;
-		st->mb[i].sync = -1;
+		st->mb[i].sync = st->mb[i].gather = -1;
+		zero1 += st->mb[i].zero1;
 	}
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		if (in->op == INS_STEP) {
 			steps++;
+			last = k;
+		} else if (in->op == INS_GATHER) {
+			int i = mb_of[in->peer];
+			if (!steps || i < 0 || !st->mb[i].zero1 || st->mb[i].gather >= 0)
+				rc = SP_EINPUT; /* before the STEP, not ours, not zero-1, twice */
+			else
+				st->mb[i].gather = k;
+			gathers++;
+			last = k;
+		} else if (steps) {
+			rc = SP_EINPUT; /* only GATHERs follow the STEP */
 		} else if (in->op == INS_SYNC) {
 			int i = mb_of[in->peer]; /* peer < n_buckets: the reader checked it */
 			if (i < 0 || st->mb[i].sync >= 0) {
@@ -452,7 +487,7 @@ static int check_step(rt_state_t *st)
 			}
 		}
 	}
-	if (steps != 1 || st->prog[st->n_ins - 1].op != INS_STEP || n != st->n_mb)
+	if (steps != 1 || last != st->n_ins - 1 || n != st->n_mb || gathers != zero1)
 		rc = SP_EINPUT;
 	free(mb_of);
 	return rc;
@@ -762,14 +797,20 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			     (int64_t)d->seq * d->width, st->rstage, cols, rows, cols, in->dst.grad);
 		return 0;
 	}
-	if (in->op == INS_SYNC) {
+	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
+				const mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
 				b->sync();
-				if (c->ops->iallreduce(c, st->g + st->mb[i].off, st->mb[i].n,
-						       st->mb[i].group, &r))
-					return fail(st, err, k, "all-reduce failed");
+				int bad = in->op == INS_GATHER
+						  ? c->ops->iallgather(c, st->w + mb->off, mb->n, mb->group, &r)
+					  : mb->zero1 ? c->ops->ireduce_scatter(c, st->g + mb->off, mb->n,
+										 mb->group, &r)
+						      : c->ops->iallreduce(c, st->g + mb->off, mb->n,
+									   mb->group, &r);
+				if (bad)
+					return fail(st, err, k, "starting the collective failed");
 				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 			}
 		return fail(st, err, k, "not a member of this sync bucket");
@@ -798,25 +839,40 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 	return 0;
 }
 
-/* The optimizer on the floats [off, off + n) of the held parameters. */
-static void step_range(rt_state_t *st, int64_t off, int64_t n, int64_t t)
+/* The optimizer on the elements of bucket mb the rank owns. */
+static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 {
 	const rt_backend_t *b = st->b;
 	const sp_optim_t *o = &st->p->model.opt;
+	int64_t off = mb->soff, n = mb->sn;
 	if (n <= 0)
 		return;
 	if (o->kind == OPT_ADAMW)
-		b->adamw_step(st->w + off, st->g + off, st->m + off, st->v + off, n, (int)t, o);
+		b->adamw_step(st->w + off, st->g + off, st->m + mb->moff, st->v + mb->moff, n,
+			      (int)t, o);
 	else
 		b->sgd_step(st->w + off, st->g + off, n, o);
+}
+
+/* Waits for every operation still in flight. */
+static int drain(rt_state_t *st, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_pending; i++) {
+		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
+		if (rc)
+			return rc;
+	}
+	st->n_pending = 0;
+	return 0;
 }
 
 /*
  * STEP: the device's sync buckets one at a time, in the order of their
  * SYNCs (check_step made sure each is there once): wait for the bucket's
- * all-reduce, then update its parameters, so the updates of early buckets
- * overlap the all-reduces of later ones (the optimizer is elementwise, so
- * this equals one update of everything). Then the sends still in flight.
+ * all-reduce (zero-1: reduce-scatter), then update the parameters the rank
+ * owns, so the updates of early buckets overlap the collectives of later
+ * ones (the optimizer is elementwise, so this equals one update of
+ * everything). Then the sends still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
@@ -831,17 +887,11 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 				st->pending_ins[j] = st->pending_ins[st->n_pending];
 				break;
 			}
-		step_range(st, mb->off, mb->n, t);
+		step_bucket(st, mb, t);
 		if (poll_pending(st, err))
 			return err->code;
 	}
-	for (int i = 0; i < st->n_pending; i++) {
-		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
-		if (rc)
-			return rc;
-	}
-	st->n_pending = 0;
-	return 0;
+	return drain(st, err);
 }
 
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
@@ -881,6 +931,9 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 		if (!comm && poll_pending(st, err))
 			return err->code;
 	}
+	int rc = drain(st, err); /* the GATHERs' all-gathers */
+	if (rc)
+		return rc;
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		loss[i] += st->loss[i];
 	return 0;

@@ -412,19 +412,11 @@ static int start_backend(run_t *r)
  * checkpoint to resume. Returns the exit status this rank wants: 0 to go
  * on.
  */
-/* Layouts and policies this build cannot execute yet: refused up front. */
+/* Layouts and policies this build cannot execute yet: refused up front.
+ * Every layout the reader accepts (replicated, zero-1) runs. */
 static int check_supported(run_t *r)
 {
 	const sp_plan_t *p = &r->plan;
-	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout != LAYOUT_REPLICATED) {
-			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,
-				   "sync bucket %d has state layout %s, which this build of "
-				   "spindle-run does not execute yet",
-				   b, layout_name(p->buckets[b].layout));
-			sp_err_hint(&r->err, "re-plan with spindle-plan --zero 0");
-			return 2;
-		}
 	for (int s = 0; s < p->n_slices; s++)
 		if (p->slices[s].recompute) {
 			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,

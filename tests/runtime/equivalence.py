@@ -114,6 +114,21 @@ def check_model(model, tmp, name, configs, floor):
     return failures
 
 
+def zero1(demo, tmp):
+    z = ("--zero", "1")
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(n, 1, "spindle", z) for n in (2, 3, 4)]
+    demo["optimizer"] = adamw
+    failures = check_model(demo, tmp, "demo-adamw-z1", cfg + [(4, 1, "distmm-mt", z)],
+                           1e-2 * 0.01)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-z1", cfg, 1e-7)
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
+        m = W.random_workload(seed, optimizer=opt)
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-z1", cfg, floor)
+    return failures
+
+
 def main():
     import json
     failures = []
@@ -139,6 +154,9 @@ def main():
         for seed in (3, 4):
             m = W.random_workload(seed, optimizer={"type": "sgd", "lr": 0.05})
             failures += check_model(m, tmp, f"random{seed}-lanes", [(2, 1, "spindle")], 1e-7)
+        # zero-1: every bucket's optimizer state sharded over its group (forced),
+        # uneven shards included (buckets of 3 members)
+        failures += zero1(demo, tmp)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -17,6 +17,7 @@
 
 #include "cuda/comm_staged.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,8 +130,24 @@ static int k_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return fake_start(3, buf, sizeof(float) * (size_t)n, req);
 }
 
-/* completes after `left` more polls: a receive then delivers the wire, an
- * all-reduce doubles (as if a second rank held the same values) */
+static int k_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)group;
+	return fake_start(4, buf, sizeof(float) * (size_t)n, req);
+}
+
+static int k_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)group;
+	return fake_start(5, buf, sizeof(float) * (size_t)n, req);
+}
+
+/* completes after `left` more polls: a receive then delivers the wire; as
+ * if a second rank (member 1 of 2) held the same values, an all-reduce
+ * doubles, a reduce-scatter doubles member 0's shard (the rest becomes
+ * NaN: undefined), an all-gather writes 7 into member 1's shard */
 static int k_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	(void)c;
@@ -140,8 +157,16 @@ static int k_test(rt_comm_t *c, rt_req_t *req, int *done)
 		return 0;
 	if (f->op == 2)
 		memcpy(f->buf, net.wire, f->bytes);
-	for (size_t i = 0; f->op == 3 && i < f->bytes / sizeof(float); i++)
-		((float *)f->buf)[i] *= 2;
+	int64_t n = (int64_t)(f->bytes / sizeof(float)), off, cnt;
+	comm_shard(n, 0, 2, &off, &cnt);
+	for (int64_t i = 0; f->op >= 3 && i < n; i++) {
+		float *x = (float *)f->buf + i;
+		int mine = i >= off && i < off + cnt;
+		*x = f->op == 3 || (f->op == 4 && mine) ? 2 * *x
+		     : f->op == 4			? NAN
+		     : mine				? *x
+							: 7;
+	}
 	free(f);
 	*req = (rt_req_t){0};
 	return 0;
@@ -192,8 +217,12 @@ static void k_finalize(rt_comm_t *c)
 	net.finalized++;
 }
 
-static const rt_comm_ops_t fake_ops = {k_group, k_isend, k_irecv, k_iallreduce, k_test,
-				       k_allsum, k_gather, k_barrier, k_abort, k_finalize};
+static const rt_comm_ops_t fake_ops = {
+	.group_create = k_group, .isend = k_isend, .irecv = k_irecv,
+	.iallreduce = k_iallreduce, .ireduce_scatter = k_ireduce_scatter,
+	.iallgather = k_iallgather, .test = k_test, .allsum = k_allsum, .gather = k_gather,
+	.barrier = k_barrier, .abort = k_abort, .finalize = k_finalize,
+};
 
 static rt_comm_t comm;
 
@@ -293,6 +322,28 @@ static void test_allreduce_round_trip(void **state)
 	assert_memory_equal(g, want, sizeof want);
 }
 
+/* The zero-1 halves stage the whole bucket both ways: member 0 of 2 owns
+ * [0, 2) of 5 (comm_shard), gets their sum back in place, then the
+ * all-gather brings member 1's shard. */
+static void test_zero1_round_trip(void **state)
+{
+	rt_comm_t *c = *state;
+	float g[5] = {1, -2, 3.5f, 0, 10};
+	net.polls = 1;
+	rt_req_t r = {0};
+	assert_int_equal(c->ops->ireduce_scatter(c, g, 5, 0, &r), 0);
+	assert_true(g[0] == 1);
+	assert_int_equal(wait(c, &r), 1);
+	assert_true(g[0] == 2 && g[1] == -4);
+	float w[5] = {1, 2, 3, 4, 5};
+	assert_int_equal(c->ops->iallgather(c, w, 5, 0, &r), 0);
+	assert_int_equal(wait(c, &r), 1);
+	float want[5] = {1, 2, 7, 7, 7};
+	assert_memory_equal(w, want, sizeof want);
+	assert_int_equal(dev.to_host, 2);
+	assert_int_equal(dev.to_device, 2);
+}
+
 /* Step after step the same sizes reuse the same buffers; a small message
  * takes the smallest idle buffer that fits. */
 static void test_buffers_reused(void **state)
@@ -358,6 +409,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_send, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_recv_after_completion, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_round_trip, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_zero1_round_trip, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_buffers_reused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_start, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_host_ops_pass_through, setup, teardown),

@@ -964,6 +964,55 @@ static int owner_of(const rt_state_t *st, int comp, int layer)
 	return -1;
 }
 
+/* Polls req to completion; no timeout of its own (main.c's watchdog bounds
+ * the checkpoint's collectives). */
+static int wait_plain(rt_comm_t *c, rt_req_t *req)
+{
+	for (int done = 0; !done;)
+		if (c->ops->test(c, req, &done))
+			return -1;
+	return 0;
+}
+
+/*
+ * The AdamW state of every bucket of the rank, whole, on the host: hm and hv
+ * hold n_w floats each, laid out like the weights. A zero-1 bucket's shards
+ * are all-gathered over its group through a device buffer the size of the
+ * largest such bucket, held only meanwhile (not in the memory categories):
+ * collective over each zero-1 group, buckets in index order on every rank.
+ */
+static int whole_state(const rt_state_t *st, float *hm, float *hv)
+{
+	const rt_backend_t *b = st->b;
+	int64_t big = 0;
+	for (int i = 0; i < st->n_mb; i++)
+		big = SP_MAX(big, st->mb[i].zero1 ? st->mb[i].n : 0);
+	float *tmp = big ? b->alloc(sizeof(float) * (size_t)big) : NULL;
+	int rc = big && !tmp ? SP_ENOMEM : 0;
+	for (int i = 0; i < st->n_mb && !rc; i++) {
+		const mybucket_t *mb = &st->mb[i];
+		for (int h = 0; h < 2 && !rc; h++) {
+			const float *dev = (h ? st->v : st->m) + mb->moff;
+			float *host = hm ? (h ? hv : hm) + mb->off : NULL; /* NULL: join only */
+			if (!mb->zero1) {
+				if (host)
+					b->to_host(host, dev, sizeof(float) * (size_t)mb->n);
+				continue;
+			}
+			rt_req_t r = {0};
+			b->copy_rows(tmp + (mb->soff - mb->off), mb->sn, dev, mb->sn, 1, mb->sn, 0);
+			b->sync();
+			if (st->c->ops->iallgather(st->c, tmp, mb->n, mb->group, &r) ||
+			    wait_plain(st->c, &r))
+				rc = SP_EIO;
+			else if (host)
+				b->to_host(host, tmp, sizeof(float) * (size_t)mb->n);
+		}
+	}
+	b->release(tmp);
+	return rc;
+}
+
 int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes)
 {
 	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
@@ -972,8 +1021,18 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 		if (owner_of(st, st->held[i].comp, st->held[i].layer) == st->rank)
 			total += 16 + sizeof(float) * (size_t)st->pcount[i] * (adam ? 3 : 1);
 	uint8_t *buf = malloc(total + 1);
-	if (!buf)
-		return SP_ENOMEM;
+	float *hm = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
+	float *hv = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
+	int rc = !buf || (adam && (!hm || !hv)) ? SP_ENOMEM : 0;
+	/* every rank joins the gathers, whatever its own allocations did */
+	if (adam && (rc ? whole_state(st, NULL, NULL) : whole_state(st, hm, hv)))
+		rc = SP_ENOMEM;
+	if (rc) {
+		free(buf);
+		free(hm);
+		free(hv);
+		return rc;
+	}
 	size_t o = 0;
 	/* canonical order: by (comp, layer) */
 	for (int c = 0; c < st->p->model.n_comps; c++) {
@@ -993,16 +1052,36 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 			st->b->to_host(buf + o, st->w + st->poff[i], fb);
 			o += fb;
 			if (adam) {
-				st->b->to_host(buf + o, st->m + st->poff[i], fb);
+				memcpy(buf + o, hm + st->poff[i], fb);
 				o += fb;
-				st->b->to_host(buf + o, st->v + st->poff[i], fb);
+				memcpy(buf + o, hv + st->poff[i], fb);
 				o += fb;
 			}
 		}
 	}
+	free(hm);
+	free(hv);
 	*out = buf;
 	*bytes = o;
 	return 0;
+}
+
+/* Held layer i's AdamW state from whole host arrays m and v: the part the
+ * rank owns (its bucket's shard under zero-1, all of it when replicated). */
+static void unpack_state(rt_state_t *st, int i, const uint8_t *m, const uint8_t *v)
+{
+	for (int q = 0; q < st->n_mb; q++) {
+		const mybucket_t *mb = &st->mb[q];
+		int64_t lo = SP_MAX(st->poff[i], mb->soff);
+		int64_t hi = SP_MIN(st->poff[i] + st->pcount[i], mb->soff + mb->sn);
+		if (hi <= lo)
+			continue;
+		size_t at = sizeof(float) * (size_t)(lo - st->poff[i]);
+		size_t len = sizeof(float) * (size_t)(hi - lo);
+		int64_t to = mb->moff + (lo - mb->soff);
+		st->b->to_device(st->m + to, m + at, len);
+		st->b->to_device(st->v + to, v + at, len);
+	}
 }
 
 int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_err_t *err)
@@ -1032,10 +1111,8 @@ int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_
 		if (i >= 0) {
 			size_t one = sizeof(float) * (size_t)cnt;
 			st->b->to_device(st->w + st->poff[i], buf + o, one);
-			if (adam) {
-				st->b->to_device(st->m + st->poff[i], buf + o + one, one);
-				st->b->to_device(st->v + st->poff[i], buf + o + 2 * one, one);
-			}
+			if (adam)
+				unpack_state(st, i, buf + o + one, buf + o + 2 * one);
 			loaded++;
 		}
 		o += fb;

@@ -209,11 +209,14 @@ const rt_event_t *rt_events(const rt_state_t *st, int *n);
  * by this rank: a (comp, layer) is owned by the lowest rank holding it.
  * Returns a packed host buffer: records {int32 comp, int32 layer, int64
  * count, float[count]}; the caller frees. With opt_state, each record
- * holds weights, then AdamW m, then v.
+ * holds weights, then AdamW m, then v, whole whatever the plan's layouts:
+ * the shards of zero-1 buckets are all-gathered first, so with opt_state
+ * it is collective (every rank calls it, as ckpt.c does).
  */
 int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes);
 /* Loads parameters (and optimizer state) from records like the above for
- * every (comp, layer) this rank holds. */
+ * every (comp, layer) this rank holds; of the optimizer state, only the
+ * part it owns (its shard in a zero-1 bucket). */
 int rt_unpack(rt_state_t *st, const void *buf, size_t bytes, int opt_state, sp_err_t *err);
 
 #endif

@@ -126,7 +126,33 @@ def zero1(demo, tmp):
     for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
         m = W.random_workload(seed, optimizer=opt)
         failures += check_model(m, tmp, f"random{seed}-{opt['type']}-z1", cfg, floor)
-    return failures
+    demo["optimizer"] = adamw
+    return failures + zero1_memory(demo, tmp)
+
+
+def zero1_memory(model, tmp):
+    """Rank 0's measured memory under a 4-rank zero-1 plan stays within the
+    plan's prediction in every category, and params+state (weights and
+    gradients whole, AdamW m and v of the owned shards) equals it."""
+    import re
+    mpath = W.write_json(tmp, "mem.model.json", model)
+    pp = os.path.join(tmp, "mem.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1x4.json", W.cluster(4, 1)), pp, "spindle",
+           ("--zero", "1"))
+    cmd = ["mpirun", "--oversubscribe", "-np", "4", RUN, pp, "--steps", "1", "--timeout", "60"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    m = re.search(r"rank 0 memory \(MiB\): params\+state ([\d.]+), activations ([\d.]+), "
+                  r"buffers ([\d.]+), work ([\d.]+); plan predicted ([\d.]+), ([\d.]+), "
+                  r"([\d.]+), ([\d.]+)", p.stdout)
+    if p.returncode or not m:
+        return [f"zero-1 memory: {' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"]
+    got, pred = [float(x) for x in m.groups()[:4]], [float(x) for x in m.groups()[4:]]
+    err = None
+    if any(g > q for g, q in zip(got, pred)) or got[0] != pred[0]:
+        err = f"zero-1 memory: rank 0 measured {got} MiB, predicted {pred}"
+    print(("FAIL " + err) if err else f"ok   zero-1 memory on 4 ranks: measured {got} MiB "
+          f"within predicted {pred}", flush=True)
+    return [err] if err else []
 
 
 def main():

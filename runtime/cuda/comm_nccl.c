@@ -343,8 +343,12 @@ static int n_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_
 	return n_coll(c, ne_ireduce_scatter, buf, n, group, req);
 }
 
+/* The all-gather writes weights behind the backend's back: their bf16
+ * shadow must be re-made (the next use comes after the interpreter has
+ * waited for the all-gather). */
 static int n_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
 {
+	cu_mark_written(buf);
 	return n_coll(c, ne_iallgather, buf, n, group, req);
 }
 

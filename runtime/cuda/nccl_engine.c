@@ -192,20 +192,15 @@ static const char *why(ne_engine_t *e, void *comm)
 static ne_op_t *op_new(ne_engine_t *e, int kind, int peer, int tag, void *buf, size_t bytes,
 		       ne_chan_t *ch)
 {
-	ne_op_t *op = calloc(1, sizeof *op);
+	ne_op_t *op = malloc(sizeof *op);
 	if (!op)
 		return NULL;
+	*op = (ne_op_t){.kind = kind, .peer = peer, .tag = tag, .buf = buf, .bytes = bytes,
+			.ch = ch, .t0 = e->pr->now(e->ctx)};
 	if (e->pr->event_new(e->ctx, &op->ev)) {
 		free(op);
 		return NULL;
 	}
-	op->kind = kind;
-	op->peer = peer;
-	op->tag = tag;
-	op->buf = buf;
-	op->bytes = bytes;
-	op->ch = ch;
-	op->t0 = e->pr->now(e->ctx);
 	ne_op_t **tail = &e->ops;
 	while (*tail)
 		tail = &(*tail)->next;

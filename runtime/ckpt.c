@@ -2,7 +2,8 @@
  * ckpt.c — checkpoints that survive crashes and outlive plans.
  *
  * Save (collective): every rank packs the layers it owns (the lowest rank
- * holding a layer owns it) with their AdamW state; rank 0 gathers them,
+ * holding a layer owns it) with their whole AdamW state (rt_pack_owned
+ * all-gathers the shards of zero-1 buckets first); rank 0 gathers them,
  * checks that every layer of the model is there exactly once, and writes
  * DIR/<name>.tmp/, <name> = step-NNNNNNNN (or step-NNNNNNNN-K when that name
  * is taken, e.g. by an unpublished snapshot of an interrupted save):
@@ -28,7 +29,7 @@
  * format is named as such), the manifest's CRC-32, the size and CRC-32 of
  * every file, that the checkpoint's components are the model's with the
  * same types and sizes, and the safetensors structure, then loads the
- * layers it holds. Every rank learns whether every rank succeeded.
+ * layers it holds (of a zero-1 bucket's AdamW state, its own shard). Every rank learns whether every rank succeeded.
  *
  * Files: ckpt.c (packed parameter records, snapshot names, the manifest's
  * CRC), ckpt_save.c, ckpt_load.c; ckpt_internal.h is what they share.

@@ -1,6 +1,7 @@
 /*
  * comm_local.c — communication for a single rank without MPI: there is no
- * peer, every group is {0}, all-reduce and gathers are identities. A plan
+ * peer, every group is {0}, all-reduce, reduce-scatter and the gathers
+ * are identities (a group of one owns the whole buffer). A plan
  * for more than one device never reaches this (main.c refuses it).
  */
 #include "runtime.h"
@@ -96,7 +97,8 @@ static void l_finalize(rt_comm_t *c)
 
 static const rt_comm_ops_t local_ops = {
 	.group_create = l_group, .isend = l_p2p, .irecv = l_recv,
-	.iallreduce = l_allreduce, .test = l_test, .allsum = l_allsum, .gather = l_gather,
+	.iallreduce = l_allreduce, .ireduce_scatter = l_allreduce, .iallgather = l_allreduce,
+	.test = l_test, .allsum = l_allsum, .gather = l_gather,
 	.barrier = l_barrier, .abort = l_abort, .finalize = l_finalize,
 };
 

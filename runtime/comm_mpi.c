@@ -2,7 +2,8 @@
  * comm_mpi.c — communication over Open MPI: non-blocking point-to-point
  * (polled by the interpreter with a timeout), one sub-communicator per
  * sync group (created collectively at start-up), in-place non-blocking
- * all-reduce. Errors return instead of aborting so the caller can name
+ * all-reduce, and for zero-1 buckets a non-blocking reduce-scatter and
+ * all-gather with uneven shards (comm_shard). Errors return instead of aborting so the caller can name
  * the rank and instruction; the caller then aborts (m_abort). The blocking
  * calls (allsum, gather, barrier) have no timeout of their own: main.c
  * runs them under its watchdog.
@@ -81,6 +82,63 @@ static int m_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return 0;
 }
 
+/*
+ * A zero-1 collective in flight (req kind 4: reduce-scatter, 5: all-gather).
+ * The request comes first (m_test hands the struct to MPI_Test); the count
+ * and displacement arrays stay alive until completion, as MPI requires of
+ * non-blocking collectives. MPI_Ireduce_scatter with MPI_IN_PLACE leaves a
+ * member's result at the start of buf: m_test moves it to the shard's
+ * place (shard_n floats to shard), the contract of rt_comm_ops_t.
+ */
+typedef struct {
+	MPI_Request r;
+	float *buf, *shard;
+	int64_t shard_n;
+	int cnt[];	/* counts [0, k), displacements [k, 2k) */
+} mcoll_t;
+
+static int m_coll(rt_comm_t *c, int kind, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	mpi_impl_t *im = c->impl;
+	int k = 0, me = 0;
+	if (group < 0 || group >= im->n_groups || n > 2147483647 ||
+	    MPI_Comm_size(im->groups[group], &k) != MPI_SUCCESS ||
+	    MPI_Comm_rank(im->groups[group], &me) != MPI_SUCCESS)
+		return -1;
+	mcoll_t *m = malloc(sizeof *m + sizeof(int) * 2 * (size_t)k);
+	if (!m)
+		return -1;
+	for (int i = 0; i < k; i++) {
+		int64_t off, cnt;
+		comm_shard(n, i, k, &off, &cnt);
+		m->cnt[i] = (int)cnt;
+		m->cnt[k + i] = (int)off;
+	}
+	m->buf = buf;
+	m->shard = buf + m->cnt[k + me];
+	m->shard_n = m->cnt[me];
+	int rc = kind == 4 ? MPI_Ireduce_scatter(MPI_IN_PLACE, buf, m->cnt, MPI_FLOAT, MPI_SUM,
+						 im->groups[group], &m->r)
+			   : MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, m->cnt,
+					     m->cnt + k, MPI_FLOAT, im->groups[group], &m->r);
+	if (rc != MPI_SUCCESS) {
+		free(m);
+		return -1;
+	}
+	*req = (rt_req_t){kind, m, -1, group};
+	return 0;
+}
+
+static int m_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return m_coll(c, 4, buf, n, group, req);
+}
+
+static int m_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return m_coll(c, 5, buf, n, group, req);
+}
+
 static int m_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	(void)c;
@@ -92,6 +150,10 @@ static int m_test(rt_comm_t *c, rt_req_t *req, int *done)
 		return -1;
 	*done = flag;
 	if (flag) {
+		if (req->kind == 4) {
+			mcoll_t *m = req->impl;
+			memmove(m->shard, m->buf, sizeof(float) * (size_t)m->shard_n);
+		}
 		free(req->impl);
 		req->kind = 0;
 		req->impl = NULL;
@@ -196,7 +258,8 @@ int comm_mpi_available(void)
 
 static const rt_comm_ops_t mpi_ops = {
 	.group_create = m_group, .isend = m_isend, .irecv = m_irecv,
-	.iallreduce = m_iallreduce, .test = m_test, .allsum = m_allsum, .gather = m_gather,
+	.iallreduce = m_iallreduce, .ireduce_scatter = m_ireduce_scatter,
+	.iallgather = m_iallgather, .test = m_test, .allsum = m_allsum, .gather = m_gather,
 	.barrier = m_barrier, .abort = m_abort, .finalize = m_finalize,
 };
 

@@ -3,9 +3,11 @@
  * knows nothing about which backend runs it.
  *
  * Memory, one allocation per category (sizes fixed by the program):
- *   params   weights, gradients, AdamW m and v of every held layer; held
- *            layers are laid out bucket by bucket, so each sync bucket's
- *            gradients are one contiguous range (all-reduced in place)
+ *   params   weights and gradients of every held layer, laid out bucket by
+ *            bucket, so each sync bucket's are one contiguous range
+ *            (all-reduced in place); AdamW m and v of the elements the rank
+ *            owns in each bucket, bucket after bucket: all of a replicated
+ *            bucket, the rank's shard of a zero-1 one (bucket_shard)
  *   acts     activations saved by each FWD until its BWD; a slice that
  *            recomputes keeps only each layer's input ([seq, hidden] per
  *            sample) and its BWD re-runs the layer's forward from it
@@ -18,6 +20,12 @@
  * A step: zero gradients and gradient values, run the program, reduce the
  * per-task loss sums. SENDs and SYNCs are non-blocking and completed at
  * STEP; RECVs and completions are polled against the timeout.
+ *
+ * A zero-1 bucket: SYNC starts the reduce-scatter of its gradients, which
+ * leaves the sum over the rank's shard at the shard's own place in the
+ * gradients (the rest of the bucket's gradients is then undefined); STEP
+ * updates the shard's weights with the shard's m and v; GATHER starts the
+ * all-gather of the weights, which rt_step completes before it returns.
  */
 #include "runtime.h"
 
@@ -34,8 +42,11 @@ typedef struct {
 
 typedef struct {
 	int bucket, group;
-	int64_t off, n; /* float range in the params arrays */
-	int sync;       /* its SYNC instruction */
+	int64_t off, n;   /* float range in the weights and gradients */
+	int zero1;        /* layout: the optimizer state is sharded */
+	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
+	int64_t moff;     /* where the owned range starts in m and v */
+	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
 } mybucket_t;
 
 struct rt_state {
@@ -55,7 +66,7 @@ struct rt_state {
 	int n_held;
 	int64_t *poff, *pcount;
 	float *w, *g, *m, *v;
-	int64_t n_w;
+	int64_t n_w, n_opt; /* floats in w and g; in m and v */
 	mybucket_t *mb;
 	int n_mb;
 	int *step_order; /* mb indices in the order of their SYNCs */
@@ -171,9 +182,9 @@ static int fail(rt_state_t *st, sp_err_t *err, int k, const char *what)
 			  "rank %d: instruction %d (%s%s%d): %s", st->rank, k,
 			  ins_op_name(in->op),
 			  in->op == INS_SEND || in->op == INS_RECV ? " peer rank " : " ",
-			  in->op == INS_SEND || in->op == INS_RECV ? in->peer
-			  : in->op == INS_SYNC			 ? in->peer
-							      : in->slice,
+			  in->op == INS_SEND || in->op == INS_RECV	 ? in->peer
+			  : in->op == INS_SYNC || in->op == INS_GATHER ? in->peer
+								       : in->slice,
 			  what);
 }
 
@@ -199,7 +210,8 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 				snprintf(msg, sizeof msg,
 					 "timed out after %g s waiting for the members of sync "
 					 "bucket %d",
-					 st->o.timeout_s, in->op == INS_SYNC ? in->peer : -1);
+					 st->o.timeout_s,
+					 in->op == INS_SYNC || in->op == INS_GATHER ? in->peer : -1);
 			return fail(st, err, k, msg);
 		}
 		if (spin > 1000)
@@ -280,6 +292,14 @@ static int plan_params(rt_state_t *st)
 			st->n_held++;
 		}
 		mb->n = st->n_w - mb->off;
+		int64_t so, sn;
+		if (mb->n != bk->elems || bucket_shard(p, b, st->rank, &so, &sn) < 0)
+			return SP_EINPUT;
+		mb->zero1 = bk->layout == LAYOUT_ZERO1;
+		mb->soff = mb->off + so;
+		mb->sn = sn;
+		mb->moff = st->n_opt;
+		st->n_opt += sn;
 	}
 	if (st->n_held != st->dev->n_held)
 		return SP_EINPUT;
@@ -389,12 +409,12 @@ static int plan_buffers(rt_state_t *st)
 static int alloc_all(rt_state_t *st)
 {
 	const rt_backend_t *b = st->b;
-	int64_t nw = SP_MAX(st->n_w, 1);
+	int64_t nw = SP_MAX(st->n_w, 1), nm = SP_MAX(st->n_opt, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
 	st->g = b->alloc(sizeof(float) * (size_t)nw);
 	int adam = st->p->model.opt.kind == OPT_ADAMW;
-	st->m = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
-	st->v = adam ? b->alloc(sizeof(float) * (size_t)nw) : NULL;
+	st->m = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
+	st->v = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
 	st->saved = b->alloc(sizeof(float) * (size_t)SP_MAX(st->saved_n, 1));
 	st->vals = b->alloc(sizeof(float) * (size_t)SP_MAX(st->vals_n, 1));
 	st->stage = b->alloc(sizeof(float) * (size_t)SP_MAX(st->stage_n, 1));
@@ -411,7 +431,7 @@ static int alloc_all(rt_state_t *st)
 	if (b->reserve_params)
 		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
-	st->mem[MEM_PARAMS] = nw * f * (adam ? 4 : 2);
+	st->mem[MEM_PARAMS] = nw * f * 2 + (adam ? nm * f * 2 : 0);
 	st->mem[MEM_ACTS] = st->saved_n * f;
 	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
 	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
@@ -434,14 +454,17 @@ static int init_params(rt_state_t *st)
 
 /*
  * The step updates each bucket's parameters after that bucket's SYNC, so
- * the program must end with its one STEP and issue the SYNC of each of the
+ * the program must have one STEP and issue the SYNC of each of the
  * device's buckets exactly once before it (and none of another's): else a
- * bucket would be updated twice, or never. Records the order for the step.
+ * bucket would be updated twice, or never. After the STEP come only
+ * GATHERs, one for each of the device's zero-1 buckets (else a member's
+ * weights would stay stale, or an all-gather would lack a member). Records
+ * the order for the step.
  */
 static int check_step(rt_state_t *st)
 {
 	const sp_plan_t *p = st->p;
-	int steps = 0, n = 0, rc = 0;
+	int steps = 0, n = 0, rc = 0, gathers = 0, zero1 = 0, last = -1;
 	int *mb_of = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
 	st->step_order = malloc(sizeof(int) * (size_t)(st->n_mb + 1));
 	if (!mb_of || !st->step_order) {
@@ -452,12 +475,24 @@ static int check_step(rt_state_t *st)
 		mb_of[b] = -1;
 	for (int i = 0; i < st->n_mb; i++) {
 		mb_of[st->mb[i].bucket] = i;
-		st->mb[i].sync = -1;
+		st->mb[i].sync = st->mb[i].gather = -1;
+		zero1 += st->mb[i].zero1;
 	}
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		if (in->op == INS_STEP) {
 			steps++;
+			last = k;
+		} else if (in->op == INS_GATHER) {
+			int i = mb_of[in->peer];
+			if (!steps || i < 0 || !st->mb[i].zero1 || st->mb[i].gather >= 0)
+				rc = SP_EINPUT; /* before the STEP, not ours, not zero-1, twice */
+			else
+				st->mb[i].gather = k;
+			gathers++;
+			last = k;
+		} else if (steps) {
+			rc = SP_EINPUT; /* only GATHERs follow the STEP */
 		} else if (in->op == INS_SYNC) {
 			int i = mb_of[in->peer]; /* peer < n_buckets: the reader checked it */
 			if (i < 0 || st->mb[i].sync >= 0) {
@@ -468,7 +503,7 @@ static int check_step(rt_state_t *st)
 			}
 		}
 	}
-	if (steps != 1 || st->prog[st->n_ins - 1].op != INS_STEP || n != st->n_mb)
+	if (steps != 1 || last != st->n_ins - 1 || n != st->n_mb || gathers != zero1)
 		rc = SP_EINPUT;
 	free(mb_of);
 	return rc;
@@ -802,14 +837,20 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			     (int64_t)d->seq * d->width, st->rstage, cols, rows, cols, in->dst.grad);
 		return 0;
 	}
-	if (in->op == INS_SYNC) {
+	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
+				const mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
 				b->sync();
-				if (c->ops->iallreduce(c, st->g + st->mb[i].off, st->mb[i].n,
-						       st->mb[i].group, &r))
-					return fail(st, err, k, "all-reduce failed");
+				int bad = in->op == INS_GATHER
+						  ? c->ops->iallgather(c, st->w + mb->off, mb->n, mb->group, &r)
+					  : mb->zero1 ? c->ops->ireduce_scatter(c, st->g + mb->off, mb->n,
+										 mb->group, &r)
+						      : c->ops->iallreduce(c, st->g + mb->off, mb->n,
+									   mb->group, &r);
+				if (bad)
+					return fail(st, err, k, "starting the collective failed");
 				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 			}
 		return fail(st, err, k, "not a member of this sync bucket");
@@ -838,25 +879,40 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 	return 0;
 }
 
-/* The optimizer on the floats [off, off + n) of the held parameters. */
-static void step_range(rt_state_t *st, int64_t off, int64_t n, int64_t t)
+/* The optimizer on the elements of bucket mb the rank owns. */
+static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 {
 	const rt_backend_t *b = st->b;
 	const sp_optim_t *o = &st->p->model.opt;
+	int64_t off = mb->soff, n = mb->sn;
 	if (n <= 0)
 		return;
 	if (o->kind == OPT_ADAMW)
-		b->adamw_step(st->w + off, st->g + off, st->m + off, st->v + off, n, (int)t, o);
+		b->adamw_step(st->w + off, st->g + off, st->m + mb->moff, st->v + mb->moff, n,
+			      (int)t, o);
 	else
 		b->sgd_step(st->w + off, st->g + off, n, o);
+}
+
+/* Waits for every operation still in flight. */
+static int drain(rt_state_t *st, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_pending; i++) {
+		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
+		if (rc)
+			return rc;
+	}
+	st->n_pending = 0;
+	return 0;
 }
 
 /*
  * STEP: the device's sync buckets one at a time, in the order of their
  * SYNCs (check_step made sure each is there once): wait for the bucket's
- * all-reduce, then update its parameters, so the updates of early buckets
- * overlap the all-reduces of later ones (the optimizer is elementwise, so
- * this equals one update of everything). Then the sends still in flight.
+ * all-reduce (zero-1: reduce-scatter), then update the parameters the rank
+ * owns, so the updates of early buckets overlap the collectives of later
+ * ones (the optimizer is elementwise, so this equals one update of
+ * everything). Then the sends still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
@@ -871,17 +927,11 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 				st->pending_ins[j] = st->pending_ins[st->n_pending];
 				break;
 			}
-		step_range(st, mb->off, mb->n, t);
+		step_bucket(st, mb, t);
 		if (poll_pending(st, err))
 			return err->code;
 	}
-	for (int i = 0; i < st->n_pending; i++) {
-		int rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
-		if (rc)
-			return rc;
-	}
-	st->n_pending = 0;
-	return 0;
+	return drain(st, err);
 }
 
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
@@ -921,6 +971,9 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 		if (!comm && poll_pending(st, err))
 			return err->code;
 	}
+	int rc = drain(st, err); /* the GATHERs' all-gathers */
+	if (rc)
+		return rc;
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		loss[i] += st->loss[i];
 	return 0;
@@ -951,6 +1004,55 @@ static int owner_of(const rt_state_t *st, int comp, int layer)
 	return -1;
 }
 
+/* Polls req to completion; no timeout of its own (main.c's watchdog bounds
+ * the checkpoint's collectives). */
+static int wait_plain(rt_comm_t *c, rt_req_t *req)
+{
+	for (int done = 0; !done;)
+		if (c->ops->test(c, req, &done))
+			return -1;
+	return 0;
+}
+
+/*
+ * The AdamW state of every bucket of the rank, whole, on the host: hm and hv
+ * hold n_w floats each, laid out like the weights. A zero-1 bucket's shards
+ * are all-gathered over its group through a device buffer the size of the
+ * largest such bucket, held only meanwhile (not in the memory categories):
+ * collective over each zero-1 group, buckets in index order on every rank.
+ */
+static int whole_state(const rt_state_t *st, float *hm, float *hv)
+{
+	const rt_backend_t *b = st->b;
+	int64_t big = 0;
+	for (int i = 0; i < st->n_mb; i++)
+		big = SP_MAX(big, st->mb[i].zero1 ? st->mb[i].n : 0);
+	float *tmp = big ? b->alloc(sizeof(float) * (size_t)big) : NULL;
+	int rc = big && !tmp ? SP_ENOMEM : 0;
+	for (int i = 0; i < st->n_mb && !rc; i++) {
+		const mybucket_t *mb = &st->mb[i];
+		for (int h = 0; h < 2 && !rc; h++) {
+			const float *dev = (h ? st->v : st->m) + mb->moff;
+			float *host = hm ? (h ? hv : hm) + mb->off : NULL; /* NULL: join only */
+			if (!mb->zero1) {
+				if (host)
+					b->to_host(host, dev, sizeof(float) * (size_t)mb->n);
+				continue;
+			}
+			rt_req_t r = {0};
+			b->copy_rows(tmp + (mb->soff - mb->off), mb->sn, dev, mb->sn, 1, mb->sn, 0);
+			b->sync();
+			if (st->c->ops->iallgather(st->c, tmp, mb->n, mb->group, &r) ||
+			    wait_plain(st->c, &r))
+				rc = SP_EIO;
+			else if (host)
+				b->to_host(host, tmp, sizeof(float) * (size_t)mb->n);
+		}
+	}
+	b->release(tmp);
+	return rc;
+}
+
 int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes)
 {
 	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
@@ -959,8 +1061,18 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 		if (owner_of(st, st->held[i].comp, st->held[i].layer) == st->rank)
 			total += 16 + sizeof(float) * (size_t)st->pcount[i] * (adam ? 3 : 1);
 	uint8_t *buf = malloc(total + 1);
-	if (!buf)
-		return SP_ENOMEM;
+	float *hm = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
+	float *hv = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
+	int rc = !buf || (adam && (!hm || !hv)) ? SP_ENOMEM : 0;
+	/* every rank joins the gathers, whatever its own allocations did */
+	if (adam && (rc ? whole_state(st, NULL, NULL) : whole_state(st, hm, hv)))
+		rc = SP_ENOMEM;
+	if (rc) {
+		free(buf);
+		free(hm);
+		free(hv);
+		return rc;
+	}
 	size_t o = 0;
 	/* canonical order: by (comp, layer) */
 	for (int c = 0; c < st->p->model.n_comps; c++) {
@@ -980,16 +1092,36 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 			st->b->to_host(buf + o, st->w + st->poff[i], fb);
 			o += fb;
 			if (adam) {
-				st->b->to_host(buf + o, st->m + st->poff[i], fb);
+				memcpy(buf + o, hm + st->poff[i], fb);
 				o += fb;
-				st->b->to_host(buf + o, st->v + st->poff[i], fb);
+				memcpy(buf + o, hv + st->poff[i], fb);
 				o += fb;
 			}
 		}
 	}
+	free(hm);
+	free(hv);
 	*out = buf;
 	*bytes = o;
 	return 0;
+}
+
+/* Held layer i's AdamW state from whole host arrays m and v: the part the
+ * rank owns (its bucket's shard under zero-1, all of it when replicated). */
+static void unpack_state(rt_state_t *st, int i, const uint8_t *m, const uint8_t *v)
+{
+	for (int q = 0; q < st->n_mb; q++) {
+		const mybucket_t *mb = &st->mb[q];
+		int64_t lo = SP_MAX(st->poff[i], mb->soff);
+		int64_t hi = SP_MIN(st->poff[i] + st->pcount[i], mb->soff + mb->sn);
+		if (hi <= lo)
+			continue;
+		size_t at = sizeof(float) * (size_t)(lo - st->poff[i]);
+		size_t len = sizeof(float) * (size_t)(hi - lo);
+		int64_t to = mb->moff + (lo - mb->soff);
+		st->b->to_device(st->m + to, m + at, len);
+		st->b->to_device(st->v + to, v + at, len);
+	}
 }
 
 int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_err_t *err)
@@ -1019,10 +1151,8 @@ int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_
 		if (i >= 0) {
 			size_t one = sizeof(float) * (size_t)cnt;
 			st->b->to_device(st->w + st->poff[i], buf + o, one);
-			if (adam) {
-				st->b->to_device(st->m + st->poff[i], buf + o + one, one);
-				st->b->to_device(st->v + st->poff[i], buf + o + 2 * one, one);
-			}
+			if (adam)
+				unpack_state(st, i, buf + o + one, buf + o + 2 * one);
 			loaded++;
 		}
 		o += fb;

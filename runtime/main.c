@@ -433,28 +433,12 @@ static int open_data(run_t *r, int64_t after)
  * checkpoint to resume, the dataset (read and checked here). Returns the
  * exit status this rank wants: 0 to go on.
  */
-/* Layouts and policies this build cannot execute yet: refused up front. */
-static int check_supported(run_t *r)
-{
-	const sp_plan_t *p = &r->plan;
-	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout != LAYOUT_REPLICATED) {
-			sp_err_set(&r->err, SP_EINPUT, r->o.plan_path, 0, 0, NULL,
-				   "sync bucket %d has state layout %s, which this build of "
-				   "spindle-run does not execute yet",
-				   b, layout_name(p->buckets[b].layout));
-			sp_err_hint(&r->err, "re-plan with spindle-plan --zero 0");
-			return 2;
-		}
-	return 0;
-}
-
 static int check_alone(run_t *r)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL};
-	if (plan_read(&r->plan, o->plan_path, &r->err) || check_supported(r))
+	if (plan_read(&r->plan, o->plan_path, &r->err))
 		return 2;
 	if (r->plan.n_devices != c->nranks) {
 		sp_err_set(&r->err, SP_EINPUT, o->plan_path, 0, 0, NULL,

@@ -38,6 +38,13 @@ typedef struct rt_comm_ops {
 	int (*irecv)(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_req_t *req);
 	/* In-place sum over the group's members. */
 	int (*iallreduce)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
+	/* Zero-1 halves, in place on buf[0..n) of each of the group's k
+	 * members; member i's shard is comm_shard(n, i, k). reduce_scatter:
+	 * member i ends with the members' sum over its shard, at the shard's
+	 * own place (the rest of buf is undefined afterwards). allgather: each
+	 * member contributes its shard, every member ends with all of buf. */
+	int (*ireduce_scatter)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
+	int (*iallgather)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
 	/* *done = 1 when complete (req is then reset). */
 	int (*test)(rt_comm_t *c, rt_req_t *req, int *done);
 	/* Sum of doubles over all ranks (blocking; losses, norms). */
@@ -65,6 +72,14 @@ struct rt_comm {
 	 * caller before attach, which checks it. */
 	const char *dataplane;
 };
+
+/* Member i of k's shard of n elements: [n*i/k, n*(i+1)/k), the plan's
+ * rule for zero-1 buckets (bucket_shard in schemas/plan_util.c). */
+static inline void comm_shard(int64_t n, int i, int k, int64_t *off, int64_t *cnt)
+{
+	*off = n * i / k;
+	*cnt = n * (i + 1) / k - *off;
+}
 
 /* comm_mpi.c: Open MPI (when built with it); comm_local.c: one rank. */
 int comm_mpi_init(rt_comm_t *c, int *argc, char ***argv, sp_err_t *err);
@@ -222,11 +237,14 @@ const rt_event_t *rt_events(const rt_state_t *st, int *n);
  * by this rank: a (comp, layer) is owned by the lowest rank holding it.
  * Returns a packed host buffer: records {int32 comp, int32 layer, int64
  * count, float[count]}; the caller frees. With opt_state, each record
- * holds weights, then AdamW m, then v.
+ * holds weights, then AdamW m, then v, whole whatever the plan's layouts:
+ * the shards of zero-1 buckets are all-gathered first, so with opt_state
+ * it is collective (every rank calls it, as ckpt.c does).
  */
 int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes);
 /* Loads parameters (and optimizer state) from records like the above for
- * every (comp, layer) this rank holds. */
+ * every (comp, layer) this rank holds; of the optimizer state, only the
+ * part it owns (its shard in a zero-1 bucket). */
 int rt_unpack(rt_state_t *st, const void *buf, size_t bytes, int opt_state, sp_err_t *err);
 
 #endif

@@ -188,6 +188,20 @@ static int p_allreduce(void *ctx, float *buf, size_t n, void *comm, void *s)
 				  (cudaStream_t)s));
 }
 
+static int p_reduce(void *ctx, float *buf, size_t n, int root, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclReduce(buf, buf, n, ncclFloat, ncclSum, root, (ncclComm_t)comm,
+			       (cudaStream_t)s));
+}
+
+static int p_bcast(void *ctx, float *buf, size_t n, int root, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclBroadcast(buf, buf, n, ncclFloat, root, (ncclComm_t)comm,
+				  (cudaStream_t)s));
+}
+
 static int p_stream_new(void *ctx, void **out)
 {
 	(void)ctx;
@@ -247,7 +261,7 @@ static const ne_prims_t nccl_prims = {
 	.now = p_now, .split = p_split, .status = p_status, .abort = p_abort,
 	.finalize = p_finalize, .destroy = p_destroy, .why = p_why,
 	.group_start = p_group_start, .group_end = p_group_end, .send = p_send, .recv = p_recv,
-	.allreduce = p_allreduce, .stream_new = p_stream_new, .stream_free = p_stream_free,
+	.allreduce = p_allreduce, .reduce = p_reduce, .bcast = p_bcast, .stream_new = p_stream_new, .stream_free = p_stream_free,
 	.event_new = p_event_new, .event_free = p_event_free, .after_compute = p_after_compute,
 	.record = p_record, .query = p_query,
 };
@@ -302,18 +316,40 @@ static int n_group(rt_comm_t *c, const int *ranks, int n, int *out)
 	return (*out >= 0) == comm_member(c, ranks, n) ? 0 : -1;
 }
 
-static int n_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+typedef int ne_coll_fn(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
+
+static int n_coll(rt_comm_t *c, ne_coll_fn *fn, float *buf, int64_t n, int group,
+		  rt_req_t *req)
 {
 	nccl_impl_t *im = impl(c);
 	ne_op_t *op = NULL;
 	*req = (rt_req_t){0, NULL, -1, group};
 	if (c->nranks == 1)
-		return 0; /* groups of one: the sum is the buffer itself */
-	if (!n_post_ok(im) || ne_iallreduce(im->eng, buf, n, group, &op))
+		return 0; /* groups of one: the result is the buffer itself */
+	if (!n_post_ok(im) || fn(im->eng, buf, n, group, &op))
 		return -1;
 	if (op)
 		*req = (rt_req_t){REQ_NCCL, op, -1, group};
 	return 0;
+}
+
+static int n_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return n_coll(c, ne_iallreduce, buf, n, group, req);
+}
+
+static int n_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return n_coll(c, ne_ireduce_scatter, buf, n, group, req);
+}
+
+/* The all-gather writes weights behind the backend's back: their bf16
+ * shadow must be re-made (the next use comes after the interpreter has
+ * waited for the all-gather). */
+static int n_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	cu_mark_written(buf);
+	return n_coll(c, ne_iallgather, buf, n, group, req);
 }
 
 static int n_test(rt_comm_t *c, rt_req_t *req, int *done)
@@ -391,7 +427,8 @@ static void n_finalize(rt_comm_t *c)
 
 static const rt_comm_ops_t nccl_ops = {
 	.group_create = n_group, .isend = n_isend, .irecv = n_irecv,
-	.iallreduce = n_iallreduce, .test = n_test, .allsum = n_allsum, .gather = n_gather,
+	.iallreduce = n_iallreduce, .ireduce_scatter = n_ireduce_scatter,
+	.iallgather = n_iallgather, .test = n_test, .allsum = n_allsum, .gather = n_gather,
 	.barrier = n_barrier, .abort = n_abort, .finalize = n_finalize,
 };
 

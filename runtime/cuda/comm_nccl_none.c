@@ -1,8 +1,9 @@
 /*
  * cuda/comm_nccl_none.c — stands in for cuda/comm_nccl.c in CUDA builds
  * without NCCL: one rank works. The wrapped comm (a copy kept in impl)
- * serves everything but all-reduces, which are no-ops on device buffers,
- * so it never touches device memory; backend_cuda refuses more ranks
+ * serves everything but the collectives (all-reduce, reduce-scatter,
+ * all-gather), identities for one rank and so no-ops on device buffers:
+ * it never touches device memory; backend_cuda refuses more ranks
  * before getting here.
  */
 #include "cuda_backend.h"
@@ -75,7 +76,8 @@ static void none_finalize(rt_comm_t *c)
 
 static const rt_comm_ops_t none_ops = {
 	.group_create = none_group, .isend = none_isend, .irecv = none_irecv,
-	.iallreduce = none_iallreduce, .test = none_test, .allsum = none_allsum,
+	.iallreduce = none_iallreduce, .ireduce_scatter = none_iallreduce,
+	.iallgather = none_iallreduce, .test = none_test, .allsum = none_allsum,
 	.gather = none_gather, .barrier = none_barrier, .abort = none_abort,
 	.finalize = none_finalize,
 };

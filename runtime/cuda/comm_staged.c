@@ -131,16 +131,41 @@ static int s_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 	return started(im, r, rc, peer, tag, req);
 }
 
-static int s_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+/*
+ * A collective in place on the device floats buf[0..n): all of them go to
+ * the host, the wrapped comm's collective (which: 0 all-reduce, 1
+ * reduce-scatter, 2 all-gather) runs on the copy, and all of it comes
+ * back. The zero-1 halves so move the whole bucket, not only the shard:
+ * one code path, and --comm mpi exists to share a GPU, not for speed.
+ */
+static int s_coll(rt_comm_t *c, int which, float *buf, int64_t n, int group, rt_req_t *req)
 {
 	staged_impl_t *im = sim(c);
+	const rt_comm_ops_t *o = im->inner.ops;
 	if (n < 0)
 		return -1;
 	sreq_t *r = sreq_new(im, SOP_ALLREDUCE, buf, sizeof(float) * (size_t)n);
 	if (!r)
 		return -1;
-	int rc = im->inner.ops->iallreduce(&im->inner, r->buf->p, n, group, &r->inner);
+	int rc = (which == 0   ? o->iallreduce
+		  : which == 1 ? o->ireduce_scatter
+			       : o->iallgather)(&im->inner, r->buf->p, n, group, &r->inner);
 	return started(im, r, rc, -1, group, req);
+}
+
+static int s_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return s_coll(c, 0, buf, n, group, req);
+}
+
+static int s_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return s_coll(c, 1, buf, n, group, req);
+}
+
+static int s_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	return s_coll(c, 2, buf, n, group, req);
 }
 
 /* Done when the wrapped operation is; received and reduced data then goes
@@ -217,7 +242,8 @@ static void s_finalize(rt_comm_t *c)
 
 static const rt_comm_ops_t staged_ops = {
 	.group_create = s_group, .isend = s_isend, .irecv = s_irecv,
-	.iallreduce = s_iallreduce, .test = s_test, .allsum = s_allsum, .gather = s_gather,
+	.iallreduce = s_iallreduce, .ireduce_scatter = s_ireduce_scatter,
+	.iallgather = s_iallgather, .test = s_test, .allsum = s_allsum, .gather = s_gather,
 	.barrier = s_barrier, .abort = s_abort, .finalize = s_finalize,
 };
 

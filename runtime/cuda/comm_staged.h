@@ -26,7 +26,8 @@ typedef struct comm_staging {
 
 /*
  * Wraps c (already initialised: MPI or the one local rank) in place:
- * isend, irecv and iallreduce take device buffers and stage them through
+ * isend, irecv and the collectives (iallreduce, ireduce_scatter,
+ * iallgather) take device buffers and stage them through
  * host buffers that s allocates (kept in a free list and reused, released
  * by finalize); group_create, test, allsum, gather, barrier and abort keep
  * the wrapped comm's meaning; finalize releases the staging, then

@@ -21,8 +21,9 @@
  * start-up; otherwise it is made the first time a layer asks for the
  * shadow of a pointer inside it (cu_shadow). The optimizer
  * kernels write the mirror as they update the fp32 masters; any other write
- * through this backend (to_device, zero, copy_rows) marks the allocation
- * dirty and the next cu_shadow re-converts it whole. Layer kernels never
+ * through this backend (to_device, zero, copy_rows), or announced by the
+ * data plane (cu_mark_written: a zero-1 all-gather of weights over NCCL),
+ * marks the allocation dirty and the next cu_shadow re-converts it whole. Layer kernels never
  * write parameters, so nothing else can make a shadow stale.
  */
 #include "cu_internal.cuh"
@@ -386,6 +387,11 @@ void cu_release(void *p)
 void cu_allow_shared_device(int allowed)
 {
 	g.share_ok = allowed != 0;
+}
+
+void cu_mark_written(const void *p)
+{
+	mark_dirty(p);
 }
 
 void cu_reserve_shadow(const float *p, int64_t n)

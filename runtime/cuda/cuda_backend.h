@@ -62,6 +62,10 @@ void cu_allow_shared_device(int allowed);
 /* Makes the bf16 shadow of the allocation holding p[0..n) now (start-up)
  * instead of in the first forward. */
 void cu_reserve_shadow(const float *p, int64_t n);
+/* p (inside an allocation of ours) is being written by something other
+ * than this backend's functions (an NCCL all-gather of weights): its bf16
+ * shadow is re-made at the next use. */
+void cu_mark_written(const void *p);
 /* Grows the reduction scratch to bytes now, at start-up (no warning). */
 void cu_reserve_reduction(size_t bytes);
 void cu_shutdown(void);

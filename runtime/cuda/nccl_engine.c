@@ -31,13 +31,16 @@ typedef struct {
 	int64_t bytes;
 } cts_t;
 
-enum { OP_SEND, OP_RECV, OP_ALLREDUCE };
+/* The group collectives (all-reduce and the zero-1 halves) share one queue
+ * per group, in posting order: every member issues them in one order. */
+enum { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_RSCATTER, OP_AGATHER };
 enum { ST_WAIT_CTS, ST_READY, ST_ENQUEUING, ST_LAUNCHED, ST_DONE, ST_FAILED };
 
 /* A communicator with its stream; busy while an enqueue is pending. */
 typedef struct {
 	void *comm, *stream;
 	int busy, failed;
+	int size; /* groups: members */
 	double t_busy;
 } ne_chan_t;
 
@@ -151,8 +154,10 @@ static void report(ne_engine_t *e, const char *what, int peer, const char *detai
 /* "send to rank 3 (tag 17)", "all-reduce of sync group 2" */
 static const char *op_desc(const ne_engine_t *e, const ne_op_t *op, char *buf, size_t n)
 {
-	if (op->kind == OP_ALLREDUCE)
-		snprintf(buf, n, "all-reduce of sync group %d", (int)(op->ch - e->groups));
+	static const char *const coll[] = {"all-reduce", "reduce-scatter", "all-gather"};
+	if (op->kind >= OP_ALLREDUCE)
+		snprintf(buf, n, "%s of sync group %d", coll[op->kind - OP_ALLREDUCE],
+			 (int)(op->ch - e->groups));
 	else
 		snprintf(buf, n, "%s rank %d (tag %d)", op->kind == OP_SEND ? "send to" : "receive from",
 			 op->peer, op->tag);
@@ -187,20 +192,15 @@ static const char *why(ne_engine_t *e, void *comm)
 static ne_op_t *op_new(ne_engine_t *e, int kind, int peer, int tag, void *buf, size_t bytes,
 		       ne_chan_t *ch)
 {
-	ne_op_t *op = calloc(1, sizeof *op);
+	ne_op_t *op = malloc(sizeof *op);
 	if (!op)
 		return NULL;
+	*op = (ne_op_t){.kind = kind, .peer = peer, .tag = tag, .buf = buf, .bytes = bytes,
+			.ch = ch, .t0 = e->pr->now(e->ctx)};
 	if (e->pr->event_new(e->ctx, &op->ev)) {
 		free(op);
 		return NULL;
 	}
-	op->kind = kind;
-	op->peer = peer;
-	op->tag = tag;
-	op->buf = buf;
-	op->bytes = bytes;
-	op->ch = ch;
-	op->t0 = e->pr->now(e->ctx);
 	ne_op_t **tail = &e->ops;
 	while (*tail)
 		tail = &(*tail)->next;
@@ -219,6 +219,30 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
 	free(op);
 }
 
+/*
+ * The zero-1 halves with uneven shards (comm_shard): one rooted call per
+ * member j on j's shard, in place, all in the caller's NCCL group: reduce
+ * to j (reduce-scatter), broadcast from j (all-gather). ncclReduceScatter
+ * and ncclAllGather take equal counts only; padding to them would need a
+ * bucket-sized scratch buffer and copies in and out on every call, while
+ * the rooted calls move each element once, with no extra memory.
+ */
+static int shard_calls(ne_engine_t *e, ne_op_t *op)
+{
+	const ne_prims_t *pr = e->pr;
+	ne_chan_t *ch = op->ch;
+	int r = NE_OK;
+	for (int j = 0; j < ch->size && r == NE_OK; j++) {
+		int64_t off, cnt;
+		comm_shard((int64_t)(op->bytes / sizeof(float)), j, ch->size, &off, &cnt);
+		float *at = (float *)op->buf + off;
+		r = op->kind == OP_RSCATTER
+			    ? pr->reduce(e->ctx, at, (size_t)cnt, j, ch->comm, ch->stream)
+			    : pr->bcast(e->ctx, at, (size_t)cnt, j, ch->comm, ch->stream);
+	}
+	return r;
+}
+
 static int op_call(ne_engine_t *e, ne_op_t *op)
 {
 	const ne_prims_t *pr = e->pr;
@@ -226,6 +250,8 @@ static int op_call(ne_engine_t *e, ne_op_t *op)
 	if (op->kind == OP_ALLREDUCE)
 		return pr->allreduce(e->ctx, op->buf, op->bytes / sizeof(float), ch->comm,
 				     ch->stream);
+	if (op->kind == OP_RSCATTER || op->kind == OP_AGATHER)
+		return shard_calls(e, op);
 	/* two-rank channels: the sender is rank 0, the receiver rank 1 */
 	if (op->kind == OP_SEND)
 		return pr->send(e->ctx, op->buf, op->bytes, 1, ch->comm, ch->stream);
@@ -351,7 +377,8 @@ static int control(ne_engine_t *e, int p)
 /* ---- launching ---- */
 
 /* Ready operations of one kind on ch, taken in order: sends by their
- * clear-to-send order, receives and all-reduces by posting order. */
+ * clear-to-send order, receives and group collectives (kind OP_ALLREDUCE
+ * stands for all three) by posting order. */
 static int ready_batch(ne_engine_t *e, ne_chan_t *ch, int kind, ne_op_t **batch)
 {
 	int nb = 0;
@@ -360,7 +387,8 @@ static int ready_batch(ne_engine_t *e, ne_chan_t *ch, int kind, ne_op_t **batch)
 	while (nb < NE_BATCH) {
 		ne_op_t *first = NULL;
 		for (ne_op_t *op = e->ops; op; op = op->next)
-			if (op->ch == ch && op->kind == kind && op->state == ST_READY &&
+			if (op->ch == ch && SP_MIN(op->kind, OP_ALLREDUCE) == kind &&
+			    op->state == ST_READY &&
 			    (!first || op->seq < first->seq))
 				first = op;
 		if (!first)
@@ -505,19 +533,34 @@ int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t
 	return ne_progress(e);
 }
 
-int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
+static int ne_coll(ne_engine_t *e, int kind, float *buf, int64_t n, int g, ne_op_t **out)
 {
 	*out = NULL;
 	if (g < 0 || g >= e->n_groups)
 		return -1;
-	if (!e->groups[g].comm)
-		return e->groups[g].failed ? -1 : 0; /* a group of one: the sum is buf */
-	ne_op_t *op = op_new(e, OP_ALLREDUCE, -1, g, buf, sizeof(float) * (size_t)n, &e->groups[g]);
+	if (!e->groups[g].comm) /* a group of one: buf is already the result */
+		return e->groups[g].failed ? -1 : 0;
+	ne_op_t *op = op_new(e, kind, -1, g, buf, sizeof(float) * (size_t)n, &e->groups[g]);
 	if (!op)
 		return -1;
 	op->state = ST_READY;
 	*out = op;
 	return ne_progress(e);
+}
+
+int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
+{
+	return ne_coll(e, OP_ALLREDUCE, buf, n, g, out);
+}
+
+int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
+{
+	return ne_coll(e, OP_RSCATTER, buf, n, g, out);
+}
+
+int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
+{
+	return ne_coll(e, OP_AGATHER, buf, n, g, out);
 }
 
 int ne_test(ne_engine_t *e, ne_op_t *op, int *done)
@@ -595,8 +638,10 @@ static int prep_groups(ne_engine_t *e, const ne_layout_t *l)
 		const sp_bucket_t *bu = &l->buckets[b];
 		e->bucket_group[b] = -1;
 		for (int q = 0; q < bu->n_dev; q++)
-			if (l->bucket_devs[bu->dev_off + q] == e->rank)
+			if (l->bucket_devs[bu->dev_off + q] == e->rank) {
+				e->groups[e->n_groups].size = bu->n_dev;
 				e->bucket_group[b] = e->n_groups++;
+			}
 	}
 	return 0;
 }
@@ -715,7 +760,7 @@ void ne_free(ne_engine_t *e, int hard)
 	const ne_prims_t *pr = e->pr;
 	hard |= ne_live(e) > 0;
 	int n = 2 * e->nranks + e->n_groups + 1, k = 0;
-	ne_chan_t *world = &(ne_chan_t){e->world, NULL, 0, 0, 0.0};
+	ne_chan_t *world = &(ne_chan_t){.comm = e->world};
 	ne_chan_t **cs = malloc(sizeof *cs * (size_t)n);
 	hard |= !cs;
 	for (int p = 0; cs && p < e->nranks; p++) {

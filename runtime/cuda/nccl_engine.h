@@ -65,6 +65,10 @@ typedef struct ne_prims {
 	int (*send)(void *ctx, const void *buf, size_t bytes, int peer, void *comm, void *stream);
 	int (*recv)(void *ctx, void *buf, size_t bytes, int peer, void *comm, void *stream);
 	int (*allreduce)(void *ctx, float *buf, size_t n, void *comm, void *stream);
+	/* in place: sum of buf[0..n) over the members onto root; root's
+	 * buf[0..n) to the members (ncclReduce, ncclBroadcast) */
+	int (*reduce)(void *ctx, float *buf, size_t n, int root, void *comm, void *stream);
+	int (*bcast)(void *ctx, float *buf, size_t n, int root, void *comm, void *stream);
 	/* streams and events */
 	int (*stream_new)(void *ctx, void **out);
 	void (*stream_free)(void *ctx, void *s);
@@ -119,6 +123,12 @@ int ne_isend(ne_engine_t *e, const void *buf, size_t bytes, int peer, int tag, n
 int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t **out);
 /* In-place sum over group g (a group of one: *out = NULL, done at once). */
 int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
+/* The zero-1 halves over group g, as rt_comm_ops_t's ireduce_scatter and
+ * iallgather (uneven shards: comm_shard; member j is the group's rank j,
+ * the bucket's devices ascending), one rooted reduce or broadcast per
+ * member's shard in one NCCL group. */
+int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
+int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 /* Moves every operation along; *done = 1 frees op. -1 when op failed. */
 int ne_test(ne_engine_t *e, ne_op_t *op, int *done);
 /* One pass over everything; -1 when the host comm fails. */

@@ -118,14 +118,16 @@ def check_model(model, tmp, name, configs, floor):
 RECOMPUTE = ("--recompute", "all")
 
 
-def memory_line(plan_path):
-    """Rank 0's measured and predicted bytes per category (MiB, as printed)
-    of a 1-rank run of plan_path."""
-    p = subprocess.run([RUN, plan_path, "--steps", "1"], capture_output=True, text=True,
-                       timeout=300)
+def memory_line(plan_path, ranks=1):
+    """Rank 0's measured and predicted bytes per category (MiB, as printed:
+    params+state, activations, buffers, work) of a run of plan_path."""
+    cmd = [RUN, plan_path, "--steps", "1", "--timeout", "60"]
+    if ranks > 1:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     line = next((x for x in p.stdout.splitlines() if x.startswith("rank 0 memory")), None)
     if p.returncode != 0 or line is None:
-        raise RuntimeError(f"{RUN} {plan_path} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        raise RuntimeError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
     nums = [float(x) for x in re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
     return nums[0:4], nums[4:8]
 
@@ -180,6 +182,39 @@ def check_recompute(tmp):
     return failures
 
 
+def zero1(demo, tmp):
+    z = ("--zero", "1")
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(n, 1, "spindle", z) for n in (2, 3, 4)]
+    demo["optimizer"] = adamw
+    failures = check_model(demo, tmp, "demo-adamw-z1", cfg + [(4, 1, "distmm-mt", z)],
+                           1e-2 * 0.01)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-z1", cfg, 1e-7)
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
+        m = W.random_workload(seed, optimizer=opt)
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-z1", cfg, floor)
+    demo["optimizer"] = adamw
+    return failures + zero1_memory(demo, tmp)
+
+
+def zero1_memory(model, tmp):
+    """Rank 0's measured memory under a 4-rank zero-1 plan stays within the
+    plan's prediction in every category, and params+state (weights and
+    gradients whole, AdamW m and v of the owned shards) equals it."""
+    mpath = W.write_json(tmp, "mem.model.json", model)
+    pp = os.path.join(tmp, "mem.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1x4.json", W.cluster(4, 1)), pp, "spindle",
+           ("--zero", "1"))
+    got, pred = memory_line(pp, 4)
+    err = None
+    if any(g > q for g, q in zip(got, pred)) or got[0] != pred[0]:
+        err = f"zero-1 memory: rank 0 measured {got} MiB, predicted {pred}"
+    print(("FAIL " + err) if err else f"ok   zero-1 memory on 4 ranks: measured {got} MiB "
+          f"within predicted {pred}", flush=True)
+    return [err] if err else []
+
+
 def main():
     import json
     failures = []
@@ -207,6 +242,9 @@ def main():
             failures += check_model(m, tmp, f"random{seed}-lanes", [(2, 1, "spindle")], 1e-7)
         # recompute
         failures += check_recompute(tmp)
+        # zero-1: every bucket's optimizer state sharded over its group (forced),
+        # uneven shards included (buckets of 3 members)
+        failures += zero1(demo, tmp)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

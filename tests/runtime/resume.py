@@ -13,6 +13,12 @@
     check; AdamW: its floor 1e-2 * lr), which is how much two plans of the
     same model may differ at all.
 
+Checkpoints outlive state layouts (AdamW, whose m and v are what zero-1
+shards): saved under a 4-rank plan with every bucket zero-1, resumed under
+the same plan (bit-identical) and under a 2-rank replicated plan; saved
+under the 2-rank replicated plan, resumed under the 4-rank zero-1 plan
+(both within tolerance of the uninterrupted run of the saving plan).
+
 Also: --save-every keeps the newest snapshot and the one before; a run
 trained with --seed 7 resumes without --seed on seed 7's data stream (bit-
 identical to 6 uninterrupted steps with --seed 7).
@@ -77,6 +83,32 @@ def check_optimizer(F, tmp, opt):
                 f"({algo}) within tolerance (floor {R.FLOOR[kind]:g})", err or "")
 
 
+def check_zero1(F, tmp):
+    model = R.demo_model(R.ADAMW)
+    mpath = R.W.write_json(tmp, "z1.model.json", model)
+    p4 = os.path.join(tmp, "z1.4.bin")
+    R.W.plan(mpath, R.W.write_json(tmp, "cpu-4.json", R.W.cluster(4)), p4, "spindle",
+             ("--zero", "1"))
+    p2 = R.make_plan(tmp, model, "z1", 2, "spindle")
+    names = {p4: "zero-1", p2: "replicated"}
+    refs = {sr: train(plan, sr, tmp, f"z1-ref-{sr}", "--steps", STEPS)
+            for plan, sr in ((p4, 4), (p2, 2))}
+    for src, sr, dst, dr in ((p4, 4, p4, 4), (p4, 4, p2, 2), (p2, 2, p4, 4)):
+        what = f"adamw: saved on {sr} ranks ({names[src]}), resumed on {dr} ({names[dst]})"
+        ck = os.path.join(tmp, f"ck-z1-{sr}-{dr}")
+        ref_log, ref_dump = refs[sr]
+        train(src, sr, tmp, f"z1-first-{sr}-{dr}", "--steps", HALF, "--save", ck)
+        tag = f"z1-resumed-{sr}-{dr}"
+        log, dump = train(dst, dr, tmp, tag, "--steps", STEPS - HALF, "--load", ck)
+        if src == dst:
+            F.check(dump == ref_dump, what + ": --dump-params bit-identical")
+            continue
+        tail = [r for r in ref_log if int(r["step"]) > HALF]
+        ref = (R.load_dump(outputs(tmp, f"z1-ref-{sr}")[1]), tail)
+        err = R.compare(ref, (R.load_dump(outputs(tmp, tag)[1]), log), R.FLOOR["adamw"], what)
+        F.check(err is None, what + " within tolerance", err or "")
+
+
 def check_save_every(F, tmp):
     model = R.demo_model(R.SGD)
     p2 = R.make_plan(tmp, model, "every", 2, "spindle")
@@ -106,6 +138,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         check_optimizer(F, tmp, R.SGD)
         check_optimizer(F, tmp, R.ADAMW)
+        check_zero1(F, tmp)
         check_save_every(F, tmp)
         check_seed(F, tmp)
     return F.exit()

@@ -129,8 +129,25 @@ static int k_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return fake_start(3, buf, sizeof(float) * (size_t)n, req);
 }
 
-/* completes after `left` more polls: a receive then delivers the wire, an
- * all-reduce doubles (as if a second rank held the same values) */
+static int k_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)group;
+	return fake_start(4, buf, sizeof(float) * (size_t)n, req);
+}
+
+static int k_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)group;
+	return fake_start(5, buf, sizeof(float) * (size_t)n, req);
+}
+
+/* completes after `left` more polls: a receive then delivers the wire; as
+ * if a second rank (member 1 of 2) held the same values, an all-reduce
+ * doubles, a reduce-scatter doubles member 0's shard (and leaves the rest,
+ * which the contract leaves undefined), an all-gather writes 7 into member
+ * 1's shard */
 static int k_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	(void)c;
@@ -140,8 +157,13 @@ static int k_test(rt_comm_t *c, rt_req_t *req, int *done)
 		return 0;
 	if (f->op == 2)
 		memcpy(f->buf, net.wire, f->bytes);
-	for (size_t i = 0; f->op == 3 && i < f->bytes / sizeof(float); i++)
-		((float *)f->buf)[i] *= 2;
+	int64_t n = (int64_t)(f->bytes / sizeof(float)), off, cnt;
+	comm_shard(n, 0, 2, &off, &cnt);
+	for (int64_t i = 0; f->op >= 3 && i < n; i++) {
+		float *x = (float *)f->buf + i;
+		int mine = i >= off && i < off + cnt;
+		*x = f->op == 3 || (f->op == 4 && mine) ? 2 * *x : f->op == 5 && !mine ? 7 : *x;
+	}
 	free(f);
 	*req = (rt_req_t){0};
 	return 0;
@@ -192,8 +214,12 @@ static void k_finalize(rt_comm_t *c)
 	net.finalized++;
 }
 
-static const rt_comm_ops_t fake_ops = {k_group, k_isend, k_irecv, k_iallreduce, k_test,
-				       k_allsum, k_gather, k_barrier, k_abort, k_finalize};
+static const rt_comm_ops_t fake_ops = {
+	.group_create = k_group, .isend = k_isend, .irecv = k_irecv,
+	.iallreduce = k_iallreduce, .ireduce_scatter = k_ireduce_scatter,
+	.iallgather = k_iallgather, .test = k_test, .allsum = k_allsum, .gather = k_gather,
+	.barrier = k_barrier, .abort = k_abort, .finalize = k_finalize,
+};
 
 static rt_comm_t comm;
 
@@ -293,6 +319,29 @@ static void test_allreduce_round_trip(void **state)
 	assert_memory_equal(g, want, sizeof want);
 }
 
+/* The zero-1 halves stage the whole bucket both ways, and nothing reaches
+ * the device before the wrapped operation completes: member 0 of 2 owns
+ * [0, 2) of 5 (comm_shard); the reduce-scatter sums it, the all-gather
+ * brings member 1's shard. */
+static void test_zero1_round_trip(void **state)
+{
+	rt_comm_t *c = *state;
+	float b[5] = {1, -2, 3.5f, 0, 10}, before[5];
+	const float want[2][5] = {{2, -4, 3.5f, 0, 10}, {2, -4, 7, 7, 7}};
+	net.polls = 1;
+	for (int half = 0; half < 2; half++) {
+		rt_req_t r = {0};
+		memcpy(before, b, sizeof b);
+		assert_int_equal((half ? c->ops->iallgather : c->ops->ireduce_scatter)(c, b, 5, 0, &r),
+				 0);
+		assert_memory_equal(b, before, sizeof b);
+		assert_int_equal(wait(c, &r), 1);
+		assert_memory_equal(b, want[half], sizeof b);
+	}
+	assert_int_equal(dev.to_host, 2);
+	assert_int_equal(dev.to_device, 2);
+}
+
 /* Step after step the same sizes reuse the same buffers; a small message
  * takes the smallest idle buffer that fits. */
 static void test_buffers_reused(void **state)
@@ -358,6 +407,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_send, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_recv_after_completion, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_round_trip, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_zero1_round_trip, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_buffers_reused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_start, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_host_ops_pass_through, setup, teardown),

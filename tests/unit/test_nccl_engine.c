@@ -12,8 +12,11 @@
  *     its status is polled OK, which needs the peers to post;
  *   - send/recv complete when both sides are posted and enqueued (the i-th
  *     send of a channel matches its i-th receive, sizes must agree, the
- *     bytes are copied); an all-reduce when every member has (the sum is
- *     computed and checked).
+ *     bytes are copied); an all-reduce, reduce or broadcast when every
+ *     member has (the i-th of each kind matches; sizes and roots must
+ *     agree; the sum or copy is computed and the result checked). The
+ *     zero-1 halves (ne_ireduce_scatter, ne_iallgather) are the engine's
+ *     rooted reduces and broadcasts, one per member's shard.
  * The scheduler runs each rank's program like interp.c does (sends and
  * syncs post and go on, a receive waits, the end waits for everything).
  * When a whole round changes nothing it declares a deadlock and fails: no
@@ -44,7 +47,9 @@
 #define MAXACT 64
 
 enum { STRICT, CONNECT };
-enum { K_SEND, K_RECV, K_ALLREDUCE };
+/* K_REDUCE and K_BCAST: the double's rooted calls, and as actions the
+ * zero-1 halves that issue them (reduce-scatter, all-gather) */
+enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT };
 
 typedef struct sop sop_t;
 typedef struct scomm scomm_t;
@@ -63,24 +68,30 @@ struct sop {
 	handle_t *h;
 	float *buf;
 	size_t bytes;
+	int root; /* K_REDUCE, K_BCAST */
 };
 
 struct scomm {
 	int n, connected, aborted;
 	handle_t *h[MAXR];          /* by comm rank */
 	sop_t *ops[MAXR][MAXOPS];   /* posted, by comm rank */
-	int n_ops[MAXR], n_kind[MAXR][3];
+	int n_ops[MAXR], n_kind[MAXR][K__COUNT];
 };
 
+/* A stream runs its operations in order: an event recorded on it is done
+ * when everything posted on the stream before the record is. */
 typedef struct {
-	sop_t *last;
+	sop_t *ops[MAXOPS];
+	int n;
 } stream_t;
 typedef struct {
-	sop_t *op;
+	stream_t *st;
+	int upto;
 } event_t;
 
 typedef struct {
-	int kind, peer, tag, n; /* kind: K_SEND, K_RECV, K_ALLREDUCE (sync), -1 end */
+	int kind, peer, tag, n; /* kind: K_SEND, K_RECV, or a sync of bucket peer:
+				 * K_ALLREDUCE, K_REDUCE (reduce-scatter), K_BCAST (all-gather) */
 	float buf[8];
 	ne_op_t *op;
 } act_t;
@@ -149,9 +160,9 @@ static int posted_kind(const scomm_t *c, int r, int kind)
 static int counterpart(const sop_t *op)
 {
 	scomm_t *c = op->h->c;
-	if (op->kind == K_ALLREDUCE) {
+	if (op->kind >= K_ALLREDUCE) {
 		for (int r = 0; r < c->n; r++)
-			if (posted_kind(c, r, K_ALLREDUCE) <= op->idx)
+			if (posted_kind(c, r, op->kind) <= op->idx)
 				return 0;
 		return 1;
 	}
@@ -175,12 +186,14 @@ static int try_complete(sim_t *s, sop_t *op)
 	scomm_t *c = op->h->c;
 	if (c->aborted || !counterpart(op) || op->h->busy)
 		return 0;
-	if (op->kind == K_ALLREDUCE) {
+	if (op->kind >= K_ALLREDUCE) {
 		sop_t *all[MAXR];
 		for (int r = 0; r < c->n; r++) {
-			all[r] = find_op(c, r, K_ALLREDUCE, op->idx);
-			if (all[r]->h->busy || all[r]->bytes != op->bytes)
+			all[r] = find_op(c, r, op->kind, op->idx);
+			if (all[r]->h->busy)
 				return 0;
+			assert_int_equal(all[r]->bytes, op->bytes);
+			assert_int_equal(all[r]->root, op->root);
 		}
 		float sum[8] = {0};
 		size_t nf = op->bytes / sizeof(float);
@@ -189,7 +202,12 @@ static int try_complete(sim_t *s, sop_t *op)
 			for (size_t i = 0; i < nf; i++)
 				sum[i] += all[r]->buf[i];
 		for (int r = 0; r < c->n; r++) {
-			memcpy(all[r]->buf, sum, op->bytes);
+			/* all-reduce: the sum everywhere; reduce: at the root; broadcast:
+			 * the root's bytes everywhere */
+			if (op->kind == K_ALLREDUCE || (op->kind == K_REDUCE && r == op->root))
+				memcpy(all[r]->buf, sum, op->bytes);
+			if (op->kind == K_BCAST)
+				memcpy(all[r]->buf, all[op->root]->buf, op->bytes);
 			all[r]->done = 1;
 		}
 	} else {
@@ -334,14 +352,21 @@ static int d_post(ctx_t *x, int kind, void *buf, size_t bytes, int peer, void *c
 		s->violations++;
 		return NE_ERR;
 	}
-	if (kind != K_ALLREDUCE && peer != 1 - h->me) {
+	if (kind < K_ALLREDUCE && peer != 1 - h->me) {
 		s->violations++;
 		return NE_ERR;
 	}
+	/* its index among the comm's operations of its kind: those enqueued,
+	 * then those earlier in this group */
+	int idx = h->c->n_kind[h->me][kind];
+	for (int i = 0; i < s->n_grp[x->rank]; i++)
+		idx += s->grp[x->rank][i]->h == h && s->grp[x->rank][i]->kind == kind;
 	sop_t *op = keep(s, calloc(1, sizeof *op));
-	*op = (sop_t){kind, h->c->n_kind[h->me][kind], 0, h, buf, bytes};
+	*op = (sop_t){kind, idx, 0, h, buf, bytes, peer};
 	s->grp[x->rank][s->n_grp[x->rank]++] = op;
-	((stream_t *)st)->last = op;
+	stream_t *sm = st;
+	assert_true(sm->n < MAXOPS);
+	sm->ops[sm->n++] = op;
 	return NE_OK;
 }
 
@@ -358,6 +383,16 @@ static int d_recv(void *ctx, void *buf, size_t bytes, int peer, void *comm, void
 static int d_allreduce(void *ctx, float *buf, size_t n, void *comm, void *st)
 {
 	return d_post(ctx, K_ALLREDUCE, buf, n * sizeof(float), -1, comm, st);
+}
+
+static int d_reduce(void *ctx, float *buf, size_t n, int root, void *comm, void *st)
+{
+	return d_post(ctx, K_REDUCE, buf, n * sizeof(float), root, comm, st);
+}
+
+static int d_bcast(void *ctx, float *buf, size_t n, int root, void *comm, void *st)
+{
+	return d_post(ctx, K_BCAST, buf, n * sizeof(float), root, comm, st);
 }
 
 static int d_group_end(void *ctx)
@@ -436,25 +471,30 @@ static int d_after_compute(void *ctx, void *st)
 static int d_record(void *ctx, void *ev, void *st)
 {
 	(void)ctx;
-	((event_t *)ev)->op = ((stream_t *)st)->last;
+	((event_t *)ev)->st = st;
+	((event_t *)ev)->upto = ((stream_t *)st)->n;
 	return NE_OK;
 }
 
 static int d_query(void *ctx, void *ev)
 {
-	sop_t *op = ((event_t *)ev)->op;
-	if (!op)
-		return NE_OK;
-	if (op->h->c->aborted)
-		return NE_ERR;
-	return try_complete(((ctx_t *)ctx)->s, op) ? NE_OK : NE_PENDING;
+	event_t *e = ev;
+	for (int i = 0; e->st && i < e->upto; i++) {
+		sop_t *op = e->st->ops[i];
+		if (op->h->c->aborted)
+			return NE_ERR;
+		if (!try_complete(((ctx_t *)ctx)->s, op))
+			return NE_PENDING;
+	}
+	return NE_OK;
 }
 
 static const ne_prims_t double_prims = {
 	.now = d_now, .split = d_split, .status = d_status, .abort = d_abort,
 	.finalize = d_finalize, .destroy = d_destroy, .why = d_why,
 	.group_start = d_group_start, .group_end = d_group_end, .send = d_send,
-	.recv = d_recv, .allreduce = d_allreduce, .stream_new = d_stream_new,
+	.recv = d_recv, .allreduce = d_allreduce, .reduce = d_reduce, .bcast = d_bcast,
+	.stream_new = d_stream_new,
 	.stream_free = d_stream_free, .event_new = d_event_new, .event_free = d_stream_free,
 	.after_compute = d_after_compute, .record = d_record, .query = d_query,
 };
@@ -542,14 +582,29 @@ static void sim_init(sim_t *s, int n, int mode)
 	s->world->n = n;
 }
 
+/* Rank r's shard of n elements in bucket b (its place among the members). */
+static void member_shard(const sim_t *s, int b, int r, int n, int64_t *off, int64_t *cnt)
+{
+	const sp_bucket_t *bu = &s->buckets[b];
+	for (int q = 0; q < bu->n_dev; q++)
+		if (s->bucket_devs[bu->dev_off + q] == r)
+			comm_shard(n, q, bu->n_dev, off, cnt);
+}
+
 static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
 {
 	assert_true(s->n_prog[r] < MAXACT - 1);
 	act_t *a = &s->prog[r][s->n_prog[r]++];
 	memset(a, 0, sizeof *a);
 	*a = (act_t){kind, peer, tag, n, {0}, NULL};
+	int64_t off = 0, cnt = 0;
+	if (kind == K_BCAST)
+		member_shard(s, peer, r, n, &off, &cnt);
 	for (int i = 0; i < n; i++)
-		a->buf[i] = kind == K_SEND ? (float)(tag * 10 + i) : kind == K_ALLREDUCE ? (float)(r + 1) : -1.0f;
+		a->buf[i] = kind == K_SEND			? (float)(tag * 10 + i)
+			    : kind == K_ALLREDUCE || kind == K_REDUCE ? (float)(r + 1)
+			    : kind == K_BCAST && i >= off && i < off + cnt ? (float)(100 * r + i)
+									: -1.0f;
 }
 
 static void add_bucket(sim_t *s, const int *ranks, int n)
@@ -568,15 +623,25 @@ static void check_act(const sim_t *s, int r, const act_t *a)
 	if (a->kind == K_RECV)
 		for (int i = 0; i < a->n; i++)
 			assert_true(a->buf[i] == (float)(a->tag * 10 + i));
-	if (a->kind == K_ALLREDUCE) {
-		const sp_bucket_t *b = &s->buckets[a->peer];
+	const sp_bucket_t *b = &s->buckets[a->peer];
+	if (a->kind == K_ALLREDUCE || a->kind == K_REDUCE) {
 		float want = 0;
+		int64_t off = 0, cnt = a->n;
 		for (int q = 0; q < b->n_dev; q++)
 			want += (float)(s->bucket_devs[b->dev_off + q] + 1);
-		for (int i = 0; i < a->n; i++)
+		if (a->kind == K_REDUCE) /* the sum over r's own shard */
+			member_shard(s, a->peer, r, a->n, &off, &cnt);
+		for (int64_t i = off; i < off + cnt; i++)
 			assert_true(a->buf[i] == want);
 	}
-	(void)r;
+	if (a->kind == K_BCAST) /* every member's shard, from that member */
+		for (int q = 0; q < b->n_dev; q++) {
+			int m = s->bucket_devs[b->dev_off + q];
+			int64_t off, cnt;
+			comm_shard(a->n, q, b->n_dev, &off, &cnt);
+			for (int64_t i = off; i < off + cnt; i++)
+				assert_true(a->buf[i] == (float)(100 * m + i));
+		}
 }
 
 /* One turn of rank r. -1: an engine call failed. */
@@ -636,9 +701,11 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		int g = -1;
 		assert_int_equal(ne_group_id(e, a->peer, &g), 0);
 		assert_true(g >= 0);
-		rc = ne_iallreduce(e, a->buf, a->n, g, &a->op);
+		rc = (a->kind == K_ALLREDUCE ? ne_iallreduce
+		      : a->kind == K_REDUCE  ? ne_ireduce_scatter
+					     : ne_iallgather)(e, a->buf, a->n, g, &a->op);
 		if (!rc && !a->op)
-			check_act(s, r, a); /* a group of one: nothing to sum */
+			check_act(s, r, a); /* a group of one: nothing to move */
 	}
 	if (rc)
 		return -1;
@@ -850,10 +917,17 @@ static void random_plan(sim_t *s, unsigned seed, int mode)
 		add_act(s, qr[i], K_RECV, qp[i], qt[i], len);
 		nq--;
 	}
-	/* syncs in bucket order on every member (like the plan's SYNCs) */
+	/* syncs in bucket order on every member (like the plan's SYNCs); every
+	 * other bucket is zero-1: a reduce-scatter, and after every sync an
+	 * all-gather (like STEP's GATHERs), 7 elements for uneven shards */
 	for (int b = 0; b < nb; b++)
 		for (int q = 0; q < s->buckets[b].n_dev; q++)
-			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_ALLREDUCE, b, 0, 3);
+			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q],
+				(seed + (unsigned)b) % 2 ? K_REDUCE : K_ALLREDUCE, b, 0,
+				(seed + (unsigned)b) % 2 ? 7 : 3);
+	for (int b = 0; b < nb; b++)
+		for (int q = 0; q < s->buckets[b].n_dev && (seed + (unsigned)b) % 2; q++)
+			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_BCAST, b, 0, 7);
 }
 
 static void test_random_plans(void **state)
@@ -869,6 +943,27 @@ static void test_random_plans(void **state)
 			assert_int_equal(r, 0);
 			assert_int_equal(s->violations, 0);
 		}
+}
+
+/*
+ * Zero-1 over three ranks, 7 elements (shards 2, 2, 3): each rank ends the
+ * reduce-scatter with the sum over its own shard and the all-gather with
+ * every member's shard; a rank that sends first must still serve its
+ * peer's clear-to-send while its collectives wait.
+ */
+static void test_zero1_halves(void **state)
+{
+	sim_t *s = *state;
+	sim_init(s, 3, STRICT);
+	add_bucket(s, (int[]){0, 1, 2}, 3);
+	add_act(s, 0, K_SEND, 2, 4, 2);
+	for (int r = 0; r < 3; r++)
+		add_act(s, r, K_REDUCE, 0, 0, 7);
+	add_act(s, 2, K_RECV, 0, 4, 2);
+	for (int r = 0; r < 3; r++)
+		add_act(s, r, K_BCAST, 0, 0, 7);
+	assert_int_equal(sim_run(s, 5), 0);
+	assert_int_equal(s->violations, 0);
 }
 
 /* ne_layout_init: every SEND's pair, sorted and unique. */
@@ -915,6 +1010,7 @@ int main(void)
 		cmocka_unit_test(test_crossing_channels_old_hangs),
 		cmocka_unit_test(test_detects_no_progress),
 		cmocka_unit_test(test_random_plans),
+		cmocka_unit_test(test_zero1_halves),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -195,6 +195,9 @@ def zero1(demo, tmp):
         m = W.random_workload(seed, optimizer=opt)
         failures += check_model(m, tmp, f"random{seed}-{opt['type']}-z1", cfg, floor)
     demo["optimizer"] = adamw
+    # both layouts at once: zero-1 state and recomputed activations
+    failures += check_model(demo, tmp, "demo-adamw-z1rc",
+                            [(3, 1, "spindle", z + ("--recompute", "all"))], 1e-2 * 0.01)
     return failures + zero1_memory(demo, tmp)
 
 

@@ -13,10 +13,18 @@
  * Timing (as spindle-profile's layers and nccl-tests): zeroed buffers (sums
  * stay finite), --warmup discarded calls, one timed call to calibrate k,
  * the number of calls per run so that a run lasts at least MIN_RUN_MS;
- * then --reps runs, each after a barrier: a run's time per call is the
- * slowest member's (an MPI_MAX all-reduce), the point the median of the
- * runs. P2P: k round trips per run, half a round trip reported. Every rank
- * follows the same sequence, so the calls match.
+ * then --reps runs per size, interleaved across sizes (measure_op), each
+ * after a barrier: a run's time per call is the slowest member's (an
+ * MPI_MAX all-reduce), the point the fastest run (k from the fastest of 3
+ * single calls). The minimum, not the layer profiler's median: a
+ * collective waits for its slowest rank, so a rank descheduled by other
+ * load delays every member, and on a shared host most runs are delayed;
+ * interference only adds time, so the fastest run is the best estimate of
+ * what the machine itself does (the Python timeit documentation gives
+ * this reason for its min: "higher values ... are typically not caused by
+ * variability in Python's speed, but by other processes interfering with
+ * your timing accuracy"). P2P: k round trips per run, half a round trip
+ * reported. Every rank follows the same sequence, so the calls match.
  *
  * It does not: measure NCCL (profile.c refuses --backend cuda with
  * --collectives), or return on an MPI error (MPI_ERRORS_ARE_FATAL ends
@@ -38,17 +46,12 @@ typedef struct {
 	MPI_Comm comm; /* the group's, MPI_COMM_NULL when not a member */
 	int n, rank;
 	float *a, *b;  /* two buffers of the largest size */
+	int *order;    /* n_sizes: a round's order */
 	sp_coll_point_t *pts;
 	int n_pts, cap;
 	int root;      /* world rank 0 keeps the points */
 	int oom;       /* the root could not keep one: reported at the end */
 } run_t;
-
-static int cmp_dbl(const void *x, const void *y)
-{
-	double a = *(const double *)x, b = *(const double *)y;
-	return (a > b) - (a < b);
-}
 
 /* One call of op on S bytes (count floats in all, block per rank). */
 static void call(run_t *r, sp_coll_op_t op, int count, int block)
@@ -88,24 +91,59 @@ static double run_calls(run_t *r, sp_coll_op_t op, int count, int block, int k)
 	return slowest;
 }
 
-/* Every size of op on the group (members only); the root keeps them (on
- * failure it goes on measuring, so the other ranks' calls still match). */
+/* Count (floats in all) and block (per rank) of size s of op. */
+static void sizes_of(const run_t *r, sp_coll_op_t op, int s, int *count, int *block)
+{
+	int parts = op == COLL_P2P ? 1 : r->n;
+	*count = (int)(r->o->sizes[s] / 4);
+	*block = SP_MAX(*count / parts, 1);
+	if (op == COLL_ALL_GATHER || op == COLL_REDUCE_SCATTER)
+		*count = *block * parts;
+}
+
+/*
+ * Every size of op on the group (members only); the root keeps them (on
+ * failure it goes on measuring, so the other ranks' calls still match).
+ * As the layer profiler does, the runs are interleaved: round i runs every
+ * size once, in an order shuffled by (op, i) alike on every rank, so a
+ * burst of other load slows one run of several sizes rather than all runs
+ * of one size. t: room for n_sizes (reps + 1).
+ */
 static void measure_op(run_t *r, sp_coll_op_t op, int nodes, double *t)
 {
 	const coll_opts_t *o = r->o;
-	for (int s = 0; s < o->n_sizes; s++) {
-		int count = (int)(o->sizes[s] / 4), parts = op == COLL_P2P ? 1 : r->n;
-		int block = SP_MAX(count / parts, 1);
-		if (op == COLL_ALL_GATHER || op == COLL_REDUCE_SCATTER)
-			count = block * parts;
+	int ns = o->n_sizes, count, block, *order = r->order;
+	double *k = t + (size_t)ns * (size_t)o->reps;
+	for (int s = 0; s < ns; s++) {
+		sizes_of(r, op, s, &count, &block);
 		for (int w = 0; w < o->warmup; w++)
 			call(r, op, count, block);
-		double t1 = run_calls(r, op, count, block, 1);
-		int k = t1 >= MIN_RUN_MS ? 1 : (int)SP_MIN(ceil(MIN_RUN_MS / fmax(t1, 1e-6)), MAX_CALLS);
-		for (int i = 0; i < o->reps; i++)
-			t[i] = run_calls(r, op, count, block, k);
-		qsort(t, (size_t)o->reps, sizeof *t, cmp_dbl);
-		double ms = o->reps % 2 ? t[o->reps / 2] : 0.5 * (t[o->reps / 2 - 1] + t[o->reps / 2]);
+		double t1 = HUGE_VAL;
+		for (int i = 0; i < 3; i++)
+			t1 = fmin(t1, run_calls(r, op, count, block, 1));
+		k[s] = t1 >= MIN_RUN_MS ? 1 : SP_MIN(ceil(MIN_RUN_MS / fmax(t1, 1e-6)), MAX_CALLS);
+	}
+	for (int i = 0; i < o->reps; i++) {
+		for (int j = 0; j < ns; j++)
+			order[j] = j;
+		for (int j = ns - 1; j > 0; j--) {
+			int x = (int)(sp_mix64(((uint64_t)op << 40) ^ ((uint64_t)i << 20) ^
+					       (uint64_t)j) % (uint64_t)(j + 1));
+			int tmp = order[j];
+			order[j] = order[x];
+			order[x] = tmp;
+		}
+		for (int j = 0; j < ns; j++) {
+			sizes_of(r, op, order[j], &count, &block);
+			t[order[j] * o->reps + i] = run_calls(r, op, count, block, (int)k[order[j]]);
+		}
+	}
+	for (int s = 0; s < ns; s++) {
+		double *ts = t + (size_t)s * (size_t)o->reps;
+		sizes_of(r, op, s, &count, &block);
+		for (int i = 1; i < o->reps; i++)
+			ts[0] = fmin(ts[0], ts[i]);
+		double ms = ts[0];
 		if (op == COLL_P2P)
 			ms /= 2; /* one way */
 		sp_coll_point_t p = {op, r->n, nodes, 4.0 * count, ms};
@@ -166,7 +204,7 @@ static void find_nodes(int world, int *node, int *local)
 	}
 }
 
-/* t: room for --reps times. */
+/* t: room for measure_op's times. */
 static int measure_all(run_t *r, int world, int wr, const int *node, const int *local, double *t)
 {
 	static const sp_coll_op_t colls[] = {COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_REDUCE_SCATTER};
@@ -216,8 +254,9 @@ int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_op
 	size_t big = (size_t)o->sizes[o->n_sizes - 1] + 4;
 	r.a = calloc(big / 4, sizeof(float));
 	r.b = calloc(big / 4, sizeof(float));
-	double *t = calloc((size_t)o->reps, sizeof *t);
-	int ok = node && local && r.a && r.b && t, all_ok = 0;
+	double *t = calloc((size_t)o->n_sizes * ((size_t)o->reps + 1), sizeof *t);
+	r.order = calloc((size_t)o->n_sizes, sizeof *r.order);
+	int ok = node && local && r.a && r.b && t && r.order, all_ok = 0;
 	MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 	if (!all_ok) {
 		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
@@ -234,6 +273,7 @@ int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_op
 			sp_err_set(err, rc, NULL, 0, 0, NULL, "out of memory keeping the points");
 	}
 	free(t);
+	free(r.order);
 	free(node);
 	free(local);
 	free(r.a);

@@ -262,13 +262,13 @@ double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int6
 static double half_ms(const sp_cluster_t *c, sp_coll_op_t op, const int32_t *devs, int n,
 		      int64_t bytes)
 {
-	if (n <= 1 || bytes <= 0)
-		return 0;
 	group_t g;
 	double t;
-	group_shape(c, devs, n, &g);
-	if (net_measured_ms(c, op, n, g.m, (double)bytes, &t))
-		return t;
+	if (n > 1 && bytes > 0) {
+		group_shape(c, devs, n, &g);
+		if (net_measured_ms(c, op, n, g.m, (double)bytes, &t))
+			return t;
+	}
 	return cost_allreduce_ms(c, devs, n, bytes) / 2;
 }
 

@@ -224,31 +224,30 @@ static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 	return 0;
 }
 
-/* The optional measured profile: distinct op shapes. */
-static int parse_profile(jctx_t *c, json_t *root, sp_cluster_t *out)
+/* Parses element i (inside its path) of an array section into out. */
+typedef int (*elem_fn_t)(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out);
+
+/* The optional array section key of root (what: its elements, in
+ * messages): at most 65536, *arr calloc'd for them (one spare), each
+ * parsed by fn. */
+static int parse_array(jctx_t *c, json_t *root, const char *key, const char *what, size_t elem,
+		       void **arr, elem_fn_t fn, sp_cluster_t *out)
 {
-	json_t *p = json_object_get(root, "profile");
+	json_t *p = json_object_get(root, key);
 	if (!p)
 		return 0;
 	if (!json_is_array(p))
-		return jerr_member(c, "profile", 0, "expected an array of profile entries");
+		return jerr_member(c, key, 0, "expected an array of %s", what);
 	if (json_array_size(p) > 65536)
-		return jerr_member(c, "profile", 0, "too many profile entries (%zu, at most 65536)",
+		return jerr_member(c, key, 0, "too many %s (%zu, at most 65536)", what,
 				   json_array_size(p));
-	out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
-	if (!out->prof)
+	*arr = calloc(json_array_size(p) + 1, elem);
+	if (!*arr)
 		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
-	jp_push_key(c, "profile");
+	jp_push_key(c, key);
 	for (size_t i = 0; i < json_array_size(p); i++) {
 		jp_push_index(c, i);
-		out->n_prof++;
-		int rc = parse_profile_entry(c, json_array_get(p, i), &out->prof[i]);
-		for (size_t k = 0; !rc && k < i; k++)
-			if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
-				rc = jerr_member(c, "op", 0,
-						 "duplicate profile shape (same as profile[%zu])", k);
-				sp_err_hint(c->err, "merge the points into one entry");
-			}
+		int rc = fn(c, json_array_get(p, i), i, out);
 		if (rc)
 			return rc;
 		jp_pop(c);
@@ -257,11 +256,24 @@ static int parse_profile(jctx_t *c, json_t *root, sp_cluster_t *out)
 	return 0;
 }
 
+/* Profile entry i: distinct op shapes. */
+static int profile_elem(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out)
+{
+	out->n_prof++; /* released even when half parsed */
+	int rc = parse_profile_entry(c, v, &out->prof[i]);
+	for (size_t k = 0; !rc && k < i; k++)
+		if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
+			rc = jerr_member(c, "op", 0, "duplicate profile shape (same as profile[%zu])",
+					 k);
+			sp_err_hint(c->err, "merge the points into one entry");
+		}
+	return rc;
+}
+
 const char *const SP_COLL_NAMES[COLL__COUNT] = {"all_reduce", "all_gather", "reduce_scatter",
 						"p2p"};
 
-/* (op, ranks, nodes, bytes) of a against b: <0, 0, >0 */
-static int coll_cmp(const sp_coll_point_t *a, const sp_coll_point_t *b)
+int coll_point_cmp(const sp_coll_point_t *a, const sp_coll_point_t *b)
 {
 	int d[] = {(int)a->op - (int)b->op, a->ranks - b->ranks, a->nodes - b->nodes,
 		   (a->bytes > b->bytes) - (a->bytes < b->bytes)};
@@ -298,40 +310,19 @@ static int parse_coll_point(jctx_t *c, json_t *v, const sp_cluster_t *cl, sp_col
 	return rc;
 }
 
-/* The optional measured collectives, sorted with no repeats. */
-static int parse_collectives(jctx_t *c, json_t *root, sp_cluster_t *out)
+/* Collective point i: after point i - 1. */
+static int coll_elem(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out)
 {
-	json_t *p = json_object_get(root, "collectives");
-	if (!p)
-		return 0;
-	if (!json_is_array(p))
-		return jerr_member(c, "collectives", 0, "expected an array of collective points");
-	if (json_array_size(p) > 65536)
-		return jerr_member(c, "collectives", 0, "too many points (%zu, at most 65536)",
-				   json_array_size(p));
-	out->coll = calloc(json_array_size(p) + 1, sizeof *out->coll);
-	if (!out->coll)
-		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
-	jp_push_key(c, "collectives");
-	for (size_t i = 0; i < json_array_size(p); i++) {
-		jp_push_index(c, i);
-		sp_coll_point_t *q = &out->coll[i];
-		int rc = parse_coll_point(c, json_array_get(p, i), out, q);
-		if (!rc && i > 0 && coll_cmp(q - 1, q) >= 0) {
-			rc = jerr(c, 0, "point is not after collectives[%zu] in (op, ranks, nodes, "
-					"bytes) order",
-				  i - 1);
-			sp_err_hint(c->err, "sort the points by op (all_reduce, all_gather, "
-					    "reduce_scatter, p2p), ranks, nodes, then strictly "
-					    "increasing bytes");
-		}
-		if (rc)
-			return rc;
-		out->n_coll++;
-		jp_pop(c);
+	sp_coll_point_t *q = &out->coll[i];
+	int rc = parse_coll_point(c, v, out, q);
+	if (!rc && i > 0 && coll_point_cmp(q - 1, q) >= 0) {
+		rc = jerr(c, 0, "point is not after collectives[%zu] in (op, ranks, nodes, bytes) order",
+			  i - 1);
+		sp_err_hint(c->err, "sort the points by op (all_reduce, all_gather, reduce_scatter, "
+				    "p2p), ranks, nodes, then strictly increasing bytes");
 	}
-	jp_pop(c);
-	return 0;
+	out->n_coll += !rc;
+	return rc;
 }
 
 int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *fname,
@@ -360,7 +351,10 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 	out->nodes = (int)nodes;
 	out->gpus_per_node = (int)gpn;
 	if ((rc = parse_gpu(&c, root, out)) || (rc = parse_links(&c, root, out)) ||
-	    (rc = parse_profile(&c, root, out)) || (rc = parse_collectives(&c, root, out)))
+	    (rc = parse_array(&c, root, "profile", "profile entries", sizeof *out->prof,
+			       (void **)&out->prof, profile_elem, out)) ||
+	    (rc = parse_array(&c, root, "collectives", "collective points", sizeof *out->coll,
+			       (void **)&out->coll, coll_elem, out)))
 		goto cleanup;
 	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:

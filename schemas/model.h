@@ -159,6 +159,9 @@ void cluster_release(sp_cluster_t *c);
 const char *comp_type_name(sp_comp_type_t t);
 /* "all_reduce", "all_gather", "reduce_scatter", "p2p" (cluster.schema.json) */
 extern const char *const SP_COLL_NAMES[COLL__COUNT];
+/* (op, ranks, nodes, bytes) of a against b: <0, 0, >0 (the order of a
+ * cluster's "collectives") */
+int coll_point_cmp(const sp_coll_point_t *a, const sp_coll_point_t *b);
 const char *dtype_name(sp_dtype_t d);
 int dtype_bytes(sp_dtype_t d);
 

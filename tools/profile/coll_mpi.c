@@ -171,13 +171,7 @@ static void measure_group(run_t *r, int member, int nodes, const sp_coll_op_t *o
 
 static int cmp_point(const void *x, const void *y)
 {
-	const sp_coll_point_t *a = x, *b = y;
-	int d[] = {(int)a->op - (int)b->op, a->ranks - b->ranks, a->nodes - b->nodes,
-		   (a->bytes > b->bytes) - (a->bytes < b->bytes)};
-	for (int i = 0; i < 4; i++)
-		if (d[i])
-			return d[i];
-	return 0;
+	return coll_point_cmp(x, y);
 }
 
 /* Node index and local rank of every world rank. */

@@ -204,20 +204,16 @@ static int parse_args(opts_t *o, int argc, char **argv)
 					return SP_EXIT_INPUT;
 				}
 				o->backend = v;
-			} else if (!strcmp(a, "--batches")) {
-				if (parse_list(o->batches, &o->n_batches, v, 1, SP_MAX_BATCH)) {
-					fprintf(stderr, "spindle-profile: --batches: invalid list '%s'\n"
-							"hint: up to %d comma-separated integers 1..%lld, "
-							"e.g. 1,2,4,8\n", v, MAX_BATCHES,
-						(long long)SP_MAX_BATCH);
-					return SP_EXIT_INPUT;
-				}
-			} else if (!strcmp(a, "--sizes")) {
-				if (parse_list(o->sizes, &o->n_sizes, v, 4, MAX_SIZE)) {
-					fprintf(stderr, "spindle-profile: --sizes: invalid list '%s'\n"
-							"hint: up to %d comma-separated byte counts "
-							"4..%lld, e.g. 4096,65536\n", v, MAX_BATCHES,
-						(long long)MAX_SIZE);
+			} else if (!strcmp(a, "--batches") || !strcmp(a, "--sizes")) {
+				int bat = !strcmp(a, "--batches");
+				int64_t lo = bat ? 1 : 4, hi = bat ? SP_MAX_BATCH : MAX_SIZE;
+				if (parse_list(bat ? o->batches : o->sizes, bat ? &o->n_batches : &o->n_sizes,
+					       v, lo, hi)) {
+					fprintf(stderr, "spindle-profile: %s: invalid list '%s'\n"
+							"hint: up to %d comma-separated %s %lld..%lld, "
+							"e.g. %s\n", a, v, MAX_BATCHES,
+						bat ? "integers" : "byte counts", (long long)lo,
+						(long long)hi, bat ? "1,2,4,8" : "4096,65536");
 					return SP_EXIT_INPUT;
 				}
 			} else {

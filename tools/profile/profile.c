@@ -429,32 +429,22 @@ static double median(double *t, int n)
 	return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-/* Host buffer of n floats, uniform in [-a, a), copied to the device. */
-static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t key)
+/* Host buffer of n values copied to the device, each from u_i =
+ * mix(key ^ mix(i)): floats (range 0) uniform in [-a, a), else int32
+ * u_i mod range. */
+static void *dev_values(const rt_backend_t *b, int64_t n, double a, int64_t range, uint64_t key)
 {
-	float *d = b->alloc(sizeof(float) * (size_t)SP_MAX(n, 1));
-	float *h = malloc(sizeof(float) * (size_t)SP_MAX(n, 1));
+	size_t elem = range ? sizeof(int32_t) : sizeof(float);
+	void *d = b->alloc(elem * (size_t)SP_MAX(n, 1)), *h = malloc(elem * (size_t)SP_MAX(n, 1));
 	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (float)(a * (2.0 * sp_unit(key ^ sp_mix64((uint64_t)i)) - 1.0));
-		b->to_device(d, h, sizeof(float) * (size_t)n);
-	}
-	free(h);
-	if (!h && d) {
-		b->release(d);
-		d = NULL;
-	}
-	return d;
-}
-
-static int32_t *dev_ints(const rt_backend_t *b, int64_t n, int64_t range, uint64_t key)
-{
-	int32_t *d = b->alloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	int32_t *h = malloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (int32_t)(sp_mix64(key ^ sp_mix64((uint64_t)i)) % (uint64_t)range);
-		b->to_device(d, h, sizeof(int32_t) * (size_t)n);
+		for (int64_t i = 0; i < n; i++) {
+			if (range)
+				((int32_t *)h)[i] = (int32_t)(sp_mix64(key ^ sp_mix64((uint64_t)i)) %
+							      (uint64_t)range);
+			else
+				((float *)h)[i] = (float)(a * (2.0 * sp_unit(key ^ sp_mix64((uint64_t)i)) - 1.0));
+		}
+		b->to_device(d, h, elem * (size_t)n);
 	}
 	free(h);
 	if (!h && d) {
@@ -523,7 +513,7 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	}
 	free(host);
 	if (ok && x_w) {
-		q.x = dev_floats(b, nx, 1.0, key + 1);
+		q.x = dev_values(b, nx, 1.0, 0, key + 1);
 		q.dx = b->alloc(sizeof(float) * (size_t)SP_MAX(nx, 1));
 		ok = q.x && q.dx;
 		if (ok)
@@ -531,11 +521,11 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	}
 	if (ok && y_w) {
 		q.y = b->alloc(sizeof(float) * (size_t)SP_MAX(ny, 1));
-		q.dy = dev_floats(b, ny, 0.01, key + 2);
+		q.dy = dev_values(b, ny, 0.01, 0, key + 2);
 		ok = q.y && q.dy;
 	}
 	if (ok && ints) {
-		q.ints = dev_ints(b, ni, ints_range, key + 3);
+		q.ints = dev_values(b, ni, 0, ints_range, key + 3);
 		ok = q.ints != NULL;
 	}
 	if (!ok) {

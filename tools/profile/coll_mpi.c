@@ -38,6 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* as profile.c's layer runs: a run of at least 1 ms lies well above
+ * clock_gettime's resolution and MPI_Wtime's (tens of ns here), so the
+ * smallest collectives (a few us) are timed over hundreds of calls */
 #define MIN_RUN_MS 1.0
 #define MAX_CALLS 1000
 

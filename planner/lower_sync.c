@@ -113,11 +113,13 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, const int *first_use
 
 void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db)
 {
-	double ar = cost_allreduce_ms(c, p->bucket_devs + bk->dev_off, bk->n_dev, bk->elems * db);
-	/* a ring all-reduce is a reduce-scatter then an all-gather, each moving
-	 * (n-1)/n of the bytes per device: each half the all-reduce's time */
-	bk->sync_ms = bk->layout == LAYOUT_ZERO1 ? ar / 2 : ar;
-	bk->gather_ms = bk->layout == LAYOUT_ZERO1 ? ar / 2 : 0;
+	const int32_t *devs = p->bucket_devs + bk->dev_off;
+	int64_t bytes = bk->elems * db;
+	/* zero-1: a reduce-scatter, then an all-gather of the updated shards */
+	int z = bk->layout == LAYOUT_ZERO1;
+	bk->sync_ms = z ? cost_reduce_scatter_ms(c, devs, bk->n_dev, bytes)
+			: cost_allreduce_ms(c, devs, bk->n_dev, bytes);
+	bk->gather_ms = z ? cost_all_gather_ms(c, devs, bk->n_dev, bytes) : 0;
 }
 
 /* Buckets: params with the same holders whose gradients complete together

@@ -43,6 +43,30 @@
  * With one NIC per node and one GPU of the group per node, both are
  * 2 (n-1)/n S / B_x + 2 (n-1) a_x, the price before NICs were modelled
  * (tests/unit/test_net.c checks it).
+ *
+ * Reduce-scatter and all-gather of S bytes (zero-1's halves): a ring
+ * all-reduce is one of each, each moving (n-1)/n S per device, so each is
+ * priced at half the all-reduce.
+ *
+ * Measured points (the cluster's "collectives", spindle-profile
+ * --collectives) replace these formulas where they cover the operation:
+ *   shape: among the points of the op measured on the group's node count
+ *     m, the ranks r nearest the group's n by |ln(r / n)| (ties: the
+ *     smaller r). No point on m nodes: the formulas above. Nodes must
+ *     match because one more node swaps NVLink for a NIC, which no rule on
+ *     ranks alone can carry over.
+ *   size: between measured sizes b_i <= S <= b_i+1, log-log interpolation,
+ *     ln t = ln t_i + (ln t_i+1 - ln t_i) (ln S - ln b_i) / (ln b_i+1 - ln b_i),
+ *     exact on both regimes of t = a + S / B (flat where latency rules,
+ *     proportional where bandwidth does; a linear rule in ln S would be 25%
+ *     off halfway between points four times apart); below the smallest,
+ *     its time (the latency floor); above the largest, t_last S / b_last
+ *     (bandwidth-bound).
+ *   ranks: times (n-1)/n / ((r-1)/r), the ring's per-device volume ratio
+ *     (1 when r = n, and for p2p, always 2 ranks).
+ * For the simulator the phases of an all-reduce keep their links and are
+ * scaled, bytes and latencies alike, by measured / analytic, so alone they
+ * take the measured time and under contention share links as before.
  */
 #include "planner.h"
 
@@ -80,13 +104,72 @@ double net_res_gbs(const sp_cluster_t *c, int r)
 	return r < 2 * c->nodes * c->gpus_per_node ? c->intra_gbs : c->inter_gbs;
 }
 
+/* ---- measured points ---------------------------------------------------------- */
+
+/* t(S) of one measured shape (len >= 1 points, bytes increasing), the
+ * size rule at the top of the file. */
+static double curve_ms(const sp_coll_point_t *p, int len, double S)
+{
+	if (S <= p[0].bytes)
+		return p[0].ms;
+	if (S >= p[len - 1].bytes)
+		return p[len - 1].ms * S / p[len - 1].bytes;
+	int i = 0;
+	while (p[i + 1].bytes < S)
+		i++;
+	double x = log(S / p[i].bytes) / log(p[i + 1].bytes / p[i].bytes);
+	return exp(log(p[i].ms) + x * log(p[i + 1].ms / p[i].ms));
+}
+
+int net_measured_ms(const sp_cluster_t *c, sp_coll_op_t op, int n, int m, double bytes,
+		    double *out)
+{
+	const sp_coll_point_t *best = NULL;
+	int best_len = 0;
+	for (int i = 0, j; i < c->n_coll; i = j) {
+		const sp_coll_point_t *p = &c->coll[i];
+		for (j = i + 1; j < c->n_coll && c->coll[j].op == p->op &&
+				c->coll[j].ranks == p->ranks && c->coll[j].nodes == p->nodes;
+		     j++)
+			;
+		if (p->op != op || p->nodes != m)
+			continue;
+		/* shapes come in increasing ranks: a tie keeps the smaller */
+		if (!best || fabs(log((double)p->ranks / n)) < fabs(log((double)best->ranks / n))) {
+			best = p;
+			best_len = j - i;
+		}
+	}
+	if (!best)
+		return 0;
+	double r = best->ranks;
+	*out = curve_ms(best, best_len, bytes) * ((n - 1.0) / n) / ((r - 1.0) / r);
+	return 1;
+}
+
+static double xfer_analytic_ms(const sp_cluster_t *c, int a, int b, double S)
+{
+	if (dev_node(c, a) == dev_node(c, b))
+		return c->intra_lat_us * 1e-3 + S / (c->intra_gbs * 1e6);
+	return c->inter_lat_us * 1e-3 + S / (c->inter_gbs * 1e6);
+}
+
 double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes)
 {
 	if (a == b || bytes <= 0)
 		return 0;
-	if (dev_node(c, a) == dev_node(c, b))
-		return c->intra_lat_us * 1e-3 + (double)bytes / (c->intra_gbs * 1e6);
-	return c->inter_lat_us * 1e-3 + (double)bytes / (c->inter_gbs * 1e6);
+	double t;
+	int m = dev_node(c, a) == dev_node(c, b) ? 1 : 2;
+	if (net_measured_ms(c, COLL_P2P, 2, m, (double)bytes, &t))
+		return t;
+	return xfer_analytic_ms(c, a, b, (double)bytes);
+}
+
+double net_xfer_scale(const sp_cluster_t *c, int a, int b, int64_t bytes)
+{
+	if (a == b || bytes <= 0)
+		return 1;
+	return cost_xfer_ms(c, a, b, bytes) / xfer_analytic_ms(c, a, b, (double)bytes);
 }
 
 int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res)
@@ -167,8 +250,36 @@ double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int6
 	if (n <= 1 || bytes <= 0)
 		return 0;
 	group_t g;
+	double t;
 	group_shape(c, devs, n, &g);
+	if (net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
+		return t;
 	return fmin(ring_ms(c, &g, (double)bytes), hier_ms(c, &g, (double)bytes));
+}
+
+/* A half of the all-reduce: measured when op has a point on the group's
+ * node count, else half cost_allreduce_ms (measured or not). */
+static double half_ms(const sp_cluster_t *c, sp_coll_op_t op, const int32_t *devs, int n,
+		      int64_t bytes)
+{
+	group_t g;
+	double t;
+	if (n > 1 && bytes > 0) {
+		group_shape(c, devs, n, &g);
+		if (net_measured_ms(c, op, n, g.m, (double)bytes, &t))
+			return t;
+	}
+	return cost_allreduce_ms(c, devs, n, bytes) / 2;
+}
+
+double cost_reduce_scatter_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes)
+{
+	return half_ms(c, COLL_REDUCE_SCATTER, devs, n, bytes);
+}
+
+double cost_all_gather_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes)
+{
+	return half_ms(c, COLL_ALL_GATHER, devs, n, bytes);
 }
 
 static void put(net_phase_t *ph, int res, double bytes)
@@ -217,15 +328,11 @@ static net_phase_t *new_phase(net_coll_t *out, sp_arena_t *a, int cap, double la
 	return ph;
 }
 
-int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
-			 int64_t bytes, sp_arena_t *a)
+/* The analytic choice's phases (g: the group's shape). */
+static int analytic_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
+			   const group_t *gp, double S, sp_arena_t *a)
 {
-	memset(out, 0, sizeof *out);
-	if (n <= 1 || bytes <= 0)
-		return 0;
-	group_t g;
-	double S = (double)bytes;
-	group_shape(c, devs, n, &g);
+	group_t g = *gp;
 	net_phase_t *ph;
 	if (ring_ms(c, &g, S) <= hier_ms(c, &g, S)) {
 		double vol = 2.0 * (n - 1) / n * S;
@@ -257,6 +364,28 @@ int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *
 		if (!(ph = new_phase(out, a, 2 * n, in_lat)))
 			return SP_ENOMEM;
 		port_loads(c, ph, devs, n, in_vol);
+	}
+	return 0;
+}
+
+int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
+			 int64_t bytes, sp_arena_t *a)
+{
+	memset(out, 0, sizeof *out);
+	if (n <= 1 || bytes <= 0)
+		return 0;
+	group_t g;
+	double t;
+	group_shape(c, devs, n, &g);
+	int rc = analytic_phases(out, c, devs, n, &g, (double)bytes, a);
+	if (rc || !net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
+		return rc;
+	/* measured: the same links, bytes and latencies scaled to take t alone */
+	double k = t / net_phases_ms(c, out);
+	for (int p = 0; p < out->n_phase; p++) {
+		out->ph[p].lat_ms *= k;
+		for (int i = 0; i < out->ph[p].n_load; i++)
+			out->ph[p].load[i].bytes *= k;
 	}
 	return 0;
 }

@@ -131,11 +131,25 @@ static inline int dev_node(const sp_cluster_t *c, int d)
 
 /* Global id of the NIC device d sends and receives through (rail-optimised). */
 int dev_nic(const sp_cluster_t *c, int d);
-/* Time of one point-to-point transfer of bytes between devices a and b. */
+/* Time of one point-to-point transfer of bytes between devices a and b:
+ * measured (cluster "collectives") where a p2p point covers it. */
 double cost_xfer_ms(const sp_cluster_t *c, int a, int b, int64_t bytes);
-/* All-reduce of bytes over the n devices devs[] (increasing ids), the
- * cheaper of flat ring and hierarchical, alone on the network. */
+/* cost_xfer_ms over the analytic price (1 without measured p2p points):
+ * what the simulator scales a transfer's bytes and latency by. */
+double net_xfer_scale(const sp_cluster_t *c, int a, int b, int64_t bytes);
+/* All-reduce of bytes over the n devices devs[] (increasing ids), alone on
+ * the network: measured where points cover it, else the cheaper of flat
+ * ring and hierarchical. */
 double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+/* Reduce-scatter of a bytes buffer (each keeps bytes / n) and all-gather
+ * of one (each gives bytes / n) over devs: measured, else half the
+ * all-reduce. */
+double cost_reduce_scatter_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+double cost_all_gather_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes);
+/* The measured time of op over n ranks on m nodes (net.c's rules) in *out:
+ * 1, or 0 when the cluster has no point of op on m nodes. */
+int net_measured_ms(const sp_cluster_t *c, sp_coll_op_t op, int n, int m, double bytes,
+		    double *out);
 /* lower_sync.c: bk's sync_ms and gather_ms under its layout, alone on the
  * network (db: bytes per parameter). */
 void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db);

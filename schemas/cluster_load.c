@@ -1,7 +1,9 @@
 /*
  * cluster_load.c — reads spindle.cluster/1 (schemas/cluster.schema.json):
- * machine shape, GPU, links and the optional measured profile. Profile
- * entries must have strictly increasing batches and distinct op shapes.
+ * machine shape, GPU, links, the optional measured profile and the
+ * optional measured collectives. Profile entries must have strictly
+ * increasing batches and distinct op shapes; collectives are sorted by
+ * (op, ranks, nodes, bytes) with no repeats.
  */
 #include "jsonutil.h"
 #include "model.h"
@@ -17,6 +19,7 @@ void cluster_release(sp_cluster_t *c)
 	for (int i = 0; i < c->n_prof; i++)
 		free(c->prof[i].points);
 	free(c->prof);
+	free(c->coll);
 	memset(c, 0, sizeof *c);
 }
 
@@ -221,31 +224,30 @@ static int parse_links(jctx_t *c, json_t *root, sp_cluster_t *out)
 	return 0;
 }
 
-/* The optional measured profile: distinct op shapes. */
-static int parse_profile(jctx_t *c, json_t *root, sp_cluster_t *out)
+/* Parses element i (inside its path) of an array section into out. */
+typedef int (*elem_fn_t)(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out);
+
+/* The optional array section key of root (what: its elements, in
+ * messages): at most 65536, *arr calloc'd for them (one spare), each
+ * parsed by fn. */
+static int parse_array(jctx_t *c, json_t *root, const char *key, const char *what, size_t elem,
+		       void **arr, elem_fn_t fn, sp_cluster_t *out)
 {
-	json_t *p = json_object_get(root, "profile");
+	json_t *p = json_object_get(root, key);
 	if (!p)
 		return 0;
 	if (!json_is_array(p))
-		return jerr_member(c, "profile", 0, "expected an array of profile entries");
+		return jerr_member(c, key, 0, "expected an array of %s", what);
 	if (json_array_size(p) > 65536)
-		return jerr_member(c, "profile", 0, "too many profile entries (%zu, at most 65536)",
+		return jerr_member(c, key, 0, "too many %s (%zu, at most 65536)", what,
 				   json_array_size(p));
-	out->prof = calloc(json_array_size(p) + 1, sizeof *out->prof);
-	if (!out->prof)
+	*arr = calloc(json_array_size(p) + 1, elem);
+	if (!*arr)
 		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
-	jp_push_key(c, "profile");
+	jp_push_key(c, key);
 	for (size_t i = 0; i < json_array_size(p); i++) {
 		jp_push_index(c, i);
-		out->n_prof++;
-		int rc = parse_profile_entry(c, json_array_get(p, i), &out->prof[i]);
-		for (size_t k = 0; !rc && k < i; k++)
-			if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
-				rc = jerr_member(c, "op", 0,
-						 "duplicate profile shape (same as profile[%zu])", k);
-				sp_err_hint(c->err, "merge the points into one entry");
-			}
+		int rc = fn(c, json_array_get(p, i), i, out);
 		if (rc)
 			return rc;
 		jp_pop(c);
@@ -254,11 +256,80 @@ static int parse_profile(jctx_t *c, json_t *root, sp_cluster_t *out)
 	return 0;
 }
 
+/* Profile entry i: distinct op shapes. */
+static int profile_elem(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out)
+{
+	out->n_prof++; /* released even when half parsed */
+	int rc = parse_profile_entry(c, v, &out->prof[i]);
+	for (size_t k = 0; !rc && k < i; k++)
+		if (opshape_equal(&out->prof[k].shape, &out->prof[i].shape)) {
+			rc = jerr_member(c, "op", 0, "duplicate profile shape (same as profile[%zu])",
+					 k);
+			sp_err_hint(c->err, "merge the points into one entry");
+		}
+	return rc;
+}
+
+const char *const SP_COLL_NAMES[COLL__COUNT] = {"all_reduce", "all_gather", "reduce_scatter",
+						"p2p"};
+
+int coll_point_cmp(const sp_coll_point_t *a, const sp_coll_point_t *b)
+{
+	int d[] = {(int)a->op - (int)b->op, a->ranks - b->ranks, a->nodes - b->nodes,
+		   (a->bytes > b->bytes) - (a->bytes < b->bytes)};
+	for (int i = 0; i < 4; i++)
+		if (d[i])
+			return d[i];
+	return 0;
+}
+
+static int parse_coll_point(jctx_t *c, json_t *v, const sp_cluster_t *cl, sp_coll_point_t *q)
+{
+	static const char *const keys[] = {"op", "ranks", "nodes", "bytes", "ms", NULL};
+	int rc, op = 0;
+	int64_t ranks = 0, nodes = 0, bytes = 0;
+	if ((rc = jcheck_object(c, v, "a collective point", keys)) ||
+	    (rc = jget_enum(c, v, "op", 1, SP_COLL_NAMES, COLL__COUNT, &op)) ||
+	    (rc = jget_int(c, v, "ranks", 1, 2, SP_MAX_DEVICES, &ranks)) ||
+	    (rc = jget_int(c, v, "nodes", 1, 1, 4096, &nodes)) ||
+	    (rc = jget_int(c, v, "bytes", 1, 1, (int64_t)1 << 40, &bytes)) ||
+	    (rc = jget_num(c, v, "ms", 1, 0, 1e9, 1, &q->ms)))
+		return rc;
+	*q = (sp_coll_point_t){(sp_coll_op_t)op, (int)ranks, (int)nodes, (double)bytes, q->ms};
+	if (ranks % nodes)
+		return jerr_member(c, "nodes", 0, "%lld ranks do not spread evenly over %lld nodes",
+				   (long long)ranks, (long long)nodes);
+	if (op == COLL_P2P && ranks != 2)
+		return jerr_member(c, "ranks", 0, "a p2p point has 2 ranks, not %lld",
+				   (long long)ranks);
+	if (nodes > cl->nodes || ranks / nodes > cl->gpus_per_node) {
+		rc = jerr_member(c, "ranks", 0, "%lld ranks on %lld nodes do not fit the cluster",
+				 (long long)ranks, (long long)nodes);
+		sp_err_hint(c->err, "measure on the machine the cluster file describes");
+	}
+	return rc;
+}
+
+/* Collective point i: after point i - 1. */
+static int coll_elem(jctx_t *c, json_t *v, size_t i, sp_cluster_t *out)
+{
+	sp_coll_point_t *q = &out->coll[i];
+	int rc = parse_coll_point(c, v, out, q);
+	if (!rc && i > 0 && coll_point_cmp(q - 1, q) >= 0) {
+		rc = jerr(c, 0, "point is not after collectives[%zu] in (op, ranks, nodes, bytes) order",
+			  i - 1);
+		sp_err_hint(c->err, "sort the points by op (all_reduce, all_gather, reduce_scatter, "
+				    "p2p), ranks, nodes, then strictly increasing bytes");
+	}
+	out->n_coll += !rc;
+	return rc;
+}
+
 int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *fname,
 		  sp_err_t *err)
 {
 	static const char *const keys[] = {"format", "name", "nodes", "gpus_per_node",
-					   "gpu", "links", "profile", NULL};
+					   "gpu", "links", "profile", "collectives", NULL};
 	memset(out, 0, sizeof *out);
 	jctx_t c = {.text = text, .len = len, .file = fname, .err = err};
 	json_t *root = jparse(&c);
@@ -280,7 +351,10 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len, const char *f
 	out->nodes = (int)nodes;
 	out->gpus_per_node = (int)gpn;
 	if ((rc = parse_gpu(&c, root, out)) || (rc = parse_links(&c, root, out)) ||
-	    (rc = parse_profile(&c, root, out)))
+	    (rc = parse_array(&c, root, "profile", "profile entries", sizeof *out->prof,
+			       (void **)&out->prof, profile_elem, out)) ||
+	    (rc = parse_array(&c, root, "collectives", "collective points", sizeof *out->coll,
+			       (void **)&out->coll, coll_elem, out)))
 		goto cleanup;
 	rc = jcanonical_hash(&c, root, &out->hash);
 cleanup:

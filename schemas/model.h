@@ -109,6 +109,18 @@ typedef struct {
  */
 #define SP_LAUNCH_US_DEFAULT 3.8
 
+/* One measured collective (the cluster's optional "collectives", written
+ * by spindle-profile --collectives): op over ranks ranks on nodes nodes
+ * (ranks / nodes per node), bytes the whole buffer (all-reduce: each
+ * rank's; reduce-scatter: its input, all-gather: its output; p2p: bytes
+ * sent), ms the time the slowest rank saw. */
+typedef enum { COLL_ALL_REDUCE, COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_P2P, COLL__COUNT } sp_coll_op_t;
+typedef struct {
+	sp_coll_op_t op;
+	int ranks, nodes;
+	double bytes, ms;
+} sp_coll_point_t;
+
 typedef struct {
 	char name[SP_NAME_MAX];
 	int nodes, gpus_per_node;
@@ -123,6 +135,10 @@ typedef struct {
 	int nics;     /* links.nics_per_node, 1..gpus_per_node; 1 when absent */
 	int n_prof;
 	sp_prof_entry_t *prof;
+	/* sorted by (op, ranks, nodes, bytes), bytes strictly increasing within
+	 * a shape (the loader checks the order) */
+	int n_coll;
+	sp_coll_point_t *coll;
 	uint64_t hash;
 } sp_cluster_t;
 
@@ -141,6 +157,11 @@ int cluster_parse(sp_cluster_t *out, const char *text, size_t len,
 void cluster_release(sp_cluster_t *c);
 
 const char *comp_type_name(sp_comp_type_t t);
+/* "all_reduce", "all_gather", "reduce_scatter", "p2p" (cluster.schema.json) */
+extern const char *const SP_COLL_NAMES[COLL__COUNT];
+/* (op, ranks, nodes, bytes) of a against b: <0, 0, >0 (the order of a
+ * cluster's "collectives") */
+int coll_point_cmp(const sp_coll_point_t *a, const sp_coll_point_t *b);
 const char *dtype_name(sp_dtype_t d);
 int dtype_bytes(sp_dtype_t d);
 

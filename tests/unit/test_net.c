@@ -6,7 +6,10 @@
  * max-min fair sharing on hand-computed cases: two transfers through one
  * NIC take twice as long, through two NICs (rails) they do not, an
  * all-reduce beside a transfer on one NIC slows both, a transfer that
- * leaves gives its share back, also from the middle of its links' lists.
+ * leaves gives its share back, also from the middle of its links' lists;
+ * measured collectives (the cluster's "collectives"): log-log
+ * interpolation, the nearest shape, fallbacks, and the simulator's phases
+ * scaled to the measured time.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -238,6 +241,101 @@ static void test_allreduce_order_per_device(void **state)
 	near(fl_done(n, b), 2.53 + 2.02, "third, after the second on GPU 0");
 }
 
+/* Measured points on one node of 8: all-reduce at 2 ranks 0.1 ms at 4 KiB
+ * and 0.4 ms at 64 KiB, at 8 ranks 1 ms at 4 KiB; reduce-scatter at 2
+ * ranks 0.05 ms at 4 KiB; p2p in one node 0.02 ms at 4 KiB. */
+static const sp_coll_point_t MEASURED[] = {
+	{COLL_ALL_REDUCE, 2, 1, 4096, 0.1},   {COLL_ALL_REDUCE, 2, 1, 65536, 0.4},
+	{COLL_ALL_REDUCE, 8, 1, 4096, 1.0},   {COLL_REDUCE_SCATTER, 2, 1, 4096, 0.05},
+	{COLL_P2P, 2, 1, 4096, 0.02},
+};
+
+static sp_cluster_t measured_cluster(void)
+{
+	sp_cluster_t c = cluster(2, 8, 1, 5);
+	c.coll = (sp_coll_point_t *)MEASURED;
+	c.n_coll = (int)(sizeof MEASURED / sizeof *MEASURED);
+	return c;
+}
+
+static void test_measured_interp(void **state)
+{
+	(void)state;
+	sp_cluster_t c = measured_cluster();
+	static const int32_t d2[2] = {0, 1}, d3[3] = {0, 1, 2}, d4[4] = {0, 1, 2, 3};
+	/* 16 KiB: halfway in ln S between 4 and 64 KiB, so ln t halfway:
+	 * sqrt(0.1 * 0.4) = 0.2 ms (a power law through both points) */
+	near(cost_allreduce_ms(&c, d2, 2, 16384), 0.2, "log-log halfway");
+	near(cost_allreduce_ms(&c, d2, 2, 4096), 0.1, "at a point");
+	near(cost_allreduce_ms(&c, d2, 2, 1000), 0.1, "below: the smallest's time");
+	near(cost_allreduce_ms(&c, d2, 2, 131072), 0.8, "above: proportional to bytes");
+	/* 3 ranks: |ln 2/3| = 0.405 < |ln 8/3| = 0.981, so the 2-rank curve,
+	 * times (2/3) / (1/2) */
+	near(cost_allreduce_ms(&c, d3, 3, 4096), 0.1 * 4.0 / 3.0, "nearest ranks, scaled");
+	/* 4 ranks: ln 2 either side, the tie goes to 2 ranks: times 1.5 */
+	near(cost_allreduce_ms(&c, d4, 4, 16384), 0.2 * 1.5, "tie: the smaller");
+	/* reduce-scatter measured; all-gather falls back to half the
+	 * (measured) all-reduce */
+	near(cost_reduce_scatter_ms(&c, d2, 2, 4096), 0.05, "measured reduce-scatter");
+	near(cost_all_gather_ms(&c, d2, 2, 16384), 0.1, "all-gather: half the all-reduce");
+	near(cost_xfer_ms(&c, 0, 1, 8192), 0.04, "p2p in a node");
+	near(net_xfer_scale(&c, 0, 1, 8192), 0.04 / (0.005 + 8192 / 200e6), "p2p scale");
+	/* across nodes nothing is measured: the analytic prices */
+	sp_cluster_t a = cluster(2, 8, 1, 5);
+	static const int32_t dx[2] = {0, 8};
+	near(cost_allreduce_ms(&c, dx, 2, 16384), cost_allreduce_ms(&a, dx, 2, 16384),
+	     "other node count: analytic all-reduce");
+	near(cost_xfer_ms(&c, 0, 8, 16384), 0.01 + 16384 / 50e6, "cross-node p2p: analytic");
+	near(net_xfer_scale(&c, 0, 8, 16384), 1, "cross-node p2p: not scaled");
+}
+
+/* With measured points the simulator's phases keep the analytic links but
+ * take the measured time alone: an all-reduce over GPUs 0..3 at 16 KiB
+ * finishes at 0.3 ms; two of them on disjoint GPUs at once do not share a
+ * link (ports of their own GPUs), so both still take 0.3 ms. */
+static void test_measured_phases(void **state)
+{
+	sp_cluster_t c = measured_cluster();
+	static const int32_t d4[4] = {0, 1, 2, 3}, e4[4] = {4, 5, 6, 7};
+	net_coll_t co;
+	assert_int_equal(net_allreduce_phases(&co, &c, d4, 4, 16384, *state), 0);
+	near(net_phases_ms(&c, &co), 0.3, "phases at the measured time");
+	fl_net_t *n = net_new(state, &c);
+	int j0 = fl_allreduce(n, 0, d4, 4, 16384), j1 = fl_allreduce(n, 0, e4, 4, 16384);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, j0), 0.3, "measured all-reduce in the simulator");
+	near(fl_done(n, j1), 0.3, "beside one on other GPUs");
+}
+
+/* The loader keeps the points as written (cluster_load.c) and the prices
+ * read them: 2 ranks at 4 and 64 KiB, 16 KiB at sqrt(0.1 * 0.4) ms. */
+static void test_measured_loaded(void **state)
+{
+	(void)state;
+	static const char text[] =
+		"{\"format\": \"spindle.cluster/1\", \"name\": \"m\", \"nodes\": 1,\n"
+		" \"gpus_per_node\": 4, \"gpu\": {\"name\": \"g\", \"memory_gib\": 1,\n"
+		" \"peak_tflops\": 1, \"mem_bandwidth_gbs\": 1}, \"links\": {\"intra_node_gbs\": 1,\n"
+		" \"intra_node_latency_us\": 1, \"inter_node_gbs\": 1, \"inter_node_latency_us\": 1},\n"
+		" \"collectives\": [\n"
+		"  {\"op\": \"all_reduce\", \"ranks\": 2, \"nodes\": 1, \"bytes\": 4096, \"ms\": 0.1},\n"
+		"  {\"op\": \"all_reduce\", \"ranks\": 2, \"nodes\": 1, \"bytes\": 65536, \"ms\": 0.4},\n"
+		"  {\"op\": \"p2p\", \"ranks\": 2, \"nodes\": 1, \"bytes\": 4096, \"ms\": 0.02}]}\n";
+	sp_cluster_t c;
+	sp_err_t err = {0};
+	assert_int_equal(cluster_parse(&c, text, sizeof text - 1, "m.json", &err), 0);
+	assert_int_equal(c.n_coll, 3);
+	assert_int_equal(c.coll[1].op, COLL_ALL_REDUCE);
+	assert_int_equal(c.coll[1].ranks, 2);
+	assert_int_equal(c.coll[1].nodes, 1);
+	near(c.coll[1].bytes, 65536, "bytes as written");
+	near(c.coll[2].ms, 0.02, "ms as written");
+	assert_int_equal(c.coll[2].op, COLL_P2P);
+	static const int32_t d2[2] = {0, 1};
+	near(cost_allreduce_ms(&c, d2, 2, 16384), 0.2, "priced from the loaded points");
+	cluster_release(&c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -252,6 +350,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),
+		cmocka_unit_test(test_measured_interp),
+		cmocka_unit_test(test_measured_loaded),
+		cmocka_unit_test_setup_teardown(test_measured_phases, arena_setup, arena_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

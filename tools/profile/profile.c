@@ -7,6 +7,9 @@
  *   spindle-profile MODEL.json [--backend cpu|cuda] -o OUT.json
  *                   [--batches 1,2,4,8] [--reps N] [--warmup N]
  *                   [--cluster CLUSTER.json]
+ *   mpirun -np N spindle-profile --collectives -o OUT.json
+ *                   [--sizes 4096,...] [--reps N] [--warmup N]
+ *                   [--cluster CLUSTER.json]
  *
  * Shapes: op_shape() of every node of every task, deduplicated with
  * opshape_equal (the planner's matching rule), in order of first
@@ -36,11 +39,20 @@
  * contrastive shapes also get their tasks' batches (up to 1024), the only
  * batches the planner asks for.
  *
- * Output: {"profile": [...]}, or with --cluster the whole cluster file
- * (keys in its order) with "profile" replaced; times printed with %.6g;
- * written atomically. The tool runs as one process: it never starts MPI.
+ * Collectives (--collectives, no MODEL): all-reduce, all-gather,
+ * reduce-scatter and p2p by size and group shape over MPI on the ranks
+ * mpirun started (coll_mpi.c says how), written by world rank 0 as the
+ * "collectives" section; with --cluster, only the group shapes that fit
+ * its nodes and gpus_per_node. The cpu backend only: the NCCL path is not
+ * written, so --backend cuda --collectives is refused (exit 2).
+ *
+ * Output: {"profile": [...]} (or {"collectives": [...]}), or with --cluster
+ * the whole cluster file (keys in its order) with that section replaced or
+ * added; times printed with %.6g; written atomically. Layer profiling runs
+ * as one process and never starts MPI; --collectives does.
  * Exit status: 0 written, 1 failure while measuring or writing, 2 bad input.
  */
+#include "coll.h"
 #include "layers.h"
 #include "runtime.h"
 
@@ -55,12 +67,20 @@
 #define CONTRASTIVE_MAX_B 1024
 #define MIN_RUN_MS 1.0
 #define MAX_CALLS 10000
+/* --sizes default: 4 KiB to 64 MiB, a factor 4 apart (a gradient bucket of
+ * a small component to one of a large one) */
+#define DEFAULT_SIZES {4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+/* --sizes: at most 1 GiB per buffer (two are allocated per rank) */
+#define MAX_SIZE ((int64_t)1 << 30)
 
 typedef struct {
 	const char *model_path, *out_path, *cluster_path, *backend;
 	int64_t batches[MAX_BATCHES];
 	int n_batches; /* 0: default per shape */
 	int reps, warmup;
+	int collectives;
+	int64_t sizes[MAX_BATCHES];
+	int n_sizes;
 } opts_t;
 
 typedef struct {
@@ -76,9 +96,12 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: spindle-profile MODEL.json [--backend cpu|cuda] -o OUT.json [options]\n"
+		"       mpirun -np N spindle-profile --collectives -o OUT.json [options]\n"
 		"\n"
 		"Measures per-layer forward and backward times of every distinct operator\n"
-		"shape of the model and writes them as a cluster profile section.\n"
+		"shape of the model and writes them as a cluster profile section; with\n"
+		"--collectives, measures MPI all-reduce, all-gather, reduce-scatter and\n"
+		"p2p times by size and group shape into the \"collectives\" section.\n"
 		"\n"
 		"  --backend cpu|cuda    compute backend (default cpu)\n"
 		"  -o, --output FILE     where to write (atomically)\n"
@@ -86,8 +109,11 @@ static void usage(FILE *f)
 		"                        to min(largest task batch, 64))\n"
 		"  --reps N              timed runs per point, median reported (default 5)\n"
 		"  --warmup N            discarded runs before them (default 2)\n"
-		"  --cluster FILE        write FILE with its \"profile\" replaced instead of\n"
-		"                        a bare {\"profile\": [...]}\n"
+		"  --cluster FILE        write FILE with its \"profile\" (or \"collectives\")\n"
+		"                        replaced instead of the bare section\n"
+		"  --collectives         measure collectives (cpu backend, under mpirun)\n"
+		"  --sizes S1,S2,...     their buffer sizes in bytes (default 4096 to\n"
+		"                        67108864, a factor 4 apart)\n"
 		"\n"
 		"Losses are timed as one call (forward and backward together): fwd_ms\n"
 		"holds it and bwd_ms is 0.\n"
@@ -122,23 +148,25 @@ static int sort_unique(int64_t *v, int n)
 	return k;
 }
 
-static int parse_batches(opts_t *o, const char *s)
+/* A comma-separated list of up to MAX_BATCHES integers lo..hi, sorted,
+ * repeats dropped. */
+static int parse_list(int64_t *v, int *n, const char *s, int64_t lo, int64_t hi)
 {
 	char buf[1024];
 	if (strlen(s) >= sizeof buf)
 		return -1;
 	snprintf(buf, sizeof buf, "%s", s);
-	o->n_batches = 0;
+	*n = 0;
 	for (char *tok = buf, *next; tok; tok = next) {
 		next = strchr(tok, ',');
 		if (next)
 			*next++ = 0;
 		int64_t b;
-		if (o->n_batches == MAX_BATCHES || parse_int(tok, 1, SP_MAX_BATCH, &b))
+		if (*n == MAX_BATCHES || parse_int(tok, lo, hi, &b))
 			return -1;
-		o->batches[o->n_batches++] = b;
+		v[(*n)++] = b;
 	}
-	o->n_batches = sort_unique(o->batches, o->n_batches);
+	*n = sort_unique(v, *n);
 	return 0;
 }
 
@@ -155,9 +183,11 @@ static int parse_args(opts_t *o, int argc, char **argv)
 		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
 			exit(0);
+		} else if (!strcmp(a, "--collectives")) {
+			o->collectives = 1;
 		} else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--cluster") ||
 			   !strcmp(a, "--backend") || !strcmp(a, "--batches") ||
-			   !strcmp(a, "--reps") || !strcmp(a, "--warmup")) {
+			   !strcmp(a, "--sizes") || !strcmp(a, "--reps") || !strcmp(a, "--warmup")) {
 			if (!v) {
 				fprintf(stderr, "spindle-profile: option '%s' needs a value\n", a);
 				return SP_EXIT_INPUT;
@@ -174,12 +204,16 @@ static int parse_args(opts_t *o, int argc, char **argv)
 					return SP_EXIT_INPUT;
 				}
 				o->backend = v;
-			} else if (!strcmp(a, "--batches")) {
-				if (parse_batches(o, v)) {
-					fprintf(stderr, "spindle-profile: --batches: invalid list '%s'\n"
-							"hint: up to %d comma-separated integers 1..%lld, "
-							"e.g. 1,2,4,8\n", v, MAX_BATCHES,
-						(long long)SP_MAX_BATCH);
+			} else if (!strcmp(a, "--batches") || !strcmp(a, "--sizes")) {
+				int bat = !strcmp(a, "--batches");
+				int64_t lo = bat ? 1 : 4, hi = bat ? SP_MAX_BATCH : MAX_SIZE;
+				if (parse_list(bat ? o->batches : o->sizes, bat ? &o->n_batches : &o->n_sizes,
+					       v, lo, hi)) {
+					fprintf(stderr, "spindle-profile: %s: invalid list '%s'\n"
+							"hint: up to %d comma-separated %s %lld..%lld, "
+							"e.g. %s\n", a, v, MAX_BATCHES,
+						bat ? "integers" : "byte counts", (long long)lo,
+						(long long)hi, bat ? "1,2,4,8" : "4096,65536");
 					return SP_EXIT_INPUT;
 				}
 			} else {
@@ -202,7 +236,26 @@ static int parse_args(opts_t *o, int argc, char **argv)
 			return SP_EXIT_INPUT;
 		}
 	}
-	if (!o->model_path || !o->out_path) {
+	if (o->collectives) {
+		static const int64_t def[] = DEFAULT_SIZES;
+		const char *bad = o->model_path ? "a MODEL argument (it measures no layers)"
+				  : o->n_batches ? "--batches"
+				  : strcmp(o->backend, "cpu") ? "--backend cuda (NCCL is not measured "
+								"yet; use the cpu backend's MPI)"
+							      : NULL;
+		if (bad) {
+			fprintf(stderr, "spindle-profile: --collectives does not take %s\n", bad);
+			return SP_EXIT_INPUT;
+		}
+		if (!o->n_sizes) {
+			memcpy(o->sizes, def, sizeof def);
+			o->n_sizes = SP_ARRAY_LEN(def);
+		}
+	} else if (o->n_sizes) {
+		fprintf(stderr, "spindle-profile: --sizes needs --collectives\n");
+		return SP_EXIT_INPUT;
+	}
+	if ((!o->model_path && !o->collectives) || !o->out_path) {
 		if (o->model_path)
 			fprintf(stderr, "spindle-profile: missing -o OUT.json\n");
 		usage(stderr);
@@ -376,32 +429,22 @@ static double median(double *t, int n)
 	return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-/* Host buffer of n floats, uniform in [-a, a), copied to the device. */
-static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t key)
+/* Host buffer of n values copied to the device, each from u_i =
+ * mix(key ^ mix(i)): floats (range 0) uniform in [-a, a), else int32
+ * u_i mod range. */
+static void *dev_values(const rt_backend_t *b, int64_t n, double a, int64_t range, uint64_t key)
 {
-	float *d = b->alloc(sizeof(float) * (size_t)SP_MAX(n, 1));
-	float *h = malloc(sizeof(float) * (size_t)SP_MAX(n, 1));
+	size_t elem = range ? sizeof(int32_t) : sizeof(float);
+	void *d = b->alloc(elem * (size_t)SP_MAX(n, 1)), *h = malloc(elem * (size_t)SP_MAX(n, 1));
 	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (float)(a * (2.0 * sp_unit(key ^ sp_mix64((uint64_t)i)) - 1.0));
-		b->to_device(d, h, sizeof(float) * (size_t)n);
-	}
-	free(h);
-	if (!h && d) {
-		b->release(d);
-		d = NULL;
-	}
-	return d;
-}
-
-static int32_t *dev_ints(const rt_backend_t *b, int64_t n, int64_t range, uint64_t key)
-{
-	int32_t *d = b->alloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	int32_t *h = malloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (int32_t)(sp_mix64(key ^ sp_mix64((uint64_t)i)) % (uint64_t)range);
-		b->to_device(d, h, sizeof(int32_t) * (size_t)n);
+		for (int64_t i = 0; i < n; i++) {
+			if (range)
+				((int32_t *)h)[i] = (int32_t)(sp_mix64(key ^ sp_mix64((uint64_t)i)) %
+							      (uint64_t)range);
+			else
+				((float *)h)[i] = (float)(a * (2.0 * sp_unit(key ^ sp_mix64((uint64_t)i)) - 1.0));
+		}
+		b->to_device(d, h, elem * (size_t)n);
 	}
 	free(h);
 	if (!h && d) {
@@ -470,7 +513,7 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	}
 	free(host);
 	if (ok && x_w) {
-		q.x = dev_floats(b, nx, 1.0, key + 1);
+		q.x = dev_values(b, nx, 1.0, 0, key + 1);
 		q.dx = b->alloc(sizeof(float) * (size_t)SP_MAX(nx, 1));
 		ok = q.x && q.dx;
 		if (ok)
@@ -478,11 +521,11 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	}
 	if (ok && y_w) {
 		q.y = b->alloc(sizeof(float) * (size_t)SP_MAX(ny, 1));
-		q.dy = dev_floats(b, ny, 0.01, key + 2);
+		q.dy = dev_values(b, ny, 0.01, 0, key + 2);
 		ok = q.y && q.dy;
 	}
 	if (ok && ints) {
-		q.ints = dev_ints(b, ni, ints_range, key + 3);
+		q.ints = dev_values(b, ni, 0, ints_range, key + 3);
 		ok = q.ints != NULL;
 	}
 	if (!ok) {
@@ -648,9 +691,36 @@ static void put_profile(FILE *f, const shape_t *v, int n)
 	fputs(n ? "\n  ]" : "]", f);
 }
 
-/* The whole output file into a memory buffer; cluster may be NULL. */
-static int render(char **out, size_t *len, json_t *cluster, const shape_t *v, int n)
+static void put_collectives(FILE *f, const sp_coll_point_t *v, int n)
 {
+	fputs("[", f);
+	for (int i = 0; i < n; i++)
+		fprintf(f, "%s{\"op\": \"%s\", \"ranks\": %d, \"nodes\": %d, \"bytes\": %.0f, "
+			   "\"ms\": %.6g}",
+			i ? ",\n    " : "\n    ", SP_COLL_NAMES[v[i].op], v[i].ranks, v[i].nodes,
+			v[i].bytes, v[i].ms);
+	fputs(n ? "\n  ]" : "]", f);
+}
+
+/* The section written: layer shapes (profile) or collective points. */
+typedef struct {
+	const shape_t *shapes;
+	const sp_coll_point_t *coll;
+	int n;
+} section_t;
+
+static void put_section(FILE *f, const section_t *s)
+{
+	if (s->coll)
+		put_collectives(f, s->coll, s->n);
+	else
+		put_profile(f, s->shapes, s->n);
+}
+
+/* The whole output file into a memory buffer; cluster may be NULL. */
+static int render(char **out, size_t *len, json_t *cluster, const section_t *sec)
+{
+	const char *key = sec->coll ? "collectives" : "profile";
 	FILE *f = open_memstream(out, len);
 	if (!f)
 		return SP_ENOMEM;
@@ -664,8 +734,8 @@ static int render(char **out, size_t *len, json_t *cluster, const shape_t *v, in
 			first = 0;
 			sp_json_str(f, k);
 			fputs(": ", f);
-			if (!strcmp(k, "profile")) {
-				put_profile(f, v, n);
+			if (!strcmp(k, key)) {
+				put_section(f, sec);
 				done = 1;
 			} else {
 				put_value(f, x);
@@ -674,8 +744,8 @@ static int render(char **out, size_t *len, json_t *cluster, const shape_t *v, in
 	}
 	if (!done) {
 		fputs(first ? "\n  " : ",\n  ", f);
-		fputs("\"profile\": ", f);
-		put_profile(f, v, n);
+		fprintf(f, "\"%s\": ", key);
+		put_section(f, sec);
 	}
 	fputs("\n}\n", f);
 	return fclose(f) ? SP_ENOMEM : 0;
@@ -700,18 +770,96 @@ static int load_cluster_json(json_t **out, const char *path, sp_err_t *err)
 	return 0;
 }
 
+/* Renders sec (into cluster when not NULL), checks that a cluster loads,
+ * writes o->out_path atomically. 0 or a code with err set. */
+static int write_output(const opts_t *o, json_t *cluster, const section_t *sec, sp_err_t *err)
+{
+	char *text = NULL;
+	size_t len = 0;
+	int rc = 0;
+	if (render(&text, &len, cluster, sec)) {
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto out;
+	}
+	/* what we write must load where it is used */
+	if (cluster) {
+		sp_cluster_t check;
+		if (cluster_parse(&check, text, len, o->out_path, err)) {
+			rc = err->code = SP_EINTERNAL;
+			fprintf(stderr, "spindle-profile: internal error: the cluster written "
+					"does not load: ");
+			goto out;
+		}
+		cluster_release(&check);
+	}
+	rc = sp_write_atomic(o->out_path, text, len, err);
+out:
+	free(text);
+	return rc;
+}
+
+/* --collectives: every rank measures, world rank 0 writes. */
+static int main_collectives(const opts_t *o, int *argc, char ***argv)
+{
+	sp_err_t err = {0};
+	json_t *cluster = NULL;
+	sp_coll_point_t *pts = NULL;
+	sp_cluster_t c = {0};
+	int n = 0, root = 1, status = SP_EXIT_OK;
+	coll_opts_t co = {.sizes = o->sizes, .n_sizes = o->n_sizes, .reps = o->reps,
+			  .warmup = o->warmup, .max_per_node = SP_MAX_DEVICES, .max_nodes = 4096};
+	/* every rank reads the cluster, so all measure the same shapes */
+	if (o->cluster_path) {
+		if (cluster_load(&c, o->cluster_path, &err) ||
+		    load_cluster_json(&cluster, o->cluster_path, &err))
+			goto fail;
+		co.max_per_node = c.gpus_per_node;
+		co.max_nodes = c.nodes;
+	}
+	double t0 = now_ms();
+	if (coll_measure(&pts, &n, &root, &co, argc, argv, &err)) {
+		if (root)
+			fprintf(stderr, "spindle-profile: ");
+		goto fail;
+	}
+	if (!root)
+		goto done;
+	printf("spindle-profile: %d collective points (%d sizes, %d warm-up + %d timed runs "
+	       "each)\n",
+	       n, o->n_sizes, o->warmup, o->reps);
+	for (int i = 0; i < n; i++)
+		printf("  %-14s ranks %d nodes %d %10.0f B %10.4f ms\n", SP_COLL_NAMES[pts[i].op],
+		       pts[i].ranks, pts[i].nodes, pts[i].bytes, pts[i].ms);
+	section_t sec = {.coll = pts, .n = n};
+	if (write_output(o, cluster, &sec, &err))
+		goto fail;
+	printf("wrote %s: %s (%.2f s of measuring)\n", o->out_path,
+	       cluster ? "cluster with collectives" : "collectives", (now_ms() - t0) * 1e-3);
+	goto done;
+fail:
+	if (root) {
+		sp_err_print(stderr, &err);
+		status = err.code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
+	}
+done:
+	free(pts);
+	cluster_release(&c);
+	json_decref(cluster);
+	return status;
+}
+
 int main(int argc, char **argv)
 {
 	opts_t o;
 	int rc = parse_args(&o, argc, argv);
 	if (rc)
 		return rc;
+	if (o.collectives)
+		return main_collectives(&o, &argc, &argv);
 	sp_err_t err = {0};
 	sp_model_t model = {0};
 	json_t *cluster = NULL;
 	shape_t *shapes = NULL;
-	char *text = NULL;
-	size_t len = 0;
 	int n = 0, status = SP_EXIT_OK, up = 0;
 	rt_comm_t comm;
 	const rt_backend_t *be = backend_find(o.backend);
@@ -758,22 +906,8 @@ int main(int argc, char **argv)
 		printf(" ms\n");
 		fflush(stdout);
 	}
-	if (render(&text, &len, cluster, shapes, n)) {
-		sp_err_set(&err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		goto fail;
-	}
-	/* what we write must load where it is used */
-	if (cluster) {
-		sp_cluster_t check;
-		if (cluster_parse(&check, text, len, o.out_path, &err)) {
-			err.code = SP_EINTERNAL;
-			fprintf(stderr, "spindle-profile: internal error: the cluster written "
-					"does not load: ");
-			goto fail;
-		}
-		cluster_release(&check);
-	}
-	if (sp_write_atomic(o.out_path, text, len, &err))
+	section_t sec = {.shapes = shapes, .n = n};
+	if (write_output(&o, cluster, &sec, &err))
 		goto fail;
 	printf("wrote %s: %s for %d shape%s (%.2f s of measuring)\n", o.out_path,
 	       cluster ? "cluster with profile" : "profile", n, n == 1 ? "" : "s",
@@ -785,7 +919,6 @@ fail:
 done:
 	if (up)
 		be->shutdown();
-	free(text);
 	free(shapes);
 	json_decref(cluster);
 	model_release(&model);

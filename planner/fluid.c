@@ -163,13 +163,16 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	fl_job_t *jb = &n->jobs[j];
 	int res[2];
 	net_xfer_loads(n->c, a, b, res);
-	jb->xl[0] = (net_load_t){res[0], (double)bytes};
-	jb->xl[1] = (net_load_t){res[1], (double)bytes};
+	/* measured p2p points: bytes and latency scaled so that, alone, the
+	 * transfer takes the measured time (1 without points) */
+	double scale = net_xfer_scale(n->c, a, b, bytes);
+	jb->xl[0] = (net_load_t){res[0], (double)bytes * scale};
+	jb->xl[1] = (net_load_t){res[1], (double)bytes * scale};
 	jb->co.n_phase = 1;
 	jb->slot = jb->xslot;
-	jb->co.ph[0] = (net_phase_t){.lat_ms = dev_node(n->c, a) == dev_node(n->c, b)
-						       ? n->c->intra_lat_us * 1e-3
-						       : n->c->inter_lat_us * 1e-3,
+	jb->co.ph[0] = (net_phase_t){.lat_ms = scale * (dev_node(n->c, a) == dev_node(n->c, b)
+								? n->c->intra_lat_us * 1e-3
+								: n->c->inter_lat_us * 1e-3),
 				     .n_load = 2, .load = jb->xl};
 	return j;
 }

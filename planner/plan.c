@@ -40,7 +40,8 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → programs → memory → simulation, for one algorithm
+/* schedule → placement → programs → memory → simulation → layouts (the
+ * auto choices of zero-1 and recompute, re-simulated), for one algorithm
  * (ours: candidate c). Leaves the schedule and placement in pl->scratch for
  * the caller to reset; SCHED_NOTHING_NEW passed up. */
 static int plan_candidate(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
@@ -51,7 +52,7 @@ static int plan_candidate(planner_t *pl, algo_t a, cand_state_t *st, const sched
 	int rc;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
 	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = sim_run(pl, out, 1, res)))
+	    (rc = sim_run(pl, out, 1, res)) || (rc = layout_choose(pl, out, a == ALGO_SPINDLE, res)))
 		return rc;
 	/* the worst device's bytes over the cap: <= 0 when the plan fits */
 	*over = -HUGE_VAL;
@@ -323,8 +324,8 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		sp_err_hint(err, "lower --mem-reserve");
 		goto cleanup;
 	}
-	/* model → MetaOps → costs → bounds */
-	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)))
+	/* model → MetaOps → costs → layout estimates → bounds */
+	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)) || (rc = layout_prepare(&pl)))
 		goto cleanup;
 	bound_compute(&pl, &sum->bounds);
 	/* every algorithm asked for; the chosen plan's final memory, verified */

@@ -96,6 +96,10 @@ typedef struct planner {
 	int *topo; /* MetaOps in a topological order (by level, then id) */
 	int n_levels;
 	double mem_cap; /* usable bytes per device */
+	/* layout.c: per component, whether the estimates assume zero-1 state
+	 * and input-only activations; lay_large: some component is large */
+	uint8_t *lay_shard, *lay_redo;
+	int lay_large;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */
@@ -474,6 +478,21 @@ typedef struct {
  * predicted times into p (slices, waves, devices) when comm is 1.
  */
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
+
+/* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
+
+/* Which components the estimates price with zero-1 state and recomputed
+ * activations (after cost_build). */
+int layout_prepare(planner_t *pl);
+/* Parameter state of one layer of comp (or MetaOp m) on a slice of n
+ * devices, and the activation bytes m keeps per layer and sample, as the
+ * schedulers and the placer estimate them. */
+double layout_comp_state(const planner_t *pl, int comp, int n);
+double layout_state_bytes(const planner_t *pl, int m, int n);
+double layout_saved_per_sample(const planner_t *pl, int m);
+/* On a lowered plan with its memory and simulation (res): the auto choices
+ * (ours: 1 for our algorithm); memory and res updated. */
+int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 

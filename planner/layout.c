@@ -1,0 +1,302 @@
+/*
+ * layout.c — the planner's choice of memory layouts under --zero auto and
+ * --recompute auto: which sync buckets shard their optimizer state
+ * (zero-1) and which transformer slices recompute their activations.
+ *
+ * The choice is made with the schedule, in two places:
+ *
+ *  1. Estimates (layout_prepare, before any scheduling). A component is
+ *     "large" when its replicated parameter state takes more than a quarter
+ *     of a device: the threshold at which sched_list.c already gives it
+ *     fixed homes. For large components (for every one when the option is
+ *     forced) the schedulers and the placer price a layer at width n with
+ *     zero-1 state (weights and gradients whole, optimizer state / n:
+ *     layout_state_bytes) and its activations as the layer input only
+ *     (layout_saved_per_sample), so segments, homes and widths are chosen
+ *     knowing that memory can be bought back; other components are priced
+ *     as today, so small workloads plan exactly as before.
+ *
+ *  2. Per candidate plan, after lowering (layout_choose, called by plan.c
+ *     for every candidate of every algorithm, so each is judged with its
+ *     own layouts): while a device is over the cap, the bucket it belongs
+ *     to whose zero-1 sharding frees the most bytes is sharded; when none
+ *     is left, the slice on it that frees the most activation bytes per
+ *     millisecond of forward re-run recomputes (recomputation costs one
+ *     more forward: sim.c). Memory is re-planned exactly (plan_mem.c) after
+ *     every change. Then, for our algorithm only and only for large
+ *     components, every remaining bucket over 2+ devices is tried in zero-1
+ *     at once and kept when the simulator says the iteration is not slower
+ *     (reduce-scatter + shard step + all-gather against all-reduce + full
+ *     step). The baselines are thus replicated and keep their activations
+ *     unless they would not fit: the comparison stays fair.
+ *
+ * It does not build zero-2/3 or micro-batching (not built yet), and it does
+ * not reschedule: a candidate whose schedule cannot fit even with every
+ * bucket sharded and every slice recomputing stays over the cap, and
+ * plan.c picks another candidate or reports (layout_advise) what would fit.
+ */
+#include "lower.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The component of MetaOp m. */
+static int comp_of(const planner_t *pl, int m)
+{
+	return pl->model->tasks[pl->mops[m].task].nodes[pl->ops[pl->mops[m].first_op].node].comp;
+}
+
+int layout_prepare(planner_t *pl)
+{
+	const sp_model_t *md = pl->model;
+	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
+	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	if (!pl->lay_shard || !pl->lay_redo)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int c = 0; c < md->n_comps; c++) {
+		const sp_component_t *cp = &md->comps[c];
+		int L = cp->type == COMP_TRANSFORMER ? (int)cp->layers : 1;
+		/* the homes threshold of sched_list.c: a quarter of a device */
+		int large = (double)comp_layer_params(cp) * (double)psb * L > 0.25 * pl->mem_cap;
+		pl->lay_shard[c] = pl->opts->zero == 1 || (pl->opts->zero < 0 && large);
+		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
+				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
+		pl->lay_large |= large;
+	}
+	return 0;
+}
+
+double layout_comp_state(const planner_t *pl, int comp, int n)
+{
+	const sp_model_t *md = pl->model;
+	double P = (double)comp_layer_params(&md->comps[comp]);
+	double psb = (double)param_state_bytes(md->dtype, md->opt.kind);
+	double whole = 2.0 * dtype_bytes(md->dtype); /* weights and gradients */
+	if (!pl->lay_shard || !pl->lay_shard[comp] || n < 2)
+		return P * psb;
+	return P * (whole + (psb - whole) / n);
+}
+
+double layout_state_bytes(const planner_t *pl, int m, int n)
+{
+	return layout_comp_state(pl, comp_of(pl, m), n);
+}
+
+double layout_saved_per_sample(const planner_t *pl, int m)
+{
+	const metaop_t *mo = &pl->mops[m];
+	if (!pl->lay_redo || !pl->lay_redo[comp_of(pl, m)])
+		return (double)mo->saved_per_sample;
+	double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(pl->model->dtype);
+	return fmin(in, (double)mo->saved_per_sample);
+}
+
+/* ---- the choice on a lowered plan --------------------------------------- */
+
+/* Exact memory of the n devices devs[] after a change. */
+static void remem(sp_plan_t *p, const int32_t *devs, int n)
+{
+	for (int j = 0; j < n; j++) {
+		sp_device_t *dv = &p->devices[devs[j]];
+		plan_memory(p, devs[j], dv->mem);
+		dv->mem_peak = 0;
+		for (int c = 0; c < MEM__COUNT; c++)
+			dv->mem_peak += dv->mem[c];
+	}
+}
+
+/* The device furthest over the cap, or -1. */
+static int worst_device(const planner_t *pl, const sp_plan_t *p)
+{
+	int worst = -1;
+	double most = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		double over = (double)p->devices[d].mem_peak - pl->mem_cap;
+		if (over > most) {
+			most = over;
+			worst = d;
+		}
+	}
+	return worst;
+}
+
+/* Bytes of optimizer state zero-1 frees on each member of bucket b. */
+static double shard_saving(const sp_plan_t *p, int b)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	int db = dtype_bytes(p->model.dtype);
+	double opt = (double)(param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db);
+	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
+}
+
+/* 1 when bucket b holds a layer of a component whose layout auto may shard. */
+static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	for (int k = 0; k < bk->n_params; k++)
+		if (pl->lay_shard[p->bucket_params[bk->param_off + k].comp])
+			return 1;
+	return 0;
+}
+
+static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+{
+	p->buckets[b].layout = layout;
+	bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+}
+
+/* The replicated bucket of 2+ devices with d as a member that frees the
+ * most on d, or -1. */
+static int best_bucket(const sp_plan_t *p, int d)
+{
+	int best = -1;
+	double most = 0;
+	int64_t off, n;
+	for (int b = 0; b < p->n_buckets; b++) {
+		double s = shard_saving(p, b);
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && s > most &&
+		    bucket_shard(p, b, d, &off, &n) >= 0) {
+			most = s;
+			best = b;
+		}
+	}
+	return best;
+}
+
+/* 1 when device d runs slice s. */
+static int slice_on(const sp_plan_t *p, const sp_slice_t *s, int d)
+{
+	for (int j = 0; j < s->n_dev; j++)
+		if (p->slice_devs[s->dev_off + j] == d)
+			return 1;
+	return 0;
+}
+
+/* The keeping transformer slice on d that frees the most activation bytes
+ * per ms of re-run forward (per sample: both scale with the local batch),
+ * or -1. */
+static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
+{
+	int best = -1;
+	double most = 0;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *s = &p->slices[i];
+		const metaop_t *mo = &pl->mops[s->metaop];
+		if (s->recompute || mo->shape.type != COMP_TRANSFORMER || !slice_on(p, s, d))
+			continue;
+		double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(p->model.dtype);
+		double f, b;
+		int64_t local = (mo->batch + s->n_dev - 1) / s->n_dev;
+		cost_layer(pl, s->metaop, local, &f, &b);
+		double rate = ((double)mo->saved_per_sample - in) * (double)local / f;
+		if (rate > most) {
+			most = rate;
+			best = i;
+		}
+	}
+	return best;
+}
+
+/*
+ * Rewrites every program's tail for the buckets' current layouts: after
+ * STEP, one GATHER per zero-1 bucket of the device, in the order of its
+ * SYNCs (as lower_sync.c emits them). Returns SP_ENOMEM or 0.
+ */
+static int regather(sp_plan_t *p)
+{
+	int extra = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		extra += p->buckets[b].layout == LAYOUT_ZERO1 ? p->buckets[b].n_dev : 0;
+	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
+	if (!ins)
+		return SP_ENOMEM;
+	int n = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *old = p->ins + dv->first_ins;
+		int first = n;
+		for (int k = 0; k < dv->n_ins; k++)
+			if (old[k].op != INS_GATHER)
+				ins[n++] = old[k];
+		for (int k = 0; k < dv->n_ins; k++)
+			if (old[k].op == INS_SYNC && p->buckets[old[k].peer].layout == LAYOUT_ZERO1) {
+				ins[n] = lower_ins_new(INS_GATHER);
+				ins[n++].peer = old[k].peer;
+			}
+		dv->first_ins = first;
+		dv->n_ins = n - first;
+	}
+	free(p->ins);
+	p->ins = ins;
+	p->n_ins = n;
+	return 0;
+}
+
+/* While a device is over the cap: shard a bucket, else recompute a slice
+ * (as far as auto may). Returns the number of changes. */
+static int fit_memory(planner_t *pl, sp_plan_t *p)
+{
+	int changes = 0, d;
+	while ((d = worst_device(pl, p)) >= 0) {
+		int b = pl->opts->zero < 0 ? best_bucket(p, d) : -1;
+		if (b >= 0) {
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+			remem(p, p->bucket_devs + p->buckets[b].dev_off, p->buckets[b].n_dev);
+			changes++;
+			continue;
+		}
+		int s = pl->opts->recompute < 0 ? best_slice(pl, p, d) : -1;
+		if (s < 0)
+			break; /* nothing left to buy memory back on d */
+		p->slices[s].recompute = 1;
+		remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev);
+		changes++;
+	}
+	return changes;
+}
+
+/* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
+ * once, kept when the iteration is not slower. */
+static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int tried = 0, rc;
+	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
+	if (!was)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2 &&
+		    bucket_large(pl, p, b)) {
+			was[b] = 1;
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+			tried++;
+		}
+	sim_result_t r;
+	rc = 0;
+	if (tried && !(rc = regather(p)) && !(rc = sim_run(pl, p, 1, &r))) {
+		if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
+			*res = r;
+		} else {
+			for (int b = 0; b < p->n_buckets; b++)
+				if (was[b])
+					set_layout(pl, p, b, LAYOUT_REPLICATED);
+			if (!(rc = regather(p)))
+				rc = sim_run(pl, p, 1, res);
+		}
+	}
+	free(was);
+	return rc ? rc : memplan_run(pl, p, 0);
+}
+
+int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res)
+{
+	int rc;
+	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
+		return 0; /* both forced: lowering chose */
+	if (fit_memory(pl, p) && ((rc = regather(p)) || (rc = sim_run(pl, p, 1, res))))
+		return rc;
+	if (ours && pl->opts->zero < 0 && pl->lay_large)
+		return try_shard_all(pl, p, res);
+	return 0;
+}

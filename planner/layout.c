@@ -300,3 +300,111 @@ int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res)
 		return try_shard_all(pl, p, res);
 	return 0;
 }
+
+/* ---- the report ----------------------------------------------------------- */
+
+/* Bytes slice s frees per device by recomputing: each layer keeps its input
+ * instead of everything it saves, at the slice's local batch. */
+static double slice_saving(const sp_plan_t *p, const sp_slice_t *s)
+{
+	const sp_metaop_t *mo = &p->metaops[s->metaop];
+	int db = dtype_bytes(p->model.dtype);
+	int64_t B = p->model.tasks[mo->task].batch;
+	int64_t local = (B + s->n_dev - 1) / s->n_dev;
+	double saved = (double)op_saved_elems(&mo->shape, B);
+	double in = (double)mo->shape.seq * mo->shape.hidden;
+	return (saved - in) * db * (double)local * (s->layer_to - s->layer_from);
+}
+
+/* Per MetaOp: slices, recomputing ones, bytes freed on its worst device and
+ * forward time re-run (the recomputing slices' forward spans). */
+typedef struct {
+	int n, redo;
+	double saved, added_ms;
+} mop_policy_t;
+
+static void mop_policy(const sp_plan_t *p, int m, mop_policy_t *out)
+{
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *s = &p->slices[i];
+		if (s->metaop != m)
+			continue;
+		out->n++;
+		if (s->recompute) {
+			out->redo++;
+			out->saved = fmax(out->saved, slice_saving(p, s));
+			out->added_ms += s->fwd_ms;
+		}
+	}
+}
+
+/* "vision 0-47" for bucket b's parameters (the first component's range;
+ * "+" when more components share the bucket). */
+static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_bucket_t *bk)
+{
+	const sp_param_t *q = p->bucket_params + bk->param_off;
+	int lo = q[0].layer, hi = q[0].layer, more = 0;
+	for (int k = 1; k < bk->n_params; k++) {
+		if (q[k].comp != q[0].comp) {
+			more = 1;
+			continue;
+		}
+		lo = SP_MIN(lo, q[k].layer);
+		hi = SP_MAX(hi, q[k].layer);
+	}
+	snprintf(buf, cap, "%s %d-%d%s", p->model.comps[q[0].comp].name, lo, hi, more ? " +" : "");
+}
+
+void layout_report(FILE *f, const sp_plan_t *p)
+{
+	double gib = 1024.0 * 1024.0 * 1024.0;
+	int forced = strstr(p->options, "zero=1") != NULL;
+	fprintf(f, "\nlayouts (zero-2/3 and micro-batching are not built yet)\n  %-4s %-22s %6s "
+		   "%12s %-10s %13s %12s %12s\n",
+		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
+		"gather ms");
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		char nm[SP_NAME_MAX + 32];
+		bucket_name(nm, sizeof nm, p, bk);
+		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s\n", b, nm,
+			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
+			bk->gather_ms,
+			forced && bk->n_dev < 2 ? "  (--zero 1: a group of 1 stays replicated)" : "");
+	}
+	fprintf(f, "  %-32s %6s %9s %14s %12s\n", "MetaOp", "slices", "recompute",
+		"saved GiB/dev", "added ms");
+	for (int m = 0; m < p->n_metaops; m++) {
+		mop_policy_t mp;
+		mop_policy(p, m, &mp);
+		if (p->metaops[m].shape.type == COMP_TRANSFORMER)
+			fprintf(f, "  %-32s %6d %9d %14.3f %12.3f\n", p->metaops[m].name, mp.n,
+				mp.redo, mp.saved / gib, mp.added_ms);
+	}
+}
+
+void layout_json(FILE *f, const sp_plan_t *p)
+{
+	fprintf(f, ",\n  \"buckets\": [");
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
+			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f}",
+			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) : 0.0, bk->sync_ms,
+			bk->gather_ms);
+	}
+	fprintf(f, "\n  ],\n  \"metaops\": [");
+	for (int m = 0; m < p->n_metaops; m++) {
+		mop_policy_t mp;
+		mop_policy(p, m, &mp);
+		fprintf(f, "%s\n    {\"name\": ", m ? "," : "");
+		sp_json_str(f, p->metaops[m].name);
+		fprintf(f, ", \"slices\": %d, \"recompute\": %d, \"saved_bytes_per_device\": %.0f, "
+			   "\"added_ms\": %.6f}",
+			mp.n, mp.redo, mp.saved, mp.added_ms);
+	}
+	fprintf(f, "\n  ]");
+}

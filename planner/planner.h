@@ -493,6 +493,12 @@ double layout_saved_per_sample(const planner_t *pl, int m);
 /* On a lowered plan with its memory and simulation (res): the auto choices
  * (ours: 1 for our algorithm); memory and res updated. */
 int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res);
+/* The report's layouts: each bucket's layout and each transformer MetaOp's
+ * recomputing slices, with the bytes they free per device and the time they
+ * add, as text or as the JSON members "buckets" and "metaops" (each after
+ * a ","). */
+void layout_report(FILE *f, const sp_plan_t *p);
+void layout_json(FILE *f, const sp_plan_t *p);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 

@@ -29,6 +29,8 @@
 typedef struct {
 	uint8_t *bytes; /* the valid plan, encoded */
 	size_t len;
+	uint8_t *zbytes; /* the same inputs under --zero 1 --recompute all */
+	size_t zlen;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -62,6 +64,12 @@ static int group_setup(void **state)
 	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
 	    plan_encode(&f->bytes, &f->len, &p, &err))
 		goto cleanup;
+	plan_release(&p);
+	o.zero = 1;
+	o.recompute = 1;
+	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
+	    plan_encode(&f->zbytes, &f->zlen, &p, &err))
+		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
 	*state = f;
@@ -80,8 +88,10 @@ cleanup:
 static int group_teardown(void **state)
 {
 	vfix_t *f = *state;
-	if (f)
+	if (f) {
 		free(f->bytes);
+		free(f->zbytes);
+	}
 	free(f);
 	return 0;
 }
@@ -92,6 +102,13 @@ static void copy_plan(const vfix_t *f, sp_plan_t *out)
 {
 	sp_err_t err = {0};
 	assert_int_equal(plan_decode(out, f->bytes, f->len, "demo.bin", &err), 0);
+}
+
+/* The plan made under --zero 1 --recompute all. */
+static void copy_zplan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->zbytes, f->zlen, "demo-zero1.bin", &err), 0);
 }
 
 static sp_ins_t *ins_at(sp_plan_t *p, int d, int k)
@@ -212,6 +229,7 @@ typedef struct {
 	double cap;
 	sp_plan_t ref, p;
 	int made, rejected;
+	int zero1; /* breaking the --zero 1 --recompute all plan */
 } breaks_t;
 
 static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
@@ -223,10 +241,24 @@ static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
 	copy_plan(f, &b->ref);
 }
 
+/* The same on the plan made under --zero 1 --recompute all. */
+static void breaks_begin_zero1(breaks_t *b, const vfix_t *f, const char *kind)
+{
+	memset(b, 0, sizeof *b);
+	b->f = f;
+	b->kind = kind;
+	b->cap = f->cap;
+	b->zero1 = 1;
+	copy_zplan(f, &b->ref);
+}
+
 /* A fresh copy of the valid plan, to break. */
 static sp_plan_t *break_copy(breaks_t *b)
 {
-	copy_plan(b->f, &b->p);
+	if (b->zero1)
+		copy_zplan(b->f, &b->p);
+	else
+		copy_plan(b->f, &b->p);
 	return &b->p;
 }
 
@@ -715,6 +747,152 @@ static void test_every_deletion(void **state)
 	breaks_end(&b, want);
 }
 
+/* ---- (k) zero-1 buckets and recomputing slices ---------------------------------- */
+
+static int n_gathers_due(const sp_plan_t *p)
+{
+	int n = 0;
+	for (int bk = 0; bk < p->n_buckets; bk++)
+		n += p->buckets[bk].layout == LAYOUT_ZERO1 ? p->buckets[bk].n_dev : 0;
+	return n;
+}
+
+/* The forced plan is valid and has what the tests below break: zero-1
+ * buckets with their GATHERs, a bucket that does not span every device, and
+ * recomputing slices. */
+static void test_zero1_valid(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_zplan(f, &p);
+	expect_valid(&p, f->cap);
+	int redo = 0, partial = 0;
+	for (int i = 0; i < p.n_slices; i++)
+		redo += p.slices[i].recompute;
+	for (int bk = 0; bk < p.n_buckets; bk++)
+		partial |= p.buckets[bk].layout == LAYOUT_ZERO1 && p.buckets[bk].n_dev < p.n_devices;
+	assert_true(count_op(&p, INS_GATHER) > 0);
+	assert_int_equal(count_op(&p, INS_GATHER), n_gathers_due(&p));
+	assert_true(redo > 0);
+	assert_true(partial);
+	print_message("zero-1: %d GATHER, %d of %d slices recompute\n", count_op(&p, INS_GATHER),
+		      redo, p.n_slices);
+	plan_release(&p);
+}
+
+/* A member that never all-gathers its zero-1 bucket starts the next
+ * iteration with stale weights outside its shard. */
+static void del_gather(breaks_t *b, int d, int k)
+{
+	del_ins(break_copy(b), d, k);
+	judge(b, "sharded parameters", "device %d leaves 1 of its zero-1 buckets without an all-gather",
+	      d);
+}
+
+static void test_gather_missing(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "deleted all-gathers");
+	each_ins(&b, INS_GATHER, del_gather);
+	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+}
+
+static void gather_twice(breaks_t *b, int d, int k)
+{
+	sp_ins_t in = *ins_at(&b->ref, d, k);
+	ins_ins(break_copy(b), d, k + 1, in);
+	judge(b, "sharded parameters", "all-gather of bucket %d twice", (int)in.peer);
+}
+
+static void test_gather_twice(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "repeated all-gathers");
+	each_ins(&b, INS_GATHER, gather_twice);
+	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+}
+
+/* A GATHER moved before the STEP would gather shards not yet updated. */
+static void gather_early(breaks_t *b, int d, int k)
+{
+	int step = -1;
+	for (int j = 0; j < b->ref.devices[d].n_ins; j++)
+		if (ins_at(&b->ref, d, j)->op == INS_STEP)
+			step = j;
+	assert_true(step >= 0 && step < k);
+	int peer = (int)ins_at(&b->ref, d, k)->peer;
+	move_ins(break_copy(b), d, k, step);
+	judge(b, "sharded parameters", "all-gather of bucket %d before the optimizer step", peer);
+}
+
+static void test_gather_before_step(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "all-gathers before the step");
+	each_ins(&b, INS_GATHER, gather_early);
+	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+}
+
+/* A device outside a zero-1 bucket's group all-gathering it: after its own
+ * STEP, at the end of its program. */
+static void gather_stranger(breaks_t *b, int bk, int q)
+{
+	const sp_bucket_t *bt = &b->ref.buckets[bk];
+	if (q || bt->layout != LAYOUT_ZERO1) /* once per zero-1 bucket */
+		return;
+	for (int d = 0; d < b->ref.n_devices; d++) {
+		int64_t off, n;
+		if (bucket_shard(&b->ref, bk, d, &off, &n) >= 0)
+			continue;
+		sp_ins_t ga;
+		memset(&ga, 0, sizeof ga);
+		ga.op = INS_GATHER;
+		ga.slice = -1;
+		ga.tag = -1;
+		ga.peer = bk;
+		ins_ins(break_copy(b), d, b->ref.devices[d].n_ins, ga);
+		judge(b, "sharded parameters", "all-gather of bucket %d by a device outside its group",
+		      bk);
+	}
+}
+
+static void test_gather_stranger(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "all-gathers by non-members");
+	each_bucket(&b, 0, gather_stranger);
+	breaks_end(&b, 1);
+}
+
+/*
+ * Memory under the new layouts: the forced plan fits a cap of exactly its
+ * peak; the same plan with every bucket replicated and every slice keeping
+ * its activations (GATHERs dropped: a valid plan of the old kind) does not,
+ * because the verifier prices each layout.
+ */
+static void test_zero1_memory(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "layouts undone under the zero-1 peak");
+	int64_t peak = 0;
+	for (int d = 0; d < b.ref.n_devices; d++)
+		peak = SP_MAX(peak, b.ref.devices[d].mem_peak);
+	expect_valid(&b.ref, (double)peak);
+	b.cap = (double)peak;
+	sp_plan_t *p = break_copy(&b);
+	for (int bk = 0; bk < p->n_buckets; bk++)
+		p->buckets[bk].layout = LAYOUT_REPLICATED;
+	for (int i = 0; i < p->n_slices; i++)
+		p->slices[i].recompute = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = p->devices[d].n_ins - 1; k >= 0; k--)
+			if (ins_at(p, d, k)->op == INS_GATHER)
+				del_ins(p, d, k);
+	expect_valid(p, 0); /* valid but for memory */
+	judge(&b, "out of memory", NULL);
+	breaks_end(&b, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -732,6 +910,12 @@ int main(void)
 		cmocka_unit_test(test_out_of_memory),
 		cmocka_unit_test(test_deadlock_cycle),
 		cmocka_unit_test(test_every_deletion),
+		cmocka_unit_test(test_zero1_valid),
+		cmocka_unit_test(test_gather_missing),
+		cmocka_unit_test(test_gather_twice),
+		cmocka_unit_test(test_gather_before_step),
+		cmocka_unit_test(test_gather_stranger),
+		cmocka_unit_test(test_zero1_memory),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

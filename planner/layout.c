@@ -408,3 +408,115 @@ void layout_json(FILE *f, const sp_plan_t *p)
 	}
 	fprintf(f, "\n  ]");
 }
+
+/* ---- when nothing fits ---------------------------------------------------- */
+
+/* 1 when the inputs plan and fit under options o on cluster c (a full
+ * re-plan, without advice of its own). */
+static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster_t *c)
+{
+	plan_opts_t q = *o;
+	q.compare = 0;
+	q.no_advice = 1;
+	sp_err_t err = {0};
+	sp_plan_t p = {0};
+	plan_summary_t sum;
+	int rc = planner_run(&q, pl->model, c, &p, &sum, &err);
+	plan_release(&p);
+	return rc == 0;
+}
+
+/* The smallest node count (more than today's, at most 8 times as many)
+ * on which the inputs fit under o: doubling, then bisection; 0 if none. */
+static int nodes_that_fit(const planner_t *pl, const plan_opts_t *o)
+{
+	sp_cluster_t c = *pl->cluster;
+	int lo = pl->cluster->nodes, hi = 0;
+	for (int k = 2 * lo; k <= 8 * pl->cluster->nodes && !hi; k *= 2) {
+		c.nodes = k;
+		if (fits_with(pl, o, &c))
+			hi = k;
+		else
+			lo = k;
+	}
+	while (hi && hi - lo > 1) {
+		c.nodes = lo + (hi - lo) / 2;
+		if (fits_with(pl, o, &c))
+			hi = c.nodes;
+		else
+			lo = c.nodes;
+	}
+	return hi;
+}
+
+int layout_advise(planner_t *pl, const sp_plan_t *closest)
+{
+	const plan_opts_t *o = pl->opts;
+	int forced = o->zero == 0 || o->recompute == 0;
+	if (o->no_advice)
+		return SP_EINFEAS;
+	plan_opts_t q = *o;
+	/* 1. the layouts the options forbade */
+	q.zero = o->zero == 0 ? -1 : o->zero;
+	q.recompute = o->recompute == 0 ? -1 : o->recompute;
+	if (forced && fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --zero %s --recompute %s (zero-1 and recomputation "
+				     "where memory needs them)",
+			    q.zero < 0 ? "auto" : "1", q.recompute < 0 ? "auto" : "all");
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
+	/* 2. a smaller reserve: the closest plan's peak within the device */
+	int64_t peak = 0;
+	for (int d = 0; d < closest->n_devices; d++)
+		peak = SP_MAX(peak, closest->devices[d].mem_peak);
+	double room = pl->cluster->memory_gib - (double)peak / (1024.0 * 1024.0 * 1024.0);
+	q = *o;
+	q.mem_reserve_gib = floor(room * 10) / 10; /* a reserve of whole 0.1 GiB */
+	if (q.mem_reserve_gib >= 0 && q.mem_reserve_gib < o->mem_reserve_gib &&
+	    fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --mem-reserve %.1f", q.mem_reserve_gib);
+		return SP_EINFEAS;
+	}
+	/* 3. more nodes, with the layouts as asked and, if forced, with auto */
+	q = *o;
+	int n = nodes_that_fit(pl, &q);
+	if (!n && forced) {
+		q.zero = o->zero == 0 ? -1 : o->zero;
+		q.recompute = o->recompute == 0 ? -1 : o->recompute;
+		n = nodes_that_fit(pl, &q);
+	}
+	int G = pl->cluster->gpus_per_node;
+	if (n)
+		sp_err_hint(pl->err, "fits on %d or more nodes of %d (%d or more devices)%s", n, G,
+			    n * G,
+			    q.zero < 0 || q.recompute < 0
+				    ? " with zero-1 and recomputation where memory needs them"
+				    : "");
+	else
+		sp_err_hint(pl->err, "no plan fits on up to %d nodes of %d either: use larger "
+				     "devices or smaller batches",
+			    8 * pl->cluster->nodes, G);
+	if (forced) {
+		pl->err->code = SP_EINPUT; /* the options forbade what would fit */
+		return SP_EINPUT;
+	}
+	return SP_EINFEAS;
+}
+
+int layout_forced_check(planner_t *pl, const sp_plan_t *p)
+{
+	if (pl->opts->zero != 1)
+		return 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1)
+			return 0;
+	if (!p->n_buckets)
+		return 0;
+	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
+			    "--zero 1: every sync group of the plan has a single device, so "
+			    "there is no optimizer state to shard");
+	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
+			     "replicated)");
+	return rc;
+}

@@ -329,8 +329,14 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		goto cleanup;
 	bound_compute(&pl, &sum->bounds);
 	/* every algorithm asked for; the chosen plan's final memory, verified */
-	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)) ||
-	    (rc = memplan_run(&pl, out, 1)) || (rc = verify_plan(out, pl.mem_cap, err)))
+	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)))
+		goto cleanup;
+	if ((rc = memplan_run(&pl, out, 1))) {
+		if (rc == SP_EINFEAS) /* nothing fits: what would */
+			rc = layout_advise(&pl, out);
+		goto cleanup;
+	}
+	if ((rc = layout_forced_check(&pl, out)) || (rc = verify_plan(out, pl.mem_cap, err)))
 		goto cleanup;
 	write_cert(out, &chosen_res, &sum->bounds);
 	if ((rc = naive_compare(&pl, &cands, chosen_cand, &out->cert)) ||

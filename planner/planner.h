@@ -50,6 +50,7 @@ typedef struct {
 	int zero;               /* state layout of every bucket over 2+ devices:
 				 * -1 auto, 0 replicated, 1 zero-1 */
 	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */
+	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -499,6 +500,14 @@ int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res);
  * a ","). */
 void layout_report(FILE *f, const sp_plan_t *p);
 void layout_json(FILE *f, const sp_plan_t *p);
+/* After memplan_run found the chosen plan (closest) over the cap: names in
+ * err's hint the cheapest change that fits, each one re-planned (the
+ * layouts the options forbade, a smaller --mem-reserve, the fewest more
+ * nodes). Returns SP_EINPUT when forced layouts are what does not fit,
+ * else SP_EINFEAS. */
+int layout_advise(planner_t *pl, const sp_plan_t *closest);
+/* SP_EINPUT when --zero 1 was asked and no group of p can be sharded. */
+int layout_forced_check(planner_t *pl, const sp_plan_t *p);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 

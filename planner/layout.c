@@ -53,7 +53,8 @@ int layout_prepare(planner_t *pl)
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
-	if (!pl->lay_shard || !pl->lay_redo)
+	pl->lay_saved = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
+	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int c = 0; c < md->n_comps; c++) {
 		const sp_component_t *cp = &md->comps[c];
@@ -64,6 +65,14 @@ int layout_prepare(planner_t *pl)
 		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
 				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
 		pl->lay_large |= large;
+	}
+	/* the placer asks for these per slice and device: computed once */
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(md->dtype);
+		pl->lay_saved[m] = pl->lay_redo[comp_of(pl, m)]
+					   ? fmin(in, (double)mo->saved_per_sample)
+					   : (double)mo->saved_per_sample;
 	}
 	return 0;
 }
@@ -81,16 +90,14 @@ double layout_comp_state(const planner_t *pl, int comp, int n)
 
 double layout_state_bytes(const planner_t *pl, int m, int n)
 {
+	if (!pl->lay_shard || n < 2)
+		return (double)pl->mops[m].layer_state_bytes;
 	return layout_comp_state(pl, comp_of(pl, m), n);
 }
 
 double layout_saved_per_sample(const planner_t *pl, int m)
 {
-	const metaop_t *mo = &pl->mops[m];
-	if (!pl->lay_redo || !pl->lay_redo[comp_of(pl, m)])
-		return (double)mo->saved_per_sample;
-	double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(pl->model->dtype);
-	return fmin(in, (double)mo->saved_per_sample);
+	return pl->lay_saved ? pl->lay_saved[m] : (double)pl->mops[m].saved_per_sample;
 }
 
 /* ---- the choice on a lowered plan --------------------------------------- */
@@ -141,10 +148,24 @@ static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
 	return 0;
 }
 
+/* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
+ * optimizer state of the elements a member owns), its members' memory. */
 static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
-	p->buckets[b].layout = layout;
-	bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+	sp_bucket_t *bk = &p->buckets[b];
+	int db = dtype_bytes(p->model.dtype);
+	int64_t opt = param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db;
+	int64_t E = bk->elems, n = bk->n_dev;
+	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
+		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
+		int64_t shard = E * (q + 1) / n - E * q / n;
+		int64_t delta = (layout == LAYOUT_ZERO1 ? shard - E : E - shard) * opt;
+		sp_device_t *dv = &p->devices[p->bucket_devs[bk->dev_off + q]];
+		dv->mem[MEM_PARAMS] += delta;
+		dv->mem_peak += delta;
+	}
+	bk->layout = layout;
+	bucket_price(pl->cluster, p, bk, db);
 }
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
@@ -235,7 +256,7 @@ static int regather(sp_plan_t *p)
 }
 
 /* While a device is over the cap: shard a bucket, else recompute a slice
- * (as far as auto may). Returns the number of changes. */
+ * (as far as auto may). Returns 1 | 2 when it sharded | recomputed. */
 static int fit_memory(planner_t *pl, sp_plan_t *p)
 {
 	int changes = 0, d;
@@ -243,8 +264,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 		int b = pl->opts->zero < 0 ? best_bucket(p, d) : -1;
 		if (b >= 0) {
 			set_layout(pl, p, b, LAYOUT_ZERO1);
-			remem(p, p->bucket_devs + p->buckets[b].dev_off, p->buckets[b].n_dev);
-			changes++;
+			changes |= 1;
 			continue;
 		}
 		int s = pl->opts->recompute < 0 ? best_slice(pl, p, d) : -1;
@@ -252,19 +272,29 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
 		remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev);
-		changes++;
+		changes |= 2;
 	}
 	return changes;
 }
 
 /* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
- * once, kept when the iteration is not slower. */
-static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+ * once, kept when the iteration is not slower than res; else the plan's
+ * memory as it was and its predicted times (simulated again when stale:
+ * res was not this plan's). */
+static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res, int stale)
 {
-	int tried = 0, rc;
+	int tried = 0, rc = 0;
 	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
-	if (!was)
-		return SP_ENOMEM;
+	sp_slice_t *sl = malloc(sizeof *sl * ((size_t)p->n_slices + 1));
+	sp_wave_t *wv = malloc(sizeof *wv * ((size_t)p->n_waves + 1));
+	sp_device_t *dv = malloc(sizeof *dv * ((size_t)p->n_devices + 1));
+	if (!was || !sl || !wv || !dv) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	memcpy(sl, p->slices, sizeof *sl * (size_t)p->n_slices);
+	memcpy(wv, p->waves, sizeof *wv * (size_t)p->n_waves);
+	memcpy(dv, p->devices, sizeof *dv * (size_t)p->n_devices);
 	for (int b = 0; b < p->n_buckets; b++)
 		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2 &&
 		    bucket_large(pl, p, b)) {
@@ -272,33 +302,56 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			set_layout(pl, p, b, LAYOUT_ZERO1);
 			tried++;
 		}
-	sim_result_t r;
-	rc = 0;
-	if (tried && !(rc = regather(p)) && !(rc = sim_run(pl, p, 1, &r))) {
-		if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
-			*res = r;
-		} else {
-			for (int b = 0; b < p->n_buckets; b++)
-				if (was[b])
-					set_layout(pl, p, b, LAYOUT_REPLICATED);
-			if (!(rc = regather(p)))
-				rc = sim_run(pl, p, 1, res);
-		}
+	sim_result_t r = *res;
+	if (!tried) {
+		rc = stale ? sim_sync_again(pl, p, res) : 0;
+		goto cleanup;
 	}
+	if ((rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
+		goto cleanup;
+	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
+		*res = r;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++)
+		if (was[b])
+			set_layout(pl, p, b, LAYOUT_REPLICATED);
+	memcpy(p->slices, sl, sizeof *sl * (size_t)p->n_slices);
+	memcpy(p->waves, wv, sizeof *wv * (size_t)p->n_waves);
+	memcpy(p->devices, dv, sizeof *dv * (size_t)p->n_devices);
+	if (!(rc = regather(p)) && stale)
+		rc = sim_sync_again(pl, p, res);
+cleanup:
 	free(was);
-	return rc ? rc : memplan_run(pl, p, 0);
+	free(sl);
+	free(wv);
+	free(dv);
+	return rc;
 }
 
+/*
+ * Ours with large components: the all-sharded trial is judged against the
+ * plan simulated last. When fit_memory only sharded buckets, that is the
+ * all-replicated plan before it (not re-simulated: the fitted plan shards a
+ * subset of the trial's buckets, and a bucket's layout changes only its own
+ * collective and step, so its time lies between the two); when the trial
+ * loses, the fitted plan is simulated after all.
+ */
 int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res)
 {
 	int rc;
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
-	if (fit_memory(pl, p) && ((rc = regather(p)) || (rc = sim_run(pl, p, 1, res))))
+	int changed = fit_memory(pl, p);
+	if (changed && (rc = regather(p)))
 		return rc;
-	if (ours && pl->opts->zero < 0 && pl->lay_large)
-		return try_shard_all(pl, p, res);
-	return 0;
+	/* recomputing slices change the compute; sharding only the sync */
+	if ((changed & 2) && (rc = sim_run(pl, p, 1, res)))
+		return rc;
+	int trial = ours && pl->opts->zero < 0 && pl->lay_large;
+	if (trial)
+		return try_shard_all(pl, p, res, changed == 1);
+	return changed == 1 ? sim_sync_again(pl, p, res) : 0;
 }
 
 /* ---- the report ----------------------------------------------------------- */

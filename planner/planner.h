@@ -100,6 +100,7 @@ typedef struct planner {
 	/* layout.c: per component, whether the estimates assume zero-1 state
 	 * and input-only activations; lay_large: some component is large */
 	uint8_t *lay_shard, *lay_redo;
+	double *lay_saved; /* per MetaOp: layout_saved_per_sample */
 	int lay_large;
 } planner_t;
 
@@ -471,6 +472,7 @@ int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
 typedef struct {
 	double iteration_ms, compute_ms, utilisation;
 	double transfer_ms, sync_ms, step_ms;
+	double xfer_iteration_ms; /* the pass with transfers, without sync */
 } sim_result_t;
 
 /*
@@ -479,6 +481,8 @@ typedef struct {
  * predicted times into p (slices, waves, devices) when comm is 1.
  */
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
+/* res (sim_run's, comm 1) again after only bucket layouts changed. */
+int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

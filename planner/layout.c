@@ -479,18 +479,30 @@ static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster
 	return rc == 0;
 }
 
-/* The smallest node count (more than today's, at most 8 times as many)
- * on which the inputs fit under o: doubling, then bisection; 0 if none. */
+/* The most nodes the advice tries: 8 times as many, at most 1024 devices
+ * (the largest cluster of the planner's benchmark, tools/bench-plan), so
+ * that the advice costs a few plans of the size the planner is tried on. */
+static int max_nodes(const planner_t *pl)
+{
+	return SP_MIN(8 * pl->cluster->nodes, SP_MAX(1024 / pl->cluster->gpus_per_node, 1));
+}
+
+/* The smallest node count (more than today's, at most max_nodes) on which
+ * the inputs fit under o: doubling, then bisection; 0 if none. */
 static int nodes_that_fit(const planner_t *pl, const plan_opts_t *o)
 {
 	sp_cluster_t c = *pl->cluster;
 	int lo = pl->cluster->nodes, hi = 0;
-	for (int k = 2 * lo; k <= 8 * pl->cluster->nodes && !hi; k *= 2) {
+	for (int k = 2 * lo; k <= max_nodes(pl) && !hi; k *= 2) {
 		c.nodes = k;
 		if (fits_with(pl, o, &c))
 			hi = k;
 		else
 			lo = k;
+	}
+	if (!hi && lo < max_nodes(pl)) { /* the last doubling overshot the limit */
+		c.nodes = max_nodes(pl);
+		hi = fits_with(pl, o, &c) ? c.nodes : 0;
 	}
 	while (hi && hi - lo > 1) {
 		c.nodes = lo + (hi - lo) / 2;
@@ -506,7 +518,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 {
 	const plan_opts_t *o = pl->opts;
 	int forced = o->zero == 0 || o->recompute == 0;
-	if (o->no_advice)
+	if (o->no_advice || pl->cluster->nodes >= max_nodes(pl))
 		return SP_EINFEAS;
 	plan_opts_t q = *o;
 	/* 1. the layouts the options forbade */
@@ -549,11 +561,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 	else
 		sp_err_hint(pl->err, "no plan fits on up to %d nodes of %d either: use larger "
 				     "devices or smaller batches",
-			    8 * pl->cluster->nodes, G);
-	if (forced) {
-		pl->err->code = SP_EINPUT; /* the options forbade what would fit */
-		return SP_EINPUT;
-	}
+			    max_nodes(pl), G);
 	return SP_EINFEAS;
 }
 

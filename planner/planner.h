@@ -507,8 +507,8 @@ void layout_json(FILE *f, const sp_plan_t *p);
 /* After memplan_run found the chosen plan (closest) over the cap: names in
  * err's hint the cheapest change that fits, each one re-planned (the
  * layouts the options forbade, a smaller --mem-reserve, the fewest more
- * nodes). Returns SP_EINPUT when forced layouts are what does not fit,
- * else SP_EINFEAS. */
+ * nodes). Returns SP_EINPUT when the forced layouts are what does not fit
+ * (auto fits), else SP_EINFEAS. */
 int layout_advise(planner_t *pl, const sp_plan_t *closest);
 /* SP_EINPUT when --zero 1 was asked and no group of p can be sharded. */
 int layout_forced_check(planner_t *pl, const sp_plan_t *p);

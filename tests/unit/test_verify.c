@@ -150,39 +150,37 @@ static void move_ins(sp_plan_t *p, int d, int from, int to)
 	ins_ins(p, d, to, in);
 }
 
+/* Drops element g of a shared array of *n elements of sz bytes. */
+static void drop_at(void *arr, size_t sz, int32_t *n, int g)
+{
+	memmove((char *)arr + sz * (size_t)g, (char *)arr + sz * (size_t)(g + 1),
+		sz * (size_t)(*n - g - 1));
+	(*n)--;
+}
+
 /* Drops device d's held entry k (p->held is shared like p->ins). */
 static void del_held(sp_plan_t *p, int d, int k)
 {
-	int g = p->devices[d].held_off + k;
-	memmove(p->held + g, p->held + g + 1, sizeof *p->held * (size_t)(p->n_held - g - 1));
-	p->n_held--;
+	drop_at(p->held, sizeof *p->held, &p->n_held, p->devices[d].held_off + k);
 	p->devices[d].n_held--;
 	for (int e = d + 1; e < p->n_devices; e++)
 		p->devices[e].held_off--;
 }
 
-/* Drops member q of bucket b's device list (p->bucket_devs is shared). */
-static void del_bucket_dev(sp_plan_t *p, int b, int q)
+/* Drops member q (params 0) or parameter q (params 1) of bucket b (both
+ * lists are shared by the buckets, like p->ins). */
+static void del_bucket_entry(sp_plan_t *p, int b, int q, int params)
 {
-	int g = p->buckets[b].dev_off + q;
-	memmove(p->bucket_devs + g, p->bucket_devs + g + 1,
-		sizeof *p->bucket_devs * (size_t)(p->n_bucket_devs - g - 1));
-	p->n_bucket_devs--;
-	p->buckets[b].n_dev--;
+	sp_bucket_t *bk = p->buckets;
+	if (params)
+		drop_at(p->bucket_params, sizeof *p->bucket_params, &p->n_bucket_params,
+			bk[b].param_off + q);
+	else
+		drop_at(p->bucket_devs, sizeof *p->bucket_devs, &p->n_bucket_devs,
+			bk[b].dev_off + q);
+	*(params ? &bk[b].n_params : &bk[b].n_dev) -= 1;
 	for (int e = b + 1; e < p->n_buckets; e++)
-		p->buckets[e].dev_off--;
-}
-
-/* Drops parameter q of bucket b (p->bucket_params is shared). */
-static void del_bucket_param(sp_plan_t *p, int b, int q)
-{
-	int g = p->buckets[b].param_off + q;
-	memmove(p->bucket_params + g, p->bucket_params + g + 1,
-		sizeof *p->bucket_params * (size_t)(p->n_bucket_params - g - 1));
-	p->n_bucket_params--;
-	p->buckets[b].n_params--;
-	for (int e = b + 1; e < p->n_buckets; e++)
-		p->buckets[e].param_off--;
+		*(params ? &bk[e].param_off : &bk[e].dev_off) -= 1;
 }
 
 /* Device and position of the instruction with op and tag, or -1. */
@@ -313,6 +311,27 @@ static void each_ins(breaks_t *b, int op, void (*brk)(breaks_t *b, int d, int k)
 				brk(b, d, k);
 }
 
+/* breaks_begin on the valid plan, or (zero1) on the --zero 1 one. */
+static void breaks_open(breaks_t *b, void **state, int zero1, const char *kind)
+{
+	if (zero1)
+		breaks_begin_zero1(b, *state, kind);
+	else
+		breaks_begin(b, *state, kind);
+}
+
+/* Breaks brk at every instruction of op in the valid plan (zero1: the one
+ * made under --zero 1 --recompute all); every break is rejected, and at
+ * least `least` are made (-1: one per such instruction). */
+static void breaks_each_ins(void **state, int zero1, const char *kind, int op,
+			    void (*brk)(breaks_t *b, int d, int k), int least)
+{
+	breaks_t b;
+	breaks_open(&b, state, zero1, kind);
+	each_ins(&b, op, brk);
+	breaks_end(&b, least < 0 ? count_op(&b.ref, op) : least);
+}
+
 /* brk(b, bucket, q) for every member q of every bucket of b->ref (params:
  * 0), or every parameter q of it (params: 1). */
 static void each_bucket(breaks_t *b, int params, void (*brk)(breaks_t *b, int bk, int q))
@@ -322,6 +341,17 @@ static void each_bucket(breaks_t *b, int params, void (*brk)(breaks_t *b, int bk
 		for (int q = 0; q < n; q++)
 			brk(b, bk, q);
 	}
+}
+
+/* The same for brk at every member (params 0) or parameter (params 1) of
+ * every bucket; least -1: one per member or parameter. */
+static void breaks_each_bucket(void **state, int zero1, const char *kind, int params,
+			       void (*brk)(breaks_t *b, int bk, int q), int least)
+{
+	breaks_t b;
+	breaks_open(&b, state, zero1, kind);
+	each_bucket(&b, params, brk);
+	breaks_end(&b, least >= 0 ? least : params ? b.ref.n_bucket_params : b.ref.n_bucket_devs);
 }
 
 /* ---- the valid plan ------------------------------------------------------------ */
@@ -376,10 +406,7 @@ static void del_send(breaks_t *b, int d, int k)
 
 static void test_deleted_send(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "deleted SENDs");
-	each_ins(&b, INS_SEND, del_send);
-	breaks_end(&b, count_op(&b.ref, INS_SEND));
+	breaks_each_ins(state, 0, "deleted SENDs", INS_SEND, del_send, -1);
 }
 
 /* ---- (b) a RECV whose sample range differs from its SEND's -------------------- */
@@ -398,10 +425,7 @@ static void resize_recv(breaks_t *b, int d, int k)
 
 static void test_recv_size(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "changed RECVs");
-	each_ins(&b, INS_RECV, resize_recv);
-	breaks_end(&b, 2);
+	breaks_each_ins(state, 0, "changed RECVs", INS_RECV, resize_recv, 2);
 }
 
 /*
@@ -421,10 +445,7 @@ static void del_recv(breaks_t *b, int d, int k)
 
 static void test_deleted_recv(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "deleted RECVs");
-	each_ins(&b, INS_RECV, del_recv);
-	breaks_end(&b, count_op(&b.ref, INS_RECV));
+	breaks_each_ins(state, 0, "deleted RECVs", INS_RECV, del_recv, -1);
 }
 
 static int max_tag(const sp_plan_t *p)
@@ -504,7 +525,7 @@ static void drop_held(breaks_t *b, int bk, int q)
 	for (int check = 0; check < 2; check++) {
 		sp_plan_t *p = break_copy(&b[1]);
 		del_held(p, d, h);
-		del_bucket_dev(p, bk, q);
+		del_bucket_entry(p, bk, q, 0);
 		if (check == 0)
 			judge(&b[1], "missing parameters", "device %d ", d);
 		else
@@ -595,7 +616,7 @@ static void drop_member(breaks_t *b, int bk, int q)
 	const sp_plan_t *ref = &b->ref;
 	int d = ref->bucket_devs[ref->buckets[bk].dev_off + q];
 	const sp_param_t *pr = &ref->bucket_params[ref->buckets[bk].param_off];
-	del_bucket_dev(break_copy(b), bk, q);
+	del_bucket_entry(break_copy(b), bk, q, 0);
 	judge(b, "missing gradient contribution",
 	      "sync group of '%s' layer %d leaves out holder device %d",
 	      ref->model.comps[pr->comp].name, pr->layer, d);
@@ -603,10 +624,7 @@ static void drop_member(breaks_t *b, int bk, int q)
 
 static void test_bucket_member(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "dropped members");
-	each_bucket(&b, 0, drop_member);
-	breaks_end(&b, b.ref.n_bucket_devs);
+	breaks_each_bucket(state, 0, "dropped members", 0, drop_member, -1);
 }
 
 /*
@@ -617,7 +635,7 @@ static void test_bucket_member(void **state)
 static void drop_param(breaks_t *b, int bk, int q)
 {
 	const sp_param_t *pr = &b->ref.bucket_params[b->ref.buckets[bk].param_off + q];
-	del_bucket_param(break_copy(b), bk, q);
+	del_bucket_entry(break_copy(b), bk, q, 1);
 	judge(b, "missing gradient contribution",
 	      "gradients of '%s' layer %d computed here are not in its sync group",
 	      b->ref.model.comps[pr->comp].name, pr->layer);
@@ -625,10 +643,7 @@ static void drop_param(breaks_t *b, int bk, int q)
 
 static void test_param_unsynced(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "unsynced parameters");
-	each_bucket(&b, 1, drop_param);
-	breaks_end(&b, b.ref.n_bucket_params);
+	breaks_each_bucket(state, 0, "unsynced parameters", 1, drop_param, -1);
 }
 
 /*
@@ -646,10 +661,7 @@ static void sync_twice(breaks_t *b, int d, int k)
 
 static void test_sync_twice(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "repeated all-reduces");
-	each_ins(&b, INS_SYNC, sync_twice);
-	breaks_end(&b, count_op(&b.ref, INS_SYNC));
+	breaks_each_ins(state, 0, "repeated all-reduces", INS_SYNC, sync_twice, -1);
 }
 
 /* ---- (h) a memory cap below the plan's peak ------------------------------------ */
@@ -713,10 +725,7 @@ static void make_cycle(breaks_t *b, int a, int ka)
 
 static void test_deadlock_cycle(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "cycles");
-	each_ins(&b, INS_SEND, make_cycle);
-	breaks_end(&b, 1);
+	breaks_each_ins(state, 0, "cycles", INS_SEND, make_cycle, 1);
 }
 
 /*
@@ -791,10 +800,7 @@ static void del_gather(breaks_t *b, int d, int k)
 
 static void test_gather_missing(void **state)
 {
-	breaks_t b;
-	breaks_begin_zero1(&b, *state, "deleted all-gathers");
-	each_ins(&b, INS_GATHER, del_gather);
-	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+	breaks_each_ins(state, 1, "deleted all-gathers", INS_GATHER, del_gather, -1);
 }
 
 static void gather_twice(breaks_t *b, int d, int k)
@@ -806,10 +812,7 @@ static void gather_twice(breaks_t *b, int d, int k)
 
 static void test_gather_twice(void **state)
 {
-	breaks_t b;
-	breaks_begin_zero1(&b, *state, "repeated all-gathers");
-	each_ins(&b, INS_GATHER, gather_twice);
-	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+	breaks_each_ins(state, 1, "repeated all-gathers", INS_GATHER, gather_twice, -1);
 }
 
 /* A GATHER moved before the STEP would gather shards not yet updated. */
@@ -827,10 +830,7 @@ static void gather_early(breaks_t *b, int d, int k)
 
 static void test_gather_before_step(void **state)
 {
-	breaks_t b;
-	breaks_begin_zero1(&b, *state, "all-gathers before the step");
-	each_ins(&b, INS_GATHER, gather_early);
-	breaks_end(&b, count_op(&b.ref, INS_GATHER));
+	breaks_each_ins(state, 1, "all-gathers before the step", INS_GATHER, gather_early, -1);
 }
 
 /* A device outside a zero-1 bucket's group all-gathering it: after its own
@@ -858,10 +858,7 @@ static void gather_stranger(breaks_t *b, int bk, int q)
 
 static void test_gather_stranger(void **state)
 {
-	breaks_t b;
-	breaks_begin_zero1(&b, *state, "all-gathers by non-members");
-	each_bucket(&b, 0, gather_stranger);
-	breaks_end(&b, 1);
+	breaks_each_bucket(state, 1, "all-gathers by non-members", 0, gather_stranger, 1);
 }
 
 /*

@@ -267,6 +267,28 @@ def main():
 
         forced_layouts(tmp)
 
+        # when nothing fits, the hint names a node count that does fit, and
+        # one node fewer does not (each was planned to find it)
+        m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+        p = subprocess.run([PLAN, m7, os.path.join(ROOT, "plans/clusters/a800-1x8.json")],
+                           capture_output=True, text=True, timeout=120)
+        hint = [ln for ln in p.stderr.splitlines() if ln.startswith("hint: fits on ")]
+        if p.returncode != 1 or not hint:
+            fail(f"qwen-val-7b on 8 devices: exit {p.returncode}, '{p.stderr.strip()}'")
+        else:
+            n = int(hint[0].split()[3])
+            ok = []
+            for k in (n - 1, n):
+                c = json.load(open(os.path.join(ROOT, "plans/clusters/a800-1x8.json")))
+                c["nodes"] = k
+                q = subprocess.run([PLAN, m7, W.write_json(tmp, "adv.json", c)],
+                                   capture_output=True, text=True, timeout=120)
+                ok.append(q.returncode == 0)
+            if ok != [False, True]:
+                fail(f"advice '{hint[0]}': {n - 1} nodes fit {ok[0]}, {n} nodes fit {ok[1]}")
+            else:
+                print(f"ok   advice: {hint[0]}")
+
         # determinism: every bundled workload planned twice, byte-identical
         for wl in sorted(os.listdir(os.path.join(ROOT, "plans"))):
             d = os.path.join(ROOT, "plans", wl)

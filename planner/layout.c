@@ -16,19 +16,21 @@
  *     knowing that memory can be bought back; other components are priced
  *     as today, so small workloads plan exactly as before.
  *
- *  2. Per candidate plan, after lowering (layout_choose, called by plan.c
- *     for every candidate of every algorithm, so each is judged with its
- *     own layouts): while a device is over the cap, the bucket it belongs
- *     to whose zero-1 sharding frees the most bytes is sharded; when none
- *     is left, the slice on it that frees the most activation bytes per
- *     millisecond of forward re-run recomputes (recomputation costs one
- *     more forward: sim.c). Memory is re-planned exactly (plan_mem.c) after
- *     every change. Then, for our algorithm only and only for large
- *     components, every remaining bucket over 2+ devices is tried in zero-1
- *     at once and kept when the simulator says the iteration is not slower
+ *  2. Per candidate plan, after lowering and before the simulator (plan.c
+ *     calls layout_fit for every candidate of every algorithm, so each is
+ *     judged with its own layouts): while a device is over the cap, the
+ *     bucket it belongs to whose zero-1 sharding frees the most bytes is
+ *     sharded; when none is left, the slice on it that frees the most
+ *     activation bytes per millisecond of forward re-run recomputes
+ *     (recomputation costs one more forward: sim.c). Memory is exact
+ *     (plan_mem.c's formula) after every change. Then, once simulated, for
+ *     our algorithm only and only for large components (layout_trial),
+ *     every remaining bucket over 2+ devices is tried in zero-1 at once and
+ *     kept when the simulator says the iteration is not slower
  *     (reduce-scatter + shard step + all-gather against all-reduce + full
- *     step). The baselines are thus replicated and keep their activations
- *     unless they would not fit: the comparison stays fair.
+ *     step; only the sync pass is simulated again). The baselines are thus
+ *     replicated and keep their activations unless they would not fit: the
+ *     comparison stays fair.
  *
  * It does not build zero-2/3 or micro-batching (not built yet), and it does
  * not reschedule: a candidate whose schedule cannot fit even with every
@@ -54,7 +56,8 @@ int layout_prepare(planner_t *pl)
 	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_saved = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
-	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved)
+	pl->lay_opt = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
+	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved || !pl->lay_opt)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int c = 0; c < md->n_comps; c++) {
 		const sp_component_t *cp = &md->comps[c];
@@ -73,6 +76,11 @@ int layout_prepare(planner_t *pl)
 		pl->lay_saved[m] = pl->lay_redo[comp_of(pl, m)]
 					   ? fmin(in, (double)mo->saved_per_sample)
 					   : (double)mo->saved_per_sample;
+		/* the state zero-1 shards: all but weights and gradients */
+		pl->lay_opt[m] = pl->lay_shard[comp_of(pl, m)]
+					 ? (double)mo->layer_state_bytes *
+						   (double)(psb - 2 * dtype_bytes(md->dtype)) / (double)psb
+					 : 0;
 	}
 	return 0;
 }
@@ -90,9 +98,10 @@ double layout_comp_state(const planner_t *pl, int comp, int n)
 
 double layout_state_bytes(const planner_t *pl, int m, int n)
 {
-	if (!pl->lay_shard || n < 2)
-		return (double)pl->mops[m].layer_state_bytes;
-	return layout_comp_state(pl, comp_of(pl, m), n);
+	double whole = (double)pl->mops[m].layer_state_bytes;
+	if (!pl->lay_opt || n < 2)
+		return whole;
+	return whole - pl->lay_opt[m] * (1.0 - 1.0 / n);
 }
 
 double layout_saved_per_sample(const planner_t *pl, int m)
@@ -278,10 +287,9 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 }
 
 /* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
- * once, kept when the iteration is not slower than res; else the plan's
- * memory as it was and its predicted times (simulated again when stale:
- * res was not this plan's). */
-static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res, int stale)
+ * once, kept when the iteration is not slower than res (the plan's); else
+ * the plan's memory and predicted times as they were. */
+static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int tried = 0, rc = 0;
 	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
@@ -303,11 +311,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res, int sta
 			tried++;
 		}
 	sim_result_t r = *res;
-	if (!tried) {
-		rc = stale ? sim_sync_again(pl, p, res) : 0;
-		goto cleanup;
-	}
-	if ((rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
+	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
 	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
 		*res = r;
@@ -319,8 +323,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res, int sta
 	memcpy(p->slices, sl, sizeof *sl * (size_t)p->n_slices);
 	memcpy(p->waves, wv, sizeof *wv * (size_t)p->n_waves);
 	memcpy(p->devices, dv, sizeof *dv * (size_t)p->n_devices);
-	if (!(rc = regather(p)) && stale)
-		rc = sim_sync_again(pl, p, res);
+	rc = regather(p);
 cleanup:
 	free(was);
 	free(sl);
@@ -329,29 +332,18 @@ cleanup:
 	return rc;
 }
 
-/*
- * Ours with large components: the all-sharded trial is judged against the
- * plan simulated last. When fit_memory only sharded buckets, that is the
- * all-replicated plan before it (not re-simulated: the fitted plan shards a
- * subset of the trial's buckets, and a bucket's layout changes only its own
- * collective and step, so its time lies between the two); when the trial
- * loses, the fitted plan is simulated after all.
- */
-int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res)
+int layout_fit(planner_t *pl, sp_plan_t *p)
 {
-	int rc;
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
-	int changed = fit_memory(pl, p);
-	if (changed && (rc = regather(p)))
-		return rc;
-	/* recomputing slices change the compute; sharding only the sync */
-	if ((changed & 2) && (rc = sim_run(pl, p, 1, res)))
-		return rc;
-	int trial = ours && pl->opts->zero < 0 && pl->lay_large;
-	if (trial)
-		return try_shard_all(pl, p, res, changed == 1);
-	return changed == 1 ? sim_sync_again(pl, p, res) : 0;
+	return fit_memory(pl, p) ? regather(p) : 0;
+}
+
+int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0 || !pl->lay_large)
+		return 0;
+	return try_shard_all(pl, p, res);
 }
 
 /* ---- the report ----------------------------------------------------------- */

@@ -101,6 +101,7 @@ typedef struct planner {
 	 * and input-only activations; lay_large: some component is large */
 	uint8_t *lay_shard, *lay_redo;
 	double *lay_saved; /* per MetaOp: layout_saved_per_sample */
+	double *lay_opt;   /* per MetaOp: a layer's state zero-1 shards (or 0) */
 	int lay_large;
 } planner_t;
 
@@ -495,9 +496,12 @@ int layout_prepare(planner_t *pl);
 double layout_comp_state(const planner_t *pl, int comp, int n);
 double layout_state_bytes(const planner_t *pl, int m, int n);
 double layout_saved_per_sample(const planner_t *pl, int m);
-/* On a lowered plan with its memory and simulation (res): the auto choices
- * (ours: 1 for our algorithm); memory and res updated. */
-int layout_choose(planner_t *pl, sp_plan_t *p, int ours, sim_result_t *res);
+/* On a lowered plan with its memory, before the simulator: the auto
+ * choices that make it fit (GATHERs put in, memory updated). */
+int layout_fit(planner_t *pl, sp_plan_t *p);
+/* Ours, once simulated (res): zero-1 for large components' other buckets
+ * when not slower (p and res updated). */
+int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* The report's layouts: each bucket's layout and each transformer MetaOp's
  * recomputing slices, with the bytes they free per device and the time they
  * add, as text or as the JSON members "buckets" and "metaops" (each after

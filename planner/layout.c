@@ -111,16 +111,20 @@ double layout_saved_per_sample(const planner_t *pl, int m)
 
 /* ---- the choice on a lowered plan --------------------------------------- */
 
-/* Exact memory of the n devices devs[] after a change. */
-static void remem(sp_plan_t *p, const int32_t *devs, int n)
+/* Exact memory of the n devices devs[] after a change; plan_memory's error
+ * passed up. */
+static int remem(sp_plan_t *p, const int32_t *devs, int n)
 {
 	for (int j = 0; j < n; j++) {
 		sp_device_t *dv = &p->devices[devs[j]];
-		plan_memory(p, devs[j], dv->mem);
+		int rc = plan_memory(p, devs[j], dv->mem);
+		if (rc)
+			return rc;
 		dv->mem_peak = 0;
 		for (int c = 0; c < MEM__COUNT; c++)
 			dv->mem_peak += dv->mem[c];
 	}
+	return 0;
 }
 
 /* The device furthest over the cap, or -1. */
@@ -265,7 +269,8 @@ static int regather(sp_plan_t *p)
 }
 
 /* While a device is over the cap: shard a bucket, else recompute a slice
- * (as far as auto may). Returns 1 | 2 when it sharded | recomputed. */
+ * (as far as auto may). Returns 1 | 2 when it sharded | recomputed, or a
+ * negative code. */
 static int fit_memory(planner_t *pl, sp_plan_t *p)
 {
 	int changes = 0, d;
@@ -280,7 +285,9 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 		if (s < 0)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
-		remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev);
+		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev))
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "memory plan: a device touches too many values");
 		changes |= 2;
 	}
 	return changes;
@@ -332,18 +339,28 @@ cleanup:
 	return rc;
 }
 
+/* rc, with a message when it is an allocation failure of this file (a
+ * lower level's error, already in err, is kept). */
+static int no_memory(planner_t *pl, int rc)
+{
+	if (rc == SP_ENOMEM && !pl->err->code)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return rc;
+}
+
 int layout_fit(planner_t *pl, sp_plan_t *p)
 {
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
-	return fit_memory(pl, p) ? regather(p) : 0;
+	int changed = fit_memory(pl, p);
+	return no_memory(pl, changed > 0 ? regather(p) : changed);
 }
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	if (pl->opts->zero >= 0 || !pl->lay_large)
 		return 0;
-	return try_shard_all(pl, p, res);
+	return no_memory(pl, try_shard_all(pl, p, res));
 }
 
 /* ---- the report ----------------------------------------------------------- */

@@ -299,10 +299,12 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int tried = 0, rc = 0;
-	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
-	sp_slice_t *sl = malloc(sizeof *sl * ((size_t)p->n_slices + 1));
-	sp_wave_t *wv = malloc(sizeof *wv * ((size_t)p->n_waves + 1));
-	sp_device_t *dv = malloc(sizeof *dv * ((size_t)p->n_devices + 1));
+	sp_arena_t *a = &pl->scratch; /* the candidate's: given back below */
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	uint8_t *was = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
+	sp_slice_t *sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *sl);
+	sp_wave_t *wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *wv);
+	sp_device_t *dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *dv);
 	if (!was || !sl || !wv || !dv) {
 		rc = SP_ENOMEM;
 		goto cleanup;
@@ -332,10 +334,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	memcpy(p->devices, dv, sizeof *dv * (size_t)p->n_devices);
 	rc = regather(p);
 cleanup:
-	free(was);
-	free(sl);
-	free(wv);
-	free(dv);
+	sp_arena_reset(a, mark);
 	return rc;
 }
 

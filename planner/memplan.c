@@ -23,7 +23,8 @@ static const char *size_str(char *buf, size_t cap, double bytes)
 	return buf;
 }
 
-/* "'llm' layers 0-31 (112.0 GiB)" for the component holding most state. */
+/* "'llm' layers 0-31 need 112.0 GiB per replica with AdamW; zero-1 on 2 of
+ * the device's 9 buckets" for the component holding most state. */
 static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 {
 	const sp_device_t *dv = &p->devices[d];
@@ -52,8 +53,17 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 			hi = SP_MAX(hi, p->held[dv->held_off + k].layer);
 		}
 	char sz[24];
-	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s", md->comps[best].name,
-		 lo, hi, size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD");
+	int zero1 = 0, member = 0;
+	int64_t off, n;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (bucket_shard(p, b, d, &off, &n) >= 0) {
+			member++;
+			zero1 += p->buckets[b].layout == LAYOUT_ZERO1;
+		}
+	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1 on %d of the "
+		 "device's %d buckets", md->comps[best].name, lo, hi,
+		 size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD",
+		 zero1, member);
 }
 
 int memplan_run(planner_t *pl, sp_plan_t *p, int check)

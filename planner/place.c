@@ -127,17 +127,20 @@ static void input_on_devices(placer_t *P, const sslice_t *x)
 	}
 }
 
-/* Memory slice x adds to device d (slot's samples): new state + activations. */
+/* Memory slice x adds to device d (slot's samples): new state + activations,
+ * as layout.c estimates them (zero-1 over the slice, input-only activations
+ * where auto may shard or recompute). */
 static double slice_mem(const placer_t *P, const sslice_t *x, int d, int slot)
 {
 	const metaop_t *mo = &P->pl->mops[x->metaop];
 	int32_t a0, a1;
 	sample_range(mo->batch, slot, x->n, &a0, &a1);
 	int64_t local = mo->scales ? a1 - a0 : mo->batch;
-	double bytes = (double)local * (double)mo->saved_per_sample * (x->lt - x->lf);
+	double bytes = (double)local * layout_saved_per_sample(P->pl, x->metaop) * (x->lt - x->lf);
+	double state = layout_state_bytes(P->pl, x->metaop, x->n);
 	for (int l = x->lf; l < x->lt; l++)
 		if (!P->held[(size_t)d * P->n_params + param_id(P, x->metaop, l)])
-			bytes += (double)mo->layer_state_bytes;
+			bytes += state;
 	return bytes;
 }
 
@@ -299,8 +302,7 @@ void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n
 {
 	const planner_t *pl = P->pl;
 	int pid = P->param_base[comp] + layer;
-	double state = (double)comp_layer_params(&pl->model->comps[comp]) *
-		       (double)param_state_bytes(pl->model->dtype, pl->model->opt.kind);
+	double state = layout_comp_state(pl, comp, n);
 	for (int j = 0; j < n; j++) {
 		int d = devs[j];
 		if (!P->held[(size_t)d * P->n_params + pid])

@@ -40,18 +40,22 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → programs → memory → simulation, for one algorithm
- * (ours: candidate c). Leaves the schedule and placement in pl->scratch for
+/* schedule → placement → programs → memory → layouts that fit (the auto
+ * choices of zero-1 and recompute) → simulation → for ours (1 for our
+ * algorithm's plans) zero-1 where not slower, for one algorithm (ours:
+ * candidate c). Leaves the schedule and placement in pl->scratch for
  * the caller to reset; SCHED_NOTHING_NEW passed up. */
-static int plan_candidate(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
-			  place_kind_t kind, sp_plan_t *out, sim_result_t *res, double *over)
+static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
+			  const sched_cand_t *c, place_kind_t kind, sp_plan_t *out,
+			  sim_result_t *res, double *over)
 {
 	sched_t s;
 	place_t pc;
 	int rc;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
 	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = sim_run(pl, out, 1, res)))
+	    (rc = layout_fit(pl, out)) || (rc = sim_run(pl, out, 1, res)) ||
+	    (ours && (rc = layout_trial(pl, out, res))))
 		return rc;
 	/* the worst device's bytes over the cap: <= 0 when the plan fits */
 	*over = -HUGE_VAL;
@@ -106,7 +110,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			r = *seq_res;
 			f = seq_over;
 		} else {
-			rc = plan_candidate(pl, a, st, c, kind, &p, &r, &f);
+			rc = plan_candidate(pl, a, a == ALGO_SPINDLE, st, c, kind, &p, &r, &f);
 		}
 		sp_arena_reset(&pl->scratch, mark);
 		if (rc == SCHED_NOTHING_NEW || (rc == SP_EINFEAS && (v + 1 < nc || found))) {
@@ -275,7 +279,8 @@ static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t 
 	sp_plan_t naive = {0};
 	sim_result_t nr = {0};
 	double over;
-	int rc = plan_candidate(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive, &nr, &over);
+	/* its transfers do not depend on bucket layouts: no zero-1 trial */
+	int rc = plan_candidate(pl, pl->opts->algo, 0, cands, c, PLACE_NAIVE, &naive, &nr, &over);
 	if (!rc) {
 		ct->naive_xnode_bytes = xnode_bytes(&naive);
 		ct->naive_xfer_pred_ms = nr.transfer_ms;
@@ -323,13 +328,19 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 		sp_err_hint(err, "lower --mem-reserve");
 		goto cleanup;
 	}
-	/* model → MetaOps → costs → bounds */
-	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)))
+	/* model → MetaOps → costs → layout estimates → bounds */
+	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)) || (rc = layout_prepare(&pl)))
 		goto cleanup;
 	bound_compute(&pl, &sum->bounds);
 	/* every algorithm asked for; the chosen plan's final memory, verified */
-	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)) ||
-	    (rc = memplan_run(&pl, out, 1)) || (rc = verify_plan(out, pl.mem_cap, err)))
+	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)))
+		goto cleanup;
+	if ((rc = memplan_run(&pl, out, 1))) {
+		if (rc == SP_EINFEAS) /* nothing fits: what would */
+			rc = layout_advise(&pl, out);
+		goto cleanup;
+	}
+	if ((rc = layout_forced_check(&pl, out)) || (rc = verify_plan(out, pl.mem_cap, err)))
 		goto cleanup;
 	write_cert(out, &chosen_res, &sum->bounds);
 	if (bound_comm(&sum->bounds.comm_ms, out, c)) {

@@ -50,6 +50,7 @@ typedef struct {
 	int zero;               /* state layout of every bucket over 2+ devices:
 				 * -1 auto, 0 replicated, 1 zero-1 */
 	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */
+	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -96,6 +97,12 @@ typedef struct planner {
 	int *topo; /* MetaOps in a topological order (by level, then id) */
 	int n_levels;
 	double mem_cap; /* usable bytes per device */
+	/* layout.c: per component, whether the estimates assume zero-1 state
+	 * and input-only activations; lay_large: some component is large */
+	uint8_t *lay_shard, *lay_redo;
+	double *lay_saved; /* per MetaOp: layout_saved_per_sample */
+	double *lay_opt;   /* per MetaOp: a layer's state zero-1 shards (or 0) */
+	int lay_large;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */
@@ -498,6 +505,7 @@ int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
 typedef struct {
 	double iteration_ms, compute_ms, utilisation;
 	double transfer_ms, sync_ms, step_ms;
+	double xfer_iteration_ms; /* the pass with transfers, without sync */
 } sim_result_t;
 
 /*
@@ -506,6 +514,40 @@ typedef struct {
  * predicted times into p (slices, waves, devices) when comm is 1.
  */
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
+/* res (sim_run's, comm 1) again after only bucket layouts changed. */
+int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
+/* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
+
+/* Which components the estimates price with zero-1 state and recomputed
+ * activations (after cost_build). */
+int layout_prepare(planner_t *pl);
+/* Parameter state of one layer of comp (or MetaOp m) on a slice of n
+ * devices, and the activation bytes m keeps per layer and sample, as the
+ * schedulers and the placer estimate them. */
+double layout_comp_state(const planner_t *pl, int comp, int n);
+double layout_state_bytes(const planner_t *pl, int m, int n);
+double layout_saved_per_sample(const planner_t *pl, int m);
+/* On a lowered plan with its memory, before the simulator: the auto
+ * choices that make it fit (GATHERs put in, memory updated). */
+int layout_fit(planner_t *pl, sp_plan_t *p);
+/* Ours, once simulated (res): zero-1 for large components' other buckets
+ * when not slower (p and res updated). */
+int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* The report's layouts: each bucket's layout and each transformer MetaOp's
+ * recomputing slices, with the bytes they free per device and the time they
+ * add, as text or as the JSON members "buckets" and "metaops" (each after
+ * a ","). */
+void layout_report(FILE *f, const sp_plan_t *p);
+void layout_json(FILE *f, const sp_plan_t *p);
+/* After memplan_run found the chosen plan (closest) over the cap: names in
+ * err's hint the cheapest change that fits, each one re-planned (the
+ * layouts the options forbade, a smaller --mem-reserve, the fewest more
+ * nodes). Returns SP_EINPUT when the forced layouts are what does not fit
+ * (auto fits), else SP_EINFEAS. */
+int layout_advise(planner_t *pl, const sp_plan_t *closest);
+/* SP_EINPUT when --zero 1 was asked and no group of p can be sharded. */
+int layout_forced_check(planner_t *pl, const sp_plan_t *p);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 

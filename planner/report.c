@@ -127,6 +127,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		fprintf(f, "  ... %d more devices\n", p->n_devices - shown);
 	fprintf(f, "  cap %.2f GiB per device (%.0f GiB less %.1f GiB reserve)\n",
 		p->memory_gib - p->mem_reserve_gib, p->memory_gib, p->mem_reserve_gib);
+	layout_report(f, p);
 }
 
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
@@ -167,5 +168,6 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		c->transfer_ms, c->sync_ms, (long long)c->xnode_bytes,
 		(long long)c->naive_xnode_bytes, c->naive_xfer_pred_ms, p->n_waves, s->total_ms);
 	sp_json_str(f, algo_name(s->chosen));
+	layout_json(f, p);
 	fprintf(f, "\n}\n");
 }

@@ -54,13 +54,13 @@ static int max_layers(const planner_t *pl, const int *w, int m, int n, double fr
 	const metaop_t *mo = &pl->mops[m];
 	const sp_model_t *md = pl->model;
 	int comp = md->tasks[mo->task].nodes[pl->ops[mo->first_op].node].comp;
-	double per = (double)mo->layer_state_bytes +
-		     (double)mo->saved_per_sample * (double)((mo->batch + n - 1) / n);
+	double per = layout_state_bytes(pl, m, n) +
+		     layout_saved_per_sample(pl, m) * (double)((mo->batch + n - 1) / n);
 	for (int k = 0; k < pl->n_mops; k++) {
 		const metaop_t *o = &pl->mops[k];
 		if (k == m || md->tasks[o->task].nodes[pl->ops[o->first_op].node].comp != comp)
 			continue;
-		per += (double)o->saved_per_sample * (double)((o->batch + w[k] - 1) / w[k]);
+		per += layout_saved_per_sample(pl, k) * (double)((o->batch + w[k] - 1) / w[k]);
 	}
 	double lim = frac * pl->mem_cap / per;
 	return lim >= mo->n_layers ? mo->n_layers : SP_MAX(1, (int)lim);
@@ -86,8 +86,9 @@ typedef struct {
 	int n_seg;
 } homes_t;
 
-/* Which components need homes: those whose full parameter state takes
- * more than a quarter of a device get S[c] segments of at most 40% of a
+/* Which components need homes: those whose full parameter state (on a
+ * home of g[c] devices: layout.c's estimate, zero-1 for large components
+ * under --zero auto) takes more than a quarter of a device get S[c] segments of at most 40% of a
  * device, on homes of g[c] devices (the widest allotment among the
  * component's MetaOps). L[c] is the component's layer count; every
  * (comp, layer) slot gets its index from h->param_base. */
@@ -95,21 +96,23 @@ static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int
 			      int *L)
 {
 	const sp_model_t *md = pl->model;
-	double psb = (double)param_state_bytes(md->dtype, md->opt.kind), cap = pl->mem_cap;
+	double cap = pl->mem_cap;
 	for (int c = 0; c < md->n_comps; c++) {
 		h->param_base[c] = h->n_params;
 		L[c] = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
 		h->n_params += L[c];
-		double ls = (double)comp_layer_params(&md->comps[c]) * psb;
-		if (ls * L[c] <= 0.25 * cap || md->comps[c].type == COMP_CONTRASTIVE)
-			continue;
-		S[c] = SP_MIN(L[c], (int)ceil(ls * L[c] / (0.4 * cap)));
-		g[c] = 1;
+		int wide = 1;
 		for (int m = 0; m < pl->n_mops; m++) {
 			int lay;
 			if (mop_comp(pl, m, 0, &lay) == c)
-				g[c] = SP_MAX(g[c], w[m]);
+				wide = SP_MAX(wide, w[m]);
 		}
+		/* a layer's state on a home that wide (zero-1 where layout.c says) */
+		double ls = layout_comp_state(pl, c, wide);
+		if (ls * L[c] <= 0.25 * cap || md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		S[c] = SP_MIN(L[c], (int)ceil(ls * L[c] / (0.4 * cap)));
+		g[c] = wide;
 	}
 }
 
@@ -120,7 +123,7 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L)
 {
 	const sp_model_t *md = pl->model;
 	int C = md->n_comps;
-	double psb = (double)param_state_bytes(md->dtype, md->opt.kind), cap = pl->mem_cap;
+	double cap = pl->mem_cap;
 	for (int round = 0; round < 64; round++) {
 		int need = 0, grown = 0;
 		for (int c = 0; c < C; c++)
@@ -146,9 +149,9 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L)
 					continue;
 				const metaop_t *mo = &pl->mops[m];
 				int gg = (int)SP_MIN((int64_t)g[c], mo->batch);
-				acts += (double)mo->saved_per_sample * (double)((mo->batch + gg - 1) / gg);
+				acts += layout_saved_per_sample(pl, m) * (double)((mo->batch + gg - 1) / gg);
 			}
-			double per = (double)comp_layer_params(&md->comps[c]) * psb + acts;
+			double per = layout_comp_state(pl, c, g[c]) + acts;
 			if (per * ceil((double)L[c] / S[c]) > 0.75 * cap) {
 				S[c]++;
 				grown = 1;

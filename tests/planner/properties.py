@@ -133,6 +133,55 @@ def check_sync_last(name, m, c, tmp):
         fail(f"{name}, sequential-paper: no sync in {len(ops)} programs")
 
 
+def forced_layouts(tmp):
+    """Forced zero-1 and recomputation: the plans verify (the planner
+    verifies every plan it writes) and, where the schedule is the one
+    planned with neither (the layouts change the schedulers' estimates, so
+    it may differ), predict less memory: parameters under --zero 1,
+    activations under --recompute all, the peak under both."""
+    compared = 0
+    for wl, cl in (("clip-4", "a800-2x8"), ("clip-7", "a800-2x8"), ("qwen-val", "a800-4x8")):
+        views = {}
+        for key, extra in (("none", ("--zero", "0", "--recompute", "none")),
+                           ("zero1", ("--zero", "1", "--recompute", "none")),
+                           ("redo", ("--zero", "0", "--recompute", "all")),
+                           ("both", ("--zero", "1", "--recompute", "all"))):
+            out = os.path.join(tmp, f"forced-{key}.bin")
+            p = subprocess.run([PLAN, os.path.join(ROOT, "plans", wl, "model.json"),
+                                os.path.join(ROOT, "plans", "clusters", cl + ".json"),
+                                "-o", out, *extra], capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                fail(f"{wl} {' '.join(extra)}: exit {p.returncode}: {p.stderr.strip()}")
+                break
+            s = subprocess.run([SHOW, out, "--json"], capture_output=True, text=True,
+                               timeout=60)
+            views[key] = json.loads(s.stdout)
+        if len(views) < 4:
+            continue
+        base = views["none"]
+
+        def shape(v):
+            return [(x["metaop"], x["layers"], x["devices"]) for w in v["waves"]
+                    for x in w["slices"]]
+        for key, field in (("zero1", "params_gib"), ("redo", "acts_gib"),
+                           ("both", "peak_gib")):
+            v = views[key]
+            if shape(v) != shape(base):
+                print(f"note {wl} on {cl}, {key}: another schedule; memory not compared")
+                continue
+            a = [d[field] for d in base["devices"]]
+            b = [d[field] for d in v["devices"]]
+            compared += 1
+            if any(y > x for x, y in zip(a, b)) or sum(b) >= sum(a):
+                fail(f"{wl} on {cl}, {key}: {field} {sum(b):.2f} GiB in all, "
+                     f"not less than {sum(a):.2f} with neither")
+            else:
+                print(f"ok   {wl} on {cl}, {key}: {field} {sum(b):.2f} GiB in all "
+                      f"< {sum(a):.2f} with neither")
+    if compared < 3:
+        fail(f"forced layouts: only {compared} same-schedule comparisons (at least 3)")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         n = 0
@@ -193,16 +242,22 @@ def main():
             print("ok   too little memory: " + se.splitlines()[0][:100])
 
         # when no plan fits, the message is about the plan that came
-        # closest: qwen-val on 8 devices, where the sequential plan (the
-        # fastest) is far over and one of ours only a little
+        # closest: qwen-val on 8 devices held replicated with every
+        # activation kept (with zero-1 and recomputation it fits), where the
+        # sequential plan (the fastest) is far over and one of ours only a
+        # little
         over = {}
         for algo in ("spindle", "sequential"):
             p = subprocess.run([PLAN, os.path.join(ROOT, "plans/qwen-val/model.json"),
                                 os.path.join(ROOT, "plans/clusters/a800-1x8.json"),
-                                "--algo", algo, "-o", out],
+                                "--algo", algo, "-o", out, "--zero", "0",
+                                "--recompute", "none"],
                                capture_output=True, text=True, timeout=120)
             words = p.stderr.split()
-            if p.returncode != 1 or "more" not in words or os.path.exists(out):
+            # the forced layouts are what does not fit: bad input, and the
+            # hint names the options that fit
+            if (p.returncode != 2 or "more" not in words or os.path.exists(out)
+                    or "hint: fits with --zero auto --recompute auto" not in p.stderr):
                 fail(f"qwen-val on 8 devices, {algo}: exit {p.returncode}, "
                      f"'{p.stderr.strip()}'")
                 continue
@@ -217,6 +272,30 @@ def main():
             else:
                 fail(f"nothing fits: ours reports {over['spindle']:.1f} GiB over, "
                      f"sequential {over['sequential']:.1f}")
+
+        forced_layouts(tmp)
+
+        # when nothing fits, the hint names a node count that does fit, and
+        # one node fewer does not (each was planned to find it)
+        m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+        p = subprocess.run([PLAN, m7, os.path.join(ROOT, "plans/clusters/a800-1x8.json")],
+                           capture_output=True, text=True, timeout=120)
+        hint = [ln for ln in p.stderr.splitlines() if ln.startswith("hint: fits on ")]
+        if p.returncode != 1 or not hint:
+            fail(f"qwen-val-7b on 8 devices: exit {p.returncode}, '{p.stderr.strip()}'")
+        else:
+            n = int(hint[0].split()[3])
+            ok = []
+            for k in (n - 1, n):
+                c = json.load(open(os.path.join(ROOT, "plans/clusters/a800-1x8.json")))
+                c["nodes"] = k
+                q = subprocess.run([PLAN, m7, W.write_json(tmp, "adv.json", c)],
+                                   capture_output=True, text=True, timeout=120)
+                ok.append(q.returncode == 0)
+            if ok != [False, True]:
+                fail(f"advice '{hint[0]}': {n - 1} nodes fit {ok[0]}, {n} nodes fit {ok[1]}")
+            else:
+                print(f"ok   advice: {hint[0]}")
 
         # determinism: every bundled workload planned twice, byte-identical
         for wl in sorted(os.listdir(os.path.join(ROOT, "plans"))):

@@ -29,6 +29,8 @@
 typedef struct {
 	uint8_t *bytes; /* the valid plan, encoded */
 	size_t len;
+	uint8_t *zbytes; /* the same inputs under --zero 1 --recompute all */
+	size_t zlen;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -62,6 +64,12 @@ static int group_setup(void **state)
 	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
 	    plan_encode(&f->bytes, &f->len, &p, &err))
 		goto cleanup;
+	plan_release(&p);
+	o.zero = 1;
+	o.recompute = 1;
+	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
+	    plan_encode(&f->zbytes, &f->zlen, &p, &err))
+		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
 	*state = f;
@@ -80,8 +88,10 @@ cleanup:
 static int group_teardown(void **state)
 {
 	vfix_t *f = *state;
-	if (f)
+	if (f) {
 		free(f->bytes);
+		free(f->zbytes);
+	}
 	free(f);
 	return 0;
 }
@@ -92,6 +102,13 @@ static void copy_plan(const vfix_t *f, sp_plan_t *out)
 {
 	sp_err_t err = {0};
 	assert_int_equal(plan_decode(out, f->bytes, f->len, "demo.bin", &err), 0);
+}
+
+/* The plan made under --zero 1 --recompute all. */
+static void copy_zplan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->zbytes, f->zlen, "demo-zero1.bin", &err), 0);
 }
 
 static sp_ins_t *ins_at(sp_plan_t *p, int d, int k)
@@ -133,39 +150,37 @@ static void move_ins(sp_plan_t *p, int d, int from, int to)
 	ins_ins(p, d, to, in);
 }
 
+/* Drops element g of a shared array of *n elements of sz bytes. */
+static void drop_at(void *arr, size_t sz, int32_t *n, int g)
+{
+	memmove((char *)arr + sz * (size_t)g, (char *)arr + sz * (size_t)(g + 1),
+		sz * (size_t)(*n - g - 1));
+	(*n)--;
+}
+
 /* Drops device d's held entry k (p->held is shared like p->ins). */
 static void del_held(sp_plan_t *p, int d, int k)
 {
-	int g = p->devices[d].held_off + k;
-	memmove(p->held + g, p->held + g + 1, sizeof *p->held * (size_t)(p->n_held - g - 1));
-	p->n_held--;
+	drop_at(p->held, sizeof *p->held, &p->n_held, p->devices[d].held_off + k);
 	p->devices[d].n_held--;
 	for (int e = d + 1; e < p->n_devices; e++)
 		p->devices[e].held_off--;
 }
 
-/* Drops member q of bucket b's device list (p->bucket_devs is shared). */
-static void del_bucket_dev(sp_plan_t *p, int b, int q)
+/* Drops member q (params 0) or parameter q (params 1) of bucket b (both
+ * lists are shared by the buckets, like p->ins). */
+static void del_bucket_entry(sp_plan_t *p, int b, int q, int params)
 {
-	int g = p->buckets[b].dev_off + q;
-	memmove(p->bucket_devs + g, p->bucket_devs + g + 1,
-		sizeof *p->bucket_devs * (size_t)(p->n_bucket_devs - g - 1));
-	p->n_bucket_devs--;
-	p->buckets[b].n_dev--;
+	sp_bucket_t *bk = p->buckets;
+	if (params)
+		drop_at(p->bucket_params, sizeof *p->bucket_params, &p->n_bucket_params,
+			bk[b].param_off + q);
+	else
+		drop_at(p->bucket_devs, sizeof *p->bucket_devs, &p->n_bucket_devs,
+			bk[b].dev_off + q);
+	*(params ? &bk[b].n_params : &bk[b].n_dev) -= 1;
 	for (int e = b + 1; e < p->n_buckets; e++)
-		p->buckets[e].dev_off--;
-}
-
-/* Drops parameter q of bucket b (p->bucket_params is shared). */
-static void del_bucket_param(sp_plan_t *p, int b, int q)
-{
-	int g = p->buckets[b].param_off + q;
-	memmove(p->bucket_params + g, p->bucket_params + g + 1,
-		sizeof *p->bucket_params * (size_t)(p->n_bucket_params - g - 1));
-	p->n_bucket_params--;
-	p->buckets[b].n_params--;
-	for (int e = b + 1; e < p->n_buckets; e++)
-		p->buckets[e].param_off--;
+		*(params ? &bk[e].param_off : &bk[e].dev_off) -= 1;
 }
 
 /* Device and position of the instruction with op and tag, or -1. */
@@ -212,6 +227,7 @@ typedef struct {
 	double cap;
 	sp_plan_t ref, p;
 	int made, rejected;
+	int zero1; /* breaking the --zero 1 --recompute all plan */
 } breaks_t;
 
 static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
@@ -223,10 +239,24 @@ static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
 	copy_plan(f, &b->ref);
 }
 
+/* The same on the plan made under --zero 1 --recompute all. */
+static void breaks_begin_zero1(breaks_t *b, const vfix_t *f, const char *kind)
+{
+	memset(b, 0, sizeof *b);
+	b->f = f;
+	b->kind = kind;
+	b->cap = f->cap;
+	b->zero1 = 1;
+	copy_zplan(f, &b->ref);
+}
+
 /* A fresh copy of the valid plan, to break. */
 static sp_plan_t *break_copy(breaks_t *b)
 {
-	copy_plan(b->f, &b->p);
+	if (b->zero1)
+		copy_zplan(b->f, &b->p);
+	else
+		copy_plan(b->f, &b->p);
 	return &b->p;
 }
 
@@ -281,6 +311,27 @@ static void each_ins(breaks_t *b, int op, void (*brk)(breaks_t *b, int d, int k)
 				brk(b, d, k);
 }
 
+/* breaks_begin on the valid plan, or (zero1) on the --zero 1 one. */
+static void breaks_open(breaks_t *b, void **state, int zero1, const char *kind)
+{
+	if (zero1)
+		breaks_begin_zero1(b, *state, kind);
+	else
+		breaks_begin(b, *state, kind);
+}
+
+/* Breaks brk at every instruction of op in the valid plan (zero1: the one
+ * made under --zero 1 --recompute all); every break is rejected, and at
+ * least `least` are made (-1: one per such instruction). */
+static void breaks_each_ins(void **state, int zero1, const char *kind, int op,
+			    void (*brk)(breaks_t *b, int d, int k), int least)
+{
+	breaks_t b;
+	breaks_open(&b, state, zero1, kind);
+	each_ins(&b, op, brk);
+	breaks_end(&b, least < 0 ? count_op(&b.ref, op) : least);
+}
+
 /* brk(b, bucket, q) for every member q of every bucket of b->ref (params:
  * 0), or every parameter q of it (params: 1). */
 static void each_bucket(breaks_t *b, int params, void (*brk)(breaks_t *b, int bk, int q))
@@ -290,6 +341,17 @@ static void each_bucket(breaks_t *b, int params, void (*brk)(breaks_t *b, int bk
 		for (int q = 0; q < n; q++)
 			brk(b, bk, q);
 	}
+}
+
+/* The same for brk at every member (params 0) or parameter (params 1) of
+ * every bucket; least -1: one per member or parameter. */
+static void breaks_each_bucket(void **state, int zero1, const char *kind, int params,
+			       void (*brk)(breaks_t *b, int bk, int q), int least)
+{
+	breaks_t b;
+	breaks_open(&b, state, zero1, kind);
+	each_bucket(&b, params, brk);
+	breaks_end(&b, least >= 0 ? least : params ? b.ref.n_bucket_params : b.ref.n_bucket_devs);
 }
 
 /* ---- the valid plan ------------------------------------------------------------ */
@@ -344,10 +406,7 @@ static void del_send(breaks_t *b, int d, int k)
 
 static void test_deleted_send(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "deleted SENDs");
-	each_ins(&b, INS_SEND, del_send);
-	breaks_end(&b, count_op(&b.ref, INS_SEND));
+	breaks_each_ins(state, 0, "deleted SENDs", INS_SEND, del_send, -1);
 }
 
 /* ---- (b) a RECV whose sample range differs from its SEND's -------------------- */
@@ -366,10 +425,7 @@ static void resize_recv(breaks_t *b, int d, int k)
 
 static void test_recv_size(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "changed RECVs");
-	each_ins(&b, INS_RECV, resize_recv);
-	breaks_end(&b, 2);
+	breaks_each_ins(state, 0, "changed RECVs", INS_RECV, resize_recv, 2);
 }
 
 /*
@@ -389,10 +445,7 @@ static void del_recv(breaks_t *b, int d, int k)
 
 static void test_deleted_recv(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "deleted RECVs");
-	each_ins(&b, INS_RECV, del_recv);
-	breaks_end(&b, count_op(&b.ref, INS_RECV));
+	breaks_each_ins(state, 0, "deleted RECVs", INS_RECV, del_recv, -1);
 }
 
 static int max_tag(const sp_plan_t *p)
@@ -472,7 +525,7 @@ static void drop_held(breaks_t *b, int bk, int q)
 	for (int check = 0; check < 2; check++) {
 		sp_plan_t *p = break_copy(&b[1]);
 		del_held(p, d, h);
-		del_bucket_dev(p, bk, q);
+		del_bucket_entry(p, bk, q, 0);
 		if (check == 0)
 			judge(&b[1], "missing parameters", "device %d ", d);
 		else
@@ -563,7 +616,7 @@ static void drop_member(breaks_t *b, int bk, int q)
 	const sp_plan_t *ref = &b->ref;
 	int d = ref->bucket_devs[ref->buckets[bk].dev_off + q];
 	const sp_param_t *pr = &ref->bucket_params[ref->buckets[bk].param_off];
-	del_bucket_dev(break_copy(b), bk, q);
+	del_bucket_entry(break_copy(b), bk, q, 0);
 	judge(b, "missing gradient contribution",
 	      "sync group of '%s' layer %d leaves out holder device %d",
 	      ref->model.comps[pr->comp].name, pr->layer, d);
@@ -571,10 +624,7 @@ static void drop_member(breaks_t *b, int bk, int q)
 
 static void test_bucket_member(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "dropped members");
-	each_bucket(&b, 0, drop_member);
-	breaks_end(&b, b.ref.n_bucket_devs);
+	breaks_each_bucket(state, 0, "dropped members", 0, drop_member, -1);
 }
 
 /*
@@ -585,7 +635,7 @@ static void test_bucket_member(void **state)
 static void drop_param(breaks_t *b, int bk, int q)
 {
 	const sp_param_t *pr = &b->ref.bucket_params[b->ref.buckets[bk].param_off + q];
-	del_bucket_param(break_copy(b), bk, q);
+	del_bucket_entry(break_copy(b), bk, q, 1);
 	judge(b, "missing gradient contribution",
 	      "gradients of '%s' layer %d computed here are not in its sync group",
 	      b->ref.model.comps[pr->comp].name, pr->layer);
@@ -593,10 +643,7 @@ static void drop_param(breaks_t *b, int bk, int q)
 
 static void test_param_unsynced(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "unsynced parameters");
-	each_bucket(&b, 1, drop_param);
-	breaks_end(&b, b.ref.n_bucket_params);
+	breaks_each_bucket(state, 0, "unsynced parameters", 1, drop_param, -1);
 }
 
 /*
@@ -614,10 +661,7 @@ static void sync_twice(breaks_t *b, int d, int k)
 
 static void test_sync_twice(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "repeated all-reduces");
-	each_ins(&b, INS_SYNC, sync_twice);
-	breaks_end(&b, count_op(&b.ref, INS_SYNC));
+	breaks_each_ins(state, 0, "repeated all-reduces", INS_SYNC, sync_twice, -1);
 }
 
 /* ---- (h) a memory cap below the plan's peak ------------------------------------ */
@@ -681,10 +725,7 @@ static void make_cycle(breaks_t *b, int a, int ka)
 
 static void test_deadlock_cycle(void **state)
 {
-	breaks_t b;
-	breaks_begin(&b, *state, "cycles");
-	each_ins(&b, INS_SEND, make_cycle);
-	breaks_end(&b, 1);
+	breaks_each_ins(state, 0, "cycles", INS_SEND, make_cycle, 1);
 }
 
 /*
@@ -715,6 +756,140 @@ static void test_every_deletion(void **state)
 	breaks_end(&b, want);
 }
 
+/* ---- (k) zero-1 buckets and recomputing slices ---------------------------------- */
+
+static int n_gathers_due(const sp_plan_t *p)
+{
+	int n = 0;
+	for (int bk = 0; bk < p->n_buckets; bk++)
+		n += p->buckets[bk].layout == LAYOUT_ZERO1 ? p->buckets[bk].n_dev : 0;
+	return n;
+}
+
+/* The forced plan is valid and has what the tests below break: zero-1
+ * buckets with their GATHERs, a bucket that does not span every device, and
+ * recomputing slices. */
+static void test_zero1_valid(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_zplan(f, &p);
+	expect_valid(&p, f->cap);
+	int redo = 0, partial = 0;
+	for (int i = 0; i < p.n_slices; i++)
+		redo += p.slices[i].recompute;
+	for (int bk = 0; bk < p.n_buckets; bk++)
+		partial |= p.buckets[bk].layout == LAYOUT_ZERO1 && p.buckets[bk].n_dev < p.n_devices;
+	assert_true(count_op(&p, INS_GATHER) > 0);
+	assert_int_equal(count_op(&p, INS_GATHER), n_gathers_due(&p));
+	assert_true(redo > 0);
+	assert_true(partial);
+	print_message("zero-1: %d GATHER, %d of %d slices recompute\n", count_op(&p, INS_GATHER),
+		      redo, p.n_slices);
+	plan_release(&p);
+}
+
+/* A member that never all-gathers its zero-1 bucket starts the next
+ * iteration with stale weights outside its shard. */
+static void del_gather(breaks_t *b, int d, int k)
+{
+	del_ins(break_copy(b), d, k);
+	judge(b, "sharded parameters", "device %d leaves 1 of its zero-1 buckets without an all-gather",
+	      d);
+}
+
+static void test_gather_missing(void **state)
+{
+	breaks_each_ins(state, 1, "deleted all-gathers", INS_GATHER, del_gather, -1);
+}
+
+static void gather_twice(breaks_t *b, int d, int k)
+{
+	sp_ins_t in = *ins_at(&b->ref, d, k);
+	ins_ins(break_copy(b), d, k + 1, in);
+	judge(b, "sharded parameters", "all-gather of bucket %d twice", (int)in.peer);
+}
+
+static void test_gather_twice(void **state)
+{
+	breaks_each_ins(state, 1, "repeated all-gathers", INS_GATHER, gather_twice, -1);
+}
+
+/* A GATHER moved before the STEP would gather shards not yet updated. */
+static void gather_early(breaks_t *b, int d, int k)
+{
+	int step = -1;
+	for (int j = 0; j < b->ref.devices[d].n_ins; j++)
+		if (ins_at(&b->ref, d, j)->op == INS_STEP)
+			step = j;
+	assert_true(step >= 0 && step < k);
+	int peer = (int)ins_at(&b->ref, d, k)->peer;
+	move_ins(break_copy(b), d, k, step);
+	judge(b, "sharded parameters", "all-gather of bucket %d before the optimizer step", peer);
+}
+
+static void test_gather_before_step(void **state)
+{
+	breaks_each_ins(state, 1, "all-gathers before the step", INS_GATHER, gather_early, -1);
+}
+
+/* A device outside a zero-1 bucket's group all-gathering it: after its own
+ * STEP, at the end of its program. */
+static void gather_stranger(breaks_t *b, int bk, int q)
+{
+	const sp_bucket_t *bt = &b->ref.buckets[bk];
+	if (q || bt->layout != LAYOUT_ZERO1) /* once per zero-1 bucket */
+		return;
+	for (int d = 0; d < b->ref.n_devices; d++) {
+		int64_t off, n;
+		if (bucket_shard(&b->ref, bk, d, &off, &n) >= 0)
+			continue;
+		sp_ins_t ga;
+		memset(&ga, 0, sizeof ga);
+		ga.op = INS_GATHER;
+		ga.slice = -1;
+		ga.tag = -1;
+		ga.peer = bk;
+		ins_ins(break_copy(b), d, b->ref.devices[d].n_ins, ga);
+		judge(b, "sharded parameters", "all-gather of bucket %d by a device outside its group",
+		      bk);
+	}
+}
+
+static void test_gather_stranger(void **state)
+{
+	breaks_each_bucket(state, 1, "all-gathers by non-members", 0, gather_stranger, 1);
+}
+
+/*
+ * Memory under the new layouts: the forced plan fits a cap of exactly its
+ * peak; the same plan with every bucket replicated and every slice keeping
+ * its activations (GATHERs dropped: a valid plan of the old kind) does not,
+ * because the verifier prices each layout.
+ */
+static void test_zero1_memory(void **state)
+{
+	breaks_t b;
+	breaks_begin_zero1(&b, *state, "layouts undone under the zero-1 peak");
+	int64_t peak = 0;
+	for (int d = 0; d < b.ref.n_devices; d++)
+		peak = SP_MAX(peak, b.ref.devices[d].mem_peak);
+	expect_valid(&b.ref, (double)peak);
+	b.cap = (double)peak;
+	sp_plan_t *p = break_copy(&b);
+	for (int bk = 0; bk < p->n_buckets; bk++)
+		p->buckets[bk].layout = LAYOUT_REPLICATED;
+	for (int i = 0; i < p->n_slices; i++)
+		p->slices[i].recompute = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = p->devices[d].n_ins - 1; k >= 0; k--)
+			if (ins_at(p, d, k)->op == INS_GATHER)
+				del_ins(p, d, k);
+	expect_valid(p, 0); /* valid but for memory */
+	judge(&b, "out of memory", NULL);
+	breaks_end(&b, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -732,6 +907,12 @@ int main(void)
 		cmocka_unit_test(test_out_of_memory),
 		cmocka_unit_test(test_deadlock_cycle),
 		cmocka_unit_test(test_every_deletion),
+		cmocka_unit_test(test_zero1_valid),
+		cmocka_unit_test(test_gather_missing),
+		cmocka_unit_test(test_gather_twice),
+		cmocka_unit_test(test_gather_before_step),
+		cmocka_unit_test(test_gather_stranger),
+		cmocka_unit_test(test_zero1_memory),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

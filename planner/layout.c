@@ -1,0 +1,591 @@
+/*
+ * layout.c — the planner's choice of memory layouts under --zero auto and
+ * --recompute auto: which sync buckets shard their optimizer state
+ * (zero-1) and which transformer slices recompute their activations.
+ *
+ * The choice is made with the schedule, in two places:
+ *
+ *  1. Estimates (layout_prepare, before any scheduling). A component is
+ *     "large" when its replicated parameter state takes more than a quarter
+ *     of a device: the threshold at which sched_list.c already gives it
+ *     fixed homes. For large components (for every one when the option is
+ *     forced) the schedulers and the placer price a layer at width n with
+ *     zero-1 state (weights and gradients whole, optimizer state / n:
+ *     layout_state_bytes) and its activations as the layer input only
+ *     (layout_saved_per_sample), so segments, homes and widths are chosen
+ *     knowing that memory can be bought back; other components are priced
+ *     as today, so small workloads plan exactly as before.
+ *
+ *  2. Per candidate plan, after lowering and before the simulator (plan.c
+ *     calls layout_fit for every candidate of every algorithm, so each is
+ *     judged with its own layouts): while a device is over the cap, the
+ *     bucket it belongs to whose zero-1 sharding frees the most bytes is
+ *     sharded; when none is left, the slice on it that frees the most
+ *     activation bytes per millisecond of forward re-run recomputes
+ *     (recomputation costs one more forward: sim.c). Memory is exact
+ *     (plan_mem.c's formula) after every change. Then, once simulated, for
+ *     our algorithm only and only for large components (layout_trial),
+ *     every remaining bucket over 2+ devices is tried in zero-1 at once and
+ *     kept when the simulator says the iteration is not slower
+ *     (reduce-scatter + shard step + all-gather against all-reduce + full
+ *     step; only the sync pass is simulated again). The baselines are thus
+ *     replicated and keep their activations unless they would not fit: the
+ *     comparison stays fair.
+ *
+ * It does not build zero-2/3 or micro-batching (not built yet), and it does
+ * not reschedule: a candidate whose schedule cannot fit even with every
+ * bucket sharded and every slice recomputing stays over the cap, and
+ * plan.c picks another candidate or reports (layout_advise) what would fit.
+ */
+#include "lower.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The component of MetaOp m. */
+static int comp_of(const planner_t *pl, int m)
+{
+	return pl->model->tasks[pl->mops[m].task].nodes[pl->ops[pl->mops[m].first_op].node].comp;
+}
+
+int layout_prepare(planner_t *pl)
+{
+	const sp_model_t *md = pl->model;
+	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
+	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	pl->lay_saved = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
+	pl->lay_opt = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
+	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved || !pl->lay_opt)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int c = 0; c < md->n_comps; c++) {
+		const sp_component_t *cp = &md->comps[c];
+		int L = cp->type == COMP_TRANSFORMER ? (int)cp->layers : 1;
+		/* the homes threshold of sched_list.c: a quarter of a device */
+		int large = (double)comp_layer_params(cp) * (double)psb * L > 0.25 * pl->mem_cap;
+		pl->lay_shard[c] = pl->opts->zero == 1 || (pl->opts->zero < 0 && large);
+		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
+				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
+		pl->lay_large |= large;
+	}
+	/* the placer asks for these per slice and device: computed once */
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(md->dtype);
+		pl->lay_saved[m] = pl->lay_redo[comp_of(pl, m)]
+					   ? fmin(in, (double)mo->saved_per_sample)
+					   : (double)mo->saved_per_sample;
+		/* the state zero-1 shards: all but weights and gradients */
+		pl->lay_opt[m] = pl->lay_shard[comp_of(pl, m)]
+					 ? (double)mo->layer_state_bytes *
+						   (double)(psb - 2 * dtype_bytes(md->dtype)) / (double)psb
+					 : 0;
+	}
+	return 0;
+}
+
+double layout_comp_state(const planner_t *pl, int comp, int n)
+{
+	const sp_model_t *md = pl->model;
+	double P = (double)comp_layer_params(&md->comps[comp]);
+	double psb = (double)param_state_bytes(md->dtype, md->opt.kind);
+	double whole = 2.0 * dtype_bytes(md->dtype); /* weights and gradients */
+	if (!pl->lay_shard || !pl->lay_shard[comp] || n < 2)
+		return P * psb;
+	return P * (whole + (psb - whole) / n);
+}
+
+double layout_state_bytes(const planner_t *pl, int m, int n)
+{
+	double whole = (double)pl->mops[m].layer_state_bytes;
+	if (!pl->lay_opt || n < 2)
+		return whole;
+	return whole - pl->lay_opt[m] * (1.0 - 1.0 / n);
+}
+
+double layout_saved_per_sample(const planner_t *pl, int m)
+{
+	return pl->lay_saved ? pl->lay_saved[m] : (double)pl->mops[m].saved_per_sample;
+}
+
+/* ---- the choice on a lowered plan --------------------------------------- */
+
+/* Exact memory of the n devices devs[] after a change; plan_memory's error
+ * passed up. */
+static int remem(sp_plan_t *p, const int32_t *devs, int n)
+{
+	for (int j = 0; j < n; j++) {
+		sp_device_t *dv = &p->devices[devs[j]];
+		int rc = plan_memory(p, devs[j], dv->mem);
+		if (rc)
+			return rc;
+		dv->mem_peak = 0;
+		for (int c = 0; c < MEM__COUNT; c++)
+			dv->mem_peak += dv->mem[c];
+	}
+	return 0;
+}
+
+/* The device furthest over the cap, or -1. */
+static int worst_device(const planner_t *pl, const sp_plan_t *p)
+{
+	int worst = -1;
+	double most = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		double over = (double)p->devices[d].mem_peak - pl->mem_cap;
+		if (over > most) {
+			most = over;
+			worst = d;
+		}
+	}
+	return worst;
+}
+
+/* Bytes of optimizer state zero-1 frees on each member of bucket b. */
+static double shard_saving(const sp_plan_t *p, int b)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	int db = dtype_bytes(p->model.dtype);
+	double opt = (double)(param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db);
+	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
+}
+
+/* 1 when bucket b holds a layer of a component whose layout auto may shard. */
+static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	for (int k = 0; k < bk->n_params; k++)
+		if (pl->lay_shard[p->bucket_params[bk->param_off + k].comp])
+			return 1;
+	return 0;
+}
+
+/* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
+ * optimizer state of the elements a member owns), its members' memory. */
+static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+{
+	sp_bucket_t *bk = &p->buckets[b];
+	int db = dtype_bytes(p->model.dtype);
+	int64_t opt = param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db;
+	int64_t E = bk->elems, n = bk->n_dev;
+	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
+		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
+		int64_t shard = E * (q + 1) / n - E * q / n;
+		int64_t delta = (layout == LAYOUT_ZERO1 ? shard - E : E - shard) * opt;
+		sp_device_t *dv = &p->devices[p->bucket_devs[bk->dev_off + q]];
+		dv->mem[MEM_PARAMS] += delta;
+		dv->mem_peak += delta;
+	}
+	bk->layout = layout;
+	bucket_price(pl->cluster, p, bk, db);
+}
+
+/* The replicated bucket of 2+ devices with d as a member that frees the
+ * most on d, or -1. */
+static int best_bucket(const sp_plan_t *p, int d)
+{
+	int best = -1;
+	double most = 0;
+	int64_t off, n;
+	for (int b = 0; b < p->n_buckets; b++) {
+		double s = shard_saving(p, b);
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && s > most &&
+		    bucket_shard(p, b, d, &off, &n) >= 0) {
+			most = s;
+			best = b;
+		}
+	}
+	return best;
+}
+
+/* 1 when device d runs slice s. */
+static int slice_on(const sp_plan_t *p, const sp_slice_t *s, int d)
+{
+	for (int j = 0; j < s->n_dev; j++)
+		if (p->slice_devs[s->dev_off + j] == d)
+			return 1;
+	return 0;
+}
+
+/* The keeping transformer slice on d that frees the most activation bytes
+ * per ms of re-run forward (per sample: both scale with the local batch),
+ * or -1. */
+static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
+{
+	int best = -1;
+	double most = 0;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *s = &p->slices[i];
+		const metaop_t *mo = &pl->mops[s->metaop];
+		if (s->recompute || mo->shape.type != COMP_TRANSFORMER || !slice_on(p, s, d))
+			continue;
+		double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(p->model.dtype);
+		double f, b;
+		int64_t local = (mo->batch + s->n_dev - 1) / s->n_dev;
+		cost_layer(pl, s->metaop, local, &f, &b);
+		double rate = ((double)mo->saved_per_sample - in) * (double)local / f;
+		if (rate > most) {
+			most = rate;
+			best = i;
+		}
+	}
+	return best;
+}
+
+/*
+ * Rewrites every program's tail for the buckets' current layouts: after
+ * STEP, one GATHER per zero-1 bucket of the device, in the order of its
+ * SYNCs (as lower_sync.c emits them). Returns SP_ENOMEM or 0.
+ */
+static int regather(sp_plan_t *p)
+{
+	int extra = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		extra += p->buckets[b].layout == LAYOUT_ZERO1 ? p->buckets[b].n_dev : 0;
+	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
+	if (!ins)
+		return SP_ENOMEM;
+	int n = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *old = p->ins + dv->first_ins;
+		int first = n;
+		for (int k = 0; k < dv->n_ins; k++)
+			if (old[k].op != INS_GATHER)
+				ins[n++] = old[k];
+		for (int k = 0; k < dv->n_ins; k++)
+			if (old[k].op == INS_SYNC && p->buckets[old[k].peer].layout == LAYOUT_ZERO1) {
+				ins[n] = lower_ins_new(INS_GATHER);
+				ins[n++].peer = old[k].peer;
+			}
+		dv->first_ins = first;
+		dv->n_ins = n - first;
+	}
+	free(p->ins);
+	p->ins = ins;
+	p->n_ins = n;
+	return 0;
+}
+
+/* While a device is over the cap: shard a bucket, else recompute a slice
+ * (as far as auto may). Returns 1 | 2 when it sharded | recomputed, or a
+ * negative code. */
+static int fit_memory(planner_t *pl, sp_plan_t *p)
+{
+	int changes = 0, d;
+	while ((d = worst_device(pl, p)) >= 0) {
+		int b = pl->opts->zero < 0 ? best_bucket(p, d) : -1;
+		if (b >= 0) {
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+			changes |= 1;
+			continue;
+		}
+		int s = pl->opts->recompute < 0 ? best_slice(pl, p, d) : -1;
+		if (s < 0)
+			break; /* nothing left to buy memory back on d */
+		p->slices[s].recompute = 1;
+		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev))
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "memory plan: a device touches too many values");
+		changes |= 2;
+	}
+	return changes;
+}
+
+/* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
+ * once, kept when the iteration is not slower than res (the plan's); else
+ * the plan's memory and predicted times as they were. */
+static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int tried = 0, rc = 0;
+	sp_arena_t *a = &pl->scratch; /* the candidate's: given back below */
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	uint8_t *was = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
+	sp_slice_t *sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *sl);
+	sp_wave_t *wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *wv);
+	sp_device_t *dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *dv);
+	if (!was || !sl || !wv || !dv) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	memcpy(sl, p->slices, sizeof *sl * (size_t)p->n_slices);
+	memcpy(wv, p->waves, sizeof *wv * (size_t)p->n_waves);
+	memcpy(dv, p->devices, sizeof *dv * (size_t)p->n_devices);
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2 &&
+		    bucket_large(pl, p, b)) {
+			was[b] = 1;
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+			tried++;
+		}
+	sim_result_t r = *res;
+	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
+		goto cleanup;
+	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
+		*res = r;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++)
+		if (was[b])
+			set_layout(pl, p, b, LAYOUT_REPLICATED);
+	memcpy(p->slices, sl, sizeof *sl * (size_t)p->n_slices);
+	memcpy(p->waves, wv, sizeof *wv * (size_t)p->n_waves);
+	memcpy(p->devices, dv, sizeof *dv * (size_t)p->n_devices);
+	rc = regather(p);
+cleanup:
+	sp_arena_reset(a, mark);
+	return rc;
+}
+
+/* rc, with a message when it is an allocation failure of this file (a
+ * lower level's error, already in err, is kept). */
+static int no_memory(planner_t *pl, int rc)
+{
+	if (rc == SP_ENOMEM && !pl->err->code)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return rc;
+}
+
+int layout_fit(planner_t *pl, sp_plan_t *p)
+{
+	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
+		return 0; /* both forced: lowering chose */
+	int changed = fit_memory(pl, p);
+	return no_memory(pl, changed > 0 ? regather(p) : changed);
+}
+
+int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0 || !pl->lay_large)
+		return 0;
+	return no_memory(pl, try_shard_all(pl, p, res));
+}
+
+/* ---- the report ----------------------------------------------------------- */
+
+/* Bytes slice s frees per device by recomputing: each layer keeps its input
+ * instead of everything it saves, at the slice's local batch. */
+static double slice_saving(const sp_plan_t *p, const sp_slice_t *s)
+{
+	const sp_metaop_t *mo = &p->metaops[s->metaop];
+	int db = dtype_bytes(p->model.dtype);
+	int64_t B = p->model.tasks[mo->task].batch;
+	int64_t local = (B + s->n_dev - 1) / s->n_dev;
+	double saved = (double)op_saved_elems(&mo->shape, B);
+	double in = (double)mo->shape.seq * mo->shape.hidden;
+	return (saved - in) * db * (double)local * (s->layer_to - s->layer_from);
+}
+
+/* Per MetaOp: slices, recomputing ones, bytes freed on its worst device and
+ * forward time re-run (the recomputing slices' forward spans). */
+typedef struct {
+	int n, redo;
+	double saved, added_ms;
+} mop_policy_t;
+
+static void mop_policy(const sp_plan_t *p, int m, mop_policy_t *out)
+{
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *s = &p->slices[i];
+		if (s->metaop != m)
+			continue;
+		out->n++;
+		if (s->recompute) {
+			out->redo++;
+			out->saved = fmax(out->saved, slice_saving(p, s));
+			out->added_ms += s->fwd_ms;
+		}
+	}
+}
+
+/* "vision 0-47" for bucket b's parameters (the first component's range;
+ * "+" when more components share the bucket). */
+static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_bucket_t *bk)
+{
+	const sp_param_t *q = p->bucket_params + bk->param_off;
+	int lo = q[0].layer, hi = q[0].layer, more = 0;
+	for (int k = 1; k < bk->n_params; k++) {
+		if (q[k].comp != q[0].comp) {
+			more = 1;
+			continue;
+		}
+		lo = SP_MIN(lo, q[k].layer);
+		hi = SP_MAX(hi, q[k].layer);
+	}
+	snprintf(buf, cap, "%s %d-%d%s", p->model.comps[q[0].comp].name, lo, hi, more ? " +" : "");
+}
+
+void layout_report(FILE *f, const sp_plan_t *p)
+{
+	double gib = 1024.0 * 1024.0 * 1024.0;
+	int forced = strstr(p->options, "zero=1") != NULL;
+	fprintf(f, "\nlayouts (zero-2/3 and micro-batching are not built yet)\n  %-4s %-22s %6s "
+		   "%12s %-10s %13s %12s %12s\n",
+		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
+		"gather ms");
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		char nm[SP_NAME_MAX + 32];
+		bucket_name(nm, sizeof nm, p, bk);
+		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s\n", b, nm,
+			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
+			bk->gather_ms,
+			forced && bk->n_dev < 2 ? "  (--zero 1: a group of 1 stays replicated)" : "");
+	}
+	fprintf(f, "  %-32s %6s %9s %14s %12s\n", "MetaOp", "slices", "recompute",
+		"saved GiB/dev", "added ms");
+	for (int m = 0; m < p->n_metaops; m++) {
+		mop_policy_t mp;
+		mop_policy(p, m, &mp);
+		if (p->metaops[m].shape.type == COMP_TRANSFORMER)
+			fprintf(f, "  %-32s %6d %9d %14.3f %12.3f\n", p->metaops[m].name, mp.n,
+				mp.redo, mp.saved / gib, mp.added_ms);
+	}
+}
+
+void layout_json(FILE *f, const sp_plan_t *p)
+{
+	fprintf(f, ",\n  \"buckets\": [");
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
+			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f}",
+			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) : 0.0, bk->sync_ms,
+			bk->gather_ms);
+	}
+	fprintf(f, "\n  ],\n  \"metaops\": [");
+	for (int m = 0; m < p->n_metaops; m++) {
+		mop_policy_t mp;
+		mop_policy(p, m, &mp);
+		fprintf(f, "%s\n    {\"name\": ", m ? "," : "");
+		sp_json_str(f, p->metaops[m].name);
+		fprintf(f, ", \"slices\": %d, \"recompute\": %d, \"saved_bytes_per_device\": %.0f, "
+			   "\"added_ms\": %.6f}",
+			mp.n, mp.redo, mp.saved, mp.added_ms);
+	}
+	fprintf(f, "\n  ]");
+}
+
+/* ---- when nothing fits ---------------------------------------------------- */
+
+/* 1 when the inputs plan and fit under options o on cluster c (a full
+ * re-plan, without advice of its own). */
+static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster_t *c)
+{
+	plan_opts_t q = *o;
+	q.compare = 0;
+	q.no_advice = 1;
+	sp_err_t err = {0};
+	sp_plan_t p = {0};
+	plan_summary_t sum;
+	int rc = planner_run(&q, pl->model, c, &p, &sum, &err);
+	plan_release(&p);
+	return rc == 0;
+}
+
+/* The most nodes the advice tries: 8 times as many, at most 1024 devices
+ * (the largest cluster of the planner's benchmark, tools/bench-plan), so
+ * that the advice costs a few plans of the size the planner is tried on. */
+static int max_nodes(const planner_t *pl)
+{
+	return SP_MIN(8 * pl->cluster->nodes, SP_MAX(1024 / pl->cluster->gpus_per_node, 1));
+}
+
+/* The smallest node count (more than today's, at most max_nodes) on which
+ * the inputs fit under o: doubling, then bisection; 0 if none. */
+static int nodes_that_fit(const planner_t *pl, const plan_opts_t *o)
+{
+	sp_cluster_t c = *pl->cluster;
+	int lo = pl->cluster->nodes, hi = 0;
+	for (int k = 2 * lo; k <= max_nodes(pl) && !hi; k *= 2) {
+		c.nodes = k;
+		if (fits_with(pl, o, &c))
+			hi = k;
+		else
+			lo = k;
+	}
+	if (!hi && lo < max_nodes(pl)) { /* the last doubling overshot the limit */
+		c.nodes = max_nodes(pl);
+		hi = fits_with(pl, o, &c) ? c.nodes : 0;
+	}
+	while (hi && hi - lo > 1) {
+		c.nodes = lo + (hi - lo) / 2;
+		if (fits_with(pl, o, &c))
+			hi = c.nodes;
+		else
+			lo = c.nodes;
+	}
+	return hi;
+}
+
+int layout_advise(planner_t *pl, const sp_plan_t *closest)
+{
+	const plan_opts_t *o = pl->opts;
+	int forced = o->zero == 0 || o->recompute == 0;
+	if (o->no_advice || pl->cluster->nodes >= max_nodes(pl))
+		return SP_EINFEAS;
+	plan_opts_t q = *o;
+	/* 1. the layouts the options forbade */
+	q.zero = o->zero == 0 ? -1 : o->zero;
+	q.recompute = o->recompute == 0 ? -1 : o->recompute;
+	if (forced && fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --zero %s --recompute %s (zero-1 and recomputation "
+				     "where memory needs them)",
+			    q.zero < 0 ? "auto" : "1", q.recompute < 0 ? "auto" : "all");
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
+	/* 2. a smaller reserve: the closest plan's peak within the device */
+	int64_t peak = 0;
+	for (int d = 0; d < closest->n_devices; d++)
+		peak = SP_MAX(peak, closest->devices[d].mem_peak);
+	double room = pl->cluster->memory_gib - (double)peak / (1024.0 * 1024.0 * 1024.0);
+	q = *o;
+	q.mem_reserve_gib = floor(room * 10) / 10; /* a reserve of whole 0.1 GiB */
+	if (q.mem_reserve_gib >= 0 && q.mem_reserve_gib < o->mem_reserve_gib &&
+	    fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --mem-reserve %.1f", q.mem_reserve_gib);
+		return SP_EINFEAS;
+	}
+	/* 3. more nodes, with the layouts as asked and, if forced, with auto */
+	q = *o;
+	int n = nodes_that_fit(pl, &q);
+	if (!n && forced) {
+		q.zero = o->zero == 0 ? -1 : o->zero;
+		q.recompute = o->recompute == 0 ? -1 : o->recompute;
+		n = nodes_that_fit(pl, &q);
+	}
+	int G = pl->cluster->gpus_per_node;
+	if (n)
+		sp_err_hint(pl->err, "fits on %d or more nodes of %d (%d or more devices)%s", n, G,
+			    n * G,
+			    q.zero < 0 || q.recompute < 0
+				    ? " with zero-1 and recomputation where memory needs them"
+				    : "");
+	else
+		sp_err_hint(pl->err, "no plan fits on up to %d nodes of %d either: use larger "
+				     "devices or smaller batches",
+			    max_nodes(pl), G);
+	return SP_EINFEAS;
+}
+
+int layout_forced_check(planner_t *pl, const sp_plan_t *p)
+{
+	if (pl->opts->zero != 1)
+		return 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1)
+			return 0;
+	if (!p->n_buckets)
+		return 0;
+	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
+			    "--zero 1: every sync group of the plan has a single device, so "
+			    "there is no optimizer state to shard");
+	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
+			     "replicated)");
+	return rc;
+}

@@ -377,14 +377,22 @@ static double median(double *t, int n)
 }
 
 /* Host buffer of n floats, uniform in [-a, a), copied to the device. */
-static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t key)
+/* n device values of 4 bytes from key: ints in [0, range), or (range 0)
+ * floats uniform in [-a, a]; NULL when out of memory. */
+static void *dev_values(const rt_backend_t *b, int64_t n, double a, int64_t range, uint64_t key)
 {
-	float *d = b->alloc(sizeof(float) * (size_t)SP_MAX(n, 1));
-	float *h = malloc(sizeof(float) * (size_t)SP_MAX(n, 1));
+	size_t bytes = 4 * (size_t)SP_MAX(n, 1);
+	void *d = b->alloc(bytes);
+	void *h = malloc(bytes);
 	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (float)(a * (2.0 * sp_unit(key ^ sp_mix64((uint64_t)i)) - 1.0));
-		b->to_device(d, h, sizeof(float) * (size_t)n);
+		for (int64_t i = 0; i < n; i++) {
+			uint64_t r = key ^ sp_mix64((uint64_t)i);
+			if (range)
+				((int32_t *)h)[i] = (int32_t)(sp_mix64(r) % (uint64_t)range);
+			else
+				((float *)h)[i] = (float)(a * (2.0 * sp_unit(r) - 1.0));
+		}
+		b->to_device(d, h, 4 * (size_t)n);
 	}
 	free(h);
 	if (!h && d) {
@@ -394,21 +402,14 @@ static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t ke
 	return d;
 }
 
+static float *dev_floats(const rt_backend_t *b, int64_t n, double a, uint64_t key)
+{
+	return dev_values(b, n, a, 0, key);
+}
+
 static int32_t *dev_ints(const rt_backend_t *b, int64_t n, int64_t range, uint64_t key)
 {
-	int32_t *d = b->alloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	int32_t *h = malloc(sizeof(int32_t) * (size_t)SP_MAX(n, 1));
-	if (d && h) {
-		for (int64_t i = 0; i < n; i++)
-			h[i] = (int32_t)(sp_mix64(key ^ sp_mix64((uint64_t)i)) % (uint64_t)range);
-		b->to_device(d, h, sizeof(int32_t) * (size_t)n);
-	}
-	free(h);
-	if (!h && d) {
-		b->release(d);
-		d = NULL;
-	}
-	return d;
+	return dev_values(b, n, 0, range, key);
 }
 
 static void bench_free(bench_t *q)

@@ -103,10 +103,15 @@ int heldout_run(rt_heldout_t *h, rt_state_t *st, rt_comm_t *c, sp_err_t *err)
 				h->acc[i * EV__COUNT + q] += one[i * EV__COUNT + q];
 	}
 	free(one);
-	if (!rc && c->ops->allsum(c, h->acc, T * EV__COUNT))
-		rc = sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
-				"rank %d: summing the held-out scores failed", c->rank);
 	return rc;
+}
+
+int heldout_sum(rt_heldout_t *h, rt_comm_t *c, sp_err_t *err)
+{
+	if (c->ops->allsum(c, h->acc, h->n_tasks * EV__COUNT))
+		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+				  "rank %d: summing the held-out scores failed", c->rank);
+	return 0;
 }
 
 /* Task i's kind of score: "classification", "retrieval" or NULL (loss only). */

@@ -807,8 +807,10 @@ static int eval_end(run_t *r)
 	int rank = r->comm.rank;
 	if (!r->heldout)
 		return RUN_GO;
-	wd_arm(rank, "evaluating on '%s'", r->o.eval_dir);
 	if (heldout_run(r->heldout, r->st, &r->comm, &r->err))
+		return RUN_LOST;
+	wd_arm(rank, "summing the held-out scores of '%s'", r->o.eval_dir);
+	if (heldout_sum(r->heldout, &r->comm, &r->err))
 		return RUN_LOST;
 	wd_disarm();
 	if (rank != 0)

@@ -248,9 +248,11 @@ typedef struct rt_heldout rt_heldout_t;
 int heldout_open(rt_heldout_t **out, const char *dir, const sp_plan_t *p, int rank,
 		 int nranks, uint64_t seed, sp_err_t *err);
 void heldout_free(rt_heldout_t *h);
-/* One pass over the held-out samples with st's parameters; collective, and
- * every rank holds the summed scores after it. */
+/* One pass over the held-out samples with st's parameters (this rank's
+ * share; its waits are bounded by the interpreter's timeout). */
 int heldout_run(rt_heldout_t *h, rt_state_t *st, rt_comm_t *c, sp_err_t *err);
+/* Sums the scores over the ranks (collective, blocking). */
+int heldout_sum(rt_heldout_t *h, rt_comm_t *c, sp_err_t *err);
 /* The per-task table (rank 0). */
 void heldout_print(const rt_heldout_t *h, const sp_plan_t *p, FILE *f);
 /* The same as JSON ("spindle.eval/1": tasks[] with task, batches, samples,

@@ -26,7 +26,10 @@
  * gradients (the rest of the bucket's gradients is then undefined); STEP
  * updates the shard's weights with the shard's m and v; GATHER starts the
  * all-gather of the weights, which rt_step completes before it returns.
+ *
+ * An evaluation (rt_eval) runs the forward part of the same program only.
  */
+#include "layers.h"
 #include "runtime.h"
 
 #include <math.h>
@@ -977,6 +980,141 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		loss[i] += st->loss[i];
 	return 0;
+}
+
+/* ---- held-out evaluation ---- */
+
+/* Whether candidate j is a right answer for query i of a contrastive
+ * batch: j is i's partner, or a duplicate of one side of the pair (the
+ * loss's inputs a_j, b_j are bit-identical to a_i, b_i: identical samples
+ * through the same weights), since no model can tell duplicates apart. */
+static int same_pair(const float *a, const float *b, int64_t ld, int64_t w, int64_t i,
+		     int64_t j)
+{
+	size_t row = sizeof(float) * (size_t)w;
+	return i == j || !memcmp(a + i * ld, a + j * ld, row) ||
+	       !memcmp(b + i * ld, b + j * ld, row);
+}
+
+/* Index of the largest of x[0], x[step], ... x[(n-1) step]; the first on ties. */
+static int64_t argmax(const float *x, int64_t n, int64_t step)
+{
+	int64_t best = 0;
+	for (int64_t j = 1; j < n; j++)
+		if (x[j * step] > x[best * step])
+			best = j;
+	return best;
+}
+
+/*
+ * Scores LOSS instruction k, just run, into acc[task * EV__COUNT + EV_*]:
+ * classifier: argmax of the logits against the label (chance 1/C);
+ * contrastive: top-1 retrieval in both directions for the rows [s0, s1)
+ * among the whole batch (chance: the right answers over B, see
+ * same_pair). The logits are recomputed by the CPU reference (layers.c)
+ * from host copies of the loss's inputs, as the loss computed them; the
+ * labels are those exec_loss left in ints_host.
+ */
+static int score_loss(rt_state_t *st, int k, double *acc)
+{
+	const sp_ins_t *in = &st->prog[k];
+	const sp_slice_t *sl = &st->p->slices[in->slice];
+	const sp_metaop_t *mo = mop(st, sl->metaop);
+	const sp_task_t *t = task_of(st, sl->metaop);
+	const vbuf_t *v = &st->vb[st->src_vb[k]];
+	int64_t n = in->s1 - in->s0, ld = (int64_t)v->seq * v->width, h = mo->shape.hidden;
+	int comp, kind = mo->shape.type;
+	int si = layer_slot(st, sl->metaop, 0, &comp);
+	double *e = acc + mo->task * EV__COUNT;
+	e[EV_SAMPLES] += (double)n;
+	if (kind != COMP_CLASSIFIER && kind != COMP_CONTRASTIVE)
+		return 0;
+	int64_t rows = kind == COMP_CONTRASTIVE ? t->batch : n;
+	int64_t B = t->batch, w = mo->width_in, C = mo->shape.classes;
+	int64_t np = si >= 0 ? st->pcount[si] : 0;
+	int64_t scratch = kind == COMP_CONTRASTIVE ? 2 * B * (w + 1) + B * B : n * (2 * h + 2 + C);
+	float *x = malloc(sizeof(float) * (size_t)(rows * ld + np + scratch + 1));
+	if (!x)
+		return SP_ENOMEM;
+	float *pw = x + rows * ld, *sv = pw + np;
+	st->b->to_host(x, vptr(st, st->src_vb[k], kind == COMP_CONTRASTIVE ? 0 : in->s0, 0),
+		       sizeof(float) * (size_t)(rows * ld));
+	if (np)
+		st->b->to_host(pw, st->w + st->poff[si], sizeof(float) * (size_t)np);
+	if (kind == COMP_CLASSIFIER) {
+		classifier_logits(&mo->shape, (int)n, mo->seq_in, pw, x, sv);
+		for (int64_t i = 0; i < n; i++) {
+			int32_t y = st->ints_host[i];
+			if (y < 0)
+				continue;
+			e[EV_HITS] += argmax(sv + i * (2 * h + 2 + C) + 2 * h + 2, C, 1) == y;
+			e[EV_TRIALS] += 1;
+			e[EV_CHANCE] += 1.0 / (double)C;
+		}
+	} else {
+		const float *S = sv + 2 * B * (w + 1);
+		contrastive_scores(B, w, mo->seq_in, mo->seq_in,
+				   st->p->model.comps[comp].temperature, x, x + w, sv);
+		for (int64_t i = in->s0; i < in->s1; i++) {
+			int64_t right = 0;
+			for (int64_t j = 0; j < B; j++)
+				right += same_pair(x, x + w, ld, w, i, j);
+			e[EV_HITS] += same_pair(x, x + w, ld, w, i, argmax(S + i * B, B, 1)) +
+				      same_pair(x, x + w, ld, w, i, argmax(S + i, B, B));
+			e[EV_TRIALS] += 2;
+			e[EV_CHANCE] += 2.0 * (double)right / (double)B;
+		}
+	}
+	free(x);
+	return 0;
+}
+
+/*
+ * The forward part of the program on step `step` of ds: FWD, LOSS and the
+ * transfers of values (not of gradients); BWD, SYNC, STEP, GATHER are
+ * training's. The losses still write gradients, which the next rt_step
+ * zeroes before use. Sends are completed before returning; no events are
+ * recorded (rt_events keeps the last training step's).
+ */
+int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, sp_err_t *err)
+{
+	const rt_dataset_t *train = st->o.data;
+	int T = st->p->model.n_tasks, rc = 0;
+	memset(acc, 0, sizeof(double) * (size_t)T * EV__COUNT);
+	for (int i = 0; i < T; i++)
+		st->loss[i] = 0;
+	st->o.data = ds;
+	for (int k = 0; k < st->n_ins && !rc; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		switch (in->op) {
+		case INS_FWD: exec_fwd(st, k, step); break;
+		case INS_LOSS:
+			exec_loss(st, k, step);
+			if (score_loss(st, k, acc))
+				rc = fail(st, err, k, "out of memory");
+			break;
+		case INS_SEND:
+		case INS_COPY:
+			if (!in->src.grad)
+				rc = exec_comm(st, k, err);
+			break;
+		case INS_RECV:
+			if (!in->dst.grad)
+				rc = exec_comm(st, k, err);
+			break;
+		default: break;
+		}
+		st->b->sync();
+		if (!rc)
+			rc = poll_pending(st, err);
+	}
+	for (int i = 0; !rc && i < st->n_pending; i++)
+		rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
+	st->n_pending = 0;
+	st->o.data = train;
+	for (int i = 0; i < T; i++)
+		acc[i * EV__COUNT + EV_LOSS] = st->loss[i];
+	return rc;
 }
 
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])

@@ -634,22 +634,29 @@ double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x
  * A negative label leaves the sample out (loss 0, no gradient).
  * Scratch per sample (stride 2h + 2 + C): ln [h], dln [h], mean, rstd, dz [C].
  */
-double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
-		       const float *x, const int32_t *labels, double scale, float *dx,
-		       float *dp, float *saved)
+void classifier_logits(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+		       const float *x, float *saved)
 {
 	int64_t h = s->hidden, C = s->classes, per = 2 * h + 2 + C, ldx = seq_in * h;
 	const float *lng = p, *lnb = p + h, *w = p + 2 * h, *b = w + h * C;
-	float *dg = dp, *dlb = dp + h, *dw = dp + 2 * h, *db = dw + h * C;
-	double total = 0;
-
 	for (int64_t i = 0; i < n; i++) {
 		float *sv = saved + i * per;
 		ln_row(sv, sv + 2 * h, sv + 2 * h + 1, x + i * ldx, h, lng, lnb);
 		memcpy(sv + 2 * h + 2, b, (size_t)C * sizeof *sv);
 	}
 	gemm(0, 0, n, C, h, 1.0f, saved, per, w, C, 1.0f, saved + 2 * h + 2, per);
+}
 
+double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+		       const float *x, const int32_t *labels, double scale, float *dx,
+		       float *dp, float *saved)
+{
+	int64_t h = s->hidden, C = s->classes, per = 2 * h + 2 + C, ldx = seq_in * h;
+	const float *lng = p, *w = p + 2 * h;
+	float *dg = dp, *dlb = dp + h, *dw = dp + 2 * h, *db = dw + h * C;
+	double total = 0;
+
+	classifier_logits(s, n, seq_in, p, x, saved);
 	for (int64_t i = 0; i < n; i++) {
 		float *z = saved + i * per + 2 * h + 2;
 		int32_t y = labels[i];
@@ -689,16 +696,11 @@ double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float
  * U [B,w], V [B,w], |a| [B], |b| [B], G_ij/(tau |a_i|) [B,B],
  * G_ij/(tau |b_j|) [B,B].
  */
-double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
-			double temperature, int64_t s0, int64_t s1, const float *a,
-			const float *b, double scale, float *da, float *db, float *saved)
+void contrastive_scores(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			double temperature, const float *a, const float *b, float *saved)
 {
 	int64_t lda = seq_a * w, ldb = seq_b * w;
 	float *an = saved, *bn = an + B * w, *na = bn + B * w, *nb = na + B;
-	float *pa = nb + B, *pb = pa + B * B;
-	double inv_t = 1.0 / temperature;
-	assert(0 <= s0 && s0 <= s1 && s1 <= B);
-
 	for (int64_t i = 0; i < B; i++) {
 		const float *src[2] = {a + i * lda, b + i * ldb};
 		float *dst[2] = {an + i * w, bn + i * w}, *nrm[2] = {na + i, nb + i};
@@ -712,8 +714,20 @@ double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
 			*nrm[u] = (float)nv;
 		}
 	}
-	gemm(0, 1, B, B, w, (float)inv_t, an, w, bn, w, 0.0f, pa, B);
+	gemm(0, 1, B, B, w, (float)(1.0 / temperature), an, w, bn, w, 0.0f, nb + B, B);
+}
 
+double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			double temperature, int64_t s0, int64_t s1, const float *a,
+			const float *b, double scale, float *da, float *db, float *saved)
+{
+	int64_t lda = seq_a * w, ldb = seq_b * w;
+	float *an = saved, *bn = an + B * w, *na = bn + B * w, *nb = na + B;
+	float *pa = nb + B, *pb = pa + B * B;
+	double inv_t = 1.0 / temperature;
+	assert(0 <= s0 && s0 <= s1 && s1 <= B);
+
+	contrastive_scores(B, w, seq_a, seq_b, temperature, a, b, saved);
 	/* r [B], c [B], sum_j G_ij S_ij [B], sum_i G_ij S_ij [B] */
 	double *r = xmalloc((size_t)(4 * B) * sizeof *r);
 	double *c = r + B, *dota = c + B, *dotb = dota + B;

@@ -106,6 +106,10 @@ rt_lm_head_loss_fn_t lm_head_loss;
  * labels [n] in [0, C), -1: sample left out (loss 0, no gradient).
  */
 rt_classifier_loss_fn_t classifier_loss;
+/* Its forward alone: sample i's logits [C] at saved + i (2h + 2 + C) + 2h + 2
+ * (saved: n (2h + 2 + C) floats). */
+void classifier_logits(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
+		       const float *x, float *saved);
 
 /*
  * Symmetric InfoNCE over a whole batch of B samples: a_i = token 0 of
@@ -118,6 +122,10 @@ rt_classifier_loss_fn_t classifier_loss;
  * Returns the sum of losses of samples [s0, s1).
  */
 rt_contrastive_loss_fn_t contrastive_loss;
+/* Its forward alone: the logits S [B, B] (S_ij = a_i . b_j / temperature,
+ * normalised) at saved + 2 B (w + 1) (saved: 2 B (w + 1) + B B floats). */
+void contrastive_scores(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
+			double temperature, const float *a, const float *b, float *saved);
 
 /* ---- optimizer ------------------------------------------------------------ */
 

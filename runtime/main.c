@@ -3,7 +3,8 @@
  * process for a one-device plan. Reads the plan through the shared reader,
  * checks it matches the launch, builds the rank's state (from --init weights
  * or a checkpoint when given), trains K steps (on synthetic data, or on
- * a --data directory: dataset.c), reports per-task losses and
+ * a --data directory: dataset.c), reports per-task losses (and held-out
+ * scores: eval.c) and
  * times next to the plan's prediction, and optionally writes a CSV log, a
  * measured Chrome trace, parameter dumps, checkpoints and exported weights.
  * Only this file decides exit statuses: 0 ok, 1 failure while running, 2
@@ -26,7 +27,7 @@
  * checkpoint seed), agreeing on them, building the rank's state (and
  * loading weights or a checkpoint), opening rank 0's outputs, the training
  * loop (a step, its losses and log line, its checkpoint), the export, the
- * final report, and
+ * final report, the held-out evaluation (--eval: eval.c), and
  * finishing (or aborting when the ranks are out of step).
  *
  * Testing hooks (not for users): fault.h.
@@ -52,7 +53,7 @@ typedef struct {
 	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
 	const char *init_path, *init_map, *export_path;
-	const char *data_dir;
+	const char *data_dir, *eval_dir, *eval_json;
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
@@ -152,6 +153,11 @@ static void usage(FILE *f)
 		"  --data DIR           train on a spindle.dataset/1 directory (format:\n"
 		"                       schemas/DATASET-FORMAT.md), in an epoch-wise\n"
 		"                       shuffle from the seed; default: synthetic data\n"
+		"  --eval DIR           after training, score the model on a held-out\n"
+		"                       spindle.dataset/1 directory (one forward pass): per\n"
+		"                       task the loss, and accuracy beside chance\n"
+		"                       (classifiers; contrastive: top-1 retrieval)\n"
+		"  --eval-json FILE     also write those scores as JSON\n"
 		"  --log FILE.csv       step,task,loss,step_ms,predicted_ms,param_l2,param_hash,\n"
 		"                       epoch\n"
 		"  --trace FILE.json    measured timeline of the last step (Chrome trace)\n"
@@ -220,6 +226,8 @@ static const char **string_option(run_opts_t *o, const char *name)
 		{"--init-map", offsetof(run_opts_t, init_map)},
 		{"--export", offsetof(run_opts_t, export_path)},
 		{"--data", offsetof(run_opts_t, data_dir)},
+		{"--eval", offsetof(run_opts_t, eval_dir)},
+		{"--eval-json", offsetof(run_opts_t, eval_json)},
 	};
 	for (int i = 0; i < SP_ARRAY_LEN(opts); i++)
 		if (!strcmp(name, opts[i].name))
@@ -317,6 +325,18 @@ static int parse(run_opts_t *o, int argc, char **argv)
 				"a checkpoint (--load) resumes; --init starts afresh\n");
 		return 2;
 	}
+	if (o->eval_json && !o->eval_dir) {
+		fprintf(stderr, "spindle-run: --eval-json writes the scores of --eval, which is "
+				"missing\n");
+		return 2;
+	}
+	if (o->eval_dir && strcmp(o->backend, "cpu")) {
+		fprintf(stderr, "spindle-run: --eval: the %s backend does not evaluate yet\n"
+				"hint: --export the weights, then evaluate them with --backend "
+				"cpu --init FILE --steps 0 --eval DIR\n",
+			o->backend);
+		return 2;
+	}
 	const char *faults = getenv("SPINDLE_FAULT");
 	if (faults && *faults && fault_parse(&o->fault, faults))
 		return 2;
@@ -373,6 +393,7 @@ typedef struct {
 	rt_opts_t ro;
 	rt_state_t *st;
 	rt_dataset_t *ds;
+	rt_heldout_t *heldout; /* --eval */
 	FILE *log;
 	double *loss;
 	int64_t first_step;
@@ -418,6 +439,9 @@ static int start_backend(run_t *r)
  * (a resumed run continues it). */
 static int open_data(run_t *r, int64_t after)
 {
+	if (r->o.eval_dir && heldout_open(&r->heldout, r->o.eval_dir, &r->plan, r->comm.rank,
+					  r->comm.nranks, r->ro.seed, &r->err))
+		return r->err.code == SP_EINPUT ? 2 : 1;
 	if (!r->o.data_dir)
 		return 0;
 	if (dataset_open(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
@@ -752,6 +776,28 @@ static int report_end(run_t *r)
 	return RUN_GO;
 }
 
+/* --eval: the held-out scores, printed and written by rank 0. */
+static int eval_end(run_t *r)
+{
+	int rank = r->comm.rank;
+	if (!r->heldout)
+		return RUN_GO;
+	if (heldout_run(r->heldout, r->st, &r->comm, &r->err))
+		return RUN_LOST;
+	wd_arm(rank, "summing the held-out scores of '%s'", r->o.eval_dir);
+	if (heldout_sum(r->heldout, &r->comm, &r->err))
+		return RUN_LOST;
+	wd_disarm();
+	if (rank != 0)
+		return RUN_GO;
+	heldout_print(r->heldout, &r->plan, stdout);
+	if (r->o.eval_json && heldout_write_json(r->heldout, &r->plan, r->o.eval_json, &r->err)) {
+		r->status = 1;
+		return RUN_FAIL;
+	}
+	return RUN_GO;
+}
+
 /* The ranks are out of step: finalizing could wait forever, so abort. */
 static int lose(run_t *r)
 {
@@ -784,6 +830,7 @@ static int finish(run_t *r, int out)
 	free(r->loss);
 	rt_free(r->st);
 	dataset_free(r->ds);
+	heldout_free(r->heldout);
 	plan_release(&r->plan);
 	if (r->be)
 		r->be->shutdown();
@@ -815,6 +862,8 @@ int main(int argc, char **argv)
 		out = export_end(&r);
 	if (out == RUN_GO)
 		out = report_end(&r);
+	if (out == RUN_GO)
+		out = eval_end(&r);
 	if (out == RUN_LOST)
 		return lose(&r);
 	return finish(&r, out);

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ---- comm: point-to-point and all-reduce between ranks ------------------ */
 
@@ -227,6 +228,15 @@ void rt_free(rt_state_t *st);
 /* One training step (1-based t); adds per-task loss sums into loss[] (this
  * rank's samples only). */
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err);
+/*
+ * Held-out evaluation: the forward part of the program (no update) on step
+ * `step` of dataset ds. Sets acc[task * EV__COUNT + EV_*] to this rank's
+ * share: the loss sum (as rt_step's), the samples in it and, for
+ * classifier and contrastive losses, the predictions scored, those right
+ * and the sum of each one's chance of being right by a uniform guess.
+ */
+enum { EV_LOSS, EV_SAMPLES, EV_TRIALS, EV_HITS, EV_CHANCE, EV__COUNT };
+int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, sp_err_t *err);
 /* Bytes of each memory category this rank allocated (MEM_*). */
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT]);
 /* Events of the last step (when recorded). */
@@ -246,5 +256,26 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
  * every (comp, layer) this rank holds; of the optimizer state, only the
  * part it owns (its shard in a zero-1 bucket). */
 int rt_unpack(rt_state_t *st, const void *buf, size_t bytes, int opt_state, sp_err_t *err);
+
+/* ---- eval.c: held-out evaluation (--eval DIR) ---------------------------------- */
+
+typedef struct rt_heldout rt_heldout_t;
+
+/* Opens the held-out split dir for rank `rank` of plan p, as dataset_open
+ * does (same checks and messages, before step 1). */
+int heldout_open(rt_heldout_t **out, const char *dir, const sp_plan_t *p, int rank,
+		 int nranks, uint64_t seed, sp_err_t *err);
+void heldout_free(rt_heldout_t *h);
+/* One pass over the held-out samples with st's parameters (this rank's
+ * share; its waits are bounded by the interpreter's timeout). */
+int heldout_run(rt_heldout_t *h, rt_state_t *st, rt_comm_t *c, sp_err_t *err);
+/* Sums the scores over the ranks (collective, blocking). */
+int heldout_sum(rt_heldout_t *h, rt_comm_t *c, sp_err_t *err);
+/* The per-task table (rank 0). */
+void heldout_print(const rt_heldout_t *h, const sp_plan_t *p, FILE *f);
+/* The same as JSON ("spindle.eval/1": tasks[] with task, batches, samples,
+ * loss, kind, scored, right, accuracy, chance). */
+int heldout_write_json(const rt_heldout_t *h, const sp_plan_t *p, const char *path,
+		       sp_err_t *err);
 
 #endif

@@ -352,9 +352,11 @@ static int plan_buffers(rt_state_t *st)
 			const sp_metaop_t *mo = mop(st, sl->metaop);
 			use_src = 1;
 			use_dst = !(sl->layer_from == 0 && mo->width_in == 0);
+			/* its FWD ran the same samples: the BWD reads that FWD's
+			 * saved block (and re-runs into scratch) sized by them */
 			for (int j = 0; j < k; j++)
 				if (st->prog[j].op == INS_FWD && st->prog[j].slice == in->slice &&
-				    st->prog[j].s0 == in->s0)
+				    st->prog[j].s0 == in->s0 && st->prog[j].s1 == in->s1)
 					st->fwd_of[k] = j;
 			if (st->fwd_of[k] < 0)
 				return SP_EINPUT;

@@ -9,7 +9,7 @@
   * a program that issues one sync bucket's all-reduce twice and another's
     never (the step updates bucket by bucket after each all-reduce)
   * a BWD over more samples than its FWD kept activations for (with and
-    without recomputation)
+    without recomputation); a RECV over fewer samples than its SEND sends
   * an unusable --save directory, refused at start-up before any step: a
     path under a regular file (ENOTDIR), a path that is a regular file, a
     missing parent. As root, chmod does not stop writes and no read-only
@@ -168,6 +168,14 @@ def halve_last_fwd(b, ats):
     struct.pack_into("<i", b, at + 12, s0 + (s1 - s0) // 2)
 
 
+def halve_first_recv(b, ats):
+    """The first RECV takes half the samples its SEND sends: the transport
+    would write the whole message into a buffer sized for half."""
+    at = next(a for a in ats if struct.unpack_from("<i", b, a)[0] == 4)
+    s0, s1 = struct.unpack_from("<ii", b, at + 8)
+    struct.pack_into("<i", b, at + 8, s0 + (s1 - s0) // 2)
+
+
 def misc(F, tmp, p1):
     bad = p1 + ".sync-twice.bin"
     edit_instructions(p1, bad, retarget_sync)
@@ -199,6 +207,11 @@ def main():
         bad_save_dirs(F, tmp, p1, p4)
         full_disk(F, tmp, p4, good)
         misc(F, tmp, p1)
+        bad = p4 + ".short-recv.bin"
+        edit_instructions(p4, bad, halve_first_recv)
+        r = R.run(bad, 4, "--steps", 1, "--timeout", 20)
+        expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
+               "a RECV over fewer samples than its SEND")
     return F.exit()
 
 

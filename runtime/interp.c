@@ -355,9 +355,11 @@ static int plan_buffers(rt_state_t *st)
 			const sp_metaop_t *mo = mop(st, sl->metaop);
 			use_src = 1;
 			use_dst = !(sl->layer_from == 0 && mo->width_in == 0);
+			/* its FWD ran the same samples: the BWD reads that FWD's
+			 * saved block (and re-runs into scratch) sized by them */
 			for (int j = 0; j < k; j++)
 				if (st->prog[j].op == INS_FWD && st->prog[j].slice == in->slice &&
-				    st->prog[j].s0 == in->s0)
+				    st->prog[j].s0 == in->s0 && st->prog[j].s1 == in->s1)
 					st->fwd_of[k] = j;
 			if (st->fwd_of[k] < 0)
 				return SP_EINPUT;
@@ -512,6 +514,41 @@ static int check_step(rt_state_t *st)
 	return rc;
 }
 
+/* Bytes a SEND or RECV moves: its samples' tokens of the value's width. */
+static int64_t xfer_bytes(const sp_plan_t *p, const sp_ins_t *in)
+{
+	const sp_vref_t *r = in->op == INS_SEND ? &in->src : &in->dst;
+	int32_t seq, width;
+	plan_value_shape(p, r->metaop, r->layer, &seq, &width);
+	return (int64_t)(in->s1 - in->s0) * in->seq_len * width * (int64_t)sizeof(float);
+}
+
+/*
+ * Each RECV has its SEND (same tag, from its peer to this rank) of the same
+ * size: the receive buffer is sized by the RECV, and a larger message would
+ * overrun it. The reader checks each instruction alone, not the pairs.
+ */
+static int check_recvs(const rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int k = 0; k < st->n_ins; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		if (in->op != INS_RECV)
+			continue;
+		const sp_device_t *pd = &p->devices[in->peer];
+		int found = 0;
+		for (int j = pd->first_ins; j < pd->first_ins + pd->n_ins && !found; j++) {
+			const sp_ins_t *sn = &p->ins[j];
+			found = sn->op == INS_SEND && sn->tag == in->tag && sn->peer == st->rank;
+			if (found && xfer_bytes(p, sn) != xfer_bytes(p, in))
+				return SP_EINPUT;
+		}
+		if (!found)
+			return SP_EINPUT;
+	}
+	return 0;
+}
+
 int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
 	      const rt_opts_t *o, sp_err_t *err)
 {
@@ -535,6 +572,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		if ((st->prog[k].op == INS_SEND || st->prog[k].op == INS_RECV) &&
 		    st->prog[k].tag > c->tag_ub)
 			rc = SP_EINPUT;
+	if (!rc)
+		rc = check_recvs(st);
 	if (!rc)
 		rc = check_step(st);
 	if (!rc)

@@ -8,6 +8,8 @@
     --seed other than the one it was trained with
   * a program that issues one sync bucket's all-reduce twice and another's
     never (the step updates bucket by bucket after each all-reduce)
+  * a BWD over more samples than its FWD kept activations for (with and
+    without recomputation); a RECV over fewer samples than its SEND sends
   * an unusable --save directory, refused at start-up before any step: a
     path under a regular file (ENOTDIR), a path that is a regular file, a
     missing parent. As root, chmod does not stop writes and no read-only
@@ -133,31 +135,60 @@ def full_disk(F, tmp, p4, good):
         F.check(r.rc == 0, f"ENOSPC {what}: the previous checkpoint still loads", r.describe())
 
 
-def retarget_sync(src, dst):
-    """A copy of plan src whose first SYNC names the bucket of its second
-    one (valid for the reader: a bucket index in range, the CRC redone),
-    so one bucket's all-reduce is issued twice and another's never."""
+def edit_instructions(src, dst, fn):
+    """A copy of plan src with fn(b, ats) applied, ats the byte offsets of
+    its instructions (60 bytes each; op at 0, s0 at 8, s1 at 12, peer at
+    52), and the CRC redone: still valid for the reader."""
     b = bytearray(open(src, "rb").read())
     hsize, nsec = struct.unpack_from("<I", b, 16)[0], struct.unpack_from("<I", b, 28)[0]
     for e in range(nsec):
         sid, _, off, size, count = struct.unpack_from("<IIQQQ", b, hsize + 40 * e)
-        if sid == 18:  # instructions, 60 bytes each; op at 0, peer at 52
-            syncs = [off + 60 * k for k in range(count)
-                     if struct.unpack_from("<i", b, off + 60 * k)[0] == 7]
+        if sid == 18:  # instructions
+            fn(b, [off + 60 * k for k in range(count)])
             break
-    peers = [struct.unpack_from("<i", b, at + 52)[0] for at in syncs]
-    k = next(i for i in range(1, len(peers)) if peers[i] != peers[0])
-    struct.pack_into("<i", b, syncs[0] + 52, peers[k])
     struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[hsize:])) & 0xFFFFFFFF)
     open(dst, "wb").write(b)
 
 
-def misc(F, p1):
+def retarget_sync(b, ats):
+    """The first SYNC names the bucket of the second one, so one bucket's
+    all-reduce is issued twice and another's never."""
+    syncs = [at for at in ats if struct.unpack_from("<i", b, at)[0] == 7]
+    peers = [struct.unpack_from("<i", b, at + 52)[0] for at in syncs]
+    k = next(i for i in range(1, len(peers)) if peers[i] != peers[0])
+    struct.pack_into("<i", b, syncs[0] + 52, peers[k])
+
+
+def halve_last_fwd(b, ats):
+    """The last FWD keeps half its samples' activations while its BWD (same
+    slice, same first sample) still runs all of them: the BWD would read
+    saved activations (and, recomputing, scratch) past the FWD's block."""
+    at = [a for a in ats if struct.unpack_from("<i", b, a)[0] == 1][-1]
+    s0, s1 = struct.unpack_from("<ii", b, at + 8)
+    struct.pack_into("<i", b, at + 12, s0 + (s1 - s0) // 2)
+
+
+def halve_first_recv(b, ats):
+    """The first RECV takes half the samples its SEND sends: the transport
+    would write the whole message into a buffer sized for half."""
+    at = next(a for a in ats if struct.unpack_from("<i", b, a)[0] == 4)
+    s0, s1 = struct.unpack_from("<ii", b, at + 8)
+    struct.pack_into("<i", b, at + 8, s0 + (s1 - s0) // 2)
+
+
+def misc(F, tmp, p1):
     bad = p1 + ".sync-twice.bin"
-    retarget_sync(p1, bad)
+    edit_instructions(p1, bad, retarget_sync)
     r = R.run(bad, 1, "--steps", 1)
     expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
            "a program that issues one bucket's all-reduce twice and another's never")
+    for name, extra in (("keep", ()), ("recompute", ("--recompute", "all"))):
+        src = R.make_plan(tmp, R.demo_model(R.ADAMW), f"bad-{name}", 1, extra=extra)
+        bad = src + ".short-fwd.bin"
+        edit_instructions(src, bad, halve_last_fwd)
+        r = R.run(bad, 1, "--steps", 1)
+        expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
+               f"a BWD over more samples than its FWD kept ({name})")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")
@@ -175,7 +206,12 @@ def main():
         other_checkpoints(F, tmp, p1, good)
         bad_save_dirs(F, tmp, p1, p4)
         full_disk(F, tmp, p4, good)
-        misc(F, p1)
+        misc(F, tmp, p1)
+        bad = p4 + ".short-recv.bin"
+        edit_instructions(p4, bad, halve_first_recv)
+        r = R.run(bad, 4, "--steps", 1, "--timeout", 20)
+        expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
+               "a RECV over fewer samples than its SEND")
     return F.exit()
 
 

@@ -53,7 +53,7 @@ typedef struct {
 	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
 	const char *init_path, *init_map, *export_path;
-	const char *data_dir, *eval_dir, *eval_json;
+	const char *data_dir, *data_check, *eval_dir, *eval_json;
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
@@ -152,7 +152,14 @@ static void usage(FILE *f)
 		"  --seed S             data and initialisation seed (default: the model's)\n"
 		"  --data DIR           train on a spindle.dataset/1 directory (format:\n"
 		"                       schemas/DATASET-FORMAT.md), in an epoch-wise\n"
-		"                       shuffle from the seed; default: synthetic data\n"
+		"                       shuffle from the seed; default: synthetic data.\n"
+		"                       A reader thread reads each step's rows during the\n"
+		"                       step before (two steps' rows in memory)\n"
+		"  --data-check read|full  when the rows' values are checked: as each\n"
+		"                       step reads them (read, default; the headers and\n"
+		"                       lengths of every shard are checked at start-up), or\n"
+		"                       also every row at start-up (full: reads the dataset\n"
+		"                       once more)\n"
 		"  --eval DIR           after training, score the model on a held-out\n"
 		"                       spindle.dataset/1 directory (one forward pass): per\n"
 		"                       task the loss, and accuracy beside chance\n"
@@ -226,6 +233,7 @@ static const char **string_option(run_opts_t *o, const char *name)
 		{"--init-map", offsetof(run_opts_t, init_map)},
 		{"--export", offsetof(run_opts_t, export_path)},
 		{"--data", offsetof(run_opts_t, data_dir)},
+		{"--data-check", offsetof(run_opts_t, data_check)},
 		{"--eval", offsetof(run_opts_t, eval_dir)},
 		{"--eval-json", offsetof(run_opts_t, eval_json)},
 	};
@@ -323,6 +331,11 @@ static int parse(run_opts_t *o, int argc, char **argv)
 	if (o->init_path && o->load_dir) {
 		fprintf(stderr, "spindle-run: --init and --load both give the parameters\nhint: "
 				"a checkpoint (--load) resumes; --init starts afresh\n");
+		return 2;
+	}
+	if (o->data_check && strcmp(o->data_check, "read") && strcmp(o->data_check, "full")) {
+		fprintf(stderr, "spindle-run: unknown --data-check '%s'\nhint: use read or full\n",
+			o->data_check);
 		return 2;
 	}
 	if (o->eval_json && !o->eval_dir) {
@@ -436,7 +449,7 @@ static int start_backend(run_t *r)
 }
 
 /* --data: the samples of steps after+1 .. after+steps, in the seed's order
- * (a resumed run continues it). */
+ * (a resumed run continues it); step after+1's rows are read here. */
 static int open_data(run_t *r, int64_t after)
 {
 	if (r->o.eval_dir && heldout_open(&r->heldout, r->o.eval_dir, &r->plan, r->comm.rank,
@@ -444,8 +457,9 @@ static int open_data(run_t *r, int64_t after)
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	if (!r->o.data_dir)
 		return 0;
-	if (dataset_open(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
-			 r->ro.seed, after + 1, after + r->o.steps, &r->err))
+	int full = r->o.data_check && !strcmp(r->o.data_check, "full");
+	if (dataset_stream(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
+			   r->ro.seed, after + 1, after + r->o.steps, full, &r->err))
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	r->ro.data = r->ds;
 	return 0;
@@ -627,6 +641,10 @@ static void print_start(const run_t *r)
 	       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
 	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
 	       dtype_name(p->model.dtype));
+	if (r->ds)
+		printf("rank 0 data: %lld bytes of rows resident (two steps' of the rows it "
+		       "reads; a thread reads the next step's during each step)\n",
+		       (long long)dataset_resident(r->ds));
 }
 
 /* After a failed gather of the parameters (digest, export): lost when the
@@ -693,22 +711,47 @@ static int save_step(run_t *r, int64_t t)
 	return RUN_GO;
 }
 
-/* Training step t: the rank's program, the summed losses, the parameter
- * digest (for the log or the last step's dump), the report, a checkpoint. */
+/* After the losses of step t are summed: the rows of step t + 1 could not
+ * be read on some rank (loss[T + q] > 0: rank q's exit status). Every rank
+ * stops after step t; the lowest such rank reports. */
+static int data_failed(run_t *r)
+{
+	int T = r->plan.model.n_tasks, first = -1, worst = 0;
+	for (int q = 0; q < r->comm.nranks; q++)
+		if (r->loss[T + q] > 0) {
+			if (first < 0)
+				first = q;
+			worst = SP_MAX(worst, (int)r->loss[T + q]);
+		}
+	if (first < 0)
+		return RUN_GO;
+	r->status = worst;
+	r->quiet = r->comm.rank != first;
+	r->loud = r->comm.rank == first;
+	return RUN_FAIL;
+}
+
+/* Training step t: the rank's program, the rows of step t + 1 (read during
+ * it), the summed losses with each rank's read status, the parameter digest
+ * (for the log or the last step's dump), the report, a checkpoint; then
+ * a stop when a rank could not read step t + 1. */
 static int train_step(run_t *r, int64_t t)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	int rank = c->rank, T = r->plan.model.n_tasks;
-	for (int i = 0; i < T; i++)
+	for (int i = 0; i < T + c->nranks; i++)
 		r->loss[i] = 0;
 	fault_at_step(&o->fault, rank, t, 0);
 	double t0 = wall_ms();
 	if (rt_step(r->st, t, r->loss, &r->err))
 		return RUN_LOST;
 	fault_at_step(&o->fault, rank, t, 1);
+	wd_arm(rank, "step %lld: reading the rows of step %lld", (long long)t, (long long)t + 1);
+	if (dataset_next(r->ds, t + 1, &r->err))
+		r->loss[T + rank] = r->err.code == SP_EINPUT ? 2 : 1;
 	wd_arm(rank, "step %lld: summing the losses", (long long)t);
-	if (c->ops->allsum(c, r->loss, T)) {
+	if (c->ops->allsum(c, r->loss, T + c->nranks)) {
 		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
 			   "rank %d: step %lld: summing the losses failed", rank, (long long)t);
 		return RUN_LOST;
@@ -726,14 +769,16 @@ static int train_step(run_t *r, int64_t t)
 	wd_disarm();
 	if (rank == 0)
 		print_step(r, t, ms, l2, h);
+	int out = RUN_GO;
 	if (o->save_dir && ((o->save_every > 0 && t % o->save_every == 0) || last))
-		return save_step(r, t);
-	return RUN_GO;
+		out = save_step(r, t);
+	return out == RUN_GO ? data_failed(r) : out;
 }
 
 static int train(run_t *r)
 {
-	r->loss = calloc((size_t)r->plan.model.n_tasks + 1, sizeof(double));
+	/* the tasks' losses, then each rank's status reading the next step */
+	r->loss = calloc((size_t)(r->plan.model.n_tasks + r->comm.nranks) + 1, sizeof(double));
 	if (!r->loss) {
 		sp_err_set(&r->err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory",
 			   r->comm.rank);

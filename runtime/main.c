@@ -642,8 +642,8 @@ static void print_start(const run_t *r)
 	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
 	       dtype_name(p->model.dtype));
 	if (r->ds)
-		printf("rank 0 data: %lld bytes of rows resident (two steps' of the rows it "
-		       "reads; a thread reads the next step's during each step)\n",
+		printf("rank 0 data: %lld bytes of rows resident (the rows it reads for two "
+		       "steps; a thread reads the next step's during each step)\n",
 		       (long long)dataset_resident(r->ds));
 }
 

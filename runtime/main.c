@@ -11,8 +11,9 @@
  * bad input (plan, options, launch, checkpoint, weights, dataset).
  *
  * Failures. Errors every rank knows of (bad input, a failed checkpoint
- * write, agreed through an all-reduce) end every rank with the same status
- * through MPI_Finalize. A failure only one rank sees while the others wait
+ * write, agreed through an all-reduce; a dataset row of the next step
+ * that a rank could not read, agreed through the losses' all-reduce) end
+ * every rank with the same status through MPI_Finalize. A failure only one rank sees while the others wait
  * on it (a timed-out receive, a lost collective) aborts the job. Waits
  * inside a step are bounded by the interpreter (--timeout); every blocking
  * collective outside a step (MPI_Init, start-up, losses, parameter
@@ -26,8 +27,9 @@
  * comm, the checks each rank makes alone (plan, launch, backend,
  * checkpoint seed), agreeing on them, building the rank's state (and
  * loading weights or a checkpoint), opening rank 0's outputs, the training
- * loop (a step, its losses and log line, its checkpoint), the export, the
- * final report, the held-out evaluation (--eval: eval.c), and
+ * loop (a step, the next step's rows, its losses and log line, its
+ * checkpoint), the export, the final report, the held-out evaluation
+ * (--eval: eval.c), and
  * finishing (or aborting when the ranks are out of step).
  *
  * Testing hooks (not for users): fault.h.
@@ -468,8 +470,9 @@ static int open_data(run_t *r, int64_t after)
 /*
  * What each rank can check on its own before any collective a failed rank
  * would never join: the plan and the launch, the backend, the seed of a
- * checkpoint to resume, the dataset (read and checked here). Returns the
- * exit status this rank wants: 0 to go on.
+ * checkpoint to resume, the dataset (headers, lengths, the first step's
+ * rows: dataset_stream). Returns the exit status this rank wants: 0 to go
+ * on.
  */
 static int check_alone(run_t *r)
 {

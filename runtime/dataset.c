@@ -1,30 +1,37 @@
 /*
  * dataset.c — reads a "spindle.dataset/1" directory (schemas/DATASET-FORMAT.md)
- * for one rank of a plan and hands out the samples of each step. It checks
- * everything before step 1 and keeps what the rank needs in memory; it
- * does not train, make datasets or decide where samples go in a batch
- * (the plan's s0/s1 do).
+ * for one rank of a plan and hands out the samples of each step. It does
+ * not train, make datasets or decide where samples go in a batch (the
+ * plan's s0/s1 do).
  *
  * Order. Task i with N samples and batch B runs N / B steps per epoch (the
  * last N mod B samples of an epoch's permutation are left out); step t
  * (1-based) is epoch e = (t - 1) / (N / B), and batch position s of it is
  * sample perm(seed, task name, e)[((t - 1) mod (N / B)) * B + s], perm a
- * Fisher-Yates shuffle. The order depends on the seed, the task's name and
- * N only, so every plan and rank count sees the same samples in a step,
- * and a resumed run (same seed, later steps) continues the same order.
+ * Fisher-Yates shuffle (sample_index, the one place a sample index is
+ * computed). The order depends on the seed, the task's name and N only, so
+ * every plan and rank count sees the same samples in a step, and a resumed
+ * run (same seed, later steps) continues the same order.
  *
- * Reading. Each rank reads the rows its program touches in the steps of
- * this run, all of them once at start-up, not with a reader thread ahead of
- * each step: the datasets this runtime trains on (CPU-sized models, tens of
- * thousands of samples; the digits set is ~1 MB) fit in memory many times
- * over, the shuffle scatters a step's rows over the shards so a prefetcher
- * would issue the same small reads anyway, and a read at start-up can fail
- * with exit status 2 before step 1 instead of mid-run. Batch positions a
- * rank's program never reads (its s0/s1 ranges of FWDs of source nodes and
- * LOSSes) are never read. Content checks (token ids, lengths, labels,
- * finite features) cover the touched rows plus the rank's share of every
- * tensor (rows [rank N / R, (rank + 1) N / R)), so that the ranks together
- * check every row of the dataset and each row is read about once more.
+ * Reading, for training (dataset_stream): at start-up the index, every
+ * shard's header (tensors, dtypes, shapes) and lengths table (1 <= length
+ * <= seq, 4 bytes a sample) are checked and the shards stay open; the rows
+ * of the first step are read. Then a reader thread reads the rows step t + 1
+ * needs into the second of two step buffers while step t runs
+ * (dataset_next waits for it, then starts the next read): at most two
+ * steps' rows of the rank are resident, whatever the dataset's size. Only
+ * the batch positions the rank's program reads (its s0/s1 ranges of FWDs of
+ * source nodes and LOSSes) are read. Each row's values (token ids, labels,
+ * finite features, its length) are checked when read, and before a step's
+ * first read of a shard the file is checked to be the one opened (size,
+ * modification time, inode): a bad row or a changed shard fails that step's
+ * read, naming the file, tensor and sample. With full checking, each rank
+ * also reads and checks its share of every tensor (rows [rank N / R,
+ * (rank + 1) N / R)) at start-up, so the ranks together check every row
+ * before step 1.
+ *
+ * dataset_open (held-out scoring: eval.c) reads every step of [first,
+ * last] at start-up, with full checking, and starts no thread.
  */
 #include "runtime.h"
 #include "safetensors.h"
@@ -32,28 +39,39 @@
 #include <assert.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum { COL_TOKENS, COL_FEATURES, COL_LABELS };
 static const char *const COL_SUFFIX[] = {"tokens", "features", "labels"};
 
-/* One tensor of a task: a source node's inputs or a classifier's labels. */
+/* One tensor of a task: a source node's inputs or a classifier's labels.
+ * Int32 and float elements are both 4 bytes. */
 typedef struct {
 	int node, kind;
 	int64_t seq, width; /* a row is seq * width elements (labels: 1 x 1) */
-	uint8_t *pos_used;  /* [batch]: positions this rank's program reads */
-	int32_t *slot;      /* [N]: sample -> kept row, or -1 */
-	int64_t n_kept;
-	void *rows;   /* [n_kept, seq * width] int32 or float, padding zeroed */
-	int32_t *len; /* [n_kept] valid positions (labels: 1) */
+	int32_t *pos;       /* [batch]: index among the positions the rank reads, or -1 */
+	int64_t n_pos;      /* positions the rank reads */
+	void *rows;   /* [n_buf][n_pos][seq * width] int32 or float, padding zeroed */
+	int32_t *len; /* [n_buf][n_pos] valid positions (labels: 1) */
 } ds_col_t;
+
+/* Where a column's tensor and lengths table are in one shard. */
+typedef struct {
+	st_info_t ti, li;
+} ds_src_t;
 
 typedef struct {
 	char *path;
 	int64_t base, n; /* the task's samples [base, base + n) */
+	st_in_t in;      /* open for the run */
+	struct stat sb;  /* the file at start-up */
+	int64_t seen;    /* the last step that checked the file is still sb */
+	ds_src_t *src;   /* [n_cols] */
 } ds_shard_t;
 
 typedef struct {
@@ -62,13 +80,27 @@ typedef struct {
 	ds_shard_t *shards;
 	int n_cols;
 	ds_col_t *cols;
-	int32_t *order; /* [(last - first + 1) * batch]: sample of (step, position) */
+	int32_t *perm; /* [n]: the permutation of epoch perm_epoch */
+	int64_t perm_epoch;
 } ds_task_t;
 
 struct rt_dataset {
 	const sp_model_t *m;
+	uint64_t seed;
 	int64_t first, last;
+	int n_buf;     /* step buffers: 2 (streaming) or last - first + 1 */
+	int64_t *held; /* [n_buf]: the step each holds, 0 none */
+	int64_t resident; /* bytes of the step buffers */
 	ds_task_t *tasks; /* per model task */
+	/* the reader thread: reads step `want` while want > done, then sets
+	 * done (and rc, err on failure); all under mu, signalled on cv */
+	int running, stop;
+	pthread_t reader;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int64_t want, done;
+	int rc;
+	sp_err_t err;
 };
 
 /* ---- index.json ---- */
@@ -126,6 +158,7 @@ static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, const cha
 	json_t *s;
 	json_array_foreach(sh, i, s) {
 		ds_shard_t *d = &dt->shards[dt->n_shards];
+		d->in.fd = -1;
 		const char *file = json_string_value(json_object_get(s, "file"));
 		char at[sizeof where + 32];
 		snprintf(at, sizeof at, "%s.shards[%zu]", where, i);
@@ -165,13 +198,8 @@ static int plan_columns(ds_task_t *dt, const sp_model_t *m, const sp_task_t *t)
 			col = (ds_col_t){.node = k, .kind = COL_LABELS, .seq = 1, .width = 1};
 		else
 			continue;
-		col.pos_used = calloc((size_t)t->batch, 1);
-		col.slot = malloc(sizeof(int32_t) * (size_t)dt->n);
-		if (!col.pos_used || !col.slot) {
-			free(col.pos_used);
-			free(col.slot);
+		if (!(col.pos = calloc((size_t)t->batch, sizeof(int32_t))))
 			return SP_ENOMEM;
-		}
 		dt->cols[dt->n_cols++] = col;
 	}
 	return 0;
@@ -190,7 +218,7 @@ static ds_col_t *col_of(const ds_task_t *dt, int node)
 static void mark(ds_col_t *c, int32_t s0, int32_t s1)
 {
 	for (int32_t s = s0; c && s < s1; s++)
-		c->pos_used[s] = 1;
+		c->pos[s] = 1;
 }
 
 /* Source FWDs read their node's inputs; an LM LOSS reads the tokens of its
@@ -236,44 +264,39 @@ static void permutation(int32_t *out, int64_t n, uint64_t seed, const char *task
 	}
 }
 
-/* The sample of every (step, position) of this run. */
-static int make_order(ds_task_t *dt, const sp_task_t *t, uint64_t seed, int64_t first,
-		      int64_t last)
+/*
+ * The sample at batch position s of task ti's step `step` (1-based): the
+ * one place a sample index is computed (see the top of the file). One
+ * thread at a time calls it (dataset_open's, then the reader): it keeps the
+ * permutation of the epoch last asked for.
+ */
+static int64_t sample_index(const rt_dataset_t *d, int ti, int64_t step, int64_t s)
 {
-	int64_t B = t->batch, steps = SP_MAX(last - first + 1, 0);
-	dt->spe = dt->n / B;
-	dt->order = malloc(sizeof(int32_t) * (size_t)(steps * B + 1));
-	int32_t *perm = malloc(sizeof(int32_t) * (size_t)dt->n);
-	if (!dt->order || !perm) {
-		free(perm);
-		return SP_ENOMEM;
-	}
-	int64_t have = -1;
-	for (int64_t st = first; st <= last; st++) {
-		int64_t e = (st - 1) / dt->spe, j = (st - 1) % dt->spe;
-		if (e != have)
-			permutation(perm, dt->n, seed, t->name, have = e);
-		memcpy(dt->order + (st - first) * B, perm + j * B, sizeof(int32_t) * (size_t)B);
-	}
-	free(perm);
-	return 0;
+	ds_task_t *dt = &d->tasks[ti];
+	const sp_task_t *t = &d->m->tasks[ti];
+	int64_t e = (step - 1) / dt->spe, j = (step - 1) % dt->spe;
+	if (dt->perm_epoch != e)
+		permutation(dt->perm, dt->n, d->seed, t->name, dt->perm_epoch = e);
+	return dt->perm[j * t->batch + s];
 }
 
-/* Slots for the samples the rank touches; the rows themselves come later. */
-static int make_slots(ds_task_t *dt, const sp_task_t *t, int64_t steps)
+/* The step buffers of the positions the rank reads (marked in pos). */
+static int make_buffers(rt_dataset_t *d, ds_task_t *dt, const sp_task_t *t)
 {
+	dt->spe = dt->n / t->batch;
+	dt->perm_epoch = -1;
+	if (!(dt->perm = malloc(sizeof(int32_t) * (size_t)dt->n)))
+		return SP_ENOMEM;
 	for (int i = 0; i < dt->n_cols; i++) {
 		ds_col_t *c = &dt->cols[i];
-		for (int64_t s = 0; s < dt->n; s++)
-			c->slot[s] = -1;
-		for (int64_t q = 0; q < steps * t->batch; q++)
-			if (c->pos_used[q % t->batch] && c->slot[dt->order[q]] < 0)
-				c->slot[dt->order[q]] = (int32_t)c->n_kept++;
-		size_t el = c->kind == COL_FEATURES ? sizeof(float) : sizeof(int32_t);
-		c->rows = calloc((size_t)(c->n_kept * c->seq * c->width + 1), el);
-		c->len = calloc((size_t)c->n_kept + 1, sizeof(int32_t));
+		for (int64_t s = 0; s < t->batch; s++)
+			c->pos[s] = c->pos[s] ? (int32_t)c->n_pos++ : -1;
+		size_t rows = (size_t)(d->n_buf * c->n_pos);
+		c->rows = calloc(rows * (size_t)(c->seq * c->width) + 1, 4);
+		c->len = calloc(rows + 1, sizeof(int32_t));
 		if (!c->rows || !c->len)
 			return SP_ENOMEM;
+		d->resident += (int64_t)rows * (c->seq * c->width + 1) * 4;
 	}
 	return 0;
 }
@@ -284,7 +307,7 @@ static int make_slots(ds_task_t *dt, const sp_task_t *t, int64_t steps)
 typedef struct {
 	const ds_shard_t *sh;
 	const char *tensor, *task;
-	int64_t row;
+	int64_t row, step; /* step: the step it was read for, 0 at start-up */
 } row_at_t;
 
 __attribute__((format(printf, 3, 4))) static int row_error(sp_err_t *err, const row_at_t *a,
@@ -295,9 +318,13 @@ __attribute__((format(printf, 3, 4))) static int row_error(sp_err_t *err, const 
 	va_start(ap, fmt);
 	vsnprintf(what, sizeof what, fmt, ap);
 	va_end(ap);
+	char when[48] = "";
+	if (a->step > 0)
+		snprintf(when, sizeof when, ", read for step %lld", (long long)a->step);
 	return sp_err_set(err, SP_EINPUT, a->sh->path, 0, 0, NULL,
-			  "tensor '%s', row %lld (sample %lld of task '%s'): %s", a->tensor,
-			  (long long)a->row, (long long)(a->sh->base + a->row), a->task, what);
+			  "tensor '%s', row %lld (sample %lld of task '%s')%s: %s", a->tensor,
+			  (long long)a->row, (long long)(a->sh->base + a->row), a->task, when,
+			  what);
 }
 
 /* Tensor name of the shard against dtype and shape [dims...]. */
@@ -364,82 +391,237 @@ static int check_row(const ds_col_t *c, const sp_component_t *comp, const row_at
 	return 0;
 }
 
-/* Column c of one shard: headers checked; rows in [lo, hi) of the task
- * (the rank's share) or touched read and checked, the touched ones kept. */
-static int read_column(ds_col_t *c, st_in_t *in, const ds_shard_t *sh, const sp_task_t *t,
-		       const sp_model_t *m, int64_t lo, int64_t hi, sp_err_t *err)
+/* The names of column c's tensor and lengths table ("node.tokens",
+ * "node.length"). */
+static void col_names(const ds_col_t *c, const sp_task_t *t, char name[SP_NAME_MAX + 16],
+		      char lname[SP_NAME_MAX + 16])
 {
-	const sp_node_t *nd = &t->nodes[c->node];
+	const char *id = t->nodes[c->node].id;
+	snprintf(name, SP_NAME_MAX + 16, "%s.%s", id, COL_SUFFIX[c->kind]);
+	snprintf(lname, SP_NAME_MAX + 16, "%s.length", id);
+}
+
+/* Column ci's tensors in shard sh against the node (dtype, shape), and its
+ * lengths table: every length in [1, seq]. */
+static int check_column(ds_shard_t *sh, int ci, const ds_col_t *c, const sp_task_t *t,
+			sp_err_t *err)
+{
 	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
-	snprintf(name, sizeof name, "%s.%s", nd->id, COL_SUFFIX[c->kind]);
-	snprintf(lname, sizeof lname, "%s.length", nd->id);
+	col_names(c, t, name, lname);
 	int64_t dims[3] = {sh->n, c->seq, c->width};
-	st_info_t ti, li;
-	int rc = check_tensor(in, name, c->kind == COL_FEATURES ? ST_F32 : ST_I32,
-			      c->kind == COL_LABELS ? 1 : c->kind == COL_TOKENS ? 2 : 3, dims, &ti,
-			      err);
-	if (!rc && c->kind != COL_LABELS)
-		rc = check_tensor(in, lname, ST_I32, 1, dims, &li, err);
-	if (rc)
+	ds_src_t *src = &sh->src[ci];
+	int rc = check_tensor(&sh->in, name, c->kind == COL_FEATURES ? ST_F32 : ST_I32,
+			      c->kind == COL_LABELS ? 1 : c->kind == COL_TOKENS ? 2 : 3, dims,
+			      &src->ti, err);
+	if (rc || c->kind == COL_LABELS)
 		return rc;
-	size_t rb = (size_t)(c->seq * c->width) * 4;
-	uint8_t *tmp = malloc(rb);
-	if (!tmp)
+	if ((rc = check_tensor(&sh->in, lname, ST_I32, 1, dims, &src->li, err)))
+		return rc;
+	int32_t *len = malloc(sizeof(int32_t) * (size_t)sh->n);
+	if (!len)
 		return SP_ENOMEM;
-	row_at_t a = {sh, name, t->name, 0};
-	for (int64_t r = 0; r < sh->n && !rc; r++) {
-		int64_t s = sh->base + r;
-		int32_t len = 1, slot = c->slot[s];
-		if (slot < 0 && (s < lo || s >= hi))
-			continue;
-		a.row = r;
-		rc = st_in_read(in, &ti, (uint64_t)r * rb, rb, tmp, err);
-		if (!rc && c->kind != COL_LABELS)
-			rc = st_in_read(in, &li, (uint64_t)r * 4, 4, &len, err);
-		if (!rc)
-			rc = check_row(c, &m->comps[nd->comp], &a, tmp, len, err);
-		if (!rc && slot >= 0) {
-			memcpy((uint8_t *)c->rows + (size_t)slot * rb, tmp, rb);
-			c->len[slot] = len;
-		}
-	}
-	free(tmp);
+	rc = st_in_read(&sh->in, &src->li, 0, sizeof(int32_t) * (size_t)sh->n, len, err);
+	row_at_t a = {sh, lname, t->name, 0, 0};
+	for (; !rc && a.row < sh->n; a.row++)
+		if (len[a.row] < 1 || len[a.row] > c->seq)
+			rc = row_error(err, &a, "length %d is not in [1, %lld], the node's seq",
+				       len[a.row], (long long)c->seq);
+	free(len);
 	return rc;
 }
 
-static int read_shards(ds_task_t *dt, const sp_task_t *t, const sp_model_t *m, int rank,
-		       int nranks, sp_err_t *err)
+/* Opens the task's shards for the run and checks their headers and
+ * lengths tables. */
+static int open_shards(ds_task_t *dt, const sp_task_t *t, sp_err_t *err)
 {
-	int64_t lo = dt->n * rank / nranks, hi = dt->n * (rank + 1) / nranks;
 	for (int k = 0; k < dt->n_shards; k++) {
-		st_in_t in;
-		int rc = st_in_open(&in, dt->shards[k].path, err);
+		ds_shard_t *sh = &dt->shards[k];
+		if (!(sh->src = calloc((size_t)dt->n_cols + 1, sizeof *sh->src)))
+			return SP_ENOMEM;
+		int rc = st_in_open(&sh->in, sh->path, err);
+		if (!rc && fstat(sh->in.fd, &sh->sb))
+			rc = sp_err_set(err, SP_EIO, sh->path, 0, 0, NULL, "cannot stat the file");
 		for (int i = 0; i < dt->n_cols && !rc; i++)
-			rc = read_column(&dt->cols[i], &in, &dt->shards[k], t, m, lo, hi, err);
-		st_in_release(&in);
+			rc = check_column(sh, i, &dt->cols[i], t, err);
 		if (rc)
 			return rc;
 	}
 	return 0;
 }
 
+/* Before step's first read of shard sh: the file at its path is still the
+ * one opened at start-up. */
+static int check_unchanged(ds_shard_t *sh, int64_t step, sp_err_t *err)
+{
+	struct stat now;
+	if (sh->seen == step)
+		return 0;
+	sh->seen = step;
+	if (stat(sh->path, &now) == 0 && now.st_dev == sh->sb.st_dev &&
+	    now.st_ino == sh->sb.st_ino && now.st_size == sh->sb.st_size &&
+	    now.st_mtim.tv_sec == sh->sb.st_mtim.tv_sec &&
+	    now.st_mtim.tv_nsec == sh->sb.st_mtim.tv_nsec)
+		return 0;
+	sp_err_set(err, SP_EINPUT, sh->path, 0, 0, NULL,
+		   "the shard changed on disk after start-up (read for step %lld)",
+		   (long long)step);
+	sp_err_hint(err, "a dataset must stay as it is while a run reads it");
+	return SP_EINPUT;
+}
+
+/* The shard holding sample s of the task (shards in order of base). */
+static ds_shard_t *shard_of(const ds_task_t *dt, int64_t s)
+{
+	int lo = 0, hi = dt->n_shards - 1;
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (dt->shards[mid].base <= s)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return &dt->shards[lo];
+}
+
+/* Sample s's row of column ci of task ti into row, and its length,
+ * checked; step > 0: read for that step (the shard checked unchanged). */
+static int read_row(const rt_dataset_t *d, int ti, int ci, int64_t s, int64_t step,
+		    void *row, int32_t *len, sp_err_t *err)
+{
+	const ds_task_t *dt = &d->tasks[ti];
+	const sp_task_t *t = &d->m->tasks[ti];
+	const ds_col_t *c = &dt->cols[ci];
+	ds_shard_t *sh = shard_of(dt, s);
+	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
+	col_names(c, t, name, lname);
+	row_at_t a = {sh, name, t->name, s - sh->base, step};
+	size_t rb = (size_t)(c->seq * c->width) * 4;
+	*len = 1;
+	int rc = step > 0 ? check_unchanged(sh, step, err) : 0;
+	if (!rc)
+		rc = st_in_read(&sh->in, &sh->src[ci].ti, (uint64_t)a.row * rb, rb, row, err);
+	if (!rc && c->kind != COL_LABELS)
+		rc = st_in_read(&sh->in, &sh->src[ci].li, (uint64_t)a.row * 4, 4, len, err);
+	return rc ? rc : check_row(c, &d->m->comps[t->nodes[c->node].comp], &a, row, *len, err);
+}
+
+/* Every row the rank's program reads in `step`, into that step's buffer. */
+static int read_step(rt_dataset_t *d, int64_t step, sp_err_t *err)
+{
+	int b = (int)((step - d->first) % d->n_buf);
+	d->held[b] = 0;
+	for (int ti = 0; ti < d->m->n_tasks; ti++) {
+		const ds_task_t *dt = &d->tasks[ti];
+		for (int ci = 0; ci < dt->n_cols; ci++) {
+			const ds_col_t *c = &dt->cols[ci];
+			size_t rb = (size_t)(c->seq * c->width) * 4;
+			for (int64_t s = 0; s < d->m->tasks[ti].batch; s++) {
+				if (c->pos[s] < 0)
+					continue;
+				size_t k = (size_t)(b * c->n_pos + c->pos[s]);
+				int rc = read_row(d, ti, ci, sample_index(d, ti, step, s), step,
+						  (uint8_t *)c->rows + k * rb, &c->len[k], err);
+				if (rc)
+					return rc;
+			}
+		}
+	}
+	d->held[b] = step;
+	return 0;
+}
+
+/* Full checking: the rank's share [rank N / R, (rank + 1) N / R) of every
+ * tensor of task ti, read and checked (not kept). */
+static int check_share(const rt_dataset_t *d, int ti, int rank, int nranks, sp_err_t *err)
+{
+	const ds_task_t *dt = &d->tasks[ti];
+	int64_t lo = dt->n * rank / nranks, hi = dt->n * (rank + 1) / nranks;
+	int rc = 0;
+	for (int ci = 0; ci < dt->n_cols && !rc; ci++) {
+		const ds_col_t *c = &dt->cols[ci];
+		void *tmp = malloc((size_t)(c->seq * c->width) * 4);
+		int32_t len;
+		if (!tmp)
+			return SP_ENOMEM;
+		for (int64_t s = lo; s < hi && !rc; s++)
+			rc = read_row(d, ti, ci, s, 0, tmp, &len, err);
+		free(tmp);
+	}
+	return rc;
+}
+
+/* ---- the reader thread ---- */
+
+static void *reader_main(void *arg)
+{
+	rt_dataset_t *d = arg;
+	pthread_mutex_lock(&d->mu);
+	for (;;) {
+		while (!d->stop && d->want == d->done)
+			pthread_cond_wait(&d->cv, &d->mu);
+		if (d->stop)
+			break;
+		int64_t step = d->want;
+		pthread_mutex_unlock(&d->mu);
+		sp_err_t e = {0};
+		int rc = read_step(d, step, &e);
+		pthread_mutex_lock(&d->mu);
+		if (rc && !d->rc) {
+			d->rc = rc;
+			d->err = e;
+		}
+		d->done = step;
+		pthread_cond_broadcast(&d->cv);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return NULL;
+}
+
+/* The reader, set to read step `first` (dataset_next waits for it). */
+static int start_reader(rt_dataset_t *d, sp_err_t *err)
+{
+	if (pthread_mutex_init(&d->mu, NULL))
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "cannot make a mutex");
+	if (pthread_cond_init(&d->cv, NULL)) {
+		pthread_mutex_destroy(&d->mu);
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "cannot make a condition");
+	}
+	d->done = d->first - 1;
+	d->want = d->first;
+	if (pthread_create(&d->reader, NULL, reader_main, d)) {
+		pthread_cond_destroy(&d->cv);
+		pthread_mutex_destroy(&d->mu);
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
+				  "cannot start the dataset's reader thread");
+	}
+	d->running = 1;
+	return 0;
+}
+
 /* ---- the API ---- */
 
-int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
-		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err)
+/* stream: two step buffers and the reader, else every step read here;
+ * full: also check the rank's share of every tensor. */
+static int open_dir(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
+		    int nranks, uint64_t seed, int64_t first, int64_t last, int stream,
+		    int full, sp_err_t *err)
 {
 	const sp_model_t *m = &p->model;
 	*out = NULL;
 	char *index = join(dir, "index.json");
 	rt_dataset_t *d = calloc(1, sizeof *d);
-	if (!index || !d || !(d->tasks = calloc((size_t)m->n_tasks + 1, sizeof *d->tasks))) {
+	int n_buf = stream ? 2 : (int)SP_MAX(last - first + 1, 1);
+	if (!index || !d || !(d->tasks = calloc((size_t)m->n_tasks + 1, sizeof *d->tasks)) ||
+	    !(d->held = calloc((size_t)n_buf, sizeof *d->held))) {
 		free(index);
 		dataset_free(d);
 		return sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
 	}
 	d->m = m;
+	d->seed = seed;
 	d->first = first;
 	d->last = last;
+	d->n_buf = n_buf;
 	json_error_t je;
 	json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
 	const char *fmt = json_string_value(json_object_get(root, "format"));
@@ -458,19 +640,25 @@ int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int ra
 		if (!rc)
 			rc = plan_columns(&d->tasks[i], m, &m->tasks[i]);
 	}
+	json_decref(root);
+	free(index);
 	if (!rc)
 		mark_program(d, p, rank);
 	for (int i = 0; i < m->n_tasks && !rc; i++) {
-		rc = make_order(&d->tasks[i], &m->tasks[i], seed, first, last);
+		rc = make_buffers(d, &d->tasks[i], &m->tasks[i]);
 		if (!rc)
-			rc = make_slots(&d->tasks[i], &m->tasks[i], SP_MAX(last - first + 1, 0));
-		if (!rc)
-			rc = read_shards(&d->tasks[i], &m->tasks[i], m, rank, nranks, err);
+			rc = open_shards(&d->tasks[i], &m->tasks[i], err);
+		if (!rc && full)
+			rc = check_share(d, i, rank, nranks, err);
 	}
-	json_decref(root);
+	if (!rc && stream && first <= last)
+		rc = start_reader(d, err);
+	if (!rc && stream)
+		rc = dataset_next(d, first, err);
+	for (int64_t t = first; !rc && !stream && t <= last; t++)
+		rc = read_step(d, t, err);
 	if (rc == SP_ENOMEM)
 		sp_err_set(err, SP_ENOMEM, dir, 0, 0, NULL, "out of memory");
-	free(index);
 	if (rc) {
 		dataset_free(d);
 		return rc;
@@ -479,25 +667,77 @@ int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int ra
 	return 0;
 }
 
+int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
+		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err)
+{
+	return open_dir(out, dir, p, rank, nranks, seed, first, last, 0, 1, err);
+}
+
+int dataset_stream(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
+		   int nranks, uint64_t seed, int64_t first, int64_t last, int full,
+		   sp_err_t *err)
+{
+	return open_dir(out, dir, p, rank, nranks, seed, first, last, 1, full, err);
+}
+
+int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err)
+{
+	if (!d || !d->running || step > d->last)
+		return 0;
+	pthread_mutex_lock(&d->mu);
+	assert(d->want == step); /* steps are asked for in order */
+	while (d->done < step && !d->rc)
+		pthread_cond_wait(&d->cv, &d->mu);
+	int rc = d->rc;
+	if (rc && !err->code) { /* the message; err's warn function stays */
+		sp_err_t keep = *err;
+		*err = d->err;
+		err->warn = keep.warn;
+		err->warn_ctx = keep.warn_ctx;
+	} else if (!rc) if (step < d->last) {
+		d->want = step + 1;
+		pthread_cond_signal(&d->cv);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return rc;
+}
+
+int64_t dataset_resident(const rt_dataset_t *d)
+{
+	return d->resident;
+}
+
 void dataset_free(rt_dataset_t *d)
 {
 	if (!d)
 		return;
+	if (d->running) {
+		pthread_mutex_lock(&d->mu);
+		d->stop = 1;
+		pthread_cond_broadcast(&d->cv);
+		pthread_mutex_unlock(&d->mu);
+		pthread_join(d->reader, NULL);
+		pthread_cond_destroy(&d->cv);
+		pthread_mutex_destroy(&d->mu);
+	}
 	for (int i = 0; d->tasks && i < d->m->n_tasks; i++) {
 		ds_task_t *dt = &d->tasks[i];
-		for (int k = 0; k < dt->n_shards; k++)
+		for (int k = 0; k < dt->n_shards; k++) {
+			st_in_release(&dt->shards[k].in);
 			free(dt->shards[k].path);
+			free(dt->shards[k].src);
+		}
 		for (int k = 0; k < dt->n_cols; k++) {
-			free(dt->cols[k].pos_used);
-			free(dt->cols[k].slot);
+			free(dt->cols[k].pos);
 			free(dt->cols[k].rows);
 			free(dt->cols[k].len);
 		}
 		free(dt->shards);
 		free(dt->cols);
-		free(dt->order);
+		free(dt->perm);
 	}
 	free(d->tasks);
+	free(d->held);
 	free(d);
 }
 
@@ -506,20 +746,19 @@ int64_t dataset_epoch(const rt_dataset_t *d, int task, int64_t step)
 	return (step - 1) / d->tasks[task].spe;
 }
 
-/* The kept row of (step, task, node, batch position s). */
+/* The row of (step, task, node, batch position s) in its step buffer. */
 static const void *row_of(const rt_dataset_t *d, int64_t step, int task, int node, int64_t s,
 			  const ds_col_t **col, int32_t *len)
 {
-	const ds_task_t *dt = &d->tasks[task];
-	const ds_col_t *c = col_of(dt, node);
-	int64_t B = d->m->tasks[task].batch;
-	assert(c && step >= d->first && step <= d->last && s >= 0 && s < B);
-	int32_t slot = c->slot[dt->order[(step - d->first) * B + s]];
-	assert(slot >= 0); /* mark_program missed an instruction: our bug */
-	size_t el = c->kind == COL_FEATURES ? sizeof(float) : sizeof(int32_t);
+	const ds_col_t *c = col_of(&d->tasks[task], node);
+	int b = (int)((step - d->first) % d->n_buf);
+	assert(c && step >= d->first && step <= d->last && d->held[b] == step && s >= 0 &&
+	       s < d->m->tasks[task].batch);
+	assert(c->pos[s] >= 0); /* mark_program missed an instruction: our bug */
+	size_t k = (size_t)(b * c->n_pos + c->pos[s]);
 	*col = c;
-	*len = c->len[slot];
-	return (const uint8_t *)c->rows + (size_t)slot * (size_t)(c->seq * c->width) * el;
+	*len = c->len[k];
+	return (const uint8_t *)c->rows + k * (size_t)(c->seq * c->width) * 4;
 }
 
 void dataset_rows(void *out, const rt_dataset_t *d, int64_t step, int task, int node,

@@ -11,8 +11,9 @@
  * bad input (plan, options, launch, checkpoint, weights, dataset).
  *
  * Failures. Errors every rank knows of (bad input, a failed checkpoint
- * write, agreed through an all-reduce) end every rank with the same status
- * through MPI_Finalize. A failure only one rank sees while the others wait
+ * write, agreed through an all-reduce; a dataset row of the next step
+ * that a rank could not read, agreed through the losses' all-reduce) end
+ * every rank with the same status through MPI_Finalize. A failure only one rank sees while the others wait
  * on it (a timed-out receive, a lost collective) aborts the job. Waits
  * inside a step are bounded by the interpreter (--timeout); every blocking
  * collective outside a step (MPI_Init, start-up, losses, parameter
@@ -26,8 +27,9 @@
  * comm, the checks each rank makes alone (plan, launch, backend,
  * checkpoint seed), agreeing on them, building the rank's state (and
  * loading weights or a checkpoint), opening rank 0's outputs, the training
- * loop (a step, its losses and log line, its checkpoint), the export, the
- * final report, the held-out evaluation (--eval: eval.c), and
+ * loop (a step, the next step's rows, its losses and log line, its
+ * checkpoint), the export, the final report, the held-out evaluation
+ * (--eval: eval.c), and
  * finishing (or aborting when the ranks are out of step).
  *
  * Testing hooks (not for users): fault.h.
@@ -53,7 +55,7 @@ typedef struct {
 	const char *plan_path, *backend, *comm, *trace_path, *log_path, *dump_path;
 	const char *save_dir, *load_dir;
 	const char *init_path, *init_map, *export_path;
-	const char *data_dir, *eval_dir, *eval_json;
+	const char *data_dir, *data_check, *eval_dir, *eval_json;
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
@@ -152,7 +154,14 @@ static void usage(FILE *f)
 		"  --seed S             data and initialisation seed (default: the model's)\n"
 		"  --data DIR           train on a spindle.dataset/1 directory (format:\n"
 		"                       schemas/DATASET-FORMAT.md), in an epoch-wise\n"
-		"                       shuffle from the seed; default: synthetic data\n"
+		"                       shuffle from the seed; default: synthetic data.\n"
+		"                       A reader thread reads each step's rows during the\n"
+		"                       step before (two steps' rows in memory)\n"
+		"  --data-check read|full  when the rows' values are checked: as each\n"
+		"                       step reads them (read, default; the headers and\n"
+		"                       lengths of every shard are checked at start-up), or\n"
+		"                       also every row at start-up (full: reads the dataset\n"
+		"                       once more)\n"
 		"  --eval DIR           after training, score the model on a held-out\n"
 		"                       spindle.dataset/1 directory (one forward pass): per\n"
 		"                       task the loss, and accuracy beside chance\n"
@@ -226,6 +235,7 @@ static const char **string_option(run_opts_t *o, const char *name)
 		{"--init-map", offsetof(run_opts_t, init_map)},
 		{"--export", offsetof(run_opts_t, export_path)},
 		{"--data", offsetof(run_opts_t, data_dir)},
+		{"--data-check", offsetof(run_opts_t, data_check)},
 		{"--eval", offsetof(run_opts_t, eval_dir)},
 		{"--eval-json", offsetof(run_opts_t, eval_json)},
 	};
@@ -323,6 +333,11 @@ static int parse(run_opts_t *o, int argc, char **argv)
 	if (o->init_path && o->load_dir) {
 		fprintf(stderr, "spindle-run: --init and --load both give the parameters\nhint: "
 				"a checkpoint (--load) resumes; --init starts afresh\n");
+		return 2;
+	}
+	if (o->data_check && strcmp(o->data_check, "read") && strcmp(o->data_check, "full")) {
+		fprintf(stderr, "spindle-run: unknown --data-check '%s'\nhint: use read or full\n",
+			o->data_check);
 		return 2;
 	}
 	if (o->eval_json && !o->eval_dir) {
@@ -436,7 +451,7 @@ static int start_backend(run_t *r)
 }
 
 /* --data: the samples of steps after+1 .. after+steps, in the seed's order
- * (a resumed run continues it). */
+ * (a resumed run continues it); step after+1's rows are read here. */
 static int open_data(run_t *r, int64_t after)
 {
 	if (r->o.eval_dir && heldout_open(&r->heldout, r->o.eval_dir, &r->plan, r->comm.rank,
@@ -444,8 +459,9 @@ static int open_data(run_t *r, int64_t after)
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	if (!r->o.data_dir)
 		return 0;
-	if (dataset_open(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
-			 r->ro.seed, after + 1, after + r->o.steps, &r->err))
+	int full = r->o.data_check && !strcmp(r->o.data_check, "full");
+	if (dataset_stream(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
+			   r->ro.seed, after + 1, after + r->o.steps, full, &r->err))
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	r->ro.data = r->ds;
 	return 0;
@@ -454,8 +470,9 @@ static int open_data(run_t *r, int64_t after)
 /*
  * What each rank can check on its own before any collective a failed rank
  * would never join: the plan and the launch, the backend, the seed of a
- * checkpoint to resume, the dataset (read and checked here). Returns the
- * exit status this rank wants: 0 to go on.
+ * checkpoint to resume, the dataset (headers, lengths, the first step's
+ * rows: dataset_stream). Returns the exit status this rank wants: 0 to go
+ * on.
  */
 static int check_alone(run_t *r)
 {
@@ -627,6 +644,10 @@ static void print_start(const run_t *r)
 	       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
 	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
 	       dtype_name(p->model.dtype));
+	if (r->ds)
+		printf("rank 0 data: %lld bytes of rows resident (the rows it reads for two "
+		       "steps; a thread reads the next step's during each step)\n",
+		       (long long)dataset_resident(r->ds));
 }
 
 /* After a failed gather of the parameters (digest, export): lost when the
@@ -693,22 +714,47 @@ static int save_step(run_t *r, int64_t t)
 	return RUN_GO;
 }
 
-/* Training step t: the rank's program, the summed losses, the parameter
- * digest (for the log or the last step's dump), the report, a checkpoint. */
+/* After the losses of step t are summed: the rows of step t + 1 could not
+ * be read on some rank (loss[T + q] > 0: rank q's exit status). Every rank
+ * stops after step t; the lowest such rank reports. */
+static int data_failed(run_t *r)
+{
+	int T = r->plan.model.n_tasks, first = -1, worst = 0;
+	for (int q = 0; q < r->comm.nranks; q++)
+		if (r->loss[T + q] > 0) {
+			if (first < 0)
+				first = q;
+			worst = SP_MAX(worst, (int)r->loss[T + q]);
+		}
+	if (first < 0)
+		return RUN_GO;
+	r->status = worst;
+	r->quiet = r->comm.rank != first;
+	r->loud = r->comm.rank == first;
+	return RUN_FAIL;
+}
+
+/* Training step t: the rank's program, the rows of step t + 1 (read during
+ * it), the summed losses with each rank's read status, the parameter digest
+ * (for the log or the last step's dump), the report, a checkpoint; then
+ * a stop when a rank could not read step t + 1. */
 static int train_step(run_t *r, int64_t t)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	int rank = c->rank, T = r->plan.model.n_tasks;
-	for (int i = 0; i < T; i++)
+	for (int i = 0; i < T + c->nranks; i++)
 		r->loss[i] = 0;
 	fault_at_step(&o->fault, rank, t, 0);
 	double t0 = wall_ms();
 	if (rt_step(r->st, t, r->loss, &r->err))
 		return RUN_LOST;
 	fault_at_step(&o->fault, rank, t, 1);
+	wd_arm(rank, "step %lld: reading the rows of step %lld", (long long)t, (long long)t + 1);
+	if (dataset_next(r->ds, t + 1, &r->err))
+		r->loss[T + rank] = r->err.code == SP_EINPUT ? 2 : 1;
 	wd_arm(rank, "step %lld: summing the losses", (long long)t);
-	if (c->ops->allsum(c, r->loss, T)) {
+	if (c->ops->allsum(c, r->loss, T + c->nranks)) {
 		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
 			   "rank %d: step %lld: summing the losses failed", rank, (long long)t);
 		return RUN_LOST;
@@ -726,14 +772,16 @@ static int train_step(run_t *r, int64_t t)
 	wd_disarm();
 	if (rank == 0)
 		print_step(r, t, ms, l2, h);
+	int out = RUN_GO;
 	if (o->save_dir && ((o->save_every > 0 && t % o->save_every == 0) || last))
-		return save_step(r, t);
-	return RUN_GO;
+		out = save_step(r, t);
+	return out == RUN_GO ? data_failed(r) : out;
 }
 
 static int train(run_t *r)
 {
-	r->loss = calloc((size_t)r->plan.model.n_tasks + 1, sizeof(double));
+	/* the tasks' losses, then each rank's status reading the next step */
+	r->loss = calloc((size_t)(r->plan.model.n_tasks + r->comm.nranks) + 1, sizeof(double));
 	if (!r->loss) {
 		sp_err_set(&r->err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory",
 			   r->comm.rank);

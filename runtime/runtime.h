@@ -185,13 +185,28 @@ void data_lm_targets(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m,
 /* ---- dataset.c: a "spindle.dataset/1" directory (schemas/DATASET-FORMAT.md) - */
 
 /*
- * Opens dir for rank `rank` of plan p and the steps [first, last] of this
- * run: checks the index and every shard's tensors against the model, reads
- * and checks the rows the rank's program touches (and its share of the
- * rest), all before step 1. SP_EINPUT names the file, tensor and sample.
+ * Opens dir for rank `rank` of plan p and the steps [first, last] of a
+ * training run: checks the index, every shard's tensors and lengths tables
+ * against the model (with full, also the rank's share of every row) and
+ * reads the rows of step `first`, all before step 1; then a reader thread
+ * reads each next step's rows into the second of two step buffers.
+ * SP_EINPUT names the file, tensor and sample.
  */
+int dataset_stream(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
+		   int nranks, uint64_t seed, int64_t first, int64_t last, int full,
+		   sp_err_t *err);
+/* As dataset_stream with full checking, but reads every step of [first,
+ * last] now and starts no thread (held-out scoring). */
 int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
 		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err);
+/* Step `step` is next (call it once step - 1 has run, in order): waits
+ * until its rows are read and checked, then starts reading step + 1 into
+ * the buffer step - 1 used. A bad row or a changed shard is SP_EINPUT
+ * naming the file, tensor, sample and step. No-op for dataset_open's. */
+int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err);
+/* Bytes of the step buffers (rows and lengths of the positions the rank
+ * reads: two steps' for dataset_stream). */
+int64_t dataset_resident(const rt_dataset_t *d);
 void dataset_free(rt_dataset_t *d);
 /* The epoch (0-based) task's step `step` is in. */
 int64_t dataset_epoch(const rt_dataset_t *d, int task, int64_t step);

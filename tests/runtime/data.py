@@ -10,15 +10,25 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
-    and a message naming the file, the tensor and, for content, the sample;
+    and a message naming the file, the tensor and, for content, the sample
+    (headers and lengths always; the other values with --data-check full);
     so does every truncation of a shard (8 cuts)
+  * streaming: a token id past the vocabulary in a row only step 3 reads
+    (found with this file's copy of the documented order) stops the run
+    after step 2 with exit 2, naming file, tensor, sample and step, on 1
+    and 2 ranks (reported once, no hang); the rows resident are two steps'
+    (the figure the run prints), the same for a dataset 10 times larger; a
+    shard truncated while a run reads it (after step 1) stops the run with
+    exit 2, naming the file
 """
 import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
@@ -118,16 +128,13 @@ def fewer(idx):
                                                           "samples": 7}]}
 
 
-CASES = [
+# values inside rows: found at start-up with --data-check full
+VALUE_CASES = [
     # (what, edit of the dataset directory, texts the message must hold)
     ("a token id past the vocabulary",
      lambda d: rewrite(shard(d, "caption", 1), lambda t: set_at(t, "txt_in.tokens", 12 * 3, 64)),
      ["caption-00001.safetensors", "'txt_in.tokens'", "row 3 (sample 23 of task 'caption')",
       "token id 64", "vocabulary"]),
-    ("a length past the node's seq",
-     lambda d: rewrite(shard(d, "match"), lambda t: set_at(t, "img_in.length", 5, 9)),
-     ["match-00000.safetensors", "'img_in.features'", "row 5 (sample 5 of task 'match')",
-      "length 9 is not in [1, 8]"]),
     ("a label past the classes",
      lambda d: rewrite(shard(d, "classify"), lambda t: set_at(t, "loss.labels", 2, 4)),
      ["classify-00000.safetensors", "'loss.labels'", "row 2", "label 4"]),
@@ -135,6 +142,14 @@ CASES = [
      lambda d: rewrite(shard(d, "classify", 1), lambda t: set_at(t, "img_in.features", 0,
                                                                  float("nan"))),
      ["classify-00001.safetensors", "'img_in.features'", "row 0 (sample 10", "not finite"]),
+]
+
+# headers, shapes, the index and the lengths tables: always at start-up
+CASES = [
+    ("a length past the node's seq",
+     lambda d: rewrite(shard(d, "match"), lambda t: set_at(t, "img_in.length", 5, 9)),
+     ["match-00000.safetensors", "'img_in.length'", "row 5 (sample 5 of task 'match')",
+      "length 9 is not in [1, 8]"]),
     ("token ids of the wrong dtype",
      lambda d: rewrite(shard(d, "caption"), lambda t: as_f32(t, "txt_in.tokens")),
      ["caption-00000.safetensors", "'txt_in.tokens' has dtype F32, not I32"]),
@@ -164,13 +179,15 @@ CASES = [
 
 
 def strict(F, tmp, plans, ds):
-    for k, (what, fn, texts) in enumerate(CASES):
+    cases = [(c, []) for c in CASES] + [(c, ["--data-check", "full"]) for c in VALUE_CASES]
+    for k, ((what, fn, texts), check) in enumerate(cases):
         bad = os.path.join(tmp, f"bad{k}")
         shutil.copytree(ds, bad)
         fn(bad)
-        r = R.run(plans[1], 1, "--steps", 1, "--data", bad)
+        r = R.run(plans[1], 1, "--steps", 1, "--data", bad, *check)
         ok = r.rc == 2 and all(t in r.err for t in texts) and "step   1" not in r.out
-        F.check(ok, f"{what}: exit 2 before step 1, naming it", r.describe())
+        F.check(ok, f"{what}: exit 2 before step 1, naming it {' '.join(check)}",
+                r.describe())
     # every truncation of a shard (8 cuts from inside the length field to
     # one byte short) is refused up front
     src = shard(ds, "caption", 1)
@@ -190,9 +207,95 @@ def strict(F, tmp, plans, ds):
     bad = os.path.join(tmp, "bad-2ranks")
     shutil.copytree(ds, bad)
     rewrite(shard(bad, "match", 1), lambda t: set_at(t, "txt_in.tokens", 12 * 30, 99))
-    r = R.run(plans[2], 2, "--steps", 1, "--data", bad)
+    r = R.run(plans[2], 2, "--steps", 1, "--data", bad, "--data-check", "full")
     F.check(r.rc == 2 and r.err.count("token id 99") == 1 and "sample 70" in r.err,
             "2 ranks: a bad row is reported once, exit 2", r.describe())
+
+
+# ---- streaming -----------------------------------------------------------
+
+def mix64(x):
+    """sp_mix64 (schemas/common.h)."""
+    m = (1 << 64) - 1
+    x = (x + 0x9e3779b97f4a7c15) & m
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & m
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & m
+    return x ^ (x >> 31)
+
+
+def permutation(n, seed, task, e):
+    """The epoch shuffle of schemas/DATASET-FORMAT.md ("Order")."""
+    h = 0xcbf29ce484222325
+    for b in task.encode():
+        h = ((h ^ b) * 0x100000001b3) & ((1 << 64) - 1)
+    key = mix64(seed ^ 0x64617461) ^ h
+    key = mix64(key ^ mix64(e))
+    out = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = mix64((key + i) & ((1 << 64) - 1)) % (i + 1)
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+def step_samples(model, task, step):
+    """The samples of a task's step (1-based), as the runtime orders them."""
+    t = next(t for t in model["tasks"] if t["name"] == task)
+    n, b = SAMPLES[task], t["batch"]
+    spe = n // b
+    e, j = (step - 1) // spe, (step - 1) % spe
+    return permutation(n, model["seed"], task, e)[j * b:(j + 1) * b]
+
+
+def streaming(F, tmp, model, plans, ds):
+    # a caption sample step 3 reads and steps 1 and 2 do not
+    early = set(step_samples(model, "caption", 1) + step_samples(model, "caption", 2))
+    s = next(x for x in step_samples(model, "caption", 3) if x not in early)
+    k, row = (0, s) if s < SAMPLES["caption"] // 2 else (1, s - SAMPLES["caption"] // 2)
+    bad = os.path.join(tmp, "late")
+    shutil.copytree(ds, bad)
+    rewrite(shard(bad, "caption", k), lambda t: set_at(t, "txt_in.tokens", 12 * row, 64))
+    want = [f"caption-{k:05d}.safetensors", "'txt_in.tokens'",
+            f"row {row} (sample {s} of task 'caption'), read for step 3", "token id 64"]
+    for n in (1, 2):
+        r = R.run(plans[n], n, "--steps", 4, "--data", bad, "--timeout", 60)
+        ok = (r.rc == 2 and all(w in r.err for w in want) and r.err.count("token id") == 1
+              and "step   2" in r.out and "step   3" not in r.out)
+        F.check(ok, f"{n} rank(s): a bad row only step 3 reads stops the run after step 2 "
+                "with exit 2, naming file, tensor, sample and step, once", r.describe())
+    # a shard truncated while the run reads: the first step read after the
+    # cut stops it (the log, written each step, says when step 1 is done)
+    cut = os.path.join(tmp, "cut-live")
+    shutil.copytree(ds, cut)
+    log = os.path.join(tmp, "cut-live.csv")
+    p = subprocess.Popen(R.command(plans[1], 1, "--steps", 30, "--data", cut, "--log", log,
+                                   "--quiet", "--timeout", 60),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while p.poll() is None and time.monotonic() - t0 < 60 and not (
+            os.path.exists(log) and len(open(log).read().splitlines()) > 3):
+        time.sleep(0.002)
+    truncate(shard(cut, "caption", 1))
+    out, err = p.communicate(timeout=120)
+    steps = {r["step"] for r in R.read_log(log)}
+    F.check(p.returncode == 2 and "caption-00001.safetensors" in err
+            and "changed on disk after start-up" in err and "1" in steps
+            and "30" not in steps and err.count("changed on disk") == 1,
+            "a shard truncated mid-run stops it with exit 2, naming the file "
+            f"(after steps {sorted(steps, key=int)})", f"rc {p.returncode}\n{err}")
+
+    # two steps' rows resident, whatever the dataset's size
+    step_bytes = sum(t["batch"] * sum((seq * width + 1) * 4
+                                      for _, _, seq, width, _ in G.columns(model, t))
+                     for t in model["tasks"])
+    big = os.path.join(tmp, "big")
+    G.make(model, big, {k: 10 * v for k, v in SAMPLES.items()})
+    size = sum(os.path.getsize(os.path.join(big, f)) for f in os.listdir(big))
+    for d in (ds, big):
+        r = R.run(plans[1], 1, "--steps", 2, "--data", d)
+        got = [int(w.split()[3]) for w in r.out.splitlines() if w.startswith("rank 0 data:")]
+        F.check(r.rc == 0 and got == [2 * step_bytes] and 2 * step_bytes < size / 4,
+                f"rows resident: two steps' ({2 * step_bytes} bytes; the larger dataset "
+                f"has {size})", r.describe())
 
 
 def main():
@@ -205,6 +308,7 @@ def main():
         equivalence(F, tmp, plans, ds)
         resume(F, tmp, plans, ds)
         strict(F, tmp, plans, ds)
+        streaming(F, tmp, model, plans, ds)
     return F.exit()
 
 

@@ -32,8 +32,8 @@
  *     replicated and keep their activations unless they would not fit: the
  *     comparison stays fair.
  *
- * It does not build zero-2/3 or micro-batching (not built yet), and it does
- * not reschedule: a candidate whose schedule cannot fit even with every
+ * It does not build zero-2/3 and does not choose micro-batches (plan.c
+ * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
  */
@@ -473,12 +473,14 @@ void layout_json(FILE *f, const sp_plan_t *p)
 /* ---- when nothing fits ---------------------------------------------------- */
 
 /* 1 when the inputs plan and fit under options o on cluster c (a full
- * re-plan, without advice of its own). */
+ * re-plan, without advice of its own). With forced micro-batches
+ * pl->model holds the micro-batch already: one micro-batch of it. */
 static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster_t *c)
 {
 	plan_opts_t q = *o;
 	q.compare = 0;
 	q.no_advice = 1;
+	q.microbatches = SP_MIN(q.microbatches, 1);
 	sp_err_t err = {0};
 	sp_plan_t p = {0};
 	plan_summary_t sum;
@@ -539,7 +541,15 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		pl->err->code = SP_EINPUT;
 		return SP_EINPUT;
 	}
-	/* 2. a smaller reserve: the closest plan's peak within the device */
+	/* 2. more micro-batches, when their number was forced (auto tried them) */
+	int more = o->microbatches > 0 ? microbatch_fit(o, pl->model, pl->cluster, 1) : 0;
+	if (more) {
+		sp_err_hint(pl->err, "fits with %d micro-batches (--microbatches %d)",
+			    more * pl->k, more * pl->k);
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
+	/* 3. a smaller reserve: the closest plan's peak within the device */
 	int64_t peak = 0;
 	for (int d = 0; d < closest->n_devices; d++)
 		peak = SP_MAX(peak, closest->devices[d].mem_peak);
@@ -551,7 +561,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		sp_err_hint(pl->err, "fits with --mem-reserve %.1f", q.mem_reserve_gib);
 		return SP_EINFEAS;
 	}
-	/* 3. more nodes, with the layouts as asked and, if forced, with auto */
+	/* 4. more nodes, with the layouts as asked and, if forced, with auto */
 	q = *o;
 	int n = nodes_that_fit(pl, &q);
 	if (!n && forced) {

@@ -458,14 +458,19 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	int64_t g = batch_gcd(m);
 	int k = o->microbatches;
 	if (k > 0 && g % k) {
+		int t = 0;
+		while (t < m->n_tasks - 1 && m->tasks[t].batch % k == 0)
+			t++;
 		char list[160] = "";
 		int d[MAX_DIVISORS], n = divisors(g, d, MAX_DIVISORS);
 		for (int i = 0, len = 0; i < n && len < (int)sizeof list - 12; i++)
 			len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? ", " : "",
 					d[i]);
 		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--microbatches %d does not divide every task's batch", k);
-		sp_err_hint(err, "use a divisor of %lld: %s (or auto)", (long long)g, list);
+			   "--microbatches %d does not divide the batch of task '%s' (%lld)", k,
+			   m->tasks[t].name, (long long)m->tasks[t].batch);
+		sp_err_hint(err, "use a number that divides every task's batch: %s (or auto)",
+			    list);
 		return SP_EINPUT;
 	}
 	if (k > 0)

@@ -421,7 +421,13 @@ void layout_report(FILE *f, const sp_plan_t *p)
 {
 	double gib = 1024.0 * 1024.0 * 1024.0;
 	int forced = strstr(p->options, "zero=1") != NULL;
-	fprintf(f, "\nlayouts (zero-2/3 and micro-batching are not built yet)\n  %-4s %-22s %6s "
+	fprintf(f, "\nmicro-batches: %d per step, the same for every task (a number per task is "
+		   "not built);\n  micro-batch", p->microbatches);
+	for (int t = 0; t < p->model.n_tasks; t++)
+		fprintf(f, "%s %s %lld", t ? "," : "", p->model.tasks[t].name,
+			(long long)p->model.tasks[t].batch);
+	fprintf(f, "\n");
+	fprintf(f, "\nlayouts (zero-2/3 are not built yet)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
@@ -448,7 +454,7 @@ void layout_report(FILE *f, const sp_plan_t *p)
 
 void layout_json(FILE *f, const sp_plan_t *p)
 {
-	fprintf(f, ",\n  \"buckets\": [");
+	fprintf(f, ",\n  \"microbatches\": %d,\n  \"buckets\": [", p->microbatches);
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "

@@ -55,12 +55,13 @@ def demo_model(opt=None):
     return m
 
 
-def make_plan(tmp, model, name, ranks, algo="spindle"):
-    """Plans `model` (a dict) for a CPU cluster of `ranks` processes."""
+def make_plan(tmp, model, name, ranks, algo="spindle", extra=()):
+    """Plans `model` (a dict) for a CPU cluster of `ranks` processes (extra:
+    more planner options)."""
     mpath = W.write_json(tmp, f"{name}.model.json", model)
     cpath = W.write_json(tmp, f"cpu-{ranks}.json", W.cluster(ranks))
     out = os.path.join(tmp, f"{name}.{ranks}.{algo}.bin")
-    W.plan(mpath, cpath, out, algo)
+    W.plan(mpath, cpath, out, algo, extra)
     return out
 
 

@@ -32,8 +32,8 @@
  *     replicated and keep their activations unless they would not fit: the
  *     comparison stays fair.
  *
- * It does not build zero-2/3 or micro-batching (not built yet), and it does
- * not reschedule: a candidate whose schedule cannot fit even with every
+ * It does not build zero-2/3 and does not choose micro-batches (plan.c
+ * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
  */
@@ -421,7 +421,13 @@ void layout_report(FILE *f, const sp_plan_t *p)
 {
 	double gib = 1024.0 * 1024.0 * 1024.0;
 	int forced = strstr(p->options, "zero=1") != NULL;
-	fprintf(f, "\nlayouts (zero-2/3 and micro-batching are not built yet)\n  %-4s %-22s %6s "
+	fprintf(f, "\nmicro-batches: %d per step, the same for every task (a number per task is "
+		   "not built);\n  micro-batch", p->microbatches);
+	for (int t = 0; t < p->model.n_tasks; t++)
+		fprintf(f, "%s %s %lld", t ? "," : "", p->model.tasks[t].name,
+			(long long)p->model.tasks[t].batch);
+	fprintf(f, "\n");
+	fprintf(f, "\nlayouts (zero-2/3 are not built yet)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
@@ -448,7 +454,7 @@ void layout_report(FILE *f, const sp_plan_t *p)
 
 void layout_json(FILE *f, const sp_plan_t *p)
 {
-	fprintf(f, ",\n  \"buckets\": [");
+	fprintf(f, ",\n  \"microbatches\": %d,\n  \"buckets\": [", p->microbatches);
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
@@ -473,12 +479,14 @@ void layout_json(FILE *f, const sp_plan_t *p)
 /* ---- when nothing fits ---------------------------------------------------- */
 
 /* 1 when the inputs plan and fit under options o on cluster c (a full
- * re-plan, without advice of its own). */
+ * re-plan, without advice of its own). With forced micro-batches
+ * pl->model holds the micro-batch already: one micro-batch of it. */
 static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster_t *c)
 {
 	plan_opts_t q = *o;
 	q.compare = 0;
 	q.no_advice = 1;
+	q.microbatches = SP_MIN(q.microbatches, 1);
 	sp_err_t err = {0};
 	sp_plan_t p = {0};
 	plan_summary_t sum;
@@ -539,7 +547,15 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		pl->err->code = SP_EINPUT;
 		return SP_EINPUT;
 	}
-	/* 2. a smaller reserve: the closest plan's peak within the device */
+	/* 2. more micro-batches, when their number was forced (auto tried them) */
+	int more = o->microbatches > 0 ? microbatch_fit(o, pl->model, pl->cluster, 1) : 0;
+	if (more) {
+		sp_err_hint(pl->err, "fits with %d micro-batches (--microbatches %d)",
+			    more * pl->k, more * pl->k);
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
+	/* 3. a smaller reserve: the closest plan's peak within the device */
 	int64_t peak = 0;
 	for (int d = 0; d < closest->n_devices; d++)
 		peak = SP_MAX(peak, closest->devices[d].mem_peak);
@@ -551,7 +567,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		sp_err_hint(pl->err, "fits with --mem-reserve %.1f", q.mem_reserve_gib);
 		return SP_EINFEAS;
 	}
-	/* 3. more nodes, with the layouts as asked and, if forced, with auto */
+	/* 4. more nodes, with the layouts as asked and, if forced, with auto */
 	q = *o;
 	int n = nodes_that_fit(pl, &q);
 	if (!n && forced) {

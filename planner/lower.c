@@ -83,11 +83,12 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		 SP_VERSION);
 	snprintf(out->algo, sizeof out->algo, "%s", algo_name(algo));
 	snprintf(out->options, sizeof out->options,
-		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d zero=%s recompute=%s",
+		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d zero=%s recompute=%s "
+		 "microbatches=%d",
 		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
 		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
-		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1]);
+		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k);
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))
@@ -98,6 +99,7 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 	out->gpus_per_node = cl->gpus_per_node;
 	out->memory_gib = cl->memory_gib;
 	out->mem_reserve_gib = pl->opts->mem_reserve_gib;
+	out->microbatches = pl->k;
 	return 0;
 }
 

@@ -37,6 +37,11 @@ static void usage(FILE *f)
 		"                       transformer slices keep their activations or\n"
 		"                       recompute them in the backward; auto (default)\n"
 		"                       chooses per slice\n"
+		"  --microbatches N|auto\n"
+		"                       every task's batch as N micro-batches of batch / N\n"
+		"                       (N divides every batch; gradients accumulate over\n"
+		"                       them); auto (default): 1 unless nothing fits, then\n"
+		"                       the fewest that fit. The same N for every task\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -46,7 +51,8 @@ static int takes_value(const char *a)
 {
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
-					    "--milp-nodes", "--zero",	   "--recompute"};
+					    "--milp-nodes", "--zero",	   "--recompute",
+					    "--microbatches"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -125,6 +131,19 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 				!strcmp(val, "2") || !strcmp(val, "3")
 					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
 					: "use 0, 1 or auto");
+	} else if (!strcmp(a, "--microbatches")) {
+		char *end;
+		long k = strtol(val, &end, 10);
+		if (!strcmp(val, "auto"))
+			k = 0;
+		else if (*end || end == val || k < 1 || k > SP_MAX_MICROBATCHES) {
+			fprintf(stderr, "spindle-plan: --microbatches: '%s' is not a count\nhint: "
+					"use auto or a number from 1 to %d that divides every "
+					"task's batch\n",
+				val, SP_MAX_MICROBATCHES);
+			return SP_EXIT_INPUT;
+		}
+		o->microbatches = (int)k;
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");

@@ -156,7 +156,8 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
  * Model FLOPs utilisation of an iteration of iteration_ms on n_dev devices:
  * the model's FLOPs of one iteration / (devices x peak FLOP/s x time). The
  * FLOPs are inspect_model's (model.h arithmetic): forward and backward of
- * every layer of every task at its batch, once each; no recomputation, no
+ * every layer of every task at its batch (k micro-batches: k times the
+ * micro-batch pl->model holds), once each; no recomputation, no
  * communication, no optimizer step, so the figure does not reward work a
  * plan adds.
  */
@@ -165,7 +166,7 @@ static double mfu(const planner_t *pl, double iteration_ms)
 	inspect_model_t im;
 	inspect_model(&im, pl->model);
 	double peak = (double)pl->N * pl->cluster->peak_tflops * 1e12;
-	return iteration_ms > 0 ? (double)im.iter_flops / (peak * iteration_ms * 1e-3) : 0;
+	return iteration_ms > 0 ? (double)im.iter_flops * pl->k / (peak * iteration_ms * 1e-3) : 0;
 }
 
 /* Algorithm a's row of the summary; the figures the plan file does not
@@ -306,10 +307,11 @@ static int algo_table(sp_plan_t *p, const plan_summary_t *sum, sp_err_t *err)
 	return 0;
 }
 
-int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
-		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
+/* The planning run for k micro-batches: m holds the micro-batch already. */
+static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp_cluster_t *c,
+		      sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
-	planner_t pl = {.model = m, .cluster = c, .opts = o, .err = err};
+	planner_t pl = {.model = m, .cluster = c, .opts = o, .err = err, .k = k};
 	sim_result_t chosen_res = {0};
 	const sched_cand_t *chosen_cand = NULL;
 	cand_state_t cands = {0}; /* our allotments, shared by the candidates */
@@ -332,6 +334,13 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)) || (rc = layout_prepare(&pl)))
 		goto cleanup;
 	bound_compute(&pl, &sum->bounds);
+	/* k micro-steps, each a whole pass over the model: k times its compute */
+	bounds_t *b = &sum->bounds;
+	b->area_ms *= k;
+	b->cp_ms *= k;
+	b->paper_ms *= k;
+	b->lower_ms *= k;
+	b->allot_ms *= k;
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)))
 		goto cleanup;
@@ -358,4 +367,128 @@ cleanup:
 	if (rc)
 		plan_release(out);
 	return rc;
+}
+
+/* ---- micro-batches ------------------------------------------------------- */
+
+/* The greatest common divisor of the tasks' batches: k must divide it. */
+static int64_t batch_gcd(const sp_model_t *m)
+{
+	int64_t g = 0;
+	for (int t = 0; t < m->n_tasks; t++) {
+		int64_t a = m->tasks[t].batch;
+		while (a) {
+			int64_t r = g % a;
+			g = a;
+			a = r;
+		}
+	}
+	return g;
+}
+
+/* Plans with k micro-batches: every task's batch / k (k divides them). */
+static int plan_k(const plan_opts_t *o, const sp_model_t *m, int k, const sp_cluster_t *c,
+		  sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
+{
+	sp_model_t mm = {0};
+	if (k == 1)
+		return plan_micro(o, m, 1, c, out, sum, err);
+	if (model_copy(&mm, m))
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int t = 0; t < mm.n_tasks; t++)
+		mm.tasks[t].batch /= k;
+	int rc = plan_micro(o, &mm, k, c, out, sum, err);
+	model_release(&mm);
+	return rc;
+}
+
+/* Room for every divisor of a batch: no number up to SP_MAX_BATCH (2^22)
+ * has more than 360 (3603600 has; counted by a sieve over 1..2^22). */
+enum { MAX_DIVISORS = 360 };
+
+/* The divisors of g up to SP_MAX_MICROBATCHES, ascending, into d[]. */
+static int divisors(int64_t g, int *d, int max)
+{
+	int n = 0;
+	for (int64_t i = 1; i <= g && i <= SP_MAX_MICROBATCHES && n < max; i++)
+		if (g % i == 0)
+			d[n++] = (int)i;
+	return n;
+}
+
+/* 1 when the inputs plan (and fit) with k micro-batches; no advice. */
+static int fits_k(const plan_opts_t *o, const sp_model_t *m, int k, const sp_cluster_t *c)
+{
+	plan_opts_t q = *o;
+	sp_err_t e = {0};
+	sp_plan_t p = {0};
+	plan_summary_t s;
+	q.no_advice = 1;
+	q.compare = 0;
+	q.microbatches = k;
+	int rc = plan_k(&q, m, k, c, &p, &s, &e);
+	plan_release(&p);
+	return rc == 0;
+}
+
+int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		   int above)
+{
+	int d[MAX_DIVISORS], n = divisors(batch_gcd(m), d, MAX_DIVISORS), lo = 0, hi = n - 1;
+	while (lo < n && d[lo] <= above)
+		lo++;
+	/* the most micro-batches has the least activation memory: when it does
+	 * not fit, none does; else bisect for the fewest that fits (fewer
+	 * micro-steps are faster: each repeats the per-step fixed costs) */
+	if (lo >= n || !fits_k(o, m, d[hi], c))
+		return 0;
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		if (fits_k(o, m, d[mid], c))
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return d[hi];
+}
+
+int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
+{
+	int64_t g = batch_gcd(m);
+	int k = o->microbatches;
+	if (k > 0 && g % k) {
+		int t = 0;
+		while (t < m->n_tasks - 1 && m->tasks[t].batch % k == 0)
+			t++;
+		char list[160] = "";
+		int d[MAX_DIVISORS], n = divisors(g, d, MAX_DIVISORS);
+		for (int i = 0, len = 0; i < n && len < (int)sizeof list - 12; i++)
+			len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? ", " : "",
+					d[i]);
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "--microbatches %d does not divide the batch of task '%s' (%lld)", k,
+			   m->tasks[t].name, (long long)m->tasks[t].batch);
+		sp_err_hint(err, "use a number that divides every task's batch: %s (or auto)",
+			    list);
+		return SP_EINPUT;
+	}
+	if (k > 0)
+		return plan_k(o, m, k, c, out, sum, err);
+	/* auto: one micro-batch unless nothing fits with it, then the fewest
+	 * that fit; when none does, k = 1 again with its advice */
+	plan_opts_t q = *o;
+	q.microbatches = 1;
+	q.no_advice = 1;
+	int rc = plan_k(&q, m, 1, c, out, sum, err);
+	if (rc != SP_EINFEAS)
+		return rc;
+	sp_err_t keep = *err;
+	memset(err, 0, sizeof *err);
+	err->warn = keep.warn;
+	err->warn_ctx = keep.warn_ctx;
+	k = microbatch_fit(&q, m, c, 1);
+	q.microbatches = SP_MAX(k, 0); /* 0: the advice knows none fits */
+	q.no_advice = o->no_advice;
+	return plan_k(&q, m, SP_MAX(k, 1), c, out, sum, err);
 }

@@ -51,6 +51,8 @@ typedef struct {
 				 * -1 auto, 0 replicated, 1 zero-1 */
 	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */
 	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
+	int microbatches;       /* k micro-batches per step, the same for every
+				 * task (0: auto, the smallest that fits) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -90,6 +92,7 @@ typedef struct planner {
 	sp_arena_t arena;   /* the planning run */
 	sp_arena_t scratch; /* one candidate plan; reset by plan.c */
 	int N; /* devices */
+	int k; /* micro-batches per step: model holds the micro-batch (plan.c) */
 	int n_mops, n_ops, n_edges;
 	metaop_t *mops;
 	sp_op_t *ops;
@@ -577,6 +580,10 @@ typedef struct {
 	double total_ms;
 } plan_summary_t;
 
+/* The fewest micro-batches above `above` (a divisor of every task's batch
+ * of m) with which the inputs plan and fit under o; 0 when none does. */
+int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+		   int above);
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err);
 

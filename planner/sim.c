@@ -37,6 +37,14 @@
  * deliver, the programs deadlock and the simulation says so. Modes switch
  * costs off to measure the compute schedule alone and the share of
  * transfers.
+ *
+ * With k micro-batches (pl->k) the programs are one micro-step; the runtime
+ * runs them k times, the first k - 1 without SYNC, STEP and GATHER. The
+ * iteration is (k - 1) x the pass with transfers but without sync and step
+ * + the full pass; compute and transfer times are k times one micro-step's.
+ * Micro-steps are taken back to back (no overlap of one's tail with the
+ * next one's head), and the times recorded in the plan are the last
+ * micro-step's.
  */
 #include "planner.h"
 
@@ -329,6 +337,21 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 	return rc;
 }
 
+/* The iteration from the full pass f and the k micro-steps' pass with
+ * transfers (res->xfer_iteration_ms): k - 1 of those, then f. */
+static int sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t *f,
+		       sim_result_t *res)
+{
+	double x = res->xfer_iteration_ms / pl->k;
+	res->iteration_ms = x * (pl->k - 1) + f->iteration;
+	res->sync_ms = fmax(0, f->iteration - x);
+	/* busy time of the earlier micro-steps: k - 1 times the last one's */
+	res->utilisation = res->iteration_ms > 0 ? f->busy_total * pl->k /
+							   (p->n_devices * res->iteration_ms)
+						 : 0;
+	return 0;
+}
+
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 {
 	sim_out_t c, x, f;
@@ -336,21 +359,18 @@ int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 	memset(out, 0, sizeof *out);
 	if ((rc = run(pl, p, 0, 0, &c)))
 		return rc;
-	out->compute_ms = c.iteration;
+	out->compute_ms = c.iteration * pl->k;
 	if (!comm) {
-		out->iteration_ms = c.iteration;
+		out->iteration_ms = out->compute_ms;
 		out->utilisation = c.iteration > 0 ? c.busy_total / (p->n_devices * c.iteration) : 0;
 		return 0;
 	}
 	if ((rc = run(pl, p, SIM_XFER, 0, &x)) ||
 	    (rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
 		return rc;
-	out->iteration_ms = f.iteration;
-	out->xfer_iteration_ms = x.iteration;
-	out->transfer_ms = fmax(0, x.iteration - c.iteration);
-	out->sync_ms = fmax(0, f.iteration - x.iteration);
-	out->utilisation = f.iteration > 0 ? f.busy_total / (p->n_devices * f.iteration) : 0;
-	return 0;
+	out->xfer_iteration_ms = x.iteration * pl->k;
+	out->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
+	return sync_result(pl, p, &f, out);
 }
 
 /* The compute and transfer passes do not look at bucket layouts (a SYNC
@@ -360,10 +380,5 @@ int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	sim_out_t f;
 	int rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f);
-	if (rc)
-		return rc;
-	res->iteration_ms = f.iteration;
-	res->sync_ms = fmax(0, f.iteration - res->xfer_iteration_ms);
-	res->utilisation = f.iteration > 0 ? f.busy_total / (p->n_devices * f.iteration) : 0;
-	return 0;
+	return rc ? rc : sync_result(pl, p, &f, res);
 }

@@ -19,7 +19,9 @@
  * of the first step are read. Then a reader thread reads the rows step t + 1
  * needs into the second of two step buffers while step t runs
  * (dataset_next waits for it, then starts the next read): at most two
- * steps' rows of the rank are resident, whatever the dataset's size. Only
+ * steps' rows of the rank are resident, whatever the dataset's size. With
+ * k micro-batches a spindle-run step is k of the dataset's steps (interp.c
+ * rt_step), read ahead together: two groups of k are resident. Only
  * the batch positions the rank's program reads (its s0/s1 ranges of FWDs of
  * source nodes and LOSSes) are read. Each row's values (token ids, labels,
  * finite features, its length) are checked when read, and before a step's
@@ -88,7 +90,10 @@ struct rt_dataset {
 	const sp_model_t *m;
 	uint64_t seed;
 	int64_t first, last;
-	int n_buf;     /* step buffers: 2 (streaming) or last - first + 1 */
+	int n_buf;     /* step buffers: 2 groups (streaming) or last - first + 1 */
+	int group;     /* streaming: steps read ahead together (the plan's
+			* micro-batches: spindle-run's step t is steps
+			* (t-1)*group+1 .. t*group of the dataset) */
 	int64_t *held; /* [n_buf]: the step each holds, 0 none */
 	int64_t resident; /* bytes of the step buffers */
 	ds_task_t *tasks; /* per model task */
@@ -561,16 +566,18 @@ static void *reader_main(void *arg)
 			pthread_cond_wait(&d->cv, &d->mu);
 		if (d->stop)
 			break;
-		int64_t step = d->want;
+		int64_t step = d->want, end = SP_MIN(step + d->group - 1, d->last);
 		pthread_mutex_unlock(&d->mu);
 		sp_err_t e = {0};
-		int rc = read_step(d, step, &e);
+		int rc = 0;
+		for (int64_t s = step; s <= end && !rc; s++)
+			rc = read_step(d, s, &e);
 		pthread_mutex_lock(&d->mu);
 		if (rc && !d->rc) {
 			d->rc = rc;
 			d->err = e;
 		}
-		d->done = step;
+		d->done = end;
 		pthread_cond_broadcast(&d->cv);
 	}
 	pthread_mutex_unlock(&d->mu);
@@ -610,7 +617,8 @@ static int open_dir(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int
 	*out = NULL;
 	char *index = join(dir, "index.json");
 	rt_dataset_t *d = calloc(1, sizeof *d);
-	int n_buf = stream ? 2 : (int)SP_MAX(last - first + 1, 1);
+	int group = (int)SP_MAX(p->microbatches, 1);
+	int n_buf = stream ? 2 * group : (int)SP_MAX(last - first + 1, 1);
 	if (!index || !d || !(d->tasks = calloc((size_t)m->n_tasks + 1, sizeof *d->tasks)) ||
 	    !(d->held = calloc((size_t)n_buf, sizeof *d->held))) {
 		free(index);
@@ -622,6 +630,7 @@ static int open_dir(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int
 	d->first = first;
 	d->last = last;
 	d->n_buf = n_buf;
+	d->group = group;
 	json_error_t je;
 	json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
 	const char *fmt = json_string_value(json_object_get(root, "format"));
@@ -685,8 +694,9 @@ int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err)
 	if (!d || !d->running || step > d->last)
 		return 0;
 	pthread_mutex_lock(&d->mu);
-	assert(d->want == step); /* steps are asked for in order */
-	while (d->done < step && !d->rc)
+	assert(d->want == step); /* groups are asked for in order */
+	int64_t end = SP_MIN(step + d->group - 1, d->last);
+	while (d->done < end && !d->rc)
 		pthread_cond_wait(&d->cv, &d->mu);
 	int rc = d->rc;
 	if (rc && !err->code) { /* the message; err's warn function stays */
@@ -694,8 +704,8 @@ int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err)
 		*err = d->err;
 		err->warn = keep.warn;
 		err->warn_ctx = keep.warn_ctx;
-	} else if (!rc) if (step < d->last) {
-		d->want = step + 1;
+	} else if (!rc && end < d->last) {
+		d->want = end + 1;
 		pthread_cond_signal(&d->cv);
 	}
 	pthread_mutex_unlock(&d->mu);

@@ -17,9 +17,16 @@
  *   work     ping-pong buffers between layers of a slice, loss scratch,
  *            generated input data, and the one layer's saved activations a
  *            recomputing BWD re-creates (the largest such layer's)
- * A step: zero gradients and gradient values, run the program, reduce the
- * per-task loss sums. SENDs and SYNCs are non-blocking and completed at
- * STEP; RECVs and completions are polled against the timeout.
+ * A step: zero gradients, then k times (the plan's microbatches) zero the
+ * gradient values and run the program, the first k - 1 times without
+ * SYNC, STEP and GATHER, so that gradients accumulate over the k
+ * micro-batches; sum the per-task losses. Micro-step i reads samples
+ * [s0, s1) + i x the task's micro-batch of step t (synthetic data), or
+ * step (t - 1) k + i + 1 of a dataset, whose steps are then micro-steps
+ * (so dataset.c needs no step batch; with N mod B = 0 these are the samples
+ * of step t at positions i x B / k + [s0, s1) with B the step batch).
+ * SENDs and SYNCs are non-blocking and completed at STEP; RECVs and
+ * completions are polled against the timeout.
  *
  * A zero-1 bucket: SYNC starts the reduce-scatter of its gradients, which
  * leaves the sum over the rank's shard at the shard's own place in the
@@ -100,6 +107,7 @@ struct rt_state {
 	rt_event_t *ev;
 	int n_ev, cap_ev;
 	double t_origin;
+	int micro; /* the micro-step running (0 outside rt_step) */
 	int64_t mem[MEM__COUNT];
 };
 
@@ -677,6 +685,13 @@ typedef struct {
 	int64_t kpp;
 } slice_run_t;
 
+/* The first sample of micro-step st->micro in task's synthetic batch; a
+ * dataset's micro-steps are its steps (rt_step). */
+static int64_t sample_off(const rt_state_t *st, int task)
+{
+	return st->o.data ? 0 : (int64_t)st->micro * st->p->model.tasks[task].batch;
+}
+
 static slice_run_t slice_run(const rt_state_t *st, int k)
 {
 	slice_run_t r;
@@ -708,6 +723,7 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
+	int64_t so = sample_off(st, r.mo->task);
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -728,7 +744,7 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING:
 			data_tokens(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, r.mo->task,
-				    op->node, r.in->s0, r.in->s1);
+				    op->node, r.in->s0 + so, r.in->s1 + so);
 			b->to_device(st->ints_dev, st->ints_host,
 				     sizeof(int32_t) * (size_t)r.n * (size_t)r.mo->seq_in);
 			b->embedding_fwd(&r.mo->shape, r.n, pw, st->ints_dev, y, saved);
@@ -736,7 +752,7 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 		case COMP_PATCH: {
 			float *feat = st->work + 2 * st->ping_n + st->loss_n;
 			data_features(st->feat_host, st->o.data, &st->p->model, st->o.seed, step, r.mo->task,
-				      op->node, r.in->s0, r.in->s1);
+				      op->node, r.in->s0 + so, r.in->s1 + so);
 			b->to_device(feat, st->feat_host,
 				     sizeof(float) * (size_t)r.n *
 					     (size_t)(r.mo->seq_in * r.mo->shape.in));
@@ -805,11 +821,13 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
 	float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
-	double scale = t->weight / (double)t->batch, l = 0;
+	int64_t so = sample_off(st, mo->task);
+	/* the mean over the step batch: k micro-batches of t->batch */
+	double scale = t->weight / ((double)t->batch * st->p->microbatches), l = 0;
 	switch (mo->shape.type) {
 	case COMP_LM_HEAD:
 		data_lm_targets(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
-				in->s0, in->s1);
+				in->s0 + so, in->s1 + so);
 		b->to_device(st->ints_dev, st->ints_host,
 			     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
 		l = b->lm_head_loss(&mo->shape, n, pw, vptr(st, st->src_vb[k], in->s0, 0),
@@ -818,7 +836,7 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 		break;
 	case COMP_CLASSIFIER:
 		data_labels(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
-			    in->s0, in->s1);
+			    in->s0 + so, in->s1 + so);
 		b->to_device(st->ints_dev, st->ints_host, sizeof(int32_t) * (size_t)n);
 		l = b->classifier_loss(&mo->shape, n, mo->seq_in, pw,
 				       vptr(st, st->src_vb[k], in->s0, 0), st->ints_dev, scale,
@@ -976,26 +994,25 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 	return drain(st, err);
 }
 
-int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
+/* One run of the program: micro-step st->micro of step t (data step ds);
+ * all but the last micro-step leave out SYNC, STEP and GATHER. */
+static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t *err)
 {
 	const rt_backend_t *b = st->b;
-	st->n_ev = 0;
-	st->t_origin = wall_ms();
-	b->zero(st->g, st->n_w);
 	for (int i = 0; i < st->nvb; i++)
 		if (st->vb[i].g)
 			b->zero(st->vals + st->vb[i].off,
 				(int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width);
-	for (int i = 0; i < st->p->model.n_tasks; i++)
-		st->loss[i] = 0;
 	for (int k = 0; k < st->n_ins; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		double t0 = wall_ms();
 		int rc = 0, comm = 0;
+		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
+			continue;
 		switch (in->op) {
-		case INS_FWD: exec_fwd(st, k, t); break;
+		case INS_FWD: exec_fwd(st, k, ds); break;
 		case INS_BWD: exec_bwd(st, k); break;
-		case INS_LOSS: exec_loss(st, k, t); break;
+		case INS_LOSS: exec_loss(st, k, ds); break;
 		case INS_STEP:
 			comm = 1;
 			rc = exec_step(st, t, err);
@@ -1013,7 +1030,21 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 		if (!comm && poll_pending(st, err))
 			return err->code;
 	}
-	int rc = drain(st, err); /* the GATHERs' all-gathers */
+	return drain(st, err); /* the sends; last: the GATHERs' all-gathers */
+}
+
+int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
+{
+	int k = st->p->microbatches, rc = 0;
+	st->n_ev = 0;
+	st->t_origin = wall_ms();
+	st->b->zero(st->g, st->n_w);
+	for (int i = 0; i < st->p->model.n_tasks; i++)
+		st->loss[i] = 0;
+	for (st->micro = 0; st->micro < k && !rc; st->micro++)
+		rc = micro_step(st, t, st->o.data ? (t - 1) * k + st->micro + 1 : t,
+				st->micro == k - 1, err);
+	st->micro = 0;
 	if (rc)
 		return rc;
 	for (int i = 0; i < st->p->model.n_tasks; i++)

@@ -459,9 +459,12 @@ static int open_data(run_t *r, int64_t after)
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	if (!r->o.data_dir)
 		return 0;
+	/* the dataset's steps are micro-steps (interp.c rt_step): step t is
+	 * micro-steps (t-1)k+1 .. tk, read ahead together */
+	int64_t k = r->plan.microbatches;
 	int full = r->o.data_check && !strcmp(r->o.data_check, "full");
 	if (dataset_stream(&r->ds, r->o.data_dir, &r->plan, r->comm.rank, r->comm.nranks,
-			   r->ro.seed, after + 1, after + r->o.steps, full, &r->err))
+			   r->ro.seed, after * k + 1, (after + r->o.steps) * k, full, &r->err))
 		return r->err.code == SP_EINPUT ? 2 : 1;
 	r->ro.data = r->ds;
 	return 0;
@@ -661,14 +664,29 @@ static int gather_failed(run_t *r)
 	return RUN_FAIL;
 }
 
+/* Task i's epoch at step t: its first micro-step's (the dataset's steps
+ * are micro-steps: interp.c rt_step). */
+static int64_t epoch_of(const run_t *r, int i, int64_t t)
+{
+	return dataset_epoch(r->ds, i, (t - 1) * r->plan.microbatches + 1);
+}
+
 /* The epoch of step t of the task that has been through its samples least
  * often (tasks have their own epochs: dataset.c). */
 static int64_t min_epoch(const run_t *r, int64_t t)
 {
 	int64_t e = INT64_MAX;
 	for (int i = 0; i < r->plan.model.n_tasks; i++)
-		e = SP_MIN(e, dataset_epoch(r->ds, i, t));
+		e = SP_MIN(e, epoch_of(r, i, t));
 	return e;
+}
+
+/* Task i's mean loss per sample at step t: the loss sums of its k
+ * micro-batches over the step batch (the mean over the micro-steps). */
+static double mean_loss(const run_t *r, int i)
+{
+	const sp_plan_t *p = &r->plan;
+	return r->loss[i] / ((double)p->model.tasks[i].batch * p->microbatches);
 }
 
 /* Rank 0: step t's line on stdout and in the CSV log. */
@@ -683,15 +701,13 @@ static void print_step(const run_t *r, int64_t t, double ms, double l2, uint64_t
 			printf("epoch %lld  ", (long long)min_epoch(r, t));
 		printf("loss");
 		for (int i = 0; i < T; i++)
-			printf("  %s %.4f", p->model.tasks[i].name,
-			       r->loss[i] / (double)p->model.tasks[i].batch);
+			printf("  %s %.4f", p->model.tasks[i].name, mean_loss(r, i));
 		printf("\n");
 	}
 	for (int i = 0; r->log && i < T; i++)
 		fprintf(r->log, "%lld,%s,%.9g,%.3f,%.3f,%.9g,%016llx,%lld\n", (long long)t,
-			p->model.tasks[i].name, r->loss[i] / (double)p->model.tasks[i].batch, ms,
-			p->cert.iteration_ms, l2, (unsigned long long)h,
-			r->ds ? (long long)dataset_epoch(r->ds, i, t) : 0LL);
+			p->model.tasks[i].name, mean_loss(r, i), ms, p->cert.iteration_ms, l2,
+			(unsigned long long)h, r->ds ? (long long)epoch_of(r, i, t) : 0LL);
 	if (r->log)
 		fflush(r->log);
 }
@@ -751,7 +767,7 @@ static int train_step(run_t *r, int64_t t)
 		return RUN_LOST;
 	fault_at_step(&o->fault, rank, t, 1);
 	wd_arm(rank, "step %lld: reading the rows of step %lld", (long long)t, (long long)t + 1);
-	if (dataset_next(r->ds, t + 1, &r->err))
+	if (dataset_next(r->ds, t * r->plan.microbatches + 1, &r->err))
 		r->loss[T + rank] = r->err.code == SP_EINPUT ? 2 : 1;
 	wd_arm(rank, "step %lld: summing the losses", (long long)t);
 	if (c->ops->allsum(c, r->loss, T + c->nranks)) {

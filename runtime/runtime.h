@@ -199,10 +199,12 @@ int dataset_stream(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int 
  * last] now and starts no thread (held-out scoring). */
 int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
 		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err);
-/* Step `step` is next (call it once step - 1 has run, in order): waits
- * until its rows are read and checked, then starts reading step + 1 into
- * the buffer step - 1 used. A bad row or a changed shard is SP_EINPUT
- * naming the file, tensor, sample and step. No-op for dataset_open's. */
+/* The group of steps starting at `step` is next (call it once the group
+ * before has run, in order; a group is the plan's micro-batches, one step
+ * without them): waits until its rows are read and checked, then starts
+ * reading the next group into the buffers the one before used. A bad row
+ * or a changed shard is SP_EINPUT naming the file, tensor, sample and
+ * step. No-op for dataset_open's. */
 int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err);
 /* Bytes of the step buffers (rows and lengths of the positions the rank
  * reads: two steps' for dataset_stream). */

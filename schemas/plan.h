@@ -20,6 +20,8 @@
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
 #define PLAN_VERSION 2
+/* micro-batches per step (provenance microbatches): at most this many */
+#define SP_MAX_MICROBATCHES 4096
 
 typedef enum {
 	INS_FWD = 1,  /* forward of slice's layers on samples [s0,s1) */
@@ -162,6 +164,7 @@ typedef struct sp_plan {
 	char gpu_name[SP_NAME_MAX];
 	int32_t nodes, gpus_per_node;
 	double memory_gib, mem_reserve_gib;
+	int32_t microbatches; /* k: every task's step batch runs as k micro-batches */
 	/* structure */
 	int32_t n_metaops, n_ops, n_edges, n_waves, n_slices, n_slice_devs;
 	sp_metaop_t *metaops;

@@ -259,7 +259,8 @@ static int check_provenance(dec_t *d, const sp_plan_t *p)
 	    pr_int(d, "nodes", p->nodes, 1, 4096) ||
 	    pr_int(d, "gpus_per_node", p->gpus_per_node, 1, 256) ||
 	    pr_num(d, "memory_gib", p->memory_gib, 0, 1e6, 1) ||
-	    pr_num(d, "mem_reserve_gib", p->mem_reserve_gib, 0, 1e6, 0))
+	    pr_num(d, "mem_reserve_gib", p->mem_reserve_gib, 0, 1e6, 0) ||
+	    pr_int(d, "microbatches", p->microbatches, 1, SP_MAX_MICROBATCHES))
 		return d->rc;
 	if (!p->gpu_name[0])
 		return pr_fail(d, "gpu_name", "empty GPU name");

@@ -332,6 +332,7 @@ static void get_provenance(dec_t *d, rcur_t *r, sp_plan_t *p)
 	p->gpus_per_node = get_i32(r);
 	p->memory_gib = get_f64(r);
 	p->mem_reserve_gib = get_f64(r);
+	p->microbatches = get_i32(r);
 }
 
 static void get_model(dec_t *d, rcur_t *r, sp_model_t *m)

@@ -59,7 +59,7 @@ enum {
 
 /* Bytes per record of each section (the string table has none). */
 enum {
-	REC_PROVENANCE = 60,
+	REC_PROVENANCE = 64,
 	REC_MODEL = 68,
 	REC_COMPONENT = 92,
 	REC_TASK = 28,

@@ -208,6 +208,7 @@ static void put_provenance(enc_t *e, const sp_plan_t *p)
 	put_i32(e, p->gpus_per_node);
 	put_f64(e, p->memory_gib);
 	put_f64(e, p->mem_reserve_gib);
+	put_i32(e, p->microbatches);
 }
 
 static void put_model(enc_t *e, const sp_model_t *m)

@@ -182,6 +182,9 @@ static void text_header(FILE *f, const sp_plan_t *p, const view_t *v)
 	fprintf(f, "algorithm    %s\n", p->algo);
 	fprintf(f, "planner      %s\n", p->planner_version);
 	fprintf(f, "options      %s\n", p->options);
+	fprintf(f, "micro-batch  %d per step, the same for every task (task batches, waves and "
+		   "slice times are one micro-step's)\n",
+		p->microbatches);
 	fprintf(f, "inputs       model %016llx, cluster %016llx\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "iteration    %s ms predicted\n", N2(c->iteration_ms));
@@ -432,6 +435,7 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 	sp_json_str(f, p->planner_version);
 	fprintf(f, ",\n  \"options\": ");
 	sp_json_str(f, p->options);
+	fprintf(f, ",\n  \"microbatches\": %d", p->microbatches);
 	fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n  \"cluster_hash\": \"%016llx\",\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "  \"predicted\": {\"iteration_ms\": %s, \"compute_ms\": %s, "

@@ -182,6 +182,28 @@ def forced_layouts(tmp):
         fail(f"forced layouts: only {compared} same-schedule comparisons (at least 3)")
 
 
+def micro_batches(tmp):
+    """qwen-val-7b on 8 A800s fits only with micro-batches: under
+    --microbatches 1 the planner exits 2 and names the fewest that fit; auto
+    plans with exactly that many, and the plan says so."""
+    m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+    c8 = os.path.join(ROOT, "plans/clusters/a800-1x8.json")
+    p = subprocess.run([PLAN, m7, c8, "--microbatches", "1"], capture_output=True,
+                       text=True, timeout=120)
+    hint = [ln for ln in p.stderr.splitlines() if ln.startswith("hint: fits with ")]
+    if p.returncode != 2 or not hint or "micro-batches" not in hint[0]:
+        fail(f"qwen-val-7b on 8 devices, --microbatches 1: exit {p.returncode}, "
+             f"'{p.stderr.strip()}'")
+        return
+    k = int(hint[0].split()[3])
+    a = subprocess.run([PLAN, m7, c8, "--json"], capture_output=True, text=True, timeout=120)
+    got = json.loads(a.stdout).get("microbatches") if a.returncode == 0 else None
+    if got != k:
+        fail(f"qwen-val-7b on 8 devices: '{hint[0]}', auto planned {got} micro-batches")
+    else:
+        print(f"ok   micro-batches: {hint[0]}; auto plans {got}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         n = 0
@@ -251,7 +273,7 @@ def main():
             p = subprocess.run([PLAN, os.path.join(ROOT, "plans/qwen-val/model.json"),
                                 os.path.join(ROOT, "plans/clusters/a800-1x8.json"),
                                 "--algo", algo, "-o", out, "--zero", "0",
-                                "--recompute", "none"],
+                                "--recompute", "none", "--microbatches", "1"],
                                capture_output=True, text=True, timeout=120)
             words = p.stderr.split()
             # the forced layouts are what does not fit: bad input, and the
@@ -275,9 +297,15 @@ def main():
 
         forced_layouts(tmp)
 
+        micro_batches(tmp)
+
         # when nothing fits, the hint names a node count that does fit, and
-        # one node fewer does not (each was planned to find it)
-        m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+        # one node fewer does not (each was planned to find it); batches
+        # without a common divisor, so that micro-batches cannot help
+        q7 = json.load(open(os.path.join(ROOT, "plans/qwen-val-7b/model.json")))
+        for t, b in zip(q7["tasks"], (127, 127, 255)):
+            t["batch"] = b
+        m7 = W.write_json(tmp, "q7-coprime.json", q7)
         p = subprocess.run([PLAN, m7, os.path.join(ROOT, "plans/clusters/a800-1x8.json")],
                            capture_output=True, text=True, timeout=120)
         hint = [ln for ln in p.stderr.splitlines() if ln.startswith("hint: fits on ")]

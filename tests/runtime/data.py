@@ -6,7 +6,8 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
   * equivalence on real data: plans on 2 and 3 ranks give the losses and
     parameters of the one-device plan after 3 steps (tolerances of
     equivalence.py), and the data is really used (losses differ from the
-    synthetic run's); the log's epoch column follows N / batch
+    synthetic run's); the log's epoch column follows N / batch; so do 3
+    ranks with 2 micro-batches (the dataset's steps are then micro-steps)
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
@@ -58,6 +59,13 @@ def equivalence(F, tmp, plans, ds):
     syn = train(plans[1], 1, tmp, "synthetic-1", None, "--steps", STEPS)
     F.check(all(a["loss"] != b["loss"] for a, b in zip(ref[1], syn[1])),
             "the dataset's samples are trained on (losses differ from synthetic data)")
+    mb = {n: R.make_plan(tmp, R.demo_model(), "demo-mb2", n, "spindle",
+                         ("--microbatches", "2")) for n in (1, 3)}
+    mref = train(mb[1], 1, tmp, "data-mb2-1", ds, "--steps", STEPS)
+    got = train(mb[3], 3, tmp, "data-mb2-3", ds, "--steps", STEPS)
+    msg = R.compare(mref, got, R.FLOOR["adamw"], "3 ranks against 1, 2 micro-batches")
+    F.check(msg is None, "3 ranks equal one device on real data with 2 micro-batches",
+            msg or "")
     epochs = [(r["step"], r["task"], r["epoch"]) for r in ref[1] if r["task"] == "match"]
     F.check(epochs == [("1", "match", "0"), ("2", "match", "0"), ("3", "match", "1")],
             "the log's epoch: 2 steps an epoch for 80 samples in batches of 32",

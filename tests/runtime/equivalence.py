@@ -91,11 +91,12 @@ def compare(ref, got, floor, what):
     return None
 
 
-def check_model(model, tmp, name, configs, floor):
+def check_model(model, tmp, name, configs, floor, ref_opts=()):
+    # ref_opts: planner options of the one-device reference
     mpath = W.write_json(tmp, f"{name}.model.json", model)
     c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
     p1 = os.path.join(tmp, f"{name}.1.bin")
-    W.plan(mpath, c1, p1)
+    W.plan(mpath, c1, p1, "spindle", ref_opts)
     ref = run(p1, 1, tmp, f"{name}.1")
     failures = []
     for ranks, nodes, algo, *extra in configs:
@@ -218,6 +219,48 @@ def zero1_memory(model, tmp):
     return [err] if err else []
 
 
+MICRO2 = ("--microbatches", "2")
+
+
+def even_batches(model):
+    for t in model["tasks"]:
+        t["batch"] += t["batch"] % 2
+    return model
+
+
+def without_contrastive(model):
+    """model without its contrastive tasks (and the components only they
+    use): every loss left is a mean over samples."""
+    model["tasks"] = [t for t in model["tasks"] if "contrastive" not in t["name"]]
+    used = {n["component"] for t in model["tasks"] for n in t["graph"]}
+    model["components"] = {k: v for k, v in model["components"].items() if k in used}
+    return model
+
+
+def micro(demo, tmp):
+    """Micro-batching (--microbatches 2): the same k on 2-4 ranks equals the
+    one-device run with that k (contrastive losses take their negatives from
+    the micro-batch, so k changes them by design); and, for losses that are
+    means over samples, 2 micro-batches equal one whole batch under SGD
+    (true gradient accumulation: the gradients of the two halves, each
+    scaled by 1 / the step batch, add up to the whole batch's)."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(n, 1, "spindle", MICRO2) for n in (2, 3, 4)]
+    demo["optimizer"] = adamw
+    failures = check_model(demo, tmp, "demo-adamw-mb2", cfg, 1e-2 * 0.01, MICRO2)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-mb2", cfg[2:], 1e-7, MICRO2)
+    m = even_batches(W.random_workload(1, optimizer=sgd))
+    failures += check_model(m, tmp, "random1-sgd-mb2", cfg, 1e-7, MICRO2)
+    # random workload 5: an LM task and an image-text LM task besides its two
+    # contrastive ones
+    m = without_contrastive(even_batches(W.random_workload(5, optimizer=sgd)))
+    assert m["tasks"], "random workload 5 has no task without a contrastive loss"
+    failures += check_model(m, tmp, "random5-sgd-nocontrast-mb2",
+                            [(1, 1, "spindle", MICRO2)], 1e-7)
+    return failures
+
+
 def main():
     import json
     failures = []
@@ -248,6 +291,8 @@ def main():
         # zero-1: every bucket's optimizer state sharded over its group (forced),
         # uneven shards included (buckets of 3 members)
         failures += zero1(demo, tmp)
+        # micro-batching: gradients accumulated over 2 micro-batches per step
+        failures += micro(demo, tmp)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

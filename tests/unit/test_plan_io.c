@@ -163,6 +163,7 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	p->gpus_per_node = 2;
 	p->memory_gib = 16;
 	p->mem_reserve_gib = 1.5;
+	p->microbatches = 2;
 
 	p->n_metaops = 8;
 	p->n_ops = 15;
@@ -465,6 +466,7 @@ static void expect_plan_equal(const sp_plan_t *a, const sp_plan_t *b)
 	assert_int_equal(a->gpus_per_node, b->gpus_per_node);
 	assert_true(a->memory_gib == b->memory_gib &&
 		    a->mem_reserve_gib == b->mem_reserve_gib);
+	assert_int_equal(a->microbatches, b->microbatches);
 	expect_model_equal(&a->model, &b->model);
 
 	assert_int_equal(a->n_metaops, b->n_metaops);
@@ -913,6 +915,8 @@ static void test_indices(void **state)
 			      "unknown instruction op code 10");
 	/* a gather names a zero-1 bucket (bucket 1 is replicated) */
 	expect_patch_rejected(f, 18, 16, 0, INS_GATHER, "instructions[16].peer", "not sharded");
+	/* provenance: microbatches 60 */
+	expect_patch_rejected(f, 2, 0, 60, 0, "provenance.microbatches", "outside");
 	/* bucket record: layout 32; slice record: recompute 56 */
 	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO1, "buckets[1].layout",
 			      "nothing to shard");

@@ -562,7 +562,7 @@ static void *reader_main(void *arg)
 	rt_dataset_t *d = arg;
 	pthread_mutex_lock(&d->mu);
 	for (;;) {
-		while (!d->stop && d->want == d->done)
+		while (!d->stop && d->want <= d->done)
 			pthread_cond_wait(&d->cv, &d->mu);
 		if (d->stop)
 			break;

@@ -7,7 +7,9 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
     parameters of the one-device plan after 3 steps (tolerances of
     equivalence.py), and the data is really used (losses differ from the
     synthetic run's); the log's epoch column follows N / batch; so do 3
-    ranks with 2 micro-batches (the dataset's steps are then micro-steps)
+    ranks with 2 micro-batches (the dataset's steps are then micro-steps),
+    whose epochs are the step batch's; without the contrastive task, under
+    SGD, 2 micro-batches train what one batch does across an epoch's end
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
@@ -66,6 +68,24 @@ def equivalence(F, tmp, plans, ds):
     msg = R.compare(mref, got, R.FLOOR["adamw"], "3 ranks against 1, 2 micro-batches")
     F.check(msg is None, "3 ranks equal one device on real data with 2 micro-batches",
             msg or "")
+    mep = [(r["step"], r["epoch"]) for r in mref[1] if r["task"] == "match"]
+    F.check(mep == [("1", "0"), ("2", "0"), ("3", "1")],
+            "the log's epoch with 2 micro-batches: the step batch's", str(mep))
+    # caption's step 3 is in epoch 1 of its step batch of 16 (40 = 2.5
+    # batches): its 2 micro-batches of 8 are positions 0-7 and 8-15 of that
+    # step, not micro-steps 5 and 6 of an epoch of 8s (which would train
+    # samples 32-39 of epoch 0, left out with one micro-batch); without the
+    # contrastive task (its negatives come from the micro-batch) and under
+    # SGD, 2 micro-batches equal one whole batch
+    m = R.demo_model()
+    m["tasks"] = [t for t in m["tasks"] if t["name"] != "match"]
+    m["optimizer"] = {"type": "sgd", "lr": 0.05}
+    one, two = (train(R.make_plan(tmp, m, f"nomatch-k{k}", 1, "spindle",
+                                  ("--microbatches", str(k))), 1, tmp, f"data-nm-k{k}",
+                      ds, "--steps", STEPS) for k in (1, 2))
+    msg = R.compare(one, two, R.FLOOR["sgd"], "2 micro-batches against 1")
+    F.check(msg is None, "2 micro-batches train the samples of 1 on real data "
+            "(across an epoch's end)", msg or "")
     epochs = [(r["step"], r["task"], r["epoch"]) for r in ref[1] if r["task"] == "match"]
     F.check(epochs == [("1", "match", "0"), ("2", "match", "0"), ("3", "match", "1")],
             "the log's epoch: 2 steps an epoch for 80 samples in batches of 32",

@@ -9,7 +9,8 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
     synthetic run's); the log's epoch column follows N / batch; so do 3
     ranks with 2 micro-batches (the dataset's steps are then micro-steps),
     whose epochs are the step batch's; without the contrastive task, under
-    SGD, 2 micro-batches train what one batch does across an epoch's end
+    SGD, 2 micro-batches train what one batch does across an epoch's end;
+    a dataset under one step batch is refused with 2 micro-batches too
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
@@ -71,6 +72,12 @@ def equivalence(F, tmp, plans, ds):
     mep = [(r["step"], r["epoch"]) for r in mref[1] if r["task"] == "match"]
     F.check(mep == [("1", "0"), ("2", "0"), ("3", "1")],
             "the log's epoch with 2 micro-batches: the step batch's", str(mep))
+    # 6 samples fill no step batch of 8, though they fill a micro-batch of 4
+    few = os.path.join(tmp, "few-mb2")
+    G.make(R.demo_model(), few, dict(SAMPLES, classify=6))
+    r = R.run(mb[1], 1, "--steps", 1, "--data", few)
+    F.check(r.rc == 2 and "task 'classify' has 6 samples, fewer than one batch (8)" in r.err,
+            "2 micro-batches: fewer samples than one step batch, exit 2", r.describe())
     # caption's step 3 is in epoch 1 of its step batch of 16 (40 = 2.5
     # batches): its 2 micro-batches of 8 are positions 0-7 and 8-15 of that
     # step, not micro-steps 5 and 6 of an epoch of 8s (which would train

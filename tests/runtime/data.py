@@ -10,7 +10,8 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
     ranks with 2 micro-batches (the dataset's steps are then micro-steps),
     whose epochs are the step batch's; without the contrastive task, under
     SGD, 2 micro-batches train what one batch does across an epoch's end;
-    a dataset under one step batch is refused with 2 micro-batches too
+    a dataset under one step batch is refused with 2 micro-batches too, and
+    --eval scores the same samples with 2 micro-batches as with 1
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
@@ -72,6 +73,16 @@ def equivalence(F, tmp, plans, ds):
     mep = [(r["step"], r["epoch"]) for r in mref[1] if r["task"] == "match"]
     F.check(mep == [("1", "0"), ("2", "0"), ("3", "1")],
             "the log's epoch with 2 micro-batches: the step batch's", str(mep))
+    # --eval scores one pass of whole step batches whatever k: 64 of match's
+    # 80 samples, not 80 (5 micro-batches of 16)
+    scored = {}
+    for k, plan in ((1, plans[1]), (2, mb[1])):
+        js = os.path.join(tmp, f"eval-k{k}.json")
+        R.must(R.run(plan, 1, "--steps", 0, "--quiet", "--eval", ds, "--eval-json", js),
+               f"--eval with {k} micro-batch(es)")
+        scored[k] = {t["task"]: t["samples"] for t in json.load(open(js))["tasks"]}
+    F.check(scored[1] == scored[2] == {"match": 64, "caption": 32, "classify": 16},
+            "--eval with 2 micro-batches scores the samples of 1", str(scored))
     # 6 samples fill no step batch of 8, though they fill a micro-batch of 4
     few = os.path.join(tmp, "few-mb2")
     G.make(R.demo_model(), few, dict(SAMPLES, classify=6))

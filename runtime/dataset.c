@@ -319,7 +319,8 @@ static int make_buffers(rt_dataset_t *d, ds_task_t *dt, const sp_task_t *t)
 typedef struct {
 	const ds_shard_t *sh;
 	const char *tensor, *task;
-	int64_t row, step; /* step: the step it was read for, 0 at start-up */
+	int64_t row, step; /* step: spindle-run's step it was read for (of
+			    * group micro-steps: run_step), 0 at start-up */
 } row_at_t;
 
 __attribute__((format(printf, 3, 4))) static int row_error(sp_err_t *err, const row_at_t *a,
@@ -461,9 +462,16 @@ static int open_shards(ds_task_t *dt, const sp_task_t *t, sp_err_t *err)
 	return 0;
 }
 
+/* Spindle-run's step that reads the dataset's step `step` (> 0): messages
+ * name it, not the micro-step. */
+static int64_t run_step(const rt_dataset_t *d, int64_t step)
+{
+	return (step - 1) / d->group + 1;
+}
+
 /* Before step's first read of shard sh: the file at its path is still the
  * one opened at start-up. */
-static int check_unchanged(ds_shard_t *sh, int64_t step, sp_err_t *err)
+static int check_unchanged(const rt_dataset_t *d, ds_shard_t *sh, int64_t step, sp_err_t *err)
 {
 	struct stat now;
 	if (sh->seen == step)
@@ -476,7 +484,7 @@ static int check_unchanged(ds_shard_t *sh, int64_t step, sp_err_t *err)
 		return 0;
 	sp_err_set(err, SP_EINPUT, sh->path, 0, 0, NULL,
 		   "the shard changed on disk after start-up (read for step %lld)",
-		   (long long)step);
+		   (long long)run_step(d, step));
 	sp_err_hint(err, "a dataset must stay as it is while a run reads it");
 	return SP_EINPUT;
 }
@@ -506,10 +514,10 @@ static int read_row(const rt_dataset_t *d, int ti, int ci, int64_t s, int64_t st
 	ds_shard_t *sh = shard_of(dt, s);
 	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
 	col_names(c, t, name, lname);
-	row_at_t a = {sh, name, t->name, s - sh->base, step};
+	row_at_t a = {sh, name, t->name, s - sh->base, step > 0 ? run_step(d, step) : 0};
 	size_t rb = (size_t)(c->seq * c->width) * 4;
 	*len = 1;
-	int rc = step > 0 ? check_unchanged(sh, step, err) : 0;
+	int rc = step > 0 ? check_unchanged(d, sh, step, err) : 0;
 	if (!rc)
 		rc = st_in_read(&sh->in, &sh->src[ci].ti, (uint64_t)a.row * rb, rb, row, err);
 	if (!rc && c->kind != COL_LABELS)

@@ -21,7 +21,7 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
   * streaming: a token id past the vocabulary in a row only step 3 reads
     (found with this file's copy of the documented order) stops the run
     after step 2 with exit 2, naming file, tensor, sample and step, on 1
-    and 2 ranks (reported once, no hang); the rows resident are two steps'
+    and 2 ranks and with 2 micro-batches (reported once, no hang); the rows resident are two steps'
     (the figure the run prints), the same for a dataset 10 times larger; a
     shard truncated while a run reads it (after step 1) stops the run with
     exit 2, naming the file
@@ -302,12 +302,16 @@ def streaming(F, tmp, model, plans, ds):
     rewrite(shard(bad, "caption", k), lambda t: set_at(t, "txt_in.tokens", 12 * row, 64))
     want = [f"caption-{k:05d}.safetensors", "'txt_in.tokens'",
             f"row {row} (sample {s} of task 'caption'), read for step 3", "token id 64"]
-    for n in (1, 2):
-        r = R.run(plans[n], n, "--steps", 4, "--data", bad, "--timeout", 60)
+    # with 2 micro-batches the message names the step too, not the micro-step
+    mb2 = R.make_plan(tmp, model, "demo-mb2", 1, "spindle", ("--microbatches", "2"))
+    for n, plan, what in ((1, plans[1], ""), (2, plans[2], ""),
+                          (1, mb2, ", 2 micro-batches")):
+        r = R.run(plan, n, "--steps", 4, "--data", bad, "--timeout", 60)
         ok = (r.rc == 2 and all(w in r.err for w in want) and r.err.count("token id") == 1
               and "step   2" in r.out and "step   3" not in r.out)
-        F.check(ok, f"{n} rank(s): a bad row only step 3 reads stops the run after step 2 "
-                "with exit 2, naming file, tensor, sample and step, once", r.describe())
+        F.check(ok, f"{n} rank(s){what}: a bad row only step 3 reads stops the run after "
+                "step 2 with exit 2, naming file, tensor, sample and step, once",
+                r.describe())
     # a shard truncated while the run reads: the first step read after the
     # cut stops it (the log, written each step, says when step 1 is done)
     cut = os.path.join(tmp, "cut-live")

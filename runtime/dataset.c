@@ -9,8 +9,11 @@
  * (1-based) is epoch e = (t - 1) / (N / B), and batch position s of it is
  * sample perm(seed, task name, e)[((t - 1) mod (N / B)) * B + s], perm a
  * Fisher-Yates shuffle (sample_index, the one place a sample index is
- * computed). The order depends on the seed, the task's name and N only, so
- * every plan and rank count sees the same samples in a step, and a resumed
+ * computed). B is the step batch: with k micro-batches (the plan's task
+ * batch is then B / k) the dataset's steps are micro-steps, and micro-step
+ * (t - 1) k + i + 1 is positions i B / k .. (i + 1) B / k - 1 of step t.
+ * The order depends on the seed, the task's name, N and B only, so every
+ * plan, rank count and k sees the same samples in a step, and a resumed
  * run (same seed, later steps) continues the same order.
  *
  * Reading, for training (dataset_stream): at start-up the index, every
@@ -77,7 +80,7 @@ typedef struct {
 } ds_shard_t;
 
 typedef struct {
-	int64_t n, spe; /* samples; steps per epoch */
+	int64_t n, spe; /* samples; steps per epoch (of the step batch) */
 	int n_shards;
 	ds_shard_t *shards;
 	int n_cols;
@@ -91,9 +94,10 @@ struct rt_dataset {
 	uint64_t seed;
 	int64_t first, last;
 	int n_buf;     /* step buffers: 2 groups (streaming) or last - first + 1 */
-	int group;     /* streaming: steps read ahead together (the plan's
-			* micro-batches: spindle-run's step t is steps
-			* (t-1)*group+1 .. t*group of the dataset) */
+	int group;     /* the plan's micro-batches: spindle-run's step t is
+			* steps (t-1)*group+1 .. t*group of the dataset, the
+			* micro-batches of one step batch (sample_index);
+			* streaming reads them ahead together */
 	int64_t *held; /* [n_buf]: the step each holds, 0 none */
 	int64_t resident; /* bytes of the step buffers */
 	ds_task_t *tasks; /* per model task */
@@ -134,8 +138,8 @@ static int get_count(json_t *o, const char *key, const char *index, const char *
 }
 
 /* Task ti's entry of the index: its sample count and shards. */
-static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, const char *dir,
-		     const char *index, sp_err_t *err)
+static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, int group,
+		     const char *dir, const char *index, sp_err_t *err)
 {
 	char where[SP_NAME_MAX + 16];
 	snprintf(where, sizeof where, "tasks.%s", t->name);
@@ -147,10 +151,10 @@ static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, const cha
 	}
 	if (get_count(e, "samples", index, where, &dt->n, err))
 		return SP_EINPUT;
-	if (dt->n < t->batch)
+	if (dt->n < t->batch * group) /* the step batch: group micro-batches */
 		return sp_err_set(err, SP_EINPUT, index, 0, 0, where,
 				  "task '%s' has %lld samples, fewer than one batch (%lld)",
-				  t->name, (long long)dt->n, (long long)t->batch);
+				  t->name, (long long)dt->n, (long long)(t->batch * group));
 	json_t *sh = json_object_get(e, "shards");
 	if (!json_is_array(sh) || json_array_size(sh) == 0)
 		return sp_err_set(err, SP_EINPUT, index, 0, 0, where,
@@ -270,8 +274,10 @@ static void permutation(int32_t *out, int64_t n, uint64_t seed, const char *task
 }
 
 /*
- * The sample at batch position s of task ti's step `step` (1-based): the
- * one place a sample index is computed (see the top of the file). One
+ * The sample at batch position s of task ti's step `step` (1-based; a
+ * micro-step: position s of micro-batch (step - 1) mod group of the step
+ * batch): the one place a sample index is computed (see the top of the
+ * file). One
  * thread at a time calls it (dataset_open's, then the reader): it keeps the
  * permutation of the epoch last asked for.
  */
@@ -279,16 +285,17 @@ static int64_t sample_index(const rt_dataset_t *d, int ti, int64_t step, int64_t
 {
 	ds_task_t *dt = &d->tasks[ti];
 	const sp_task_t *t = &d->m->tasks[ti];
-	int64_t e = (step - 1) / dt->spe, j = (step - 1) % dt->spe;
+	int64_t u = (step - 1) / d->group, i = (step - 1) % d->group;
+	int64_t e = u / dt->spe, j = u % dt->spe;
 	if (dt->perm_epoch != e)
 		permutation(dt->perm, dt->n, d->seed, t->name, dt->perm_epoch = e);
-	return dt->perm[j * t->batch + s];
+	return dt->perm[(j * d->group + i) * t->batch + s];
 }
 
 /* The step buffers of the positions the rank reads (marked in pos). */
 static int make_buffers(rt_dataset_t *d, ds_task_t *dt, const sp_task_t *t)
 {
-	dt->spe = dt->n / t->batch;
+	dt->spe = dt->n / (t->batch * d->group);
 	dt->perm_epoch = -1;
 	if (!(dt->perm = malloc(sizeof(int32_t) * (size_t)dt->n)))
 		return SP_ENOMEM;
@@ -312,7 +319,8 @@ static int make_buffers(rt_dataset_t *d, ds_task_t *dt, const sp_task_t *t)
 typedef struct {
 	const ds_shard_t *sh;
 	const char *tensor, *task;
-	int64_t row, step; /* step: the step it was read for, 0 at start-up */
+	int64_t row, step; /* step: spindle-run's step it was read for (of
+			    * group micro-steps: run_step), 0 at start-up */
 } row_at_t;
 
 __attribute__((format(printf, 3, 4))) static int row_error(sp_err_t *err, const row_at_t *a,
@@ -454,9 +462,16 @@ static int open_shards(ds_task_t *dt, const sp_task_t *t, sp_err_t *err)
 	return 0;
 }
 
+/* Spindle-run's step that reads the dataset's step `step` (> 0): messages
+ * name it, not the micro-step. */
+static int64_t run_step(const rt_dataset_t *d, int64_t step)
+{
+	return (step - 1) / d->group + 1;
+}
+
 /* Before step's first read of shard sh: the file at its path is still the
  * one opened at start-up. */
-static int check_unchanged(ds_shard_t *sh, int64_t step, sp_err_t *err)
+static int check_unchanged(const rt_dataset_t *d, ds_shard_t *sh, int64_t step, sp_err_t *err)
 {
 	struct stat now;
 	if (sh->seen == step)
@@ -469,7 +484,7 @@ static int check_unchanged(ds_shard_t *sh, int64_t step, sp_err_t *err)
 		return 0;
 	sp_err_set(err, SP_EINPUT, sh->path, 0, 0, NULL,
 		   "the shard changed on disk after start-up (read for step %lld)",
-		   (long long)step);
+		   (long long)run_step(d, step));
 	sp_err_hint(err, "a dataset must stay as it is while a run reads it");
 	return SP_EINPUT;
 }
@@ -499,10 +514,10 @@ static int read_row(const rt_dataset_t *d, int ti, int ci, int64_t s, int64_t st
 	ds_shard_t *sh = shard_of(dt, s);
 	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
 	col_names(c, t, name, lname);
-	row_at_t a = {sh, name, t->name, s - sh->base, step};
+	row_at_t a = {sh, name, t->name, s - sh->base, step > 0 ? run_step(d, step) : 0};
 	size_t rb = (size_t)(c->seq * c->width) * 4;
 	*len = 1;
-	int rc = step > 0 ? check_unchanged(sh, step, err) : 0;
+	int rc = step > 0 ? check_unchanged(d, sh, step, err) : 0;
 	if (!rc)
 		rc = st_in_read(&sh->in, &sh->src[ci].ti, (uint64_t)a.row * rb, rb, row, err);
 	if (!rc && c->kind != COL_LABELS)
@@ -644,8 +659,8 @@ static int open_dir(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int
 		rc = sp_err_set(err, SP_EINPUT, index, 0, 0, "tasks",
 				"'tasks' must be an object keyed by task name");
 	for (int i = 0; i < m->n_tasks && !rc; i++) {
-		rc = read_task(&d->tasks[i], json_object_get(root, "tasks"), &m->tasks[i], dir,
-			       index, err);
+		rc = read_task(&d->tasks[i], json_object_get(root, "tasks"), &m->tasks[i], group,
+			       dir, index, err);
 		if (!rc)
 			rc = plan_columns(&d->tasks[i], m, &m->tasks[i]);
 	}
@@ -753,7 +768,7 @@ void dataset_free(rt_dataset_t *d)
 
 int64_t dataset_epoch(const rt_dataset_t *d, int task, int64_t step)
 {
-	return (step - 1) / d->tasks[task].spe;
+	return (step - 1) / d->group / d->tasks[task].spe;
 }
 
 /* The row of (step, task, node, batch position s) in its step buffer. */

@@ -8,8 +8,9 @@
  * held-out directory is read like --data (dataset.c) for steps 1..E, E
  * the most batches a task's held-out samples fill; task i counts its
  * first N_i / B_i of them (one pass over its samples, in the seed's
- * shuffle, the last N_i mod B_i left out), so every plan and rank count
- * scores the same samples.
+ * shuffle, the last N_i mod B_i left out; with k micro-batches a step is
+ * k of the dataset's steps, B_i the step batch: dataset.c), so every plan,
+ * rank count and k scores the same samples.
  */
 #include "runtime.h"
 

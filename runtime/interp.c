@@ -23,8 +23,8 @@
  * micro-batches; sum the per-task losses. Micro-step i reads samples
  * [s0, s1) + i x the task's micro-batch of step t (synthetic data), or
  * step (t - 1) k + i + 1 of a dataset, whose steps are then micro-steps
- * (so dataset.c needs no step batch; with N mod B = 0 these are the samples
- * of step t at positions i x B / k + [s0, s1) with B the step batch).
+ * (dataset.c: the samples of step t at positions i x B / k + [s0, s1), B
+ * the step batch, as with one micro-batch).
  * SENDs and SYNCs are non-blocking and completed at STEP; RECVs and
  * completions are polled against the timeout.
  *

@@ -188,8 +188,9 @@ void data_lm_targets(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m,
  * Opens dir for rank `rank` of plan p and the steps [first, last] of a
  * training run: checks the index, every shard's tensors and lengths tables
  * against the model (with full, also the rank's share of every row) and
- * reads the rows of step `first`, all before step 1; then a reader thread
- * reads each next step's rows into the second of two step buffers.
+ * reads the rows of the group of steps from `first`, all before step 1;
+ * then a reader thread reads each next group's rows into the second of two
+ * group buffers (a group: dataset_next).
  * SP_EINPUT names the file, tensor and sample.
  */
 int dataset_stream(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
@@ -204,13 +205,14 @@ int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int ra
  * without them): waits until its rows are read and checked, then starts
  * reading the next group into the buffers the one before used. A bad row
  * or a changed shard is SP_EINPUT naming the file, tensor, sample and
- * step. No-op for dataset_open's. */
+ * spindle-run's step (the group's). No-op for dataset_open's. */
 int dataset_next(rt_dataset_t *d, int64_t step, sp_err_t *err);
 /* Bytes of the step buffers (rows and lengths of the positions the rank
  * reads: two steps' for dataset_stream). */
 int64_t dataset_resident(const rt_dataset_t *d);
 void dataset_free(rt_dataset_t *d);
-/* The epoch (0-based) task's step `step` is in. */
+/* The epoch (0-based) task's step `step` is in (a micro-step's: its step
+ * batch's, schemas/DATASET-FORMAT.md "Order"). */
 int64_t dataset_epoch(const rt_dataset_t *d, int task, int64_t step);
 /* Rows of source or classifier node `node` for batch positions [s0, s1) of
  * step: [n, seq(, width)] int32 or float, or [n] labels. */

@@ -7,7 +7,11 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
     parameters of the one-device plan after 3 steps (tolerances of
     equivalence.py), and the data is really used (losses differ from the
     synthetic run's); the log's epoch column follows N / batch; so do 3
-    ranks with 2 micro-batches (the dataset's steps are then micro-steps)
+    ranks with 2 micro-batches (the dataset's steps are then micro-steps),
+    whose epochs are the step batch's; without the contrastive task, under
+    SGD, 2 micro-batches train what one batch does across an epoch's end;
+    a dataset under one step batch is refused with 2 micro-batches too, and
+    --eval scores the same samples with 2 micro-batches as with 1
   * resume: 2 steps, checkpoint, 3 more steps on the 2-rank plan equal 5
     steps straight (the same sample order continues, across epochs 1 and 2)
   * strict reading: each kind of bad dataset stops with exit 2 before step 1
@@ -17,7 +21,7 @@ two shards per task, sizes chosen so 3 steps cross an epoch):
   * streaming: a token id past the vocabulary in a row only step 3 reads
     (found with this file's copy of the documented order) stops the run
     after step 2 with exit 2, naming file, tensor, sample and step, on 1
-    and 2 ranks (reported once, no hang); the rows resident are two steps'
+    and 2 ranks and with 2 micro-batches (reported once, no hang); the rows resident are two steps'
     (the figure the run prints), the same for a dataset 10 times larger; a
     shard truncated while a run reads it (after step 1) stops the run with
     exit 2, naming the file
@@ -66,6 +70,40 @@ def equivalence(F, tmp, plans, ds):
     msg = R.compare(mref, got, R.FLOOR["adamw"], "3 ranks against 1, 2 micro-batches")
     F.check(msg is None, "3 ranks equal one device on real data with 2 micro-batches",
             msg or "")
+    mep = [(r["step"], r["epoch"]) for r in mref[1] if r["task"] == "match"]
+    F.check(mep == [("1", "0"), ("2", "0"), ("3", "1")],
+            "the log's epoch with 2 micro-batches: the step batch's", str(mep))
+    # --eval scores one pass of whole step batches whatever k: 64 of match's
+    # 80 samples, not 80 (5 micro-batches of 16)
+    scored = {}
+    for k, plan in ((1, plans[1]), (2, mb[1])):
+        js = os.path.join(tmp, f"eval-k{k}.json")
+        R.must(R.run(plan, 1, "--steps", 0, "--quiet", "--eval", ds, "--eval-json", js),
+               f"--eval with {k} micro-batch(es)")
+        scored[k] = {t["task"]: t["samples"] for t in json.load(open(js))["tasks"]}
+    F.check(scored[1] == scored[2] == {"match": 64, "caption": 32, "classify": 16},
+            "--eval with 2 micro-batches scores the samples of 1", str(scored))
+    # 6 samples fill no step batch of 8, though they fill a micro-batch of 4
+    few = os.path.join(tmp, "few-mb2")
+    G.make(R.demo_model(), few, dict(SAMPLES, classify=6))
+    r = R.run(mb[1], 1, "--steps", 1, "--data", few)
+    F.check(r.rc == 2 and "task 'classify' has 6 samples, fewer than one batch (8)" in r.err,
+            "2 micro-batches: fewer samples than one step batch, exit 2", r.describe())
+    # caption's step 3 is in epoch 1 of its step batch of 16 (40 = 2.5
+    # batches): its 2 micro-batches of 8 are positions 0-7 and 8-15 of that
+    # step, not micro-steps 5 and 6 of an epoch of 8s (which would train
+    # samples 32-39 of epoch 0, left out with one micro-batch); without the
+    # contrastive task (its negatives come from the micro-batch) and under
+    # SGD, 2 micro-batches equal one whole batch
+    m = R.demo_model()
+    m["tasks"] = [t for t in m["tasks"] if t["name"] != "match"]
+    m["optimizer"] = {"type": "sgd", "lr": 0.05}
+    one, two = (train(R.make_plan(tmp, m, f"nomatch-k{k}", 1, "spindle",
+                                  ("--microbatches", str(k))), 1, tmp, f"data-nm-k{k}",
+                      ds, "--steps", STEPS) for k in (1, 2))
+    msg = R.compare(one, two, R.FLOOR["sgd"], "2 micro-batches against 1")
+    F.check(msg is None, "2 micro-batches train the samples of 1 on real data "
+            "(across an epoch's end)", msg or "")
     epochs = [(r["step"], r["task"], r["epoch"]) for r in ref[1] if r["task"] == "match"]
     F.check(epochs == [("1", "match", "0"), ("2", "match", "0"), ("3", "match", "1")],
             "the log's epoch: 2 steps an epoch for 80 samples in batches of 32",
@@ -264,12 +302,16 @@ def streaming(F, tmp, model, plans, ds):
     rewrite(shard(bad, "caption", k), lambda t: set_at(t, "txt_in.tokens", 12 * row, 64))
     want = [f"caption-{k:05d}.safetensors", "'txt_in.tokens'",
             f"row {row} (sample {s} of task 'caption'), read for step 3", "token id 64"]
-    for n in (1, 2):
-        r = R.run(plans[n], n, "--steps", 4, "--data", bad, "--timeout", 60)
+    # with 2 micro-batches the message names the step too, not the micro-step
+    mb2 = R.make_plan(tmp, model, "demo-mb2", 1, "spindle", ("--microbatches", "2"))
+    for n, plan, what in ((1, plans[1], ""), (2, plans[2], ""),
+                          (1, mb2, ", 2 micro-batches")):
+        r = R.run(plan, n, "--steps", 4, "--data", bad, "--timeout", 60)
         ok = (r.rc == 2 and all(w in r.err for w in want) and r.err.count("token id") == 1
               and "step   2" in r.out and "step   3" not in r.out)
-        F.check(ok, f"{n} rank(s): a bad row only step 3 reads stops the run after step 2 "
-                "with exit 2, naming file, tensor, sample and step, once", r.describe())
+        F.check(ok, f"{n} rank(s){what}: a bad row only step 3 reads stops the run after "
+                "step 2 with exit 2, naming file, tensor, sample and step, once",
+                r.describe())
     # a shard truncated while the run reads: the first step read after the
     # cut stops it (the log, written each step, says when step 1 is done)
     cut = os.path.join(tmp, "cut-live")

@@ -79,7 +79,7 @@ int layout_prepare(planner_t *pl)
 		/* the state zero-1 shards: all but weights and gradients */
 		pl->lay_opt[m] = pl->lay_shard[comp_of(pl, m)]
 					 ? (double)mo->layer_state_bytes *
-						   (double)(psb - 2 * dtype_bytes(md->dtype)) / (double)psb
+						   (double)opt_state_bytes(md->dtype, md->opt.kind) / (double)psb
 					 : 0;
 	}
 	return 0;
@@ -146,8 +146,7 @@ static int worst_device(const planner_t *pl, const sp_plan_t *p)
 static double shard_saving(const sp_plan_t *p, int b)
 {
 	const sp_bucket_t *bk = &p->buckets[b];
-	int db = dtype_bytes(p->model.dtype);
-	double opt = (double)(param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db);
+	double opt = (double)opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
 }
 
@@ -167,7 +166,7 @@ static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
-	int64_t opt = param_state_bytes(p->model.dtype, p->model.opt.kind) - 2 * db;
+	int64_t opt = opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	int64_t E = bk->elems, n = bk->n_dev;
 	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
 		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */

@@ -339,8 +339,8 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 
 /* The iteration from the full pass f and the k micro-steps' pass with
  * transfers (res->xfer_iteration_ms): k - 1 of those, then f. */
-static int sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t *f,
-		       sim_result_t *res)
+static void sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t *f,
+			sim_result_t *res)
 {
 	double x = res->xfer_iteration_ms / pl->k;
 	res->iteration_ms = x * (pl->k - 1) + f->iteration;
@@ -349,7 +349,6 @@ static int sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t 
 	res->utilisation = res->iteration_ms > 0 ? f->busy_total * pl->k /
 							   (p->n_devices * res->iteration_ms)
 						 : 0;
-	return 0;
 }
 
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
@@ -370,7 +369,8 @@ int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 		return rc;
 	out->xfer_iteration_ms = x.iteration * pl->k;
 	out->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
-	return sync_result(pl, p, &f, out);
+	sync_result(pl, p, &f, out);
+	return 0;
 }
 
 /* The compute and transfer passes do not look at bucket layouts (a SYNC
@@ -380,5 +380,7 @@ int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	sim_out_t f;
 	int rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f);
-	return rc ? rc : sync_result(pl, p, &f, res);
+	if (!rc)
+		sync_result(pl, p, &f, res);
+	return rc;
 }

@@ -304,10 +304,10 @@ static int index_buckets(vstate_t *st)
 }
 
 /* 1 when device d is a member of bucket bk. */
-static int bucket_member(const sp_plan_t *p, const sp_bucket_t *bk, int d)
+static int bucket_member(const sp_plan_t *p, int b, int d)
 {
 	int64_t off, n; /* bucket devices are ascending: a binary search */
-	return bucket_shard(p, (int)(bk - p->buckets), d, &off, &n) >= 0;
+	return bucket_shard(p, b, d, &off, &n) >= 0;
 }
 
 /* Every holder of a parameter is in its bucket, and only holders. */
@@ -320,7 +320,7 @@ static int check_sync_groups(vstate_t *st)
 			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
 			for (int d = 0; d < p->n_devices; d++) {
 				const sp_device_t *dv = &p->devices[d];
-				int holds = 0, member = bucket_member(p, bk, d);
+				int holds = 0, member = bucket_member(p, b, d);
 				for (int h = 0; h < dv->n_held && !holds; h++)
 					holds = p->held[dv->held_off + h].comp == pr->comp &&
 						p->held[dv->held_off + h].layer == pr->layer;
@@ -353,7 +353,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 		} else if (in->op == INS_GATHER) {
 			const char *why = !steps			? "before the optimizer step"
 					  : seen[in->peer] == d + 1 ? "twice"
-					  : !bucket_member(p, &p->buckets[in->peer], d)
+					  : !bucket_member(p, in->peer, d)
 						  ? "by a device outside its group"
 						  : NULL;
 			if (why)
@@ -372,7 +372,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 			    d, steps);
 	for (int b = 0; b < p->n_buckets; b++)
 		missing += p->buckets[b].layout == LAYOUT_ZERO1 && seen[b] != d + 1 &&
-			   bucket_member(p, &p->buckets[b], d);
+			   bucket_member(p, b, d);
 	if (missing)
 		return fail(st, -1, -1,
 			    "sharded parameters: device %d leaves %d of its zero-1 buckets "
@@ -434,7 +434,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 		st->issued[in->peer]++;
 	} else if (in->op == INS_STEP) {
 		for (int b = 0; b < p->n_buckets; b++)
-			if (bucket_member(p, &p->buckets[b], d) &&
+			if (bucket_member(p, b, d) &&
 			    st->issued[b] < p->buckets[b].n_dev)
 				return PROGS_WAIT;
 	}
@@ -527,7 +527,7 @@ static int check_sync_issues(vstate_t *st)
 			if (p->ins[dv->first_ins + k].op == INS_SYNC)
 				st->issued[p->ins[dv->first_ins + k].peer]++;
 		for (int b = 0; b < p->n_buckets; b++) {
-			int member = bucket_member(p, &p->buckets[b], d);
+			int member = bucket_member(p, b, d);
 			if (st->issued[b] != member)
 				return fail(st, -1, -1,
 					    "missing gradient contribution: device %d issues the "

@@ -29,7 +29,8 @@
  * format is named as such), the manifest's CRC-32, the size and CRC-32 of
  * every file, that the checkpoint's components are the model's with the
  * same types and sizes, and the safetensors structure, then loads the
- * layers it holds (of a zero-1 bucket's AdamW state, its own shard). Every rank learns whether every rank succeeded.
+ * layers it holds (of a zero-1 bucket's AdamW state, its own shard). Every
+ * rank learns whether every rank succeeded.
  *
  * Files: ckpt.c (packed parameter records, snapshot names, the manifest's
  * CRC), ckpt_save.c, ckpt_load.c; ckpt_internal.h is what they share.

@@ -3,8 +3,9 @@
  * (polled by the interpreter with a timeout), one sub-communicator per
  * sync group (created collectively at start-up), in-place non-blocking
  * all-reduce, and for zero-1 buckets a non-blocking reduce-scatter and
- * all-gather with uneven shards (comm_shard). Errors return instead of aborting so the caller can name
- * the rank and instruction; the caller then aborts (m_abort). The blocking
+ * all-gather with uneven shards (comm_shard). Errors return instead of
+ * aborting so the caller can name the rank and instruction; the caller
+ * then aborts (m_abort). The blocking
  * calls (allsum, gather, barrier) have no timeout of their own: main.c
  * runs them under its watchdog.
  */

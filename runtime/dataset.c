@@ -63,6 +63,8 @@ typedef struct {
 	int64_t n_pos;      /* positions the rank reads */
 	void *rows;   /* [n_buf][n_pos][seq * width] int32 or float, padding zeroed */
 	int32_t *len; /* [n_buf][n_pos] valid positions (labels: 1) */
+	char name[SP_NAME_MAX + 16];  /* its tensor, "<node>.<kind>", for messages */
+	char lname[SP_NAME_MAX + 16]; /* its lengths table, "<node>.length" */
 } ds_col_t;
 
 /* Where a column's tensor and lengths table are in one shard. */
@@ -209,6 +211,8 @@ static int plan_columns(ds_task_t *dt, const sp_model_t *m, const sp_task_t *t)
 			continue;
 		if (!(col.pos = calloc((size_t)t->batch, sizeof(int32_t))))
 			return SP_ENOMEM;
+		snprintf(col.name, sizeof col.name, "%s.%s", t->nodes[k].id, COL_SUFFIX[col.kind]);
+		snprintf(col.lname, sizeof col.lname, "%s.length", t->nodes[k].id);
 		dt->cols[dt->n_cols++] = col;
 	}
 	return 0;
@@ -406,21 +410,12 @@ static int check_row(const ds_col_t *c, const sp_component_t *comp, const row_at
 
 /* The names of column c's tensor and lengths table ("node.tokens",
  * "node.length"). */
-static void col_names(const ds_col_t *c, const sp_task_t *t, char name[SP_NAME_MAX + 16],
-		      char lname[SP_NAME_MAX + 16])
-{
-	const char *id = t->nodes[c->node].id;
-	snprintf(name, SP_NAME_MAX + 16, "%s.%s", id, COL_SUFFIX[c->kind]);
-	snprintf(lname, SP_NAME_MAX + 16, "%s.length", id);
-}
-
 /* Column ci's tensors in shard sh against the node (dtype, shape), and its
  * lengths table: every length in [1, seq]. */
 static int check_column(ds_shard_t *sh, int ci, const ds_col_t *c, const sp_task_t *t,
 			sp_err_t *err)
 {
-	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
-	col_names(c, t, name, lname);
+	const char *name = c->name, *lname = c->lname;
 	int64_t dims[3] = {sh->n, c->seq, c->width};
 	ds_src_t *src = &sh->src[ci];
 	int rc = check_tensor(&sh->in, name, c->kind == COL_FEATURES ? ST_F32 : ST_I32,
@@ -512,9 +507,7 @@ static int read_row(const rt_dataset_t *d, int ti, int ci, int64_t s, int64_t st
 	const sp_task_t *t = &d->m->tasks[ti];
 	const ds_col_t *c = &dt->cols[ci];
 	ds_shard_t *sh = shard_of(dt, s);
-	char name[SP_NAME_MAX + 16], lname[SP_NAME_MAX + 16];
-	col_names(c, t, name, lname);
-	row_at_t a = {sh, name, t->name, s - sh->base, step > 0 ? run_step(d, step) : 0};
+	row_at_t a = {sh, c->name, t->name, s - sh->base, step > 0 ? run_step(d, step) : 0};
 	size_t rb = (size_t)(c->seq * c->width) * 4;
 	*len = 1;
 	int rc = step > 0 ? check_unchanged(d, sh, step, err) : 0;

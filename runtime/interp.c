@@ -1178,8 +1178,8 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 		if (!rc)
 			rc = poll_pending(st, err);
 	}
-	for (int i = 0; !rc && i < st->n_pending; i++)
-		rc = wait_req(st, &st->pending[i], st->pending_ins[i], err);
+	if (!rc)
+		rc = drain(st, err);
 	st->n_pending = 0;
 	st->o.data = train;
 	for (int i = 0; i < T; i++)

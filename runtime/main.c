@@ -519,6 +519,27 @@ static int check_alone(run_t *r)
 
 /* Every rank learns which failed its own checks (pre: this rank's wish);
  * the lowest failing rank reports, the others stay quiet. */
+/* who[q]: rank q's wish (0 go on, else its exit status). The lowest
+ * failing rank reports, the others stay quiet; the status is pre when this
+ * rank failed on its own (pre > 0), else the worst wish. Returns the
+ * lowest failing rank, -1 when none failed. */
+static int blame(run_t *r, const double *who, int pre)
+{
+	int first = -1, worst = 0;
+	for (int q = 0; q < r->comm.nranks; q++)
+		if (who[q] > 0) {
+			if (first < 0)
+				first = q;
+			worst = SP_MAX(worst, (int)who[q]);
+		}
+	if (first >= 0) {
+		r->status = pre ? pre : worst;
+		r->quiet = r->comm.rank != first;
+		r->loud = r->comm.rank == first;
+	}
+	return first;
+}
+
 static int agree_start(run_t *r, int pre)
 {
 	rt_comm_t *c = &r->comm;
@@ -537,19 +558,10 @@ static int agree_start(run_t *r, int pre)
 		return RUN_LOST;
 	}
 	wd_disarm();
-	int first = -1, worst = 0;
-	for (int q = 0; q < c->nranks; q++)
-		if (who[q] > 0) {
-			if (first < 0)
-				first = q;
-			worst = SP_MAX(worst, (int)who[q]);
-		}
+	int first = blame(r, who, pre);
 	free(who);
 	if (first < 0)
 		return RUN_GO;
-	r->status = pre ? pre : worst;
-	r->quiet = rank != first;
-	r->loud = rank == first;
 	if (rank == 0 && first != 0)
 		fprintf(stderr, "spindle-run: rank %d could not start (its message follows or "
 				"precedes this one)\n",
@@ -735,19 +747,7 @@ static int save_step(run_t *r, int64_t t)
  * stops after step t; the lowest such rank reports. */
 static int data_failed(run_t *r)
 {
-	int T = r->plan.model.n_tasks, first = -1, worst = 0;
-	for (int q = 0; q < r->comm.nranks; q++)
-		if (r->loss[T + q] > 0) {
-			if (first < 0)
-				first = q;
-			worst = SP_MAX(worst, (int)r->loss[T + q]);
-		}
-	if (first < 0)
-		return RUN_GO;
-	r->status = worst;
-	r->quiet = r->comm.rank != first;
-	r->loud = r->comm.rank == first;
-	return RUN_FAIL;
+	return blame(r, r->loss + r->plan.model.n_tasks, 0) < 0 ? RUN_GO : RUN_FAIL;
 }
 
 /* Training step t: the rank's program, the rows of step t + 1 (read during

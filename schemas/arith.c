@@ -109,14 +109,19 @@ int64_t comp_out_width(const sp_component_t *c)
 	}
 }
 
-int64_t param_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt)
+int64_t opt_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt)
 {
-	int64_t b = 2 * dtype_bytes(dt); /* weights + gradients */
+	int64_t b = 0;
 	if (dt != DT_FP32)
 		b += 4; /* fp32 master weights */
 	if (opt == OPT_ADAMW)
 		b += 8; /* fp32 first and second moments */
 	return b;
+}
+
+int64_t param_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt)
+{
+	return 2 * dtype_bytes(dt) /* weights + gradients */ + opt_state_bytes(dt, opt);
 }
 
 int comp_is_source(sp_comp_type_t t)

@@ -220,6 +220,8 @@ int64_t op_saved_elems(const sp_opshape_t *s, int64_t task_batch);
 int64_t comp_out_width(const sp_component_t *c);
 /* Bytes of state per parameter: weights, grads, fp32 master, optimizer. */
 int64_t param_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
+/* The part of it zero-1 shards: fp32 master weights and optimizer moments. */
+int64_t opt_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
 int comp_is_source(sp_comp_type_t t);
 int comp_is_sink(sp_comp_type_t t);
 int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b);

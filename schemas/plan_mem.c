@@ -65,12 +65,11 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	const sp_device_t *dv = &p->devices[d];
 	const sp_model_t *md = &p->model;
 	int db = dtype_bytes(md->dtype);
-	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	memset(out, 0, sizeof(int64_t) * MEM__COUNT);
 	for (int k = 0; k < dv->n_held; k++)
 		out[MEM_PARAMS] +=
 			comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * 2 * db;
-	out[MEM_PARAMS] += owned_state_bytes(p, d, psb - 2 * db);
+	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
 	int64_t work = 0, redo = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most two values per instruction) */

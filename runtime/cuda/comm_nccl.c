@@ -261,7 +261,8 @@ static const ne_prims_t nccl_prims = {
 	.now = p_now, .split = p_split, .status = p_status, .abort = p_abort,
 	.finalize = p_finalize, .destroy = p_destroy, .why = p_why,
 	.group_start = p_group_start, .group_end = p_group_end, .send = p_send, .recv = p_recv,
-	.allreduce = p_allreduce, .reduce = p_reduce, .bcast = p_bcast, .stream_new = p_stream_new, .stream_free = p_stream_free,
+	.allreduce = p_allreduce, .reduce = p_reduce, .bcast = p_bcast,
+	.stream_new = p_stream_new, .stream_free = p_stream_free,
 	.event_new = p_event_new, .event_free = p_event_free, .after_compute = p_after_compute,
 	.record = p_record, .query = p_query,
 };

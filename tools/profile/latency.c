@@ -107,11 +107,14 @@ int main(int argc, char **argv)
 	int rc = 0, peer = c.rank ^ 1, lead = !(c.rank & 1);
 	long warm = rounds / 10, n = warm + rounds;
 	char *buf = calloc((size_t)bytes, 1);
-	double *half = calloc((size_t)(rounds * c.nranks) + 1, sizeof *half), *all = NULL;
+	double *half = calloc((size_t)rounds + 1, sizeof *half), *all = NULL; /* this rank's */
 	size_t *sizes = NULL;
-	if (c.nranks % 2 || !buf || !half) {
+	if (c.nranks % 2) {
 		fprintf(stderr, "spindle-latency: needs an even number of ranks\n");
 		rc = 2;
+	} else if (!buf || !half) {
+		fprintf(stderr, "spindle-latency: out of memory\n");
+		rc = 1;
 	}
 	for (long k = 0; !rc && k < n; k++) {
 		rt_req_t r = {0};

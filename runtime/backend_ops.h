@@ -40,6 +40,26 @@ typedef void rt_patch_bwd_fn_t(const sp_opshape_t *s, int n, const float *p,
 typedef void rt_bwd_fn_t(const sp_opshape_t *s, int n, const float *p, const float *saved,
 			 const float *dy, float *dx, float *dp);
 
+/*
+ * Tensor parallelism: the transformer block on shard `rank` of a t-way
+ * split (parameters in layer_tensors_tp layout, saved activations
+ * op_saved_elems_tp per sample). x, y, dy, dx are whole and identical on
+ * every member of the group. allreduce sums buf[0..n) in place over the
+ * group, blocking until the sum is there (backend memory); it returns 0 or
+ * a negative code, which the layer returns at once. NULL tp, or t == 1:
+ * the unsplit layer, no all-reduce.
+ */
+typedef struct rt_tp {
+	int t, rank;
+	void *ctx;
+	int (*allreduce)(void *ctx, float *buf, int64_t n);
+} rt_tp_t;
+typedef int rt_tblock_fwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+			       const float *p, const float *x, float *y, float *saved);
+typedef int rt_tblock_bwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+			       const float *p, const float *saved, const float *dy, float *dx,
+			       float *dp);
+
 /* ---- losses, optimizer, initialisation ------------------------------------ */
 
 typedef double rt_lm_head_loss_fn_t(const sp_opshape_t *s, int n, const float *p,

@@ -181,7 +181,15 @@ sp_component_t layer_comp_of_shape(const sp_opshape_t *s)
 
 int layer_tensors(const sp_component_t *c, layer_tensor_t out[12])
 {
+	return layer_tensors_tp(c, 1, out);
+}
+
+int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
+{
 	int64_t h = c->hidden, f = c->ffn;
+	if (!tp_ok(c->type, c->heads, c->ffn, tp))
+		tp = 1;
+	int64_t hl = h / tp, fl = f / tp; /* this shard's attention and FFN widths */
 	int nt = 0;
 	int64_t off = 0;
 #define T(nm, r, cl)                                                                     \
@@ -206,15 +214,15 @@ int layer_tensors(const sp_component_t *c, layer_tensor_t out[12])
 	case COMP_TRANSFORMER:
 		T("ln1_g", h, 1);
 		T("ln1_b", h, 1);
-		T("w_qkv", h, 3 * h);
-		T("b_qkv", 3 * h, 1);
-		T("w_o", h, h);
+		T("w_qkv", h, 3 * hl);
+		T("b_qkv", 3 * hl, 1);
+		T("w_o", hl, h);
 		T("b_o", h, 1);
 		T("ln2_g", h, 1);
 		T("ln2_b", h, 1);
-		T("w_1", h, f);
-		T("b_1", f, 1);
-		T("w_2", f, h);
+		T("w_1", h, fl);
+		T("b_1", fl, 1);
+		T("w_2", fl, h);
 		T("b_2", h, 1);
 		break;
 	case COMP_LINEAR:
@@ -255,6 +263,61 @@ enum {
 	TB_B2,
 	TB__COUNT
 };
+
+/*
+ * A column shard of a row-major tensor whose rows are `parts` blocks of wf
+ * columns: the shard's row holds, for each block q, the w columns at
+ * q*wf + j*w of the full row. to_full: shard -> full, else full -> shard.
+ */
+static void shard_cols(float *full, float *shard, int64_t rows, int parts, int64_t wf,
+		       int64_t w, int64_t j, int to_full)
+{
+	for (int64_t r = 0; r < rows; r++)
+		for (int q = 0; q < parts; q++) {
+			float *fp = full + r * parts * wf + q * wf + j * w;
+			float *sp = shard + r * parts * w + q * w;
+			if (to_full)
+				memcpy(fp, sp, (size_t)w * sizeof *fp);
+			else
+				memcpy(sp, fp, (size_t)w * sizeof *sp);
+		}
+}
+
+void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *shard,
+		 int to_full)
+{
+	layer_tensor_t ft[12], st[12];
+	int nt = layer_tensors(c, ft);
+	if (!tp_ok(c->type, c->heads, c->ffn, tp))
+		tp = 1;
+	layer_tensors_tp(c, tp, st);
+	for (int i = 0; i < nt; i++) {
+		float *f = full + ft[i].offset, *sh = shard + st[i].offset;
+		int64_t n = st[i].rows * st[i].cols;
+		if (tp > 1 && c->type == COMP_TRANSFORMER) {
+			switch (i) {
+			case TB_WQKV: /* per row: q, k, v parts, this shard's heads */
+				shard_cols(f, sh, ft[i].rows, 3, c->hidden, c->hidden / tp, j,
+					   to_full);
+				continue;
+			case TB_BQKV:
+				shard_cols(f, sh, 1, 3, c->hidden, c->hidden / tp, j, to_full);
+				continue;
+			case TB_W1: /* columns */
+				shard_cols(f, sh, ft[i].rows, 1, c->ffn, c->ffn / tp, j, to_full);
+				continue;
+			case TB_B1:
+			case TB_WO: /* rows: contiguous */
+			case TB_W2: f += (int64_t)j * n; break;
+			default: break; /* whole on every member */
+			}
+		}
+		if (to_full)
+			memcpy(f, sh, (size_t)n * sizeof *f);
+		else
+			memcpy(sh, f, (size_t)n * sizeof *sh);
+	}
+}
 
 /*
  * Every tensor is uniform in [-a, a], a = sqrt(3) 0.02 (std 0.02), except

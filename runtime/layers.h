@@ -50,6 +50,23 @@ typedef struct {
  */
 int layer_tensors(const sp_component_t *c, layer_tensor_t out[12]);
 /*
+ * The same for shard `j` of a t-way tensor-parallel split (tp_ok in
+ * model.h; a t it refuses is taken as 1). Transformer shard shapes, with
+ * hl = h/t, fl = f/t: w_qkv [h,3hl] (columns q, k, v of heads
+ * [j a/t, (j+1) a/t), b_qkv [3hl] likewise), w_o [hl,h] (its rows), w_1
+ * [h,fl] and b_1 [fl] (FFN columns [j fl, (j+1) fl)), w_2 [fl,h] (rows);
+ * ln1, ln2, b_o and b_2 are whole. Total comp_layer_params_tp(c, t).
+ */
+int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12]);
+/*
+ * Copies between a whole layer (layer_tensors layout) and its shard j of
+ * tp (layer_tensors_tp layout): to_full 0 fills shard from full, 1 writes
+ * the shard's part of full (tensors whole on every member are copied too).
+ * Used for initialisation, checkpoints and exports, which stay whole.
+ */
+void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *shard,
+		 int to_full);
+/*
  * A component with the dimensions of an operator shape, for layer_tensors:
  * max_seq is set to the shape's seq, which only sizes the position table,
  * the last tensor, so every offset is right.

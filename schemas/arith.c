@@ -52,6 +52,27 @@ int64_t comp_layer_params(const sp_component_t *c)
 	return 0;
 }
 
+int tp_ok(sp_comp_type_t type, int64_t heads, int64_t ffn, int t)
+{
+	if (t == 1)
+		return 1;
+	return t > 1 && type == COMP_TRANSFORMER && heads % t == 0 && ffn % t == 0;
+}
+
+/*
+ * One t-way shard of a transformer layer (Megatron splits: w_qkv and w_1
+ * by columns, w_o and w_2 by rows; layer norms and the biases added after
+ * the all-reduce, b_o and b_2, whole on every member):
+ * 4 h^2/t + 2 h f/t + 3h/t + f/t + 6h. t = 1 gives comp_layer_params.
+ */
+int64_t comp_layer_params_tp(const sp_component_t *c, int t)
+{
+	if (t == 1 || !tp_ok(c->type, c->heads, c->ffn, t))
+		return comp_layer_params(c);
+	i128 h = c->hidden, f = c->ffn;
+	return sat((4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h);
+}
+
 int64_t comp_params(const sp_component_t *c)
 {
 	i128 l = c->type == COMP_TRANSFORMER ? c->layers : 1;
@@ -84,11 +105,25 @@ int64_t op_bwd_flops(const sp_opshape_t *o, int64_t task_batch)
 
 int64_t op_saved_elems(const sp_opshape_t *o, int64_t task_batch)
 {
+	return op_saved_elems_tp(o, task_batch, 1);
+}
+
+/*
+ * A t-way shard of a transformer layer saves x, ln1, x_mid, ln2 whole
+ * (4 s h), its heads' qkv and attention output (4 s h/t), its FFN columns
+ * (2 s f/t), its heads' probabilities (a/t s^2) and the norm statistics.
+ */
+int64_t op_saved_elems_tp(const sp_opshape_t *o, int64_t task_batch, int t)
+{
 	i128 h = o->hidden, s = o->seq, f = o->ffn;
+	if (!tp_ok(o->type, o->heads, o->ffn, t))
+		t = 1;
 	switch (o->type) {
 	case COMP_EMBEDDING: return sat(s);
 	case COMP_PATCH: return sat(s * o->in);
-	case COMP_TRANSFORMER: return sat(8 * s * h + 2 * s * f + (i128)o->heads * s * s + 4 * s);
+	case COMP_TRANSFORMER:
+		return sat(4 * s * h + (4 * s * h + 2 * s * f + (i128)o->heads * s * s) / t +
+			   4 * s);
 	case COMP_LINEAR: return sat(s * o->in);
 	case COMP_LM_HEAD: return sat(2 * s * h + 2 * s + s * o->vocab);
 	case COMP_CLASSIFIER: return sat(2 * h + 2 + o->classes);

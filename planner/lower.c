@@ -164,6 +164,7 @@ static int lower_slices(const planner_t *pl, const sched_t *s, const place_t *pc
 		o->fwd_ms = x->t1 - x->t0;
 		o->recompute = pl->opts->recompute == 1 &&
 			       pl->mops[x->metaop].shape.type == COMP_TRANSFORMER;
+		o->tp = x->tp > 1 ? x->tp : 1;
 		memcpy(out->slice_devs + pc->off[i], pc->devs + pc->off[i],
 		       sizeof(int32_t) * (size_t)x->n);
 		sp_wave_t *w = &out->waves[x->wave];

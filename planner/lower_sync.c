@@ -56,7 +56,7 @@ int lower_held(lstate_t *st, sp_plan_t *out)
 			int nl = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
 			for (int l = 0; l < nl; l++)
 				if (st->held[(size_t)d * n_params + st->param_base[c] + l])
-					out->held[out->n_held++] = (sp_param_t){c, l};
+					out->held[out->n_held++] = (sp_param_t){c, l, 1, 0};
 		}
 		dv->n_held = out->n_held - dv->held_off;
 	}
@@ -103,7 +103,7 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, const int *first_use
 		if (!same)
 			continue;
 		st->bucket_of[q] = b;
-		out->bucket_params[out->n_bucket_params++] = (sp_param_t){pcomp[q], player[q]};
+		out->bucket_params[out->n_bucket_params++] = (sp_param_t){pcomp[q], player[q], 1, 0};
 		bk->elems += comp_layer_params(&md->comps[pcomp[q]]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;

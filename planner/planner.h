@@ -53,6 +53,7 @@ typedef struct {
 	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */
+	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -268,6 +269,7 @@ typedef struct {
 	double t0, t1;      /* nominal start/end (the scheduler's own estimate) */
 	int chunk;          /* > 0: continues the previous slice on its devices */
 	int dev_off;        /* >= 0: devices chosen by the scheduler, in devs */
+	int tp;             /* tensor-parallel degree (0 counts as 1) */
 } sslice_t;
 
 /* A schedule; its arrays grow in *arena (pl->scratch: one candidate), so

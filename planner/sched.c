@@ -81,13 +81,13 @@ static int push_slice(sched_t *s, sslice_t x)
 int sched_push(sched_t *s, int metaop, int lf, int lt, int n, int wave, double t0,
 	       double t1)
 {
-	return push_slice(s, (sslice_t){metaop, lf, lt, n, wave, t0, t1, 0, -1});
+	return push_slice(s, (sslice_t){metaop, lf, lt, n, wave, t0, t1, 0, -1, 0});
 }
 
 int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, double t1,
 		    const int32_t *devs)
 {
-	sslice_t x = {metaop, lf, lt, n, 0, t0, t1, 0, s->n_devs};
+	sslice_t x = {metaop, lf, lt, n, 0, t0, t1, 0, s->n_devs, 0};
 	if (sp_arena_grow(s->arena, (void **)&s->devs, &s->cap_devs, s->n_devs + n,
 			  sizeof(int32_t)))
 		return SP_ENOMEM;
@@ -544,7 +544,7 @@ int sched_chunk(sched_t *s, const planner_t *pl)
 		for (int k = 0; k < c; k++) {
 			int a = x->lf + L * k / c, b = x->lf + L * (k + 1) / c;
 			ns[n++] = (sslice_t){x->metaop, a, b, x->n, x->wave, x->t0 + (a - x->lf) * per,
-					     x->t0 + (b - x->lf) * per, k > 0, x->dev_off};
+					     x->t0 + (b - x->lf) * per, k > 0, x->dev_off, x->tp};
 		}
 	}
 	s->s = ns;

@@ -322,7 +322,7 @@ static void start_on_home(list_t *s, int m, int home, int *free_dev)
 	while (d + r < mo->n_layers && home_of(s->pl, H, m, d + r) == home)
 		r++;
 	int all_free = 1;
-	sslice_t x = {m, d, d + r, n, 0, s->t, s->t + r * mop_t(mo, n), 0, -1};
+	sslice_t x = {m, d, d + r, n, 0, s->t, s->t + r * mop_t(mo, n), 0, -1, 0};
 	memcpy(s->devs, H->devs + H->first[home], sizeof(int32_t) * (size_t)n);
 	devs_sort(s->devs, n);
 	for (int j = 0; j < n; j++)
@@ -353,7 +353,7 @@ static int start_metaop(list_t *s, int m, int *free_dev, int *blocked)
 	for (int k = 1; k < r; k++)
 		if (home_of(pl, &s->H, m, d + k) >= 0)
 			r = k; /* stop where homed layers begin */
-	sslice_t x = {m, d, d + r, want, 0, t, 0, 0, -1};
+	sslice_t x = {m, d, d + r, want, 0, t, 0, 0, -1, 0};
 	int later = 0, fit = placer_fitting(s->P, &x, &later);
 	int n = width_floor(mo, SP_MIN(want, fit));
 	want = width_floor(mo, want);
@@ -429,7 +429,7 @@ static int widen_last(list_t *s, int free_dev)
 		double ts = x->t0 + (split - x->lf) * per;
 		/* extra devices: free now, with room for the rest of the slice */
 		sslice_t ext = {x->m, split, x->lt, SP_MIN(mo->nmax, x->n + free_dev) - x->n,
-				0, t, 0, 0, -1};
+				0, t, 0, 0, -1, 0};
 		if (ext.n <= 0)
 			break;
 		int fit = placer_fitting(s->P, &ext, NULL);
@@ -446,7 +446,7 @@ static int widen_last(list_t *s, int free_dev)
 			return rc;
 		/* the widened slice: old devices from ts, extra ones from now */
 		memcpy(x->devs + x->n, s->devs, sizeof(int32_t) * (size_t)ext.n);
-		sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1};
+		sslice_t wide = {x->m, split, x->lt, nn, 0, ts, fin, 0, -1, 0};
 		devs_sort(x->devs, nn);
 		placer_commit(s->P, &wide, x->devs);
 		free_dev -= ext.n;

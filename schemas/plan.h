@@ -96,6 +96,9 @@ typedef struct {
 	double start_ms, fwd_ms, bwd_start_ms, bwd_ms; /* predicted; bwd includes recompute */
 	int32_t recompute; /* 1: FWD keeps each layer's input only; BWD re-runs each
 			    * layer's forward from it before its backward */
+	int32_t tp;        /* tensor-parallel degree t >= 1: devices are n_dev / t
+			    * groups of t consecutive entries, member j holds
+			    * shard j of each layer (PLAN-FORMAT.md) */
 } sp_slice_t;
 
 typedef struct {
@@ -107,6 +110,7 @@ typedef struct {
 /* One parameter tensor group: all tensors of one layer of one component. */
 typedef struct {
 	int32_t comp, layer;
+	int32_t tp, tp_rank; /* shard tp_rank of a tp-way split; 1, 0: whole */
 } sp_param_t;
 
 /* Gradient sync bucket: the params whose holders are exactly this group. */

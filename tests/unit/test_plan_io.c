@@ -212,9 +212,9 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	slice(p, 8, 4, 7, 0, 1, 2, 9);
 
 	static const int32_t bdevs[] = {0, 1, 1, 0};
-	static const sp_param_t bparams[] = {{C_BODY, 0}, {C_BODY, 1}, {C_BODY, 2},
-					     {C_BODY, 3}, {C_IMG, 0},  {C_TOK, 0},
-					     {C_HEAD, 0}};
+	static const sp_param_t bparams[] = {{C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0}, {C_BODY, 2, 1, 0},
+					     {C_BODY, 3, 1, 0}, {C_IMG, 0, 1, 0},  {C_TOK, 0, 1, 0},
+					     {C_HEAD, 0, 1, 0}};
 	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5},
 					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0},
 					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0}};
@@ -228,10 +228,10 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	memcpy(p->bucket_params, bparams, sizeof bparams);
 	memcpy(p->buckets, buckets, sizeof buckets);
 
-	static const sp_param_t held[] = {{C_TOK, 0}, {C_BODY, 0}, {C_BODY, 1},
-					  {C_BODY, 2}, {C_BODY, 3}, {C_HEAD, 0},
-					  {C_IMG, 0}, {C_BODY, 0}, {C_BODY, 1},
-					  {C_BODY, 2}, {C_BODY, 3}, {C_TOK, 0}};
+	static const sp_param_t held[] = {{C_TOK, 0, 1, 0}, {C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0},
+					  {C_BODY, 2, 1, 0}, {C_BODY, 3, 1, 0}, {C_HEAD, 0, 1, 0},
+					  {C_IMG, 0, 1, 0}, {C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0},
+					  {C_BODY, 2, 1, 0}, {C_BODY, 3, 1, 0}, {C_TOK, 0, 1, 0}};
 	p->n_held = SP_ARRAY_LEN(held);
 	NEW(p->held, p->n_held);
 	memcpy(p->held, held, sizeof held);

@@ -261,6 +261,31 @@ def micro(demo, tmp):
     return failures
 
 
+TP2 = ("--tp", "2")
+
+
+def tp(demo, tmp):
+    """Tensor parallelism (--tp 2 / 4: every transformer slice whose width
+    the degree divides is split Megatron-style, the others stay whole, so
+    the 3-rank plans mix t = 2 and t = 1 slices) equals the one-device run;
+    with zero-1 and recompute too. Every plan must really split a slice
+    (tp_slices), else the check would prove nothing."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(n, 1, "spindle", TP2) for n in (2, 3, 4)]
+    demo["optimizer"] = adamw
+    failures = check_model(demo, tmp, "demo-adamw-tp2",
+                           cfg + [(4, 1, "spindle", ("--tp", "4")),
+                                  (4, 1, "sequential", TP2),
+                                  (4, 1, "spindle", TP2 + ("--zero", "1", "--recompute", "all"))],
+                           1e-2 * 0.01)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-tp2", cfg[2:], 1e-7)
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
+        m = W.random_workload(seed, optimizer=opt)
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-tp2", cfg, floor)
+    return failures
+
+
 def main():
     import json
     failures = []
@@ -293,6 +318,8 @@ def main():
         failures += zero1(demo, tmp)
         # micro-batching: gradients accumulated over 2 micro-batches per step
         failures += micro(demo, tmp)
+        # tensor parallelism: split transformer layers, mixed with whole ones
+        failures += tp(demo, tmp)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -55,7 +55,8 @@ static const char *const *comp_keys(sp_comp_type_t t)
 	static const char *const emb[] = {"type", "vocab", "hidden", "max_seq", NULL};
 	static const char *const patch[] = {"type", "in", "hidden", "max_seq", NULL};
 	static const char *const tr[] = {"type", "layers", "hidden", "heads", "ffn",
-					 "causal", NULL};
+					 "causal", "cross_attention", "memory_width",
+					 NULL};
 	static const char *const lin[] = {"type", "in", "out", NULL};
 	static const char *const lm[] = {"type", "hidden", "vocab", NULL};
 	static const char *const cls[] = {"type", "hidden", "classes", NULL};
@@ -71,11 +72,29 @@ static const char *const *comp_keys(sp_comp_type_t t)
 	}
 }
 
+/* A cross-attention transformer's memory width: "memory_width" when
+ * declared (only with "cross_attention": true), else its hidden. */
+static int parse_memory_width(jctx_t *c, json_t *v, sp_component_t *out)
+{
+	if (!out->cross_attention) {
+		if (!json_object_get(v, "memory_width"))
+			return 0;
+		int rc = jerr_member(c, "memory_width", 1,
+				     "'memory_width' applies to cross-attention "
+				     "transformers only");
+		sp_err_hint(c->err, "add \"cross_attention\": true, or remove 'memory_width'");
+		return rc;
+	}
+	out->memory_width = out->hidden;
+	return jget_int(c, v, "memory_width", 0, 1, SP_MAX_DIM, &out->memory_width);
+}
+
 static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_t *out)
 {
 	static const char *const any[] = {"type", "vocab", "hidden", "max_seq", "in",
 					  "out", "layers", "heads", "ffn", "causal",
-					  "classes", "temperature", NULL};
+					  "cross_attention", "memory_width", "classes",
+					  "temperature", NULL};
 	int rc, type = 0;
 	if (!json_is_object(v))
 		return jcheck_object(c, v, "a component", any);
@@ -123,7 +142,8 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
 		    (rc = jget_int(c, v, "heads", 1, 1, D, &out->heads)) ||
 		    (rc = jget_int(c, v, "ffn", 1, 1, D, &out->ffn)) ||
-		    (rc = jget_bool(c, v, "causal", 0, &out->causal)))
+		    (rc = jget_bool(c, v, "causal", 0, &out->causal)) ||
+		    (rc = jget_bool(c, v, "cross_attention", 0, &out->cross_attention)))
 			return rc;
 		if (out->hidden % out->heads) {
 			rc = jerr_member(c, "heads", 0,
@@ -132,6 +152,8 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 			sp_err_hint(c->err, "choose heads so that hidden / heads is an integer");
 			return rc;
 		}
+		if ((rc = parse_memory_width(c, v, out)))
+			return rc;
 		break;
 	case COMP_LINEAR:
 		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
@@ -249,10 +271,38 @@ static int node_err(jctx_t *c, int t, int i, const char *key, int idx,
 	return rc;
 }
 
+/* "memory" is written on the nodes of cross-attention components, and
+ * only there (resolved with the inputs, once every node is known). */
+static int check_memory_key(jctx_t *c, json_t *v, const sp_node_t *n,
+			    const sp_component_t *comp)
+{
+	json_t *mv = json_object_get(v, "memory");
+	int rc;
+	if (mv && !comp->cross_attention) {
+		rc = jerr_member(c, "memory", 1,
+				 "'memory' applies to nodes of cross-attention transformers "
+				 "only (component '%s' has no cross-attention)",
+				 comp->name);
+		if (comp->type == COMP_TRANSFORMER)
+			sp_err_hint(c->err, "add \"cross_attention\": true to component '%s'",
+				    comp->name);
+		return rc;
+	}
+	if (!mv && comp->cross_attention) {
+		rc = jerr(c, 0, "cross-attention node '%s' has no 'memory'", n->id);
+		sp_err_hint(c->err, "name the node it attends to (an encoder's output): "
+				    "\"memory\": \"<node id>\"");
+		return rc;
+	}
+	if (mv && !json_is_string(mv))
+		return jerr_member(c, "memory", 0, "expected a node id (a string)");
+	return 0;
+}
+
 static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
 {
 	static const char *const keys[] = {"id", "component", "seq", "inputs", "layers",
-					   NULL};
+					   "memory", NULL};
 	sp_node_t *n = &t->nodes[i];
 	int rc;
 	if ((rc = jcheck_object(c, v, "a graph node", keys)) ||
@@ -314,14 +364,50 @@ static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
 	json_t *iv = json_object_get(v, "inputs");
 	if (iv && !json_is_array(iv))
 		return jerr_member(c, "inputs", 0, "expected an array of node ids");
-	return 0;
+	return check_memory_key(c, v, n, comp);
+}
+
+/* Node i's reference e (its field key, element idx or -1) to a node of
+ * the same task: *out its index; an unknown id is an error with a hint. */
+static int resolve_ref(jctx_t *c, const sp_model_t *m, const sp_task_t *t, int ti, int i,
+		       const char *key, int idx, json_t *e, int *out)
+{
+	if (!json_is_string(e))
+		return node_err(c, ti, i, key, idx, "expected a node id (a string)", NULL, NULL,
+				0, 0);
+	const char *id = json_string_value(e);
+	*out = find_node(t, id);
+	if (*out >= 0)
+		return 0;
+	int rc = node_err(c, ti, i, key, idx, "unknown node '%.64s'", id, NULL, 0, 0);
+	const char **names = malloc(sizeof(char *) * (size_t)t->n_nodes);
+	if (names) {
+		for (int q = 0; q < t->n_nodes; q++)
+			names[q] = t->nodes[q].id;
+		const char *near = sp_closest(id, names, t->n_nodes);
+		if (near)
+			sp_err_hint(c->err, "did you mean '%s'?", near);
+		free(names);
+		if (near)
+			return rc;
+	}
+	/* a node of an earlier task: say that references stay inside a task */
+	for (int q = 0; q < ti; q++)
+		if (find_node(&m->tasks[q], id) >= 0) {
+			sp_err_hint(c->err, "'%s' is a node of task '%s'; %s of the same task",
+				    id, m->tasks[q].name,
+				    idx >= 0 ? "inputs name nodes" : "a memory names a node");
+			break;
+		}
+	return rc;
 }
 
 static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t *graph)
 {
 	for (int i = 0; i < t->n_nodes; i++) {
 		sp_node_t *n = &t->nodes[i];
-		json_t *iv = json_object_get(json_array_get(graph, (size_t)i), "inputs");
+		json_t *nv = json_array_get(graph, (size_t)i);
+		json_t *iv = json_object_get(nv, "inputs"), *mv = json_object_get(nv, "memory");
 		size_t k = iv ? json_array_size(iv) : 0;
 		if (k > 64)
 			return node_err(c, ti, i, "inputs", -1,
@@ -332,43 +418,19 @@ static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t
 			return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
 		n->n_inputs = (int)k;
 		for (size_t j = 0; j < k; j++) {
-			json_t *e = json_array_get(iv, j);
-			if (!json_is_string(e))
-				return node_err(c, ti, i, "inputs", (int)j,
-						"expected a node id (a string)", NULL, NULL, 0, 0);
-			int src = find_node(t, json_string_value(e));
-			if (src < 0) {
-				int rc = node_err(c, ti, i, "inputs", (int)j, "unknown node '%.64s'",
-						  json_string_value(e), NULL, 0, 0);
-				const char **names = malloc(sizeof(char *) * (size_t)t->n_nodes);
-				if (names) {
-					for (int q = 0; q < t->n_nodes; q++)
-						names[q] = t->nodes[q].id;
-					const char *near =
-						sp_closest(json_string_value(e), names, t->n_nodes);
-					if (near)
-						sp_err_hint(c->err, "did you mean '%s'?", near);
-					free(names);
-					if (near)
-						return rc;
-				}
-				/* a node of an earlier task: say that inputs stay inside a task */
-				for (int q = 0; q < ti; q++)
-					if (find_node(&m->tasks[q], json_string_value(e)) >= 0) {
-						sp_err_hint(c->err, "'%s' is a node of task '%s'; inputs "
-								    "name nodes of the same task",
-							    json_string_value(e), m->tasks[q].name);
-						break;
-					}
+			int rc = resolve_ref(c, m, t, ti, i, "inputs", (int)j,
+					     json_array_get(iv, j), &n->inputs[j]);
+			if (rc)
 				return rc;
-			}
 			for (size_t q = 0; q < j; q++)
-				if (n->inputs[q] == src)
+				if (n->inputs[q] == n->inputs[j])
 					return node_err(c, ti, i, "inputs", (int)j,
 							"input '%s' is listed twice",
-							t->nodes[src].id, NULL, 0, 0);
-			n->inputs[j] = src;
+							t->nodes[n->inputs[j]].id, NULL, 0, 0);
 		}
+		int rc = mv ? resolve_ref(c, m, t, ti, i, "memory", -1, mv, &n->memory) : 0;
+		if (rc)
+			return rc;
 	}
 	return 0;
 }

@@ -313,8 +313,8 @@ static int check_memory(const model_report_t *r, const sp_model_t *m, const sp_t
 			 "project it to %lld)",
 			 (long long)w, cp->name, (long long)cp->hidden);
 	else
-		snprintf(hint, sizeof hint, "memory_width of component '%s' is %lld",
-			 cp->name, (long long)cp->memory_width);
+		snprintf(hint, sizeof hint, "set memory_width of component '%s' to %lld",
+			 cp->name, (long long)w);
 	return bad(r, ti, i, "memory", -1, hint,
 		   "width mismatch: memory '%s' has width %lld, expected %lld", mem->id,
 		   (long long)w, (long long)cp->memory_width);

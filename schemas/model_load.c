@@ -11,6 +11,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,27 @@ static const char *const *comp_keys(sp_comp_type_t t)
 	}
 }
 
+/* A component's required integer fields: where they go, their limits. */
+typedef struct {
+	const char *key;
+	size_t off;
+	int64_t lo, hi;
+} int_field_t;
+
+static const int_field_t *int_field(const char *key)
+{
+#define F(k, lo, hi) {#k, offsetof(sp_component_t, k), lo, hi}
+	static const int_field_t fields[] = {
+		F(vocab, 1, SP_MAX_DIM), F(hidden, 1, SP_MAX_DIM), F(max_seq, 1, SP_MAX_DIM),
+		F(in, 1, SP_MAX_DIM),    F(out, 1, SP_MAX_DIM),    F(layers, 1, SP_MAX_LAYERS),
+		F(heads, 1, SP_MAX_DIM), F(ffn, 1, SP_MAX_DIM),    F(classes, 2, SP_MAX_DIM)};
+#undef F
+	for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+		if (strcmp(fields[i].key, key) == 0)
+			return &fields[i];
+	return NULL;
+}
+
 /* A cross-attention transformer's memory width: "memory_width" when
  * declared (only with "cross_attention": true), else its hidden. */
 static int parse_memory_width(jctx_t *c, json_t *v, sp_component_t *out)
@@ -123,26 +145,15 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 		}
 		return jcheck_object(c, v, what, allowed);
 	}
-	int64_t D = SP_MAX_DIM;
-	switch (out->type) {
-	case COMP_EMBEDDING:
-		if ((rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
+	/* the integer fields its type takes, required, in comp_keys' order */
+	for (int i = 0; comp_keys(out->type)[i]; i++) {
+		const int_field_t *f = int_field(comp_keys(out->type)[i]);
+		if (f && (rc = jget_int(c, v, f->key, 1, f->lo, f->hi,
+					(int64_t *)((char *)out + f->off))))
 			return rc;
-		break;
-	case COMP_PATCH:
-		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
-			return rc;
-		break;
-	case COMP_TRANSFORMER:
-		if ((rc = jget_int(c, v, "layers", 1, 1, SP_MAX_LAYERS, &out->layers)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "heads", 1, 1, D, &out->heads)) ||
-		    (rc = jget_int(c, v, "ffn", 1, 1, D, &out->ffn)) ||
-		    (rc = jget_bool(c, v, "causal", 0, &out->causal)) ||
+	}
+	if (out->type == COMP_TRANSFORMER) {
+		if ((rc = jget_bool(c, v, "causal", 0, &out->causal)) ||
 		    (rc = jget_bool(c, v, "cross_attention", 0, &out->cross_attention)))
 			return rc;
 		if (out->hidden % out->heads) {
@@ -154,28 +165,11 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 		}
 		if ((rc = parse_memory_width(c, v, out)))
 			return rc;
-		break;
-	case COMP_LINEAR:
-		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
-		    (rc = jget_int(c, v, "out", 1, 1, D, &out->out)))
-			return rc;
-		break;
-	case COMP_LM_HEAD:
-		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)))
-			return rc;
-		break;
-	case COMP_CLASSIFIER:
-		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "classes", 1, 2, D, &out->classes)))
-			return rc;
-		break;
-	case COMP_CONTRASTIVE:
+	}
+	if (out->type == COMP_CONTRASTIVE) {
 		out->temperature = 0.07;
 		if ((rc = jget_num(c, v, "temperature", 0, 0, 1e6, 1, &out->temperature)))
 			return rc;
-		break;
-	case COMP__COUNT: break;
 	}
 	if (comp_params(out) == INT64_MAX)
 		return jerr(c, 0, "component is too large: its parameter count "
@@ -565,6 +559,29 @@ static int parse_task(jctx_t *c, sp_model_t *m, json_t *v, int ti)
 	return 0;
 }
 
+/* root's "components" (a non-empty object) or "tasks" (a non-empty
+ * array) of at most max members, in *out, and a zeroed array of as many
+ * elements of elsz bytes in *arr. */
+static int get_collection(jctx_t *c, json_t *root, const char *key, int max, size_t elsz,
+			  json_t **out, void **arr)
+{
+	int object = strcmp(key, "components") == 0;
+	json_t *v = json_object_get(root, key);
+	if (!v)
+		return jerr(c, 0, "missing required key '%s'", key);
+	size_t n = object ? json_object_size(v) : json_array_size(v);
+	if ((object ? !json_is_object(v) : !json_is_array(v)) || n == 0)
+		return jerr_member(c, key, 0, "expected a non-empty %s of %s",
+				   object ? "object" : "array", key);
+	if (n > (size_t)max)
+		return jerr_member(c, key, 0, "too many %s (at most %d)", key, max);
+	*out = v;
+	*arr = calloc(n, elsz);
+	if (!*arr)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
 int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname,
 		sp_err_t *err)
 {
@@ -587,25 +604,10 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	out->dtype = (sp_dtype_t)dt;
 	out->seed = (uint64_t)seed;
 
-	json_t *comps = json_object_get(root, "components");
-	if (!comps) {
-		rc = jerr(&c, 0, "missing required key 'components'");
+	json_t *comps = NULL, *tasks = NULL;
+	if ((rc = get_collection(&c, root, "components", SP_MAX_COMPONENTS,
+				 sizeof *out->comps, &comps, (void **)&out->comps)))
 		goto cleanup;
-	}
-	if (!json_is_object(comps) || json_object_size(comps) == 0) {
-		rc = jerr_member(&c, "components", 0, "expected a non-empty object of components");
-		goto cleanup;
-	}
-	if (json_object_size(comps) > SP_MAX_COMPONENTS) {
-		rc = jerr_member(&c, "components", 0, "too many components (at most %d)",
-				 SP_MAX_COMPONENTS);
-		goto cleanup;
-	}
-	out->comps = calloc(json_object_size(comps), sizeof *out->comps);
-	if (!out->comps) {
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
 	/* object order as written in the file (jansson keeps insertion order) */
 	const char *key;
 	json_t *v;
@@ -626,24 +628,9 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	}
 	jp_pop(&c);
 
-	json_t *tasks = json_object_get(root, "tasks");
-	if (!tasks) {
-		rc = jerr(&c, 0, "missing required key 'tasks'");
+	if ((rc = get_collection(&c, root, "tasks", SP_MAX_TASKS, sizeof *out->tasks, &tasks,
+				 (void **)&out->tasks)))
 		goto cleanup;
-	}
-	if (!json_is_array(tasks) || json_array_size(tasks) == 0) {
-		rc = jerr_member(&c, "tasks", 0, "expected a non-empty array of tasks");
-		goto cleanup;
-	}
-	if (json_array_size(tasks) > SP_MAX_TASKS) {
-		rc = jerr_member(&c, "tasks", 0, "too many tasks (at most %d)", SP_MAX_TASKS);
-		goto cleanup;
-	}
-	out->tasks = calloc(json_array_size(tasks), sizeof *out->tasks);
-	if (!out->tasks) {
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
 	for (size_t i = 0; i < json_array_size(tasks); i++) {
 		jp_push_key(&c, "tasks");
 		jp_push_index(&c, i);

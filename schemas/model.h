@@ -202,9 +202,9 @@ typedef struct {
 /*
  * The rules of a loaded model (indices, names and field limits already
  * checked by its reader): task graphs (sources, arity, acyclic, seq and
- * widths, every node reaches a loss), size totals; a component no node
- * uses is a warning (a component library shared by several task sets is
- * normal). Returns 0 or the code of the first broken rule, after reporting
+ * widths, cross-attention memories, every node reaches a loss), size
+ * totals; a component no node uses is a warning (a component library
+ * shared by several task sets is normal). Returns 0 or the code of the first broken rule, after reporting
  * it.
  */
 int model_check(const sp_model_t *m, const model_report_t *r);

@@ -1,10 +1,11 @@
 /*
  * model_check.c — the model's validity rules that hold whatever format the
  * model came in: every task graph's sources and arities, acyclicity, seq and
- * width agreement, cross-attention memories, every node reaching a loss, and totals (parameters,
- * FLOPs, saved activation bytes) that fit the planner's int64 arithmetic. The JSON loader (model_load.c) and the plan reader
- * (plan_check.c) both call it, so a plan cannot carry a model the loader
- * rejects.
+ * width agreement, cross-attention memories, every node reaching a loss,
+ * and totals (parameters, FLOPs, saved activation bytes) that fit the
+ * planner's int64 arithmetic. The JSON loader (model_load.c) and the plan
+ * reader (plan_check.c) both call it, so a plan cannot carry a model the
+ * loader rejects.
  *
  * It checks the loaded form of a model (sp_model_t after model_parse: loss
  * nodes carry their input's seq, contrastive nodes seq 1) and assumes what
@@ -243,7 +244,7 @@ static int memory_of(const sp_model_t *m, const sp_node_t *n)
 	return m->comps[n->comp].cross_attention ? n->memory : -1;
 }
 
-/* Node k's predecessor q: its inputs, then its memory (q == n_inputs). */
+/* Node n's predecessor q: its inputs, then its memory (q == n_inputs). */
 static int pred_of(const sp_model_t *m, const sp_node_t *n, int q)
 {
 	return q < n->n_inputs ? n->inputs[q] : memory_of(m, n);

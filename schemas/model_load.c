@@ -1,11 +1,12 @@
 /*
  * model_load.c — reads spindle.model/1 (schemas/model.schema.json) into an
  * sp_model_t: types, keys, limits and names as the schema says, references
- * resolved, hidden % heads == 0, loss nodes' seqs filled in; then the rules
- * of every model, whatever its format (task graphs acyclic, sources,
- * arities, widths and seqs agreeing, every node reaching a loss, sizes
- * fitting int64 arithmetic), by model_check.c, with errors located in the
- * JSON text. It does not plan anything; the first problem found is reported.
+ * resolved (inputs and cross-attention memories), hidden % heads == 0, a
+ * memory written exactly on cross-attention nodes, loss nodes' seqs filled
+ * in; then the rules of every model, whatever its format (task graphs
+ * acyclic, sources, arities, widths and seqs agreeing, memories, every node
+ * reaching a loss, sizes fitting int64 arithmetic), by model_check.c, with
+ * errors located in the JSON text. It does not plan anything; the first problem found is reported.
  */
 #include "jsonutil.h"
 #include "model.h"

@@ -79,16 +79,19 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 {
 	const sp_model_t *md = pl->model;
 	const sp_cluster_t *cl = pl->cluster;
+	char tp[12] = "auto";
+	if (pl->opts->tp > 0)
+		snprintf(tp, sizeof tp, "%d", pl->opts->tp);
 	snprintf(out->planner_version, sizeof out->planner_version, "spindle-plan %s",
 		 SP_VERSION);
 	snprintf(out->algo, sizeof out->algo, "%s", algo_name(algo));
 	snprintf(out->options, sizeof out->options,
 		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d zero=%s recompute=%s "
-		 "microbatches=%d",
+		 "microbatches=%d tp=%s",
 		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
 		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
-		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k);
+		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k, tp);
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))

@@ -42,6 +42,11 @@ static void usage(FILE *f)
 		"                       (N divides every batch; gradients accumulate over\n"
 		"                       them); auto (default): 1 unless nothing fits, then\n"
 		"                       the fewest that fit. The same N for every task\n"
+		"  --tp 1|2|4|8|auto    tensor-parallel degree: a number splits every\n"
+		"                       transformer slice whose width it divides into\n"
+		"                       groups of that many devices of one node (it must\n"
+		"                       divide every transformer's heads and ffn); auto\n"
+		"                       (default) chooses per layer\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -52,7 +57,7 @@ static int takes_value(const char *a)
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute",
-					    "--microbatches"};
+					    "--microbatches", "--tp"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -144,6 +149,18 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 			return SP_EXIT_INPUT;
 		}
 		o->microbatches = (int)k;
+	} else if (!strcmp(a, "--tp")) {
+		char *end;
+		long t = strtol(val, &end, 10);
+		if (!strcmp(val, "auto"))
+			t = 0;
+		else if (*end || end == val || t < 1 || t > SP_MAX_TP) {
+			fprintf(stderr, "spindle-plan: --tp: '%s' is not a degree\nhint: use auto "
+					"or a number from 1 to %d (usually 1, 2, 4 or 8)\n",
+				val, SP_MAX_TP);
+			return SP_EXIT_INPUT;
+		}
+		o->tp = (int)t;
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");

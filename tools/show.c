@@ -153,11 +153,15 @@ static void param_list(char *buf, size_t cap, const sp_plan_t *p, const sp_param
 	buf[0] = 0;
 	for (int i = 0; i < n && o + SP_NAME_MAX + 32 < cap; i++) {
 		int j = i;
-		while (j + 1 < n && a[j + 1].comp == a[i].comp && a[j + 1].layer == a[j].layer + 1)
+		while (j + 1 < n && a[j + 1].comp == a[i].comp && a[j + 1].layer == a[j].layer + 1 &&
+		       a[j + 1].tp == a[i].tp && a[j + 1].tp_rank == a[i].tp_rank)
 			j++;
 		const char *name = p->model.comps[a[i].comp].name;
 		o += (size_t)snprintf(buf + o, cap - o, i == j ? "%s%s %d" : "%s%s %d-%d",
 				      i ? ", " : "", name, a[i].layer, a[j].layer);
+		if (a[i].tp > 1) /* shard tp_rank of tp */
+			o += (size_t)snprintf(buf + o, cap - o, " shard %d/%d", a[i].tp_rank,
+					      a[i].tp);
 		i = j;
 	}
 	if (o + SP_NAME_MAX + 32 >= cap && cap > 4)
@@ -242,13 +246,15 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 			wv->n_slices, used);
 		for (; k < p->n_slices && p->slices[v->order[k]].wave == w; k++) {
 			const sp_slice_t *s = &p->slices[v->order[k]];
-			char devs[512], lay[32];
+			char devs[512], lay[32], tp[16] = "";
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			snprintf(lay, sizeof lay, "%d-%d", s->layer_from, s->layer_to);
-			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s\n",
+			if (s->tp > 1)
+				snprintf(tp, sizeof tp, "  tp %d", s->tp);
+			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s%s\n",
 				w, p->metaops[s->metaop].name, lay, s->n_dev, devs, N2(s->start_ms),
 				N2(s->fwd_ms), N2(s->bwd_start_ms), N2(s->bwd_ms),
-				s->recompute ? "  recompute" : "");
+				s->recompute ? "  recompute" : "", tp);
 		}
 	}
 }
@@ -488,9 +494,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 				s->layer_from, s->layer_to, s->n_dev);
 			json_devlist(f, p->slice_devs + s->dev_off, s->n_dev);
 			fprintf(f, ", \"device_list\": \"%s\", \"start_ms\": %s, \"fwd_ms\": %s, "
-				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s}",
+				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d}",
 				devs, J2(s->start_ms), J2(s->fwd_ms), J2(s->bwd_start_ms),
-				J2(s->bwd_ms));
+				J2(s->bwd_ms), s->tp);
 		}
 		fprintf(f, "%s]}", wv->n_slices ? "\n    " : "");
 	}
@@ -504,7 +510,8 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 			const sp_param_t *pa = &p->bucket_params[x->param_off + i];
 			fprintf(f, "%s{\"component\": ", i ? ", " : "");
 			sp_json_str(f, p->model.comps[pa->comp].name);
-			fprintf(f, ", \"layer\": %d}", pa->layer);
+			fprintf(f, ", \"layer\": %d, \"tp\": %d, \"tp_rank\": %d}", pa->layer,
+				pa->tp, pa->tp_rank);
 		}
 		fprintf(f, "], \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,
 			J2(x->sync_ms));

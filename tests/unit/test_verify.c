@@ -8,7 +8,8 @@
  * break causes. The first message of each kind is printed, then how many
  * breaks of that kind were made and how many were rejected. Which defect a
  * break causes is not always the obvious one (a deleted RECV starves a
- * reader before the end-of-run transfer check); each test says why.
+ * reader before the end-of-run transfer check); each test says why. The
+ * tensor-parallel tests break the demo planned under --tp 2.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +32,8 @@ typedef struct {
 	size_t len;
 	uint8_t *zbytes; /* the same inputs under --zero 1 --recompute all */
 	size_t zlen;
+	uint8_t *tbytes; /* the same inputs under --tp 2 */
+	size_t tlen;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -70,6 +73,13 @@ static int group_setup(void **state)
 	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
 	    plan_encode(&f->zbytes, &f->zlen, &p, &err))
 		goto cleanup;
+	plan_release(&p);
+	o.zero = 0;
+	o.recompute = 0;
+	o.tp = 2;
+	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
+	    plan_encode(&f->tbytes, &f->tlen, &p, &err))
+		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
 	*state = f;
@@ -91,6 +101,7 @@ static int group_teardown(void **state)
 	if (f) {
 		free(f->bytes);
 		free(f->zbytes);
+		free(f->tbytes);
 	}
 	free(f);
 	return 0;
@@ -102,6 +113,13 @@ static void copy_plan(const vfix_t *f, sp_plan_t *out)
 {
 	sp_err_t err = {0};
 	assert_int_equal(plan_decode(out, f->bytes, f->len, "demo.bin", &err), 0);
+}
+
+/* The plan made under --tp 2. */
+static void copy_tplan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->tbytes, f->tlen, "demo-tp2.bin", &err), 0);
 }
 
 /* The plan made under --zero 1 --recompute all. */
@@ -172,6 +190,10 @@ static void del_held(sp_plan_t *p, int d, int k)
 static void del_bucket_entry(sp_plan_t *p, int b, int q, int params)
 {
 	sp_bucket_t *bk = p->buckets;
+	if (params) { /* the bucket's elems stay its params' (a rule of its own) */
+		const sp_param_t *pr = &p->bucket_params[bk[b].param_off + q];
+		bk[b].elems -= comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
+	}
 	if (params)
 		drop_at(p->bucket_params, sizeof *p->bucket_params, &p->n_bucket_params,
 			bk[b].param_off + q);
@@ -228,6 +250,7 @@ typedef struct {
 	sp_plan_t ref, p;
 	int made, rejected;
 	int zero1; /* breaking the --zero 1 --recompute all plan */
+	int tp;    /* breaking the --tp 2 plan */
 } breaks_t;
 
 static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
@@ -250,10 +273,23 @@ static void breaks_begin_zero1(breaks_t *b, const vfix_t *f, const char *kind)
 	copy_zplan(f, &b->ref);
 }
 
+/* The same on the plan made under --tp 2. */
+static void breaks_begin_tp(breaks_t *b, const vfix_t *f, const char *kind)
+{
+	memset(b, 0, sizeof *b);
+	b->f = f;
+	b->kind = kind;
+	b->cap = f->cap;
+	b->tp = 1;
+	copy_tplan(f, &b->ref);
+}
+
 /* A fresh copy of the valid plan, to break. */
 static sp_plan_t *break_copy(breaks_t *b)
 {
-	if (b->zero1)
+	if (b->tp)
+		copy_tplan(b->f, &b->p);
+	else if (b->zero1)
 		copy_zplan(b->f, &b->p);
 	else
 		copy_plan(b->f, &b->p);
@@ -890,6 +926,179 @@ static void test_zero1_memory(void **state)
 	breaks_end(&b, 1);
 }
 
+/* ---- (j) tensor parallelism (the demo under --tp 2) ---------------------------- */
+
+/* Slice i's device at slot k. */
+static int slot_dev(const sp_plan_t *p, int i, int k)
+{
+	return p->slice_devs[p->slices[i].dev_off + k];
+}
+
+/* Device d's position of the op instruction of slice i, or -1. */
+static int find_compute(const sp_plan_t *p, int d, int op, int i)
+{
+	for (int k = 0; k < p->devices[d].n_ins; k++) {
+		const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+		if (in->op == op && in->slice == i)
+			return k;
+	}
+	return -1;
+}
+
+/* The plan verifies, has split slices, and member j of each holds shard
+ * (tp, j) of its layers; each shard's bucket holds that shard's elements. */
+static void test_tp_valid(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "tp");
+	const sp_plan_t *p = &b.ref;
+	expect_valid(p, b.cap);
+	int split = 0;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *sl = &p->slices[i];
+		if (sl->tp == 1)
+			continue;
+		split++;
+		assert_int_equal(sl->tp, 2);
+		for (int k = 0; k < sl->n_dev; k++) {
+			const sp_device_t *dv = &p->devices[slot_dev(p, i, k)];
+			int shards = 0;
+			for (int h = 0; h < dv->n_held; h++)
+				shards += p->held[dv->held_off + h].tp == 2 &&
+					  p->held[dv->held_off + h].tp_rank == k % 2;
+			assert_true(shards >= sl->layer_to - sl->layer_from);
+		}
+	}
+	assert_true(split >= 1);
+	for (int bk = 0; bk < p->n_buckets; bk++) {
+		const sp_param_t *q = &p->bucket_params[p->buckets[bk].param_off];
+		int64_t e = 0;
+		for (int k = 0; k < p->buckets[bk].n_params; k++)
+			e += comp_layer_params_tp(&p->model.comps[q[k].comp], q[k].tp);
+		assert_int_equal(e, p->buckets[bk].elems);
+	}
+	plan_release(&b.ref);
+}
+
+/* A group whose members sit on two nodes (one member's node changed). */
+static void test_tp_group_spans_nodes(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "groups across nodes");
+	for (int i = 0; i < b.ref.n_slices; i++) {
+		if (b.ref.slices[i].tp == 1)
+			continue;
+		sp_plan_t *p = break_copy(&b);
+		p->nodes = 2;
+		p->devices[slot_dev(p, i, 1)].node = 1;
+		judge(&b, "tensor parallelism", "group 0 of slice %d spans nodes", i);
+	}
+	breaks_end(&b, 1);
+}
+
+/* A whole-layer slice split 2 ways while another slice of the same layer
+ * is not: one sharding per layer. */
+static void test_tp_one_sharding(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "two shardings of a layer");
+	const sp_plan_t *r = &b.ref;
+	for (int i = 0; i < r->n_slices; i++) {
+		const sp_slice_t *x = &r->slices[i];
+		const sp_metaop_t *m = &r->metaops[x->metaop];
+		const sp_component_t *c =
+			&r->model.comps[r->model.tasks[m->task].nodes[r->ops[m->first_op].node].comp];
+		if (x->tp != 1 || x->n_dev % 2 || c->type != COMP_TRANSFORMER)
+			continue;
+		int shared = 0; /* another slice over a layer of the same component */
+		for (int j = 0; j < r->n_slices && !shared; j++) {
+			const sp_metaop_t *mj = &r->metaops[r->slices[j].metaop];
+			shared = j != i && mj->shape.type == COMP_TRANSFORMER &&
+				 r->model.tasks[mj->task].nodes[r->ops[mj->first_op].node].comp ==
+					 r->model.tasks[m->task].nodes[r->ops[m->first_op].node].comp;
+		}
+		if (!shared)
+			continue;
+		break_copy(&b)->slices[i].tp = 2;
+		judge(&b, "tensor parallelism", "one sharding per layer");
+	}
+	breaks_end(&b, 1);
+}
+
+/* Members 0 and 1 of a group trade places: each runs the slice without the
+ * shard its new member index needs. */
+static void test_tp_wrong_shard(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "members swapped");
+	for (int i = 0; i < b.ref.n_slices; i++) {
+		if (b.ref.slices[i].tp == 1)
+			continue;
+		sp_plan_t *p = break_copy(&b);
+		int32_t *sd = p->slice_devs + p->slices[i].dev_off;
+		int32_t t = sd[0];
+		sd[0] = sd[1];
+		sd[1] = t;
+		judge(&b, "missing parameters", "shard of the slice's tp and this member");
+	}
+	breaks_end(&b, 1);
+}
+
+/* A shard bucket that misstates its elements. */
+static void test_tp_bucket_elems(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "shard bucket sizes");
+	for (int bk = 0; bk < b.ref.n_buckets; bk++) {
+		if (b.ref.bucket_params[b.ref.buckets[bk].param_off].tp == 1)
+			continue;
+		break_copy(&b)->buckets[bk].elems += 1;
+		judge(&b, "tensor parallelism", "sync bucket %d says", bk);
+	}
+	breaks_end(&b, 1);
+}
+
+/* Member 1 runs the slice's BWD before its FWD while member 0 runs FWD
+ * first: the group's all-reduces would never meet (a rendezvous deadlock). */
+static void test_tp_order(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "members out of order");
+	for (int i = 0; i < b.ref.n_slices; i++) {
+		if (b.ref.slices[i].tp == 1)
+			continue;
+		int d = slot_dev(&b.ref, i, 1);
+		int kf = find_compute(&b.ref, d, INS_FWD, i), kb = find_compute(&b.ref, d, INS_BWD, i);
+		assert_true(kf >= 0 && kb > kf);
+		move_ins(break_copy(&b), d, kb, kf);
+		judge(&b, "deadlock", "tensor-parallel group of slice %d", i);
+	}
+	breaks_end(&b, 1);
+}
+
+/* Member 1 of a group loses a piece of its input: every member needs the
+ * whole input of its group's samples. */
+static void test_tp_member_input(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "member inputs dropped");
+	for (int i = 0; i < b.ref.n_slices; i++) {
+		const sp_slice_t *sl = &b.ref.slices[i];
+		if (sl->tp == 1)
+			continue;
+		int d = slot_dev(&b.ref, i, 1), kf = find_compute(&b.ref, d, INS_FWD, i);
+		for (int k = 0; k < kf; k++) {
+			const sp_ins_t *in = ins_at(&b.ref, d, k);
+			if (in->op != INS_RECV || in->dst.grad || in->dst.metaop != sl->metaop ||
+			    in->dst.layer != sl->layer_from)
+				continue;
+			del_ins(break_copy(&b), d, k);
+			judge(&b, "missing input", "device %d instruction %d (fwd)", d, kf - 1);
+		}
+	}
+	breaks_end(&b, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -913,6 +1122,13 @@ int main(void)
 		cmocka_unit_test(test_gather_before_step),
 		cmocka_unit_test(test_gather_stranger),
 		cmocka_unit_test(test_zero1_memory),
+		cmocka_unit_test(test_tp_valid),
+		cmocka_unit_test(test_tp_group_spans_nodes),
+		cmocka_unit_test(test_tp_one_sharding),
+		cmocka_unit_test(test_tp_wrong_shard),
+		cmocka_unit_test(test_tp_bucket_elems),
+		cmocka_unit_test(test_tp_order),
+		cmocka_unit_test(test_tp_member_input),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

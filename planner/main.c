@@ -98,6 +98,24 @@ static int opt_word(int *out, const char *a, const char *val, const char *const 
 	return SP_EXIT_INPUT;
 }
 
+/* --microbatches and --tp: auto (0) or a number from 1 to max. */
+static int opt_auto_int(int *out, const char *a, const char *val, int max, const char *what,
+			const char *which)
+{
+	char *end;
+	long k = strtol(val, &end, 10);
+	if (!strcmp(val, "auto"))
+		k = 0;
+	else if (*end || end == val || k < 1 || k > max) {
+		fprintf(stderr, "spindle-plan: %s: '%s' is not %s\nhint: use auto or a number "
+				"from 1 to %d %s\n",
+			a, val, what, max, which);
+		return SP_EXIT_INPUT;
+	}
+	*out = (int)k;
+	return 0;
+}
+
 /* An option that takes a value: 0 when taken, -1 when a is not one of
  * them, SP_EXIT_INPUT on a bad value. */
 static int opt_value(plan_opts_t *o, const char *a, const char *val)
@@ -137,30 +155,11 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
 					: "use 0, 1 or auto");
 	} else if (!strcmp(a, "--microbatches")) {
-		char *end;
-		long k = strtol(val, &end, 10);
-		if (!strcmp(val, "auto"))
-			k = 0;
-		else if (*end || end == val || k < 1 || k > SP_MAX_MICROBATCHES) {
-			fprintf(stderr, "spindle-plan: --microbatches: '%s' is not a count\nhint: "
-					"use auto or a number from 1 to %d that divides every "
-					"task's batch\n",
-				val, SP_MAX_MICROBATCHES);
-			return SP_EXIT_INPUT;
-		}
-		o->microbatches = (int)k;
+		return opt_auto_int(&o->microbatches, a, val, SP_MAX_MICROBATCHES, "a count",
+				    "that divides every task's batch");
 	} else if (!strcmp(a, "--tp")) {
-		char *end;
-		long t = strtol(val, &end, 10);
-		if (!strcmp(val, "auto"))
-			t = 0;
-		else if (*end || end == val || t < 1 || t > SP_MAX_TP) {
-			fprintf(stderr, "spindle-plan: --tp: '%s' is not a degree\nhint: use auto "
-					"or a number from 1 to %d (usually 1, 2, 4 or 8)\n",
-				val, SP_MAX_TP);
-			return SP_EXIT_INPUT;
-		}
-		o->tp = (int)t;
+		return opt_auto_int(&o->tp, a, val, SP_MAX_TP, "a degree",
+				    "(usually 1, 2, 4 or 8)");
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");

@@ -300,18 +300,12 @@ static void diff_waves(dstate_t *st, const side_t *a, const side_t *b)
 	printf("\nwaves: %d -> %d; %d changed, removed or added\n", pa->n_waves, pb->n_waves,
 	       changed);
 	for (int w = 0; w < n; w++) {
-		if (w >= pb->n_waves) {
-			const sp_wave_t *x = &pa->waves[w];
-			printf("  - wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", w,
-			       F2(st, x->start_ms), F2(st, x->dur_ms), F2(st, x->bwd_start_ms),
+		if (w >= pb->n_waves || w >= pa->n_waves) { /* removed, or added */
+			int gone = w >= pb->n_waves;
+			const sp_wave_t *x = gone ? &pa->waves[w] : &pb->waves[w];
+			printf("  %c wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", gone ? '-' : '+',
+			       w, F2(st, x->start_ms), F2(st, x->dur_ms), F2(st, x->bwd_start_ms),
 			       F2(st, x->bwd_dur_ms), x->n_slices);
-			continue;
-		}
-		if (w >= pa->n_waves) {
-			const sp_wave_t *y = &pb->waves[w];
-			printf("  + wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", w,
-			       F2(st, y->start_ms), F2(st, y->dur_ms), F2(st, y->bwd_start_ms),
-			       F2(st, y->bwd_dur_ms), y->n_slices);
 			continue;
 		}
 		const sp_wave_t *x = &pa->waves[w], *y = &pb->waves[w];

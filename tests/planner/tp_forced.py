@@ -44,12 +44,10 @@ def view(tmp, tp):
 
 
 def main():
-    failed = []
+    results = []  # (passed, what, detail), printed at the end
 
     def check(ok, what, detail=""):
-        print(("ok   " if ok else "FAIL ") + what + ("" if ok else "\n     " + detail))
-        if not ok:
-            failed.append(what)
+        results.append((bool(ok), what, detail))
 
     model = json.load(open(MODEL))
     comps = model["components"]
@@ -65,6 +63,7 @@ def main():
         r, v = view(tmp, "2")
         check(r.returncode == 0, "--tp 2 plans and verifies (exit 0)", r.stderr)
         if v is None:
+            print("FAIL --tp 2 plans\n     " + r.stderr)
             return 1
         check("tp=2" in v["options"], "the options say tp=2", v["options"])
         slices = [s for w in v["waves"] for s in w["slices"]]
@@ -102,7 +101,10 @@ def main():
               not os.path.exists(os.path.join(tmp, "tp3.bin")),
               "--tp 3 exits 2 naming the component, with a hint, no plan written",
               repr((r3.returncode, r3.stderr)))
-    print("%d failed" % len(failed) if failed else "all passed")
+    for ok, what, detail in results:
+        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
+    failed = sum(not ok for ok, _, _ in results)
+    print("%d failed" % failed if failed else "all passed")
     return 1 if failed else 0
 
 

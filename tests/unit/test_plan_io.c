@@ -960,25 +960,6 @@ static void test_indices(void **state)
 			      "range [10, 12) is outside the 11 slice devices");
 	expect_patch_rejected(f, 12, 7, 20, 6, "slices[7].dev_off",
 			      "device 0 is twice");
-	/* tensor parallelism: slice tp 60; params (bucket_params 16, held 19):
-	 * tp 8, tp_rank 12 */
-	expect_patch_rejected(f, 12, 0, 60, 0, "slices[0].tp", "0 is outside [1, 64]");
-	expect_patch_rejected(f, 12, 7, 60, 65, "slices[7].tp", "65 is outside [1, 64]");
-	expect_patch_rejected(f, 12, 2, 60, 2, "slices[2].tp",
-			      "tensor-parallel degree 2 does not divide the slice's 1 devices");
-	expect_patch_rejected(f, 12, 8, 60, 2, "slices[8].tp",
-			      "metaop 'clip/loss' cannot be split 2 ways");
-	expect_patch_rejected(f, 12, 7, 60, 4, "slices[7].tp",
-			      "does not divide the slice's 2 devices");
-	expect_patch_rejected(f, 16, 0, 8, 0, "bucket_params[0].tp", "0 is outside [1, 64]");
-	expect_patch_rejected(f, 16, 0, 12, 1, "bucket_params[0].tp_rank",
-			      "shard 1 does not exist (there are 1)");
-	expect_patch_rejected(f, 19, 1, 12, 2, "held[1].tp_rank",
-			      "shard 2 does not exist (there are 2)");
-	expect_patch_rejected(f, 19, 0, 8, 2, "held[0].tp",
-			      "component 'tok' cannot be split 2 ways");
-	expect_patch_rejected(f, 19, 1, 8, 3, "held[1].tp",
-			      "component 'body' cannot be split 3 ways");
 	expect_patch_rejected(f, 12, 3, 0, 2, "waves[1].first_slice",
 			      "slice 3 is in this wave's range but belongs to wave 2");
 	expect_patch_rejected(f, 13, 4, 0, 2, "slice_devs[4]", "device 2 does not exist");
@@ -1052,6 +1033,31 @@ static void test_indices(void **state)
  * total of saved activations (each node within the limit, their sum past
  * it), which the reader once did not check.
  */
+/* Tensor parallelism: slice tp (slices, at 60); a param's tp and tp_rank
+ * (bucket_params 16 and held 19, at 8 and 12). */
+static void test_tp_fields(void **state)
+{
+	static const struct {
+		uint32_t id, rec, at, v;
+		const char *path, *msg;
+	} cases[] = {
+		{12, 0, 60, 0, "slices[0].tp", "0 is outside [1, 64]"},
+		{12, 7, 60, 65, "slices[7].tp", "65 is outside [1, 64]"},
+		{12, 2, 60, 2, "slices[2].tp",
+		 "tensor-parallel degree 2 does not divide the slice's 1 devices"},
+		{12, 8, 60, 2, "slices[8].tp", "metaop 'clip/loss' cannot be split 2 ways"},
+		{12, 7, 60, 4, "slices[7].tp", "does not divide the slice's 2 devices"},
+		{16, 0, 8, 0, "bucket_params[0].tp", "0 is outside [1, 64]"},
+		{16, 0, 12, 1, "bucket_params[0].tp_rank", "shard 1 does not exist (there are 1)"},
+		{19, 1, 12, 2, "held[1].tp_rank", "shard 2 does not exist (there are 2)"},
+		{19, 0, 8, 2, "held[0].tp", "component 'tok' cannot be split 2 ways"},
+		{19, 1, 8, 3, "held[1].tp", "component 'body' cannot be split 3 ways"},
+	};
+	for (size_t i = 0; i < SP_ARRAY_LEN(cases); i++)
+		expect_patch_rejected(*state, cases[i].id, cases[i].rec, cases[i].at, cases[i].v,
+				      cases[i].path, cases[i].msg);
+}
+
 static void test_model_rules_shared(void **state)
 {
 	(void)state;
@@ -1246,6 +1252,7 @@ int main(void)
 		T(test_sections),
 		T(test_unknown_and_duplicate_sections),
 		T(test_indices),
+		T(test_tp_fields),
 		T(test_model_rules_shared),
 		T(test_encode_refuses_invalid),
 		T(test_files),

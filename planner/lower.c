@@ -8,7 +8,10 @@
  * pl->scratch and are given back when lower_run returns; the plan's own
  * arrays are on the heap (plan_release frees them).
  *
- * Sample ranges. Device i of a slice's n gets [i*B/n, (i+1)*B/n). A
+ * Sample ranges. Device i of a slice's n gets [i*B/n, (i+1)*B/n); on a
+ * tensor-parallel slice (tp t, tp.c) the unit is the group: group r of its
+ * n / t gets [r*B/(n/t), (r+1)*B/(n/t)) on all its t members (lower_xfer.c
+ * says who sends to which member). A
  * consumer slot needs its own range of its input (a contrastive loss needs
  * the whole batch), and gets each piece from the producer slot whose range
  * intersects it: the MetaOp's previous slice (act(m, lf)), or, for a
@@ -25,8 +28,9 @@
  * its SEND in the global order and sends never block, so no rank can wait
  * on a peer that waits on it (verify.c re-checks by simulation).
  *
- * Sync. A parameter's holders are the devices whose slices use it; params
- * with the same holder set form one bucket (one all-reduce per group). A
+ * Sync. A parameter's holders are the devices whose slices use it (under
+ * tensor parallelism: the holders of one shard, member j of every group);
+ * params with the same holder set form one bucket (one all-reduce per group). A
  * device issues a bucket's SYNC right after its last instruction that
  * produces gradients of it (overlap), or all SYNCs just before STEP (the
  * paper's algorithm and baseline: algo_overlaps_sync). STEP waits for all

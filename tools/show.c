@@ -168,6 +168,16 @@ static void param_list(char *buf, size_t cap, const sp_plan_t *p, const sp_param
 		strcpy(buf + cap - 4, "...");
 }
 
+/* 1 when device x holds a tensor-parallel shard (the views then list what
+ * it holds; whole layers only: nothing more to say than the buckets do). */
+static int holds_shards(const sp_plan_t *p, const sp_device_t *x)
+{
+	for (int k = 0; k < x->n_held; k++)
+		if (p->held[x->held_off + k].tp > 1)
+			return 1;
+	return 0;
+}
+
 /* ---- text view -------------------------------------------------------------- */
 
 #define N2(x) tl_fmt(&nr, (x), 2)
@@ -292,6 +302,11 @@ static void text_devices(FILE *f, const sp_plan_t *p)
 			N2((double)x->mem[MEM_ACTS] / GIB), N2((double)x->mem[MEM_COMM] / GIB),
 			N2((double)x->mem[MEM_WORK] / GIB), N2((double)x->mem_peak / GIB),
 			N2(x->busy_ms), N2(x->comm_ms), N2(x->idle_ms), x->n_ins);
+		if (holds_shards(p, x)) {
+			char held[1024];
+			param_list(held, sizeof held, p, p->held + x->held_off, x->n_held);
+			fprintf(f, "           holds %s\n", held);
+		}
 	}
 }
 
@@ -368,6 +383,19 @@ static void text_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 /* Numbers rounded as in the text view, so JSON diffs are as quiet. */
 #define J2(x) tl_fmt(&nr, (x), 2)
 #define J4(x) tl_fmt(&nr, (x), 4)
+
+/* [{"component": ..., "layer": l, "tp": t, "tp_rank": j}, ...] */
+static void json_params(FILE *f, const sp_plan_t *p, const sp_param_t *a, int n)
+{
+	fprintf(f, "[");
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s{\"component\": ", i ? ", " : "");
+		sp_json_str(f, p->model.comps[a[i].comp].name);
+		fprintf(f, ", \"layer\": %d, \"tp\": %d, \"tp_rank\": %d}", a[i].layer, a[i].tp,
+			a[i].tp_rank);
+	}
+	fprintf(f, "]");
+}
 
 static void json_devlist(FILE *f, const int32_t *d, int n)
 {
@@ -505,15 +533,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 		const sp_bucket_t *x = &p->buckets[b];
 		fprintf(f, "%s\n    {\"bucket\": %d, \"devices\": ", b ? "," : "", b);
 		json_devlist(f, p->bucket_devs + x->dev_off, x->n_dev);
-		fprintf(f, ", \"params\": [");
-		for (int i = 0; i < x->n_params; i++) {
-			const sp_param_t *pa = &p->bucket_params[x->param_off + i];
-			fprintf(f, "%s{\"component\": ", i ? ", " : "");
-			sp_json_str(f, p->model.comps[pa->comp].name);
-			fprintf(f, ", \"layer\": %d, \"tp\": %d, \"tp_rank\": %d}", pa->layer,
-				pa->tp, pa->tp_rank);
-		}
-		fprintf(f, "], \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,
+		fprintf(f, ", \"params\": ");
+		json_params(f, p, p->bucket_params + x->param_off, x->n_params);
+		fprintf(f, ", \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,
 			J2(x->sync_ms));
 	}
 	fprintf(f, "%s],\n  \"devices\": [", p->n_buckets ? "\n  " : "");
@@ -526,6 +548,10 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 			J2((double)x->mem[MEM_ACTS] / GIB), J2((double)x->mem[MEM_COMM] / GIB),
 			J2((double)x->mem[MEM_WORK] / GIB), J2((double)x->mem_peak / GIB),
 			J2(x->busy_ms), J2(x->comm_ms), J2(x->idle_ms), x->n_ins);
+		if (holds_shards(p, x)) {
+			fprintf(f, ", \"held\": ");
+			json_params(f, p, p->held + x->held_off, x->n_held);
+		}
 		if (programs) {
 			fprintf(f, ",\n     \"program\": [");
 			for (int i = 0; i < x->n_ins; i++) {

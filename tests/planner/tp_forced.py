@@ -89,6 +89,19 @@ def main():
             check(ranks == [0, 1] and all(e == shard for e in per) and shard < whole,
                   "'%s': one bucket per shard of %d elements (whole layer %d)"
                   % (c, shard, whole), repr((ranks, per)))
+        # member j of a split slice holds shard (2, j) of its layers (the
+        # view lists a device's held params when it holds a shard)
+        held = {d["device"]: d.get("held", []) for d in v["devices"]}
+        wrong = []
+        for s in slices:
+            if s["tp"] != 2:
+                continue
+            for j, d in enumerate(s["devices"]):
+                mine = [(p["tp"], p["tp_rank"]) for p in held[d]
+                        if p["component"] == slice_comp(s)]
+                if not mine or any(m != (2, j % 2) for m in mine):
+                    wrong.append((s["metaop"], d, mine))
+        check(not wrong, "member j of a split slice holds shard j of 2", repr(wrong))
         r0, v0 = view(tmp, None)
         check(r0.returncode == 0 and v0 is not None and
               all(s["tp"] == 1 for w in v0["waves"] for s in w["slices"]) and

@@ -320,6 +320,12 @@ int sched_chunk(sched_t *s, const planner_t *pl);
  * its slices can run it, else 1: slices wider than their batch shrink to
  * it); SP_ENOMEM. */
 int tp_assign(planner_t *pl, sched_t *s);
+/* The largest t of MetaOp m's slices in plan p (1: whole layers). */
+int tp_metaop(const sp_plan_t *p, int m);
+/* For report.c: the MetaOps that split and their t, as text lines, or the
+ * JSON member "tp" (after a ","): every MetaOp's name and t. */
+void tp_report(FILE *f, const sp_plan_t *p);
+void tp_json(FILE *f, const sp_plan_t *p);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
 /* Per-layer fwd+bwd ms of m on n devices. */

@@ -12,6 +12,9 @@
  * slice wider than its batch shrinks to the batch. A slice whose t differs
  * from its table's runs at the class's t and the simulator prices it so.
  *
+ * tp_report / tp_json: each MetaOp's t in a lowered plan, for report.c to
+ * print (report.c is the format engineer's; it calls these).
+ *
  * It does not place groups on nodes (place.c) nor price anything itself.
  */
 #include "planner.h"
@@ -108,4 +111,37 @@ int tp_assign(planner_t *pl, sched_t *s)
 done:
 	sp_arena_reset(&pl->scratch, mk);
 	return rc;
+}
+
+int tp_metaop(const sp_plan_t *p, int m)
+{
+	int t = 1;
+	for (int i = 0; i < p->n_slices; i++)
+		if (p->slices[i].metaop == m && p->slices[i].tp > t)
+			t = p->slices[i].tp;
+	return t;
+}
+
+void tp_report(FILE *f, const sp_plan_t *p)
+{
+	int any = 0;
+	for (int m = 0; m < p->n_metaops; m++) {
+		int t = tp_metaop(p, m);
+		if (t > 1)
+			fprintf(f, "%s  %s: t = %d\n", any++ ? "" : "tensor parallel:\n",
+				p->metaops[m].name, t);
+	}
+	if (!any)
+		fprintf(f, "tensor parallel: none (every slice runs whole layers)\n");
+}
+
+void tp_json(FILE *f, const sp_plan_t *p)
+{
+	fprintf(f, ",\n  \"tp\": {");
+	for (int m = 0; m < p->n_metaops; m++) {
+		fprintf(f, "%s", m ? ", " : "");
+		sp_json_str(f, p->metaops[m].name);
+		fprintf(f, ": %d", tp_metaop(p, m));
+	}
+	fprintf(f, "}");
 }

@@ -6,7 +6,9 @@
  * One sharding per layer (tp-format.txt): every slice that covers a
  * (component, layer) has the same t. We keep one t per class of MetaOps
  * that share a component (union over the components each MetaOp covers),
- * which is that rule or stricter. In a class, the t whose slices carry the
+ * which is that rule or stricter. A slice of a width no (d, t) makes
+ * first narrows to the width its table time came from (usen). In a class,
+ * the t whose slices carry the
  * most layer-time (layers x T(n)) wins; when some slice of the class cannot
  * run at it (n % t != 0 or n / t > batch), the class runs at t = 1 and a
  * slice wider than its batch shrinks to the batch. A slice whose t differs
@@ -85,7 +87,7 @@ int tp_assign(planner_t *pl, sched_t *s)
 		sslice_t *x = &s->s[i];
 		const metaop_t *m = &pl->mops[x->metaop];
 		int t;
-		table_width(m, x->n, &t);
+		x->n = table_width(m, x->n, &t); /* the same table time */
 		w[cls[x->metaop] * (SP_TP_MAX + 1) + t] += (x->lt - x->lf) * mop_t(m, x->n);
 	}
 	/* the heaviest t of each class (ties: the smaller t) */

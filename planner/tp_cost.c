@@ -7,12 +7,14 @@
  * (component, layer) has the same t. We keep one t per class of MetaOps
  * that share a component (union over the components each MetaOp covers),
  * which is that rule or stricter. A slice of a width no (d, t) makes
- * first narrows to the width its table time came from (usen). In a class,
- * the t whose slices carry the
- * most layer-time (layers x T(n)) wins; when some slice of the class cannot
- * run at it (n % t != 0 or n / t > batch), the class runs at t = 1 and a
- * slice wider than its batch shrinks to the batch. A slice whose t differs
- * from its table's runs at the class's t and the simulator prices it so.
+ * first narrows to the width its table time came from (usen). A class
+ * weighs t = 1 and every t its slices' tables chose: the layer-time of all
+ * its slices re-priced at that t (layers x cost_layer_tp at local batch
+ * ceil(B / (n / t))), ruled out when some slice cannot run it (n % t != 0
+ * or n / t > batch); the least wins. At t = 1 a slice wider than its batch
+ * shrinks to the batch. (Taking the t of the slices that carry most
+ * layer-time instead forces it on a shared encoder's large-batch tasks,
+ * where it is slower than whole layers: clip-10 on 128 GPUs.)
  *
  * tp_report / tp_json: each MetaOp's t in a lowered plan, for report.c to
  * print (report.c is the format engineer's; it calls these).
@@ -21,6 +23,7 @@
  */
 #include "planner.h"
 
+#include <math.h>
 #include <string.h>
 
 /* The (n, t) a slice of n devices of m runs at before the class decides:
@@ -70,6 +73,18 @@ static int fits_degree(const metaop_t *m, int n, int t)
 			  tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t));
 }
 
+/* Per-layer ms of slice x at degree t (t = 1: at most batch devices). */
+static double slice_ms(const planner_t *pl, const sslice_t *x, int t)
+{
+	const metaop_t *m = &pl->mops[x->metaop];
+	int64_t d = t == 1 ? SP_MIN((int64_t)x->n, m->batch) : x->n / t;
+	double f, b;
+	cost_layer_tp(pl, x->metaop, (m->batch + d - 1) / d, t, &f, &b);
+	return f + b;
+}
+
+#define TP_ROW (SP_TP_MAX + 1)
+
 int tp_assign(planner_t *pl, sched_t *s)
 {
 	sp_arena_mark_t mk = sp_arena_mark(&pl->scratch);
@@ -77,31 +92,40 @@ int tp_assign(planner_t *pl, sched_t *s)
 	int *up = sp_arena_calloc(&pl->scratch, (size_t)nc, sizeof(int));
 	int *cls = sp_arena_calloc(&pl->scratch, (size_t)pl->n_mops, sizeof(int));
 	int *pick = sp_arena_calloc(&pl->scratch, (size_t)nc, sizeof(int));
-	double *w = sp_arena_calloc(&pl->scratch, (size_t)nc * (SP_TP_MAX + 1), sizeof(double));
-	if (!up || !cls || !pick || !w) {
+	char *seen = sp_arena_calloc(&pl->scratch, (size_t)nc * TP_ROW, 1);
+	double *w = sp_arena_calloc(&pl->scratch, (size_t)nc * TP_ROW, sizeof(double));
+	if (!up || !cls || !pick || !seen || !w) {
 		rc = SP_ENOMEM;
 		goto done;
 	}
 	mop_classes(pl, up, cls);
+	/* the degrees a class considers: 1 and its slices' table degrees */
 	for (int i = 0; i < s->n; i++) {
 		sslice_t *x = &s->s[i];
-		const metaop_t *m = &pl->mops[x->metaop];
-		int t;
-		x->n = table_width(m, x->n, &t); /* the same table time */
-		w[cls[x->metaop] * (SP_TP_MAX + 1) + t] += (x->lt - x->lf) * mop_t(m, x->n);
+		int t, c = cls[x->metaop];
+		x->n = table_width(&pl->mops[x->metaop], x->n, &t); /* the same table time */
+		seen[c * TP_ROW + 1] = seen[c * TP_ROW + t] = 1;
 	}
-	/* the heaviest t of each class (ties: the smaller t) */
-	for (int c = 0; c < nc; c++) {
-		pick[c] = 1;
-		for (int t = 2; t <= SP_TP_MAX; t++)
-			if (w[c * (SP_TP_MAX + 1) + t] > w[c * (SP_TP_MAX + 1) + pick[c]])
-				pick[c] = t;
-	}
+	/* each degree's layer-time over the class, every slice at it (none
+	 * where some slice cannot run it) */
 	for (int i = 0; i < s->n; i++) {
 		const sslice_t *x = &s->s[i];
 		int c = cls[x->metaop];
-		if (!fits_degree(&pl->mops[x->metaop], x->n, pick[c]))
-			pick[c] = 1;
+		for (int t = 1; t <= SP_TP_MAX; t++) {
+			double *wt = &w[c * TP_ROW + t];
+			if (!seen[c * TP_ROW + t] || *wt == HUGE_VAL)
+				continue;
+			*wt = fits_degree(&pl->mops[x->metaop], x->n, t)
+				      ? *wt + (x->lt - x->lf) * slice_ms(pl, x, t)
+				      : HUGE_VAL;
+		}
+	}
+	/* the least (ties: the smaller t); t = 1 always fits */
+	for (int c = 0; c < nc; c++) {
+		pick[c] = 1;
+		for (int t = 2; t <= SP_TP_MAX; t++)
+			if (seen[c * TP_ROW + t] && w[c * TP_ROW + t] < w[c * TP_ROW + pick[c]])
+				pick[c] = t;
 	}
 	for (int i = 0; i < s->n; i++) {
 		sslice_t *x = &s->s[i];

@@ -102,13 +102,14 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(&shapes[7], 8, 0), 14);
 }
 
-/* The MetaOps and tables of plans/<w> on plans/clusters/<c> under --tp tp. */
+/* The MetaOps and tables of plans/<w> on plans/clusters/<c> under --tp tp
+ * (pl points into the rest). */
 typedef struct {
-	sp_model_t model;
-	sp_cluster_t cluster;
+	planner_t pl;
 	plan_opts_t opts;
 	sp_err_t err;
-	planner_t pl;
+	sp_model_t model;
+	sp_cluster_t cluster;
 } tfix_t;
 
 static void tfix_build(tfix_t *f, const char *w, const char *c, int tp)

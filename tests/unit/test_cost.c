@@ -9,7 +9,9 @@
  * the bundled qwen-val on 64 A800 (heads 16, 20 and 32: t = 8 does not
  * divide the audio encoder's): non-increasing, every t valid where the
  * table's width makes it, forced degrees honoured, a shard no slower than
- * its all-reduces and no faster than the whole layer over t.
+ * its all-reduces and no faster than half the whole layer over t; one t
+ * per class of MetaOps sharing a component (tp_assign); the report's t per
+ * MetaOp (tp_report, tp_json).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -277,7 +279,27 @@ static void tp_one_sharding(void **state)
 	tfix_release(&f);
 }
 
+/* The report's helpers: a MetaOp's t is its slices' largest. */
+static void tp_report_names_split(void **state)
+{
+	(void)state;
+	sp_metaop_t mo[2] = {{.name = "a/enc"}, {.name = "b/llm"}};
+	sp_slice_t sl[3] = {{.metaop = 0, .tp = 1}, {.metaop = 1, .tp = 4}, {.metaop = 1, .tp = 4}};
+	sp_plan_t p = {.n_metaops = 2, .metaops = mo, .n_slices = 3, .slices = sl};
+	assert_int_equal(tp_metaop(&p, 0), 1);
+	assert_int_equal(tp_metaop(&p, 1), 4);
+	char buf[512] = {0};
+	FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+	assert_non_null(f);
+	tp_report(f, &p);
+	tp_json(f, &p);
+	fclose(f);
+	assert_string_equal(buf, "tensor parallel:\n  b/llm: t = 4\n"
+				 ",\n  \"tp\": {\"a/enc\": 1, \"b/llm\": 4}");
+}
+
 static const struct CMUnitTest cost_tests[] = {
+	cmocka_unit_test(tp_report_names_split),
 	cmocka_unit_test(tp_one_sharding),
 	cmocka_unit_test(tp_tables_valid),
 	cmocka_unit_test(tp_prices),

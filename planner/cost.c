@@ -50,6 +50,16 @@
  * The contrastive loss does not scale: every device of its slice computes
  * the whole B x B similarity of its task, so its time is T(1) for all n.
  *
+ * Tensor parallelism (tp-format.txt): a width is n = d t, d <= B groups of
+ * t GPUs of one node (t divides gpus_per_node; t > 1 only where tp_ok). A
+ * t-way member computes its shard at the group's local batch ceil(B/d):
+ * the analytic model on the shard's products, bytes and kernels (with
+ * sm_count; without it FLOPs / t), a profiled shape's profile scaled by
+ * the analytic ratio shard / whole (cost_layer_tp), plus two all-reduces
+ * per pass of the group's activations over NVLink. T(n) is the fastest
+ * (d, t) at n (tpn[n]); widths reach min(N, B tmax). --tp F keeps t = F
+ * where F divides n and t = 1 elsewhere.
+ *
  * Transfers and all-reduces are priced in net.c. Optimizer step: reads and
  * writes every byte of parameter state once: 2 * state bytes / BW.
  */

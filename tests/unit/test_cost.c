@@ -8,8 +8,8 @@
  * tests/planner/launch_counts.py, not here. The tensor-parallel tables of
  * the bundled qwen-val on 64 A800 (heads 16, 20 and 32: t = 8 does not
  * divide the audio encoder's): non-increasing, every t valid where the
- * table's width makes it, forced degrees honoured, a shard no slower than
- * its all-reduces and no faster than half the whole layer over t; one t
+ * table's width makes it, forced degrees honoured, a shard costs at least
+ * its two all-reduces and its compute is no less than half the whole layer over t; one t
  * per class of MetaOps sharing a component (tp_assign); the report's t per
  * MetaOp (tp_report, tp_json).
  */

@@ -332,14 +332,17 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
 void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fwd, double *bwd)
 {
 	const metaop_t *m = &pl->mops[mi];
-	cost_layer(pl, mi, local, fwd, bwd);
 	if (t <= 1 || local < 1 || !m->scales ||
-	    !tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t))
+	    !tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t)) {
+		cost_layer(pl, mi, local, fwd, bwd);
 		return;
+	}
 	double f = analytic(pl, m, local, t, 0), b = analytic(pl, m, local, t, 1);
 	if (find_profile(pl->cluster, &m->shape)) {
-		f *= *fwd / analytic(pl, m, local, 1, 0);
-		b *= *bwd / analytic(pl, m, local, 1, 1);
+		double f1, b1;
+		cost_layer(pl, mi, local, &f1, &b1);
+		f *= f1 / analytic(pl, m, local, 1, 0);
+		b *= b1 / analytic(pl, m, local, 1, 1);
 	}
 	int32_t devs[SP_TP_MAX];
 	for (int i = 0; i < t; i++)

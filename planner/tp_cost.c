@@ -12,7 +12,8 @@
  * its slices re-priced at that t (layers x cost_layer_tp at local batch
  * ceil(B / (n / t))), ruled out when some slice cannot run it (n % t != 0
  * or n / t > batch); the least wins. At t = 1 a slice wider than its batch
- * shrinks to the batch. (Taking the t of the slices that carry most
+ * shrinks to the batch. With --tp F forced, a class runs at F where all
+ * its slices can, else at 1. (Taking the t of the slices that carry most
  * layer-time instead forces it on a shared encoder's large-batch tasks,
  * where it is slower than whole layers: clip-10 on 128 GPUs.)
  *
@@ -99,12 +100,14 @@ int tp_assign(planner_t *pl, sched_t *s)
 		goto done;
 	}
 	mop_classes(pl, up, cls);
-	/* the degrees a class considers: 1 and its slices' table degrees */
+	/* the degrees a class considers: 1 and its slices' table degrees;
+	 * forced, F where every slice can run it */
+	int F = pl->opts && pl->opts->tp > 0 && pl->opts->tp <= SP_TP_MAX ? pl->opts->tp : 0;
 	for (int i = 0; i < s->n; i++) {
 		sslice_t *x = &s->s[i];
 		int t, c = cls[x->metaop];
 		x->n = table_width(&pl->mops[x->metaop], x->n, &t); /* the same table time */
-		seen[c * TP_ROW + 1] = seen[c * TP_ROW + t] = 1;
+		seen[c * TP_ROW + 1] = seen[c * TP_ROW + (F ? F : t)] = 1;
 	}
 	/* each degree's layer-time over the class, every slice at it (none
 	 * where some slice cannot run it) */
@@ -120,10 +123,10 @@ int tp_assign(planner_t *pl, sched_t *s)
 				      : HUGE_VAL;
 		}
 	}
-	/* the least (ties: the smaller t); t = 1 always fits */
+	/* the least (ties: the smaller t); t = 1 always fits; forced: F */
 	for (int c = 0; c < nc; c++) {
-		pick[c] = 1;
-		for (int t = 2; t <= SP_TP_MAX; t++)
+		pick[c] = F && w[c * TP_ROW + F] != HUGE_VAL ? F : 1;
+		for (int t = 2; t <= SP_TP_MAX && !F; t++)
 			if (seen[c * TP_ROW + t] && w[c * TP_ROW + t] < w[c * TP_ROW + pick[c]])
 				pick[c] = t;
 	}

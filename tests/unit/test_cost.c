@@ -269,6 +269,18 @@ static void tp_one_sharding(void **state)
 	assert_int_equal(s.s[0].tp, t64);
 	assert_int_equal(s.s[1].tp, t64); /* 16 % t64 == 0, 16 / t64 <= 32 */
 	assert_int_equal(s.s[0].n, 64);
+	/* forced: 1 cuts the 64 to the batch; 4 splits both (16 / 4 <= 32) */
+	f.opts.tp = 1;
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, 1);
+	assert_int_equal(s.s[1].tp, 1);
+	assert_int_equal(s.s[0].n, 32);
+	s.s[0].n = 64;
+	f.opts.tp = 4;
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, 4);
+	assert_int_equal(s.s[1].tp, 4);
+	f.opts.tp = 0;
 	/* 15 devices cannot split: the whole class runs whole layers */
 	s.s[1].n = 15;
 	assert_int_equal(tp_assign(pl, &s), 0);

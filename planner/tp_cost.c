@@ -20,12 +20,11 @@
  * tp_report / tp_json: each MetaOp's t in a lowered plan, for report.c to
  * print (report.c is the format engineer's; it calls these).
  *
- * It does not place groups on nodes (place.c) nor price anything itself.
+ * It does not place groups on nodes (place.c); its prices are cost.c's.
  */
 #include "planner.h"
 
 #include <math.h>
-#include <string.h>
 
 /* The (n, t) a slice of n devices of m runs at before the class decides:
  * its table's t where n makes it, else t = 1 (n <= batch), else the width

@@ -1,19 +1,20 @@
 /*
- * tp.c — tensor parallelism forced by --tp N (plan_opts_t.tp > 0): checks
- * N against the model before planning, tells the placer which slices to
- * place in node-aligned groups of N devices, and after placement gives
- * each slice its degree (sslice_t.tp). It chooses no degree itself (--tp
- * auto leaves every slice at 1 here) and reprices nothing: slice times
- * stay as the scheduler estimated them for whole layers.
+ * tp.c — tensor-parallel degrees after scheduling. tp_check refuses a
+ * forced --tp N that some transformer cannot take before planning; the
+ * placer asks tp_want for the degree to place a slice for (its scheduled
+ * x->tp, chosen by tp_assign in tp_cost.c: auto, or the forced N where the
+ * slice allows it); after placement tp_run keeps each degree only where
+ * the rules hold, and reprices nothing (the scheduler priced the slice at
+ * its degree).
  *
  * Rules (tp-format.txt): a transformer slice whose shape t splits
  * (tp_ok: t divides heads and ffn) and whose width n is a multiple of t
- * gets tp = t when each of its n / t groups of t consecutive devices
+ * keeps tp = t when each of its n / t groups of t consecutive devices
  * (after placement, ascending) lies in one node. ONE SHARDING PER LAYER:
  * when the slices of one component disagree (one got t, another could
  * not: too narrow, or not node-aligned), or a device would hold two
- * different shards of one layer, every slice of that component keeps
- * tp = 1.
+ * different shards of one layer, every slice of that component falls back
+ * to tp = 1.
  */
 #include "tp.h"
 
@@ -48,7 +49,7 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 
 int tp_want(const planner_t *pl, const sslice_t *x)
 {
-	int t = pl->opts->tp;
+	int t = x->tp;
 	const sp_opshape_t *sh = &pl->mops[x->metaop].shape;
 	if (t <= 1 || x->n % t || !tp_ok(sh->type, sh->heads, sh->ffn, t))
 		return 1;
@@ -80,8 +81,6 @@ int tp_run(planner_t *pl, sched_t *s, const place_t *pc)
 		int t = tp_want(pl, x);
 		x->tp = t > 1 && groups_in_nodes(pl, pc, i, x->n, t) ? t : 1;
 	}
-	if (pl->opts->tp <= 1)
-		return 0;
 	/* per component: its slices' degree, -1 none yet, 0 they disagree */
 	int nc = md->n_comps, N = pl->N, *agree = sp_arena_calloc(&pl->scratch, (size_t)nc + 1,
 								  sizeof(int));

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
-"""--tp N forces tensor parallelism (issue 18; tp-format.txt). On the demo
-(one node of 4 devices; transformers of 4 heads, ffn 256):
+"""--tp N forces tensor parallelism (issue 18; tp-format.txt) wherever a
+slice allows it (tp_assign: a class of MetaOps sharing components takes N
+when each of its slices can run N, else 1). On the demo (one node of 4
+devices; transformers of 4 heads, ffn 256), with the sequential algorithm
+(every slice on all 4 devices, so every transformer can be split; ours
+picks 1-device lanes on this cluster, which no degree splits):
 
   * --tp 2 plans (exit 0: the planner verified the plan, TP rules included)
     and its view shows: tp 1 or 2 only; tp 2 only on transformer slices of
@@ -35,7 +39,8 @@ def run(args, cwd):
 
 def view(tmp, tp):
     out = os.path.join(tmp, "tp%s.bin" % tp)
-    args = [PLAN, MODEL, CLUSTER, "-o", out] + (["--tp", tp] if tp else [])
+    args = [PLAN, MODEL, CLUSTER, "-o", out, "--algo", "sequential"] + \
+        (["--tp", tp] if tp else [])
     r = run(args, tmp)
     if r.returncode != 0:
         return r, None

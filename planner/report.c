@@ -130,6 +130,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 	fprintf(f, "  cap %.2f GiB per device (%.0f GiB less %.1f GiB reserve)\n",
 		p->memory_gib - p->mem_reserve_gib, p->memory_gib, p->mem_reserve_gib);
 	layout_report(f, p);
+	tp_report(f, p);
 }
 
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
@@ -176,5 +177,6 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		fprintf(f, "%s%d", i ? ", " : "", p->slices[i].tp);
 	fprintf(f, "]");
 	layout_json(f, p);
+	tp_json(f, p);
 	fprintf(f, "\n}\n");
 }

@@ -50,6 +50,16 @@
  * The contrastive loss does not scale: every device of its slice computes
  * the whole B x B similarity of its task, so its time is T(1) for all n.
  *
+ * Tensor parallelism (tp-format.txt): a width is n = d t, d <= B groups of
+ * t GPUs of one node (t divides gpus_per_node; t > 1 only where tp_ok). A
+ * t-way member computes its shard at the group's local batch ceil(B/d):
+ * the analytic model on the shard's products, bytes and kernels (with
+ * sm_count; without it FLOPs / t), a profiled shape's profile scaled by
+ * the analytic ratio shard / whole (cost_layer_tp), plus two all-reduces
+ * per pass of the group's activations over NVLink. T(n) is the fastest
+ * (d, t) at n (tpn[n]); widths reach min(N, B tmax). --tp F keeps t = F
+ * where F divides n and t = 1 elsewhere.
+ *
  * Transfers and all-reduces are priced in net.c. Optimizer step: reads and
  * writes every byte of parameter state once: 2 * state bytes / BW.
  */
@@ -57,6 +67,8 @@
 
 #include <math.h>
 
+/* per layer and pass, a t-way shard all-reduces twice (tp-format.txt) */
+#define TP_ALLREDUCES 2
 #define E_MAX 0.6
 #define T_HALF_S 20e-6
 #define LAUNCH_MS 0.01
@@ -144,13 +156,25 @@ static int interp_extra(sp_comp_type_t t, int bwd)
 	}
 }
 
-int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
+/* A t-way shard loops over heads / t heads; its two all-reduces per pass
+ * are one kernel each (NCCL runs a collective as one kernel: "NCCL
+ * implements each collective in a single kernel", NCCL User Guide,
+ * "Overview of NCCL"). */
+static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 {
 	const launches_t *l = &LAUNCHES[s->type];
-	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1));
-	return interp_extra(s->type, bwd) +
+	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1) / t);
+	return interp_extra(s->type, bwd) + (t > 1 ? TP_ALLREDUCES : 0) +
 	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
+
+int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
+{
+	return layer_kernels(s, b, 1, bwd);
+}
+
+static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
+		       cost_gemm_t out[COST_MAX_GEMMS]);
 
 /*
  * The matrix products of one layer at local batch b as the backend issues
@@ -161,6 +185,16 @@ int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
  * scale) and two gradient products of B x w x B.
  */
 int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS])
+{
+	return layer_gemms(s, b, 1, bwd, out);
+}
+
+/* The products of one t-way shard (t = 1: the whole layer). Megatron
+ * splits (tp-format.txt): QKV and MLP up by output columns (N / t), the
+ * output projection and MLP down by input rows (K / t), attention by heads
+ * (heads / t per member); only transformers split (tp_ok). */
+static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
+		       cost_gemm_t out[COST_MAX_GEMMS])
 {
 	double T = (double)b * (double)s->seq, h = (double)s->hidden, f = (double)s->ffn;
 	int k = 0;
@@ -189,11 +223,12 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 		break;
 	case COMP_TRANSFORMER: {
 		double a = (double)SP_MAX(s->heads, 1), sq = (double)s->seq, dh = h / a;
-		double calls = fmin((double)b, a), batch = fmax((double)b, a);
-		PROD(T, 3 * h, h, 1); /* QKV */
-		PROD(T, h, h, 1);     /* output projection */
-		PROD(T, f, h, 1);     /* MLP up */
-		PROD(T, h, f, 1);     /* MLP down */
+		double ts = t, al = a / ts;
+		double calls = fmin((double)b, al), batch = fmax((double)b, al);
+		PROD(T, 3 * h / ts, h, 1); /* QKV */
+		PROD(T, h, h / ts, 1);     /* output projection */
+		PROD(T, f / ts, h, 1);     /* MLP up */
+		PROD(T, h, f / ts, 1);     /* MLP down */
 		/* per (sample, head): S = Q K^T and P V forward; dP, dV, dQ, dK backward */
 		G(sq, sq, dh, batch, calls);
 		G(sq, dh, sq, batch, calls);
@@ -225,29 +260,29 @@ double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops)
 	return best * 1e3;
 }
 
-static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int bwd)
+static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t, int bwd)
 {
 	const sp_cluster_t *c = pl->cluster;
 	int db = dtype_bytes(pl->model->dtype);
 	double peak = c->peak_tflops * 1e12;
 	double flops = (double)b * (double)(bwd ? op_bwd_flops(&m->shape, m->batch)
-						: op_fwd_flops(&m->shape, m->batch));
+						: op_fwd_flops(&m->shape, m->batch)) / t;
 	/* weights of the first op stand for the MetaOp's (all layers share a shape) */
 	const sp_node_t *n = &pl->model->tasks[m->task].nodes[pl->ops[m->first_op].node];
-	double wbytes = (double)comp_layer_params(&pl->model->comps[n->comp]) * db;
+	double wbytes = (double)comp_layer_params_tp(&pl->model->comps[n->comp], t) * db;
 	if (m->shape.type == COMP_EMBEDDING)
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
-	double abytes = (double)b * (double)op_saved_elems(&m->shape, m->batch) * db * 2.0;
+	double abytes = (double)b * (double)op_saved_elems_tp(&m->shape, m->batch, t) * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
 	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9) * 1e3;
 	if (c->sm_count > 0) {
 		cost_gemm_t g[COST_MAX_GEMMS];
-		int ng = cost_layer_gemms(&m->shape, b, bwd, g);
+		int ng = layer_gemms(&m->shape, b, t, bwd, g);
 		double t_c = 0;
 		for (int i = 0; i < ng; i++)
 			t_c += cost_gemm_ms(&g[i], c->sm_count, peak);
 		return fmax(t_c, t_m) +
-		       c->launch_us * 1e-3 * (double)cost_layer_kernels(&m->shape, b, bwd);
+		       c->launch_us * 1e-3 * (double)layer_kernels(&m->shape, b, t, bwd);
 	}
 	double t_c = 0;
 	if (flops > 0) {
@@ -273,14 +308,124 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
 		*fwd = interp(e, (double)local, 0);
 		*bwd = interp(e, (double)local, 1);
 	} else {
-		*fwd = analytic(pl, m, local, 0);
-		*bwd = analytic(pl, m, local, 1);
+		*fwd = analytic(pl, m, local, 1, 0);
+		*bwd = analytic(pl, m, local, 1, 1);
 	}
 	/* no layer with samples takes less than a nanosecond: a profile may say
 	 * 0 (or 1e-300), and the schedulers divide by these times and hand
 	 * them to the MILP as coefficients */
 	*fwd = fmax(*fwd, LAYER_MIN_MS);
 	*bwd = fmax(*bwd, LAYER_MIN_MS);
+}
+
+/*
+ * A t-way shard (t > 1) of a transformer layer at `local` samples per
+ * group: the shard's own products and bytes (analytic above), plus the
+ * TP_ALLREDUCES all-reduces per pass of local * seq * hidden activations
+ * over t GPUs of one node (cost_allreduce_ms: measured points, else the
+ * NVLink ring), alone on the network. A profiled shape's profile is of
+ * whole layers: we scale it by the analytic ratio shard / whole at the
+ * same local batch, so the shard keeps the profile's calibration and
+ * takes from the model only what splitting changes (the products'
+ * quantisation, the kernels that loop over heads, bytes).
+ */
+void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fwd, double *bwd)
+{
+	const metaop_t *m = &pl->mops[mi];
+	if (t <= 1 || local < 1 || !m->scales ||
+	    !tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t)) {
+		cost_layer(pl, mi, local, fwd, bwd);
+		return;
+	}
+	double f = analytic(pl, m, local, t, 0), b = analytic(pl, m, local, t, 1);
+	if (find_profile(pl->cluster, &m->shape)) {
+		double f1, b1;
+		cost_layer(pl, mi, local, &f1, &b1);
+		f *= f1 / analytic(pl, m, local, 1, 0);
+		b *= b1 / analytic(pl, m, local, 1, 1);
+	}
+	int32_t devs[SP_TP_MAX];
+	for (int i = 0; i < t; i++)
+		devs[i] = i;
+	int64_t bytes = local * m->shape.seq * m->shape.hidden * dtype_bytes(pl->model->dtype);
+	double ar = TP_ALLREDUCES * cost_allreduce_ms(pl->cluster, devs, t, bytes);
+	*fwd = fmax(f + ar, LAYER_MIN_MS);
+	*bwd = fmax(b + ar, LAYER_MIN_MS);
+}
+
+/*
+ * The degrees m may take: t = 1, and with a transformer shape that tp_ok
+ * allows, the divisors of gpus_per_node (a group stays in one NVLink
+ * island and the node's GPUs split into whole groups) up to N; with
+ * --tp F forced, only F among those. Ascending; returns how many.
+ */
+static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX])
+{
+	int G = pl->cluster->gpus_per_node, k = 0, F = pl->opts ? pl->opts->tp : 0;
+	out[k++] = 1;
+	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
+		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
+		    tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t))
+			out[k++] = t;
+	return k;
+}
+
+/*
+ * The fastest (d, t) with d t = n and d <= batch among deg (ascending);
+ * forced F > 1: F where it divides n, else 1. *f, *b: its per-layer times.
+ * Returns t, or 0 when no pair makes n.
+ */
+static int best_degree(const planner_t *pl, int mi, int n, const int *deg, int n_deg,
+		       double *f, double *b)
+{
+	const metaop_t *m = &pl->mops[mi];
+	int F = pl->opts ? pl->opts->tp : 0, best = 0;
+	double bt = HUGE_VAL;
+	for (int i = 0; i < n_deg; i++) {
+		int t = deg[i];
+		if (n % t || n / t > m->batch || (F > 1 && t == 1 && deg[n_deg - 1] == F &&
+						  n % F == 0))
+			continue;
+		double tf, tb;
+		cost_layer_tp(pl, mi, (m->batch + n / t - 1) / (n / t), t, &tf, &tb);
+		/* strictly faster: ties go to the smaller t (fewer collectives) */
+		if (tf + tb < bt)
+			best = t, bt = tf + tb, *f = tf, *b = tb;
+	}
+	return best;
+}
+
+/* Tables of MetaOp k: widths 1..nmax = min(N, batch tmax), at each the
+ * fastest (d, t), kept non-increasing in n. */
+static int cost_tables(planner_t *pl, int k)
+{
+	metaop_t *m = &pl->mops[k];
+	int deg[SP_TP_MAX], n_deg = tp_degrees(pl, m, deg);
+	m->nmax = (int)SP_MIN((int64_t)pl->N, m->batch * deg[n_deg - 1]);
+	size_t sz = (size_t)m->nmax + 1;
+	m->tf = sp_arena_calloc(&pl->arena, sz, sizeof(double));
+	m->tb = sp_arena_calloc(&pl->arena, sz, sizeof(double));
+	m->tpn = sp_arena_calloc(&pl->arena, sz, sizeof(int));
+	m->usen = sp_arena_calloc(&pl->arena, sz, sizeof(int));
+	if (!m->tf || !m->tb || !m->tpn || !m->usen)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int n = 1; n <= m->nmax; n++) {
+		double f = HUGE_VAL, b = HUGE_VAL;
+		int t = best_degree(pl, k, n, deg, n_deg, &f, &b);
+		/* keep T non-increasing in n: more devices never make a layer
+		 * slower in the model (ceil(B/n) can repeat; a width no (d, t)
+		 * makes, or a slower one, runs as the width before it) */
+		if (n > 1 && (!t || f + b > m->tf[n - 1] + m->tb[n - 1])) {
+			m->tpn[n] = m->tpn[n - 1];
+			m->usen[n] = m->usen[n - 1];
+		} else {
+			m->tpn[n] = t;
+			m->usen[n] = n;
+		}
+		m->tf[n] = n > 1 ? fmin(f, m->tf[n - 1]) : f;
+		m->tb[n] = n > 1 ? fmin(b, m->tb[n - 1]) : b;
+	}
+	return 0;
 }
 
 int cost_build(planner_t *pl)
@@ -292,21 +437,9 @@ int cost_build(planner_t *pl)
 		metaop_t *m = &pl->mops[k];
 		m->scales = m->shape.type != COMP_CONTRASTIVE;
 		m->profiled = find_profile(pl->cluster, &m->shape) != NULL;
-		m->nmax = (int)SP_MIN((int64_t)pl->N, m->batch);
-		m->tf = sp_arena_calloc(&pl->arena, (size_t)m->nmax + 1, sizeof(double));
-		m->tb = sp_arena_calloc(&pl->arena, (size_t)m->nmax + 1, sizeof(double));
-		if (!m->tf || !m->tb)
-			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		for (int n = 1; n <= m->nmax; n++) {
-			int64_t b = (m->batch + n - 1) / n;
-			cost_layer(pl, k, b, &m->tf[n], &m->tb[n]);
-		}
-		/* keep T non-increasing in n: more devices never make a layer slower
-		 * in the model (ceil(B/n) can repeat) */
-		for (int n = 2; n <= m->nmax; n++) {
-			m->tf[n] = fmin(m->tf[n], m->tf[n - 1]);
-			m->tb[n] = fmin(m->tb[n], m->tb[n - 1]);
-		}
+		int rc = cost_tables(pl, k);
+		if (rc)
+			return rc;
 		const sp_node_t *n0 = &md->tasks[m->task].nodes[pl->ops[m->first_op].node];
 		m->layer_state_bytes = comp_layer_params(&md->comps[n0->comp]) * psb;
 		m->saved_per_sample = op_saved_elems(&m->shape, m->batch) * db;

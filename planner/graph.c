@@ -223,12 +223,34 @@ static int graph_levels(planner_t *pl)
 	return 0;
 }
 
+/* Cross-attention (a decoder's memory input) is loaded and inspected but
+ * not contracted, costed or scheduled yet (issue #20): refused here, the
+ * one place every planning path passes. */
+static int graph_refuse_memory(planner_t *pl)
+{
+	const sp_model_t *m = pl->model;
+	for (int ti = 0; ti < m->n_tasks; ti++)
+		for (int i = 0; i < m->tasks[ti].n_nodes; i++) {
+			const sp_node_t *n = &m->tasks[ti].nodes[i];
+			if (!m->comps[n->comp].cross_attention)
+				continue;
+			sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "cross-attention (decoder with a memory input) is not "
+				   "planned yet: see issue #20");
+			sp_err_hint(pl->err, "node '%s' of task '%s' attends to memory '%s'; "
+					     "--inspect shows its arithmetic",
+				    n->id, m->tasks[ti].name, m->tasks[ti].nodes[n->memory].id);
+			return SP_EINPUT;
+		}
+	return 0;
+}
+
 /* Temporaries in pl->scratch (this call's scope); results in pl->arena. */
 int graph_build(planner_t *pl)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int *mop_of = NULL, rc;
-	if (!(rc = graph_alloc(pl, &mop_of)) && !(rc = graph_contract(pl, mop_of))) {
+	if (!(rc = graph_refuse_memory(pl)) && !(rc = graph_alloc(pl, &mop_of)) && !(rc = graph_contract(pl, mop_of))) {
 		graph_edges(pl, mop_of);
 		if (!(rc = graph_adjacency(pl)))
 			rc = graph_levels(pl);

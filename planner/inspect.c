@@ -3,6 +3,8 @@
  * inputs, before any planning: tasks, nodes, components with parameter
  * counts, per-node FLOPs and activation bytes per sample, and the memory a
  * full replica of the model's parameter state takes in the chosen dtype.
+ * A cross-attention node lists its memory after its inputs, with the
+ * memory's seq (m) and width (w) that its FLOPs and saved bytes count.
  */
 #include "planner.h"
 
@@ -110,6 +112,12 @@ void inspect_print(FILE *f, const sp_model_t *m, const sp_cluster_t *cl)
 				if (w < 0)
 					break;
 				o += (size_t)w;
+			}
+			if (c->cross_attention && o < sizeof inputs) {
+				sp_opshape_t sh = op_shape(m, t, n);
+				snprintf(inputs + o, sizeof inputs - o, " memory %s (m%lld w%lld)",
+					 t->nodes[n->memory].id, (long long)sh.mem_seq,
+					 (long long)sh.mem_width);
 			}
 			fprintf(f, "  %-16s %-16s %-7s %5lld %6lld %12.4f %12.4f %12.1f %12.1f  %s\n",
 				n->id, c->name, lay, (long long)n->seq,

@@ -219,11 +219,13 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
 		const metaop_t *mo = &pl->mops[s->metaop];
 		if (s->recompute || mo->shape.type != COMP_TRANSFORMER || !slice_on(p, s, d))
 			continue;
-		double in = (double)mo->shape.seq * mo->shape.hidden * dtype_bytes(p->model.dtype);
+		int db = dtype_bytes(p->model.dtype), groups = s->n_dev / s->tp;
+		double in = (double)mo->shape.seq * mo->shape.hidden * db;
 		double f, b;
-		int64_t local = (mo->batch + s->n_dev - 1) / s->n_dev;
+		int64_t local = (mo->batch + groups - 1) / groups; /* a TP group's samples */
 		cost_layer(pl, s->metaop, local, &f, &b);
-		double rate = ((double)mo->saved_per_sample - in) * (double)local / f;
+		double saved = (double)op_saved_elems_tp(&mo->shape, mo->batch, s->tp) * db;
+		double rate = (saved - in) * (double)local / f;
 		if (rate > most) {
 			most = rate;
 			best = i;
@@ -364,14 +366,15 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 /* ---- the report ----------------------------------------------------------- */
 
 /* Bytes slice s frees per device by recomputing: each layer keeps its input
- * instead of everything it saves, at the slice's local batch. */
+ * instead of everything it saves (one shard's under tensor parallelism),
+ * at the slice's local batch (its group's samples). */
 static double slice_saving(const sp_plan_t *p, const sp_slice_t *s)
 {
 	const sp_metaop_t *mo = &p->metaops[s->metaop];
 	int db = dtype_bytes(p->model.dtype);
 	int64_t B = p->model.tasks[mo->task].batch;
-	int64_t local = (B + s->n_dev - 1) / s->n_dev;
-	double saved = (double)op_saved_elems(&mo->shape, B);
+	int64_t groups = s->n_dev / s->tp, local = (B + groups - 1) / groups;
+	double saved = (double)op_saved_elems_tp(&mo->shape, B, s->tp);
 	double in = (double)mo->shape.seq * mo->shape.hidden;
 	return (saved - in) * db * (double)local * (s->layer_to - s->layer_from);
 }

@@ -8,7 +8,10 @@
  * pl->scratch and are given back when lower_run returns; the plan's own
  * arrays are on the heap (plan_release frees them).
  *
- * Sample ranges. Device i of a slice's n gets [i*B/n, (i+1)*B/n). A
+ * Sample ranges. Device i of a slice's n gets [i*B/n, (i+1)*B/n); on a
+ * tensor-parallel slice (tp t, tp.c) the unit is the group: group r of its
+ * n / t gets [r*B/(n/t), (r+1)*B/(n/t)) on all its t members (lower_xfer.c
+ * says who sends to which member). A
  * consumer slot needs its own range of its input (a contrastive loss needs
  * the whole batch), and gets each piece from the producer slot whose range
  * intersects it: the MetaOp's previous slice (act(m, lf)), or, for a
@@ -25,8 +28,9 @@
  * its SEND in the global order and sends never block, so no rank can wait
  * on a peer that waits on it (verify.c re-checks by simulation).
  *
- * Sync. A parameter's holders are the devices whose slices use it; params
- * with the same holder set form one bucket (one all-reduce per group). A
+ * Sync. A parameter's holders are the devices whose slices use it (under
+ * tensor parallelism: the holders of one shard, member j of every group);
+ * params with the same holder set form one bucket (one all-reduce per group). A
  * device issues a bucket's SYNC right after its last instruction that
  * produces gradients of it (overlap), or all SYNCs just before STEP (the
  * paper's algorithm and baseline: algo_overlaps_sync). STEP waits for all
@@ -79,16 +83,19 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 {
 	const sp_model_t *md = pl->model;
 	const sp_cluster_t *cl = pl->cluster;
+	char tp[12] = "auto";
+	if (pl->opts->tp > 0)
+		snprintf(tp, sizeof tp, "%d", pl->opts->tp);
 	snprintf(out->planner_version, sizeof out->planner_version, "spindle-plan %s",
 		 SP_VERSION);
 	snprintf(out->algo, sizeof out->algo, "%s", algo_name(algo));
 	snprintf(out->options, sizeof out->options,
 		 "algo=%s placement=%s mem_reserve_gib=%.3f milp_nodes=%d zero=%s recompute=%s "
-		 "microbatches=%d",
+		 "microbatches=%d tp=%s",
 		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
 		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
-		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k);
+		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k, tp);
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))

@@ -37,8 +37,12 @@ typedef struct {
 	int *first; /* per MetaOp: its first slice */
 	/* parameters: id = param_base[comp] + layer */
 	int *param_base, n_params;
-	uint8_t *held;  /* [device * n_params + id]: 1 when the device holds it */
-	int *bucket_of; /* per id: its bucket; -2 parameter-free; -1 never used */
+	uint8_t *held;  /* [device * n_params + id]: 0 not held, else 1 + the
+			 * shard (tp_rank) of it the device holds */
+	int *ptp;       /* per id: its tensor-parallel degree (one per layer) */
+	int tmax;       /* the largest degree: shard keys are id * tmax + rank */
+	int *bucket_of; /* per shard key: its bucket; -2 parameter-free; -1
+			 * never used */
 	/* transfers, and the global instruction sequence (lower_xfer.c) */
 	xfer_t *x;
 	int nx, capx;

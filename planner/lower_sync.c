@@ -5,6 +5,11 @@
  * and all-gathered), and each device's program: its part of the global
  * sequence (lower_xfer.c) with SYNCs, a STEP and the zero-1 GATHERs put in.
  * It times nothing (the buckets' all-reduce times come from cost.c).
+ *
+ * Tensor parallelism: member j of a t slice holds shard (t, j) of each of
+ * its layers (one degree per layer: tp.c); the holders of shard j form its
+ * sync group, so a bucket holds params of one shard (t, j), and its elems
+ * are the shards' sizes (comp_layer_params_tp).
  */
 #include "lower.h"
 
@@ -27,18 +32,26 @@ int lower_held(lstate_t *st, sp_plan_t *out)
 	const sched_t *s = st->s;
 	int N = st->pl->N, n_params = st->n_params;
 	st->held = sp_arena_calloc(st->a, (size_t)N * (size_t)n_params + 1, 1);
+	st->ptp = sp_arena_calloc(st->a, (size_t)n_params + 1, sizeof(int));
 	out->devices = calloc((size_t)N, sizeof *out->devices);
-	if (!st->held || !out->devices)
+	if (!st->held || !st->ptp || !out->devices)
 		return SP_ENOMEM;
 	out->n_devices = N;
+	st->tmax = 1;
+	for (int p = 0; p < n_params; p++)
+		st->ptp[p] = 1;
 	for (int i = 0; i < s->n; i++) {
 		const sslice_t *x = &s->s[i];
+		int t = x->tp > 1 ? x->tp : 1;
+		st->tmax = SP_MAX(st->tmax, t);
 		for (int l = x->lf; l < x->lt; l++) {
 			int comp, pid = param_id(st, &st->pl->mops[x->metaop], l, &comp);
 			if (md->comps[comp].type == COMP_CONTRASTIVE)
 				continue;
+			st->ptp[pid] = t;
 			for (int j = 0; j < x->n; j++)
-				st->held[(size_t)lower_dev_of(st, i, j) * n_params + pid] = 1;
+				st->held[(size_t)lower_dev_of(st, i, j) * n_params + pid] =
+					(uint8_t)(1 + j % t);
 		}
 	}
 	int total_held = 0;
@@ -54,9 +67,13 @@ int lower_held(lstate_t *st, sp_plan_t *out)
 		dv->held_off = out->n_held;
 		for (int c = 0; c < md->n_comps; c++) {
 			int nl = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
-			for (int l = 0; l < nl; l++)
-				if (st->held[(size_t)d * n_params + st->param_base[c] + l])
-					out->held[out->n_held++] = (sp_param_t){c, l, 1, 0};
+			for (int l = 0; l < nl; l++) {
+				int pid = st->param_base[c] + l,
+				    h = st->held[(size_t)d * n_params + pid];
+				if (h)
+					out->held[out->n_held++] =
+						(sp_param_t){c, l, st->ptp[pid], h - 1};
+			}
 		}
 		dv->n_held = out->n_held - dv->held_off;
 	}
@@ -80,31 +97,39 @@ static int *first_uses(lstate_t *st)
 	return first_use;
 }
 
-/* A new bucket: every unbucketed param with p's holders and p's last
- * slice, in (comp, layer) order. pcomp/player: each id's comp and layer. */
-static void add_bucket(lstate_t *st, sp_plan_t *out, int p, const int *first_use,
+/* 1 when device d holds shard r of param id p */
+static int holds(const lstate_t *st, int d, int p, int r)
+{
+	return st->held[(size_t)d * st->n_params + p] == 1 + r;
+}
+
+/* A new bucket: every unbucketed param shard with the holders of shard r
+ * of p, p's degree and p's last slice, in (comp, layer) order.
+ * pcomp/player: each id's comp and layer. */
+static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *first_use,
 		       const int *pcomp, const int *player)
 {
 	const sp_model_t *md = st->pl->model;
-	const uint8_t *held = st->held;
-	int N = st->pl->N, n_params = st->n_params;
+	int N = st->pl->N, n_params = st->n_params, T = st->tmax;
 	int b = out->n_buckets++;
 	sp_bucket_t *bk = &out->buckets[b];
 	bk->dev_off = out->n_bucket_devs;
 	for (int d = 0; d < N; d++)
-		if (held[(size_t)d * n_params + p])
+		if (holds(st, d, p, r))
 			out->bucket_devs[out->n_bucket_devs++] = d;
 	bk->n_dev = out->n_bucket_devs - bk->dev_off;
 	bk->param_off = out->n_bucket_params;
 	for (int q = 0; q < n_params; q++) {
-		int same = st->bucket_of[q] == -1 && first_use[q] == first_use[p];
+		int same = r < st->ptp[q] && st->bucket_of[q * T + r] == -1 &&
+			   first_use[q] == first_use[p] && st->ptp[q] == st->ptp[p];
 		for (int d = 0; d < N && same; d++)
-			same = held[(size_t)d * n_params + q] == held[(size_t)d * n_params + p];
+			same = holds(st, d, q, r) == holds(st, d, p, r);
 		if (!same)
 			continue;
-		st->bucket_of[q] = b;
-		out->bucket_params[out->n_bucket_params++] = (sp_param_t){pcomp[q], player[q], 1, 0};
-		bk->elems += comp_layer_params(&md->comps[pcomp[q]]);
+		st->bucket_of[q * T + r] = b;
+		out->bucket_params[out->n_bucket_params++] =
+			(sp_param_t){pcomp[q], player[q], st->ptp[q], r};
+		bk->elems += comp_layer_params_tp(&md->comps[pcomp[q]], st->ptp[q]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;
 	bk->layout = st->pl->opts->zero == 1 && bk->n_dev >= 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
@@ -127,20 +152,20 @@ void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, in
 int lower_buckets(lstate_t *st, sp_plan_t *out)
 {
 	const sp_model_t *md = st->pl->model;
-	int N = st->pl->N, n_params = st->n_params;
-	size_t np = (size_t)n_params + 1;
-	out->buckets = calloc(np, sizeof *out->buckets);
-	out->bucket_params = calloc(np, sizeof *out->bucket_params);
+	int N = st->pl->N, n_params = st->n_params, T = st->tmax;
+	size_t np = (size_t)n_params + 1, nk = (size_t)n_params * (size_t)T + 1;
+	out->buckets = calloc(nk, sizeof *out->buckets);
+	out->bucket_params = calloc(nk, sizeof *out->bucket_params);
 	out->bucket_devs = calloc((size_t)out->n_held + 1, sizeof(int32_t));
-	st->bucket_of = sp_arena_calloc(st->a, np, sizeof(int));
+	st->bucket_of = sp_arena_calloc(st->a, nk, sizeof(int));
 	int *pcomp = sp_arena_calloc(st->a, np, sizeof(int));
 	int *player = sp_arena_calloc(st->a, np, sizeof(int));
 	int *first_use = first_uses(st);
 	if (!out->buckets || !out->bucket_params || !out->bucket_devs || !st->bucket_of ||
 	    !pcomp || !player || !first_use)
 		return SP_ENOMEM;
-	for (int p = 0; p < n_params; p++)
-		st->bucket_of[p] = -1;
+	for (size_t k = 0; k < nk; k++)
+		st->bucket_of[k] = -1;
 	for (int c = 0; c < md->n_comps; c++) {
 		int nl = md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
 		for (int l = 0; l < nl; l++) {
@@ -149,20 +174,23 @@ int lower_buckets(lstate_t *st, sp_plan_t *out)
 		}
 	}
 	for (;;) {
-		int p = -1;
+		int p = -1, r = 0;
 		for (int q = 0; q < n_params; q++)
-			if (st->bucket_of[q] == -1 && first_use[q] >= 0 &&
-			    (p < 0 || first_use[q] > first_use[p]))
-				p = q;
+			for (int j = 0; j < st->ptp[q]; j++)
+				if (st->bucket_of[q * T + j] == -1 && first_use[q] >= 0 &&
+				    (p < 0 || first_use[q] > first_use[p])) {
+					p = q;
+					r = j;
+				}
 		if (p < 0)
 			return 0;
 		int any = 0;
 		for (int d = 0; d < N && !any; d++)
-			any = st->held[(size_t)d * n_params + p];
+			any = holds(st, d, p, r);
 		if (any)
-			add_bucket(st, out, p, first_use, pcomp, player);
+			add_bucket(st, out, p, r, first_use, pcomp, player);
 		else
-			st->bucket_of[p] = -2; /* parameter-free (contrastive) */
+			st->bucket_of[p * T + r] = -2; /* parameter-free (contrastive) */
 	}
 }
 
@@ -202,8 +230,7 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 {
 	for (int b = 0; b < out->n_buckets; b++) {
 		const sp_param_t *pr = &out->bucket_params[out->buckets[b].param_off];
-		int member =
-			st->held[(size_t)d * st->n_params + st->param_base[pr->comp] + pr->layer];
+		int member = holds(st, d, st->param_base[pr->comp] + pr->layer, pr->tp_rank);
 		w->sync_at[b] = member ? (w->overlap ? 0 : nd) : -1;
 		w->last_pos[b] = 0;
 	}
@@ -213,7 +240,9 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 			continue;
 		const sslice_t *x = &st->s->s[in->slice];
 		for (int l = x->lf; l < x->lt; l++) {
-			int bb = st->bucket_of[param_id(st, &st->pl->mops[x->metaop], l, NULL)];
+			int pid = param_id(st, &st->pl->mops[x->metaop], l, NULL),
+			    h = st->held[(size_t)d * st->n_params + pid];
+			int bb = h ? st->bucket_of[pid * st->tmax + h - 1] : -1;
 			if (bb >= 0 && w->sync_at[bb] >= 0)
 				w->sync_at[bb] = k + 1;
 		}

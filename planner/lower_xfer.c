@@ -3,13 +3,32 @@
  * sequence (the "Sample ranges" and "Order" rules in lower.c's header).
  * Which devices hold which parameters and where SYNC and STEP go is
  * lower_sync.c's; the plan's structure is lower.c's.
+ *
+ * Tensor parallelism (tp-format.txt): a slice of tp t has n / t groups of
+ * t consecutive slots; sample ranges are per group (group r of n / t), and
+ * every member of a group runs the slice on the group's range. A consumer
+ * member mc receives its input from producer member mc % t_p, and a
+ * producer member mp its output gradient from consumer member mp % t_c
+ * (each member needs whole inputs, any member's outputs are whole; with
+ * equal degrees member j talks to member j). A group's instructions are
+ * emitted together: every member's RECVs, then every member's FWD (BWD),
+ * then their SENDs, so the group's compute (a rendezvous: its all-reduces)
+ * is one step of the global sequence and the "RECV after SEND" argument
+ * still rules out deadlock.
  */
 #include "lower.h"
 
+static int slice_tp(const lstate_t *st, int slice)
+{
+	return st->s->s[slice].tp > 1 ? st->s->s[slice].tp : 1;
+}
+
+/* The samples of a slot: its group's range. */
 static void slot_range(const lstate_t *st, int slice, int slot, int32_t *a, int32_t *b)
 {
 	const sslice_t *x = &st->s->s[slice];
-	sample_range(st->pl->mops[x->metaop].batch, slot, x->n, a, b);
+	int t = slice_tp(st, slice);
+	sample_range(st->pl->mops[x->metaop].batch, slot / t, x->n / t, a, b);
 }
 
 static sp_vref_t vref(int m, int l, int grad, int off)
@@ -42,6 +61,7 @@ static int collect_xfers(lstate_t *st, int i)
 	const metaop_t *mo = &pl->mops[c->metaop];
 	if (mo->source)
 		return 0;
+	int tc = slice_tp(st, i);
 	for (int j = 0; j < c->n; j++) {
 		int32_t a0, a1, own0, own1;
 		slot_range(st, i, j, &own0, &own1);
@@ -69,13 +89,14 @@ static int collect_xfers(lstate_t *st, int i)
 				len = e->seq_len;
 			}
 			const sslice_t *y = &st->s->s[p];
+			int tp = slice_tp(st, p);
 			for (int k = 0; k < y->n; k++) {
 				int32_t b0, b1;
 				slot_range(st, p, k, &b0, &b1);
 				int same = lower_dev_of(st, p, k) == lower_dev_of(st, i, j);
 				int32_t o0 = SP_MAX(a0, b0), o1 = SP_MIN(a1, b1);
 				int chain = c->lf > 0; /* same buffer: nothing to move locally */
-				if (o0 < o1 && !(same && chain)) {
+				if (o0 < o1 && !(same && chain) && k % tp == j % tc % tp) {
 					xfer_t x = {p, k, i, j, o0, o1, len, vref(src_m, src_l, 0, 0),
 						    vref(c->metaop, c->lf, 0, off), 0, 0};
 					if (add_xfer(st, x))
@@ -83,7 +104,7 @@ static int collect_xfers(lstate_t *st, int i)
 				}
 				o0 = SP_MAX(own0, b0);
 				o1 = SP_MIN(own1, b1);
-				if (o0 < o1 && !(same && chain)) {
+				if (o0 < o1 && !(same && chain) && j % tc == k % tp % tc) {
 					xfer_t x = {i, j, p, k, o0, o1, len,
 						    vref(c->metaop, c->lf, 1, off),
 						    vref(src_m, src_l, 1, 0), 1, 0};
@@ -154,52 +175,49 @@ static int emit_xfers(lstate_t *st, int slice, int slot, int grad, int incoming)
 	return 0;
 }
 
-/* Forward slices in schedule order: per slot its RECVs, FWD (or LOSS),
- * SENDs; a loss also sends its input gradients back at once. */
-static int emit_forward(lstate_t *st)
+/* One direction of slice i, group by group: the members' RECVs, their
+ * compute (FWD or LOSS forward, BWD backward), their SENDs; a loss also
+ * sends its input gradients back at once. */
+static int emit_slice(lstate_t *st, int i, int grad)
 {
-	const sched_t *s = st->s;
-	for (int ii = 0; ii < s->n; ii++) {
-		int i = st->order[ii];
-		const sslice_t *x = &s->s[i];
-		const metaop_t *mo = &st->pl->mops[x->metaop];
-		for (int j = 0; j < x->n; j++) {
-			if (emit_xfers(st, i, j, 0, 1))
+	const sslice_t *x = &st->s->s[i];
+	const metaop_t *mo = &st->pl->mops[x->metaop];
+	int t = slice_tp(st, i);
+	for (int g = 0; g < x->n; g += t) {
+		for (int j = g; j < g + t; j++)
+			if (emit_xfers(st, i, j, grad, 1))
 				return SP_ENOMEM;
-			sp_ins_t in = lower_ins_new(mo->sink ? INS_LOSS : INS_FWD);
+		for (int j = g; j < g + t; j++) {
+			sp_ins_t in = lower_ins_new(grad ? INS_BWD : mo->sink ? INS_LOSS : INS_FWD);
 			in.slice = i;
 			slot_range(st, i, j, &in.s0, &in.s1);
-			in.src = vref(x->metaop, x->lf, 0, 0);
-			in.dst = mo->sink ? vref(x->metaop, 0, 1, 0) : vref(x->metaop, x->lt, 0, 0);
-			if (emit(st, lower_dev_of(st, i, j), in) || emit_xfers(st, i, j, 0, 0))
-				return SP_ENOMEM;
-			if (mo->sink && emit_xfers(st, i, j, 1, 0))
+			in.src = vref(x->metaop, grad ? x->lt : x->lf, grad, 0);
+			in.dst = grad ? vref(x->metaop, x->lf, 1, 0)
+			       : mo->sink ? vref(x->metaop, 0, 1, 0)
+					  : vref(x->metaop, x->lt, 0, 0);
+			if (emit(st, lower_dev_of(st, i, j), in))
 				return SP_ENOMEM;
 		}
+		for (int j = g; j < g + t; j++)
+			if (emit_xfers(st, i, j, grad, 0) ||
+			    (!grad && mo->sink && emit_xfers(st, i, j, 1, 0)))
+				return SP_ENOMEM;
 	}
 	return 0;
 }
 
-/* Backward slices in reverse order (losses did theirs): RECVs, BWD, SENDs. */
-static int emit_backward(lstate_t *st)
+/* Forward slices in schedule order, then backward slices in reverse order
+ * (losses did theirs). */
+static int emit_all(lstate_t *st)
 {
 	const sched_t *s = st->s;
+	for (int ii = 0; ii < s->n; ii++)
+		if (emit_slice(st, st->order[ii], 0))
+			return SP_ENOMEM;
 	for (int ii = s->n - 1; ii >= 0; ii--) {
 		int i = st->order[ii];
-		const sslice_t *x = &s->s[i];
-		if (st->pl->mops[x->metaop].sink)
-			continue;
-		for (int j = 0; j < x->n; j++) {
-			if (emit_xfers(st, i, j, 1, 1))
-				return SP_ENOMEM;
-			sp_ins_t in = lower_ins_new(INS_BWD);
-			in.slice = i;
-			slot_range(st, i, j, &in.s0, &in.s1);
-			in.src = vref(x->metaop, x->lt, 1, 0);
-			in.dst = vref(x->metaop, x->lf, 1, 0);
-			if (emit(st, lower_dev_of(st, i, j), in) || emit_xfers(st, i, j, 1, 0))
-				return SP_ENOMEM;
-		}
+		if (!st->pl->mops[s->s[i].metaop].sink && emit_slice(st, i, 1))
+			return SP_ENOMEM;
 	}
 	return 0;
 }
@@ -210,7 +228,7 @@ int lower_sequence(lstate_t *st)
 	for (int i = 0; i < st->s->n; i++)
 		if ((rc = collect_xfers(st, i)))
 			return rc;
-	if ((rc = index_xfers(st)) || (rc = emit_forward(st)))
+	if ((rc = index_xfers(st)))
 		return rc;
-	return emit_backward(st);
+	return emit_all(st);
 }

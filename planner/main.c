@@ -42,6 +42,11 @@ static void usage(FILE *f)
 		"                       (N divides every batch; gradients accumulate over\n"
 		"                       them); auto (default): 1 unless nothing fits, then\n"
 		"                       the fewest that fit. The same N for every task\n"
+		"  --tp 1|2|4|8|auto    tensor-parallel degree: a number splits every\n"
+		"                       transformer slice whose width it divides into\n"
+		"                       groups of that many devices of one node (it must\n"
+		"                       divide every transformer's heads and ffn); auto\n"
+		"                       (default) chooses per layer\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -52,7 +57,7 @@ static int takes_value(const char *a)
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute",
-					    "--microbatches"};
+					    "--microbatches", "--tp"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -91,6 +96,24 @@ static int opt_word(int *out, const char *a, const char *val, const char *const 
 		}
 	fprintf(stderr, "spindle-plan: %s: unknown value '%s'\nhint: %s\n", a, val, hint);
 	return SP_EXIT_INPUT;
+}
+
+/* --microbatches and --tp: auto (0) or a number from 1 to max. */
+static int opt_auto_int(int *out, const char *a, const char *val, int max, const char *what,
+			const char *which)
+{
+	char *end;
+	long k = strtol(val, &end, 10);
+	if (!strcmp(val, "auto"))
+		k = 0;
+	else if (*end || end == val || k < 1 || k > max) {
+		fprintf(stderr, "spindle-plan: %s: '%s' is not %s\nhint: use auto or a number "
+				"from 1 to %d %s\n",
+			a, val, what, max, which);
+		return SP_EXIT_INPUT;
+	}
+	*out = (int)k;
+	return 0;
 }
 
 /* An option that takes a value: 0 when taken, -1 when a is not one of
@@ -132,18 +155,11 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
 					: "use 0, 1 or auto");
 	} else if (!strcmp(a, "--microbatches")) {
-		char *end;
-		long k = strtol(val, &end, 10);
-		if (!strcmp(val, "auto"))
-			k = 0;
-		else if (*end || end == val || k < 1 || k > SP_MAX_MICROBATCHES) {
-			fprintf(stderr, "spindle-plan: --microbatches: '%s' is not a count\nhint: "
-					"use auto or a number from 1 to %d that divides every "
-					"task's batch\n",
-				val, SP_MAX_MICROBATCHES);
-			return SP_EXIT_INPUT;
-		}
-		o->microbatches = (int)k;
+		return opt_auto_int(&o->microbatches, a, val, SP_MAX_MICROBATCHES, "a count",
+				    "that divides every task's batch");
+	} else if (!strcmp(a, "--tp")) {
+		return opt_auto_int(&o->tp, a, val, SP_MAX_TP, "a degree",
+				    "(usually 1, 2, 4 or 8)");
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");

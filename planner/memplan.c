@@ -36,7 +36,9 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 		double b = 0;
 		for (int k = 0; k < dv->n_held; k++)
 			if (p->held[dv->held_off + k].comp == c)
-				b += (double)comp_layer_params(&md->comps[c]) * psb;
+				b += (double)comp_layer_params_tp(&md->comps[c],
+								  p->held[dv->held_off + k].tp) *
+				     psb;
 		if (b > best_b) {
 			best_b = b;
 			best = c;

@@ -23,6 +23,7 @@
  * devices, in slice order.
  */
 #include "planner.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -258,9 +259,13 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 					break;
 				}
 		}
+		/* a tensor-parallel slice takes whole groups of t from a node, so
+		 * that its ascending devices form groups within nodes (tp.c) */
+		int t = tp_want(pl, x);
 		for (int r = 0; r < nn && got < x->n; r++) {
 			int node = P->node_order[(first + r) % nn];
-			for (int j = head[node]; j >= 0 && got < x->n; j = next[j])
+			int take = SP_MIN(cnt[node] / t * t, x->n - got);
+			for (int j = head[node]; j >= 0 && take > 0; j = next[j], take--)
 				out[got++] = c[j].dev;
 		}
 	}

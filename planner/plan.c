@@ -5,6 +5,7 @@
  * (same inputs and options must give the same bytes).
  */
 #include "planner.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → programs → memory → layouts that fit (the auto
+/* schedule → placement → tensor-parallel degrees → programs → memory → layouts that fit (the auto
  * choices of zero-1 and recompute) → simulation → for ours (1 for our
  * algorithm's plans) zero-1 where not slower, for one algorithm (ours:
  * candidate c). Leaves the schedule and placement in pl->scratch for
@@ -53,6 +54,7 @@ static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
 	place_t pc;
 	int rc;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
+	    (rc = tp_run(pl, &s, &pc)) ||
 	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
 	    (rc = layout_fit(pl, out)) || (rc = sim_run(pl, out, 1, res)) ||
 	    (ours && (rc = layout_trial(pl, out, res))))
@@ -457,6 +459,8 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 {
 	int64_t g = batch_gcd(m);
 	int k = o->microbatches;
+	if (tp_check(o, m, c, err))
+		return SP_EINPUT;
 	if (k > 0 && g % k) {
 		int t = 0;
 		while (t < m->n_tasks - 1 && m->tasks[t].batch % k == 0)

@@ -77,8 +77,14 @@ typedef struct {
 	int level;        /* longest path from a source, in MetaOps */
 	char name[2 * SP_NAME_MAX];
 	/* cost.c */
-	int nmax;        /* valid device counts: 1..nmax = min(batch, N) */
-	double *tf, *tb; /* [nmax+1]: per-layer ms at n devices, local batch ceil(B/n) */
+	int nmax;        /* device counts: 1..nmax = min(N, batch tmax), tmax the
+			  * largest tensor-parallel degree m may take */
+	double *tf, *tb; /* [nmax+1]: per-layer ms at n devices: the fastest
+			  * n = d t (d <= batch), local batch ceil(B/d),
+			  * non-increasing in n */
+	int *tpn;        /* [nmax+1]: the t of tf/tb at n */
+	int *usen;       /* [nmax+1]: the width that makes tf/tb at n (n, or less
+			  * when n is no faster or no (d, t) makes it) */
 	int profiled;
 	int scales;      /* 0: every device of a slice does the whole work (contrastive) */
 	int64_t layer_state_bytes; /* parameter state of one layer replica */
@@ -118,6 +124,11 @@ int graph_build(planner_t *pl);
 int cost_build(planner_t *pl);
 /* Per-layer ms of MetaOp m for a device holding `local` samples. */
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
+/* The largest tensor-parallel degree (plan format 3). */
+#define SP_TP_MAX 64
+/* The same for a t-way group holding `local` samples: the shard's compute
+ * and its all-reduces (t = 1, or a shape tp_ok refuses: cost_layer). */
+void cost_layer_tp(const planner_t *pl, int m, int64_t local, int t, double *fwd, double *bwd);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
 /* One matrix product of a layer: batch copies of M x N x K, issued calls times. */
@@ -304,6 +315,17 @@ int sched_finish(sched_t *s);
  */
 #define SYNC_CHUNKS 4
 int sched_chunk(sched_t *s, const planner_t *pl);
+/* tp_cost.c: every slice's tensor-parallel degree, one per class of
+ * MetaOps sharing a component (the t carrying most layer-time where all
+ * its slices can run it, else 1: slices wider than their batch shrink to
+ * it); SP_ENOMEM. */
+int tp_assign(planner_t *pl, sched_t *s);
+/* The largest t of MetaOp m's slices in plan p (1: whole layers). */
+int tp_metaop(const sp_plan_t *p, int m);
+/* For report.c: the MetaOps that split and their t, as text lines, or the
+ * JSON member "tp" (after a ","): every MetaOp's name and t. */
+void tp_report(FILE *f, const sp_plan_t *p);
+void tp_json(FILE *f, const sp_plan_t *p);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
 /* Per-layer fwd+bwd ms of m on n devices. */

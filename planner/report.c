@@ -106,11 +106,13 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 			wv->start_ms, wv->dur_ms, wv->bwd_start_ms, wv->bwd_dur_ms);
 		for (int i = wv->first_slice; i < wv->first_slice + wv->n_slices; i++) {
 			const sp_slice_t *sl = &p->slices[i];
-			char devs[256];
+			char devs[256], tp[16] = "";
 			slice_devices(devs, sizeof devs, p, sl);
-			fprintf(f, "    %-32s layers %3d-%-3d x%-4d gpus %s\n",
+			if (sl->tp > 1)
+				snprintf(tp, sizeof tp, "  tp %d", sl->tp);
+			fprintf(f, "    %-32s layers %3d-%-3d x%-4d gpus %s%s\n",
 				p->metaops[sl->metaop].name, sl->layer_from, sl->layer_to, sl->n_dev,
-				devs);
+				devs, tp);
 		}
 	}
 	fprintf(f, "\ndevices (memory GiB; time ms)\n  %6s %8s %8s %8s %8s %8s  %9s %9s %9s\n",
@@ -128,6 +130,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 	fprintf(f, "  cap %.2f GiB per device (%.0f GiB less %.1f GiB reserve)\n",
 		p->memory_gib - p->mem_reserve_gib, p->memory_gib, p->mem_reserve_gib);
 	layout_report(f, p);
+	tp_report(f, p);
 }
 
 void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
@@ -168,6 +171,12 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		c->transfer_ms, c->sync_ms, (long long)c->xnode_bytes,
 		(long long)c->naive_xnode_bytes, c->naive_xfer_pred_ms, p->n_waves, s->total_ms);
 	sp_json_str(f, algo_name(s->chosen));
+	/* the chosen plan's tensor-parallel degree of every slice, in order */
+	fprintf(f, ",\n  \"slice_tp\": [");
+	for (int i = 0; i < p->n_slices; i++)
+		fprintf(f, "%s%d", i ? ", " : "", p->slices[i].tp);
+	fprintf(f, "]");
 	layout_json(f, p);
+	tp_json(f, p);
 	fprintf(f, "\n}\n");
 }

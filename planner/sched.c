@@ -517,6 +517,8 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if ((rc = sched_check(pl, out)))
 		return rc;
+	if (tp_assign(pl, out))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if (algo_overlaps_sync(a) && sched_chunk(out, pl))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return 0;

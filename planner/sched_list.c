@@ -318,7 +318,7 @@ static void start_on_home(list_t *s, int m, int home, int *free_dev)
 {
 	const metaop_t *mo = &s->pl->mops[m];
 	const homes_t *H = &s->H;
-	int d = s->done[m], r = 1, n = (int)SP_MIN((int64_t)H->n[home], mo->batch);
+	int d = s->done[m], r = 1, n = SP_MIN(H->n[home], mo->nmax);
 	while (d + r < mo->n_layers && home_of(s->pl, H, m, d + r) == home)
 		r++;
 	int all_free = 1;

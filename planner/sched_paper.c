@@ -8,7 +8,9 @@
  * our levels, the longest path from a source):
  *
  *  1. Valid counts: n devices with batch % n == 0 (LayerNode.
- *     update_valid_gpunum, "batch divisible"), n <= nmax.
+ *     update_valid_gpunum, "batch divisible"), n <= nmax; past the batch,
+ *     n = d t with the table's degree t at n and batch % d == 0 (the paper
+ *     counts tensor-parallel degrees among a MetaOp's valid counts).
  *  2. Relaxation: C* with sum_m n*_m = N (Planner.cal_minimized_time),
  *     n*_m = T_m^{-1}(C* / L_m) where the speed-up s(n) = T(1) / T(n) is
  *     interpolated linearly between valid counts (LayerNode.gpunum_linear,
@@ -56,11 +58,18 @@ typedef struct {
 	int nt, ns, ne, first_stage;
 } pack_t;
 
-/* Valid count after n (0: none): batch-divisible, at most nmax. */
+static int valid_count(const metaop_t *m, int v)
+{
+	if (v <= m->batch)
+		return m->batch % v == 0;
+	return m->usen[v] == v && m->batch % (v / m->tpn[v]) == 0;
+}
+
+/* Valid count after n (0: none), at most nmax. */
 static int valid_next(const metaop_t *m, int n)
 {
 	for (int v = n + 1; v <= m->nmax; v++)
-		if (m->batch % v == 0)
+		if (valid_count(m, v))
 			return v;
 	return 0;
 }
@@ -68,7 +77,7 @@ static int valid_next(const metaop_t *m, int n)
 static int valid_max(const metaop_t *m)
 {
 	int v = m->nmax;
-	while (v > 1 && m->batch % v)
+	while (v > 1 && !valid_count(m, v))
 		v--;
 	return v;
 }

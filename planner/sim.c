@@ -4,7 +4,9 @@
  * its lowered programs, never by its own estimate.
  *
  * Each device runs its program in order with a clock `now`:
- *   FWD/BWD/LOSS  now += layers * T_fwd|bwd(m, local batch); a recomputing
+ *   FWD/BWD/LOSS  now += layers * T_fwd|bwd(m, local batch, the slice's tp:
+ *                 a t-way member's shard with its group's all-reduces,
+ *                 cost_layer_tp); a recomputing
  *                 slice's BWD also re-runs its forward (T_fwd + T_bwd)
  *   COPY          now += bytes / memory bandwidth
  *   SEND          non-blocking; the transfer enters the network (fluid.c)
@@ -135,7 +137,7 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 {
 	const sp_slice_t *sl = &st->p->slices[in->slice];
 	double f, b, t0 = st->now[d];
-	cost_layer(st->pl, sl->metaop, in->s1 - in->s0, &f, &b);
+	cost_layer_tp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, &f, &b);
 	int L = sl->layer_to - sl->layer_from;
 	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
 	if (in->op == INS_LOSS)

@@ -18,6 +18,15 @@
  *                         does not issue each of its buckets' all-reduces
  *                         exactly once
  *   out of memory         predicted peak above the cap
+ *   tensor parallelism    a slice's group of tp devices spans nodes, the
+ *                         slices of one (comp, layer) differ in tp, a
+ *                         device runs a slice without holding shard
+ *                         (tp, its member index) of its layers, or a
+ *                         bucket mixes shards or misstates its elems
+ * A tensor-parallel group's FWD/BWD is a rendezvous (its all-reduces run
+ * inside): a member runs it only once every member of the group has
+ * reached it, so members that order their FWD/BWD differently deadlock
+ * here and are named.
  * It is written independently of lower.c: it trusts only the plan. Its
  * working memory is one local arena, released at its single exit.
  */
@@ -47,7 +56,11 @@ typedef struct {
 	sp_arena_t arena; /* everything below; released once at the end */
 	dstate_t *ds;
 	int *param_base, n_params;
-	int *bucket_of_param; /* -1 if none */
+	int *bucket_of_param; /* per shard key (id * SP_MAX_TP + tp_rank): -1 none */
+	int *layer_tp;        /* per param id: its slices' tp, 0 none yet */
+	int *arrived;         /* per slice_devs entry of a group's first member,
+			       * times 2 (+1 backward): members at its rendezvous */
+	char *at_rdv;         /* per instruction: counted in arrived */
 	int max_tag;          /* tags are 0 .. max_tag - 1 */
 	int *pc;              /* per device: next instruction */
 	int *send_of;         /* per tag: the SEND's global instruction index */
@@ -142,8 +155,10 @@ static int write_value(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s
 	return 0;
 }
 
-/* Checks parameters and records gradient contributions of a compute ins. */
-static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in)
+/* Checks parameters and records gradient contributions of a compute ins
+ * of member j of its slice's group (a shard's contributions count toward
+ * that shard: each shard of a layer gets the whole batch). */
+static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int j)
 {
 	const sp_plan_t *p = st->p;
 	const sp_slice_t *sl = &p->slices[in->slice];
@@ -155,17 +170,22 @@ static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in)
 		int comp = t->nodes[op->node].comp;
 		if (p->model.comps[comp].type == COMP_CONTRASTIVE)
 			continue;
-		int held = 0;
-		for (int q = 0; q < dv->n_held && !held; q++)
-			held = p->held[dv->held_off + q].comp == comp &&
-			       p->held[dv->held_off + q].layer == op->layer;
+		int held = 0, whole = 0;
+		for (int q = 0; q < dv->n_held && !held; q++) {
+			const sp_param_t *h = &p->held[dv->held_off + q];
+			whole |= h->comp == comp && h->layer == op->layer;
+			held = whole && h->tp == sl->tp && h->tp_rank == j;
+		}
 		if (!held)
-			return fail(st, d, k, "missing parameters: '%s' layer %d is not held here",
-				    p->model.comps[comp].name, (int)op->layer);
+			return fail(st, d, k,
+				    "missing parameters: '%s' layer %d%s is not held here",
+				    p->model.comps[comp].name, (int)op->layer,
+				    whole ? " (shard of the slice's tp and this member)" : "");
 		if (in->op == INS_FWD)
 			continue;
-		st->contrib[m->first_op + l] += in->s1 - in->s0;
-		int b = st->bucket_of_param[st->param_base[comp] + op->layer];
+		if (j == 0)
+			st->contrib[m->first_op + l] += in->s1 - in->s0;
+		int b = st->bucket_of_param[(st->param_base[comp] + op->layer) * SP_MAX_TP + j];
 		int member = 0;
 		if (b >= 0)
 			for (int q = 0; q < p->buckets[b].n_dev; q++)
@@ -191,13 +211,14 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 			if (p->slice_devs[sl->dev_off + q] == d)
 				n_slot = q;
 		int32_t a, b;
-		if (n_slot >= 0)
-			sample_range(batch_of(p, sl->metaop), n_slot, sl->n_dev, &a, &b);
+		if (n_slot >= 0) /* its group's range */
+			sample_range(batch_of(p, sl->metaop), n_slot / sl->tp,
+				     sl->n_dev / sl->tp, &a, &b);
 		if (n_slot < 0 || a != in->s0 || b != in->s1)
 			return fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
 					      "device's range of the slice",
 				    (int)in->s0, (int)in->s1);
-		if ((rc = check_params(st, d, k, in)))
+		if ((rc = check_params(st, d, k, in, n_slot % sl->tp)))
 			return rc;
 		if (in->op == INS_FWD) {
 			sp_vref_t src = {sl->metaop, sl->layer_from, 0, 0};
@@ -269,7 +290,11 @@ static int verify_alloc(vstate_t *st)
 	}
 	tags = (size_t)st->max_tag + 1;
 	st->ds = sp_arena_calloc(a, N, sizeof *st->ds);
-	st->bucket_of_param = sp_arena_calloc(a, (size_t)st->n_params + 1, sizeof(int));
+	st->bucket_of_param =
+		sp_arena_calloc(a, (size_t)st->n_params * SP_MAX_TP + 1, sizeof(int));
+	st->layer_tp = sp_arena_calloc(a, (size_t)st->n_params + 1, sizeof(int));
+	st->arrived = sp_arena_calloc(a, (size_t)p->n_slice_devs * 2 + 1, sizeof(int));
+	st->at_rdv = sp_arena_calloc(a, (size_t)p->n_ins + 1, 1);
 	st->pc = sp_arena_calloc(a, N, sizeof(int));
 	st->send_of = sp_arena_calloc(a, tags, sizeof(int));
 	st->sent = sp_arena_calloc(a, tags, 1);
@@ -277,29 +302,78 @@ static int verify_alloc(vstate_t *st)
 	st->issued = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
 	st->contrib = sp_arena_calloc(a, (size_t)p->n_ops + 1, sizeof(int64_t));
 	if (!st->ds || !st->bucket_of_param || !st->pc || !st->send_of || !st->sent ||
-	    !st->recvd || !st->issued || !st->contrib)
+	    !st->recvd || !st->issued || !st->contrib || !st->layer_tp || !st->arrived ||
+	    !st->at_rdv)
 		return SP_ENOMEM;
-	for (int q = 0; q < st->n_params; q++)
+	for (int q = 0; q < st->n_params * SP_MAX_TP; q++)
 		st->bucket_of_param[q] = -1;
 	for (int t = 0; t <= st->max_tag; t++)
 		st->send_of[t] = -1;
 	return 0;
 }
 
-/* Each parameter's bucket; a parameter in two buckets is a defect. */
+/* Each parameter shard's bucket; a shard in two buckets is a defect, and
+ * so is a bucket that mixes shard specs or misstates its elems. */
 static int index_buckets(vstate_t *st)
 {
 	const sp_plan_t *p = st->p;
-	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; q < p->buckets[b].n_params; q++) {
-			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
-			int id = st->param_base[pr->comp] + pr->layer;
-			if (st->bucket_of_param[id] >= 0)
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int64_t elems = 0;
+		for (int q = 0; q < bk->n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
+			const sp_param_t *p0 = &p->bucket_params[bk->param_off];
+			int key = (st->param_base[pr->comp] + pr->layer) * SP_MAX_TP + pr->tp_rank;
+			if (pr->tp != p0->tp || pr->tp_rank != p0->tp_rank)
+				return fail(st, -1, -1, "tensor parallelism: sync bucket %d mixes "
+							"shard %d of %d and shard %d of %d",
+					    b, (int)p0->tp_rank, (int)p0->tp, (int)pr->tp_rank,
+					    (int)pr->tp);
+			if (st->bucket_of_param[key] >= 0)
 				return fail(st, -1, -1, "missing gradient contribution: '%s' layer "
 							"%d is in two sync buckets",
 					    p->model.comps[pr->comp].name, (int)pr->layer);
-			st->bucket_of_param[id] = b;
+			st->bucket_of_param[key] = b;
+			elems += comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
 		}
+		if (elems != bk->elems)
+			return fail(st, -1, -1, "tensor parallelism: sync bucket %d says %lld "
+						"elements, its parameter shards have %lld",
+				    b, (long long)bk->elems, (long long)elems);
+	}
+	return 0;
+}
+
+/* Groups of a tensor-parallel slice lie in one node; every slice over a
+ * (comp, layer) has the same tp (one sharding per layer). */
+static int check_tp(vstate_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int s = 0; s < p->n_slices; s++) {
+		const sp_slice_t *sl = &p->slices[s];
+		const int32_t *dv = p->slice_devs + sl->dev_off;
+		for (int k = 0; k < sl->n_dev; k++) {
+			int lead = dv[k - k % sl->tp];
+			if (p->devices[dv[k]].node != p->devices[lead].node)
+				return fail(st, -1, -1, "tensor parallelism: group %d of slice %d "
+							"spans nodes %d and %d (devices %d, %d)",
+					    k / sl->tp, s, (int)p->devices[lead].node,
+					    (int)p->devices[dv[k]].node, (int)lead, (int)dv[k]);
+		}
+		const sp_metaop_t *m = &p->metaops[sl->metaop];
+		for (int l = sl->layer_from; l < sl->layer_to; l++) {
+			const sp_op_t *op = &p->ops[m->first_op + l];
+			int comp = p->model.tasks[m->task].nodes[op->node].comp;
+			int *t = &st->layer_tp[st->param_base[comp] + op->layer];
+			if (*t && *t != sl->tp)
+				return fail(st, -1, -1, "tensor parallelism: '%s' layer %d is split "
+							"%d ways in slice %d and %d ways in another "
+							"(one sharding per layer)",
+					    p->model.comps[comp].name, (int)op->layer, (int)sl->tp,
+					    s, *t);
+			*t = sl->tp;
+		}
+	}
 	return 0;
 }
 
@@ -321,9 +395,11 @@ static int check_sync_groups(vstate_t *st)
 			for (int d = 0; d < p->n_devices; d++) {
 				const sp_device_t *dv = &p->devices[d];
 				int holds = 0, member = bucket_member(p, b, d);
-				for (int h = 0; h < dv->n_held && !holds; h++)
-					holds = p->held[dv->held_off + h].comp == pr->comp &&
-						p->held[dv->held_off + h].layer == pr->layer;
+				for (int h = 0; h < dv->n_held && !holds; h++) {
+					const sp_param_t *x = &p->held[dv->held_off + h];
+					holds = x->comp == pr->comp && x->layer == pr->layer &&
+						x->tp == pr->tp && x->tp_rank == pr->tp_rank;
+				}
 				if (holds != member)
 					return fail(st, -1, -1,
 						    "missing gradient contribution: sync group of "
@@ -413,8 +489,24 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 	return 0;
 }
 
+/* The rendezvous counter of a tensor-parallel FWD/BWD of device d, NULL
+ * for other instructions (or a device not in the slice: exec says so). */
+static int *rendezvous(vstate_t *st, int d, const sp_ins_t *in)
+{
+	const sp_plan_t *p = st->p;
+	if (in->op != INS_FWD && in->op != INS_BWD)
+		return NULL;
+	const sp_slice_t *sl = &p->slices[in->slice];
+	for (int q = 0; sl->tp > 1 && q < sl->n_dev; q++)
+		if (p->slice_devs[sl->dev_off + q] == d)
+			return &st->arrived[(sl->dev_off + q - q % sl->tp) * 2 +
+					    (in->op == INS_BWD)];
+	return NULL;
+}
+
 /* One instruction of device d: waits (RECV before its SEND, STEP before
- * its buckets' all-reduces all started), else checked and executed. */
+ * its buckets' all-reduces all started, a tensor-parallel FWD/BWD before
+ * every member of its group reached it), else checked and executed. */
 static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 {
 	vstate_t *st = ctx;
@@ -437,6 +529,14 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 			if (bucket_member(p, b, d) &&
 			    st->issued[b] < p->buckets[b].n_dev)
 				return PROGS_WAIT;
+	} else if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].tp > 1) {
+		int *arr = rendezvous(st, d, in), g = p->devices[d].first_ins + k;
+		if (arr && !st->at_rdv[g]) {
+			st->at_rdv[g] = 1;
+			++*arr;
+		}
+		if (arr && *arr < p->slices[in->slice].tp)
+			return PROGS_WAIT;
 	}
 	if (rc || (rc = exec(st, d, k, in)))
 		return rc;
@@ -469,6 +569,27 @@ static int explain_deadlock(vstate_t *st)
 		}
 	}
 	const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
+	for (int q = 0; q < N && !missing; q++) {
+		const sp_ins_t *iq = &p->ins[p->devices[q].first_ins + pc[q]];
+		if (pc[q] >= p->devices[q].n_ins || !rendezvous(st, q, iq))
+			continue;
+		const sp_slice_t *sl = &p->slices[iq->slice];
+		int lead = 0;
+		while (p->slice_devs[sl->dev_off + lead] != q)
+			lead++;
+		lead -= lead % sl->tp;
+		for (int j = lead; j < lead + sl->tp; j++) {
+			int o = p->slice_devs[sl->dev_off + j];
+			const sp_ins_t *io = &p->ins[p->devices[o].first_ins + pc[o]];
+			if (pc[o] < p->devices[o].n_ins &&
+			    (io->op != iq->op || io->slice != iq->slice))
+				return fail(st, q, pc[q],
+					    "deadlock: the tensor-parallel group of slice %d waits "
+					    "for device %d, which runs %s of slice %d first (members "
+					    "must run the slice's FWD/BWD in the same order)",
+					    (int)iq->slice, o, ins_op_name(io->op), (int)io->slice);
+		}
+	}
 	if (in->op == INS_RECV && missing)
 		return fail(st, d, pc[d],
 			    "deadlock: waits for tag %d from device %d, which never sends it",
@@ -563,7 +684,7 @@ static int check_memory(vstate_t *st, double mem_cap)
 static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
-	if ((rc = verify_alloc(st)) || (rc = index_buckets(st)) ||
+	if ((rc = verify_alloc(st)) || (rc = index_buckets(st)) || (rc = check_tp(st)) ||
 	    (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);

@@ -21,8 +21,27 @@
  * (8 s h), the MLP pre- and post-GELU (2 s f), attention probabilities
  * (a s^2) and the two LayerNorms' mean and 1/std (4 s). The patch's source
  * has no input gradient, so its backward is the weight gradient alone.
+ *
+ * Cross-attention (a transformer with "cross_attention": each block is LN1,
+ * self-attention, residual, LN_c, attention of its tokens to a memory of m
+ * tokens of width W, residual, LN2, MLP, residual) adds per layer:
+ *
+ *  params       2h (LN_c) + h^2 + h (W_q, b_q) + 2 W h + 2h (W_kv, b_kv)
+ *               + h^2 + h (W_oc, b_oc)           = 2h^2 + 2 W h + 6h
+ *  fwd FLOPs    2 s h^2 (q) + 2*2 m W h (k, v) + 2*2 s m h (scores and
+ *               the weighted sum) + 2 s h^2 (out) = 4 s h^2 + 4 m W h + 4 s m h
+ *  bwd FLOPs    2x fwd (the memory gets its gradient too: it is trained)
+ *  saved elems  LN_c output, Q, concatenated heads, residual after the
+ *               cross-attention (4 s h), K and V (2 m h), probabilities
+ *               (a s m), LN_c's mean and 1/std (2 s)
+ *
+ * The memory itself (m W per sample) is one value that every layer of the
+ * node reads; it is held once per node, not saved per layer, so it is not
+ * in the layer's saved elements.
  */
 #include "model.h"
+
+#include <string.h>
 
 
 __extension__ typedef __int128 i128;
@@ -36,13 +55,39 @@ static int64_t sat(i128 x)
 	return (int64_t)x;
 }
 
+/* The cross-attention terms of the table above (0 without a memory). */
+static i128 xattn_params(const sp_component_t *c)
+{
+	i128 h = c->hidden;
+	if (c->type != COMP_TRANSFORMER || !c->cross_attention)
+		return 0;
+	return 2 * h * h + 2 * (i128)c->memory_width * h + 6 * h;
+}
+
+static i128 xattn_fwd_flops(const sp_opshape_t *o)
+{
+	i128 h = o->hidden, s = o->seq, m = o->mem_seq;
+	if (o->type != COMP_TRANSFORMER || m == 0)
+		return 0;
+	return 4 * s * h * h + 4 * m * o->mem_width * h + 4 * s * m * h;
+}
+
+static i128 xattn_saved_elems(const sp_opshape_t *o)
+{
+	i128 h = o->hidden, s = o->seq, m = o->mem_seq;
+	if (o->type != COMP_TRANSFORMER || m == 0)
+		return 0;
+	return 4 * s * h + 2 * m * h + (i128)o->heads * s * m + 2 * s;
+}
+
 int64_t comp_layer_params(const sp_component_t *c)
 {
 	i128 h = c->hidden, f = c->ffn;
 	switch (c->type) {
 	case COMP_EMBEDDING: return sat(((i128)c->vocab + c->max_seq) * h);
 	case COMP_PATCH: return sat((i128)c->in * h + h + (i128)c->max_seq * h);
-	case COMP_TRANSFORMER: return sat(4 * h * h + 2 * h * f + 9 * h + f);
+	case COMP_TRANSFORMER:
+		return sat(4 * h * h + 2 * h * f + 9 * h + f + xattn_params(c));
 	case COMP_LINEAR: return sat((i128)c->in * c->out + c->out);
 	case COMP_LM_HEAD: return sat(2 * h + h * c->vocab);
 	case COMP_CLASSIFIER: return sat(2 * h + h * c->classes + c->classes);
@@ -85,7 +130,8 @@ int64_t op_fwd_flops(const sp_opshape_t *o, int64_t task_batch)
 	switch (o->type) {
 	case COMP_EMBEDDING: return 0;
 	case COMP_PATCH: return sat(2 * s * o->in * h);
-	case COMP_TRANSFORMER: return sat(8 * s * h * h + 4 * s * s * h + 4 * s * h * f);
+	case COMP_TRANSFORMER:
+		return sat(8 * s * h * h + 4 * s * s * h + 4 * s * h * f + xattn_fwd_flops(o));
 	case COMP_LINEAR: return sat(2 * s * o->in * (i128)o->out);
 	case COMP_LM_HEAD: return sat(2 * s * h * o->vocab);
 	case COMP_CLASSIFIER: return sat(2 * h * o->classes);
@@ -105,7 +151,7 @@ int64_t op_bwd_flops(const sp_opshape_t *o, int64_t task_batch)
 
 int64_t op_saved_elems(const sp_opshape_t *o, int64_t task_batch)
 {
-	return op_saved_elems_tp(o, task_batch, 1);
+	return sat((i128)op_saved_elems_tp(o, task_batch, 1) + xattn_saved_elems(o));
 }
 
 /*
@@ -178,7 +224,11 @@ sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *
 {
 	const sp_component_t *c = &m->comps[n->comp];
 	sp_opshape_t s = {c->type, c->hidden, c->heads, c->ffn, n->seq, c->in, c->out,
-			  c->vocab, c->classes, c->causal};
+			  c->vocab, c->classes, c->causal, 0, 0};
+	if (c->cross_attention) {
+		s.mem_seq = t->nodes[n->memory].seq;
+		s.mem_width = c->memory_width;
+	}
 	if (c->type == COMP_CLASSIFIER)
 		s.seq = 0;
 	if (c->type == COMP_CONTRASTIVE) {
@@ -195,7 +245,8 @@ int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b)
 	return a->type == b->type && a->hidden == b->hidden && a->heads == b->heads &&
 	       a->ffn == b->ffn && a->seq == b->seq && a->in == b->in &&
 	       a->out == b->out && a->vocab == b->vocab && a->classes == b->classes &&
-	       a->causal == b->causal;
+	       a->causal == b->causal && a->mem_seq == b->mem_seq &&
+	       a->mem_width == b->mem_width;
 }
 
 void opshape_str(char *buf, size_t cap, const sp_opshape_t *s)
@@ -213,6 +264,11 @@ void opshape_str(char *buf, size_t cap, const sp_opshape_t *s)
 		snprintf(buf, cap, "transformer h%lld a%lld f%lld s%lld%s",
 			 (long long)s->hidden, (long long)s->heads, (long long)s->ffn,
 			 (long long)s->seq, s->causal ? " causal" : "");
+		if (s->mem_seq > 0) {
+			size_t len = strlen(buf);
+			snprintf(buf + len, cap - len, " memory m%lld w%lld",
+				 (long long)s->mem_seq, (long long)s->mem_width);
+		}
 		break;
 	case COMP_LINEAR:
 		snprintf(buf, cap, "linear %lld->%lld s%lld", (long long)s->in,

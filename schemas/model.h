@@ -42,6 +42,12 @@ typedef struct {
 	/* fields used by the type; the rest are 0 */
 	int64_t vocab, hidden, max_seq, in, out, layers, heads, ffn, classes;
 	int causal;
+	/* transformer: each layer also attends to a node's memory input
+	 * (cross-attention, a decoder); memory_width is that memory's width
+	 * (its K and V projections are [memory_width, hidden]): the declared
+	 * "memory_width", else hidden. Both 0 without cross-attention. */
+	int cross_attention;
+	int64_t memory_width;
 	double temperature;
 } sp_component_t;
 
@@ -52,6 +58,9 @@ typedef struct {
 	int n_inputs;
 	int *inputs;  /* node indices in the same task, in the order given */
 	int layer_from, layer_to; /* [from,to): transformer layers; else [0,1) */
+	/* node index (same task) of the memory input that every layer of a
+	 * cross-attention component attends to; 0 and unused otherwise */
+	int memory;
 } sp_node_t;
 
 typedef struct {
@@ -92,6 +101,9 @@ typedef struct {
 	sp_comp_type_t type;
 	int64_t hidden, heads, ffn, seq, in, out, vocab, classes;
 	int causal;
+	/* cross-attention (transformer): the memory's tokens per sample and
+	 * width; both 0 without cross-attention */
+	int64_t mem_seq, mem_width;
 } sp_opshape_t;
 
 typedef struct {
@@ -190,9 +202,9 @@ typedef struct {
 /*
  * The rules of a loaded model (indices, names and field limits already
  * checked by its reader): task graphs (sources, arity, acyclic, seq and
- * widths, every node reaches a loss), size totals; a component no node
- * uses is a warning (a component library shared by several task sets is
- * normal). Returns 0 or the code of the first broken rule, after reporting
+ * widths, cross-attention memories, every node reaches a loss), size
+ * totals; a component no node uses is a warning (a component library
+ * shared by several task sets is normal). Returns 0 or the code of the first broken rule, after reporting
  * it.
  */
 int model_check(const sp_model_t *m, const model_report_t *r);
@@ -237,7 +249,8 @@ int64_t opt_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
 int comp_is_source(sp_comp_type_t t);
 int comp_is_sink(sp_comp_type_t t);
 int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b);
-/* "transformer h1280 a16 f5120 s257" — for reports. */
+/* "transformer h1280 a16 f5120 s257", with " memory m257 w1024" for
+ * cross-attention — for reports. */
 void opshape_str(char *buf, size_t cap, const sp_opshape_t *s);
 
 #endif

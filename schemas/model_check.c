@@ -1,10 +1,11 @@
 /*
  * model_check.c — the model's validity rules that hold whatever format the
  * model came in: every task graph's sources and arities, acyclicity, seq and
- * width agreement, every node reaching a loss, and totals (parameters,
- * FLOPs, saved activation bytes) that fit the planner's int64 arithmetic. The JSON loader (model_load.c) and the plan reader
- * (plan_check.c) both call it, so a plan cannot carry a model the loader
- * rejects.
+ * width agreement, cross-attention memories, every node reaching a loss,
+ * and totals (parameters, FLOPs, saved activation bytes) that fit the
+ * planner's int64 arithmetic. The JSON loader (model_load.c) and the plan
+ * reader (plan_check.c) both call it, so a plan cannot carry a model the
+ * loader rejects.
  *
  * It checks the loaded form of a model (sp_model_t after model_parse: loss
  * nodes carry their input's seq, contrastive nodes seq 1) and assumes what
@@ -19,6 +20,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Limit on FLOP and byte totals: int64 with room for sums of a few. */
 #define SIZE_LIM ((int64_t)1 << 60)
@@ -236,6 +238,105 @@ static int check_seqs(const model_report_t *r, const sp_model_t *m, const sp_tas
 	return 0;
 }
 
+/* The memory node of node n (cross-attention), or -1. */
+static int memory_of(const sp_model_t *m, const sp_node_t *n)
+{
+	return m->comps[n->comp].cross_attention ? n->memory : -1;
+}
+
+/* Node n's predecessor q: its inputs, then its memory (q == n_inputs). */
+static int pred_of(const sp_model_t *m, const sp_node_t *n, int q)
+{
+	return q < n->n_inputs ? n->inputs[q] : memory_of(m, n);
+}
+
+/*
+ * 1 when node `from` flows into node `to` through inputs and memories: a
+ * walk over to's ancestors, with the caller's seen (n_nodes bytes) and
+ * stack (n_nodes ints).
+ */
+static int flows_into(const sp_model_t *m, const sp_task_t *t, int from, int to,
+		      char *seen, int *stack)
+{
+	int sp = 0;
+	memset(seen, 0, (size_t)t->n_nodes);
+	stack[sp++] = to;
+	seen[to] = 1;
+	while (sp > 0) {
+		const sp_node_t *x = &t->nodes[stack[--sp]];
+		for (int q = 0; q <= x->n_inputs; q++) {
+			int y = pred_of(m, x, q);
+			if (y == from)
+				return 1;
+			if (y < 0 || seen[y])
+				continue;
+			seen[y] = 1;
+			stack[sp++] = y;
+		}
+	}
+	return 0;
+}
+
+/*
+ * A cross-attention node's memory: another node of the task, not a loss,
+ * not downstream of the node (no cycle through memories either), of the
+ * component's memory_width (hidden unless declared). Its seq is free: it
+ * is not concatenated, and the memory's positions are those its own
+ * source gave it within that source's max_seq.
+ */
+static int check_memory(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+			int ti, int i, char *seen, int *stack)
+{
+	const sp_node_t *n = &t->nodes[i];
+	const sp_component_t *cp = &m->comps[n->comp];
+	if (!cp->cross_attention)
+		return 0;
+	const sp_node_t *mem = &t->nodes[n->memory];
+	if (n->memory == i)
+		return bad(r, ti, i, "memory", -1,
+			   "a memory is another node, computed before this one "
+			   "(an encoder's output)",
+			   "node '%s' is its own memory", n->id);
+	if (comp_is_sink(m->comps[mem->comp].type))
+		return bad(r, ti, i, "memory", -1, NULL,
+			   "memory '%s' is a loss node; losses are sinks", mem->id);
+	if (flows_into(m, t, i, n->memory, seen, stack))
+		return bad(r, ti, i, "memory", -1,
+			   "a memory is computed before the node that attends to it",
+			   "memory '%s' depends on node '%s' (a cycle)", mem->id, n->id);
+	int64_t w = comp_out_width(&m->comps[mem->comp]);
+	if (w == cp->memory_width)
+		return 0;
+	char hint[160];
+	if (cp->memory_width == cp->hidden)
+		snprintf(hint, sizeof hint,
+			 "declare \"memory_width\": %lld on component '%s' (K and V "
+			 "project it to %lld)",
+			 (long long)w, cp->name, (long long)cp->hidden);
+	else
+		snprintf(hint, sizeof hint, "set memory_width of component '%s' to %lld",
+			 cp->name, (long long)w);
+	return bad(r, ti, i, "memory", -1, hint,
+		   "width mismatch: memory '%s' has width %lld, expected %lld", mem->id,
+		   (long long)w, (long long)cp->memory_width);
+}
+
+/* Memory rules of every node (scratch for the cycle walk). */
+static int check_memories(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+			  int ti)
+{
+	char *seen = malloc((size_t)t->n_nodes + 1);
+	int *stack = malloc(sizeof(int) * ((size_t)t->n_nodes + 1));
+	int rc = 0;
+	if (!seen || !stack)
+		rc = no_memory(r);
+	for (int i = 0; i < t->n_nodes && !rc; i++)
+		rc = check_memory(r, m, t, ti, i, seen, stack);
+	free(seen);
+	free(stack);
+	return rc;
+}
+
 /* Every node reaches a loss: "reaches" propagated backwards from the losses. */
 static int check_reach(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
 		       int ti)
@@ -248,11 +349,13 @@ static int check_reach(const model_report_t *r, const sp_model_t *m, const sp_ta
 	for (int changed = 1; changed;) {
 		changed = 0;
 		for (int i = 0; i < t->n_nodes; i++)
-			for (int k = 0; reach[i] && k < t->nodes[i].n_inputs; k++)
-				if (!reach[t->nodes[i].inputs[k]]) {
-					reach[t->nodes[i].inputs[k]] = 1;
+			for (int q = 0; reach[i] && q <= t->nodes[i].n_inputs; q++) {
+				int p = pred_of(m, &t->nodes[i], q);
+				if (p >= 0 && !reach[p]) {
+					reach[p] = 1;
 					changed = 1;
 				}
+			}
 	}
 	int rc = 0;
 	for (int i = 0; i < t->n_nodes && !rc; i++)
@@ -274,6 +377,8 @@ int model_check_task(const sp_model_t *m, int ti, const model_report_t *r)
 	for (int i = 0; i < t->n_nodes; i++)
 		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)))
 			return rc;
+	if ((rc = check_memories(r, m, t, ti)))
+		return rc;
 	return check_reach(r, m, t, ti);
 }
 

@@ -1,16 +1,18 @@
 /*
  * model_load.c — reads spindle.model/1 (schemas/model.schema.json) into an
  * sp_model_t: types, keys, limits and names as the schema says, references
- * resolved, hidden % heads == 0, loss nodes' seqs filled in; then the rules
- * of every model, whatever its format (task graphs acyclic, sources,
- * arities, widths and seqs agreeing, every node reaching a loss, sizes
- * fitting int64 arithmetic), by model_check.c, with errors located in the
- * JSON text. It does not plan anything; the first problem found is reported.
+ * resolved (inputs and cross-attention memories), hidden % heads == 0, a
+ * memory written exactly on cross-attention nodes, loss nodes' seqs filled
+ * in; then the rules of every model, whatever its format (task graphs
+ * acyclic, sources, arities, widths and seqs agreeing, memories, every node
+ * reaching a loss, sizes fitting int64 arithmetic), by model_check.c, with
+ * errors located in the JSON text. It does not plan anything; the first problem found is reported.
  */
 #include "jsonutil.h"
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +57,8 @@ static const char *const *comp_keys(sp_comp_type_t t)
 	static const char *const emb[] = {"type", "vocab", "hidden", "max_seq", NULL};
 	static const char *const patch[] = {"type", "in", "hidden", "max_seq", NULL};
 	static const char *const tr[] = {"type", "layers", "hidden", "heads", "ffn",
-					 "causal", NULL};
+					 "causal", "cross_attention", "memory_width",
+					 NULL};
 	static const char *const lin[] = {"type", "in", "out", NULL};
 	static const char *const lm[] = {"type", "hidden", "vocab", NULL};
 	static const char *const cls[] = {"type", "hidden", "classes", NULL};
@@ -71,11 +74,50 @@ static const char *const *comp_keys(sp_comp_type_t t)
 	}
 }
 
+/* A component's required integer fields: where they go, their limits. */
+typedef struct {
+	const char *key;
+	size_t off;
+	int64_t lo, hi;
+} int_field_t;
+
+static const int_field_t *int_field(const char *key)
+{
+#define F(k, lo, hi) {#k, offsetof(sp_component_t, k), lo, hi}
+	static const int_field_t fields[] = {
+		F(vocab, 1, SP_MAX_DIM), F(hidden, 1, SP_MAX_DIM), F(max_seq, 1, SP_MAX_DIM),
+		F(in, 1, SP_MAX_DIM),    F(out, 1, SP_MAX_DIM),    F(layers, 1, SP_MAX_LAYERS),
+		F(heads, 1, SP_MAX_DIM), F(ffn, 1, SP_MAX_DIM),    F(classes, 2, SP_MAX_DIM)};
+#undef F
+	for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+		if (strcmp(fields[i].key, key) == 0)
+			return &fields[i];
+	return NULL;
+}
+
+/* A cross-attention transformer's memory width: "memory_width" when
+ * declared (only with "cross_attention": true), else its hidden. */
+static int parse_memory_width(jctx_t *c, json_t *v, sp_component_t *out)
+{
+	if (!out->cross_attention) {
+		if (!json_object_get(v, "memory_width"))
+			return 0;
+		int rc = jerr_member(c, "memory_width", 1,
+				     "'memory_width' applies to cross-attention "
+				     "transformers only");
+		sp_err_hint(c->err, "add \"cross_attention\": true, or remove 'memory_width'");
+		return rc;
+	}
+	out->memory_width = out->hidden;
+	return jget_int(c, v, "memory_width", 0, 1, SP_MAX_DIM, &out->memory_width);
+}
+
 static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_t *out)
 {
 	static const char *const any[] = {"type", "vocab", "hidden", "max_seq", "in",
 					  "out", "layers", "heads", "ffn", "causal",
-					  "classes", "temperature", NULL};
+					  "cross_attention", "memory_width", "classes",
+					  "temperature", NULL};
 	int rc, type = 0;
 	if (!json_is_object(v))
 		return jcheck_object(c, v, "a component", any);
@@ -104,26 +146,16 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 		}
 		return jcheck_object(c, v, what, allowed);
 	}
-	int64_t D = SP_MAX_DIM;
-	switch (out->type) {
-	case COMP_EMBEDDING:
-		if ((rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
+	/* the integer fields its type takes, required, in comp_keys' order */
+	for (int i = 0; comp_keys(out->type)[i]; i++) {
+		const int_field_t *f = int_field(comp_keys(out->type)[i]);
+		if (f && (rc = jget_int(c, v, f->key, 1, f->lo, f->hi,
+					(int64_t *)((char *)out + f->off))))
 			return rc;
-		break;
-	case COMP_PATCH:
-		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "max_seq", 1, 1, D, &out->max_seq)))
-			return rc;
-		break;
-	case COMP_TRANSFORMER:
-		if ((rc = jget_int(c, v, "layers", 1, 1, SP_MAX_LAYERS, &out->layers)) ||
-		    (rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "heads", 1, 1, D, &out->heads)) ||
-		    (rc = jget_int(c, v, "ffn", 1, 1, D, &out->ffn)) ||
-		    (rc = jget_bool(c, v, "causal", 0, &out->causal)))
+	}
+	if (out->type == COMP_TRANSFORMER) {
+		if ((rc = jget_bool(c, v, "causal", 0, &out->causal)) ||
+		    (rc = jget_bool(c, v, "cross_attention", 0, &out->cross_attention)))
 			return rc;
 		if (out->hidden % out->heads) {
 			rc = jerr_member(c, "heads", 0,
@@ -132,28 +164,13 @@ static int parse_component(jctx_t *c, json_t *v, const char *name, sp_component_
 			sp_err_hint(c->err, "choose heads so that hidden / heads is an integer");
 			return rc;
 		}
-		break;
-	case COMP_LINEAR:
-		if ((rc = jget_int(c, v, "in", 1, 1, D, &out->in)) ||
-		    (rc = jget_int(c, v, "out", 1, 1, D, &out->out)))
+		if ((rc = parse_memory_width(c, v, out)))
 			return rc;
-		break;
-	case COMP_LM_HEAD:
-		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "vocab", 1, 1, D, &out->vocab)))
-			return rc;
-		break;
-	case COMP_CLASSIFIER:
-		if ((rc = jget_int(c, v, "hidden", 1, 1, D, &out->hidden)) ||
-		    (rc = jget_int(c, v, "classes", 1, 2, D, &out->classes)))
-			return rc;
-		break;
-	case COMP_CONTRASTIVE:
+	}
+	if (out->type == COMP_CONTRASTIVE) {
 		out->temperature = 0.07;
 		if ((rc = jget_num(c, v, "temperature", 0, 0, 1e6, 1, &out->temperature)))
 			return rc;
-		break;
-	case COMP__COUNT: break;
 	}
 	if (comp_params(out) == INT64_MAX)
 		return jerr(c, 0, "component is too large: its parameter count "
@@ -249,10 +266,38 @@ static int node_err(jctx_t *c, int t, int i, const char *key, int idx,
 	return rc;
 }
 
+/* "memory" is written on the nodes of cross-attention components, and
+ * only there (resolved with the inputs, once every node is known). */
+static int check_memory_key(jctx_t *c, json_t *v, const sp_node_t *n,
+			    const sp_component_t *comp)
+{
+	json_t *mv = json_object_get(v, "memory");
+	int rc;
+	if (mv && !comp->cross_attention) {
+		rc = jerr_member(c, "memory", 1,
+				 "'memory' applies to nodes of cross-attention transformers "
+				 "only (component '%s' has no cross-attention)",
+				 comp->name);
+		if (comp->type == COMP_TRANSFORMER)
+			sp_err_hint(c->err, "add \"cross_attention\": true to component '%s'",
+				    comp->name);
+		return rc;
+	}
+	if (!mv && comp->cross_attention) {
+		rc = jerr(c, 0, "cross-attention node '%s' has no 'memory'", n->id);
+		sp_err_hint(c->err, "name the node it attends to (an encoder's output): "
+				    "\"memory\": \"<node id>\"");
+		return rc;
+	}
+	if (mv && !json_is_string(mv))
+		return jerr_member(c, "memory", 0, "expected a node id (a string)");
+	return 0;
+}
+
 static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
 {
 	static const char *const keys[] = {"id", "component", "seq", "inputs", "layers",
-					   NULL};
+					   "memory", NULL};
 	sp_node_t *n = &t->nodes[i];
 	int rc;
 	if ((rc = jcheck_object(c, v, "a graph node", keys)) ||
@@ -314,14 +359,50 @@ static int parse_node(jctx_t *c, sp_model_t *m, sp_task_t *t, json_t *v, int i)
 	json_t *iv = json_object_get(v, "inputs");
 	if (iv && !json_is_array(iv))
 		return jerr_member(c, "inputs", 0, "expected an array of node ids");
-	return 0;
+	return check_memory_key(c, v, n, comp);
+}
+
+/* Node i's reference e (its field key, element idx or -1) to a node of
+ * the same task: *out its index; an unknown id is an error with a hint. */
+static int resolve_ref(jctx_t *c, const sp_model_t *m, const sp_task_t *t, int ti, int i,
+		       const char *key, int idx, json_t *e, int *out)
+{
+	if (!json_is_string(e))
+		return node_err(c, ti, i, key, idx, "expected a node id (a string)", NULL, NULL,
+				0, 0);
+	const char *id = json_string_value(e);
+	*out = find_node(t, id);
+	if (*out >= 0)
+		return 0;
+	int rc = node_err(c, ti, i, key, idx, "unknown node '%.64s'", id, NULL, 0, 0);
+	const char **names = malloc(sizeof(char *) * (size_t)t->n_nodes);
+	if (names) {
+		for (int q = 0; q < t->n_nodes; q++)
+			names[q] = t->nodes[q].id;
+		const char *near = sp_closest(id, names, t->n_nodes);
+		if (near)
+			sp_err_hint(c->err, "did you mean '%s'?", near);
+		free(names);
+		if (near)
+			return rc;
+	}
+	/* a node of an earlier task: say that references stay inside a task */
+	for (int q = 0; q < ti; q++)
+		if (find_node(&m->tasks[q], id) >= 0) {
+			sp_err_hint(c->err, "'%s' is a node of task '%s'; %s of the same task",
+				    id, m->tasks[q].name,
+				    idx >= 0 ? "inputs name nodes" : "a memory names a node");
+			break;
+		}
+	return rc;
 }
 
 static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t *graph)
 {
 	for (int i = 0; i < t->n_nodes; i++) {
 		sp_node_t *n = &t->nodes[i];
-		json_t *iv = json_object_get(json_array_get(graph, (size_t)i), "inputs");
+		json_t *nv = json_array_get(graph, (size_t)i);
+		json_t *iv = json_object_get(nv, "inputs"), *mv = json_object_get(nv, "memory");
 		size_t k = iv ? json_array_size(iv) : 0;
 		if (k > 64)
 			return node_err(c, ti, i, "inputs", -1,
@@ -332,43 +413,19 @@ static int resolve_inputs(jctx_t *c, sp_model_t *m, sp_task_t *t, int ti, json_t
 			return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
 		n->n_inputs = (int)k;
 		for (size_t j = 0; j < k; j++) {
-			json_t *e = json_array_get(iv, j);
-			if (!json_is_string(e))
-				return node_err(c, ti, i, "inputs", (int)j,
-						"expected a node id (a string)", NULL, NULL, 0, 0);
-			int src = find_node(t, json_string_value(e));
-			if (src < 0) {
-				int rc = node_err(c, ti, i, "inputs", (int)j, "unknown node '%.64s'",
-						  json_string_value(e), NULL, 0, 0);
-				const char **names = malloc(sizeof(char *) * (size_t)t->n_nodes);
-				if (names) {
-					for (int q = 0; q < t->n_nodes; q++)
-						names[q] = t->nodes[q].id;
-					const char *near =
-						sp_closest(json_string_value(e), names, t->n_nodes);
-					if (near)
-						sp_err_hint(c->err, "did you mean '%s'?", near);
-					free(names);
-					if (near)
-						return rc;
-				}
-				/* a node of an earlier task: say that inputs stay inside a task */
-				for (int q = 0; q < ti; q++)
-					if (find_node(&m->tasks[q], json_string_value(e)) >= 0) {
-						sp_err_hint(c->err, "'%s' is a node of task '%s'; inputs "
-								    "name nodes of the same task",
-							    json_string_value(e), m->tasks[q].name);
-						break;
-					}
+			int rc = resolve_ref(c, m, t, ti, i, "inputs", (int)j,
+					     json_array_get(iv, j), &n->inputs[j]);
+			if (rc)
 				return rc;
-			}
 			for (size_t q = 0; q < j; q++)
-				if (n->inputs[q] == src)
+				if (n->inputs[q] == n->inputs[j])
 					return node_err(c, ti, i, "inputs", (int)j,
 							"input '%s' is listed twice",
-							t->nodes[src].id, NULL, 0, 0);
-			n->inputs[j] = src;
+							t->nodes[n->inputs[j]].id, NULL, 0, 0);
 		}
+		int rc = mv ? resolve_ref(c, m, t, ti, i, "memory", -1, mv, &n->memory) : 0;
+		if (rc)
+			return rc;
 	}
 	return 0;
 }
@@ -503,6 +560,29 @@ static int parse_task(jctx_t *c, sp_model_t *m, json_t *v, int ti)
 	return 0;
 }
 
+/* root's "components" (a non-empty object) or "tasks" (a non-empty
+ * array) of at most max members, in *out, and a zeroed array of as many
+ * elements of elsz bytes in *arr. */
+static int get_collection(jctx_t *c, json_t *root, const char *key, int max, size_t elsz,
+			  json_t **out, void **arr)
+{
+	int object = strcmp(key, "components") == 0;
+	json_t *v = json_object_get(root, key);
+	if (!v)
+		return jerr(c, 0, "missing required key '%s'", key);
+	size_t n = object ? json_object_size(v) : json_array_size(v);
+	if ((object ? !json_is_object(v) : !json_is_array(v)) || n == 0)
+		return jerr_member(c, key, 0, "expected a non-empty %s of %s",
+				   object ? "object" : "array", key);
+	if (n > (size_t)max)
+		return jerr_member(c, key, 0, "too many %s (at most %d)", key, max);
+	*out = v;
+	*arr = calloc(n, elsz);
+	if (!*arr)
+		return sp_err_set(c->err, SP_ENOMEM, c->file, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
 int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname,
 		sp_err_t *err)
 {
@@ -525,25 +605,10 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	out->dtype = (sp_dtype_t)dt;
 	out->seed = (uint64_t)seed;
 
-	json_t *comps = json_object_get(root, "components");
-	if (!comps) {
-		rc = jerr(&c, 0, "missing required key 'components'");
+	json_t *comps = NULL, *tasks = NULL;
+	if ((rc = get_collection(&c, root, "components", SP_MAX_COMPONENTS,
+				 sizeof *out->comps, &comps, (void **)&out->comps)))
 		goto cleanup;
-	}
-	if (!json_is_object(comps) || json_object_size(comps) == 0) {
-		rc = jerr_member(&c, "components", 0, "expected a non-empty object of components");
-		goto cleanup;
-	}
-	if (json_object_size(comps) > SP_MAX_COMPONENTS) {
-		rc = jerr_member(&c, "components", 0, "too many components (at most %d)",
-				 SP_MAX_COMPONENTS);
-		goto cleanup;
-	}
-	out->comps = calloc(json_object_size(comps), sizeof *out->comps);
-	if (!out->comps) {
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
 	/* object order as written in the file (jansson keeps insertion order) */
 	const char *key;
 	json_t *v;
@@ -564,24 +629,9 @@ int model_parse(sp_model_t *out, const char *text, size_t len, const char *fname
 	}
 	jp_pop(&c);
 
-	json_t *tasks = json_object_get(root, "tasks");
-	if (!tasks) {
-		rc = jerr(&c, 0, "missing required key 'tasks'");
+	if ((rc = get_collection(&c, root, "tasks", SP_MAX_TASKS, sizeof *out->tasks, &tasks,
+				 (void **)&out->tasks)))
 		goto cleanup;
-	}
-	if (!json_is_array(tasks) || json_array_size(tasks) == 0) {
-		rc = jerr_member(&c, "tasks", 0, "expected a non-empty array of tasks");
-		goto cleanup;
-	}
-	if (json_array_size(tasks) > SP_MAX_TASKS) {
-		rc = jerr_member(&c, "tasks", 0, "too many tasks (at most %d)", SP_MAX_TASKS);
-		goto cleanup;
-	}
-	out->tasks = calloc(json_array_size(tasks), sizeof *out->tasks);
-	if (!out->tasks) {
-		rc = sp_err_set(err, SP_ENOMEM, fname, 0, 0, NULL, "out of memory");
-		goto cleanup;
-	}
 	for (size_t i = 0; i < json_array_size(tasks); i++) {
 		jp_push_key(&c, "tasks");
 		jp_push_index(&c, i);

@@ -19,7 +19,9 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 2
+#define PLAN_VERSION 3
+/* tensor-parallel degree of a slice or a shard: at most this (format 3) */
+#define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
 #define SP_MAX_MICROBATCHES 4096
 
@@ -107,13 +109,15 @@ typedef struct {
 	int32_t first_slice, n_slices;
 } sp_wave_t;
 
-/* One parameter tensor group: all tensors of one layer of one component. */
+/* One parameter tensor group: all tensors of one layer of one component,
+ * or shard tp_rank of its tp-way split (layer_tensors_tp layout). */
 typedef struct {
 	int32_t comp, layer;
 	int32_t tp, tp_rank; /* shard tp_rank of a tp-way split; 1, 0: whole */
 } sp_param_t;
 
-/* Gradient sync bucket: the params whose holders are exactly this group. */
+/* Gradient sync bucket: the params whose holders are exactly this group;
+ * all of one shard spec (tp, tp_rank), elems the sum of the shard sizes. */
 typedef struct {
 	int32_t n_dev, dev_off;     /* into plan.bucket_devs, ascending */
 	int32_t n_params, param_off; /* into plan.bucket_params */

@@ -397,8 +397,16 @@ static int check_params(dec_t *d, const char *where, const sp_param_t *a, int n,
 		pr_at(d, where, i);
 		if (pr_index(d, "comp", a[i].comp, m->n_comps, "component") ||
 		    pr_index(d, "layer", a[i].layer, comp_nlayers(&m->comps[a[i].comp]),
-			      "layer"))
+			      "layer") ||
+		    pr_int(d, "tp", a[i].tp, 1, SP_MAX_TP) ||
+		    pr_index(d, "tp_rank", a[i].tp_rank, a[i].tp, "shard"))
 			return d->rc;
+		const sp_component_t *c = &m->comps[a[i].comp];
+		if (!tp_ok(c->type, c->heads, c->ffn, a[i].tp))
+			return pr_fail(d, "tp", "component '%s' cannot be split %d ways "
+						 "(only transformers whose heads and ffn "
+						 "the degree divides)",
+				    c->name, a[i].tp);
 	}
 	return 0;
 }
@@ -447,8 +455,19 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 		    pr_finite(d, "fwd_ms", x->fwd_ms) ||
 		    pr_finite(d, "bwd_start_ms", x->bwd_start_ms) ||
 		    pr_finite(d, "bwd_ms", x->bwd_ms) ||
-		    pr_int(d, "recompute", x->recompute, 0, 1))
+		    pr_int(d, "recompute", x->recompute, 0, 1) ||
+		    pr_int(d, "tp", x->tp, 1, SP_MAX_TP))
 			return d->rc;
+		const sp_opshape_t *sh = &p->metaops[x->metaop].shape;
+		if (x->n_dev % x->tp != 0)
+			return pr_fail(d, "tp", "tensor-parallel degree %d does not divide "
+						 "the slice's %d devices",
+				    x->tp, x->n_dev);
+		if (!tp_ok(sh->type, sh->heads, sh->ffn, x->tp))
+			return pr_fail(d, "tp", "metaop '%s' cannot be split %d ways "
+						 "(only transformers whose heads and ffn "
+						 "the degree divides)",
+				    p->metaops[x->metaop].name, x->tp);
 		if (x->recompute && p->metaops[x->metaop].shape.type != COMP_TRANSFORMER)
 			return pr_fail(d, "recompute", "recomputation on metaop '%s', which is "
 						    "not a transformer (only transformer "

@@ -465,7 +465,7 @@ static void get_slice(dec_t *d, rcur_t *r, void *v)
 	s->bwd_start_ms = get_f64(r);
 	s->bwd_ms = get_f64(r);
 	s->recompute = get_i32(r);
-	s->tp = 1; /* format 2 has no tensor parallelism */
+	s->tp = get_i32(r);
 }
 
 static void get_index(dec_t *d, rcur_t *r, void *v)
@@ -494,8 +494,8 @@ static void get_param(dec_t *d, rcur_t *r, void *v)
 	(void)d;
 	q->comp = get_i32(r);
 	q->layer = get_i32(r);
-	q->tp = 1; /* format 2 has whole layers only */
-	q->tp_rank = 0;
+	q->tp = get_i32(r);
+	q->tp_rank = get_i32(r);
 }
 
 static void get_device(dec_t *d, rcur_t *r, void *v)

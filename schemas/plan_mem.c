@@ -3,13 +3,15 @@
  * alone (so planner, verifier and runtime agree on one formula), in the
  * plan's dtype:
  *
- *  params  weights and gradients of every layer the device holds, once
- *          each (comp_layer_params * 2 * dtype bytes), plus the optimizer
+ *  params  weights and gradients of every layer (shard) the device holds,
+ *          once each (comp_layer_params_tp of the held entry's tp * 2 *
+ *          dtype bytes: a t-way shard's), plus the optimizer
  *          state (fp32 master weights, AdamW moments: param_state_bytes
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems * local batch * layers until its BWD, or under
+ *          op_saved_elems_tp (the slice's tp: one shard's) * local batch *
+ *          layers until its BWD, or under
  *          recompute only each layer's input (seq * hidden per sample); all
  *          forward instructions precede all backward ones, so the peak is
  *          their sum
@@ -17,7 +19,7 @@
  *          device touches, over the union of its sample ranges; plus staging:
  *          every SEND's bytes (sends stay outstanding until the step ends)
  *          and the largest RECV's
- *  work    scratch: the largest single layer's saved size at its local
+ *  work    scratch: the largest single (shard) layer's saved size at its local
  *          batch (losses compute in it), plus, when a slice recomputes, the
  *          largest recomputed layer's saved size (its forward is re-run into
  *          it), plus WORK_FIXED for libraries
@@ -37,7 +39,7 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 	int64_t local = in->s1 - in->s0;
 	if (m->shape.type == COMP_CONTRASTIVE)
 		local = t->batch;
-	return op_saved_elems(&m->shape, t->batch) * local * db;
+	return op_saved_elems_tp(&m->shape, t->batch, sl->tp) * local * db;
 }
 
 /* Bytes one FWD keeps per layer: all it saves, or under recompute its input. */
@@ -66,9 +68,10 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	const sp_model_t *md = &p->model;
 	int db = dtype_bytes(md->dtype);
 	memset(out, 0, sizeof(int64_t) * MEM__COUNT);
-	for (int k = 0; k < dv->n_held; k++)
-		out[MEM_PARAMS] +=
-			comp_layer_params(&md->comps[p->held[dv->held_off + k].comp]) * 2 * db;
+	for (int k = 0; k < dv->n_held; k++) {
+		const sp_param_t *h = &p->held[dv->held_off + k];
+		out[MEM_PARAMS] += comp_layer_params_tp(&md->comps[h->comp], h->tp) * 2 * db;
+	}
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
 	int64_t work = 0, redo = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing

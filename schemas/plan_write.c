@@ -335,6 +335,7 @@ static void put_slice(enc_t *e, const void *v)
 	put_f64(e, s->bwd_start_ms);
 	put_f64(e, s->bwd_ms);
 	put_i32(e, s->recompute);
+	put_i32(e, s->tp);
 }
 
 static void put_index(enc_t *e, const void *v)
@@ -360,6 +361,8 @@ static void put_param(enc_t *e, const void *v)
 	const sp_param_t *q = v;
 	put_i32(e, q->comp);
 	put_i32(e, q->layer);
+	put_i32(e, q->tp);
+	put_i32(e, q->tp_rank);
 }
 
 static void put_device(enc_t *e, const void *v)

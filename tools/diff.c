@@ -3,7 +3,8 @@
  * Inputs (model and cluster hashes, algorithm, options, planner), predicted
  * times and per-device peak memory (absolute and relative), the baselines,
  * waves, slices (matched by MetaOp name and layer range, then by MetaOp
- * and overlapping layers), device time per MetaOp, sync buckets and the
+ * and overlapping layers; a changed tensor-parallel degree is a change,
+ * not timing), device time per MetaOp, sync buckets (with their shards) and the
  * per-device programs. Numbers are compared as spindle-show prints them
  * (ms and GiB to 0.01), so float noise is no difference.
  *
@@ -197,7 +198,7 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 			continue;
 		const sp_slice_t *x = &pa->slices[i], *z = &pb->slices[y];
 		if (x->layer_from != z->layer_from || x->layer_to != z->layer_to ||
-		    x->wave != z->wave || !same_devs(pa, x, pb, z))
+		    x->wave != z->wave || x->tp != z->tp || !same_devs(pa, x, pb, z))
 			changed++;
 		else if (!same_times(x, z))
 			timing++;
@@ -221,7 +222,7 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 		const sp_slice_t *x = &pa->slices[s], *z = &pb->slices[y];
 		int lay = x->layer_from != z->layer_from || x->layer_to != z->layer_to;
 		int devs = !same_devs(pa, x, pb, z);
-		if (!lay && !devs && x->wave == z->wave)
+		if (!lay && !devs && x->wave == z->wave && x->tp == z->tp)
 			continue;
 		printf("  ~ %s layers %d-%d:", mname(pa, s), x->layer_from, x->layer_to);
 		const char *sep = "";
@@ -238,6 +239,10 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 			tl_devlist(d1, sizeof d1, pa->slice_devs + x->dev_off, x->n_dev);
 			tl_devlist(d2, sizeof d2, pb->slice_devs + z->dev_off, z->n_dev);
 			printf("%s devices %s -> %s", sep, d1, d2);
+			sep = ";";
+		}
+		if (x->tp != z->tp) {
+			printf("%s tp %d -> %d", sep, x->tp, z->tp);
 			sep = ";";
 		}
 		if (x->wave != z->wave)
@@ -295,18 +300,12 @@ static void diff_waves(dstate_t *st, const side_t *a, const side_t *b)
 	printf("\nwaves: %d -> %d; %d changed, removed or added\n", pa->n_waves, pb->n_waves,
 	       changed);
 	for (int w = 0; w < n; w++) {
-		if (w >= pb->n_waves) {
-			const sp_wave_t *x = &pa->waves[w];
-			printf("  - wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", w,
-			       F2(st, x->start_ms), F2(st, x->dur_ms), F2(st, x->bwd_start_ms),
+		if (w >= pb->n_waves || w >= pa->n_waves) { /* removed, or added */
+			int gone = w >= pb->n_waves;
+			const sp_wave_t *x = gone ? &pa->waves[w] : &pb->waves[w];
+			printf("  %c wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", gone ? '-' : '+',
+			       w, F2(st, x->start_ms), F2(st, x->dur_ms), F2(st, x->bwd_start_ms),
 			       F2(st, x->bwd_dur_ms), x->n_slices);
-			continue;
-		}
-		if (w >= pa->n_waves) {
-			const sp_wave_t *y = &pb->waves[w];
-			printf("  + wave %d: fwd %s +%s, bwd %s +%s, %d slices\n", w,
-			       F2(st, y->start_ms), F2(st, y->dur_ms), F2(st, y->bwd_start_ms),
-			       F2(st, y->bwd_dur_ms), y->n_slices);
 			continue;
 		}
 		const sp_wave_t *x = &pa->waves[w], *y = &pb->waves[w];
@@ -469,7 +468,7 @@ static int same_bucket(const sp_plan_t *pa, const sp_bucket_t *x, const sp_plan_
 	for (int i = 0; i < x->n_params; i++) {
 		const sp_param_t *u = &pa->bucket_params[x->param_off + i];
 		const sp_param_t *v = &pb->bucket_params[y->param_off + i];
-		if (u->layer != v->layer ||
+		if (u->layer != v->layer || u->tp != v->tp || u->tp_rank != v->tp_rank ||
 		    strcmp(pa->model.comps[u->comp].name, pb->model.comps[v->comp].name))
 			return 0;
 	}

@@ -153,15 +153,29 @@ static void param_list(char *buf, size_t cap, const sp_plan_t *p, const sp_param
 	buf[0] = 0;
 	for (int i = 0; i < n && o + SP_NAME_MAX + 32 < cap; i++) {
 		int j = i;
-		while (j + 1 < n && a[j + 1].comp == a[i].comp && a[j + 1].layer == a[j].layer + 1)
+		while (j + 1 < n && a[j + 1].comp == a[i].comp && a[j + 1].layer == a[j].layer + 1 &&
+		       a[j + 1].tp == a[i].tp && a[j + 1].tp_rank == a[i].tp_rank)
 			j++;
 		const char *name = p->model.comps[a[i].comp].name;
 		o += (size_t)snprintf(buf + o, cap - o, i == j ? "%s%s %d" : "%s%s %d-%d",
 				      i ? ", " : "", name, a[i].layer, a[j].layer);
+		if (a[i].tp > 1) /* shard tp_rank of tp */
+			o += (size_t)snprintf(buf + o, cap - o, " shard %d/%d", a[i].tp_rank,
+					      a[i].tp);
 		i = j;
 	}
 	if (o + SP_NAME_MAX + 32 >= cap && cap > 4)
 		strcpy(buf + cap - 4, "...");
+}
+
+/* 1 when device x holds a tensor-parallel shard (the views then list what
+ * it holds; whole layers only: nothing more to say than the buckets do). */
+static int holds_shards(const sp_plan_t *p, const sp_device_t *x)
+{
+	for (int k = 0; k < x->n_held; k++)
+		if (p->held[x->held_off + k].tp > 1)
+			return 1;
+	return 0;
 }
 
 /* ---- text view -------------------------------------------------------------- */
@@ -242,13 +256,15 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 			wv->n_slices, used);
 		for (; k < p->n_slices && p->slices[v->order[k]].wave == w; k++) {
 			const sp_slice_t *s = &p->slices[v->order[k]];
-			char devs[512], lay[32];
+			char devs[512], lay[32], tp[16] = "";
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			snprintf(lay, sizeof lay, "%d-%d", s->layer_from, s->layer_to);
-			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s\n",
+			if (s->tp > 1)
+				snprintf(tp, sizeof tp, "  tp %d", s->tp);
+			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s%s\n",
 				w, p->metaops[s->metaop].name, lay, s->n_dev, devs, N2(s->start_ms),
 				N2(s->fwd_ms), N2(s->bwd_start_ms), N2(s->bwd_ms),
-				s->recompute ? "  recompute" : "");
+				s->recompute ? "  recompute" : "", tp);
 		}
 	}
 }
@@ -286,6 +302,11 @@ static void text_devices(FILE *f, const sp_plan_t *p)
 			N2((double)x->mem[MEM_ACTS] / GIB), N2((double)x->mem[MEM_COMM] / GIB),
 			N2((double)x->mem[MEM_WORK] / GIB), N2((double)x->mem_peak / GIB),
 			N2(x->busy_ms), N2(x->comm_ms), N2(x->idle_ms), x->n_ins);
+		if (holds_shards(p, x)) {
+			char held[1024];
+			param_list(held, sizeof held, p, p->held + x->held_off, x->n_held);
+			fprintf(f, "           holds %s\n", held);
+		}
 	}
 }
 
@@ -362,6 +383,19 @@ static void text_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 /* Numbers rounded as in the text view, so JSON diffs are as quiet. */
 #define J2(x) tl_fmt(&nr, (x), 2)
 #define J4(x) tl_fmt(&nr, (x), 4)
+
+/* [{"component": ..., "layer": l, "tp": t, "tp_rank": j}, ...] */
+static void json_params(FILE *f, const sp_plan_t *p, const sp_param_t *a, int n)
+{
+	fprintf(f, "[");
+	for (int i = 0; i < n; i++) {
+		fprintf(f, "%s{\"component\": ", i ? ", " : "");
+		sp_json_str(f, p->model.comps[a[i].comp].name);
+		fprintf(f, ", \"layer\": %d, \"tp\": %d, \"tp_rank\": %d}", a[i].layer, a[i].tp,
+			a[i].tp_rank);
+	}
+	fprintf(f, "]");
+}
 
 static void json_devlist(FILE *f, const int32_t *d, int n)
 {
@@ -488,9 +522,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 				s->layer_from, s->layer_to, s->n_dev);
 			json_devlist(f, p->slice_devs + s->dev_off, s->n_dev);
 			fprintf(f, ", \"device_list\": \"%s\", \"start_ms\": %s, \"fwd_ms\": %s, "
-				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s}",
+				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d}",
 				devs, J2(s->start_ms), J2(s->fwd_ms), J2(s->bwd_start_ms),
-				J2(s->bwd_ms));
+				J2(s->bwd_ms), s->tp);
 		}
 		fprintf(f, "%s]}", wv->n_slices ? "\n    " : "");
 	}
@@ -499,14 +533,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 		const sp_bucket_t *x = &p->buckets[b];
 		fprintf(f, "%s\n    {\"bucket\": %d, \"devices\": ", b ? "," : "", b);
 		json_devlist(f, p->bucket_devs + x->dev_off, x->n_dev);
-		fprintf(f, ", \"params\": [");
-		for (int i = 0; i < x->n_params; i++) {
-			const sp_param_t *pa = &p->bucket_params[x->param_off + i];
-			fprintf(f, "%s{\"component\": ", i ? ", " : "");
-			sp_json_str(f, p->model.comps[pa->comp].name);
-			fprintf(f, ", \"layer\": %d}", pa->layer);
-		}
-		fprintf(f, "], \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,
+		fprintf(f, ", \"params\": ");
+		json_params(f, p, p->bucket_params + x->param_off, x->n_params);
+		fprintf(f, ", \"elems\": %lld, \"sync_ms\": %s}", (long long)x->elems,
 			J2(x->sync_ms));
 	}
 	fprintf(f, "%s],\n  \"devices\": [", p->n_buckets ? "\n  " : "");
@@ -519,6 +548,10 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 			J2((double)x->mem[MEM_ACTS] / GIB), J2((double)x->mem[MEM_COMM] / GIB),
 			J2((double)x->mem[MEM_WORK] / GIB), J2((double)x->mem_peak / GIB),
 			J2(x->busy_ms), J2(x->comm_ms), J2(x->idle_ms), x->n_ins);
+		if (holds_shards(p, x)) {
+			fprintf(f, ", \"held\": ");
+			json_params(f, p, p->held + x->held_off, x->n_held);
+		}
 		if (programs) {
 			fprintf(f, ",\n     \"program\": [");
 			for (int i = 0; i < x->n_ins; i++) {

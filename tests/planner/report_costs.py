@@ -199,7 +199,10 @@ def check_metaops(wl, out):
         n = m["name"]
         check(all(p in names[:names.index(n)] for p in m["predecessors"]),
               "%s: %s's predecessors %s do not come before it" % (wl, n, m["predecessors"]))
-        check(m["nmax"] == min(m["batch"], out["devices"]),
+        # past its batch only by tensor parallelism: transformers, t <= a node
+        tmax = out["gpus_per_node"] if m["shape"]["type"] == "transformer" else 1
+        check(min(m["batch"], out["devices"]) <= m["nmax"] <=
+              min(m["batch"] * tmax, out["devices"]),
               "%s: %s nmax %d, batch %d, devices %d" % (wl, n, m["nmax"], m["batch"],
                                                        out["devices"]))
         for k in ("fwd_ms", "bwd_ms"):
@@ -263,7 +266,8 @@ def case_costs_values():
           "clip-4 on 2 nodes: p2p paths %s" % out["p2p"])
     # a profiled shape: the profile's points where the local batch is one,
     # linear between them (demo's match/img: batch 32 on 4 devices, local
-    # batches 32, 16, 11, 8)
+    # batches 32, 16, 11, 8); at n > 1 the table may take a tensor-parallel
+    # (d, t) instead when the model prices it faster, never a slower one
     img = next(m for m in demo["metaops"] if m["name"] == "match/img")
     cl = json.load(open(workload("demo")[1]))
     cl["profile"] = [{"op": img["shape"], "points": [
@@ -276,7 +280,9 @@ def case_costs_values():
     check(m["profiled"], "match/img not profiled with a profile entry of its shape")
     for n, b in ((1, 32), (2, 16), (3, 11), (4, 8)):
         want_f = 1.0 + 2.0 * (b - 8) / 24
-        check(close(m["fwd_ms"][n - 1], want_f) and close(m["bwd_ms"][n - 1], 2 * want_f),
+        got = m["fwd_ms"][n - 1] + m["bwd_ms"][n - 1]
+        dp = close(m["fwd_ms"][n - 1], want_f) and close(m["bwd_ms"][n - 1], 2 * want_f)
+        check(dp or (n > 1 and got < 3 * want_f),
               "profiled match/img at n=%d (local batch %d): %.9f/%.9f ms, by hand %.9f/%.9f" %
               (n, b, m["fwd_ms"][n - 1], m["bwd_ms"][n - 1], want_f, 2 * want_f))
     others = [x for x in prof["metaops"] if x["name"] != "match/img" and x["shape"] != img["shape"]]

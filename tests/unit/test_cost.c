@@ -5,7 +5,13 @@
  * never below its FLOPs at E_MAX of peak and matches a hand-computed case;
  * kernel counts grow with the head loops as the backend issues them. The
  * counts themselves are checked against the sources by
- * tests/planner/launch_counts.py, not here.
+ * tests/planner/launch_counts.py, not here. The tensor-parallel tables of
+ * the bundled qwen-val on 64 A800 (heads 16, 20 and 32: t = 8 does not
+ * divide the audio encoder's): non-increasing, every t valid where the
+ * table's width makes it, forced degrees honoured, a shard costs at least
+ * its two all-reduces and its compute is no less than half the whole layer over t; one t
+ * per class of MetaOps sharing a component (tp_assign); the report's t per
+ * MetaOp (tp_report, tp_json).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +22,8 @@
 #include "planner.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 static const sp_opshape_t shapes[] = {
 	{.type = COMP_EMBEDDING, .hidden = 1024, .seq = 77, .vocab = 49408},
@@ -96,7 +104,217 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(&shapes[7], 8, 0), 14);
 }
 
+/* The MetaOps and tables of plans/<w> on plans/clusters/<c> under --tp tp
+ * (pl points into the rest). */
+typedef struct {
+	planner_t pl;
+	plan_opts_t opts;
+	sp_err_t err;
+	sp_model_t model;
+	sp_cluster_t cluster;
+} tfix_t;
+
+static void tfix_build(tfix_t *f, const char *w, const char *c, int tp)
+{
+	char path[1024];
+	memset(f, 0, sizeof *f);
+	snprintf(path, sizeof path, "%s/plans/%s/model.json", SPINDLE_ROOT, w);
+	assert_int_equal(model_load(&f->model, path, &f->err), 0);
+	snprintf(path, sizeof path, "%s/plans/clusters/%s.json", SPINDLE_ROOT, c);
+	assert_int_equal(cluster_load(&f->cluster, path, &f->err), 0);
+	f->opts.tp = tp;
+	planner_t *pl = &f->pl;
+	*pl = (planner_t){.model = &f->model, .cluster = &f->cluster, .opts = &f->opts,
+			  .err = &f->err};
+	sp_arena_init(&pl->arena);
+	sp_arena_init(&pl->scratch);
+	pl->N = f->cluster.nodes * f->cluster.gpus_per_node;
+	assert_int_equal(graph_build(pl), 0);
+	assert_int_equal(cost_build(pl), 0);
+}
+
+static void tfix_release(tfix_t *f)
+{
+	sp_arena_release(&f->pl.scratch);
+	sp_arena_release(&f->pl.arena);
+	model_release(&f->model);
+	cluster_release(&f->cluster);
+}
+
+static int can_split(const metaop_t *m, int t)
+{
+	return m->scales && tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t);
+}
+
+/* Every table of f: non-increasing; at a width its own (usen[n] == n) a
+ * valid (d, t); below or at the batch t = 1 is always there. */
+static void check_tables(const tfix_t *f, int forced)
+{
+	const planner_t *pl = &f->pl;
+	int G = f->cluster.gpus_per_node;
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *m = &pl->mops[k];
+		int tmax = 1;
+		for (int t = 2; t <= G; t++)
+			if (G % t == 0 && can_split(m, t) && (forced <= 0 || t == forced))
+				tmax = t;
+		assert_int_equal(m->nmax, (int)SP_MIN((int64_t)pl->N, m->batch * tmax));
+		for (int n = 1; n <= m->nmax; n++) {
+			int t = m->tpn[n], u = m->usen[n];
+			if (n > 1) {
+				assert_true(m->tf[n] <= m->tf[n - 1]);
+				assert_true(m->tb[n] <= m->tb[n - 1]);
+			}
+			assert_true(u >= 1 && u <= n && t >= 1);
+			if (u != n)
+				continue;
+			if (n % t || n / t > m->batch || (t > 1 && !can_split(m, t))) {
+				print_error("%s n %d: t %d, batch %lld\n", m->name, n, t,
+					    (long long)m->batch);
+				fail();
+			}
+			if (forced > 1 && can_split(m, forced) && G % forced == 0)
+				assert_int_equal(t, n % forced ? 1 : forced);
+			if (forced == 1)
+				assert_int_equal(t, 1);
+		}
+	}
+}
+
+static void tp_tables_valid(void **state)
+{
+	(void)state;
+	const int forced[] = {0, 1, 2, 4, 8};
+	for (size_t i = 0; i < sizeof forced / sizeof *forced; i++) {
+		tfix_t f;
+		tfix_build(&f, "qwen-val", "a800-8x8", forced[i]);
+		check_tables(&f, forced[i]);
+		/* batch 32 on 64 GPUs: the LLM widens past its batch, the loss cannot */
+		int widened = 0;
+		for (int k = 0; k < f.pl.n_mops; k++) {
+			const metaop_t *m = &f.pl.mops[k];
+			if (!can_split(m, 2))
+				assert_true(m->nmax <= m->batch);
+			widened |= m->nmax > m->batch;
+		}
+		assert_int_equal(widened, forced[i] != 1);
+		tfix_release(&f);
+	}
+}
+
+static void tp_prices(void **state)
+{
+	(void)state;
+	tfix_t f;
+	tfix_build(&f, "qwen-val", "a800-8x8", 0);
+	const planner_t *pl = &f.pl;
+	int db = dtype_bytes(f.model.dtype);
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *m = &pl->mops[k];
+		const int64_t locals[] = {1, 4, 32};
+		for (size_t i = 0; i < sizeof locals / sizeof *locals; i++) {
+			double f1, b1;
+			cost_layer(pl, k, locals[i], &f1, &b1);
+			for (int t = 1; t <= 8; t *= 2) {
+				double ft, bt;
+				cost_layer_tp(pl, k, locals[i], t, &ft, &bt);
+				if (t == 1 || !can_split(m, t)) {
+					/* unsplit: exactly the whole layer */
+					assert_true(ft == f1 && bt == b1);
+					continue;
+				}
+				int32_t devs[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+				double ar = 2 * cost_allreduce_ms(&f.cluster, devs, t,
+								  locals[i] * m->shape.seq *
+								  m->shape.hidden * db);
+				/* a shard pays its two all-reduces and does at least
+				 * 1/t of the whole layer's compute less launches */
+				assert_true(ft >= ar && bt >= ar);
+				assert_true(ft - ar >= 0.5 * f1 / t && bt - ar >= 0.5 * b1 / t);
+			}
+		}
+	}
+	tfix_release(&f);
+}
+
+static int mop_named(const planner_t *pl, const char *name)
+{
+	for (int k = 0; k < pl->n_mops; k++)
+		if (!strcmp(pl->mops[k].name, name))
+			return k;
+	fail_msg("no MetaOp '%s'", name);
+	return -1;
+}
+
+/* One t for the MetaOps that share the LLM: the heaviest slices' t where
+ * every slice can run it, else t = 1 with slices cut to their batch. */
+static void tp_one_sharding(void **state)
+{
+	(void)state;
+	tfix_t f;
+	tfix_build(&f, "qwen-val", "a800-8x8", 0);
+	planner_t *pl = &f.pl;
+	int text = mop_named(pl, "text/llm"), audio = mop_named(pl, "audio-text/llm");
+	const metaop_t *mt = &pl->mops[text];
+	int t64 = mt->tpn[64];
+	assert_true(mt->usen[64] == 64 && t64 > 1); /* batch 32: 64 needs t >= 2 */
+	sched_t s;
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
+	/* 24 layers at 64 devices outweigh 1 at 16 (its table's t, or 1) */
+	const metaop_t *ma = &pl->mops[audio];
+	assert_true(mop_t(ma, 16) < 24 * mop_t(mt, 64));
+	assert_int_equal(sched_push(&s, text, 0, 24, 64, 0, 0, 1), 0);
+	assert_int_equal(sched_push(&s, audio, 0, 1, 16, 0, 0, 1), 0);
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, t64);
+	assert_int_equal(s.s[1].tp, t64); /* 16 % t64 == 0, 16 / t64 <= 32 */
+	assert_int_equal(s.s[0].n, 64);
+	/* forced: 1 cuts the 64 to the batch; 4 splits both (16 / 4 <= 32) */
+	f.opts.tp = 1;
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, 1);
+	assert_int_equal(s.s[1].tp, 1);
+	assert_int_equal(s.s[0].n, 32);
+	s.s[0].n = 64;
+	f.opts.tp = 4;
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, 4);
+	assert_int_equal(s.s[1].tp, 4);
+	f.opts.tp = 0;
+	/* 15 devices cannot split: the whole class runs whole layers */
+	s.s[1].n = 15;
+	assert_int_equal(tp_assign(pl, &s), 0);
+	assert_int_equal(s.s[0].tp, 1);
+	assert_int_equal(s.s[1].tp, 1);
+	assert_int_equal(s.s[0].n, 32);
+	assert_int_equal(s.s[1].n, 15);
+	tfix_release(&f);
+}
+
+/* The report's helpers: a MetaOp's t is its slices' largest. */
+static void tp_report_names_split(void **state)
+{
+	(void)state;
+	sp_metaop_t mo[2] = {{.name = "a/enc"}, {.name = "b/llm"}};
+	sp_slice_t sl[3] = {{.metaop = 0, .tp = 1}, {.metaop = 1, .tp = 4}, {.metaop = 1, .tp = 4}};
+	sp_plan_t p = {.n_metaops = 2, .metaops = mo, .n_slices = 3, .slices = sl};
+	assert_int_equal(tp_metaop(&p, 0), 1);
+	assert_int_equal(tp_metaop(&p, 1), 4);
+	char buf[512] = {0};
+	FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+	assert_non_null(f);
+	tp_report(f, &p);
+	tp_json(f, &p);
+	fclose(f);
+	assert_string_equal(buf, "tensor parallel:\n  b/llm: t = 4\n"
+				 ",\n  \"tp\": {\"a/enc\": 1, \"b/llm\": 4}");
+}
+
 static const struct CMUnitTest cost_tests[] = {
+	cmocka_unit_test(tp_report_names_split),
+	cmocka_unit_test(tp_one_sharding),
+	cmocka_unit_test(tp_tables_valid),
+	cmocka_unit_test(tp_prices),
 	cmocka_unit_test(products_add_up_to_flops),
 	cmocka_unit_test(quantised_time),
 	cmocka_unit_test(kernels_follow_head_loops),

@@ -117,6 +117,7 @@ static void slice(sp_plan_t *p, int i, int wave, int m, int from, int to, int n_
 	s->fwd_ms = 0.1 + i;
 	s->bwd_start_ms = 10.0 - wave;
 	s->bwd_ms = 0.3 * i;
+	s->tp = 1;
 }
 
 static sp_ins_t ins(int op, int slice, int s0, int s1)
@@ -210,6 +211,7 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	slice(p, 6, 3, 2, 0, 1, 1, 6);
 	slice(p, 7, 3, 6, 0, 4, 2, 7);
 	slice(p, 8, 4, 7, 0, 1, 2, 9);
+	p->slices[7].tp = 2; /* clip/c: the body (2 heads, ffn 32) split 2 ways */
 
 	static const int32_t bdevs[] = {0, 1, 1, 0};
 	static const sp_param_t bparams[] = {{C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0}, {C_BODY, 2, 1, 0},
@@ -228,10 +230,12 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	memcpy(p->bucket_params, bparams, sizeof bparams);
 	memcpy(p->buckets, buckets, sizeof buckets);
 
-	static const sp_param_t held[] = {{C_TOK, 0, 1, 0}, {C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0},
-					  {C_BODY, 2, 1, 0}, {C_BODY, 3, 1, 0}, {C_HEAD, 0, 1, 0},
-					  {C_IMG, 0, 1, 0}, {C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0},
-					  {C_BODY, 2, 1, 0}, {C_BODY, 3, 1, 0}, {C_TOK, 0, 1, 0}};
+	/* shards round-trip (whether they match the slices is the verifier's
+	 * question, not the reader's) */
+	static const sp_param_t held[] = {{C_TOK, 0, 1, 0}, {C_BODY, 0, 2, 0}, {C_BODY, 1, 2, 0},
+					  {C_BODY, 2, 2, 0}, {C_BODY, 3, 2, 0}, {C_HEAD, 0, 1, 0},
+					  {C_IMG, 0, 1, 0}, {C_BODY, 0, 2, 1}, {C_BODY, 1, 2, 1},
+					  {C_BODY, 2, 2, 1}, {C_BODY, 3, 2, 1}, {C_TOK, 0, 1, 0}};
 	p->n_held = SP_ARRAY_LEN(held);
 	NEW(p->held, p->n_held);
 	memcpy(p->held, held, sizeof held);
@@ -797,7 +801,7 @@ static void test_sections(void **state)
 	t = entry_of(b, 12);
 	wr64(t + 24, rd64(t + 24) + 1);
 	fix_crc(b, f->len);
-	expect_reject(b, f->len, "records of 60 bytes");
+	expect_reject(b, f->len, "records of 64 bytes");
 	/* a section count larger than the table */
 	memcpy(b, f->bin, f->len);
 	wr32(b + 28, 22);
@@ -1029,6 +1033,31 @@ static void test_indices(void **state)
  * total of saved activations (each node within the limit, their sum past
  * it), which the reader once did not check.
  */
+/* Tensor parallelism: slice tp (slices, at 60); a param's tp and tp_rank
+ * (bucket_params 16 and held 19, at 8 and 12). */
+static void test_tp_fields(void **state)
+{
+	static const struct {
+		uint32_t id, rec, at, v;
+		const char *path, *msg;
+	} cases[] = {
+		{12, 0, 60, 0, "slices[0].tp", "0 is outside [1, 64]"},
+		{12, 7, 60, 65, "slices[7].tp", "65 is outside [1, 64]"},
+		{12, 2, 60, 2, "slices[2].tp",
+		 "tensor-parallel degree 2 does not divide the slice's 1 devices"},
+		{12, 8, 60, 2, "slices[8].tp", "metaop 'clip/loss' cannot be split 2 ways"},
+		{12, 7, 60, 4, "slices[7].tp", "does not divide the slice's 2 devices"},
+		{16, 0, 8, 0, "bucket_params[0].tp", "0 is outside [1, 64]"},
+		{16, 0, 12, 1, "bucket_params[0].tp_rank", "shard 1 does not exist (there are 1)"},
+		{19, 1, 12, 2, "held[1].tp_rank", "shard 2 does not exist (there are 2)"},
+		{19, 0, 8, 2, "held[0].tp", "component 'tok' cannot be split 2 ways"},
+		{19, 1, 8, 3, "held[1].tp", "component 'body' cannot be split 3 ways"},
+	};
+	for (size_t i = 0; i < SP_ARRAY_LEN(cases); i++)
+		expect_patch_rejected(*state, cases[i].id, cases[i].rec, cases[i].at, cases[i].v,
+				      cases[i].path, cases[i].msg);
+}
+
 static void test_model_rules_shared(void **state)
 {
 	(void)state;
@@ -1223,6 +1252,7 @@ int main(void)
 		T(test_sections),
 		T(test_unknown_and_duplicate_sections),
 		T(test_indices),
+		T(test_tp_fields),
 		T(test_model_rules_shared),
 		T(test_encode_refuses_invalid),
 		T(test_files),

@@ -8,7 +8,8 @@
  * break causes. The first message of each kind is printed, then how many
  * breaks of that kind were made and how many were rejected. Which defect a
  * break causes is not always the obvious one (a deleted RECV starves a
- * reader before the end-of-run transfer check); each test says why.
+ * reader before the end-of-run transfer check); each test says why. The
+ * tensor-parallel tests break the demo planned under --tp 2.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +32,8 @@ typedef struct {
 	size_t len;
 	uint8_t *zbytes; /* the same inputs under --zero 1 --recompute all */
 	size_t zlen;
+	uint8_t *tbytes; /* the same inputs under --tp 2 */
+	size_t tlen;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -39,6 +42,15 @@ static const char *root_dir(void)
 {
 	const char *r = getenv("SPINDLE_ROOT");
 	return r && *r ? r : SPINDLE_ROOT;
+}
+
+/* Plans m on c under o, encoded into *out, *len (p: the plan, kept). */
+static int plan_encoded(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+			sp_plan_t *p, uint8_t **out, size_t *len, sp_err_t *err)
+{
+	plan_summary_t sum;
+	plan_release(p);
+	return planner_run(o, m, c, p, &sum, err) || plan_encode(out, len, p, err);
 }
 
 static int group_setup(void **state)
@@ -50,7 +62,6 @@ static int group_setup(void **state)
 	sp_model_t m = {0};
 	sp_cluster_t c = {0};
 	sp_plan_t p = {0};
-	plan_summary_t sum;
 	vfix_t *f = calloc(1, sizeof *f);
 	int rc = -1;
 	if (!f || model_load(&m, mpath, &err) || cluster_load(&c, cpath, &err))
@@ -61,14 +72,16 @@ static int group_setup(void **state)
 	o.placement = PLACE_SPINDLE;
 	o.mem_reserve_gib = SP_MIN(2.0, 0.1 * c.memory_gib);
 	o.milp_nodes = 200;
-	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
-	    plan_encode(&f->bytes, &f->len, &p, &err))
+	if (plan_encoded(&o, &m, &c, &p, &f->bytes, &f->len, &err))
 		goto cleanup;
-	plan_release(&p);
-	o.zero = 1;
-	o.recompute = 1;
-	if (planner_run(&o, &m, &c, &p, &sum, &err) ||
-	    plan_encode(&f->zbytes, &f->zlen, &p, &err))
+	plan_opts_t z = o, t = o;
+	z.zero = 1;
+	z.recompute = 1;
+	t.tp = 2; /* sequential: every slice on all 4 devices, so split (ours
+		   * picks 1-device lanes on this cluster, which no degree splits) */
+	t.algo = ALGO_SEQUENTIAL;
+	if (plan_encoded(&z, &m, &c, &p, &f->zbytes, &f->zlen, &err) ||
+	    plan_encoded(&t, &m, &c, &p, &f->tbytes, &f->tlen, &err))
 		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
@@ -91,6 +104,7 @@ static int group_teardown(void **state)
 	if (f) {
 		free(f->bytes);
 		free(f->zbytes);
+		free(f->tbytes);
 	}
 	free(f);
 	return 0;
@@ -102,6 +116,13 @@ static void copy_plan(const vfix_t *f, sp_plan_t *out)
 {
 	sp_err_t err = {0};
 	assert_int_equal(plan_decode(out, f->bytes, f->len, "demo.bin", &err), 0);
+}
+
+/* The plan made under --tp 2. */
+static void copy_tplan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->tbytes, f->tlen, "demo-tp2.bin", &err), 0);
 }
 
 /* The plan made under --zero 1 --recompute all. */
@@ -172,6 +193,10 @@ static void del_held(sp_plan_t *p, int d, int k)
 static void del_bucket_entry(sp_plan_t *p, int b, int q, int params)
 {
 	sp_bucket_t *bk = p->buckets;
+	if (params) { /* the bucket's elems stay its params' (a rule of its own) */
+		const sp_param_t *pr = &p->bucket_params[bk[b].param_off + q];
+		bk[b].elems -= comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
+	}
 	if (params)
 		drop_at(p->bucket_params, sizeof *p->bucket_params, &p->n_bucket_params,
 			bk[b].param_off + q);
@@ -228,35 +253,52 @@ typedef struct {
 	sp_plan_t ref, p;
 	int made, rejected;
 	int zero1; /* breaking the --zero 1 --recompute all plan */
+	int tp;    /* breaking the --tp 2 plan */
 } breaks_t;
 
-static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
+/* A copy of the plan b breaks (plain, --zero 1 --recompute all, --tp 2). */
+static void copy_for(const breaks_t *b, sp_plan_t *out)
+{
+	if (b->tp)
+		copy_tplan(b->f, out);
+	else if (b->zero1)
+		copy_zplan(b->f, out);
+	else
+		copy_plan(b->f, out);
+}
+
+static void breaks_begin_on(breaks_t *b, const vfix_t *f, const char *kind, int zero1, int tp)
 {
 	memset(b, 0, sizeof *b);
 	b->f = f;
 	b->kind = kind;
 	b->cap = f->cap;
-	copy_plan(f, &b->ref);
+	b->zero1 = zero1;
+	b->tp = tp;
+	copy_for(b, &b->ref);
+}
+
+static void breaks_begin(breaks_t *b, const vfix_t *f, const char *kind)
+{
+	breaks_begin_on(b, f, kind, 0, 0);
 }
 
 /* The same on the plan made under --zero 1 --recompute all. */
 static void breaks_begin_zero1(breaks_t *b, const vfix_t *f, const char *kind)
 {
-	memset(b, 0, sizeof *b);
-	b->f = f;
-	b->kind = kind;
-	b->cap = f->cap;
-	b->zero1 = 1;
-	copy_zplan(f, &b->ref);
+	breaks_begin_on(b, f, kind, 1, 0);
+}
+
+/* The same on the plan made under --tp 2. */
+static void breaks_begin_tp(breaks_t *b, const vfix_t *f, const char *kind)
+{
+	breaks_begin_on(b, f, kind, 0, 1);
 }
 
 /* A fresh copy of the valid plan, to break. */
 static sp_plan_t *break_copy(breaks_t *b)
 {
-	if (b->zero1)
-		copy_zplan(b->f, &b->p);
-	else
-		copy_plan(b->f, &b->p);
+	copy_for(b, &b->p);
 	return &b->p;
 }
 
@@ -890,6 +932,182 @@ static void test_zero1_memory(void **state)
 	breaks_end(&b, 1);
 }
 
+/* ---- (j) tensor parallelism (the demo under --tp 2) ---------------------------- */
+
+/* Slice i's device at slot k. */
+static int slot_dev(const sp_plan_t *p, int i, int k)
+{
+	return p->slice_devs[p->slices[i].dev_off + k];
+}
+
+/* Device d's position of the op instruction of slice i, or -1. */
+static int find_compute(const sp_plan_t *p, int d, int op, int i)
+{
+	for (int k = 0; k < p->devices[d].n_ins; k++) {
+		const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+		if (in->op == op && in->slice == i)
+			return k;
+	}
+	return -1;
+}
+
+/* The plan verifies, has split slices, and member j of each holds shard
+ * (tp, j) of its layers; each shard's bucket holds that shard's elements. */
+static void test_tp_valid(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "tp");
+	const sp_plan_t *p = &b.ref;
+	expect_valid(p, b.cap);
+	int split = 0;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *sl = &p->slices[i];
+		if (sl->tp == 1)
+			continue;
+		split++;
+		assert_int_equal(sl->tp, 2);
+		for (int k = 0; k < sl->n_dev; k++) {
+			const sp_device_t *dv = &p->devices[slot_dev(p, i, k)];
+			int shards = 0;
+			for (int h = 0; h < dv->n_held; h++)
+				shards += p->held[dv->held_off + h].tp == 2 &&
+					  p->held[dv->held_off + h].tp_rank == k % 2;
+			assert_true(shards >= sl->layer_to - sl->layer_from);
+		}
+	}
+	assert_true(split >= 1);
+	for (int bk = 0; bk < p->n_buckets; bk++) {
+		const sp_param_t *q = &p->bucket_params[p->buckets[bk].param_off];
+		int64_t e = 0;
+		for (int k = 0; k < p->buckets[bk].n_params; k++)
+			e += comp_layer_params_tp(&p->model.comps[q[k].comp], q[k].tp);
+		assert_int_equal(e, p->buckets[bk].elems);
+	}
+	plan_release(&b.ref);
+}
+
+/* brk(b, i) for every split slice i of the --tp 2 plan; at least one. */
+static void each_tp_slice(void **state, const char *kind, void (*brk)(breaks_t *b, int i))
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, kind);
+	for (int i = 0; i < b.ref.n_slices; i++)
+		if (b.ref.slices[i].tp > 1)
+			brk(&b, i);
+	breaks_end(&b, 1);
+}
+
+/* A group whose members sit on two nodes (one member's node changed). */
+static void span_nodes(breaks_t *b, int i)
+{
+	sp_plan_t *p = break_copy(b);
+	p->nodes = 2;
+	p->devices[slot_dev(p, i, 1)].node = 1;
+	(void)i; /* slices share devices: the first split slice on them is named */
+	judge(b, "tensor parallelism", "spans nodes");
+}
+
+static void test_tp_group_spans_nodes(void **state)
+{
+	each_tp_slice(state, "groups across nodes", span_nodes);
+}
+
+/* A split slice made whole while another slice of the same component
+ * stays split: one sharding per layer. */
+static int slice_comp(const sp_plan_t *r, int i)
+{
+	const sp_metaop_t *m = &r->metaops[r->slices[i].metaop];
+	return r->model.tasks[m->task].nodes[r->ops[m->first_op].node].comp;
+}
+
+static void test_tp_one_sharding(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "two shardings of a layer");
+	const sp_plan_t *r = &b.ref;
+	for (int i = 0; i < r->n_slices; i++) {
+		const sp_slice_t *x = &r->slices[i];
+		if (x->tp != 2)
+			continue;
+		int shared = 0; /* another split slice over the same component */
+		for (int j = 0; j < r->n_slices && !shared; j++)
+			shared = j != i && r->slices[j].tp == 2 && slice_comp(r, j) == slice_comp(r, i);
+		if (!shared)
+			continue;
+		break_copy(&b)->slices[i].tp = 1;
+		judge(&b, "tensor parallelism", "one sharding per layer");
+	}
+	breaks_end(&b, 1);
+}
+
+/* Members 0 and 1 of a group trade places: each runs the slice without the
+ * shard its new member index needs. */
+static void swap_members(breaks_t *b, int i)
+{
+	sp_plan_t *p = break_copy(b);
+	int32_t *sd = p->slice_devs + p->slices[i].dev_off;
+	int32_t t = sd[0];
+	sd[0] = sd[1];
+	sd[1] = t;
+	judge(b, "missing parameters", "shard of the slice's tp and this member");
+}
+
+static void test_tp_wrong_shard(void **state)
+{
+	each_tp_slice(state, "members swapped", swap_members);
+}
+
+/* A shard bucket that misstates its elements. */
+static void test_tp_bucket_elems(void **state)
+{
+	breaks_t b;
+	breaks_begin_tp(&b, *state, "shard bucket sizes");
+	for (int bk = 0; bk < b.ref.n_buckets; bk++) {
+		if (b.ref.bucket_params[b.ref.buckets[bk].param_off].tp == 1)
+			continue;
+		break_copy(&b)->buckets[bk].elems += 1;
+		judge(&b, "tensor parallelism", "sync bucket %d says", bk);
+	}
+	breaks_end(&b, 1);
+}
+
+/* Member 1 runs the slice's BWD before its FWD while member 0 runs FWD
+ * first: the group's all-reduces would never meet (a rendezvous deadlock). */
+static void bwd_first(breaks_t *b, int i)
+{
+	int d = slot_dev(&b->ref, i, 1);
+	int kf = find_compute(&b->ref, d, INS_FWD, i), kb = find_compute(&b->ref, d, INS_BWD, i);
+	assert_true(kf >= 0 && kb > kf);
+	move_ins(break_copy(b), d, kb, kf);
+	judge(b, "deadlock", "tensor-parallel group of slice %d", i);
+}
+
+static void test_tp_order(void **state)
+{
+	each_tp_slice(state, "members out of order", bwd_first);
+}
+
+/* Member 1 of a group loses a piece of its input: every member needs the
+ * whole input of its group's samples. */
+static void drop_member_input(breaks_t *b, int i)
+{
+	const sp_slice_t *sl = &b->ref.slices[i];
+	int d = slot_dev(&b->ref, i, 1), kf = find_compute(&b->ref, d, INS_FWD, i);
+	for (int k = 0; k < kf; k++) {
+		const sp_ins_t *in = ins_at(&b->ref, d, k);
+		if (in->op != INS_RECV || in->dst.grad || in->dst.metaop != sl->metaop ||
+		    in->dst.layer != sl->layer_from)
+			continue;
+		del_ins(break_copy(b), d, k);
+		judge(b, "missing input", "device %d instruction %d (fwd)", d, kf - 1);
+	}
+}
+
+static void test_tp_member_input(void **state)
+{
+	each_tp_slice(state, "member inputs dropped", drop_member_input);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -913,6 +1131,13 @@ int main(void)
 		cmocka_unit_test(test_gather_before_step),
 		cmocka_unit_test(test_gather_stranger),
 		cmocka_unit_test(test_zero1_memory),
+		cmocka_unit_test(test_tp_valid),
+		cmocka_unit_test(test_tp_group_spans_nodes),
+		cmocka_unit_test(test_tp_one_sharding),
+		cmocka_unit_test(test_tp_wrong_shard),
+		cmocka_unit_test(test_tp_bucket_elems),
+		cmocka_unit_test(test_tp_order),
+		cmocka_unit_test(test_tp_member_input),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,0 +1,124 @@
+/*
+ * tp.c — tensor-parallel degrees after scheduling. tp_check refuses a
+ * forced --tp N that some transformer cannot take before planning; the
+ * placer asks tp_want for the degree to place a slice for (its scheduled
+ * x->tp, chosen by tp_assign in tp_cost.c: auto, or the forced N where the
+ * slice allows it); after placement tp_run keeps each degree only where
+ * the rules hold, and reprices nothing (the scheduler priced the slice at
+ * its degree).
+ *
+ * Rules (tp-format.txt): a transformer slice whose shape t splits
+ * (tp_ok: t divides heads and ffn) and whose width n is a multiple of t
+ * keeps tp = t when each of its n / t groups of t consecutive devices
+ * (after placement, ascending) lies in one node. ONE SHARDING PER LAYER:
+ * when the slices of one component disagree (one got t, another could
+ * not: too narrow, or not node-aligned), or a device would hold two
+ * different shards of one layer, every slice of that component falls back
+ * to tp = 1.
+ */
+#include "tp.h"
+
+int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+	     sp_err_t *err)
+{
+	int t = o->tp;
+	if (t <= 1)
+		return 0;
+	for (int k = 0; k < m->n_comps; k++) {
+		const sp_component_t *cp = &m->comps[k];
+		if (cp->type != COMP_TRANSFORMER || tp_ok(cp->type, cp->heads, cp->ffn, t))
+			continue;
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "--tp %d does not divide the heads (%lld) and ffn (%lld) of "
+			   "transformer '%s'",
+			   t, (long long)cp->heads, (long long)cp->ffn, cp->name);
+		sp_err_hint(err, "use --tp auto, or a degree that divides every "
+				 "transformer's heads and ffn");
+		return SP_EINPUT;
+	}
+	if (t > c->gpus_per_node) {
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "--tp %d is more than the %d GPUs of a node (a tensor-parallel "
+			   "group lies in one node)",
+			   t, c->gpus_per_node);
+		sp_err_hint(err, "use --tp auto, or a degree of at most %d", c->gpus_per_node);
+		return SP_EINPUT;
+	}
+	return 0;
+}
+
+int tp_want(const planner_t *pl, const sslice_t *x)
+{
+	int t = x->tp;
+	const sp_opshape_t *sh = &pl->mops[x->metaop].shape;
+	if (t <= 1 || x->n % t || !tp_ok(sh->type, sh->heads, sh->ffn, t))
+		return 1;
+	return t;
+}
+
+/* Every group of t consecutive devices of slice i lies in one node. */
+static int groups_in_nodes(const planner_t *pl, const place_t *pc, int i, int n, int t)
+{
+	const int32_t *d = pc->devs + pc->off[i];
+	for (int k = 0; k < n; k++)
+		if (dev_node(pl->cluster, d[k]) != dev_node(pl->cluster, d[k - k % t]))
+			return 0;
+	return 1;
+}
+
+/* The component and parameter id of layer l of MetaOp m. */
+static int layer_comp(const planner_t *pl, int m, int l)
+{
+	const metaop_t *mo = &pl->mops[m];
+	return pl->model->tasks[mo->task].nodes[pl->ops[mo->first_op + l].node].comp;
+}
+
+int tp_run(planner_t *pl, sched_t *s, const place_t *pc)
+{
+	const sp_model_t *md = pl->model;
+	for (int i = 0; i < s->n; i++) {
+		sslice_t *x = &s->s[i];
+		int t = tp_want(pl, x);
+		x->tp = t > 1 && groups_in_nodes(pl, pc, i, x->n, t) ? t : 1;
+	}
+	/* per component: its slices' degree, -1 none yet, 0 they disagree */
+	int nc = md->n_comps, N = pl->N, *agree = sp_arena_calloc(&pl->scratch, (size_t)nc + 1,
+								  sizeof(int));
+	int *base = sp_arena_calloc(&pl->scratch, (size_t)nc + 1, sizeof(int)), np = 0;
+	if (!agree || !base)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int c = 0; c < nc; c++) {
+		agree[c] = -1;
+		base[c] = np;
+		np += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+	}
+	for (int i = 0; i < s->n; i++)
+		for (int l = s->s[i].lf; l < s->s[i].lt; l++) {
+			int c = layer_comp(pl, s->s[i].metaop, l);
+			agree[c] = agree[c] < 0 || agree[c] == s->s[i].tp ? s->s[i].tp : 0;
+		}
+	/* one shard per device and layer: 1 + the member index, 0 not held */
+	uint8_t *shard = sp_arena_calloc(&pl->scratch, (size_t)N * (size_t)np + 1, 1);
+	if (!shard)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		for (int l = x->lf; l < x->lt; l++) {
+			int c = layer_comp(pl, x->metaop, l);
+			if (agree[c] <= 1)
+				continue;
+			int pid = base[c] + pl->ops[pl->mops[x->metaop].first_op + l].layer;
+			for (int k = 0; k < x->n; k++) {
+				uint8_t *h = &shard[(size_t)pc->devs[pc->off[i] + k] * np + pid];
+				if (*h && *h != 1 + k % x->tp)
+					agree[c] = 0;
+				*h = (uint8_t)(1 + k % x->tp);
+			}
+		}
+	}
+	for (int i = 0; i < s->n; i++)
+		for (int l = s->s[i].lf; l < s->s[i].lt; l++)
+			if (agree[layer_comp(pl, s->s[i].metaop, l)] == 0)
+				s->s[i].tp = 1;
+	return 0;
+}

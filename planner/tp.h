@@ -1,0 +1,27 @@
+/*
+ * tp.h — tensor-parallel degrees after scheduling: the check of a forced
+ * --tp N against the model, the degree a slice is placed for, and the
+ * pass that keeps a placed slice's degree only where its groups lie in
+ * nodes and its component has one sharding (tp.c). The degrees themselves
+ * (auto, or the forced N where a slice allows it) are tp_assign's
+ * (tp_cost.c), at scheduling.
+ */
+#ifndef SPINDLE_TP_H
+#define SPINDLE_TP_H
+
+#include "planner.h"
+
+/* SP_EINPUT with a located message when a forced t does not divide a
+ * transformer component's heads and ffn, or exceeds a node's GPUs. */
+int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+	     sp_err_t *err);
+/* The degree slice x is to be placed for: its scheduled x->tp when that
+ * splits its shape and divides its width, else 1. */
+int tp_want(const planner_t *pl, const sslice_t *x);
+/* After placement: s->s[i].tp stays tp_want where every group of t consecutive
+ * devices lies in one node and every slice of the component agrees, and
+ * each device holds one shard of each layer; else 1 (whole layers). Work
+ * arrays in pl->scratch (the candidate's). */
+int tp_run(planner_t *pl, sched_t *s, const place_t *pc);
+
+#endif

@@ -1,0 +1,175 @@
+/*
+ * tp_cost.c — the tensor-parallel degree of every slice of a schedule,
+ * after the scheduler chose the widths (the widths already price the
+ * fastest (d, t) at each n: cost.c's tpn/usen tables).
+ *
+ * One sharding per layer (tp-format.txt): every slice that covers a
+ * (component, layer) has the same t. We keep one t per class of MetaOps
+ * that share a component (union over the components each MetaOp covers),
+ * which is that rule or stricter. A slice of a width no (d, t) makes
+ * first narrows to the width its table time came from (usen). A class
+ * weighs t = 1 and every t its slices' tables chose: the layer-time of all
+ * its slices re-priced at that t (layers x cost_layer_tp at local batch
+ * ceil(B / (n / t))), ruled out when some slice cannot run it (n % t != 0
+ * or n / t > batch); the least wins. At t = 1 a slice wider than its batch
+ * shrinks to the batch. With --tp F forced, a class runs at F where all
+ * its slices can, else at 1. (Taking the t of the slices that carry most
+ * layer-time instead forces it on a shared encoder's large-batch tasks,
+ * where it is slower than whole layers: clip-10 on 128 GPUs.)
+ *
+ * tp_report / tp_json: each MetaOp's t in a lowered plan, for report.c to
+ * print (report.c is the format engineer's; it calls these).
+ *
+ * It does not place groups on nodes (place.c); its prices are cost.c's.
+ */
+#include "planner.h"
+
+#include <math.h>
+
+/* The (n, t) a slice of n devices of m runs at before the class decides:
+ * its table's t where n makes it, else t = 1 (n <= batch), else the width
+ * its table's time came from. */
+static int table_width(const metaop_t *m, int n, int *t)
+{
+	*t = m->tpn[n] > 0 ? m->tpn[n] : 1;
+	if (n % *t == 0 && n / *t <= m->batch)
+		return n;
+	if (n <= m->batch) {
+		*t = 1;
+		return n;
+	}
+	return m->usen[n];
+}
+
+static int uf_find(int *up, int x)
+{
+	while (up[x] != x)
+		x = up[x] = up[up[x]];
+	return x;
+}
+
+/* class of every MetaOp: the representative component of its components */
+static int mop_classes(const planner_t *pl, int *up, int *cls)
+{
+	int nc = pl->model->n_comps, layer;
+	for (int c = 0; c < nc; c++)
+		up[c] = c;
+	for (int m = 0; m < pl->n_mops; m++) {
+		int c0 = uf_find(up, mop_comp(pl, m, 0, &layer));
+		for (int l = 1; l < pl->mops[m].n_layers; l++) {
+			int c = uf_find(up, mop_comp(pl, m, l, &layer));
+			if (c != c0)
+				up[c] = c0;
+		}
+	}
+	for (int m = 0; m < pl->n_mops; m++)
+		cls[m] = uf_find(up, mop_comp(pl, m, 0, &layer));
+	return nc;
+}
+
+static int fits_degree(const metaop_t *m, int n, int t)
+{
+	return t == 1 || (n % t == 0 && n / t <= m->batch &&
+			  tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t));
+}
+
+/* Per-layer ms of slice x at degree t (t = 1: at most batch devices). */
+static double slice_ms(const planner_t *pl, const sslice_t *x, int t)
+{
+	const metaop_t *m = &pl->mops[x->metaop];
+	int64_t d = t == 1 ? SP_MIN((int64_t)x->n, m->batch) : x->n / t;
+	double f, b;
+	cost_layer_tp(pl, x->metaop, (m->batch + d - 1) / d, t, &f, &b);
+	return f + b;
+}
+
+#define TP_ROW (SP_TP_MAX + 1)
+
+int tp_assign(planner_t *pl, sched_t *s)
+{
+	sp_arena_mark_t mk = sp_arena_mark(&pl->scratch);
+	int nc = pl->model->n_comps, rc = 0;
+	int *up = sp_arena_calloc(&pl->scratch, (size_t)nc, sizeof(int));
+	int *cls = sp_arena_calloc(&pl->scratch, (size_t)pl->n_mops, sizeof(int));
+	int *pick = sp_arena_calloc(&pl->scratch, (size_t)nc, sizeof(int));
+	char *seen = sp_arena_calloc(&pl->scratch, (size_t)nc * TP_ROW, 1);
+	double *w = sp_arena_calloc(&pl->scratch, (size_t)nc * TP_ROW, sizeof(double));
+	if (!up || !cls || !pick || !seen || !w) {
+		rc = SP_ENOMEM;
+		goto done;
+	}
+	mop_classes(pl, up, cls);
+	/* the degrees a class considers: 1 and its slices' table degrees;
+	 * forced, F where every slice can run it */
+	int F = pl->opts && pl->opts->tp > 0 && pl->opts->tp <= SP_TP_MAX ? pl->opts->tp : 0;
+	for (int i = 0; i < s->n; i++) {
+		sslice_t *x = &s->s[i];
+		int t, c = cls[x->metaop];
+		x->n = table_width(&pl->mops[x->metaop], x->n, &t); /* the same table time */
+		seen[c * TP_ROW + 1] = seen[c * TP_ROW + (F ? F : t)] = 1;
+	}
+	/* each degree's layer-time over the class, every slice at it (none
+	 * where some slice cannot run it) */
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		int c = cls[x->metaop];
+		for (int t = 1; t <= SP_TP_MAX; t++) {
+			double *wt = &w[c * TP_ROW + t];
+			if (!seen[c * TP_ROW + t] || *wt == HUGE_VAL)
+				continue;
+			*wt = fits_degree(&pl->mops[x->metaop], x->n, t)
+				      ? *wt + (x->lt - x->lf) * slice_ms(pl, x, t)
+				      : HUGE_VAL;
+		}
+	}
+	/* the least (ties: the smaller t); t = 1 always fits; forced: F */
+	for (int c = 0; c < nc; c++) {
+		pick[c] = F && w[c * TP_ROW + F] != HUGE_VAL ? F : 1;
+		for (int t = 2; t <= SP_TP_MAX && !F; t++)
+			if (seen[c * TP_ROW + t] && w[c * TP_ROW + t] < w[c * TP_ROW + pick[c]])
+				pick[c] = t;
+	}
+	for (int i = 0; i < s->n; i++) {
+		sslice_t *x = &s->s[i];
+		const metaop_t *m = &pl->mops[x->metaop];
+		x->tp = pick[cls[x->metaop]];
+		if (x->tp == 1 && x->n > m->batch)
+			x->n = (int)m->batch; /* a scheduler-chosen slice keeps its first devices */
+	}
+done:
+	sp_arena_reset(&pl->scratch, mk);
+	return rc;
+}
+
+int tp_metaop(const sp_plan_t *p, int m)
+{
+	int t = 1;
+	for (int i = 0; i < p->n_slices; i++)
+		if (p->slices[i].metaop == m && p->slices[i].tp > t)
+			t = p->slices[i].tp;
+	return t;
+}
+
+void tp_report(FILE *f, const sp_plan_t *p)
+{
+	int any = 0;
+	for (int m = 0; m < p->n_metaops; m++) {
+		int t = tp_metaop(p, m);
+		if (t > 1)
+			fprintf(f, "%s  %s: t = %d\n", any++ ? "" : "tensor parallel:\n",
+				p->metaops[m].name, t);
+	}
+	if (!any)
+		fprintf(f, "tensor parallel: none (every slice runs whole layers)\n");
+}
+
+void tp_json(FILE *f, const sp_plan_t *p)
+{
+	fprintf(f, ",\n  \"tp\": {");
+	for (int m = 0; m < p->n_metaops; m++) {
+		fprintf(f, "%s", m ? ", " : "");
+		sp_json_str(f, p->metaops[m].name);
+		fprintf(f, ": %d", tp_metaop(p, m));
+	}
+	fprintf(f, "}");
+}

@@ -717,13 +717,15 @@ static float *redo_buf(const rt_state_t *st)
 	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
-static void exec_fwd(rt_state_t *st, int k, int64_t step)
+/* 0, or a layer's negative code (a tensor-parallel all-reduce that failed). */
+static int exec_fwd(rt_state_t *st, int k, int64_t step)
 {
 	const slice_run_t r = slice_run(st, k);
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
 	int64_t so = sample_off(st, r.mo->task);
+	int rc = 0;
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -759,21 +761,26 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 			b->patch_fwd(&r.mo->shape, r.n, pw, feat, y, saved);
 			break;
 		}
-		case COMP_TRANSFORMER: b->tblock_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
+		case COMP_TRANSFORMER: rc = b->tblock_fwd(&r.mo->shape, NULL, r.n, pw, x, y, saved); break;
 		case COMP_LINEAR: b->linear_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
 		default: break;
 		}
+		if (rc)
+			return rc;
 		x = y;
 	}
+	return 0;
 }
 
-static void exec_bwd(rt_state_t *st, int k)
+/* 0, or a layer's negative code (a tensor-parallel all-reduce that failed). */
+static int exec_bwd(rt_state_t *st, int k)
 {
 	const slice_run_t r = slice_run(st, k);
 	const rt_backend_t *b = st->b;
 	float *bufs[2] = {st->work, st->work + st->ping_n};
 	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
 	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
+	int rc = 0;
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -785,7 +792,10 @@ static void exec_bwd(rt_state_t *st, int k)
 			 * (parameters change only at STEP), so the same saved
 			 * activations; its output goes to bufs[j % 2], free here: dy
 			 * is in the other buffer or a value, and dx is zeroed below */
-			b->tblock_fwd(&r.mo->shape, r.n, pw, saved, bufs[j % 2], redo_buf(st));
+			rc = b->tblock_fwd(&r.mo->shape, NULL, r.n, pw, saved, bufs[j % 2],
+					   redo_buf(st));
+			if (rc)
+				return rc;
 			saved = redo_buf(st);
 		}
 		float *dx = NULL;
@@ -799,12 +809,17 @@ static void exec_bwd(rt_state_t *st, int k)
 		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
 		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
-		case COMP_TRANSFORMER: b->tblock_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
+		case COMP_TRANSFORMER:
+			rc = b->tblock_bwd(&r.mo->shape, NULL, r.n, pw, saved, dy, dx, dp);
+			break;
 		case COMP_LINEAR: b->linear_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
 		default: break;
 		}
+		if (rc)
+			return rc;
 		dy = dx;
 	}
+	return 0;
 }
 
 static void exec_loss(rt_state_t *st, int k, int64_t step)
@@ -1010,8 +1025,14 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
 			continue;
 		switch (in->op) {
-		case INS_FWD: exec_fwd(st, k, ds); break;
-		case INS_BWD: exec_bwd(st, k); break;
+		case INS_FWD:
+			if (exec_fwd(st, k, ds))
+				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
+			break;
+		case INS_BWD:
+			if (exec_bwd(st, k))
+				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
+			break;
 		case INS_LOSS: exec_loss(st, k, ds); break;
 		case INS_STEP:
 			comm = 1;
@@ -1157,7 +1178,10 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		switch (in->op) {
-		case INS_FWD: exec_fwd(st, k, step); break;
+		case INS_FWD:
+			if (exec_fwd(st, k, step))
+				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
+			break;
 		case INS_LOSS:
 			exec_loss(st, k, step);
 			if (score_loss(st, k, acc))

@@ -223,8 +223,8 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	float *y = calloc((size_t)e, 4), *sv = calloc((size_t)ns, 4);
 	float *dy = hrand(e, 1.0), *dx = hrand(e, 0.5), *dp = hrand(np, 0.1);
 	float *dx_ref = hcopy(dx, e), *dp_ref = hcopy(dp, np);
-	tblock_fwd(&s, n, p, x, y, sv);
-	tblock_bwd(&s, n, p, sv, dy, dx_ref, dp_ref);
+	tblock_fwd(&s, NULL, n, p, x, y, sv);
+	tblock_bwd(&s, NULL, n, p, sv, dy, dx_ref, dp_ref);
 
 	if (ws_cap)
 		cu_set_workspace_cap(ws_cap);
@@ -232,8 +232,8 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
 	float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(dx, 4 * (size_t)e);
 	float *dDP = dev(dp, 4 * (size_t)np);
-	B->tblock_fwd(&s, n, dP, dX, dY, dS);
-	B->tblock_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B->tblock_fwd(&s, NULL, n, dP, dX, dY, dS);
+	B->tblock_bwd(&s, NULL, n, dP, dS, dDY, dDX, dDP);
 	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);

@@ -231,7 +231,7 @@ static void fwd_run(fwd_case_t *c)
 		embedding_fwd(&c->s, c->n, c->p, c->tok, c->y, c->saved);
 		break;
 	case COMP_PATCH: patch_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
-	case COMP_TRANSFORMER: tblock_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
+	case COMP_TRANSFORMER: tblock_fwd(&c->s, NULL, c->n, c->p, c->x, c->y, c->saved); break;
 	case COMP_LINEAR: linear_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
 	default: fail_msg("not a forward layer");
 	}
@@ -242,7 +242,7 @@ static void bwd_run(fwd_case_t *c, const float *dy, float *dx, float *dp)
 	switch (c->s.type) {
 	case COMP_EMBEDDING: embedding_bwd(&c->s, c->n, c->saved, dy, dp); break;
 	case COMP_PATCH: patch_bwd(&c->s, c->n, c->p, c->saved, dy, dp); break;
-	case COMP_TRANSFORMER: tblock_bwd(&c->s, c->n, c->p, c->saved, dy, dx, dp); break;
+	case COMP_TRANSFORMER: tblock_bwd(&c->s, NULL, c->n, c->p, c->saved, dy, dx, dp); break;
 	case COMP_LINEAR: linear_bwd(&c->s, c->n, c->p, c->saved, dy, dx, dp); break;
 	default: fail_msg("not a forward layer");
 	}

@@ -717,8 +717,8 @@ static float *redo_buf(const rt_state_t *st)
 	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
-/* 0, or a layer's negative code (a tensor-parallel all-reduce that failed). */
-static int exec_fwd(rt_state_t *st, int k, int64_t step)
+/* 0, or the code of a layer that failed (a tensor-parallel all-reduce). */
+static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
 	const rt_backend_t *b = st->b;
@@ -766,14 +766,14 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step)
 		default: break;
 		}
 		if (rc)
-			return rc;
+			return fail(st, err, k, "tensor-parallel all-reduce failed");
 		x = y;
 	}
 	return 0;
 }
 
-/* 0, or a layer's negative code (a tensor-parallel all-reduce that failed). */
-static int exec_bwd(rt_state_t *st, int k)
+/* 0, or the code of a layer that failed (a tensor-parallel all-reduce). */
+static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
 	const rt_backend_t *b = st->b;
@@ -795,7 +795,7 @@ static int exec_bwd(rt_state_t *st, int k)
 			rc = b->tblock_fwd(&r.mo->shape, NULL, r.n, pw, saved, bufs[j % 2],
 					   redo_buf(st));
 			if (rc)
-				return rc;
+				return fail(st, err, k, "tensor-parallel all-reduce failed");
 			saved = redo_buf(st);
 		}
 		float *dx = NULL;
@@ -816,7 +816,7 @@ static int exec_bwd(rt_state_t *st, int k)
 		default: break;
 		}
 		if (rc)
-			return rc;
+			return fail(st, err, k, "tensor-parallel all-reduce failed");
 		dy = dx;
 	}
 	return 0;
@@ -1025,14 +1025,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
 			continue;
 		switch (in->op) {
-		case INS_FWD:
-			if (exec_fwd(st, k, ds))
-				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
-			break;
-		case INS_BWD:
-			if (exec_bwd(st, k))
-				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
-			break;
+		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
+		case INS_BWD: rc = exec_bwd(st, k, err); break;
 		case INS_LOSS: exec_loss(st, k, ds); break;
 		case INS_STEP:
 			comm = 1;
@@ -1178,10 +1172,7 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		switch (in->op) {
-		case INS_FWD:
-			if (exec_fwd(st, k, step))
-				rc = fail(st, err, k, "tensor-parallel all-reduce failed");
-			break;
+		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
 			exec_loss(st, k, step);
 			if (score_loss(st, k, acc))

@@ -419,30 +419,15 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 
 /* ---- transformer block ------------------------------------------------------ */
 
-/*
- * One member's view of a (possibly split) block: t, its rank, the local
- * attention width hl = h/t, FFN width fl = f/t and head count al = a/t,
- * its parameter pointers (layer_tensors_tp layout) and the floats saved
- * per sample. t == 1 is the unsplit block.
- */
-typedef struct {
-	int t, rank;
-	int64_t h, s, hl, fl, al, dh, per;
-	const rt_tp_t *tp;
-} tb_dims_t;
-
-/* 0, or SP_EINPUT for a split the shape does not allow (nothing written). */
-static int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	int t = tp ? tp->t : 1;
-	if (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
-		      tp->rank >= t || !tp->allreduce))
+	if (t < 1 || (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
+				 tp->rank >= t || !tp->allreduce)))
 		return SP_EINPUT;
-	if (t < 1)
-		return SP_EINPUT;
+	assert(s->heads > 0 && s->hidden % s->heads == 0);
 	out->t = t;
 	out->rank = t > 1 ? tp->rank : 0;
-	out->tp = t > 1 ? tp : NULL;
 	out->h = s->hidden;
 	out->s = s->seq;
 	out->hl = s->hidden / t;
@@ -450,8 +435,22 @@ static int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 	out->al = s->heads / t;
 	out->dh = s->hidden / s->heads;
 	out->per = op_saved_elems_tp(s, 0, t);
-	assert(s->hidden % s->heads == 0);
+	sp_component_t c = layer_comp_of_shape(s);
+	layer_tensors_tp(&c, t, out->tensors);
 	return 0;
+}
+
+/* A member's view of the block: its split and the hook (NULL unsplit). */
+typedef struct {
+	tblock_split_t sp;
+	const rt_tp_t *tp;
+} tb_dims_t;
+
+static int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+{
+	int rc = tblock_split(&out->sp, s, tp);
+	out->tp = rc == 0 && out->sp.t > 1 ? tp : NULL;
+	return rc;
 }
 
 /* Sums buf [n] over the group; a no-op unsplit. */
@@ -468,7 +467,7 @@ typedef struct {
 
 static tb_saved_t tb_saved(const tb_dims_t *d, float *base)
 {
-	int64_t h = d->h, sq = d->s, hl = d->hl, fl = d->fl;
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl;
 	tb_saved_t v;
 	v.x = base;
 	v.ln1 = v.x + sq * h;
@@ -479,25 +478,22 @@ static tb_saved_t tb_saved(const tb_dims_t *d, float *base)
 	v.pre = v.ln2 + sq * h;
 	v.act = v.pre + sq * fl;
 	v.probs = v.act + sq * fl;
-	v.m1 = v.probs + d->al * sq * sq;
+	v.m1 = v.probs + d->sp.al * sq * sq;
 	v.r1 = v.m1 + sq;
 	v.m2 = v.r1 + sq;
 	v.r2 = v.m2 + sq;
-	assert(v.r2 + sq == base + d->per);
+	assert(v.r2 + sq == base + d->sp.per);
 	return v;
 }
 
 /* The member's tensors of p (and of dp when not NULL), layer_tensors_tp order. */
-static void tb_tensors(const sp_opshape_t *s, int t, const float *p, float *dp,
-		       const float *w[TB__COUNT], float *g[TB__COUNT])
+static void tb_tensors(const tb_dims_t *d, const float *p, float *dp, const float *w[TB__COUNT],
+		       float *g[TB__COUNT])
 {
-	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t lt[12];
-	layer_tensors_tp(&c, t, lt);
 	for (int i = 0; i < TB__COUNT; i++) {
-		w[i] = p + lt[i].offset;
+		w[i] = p + d->sp.tensors[i].offset;
 		if (g)
-			g[i] = dp + lt[i].offset;
+			g[i] = dp + d->sp.tensors[i].offset;
 	}
 }
 
@@ -508,13 +504,13 @@ static void tb_tensors(const sp_opshape_t *s, int t, const float *p, float *dp,
  */
 static void tb_start_sum(const tb_dims_t *d, float *y, const float *base, const float *bias)
 {
-	int64_t n = d->s * d->h;
-	if (d->rank != 0) {
+	int64_t n = d->sp.s * d->sp.h;
+	if (d->sp.rank != 0) {
 		memset(y, 0, (size_t)n * sizeof *y);
 		return;
 	}
 	memcpy(y, base, (size_t)n * sizeof *y);
-	add_rows(y, d->s, d->h, d->h, bias);
+	add_rows(y, d->sp.s, d->sp.h, d->sp.h, bias);
 }
 
 /*
@@ -524,7 +520,7 @@ static void tb_start_sum(const tb_dims_t *d, float *y, const float *base, const 
  */
 static void tb_attn_fwd(const tb_dims_t *d, int causal, const float *const *w, tb_saved_t *v)
 {
-	int64_t h = d->h, sq = d->s, hl = d->hl, dh = d->dh, w3 = 3 * hl;
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
 	float scale = (float)(1.0 / sqrt((double)dh));
 	for (int64_t r = 0; r < sq; r++)
 		ln_row(v->ln1 + r * h, &v->m1[r], &v->r1[r], v->x + r * h, h, w[TB_LN1G],
@@ -532,7 +528,7 @@ static void tb_attn_fwd(const tb_dims_t *d, int causal, const float *const *w, t
 	for (int64_t r = 0; r < sq; r++)
 		memcpy(v->qkv + r * w3, w[TB_BQKV], (size_t)w3 * sizeof(float));
 	gemm(0, 0, sq, w3, h, 1.0f, v->ln1, h, w[TB_WQKV], w3, 1.0f, v->qkv, w3);
-	for (int64_t j = 0; j < d->al; j++) {
+	for (int64_t j = 0; j < d->sp.al; j++) {
 		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
 		float *pr = v->probs + j * sq * sq;
 		gemm(0, 1, sq, sq, dh, scale, q, w3, k, w3, 0.0f, pr, sq);
@@ -564,25 +560,25 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	int rc = tb_dims(&d, s, tp);
 	if (rc < 0)
 		return rc;
-	int64_t h = d.h, sq = d.s, fl = d.fl, sh = sq * h;
+	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, sh = sq * h;
 	const float *w[TB__COUNT];
-	tb_tensors(s, d.t, p, NULL, w, NULL);
+	tb_tensors(&d, p, NULL, w, NULL);
 
 	/* attention and the partial output projection, every sample */
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(&d, saved + i * d.per);
+		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
 		float *yi = y + i * sh;
 		memcpy(v.x, x + i * sh, (size_t)sh * sizeof *v.x);
 		tb_attn_fwd(&d, s->causal, w, &v);
 		tb_start_sum(&d, yi, v.x, w[TB_BO]);
-		gemm(0, 0, sq, h, d.hl, 1.0f, v.cat, d.hl, w[TB_WO], h, 1.0f, yi, h);
+		gemm(0, 0, sq, h, d.sp.hl, 1.0f, v.cat, d.sp.hl, w[TB_WO], h, 1.0f, yi, h);
 	}
 	if ((rc = tb_allreduce(&d, y, n * sh)) < 0)
 		return rc;
 
 	/* MLP and its partial second product, every sample */
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(&d, saved + i * d.per);
+		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
 		float *yi = y + i * sh;
 		memcpy(v.xmid, yi, (size_t)sh * sizeof *v.xmid);
 		for (int64_t r = 0; r < sq; r++)
@@ -607,9 +603,9 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 static void tb_attn_bwd(const tb_dims_t *d, const tb_saved_t *v, const float *dcat,
 			float *dqkv, float *dpr)
 {
-	int64_t sq = d->s, hl = d->hl, dh = d->dh, w3 = 3 * hl;
+	int64_t sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
 	float scale = (float)(1.0 / sqrt((double)dh));
-	for (int64_t j = 0; j < d->al; j++) {
+	for (int64_t j = 0; j < d->sp.al; j++) {
 		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
 		const float *pr = v->probs + j * sq * sq, *dout = dcat + j * dh;
 		float *dq = dqkv + j * dh, *dk = dq + hl, *dv = dq + 2 * hl;
@@ -649,10 +645,10 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	int rc = tb_dims(&d, s, tp);
 	if (rc < 0)
 		return rc;
-	int64_t h = d.h, sq = d.s, fl = d.fl, hl = d.hl, sh = sq * h;
+	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, hl = d.sp.hl, sh = sq * h;
 	const float *w[TB__COUNT];
 	float *g[TB__COUNT];
-	tb_tensors(s, d.t, p, dp, w, g);
+	tb_tensors(&d, p, dp, w, g);
 
 	/* dln [n,s,h], dxmid [s,h], dact [s,fl], dcat [s,hl], dqkv [s,3hl], dP [s,s] */
 	float *ws = xmalloc((size_t)(n * sh + sq * (h + fl + 4 * hl) + sq * sq) *
@@ -661,7 +657,7 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	float *dqkv = dcat + sq * hl, *dpr = dqkv + 3 * sq * hl;
 
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.per);
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
 		const float *dyi = dy + i * sh;
 		gemm(1, 0, fl, h, sq, 1.0f, v.act, fl, dyi, h, 1.0f, g[TB_W2], h);
 		sum_rows(g[TB_B2], dyi, sq, h, h);
@@ -676,7 +672,7 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 		goto cleanup;
 
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.per);
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
 		float *dlni = dln + i * sh, *dxi = dx + i * sh;
 		memcpy(dxm, dy + i * sh, (size_t)sh * sizeof *dxm);
 		for (int64_t r = 0; r < sq; r++)
@@ -698,7 +694,7 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 		goto cleanup;
 
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.per);
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
 		for (int64_t r = 0; r < sq; r++)
 			ln_row_bwd(dx + i * sh + r * h, g[TB_LN1G], g[TB_LN1B],
 				   dln + i * sh + r * h, v.x + r * h, v.m1[r], v.r1[r],

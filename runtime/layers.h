@@ -114,6 +114,19 @@ rt_patch_bwd_fn_t patch_bwd;
  */
 rt_tblock_fwd_fn_t tblock_fwd;
 rt_tblock_bwd_fn_t tblock_bwd;
+/*
+ * One member's part of a split block, for both backends: t (1 for NULL
+ * tp), its rank (0 unsplit), the shape's h and s, its widths hl = h/t, fl = f/t, al = a/t, the
+ * head width dh = h/a, the floats saved per sample (op_saved_elems_tp) and
+ * its tensors (layer_tensors_tp). 0, or SP_EINPUT for a split the block
+ * refuses (see above).
+ */
+typedef struct {
+	int t, rank;
+	int64_t h, s, hl, fl, al, dh, per; /* h, s: the shape's hidden and seq */
+	layer_tensor_t tensors[12];
+} tblock_split_t;
+int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

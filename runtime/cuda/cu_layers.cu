@@ -53,36 +53,20 @@ enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, NT };
  * shard (layer_tensors_tp), the saved floats per sample, the hook.
  */
 struct tb_dims {
-	int t, rank;
-	int64_t h, f, sq, a, hl, fl, al, dh, per;
+	tblock_split_t sp;
 	int64_t off[NT];
 	const rt_tp_t *tp;
 };
 
-/* 0, or SP_EINPUT for a split the shape does not allow. */
+/* 0, or SP_EINPUT for a split the shape does not allow (tblock_split). */
 int tb_dims_of(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp)
 {
-	int t = tp ? tp->t : 1;
-	if (t < 1 || (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
-				 tp->rank >= t || !tp->allreduce)))
-		return SP_EINPUT;
-	d->t = t;
-	d->rank = t > 1 ? tp->rank : 0;
-	d->tp = t > 1 ? tp : nullptr;
-	d->h = s->hidden;
-	d->f = s->ffn;
-	d->sq = s->seq;
-	d->a = s->heads;
-	d->hl = d->h / t;
-	d->fl = d->f / t;
-	d->al = d->a / t;
-	d->dh = d->h / d->a;
-	d->per = op_saved_elems_tp(s, 0, t);
-	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t lt[12];
-	layer_tensors_tp(&c, t, lt);
+	int rc = tblock_split(&d->sp, s, tp);
+	if (rc < 0)
+		return rc;
+	d->tp = d->sp.t > 1 ? tp : nullptr;
 	for (int i = 0; i < NT; i++)
-		d->off[i] = lt[i].offset;
+		d->off[i] = d->sp.tensors[i].offset;
 	return 0;
 }
 
@@ -103,7 +87,7 @@ struct tb_saved {
  */
 tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d)
 {
-	int64_t h = d.h, hl = d.hl, fl = d.fl, sq = d.sq, R = m * sq, rest = d.per - sq * h;
+	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq, rest = d.sp.per - sq * h;
 	size_t budget = sizeof(float) * (size_t)(m * rest);
 	float *chunk = base + n * sq * h + c0 * rest;
 	for (size_t align = 16;; align = 4) {
@@ -117,7 +101,7 @@ tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims 
 		v.ln2 = c.take<bf16>(R * h);
 		v.pre = c.take<float>(R * fl);
 		v.act = c.take<bf16>(R * fl);
-		v.p = c.take<float>(m * d.al * sq * sq);
+		v.p = c.take<float>(m * d.sp.al * sq * sq);
 		v.m1 = c.take<float>(R);
 		v.r1 = c.take<float>(R);
 		v.m2 = c.take<float>(R);
@@ -136,8 +120,8 @@ tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims 
  */
 size_t tb_ws_bytes(const tb_dims &d, int64_t m)
 {
-	int64_t R = m * d.sq, e = 6 * R * d.h + 8 * R * d.hl + 6 * R * d.fl +
-				   6 * m * d.al * d.sq * d.sq;
+	int64_t R = m * d.sp.s, e = 6 * R * d.sp.h + 8 * R * d.sp.hl + 6 * R * d.sp.fl +
+				   6 * m * d.sp.al * d.sp.s * d.sp.s;
 	return (size_t)e + 16 * 256;
 }
 
@@ -148,7 +132,7 @@ size_t tb_ws_bytes(const tb_dims &d, int64_t m)
  */
 int64_t tb_chunk(const tb_dims &d, int n)
 {
-	size_t one = tb_ws_bytes(d, 1) + 8 * (size_t)(d.sq * d.h), cap = cu_ws_cap();
+	size_t one = tb_ws_bytes(d, 1) + 8 * (size_t)(d.sp.s * d.sp.h), cap = cu_ws_cap();
 	int64_t m = (int64_t)(cap / one);
 	if (m < 1)
 		m = 1;
@@ -187,8 +171,8 @@ const bf16 *tb_prepare(const sp_opshape_t *s, const tb_dims &d, int n, const flo
 		       float *scale, int64_t *nc)
 {
 	sp_component_t comp = layer_comp_of_shape(s);
-	const bf16 *wb = cu_shadow(p, comp_layer_params_tp(&comp, d.t));
-	*scale = (float)(1.0 / sqrt((double)d.dh));
+	const bf16 *wb = cu_shadow(p, comp_layer_params_tp(&comp, d.sp.t));
+	*scale = (float)(1.0 / sqrt((double)d.sp.dh));
 	*nc = tb_chunk(d, n);
 	return wb;
 }
@@ -200,7 +184,7 @@ const bf16 *tb_prepare(const sp_opshape_t *s, const tb_dims &d, int n, const flo
 void tb_attn_fwd(const tb_dims &d, const tb_saved &v, int64_t m, int causal, const float *p,
 		 const bf16 *wb, float scale, bf16 *pb)
 {
-	int64_t h = d.h, sq = d.sq, hl = d.hl, dh = d.dh, al = d.al, R = m * sq;
+	int64_t h = d.sp.h, sq = d.sp.s, hl = d.sp.hl, dh = d.sp.dh, al = d.sp.al, R = m * sq;
 	k_ln_fwd_bf16(v.ln1, h, v.m1, v.r1, 1, v.x, h, p + d.off[LN1G], p + d.off[LN1B], R, h);
 	k_fill_rows_bf16(v.qkv, 3 * hl, p + d.off[BQKV], R, 3 * hl);
 	cu_gemm(false, false, R, 3 * hl, h, 1.0f, v.ln1, BF, h, wb + d.off[WQKV], BF, 3 * hl,
@@ -213,6 +197,20 @@ void tb_attn_fwd(const tb_dims &d, const tb_saved &v, int64_t m, int causal, con
 	gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq, sq * sq,
 		  v.qkv + 2 * hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f, v.cat, BF, hl, sq * hl, dh, m,
 		  al);
+}
+
+/*
+ * Backward of y = a W + b over R rows (a bf16 [R,k], W [k,o], dy fp32
+ * [R,o], dyb its bf16 copy, scratch): dW += a^T dy; db += colsum dy;
+ * da = dy W^T (type dt, [R,k]).
+ */
+void tb_lin_bwd(int64_t R, int64_t k, int64_t o, const bf16 *a, const float *dy, bf16 *dyb,
+		const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt)
+{
+	k_to_bf16(dyb, dy, R * o);
+	cu_gemm(true, false, k, o, R, 1.0f, a, BF, k, dyb, BF, o, 1.0f, dw, F32, o);
+	k_colsum(db, dy, R, o, o);
+	cu_gemm(false, true, R, k, o, 1.0f, dyb, BF, o, w, BF, o, 0.0f, da, dt, k);
 }
 
 } /* namespace */
@@ -233,19 +231,19 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_dims_of(&d, s, tp);
 	if (rc < 0 || n <= 0)
 		return rc;
-	int64_t h = d.h, fl = d.fl, sq = d.sq, nc = 0;
-	float scale = 0, beta = d.rank == 0 ? 1.0f : 0.0f;
+	int64_t h = d.sp.h, fl = d.sp.fl, sq = d.sp.s, nc = 0;
+	float scale = 0, beta = d.sp.rank == 0 ? 1.0f : 0.0f;
 	const bf16 *wb = tb_prepare(s, d, n, p, &scale, &nc);
-	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.al * sq * sq) + 256);
+	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
 		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
 		tb_saved v = tb_layout(saved, c0, m, n, d);
 		CUDA_CHECK(cudaMemcpyAsync(v.x, x + c0 * sq * h, sizeof(float) * (size_t)(R * h),
 					   cudaMemcpyDeviceToDevice, cu_s()));
 		tb_attn_fwd(d, v, m, s->causal, p, wb, scale, pb);
-		if (d.rank == 0)
+		if (d.sp.rank == 0)
 			k_add_rows(v.xmid, v.x, p + d.off[BO], R, h);
-		cu_gemm(false, false, R, h, d.hl, 1.0f, v.cat, BF, d.hl, wb + d.off[WO], BF, h,
+		cu_gemm(false, false, R, h, d.sp.hl, 1.0f, v.cat, BF, d.sp.hl, wb + d.off[WO], BF, h,
 			beta, v.xmid, F32, h);
 	}
 	if ((rc = tb_allreduce(d, saved, (int64_t)n * sq * h)) < 0)
@@ -260,7 +258,7 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 		cu_gemm(false, false, R, fl, h, 1.0f, v.ln2, BF, h, wb + d.off[W1], BF, fl, 1.0f,
 			v.pre, F32, fl);
 		k_gelu_fwd(v.act, v.pre, R * fl);
-		if (d.rank == 0)
+		if (d.sp.rank == 0)
 			k_add_rows(yc, v.xmid, p + d.off[B2], R, h);
 		cu_gemm(false, false, R, h, fl, 1.0f, v.act, BF, fl, wb + d.off[W2], BF, h, beta,
 			yc, F32, h);
@@ -289,7 +287,7 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_dims_of(&d, s, tp);
 	if (rc < 0 || n <= 0)
 		return rc;
-	int64_t h = d.h, fl = d.fl, hl = d.hl, sq = d.sq, al = d.al, dh = d.dh, nc = 0;
+	int64_t h = d.sp.h, fl = d.sp.fl, hl = d.sp.hl, sq = d.sp.s, al = d.sp.al, dh = d.sp.dh, nc = 0;
 	const int64_t *off = d.off;
 	float scale = 0;
 	const bf16 *wb = tb_prepare(s, d, n, p, &scale, &nc);
@@ -323,12 +321,8 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 					 "workspace too small");
 			if (pass == 0 || !d.tp) {
 				/* MLP */
-				k_to_bf16(dyb, dyc, R * h);
-				cu_gemm(true, false, fl, h, R, 1.0f, v.act, BF, fl, dyb, BF, h,
-					1.0f, dp + off[W2], F32, h);
-				k_colsum(dp + off[B2], dyc, R, h, h);
-				cu_gemm(false, true, R, fl, h, 1.0f, dyb, BF, h, wb + off[W2], BF,
-					h, 0.0f, dact, F32, fl);
+				tb_lin_bwd(R, fl, h, v.act, dyc, dyb, wb + off[W2], dp + off[W2],
+					   dp + off[B2], dact, F32);
 				k_gelu_bwd(dpreb, dact, v.pre, R * fl);
 				cu_gemm(true, false, h, fl, R, 1.0f, v.ln2, BF, h, dpreb, BF, fl,
 					1.0f, dp + off[W1], F32, fl);
@@ -340,12 +334,8 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 				k_ln_bwd(dxm, h, 0, dyc, h, dln, h, v.xmid, h, v.m2, v.r2, 1,
 					 p + off[LN2G], dp + off[LN2G], dp + off[LN2B], R, h);
 				/* output projection */
-				k_to_bf16(dxmb, dxm, R * h);
-				cu_gemm(true, false, hl, h, R, 1.0f, v.cat, BF, hl, dxmb, BF, h,
-					1.0f, dp + off[WO], F32, h);
-				k_colsum(dp + off[BO], dxm, R, h, h);
-				cu_gemm(false, true, R, hl, h, 1.0f, dxmb, BF, h, wb + off[WO], BF,
-					h, 0.0f, dcatb, BF, hl);
+				tb_lin_bwd(R, hl, h, v.cat, dxm, dxmb, wb + off[WO], dp + off[WO],
+					   dp + off[BO], dcatb, BF);
 				/* attention, per (sample, head) */
 				k_to_bf16(pb, v.p, m * al * sq * sq);
 				gemm_grid(false, true, sq, sq, dh, 1.0f, dcatb, BF, hl, sq * hl, dh,

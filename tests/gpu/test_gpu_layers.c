@@ -164,6 +164,37 @@ static void check_params(const char *layer, const sp_opshape_t *s, const float *
 	}
 }
 
+/* A loss's value, dx and parameter gradient (device) against the CPU's. */
+static void check_loss(const char *name, const sp_opshape_t *s, double got, double ref,
+		       double rel, const float *dDX, const float *dx_ref, int64_t nx,
+		       const float *dDP, const float *dp_ref, int64_t np, double tol, double eps)
+{
+	float *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s loss", name);
+	check_scalar(what, got, ref, rel);
+	snprintf(what, sizeof what, "%s dx", name);
+	check(what, gdx, dx_ref, nx, tol, eps);
+	check_params(name, s, gdp, dp_ref, tol, eps);
+	free(gdx), free(gdp);
+}
+
+/* A forward layer's y, dx and parameter gradient (device) against the CPU's. */
+static void check_layer(const char *name, const sp_opshape_t *s, const float *dY,
+			const float *y, int64_t ny, const float *dDX, const float *dx_ref,
+			int64_t nx, const float *dDP, const float *dp_ref, int64_t np)
+{
+	float *gy = fetch(dY, ny), *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s fwd y", name);
+	check(what, gy, y, ny, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd dx", name);
+	check(what, gdx, dx_ref, nx, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd", name);
+	check_params(what, s, gdp, dp_ref, BF_TOL, BF_EPS);
+	free(gy), free(gdx), free(gdp);
+}
+
 static void test_embedding(void)
 {
 	sp_opshape_t s = {.type = COMP_EMBEDDING, .hidden = 16, .seq = 5, .vocab = 11};
@@ -244,18 +275,11 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
-	float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	char what[96];
-	snprintf(what, sizeof what, "%s fwd y", name);
-	check(what, gy, y, e, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd dx", name);
-	check(what, gdx, dx_ref, e, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd", name);
-	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	check_layer(name, &s, dY, y, e, dDX, dx_ref, e, dDP, dp_ref, np);
 	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 		B->release(dDX), B->release(dDP);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
-		free(dp_ref), free(gy), free(gdx), free(gdp);
+		free(dp_ref);
 }
 
 /*
@@ -388,14 +412,8 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
-	float *gy = fetch(dY, ey), *gdx = fetch(dDX, ex), *gdp = fetch(dDP, np);
+	check_layer(name, &s, dY, y, ey, dDX, dx_ref, ex, dDP, dp_ref, np);
 	char what[96];
-	snprintf(what, sizeof what, "%s fwd y", name);
-	check(what, gy, y, ey, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd dx", name);
-	check(what, gdx, dx_ref, ex, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd", name);
-	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
 
 	/* the bf16 shadow follows the optimizer and later uploads (both sides
 	 * step with the CPU's gradient, so only the shadow can differ) */
@@ -407,8 +425,7 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->adamw_step(dP, dDP, dM, dV, np, 1, &o);
 	linear_fwd(&s, n, p, x, y, sv);
 	B->linear_fwd(&s, n, dP, dX, dY, dS);
-	free(gy);
-	gy = fetch(dY, ey);
+	float *gy = fetch(dY, ey);
 	snprintf(what, sizeof what, "%s fwd after adamw", name);
 	check(what, gy, y, ey, BF_TOL, BF_EPS);
 	for (int64_t i = 0; i < np; i++)
@@ -424,7 +441,7 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 		B->release(dDX), B->release(dDP), B->release(dM), B->release(dV);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
-		free(dp_ref), free(gy), free(gdx), free(gdp), free(m), free(v);
+		free(dp_ref), free(gy), free(m), free(v);
 }
 
 static void test_lm_head(void)
@@ -447,13 +464,9 @@ static void test_lm_head(void)
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dT = dev(tg, sizeof tg);
 	double got = B->lm_head_loss(&s, n, dP, dX, dT, 0.7, dDX, dDP, dS);
-	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	check_scalar("lm_head loss", got, ref, 0.02);
-	check("lm_head dx", gdx, dx_ref, e, BF_TOL, BF_EPS);
-	check_params("lm_head", &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	check_loss("lm_head", &s, got, ref, 0.02, dDX, dx_ref, e, dDP, dp_ref, np, BF_TOL, BF_EPS);
 	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dT);
-	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
-		free(gdp);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv);
 }
 
 static void test_classifier(void)
@@ -472,13 +485,10 @@ static void test_classifier(void)
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dL = dev(lb, sizeof lb);
 	double got = B->classifier_loss(&s, n, seq_in, dP, dX, dL, 0.7, dDX, dDP, dS);
-	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	check_scalar("classifier loss", got, ref, 1e-5);
-	check("classifier dx", gdx, dx_ref, e, F32_TOL, F32_EPS);
-	check_params("classifier", &s, gdp, dp_ref, F32_TOL, F32_EPS);
+	check_loss("classifier", &s, got, ref, 1e-5, dDX, dx_ref, e, dDP, dp_ref, np, F32_TOL,
+		   F32_EPS);
 	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dL);
-	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
-		free(gdp);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv);
 }
 
 static void test_contrastive(void)

@@ -44,15 +44,8 @@ typedef struct {
 
 static sp_opshape_t tp_shape(int causal)
 {
-	sp_opshape_t s;
-	memset(&s, 0, sizeof s);
-	s.type = COMP_TRANSFORMER;
-	s.hidden = H;
-	s.heads = A;
-	s.ffn = F;
-	s.seq = S;
-	s.causal = causal;
-	return s;
+	return (sp_opshape_t){.type = COMP_TRANSFORMER, .hidden = H, .heads = A, .ffn = F,
+			      .seq = S, .causal = causal};
 }
 
 static tp_case_t tp_case(int t, int causal)
@@ -160,18 +153,12 @@ static void check_split(int t, int causal)
 	assert_int_equal(bad, 0);
 }
 
-static void test_split_t2(void **state)
+static void test_split(void **state)
 {
 	(void)state;
-	check_split(2, 0);
-	check_split(2, 1);
-}
-
-static void test_split_t3(void **state)
-{
-	(void)state;
-	check_split(3, 0);
-	check_split(3, 1);
+	for (int t = 2; t <= 3; t++)
+		for (int causal = 0; causal < 2; causal++)
+			check_split(t, causal);
 }
 
 /* ---- finite differences of the split layer's own loss ------------------------ */
@@ -210,11 +197,12 @@ static void check_split_fd(int t, int causal)
 	assert_int_equal(bad, 0);
 }
 
+/* FD on two of the four (t, causal) cases: each costs 2 (params + x) group runs */
 static void test_split_fd(void **state)
 {
 	(void)state;
-	check_split_fd(2, 1);
-	check_split_fd(3, 0);
+	for (int t = 2; t <= 3; t++)
+		check_split_fd(t, t == 2);
 }
 
 /* ---- shards, refusals, errors ---------------------------------------------- */
@@ -293,8 +281,7 @@ static void test_refused_and_errors(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_split_t2),
-		cmocka_unit_test(test_split_t3),
+		cmocka_unit_test(test_split),
 		cmocka_unit_test(test_split_fd),
 		cmocka_unit_test(test_shard_round_trip),
 		cmocka_unit_test(test_refused_and_errors),

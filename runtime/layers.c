@@ -5,10 +5,12 @@
  * elementwise work is plain loops with reductions in double.
  *
  * It computes on one device's samples only: splitting, scheduling and
- * communication live elsewhere. Saved activations follow arith.c exactly;
+ * communication live elsewhere (a tensor-parallel block only calls the
+ * caller's all-reduce hook). Saved activations follow arith.c exactly;
  * loss functions use `saved` as scratch. tblock_bwd and contrastive_loss
- * allocate a small workspace per call (one sample's gradients, O(B)
- * doubles) and free it before returning.
+ * allocate a workspace per call (the gradient of a LayerNorm output for
+ * all n samples and one sample's other gradients; O(B) doubles) and free
+ * it before returning.
  */
 #include "layers.h"
 
@@ -558,7 +560,7 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 {
 	tb_dims_t d;
 	int rc = tb_dims(&d, s, tp);
-	if (rc < 0)
+	if (rc < 0 || n <= 0)
 		return rc;
 	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, sh = sq * h;
 	const float *w[TB__COUNT];
@@ -643,7 +645,7 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 {
 	tb_dims_t d;
 	int rc = tb_dims(&d, s, tp);
-	if (rc < 0)
+	if (rc < 0 || n <= 0)
 		return rc;
 	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, hl = d.sp.hl, sh = sq * h;
 	const float *w[TB__COUNT];

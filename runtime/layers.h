@@ -105,9 +105,10 @@ rt_patch_bwd_fn_t patch_bwd;
  * Split, each direction calls tp->allreduce twice, each time once over all
  * n samples ([n,s,h]): forward after the attention output projection and
  * after the second MLP product, backward on the gradients of ln2's and
- * ln1's outputs; every member must call with the same n. x, y, dy, dx are
- * whole and identical on every member; so are the gradients of the whole
- * tensors (LayerNorms, b_o, b_2). dx is added into (not overwritten).
+ * ln1's outputs; every member must call with the same n (n == 0: no
+ * call, nothing done). x, y, dy, dx are whole and identical on every
+ * member; so are the gradients of the whole tensors (LayerNorms, b_o,
+ * b_2). dx is added into (not overwritten).
  * Returns 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
  * [0, t), no hook; nothing written), or the all-reduce's negative code at
  * once (y, dx, dp then hold partial results).
@@ -116,14 +117,14 @@ rt_tblock_fwd_fn_t tblock_fwd;
 rt_tblock_bwd_fn_t tblock_bwd;
 /*
  * One member's part of a split block, for both backends: t (1 for NULL
- * tp), its rank (0 unsplit), the shape's h and s, its widths hl = h/t, fl = f/t, al = a/t, the
- * head width dh = h/a, the floats saved per sample (op_saved_elems_tp) and
- * its tensors (layer_tensors_tp). 0, or SP_EINPUT for a split the block
- * refuses (see above).
+ * tp), its rank (0 unsplit), the shape's hidden h and seq s, its widths
+ * hl = h/t, fl = f/t, al = a/t, the head width dh = h/a, the floats saved
+ * per sample (op_saved_elems_tp) and its tensors (layer_tensors_tp).
+ * Returns 0, or SP_EINPUT for a split the block refuses (see above).
  */
 typedef struct {
 	int t, rank;
-	int64_t h, s, hl, fl, al, dh, per; /* h, s: the shape's hidden and seq */
+	int64_t h, s, hl, fl, al, dh, per;
 	layer_tensor_t tensors[12];
 } tblock_split_t;
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);

@@ -560,7 +560,7 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 {
 	tb_dims_t d;
 	int rc = tb_dims(&d, s, tp);
-	if (rc < 0 || n <= 0)
+	if (rc < 0)
 		return rc;
 	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, sh = sq * h;
 	const float *w[TB__COUNT];
@@ -645,7 +645,7 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 {
 	tb_dims_t d;
 	int rc = tb_dims(&d, s, tp);
-	if (rc < 0 || n <= 0)
+	if (rc < 0)
 		return rc;
 	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, hl = d.sp.hl, sh = sq * h;
 	const float *w[TB__COUNT];

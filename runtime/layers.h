@@ -105,10 +105,10 @@ rt_patch_bwd_fn_t patch_bwd;
  * Split, each direction calls tp->allreduce twice, each time once over all
  * n samples ([n,s,h]): forward after the attention output projection and
  * after the second MLP product, backward on the gradients of ln2's and
- * ln1's outputs; every member must call with the same n (n == 0: no
- * call, nothing done). x, y, dy, dx are whole and identical on every
- * member; so are the gradients of the whole tensors (LayerNorms, b_o,
- * b_2). dx is added into (not overwritten).
+ * ln1's outputs, also when n == 0 (every member must call with the
+ * same n, so the calls pair up). x, y, dy, dx are whole and identical on
+ * every member; so are the gradients of the whole tensors (LayerNorms,
+ * b_o, b_2). dx is added into (not overwritten).
  * Returns 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
  * [0, t), no hook; nothing written), or the all-reduce's negative code at
  * once (y, dx, dp then hold partial results).

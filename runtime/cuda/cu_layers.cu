@@ -48,27 +48,19 @@ enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, NT };
 /* ---- transformer block ---- */
 
 /*
- * One member's view of a (possibly split) block (layers.h): t, rank, the
- * local widths hl = h/t, fl = f/t, al = a/t, the tensor offsets of its
- * shard (layer_tensors_tp), the saved floats per sample, the hook.
+ * One member's view of a (possibly split) block (layers.h): its split
+ * (tblock_split), the tensor offsets of its shard, the hook (NULL
+ * unsplit), and what both directions start from (tb_begin): the bf16
+ * shadow of its weights, the attention scale 1/sqrt(dh), the chunk size.
  */
 struct tb_dims {
 	tblock_split_t sp;
 	int64_t off[NT];
 	const rt_tp_t *tp;
+	const bf16 *wb;
+	float scale;
+	int64_t nc;
 };
-
-/* 0, or SP_EINPUT for a split the shape does not allow (tblock_split). */
-int tb_dims_of(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp)
-{
-	int rc = tblock_split(&d->sp, s, tp);
-	if (rc < 0)
-		return rc;
-	d->tp = d->sp.t > 1 ? tp : nullptr;
-	for (int i = 0; i < NT; i++)
-		d->off[i] = d->sp.tensors[i].offset;
-	return 0;
-}
 
 /* Sums buf [n] over the group (a no-op unsplit). */
 int tb_allreduce(const tb_dims &d, float *buf, int64_t n)
@@ -165,16 +157,21 @@ void gemm_grid(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 	}
 }
 
-/* What both directions of a block start from: the bf16 shadow of the
- * member's weights, the attention scale 1/sqrt(dh), the chunk size. */
-const bf16 *tb_prepare(const sp_opshape_t *s, const tb_dims &d, int n, const float *p,
-		       float *scale, int64_t *nc)
+/* Fills d for n samples on weights p: 0, or SP_EINPUT for a split the
+ * shape does not allow (tblock_split). */
+int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p)
 {
+	int rc = tblock_split(&d->sp, s, tp);
+	if (rc < 0)
+		return rc;
+	d->tp = d->sp.t > 1 ? tp : nullptr;
+	for (int i = 0; i < NT; i++)
+		d->off[i] = d->sp.tensors[i].offset;
 	sp_component_t comp = layer_comp_of_shape(s);
-	const bf16 *wb = cu_shadow(p, comp_layer_params_tp(&comp, d.sp.t));
-	*scale = (float)(1.0 / sqrt((double)d.sp.dh));
-	*nc = tb_chunk(d, n);
-	return wb;
+	d->wb = cu_shadow(p, comp_layer_params_tp(&comp, d->sp.t));
+	d->scale = (float)(1.0 / sqrt((double)d->sp.dh));
+	d->nc = tb_chunk(*d, n);
+	return 0;
 }
 
 /*
@@ -228,12 +225,12 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 		  const float *x, float *y, float *saved)
 {
 	tb_dims d;
-	int rc = tb_dims_of(&d, s, tp);
-	if (rc < 0 || n <= 0)
+	int rc = tb_begin(&d, s, tp, n, p);
+	if (rc < 0)
 		return rc;
-	int64_t h = d.sp.h, fl = d.sp.fl, sq = d.sp.s, nc = 0;
-	float scale = 0, beta = d.sp.rank == 0 ? 1.0f : 0.0f;
-	const bf16 *wb = tb_prepare(s, d, n, p, &scale, &nc);
+	int64_t h = d.sp.h, fl = d.sp.fl, sq = d.sp.s, nc = d.nc;
+	float scale = d.scale, beta = d.sp.rank == 0 ? 1.0f : 0.0f;
+	const bf16 *wb = d.wb;
 	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
 		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
@@ -284,13 +281,14 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 		  const float *saved, const float *dy, float *dx, float *dp)
 {
 	tb_dims d;
-	int rc = tb_dims_of(&d, s, tp);
-	if (rc < 0 || n <= 0)
+	int rc = tb_begin(&d, s, tp, n, p);
+	if (rc < 0)
 		return rc;
-	int64_t h = d.sp.h, fl = d.sp.fl, hl = d.sp.hl, sq = d.sp.s, al = d.sp.al, dh = d.sp.dh, nc = 0;
+	int64_t h = d.sp.h, fl = d.sp.fl, hl = d.sp.hl, sq = d.sp.s, al = d.sp.al;
+	int64_t dh = d.sp.dh, nc = d.nc;
 	const int64_t *off = d.off;
-	float scale = 0;
-	const bf16 *wb = tb_prepare(s, d, n, p, &scale, &nc);
+	float scale = d.scale;
+	const bf16 *wb = d.wb;
 	int64_t nf = d.tp ? n : nc; /* samples dln and dxm hold */
 	size_t full = 2 * sizeof(float) * (size_t)(nf * sq * h) + 256;
 	size_t chunk_bytes = tb_ws_bytes(d, nc);

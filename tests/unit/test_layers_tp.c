@@ -270,11 +270,15 @@ static void test_refused_and_errors(void **state)
 	assert_int_equal(calls, 1);
 	assert_int_equal(tblock_bwd(&s, &fails, N, p, sv, x, dx, dp), SP_EIO);
 	assert_int_equal(calls, 2);
+	/* no samples: the calls still happen, so the members' calls pair up */
+	assert_int_equal(tblock_fwd(&s, &fails, 0, p, x, y, sv), SP_EIO);
+	assert_int_equal(tblock_bwd(&s, &fails, 0, p, sv, x, dx, dp), SP_EIO);
+	assert_int_equal(calls, 4);
 	/* t == 1 through a hook: the unsplit block, no call */
 	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce};
 	assert_int_equal(tblock_fwd(&s, &one, N, p, x, y, sv), 0);
 	assert_int_equal(tblock_bwd(&s, &one, N, p, sv, x, dx, dp), 0);
-	assert_int_equal(calls, 2);
+	assert_int_equal(calls, 4);
 	free(p), free(x), free(y), free(dx), free(dp), free(sv);
 }
 

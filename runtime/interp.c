@@ -850,6 +850,8 @@ static const rt_tp_t *tp_of(rt_state_t *st, int k, sp_err_t *err, tp_call_t *tc,
 	return tp;
 }
 
+/* 0, or the code of a layer that failed (a tensor-parallel all-reduce:
+ * tp_allreduce named the instruction). */
 static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
@@ -907,6 +909,7 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	return 0;
 }
 
+/* 0, or the code of a layer that failed (as exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);

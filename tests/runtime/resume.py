@@ -120,7 +120,8 @@ def check_tp(F, tmp):
     the 1-rank plan, resumed under the --tp 4 plan (within tolerance of the
     uninterrupted run of the saving plan)."""
     model = R.demo_model(R.ADAMW)
-    p4 = R.make_plan(tmp, model, "tp", 4, "spindle", ("--tp", "4"))
+    # sequential: every slice on the 4 devices, so every transformer splits
+    p4 = R.make_plan(tmp, model, "tp", 4, "sequential", ("--tp", "4"))
     p1 = R.make_plan(tmp, model, "tp", 1, "spindle")
     names = {p4: "--tp 4", p1: "one device"}
     refs = {sr: train(plan, sr, tmp, f"tp-ref-{sr}", "--steps", STEPS)

@@ -34,6 +34,15 @@
  * updates the shard's weights with the shard's m and v; GATHER starts the
  * all-gather of the weights, which rt_step completes before it returns.
  *
+ * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
+ * groups of t devices, holds shard j of each of the slice's layers
+ * (layer_tensors_tp) and runs the split block, which all-reduces over the
+ * group inside each layer (tp_allreduce: blocking, against the timeout).
+ * The groups' communicators are created once, collectively, after the
+ * sync buckets'. Checkpoints and exports stay whole: rt_pack_owned joins a
+ * layer's shards at the owner of shard 0, rt_unpack cuts the rank's shard
+ * out of a whole layer.
+ *
  * An evaluation (rt_eval) runs the forward part of the same program only.
  */
 #include "layers.h"
@@ -108,6 +117,8 @@ struct rt_state {
 	int n_ev, cap_ev;
 	double t_origin;
 	int micro; /* the micro-step running (0 outside rt_step) */
+	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
+	int *tp_rank;  /* per slice: the rank's member index in it */
 	int64_t mem[MEM__COUNT];
 };
 
@@ -128,10 +139,10 @@ static const sp_task_t *task_of(const rt_state_t *st, int m)
 	return &st->p->model.tasks[mop(st, m)->task];
 }
 
-static int64_t saved_pp(const rt_state_t *st, int m)
+static int64_t saved_pp(const rt_state_t *st, int m, int tp)
 {
 	const sp_metaop_t *mo = mop(st, m);
-	return op_saved_elems(&mo->shape, task_of(st, m)->batch);
+	return op_saved_elems_tp(&mo->shape, task_of(st, m)->batch, tp);
 }
 
 /* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
@@ -141,7 +152,13 @@ static int64_t saved_pp(const rt_state_t *st, int m)
 static int64_t kept_pp(const rt_state_t *st, const sp_slice_t *s)
 {
 	const sp_opshape_t *sh = &mop(st, s->metaop)->shape;
-	return s->recompute ? (int64_t)sh->seq * sh->hidden : saved_pp(st, s->metaop);
+	return s->recompute ? (int64_t)sh->seq * sh->hidden : saved_pp(st, s->metaop, s->tp);
+}
+
+/* Layers of a component that carry parameters: a transformer's, else one. */
+static int comp_n_layers(const sp_component_t *c)
+{
+	return c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 }
 
 /* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
@@ -268,7 +285,7 @@ static int plan_params(rt_state_t *st)
 		return SP_ENOMEM;
 	for (int c = 0; c < md->n_comps; c++) {
 		st->param_base[c] = st->n_params_total;
-		st->n_params_total += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+		st->n_params_total += comp_n_layers(&md->comps[c]);
 	}
 	st->slot = malloc(sizeof(int) * (size_t)(st->n_params_total + 1));
 	st->held = calloc((size_t)st->dev->n_held + 1, sizeof *st->held);
@@ -298,7 +315,7 @@ static int plan_params(rt_state_t *st)
 			st->slot[id] = st->n_held;
 			st->held[st->n_held] = pr;
 			st->poff[st->n_held] = st->n_w;
-			st->pcount[st->n_held] = comp_layer_params(&md->comps[pr.comp]);
+			st->pcount[st->n_held] = comp_layer_params_tp(&md->comps[pr.comp], pr.tp);
 			st->n_w += st->pcount[st->n_held];
 			st->n_held++;
 		}
@@ -346,7 +363,7 @@ static int plan_buffers(rt_state_t *st)
 			st->saved_n += (int64_t)(in->s1 - in->s0) * kept_pp(st, sl) * L;
 			if (sl->recompute)
 				st->redo_n = SP_MAX(st->redo_n, (int64_t)(in->s1 - in->s0) *
-									saved_pp(st, sl->metaop));
+									saved_pp(st, sl->metaop, sl->tp));
 			int64_t per = SP_MAX((int64_t)mo->seq_in * mo->width_in,
 					     (int64_t)mo->seq_out * mo->width_out);
 			st->ping_n = SP_MAX(st->ping_n, per * (in->s1 - in->s0));
@@ -384,7 +401,7 @@ static int plan_buffers(rt_state_t *st)
 				r1 = (int32_t)B;
 				rows = B;
 			}
-			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop));
+			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop, 1));
 			st->ints_n = SP_MAX(st->ints_n, (int64_t)(in->s1 - in->s0) * mo->seq_in);
 			break;
 		}
@@ -451,15 +468,33 @@ static int alloc_all(rt_state_t *st)
 	return 0;
 }
 
+/* Whole layer records of held layer i (nw floats: w, then m, v when
+ * present) to the rank's part: its shard of a tensor-parallel layer (in
+ * out), or the record itself. Returns what to copy from. */
+static const float *own_part(const rt_state_t *st, int i, const float *whole, int64_t nw,
+			     int parts, float *out)
+{
+	const sp_param_t *pr = &st->held[i];
+	if (pr->tp <= 1)
+		return whole;
+	for (int q = 0; q < parts; q++)
+		layer_shard(&st->p->model.comps[pr->comp], pr->tp, pr->tp_rank,
+			    (float *)(whole + q * nw), out + q * st->pcount[i], 0);
+	return out;
+}
+
 static int init_params(rt_state_t *st)
 {
 	const sp_model_t *md = &st->p->model;
 	for (int i = 0; i < st->n_held; i++) {
-		float *host = malloc(sizeof(float) * (size_t)SP_MAX(st->pcount[i], 1));
+		int64_t nw = comp_layer_params(&md->comps[st->held[i].comp]);
+		float *host = malloc(sizeof(float) * (size_t)SP_MAX(nw + st->pcount[i], 1));
 		if (!host)
 			return SP_ENOMEM;
+		/* the whole layer, as every plan initialises it, then the shard */
 		st->b->layer_init(host, &md->comps[st->held[i].comp], st->held[i].layer, st->o.seed);
-		st->b->to_device(st->w + st->poff[i], host, sizeof(float) * (size_t)st->pcount[i]);
+		const float *mine = own_part(st, i, host, nw, 1, host + nw);
+		st->b->to_device(st->w + st->poff[i], mine, sizeof(float) * (size_t)st->pcount[i]);
 		free(host);
 	}
 	return 0;
@@ -557,6 +592,65 @@ static int check_recvs(const rt_state_t *st)
 	return 0;
 }
 
+/* Devices of group r of slice s (t consecutive entries of its devices). */
+static const int32_t *tp_devs(const sp_plan_t *p, const sp_slice_t *s, int r)
+{
+	return p->slice_devs + s->dev_off + (int64_t)r * s->tp;
+}
+
+/*
+ * The communicators of the tensor-parallel groups: every group of every
+ * slice with tp > 1, in slice order, created on every rank (collective);
+ * a group equal to an earlier one (chunks of one slice, the same devices
+ * in another wave) reuses its communicator. Records, per slice, the
+ * rank's group and member index.
+ */
+static int tp_groups(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	typedef struct {
+		const int32_t *devs;
+		int t, gid;
+	} made_t;
+	made_t *made = NULL;
+	int n_made = 0, cap = 0, rc = 0;
+	st->tp_group = malloc(sizeof(int) * (size_t)(p->n_slices + 1));
+	st->tp_rank = malloc(sizeof(int) * (size_t)(p->n_slices + 1));
+	if (!st->tp_group || !st->tp_rank)
+		return SP_ENOMEM;
+	for (int k = 0; k < p->n_slices && !rc; k++) {
+		const sp_slice_t *s = &p->slices[k];
+		st->tp_group[k] = st->tp_rank[k] = -1;
+		for (int r = 0; s->tp > 1 && r < s->n_dev / s->tp && !rc; r++) {
+			const int32_t *g = tp_devs(p, s, r);
+			int q = 0;
+			while (q < n_made && !(made[q].t == s->tp &&
+					       !memcmp(made[q].devs, g, sizeof(int32_t) * (size_t)s->tp)))
+				q++;
+			if (q == n_made && s->tp > 64) {
+				rc = SP_EINPUT; /* the reader allows 64 at most */
+				break;
+			}
+			if (q == n_made) {
+				int ranks[64], gid = -1;
+				for (int j = 0; j < s->tp; j++)
+					ranks[j] = g[j];
+				if (st->c->ops->group_create(st->c, ranks, s->tp, &gid))
+					rc = SP_EIO;
+				else if (SP_PUSH(made, n_made, cap, ((made_t){g, s->tp, gid})))
+					rc = SP_ENOMEM;
+			}
+			for (int j = 0; j < s->tp && !rc; j++)
+				if (g[j] == st->rank) {
+					st->tp_group[k] = made[q].gid;
+					st->tp_rank[k] = j;
+				}
+		}
+	}
+	free(made);
+	return rc;
+}
+
 int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
 	      const rt_opts_t *o, sp_err_t *err)
 {
@@ -631,6 +725,11 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		if (mi < st->n_mb && st->mb[mi].bucket == bk)
 			st->mb[mi++].group = gid;
 	}
+	if ((rc = tp_groups(st))) {
+		rt_free(st);
+		return sp_err_set(err, rc == SP_ENOMEM ? SP_ENOMEM : SP_EIO, NULL, 0, 0, NULL,
+				  "rank %d: creating the tensor-parallel groups failed", c->rank);
+	}
 	*out = st;
 	return 0;
 }
@@ -669,6 +768,8 @@ void rt_free(rt_state_t *st)
 	free(st->pending_ins);
 	free(st->loss);
 	free(st->ev);
+	free(st->tp_group);
+	free(st->tp_rank);
 	free(st);
 }
 
@@ -717,9 +818,47 @@ static float *redo_buf(const rt_state_t *st)
 	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
-static void exec_fwd(rt_state_t *st, int k, int64_t step)
+/* What the split block's all-reduce needs: instruction k of the rank's
+ * program runs it, over comm group `group`. */
+typedef struct {
+	rt_state_t *st;
+	int k, group;
+	sp_err_t *err;
+} tp_call_t;
+
+/* rt_tp_t.allreduce: the layer's kernels so far finish (b->sync), then the
+ * group's all-reduce, waited for against the timeout like a RECV. */
+static int tp_allreduce(void *ctx, float *buf, int64_t n)
+{
+	tp_call_t *tc = ctx;
+	rt_state_t *st = tc->st;
+	rt_req_t r = {0};
+	st->b->sync();
+	if (st->c->ops->iallreduce(st->c, buf, n, tc->group, &r))
+		return fail(st, tc->err, tc->k, "starting the tensor-parallel all-reduce failed");
+	return wait_req(st, &r, tc->k, tc->err);
+}
+
+/* The split of instruction k's slice for the layers (NULL: whole layers). */
+static const rt_tp_t *tp_of(rt_state_t *st, int k, sp_err_t *err, tp_call_t *tc, rt_tp_t *tp)
+{
+	int sl = st->prog[k].slice;
+	if (st->p->slices[sl].tp <= 1)
+		return NULL;
+	*tc = (tp_call_t){st, k, st->tp_group[sl], err};
+	*tp = (rt_tp_t){st->p->slices[sl].tp, st->tp_rank[sl], tc, tp_allreduce};
+	return tp;
+}
+
+/* 0, or the code of a layer that failed (a tensor-parallel all-reduce:
+ * tp_allreduce named the instruction). */
+static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
+	tp_call_t tc;
+	rt_tp_t tps;
+	const rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
@@ -759,17 +898,25 @@ static void exec_fwd(rt_state_t *st, int k, int64_t step)
 			b->patch_fwd(&r.mo->shape, r.n, pw, feat, y, saved);
 			break;
 		}
-		case COMP_TRANSFORMER: b->tblock_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
+		case COMP_TRANSFORMER: rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, x, y, saved); break;
 		case COMP_LINEAR: b->linear_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
 		default: break;
 		}
+		if (rc)
+			return rc;
 		x = y;
 	}
+	return 0;
 }
 
-static void exec_bwd(rt_state_t *st, int k)
+/* 0, or the code of a layer that failed (as exec_fwd). */
+static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
+	tp_call_t tc;
+	rt_tp_t tps;
+	const rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *bufs[2] = {st->work, st->work + st->ping_n};
 	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
@@ -785,7 +932,9 @@ static void exec_bwd(rt_state_t *st, int k)
 			 * (parameters change only at STEP), so the same saved
 			 * activations; its output goes to bufs[j % 2], free here: dy
 			 * is in the other buffer or a value, and dx is zeroed below */
-			b->tblock_fwd(&r.mo->shape, r.n, pw, saved, bufs[j % 2], redo_buf(st));
+			if ((rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
+						redo_buf(st))))
+				return rc;
 			saved = redo_buf(st);
 		}
 		float *dx = NULL;
@@ -799,12 +948,17 @@ static void exec_bwd(rt_state_t *st, int k)
 		switch (r.mo->shape.type) {
 		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
 		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
-		case COMP_TRANSFORMER: b->tblock_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
+		case COMP_TRANSFORMER:
+			rc = b->tblock_bwd(&r.mo->shape, tp, r.n, pw, saved, dy, dx, dp);
+			break;
 		case COMP_LINEAR: b->linear_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
 		default: break;
 		}
+		if (rc)
+			return rc;
 		dy = dx;
 	}
+	return 0;
 }
 
 static void exec_loss(rt_state_t *st, int k, int64_t step)
@@ -1010,8 +1164,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
 			continue;
 		switch (in->op) {
-		case INS_FWD: exec_fwd(st, k, ds); break;
-		case INS_BWD: exec_bwd(st, k); break;
+		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
+		case INS_BWD: rc = exec_bwd(st, k, err); break;
 		case INS_LOSS: exec_loss(st, k, ds); break;
 		case INS_STEP:
 			comm = 1;
@@ -1157,7 +1311,7 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		switch (in->op) {
-		case INS_FWD: exec_fwd(st, k, step); break;
+		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
 			exec_loss(st, k, step);
 			if (score_loss(st, k, acc))
@@ -1200,14 +1354,20 @@ const rt_event_t *rt_events(const rt_state_t *st, int *n)
 
 /* ---- parameters in and out ---- */
 
-static int owner_of(const rt_state_t *st, int comp, int layer)
+/* The owner of shard j of a layer (the first device of the bucket that
+ * holds it; j = 0 for a whole layer: the owner of the layer), or -1; *tp:
+ * the layer's tensor-parallel degree. */
+static int owner_of(const rt_state_t *st, int comp, int layer, int j, int *tp)
 {
 	const sp_plan_t *p = st->p;
 	for (int b = 0; b < p->n_buckets; b++)
 		for (int q = 0; q < p->buckets[b].n_params; q++) {
 			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
-			if (pr->comp == comp && pr->layer == layer)
+			if (pr->comp == comp && pr->layer == layer && pr->tp_rank == j) {
+				if (tp)
+					*tp = pr->tp;
 				return p->bucket_devs[p->buckets[b].dev_off];
+			}
 		}
 	return -1;
 }
@@ -1261,13 +1421,82 @@ static int whole_state(const rt_state_t *st, float *hm, float *hv)
 	return rc;
 }
 
+/*
+ * The whole layers of the tensor-parallel layers the rank owns (it holds
+ * shard 0): joined[i] = w, then m and v when hm (the whole-state host
+ * arrays of whole_state) is given, each comp_layer_params floats, from the
+ * rank's shard and the other shards' owners' (sent here point to point,
+ * through a device buffer). Collective: every rank walks the model's
+ * layers in order and sends or receives each shard in turn, also when
+ * `failed` (then it only joins: a zeroed buffer is sent). Returns 0 or
+ * SP_ENOMEM / SP_EIO (its own failures).
+ */
+static int join_shards(const rt_state_t *st, int failed, const float *hm, const float *hv,
+		       float **joined)
+{
+	const sp_model_t *md = &st->p->model;
+	const rt_backend_t *b = st->b;
+	int parts = hm ? 3 : 1, rc = failed ? SP_ENOMEM : 0;
+	int64_t big = 0;
+	for (int i = 0; i < st->n_held; i++)
+		big = SP_MAX(big, st->pcount[i]);
+	float *dev = b->alloc(sizeof(float) * (size_t)SP_MAX(big * parts, 1));
+	float *host = malloc(sizeof(float) * (size_t)SP_MAX(big * parts, 1));
+	if (!dev || !host)
+		rc = SP_ENOMEM;
+	for (int c = 0; c < md->n_comps; c++)
+		for (int l = 0; l < comp_n_layers(&md->comps[c]); l++) {
+			int t = 1, o0 = owner_of(st, c, l, 0, &t);
+			if (t <= 1)
+				continue;
+			int i = st->slot[st->param_base[c] + l];
+			int64_t nw = comp_layer_params(&md->comps[c]);
+			int64_t ns = comp_layer_params_tp(&md->comps[c], t);
+			if (o0 == st->rank && i >= 0 && !rc &&
+			    !(joined[i] = malloc(sizeof(float) * (size_t)(nw * parts))))
+				rc = SP_ENOMEM;
+			for (int j = 0; j < t; j++) {
+				int oj = owner_of(st, c, l, j, NULL);
+				int send = oj == st->rank && o0 != st->rank, recv = o0 == st->rank && oj != st->rank;
+				if (!rc && oj == st->rank && i >= 0) { /* the rank's own shard */
+					b->to_host(host, st->w + st->poff[i], sizeof(float) * (size_t)ns);
+					for (int q = 1; q < parts; q++)
+						memcpy(host + q * ns, (q == 1 ? hm : hv) + st->poff[i],
+						       sizeof(float) * (size_t)ns);
+				}
+				if (send || recv) {
+					rt_req_t r = {0};
+					size_t bytes = sizeof(float) * (size_t)(ns * parts);
+					if (send && dev && host)
+						b->to_device(dev, host, bytes);
+					b->sync();
+					int bad = !dev || (send ? st->c->ops->isend(st->c, dev, bytes, o0, 0, &r)
+								: st->c->ops->irecv(st->c, dev, bytes, oj, 0, &r));
+					if (bad || wait_plain(st->c, &r))
+						return b->release(dev), free(host), SP_EIO;
+					if (recv && host)
+						b->to_host(host, dev, bytes);
+				}
+				if (!rc && o0 == st->rank && joined[i])
+					for (int q = 0; q < parts; q++)
+						layer_shard(&md->comps[c], t, j, joined[i] + q * nw,
+							    host + q * ns, 1);
+			}
+		}
+	b->release(dev);
+	free(host);
+	return rc;
+}
+
 int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes)
 {
 	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
 	size_t total = 0;
 	for (int i = 0; i < st->n_held; i++)
-		if (owner_of(st, st->held[i].comp, st->held[i].layer) == st->rank)
-			total += 16 + sizeof(float) * (size_t)st->pcount[i] * (adam ? 3 : 1);
+		if (owner_of(st, st->held[i].comp, st->held[i].layer, 0, NULL) == st->rank)
+			total += 16 + sizeof(float) * (size_t)comp_layer_params(
+						       &st->p->model.comps[st->held[i].comp]) *
+					      (adam ? 3 : 1);
 	uint8_t *buf = malloc(total + 1);
 	float *hm = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
 	float *hv = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
@@ -1275,7 +1504,15 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	/* every rank joins the gathers, whatever its own allocations did */
 	if (adam && (rc ? whole_state(st, NULL, NULL) : whole_state(st, hm, hv)))
 		rc = SP_ENOMEM;
+	float **joined = calloc((size_t)st->n_held + 1, sizeof(float *));
+	if (!joined)
+		rc = SP_ENOMEM;
+	if (join_shards(st, rc, hm, hv, joined) && !rc)
+		rc = SP_ENOMEM;
 	if (rc) {
+		for (int i = 0; joined && i < st->n_held; i++)
+			free(joined[i]);
+		free(joined);
 		free(buf);
 		free(hm);
 		free(hv);
@@ -1284,19 +1521,21 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	size_t o = 0;
 	/* canonical order: by (comp, layer) */
 	for (int c = 0; c < st->p->model.n_comps; c++) {
-		int nl = st->p->model.comps[c].type == COMP_TRANSFORMER
-				 ? (int)st->p->model.comps[c].layers
-				 : 1;
-		for (int l = 0; l < nl; l++) {
+		for (int l = 0; l < comp_n_layers(&st->p->model.comps[c]); l++) {
 			int i = st->slot[st->param_base[c] + l];
-			if (i < 0 || owner_of(st, c, l) != st->rank)
+			if (i < 0 || owner_of(st, c, l, 0, NULL) != st->rank)
 				continue;
 			int32_t hdr[2] = {c, l};
-			int64_t cnt = st->pcount[i];
+			int64_t cnt = comp_layer_params(&st->p->model.comps[c]);
 			memcpy(buf + o, hdr, 8);
 			memcpy(buf + o + 8, &cnt, 8);
 			o += 16;
 			size_t fb = sizeof(float) * (size_t)cnt;
+			if (joined[i]) { /* w, m, v of the whole layer */
+				memcpy(buf + o, joined[i], fb * (adam ? 3 : 1));
+				o += fb * (adam ? 3 : 1);
+				continue;
+			}
 			st->b->to_host(buf + o, st->w + st->poff[i], fb);
 			o += fb;
 			if (adam) {
@@ -1307,6 +1546,9 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 			}
 		}
 	}
+	for (int i = 0; i < st->n_held; i++)
+		free(joined[i]);
+	free(joined);
 	free(hm);
 	free(hv);
 	*out = buf;
@@ -1352,15 +1594,25 @@ int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_
 		if (o + fb > bytes)
 			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
 					  "parameter record is truncated");
-		int nl = st->p->model.comps[hdr[0]].type == COMP_TRANSFORMER
-				 ? (int)st->p->model.comps[hdr[0]].layers
-				 : 1;
+		int nl = comp_n_layers(&st->p->model.comps[hdr[0]]);
 		int i = hdr[1] >= 0 && hdr[1] < nl ? st->slot[st->param_base[hdr[0]] + hdr[1]] : -1;
 		if (i >= 0) {
-			size_t one = sizeof(float) * (size_t)cnt;
-			st->b->to_device(st->w + st->poff[i], buf + o, one);
+			/* the rank's shard of each of w, m, v (a tensor-parallel layer) */
+			int parts = adam ? 3 : 1;
+			float *cut = st->held[i].tp > 1
+					     ? malloc(sizeof(float) * (size_t)(st->pcount[i] * parts))
+					     : NULL;
+			if (st->held[i].tp > 1 && !cut)
+				return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+			const float *mine = own_part(st, i, (const float *)(const void *)(buf + o), cnt,
+						     parts, cut);
+			int64_t per = st->held[i].tp > 1 ? st->pcount[i] : cnt;
+			size_t one = sizeof(float) * (size_t)per;
+			st->b->to_device(st->w + st->poff[i], mine, one);
 			if (adam)
-				unpack_state(st, i, buf + o + one, buf + o + 2 * one);
+				unpack_state(st, i, (const uint8_t *)(mine + per),
+					     (const uint8_t *)(mine + 2 * per));
+			free(cut);
 			loaded++;
 		}
 		o += fb;

@@ -5,10 +5,12 @@
  * elementwise work is plain loops with reductions in double.
  *
  * It computes on one device's samples only: splitting, scheduling and
- * communication live elsewhere. Saved activations follow arith.c exactly;
+ * communication live elsewhere (a tensor-parallel block only calls the
+ * caller's all-reduce hook). Saved activations follow arith.c exactly;
  * loss functions use `saved` as scratch. tblock_bwd and contrastive_loss
- * allocate a small workspace per call (one sample's gradients, O(B)
- * doubles) and free it before returning.
+ * allocate a workspace per call (the gradient of a LayerNorm output for
+ * all n samples and one sample's other gradients; O(B) doubles) and free
+ * it before returning.
  */
 #include "layers.h"
 
@@ -419,192 +421,290 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 
 /* ---- transformer block ------------------------------------------------------ */
 
+int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+{
+	int t = tp ? tp->t : 1;
+	if (t < 1 || (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
+				 tp->rank >= t || !tp->allreduce)))
+		return SP_EINPUT;
+	assert(s->heads > 0 && s->hidden % s->heads == 0);
+	out->t = t;
+	out->rank = t > 1 ? tp->rank : 0;
+	out->h = s->hidden;
+	out->s = s->seq;
+	out->hl = s->hidden / t;
+	out->fl = s->ffn / t;
+	out->al = s->heads / t;
+	out->dh = s->hidden / s->heads;
+	out->per = op_saved_elems_tp(s, 0, t);
+	sp_component_t c = layer_comp_of_shape(s);
+	layer_tensors_tp(&c, t, out->tensors);
+	return 0;
+}
+
+/* A member's view of the block: its split and the hook (NULL unsplit). */
+typedef struct {
+	tblock_split_t sp;
+	const rt_tp_t *tp;
+} tb_dims_t;
+
+static int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+{
+	int rc = tblock_split(&out->sp, s, tp);
+	out->tp = rc == 0 && out->sp.t > 1 ? tp : NULL;
+	return rc;
+}
+
+/* Sums buf [n] over the group; a no-op unsplit. */
+static int tb_allreduce(const tb_dims_t *d, float *buf, int64_t n)
+{
+	return d->tp ? d->tp->allreduce(d->tp->ctx, buf, n) : 0;
+}
+
 /* Pointers into one sample's saved block, in the order of layers.h. */
 typedef struct {
 	float *x, *ln1, *qkv, *cat, *xmid, *ln2, *pre, *act, *probs;
 	float *m1, *r1, *m2, *r2;
 } tb_saved_t;
 
-static int64_t tb_saved_elems(const sp_opshape_t *s)
+static tb_saved_t tb_saved(const tb_dims_t *d, float *base)
 {
-	int64_t h = s->hidden, sq = s->seq;
-	return 8 * sq * h + 2 * sq * s->ffn + s->heads * sq * sq + 4 * sq;
-}
-
-static tb_saved_t tb_saved(const sp_opshape_t *s, float *base)
-{
-	int64_t h = s->hidden, sq = s->seq, f = s->ffn;
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl;
 	tb_saved_t v;
 	v.x = base;
 	v.ln1 = v.x + sq * h;
 	v.qkv = v.ln1 + sq * h;
-	v.cat = v.qkv + 3 * sq * h;
-	v.xmid = v.cat + sq * h;
+	v.cat = v.qkv + 3 * sq * hl;
+	v.xmid = v.cat + sq * hl;
 	v.ln2 = v.xmid + sq * h;
 	v.pre = v.ln2 + sq * h;
-	v.act = v.pre + sq * f;
-	v.probs = v.act + sq * f;
-	v.m1 = v.probs + s->heads * sq * sq;
+	v.act = v.pre + sq * fl;
+	v.probs = v.act + sq * fl;
+	v.m1 = v.probs + d->sp.al * sq * sq;
 	v.r1 = v.m1 + sq;
 	v.m2 = v.r1 + sq;
 	v.r2 = v.m2 + sq;
+	assert(v.r2 + sq == base + d->sp.per);
 	return v;
+}
+
+/* The member's tensors of p (and of dp when not NULL), layer_tensors_tp order. */
+static void tb_tensors(const tb_dims_t *d, const float *p, float *dp, const float *w[TB__COUNT],
+		       float *g[TB__COUNT])
+{
+	for (int i = 0; i < TB__COUNT; i++) {
+		w[i] = p + d->sp.tensors[i].offset;
+		if (g)
+			g[i] = dp + d->sp.tensors[i].offset;
+	}
+}
+
+/*
+ * The rank-0 member alone starts a partial sum from `base` (+ bias); the
+ * others start from 0, so the group's sum counts the residual and the
+ * bias once (unsplit: the residual, as before). rows x h.
+ */
+static void tb_start_sum(const tb_dims_t *d, float *y, const float *base, const float *bias)
+{
+	int64_t n = d->sp.s * d->sp.h;
+	if (d->sp.rank != 0) {
+		memset(y, 0, (size_t)n * sizeof *y);
+		return;
+	}
+	memcpy(y, base, (size_t)n * sizeof *y);
+	add_rows(y, d->sp.s, d->sp.h, d->sp.h, bias);
+}
+
+/*
+ * Attention of this member's al heads on one sample: ln1 = LN1(x),
+ * qkv = ln1 Wqkv + bqkv (its heads' columns), per head
+ * P = softmax(Q K^T / sqrt(dh) [+ causal mask]), cat = P V.
+ */
+static void tb_attn_fwd(const tb_dims_t *d, int causal, const float *const *w, tb_saved_t *v)
+{
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
+	float scale = (float)(1.0 / sqrt((double)dh));
+	for (int64_t r = 0; r < sq; r++)
+		ln_row(v->ln1 + r * h, &v->m1[r], &v->r1[r], v->x + r * h, h, w[TB_LN1G],
+		       w[TB_LN1B]);
+	for (int64_t r = 0; r < sq; r++)
+		memcpy(v->qkv + r * w3, w[TB_BQKV], (size_t)w3 * sizeof(float));
+	gemm(0, 0, sq, w3, h, 1.0f, v->ln1, h, w[TB_WQKV], w3, 1.0f, v->qkv, w3);
+	for (int64_t j = 0; j < d->sp.al; j++) {
+		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
+		float *pr = v->probs + j * sq * sq;
+		gemm(0, 1, sq, sq, dh, scale, q, w3, k, w3, 0.0f, pr, sq);
+		for (int64_t r = 0; r < sq; r++) {
+			float *row = pr + r * sq;
+			int64_t lim = causal ? r + 1 : sq;
+			double lse = logsumexp(row, lim);
+			for (int64_t cc = 0; cc < lim; cc++)
+				row[cc] = (float)exp((double)row[cc] - lse);
+			for (int64_t cc = lim; cc < sq; cc++)
+				row[cc] = 0.0f;
+		}
+		gemm(0, 0, sq, dh, sq, 1.0f, pr, sq, vv, w3, 0.0f, v->cat + j * dh, hl);
+	}
 }
 
 /*
  * y = x_mid + gelu(LN2(x_mid) W1 + b1) W2 + b2,
  * x_mid = x + attn(LN1(x) Wqkv + bqkv) Wo + bo,
  * per head: P = softmax(Q K^T / sqrt(d) [+ causal mask]), head out = P V.
+ * Split t ways, member j holds heads [j a/t, (j+1) a/t) and FFN columns
+ * [j f/t, (j+1) f/t): cat_j Wo_j and act_j W2_j are partial sums over the
+ * group, each summed by one all-reduce over all n samples in y.
  */
-void tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		float *saved)
+int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+	       const float *x, float *y, float *saved)
 {
-	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
-	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t t[12];
-	layer_tensors(&c, t);
+	tb_dims_t d;
+	int rc = tb_dims(&d, s, tp);
+	if (rc < 0)
+		return rc;
+	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, sh = sq * h;
 	const float *w[TB__COUNT];
-	for (int i = 0; i < TB__COUNT; i++)
-		w[i] = p + t[i].offset;
-	float scale = (float)(1.0 / sqrt((double)dh));
-	int64_t per = tb_saved_elems(s);
-	assert(h % a == 0);
+	tb_tensors(&d, p, NULL, w, NULL);
 
+	/* attention and the partial output projection, every sample */
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(s, saved + i * per);
-		const float *xi = x + i * sq * h;
-		float *yi = y + i * sq * h;
-		memcpy(v.x, xi, (size_t)(sq * h) * sizeof *v.x);
-		for (int64_t r = 0; r < sq; r++)
-			ln_row(v.ln1 + r * h, &v.m1[r], &v.r1[r], v.x + r * h, h,
-			       w[TB_LN1G], w[TB_LN1B]);
-		for (int64_t r = 0; r < sq; r++)
-			memcpy(v.qkv + r * 3 * h, w[TB_BQKV],
-			       (size_t)(3 * h) * sizeof(float));
-		gemm(0, 0, sq, 3 * h, h, 1.0f, v.ln1, h, w[TB_WQKV], 3 * h, 1.0f, v.qkv,
-		     3 * h);
+		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
+		float *yi = y + i * sh;
+		memcpy(v.x, x + i * sh, (size_t)sh * sizeof *v.x);
+		tb_attn_fwd(&d, s->causal, w, &v);
+		tb_start_sum(&d, yi, v.x, w[TB_BO]);
+		gemm(0, 0, sq, h, d.sp.hl, 1.0f, v.cat, d.sp.hl, w[TB_WO], h, 1.0f, yi, h);
+	}
+	if ((rc = tb_allreduce(&d, y, n * sh)) < 0)
+		return rc;
 
-		for (int64_t j = 0; j < a; j++) {
-			const float *q = v.qkv + j * dh, *k = q + h, *vv = q + 2 * h;
-			float *pr = v.probs + j * sq * sq;
-			gemm(0, 1, sq, sq, dh, scale, q, 3 * h, k, 3 * h, 0.0f, pr, sq);
-			for (int64_t r = 0; r < sq; r++) {
-				float *row = pr + r * sq;
-				int64_t lim = s->causal ? r + 1 : sq;
-				double lse = logsumexp(row, lim);
-				for (int64_t cc = 0; cc < lim; cc++)
-					row[cc] = (float)exp((double)row[cc] - lse);
-				for (int64_t cc = lim; cc < sq; cc++)
-					row[cc] = 0.0f;
-			}
-			gemm(0, 0, sq, dh, sq, 1.0f, pr, sq, vv, 3 * h, 0.0f,
-			     v.cat + j * dh, h);
-		}
-
-		memcpy(v.xmid, v.x, (size_t)(sq * h) * sizeof *v.x);
-		add_rows(v.xmid, sq, h, h, w[TB_BO]);
-		gemm(0, 0, sq, h, h, 1.0f, v.cat, h, w[TB_WO], h, 1.0f, v.xmid, h);
-
+	/* MLP and its partial second product, every sample */
+	for (int64_t i = 0; i < n; i++) {
+		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
+		float *yi = y + i * sh;
+		memcpy(v.xmid, yi, (size_t)sh * sizeof *v.xmid);
 		for (int64_t r = 0; r < sq; r++)
 			ln_row(v.ln2 + r * h, &v.m2[r], &v.r2[r], v.xmid + r * h, h,
 			       w[TB_LN2G], w[TB_LN2B]);
 		for (int64_t r = 0; r < sq; r++)
-			memcpy(v.pre + r * f, w[TB_B1], (size_t)f * sizeof(float));
-		gemm(0, 0, sq, f, h, 1.0f, v.ln2, h, w[TB_W1], f, 1.0f, v.pre, f);
-		for (int64_t k = 0; k < sq * f; k++)
+			memcpy(v.pre + r * fl, w[TB_B1], (size_t)fl * sizeof(float));
+		gemm(0, 0, sq, fl, h, 1.0f, v.ln2, h, w[TB_W1], fl, 1.0f, v.pre, fl);
+		for (int64_t k = 0; k < sq * fl; k++)
 			v.act[k] = gelu(v.pre[k]);
+		tb_start_sum(&d, yi, v.xmid, w[TB_B2]);
+		gemm(0, 0, sq, h, fl, 1.0f, v.act, fl, w[TB_W2], h, 1.0f, yi, h);
+	}
+	return tb_allreduce(&d, y, n * sh);
+}
 
-		memcpy(yi, v.xmid, (size_t)(sq * h) * sizeof *yi);
-		add_rows(yi, sq, h, h, w[TB_B2]);
-		gemm(0, 0, sq, h, f, 1.0f, v.act, f, w[TB_W2], h, 1.0f, yi, h);
+/*
+ * Attention backward of one sample, from dcat [s, hl] to dqkv [s, 3hl],
+ * per head: dP = dO V^T; dV = P^T dO;
+ * dS = P (dP - rowsum(P dP)) / sqrt(d) (softmax backward); dQ = dS K; dK = dS^T Q.
+ */
+static void tb_attn_bwd(const tb_dims_t *d, const tb_saved_t *v, const float *dcat,
+			float *dqkv, float *dpr)
+{
+	int64_t sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
+	float scale = (float)(1.0 / sqrt((double)dh));
+	for (int64_t j = 0; j < d->sp.al; j++) {
+		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
+		const float *pr = v->probs + j * sq * sq, *dout = dcat + j * dh;
+		float *dq = dqkv + j * dh, *dk = dq + hl, *dv = dq + 2 * hl;
+		gemm(0, 1, sq, sq, dh, 1.0f, dout, hl, vv, w3, 0.0f, dpr, sq);
+		gemm(1, 0, sq, dh, sq, 1.0f, pr, sq, dout, hl, 0.0f, dv, w3);
+		for (int64_t r = 0; r < sq; r++) {
+			const float *pw = pr + r * sq;
+			float *dw = dpr + r * sq;
+			double dot = 0;
+			for (int64_t cc = 0; cc < sq; cc++)
+				dot += (double)pw[cc] * dw[cc];
+			for (int64_t cc = 0; cc < sq; cc++)
+				dw[cc] = (float)(pw[cc] * (dw[cc] - dot) * scale);
+		}
+		gemm(0, 0, sq, dh, sq, 1.0f, dpr, sq, k, w3, 0.0f, dq, w3);
+		gemm(1, 0, sq, dh, sq, 1.0f, dpr, sq, q, w3, 0.0f, dk, w3);
 	}
 }
 
 /*
- * Backward, per sample (dy given, everything else from `saved`):
+ * Backward (dy given, everything else from `saved`), in three passes over
+ * the n samples with an all-reduce of dln [n, s, h] between them:
  *   MLP:  dW2 += act^T dy; dact = dy W2^T; dpre = dact gelu'(pre);
- *         dW1 += ln2^T dpre; dln2 = dpre W1^T; dx_mid = dy + LN2'(dln2)
- *   attn: dWo += cat^T dx_mid; dcat = dx_mid Wo^T; per head
- *         dP = dO V^T; dV = P^T dO;
- *         dS = P (dP - rowsum(P dP)) / sqrt(d)   (softmax backward)
- *         dQ = dS K; dK = dS^T Q
- *         dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T; dx += dx_mid + LN1'(dln1)
+ *         dW1 += ln2^T dpre; dln2 = dpre W1^T          (partial: all-reduce)
+ *   attn: dx_mid = dy + LN2'(dln2); dWo += cat^T dx_mid; dcat = dx_mid Wo^T;
+ *         attention backward per head to dqkv;
+ *         dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T       (partial: all-reduce)
+ *   LN1:  dx += dx_mid + LN1'(dln1)
  * Bias gradients are the column sums of the matching output gradients.
+ * Whole tensors' gradients (LayerNorms, bo, b2) come from whole values,
+ * so they are equal on every member.
  */
-void tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		const float *dy, float *dx, float *dp)
+int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+	       const float *saved, const float *dy, float *dx, float *dp)
 {
-	int64_t h = s->hidden, sq = s->seq, f = s->ffn, a = s->heads, dh = h / a;
-	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t t[12];
-	layer_tensors(&c, t);
+	tb_dims_t d;
+	int rc = tb_dims(&d, s, tp);
+	if (rc < 0)
+		return rc;
+	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, hl = d.sp.hl, sh = sq * h;
 	const float *w[TB__COUNT];
 	float *g[TB__COUNT];
-	for (int i = 0; i < TB__COUNT; i++) {
-		w[i] = p + t[i].offset;
-		g[i] = dp + t[i].offset;
-	}
-	float scale = (float)(1.0 / sqrt((double)dh));
-	int64_t per = tb_saved_elems(s);
+	tb_tensors(&d, p, dp, w, g);
 
-	/* dxmid [s,h], dact [s,f], dln [s,h], dcat [s,h], dqkv [s,3h], dP [s,s] */
-	float *ws = xmalloc((size_t)(sq * (6 * h + f) + sq * sq) * sizeof(float));
-	float *dxm = ws, *dact = dxm + sq * h, *dln = dact + sq * f, *dcat = dln + sq * h;
-	float *dqkv = dcat + sq * h, *dpr = dqkv + 3 * sq * h;
+	/* dln [n,s,h], dxmid [s,h], dact [s,fl], dcat [s,hl], dqkv [s,3hl], dP [s,s] */
+	float *ws = xmalloc((size_t)(n * sh + sq * (h + fl + 4 * hl) + sq * sq) *
+			    sizeof(float));
+	float *dln = ws, *dxm = dln + n * sh, *dact = dxm + sh, *dcat = dact + sq * fl;
+	float *dqkv = dcat + sq * hl, *dpr = dqkv + 3 * sq * hl;
 
 	for (int64_t i = 0; i < n; i++) {
-		tb_saved_t v = tb_saved(s, (float *)saved + i * per);
-		const float *dyi = dy + i * sq * h;
-		float *dxi = dx + i * sq * h;
-
-		gemm(1, 0, f, h, sq, 1.0f, v.act, f, dyi, h, 1.0f, g[TB_W2], h);
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
+		const float *dyi = dy + i * sh;
+		gemm(1, 0, fl, h, sq, 1.0f, v.act, fl, dyi, h, 1.0f, g[TB_W2], h);
 		sum_rows(g[TB_B2], dyi, sq, h, h);
-		gemm(0, 1, sq, f, h, 1.0f, dyi, h, w[TB_W2], h, 0.0f, dact, f);
-		for (int64_t k = 0; k < sq * f; k++)
+		gemm(0, 1, sq, fl, h, 1.0f, dyi, h, w[TB_W2], h, 0.0f, dact, fl);
+		for (int64_t k = 0; k < sq * fl; k++)
 			dact[k] *= gelu_grad(v.pre[k]);
-		gemm(1, 0, h, f, sq, 1.0f, v.ln2, h, dact, f, 1.0f, g[TB_W1], f);
-		sum_rows(g[TB_B1], dact, sq, f, f);
-		gemm(0, 1, sq, h, f, 1.0f, dact, f, w[TB_W1], f, 0.0f, dln, h);
-		memcpy(dxm, dyi, (size_t)(sq * h) * sizeof *dxm);
-		for (int64_t r = 0; r < sq; r++)
-			ln_row_bwd(dxm + r * h, g[TB_LN2G], g[TB_LN2B], dln + r * h,
-				   v.xmid + r * h, v.m2[r], v.r2[r], w[TB_LN2G], h);
-
-		gemm(1, 0, h, h, sq, 1.0f, v.cat, h, dxm, h, 1.0f, g[TB_WO], h);
-		sum_rows(g[TB_BO], dxm, sq, h, h);
-		gemm(0, 1, sq, h, h, 1.0f, dxm, h, w[TB_WO], h, 0.0f, dcat, h);
-
-		for (int64_t j = 0; j < a; j++) {
-			const float *q = v.qkv + j * dh, *k = q + h, *vv = q + 2 * h;
-			const float *pr = v.probs + j * sq * sq, *dout = dcat + j * dh;
-			float *dq = dqkv + j * dh, *dk = dq + h, *dv = dq + 2 * h;
-			gemm(0, 1, sq, sq, dh, 1.0f, dout, h, vv, 3 * h, 0.0f, dpr, sq);
-			gemm(1, 0, sq, dh, sq, 1.0f, pr, sq, dout, h, 0.0f, dv, 3 * h);
-			for (int64_t r = 0; r < sq; r++) {
-				const float *pw = pr + r * sq;
-				float *dw = dpr + r * sq;
-				double dot = 0;
-				for (int64_t cc = 0; cc < sq; cc++)
-					dot += (double)pw[cc] * dw[cc];
-				for (int64_t cc = 0; cc < sq; cc++)
-					dw[cc] = (float)(pw[cc] * (dw[cc] - dot) * scale);
-			}
-			gemm(0, 0, sq, dh, sq, 1.0f, dpr, sq, k, 3 * h, 0.0f, dq, 3 * h);
-			gemm(1, 0, sq, dh, sq, 1.0f, dpr, sq, q, 3 * h, 0.0f, dk, 3 * h);
-		}
-
-		gemm(1, 0, h, 3 * h, sq, 1.0f, v.ln1, h, dqkv, 3 * h, 1.0f, g[TB_WQKV],
-		     3 * h);
-		sum_rows(g[TB_BQKV], dqkv, sq, 3 * h, 3 * h);
-		gemm(0, 1, sq, h, 3 * h, 1.0f, dqkv, 3 * h, w[TB_WQKV], 3 * h, 0.0f, dln,
-		     h);
-		for (int64_t k = 0; k < sq * h; k++)
-			dxi[k] += dxm[k];
-		for (int64_t r = 0; r < sq; r++)
-			ln_row_bwd(dxi + r * h, g[TB_LN1G], g[TB_LN1B], dln + r * h,
-				   v.x + r * h, v.m1[r], v.r1[r], w[TB_LN1G], h);
+		gemm(1, 0, h, fl, sq, 1.0f, v.ln2, h, dact, fl, 1.0f, g[TB_W1], fl);
+		sum_rows(g[TB_B1], dact, sq, fl, fl);
+		gemm(0, 1, sq, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, dln + i * sh, h);
 	}
+	if ((rc = tb_allreduce(&d, dln, n * sh)) < 0)
+		goto cleanup;
+
+	for (int64_t i = 0; i < n; i++) {
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
+		float *dlni = dln + i * sh, *dxi = dx + i * sh;
+		memcpy(dxm, dy + i * sh, (size_t)sh * sizeof *dxm);
+		for (int64_t r = 0; r < sq; r++)
+			ln_row_bwd(dxm + r * h, g[TB_LN2G], g[TB_LN2B], dlni + r * h,
+				   v.xmid + r * h, v.m2[r], v.r2[r], w[TB_LN2G], h);
+		gemm(1, 0, hl, h, sq, 1.0f, v.cat, hl, dxm, h, 1.0f, g[TB_WO], h);
+		sum_rows(g[TB_BO], dxm, sq, h, h);
+		gemm(0, 1, sq, hl, h, 1.0f, dxm, h, w[TB_WO], h, 0.0f, dcat, hl);
+		tb_attn_bwd(&d, &v, dcat, dqkv, dpr);
+		gemm(1, 0, h, 3 * hl, sq, 1.0f, v.ln1, h, dqkv, 3 * hl, 1.0f, g[TB_WQKV],
+		     3 * hl);
+		sum_rows(g[TB_BQKV], dqkv, sq, 3 * hl, 3 * hl);
+		gemm(0, 1, sq, h, 3 * hl, 1.0f, dqkv, 3 * hl, w[TB_WQKV], 3 * hl, 0.0f, dlni,
+		     h);
+		for (int64_t k = 0; k < sh; k++)
+			dxi[k] += dxm[k];
+	}
+	if ((rc = tb_allreduce(&d, dln, n * sh)) < 0)
+		goto cleanup;
+
+	for (int64_t i = 0; i < n; i++) {
+		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
+		for (int64_t r = 0; r < sq; r++)
+			ln_row_bwd(dx + i * sh + r * h, g[TB_LN1G], g[TB_LN1B],
+				   dln + i * sh + r * h, v.x + r * h, v.m1[r], v.r1[r],
+				   w[TB_LN1G], h);
+	}
+cleanup:
 	free(ws);
+	return rc;
 }
 
 /* ---- linear ---------------------------------------------------------------- */

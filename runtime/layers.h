@@ -94,14 +94,40 @@ rt_patch_bwd_fn_t patch_bwd;
 
 /*
  * Transformer block (pre-LN, GELU tanh approximation, LayerNorm eps 1e-5,
- * scaled dot-product attention, causal mask when s->causal).
- * Saved per sample, in this order: x [s,h], ln1 [s,h], qkv [s,3h],
- * attn_cat [s,h], x_mid [s,h], ln2 [s,h], mlp_pre [s,f], mlp_act [s,f],
- * probs [a,s,s], ln1_mean [s], ln1_rstd [s], ln2_mean [s], ln2_rstd [s].
- * dx is added into (not overwritten).
+ * scaled dot-product attention, causal mask when s->causal), on member
+ * tp->rank of a tp->t-way Megatron split (NULL tp or t == 1: the whole
+ * layer). With hl = h/t, fl = f/t, al = a/t (the member's heads and FFN
+ * columns, layer_tensors_tp), saved per sample, op_saved_elems_tp(s, n, t)
+ * floats in this order: x [s,h], ln1 [s,h], qkv [s,3hl] (q, k, v of its
+ * heads), attn_cat [s,hl], x_mid [s,h], ln2 [s,h], mlp_pre [s,fl],
+ * mlp_act [s,fl], probs [al,s,s], ln1_mean [s], ln1_rstd [s],
+ * ln2_mean [s], ln2_rstd [s].
+ * Split, each direction calls tp->allreduce twice, each time once over all
+ * n samples ([n,s,h]): forward after the attention output projection and
+ * after the second MLP product, backward on the gradients of ln2's and
+ * ln1's outputs, also when n == 0 (every member must call with the
+ * same n, so the calls pair up). x, y, dy, dx are whole and identical on
+ * every member; so are the gradients of the whole tensors (LayerNorms,
+ * b_o, b_2). dx is added into (not overwritten).
+ * Returns 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
+ * [0, t), no hook; nothing written), or the all-reduce's negative code at
+ * once (y, dx, dp then hold partial results).
  */
-rt_fwd_fn_t tblock_fwd;
-rt_bwd_fn_t tblock_bwd;
+rt_tblock_fwd_fn_t tblock_fwd;
+rt_tblock_bwd_fn_t tblock_bwd;
+/*
+ * One member's part of a split block, for both backends: t (1 for NULL
+ * tp), its rank (0 unsplit), the shape's hidden h and seq s, its widths
+ * hl = h/t, fl = f/t, al = a/t, the head width dh = h/a, the floats saved
+ * per sample (op_saved_elems_tp) and its tensors (layer_tensors_tp).
+ * Returns 0, or SP_EINPUT for a split the block refuses (see above).
+ */
+typedef struct {
+	int t, rank;
+	int64_t h, s, hl, fl, al, dh, per;
+	layer_tensor_t tensors[12];
+} tblock_split_t;
+int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

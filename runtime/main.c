@@ -484,15 +484,6 @@ static int check_alone(run_t *r)
 	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL};
 	if (plan_read(&r->plan, o->plan_path, &r->err))
 		return 2;
-	for (int s = 0; s < r->plan.n_slices; s++)
-		if (r->plan.slices[s].tp > 1) {
-			sp_err_set(&r->err, SP_EINPUT, o->plan_path, 0, 0, NULL,
-				   "slice %d is split %d ways: tensor parallelism is not "
-				   "executed by this runtime yet",
-				   s, (int)r->plan.slices[s].tp);
-			sp_err_hint(&r->err, "plan with --tp 1 (or auto) for this runtime");
-			return 2;
-		}
 	if (r->plan.n_devices != c->nranks) {
 		sp_err_set(&r->err, SP_EINPUT, o->plan_path, 0, 0, NULL,
 			   "the plan is for %d devices but %d rank%s started", r->plan.n_devices,

@@ -126,8 +126,8 @@ typedef struct rt_backend {
 	rt_embedding_bwd_fn_t *embedding_bwd;
 	rt_fwd_fn_t *patch_fwd;
 	rt_patch_bwd_fn_t *patch_bwd;
-	rt_fwd_fn_t *tblock_fwd;
-	rt_bwd_fn_t *tblock_bwd;
+	rt_tblock_fwd_fn_t *tblock_fwd;
+	rt_tblock_bwd_fn_t *tblock_bwd;
 	rt_fwd_fn_t *linear_fwd;
 	rt_bwd_fn_t *linear_bwd;
 	rt_lm_head_loss_fn_t *lm_head_loss;

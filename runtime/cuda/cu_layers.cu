@@ -12,14 +12,19 @@
  * backward finds what its forward wrote:
  *   patch, linear  the input as bf16 [n s, in]
  *   embedding      the token ids as floats [n s] (as the CPU)
- *   transformer    per chunk of samples (see tb_chunk), tensor-major over
- *                  the chunk's R = m s rows:
- *                    x fp32 [R,h]     ln1 bf16 [R,h]   qkv bf16 [R,3h]
- *                    cat bf16 [R,h]   xmid fp32 [R,h]  ln2 bf16 [R,h]
- *                    pre fp32 [R,f]   act bf16 [R,f]   P fp32 [m,a,s,s]
+ *   transformer    xmid fp32 [n s, h] of all n samples first (the split
+ *                  block all-reduces it in place, one call for all n),
+ *                  then per chunk of samples (see tb_chunk), tensor-major
+ *                  over the chunk's R = m s rows; a member of a t-way
+ *                  split has hl = h/t, fl = f/t, al = a/t (unsplit: h, f, a):
+ *                    x fp32 [R,h]     ln1 bf16 [R,h]   qkv bf16 [R,3hl]
+ *                    cat bf16 [R,hl]  ln2 bf16 [R,h]
+ *                    pre fp32 [R,fl]  act bf16 [R,fl]  P fp32 [m,al,s,s]
  *                    mean1, rstd1, mean2, rstd2 fp32 [R]
- *                  which is 20 R h + 6 R f + 4 m a s^2 + 16 R bytes of the
- *                  32 R h + 8 R f + 4 m a s^2 + 16 R the CPU layout takes.
+ *                  which with xmid is 14 R h + 6 R hl + 6 R fl + 4 m al s^2
+ *                  + 16 R bytes of the 16 R h + 16 R hl + 8 R fl +
+ *                  4 m al s^2 + 16 R the CPU layout takes
+ *                  (op_saved_elems_tp).
  * Attention is not fused: scores and probabilities are materialised per
  * (sample, head) as the CPU does (correctness first); P V and the score
  * products are strided-batched GEMMs.
@@ -40,39 +45,55 @@ constexpr cudaDataType_t BF = CUDA_R_16BF, F32 = CUDA_R_32F;
 /* Tensor offsets (floats) of one transformer layer, layer_tensors order. */
 enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, NT };
 
-void tb_offsets(const sp_opshape_t *s, int64_t off[NT])
-{
-	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t t[12];
-	layer_tensors(&c, t);
-	for (int i = 0; i < NT; i++)
-		off[i] = t[i].offset;
-}
-
 /* ---- transformer block ---- */
+
+/*
+ * One member's view of a (possibly split) block (layers.h): its split
+ * (tblock_split), the tensor offsets of its shard, the hook (NULL
+ * unsplit), and what both directions start from (tb_begin): the bf16
+ * shadow of its weights, the attention scale 1/sqrt(dh), the chunk size.
+ */
+struct tb_dims {
+	tblock_split_t sp;
+	int64_t off[NT];
+	const rt_tp_t *tp;
+	const bf16 *wb;
+	float scale;
+	int64_t nc;
+};
+
+/* Sums buf [n] over the group (a no-op unsplit). */
+int tb_allreduce(const tb_dims &d, float *buf, int64_t n)
+{
+	return d.tp ? d.tp->allreduce(d.tp->ctx, buf, n) : 0;
+}
 
 struct tb_saved {
 	float *x, *xmid, *pre, *p, *m1, *r1, *m2, *r2;
 	bf16 *ln1, *qkv, *cat, *ln2, *act;
 };
 
-/* The layout above, 16-byte aligned where the budget allows, else 4. */
-tb_saved tb_layout(float *base, int64_t m, const sp_opshape_t *s)
+/*
+ * The layout above for the chunk of m samples from sample c0 of n, the
+ * chunk's part 16-byte aligned where its budget allows, else 4.
+ */
+tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d)
 {
-	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, R = m * sq;
-	size_t budget = sizeof(float) * (size_t)(m * op_saved_elems(s, 0));
+	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq, rest = d.sp.per - sq * h;
+	size_t budget = sizeof(float) * (size_t)(m * rest);
+	float *chunk = base + n * sq * h + c0 * rest;
 	for (size_t align = 16;; align = 4) {
-		cu_carve c(base, budget, align);
+		cu_carve c(chunk, budget, align);
 		tb_saved v;
+		v.xmid = base + c0 * sq * h;
 		v.x = c.take<float>(R * h);
 		v.ln1 = c.take<bf16>(R * h);
-		v.qkv = c.take<bf16>(R * 3 * h);
-		v.cat = c.take<bf16>(R * h);
-		v.xmid = c.take<float>(R * h);
+		v.qkv = c.take<bf16>(R * 3 * hl);
+		v.cat = c.take<bf16>(R * hl);
 		v.ln2 = c.take<bf16>(R * h);
-		v.pre = c.take<float>(R * f);
-		v.act = c.take<bf16>(R * f);
-		v.p = c.take<float>(m * a * sq * sq);
+		v.pre = c.take<float>(R * fl);
+		v.act = c.take<bf16>(R * fl);
+		v.p = c.take<float>(m * d.sp.al * sq * sq);
 		v.m1 = c.take<float>(R);
 		v.r1 = c.take<float>(R);
 		v.m2 = c.take<float>(R);
@@ -81,26 +102,30 @@ tb_saved tb_layout(float *base, int64_t m, const sp_opshape_t *s)
 			return v;
 		if (align == 4)
 			cu_fatal(__FILE__, __LINE__, "laying out saved activations",
-				 "the transformer layout does not fit op_saved_elems");
+				 "the transformer layout does not fit op_saved_elems_tp");
 	}
 }
 
-/* Backward workspace bytes for m samples (the forward needs less). */
-size_t tb_ws_bytes(const sp_opshape_t *s, int64_t m)
+/*
+ * Backward scratch bytes of a chunk of m samples, besides dln and dxm
+ * (fp32 [., h] each, see cu_tblock_bwd; the forward needs less).
+ */
+size_t tb_ws_bytes(const tb_dims &d, int64_t m)
 {
-	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, R = m * sq;
-	int64_t e = 22 * R * h + 6 * R * f + 6 * m * a * sq * sq;
+	int64_t R = m * d.sp.s, e = 6 * R * d.sp.h + 8 * R * d.sp.hl + 6 * R * d.sp.fl +
+				   6 * m * d.sp.al * d.sp.s * d.sp.s;
 	return (size_t)e + 16 * 256;
 }
 
 /*
- * Samples per chunk: as many as fit the workspace cap (at least one). The
- * saved layout depends on it, so forward and backward both use this.
+ * Samples per chunk: as many as fit the workspace cap (at least one), with
+ * dln and dxm counted per sample. The saved layout depends on it, so
+ * forward and backward both use this.
  */
-int64_t tb_chunk(const sp_opshape_t *s, int n)
+int64_t tb_chunk(const tb_dims &d, int n)
 {
-	size_t one = tb_ws_bytes(s, 1), cap = cu_ws_cap();
-	int64_t m = (int64_t)(cap / (one ? one : 1));
+	size_t one = tb_ws_bytes(d, 1) + 8 * (size_t)(d.sp.s * d.sp.h), cap = cu_ws_cap();
+	int64_t m = (int64_t)(cap / one);
 	if (m < 1)
 		m = 1;
 	return m < n ? m : n;
@@ -132,156 +157,216 @@ void gemm_grid(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 	}
 }
 
-/* What both directions of a block start from: tensor offsets, the bf16
- * shadow of the weights, the attention scale 1/sqrt(dh), the chunk size. */
-const bf16 *tb_prepare(const sp_opshape_t *s, int n, const float *p, int64_t off[NT],
-		       float *scale, int64_t *nc)
+/* Fills d for n samples on weights p: 0, or SP_EINPUT for a split the
+ * shape does not allow (tblock_split). */
+int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p)
 {
-	tb_offsets(s, off);
+	int rc = tblock_split(&d->sp, s, tp);
+	if (rc < 0)
+		return rc;
+	d->tp = d->sp.t > 1 ? tp : nullptr;
+	for (int i = 0; i < NT; i++)
+		d->off[i] = d->sp.tensors[i].offset;
 	sp_component_t comp = layer_comp_of_shape(s);
-	const bf16 *wb = cu_shadow(p, comp_layer_params(&comp));
-	*scale = (float)(1.0 / sqrt((double)(s->hidden / s->heads)));
-	*nc = tb_chunk(s, n);
-	return wb;
+	d->wb = cu_shadow(p, comp_layer_params_tp(&comp, d->sp.t));
+	d->scale = (float)(1.0 / sqrt((double)d->sp.dh));
+	d->nc = tb_chunk(*d, n);
+	return 0;
+}
+
+/*
+ * Attention of the member's al heads on one chunk: ln1 = LN1(x),
+ * qkv = ln1 Wqkv + bqkv, P = softmax(scale Q K^T), cat = P V.
+ */
+void tb_attn_fwd(const tb_dims &d, const tb_saved &v, int64_t m, int causal, const float *p,
+		 const bf16 *wb, float scale, bf16 *pb)
+{
+	int64_t h = d.sp.h, sq = d.sp.s, hl = d.sp.hl, dh = d.sp.dh, al = d.sp.al, R = m * sq;
+	k_ln_fwd_bf16(v.ln1, h, v.m1, v.r1, 1, v.x, h, p + d.off[LN1G], p + d.off[LN1B], R, h);
+	k_fill_rows_bf16(v.qkv, 3 * hl, p + d.off[BQKV], R, 3 * hl);
+	cu_gemm(false, false, R, 3 * hl, h, 1.0f, v.ln1, BF, h, wb + d.off[WQKV], BF, 3 * hl,
+		1.0f, v.qkv, BF, 3 * hl);
+	/* S_ij = scale Q_ij K_ij^T into P [m, al, s, s] */
+	gemm_grid(false, true, sq, sq, dh, scale, v.qkv, BF, 3 * hl, sq * 3 * hl, dh, v.qkv + hl,
+		  BF, 3 * hl, sq * 3 * hl, dh, 0.0f, v.p, F32, sq, al * sq * sq, sq * sq, m, al);
+	k_softmax_fwd(v.p, pb, m * al * sq, sq, causal);
+	/* head outputs P_ij V_ij into cat [R, hl] at column j dh */
+	gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq, sq * sq,
+		  v.qkv + 2 * hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f, v.cat, BF, hl, sq * hl, dh, m,
+		  al);
+}
+
+/*
+ * Backward of y = a W + b over R rows (a bf16 [R,k], W [k,o], dy fp32
+ * [R,o], dyb its bf16 copy, scratch): dW += a^T dy; db += colsum dy;
+ * da = dy W^T (type dt, [R,k]).
+ */
+void tb_lin_bwd(int64_t R, int64_t k, int64_t o, const bf16 *a, const float *dy, bf16 *dyb,
+		const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt)
+{
+	k_to_bf16(dyb, dy, R * o);
+	cu_gemm(true, false, k, o, R, 1.0f, a, BF, k, dyb, BF, o, 1.0f, dw, F32, o);
+	k_colsum(db, dy, R, o, o);
+	cu_gemm(false, true, R, k, o, 1.0f, dyb, BF, o, w, BF, o, 0.0f, da, dt, k);
 }
 
 } /* namespace */
 
 /*
  * y = x_mid + gelu(LN2(x_mid) W1 + b1) W2 + b2,
- * x_mid = x + attn(LN1(x) Wqkv + bqkv) Wo + bo (layers.h).
+ * x_mid = x + attn(LN1(x) Wqkv + bqkv) Wo + bo (layers.h). Split, the two
+ * partial products sum over the group (all n samples, one all-reduce each:
+ * x_mid in place in `saved`, then y); rank 0 alone starts them from the
+ * residual and bias. The hook gets device buffers; it is called with every
+ * earlier kernel enqueued on the compute stream (cu_s()) and must return
+ * with the sum visible to later kernels on it.
  */
-void cu_tblock_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, float *y,
-		   float *saved)
+int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+		  const float *x, float *y, float *saved)
 {
-	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, dh = h / a;
-	int64_t per = op_saved_elems(s, 0), off[NT], nc = 0;
-	if (n <= 0)
-		return;
-	float scale = 0;
-	const bf16 *wb = tb_prepare(s, n, p, off, &scale, &nc);
-	char *ws = cu_ws_get((size_t)(2 * nc * a * sq * sq) + 256);
-	bf16 *pb = (bf16 *)ws;
+	tb_dims d;
+	int rc = tb_begin(&d, s, tp, n, p);
+	if (rc < 0)
+		return rc;
+	int64_t h = d.sp.h, fl = d.sp.fl, sq = d.sp.s, nc = d.nc;
+	float scale = d.scale, beta = d.sp.rank == 0 ? 1.0f : 0.0f;
+	const bf16 *wb = d.wb;
+	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
 		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
-		tb_saved v = tb_layout(saved + c0 * per, m, s);
-		const float *xc = x + c0 * sq * h;
-		float *yc = y + c0 * sq * h;
-		CUDA_CHECK(cudaMemcpyAsync(v.x, xc, sizeof(float) * (size_t)(R * h),
+		tb_saved v = tb_layout(saved, c0, m, n, d);
+		CUDA_CHECK(cudaMemcpyAsync(v.x, x + c0 * sq * h, sizeof(float) * (size_t)(R * h),
 					   cudaMemcpyDeviceToDevice, cu_s()));
-		k_ln_fwd_bf16(v.ln1, h, v.m1, v.r1, 1, v.x, h, p + off[LN1G], p + off[LN1B], R, h);
-		k_fill_rows_bf16(v.qkv, 3 * h, p + off[BQKV], R, 3 * h);
-		cu_gemm(false, false, R, 3 * h, h, 1.0f, v.ln1, BF, h, wb + off[WQKV], BF, 3 * h,
-			1.0f, v.qkv, BF, 3 * h);
-		/* S_ij = scale Q_ij K_ij^T into P [m, a, s, s] */
-		gemm_grid(false, true, sq, sq, dh, scale, v.qkv, BF, 3 * h, sq * 3 * h, dh,
-			  v.qkv + h, BF, 3 * h, sq * 3 * h, dh, 0.0f, v.p, F32, sq, a * sq * sq,
-			  sq * sq, m, a);
-		k_softmax_fwd(v.p, pb, m * a * sq, sq, s->causal);
-		/* head outputs P_ij V_ij into cat [R, h] at column j dh */
-		gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, a * sq * sq, sq * sq,
-			  v.qkv + 2 * h, BF, 3 * h, sq * 3 * h, dh, 0.0f, v.cat, BF, h, sq * h, dh,
-			  m, a);
-		k_add_rows(v.xmid, v.x, p + off[BO], R, h);
-		cu_gemm(false, false, R, h, h, 1.0f, v.cat, BF, h, wb + off[WO], BF, h, 1.0f,
-			v.xmid, F32, h);
-		k_ln_fwd_bf16(v.ln2, h, v.m2, v.r2, 1, v.xmid, h, p + off[LN2G], p + off[LN2B], R,
-			      h);
-		k_fill_rows(v.pre, f, p + off[B1], R, f);
-		cu_gemm(false, false, R, f, h, 1.0f, v.ln2, BF, h, wb + off[W1], BF, f, 1.0f, v.pre,
-			F32, f);
-		k_gelu_fwd(v.act, v.pre, R * f);
-		k_add_rows(yc, v.xmid, p + off[B2], R, h);
-		cu_gemm(false, false, R, h, f, 1.0f, v.act, BF, f, wb + off[W2], BF, h, 1.0f, yc,
-			F32, h);
+		tb_attn_fwd(d, v, m, s->causal, p, wb, scale, pb);
+		if (d.sp.rank == 0)
+			k_add_rows(v.xmid, v.x, p + d.off[BO], R, h);
+		cu_gemm(false, false, R, h, d.sp.hl, 1.0f, v.cat, BF, d.sp.hl, wb + d.off[WO], BF, h,
+			beta, v.xmid, F32, h);
 	}
+	if ((rc = tb_allreduce(d, saved, (int64_t)n * sq * h)) < 0)
+		return rc;
+	for (int64_t c0 = 0; c0 < n; c0 += nc) {
+		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
+		tb_saved v = tb_layout(saved, c0, m, n, d);
+		float *yc = y + c0 * sq * h;
+		k_ln_fwd_bf16(v.ln2, h, v.m2, v.r2, 1, v.xmid, h, p + d.off[LN2G],
+			      p + d.off[LN2B], R, h);
+		k_fill_rows(v.pre, fl, p + d.off[B1], R, fl);
+		cu_gemm(false, false, R, fl, h, 1.0f, v.ln2, BF, h, wb + d.off[W1], BF, fl, 1.0f,
+			v.pre, F32, fl);
+		k_gelu_fwd(v.act, v.pre, R * fl);
+		if (d.sp.rank == 0)
+			k_add_rows(yc, v.xmid, p + d.off[B2], R, h);
+		cu_gemm(false, false, R, h, fl, 1.0f, v.act, BF, fl, wb + d.off[W2], BF, h, beta,
+			yc, F32, h);
+	}
+	return tb_allreduce(d, y, (int64_t)n * sq * h);
 }
 
 /*
- * Backward per chunk (layers.c's formulas; dy, dx, dp fp32):
+ * Backward (layers.c's formulas and passes; dy, dx, dp fp32), each pass
+ * over every chunk:
  *   MLP:  dW2 += act^T dy; dact = dy W2^T; dpre = dact gelu'(pre);
- *         dW1 += ln2^T dpre; dln2 = dpre W1^T; dx_mid = dy + LN2'(dln2)
- *   attn: dWo += cat^T dx_mid; dcat = dx_mid Wo^T; per head
- *         dP = dO V^T; dV = P^T dO; dS = P (dP - rowsum(P dP)) / sqrt(d);
- *         dQ = dS K; dK = dS^T Q
- *         dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T; dx += dx_mid + LN1'(dln1)
+ *         dW1 += ln2^T dpre; dln2 = dpre W1^T             (all-reduce)
+ *   attn: dx_mid = dy + LN2'(dln2); dWo += cat^T dx_mid; dcat = dx_mid Wo^T;
+ *         per head dP = dO V^T; dV = P^T dO; dS = P (dP - rowsum(P dP)) / sqrt(d);
+ *         dQ = dS K; dK = dS^T Q; dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T
+ *                                                          (all-reduce)
+ *   LN1:  dx += dx_mid + LN1'(dln1)
+ * dln and dx_mid are fp32 [n s, h] when split (the all-reduce sums all n
+ * samples at once: the workspace exceeds the cap by 8 (n - chunk) s h
+ * bytes), [chunk s, h] reused per chunk unsplit.
  */
-void cu_tblock_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
-		   const float *dy, float *dx, float *dp)
+int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+		  const float *saved, const float *dy, float *dx, float *dp)
 {
-	int64_t h = s->hidden, f = s->ffn, sq = s->seq, a = s->heads, dh = h / a;
-	int64_t per = op_saved_elems(s, 0), off[NT], nc = 0;
-	if (n <= 0)
-		return;
-	float scale = 0;
-	const bf16 *wb = tb_prepare(s, n, p, off, &scale, &nc);
-	char *ws = cu_ws_get(tb_ws_bytes(s, nc));
-	for (int64_t c0 = 0; c0 < n; c0 += nc) {
-		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
-		tb_saved v = tb_layout((float *)saved + c0 * per, m, s);
-		const float *dyc = dy + c0 * sq * h;
-		float *dxc = dx + c0 * sq * h;
-		cu_carve w(ws, tb_ws_bytes(s, nc), 256);
-		bf16 *dyb = w.take<bf16>(R * h);
-		float *dact = w.take<float>(R * f);
-		bf16 *dpreb = w.take<bf16>(R * f);
-		float *dln = w.take<float>(R * h);
-		float *dxm = w.take<float>(R * h);
-		bf16 *dxmb = w.take<bf16>(R * h);
-		bf16 *dcatb = w.take<bf16>(R * h);
-		bf16 *dqkvb = w.take<bf16>(R * 3 * h);
-		float *dP = w.take<float>(m * a * sq * sq);
-		bf16 *pb = w.take<bf16>(m * a * sq * sq);
-		if (w.overflow)
-			cu_fatal(__FILE__, __LINE__, "transformer backward", "workspace too small");
-
-		/* MLP */
-		k_to_bf16(dyb, dyc, R * h);
-		cu_gemm(true, false, f, h, R, 1.0f, v.act, BF, f, dyb, BF, h, 1.0f, dp + off[W2],
-			F32, h);
-		k_colsum(dp + off[B2], dyc, R, h, h);
-		cu_gemm(false, true, R, f, h, 1.0f, dyb, BF, h, wb + off[W2], BF, h, 0.0f, dact,
-			F32, f);
-		k_gelu_bwd(dpreb, dact, v.pre, R * f);
-		cu_gemm(true, false, h, f, R, 1.0f, v.ln2, BF, h, dpreb, BF, f, 1.0f, dp + off[W1],
-			F32, f);
-		k_colsum_bf16(dp + off[B1], dpreb, R, f, f);
-		cu_gemm(false, true, R, h, f, 1.0f, dpreb, BF, f, wb + off[W1], BF, f, 0.0f, dln,
-			F32, h);
-		k_ln_bwd(dxm, h, 0, dyc, h, dln, h, v.xmid, h, v.m2, v.r2, 1, p + off[LN2G],
-			 dp + off[LN2G], dp + off[LN2B], R, h);
-
-		/* output projection */
-		k_to_bf16(dxmb, dxm, R * h);
-		cu_gemm(true, false, h, h, R, 1.0f, v.cat, BF, h, dxmb, BF, h, 1.0f, dp + off[WO],
-			F32, h);
-		k_colsum(dp + off[BO], dxm, R, h, h);
-		cu_gemm(false, true, R, h, h, 1.0f, dxmb, BF, h, wb + off[WO], BF, h, 0.0f, dcatb,
-			BF, h);
-
-		/* attention, per (sample, head) */
-		k_to_bf16(pb, v.p, m * a * sq * sq);
-		gemm_grid(false, true, sq, sq, dh, 1.0f, dcatb, BF, h, sq * h, dh, v.qkv + 2 * h,
-			  BF, 3 * h, sq * 3 * h, dh, 0.0f, dP, F32, sq, a * sq * sq, sq * sq, m, a);
-		gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, a * sq * sq, sq * sq, dcatb,
-			  BF, h, sq * h, dh, 0.0f, dqkvb + 2 * h, BF, 3 * h, sq * 3 * h, dh, m, a);
-		k_softmax_bwd(pb, v.p, dP, m * a * sq, sq, scale); /* pb now holds dS */
-		gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, a * sq * sq, sq * sq,
-			  v.qkv + h, BF, 3 * h, sq * 3 * h, dh, 0.0f, dqkvb, BF, 3 * h, sq * 3 * h,
-			  dh, m, a);
-		gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, a * sq * sq, sq * sq, v.qkv,
-			  BF, 3 * h, sq * 3 * h, dh, 0.0f, dqkvb + h, BF, 3 * h, sq * 3 * h, dh, m,
-			  a);
-
-		/* QKV projection and LN1 */
-		cu_gemm(true, false, h, 3 * h, R, 1.0f, v.ln1, BF, h, dqkvb, BF, 3 * h, 1.0f,
-			dp + off[WQKV], F32, 3 * h);
-		k_colsum_bf16(dp + off[BQKV], dqkvb, R, 3 * h, 3 * h);
-		cu_gemm(false, true, R, h, 3 * h, 1.0f, dqkvb, BF, 3 * h, wb + off[WQKV], BF, 3 * h,
-			0.0f, dln, F32, h);
-		k_ln_bwd(dxc, h, 1, dxm, h, dln, h, v.x, h, v.m1, v.r1, 1, p + off[LN1G],
-			 dp + off[LN1G], dp + off[LN1B], R, h);
+	tb_dims d;
+	int rc = tb_begin(&d, s, tp, n, p);
+	if (rc < 0)
+		return rc;
+	int64_t h = d.sp.h, fl = d.sp.fl, hl = d.sp.hl, sq = d.sp.s, al = d.sp.al;
+	int64_t dh = d.sp.dh, nc = d.nc;
+	const int64_t *off = d.off;
+	float scale = d.scale;
+	const bf16 *wb = d.wb;
+	int64_t nf = d.tp ? n : nc; /* samples dln and dxm hold */
+	size_t full = 2 * sizeof(float) * (size_t)(nf * sq * h) + 256;
+	size_t chunk_bytes = tb_ws_bytes(d, nc);
+	char *ws = cu_ws_get(full + chunk_bytes);
+	cu_carve fw(ws, full, 256);
+	float *dln_all = fw.take<float>(nf * sq * h), *dxm_all = fw.take<float>(nf * sq * h);
+	if (fw.overflow)
+		cu_fatal(__FILE__, __LINE__, "transformer backward", "workspace too small");
+	for (int pass = 0; pass < 3; pass++) {
+		for (int64_t c0 = 0; c0 < n; c0 += nc) {
+			int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
+			tb_saved v = tb_layout((float *)saved, c0, m, n, d);
+			const float *dyc = dy + c0 * sq * h;
+			float *dxc = dx + c0 * sq * h;
+			int64_t at = (d.tp ? c0 : 0) * sq * h;
+			float *dln = dln_all + at, *dxm = dxm_all + at;
+			cu_carve w(ws + full, chunk_bytes, 256);
+			bf16 *dyb = w.take<bf16>(R * h);
+			float *dact = w.take<float>(R * fl);
+			bf16 *dpreb = w.take<bf16>(R * fl);
+			bf16 *dxmb = w.take<bf16>(R * h);
+			bf16 *dcatb = w.take<bf16>(R * hl);
+			bf16 *dqkvb = w.take<bf16>(R * 3 * hl);
+			float *dP = w.take<float>(m * al * sq * sq);
+			bf16 *pb = w.take<bf16>(m * al * sq * sq);
+			if (w.overflow)
+				cu_fatal(__FILE__, __LINE__, "transformer backward",
+					 "workspace too small");
+			if (pass == 0 || !d.tp) {
+				/* MLP */
+				tb_lin_bwd(R, fl, h, v.act, dyc, dyb, wb + off[W2], dp + off[W2],
+					   dp + off[B2], dact, F32);
+				k_gelu_bwd(dpreb, dact, v.pre, R * fl);
+				cu_gemm(true, false, h, fl, R, 1.0f, v.ln2, BF, h, dpreb, BF, fl,
+					1.0f, dp + off[W1], F32, fl);
+				k_colsum_bf16(dp + off[B1], dpreb, R, fl, fl);
+				cu_gemm(false, true, R, h, fl, 1.0f, dpreb, BF, fl, wb + off[W1],
+					BF, fl, 0.0f, dln, F32, h);
+			}
+			if (pass == 1 || !d.tp) {
+				k_ln_bwd(dxm, h, 0, dyc, h, dln, h, v.xmid, h, v.m2, v.r2, 1,
+					 p + off[LN2G], dp + off[LN2G], dp + off[LN2B], R, h);
+				/* output projection */
+				tb_lin_bwd(R, hl, h, v.cat, dxm, dxmb, wb + off[WO], dp + off[WO],
+					   dp + off[BO], dcatb, BF);
+				/* attention, per (sample, head) */
+				k_to_bf16(pb, v.p, m * al * sq * sq);
+				gemm_grid(false, true, sq, sq, dh, 1.0f, dcatb, BF, hl, sq * hl, dh,
+					  v.qkv + 2 * hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f, dP,
+					  F32, sq, al * sq * sq, sq * sq, m, al);
+				gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
+					  sq * sq, dcatb, BF, hl, sq * hl, dh, 0.0f, dqkvb + 2 * hl,
+					  BF, 3 * hl, sq * 3 * hl, dh, m, al);
+				k_softmax_bwd(pb, v.p, dP, m * al * sq, sq, scale); /* pb: dS */
+				gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
+					  sq * sq, v.qkv + hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f,
+					  dqkvb, BF, 3 * hl, sq * 3 * hl, dh, m, al);
+				gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
+					  sq * sq, v.qkv, BF, 3 * hl, sq * 3 * hl, dh, 0.0f,
+					  dqkvb + hl, BF, 3 * hl, sq * 3 * hl, dh, m, al);
+				/* QKV projection */
+				cu_gemm(true, false, h, 3 * hl, R, 1.0f, v.ln1, BF, h, dqkvb, BF,
+					3 * hl, 1.0f, dp + off[WQKV], F32, 3 * hl);
+				k_colsum_bf16(dp + off[BQKV], dqkvb, R, 3 * hl, 3 * hl);
+				cu_gemm(false, true, R, h, 3 * hl, 1.0f, dqkvb, BF, 3 * hl,
+					wb + off[WQKV], BF, 3 * hl, 0.0f, dln, F32, h);
+			}
+			if (pass == 2 || !d.tp)
+				k_ln_bwd(dxc, h, 1, dxm, h, dln, h, v.x, h, v.m1, v.r1, 1,
+					 p + off[LN1G], dp + off[LN1G], dp + off[LN1B], R, h);
+		}
+		/* unsplit, the first pass did all three per chunk */
+		if (!d.tp)
+			return 0;
+		if (pass < 2 && (rc = tb_allreduce(d, dln_all, (int64_t)n * sq * h)) < 0)
+			return rc;
 	}
+	return 0;
 }
 
 /* ---- linear: y = x W + b; saved: x as bf16 ---- */

@@ -94,9 +94,15 @@ rt_sgd_step_fn_t cu_sgd_step;
 
 rt_embedding_fwd_fn_t cu_embedding_fwd;
 rt_embedding_bwd_fn_t cu_embedding_bwd;
-rt_fwd_fn_t cu_patch_fwd, cu_tblock_fwd, cu_linear_fwd;
+rt_fwd_fn_t cu_patch_fwd, cu_linear_fwd;
+/* The split block's hook gets device buffers; it is called with every
+ * earlier kernel enqueued on the compute stream and must return with the
+ * sum visible to later kernels on it (the runtime's NCCL hook syncs as
+ * needed). */
+rt_tblock_fwd_fn_t cu_tblock_fwd;
 rt_patch_bwd_fn_t cu_patch_bwd;
-rt_bwd_fn_t cu_tblock_bwd, cu_linear_bwd;
+rt_bwd_fn_t cu_linear_bwd;
+rt_tblock_bwd_fn_t cu_tblock_bwd;
 
 /* ---- cu_loss.cu: losses (forward and backward in one call) --------------- */
 

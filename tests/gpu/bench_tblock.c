@@ -79,10 +79,10 @@ static int bench(int64_t h, int64_t a, int64_t f, int64_t s, int causal, int n, 
 	double tf = 0, tb = 0;
 	for (int r = -2; r < reps; r++) {
 		double t0 = now_ms();
-		B->tblock_fwd(&sh, n, p, x, y, sv);
+		B->tblock_fwd(&sh, NULL, n, p, x, y, sv);
 		B->sync();
 		double t1 = now_ms();
-		B->tblock_bwd(&sh, n, p, sv, dy, dx, g);
+		B->tblock_bwd(&sh, NULL, n, p, sv, dy, dx, g);
 		B->sync();
 		double t2 = now_ms();
 		if (r >= 0) {

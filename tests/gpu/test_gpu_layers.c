@@ -4,7 +4,13 @@
  * inputs: embedding, patch, transformer (causal and not, and again with
  * the workspace capped so samples go one chunk at a time), linear,
  * lm_head, classifier, contrastive, AdamW (including the bf16 shadow
- * refresh), SGD, copy_rows and zero. A value passes when
+ * refresh), SGD, copy_rows and zero; and the split transformer block
+ * (tensor parallelism): the CPU members of a t-way group run in threads
+ * (tests/unit/tp_group.c) recording every all-reduce's sum, then each CUDA
+ * member alone, its hook handing back those sums in order and keeping its
+ * own partial buffers: its y, dx and shard gradient against the CPU
+ * member's, and the CUDA members' partials summed against the recorded
+ * sums. A value passes when
  * |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
  * |ref| of that tensor: loose for bf16 paths, tight for fp32 ones.
  * Prints the max difference and the first mismatches of each check.
@@ -14,6 +20,7 @@
 #include "gpu_start.h"
 #include "layers.h"
 #include "runtime.h"
+#include "tp_group.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -157,6 +164,37 @@ static void check_params(const char *layer, const sp_opshape_t *s, const float *
 	}
 }
 
+/* A loss's value, dx and parameter gradient (device) against the CPU's. */
+static void check_loss(const char *name, const sp_opshape_t *s, double got, double ref,
+		       double rel, const float *dDX, const float *dx_ref, int64_t nx,
+		       const float *dDP, const float *dp_ref, int64_t np, double tol, double eps)
+{
+	float *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s loss", name);
+	check_scalar(what, got, ref, rel);
+	snprintf(what, sizeof what, "%s dx", name);
+	check(what, gdx, dx_ref, nx, tol, eps);
+	check_params(name, s, gdp, dp_ref, tol, eps);
+	free(gdx), free(gdp);
+}
+
+/* A forward layer's y, dx and parameter gradient (device) against the CPU's. */
+static void check_layer(const char *name, const sp_opshape_t *s, const float *dY,
+			const float *y, int64_t ny, const float *dDX, const float *dx_ref,
+			int64_t nx, const float *dDP, const float *dp_ref, int64_t np)
+{
+	float *gy = fetch(dY, ny), *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	char what[96];
+	snprintf(what, sizeof what, "%s fwd y", name);
+	check(what, gy, y, ny, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd dx", name);
+	check(what, gdx, dx_ref, nx, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s bwd", name);
+	check_params(what, s, gdp, dp_ref, BF_TOL, BF_EPS);
+	free(gy), free(gdx), free(gdp);
+}
+
 static void test_embedding(void)
 {
 	sp_opshape_t s = {.type = COMP_EMBEDDING, .hidden = 16, .seq = 5, .vocab = 11};
@@ -223,8 +261,8 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	float *y = calloc((size_t)e, 4), *sv = calloc((size_t)ns, 4);
 	float *dy = hrand(e, 1.0), *dx = hrand(e, 0.5), *dp = hrand(np, 0.1);
 	float *dx_ref = hcopy(dx, e), *dp_ref = hcopy(dp, np);
-	tblock_fwd(&s, n, p, x, y, sv);
-	tblock_bwd(&s, n, p, sv, dy, dx_ref, dp_ref);
+	tblock_fwd(&s, NULL, n, p, x, y, sv);
+	tblock_bwd(&s, NULL, n, p, sv, dy, dx_ref, dp_ref);
 
 	if (ws_cap)
 		cu_set_workspace_cap(ws_cap);
@@ -232,23 +270,123 @@ static void test_tblock(const char *name, int64_t h, int64_t a, int64_t f, int64
 	float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
 	float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(dx, 4 * (size_t)e);
 	float *dDP = dev(dp, 4 * (size_t)np);
-	B->tblock_fwd(&s, n, dP, dX, dY, dS);
-	B->tblock_bwd(&s, n, dP, dS, dDY, dDX, dDP);
+	B->tblock_fwd(&s, NULL, n, dP, dX, dY, dS);
+	B->tblock_bwd(&s, NULL, n, dP, dS, dDY, dDX, dDP);
 	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
-	float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	char what[96];
-	snprintf(what, sizeof what, "%s fwd y", name);
-	check(what, gy, y, e, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd dx", name);
-	check(what, gdx, dx_ref, e, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd", name);
-	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	check_layer(name, &s, dY, y, e, dDX, dx_ref, e, dDP, dp_ref, np);
 	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 		B->release(dDX), B->release(dDP);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
-		free(dp_ref), free(gy), free(gdx), free(gdp);
+		free(dp_ref);
+}
+
+/*
+ * The CUDA member's all-reduce: adds its partial buffer (fetched) into
+ * part[call] and hands back the CPU group's sum of that call (sums, in
+ * order). The hook runs with the member's kernels enqueued on the stream;
+ * to_host and to_device are ordered on it.
+ */
+typedef struct {
+	const float *sums; /* the CPU group's results, in call order */
+	float *part;       /* sum over CUDA members of their partials, same order */
+	int64_t pos, n_sums;
+	int calls;
+	int64_t sizes[4];
+} replay_t;
+
+static int replay_allreduce(void *ctx, float *buf, int64_t n)
+{
+	replay_t *r = ctx;
+	if (r->calls >= 4 || r->pos + n > r->n_sums)
+		return SP_EINTERNAL;
+	float *mine = fetch(buf, n);
+	for (int64_t k = 0; k < n; k++)
+		r->part[r->pos + k] += mine[k];
+	free(mine);
+	B->to_device(buf, r->sums + r->pos, sizeof(float) * (size_t)n);
+	r->sizes[r->calls++] = n;
+	r->pos += n;
+	return 0;
+}
+
+static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
+			   int causal, int n, int t, size_t ws_cap)
+{
+	sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = h, .heads = a, .ffn = f,
+			  .seq = sq, .causal = causal};
+	sp_component_t c = layer_comp_of_shape(&s);
+	int64_t np, e = n * sq * h, nps = comp_layer_params_tp(&c, t);
+	int64_t ns = op_saved_elems_tp(&s, n, t) * n;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
+	tp_member_t m[8];
+	memset(m, 0, sizeof m);
+	for (int j = 0; j < t; j++) {
+		m[j].p = malloc(sizeof(float) * (size_t)nps);
+		layer_shard(&c, t, j, p, m[j].p, 0);
+		m[j].saved = calloc((size_t)ns, 4);
+		m[j].y = calloc((size_t)e, 4);
+		m[j].dx = calloc((size_t)e, 4);
+		m[j].dp = calloc((size_t)nps, 4);
+		m[j].cap_sums = 4 * e;
+		m[j].sums = malloc(sizeof(float) * (size_t)m[j].cap_sums);
+	}
+	char what[128];
+	if (tp_group_run(&s, t, n, x, dy, m) || m[0].n_sums != 4 * e) {
+		printf("FAIL %s: the CPU group failed (rc %d, %lld sums)\n", name, m[0].rc,
+		       (long long)m[0].n_sums);
+		n_fail++, n_checks++;
+		goto cleanup;
+	}
+	float *part = calloc((size_t)(4 * e), 4);
+	if (ws_cap)
+		cu_set_workspace_cap(ws_cap);
+	for (int j = 0; j < t; j++) {
+		replay_t r = {.sums = m[j].sums, .part = part, .n_sums = m[j].n_sums};
+		rt_tp_t tp = {.t = t, .rank = j, .ctx = &r, .allreduce = replay_allreduce};
+		float *dP = dev(m[j].p, 4 * (size_t)nps), *dX = dev(x, 4 * (size_t)e);
+		float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
+		float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(NULL, 4 * (size_t)e);
+		float *dDP = dev(NULL, 4 * (size_t)nps);
+		B->zero(dDX, e);
+		B->zero(dDP, nps);
+		int rf = B->tblock_fwd(&s, &tp, n, dP, dX, dY, dS);
+		int rb = rf ? rf : B->tblock_bwd(&s, &tp, n, dP, dS, dDY, dDX, dDP);
+		B->sync();
+		int sizes_ok = r.calls == 4;
+		for (int i = 0; i < r.calls; i++)
+			sizes_ok &= r.sizes[i] == e;
+		n_checks++;
+		if (rb || !sizes_ok) {
+			printf("FAIL %s member %d: rc %d, %d all-reduces (want 4 of %lld)\n", name,
+			       j, rb, r.calls, (long long)e);
+			n_fail++;
+		}
+		float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, nps);
+		snprintf(what, sizeof what, "%s m%d fwd y", name, j);
+		check(what, gy, m[j].y, e, BF_TOL, BF_EPS);
+		snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
+		check(what, gdx, m[j].dx, e, BF_TOL, BF_EPS);
+		snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
+		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+			B->release(dDX), B->release(dDP);
+		free(gy), free(gdx), free(gdp);
+	}
+	if (ws_cap)
+		cu_set_workspace_cap((size_t)2 << 30);
+	static const char *call[4] = {"fwd x_mid", "fwd y", "bwd d ln2", "bwd d ln1"};
+	for (int i = 0; i < 4; i++) {
+		snprintf(what, sizeof what, "%s partials %s", name, call[i]);
+		check(what, part + i * e, m[0].sums + i * e, e, BF_TOL, BF_EPS);
+	}
+	free(part);
+cleanup:
+	for (int j = 0; j < t; j++)
+		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
+			free(m[j].sums);
+	free(p), free(x), free(dy);
 }
 
 static void test_linear(const char *name, size_t ws_cap)
@@ -274,14 +412,8 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->sync();
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
-	float *gy = fetch(dY, ey), *gdx = fetch(dDX, ex), *gdp = fetch(dDP, np);
+	check_layer(name, &s, dY, y, ey, dDX, dx_ref, ex, dDP, dp_ref, np);
 	char what[96];
-	snprintf(what, sizeof what, "%s fwd y", name);
-	check(what, gy, y, ey, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd dx", name);
-	check(what, gdx, dx_ref, ex, BF_TOL, BF_EPS);
-	snprintf(what, sizeof what, "%s bwd", name);
-	check_params(what, &s, gdp, dp_ref, BF_TOL, BF_EPS);
 
 	/* the bf16 shadow follows the optimizer and later uploads (both sides
 	 * step with the CPU's gradient, so only the shadow can differ) */
@@ -293,8 +425,7 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->adamw_step(dP, dDP, dM, dV, np, 1, &o);
 	linear_fwd(&s, n, p, x, y, sv);
 	B->linear_fwd(&s, n, dP, dX, dY, dS);
-	free(gy);
-	gy = fetch(dY, ey);
+	float *gy = fetch(dY, ey);
 	snprintf(what, sizeof what, "%s fwd after adamw", name);
 	check(what, gy, y, ey, BF_TOL, BF_EPS);
 	for (int64_t i = 0; i < np; i++)
@@ -310,7 +441,7 @@ static void test_linear(const char *name, size_t ws_cap)
 	B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 		B->release(dDX), B->release(dDP), B->release(dM), B->release(dV);
 	free(p), free(x), free(y), free(sv), free(dy), free(dx), free(dp), free(dx_ref),
-		free(dp_ref), free(gy), free(gdx), free(gdp), free(m), free(v);
+		free(dp_ref), free(gy), free(m), free(v);
 }
 
 static void test_lm_head(void)
@@ -333,13 +464,9 @@ static void test_lm_head(void)
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dT = dev(tg, sizeof tg);
 	double got = B->lm_head_loss(&s, n, dP, dX, dT, 0.7, dDX, dDP, dS);
-	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	check_scalar("lm_head loss", got, ref, 0.02);
-	check("lm_head dx", gdx, dx_ref, e, BF_TOL, BF_EPS);
-	check_params("lm_head", &s, gdp, dp_ref, BF_TOL, BF_EPS);
+	check_loss("lm_head", &s, got, ref, 0.02, dDX, dx_ref, e, dDP, dp_ref, np, BF_TOL, BF_EPS);
 	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dT);
-	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
-		free(gdp);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv);
 }
 
 static void test_classifier(void)
@@ -358,13 +485,10 @@ static void test_classifier(void)
 	float *dS = dev(NULL, 4 * (size_t)ns);
 	int32_t *dL = dev(lb, sizeof lb);
 	double got = B->classifier_loss(&s, n, seq_in, dP, dX, dL, 0.7, dDX, dDP, dS);
-	float *gdx = fetch(dDX, e), *gdp = fetch(dDP, np);
-	check_scalar("classifier loss", got, ref, 1e-5);
-	check("classifier dx", gdx, dx_ref, e, F32_TOL, F32_EPS);
-	check_params("classifier", &s, gdp, dp_ref, F32_TOL, F32_EPS);
+	check_loss("classifier", &s, got, ref, 1e-5, dDX, dx_ref, e, dDP, dp_ref, np, F32_TOL,
+		   F32_EPS);
 	B->release(dP), B->release(dX), B->release(dDX), B->release(dDP), B->release(dS), B->release(dL);
-	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv), free(gdx),
-		free(gdp);
+	free(p), free(x), free(dx), free(dp), free(dx_ref), free(dp_ref), free(sv);
 }
 
 static void test_contrastive(void)
@@ -449,6 +573,9 @@ int main(void)
 	test_tblock("tblock dh32", 64, 2, 128, 16, 1, 2, 0);
 	test_tblock("tblock chunked", 32, 4, 48, 7, 1, 3, 1);
 	test_tblock("tblock s1", 32, 2, 64, 1, 1, 2, 0);
+	test_tblock_tp("tblock tp2", 32, 4, 48, 7, 0, 3, 2, 0);
+	test_tblock_tp("tblock tp4 causal", 64, 8, 128, 16, 1, 2, 4, 0);
+	test_tblock_tp("tblock tp2 chunked", 32, 4, 48, 7, 1, 3, 2, 1);
 	test_linear("linear", 0);
 	test_linear("linear chunked", 100);
 	test_lm_head();

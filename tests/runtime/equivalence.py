@@ -91,8 +91,17 @@ def compare(ref, got, floor, what):
     return None
 
 
-def check_model(model, tmp, name, configs, floor, ref_opts=()):
-    # ref_opts: planner options of the one-device reference
+def tp_slices(plan_path):
+    """The slices of a plan split by tensor parallelism (tp > 1)."""
+    v = subprocess.run([os.environ["SPINDLE_SHOW"], plan_path, "--json"], capture_output=True,
+                       text=True, timeout=60, check=True)
+    import json
+    return sum(s["tp"] > 1 for w in json.loads(v.stdout)["waves"] for s in w["slices"])
+
+
+def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False):
+    # ref_opts: planner options of the one-device reference; split: every
+    # plan must split a slice (tensor parallelism), else the check is void
     mpath = W.write_json(tmp, f"{name}.model.json", model)
     c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
     p1 = os.path.join(tmp, f"{name}.1.bin")
@@ -109,6 +118,11 @@ def check_model(model, tmp, name, configs, floor, ref_opts=()):
         W.plan(mpath, cpath, pp, algo, opts)
         got = run(pp, ranks, tmp, tag)
         err = compare(ref, got, floor, f"{name} on {ranks} ranks ({what})")
+        if split and not err:
+            ns = tp_slices(pp)
+            what += f", {ns} slices split"
+            if ns == 0:
+                err = f"{name} on {ranks} ranks ({what}): the plan splits no slice"
         print(("FAIL " + err) if err else f"ok   {name} on {ranks} ranks ({what})",
               flush=True)
         if err:
@@ -261,6 +275,37 @@ def micro(demo, tmp):
     return failures
 
 
+TP2 = ("--tp", "2")
+
+
+def tp(demo, tmp):
+    """Tensor parallelism (--tp N: a class of MetaOps sharing components is
+    split N ways, Megatron-style, when every one of its slices can be; the
+    others stay whole) equals the one-device run on 2, 3 and 4 ranks,
+    across two nodes, with zero-1 and recompute, and in plans that mix
+    split and whole transformer slices (spindle-paper and distmm-mt on 3
+    ranks, distmm-mt on 4). Every plan must really split a slice
+    (tp_slices), else the check would prove nothing; ours picks 1-device
+    lanes on 2-3 CPU devices, which no degree splits, so those use the
+    algorithms that do. --tp auto is what every other check here runs:
+    on these CPU clusters it splits nothing (the all-reduces cost more than
+    the split saves on them)."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    demo["optimizer"] = adamw
+    cfg = [(3, 1, "spindle-paper", TP2), (4, 1, "spindle", TP2), (4, 2, "spindle", TP2),
+           (4, 1, "distmm-mt", TP2), (4, 1, "sequential", ("--tp", "4")),
+           (4, 1, "spindle", TP2 + ("--zero", "1", "--recompute", "all"))]
+    failures = check_model(demo, tmp, "demo-adamw-tp", cfg, 1e-2 * 0.01, split=True)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-tp", cfg[:2], 1e-7, split=True)
+    mixed = [(2, 1, "sequential", TP2), (3, 1, "distmm-mt", TP2), (4, 1, "sequential", TP2)]
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
+        m = W.random_workload(seed, optimizer=opt)
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-tp", mixed, floor,
+                                split=True)
+    return failures
+
+
 def main():
     import json
     failures = []
@@ -293,6 +338,8 @@ def main():
         failures += zero1(demo, tmp)
         # micro-batching: gradients accumulated over 2 micro-batches per step
         failures += micro(demo, tmp)
+        # tensor parallelism: split transformer layers, mixed with whole ones
+        failures += tp(demo, tmp)
     print(f"{len(failures)} failure(s)")
     return 1 if failures else 0
 

@@ -19,6 +19,10 @@ the same plan (bit-identical) and under a 2-rank replicated plan; saved
 under the 2-rank replicated plan, resumed under the 4-rank zero-1 plan
 (both within tolerance of the uninterrupted run of the saving plan).
 
+Checkpoints stay whole under tensor parallelism: saved under a 4-rank plan
+with --tp 4, resumed under it (bit-identical) and under the one-device
+plan, and the other way round.
+
 Also: --save-every keeps the newest snapshot and the one before; a run
 trained with --seed 7 resumes without --seed on seed 7's data stream (bit-
 identical to 6 uninterrupted steps with --seed 7).
@@ -109,6 +113,35 @@ def check_zero1(F, tmp):
         F.check(err is None, what + " within tolerance", err or "")
 
 
+def check_tp(F, tmp):
+    """Checkpoints stay whole under tensor parallelism: saved under a 4-rank
+    plan whose transformer slices are split 4 ways (--tp 4), resumed under
+    the same plan (bit-identical) and under the 1-rank plan; saved under
+    the 1-rank plan, resumed under the --tp 4 plan (within tolerance of the
+    uninterrupted run of the saving plan)."""
+    model = R.demo_model(R.ADAMW)
+    # sequential: every slice on the 4 devices, so every transformer splits
+    p4 = R.make_plan(tmp, model, "tp", 4, "sequential", ("--tp", "4"))
+    p1 = R.make_plan(tmp, model, "tp", 1, "spindle")
+    names = {p4: "--tp 4", p1: "one device"}
+    refs = {sr: train(plan, sr, tmp, f"tp-ref-{sr}", "--steps", STEPS)
+            for plan, sr in ((p4, 4), (p1, 1))}
+    for src, sr, dst, dr in ((p4, 4, p4, 4), (p4, 4, p1, 1), (p1, 1, p4, 4)):
+        what = f"adamw: saved on {sr} ranks ({names[src]}), resumed on {dr} ({names[dst]})"
+        ck = os.path.join(tmp, f"ck-tp-{sr}-{dr}")
+        ref_log, ref_dump = refs[sr]
+        train(src, sr, tmp, f"tp-first-{sr}-{dr}", "--steps", HALF, "--save", ck)
+        tag = f"tp-resumed-{sr}-{dr}"
+        log, dump = train(dst, dr, tmp, tag, "--steps", STEPS - HALF, "--load", ck)
+        if src == dst:
+            F.check(dump == ref_dump, what + ": --dump-params bit-identical")
+            continue
+        tail = [r for r in ref_log if int(r["step"]) > HALF]
+        ref = (R.load_dump(outputs(tmp, f"tp-ref-{sr}")[1]), tail)
+        err = R.compare(ref, (R.load_dump(outputs(tmp, tag)[1]), log), R.FLOOR["adamw"], what)
+        F.check(err is None, what + " within tolerance", err or "")
+
+
 def check_save_every(F, tmp):
     model = R.demo_model(R.SGD)
     p2 = R.make_plan(tmp, model, "every", 2, "spindle")
@@ -139,6 +172,7 @@ def main():
         check_optimizer(F, tmp, R.SGD)
         check_optimizer(F, tmp, R.ADAMW)
         check_zero1(F, tmp)
+        check_tp(F, tmp)
         check_save_every(F, tmp)
         check_seed(F, tmp)
     return F.exit()

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "layer_check.h"
 #include "layers.h"
 
 #include <math.h>
@@ -22,37 +23,7 @@
 
 enum { H = 8, A = 2, F = 16, S = 5, N = 3, V = 11, IN = 6, OUT = 7, C = 4 };
 
-/* ---- helpers -------------------------------------------------------------- */
-
-static uint64_t rng_state = 1;
-
-static double urand(double lo, double hi)
-{
-	rng_state = sp_mix64(rng_state);
-	return lo + (hi - lo) * (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static float *fill(float *v, int64_t n, double lo, double hi)
-{
-	for (int64_t i = 0; i < n; i++)
-		v[i] = (float)urand(lo, hi);
-	return v;
-}
-
-static float *falloc(int64_t n)
-{
-	float *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
-	assert_non_null(p);
-	return p;
-}
-
-static double dot(const float *a, const float *b, int64_t n)
-{
-	double s = 0;
-	for (int64_t i = 0; i < n; i++)
-		s += (double)a[i] * b[i];
-	return s;
-}
+/* ---- helpers (and layer_check.h) ------------------------------------------ */
 
 /* Doubles within tol; prints both on failure (cmocka's float compare is fp32). */
 static int close_to(double a, double b, double tol, const char *expr, int line)
@@ -64,74 +35,6 @@ static int close_to(double a, double b, double tol, const char *expr, int line)
 	return 0;
 }
 #define assert_close(a, b, tol) assert_true(close_to((a), (b), (tol), #a, __LINE__))
-
-/*
- * Element-wise |num - ana| <= atol + rtol |num| with atol = 3e-4 max|num|
- * + 1e-6. Prints the max difference and the first mismatches; returns
- * their count.
- */
-static int compare_grad(const char *what, const double *num, const float *ana, int64_t n,
-			double rtol)
-{
-	double mx = 0, maxdiff = 0;
-	int64_t bad = 0, at = -1;
-	for (int64_t i = 0; i < n; i++)
-		mx = fmax(mx, fabs(num[i]));
-	double atol = 3e-4 * mx + 1e-6;
-	for (int64_t i = 0; i < n; i++) {
-		double d = fabs(num[i] - ana[i]);
-		if (d > maxdiff) {
-			maxdiff = d;
-			at = i;
-		}
-		if (!(d <= atol + rtol * fabs(num[i]))) {
-			if (bad < 5)
-				fprintf(stderr,
-					"  %s[%lld]: numeric %.6g analytic %.6g\n", what,
-					(long long)i, num[i], (double)ana[i]);
-			bad++;
-		}
-	}
-	if (bad)
-		fprintf(stderr,
-			"%s: %lld of %lld mismatch, max diff %.3g at %lld "
-			"(max |grad| %.3g)\n",
-			what, (long long)bad, (long long)n, maxdiff, (long long)at, mx);
-	return (int)bad;
-}
-
-typedef double (*objective_fn)(void *ctx);
-
-/* out[i] = (f(v_i + eps) - f(v_i - eps)) / (actual step), v restored after. */
-static void numgrad(double *out, objective_fn f, void *ctx, float *v, int64_t n,
-		    double eps)
-{
-	for (int64_t i = 0; i < n; i++) {
-		float keep = v[i];
-		v[i] = (float)(keep + eps);
-		double hi = v[i], fp = f(ctx);
-		v[i] = (float)(keep - eps);
-		double lo = v[i], fm = f(ctx);
-		v[i] = keep;
-		out[i] = (fp - fm) / (hi - lo);
-	}
-}
-
-static int check_fd(const char *what, objective_fn f, void *ctx, float *v,
-		    const float *ana, int64_t n, double eps)
-{
-	double *num = calloc((size_t)n, sizeof *num);
-	assert_non_null(num);
-	numgrad(num, f, ctx, v, n, eps);
-	int bad = compare_grad(what, num, ana, n, 1e-2);
-	double mx = 0;
-	for (int64_t i = 0; i < n; i++)
-		mx = fmax(mx, fabs(num[i]));
-	free(num);
-	if (mx == 0)
-		fprintf(stderr, "%s: numeric gradient is identically zero\n", what);
-	return bad + (mx == 0);
-}
 
 static sp_opshape_t shape_of(sp_comp_type_t t)
 {
@@ -195,25 +98,6 @@ static sp_component_t comp_from(const sp_opshape_t *s, const char *name)
 	return c;
 }
 
-/* Random parameters: LN gains near 1, everything else uniform in [-0.5, 0.5]. */
-static float *random_params(const sp_component_t *c, int64_t *np)
-{
-	layer_tensor_t t[12];
-	int nt = layer_tensors(c, t);
-	*np = comp_layer_params(c);
-	float *p = falloc(*np);
-	for (int i = 0; i < nt; i++) {
-		float *q = p + t[i].offset;
-		int64_t n = t[i].rows * t[i].cols;
-		size_t len = strlen(t[i].name);
-		if (t[i].name[0] == 'l' && t[i].name[len - 1] == 'g')
-			fill(q, n, 0.7, 1.3);
-		else
-			fill(q, n, -0.5, 0.5);
-	}
-	return p;
-}
-
 /* ---- forward layers: objective sum(y * r) --------------------------------- */
 
 typedef struct {
@@ -231,7 +115,7 @@ static void fwd_run(fwd_case_t *c)
 		embedding_fwd(&c->s, c->n, c->p, c->tok, c->y, c->saved);
 		break;
 	case COMP_PATCH: patch_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
-	case COMP_TRANSFORMER: tblock_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
+	case COMP_TRANSFORMER: tblock_fwd(&c->s, NULL, c->n, c->p, c->x, c->y, c->saved); break;
 	case COMP_LINEAR: linear_fwd(&c->s, c->n, c->p, c->x, c->y, c->saved); break;
 	default: fail_msg("not a forward layer");
 	}
@@ -242,7 +126,7 @@ static void bwd_run(fwd_case_t *c, const float *dy, float *dx, float *dp)
 	switch (c->s.type) {
 	case COMP_EMBEDDING: embedding_bwd(&c->s, c->n, c->saved, dy, dp); break;
 	case COMP_PATCH: patch_bwd(&c->s, c->n, c->p, c->saved, dy, dp); break;
-	case COMP_TRANSFORMER: tblock_bwd(&c->s, c->n, c->p, c->saved, dy, dx, dp); break;
+	case COMP_TRANSFORMER: tblock_bwd(&c->s, NULL, c->n, c->p, c->saved, dy, dx, dp); break;
 	case COMP_LINEAR: linear_bwd(&c->s, c->n, c->p, c->saved, dy, dx, dp); break;
 	default: fail_msg("not a forward layer");
 	}

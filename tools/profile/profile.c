@@ -347,7 +347,7 @@ static void run_fwd(bench_t *q)
 	switch (s->type) {
 	case COMP_EMBEDDING: b->embedding_fwd(s, n, q->p, q->ints, q->y, q->saved); break;
 	case COMP_PATCH: b->patch_fwd(s, n, q->p, q->x, q->y, q->saved); break;
-	case COMP_TRANSFORMER: b->tblock_fwd(s, n, q->p, q->x, q->y, q->saved); break;
+	case COMP_TRANSFORMER: b->tblock_fwd(s, NULL, n, q->p, q->x, q->y, q->saved); break;
 	case COMP_LINEAR: b->linear_fwd(s, n, q->p, q->x, q->y, q->saved); break;
 	/* losses: forward and backward in one call (see the top of the file) */
 	case COMP_LM_HEAD:
@@ -374,7 +374,8 @@ static void run_bwd(bench_t *q)
 	switch (s->type) {
 	case COMP_EMBEDDING: b->embedding_bwd(s, q->n, q->saved, q->dy, q->dp); break;
 	case COMP_PATCH: b->patch_bwd(s, q->n, q->p, q->saved, q->dy, q->dp); break;
-	case COMP_TRANSFORMER: b->tblock_bwd(s, q->n, q->p, q->saved, q->dy, q->dx, q->dp); break;
+	case COMP_TRANSFORMER: b->tblock_bwd(s, NULL, q->n, q->p, q->saved, q->dy, q->dx, q->dp);
+		break;
 	case COMP_LINEAR: b->linear_bwd(s, q->n, q->p, q->saved, q->dy, q->dx, q->dp); break;
 	default: break; /* losses: no separate backward */
 	}

@@ -1,0 +1,97 @@
+/*
+ * tp_group.c — the threads and the shared-memory all-reduce of tp_group.h.
+ * Each all-reduce: every member publishes its buffer, waits at a barrier,
+ * sums all buffers in rank order into private memory, waits again (no one
+ * still reads), then copies the sum back. Not a benchmark, not the
+ * runtime's collective.
+ */
+#include "tp_group.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TP_MAX = 8 };
+
+typedef struct {
+	pthread_barrier_t bar;
+	float *bufs[TP_MAX];
+	const sp_opshape_t *s;
+	int t, n;
+	const float *x, *dy;
+} group_t;
+
+typedef struct {
+	group_t *g;
+	tp_member_t *m;
+	rt_tp_t tp;
+} member_ctx_t;
+
+static int group_allreduce(void *ctx, float *buf, int64_t n)
+{
+	member_ctx_t *c = ctx;
+	group_t *g = c->g;
+	float *sum = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+	g->bufs[c->tp.rank] = buf;
+	pthread_barrier_wait(&g->bar);
+	if (sum)
+		for (int64_t k = 0; k < n; k++) {
+			float v = 0.0f;
+			for (int r = 0; r < g->t; r++)
+				v += g->bufs[r][k];
+			sum[k] = v;
+		}
+	pthread_barrier_wait(&g->bar);
+	if (!sum)
+		return SP_ENOMEM;
+	memcpy(buf, sum, sizeof(float) * (size_t)n);
+	free(sum);
+	tp_member_t *m = c->m;
+	if (!m->sums)
+		return 0;
+	if (m->n_sums + n > m->cap_sums)
+		return SP_EINTERNAL;
+	memcpy(m->sums + m->n_sums, buf, sizeof(float) * (size_t)n);
+	m->n_sums += n;
+	return 0;
+}
+
+static void *member_main(void *arg)
+{
+	member_ctx_t *c = arg;
+	group_t *g = c->g;
+	tp_member_t *m = c->m;
+	m->rc = tblock_fwd(g->s, &c->tp, g->n, m->p, g->x, m->y, m->saved);
+	if (!m->rc && g->dy)
+		m->rc = tblock_bwd(g->s, &c->tp, g->n, m->p, m->saved, g->dy, m->dx, m->dp);
+	return NULL;
+}
+
+int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const float *dy,
+		 tp_member_t *members)
+{
+	group_t g = {.s = s, .t = t, .n = n, .x = x, .dy = dy};
+	member_ctx_t ctx[TP_MAX];
+	pthread_t th[TP_MAX];
+	if (t < 1 || t > TP_MAX || pthread_barrier_init(&g.bar, NULL, (unsigned)t))
+		return SP_EINTERNAL;
+	int started = 0, rc = 0;
+	for (int j = 0; j < t; j++) {
+		ctx[j] = (member_ctx_t){.g = &g, .m = &members[j],
+					.tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+		ctx[j].tp.ctx = &ctx[j];
+		members[j].n_sums = 0;
+		if (pthread_create(&th[j], NULL, member_main, &ctx[j]))
+			break;
+		started++;
+	}
+	/* a member that could not start would leave the others at the barrier */
+	if (started < t)
+		abort();
+	for (int j = 0; j < t; j++)
+		pthread_join(th[j], NULL);
+	pthread_barrier_destroy(&g.bar);
+	for (int j = 0; j < t && !rc; j++)
+		rc = members[j].rc;
+	return rc;
+}

@@ -1,0 +1,40 @@
+/*
+ * tp_group.h — runs the t members of a tensor-parallel transformer block
+ * (layers.c's tblock_fwd / tblock_bwd on their shards) concurrently in
+ * threads of one process, with an all-reduce hook over shared memory. For
+ * tests only: it checks nothing itself, and it is no model of the
+ * runtime's all-reduce (no timeout, no error injection beyond the hook's
+ * own return).
+ */
+#ifndef SPINDLE_TP_GROUP_H
+#define SPINDLE_TP_GROUP_H
+
+#include "layers.h"
+
+#include <stdint.h>
+
+/*
+ * One member: caller-owned buffers. p: its shard (layer_tensors_tp layout);
+ * saved: n op_saved_elems_tp(s, n, t) floats; y [n s h] written; dx [n s h]
+ * and dp (shard layout) added into by the backward. sums: when not NULL,
+ * every all-reduce's result is appended (at most cap_sums floats; more
+ * fails the all-reduce with SP_EINTERNAL); n_sums counts them. rc: the
+ * member's first nonzero return.
+ */
+typedef struct {
+	float *p, *saved, *y, *dx, *dp;
+	float *sums;
+	int64_t n_sums, cap_sums;
+	int rc;
+} tp_member_t;
+
+/*
+ * Forward of the t members on x [n s h], then (dy not NULL) their backward
+ * on dy. The hook sums the members' buffers in rank order into every
+ * member, so all members see the same bits. Returns 0, or the first
+ * member's nonzero rc (members[j].rc say which).
+ */
+int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const float *dy,
+		 tp_member_t *members);
+
+#endif

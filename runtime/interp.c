@@ -119,6 +119,7 @@ struct rt_state {
 	int micro; /* the micro-step running (0 outside rt_step) */
 	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
 	int *tp_rank;  /* per slice: the rank's member index in it */
+	char why[160]; /* what set-up found wrong with the plan, when it says */
 	int64_t mem[MEM__COUNT];
 };
 
@@ -234,6 +235,12 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 				snprintf(msg, sizeof msg,
 					 "timed out after %g s waiting for rank %d (tag %d)",
 					 st->o.timeout_s, in->peer, in->tag);
+			else if (in->op == INS_FWD || in->op == INS_BWD)
+				snprintf(msg, sizeof msg,
+					 "timed out after %g s waiting for the other members of "
+					 "its tensor-parallel group of slice %d (a layer's "
+					 "all-reduce)",
+					 st->o.timeout_s, in->slice);
 			else
 				snprintf(msg, sizeof msg,
 					 "timed out after %g s waiting for the members of sync "
@@ -592,6 +599,72 @@ static int check_recvs(const rt_state_t *st)
 	return 0;
 }
 
+/*
+ * The shards agree with the slices (the verifier's rules; a crafted plan
+ * that breaks them would read past a shard or train wrong numbers): each
+ * layer a FWD or BWD of the rank runs is held in its slice's split, shard
+ * (t, the rank's member index) of a t-way slice, whole for t = 1; and
+ * every split layer's t shards each sit in exactly one bucket (a
+ * checkpoint joins them). SP_EINPUT with st->why.
+ */
+static int check_shards(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int k = 0; k < st->n_ins; k++) {
+		const sp_ins_t *in = &st->prog[k];
+		if (in->op != INS_FWD && in->op != INS_BWD)
+			continue;
+		const sp_slice_t *sl = &p->slices[in->slice];
+		int pos = -1;
+		for (int q = 0; q < sl->n_dev && pos < 0; q++)
+			if (p->slice_devs[sl->dev_off + q] == st->rank)
+				pos = q;
+		for (int l = sl->layer_from; l < sl->layer_to && pos >= 0; l++) {
+			int comp, si = layer_slot(st, sl->metaop, l, &comp);
+			if (si >= 0 && (st->held[si].tp != sl->tp ||
+					st->held[si].tp_rank != (sl->tp > 1 ? pos % sl->tp : 0))) {
+				snprintf(st->why, sizeof st->why,
+					 "instruction %d runs slice %d split %d ways, but the rank "
+					 "holds shard %d of %d of its layer %d",
+					 k, in->slice, sl->tp, st->held[si].tp_rank, st->held[si].tp, l);
+				return SP_EINPUT;
+			}
+		}
+		if (pos < 0) {
+			snprintf(st->why, sizeof st->why,
+				 "instruction %d runs slice %d, which is not on this rank", k,
+				 in->slice);
+			return SP_EINPUT;
+		}
+	}
+	/* every shard of a split layer in one bucket, all with one t */
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; q < p->buckets[b].n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+			int t = -1, n = 0, all = 0;
+			for (int b2 = 0; b2 < p->n_buckets; b2++)
+				for (int q2 = 0; q2 < p->buckets[b2].n_params; q2++) {
+					const sp_param_t *o = &p->bucket_params[p->buckets[b2].param_off + q2];
+					if (o->comp != pr->comp || o->layer != pr->layer)
+						continue;
+					n += o->tp_rank == pr->tp_rank;
+					all++;
+					if (t >= 0 && o->tp != t)
+						n = -1000;
+					t = o->tp;
+				}
+			if (n != 1 || all != t) {
+				snprintf(st->why, sizeof st->why,
+					 "layer %d of component %d: shard %d is synced by %d buckets, "
+					 "or its buckets disagree on the split (t shards, one bucket "
+					 "each)",
+					 pr->layer, pr->comp, pr->tp_rank, n < 0 ? 0 : n);
+				return SP_EINPUT;
+			}
+		}
+	return 0;
+}
+
 /* Devices of group r of slice s (t consecutive entries of its devices). */
 static const int32_t *tp_devs(const sp_plan_t *p, const sp_slice_t *s, int r)
 {
@@ -679,6 +752,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (!rc)
 		rc = check_step(st);
 	if (!rc)
+		rc = check_shards(st);
+	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
@@ -688,7 +763,12 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (c->ops->allsum(c, bad, 2))
 		bad[0] = 1;
 	if (bad[0] > 0) {
+		char why[160];
+		snprintf(why, sizeof why, "%s", st->why);
 		rt_free(st);
+		if (rc == SP_EINPUT && why[0])
+			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "rank %d: %s", c->rank,
+					  why);
 		if (rc == SP_EINPUT)
 			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
 					  "rank %d: the plan's parameters, buckets and programs do "
@@ -1423,25 +1503,27 @@ static int whole_state(const rt_state_t *st, float *hm, float *hv)
 
 /*
  * The whole layers of the tensor-parallel layers the rank owns (it holds
- * shard 0): joined[i] = w, then m and v when hm (the whole-state host
- * arrays of whole_state) is given, each comp_layer_params floats, from the
- * rank's shard and the other shards' owners' (sent here point to point,
- * through a device buffer). Collective: every rank walks the model's
- * layers in order and sends or receives each shard in turn, also when
- * `failed` (then it only joins: a zeroed buffer is sent). Returns 0 or
- * SP_ENOMEM / SP_EIO (its own failures).
+ * shard 0): joined[i] = w, then m and v with adam (from hm, hv: the
+ * whole-state host arrays of whole_state), each comp_layer_params floats,
+ * from the rank's shard and the other shards' owners' (sent here point to
+ * point, through a device buffer). Collective: every rank walks the
+ * model's layers in order and sends or receives each shard in turn, also
+ * when `failed` or after a failed transfer (then what it sends is zeros or
+ * stale, and the caller's agreement discards the result; a rank without
+ * its buffers cannot take part, and the watchdog ends its peers' wait).
+ * Returns 0, SP_ENOMEM or SP_EIO (its own failures).
  */
-static int join_shards(const rt_state_t *st, int failed, const float *hm, const float *hv,
-		       float **joined)
+static int join_shards(const rt_state_t *st, int failed, int adam, const float *hm,
+		       const float *hv, float **joined)
 {
 	const sp_model_t *md = &st->p->model;
 	const rt_backend_t *b = st->b;
-	int parts = hm ? 3 : 1, rc = failed ? SP_ENOMEM : 0;
+	int parts = adam ? 3 : 1, rc = failed ? SP_ENOMEM : 0;
 	int64_t big = 0;
 	for (int i = 0; i < st->n_held; i++)
 		big = SP_MAX(big, st->pcount[i]);
 	float *dev = b->alloc(sizeof(float) * (size_t)SP_MAX(big * parts, 1));
-	float *host = malloc(sizeof(float) * (size_t)SP_MAX(big * parts, 1));
+	float *host = calloc((size_t)SP_MAX(big * parts, 1), sizeof(float));
 	if (!dev || !host)
 		rc = SP_ENOMEM;
 	for (int c = 0; c < md->n_comps; c++)
@@ -1473,8 +1555,8 @@ static int join_shards(const rt_state_t *st, int failed, const float *hm, const 
 					int bad = !dev || (send ? st->c->ops->isend(st->c, dev, bytes, o0, 0, &r)
 								: st->c->ops->irecv(st->c, dev, bytes, oj, 0, &r));
 					if (bad || wait_plain(st->c, &r))
-						return b->release(dev), free(host), SP_EIO;
-					if (recv && host)
+						rc = SP_EIO; /* the walk goes on: peers wait on it */
+					else if (recv && host)
 						b->to_host(host, dev, bytes);
 				}
 				if (!rc && o0 == st->rank && joined[i])
@@ -1507,8 +1589,9 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	float **joined = calloc((size_t)st->n_held + 1, sizeof(float *));
 	if (!joined)
 		rc = SP_ENOMEM;
-	if (join_shards(st, rc, hm, hv, joined) && !rc)
-		rc = SP_ENOMEM;
+	int jr = join_shards(st, rc, adam, hm, hv, joined);
+	if (jr && !rc)
+		rc = jr;
 	if (rc) {
 		for (int i = 0; joined && i < st->n_held; i++)
 			free(joined[i]);

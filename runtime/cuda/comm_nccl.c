@@ -547,6 +547,19 @@ int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 {
 	if (c->ops != &nccl_ops || c->nranks == 1)
 		return 0;
+	/* the engine makes the buckets' communicators and the SEND pairs'
+	 * channels only: not the tensor-parallel groups' (nor the channels
+	 * a checkpoint's shard join uses) */
+	for (int s = 0; s < p->n_slices; s++)
+		if (p->slices[s].tp > 1) {
+			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "slice %d is split %d ways: tensor parallelism over NCCL is "
+				   "not built yet",
+				   s, (int)p->slices[s].tp);
+			sp_err_hint(err, "run with --comm mpi (the CUDA backend's "
+						"buffers staged over MPI), or plan with --tp 1");
+			return SP_EINPUT;
+		}
 	nccl_impl_t *im = impl(c);
 	if (!im->started || !im->world)
 		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,

@@ -135,19 +135,68 @@ def full_disk(F, tmp, p4, good):
         F.check(r.rc == 0, f"ENOSPC {what}: the previous checkpoint still loads", r.describe())
 
 
-def edit_instructions(src, dst, fn):
+def edit_records(src, dst, section, rec, fn):
     """A copy of plan src with fn(b, ats) applied, ats the byte offsets of
-    its instructions (60 bytes each; op at 0, s0 at 8, s1 at 12, peer at
-    52), and the CRC redone: still valid for the reader."""
+    the records (rec bytes each) of section id `section`, and the CRC
+    redone: still valid for the reader."""
     b = bytearray(open(src, "rb").read())
     hsize, nsec = struct.unpack_from("<I", b, 16)[0], struct.unpack_from("<I", b, 28)[0]
     for e in range(nsec):
         sid, _, off, size, count = struct.unpack_from("<IIQQQ", b, hsize + 40 * e)
-        if sid == 18:  # instructions
-            fn(b, [off + 60 * k for k in range(count)])
+        if sid == section:
+            fn(b, [off + rec * k for k in range(count)])
             break
     struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[hsize:])) & 0xFFFFFFFF)
     open(dst, "wb").write(b)
+
+
+def edit_instructions(src, dst, fn):
+    """Instructions: 60 bytes each; op at 0, s0 at 8, s1 at 12, peer at 52."""
+    edit_records(src, dst, 18, 60, fn)
+
+
+def edit_slices(src, dst, fn):
+    """Slices: 64 bytes each; n_dev at 16, tp at 60."""
+    edit_records(src, dst, 12, 64, fn)
+
+
+def split_none(b, ats):
+    """Every split slice claims whole layers, while its devices hold shards:
+    the layers would read a shard as a whole layer (past its end)."""
+    for at in ats:
+        if struct.unpack_from("<i", b, at + 60)[0] > 1:
+            struct.pack_into("<i", b, at + 60, 1)
+
+
+def split_first(src, dst):
+    """The first transformer slice (type 2 in the metaops section, 124-byte
+    records, shape.type at 4) of even width claims to be split 2 ways while
+    its devices hold whole layers: it would train wrong numbers without a
+    word."""
+    mops = []
+    edit_records(src, dst, 8, 124, lambda b, ats: mops.extend(
+        struct.unpack_from("<I", b, a + 4)[0] for a in ats))
+
+    def fn(b, ats):
+        at = next(a for a in ats if mops[struct.unpack_from("<i", b, a + 4)[0]] == 2 and
+                  struct.unpack_from("<i", b, a + 16)[0] % 2 == 0)
+        struct.pack_into("<i", b, at + 60, 2)
+    edit_slices(src, dst, fn)
+
+
+def shards_mismatch(F, tmp):
+    """A crafted plan whose slices' split disagrees with the shards their
+    devices hold is refused (exit 2, naming the instruction and the shard)
+    before anything runs."""
+    model = R.demo_model(R.ADAMW)
+    for name, tp, fn, what in (("tp2", "2", lambda s, d: edit_slices(s, d, split_none),
+                                "split slices made whole"),
+                               ("tp1", "1", split_first, "a whole slice made split")):
+        src = R.make_plan(tmp, model, f"bad-{name}", 4, "sequential", ("--tp", tp))
+        bad = src + ".mismatch.bin"
+        fn(src, bad)
+        r = R.run(bad, 4, "--steps", 1, "--timeout", 20)
+        expect(F, r, 2, ["split", "ways, but the rank holds shard"], what)
 
 
 def retarget_sync(b, ats):
@@ -189,6 +238,7 @@ def misc(F, tmp, p1):
         r = R.run(bad, 1, "--steps", 1)
         expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
                f"a BWD over more samples than its FWD kept ({name})")
+    shards_mismatch(F, tmp)
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

@@ -87,6 +87,29 @@ def check_optimizer(F, tmp, opt):
                 f"({algo}) within tolerance (floor {R.FLOOR[kind]:g})", err or "")
 
 
+def across_plans(F, tmp, tag, big, nb, small, ns, names):
+    """Saved under plan big (nb ranks), resumed under the same plan
+    (bit-identical) and under plan small (ns ranks); saved under small,
+    resumed under big (both within tolerance of the uninterrupted run of
+    the saving plan)."""
+    refs = {sr: train(plan, sr, tmp, f"{tag}-ref-{sr}", "--steps", STEPS)
+            for plan, sr in ((big, nb), (small, ns))}
+    for src, sr, dst, dr in ((big, nb, big, nb), (big, nb, small, ns), (small, ns, big, nb)):
+        what = f"adamw: saved on {sr} ranks ({names[src]}), resumed on {dr} ({names[dst]})"
+        ck = os.path.join(tmp, f"ck-{tag}-{sr}-{dr}")
+        ref_log, ref_dump = refs[sr]
+        train(src, sr, tmp, f"{tag}-first-{sr}-{dr}", "--steps", HALF, "--save", ck)
+        run = f"{tag}-resumed-{sr}-{dr}"
+        log, dump = train(dst, dr, tmp, run, "--steps", STEPS - HALF, "--load", ck)
+        if src == dst:
+            F.check(dump == ref_dump, what + ": --dump-params bit-identical")
+            continue
+        tail = [r for r in ref_log if int(r["step"]) > HALF]
+        ref = (R.load_dump(outputs(tmp, f"{tag}-ref-{sr}")[1]), tail)
+        err = R.compare(ref, (R.load_dump(outputs(tmp, run)[1]), log), R.FLOOR["adamw"], what)
+        F.check(err is None, what + " within tolerance", err or "")
+
+
 def check_zero1(F, tmp):
     model = R.demo_model(R.ADAMW)
     mpath = R.W.write_json(tmp, "z1.model.json", model)
@@ -94,23 +117,7 @@ def check_zero1(F, tmp):
     R.W.plan(mpath, R.W.write_json(tmp, "cpu-4.json", R.W.cluster(4)), p4, "spindle",
              ("--zero", "1"))
     p2 = R.make_plan(tmp, model, "z1", 2, "spindle")
-    names = {p4: "zero-1", p2: "replicated"}
-    refs = {sr: train(plan, sr, tmp, f"z1-ref-{sr}", "--steps", STEPS)
-            for plan, sr in ((p4, 4), (p2, 2))}
-    for src, sr, dst, dr in ((p4, 4, p4, 4), (p4, 4, p2, 2), (p2, 2, p4, 4)):
-        what = f"adamw: saved on {sr} ranks ({names[src]}), resumed on {dr} ({names[dst]})"
-        ck = os.path.join(tmp, f"ck-z1-{sr}-{dr}")
-        ref_log, ref_dump = refs[sr]
-        train(src, sr, tmp, f"z1-first-{sr}-{dr}", "--steps", HALF, "--save", ck)
-        tag = f"z1-resumed-{sr}-{dr}"
-        log, dump = train(dst, dr, tmp, tag, "--steps", STEPS - HALF, "--load", ck)
-        if src == dst:
-            F.check(dump == ref_dump, what + ": --dump-params bit-identical")
-            continue
-        tail = [r for r in ref_log if int(r["step"]) > HALF]
-        ref = (R.load_dump(outputs(tmp, f"z1-ref-{sr}")[1]), tail)
-        err = R.compare(ref, (R.load_dump(outputs(tmp, tag)[1]), log), R.FLOOR["adamw"], what)
-        F.check(err is None, what + " within tolerance", err or "")
+    across_plans(F, tmp, "z1", p4, 4, p2, 2, {p4: "zero-1", p2: "replicated"})
 
 
 def check_tp(F, tmp):
@@ -123,23 +130,7 @@ def check_tp(F, tmp):
     # sequential: every slice on the 4 devices, so every transformer splits
     p4 = R.make_plan(tmp, model, "tp", 4, "sequential", ("--tp", "4"))
     p1 = R.make_plan(tmp, model, "tp", 1, "spindle")
-    names = {p4: "--tp 4", p1: "one device"}
-    refs = {sr: train(plan, sr, tmp, f"tp-ref-{sr}", "--steps", STEPS)
-            for plan, sr in ((p4, 4), (p1, 1))}
-    for src, sr, dst, dr in ((p4, 4, p4, 4), (p4, 4, p1, 1), (p1, 1, p4, 4)):
-        what = f"adamw: saved on {sr} ranks ({names[src]}), resumed on {dr} ({names[dst]})"
-        ck = os.path.join(tmp, f"ck-tp-{sr}-{dr}")
-        ref_log, ref_dump = refs[sr]
-        train(src, sr, tmp, f"tp-first-{sr}-{dr}", "--steps", HALF, "--save", ck)
-        tag = f"tp-resumed-{sr}-{dr}"
-        log, dump = train(dst, dr, tmp, tag, "--steps", STEPS - HALF, "--load", ck)
-        if src == dst:
-            F.check(dump == ref_dump, what + ": --dump-params bit-identical")
-            continue
-        tail = [r for r in ref_log if int(r["step"]) > HALF]
-        ref = (R.load_dump(outputs(tmp, f"tp-ref-{sr}")[1]), tail)
-        err = R.compare(ref, (R.load_dump(outputs(tmp, tag)[1]), log), R.FLOOR["adamw"], what)
-        F.check(err is None, what + " within tolerance", err or "")
+    across_plans(F, tmp, "tp", p4, 4, p1, 1, {p4: "--tp 4", p1: "one device"})
 
 
 def check_save_every(F, tmp):

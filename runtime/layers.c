@@ -176,17 +176,19 @@ sp_component_t layer_comp_of_shape(const sp_opshape_t *s)
 	c.ffn = s->ffn;
 	c.classes = s->classes;
 	c.causal = s->causal;
+	c.cross_attention = s->mem_seq > 0;
+	c.memory_width = c.cross_attention ? s->mem_width : 0;
 	return c;
 }
 
 /* ---- parameter layout --------------------------------------------------- */
 
-int layer_tensors(const sp_component_t *c, layer_tensor_t out[12])
+int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX])
 {
 	return layer_tensors_tp(c, 1, out);
 }
 
-int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
+int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_TENSORS_MAX])
 {
 	int64_t h = c->hidden, f = c->ffn;
 	if (!tp_ok(c->type, c->heads, c->ffn, tp))
@@ -226,6 +228,16 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
 		T("b_1", fl, 1);
 		T("w_2", fl, h);
 		T("b_2", h, 1);
+		if (!c->cross_attention || tp > 1)
+			break;
+		T("lnc_g", h, 1);
+		T("lnc_b", h, 1);
+		T("w_q", h, h);
+		T("b_q", h, 1);
+		T("w_kv", c->memory_width, 2 * h);
+		T("b_kv", 2 * h, 1);
+		T("w_oc", h, h);
+		T("b_oc", h, 1);
 		break;
 	case COMP_LINEAR:
 		T("w", c->in, c->out);
@@ -288,7 +300,7 @@ static void shard_cols(float *full, float *shard, int64_t rows, int parts, int64
 void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *shard,
 		 int to_full)
 {
-	layer_tensor_t ft[12], st[12];
+	layer_tensor_t ft[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, ft);
 	if (!tp_ok(c->type, c->heads, c->ffn, tp))
 		tp = 1;
@@ -328,7 +340,7 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
  */
 void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed)
 {
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, t);
 	uint64_t hn = sp_fnv1a(SP_FNV_INIT, c->name, strnlen(c->name, SP_NAME_MAX));
 	uint64_t base = sp_mix64(sp_mix64(seed ^ hn) + (uint64_t)(int64_t)layer);

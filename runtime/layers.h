@@ -140,6 +140,26 @@ typedef struct {
 } tblock_split_t;
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
+/*
+ * Cross-attention decoder block (layers_xattn.c; not in the backend
+ * tables or interp.c yet): self-attention as in the transformer block
+ * (pre-LN, causal when s->causal), x_mid = x + attn(LN1(x)) Wo + bo; then
+ *   x_c = x_mid + attn(Q = LN_c(x_mid) Wq + bq, [K V] = memory Wkv + bkv) Woc + boc
+ * (queries [s,h] from the decoder stream, keys and values [m,h] from the
+ * memory [m,W], m = s->mem_seq, W = s->mem_width, no mask, same heads);
+ * then y = x_c + gelu(LN2(x_c) W1 + b1) W2 + b2. memory: [n, m, W].
+ * Saved per sample, op_saved_elems(s) floats: the transformer block's
+ * layout above (its x_mid the residual after self-attention, its ln2 =
+ * LN2(x_c)), then lnc [s,h], q [s,h], catc [s,h], x_c [s,h], kv [m,2h]
+ * (each row K then V), probs_c [a,s,m], lnc_mean [s], lnc_rstd [s]. The
+ * memory is not saved (arith.c: one value per node, held by the caller):
+ * the backward reads it again and adds into dx, dmemory and dp.
+ * Returns 0, or SP_EINPUT for tp with t > 1 (not split yet) or a shape
+ * without a memory (nothing written).
+ */
+rt_xblock_fwd_fn_t xblock_fwd;
+rt_xblock_bwd_fn_t xblock_bwd;
+
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;
 rt_bwd_fn_t linear_bwd;

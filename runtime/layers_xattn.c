@@ -43,7 +43,9 @@ typedef struct {
 	float *lnc, *q, *cat, *xc, *kv, *probs, *mc, *rc;
 } xb_saved_t;
 
-static int xb_dims(xb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+/* The dimensions and the tensors of p (and of dp when not NULL) by XB_*. */
+static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT],
+		   const sp_opshape_t *s, const rt_tp_t *tp, const float *p, float *dp)
 {
 	if ((tp && tp->t > 1) || s->type != COMP_TRANSFORMER || s->mem_seq <= 0 ||
 	    s->mem_width <= 0)
@@ -60,7 +62,11 @@ static int xb_dims(xb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 	sp_component_t c = layer_comp_of_shape(s);
 	int nt = layer_tensors(&c, out->tensors);
 	assert(nt == XB__COUNT);
-	(void)nt;
+	for (int i = 0; i < nt; i++) {
+		w[i] = p + out->tensors[i].offset;
+		if (g)
+			g[i] = dp + out->tensors[i].offset;
+	}
 	return 0;
 }
 
@@ -79,16 +85,6 @@ static xb_saved_t xb_saved(const xb_dims_t *d, float *base)
 	c.rc = c.mc + sq;
 	assert(c.rc + sq == base + d->per);
 	return c;
-}
-
-static void xb_tensors(const xb_dims_t *d, const float *p, float *dp, const float *w[XB__COUNT],
-		       float *g[XB__COUNT])
-{
-	for (int i = 0; i < XB__COUNT; i++) {
-		w[i] = p + d->tensors[i].offset;
-		if (g)
-			g[i] = dp + d->tensors[i].offset;
-	}
 }
 
 /* The attention's dimensions: s queries of stride h, m keys and values
@@ -123,12 +119,11 @@ int xblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	       const float *x, const float *memory, float *y, float *saved)
 {
 	xb_dims_t d;
-	int rc = xb_dims(&d, s, tp);
+	const float *w[XB__COUNT];
+	int rc = xb_dims(&d, w, NULL, s, tp, p, NULL);
 	if (rc < 0)
 		return rc;
 	int64_t sh = d.tb.sp.s * d.tb.sp.h, mw = d.m * d.W;
-	const float *w[XB__COUNT];
-	xb_tensors(&d, p, NULL, w, NULL);
 	for (int64_t i = 0; i < n; i++) {
 		float *base = saved + i * d.per;
 		tb_saved_t v = tb_saved(&d.tb, base);
@@ -190,14 +185,13 @@ int xblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	       float *dmemory, float *dp)
 {
 	xb_dims_t d;
-	int rc = xb_dims(&d, s, tp);
+	const float *w[XB__COUNT];
+	float *g[XB__COUNT];
+	int rc = xb_dims(&d, w, g, s, tp, p, dp);
 	if (rc < 0)
 		return rc;
 	int64_t h = d.tb.sp.h, sq = d.tb.sp.s, f = d.tb.sp.fl, m = d.m, sh = sq * h;
 	int64_t mw = m * d.W, sk = sq > m ? sq : m;
-	const float *w[XB__COUNT];
-	float *g[XB__COUNT];
-	xb_tensors(&d, p, dp, w, g);
 
 	float *buf = ly_xmalloc((size_t)(7 * sh + sq * f + 2 * m * h + sq * sk) *
 				sizeof(float));

@@ -10,7 +10,9 @@
  * loss functions use `saved` as scratch. tblock_bwd and contrastive_loss
  * allocate a workspace per call (the gradient of a LayerNorm output for
  * all n samples and one sample's other gradients; O(B) doubles) and free
- * it before returning.
+ * it before returning. Multi-head attention itself is in layers_attn.c,
+ * the cross-attention decoder block in layers_xattn.c; the helpers and
+ * block steps they share with this file are declared in layers_impl.h.
  */
 #include "layers.h"
 #include "layers_impl.h"
@@ -162,7 +164,7 @@ static float gelu_grad(float xf)
 }
 
 /* log sum_k exp z_k, stable. */
-static double logsumexp(const float *z, int64_t n)
+double ly_logsumexp(const float *z, int64_t n)
 {
 	double mx = -INFINITY, s = 0;
 	for (int64_t k = 0; k < n; k++)
@@ -428,66 +430,6 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t k = 0; k < sq * h; k++)
 			dpos[k] += dy[i * sq * h + k];
-}
-
-/* ---- attention -------------------------------------------------------------- */
-
-/*
- * Per head j (columns [j dh, (j+1) dh) of q, k, v and out):
- *   P_j = softmax(Q_j K_j^T / sqrt(dh) [+ causal mask]) [sq, sk]
- *   out_j = P_j V_j
- * The causal mask lets query r see keys [0, r].
- */
-void ly_attn_fwd(const ly_attn_t *a, const float *q, const float *k, const float *v,
-		 float *probs, float *out)
-{
-	int64_t sq = a->sq, sk = a->sk, dh = a->dh;
-	float scale = (float)(1.0 / sqrt((double)dh));
-	for (int64_t j = 0; j < a->heads; j++) {
-		float *pr = probs + j * sq * sk;
-		ly_gemm(0, 1, sq, sk, dh, scale, q + j * dh, a->ldq, k + j * dh, a->ldk, 0.0f,
-		     pr, sk);
-		for (int64_t r = 0; r < sq; r++) {
-			float *row = pr + r * sk;
-			int64_t lim = a->causal && r + 1 < sk ? r + 1 : sk;
-			double lse = logsumexp(row, lim);
-			for (int64_t cc = 0; cc < lim; cc++)
-				row[cc] = (float)exp((double)row[cc] - lse);
-			for (int64_t cc = lim; cc < sk; cc++)
-				row[cc] = 0.0f;
-		}
-		ly_gemm(0, 0, sq, dh, sk, 1.0f, pr, sk, v + j * dh, a->ldv, 0.0f, out + j * dh,
-		     a->ldo);
-	}
-}
-
-/*
- * Per head: dP = dO V^T; dV = P^T dO;
- * dS = P (dP - rowsum(P dP)) / sqrt(dh) (softmax backward); dQ = dS K; dK = dS^T Q.
- */
-void ly_attn_bwd(const ly_attn_t *a, const float *q, const float *k, const float *v,
-		 const float *probs, const float *dout, float *dq, float *dk, float *dv,
-		 float *dpr)
-{
-	int64_t sq = a->sq, sk = a->sk, dh = a->dh;
-	float scale = (float)(1.0 / sqrt((double)dh));
-	for (int64_t j = 0; j < a->heads; j++) {
-		const float *pr = probs + j * sq * sk, *dout_j = dout + j * dh;
-		int64_t c = j * dh;
-		ly_gemm(0, 1, sq, sk, dh, 1.0f, dout_j, a->ldo, v + c, a->ldv, 0.0f, dpr, sk);
-		ly_gemm(1, 0, sk, dh, sq, 1.0f, pr, sk, dout_j, a->ldo, 0.0f, dv + c, a->ldv);
-		for (int64_t r = 0; r < sq; r++) {
-			const float *pw = pr + r * sk;
-			float *dw = dpr + r * sk;
-			double dot = 0;
-			for (int64_t cc = 0; cc < sk; cc++)
-				dot += (double)pw[cc] * dw[cc];
-			for (int64_t cc = 0; cc < sk; cc++)
-				dw[cc] = (float)(pw[cc] * (dw[cc] - dot) * scale);
-		}
-		ly_gemm(0, 0, sq, dh, sk, 1.0f, dpr, sk, k + c, a->ldk, 0.0f, dq + c, a->ldq);
-		ly_gemm(1, 0, sk, dh, sq, 1.0f, dpr, sk, q + c, a->ldq, 0.0f, dk + c, a->ldk);
-	}
 }
 
 /* ---- transformer block ------------------------------------------------------ */
@@ -816,7 +758,7 @@ double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x
 				memset(zt, 0, (size_t)V * sizeof *zt);
 				continue;
 			}
-			double lse = logsumexp(zt, V);
+			double lse = ly_logsumexp(zt, V);
 			li += lse - zt[yi[t]];
 			for (int64_t k = 0; k < V; k++)
 				zt[k] = (float)(coef * exp((double)zt[k] - lse));
@@ -868,7 +810,7 @@ double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float
 			memset(z, 0, (size_t)C * sizeof *z);
 			continue;
 		}
-		double lse = logsumexp(z, C);
+		double lse = ly_logsumexp(z, C);
 		total += lse - z[y];
 		for (int64_t k = 0; k < C; k++)
 			z[k] = (float)(scale * exp((double)z[k] - lse));
@@ -935,7 +877,7 @@ double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
 	double *r = ly_xmalloc((size_t)(4 * B) * sizeof *r);
 	double *c = r + B, *dota = c + B, *dotb = dota + B;
 	for (int64_t i = 0; i < B; i++)
-		r[i] = logsumexp(pa + i * B, B);
+		r[i] = ly_logsumexp(pa + i * B, B);
 	for (int64_t j = 0; j < B; j++) {
 		double mx = -INFINITY, sum = 0;
 		for (int64_t i = 0; i < B; i++)

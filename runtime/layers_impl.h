@@ -3,7 +3,7 @@
  * layers_xattn.c, sectioned by what they are: numeric helpers, multi-head
  * attention on strided Q/K/V, and the transformer block's per-sample
  * steps, which the cross-attention decoder block calls around its extra
- * sublayer. All defined in layers.c. It is not an interface of the
+ * sublayer. Defined in layers.c, except attention (layers_attn.c). It is not an interface of the
  * runtime: only runtime/layers*.c include it; semantics of the public
  * functions stay in layers.h.
  */
@@ -20,6 +20,8 @@
 /* C = alpha op(A) op(B) + beta C, row-major, with int64 sizes. */
 void ly_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
 	     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* log sum_k exp z_k, stable. */
+double ly_logsumexp(const float *z, int64_t n);
 /* malloc that aborts with a message when memory runs out (workspace). */
 void *ly_xmalloc(size_t n);
 /* Each of `rows` rows (stride ld) gets the vector v added. */
@@ -37,7 +39,7 @@ void ly_ln_rows_bwd(float *dx, float *dg, float *db, const float *dy, const floa
 		    const float *mean, const float *rstd, const float *g, int64_t rows,
 		    int64_t h);
 
-/* ---- attention -------------------------------------------------------------- */
+/* ---- layers_attn.c: attention ---------------------------------------------- */
 
 /*
  * Scaled dot-product attention of `heads` heads of width dh: queries

@@ -121,8 +121,9 @@ rt_patch_bwd_fn_t patch_bwd;
  * every member; so are the gradients of the whole tensors (LayerNorms,
  * b_o, b_2). dx is added into (not overwritten).
  * Returns 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
- * [0, t), no hook; nothing written), or the all-reduce's negative code at
- * once (y, dx, dp then hold partial results).
+ * [0, t), no hook) or a shape with a memory (mem_seq > 0: the decoder
+ * block's, xblock_fwd) with nothing written, or the all-reduce's negative
+ * code at once (y, dx, dp then hold partial results).
  */
 rt_tblock_fwd_fn_t tblock_fwd;
 rt_tblock_bwd_fn_t tblock_bwd;
@@ -131,7 +132,8 @@ rt_tblock_bwd_fn_t tblock_bwd;
  * tp), its rank (0 unsplit), the shape's hidden h and seq s, its widths
  * hl = h/t, fl = f/t, al = a/t, the head width dh = h/a, the floats saved
  * per sample (op_saved_elems_tp) and its tensors (layer_tensors_tp).
- * Returns 0, or SP_EINPUT for a split the block refuses (see above).
+ * Returns 0, or SP_EINPUT for a split or a shape the block refuses (see
+ * above).
  */
 typedef struct {
 	int t, rank;
@@ -154,7 +156,7 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
  * (each row K then V), probs_c [a,s,m], lnc_mean [s], lnc_rstd [s]. The
  * memory is not saved (arith.c: one value per node, held by the caller):
  * the backward reads it again and adds into dx, dmemory and dp.
- * Returns 0, or SP_EINPUT for tp with t > 1 (not split yet) or a shape
+ * Returns 0, or SP_EINPUT for tp with t != 1 (not split yet) or a shape
  * without a memory (nothing written).
  */
 rt_xblock_fwd_fn_t xblock_fwd;

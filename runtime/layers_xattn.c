@@ -6,7 +6,7 @@
  * transformer block's own steps (layers_impl.h); this file adds the
  * cross-attention sublayer between them and the memory's gradient.
  *
- * What it does not do yet: split (tensor parallelism: tp with t > 1 is
+ * What it does not do yet: split (tensor parallelism: tp with t != 1 is
  * refused), or run inside spindle-run. It is in no backend table and
  * interp.c does not call it; that wiring comes with the planner's support
  * for cross-attention models (planner/graph.c still refuses them). Its
@@ -47,7 +47,7 @@ typedef struct {
 static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT],
 		   const sp_opshape_t *s, const rt_tp_t *tp, const float *p, float *dp)
 {
-	if ((tp && tp->t > 1) || s->type != COMP_TRANSFORMER || s->mem_seq <= 0 ||
+	if ((tp && tp->t != 1) || s->type != COMP_TRANSFORMER || s->mem_seq <= 0 ||
 	    s->mem_width <= 0)
 		return SP_EINPUT;
 	sp_opshape_t self = *s;

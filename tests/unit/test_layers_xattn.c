@@ -387,6 +387,8 @@ static void test_refusals(void **state)
 	assert_int_equal(xblock_fwd(&k.s, &tp, N, k.p, k.x, k.mem, k.y, k.saved), SP_EINPUT);
 	assert_int_equal(xblock_bwd(&k.s, &tp, N, k.p, k.saved, k.mem, k.r, dx, dmem, dp),
 			 SP_EINPUT);
+	tp.t = 0;
+	assert_int_equal(xblock_fwd(&k.s, &tp, N, k.p, k.x, k.mem, k.y, k.saved), SP_EINPUT);
 	tp.t = 1; /* a one-member group is the whole layer */
 	assert_int_equal(xblock_fwd(&k.s, &tp, N, k.p, k.x, k.mem, k.y, k.saved), 0);
 	/* the transformer block does not ignore a memory silently */

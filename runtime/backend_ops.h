@@ -59,6 +59,17 @@ typedef int rt_tblock_fwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 typedef int rt_tblock_bwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 			       const float *p, const float *saved, const float *dy, float *dx,
 			       float *dp);
+/*
+ * The cross-attention decoder block: the transformer block's x -> y that
+ * also reads memory [n, m, W] (m = s->mem_seq, W = s->mem_width); the
+ * backward adds into dmemory as well. Same tp argument; no split yet.
+ */
+typedef int rt_xblock_fwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+			       const float *p, const float *x, const float *memory, float *y,
+			       float *saved);
+typedef int rt_xblock_bwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+			       const float *p, const float *saved, const float *memory,
+			       const float *dy, float *dx, float *dmemory, float *dp);
 
 /* ---- losses, optimizer, initialisation ------------------------------------ */
 

@@ -166,7 +166,7 @@ static int component_records(const sp_model_t *md, int comp, const uint8_t *buf,
 		sp_err_hint(err, "a checkpoint resumes only a model with the same components");
 		goto cleanup;
 	}
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, t);
 	int64_t cnt = comp_layer_params(c);
 	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};

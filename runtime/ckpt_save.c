@@ -141,7 +141,7 @@ static int component_file(const sp_model_t *md, int comp, const rec_t *rec, int 
 				     "dims", dims)))
 		return -1;
 	static const char *const sfx[3] = {"", ".adam_m", ".adam_v"};
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, t);
 	for (int part = 0; part < (adam ? 3 : 1); part++)
 		for (int i = 0; i < n; i++) {

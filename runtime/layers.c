@@ -10,9 +10,12 @@
  * loss functions use `saved` as scratch. tblock_bwd and contrastive_loss
  * allocate a workspace per call (the gradient of a LayerNorm output for
  * all n samples and one sample's other gradients; O(B) doubles) and free
- * it before returning.
+ * it before returning. Multi-head attention itself is in layers_attn.c,
+ * the cross-attention decoder block in layers_xattn.c; the helpers and
+ * block steps they share with this file are declared in layers_impl.h.
  */
 #include "layers.h"
+#include "layers_impl.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -28,7 +31,7 @@
 /* ---- helpers -------------------------------------------------------------- */
 
 /* C = alpha op(A) op(B) + beta C, row-major, with int64 sizes. */
-static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+void ly_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
 		 const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
 		 float *c, int64_t ldc)
 {
@@ -46,7 +49,7 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
 		    (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-static void *xmalloc(size_t n)
+void *ly_xmalloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);
 	if (!p) {
@@ -60,7 +63,7 @@ static void *xmalloc(size_t n)
 }
 
 /* Each of `rows` rows (stride ld) gets the vector v added. */
-static void add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v)
+void ly_add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v)
 {
 	for (int64_t r = 0; r < rows; r++)
 		for (int64_t c = 0; c < cols; c++)
@@ -68,7 +71,7 @@ static void add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const flo
 }
 
 /* db += sum over rows of dy. */
-static void sum_rows(float *db, const float *dy, int64_t rows, int64_t cols, int64_t ld)
+void ly_sum_rows(float *db, const float *dy, int64_t rows, int64_t cols, int64_t ld)
 {
 	for (int64_t r = 0; r < rows; r++)
 		for (int64_t c = 0; c < cols; c++)
@@ -123,6 +126,21 @@ static void ln_row_bwd(float *dx, float *dg, float *db, const float *dy, const f
 	}
 }
 
+void ly_ln_rows(float *y, float *mean, float *rstd, const float *x, int64_t rows, int64_t h,
+		const float *g, const float *b)
+{
+	for (int64_t r = 0; r < rows; r++)
+		ln_row(y + r * h, &mean[r], &rstd[r], x + r * h, h, g, b);
+}
+
+void ly_ln_rows_bwd(float *dx, float *dg, float *db, const float *dy, const float *x,
+		    const float *mean, const float *rstd, const float *g, int64_t rows,
+		    int64_t h)
+{
+	for (int64_t r = 0; r < rows; r++)
+		ln_row_bwd(dx + r * h, dg, db, dy + r * h, x + r * h, mean[r], rstd[r], g, h);
+}
+
 /*
  * GELU, tanh approximation, with u = c (x + 0.044715 x^3), c = sqrt(2/pi):
  *   gelu(x)  = x/2 (1 + tanh u)
@@ -146,7 +164,7 @@ static float gelu_grad(float xf)
 }
 
 /* log sum_k exp z_k, stable. */
-static double logsumexp(const float *z, int64_t n)
+double ly_logsumexp(const float *z, int64_t n)
 {
 	double mx = -INFINITY, s = 0;
 	for (int64_t k = 0; k < n; k++)
@@ -176,17 +194,19 @@ sp_component_t layer_comp_of_shape(const sp_opshape_t *s)
 	c.ffn = s->ffn;
 	c.classes = s->classes;
 	c.causal = s->causal;
+	c.cross_attention = s->mem_seq > 0;
+	c.memory_width = c.cross_attention ? s->mem_width : 0;
 	return c;
 }
 
 /* ---- parameter layout --------------------------------------------------- */
 
-int layer_tensors(const sp_component_t *c, layer_tensor_t out[12])
+int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX])
 {
 	return layer_tensors_tp(c, 1, out);
 }
 
-int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
+int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_TENSORS_MAX])
 {
 	int64_t h = c->hidden, f = c->ffn;
 	if (!tp_ok(c->type, c->heads, c->ffn, tp))
@@ -226,6 +246,16 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
 		T("b_1", fl, 1);
 		T("w_2", fl, h);
 		T("b_2", h, 1);
+		if (!c->cross_attention || tp > 1)
+			break;
+		T("lnc_g", h, 1);
+		T("lnc_b", h, 1);
+		T("w_q", h, h);
+		T("b_q", h, 1);
+		T("w_kv", c->memory_width, 2 * h);
+		T("b_kv", 2 * h, 1);
+		T("w_oc", h, h);
+		T("b_oc", h, 1);
 		break;
 	case COMP_LINEAR:
 		T("w", c->in, c->out);
@@ -249,23 +279,6 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12])
 	return nt;
 }
 
-/* Transformer tensors, in layer_tensors order. */
-enum {
-	TB_LN1G,
-	TB_LN1B,
-	TB_WQKV,
-	TB_BQKV,
-	TB_WO,
-	TB_BO,
-	TB_LN2G,
-	TB_LN2B,
-	TB_W1,
-	TB_B1,
-	TB_W2,
-	TB_B2,
-	TB__COUNT
-};
-
 /*
  * A column shard of a row-major tensor whose rows are `parts` blocks of wf
  * columns: the shard's row holds, for each block q, the w columns at
@@ -288,7 +301,7 @@ static void shard_cols(float *full, float *shard, int64_t rows, int parts, int64
 void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *shard,
 		 int to_full)
 {
-	layer_tensor_t ft[12], st[12];
+	layer_tensor_t ft[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, ft);
 	if (!tp_ok(c->type, c->heads, c->ffn, tp))
 		tp = 1;
@@ -328,7 +341,7 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
  */
 void layer_init(float *params, const sp_component_t *c, int layer, uint64_t seed)
 {
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, t);
 	uint64_t hn = sp_fnv1a(SP_FNV_INIT, c->name, strnlen(c->name, SP_NAME_MAX));
 	uint64_t base = sp_mix64(sp_mix64(seed ^ hn) + (uint64_t)(int64_t)layer);
@@ -402,7 +415,7 @@ void patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats,
 			for (int64_t k = 0; k < h; k++)
 				o[k] = b[k] + pos[t * h + k];
 		}
-	gemm(0, 0, rows, h, in, 1.0f, feats, in, w, h, 1.0f, y, h);
+	ly_gemm(0, 0, rows, h, in, 1.0f, feats, in, w, h, 1.0f, y, h);
 }
 
 /* dW += feats^T dy; db += sum dy; dpos[t] += sum_i dy[i,t] */
@@ -412,8 +425,8 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 	(void)p;
 	int64_t h = s->hidden, sq = s->seq, in = s->in, rows = (int64_t)n * sq;
 	float *dw = dp, *db = dp + in * h, *dpos = db + h;
-	gemm(1, 0, in, h, rows, 1.0f, saved, in, dy, h, 1.0f, dw, h);
-	sum_rows(db, dy, rows, h, h);
+	ly_gemm(1, 0, in, h, rows, 1.0f, saved, in, dy, h, 1.0f, dw, h);
+	ly_sum_rows(db, dy, rows, h, h);
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t k = 0; k < sq * h; k++)
 			dpos[k] += dy[i * sq * h + k];
@@ -424,8 +437,9 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	int t = tp ? tp->t : 1;
-	if (t < 1 || (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
-				 tp->rank >= t || !tp->allreduce)))
+	if (t < 1 || s->mem_seq != 0 ||
+	    (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
+		       tp->rank >= t || !tp->allreduce)))
 		return SP_EINPUT;
 	assert(s->heads > 0 && s->hidden % s->heads == 0);
 	out->t = t;
@@ -442,13 +456,7 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 	return 0;
 }
 
-/* A member's view of the block: its split and the hook (NULL unsplit). */
-typedef struct {
-	tblock_split_t sp;
-	const rt_tp_t *tp;
-} tb_dims_t;
-
-static int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
+int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	int rc = tblock_split(&out->sp, s, tp);
 	out->tp = rc == 0 && out->sp.t > 1 ? tp : NULL;
@@ -461,13 +469,7 @@ static int tb_allreduce(const tb_dims_t *d, float *buf, int64_t n)
 	return d->tp ? d->tp->allreduce(d->tp->ctx, buf, n) : 0;
 }
 
-/* Pointers into one sample's saved block, in the order of layers.h. */
-typedef struct {
-	float *x, *ln1, *qkv, *cat, *xmid, *ln2, *pre, *act, *probs;
-	float *m1, *r1, *m2, *r2;
-} tb_saved_t;
-
-static tb_saved_t tb_saved(const tb_dims_t *d, float *base)
+tb_saved_t tb_saved(const tb_dims_t *d, float *base)
 {
 	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl;
 	tb_saved_t v;
@@ -512,39 +514,46 @@ static void tb_start_sum(const tb_dims_t *d, float *y, const float *base, const 
 		return;
 	}
 	memcpy(y, base, (size_t)n * sizeof *y);
-	add_rows(y, d->sp.s, d->sp.h, d->sp.h, bias);
+	ly_add_rows(y, d->sp.s, d->sp.h, d->sp.h, bias);
+}
+
+/* rows x cols of y set to the bias row b, then y += a W (a: rows x k). */
+void ly_affine(float *y, const float *a, const float *w, const float *b, int64_t rows,
+	       int64_t k, int64_t cols)
+{
+	for (int64_t r = 0; r < rows; r++)
+		memcpy(y + r * cols, b, (size_t)cols * sizeof *y);
+	ly_gemm(0, 0, rows, cols, k, 1.0f, a, k, w, cols, 1.0f, y, cols);
 }
 
 /*
  * Attention of this member's al heads on one sample: ln1 = LN1(x),
- * qkv = ln1 Wqkv + bqkv (its heads' columns), per head
- * P = softmax(Q K^T / sqrt(dh) [+ causal mask]), cat = P V.
+ * qkv = ln1 Wqkv + bqkv (its heads' columns), cat = attention (causal when
+ * asked), then the partial sum out = [x + bo] + cat Wo.
  */
-static void tb_attn_fwd(const tb_dims_t *d, int causal, const float *const *w, tb_saved_t *v)
+void tb_attn_out_fwd(const tb_dims_t *d, int causal, const float *const *w, tb_saved_t *v,
+		     float *out)
 {
-	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
-	float scale = (float)(1.0 / sqrt((double)dh));
-	for (int64_t r = 0; r < sq; r++)
-		ln_row(v->ln1 + r * h, &v->m1[r], &v->r1[r], v->x + r * h, h, w[TB_LN1G],
-		       w[TB_LN1B]);
-	for (int64_t r = 0; r < sq; r++)
-		memcpy(v->qkv + r * w3, w[TB_BQKV], (size_t)w3 * sizeof(float));
-	gemm(0, 0, sq, w3, h, 1.0f, v->ln1, h, w[TB_WQKV], w3, 1.0f, v->qkv, w3);
-	for (int64_t j = 0; j < d->sp.al; j++) {
-		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
-		float *pr = v->probs + j * sq * sq;
-		gemm(0, 1, sq, sq, dh, scale, q, w3, k, w3, 0.0f, pr, sq);
-		for (int64_t r = 0; r < sq; r++) {
-			float *row = pr + r * sq;
-			int64_t lim = causal ? r + 1 : sq;
-			double lse = logsumexp(row, lim);
-			for (int64_t cc = 0; cc < lim; cc++)
-				row[cc] = (float)exp((double)row[cc] - lse);
-			for (int64_t cc = lim; cc < sq; cc++)
-				row[cc] = 0.0f;
-		}
-		gemm(0, 0, sq, dh, sq, 1.0f, pr, sq, vv, w3, 0.0f, v->cat + j * dh, hl);
-	}
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, w3 = 3 * hl;
+	ly_ln_rows(v->ln1, v->m1, v->r1, v->x, sq, h, w[TB_LN1G], w[TB_LN1B]);
+	ly_affine(v->qkv, v->ln1, w[TB_WQKV], w[TB_BQKV], sq, h, w3);
+	ly_attn_t a = { d->sp.al, d->sp.dh, sq, sq, w3, w3, w3, hl, causal };
+	ly_attn_fwd(&a, v->qkv, v->qkv + hl, v->qkv + 2 * hl, v->probs, v->cat);
+	tb_start_sum(d, out, v->x, w[TB_BO]);
+	ly_gemm(0, 0, sq, h, hl, 1.0f, v->cat, hl, w[TB_WO], h, 1.0f, out, h);
+}
+
+/* MLP of one sample on v->xmid: ln2, pre, act, and the partial sum
+ * y = [x_mid + b2] + act W2. */
+void tb_mlp_fwd(const tb_dims_t *d, const float *const *w, tb_saved_t *v, float *y)
+{
+	int64_t h = d->sp.h, sq = d->sp.s, fl = d->sp.fl;
+	ly_ln_rows(v->ln2, v->m2, v->r2, v->xmid, sq, h, w[TB_LN2G], w[TB_LN2B]);
+	ly_affine(v->pre, v->ln2, w[TB_W1], w[TB_B1], sq, h, fl);
+	for (int64_t k = 0; k < sq * fl; k++)
+		v->act[k] = gelu(v->pre[k]);
+	tb_start_sum(d, y, v->xmid, w[TB_B2]);
+	ly_gemm(0, 0, sq, h, fl, 1.0f, v->act, fl, w[TB_W2], h, 1.0f, y, h);
 }
 
 /*
@@ -562,79 +571,71 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	int rc = tb_dims(&d, s, tp);
 	if (rc < 0)
 		return rc;
-	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, sh = sq * h;
+	int64_t sh = d.sp.s * d.sp.h;
 	const float *w[TB__COUNT];
 	tb_tensors(&d, p, NULL, w, NULL);
 
-	/* attention and the partial output projection, every sample */
 	for (int64_t i = 0; i < n; i++) {
 		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
-		float *yi = y + i * sh;
 		memcpy(v.x, x + i * sh, (size_t)sh * sizeof *v.x);
-		tb_attn_fwd(&d, s->causal, w, &v);
-		tb_start_sum(&d, yi, v.x, w[TB_BO]);
-		gemm(0, 0, sq, h, d.sp.hl, 1.0f, v.cat, d.sp.hl, w[TB_WO], h, 1.0f, yi, h);
+		tb_attn_out_fwd(&d, s->causal, w, &v, y + i * sh);
 	}
 	if ((rc = tb_allreduce(&d, y, n * sh)) < 0)
 		return rc;
 
-	/* MLP and its partial second product, every sample */
 	for (int64_t i = 0; i < n; i++) {
 		tb_saved_t v = tb_saved(&d, saved + i * d.sp.per);
-		float *yi = y + i * sh;
-		memcpy(v.xmid, yi, (size_t)sh * sizeof *v.xmid);
-		for (int64_t r = 0; r < sq; r++)
-			ln_row(v.ln2 + r * h, &v.m2[r], &v.r2[r], v.xmid + r * h, h,
-			       w[TB_LN2G], w[TB_LN2B]);
-		for (int64_t r = 0; r < sq; r++)
-			memcpy(v.pre + r * fl, w[TB_B1], (size_t)fl * sizeof(float));
-		gemm(0, 0, sq, fl, h, 1.0f, v.ln2, h, w[TB_W1], fl, 1.0f, v.pre, fl);
-		for (int64_t k = 0; k < sq * fl; k++)
-			v.act[k] = gelu(v.pre[k]);
-		tb_start_sum(&d, yi, v.xmid, w[TB_B2]);
-		gemm(0, 0, sq, h, fl, 1.0f, v.act, fl, w[TB_W2], h, 1.0f, yi, h);
+		memcpy(v.xmid, y + i * sh, (size_t)sh * sizeof *v.xmid);
+		tb_mlp_fwd(&d, w, &v, y + i * sh);
 	}
 	return tb_allreduce(&d, y, n * sh);
 }
 
 /*
- * Attention backward of one sample, from dcat [s, hl] to dqkv [s, 3hl],
- * per head: dP = dO V^T; dV = P^T dO;
- * dS = P (dP - rowsum(P dP)) / sqrt(d) (softmax backward); dQ = dS K; dK = dS^T Q.
+ * MLP backward of one sample: dW2 += act^T dy; dact = dy W2^T;
+ * dpre = dact gelu'(pre); dW1 += ln2^T dpre; dln2 = dpre W1^T (partial
+ * when split). dact: scratch [s, fl].
  */
-static void tb_attn_bwd(const tb_dims_t *d, const tb_saved_t *v, const float *dcat,
-			float *dqkv, float *dpr)
+void tb_mlp_bwd(const tb_dims_t *d, const float *const *w, float *const *g,
+		const tb_saved_t *v, const float *dy, float *dact, float *dln2)
 {
-	int64_t sq = d->sp.s, hl = d->sp.hl, dh = d->sp.dh, w3 = 3 * hl;
-	float scale = (float)(1.0 / sqrt((double)dh));
-	for (int64_t j = 0; j < d->sp.al; j++) {
-		const float *q = v->qkv + j * dh, *k = q + hl, *vv = q + 2 * hl;
-		const float *pr = v->probs + j * sq * sq, *dout = dcat + j * dh;
-		float *dq = dqkv + j * dh, *dk = dq + hl, *dv = dq + 2 * hl;
-		gemm(0, 1, sq, sq, dh, 1.0f, dout, hl, vv, w3, 0.0f, dpr, sq);
-		gemm(1, 0, sq, dh, sq, 1.0f, pr, sq, dout, hl, 0.0f, dv, w3);
-		for (int64_t r = 0; r < sq; r++) {
-			const float *pw = pr + r * sq;
-			float *dw = dpr + r * sq;
-			double dot = 0;
-			for (int64_t cc = 0; cc < sq; cc++)
-				dot += (double)pw[cc] * dw[cc];
-			for (int64_t cc = 0; cc < sq; cc++)
-				dw[cc] = (float)(pw[cc] * (dw[cc] - dot) * scale);
-		}
-		gemm(0, 0, sq, dh, sq, 1.0f, dpr, sq, k, w3, 0.0f, dq, w3);
-		gemm(1, 0, sq, dh, sq, 1.0f, dpr, sq, q, w3, 0.0f, dk, w3);
-	}
+	int64_t h = d->sp.h, sq = d->sp.s, fl = d->sp.fl;
+	ly_gemm(1, 0, fl, h, sq, 1.0f, v->act, fl, dy, h, 1.0f, g[TB_W2], h);
+	ly_sum_rows(g[TB_B2], dy, sq, h, h);
+	ly_gemm(0, 1, sq, fl, h, 1.0f, dy, h, w[TB_W2], h, 0.0f, dact, fl);
+	for (int64_t k = 0; k < sq * fl; k++)
+		dact[k] *= gelu_grad(v->pre[k]);
+	ly_gemm(1, 0, h, fl, sq, 1.0f, v->ln2, h, dact, fl, 1.0f, g[TB_W1], fl);
+	ly_sum_rows(g[TB_B1], dact, sq, fl, fl);
+	ly_gemm(0, 1, sq, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, dln2, h);
+}
+
+/*
+ * Attention backward of one sample from dxm, the gradient of the residual
+ * after the self-attention: dWo += cat^T dxm; dcat = dxm Wo^T; attention
+ * backward per head to dqkv; dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T
+ * (partial when split).
+ */
+void tb_attn_out_bwd(const tb_dims_t *d, const float *const *w, float *const *g,
+		     const tb_saved_t *v, const float *dxm, const tb_scratch_t *ws, float *dln1)
+{
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, w3 = 3 * hl;
+	ly_gemm(1, 0, hl, h, sq, 1.0f, v->cat, hl, dxm, h, 1.0f, g[TB_WO], h);
+	ly_sum_rows(g[TB_BO], dxm, sq, h, h);
+	ly_gemm(0, 1, sq, hl, h, 1.0f, dxm, h, w[TB_WO], h, 0.0f, ws->dcat, hl);
+	ly_attn_t a = { d->sp.al, d->sp.dh, sq, sq, w3, w3, w3, hl, 0 };
+	ly_attn_bwd(&a, v->qkv, v->qkv + hl, v->qkv + 2 * hl, v->probs, ws->dcat, ws->dqkv,
+		    ws->dqkv + hl, ws->dqkv + 2 * hl, ws->dpr);
+	ly_gemm(1, 0, h, w3, sq, 1.0f, v->ln1, h, ws->dqkv, w3, 1.0f, g[TB_WQKV], w3);
+	ly_sum_rows(g[TB_BQKV], ws->dqkv, sq, w3, w3);
+	ly_gemm(0, 1, sq, h, w3, 1.0f, ws->dqkv, w3, w[TB_WQKV], w3, 0.0f, dln1, h);
 }
 
 /*
  * Backward (dy given, everything else from `saved`), in three passes over
  * the n samples with an all-reduce of dln [n, s, h] between them:
- *   MLP:  dW2 += act^T dy; dact = dy W2^T; dpre = dact gelu'(pre);
- *         dW1 += ln2^T dpre; dln2 = dpre W1^T          (partial: all-reduce)
- *   attn: dx_mid = dy + LN2'(dln2); dWo += cat^T dx_mid; dcat = dx_mid Wo^T;
- *         attention backward per head to dqkv;
- *         dWqkv += ln1^T dqkv; dln1 = dqkv Wqkv^T       (partial: all-reduce)
+ *   MLP:  to dln2 (tb_mlp_bwd)                           (partial: all-reduce)
+ *   attn: dx_mid = dy + LN2'(dln2); to dln1 (tb_attn_out_bwd) (partial: all-reduce)
  *   LN1:  dx += dx_mid + LN1'(dln1)
  * Bias gradients are the column sums of the matching output gradients.
  * Whole tensors' gradients (LayerNorms, bo, b2) come from whole values,
@@ -653,22 +654,17 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	tb_tensors(&d, p, dp, w, g);
 
 	/* dln [n,s,h], dxmid [s,h], dact [s,fl], dcat [s,hl], dqkv [s,3hl], dP [s,s] */
-	float *ws = xmalloc((size_t)(n * sh + sq * (h + fl + 4 * hl) + sq * sq) *
-			    sizeof(float));
-	float *dln = ws, *dxm = dln + n * sh, *dact = dxm + sh, *dcat = dact + sq * fl;
-	float *dqkv = dcat + sq * hl, *dpr = dqkv + 3 * sq * hl;
+	float *buf = ly_xmalloc((size_t)(n * sh + sq * (h + fl + 4 * hl) + sq * sq) *
+			     sizeof(float));
+	float *dln = buf, *dxm = dln + n * sh, *dact = dxm + sh;
+	tb_scratch_t ws;
+	ws.dcat = dact + sq * fl;
+	ws.dqkv = ws.dcat + sq * hl;
+	ws.dpr = ws.dqkv + 3 * sq * hl;
 
 	for (int64_t i = 0; i < n; i++) {
 		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
-		const float *dyi = dy + i * sh;
-		gemm(1, 0, fl, h, sq, 1.0f, v.act, fl, dyi, h, 1.0f, g[TB_W2], h);
-		sum_rows(g[TB_B2], dyi, sq, h, h);
-		gemm(0, 1, sq, fl, h, 1.0f, dyi, h, w[TB_W2], h, 0.0f, dact, fl);
-		for (int64_t k = 0; k < sq * fl; k++)
-			dact[k] *= gelu_grad(v.pre[k]);
-		gemm(1, 0, h, fl, sq, 1.0f, v.ln2, h, dact, fl, 1.0f, g[TB_W1], fl);
-		sum_rows(g[TB_B1], dact, sq, fl, fl);
-		gemm(0, 1, sq, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, dln + i * sh, h);
+		tb_mlp_bwd(&d, w, g, &v, dy + i * sh, dact, dln + i * sh);
 	}
 	if ((rc = tb_allreduce(&d, dln, n * sh)) < 0)
 		goto cleanup;
@@ -677,18 +673,9 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
 		float *dlni = dln + i * sh, *dxi = dx + i * sh;
 		memcpy(dxm, dy + i * sh, (size_t)sh * sizeof *dxm);
-		for (int64_t r = 0; r < sq; r++)
-			ln_row_bwd(dxm + r * h, g[TB_LN2G], g[TB_LN2B], dlni + r * h,
-				   v.xmid + r * h, v.m2[r], v.r2[r], w[TB_LN2G], h);
-		gemm(1, 0, hl, h, sq, 1.0f, v.cat, hl, dxm, h, 1.0f, g[TB_WO], h);
-		sum_rows(g[TB_BO], dxm, sq, h, h);
-		gemm(0, 1, sq, hl, h, 1.0f, dxm, h, w[TB_WO], h, 0.0f, dcat, hl);
-		tb_attn_bwd(&d, &v, dcat, dqkv, dpr);
-		gemm(1, 0, h, 3 * hl, sq, 1.0f, v.ln1, h, dqkv, 3 * hl, 1.0f, g[TB_WQKV],
-		     3 * hl);
-		sum_rows(g[TB_BQKV], dqkv, sq, 3 * hl, 3 * hl);
-		gemm(0, 1, sq, h, 3 * hl, 1.0f, dqkv, 3 * hl, w[TB_WQKV], 3 * hl, 0.0f, dlni,
-		     h);
+		ly_ln_rows_bwd(dxm, g[TB_LN2G], g[TB_LN2B], dlni, v.xmid, v.m2, v.r2,
+			       w[TB_LN2G], sq, h);
+		tb_attn_out_bwd(&d, w, g, &v, dxm, &ws, dlni);
 		for (int64_t k = 0; k < sh; k++)
 			dxi[k] += dxm[k];
 	}
@@ -697,13 +684,11 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 
 	for (int64_t i = 0; i < n; i++) {
 		tb_saved_t v = tb_saved(&d, (float *)saved + i * d.sp.per);
-		for (int64_t r = 0; r < sq; r++)
-			ln_row_bwd(dx + i * sh + r * h, g[TB_LN1G], g[TB_LN1B],
-				   dln + i * sh + r * h, v.x + r * h, v.m1[r], v.r1[r],
-				   w[TB_LN1G], h);
+		ly_ln_rows_bwd(dx + i * sh, g[TB_LN1G], g[TB_LN1B], dln + i * sh, v.x, v.m1,
+			       v.r1, w[TB_LN1G], sq, h);
 	}
 cleanup:
-	free(ws);
+	free(buf);
 	return rc;
 }
 
@@ -717,7 +702,7 @@ void linear_fwd(const sp_opshape_t *s, int n, const float *p, const float *x, fl
 	memcpy(saved, x, (size_t)(rows * in) * sizeof *saved);
 	for (int64_t r = 0; r < rows; r++)
 		memcpy(y + r * out, b, (size_t)out * sizeof *y);
-	gemm(0, 0, rows, out, in, 1.0f, x, in, w, out, 1.0f, y, out);
+	ly_gemm(0, 0, rows, out, in, 1.0f, x, in, w, out, 1.0f, y, out);
 }
 
 /* dW += x^T dy; db += sum dy; dx += dy W^T */
@@ -727,9 +712,9 @@ void linear_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved
 	int64_t in = s->in, out = s->out, rows = (int64_t)n * s->seq;
 	const float *w = p;
 	float *dw = dp, *db = dp + in * out;
-	gemm(1, 0, in, out, rows, 1.0f, saved, in, dy, out, 1.0f, dw, out);
-	sum_rows(db, dy, rows, out, out);
-	gemm(0, 1, rows, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in);
+	ly_gemm(1, 0, in, out, rows, 1.0f, saved, in, dy, out, 1.0f, dw, out);
+	ly_sum_rows(db, dy, rows, out, out);
+	ly_gemm(0, 1, rows, in, out, 1.0f, dy, out, w, out, 1.0f, dx, in);
 }
 
 /* ---- losses ---------------------------------------------------------------- */
@@ -763,9 +748,8 @@ double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x
 		}
 		if (cnt == 0)
 			continue;
-		for (int64_t t = 0; t < sq; t++)
-			ln_row(ln + t * h, &mean[t], &rstd[t], xi + t * h, h, lng, lnb);
-		gemm(0, 0, sq, V, h, 1.0f, ln, h, w, V, 0.0f, z, V);
+		ly_ln_rows(ln, mean, rstd, xi, sq, h, lng, lnb);
+		ly_gemm(0, 0, sq, V, h, 1.0f, ln, h, w, V, 0.0f, z, V);
 
 		double li = 0, coef = scale / (double)cnt;
 		for (int64_t t = 0; t < sq; t++) {
@@ -774,7 +758,7 @@ double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x
 				memset(zt, 0, (size_t)V * sizeof *zt);
 				continue;
 			}
-			double lse = logsumexp(zt, V);
+			double lse = ly_logsumexp(zt, V);
 			li += lse - zt[yi[t]];
 			for (int64_t k = 0; k < V; k++)
 				zt[k] = (float)(coef * exp((double)zt[k] - lse));
@@ -782,11 +766,9 @@ double lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float *x
 		}
 		total += li / (double)cnt;
 
-		gemm(1, 0, h, V, sq, 1.0f, ln, h, z, V, 1.0f, dw, V);
-		gemm(0, 1, sq, h, V, 1.0f, z, V, w, V, 0.0f, dln, h);
-		for (int64_t t = 0; t < sq; t++)
-			ln_row_bwd(dx + i * sq * h + t * h, dg, db, dln + t * h,
-				   xi + t * h, mean[t], rstd[t], lng, h);
+		ly_gemm(1, 0, h, V, sq, 1.0f, ln, h, z, V, 1.0f, dw, V);
+		ly_gemm(0, 1, sq, h, V, 1.0f, z, V, w, V, 0.0f, dln, h);
+		ly_ln_rows_bwd(dx + i * sq * h, dg, db, dln, xi, mean, rstd, lng, sq, h);
 	}
 	return total;
 }
@@ -807,7 +789,7 @@ void classifier_logits(const sp_opshape_t *s, int n, int64_t seq_in, const float
 		ln_row(sv, sv + 2 * h, sv + 2 * h + 1, x + i * ldx, h, lng, lnb);
 		memcpy(sv + 2 * h + 2, b, (size_t)C * sizeof *sv);
 	}
-	gemm(0, 0, n, C, h, 1.0f, saved, per, w, C, 1.0f, saved + 2 * h + 2, per);
+	ly_gemm(0, 0, n, C, h, 1.0f, saved, per, w, C, 1.0f, saved + 2 * h + 2, per);
 }
 
 double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float *p,
@@ -828,16 +810,16 @@ double classifier_loss(const sp_opshape_t *s, int n, int64_t seq_in, const float
 			memset(z, 0, (size_t)C * sizeof *z);
 			continue;
 		}
-		double lse = logsumexp(z, C);
+		double lse = ly_logsumexp(z, C);
 		total += lse - z[y];
 		for (int64_t k = 0; k < C; k++)
 			z[k] = (float)(scale * exp((double)z[k] - lse));
 		z[y] -= (float)scale;
 	}
 
-	gemm(1, 0, h, C, n, 1.0f, saved, per, saved + 2 * h + 2, per, 1.0f, dw, C);
-	sum_rows(db, saved + 2 * h + 2, n, C, per);
-	gemm(0, 1, n, h, C, 1.0f, saved + 2 * h + 2, per, w, C, 0.0f, saved + h, per);
+	ly_gemm(1, 0, h, C, n, 1.0f, saved, per, saved + 2 * h + 2, per, 1.0f, dw, C);
+	ly_sum_rows(db, saved + 2 * h + 2, n, C, per);
+	ly_gemm(0, 1, n, h, C, 1.0f, saved + 2 * h + 2, per, w, C, 0.0f, saved + h, per);
 	for (int64_t i = 0; i < n; i++) {
 		const float *sv = saved + i * per;
 		if (labels[i] < 0)
@@ -877,7 +859,7 @@ void contrastive_scores(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
 			*nrm[u] = (float)nv;
 		}
 	}
-	gemm(0, 1, B, B, w, (float)(1.0 / temperature), an, w, bn, w, 0.0f, nb + B, B);
+	ly_gemm(0, 1, B, B, w, (float)(1.0 / temperature), an, w, bn, w, 0.0f, nb + B, B);
 }
 
 double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
@@ -892,10 +874,10 @@ double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
 
 	contrastive_scores(B, w, seq_a, seq_b, temperature, a, b, saved);
 	/* r [B], c [B], sum_j G_ij S_ij [B], sum_i G_ij S_ij [B] */
-	double *r = xmalloc((size_t)(4 * B) * sizeof *r);
+	double *r = ly_xmalloc((size_t)(4 * B) * sizeof *r);
 	double *c = r + B, *dota = c + B, *dotb = dota + B;
 	for (int64_t i = 0; i < B; i++)
-		r[i] = logsumexp(pa + i * B, B);
+		r[i] = ly_logsumexp(pa + i * B, B);
 	for (int64_t j = 0; j < B; j++) {
 		double mx = -INFINITY, sum = 0;
 		for (int64_t i = 0; i < B; i++)
@@ -923,8 +905,8 @@ double contrastive_loss(int64_t B, int64_t w, int64_t seq_a, int64_t seq_b,
 		}
 	}
 
-	gemm(0, 0, s1 - s0, w, B, 1.0f, pa + s0 * B, B, bn, w, 1.0f, da + s0 * lda, lda);
-	gemm(1, 0, s1 - s0, w, B, 1.0f, pb + s0, B, an, w, 1.0f, db + s0 * ldb, ldb);
+	ly_gemm(0, 0, s1 - s0, w, B, 1.0f, pa + s0 * B, B, bn, w, 1.0f, da + s0 * lda, lda);
+	ly_gemm(1, 0, s1 - s0, w, B, 1.0f, pb + s0, B, an, w, 1.0f, db + s0 * ldb, ldb);
 	for (int64_t i = s0; i < s1; i++) {
 		if (na[i] > NORM_EPS) {
 			float ca = (float)(dota[i] / na[i]);

@@ -35,20 +35,27 @@ typedef struct {
 	int64_t offset;     /* in floats from the layer's base */
 } layer_tensor_t;
 
+/* The most tensors one layer has (a cross-attention transformer's). */
+#define LAYER_TENSORS_MAX 20
+
 /*
- * Tensors of one layer of component c (max 12). Order and shapes:
+ * Tensors of one layer of component c (at most LAYER_TENSORS_MAX). Order
+ * and shapes:
  *  embedding:   tok [V,h], pos [max_seq,h]
  *  patch:       w [in,h], b [h], pos [max_seq,h]
  *  transformer: ln1_g [h], ln1_b [h], w_qkv [h,3h], b_qkv [3h], w_o [h,h],
  *               b_o [h], ln2_g [h], ln2_b [h], w_1 [h,f], b_1 [f],
  *               w_2 [f,h], b_2 [h]
+ *   with cross_attention (W = memory_width), then: lnc_g [h], lnc_b [h],
+ *               w_q [h,h], b_q [h], w_kv [W,2h] (K columns, then V),
+ *               b_kv [2h], w_oc [h,h], b_oc [h]
  *  linear:      w [in,out], b [out]
  *  lm_head:     ln_g [h], ln_b [h], w [h,V]
  *  classifier:  ln_g [h], ln_b [h], w [h,C], b [C]
  *  contrastive: none
  * Total floats == comp_layer_params(c). Returns the count of tensors.
  */
-int layer_tensors(const sp_component_t *c, layer_tensor_t out[12]);
+int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX]);
 /*
  * The same for shard `j` of a t-way tensor-parallel split (tp_ok in
  * model.h; a t it refuses is taken as 1). Transformer shard shapes, with
@@ -56,8 +63,10 @@ int layer_tensors(const sp_component_t *c, layer_tensor_t out[12]);
  * [j a/t, (j+1) a/t), b_qkv [3hl] likewise), w_o [hl,h] (its rows), w_1
  * [h,fl] and b_1 [fl] (FFN columns [j fl, (j+1) fl)), w_2 [fl,h] (rows);
  * ln1, ln2, b_o and b_2 are whole. Total comp_layer_params_tp(c, t).
+ * Cross-attention layers are not split yet: with t > 1 their extra
+ * tensors are left out, as comp_layer_params_tp leaves them out.
  */
-int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[12]);
+int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_TENSORS_MAX]);
 /*
  * Copies between a whole layer (layer_tensors layout) and its shard j of
  * tp (layer_tensors_tp layout): to_full 0 fills shard from full, 1 writes
@@ -69,7 +78,9 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
 /*
  * A component with the dimensions of an operator shape, for layer_tensors:
  * max_seq is set to the shape's seq, which only sizes the position table,
- * the last tensor, so every offset is right.
+ * the last tensor, so every offset is right; a shape with a memory
+ * (mem_seq > 0) gives a cross-attention component of memory_width
+ * mem_width.
  */
 sp_component_t layer_comp_of_shape(const sp_opshape_t *s);
 
@@ -110,8 +121,9 @@ rt_patch_bwd_fn_t patch_bwd;
  * every member; so are the gradients of the whole tensors (LayerNorms,
  * b_o, b_2). dx is added into (not overwritten).
  * Returns 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
- * [0, t), no hook; nothing written), or the all-reduce's negative code at
- * once (y, dx, dp then hold partial results).
+ * [0, t), no hook) or a shape with a memory (mem_seq > 0: the decoder
+ * block's, xblock_fwd) with nothing written, or the all-reduce's negative
+ * code at once (y, dx, dp then hold partial results).
  */
 rt_tblock_fwd_fn_t tblock_fwd;
 rt_tblock_bwd_fn_t tblock_bwd;
@@ -120,14 +132,35 @@ rt_tblock_bwd_fn_t tblock_bwd;
  * tp), its rank (0 unsplit), the shape's hidden h and seq s, its widths
  * hl = h/t, fl = f/t, al = a/t, the head width dh = h/a, the floats saved
  * per sample (op_saved_elems_tp) and its tensors (layer_tensors_tp).
- * Returns 0, or SP_EINPUT for a split the block refuses (see above).
+ * Returns 0, or SP_EINPUT for a split or a shape the block refuses (see
+ * above).
  */
 typedef struct {
 	int t, rank;
 	int64_t h, s, hl, fl, al, dh, per;
-	layer_tensor_t tensors[12];
+	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } tblock_split_t;
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
+
+/*
+ * Cross-attention decoder block (layers_xattn.c; not in the backend
+ * tables or interp.c yet): self-attention as in the transformer block
+ * (pre-LN, causal when s->causal), x_mid = x + attn(LN1(x)) Wo + bo; then
+ *   x_c = x_mid + attn(Q = LN_c(x_mid) Wq + bq, [K V] = memory Wkv + bkv) Woc + boc
+ * (queries [s,h] from the decoder stream, keys and values [m,h] from the
+ * memory [m,W], m = s->mem_seq, W = s->mem_width, no mask, same heads);
+ * then y = x_c + gelu(LN2(x_c) W1 + b1) W2 + b2. memory: [n, m, W].
+ * Saved per sample, op_saved_elems(s) floats: the transformer block's
+ * layout above (its x_mid the residual after self-attention, its ln2 =
+ * LN2(x_c)), then lnc [s,h], q [s,h], catc [s,h], x_c [s,h], kv [m,2h]
+ * (each row K then V), probs_c [a,s,m], lnc_mean [s], lnc_rstd [s]. The
+ * memory is not saved (arith.c: one value per node, held by the caller):
+ * the backward reads it again and adds into dx, dmemory and dp.
+ * Returns 0, or SP_EINPUT for tp with t != 1 (not split yet) or a shape
+ * without a memory (nothing written).
+ */
+rt_xblock_fwd_fn_t xblock_fwd;
+rt_xblock_bwd_fn_t xblock_bwd;
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

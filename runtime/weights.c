@@ -35,7 +35,7 @@ static int model_tensors(const sp_model_t *md, want_t **out, int *n)
 	*out = NULL;
 	*n = 0;
 	for (int c = 0; c < md->n_comps; c++) {
-		layer_tensor_t t[12];
+		layer_tensor_t t[LAYER_TENSORS_MAX];
 		int nt = layer_tensors(&md->comps[c], t);
 		for (int l = 0; l < ck_comp_layers(&md->comps[c]); l++)
 			for (int q = 0; q < nt; q++) {
@@ -267,7 +267,7 @@ static int export_gathered(void *ctx, const void *all, size_t total, sp_err_t *e
 				       md->name, "step", step, "dtype", st_dtype_name(x->dt)));
 	for (int i = 0; i < n && !rc; i++) {
 		const sp_component_t *c = &md->comps[rec[i].comp];
-		layer_tensor_t t[12];
+		layer_tensor_t t[LAYER_TENSORS_MAX];
 		int nt = layer_tensors(c, t);
 		for (int q = 0; q < nt && !rc; q++) {
 			char name[160];

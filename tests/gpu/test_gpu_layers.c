@@ -127,7 +127,7 @@ static void check_scalar(const char *what, double gpu, double ref, double rel)
 static float *params(const sp_opshape_t *s, int64_t *count)
 {
 	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(&c, t);
 	*count = comp_layer_params(&c);
 	float *p = malloc(sizeof(float) * (size_t)(*count > 0 ? *count : 1));
@@ -155,7 +155,7 @@ static void check_params(const char *layer, const sp_opshape_t *s, const float *
 			 const float *ref, double tol, double eps)
 {
 	sp_component_t c = layer_comp_of_shape(s);
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(&c, t);
 	for (int i = 0; i < nt; i++) {
 		char what[96];

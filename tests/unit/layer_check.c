@@ -109,7 +109,7 @@ int check_fd(const char *what, objective_fn f, void *ctx, float *v,
 
 float *random_params(const sp_component_t *c, int64_t *np)
 {
-	layer_tensor_t t[12];
+	layer_tensor_t t[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, t);
 	*np = comp_layer_params(c);
 	float *p = falloc(*np);

@@ -718,7 +718,7 @@ static void test_tensors_sum_to_params(void **state)
 		c.hidden = 24; /* make every dimension distinct from the others */
 		c.ffn = 40;
 		c.heads = 4;
-		layer_tensor_t ts[12];
+		layer_tensor_t ts[LAYER_TENSORS_MAX];
 		int nt = layer_tensors(&c, ts);
 		assert_int_equal(nt, expect_count[t]);
 		int64_t off = 0;
@@ -746,7 +746,7 @@ static void test_init(void **state)
 	layer_init(p1, &c, 0, 42);
 	assert_memory_equal(p0, p1, (size_t)np * sizeof *p0);
 
-	layer_tensor_t ts[12];
+	layer_tensor_t ts[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(&c, ts);
 	double bound = sqrt(3.0) * 0.02;
 	for (int i = 0; i < nt; i++) {

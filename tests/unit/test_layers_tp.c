@@ -123,7 +123,7 @@ static void check_split(int t, int causal)
 	assert_int_equal(tp_group_run(&k.s, t, N, k.x, k.dy, k.m), 0);
 
 	float *g = falloc(k.np), *g0 = falloc(k.np);
-	layer_tensor_t lt[12], st[12];
+	layer_tensor_t lt[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(&k.c, lt);
 	layer_tensors_tp(&k.c, t, st);
 	for (int j = 0; j < t; j++) {
@@ -217,7 +217,7 @@ static void test_shard_round_trip(void **state)
 	for (int t = 1; t <= 3; t++) {
 		int64_t nps = comp_layer_params_tp(&c, t);
 		float *sh = falloc(nps);
-		layer_tensor_t lt[12];
+		layer_tensor_t lt[LAYER_TENSORS_MAX];
 		layer_tensors_tp(&c, t, lt);
 		assert_int_equal(lt[11].offset + lt[11].rows * lt[11].cols, nps);
 		for (int64_t i = 0; i < np; i++)

@@ -347,6 +347,13 @@ void tp_report(FILE *f, const sp_plan_t *p);
 void tp_json(FILE *f, const sp_plan_t *p);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
+/* qsort order by a double key, then an int id (ascending both). */
+static inline int sched_cmp_key_id(double ka, int ia, double kb, int ib)
+{
+	if (ka != kb)
+		return ka < kb ? -1 : 1;
+	return (ia > ib) - (ia < ib);
+}
 /* Per-layer fwd+bwd ms of m on n devices. */
 static inline double mop_t(const metaop_t *m, int n)
 {

@@ -1,6 +1,8 @@
 /*
  * plan.c — the planner pipeline: every pass in order, for every algorithm
  * asked for, then the certificate of the chosen plan and its verification.
+ * Under --tp auto ours plans on two table sets (cost.c: the auto one and
+ * whole layers, where they differ) and keeps the better plan (plan_whole).
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */
@@ -194,32 +196,64 @@ static void record_algo(const planner_t *pl, plan_summary_t *sum, algo_t a,
 	sum->ran[a] = 1;
 }
 
+/* *same = 1 when the sequential algorithm schedules the same slices
+ * (MetaOp, layers, width, degree, wave, in order) on both table sets:
+ * then its plan on the auto tables simulates as the whole-layer one (one
+ * slice after another either way, so placement decides alike; the
+ * nominal times differ only in the slices' reported start and length).
+ * Leaves the auto tables active. */
+static int seq_same(planner_t *pl, int *same)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	sched_t a, w;
+	int rc;
+	*same = 0;
+	cost_use(pl, COST_WHOLE);
+	rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &w);
+	cost_use(pl, COST_AUTO);
+	if (!rc && !(rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &a)) && a.n == w.n) {
+		*same = 1;
+		for (int i = 0; i < a.n && *same; i++) {
+			const sslice_t *x = &a.s[i], *y = &w.s[i];
+			*same = x->metaop == y->metaop && x->lf == y->lf && x->lt == y->lt &&
+				x->n == y->n && SP_MAX(x->tp, 1) == SP_MAX(y->tp, 1) &&
+				x->wave == y->wave && x->chunk == y->chunk;
+		}
+	}
+	sp_arena_reset(&pl->scratch, mark);
+	return rc;
+}
+
 /*
  * Ours on the whole-layer tables (pl->has_whole: --tp auto, and they
  * differ from the auto ones), after its plan p on the auto tables (rc its
- * code): the better of the two by plan_one's judge goes to p, r, over and
- * *chosen, *set its table set. Whole layers are exactly what --tp 1
- * plans, so auto never loses to them; the data-parallel candidate plans
- * afresh (the sequential plan was made on the auto tables). Leaves the
+ * code): the better of the two by plan_one's judge goes to p, r, over,
+ * *chosen and *use_seq, *set its table set. Whole layers are exactly what
+ * --tp 1 plans, so auto never loses to them. The data-parallel candidate
+ * reuses the sequential plan (seq_res, seq_over; NULL: none) where
+ * seq_same says it is the whole-layer one, else plans afresh. Leaves the
  * auto tables active.
  */
 static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 		      sim_result_t *r, double *over, const sched_cand_t **chosen, int *use_seq,
-		      int *set)
+		      int *set, const sim_result_t *seq_res, double seq_over)
 {
 	sp_plan_t w = {0};
 	sim_result_t wr = {0};
 	double wo = 0;
 	const sched_cand_t *wc = NULL;
 	sp_err_t keep = *pl->err;
+	int same = 0, wseq = 0;
 	if (rc && rc != SP_EINFEAS)
 		return rc;
 	memset(pl->err, 0, sizeof *pl->err);
 	pl->err->warn = keep.warn;
 	pl->err->warn_ctx = keep.warn_ctx;
+	if (seq_res && (rc = seq_same(pl, &same)))
+		return rc;
 	cost_use(pl, COST_WHOLE);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
-			   &wo, &wc, NULL, 0, NULL);
+			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq);
 	cost_use(pl, COST_AUTO);
 	if (wrc && (wrc != SP_EINFEAS || rc)) {
 		plan_release(&w);
@@ -238,7 +272,7 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	*over = wo;
 	if (chosen)
 		*chosen = wc;
-	*use_seq = 0;
+	*use_seq = wseq;
 	*set = COST_WHOLE;
 	return 0;
 }
@@ -282,7 +316,7 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				  &use_seq);
 		if (a == ALGO_SPINDLE && pl->has_whole)
 			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
-					&use_seq, &set);
+					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);

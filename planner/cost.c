@@ -357,11 +357,12 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
  * The degrees m may take: t = 1, and with a transformer shape that tp_ok
  * allows, the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
- * --tp F forced, only F among those. Ascending; returns how many.
+ * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
+ * those. Ascending; returns how many.
  */
 static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX])
 {
-	int G = pl->cluster->gpus_per_node, k = 0, F = pl->opts ? pl->opts->tp : 0;
+	int G = pl->cluster->gpus_per_node, k = 0, F = pl->tp_force;
 	out[k++] = 1;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
@@ -379,7 +380,7 @@ static int best_degree(const planner_t *pl, int mi, int n, const int *deg, int n
 		       double *f, double *b)
 {
 	const metaop_t *m = &pl->mops[mi];
-	int F = pl->opts ? pl->opts->tp : 0, best = 0;
+	int F = pl->tp_force, best = 0;
 	double bt = HUGE_VAL;
 	for (int i = 0; i < n_deg; i++) {
 		int t = deg[i];
@@ -395,20 +396,27 @@ static int best_degree(const planner_t *pl, int mi, int n, const int *deg, int n
 	return best;
 }
 
-/* Tables of MetaOp k: widths 1..nmax = min(N, batch tmax), at each the
- * fastest (d, t), kept non-increasing in n. */
-static int cost_tables(planner_t *pl, int k)
+/* Table set `set` of MetaOp k (made active): widths 1..nmax = min(N,
+ * batch tmax), at each the fastest (d, t) of the degrees pl->tp_force
+ * allows, kept non-increasing in n. */
+static int cost_tables(planner_t *pl, int k, int set)
 {
 	metaop_t *m = &pl->mops[k];
+	struct cost_tab *tab = &m->tabs[set];
 	int deg[SP_TP_MAX], n_deg = tp_degrees(pl, m, deg);
-	m->nmax = (int)SP_MIN((int64_t)pl->N, m->batch * deg[n_deg - 1]);
-	size_t sz = (size_t)m->nmax + 1;
-	m->tf = sp_arena_calloc(&pl->arena, sz, sizeof(double));
-	m->tb = sp_arena_calloc(&pl->arena, sz, sizeof(double));
-	m->tpn = sp_arena_calloc(&pl->arena, sz, sizeof(int));
-	m->usen = sp_arena_calloc(&pl->arena, sz, sizeof(int));
-	if (!m->tf || !m->tb || !m->tpn || !m->usen)
+	tab->nmax = (int)SP_MIN((int64_t)pl->N, m->batch * deg[n_deg - 1]);
+	size_t sz = (size_t)tab->nmax + 1;
+	tab->tf = sp_arena_calloc(&pl->arena, sz, sizeof(double));
+	tab->tb = sp_arena_calloc(&pl->arena, sz, sizeof(double));
+	tab->tpn = sp_arena_calloc(&pl->arena, sz, sizeof(int));
+	tab->usen = sp_arena_calloc(&pl->arena, sz, sizeof(int));
+	if (!tab->tf || !tab->tb || !tab->tpn || !tab->usen)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	m->nmax = tab->nmax;
+	m->tf = tab->tf;
+	m->tb = tab->tb;
+	m->tpn = tab->tpn;
+	m->usen = tab->usen;
 	for (int n = 1; n <= m->nmax; n++) {
 		double f = HUGE_VAL, b = HUGE_VAL;
 		int t = best_degree(pl, k, n, deg, n_deg, &f, &b);
@@ -428,22 +436,67 @@ static int cost_tables(planner_t *pl, int k)
 	return 0;
 }
 
+void cost_use(planner_t *pl, int set)
+{
+	pl->tables = set;
+	pl->tp_force = set == COST_WHOLE ? 1 : pl->opts ? pl->opts->tp : 0;
+	for (int k = 0; k < pl->n_mops; k++) {
+		metaop_t *m = &pl->mops[k];
+		const struct cost_tab *tab = &m->tabs[set];
+		m->nmax = tab->nmax;
+		m->tf = tab->tf;
+		m->tb = tab->tb;
+		m->tpn = tab->tpn;
+		m->usen = tab->usen;
+	}
+}
+
+/* 1 when MetaOp m's two table sets price some width differently, or
+ * reach different widths. */
+static int tabs_differ(const metaop_t *m)
+{
+	const struct cost_tab *a = &m->tabs[COST_AUTO], *w = &m->tabs[COST_WHOLE];
+	if (a->nmax != w->nmax)
+		return 1;
+	for (int n = 1; n <= a->nmax; n++)
+		if (a->tf[n] != w->tf[n] || a->tb[n] != w->tb[n])
+			return 1;
+	return 0;
+}
+
+/*
+ * Under --tp auto the auto tables change the schedulers' width choices
+ * even where tp_assign then keeps every slice whole, and the schedule was
+ * built on times those slices do not run at: ours also plans on the
+ * whole-layer set (plan.c) and keeps the better plan. A model whose
+ * tables all agree (no transformer tp_ok splits, or no width where a
+ * split pays and no MetaOp that widens past its batch) gets one set.
+ */
 int cost_build(planner_t *pl)
 {
 	const sp_model_t *md = pl->model;
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
-	int db = dtype_bytes(md->dtype);
+	int db = dtype_bytes(md->dtype), rc;
+	int whole = pl->opts && pl->opts->tp == 0;
+	pl->has_whole = 0;
 	for (int k = 0; k < pl->n_mops; k++) {
 		metaop_t *m = &pl->mops[k];
 		m->scales = m->shape.type != COMP_CONTRASTIVE;
 		m->profiled = find_profile(pl->cluster, &m->shape) != NULL;
-		int rc = cost_tables(pl, k);
-		if (rc)
+		if (whole) {
+			pl->tp_force = 1;
+			if ((rc = cost_tables(pl, k, COST_WHOLE)))
+				return rc;
+		}
+		pl->tp_force = pl->opts ? pl->opts->tp : 0;
+		if ((rc = cost_tables(pl, k, COST_AUTO)))
 			return rc;
+		pl->has_whole |= whole && tabs_differ(m);
 		const sp_node_t *n0 = &md->tasks[m->task].nodes[pl->ops[m->first_op].node];
 		m->layer_state_bytes = comp_layer_params(&md->comps[n0->comp]) * psb;
 		m->saved_per_sample = op_saved_elems(&m->shape, m->batch) * db;
 	}
+	cost_use(pl, COST_AUTO);
 	return 0;
 }
 

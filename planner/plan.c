@@ -1,6 +1,8 @@
 /*
  * plan.c — the planner pipeline: every pass in order, for every algorithm
  * asked for, then the certificate of the chosen plan and its verification.
+ * Under --tp auto ours plans on two table sets (cost.c: the auto one and
+ * whole layers, where they differ) and keeps the better plan (plan_whole).
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */
@@ -79,6 +81,20 @@ static void adopt_sequential(sp_plan_t *p)
 	}
 }
 
+/* Judges a plan (its result r, worst bytes over the cap f) against the
+ * best so far (res, over; none when !found): fitting beats not fitting;
+ * then faster, or closer to fitting. */
+static int plan_better(int found, const sim_result_t *r, double f, const sim_result_t *res,
+		       double over)
+{
+	int fits = f <= 0;
+	if (!found)
+		return 1;
+	if (fits != (over <= 0))
+		return fits;
+	return fits ? r->iteration_ms < res->iteration_ms * (1 - 1e-9) : f < over;
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -126,15 +142,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			plan_release(out);
 			return rc;
 		}
-		/* fitting beats not fitting; then faster, or closer to fitting */
-		int fits = f <= 0, better;
-		if (!found)
-			better = 1;
-		else if (fits != (*over <= 0))
-			better = fits;
-		else
-			better = fits ? r.iteration_ms < res->iteration_ms * (1 - 1e-9) : f < *over;
-		if (better) {
+		if (plan_better(found, &r, f, res, *over)) {
 			plan_release(out);
 			*out = p;
 			*res = r;
@@ -188,15 +196,98 @@ static void record_algo(const planner_t *pl, plan_summary_t *sum, algo_t a,
 	sum->ran[a] = 1;
 }
 
+/* *same = 1 when the sequential algorithm schedules the same slices
+ * (MetaOp, layers, width, degree, wave, in order) on both table sets:
+ * then its plan on the auto tables simulates as the whole-layer one (one
+ * slice after another either way, so placement decides alike; the
+ * nominal times differ only in the slices' reported start and length).
+ * Leaves the auto tables active. */
+static int seq_same(planner_t *pl, int *same)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	sched_t a, w;
+	int rc;
+	*same = 0;
+	cost_use(pl, COST_WHOLE);
+	rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &w);
+	cost_use(pl, COST_AUTO);
+	if (!rc && !(rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &a)) && a.n == w.n) {
+		*same = 1;
+		for (int i = 0; i < a.n && *same; i++) {
+			const sslice_t *x = &a.s[i], *y = &w.s[i];
+			*same = x->metaop == y->metaop && x->lf == y->lf && x->lt == y->lt &&
+				x->n == y->n && SP_MAX(x->tp, 1) == SP_MAX(y->tp, 1) &&
+				x->wave == y->wave && x->chunk == y->chunk;
+		}
+	}
+	sp_arena_reset(&pl->scratch, mark);
+	return rc;
+}
+
+/*
+ * Ours on the whole-layer tables (pl->has_whole: --tp auto, and they
+ * differ from the auto ones), after its plan p on the auto tables (rc its
+ * code): the better of the two by plan_one's judge goes to p, r, over,
+ * *chosen and *use_seq, *set its table set. Whole layers are exactly what
+ * --tp 1 plans, so auto never loses to them. The data-parallel candidate
+ * reuses the sequential plan (seq_res, seq_over; NULL: none) where
+ * seq_same says it is the whole-layer one, else plans afresh. Leaves the
+ * auto tables active.
+ */
+static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
+		      sim_result_t *r, double *over, const sched_cand_t **chosen, int *use_seq,
+		      int *set, const sim_result_t *seq_res, double seq_over)
+{
+	sp_plan_t w = {0};
+	sim_result_t wr = {0};
+	double wo = 0;
+	const sched_cand_t *wc = NULL;
+	sp_err_t keep = *pl->err;
+	int same = 0, wseq = 0;
+	if (rc && rc != SP_EINFEAS)
+		return rc;
+	memset(pl->err, 0, sizeof *pl->err);
+	pl->err->warn = keep.warn;
+	pl->err->warn_ctx = keep.warn_ctx;
+	if (seq_res && (rc = seq_same(pl, &same)))
+		return rc;
+	cost_use(pl, COST_WHOLE);
+	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
+			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq);
+	cost_use(pl, COST_AUTO);
+	if (wrc && (wrc != SP_EINFEAS || rc)) {
+		plan_release(&w);
+		if (wrc == SP_EINFEAS) /* neither made a plan: the auto one's reason */
+			*pl->err = keep;
+		return wrc;
+	}
+	if (wrc || !plan_better(!rc, &wr, wo, r, *over)) {
+		plan_release(&w);
+		*pl->err = keep;
+		return rc;
+	}
+	plan_release(p);
+	*p = w;
+	*r = wr;
+	*over = wo;
+	if (chosen)
+		*chosen = wc;
+	*use_seq = wseq;
+	*set = COST_WHOLE;
+	return 0;
+}
+
 /*
  * Every algorithm asked for: the chosen one (o->algo), the sequential one
  * (ours may reuse its plan), and all of them with --compare. Each gets its
  * row in sum; the chosen one's plan goes to out, its simulated result to
- * *chosen_res and, for ours, its candidate to *chosen_cand.
+ * *chosen_res and, for ours, its candidate to *chosen_cand and its table
+ * set to *chosen_set (cands: the candidates' state per table set); the
+ * chosen one's tables are left active.
  */
 static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		     sim_result_t *chosen_res, const sched_cand_t **chosen_cand,
-		     plan_summary_t *sum)
+		     int *chosen_set, plan_summary_t *sum)
 {
 	const plan_opts_t *o = pl->opts;
 	int want[ALGO__COUNT] = {0};
@@ -219,10 +310,13 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		sp_plan_t p = {0};
 		sim_result_t r = {0};
 		double over = 0, t0 = now_ms();
-		int use_seq = 0, mine = a == (int)o->algo;
-		int rc = plan_one(pl, (algo_t)a, cands, o->placement, &p, &r, &over,
+		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
+		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
 				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
 				  &use_seq);
+		if (a == ALGO_SPINDLE && pl->has_whole)
+			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
+					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);
@@ -243,12 +337,14 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		} else if (mine) {
 			*out = p;
 			*chosen_res = r;
+			*chosen_set = set;
 		} else {
 			plan_release(&p);
 		}
 	}
 	plan_release(&seq_plan);
 	sum->chosen = o->algo;
+	cost_use(pl, *chosen_set);
 	return 0;
 }
 
@@ -316,8 +412,9 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	planner_t pl = {.model = m, .cluster = c, .opts = o, .err = err, .k = k};
 	sim_result_t chosen_res = {0};
 	const sched_cand_t *chosen_cand = NULL;
-	cand_state_t cands = {0}; /* our allotments, shared by the candidates */
-	int rc = 0;
+	/* our allotments, shared by the candidates, per table set */
+	cand_state_t cands[2] = {{{0}}};
+	int rc = 0, chosen_set = COST_AUTO;
 	double t_start = now_ms();
 	memset(out, 0, sizeof *out);
 	memset(sum, 0, sizeof *sum);
@@ -344,7 +441,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	b->lower_ms *= k;
 	b->allot_ms *= k;
 	/* every algorithm asked for; the chosen plan's final memory, verified */
-	if ((rc = run_algos(&pl, &cands, out, &chosen_res, &chosen_cand, sum)))
+	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;
 	if ((rc = memplan_run(&pl, out, 1))) {
 		if (rc == SP_EINFEAS) /* nothing fits: what would */
@@ -359,7 +456,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 		goto cleanup;
 	}
 	out->cert.comm_lower_bound_ms = sum->bounds.comm_ms;
-	if ((rc = naive_compare(&pl, &cands, chosen_cand, &out->cert)) ||
+	if ((rc = naive_compare(&pl, &cands[chosen_set], chosen_cand, &out->cert)) ||
 	    (rc = algo_table(out, sum, err)))
 		goto cleanup;
 	sum->total_ms = now_ms() - t_start;

@@ -85,6 +85,13 @@ typedef struct {
 	int *tpn;        /* [nmax+1]: the t of tf/tb at n */
 	int *usen;       /* [nmax+1]: the width that makes tf/tb at n (n, or less
 			  * when n is no faster or no (d, t) makes it) */
+	/* the table sets cost_build made (COST_AUTO always, COST_WHOLE when
+	 * cost_has_whole); the fields above are a copy of the active one */
+	struct cost_tab {
+		int nmax;
+		double *tf, *tb;
+		int *tpn, *usen;
+	} tabs[2];
 	int profiled;
 	int scales;      /* 0: every device of a slice does the whole work (contrastive) */
 	int64_t layer_state_bytes; /* parameter state of one layer replica */
@@ -101,6 +108,10 @@ typedef struct planner {
 	int N; /* devices */
 	int k; /* micro-batches per step: model holds the micro-batch (plan.c) */
 	int n_mops, n_ops, n_edges;
+	/* cost.c: the active table set (cost_use) and its forced degree (0
+	 * auto: opts->tp; COST_WHOLE: 1); has_whole: cost_build made a
+	 * whole-layer set that differs from the auto one */
+	int tables, tp_force, has_whole;
 	metaop_t *mops;
 	sp_op_t *ops;
 	sp_edge_t *edges;
@@ -120,8 +131,16 @@ int graph_build(planner_t *pl);
 
 /* ---- cost.c: scalability estimator ------------------------------------------ */
 
-/* Fills tf/tb/profiled for every MetaOp. */
+/* The table sets: COST_AUTO prices every width at the degree opts->tp
+ * asks for (auto: the fastest); COST_WHOLE whole layers only (t = 1,
+ * exactly what --tp 1 prices). */
+enum { COST_AUTO, COST_WHOLE };
+/* Fills tf/tb/profiled for every MetaOp: the COST_AUTO set, and under
+ * --tp auto the COST_WHOLE set where it differs (pl->has_whole); leaves
+ * COST_AUTO active. */
 int cost_build(planner_t *pl);
+/* Makes table set `set` the active one (the metaop_t fields the passes read). */
+void cost_use(planner_t *pl, int set);
 /* Per-layer ms of MetaOp m for a device holding `local` samples. */
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
 /* The largest tensor-parallel degree (plan format 3). */
@@ -316,9 +335,9 @@ int sched_finish(sched_t *s);
 #define SYNC_CHUNKS 4
 int sched_chunk(sched_t *s, const planner_t *pl);
 /* tp_cost.c: every slice's tensor-parallel degree, one per class of
- * MetaOps sharing a component (the t carrying most layer-time where all
- * its slices can run it, else 1: slices wider than their batch shrink to
- * it); SP_ENOMEM. */
+ * MetaOps sharing a component (the t of least layer-time over the class
+ * among those all its slices can run; forced: pl->tp_force where they
+ * can, else 1: slices wider than their batch shrink to it); SP_ENOMEM. */
 int tp_assign(planner_t *pl, sched_t *s);
 /* The largest t of MetaOp m's slices in plan p (1: whole layers). */
 int tp_metaop(const sp_plan_t *p, int m);
@@ -328,6 +347,13 @@ void tp_report(FILE *f, const sp_plan_t *p);
 void tp_json(FILE *f, const sp_plan_t *p);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
+/* qsort order by a double key, then an int id (ascending both). */
+static inline int sched_cmp_key_id(double ka, int ia, double kb, int ib)
+{
+	if (ka != kb)
+		return ka < kb ? -1 : 1;
+	return (ia > ib) - (ia < ib);
+}
 /* Per-layer fwd+bwd ms of m on n devices. */
 static inline double mop_t(const metaop_t *m, int n)
 {

@@ -198,9 +198,7 @@ typedef struct {
 static int cmp_busy(const void *a, const void *b)
 {
 	const busy_t *x = a, *y = b;
-	if (x->t0 != y->t0)
-		return x->t0 < y->t0 ? -1 : 1;
-	return (x->slice > y->slice) - (x->slice < y->slice);
+	return sched_cmp_key_id(x->t0, x->slice, y->t0, y->slice);
 }
 
 static int check_devices(const planner_t *pl, const sched_t *s, double eps)

@@ -50,9 +50,7 @@ typedef struct {
 static int cmp_dev_key(const void *a, const void *b)
 {
 	const dev_key_t *x = a, *y = b;
-	if (x->key != y->key)
-		return x->key < y->key ? -1 : 1;
-	return (x->id > y->id) - (x->id < y->id);
+	return sched_cmp_key_id(x->key, x->id, y->key, y->id);
 }
 
 /* Devices a MetaOp of a lane uses when the lane has n. */

@@ -12,8 +12,9 @@
  * its slices re-priced at that t (layers x cost_layer_tp at local batch
  * ceil(B / (n / t))), ruled out when some slice cannot run it (n % t != 0
  * or n / t > batch); the least wins. At t = 1 a slice wider than its batch
- * shrinks to the batch. With --tp F forced, a class runs at F where all
- * its slices can, else at 1. (Taking the t of the slices that carry most
+ * shrinks to the batch. With F = pl->tp_force (--tp F, or 1 on the
+ * whole-layer tables), a class runs at F where all its slices can, else
+ * at 1. (Taking the t of the slices that carry most
  * layer-time instead forces it on a shared encoder's large-batch tasks,
  * where it is slower than whole layers: clip-10 on 128 GPUs.)
  *
@@ -101,7 +102,7 @@ int tp_assign(planner_t *pl, sched_t *s)
 	mop_classes(pl, up, cls);
 	/* the degrees a class considers: 1 and its slices' table degrees;
 	 * forced, F where every slice can run it */
-	int F = pl->opts && pl->opts->tp > 0 && pl->opts->tp <= SP_TP_MAX ? pl->opts->tp : 0;
+	int F = pl->tp_force > 0 && pl->tp_force <= SP_TP_MAX ? pl->tp_force : 0;
 	for (int i = 0; i < s->n; i++) {
 		sslice_t *x = &s->s[i];
 		int t, c = cls[x->metaop];

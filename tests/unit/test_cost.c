@@ -246,6 +246,38 @@ static int mop_named(const planner_t *pl, const char *name)
 	return -1;
 }
 
+/* Under auto cost_build keeps a second, whole-layer table set where it
+ * differs, and it is exactly the one --tp 1 builds; cost_use switches. */
+static void tp_whole_tables(void **state)
+{
+	(void)state;
+	tfix_t a, w;
+	tfix_build(&a, "qwen-val", "a800-8x8", 0);
+	tfix_build(&w, "qwen-val", "a800-8x8", 1);
+	assert_true(a.pl.has_whole);
+	assert_false(w.pl.has_whole);
+	int differ = 0;
+	for (int set = COST_AUTO; set <= COST_WHOLE; set++) {
+		cost_use(&a.pl, set);
+		assert_int_equal(a.pl.tp_force, set == COST_WHOLE ? 1 : 0);
+		for (int k = 0; k < a.pl.n_mops; k++) {
+			const metaop_t *m = &a.pl.mops[k], *m1 = &w.pl.mops[k];
+			if (set == COST_AUTO) {
+				differ |= m->nmax != m1->nmax;
+				continue;
+			}
+			assert_int_equal(m->nmax, m1->nmax);
+			for (int n = 1; n <= m->nmax; n++) {
+				assert_true(m->tf[n] == m1->tf[n] && m->tb[n] == m1->tb[n]);
+				assert_int_equal(m->tpn[n], 1);
+			}
+		}
+	}
+	assert_true(differ); /* some MetaOp widens past its batch under auto */
+	tfix_release(&a);
+	tfix_release(&w);
+}
+
 /* One t for the MetaOps that share the LLM: the heaviest slices' t where
  * every slice can run it, else t = 1 with slices cut to their batch. */
 static void tp_one_sharding(void **state)
@@ -270,17 +302,17 @@ static void tp_one_sharding(void **state)
 	assert_int_equal(s.s[1].tp, t64); /* 16 % t64 == 0, 16 / t64 <= 32 */
 	assert_int_equal(s.s[0].n, 64);
 	/* forced: 1 cuts the 64 to the batch; 4 splits both (16 / 4 <= 32) */
-	f.opts.tp = 1;
+	pl->tp_force = 1;
 	assert_int_equal(tp_assign(pl, &s), 0);
 	assert_int_equal(s.s[0].tp, 1);
 	assert_int_equal(s.s[1].tp, 1);
 	assert_int_equal(s.s[0].n, 32);
 	s.s[0].n = 64;
-	f.opts.tp = 4;
+	pl->tp_force = 4;
 	assert_int_equal(tp_assign(pl, &s), 0);
 	assert_int_equal(s.s[0].tp, 4);
 	assert_int_equal(s.s[1].tp, 4);
-	f.opts.tp = 0;
+	pl->tp_force = 0;
 	/* 15 devices cannot split: the whole class runs whole layers */
 	s.s[1].n = 15;
 	assert_int_equal(tp_assign(pl, &s), 0);
@@ -313,6 +345,7 @@ static void tp_report_names_split(void **state)
 static const struct CMUnitTest cost_tests[] = {
 	cmocka_unit_test(tp_report_names_split),
 	cmocka_unit_test(tp_one_sharding),
+	cmocka_unit_test(tp_whole_tables),
 	cmocka_unit_test(tp_tables_valid),
 	cmocka_unit_test(tp_prices),
 	cmocka_unit_test(products_add_up_to_flops),

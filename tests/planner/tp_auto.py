@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""--tp auto never plans worse than whole layers (issue 18; plan.c
+plan_whole): for every bundled workload (plans/*/model.json) on a800-8x8
+(64 GPUs) and a 16-node copy of it (128 GPUs), ours under --tp auto
+predicts an iteration no slower than under --tp 1 (the simulator's
+figure, --json), and both plans fit memory or neither does. Every run is
+independent: they go in parallel, so the whole test takes a few seconds.
+Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
+"""
+import concurrent.futures
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.environ["SPINDLE_ROOT"]
+PLAN = os.environ["SPINDLE_PLAN"]
+
+
+def spindle(model, cluster, tp):
+    p = subprocess.run([PLAN, model, cluster, "--tp", tp, "--json"], capture_output=True,
+                       text=True, timeout=300)
+    if p.returncode != 0:
+        return None, p.stderr.strip()
+    return json.loads(p.stdout)["algorithms"]["spindle"], None
+
+
+def main():
+    base = os.path.join(ROOT, "plans", "clusters", "a800-8x8.json")
+    models = sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json")))
+    fails = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        c = json.load(open(base))
+        c["nodes"] = 16
+        big = os.path.join(tmp, "a800-16x8.json")
+        json.dump(c, open(big, "w"))
+        jobs = [(m, cl, tp) for m in models for cl in (base, big) for tp in ("1", "auto")]
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 4) as ex:
+            res = dict(zip(jobs, ex.map(lambda j: spindle(*j), jobs)))
+        for m in models:
+            for cl, gpus in ((base, 64), (big, 128)):
+                name = f"{os.path.basename(os.path.dirname(m))} on {gpus} GPUs"
+                (one, e1), (auto, e2) = res[(m, cl, "1")], res[(m, cl, "auto")]
+                if e1 or e2:
+                    print(f"FAIL {name}: planner failed: {e1 or e2}")
+                    fails += 1
+                    continue
+                ok = auto["iteration_ms"] <= one["iteration_ms"] * (1 + 1e-9) and \
+                    (auto["fits_memory"] or not one["fits_memory"])
+                print(f"{'ok  ' if ok else 'FAIL'} {name}: --tp 1 {one['iteration_ms']:.3f} ms, "
+                      f"auto {auto['iteration_ms']:.3f} ms")
+                fails += not ok
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,8 @@
  */
 #include "tp.h"
 
+#include <stdio.h>
+
 int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	     sp_err_t *err)
 {
@@ -28,20 +30,31 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		const sp_component_t *cp = &m->comps[k];
 		if (cp->type != COMP_TRANSFORMER || tp_ok(cp->type, cp->heads, cp->ffn, t))
 			continue;
-		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--tp %d does not divide the heads (%lld) and ffn (%lld) of "
-			   "transformer '%s'",
-			   t, (long long)cp->heads, (long long)cp->ffn, cp->name);
+		/* name only what t does not divide, located as model_check's errors */
+		int bh = cp->heads % t != 0, bf = cp->ffn % t != 0;
+		char path[160], what[96];
+		snprintf(path, sizeof path, "components.%s%s", cp->name,
+			 bh && bf ? "" : bh ? ".heads" : ".ffn");
+		if (bh && bf)
+			snprintf(what, sizeof what, "the heads (%lld) and ffn (%lld)",
+				 (long long)cp->heads, (long long)cp->ffn);
+		else
+			snprintf(what, sizeof what, "the %s (%lld)", bh ? "heads" : "ffn",
+				 (long long)(bh ? cp->heads : cp->ffn));
+		sp_err_set(err, SP_EINPUT, o->model_path, 0, 0, path,
+			   "--tp %d does not divide %s of transformer '%s'", t, what, cp->name);
 		sp_err_hint(err, "use --tp auto, or a degree that divides every "
 				 "transformer's heads and ffn");
 		return SP_EINPUT;
 	}
-	if (t > c->gpus_per_node) {
+	/* the cost tables price only degrees dividing gpus_per_node (cost.c's
+	 * tp_degrees): another t would split slices nothing priced, or none */
+	if (c->gpus_per_node % t) {
 		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--tp %d is more than the %d GPUs of a node (a tensor-parallel "
-			   "group lies in one node)",
+			   "--tp %d does not divide the %d GPUs of a node (a tensor-parallel "
+			   "group lies in one node, and only divisors of a node are priced)",
 			   t, c->gpus_per_node);
-		sp_err_hint(err, "use --tp auto, or a degree of at most %d", c->gpus_per_node);
+		sp_err_hint(err, "use --tp auto, or a degree dividing %d", c->gpus_per_node);
 		return SP_EINPUT;
 	}
 	return 0;

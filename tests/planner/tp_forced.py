@@ -114,8 +114,8 @@ def main():
         r3 = run([PLAN, MODEL, CLUSTER, "-o", "tp3.bin", "--tp", "3"], tmp)
         lines = r3.stderr.splitlines()
         check(r3.returncode == 2 and len(lines) == 2 and
-              lines[0] == "--tp 3 does not divide the heads (4) and ffn (256) of "
-                          "transformer 'img_enc'" and lines[1].startswith("hint: ") and
+              lines[0] == MODEL + ": components.img_enc: --tp 3 does not divide "
+                          "the heads (4) and ffn (256) of transformer 'img_enc'" and lines[1].startswith("hint: ") and
               not os.path.exists(os.path.join(tmp, "tp3.bin")),
               "--tp 3 exits 2 naming the component, with a hint, no plan written",
               repr((r3.returncode, r3.stderr)))

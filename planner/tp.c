@@ -49,12 +49,20 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 				 "transformer's heads and ffn");
 		return SP_EINPUT;
 	}
+	if (t > c->gpus_per_node) {
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "--tp %d is more than the %d GPUs of a node (a tensor-parallel "
+			   "group lies in one node)",
+			   t, c->gpus_per_node);
+		sp_err_hint(err, "use --tp auto, or a degree of at most %d", c->gpus_per_node);
+		return SP_EINPUT;
+	}
 	/* the cost tables price only degrees dividing gpus_per_node (cost.c's
 	 * tp_degrees): another t would split slices nothing priced, or none */
 	if (c->gpus_per_node % t) {
 		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--tp %d does not divide the %d GPUs of a node (a tensor-parallel "
-			   "group lies in one node, and only divisors of a node are priced)",
+			   "--tp %d does not divide the %d GPUs of a node (only such degrees "
+			   "are priced)",
 			   t, c->gpus_per_node);
 		sp_err_hint(err, "use --tp auto, or a degree dividing %d", c->gpus_per_node);
 		return SP_EINPUT;

@@ -12,7 +12,7 @@
 #include "planner.h"
 
 /* SP_EINPUT with a located message when a forced t does not divide a
- * transformer component's heads or ffn, or a node's GPUs. */
+ * transformer component's heads or ffn, or exceeds a node's GPUs. */
 int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	     sp_err_t *err);
 /* The degree slice x is to be placed for: its scheduled x->tp when that

@@ -48,6 +48,15 @@ def view(tmp, tp):
     return r, json.loads(v.stdout)
 
 
+def report(results):
+    """Prints (passed, what, detail) results; 1 when one failed, else 0."""
+    for ok, what, detail in results:
+        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
+    failed = sum(not ok for ok, _, _ in results)
+    print("%d failed" % failed if failed else "all passed")
+    return 1 if failed else 0
+
+
 def main():
     results = []  # (passed, what, detail), printed at the end
 
@@ -119,11 +128,7 @@ def main():
               not os.path.exists(os.path.join(tmp, "tp3.bin")),
               "--tp 3 exits 2 naming the component, with a hint, no plan written",
               repr((r3.returncode, r3.stderr)))
-    for ok, what, detail in results:
-        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
-    failed = sum(not ok for ok, _, _ in results)
-    print("%d failed" % failed if failed else "all passed")
-    return 1 if failed else 0
+    return report(results)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tp_forced import report  # noqa: E402
+
 ROOT = os.environ["SPINDLE_ROOT"]
 PLAN = os.environ["SPINDLE_PLAN"]
 SHOW = os.environ["SPINDLE_SHOW"]
@@ -91,11 +94,7 @@ def main():
                 "(12) of transformer 'audio'")
         check(r.returncode == 2 and lines[:1] == [want] and len(lines) == 2,
               "--tp 8 on clip-7 names only the heads, located", repr((r.returncode, r.stderr)))
-    for ok, what, detail in results:
-        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
-    failed = sum(not ok for ok, _, _ in results)
-    print("%d failed" % failed if failed else "all passed")
-    return 1 if failed else 0
+    return report(results)
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
 		double in = (double)mo->shape.seq * mo->shape.hidden * db;
 		double f, b;
 		int64_t local = (mo->batch + groups - 1) / groups; /* a TP group's samples */
-		cost_layer(pl, s->metaop, local, &f, &b);
+		cost_layer_tp(pl, s->metaop, local, s->tp, &f, &b); /* a member's shard */
 		double saved = (double)op_saved_elems_tp(&mo->shape, mo->batch, s->tp) * db;
 		double rate = (saved - in) * (double)local / f;
 		if (rate > most) {

@@ -10,7 +10,8 @@
  * member mc receives its input from producer member mc % t_p, and a
  * producer member mp its output gradient from consumer member mp % t_c
  * (each member needs whole inputs, any member's outputs are whole; with
- * equal degrees member j talks to member j). A group's instructions are
+ * equal degrees member j talks to member j), unless a chained value is on
+ * the device already (collect_xfers). A group's instructions are
  * emitted together: every member's RECVs, then every member's FWD (BWD),
  * then their SENDs, so the group's compute (a rendezvous: its all-reduces)
  * is one step of the global sequence and the "RECV after SEND" argument
@@ -53,7 +54,23 @@ static int emit(lstate_t *st, int dev, sp_ins_t ins)
 	return 0;
 }
 
-/* All transfers (forward and backward) into consumer slice i. */
+/* Whether a member of the group of (slice, slot) runs on device dev. */
+static int group_has(const lstate_t *st, int slice, int slot, int dev)
+{
+	int t = slice_tp(st, slice), g = slot - slot % t;
+	for (int k = g; k < g + t; k++)
+		if (lower_dev_of(st, slice, k) == dev)
+			return 1;
+	return 0;
+}
+
+/* All transfers (forward and backward) into consumer slice i. Per
+ * (consumer slot, producer group) one designated producer member sends
+ * (forward), per (producer slot, consumer group) one consumer member
+ * (backward); but when the slices chain (same MetaOp, one buffer) and a
+ * member of the other side's group runs on the slot's own device, that
+ * device computed the whole group's range already and nothing moves: a
+ * transfer from another member would write the value twice. */
 static int collect_xfers(lstate_t *st, int i)
 {
 	const planner_t *pl = st->pl;
@@ -89,14 +106,14 @@ static int collect_xfers(lstate_t *st, int i)
 				len = e->seq_len;
 			}
 			const sslice_t *y = &st->s->s[p];
-			int tp = slice_tp(st, p);
+			int tp = slice_tp(st, p), chain = c->lf > 0, dj = lower_dev_of(st, i, j);
 			for (int k = 0; k < y->n; k++) {
 				int32_t b0, b1;
 				slot_range(st, p, k, &b0, &b1);
-				int same = lower_dev_of(st, p, k) == lower_dev_of(st, i, j);
+				int dk = lower_dev_of(st, p, k);
 				int32_t o0 = SP_MAX(a0, b0), o1 = SP_MIN(a1, b1);
-				int chain = c->lf > 0; /* same buffer: nothing to move locally */
-				if (o0 < o1 && !(same && chain) && k % tp == j % tc % tp) {
+				if (o0 < o1 && !(chain && group_has(st, p, k, dj)) &&
+				    k % tp == j % tc % tp) {
 					xfer_t x = {p, k, i, j, o0, o1, len, vref(src_m, src_l, 0, 0),
 						    vref(c->metaop, c->lf, 0, off), 0, 0};
 					if (add_xfer(st, x))
@@ -104,7 +121,8 @@ static int collect_xfers(lstate_t *st, int i)
 				}
 				o0 = SP_MAX(own0, b0);
 				o1 = SP_MIN(own1, b1);
-				if (o0 < o1 && !(same && chain) && j % tc == k % tp % tc) {
+				if (o0 < o1 && !(chain && group_has(st, i, j, dk)) &&
+				    j % tc == k % tp % tc) {
 					xfer_t x = {i, j, p, k, o0, o1, len,
 						    vref(c->metaop, c->lf, 1, off),
 						    vref(src_m, src_l, 1, 0), 1, 0};

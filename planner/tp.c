@@ -14,9 +14,13 @@
  * when the slices of one component disagree (one got t, another could
  * not: too narrow, or not node-aligned), or a device would hold two
  * different shards of one layer, every slice of that component falls back
- * to tp = 1.
+ * to tp = 1, until no slice falls (a MetaOp can span components). A slice
+ * left at tp = 1 wider than its batch keeps its first `batch` devices.
  */
 #include "tp.h"
+
+#include <stdio.h>
+#include <string.h>
 
 int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	     sp_err_t *err)
@@ -28,10 +32,19 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		const sp_component_t *cp = &m->comps[k];
 		if (cp->type != COMP_TRANSFORMER || tp_ok(cp->type, cp->heads, cp->ffn, t))
 			continue;
-		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--tp %d does not divide the heads (%lld) and ffn (%lld) of "
-			   "transformer '%s'",
-			   t, (long long)cp->heads, (long long)cp->ffn, cp->name);
+		/* name only what t does not divide, located as model_check's errors */
+		int bh = cp->heads % t != 0, bf = cp->ffn % t != 0;
+		char path[160], what[96];
+		snprintf(path, sizeof path, "components.%s%s", cp->name,
+			 bh && bf ? "" : bh ? ".heads" : ".ffn");
+		if (bh && bf)
+			snprintf(what, sizeof what, "the heads (%lld) and ffn (%lld)",
+				 (long long)cp->heads, (long long)cp->ffn);
+		else
+			snprintf(what, sizeof what, "the %s (%lld)", bh ? "heads" : "ffn",
+				 (long long)(bh ? cp->heads : cp->ffn));
+		sp_err_set(err, SP_EINPUT, o->model_path, 0, 0, path,
+			   "--tp %d does not divide %s of transformer '%s'", t, what, cp->name);
 		sp_err_hint(err, "use --tp auto, or a degree that divides every "
 				 "transformer's heads and ffn");
 		return SP_EINPUT;
@@ -44,6 +57,11 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_err_hint(err, "use --tp auto, or a degree of at most %d", c->gpus_per_node);
 		return SP_EINPUT;
 	}
+	/* a t <= gpus_per_node that does not divide it stays allowed: the cost
+	 * tables (cost.c's tp_degrees) then price the widths at t = 1 only, but
+	 * tp_assign splits a class only where every slice can run t and prices
+	 * it there (cost_layer_tp), and groups of t fit in a node (tests/runtime/equivalence.py mixes split and whole
+	 * slices with --tp 2 on a node of 3) */
 	return 0;
 }
 
@@ -73,34 +91,23 @@ static int layer_comp(const planner_t *pl, int m, int l)
 	return pl->model->tasks[mo->task].nodes[pl->ops[mo->first_op + l].node].comp;
 }
 
-int tp_run(planner_t *pl, sched_t *s, const place_t *pc)
+/* One round of the agreement rules at the current degrees: agree[c] is the
+ * degree of every slice covering component c (-1 none, 0 they disagree or
+ * a device would hold two shards of one of its layers); every slice on a
+ * disagreeing component falls back to 1. Returns how many slices fell. */
+static int tp_round(planner_t *pl, sched_t *s, const place_t *pc, int *agree,
+		    const int *base, int np, uint8_t *shard)
 {
-	const sp_model_t *md = pl->model;
-	for (int i = 0; i < s->n; i++) {
-		sslice_t *x = &s->s[i];
-		int t = tp_want(pl, x);
-		x->tp = t > 1 && groups_in_nodes(pl, pc, i, x->n, t) ? t : 1;
-	}
-	/* per component: its slices' degree, -1 none yet, 0 they disagree */
-	int nc = md->n_comps, N = pl->N, *agree = sp_arena_calloc(&pl->scratch, (size_t)nc + 1,
-								  sizeof(int));
-	int *base = sp_arena_calloc(&pl->scratch, (size_t)nc + 1, sizeof(int)), np = 0;
-	if (!agree || !base)
-		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	for (int c = 0; c < nc; c++) {
+	int nc = pl->model->n_comps, fell = 0;
+	for (int c = 0; c < nc; c++)
 		agree[c] = -1;
-		base[c] = np;
-		np += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
-	}
 	for (int i = 0; i < s->n; i++)
 		for (int l = s->s[i].lf; l < s->s[i].lt; l++) {
 			int c = layer_comp(pl, s->s[i].metaop, l);
 			agree[c] = agree[c] < 0 || agree[c] == s->s[i].tp ? s->s[i].tp : 0;
 		}
 	/* one shard per device and layer: 1 + the member index, 0 not held */
-	uint8_t *shard = sp_arena_calloc(&pl->scratch, (size_t)N * (size_t)np + 1, 1);
-	if (!shard)
-		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	memset(shard, 0, (size_t)pl->N * (size_t)np);
 	for (int i = 0; i < s->n; i++) {
 		const sslice_t *x = &s->s[i];
 		for (int l = x->lf; l < x->lt; l++) {
@@ -117,8 +124,53 @@ int tp_run(planner_t *pl, sched_t *s, const place_t *pc)
 		}
 	}
 	for (int i = 0; i < s->n; i++)
-		for (int l = s->s[i].lf; l < s->s[i].lt; l++)
-			if (agree[layer_comp(pl, s->s[i].metaop, l)] == 0)
+		for (int l = s->s[i].lf; l < s->s[i].lt && s->s[i].tp > 1; l++)
+			if (agree[layer_comp(pl, s->s[i].metaop, l)] == 0) {
 				s->s[i].tp = 1;
+				fell++;
+			}
+	return fell;
+}
+
+int tp_run(planner_t *pl, sched_t *s, place_t *pc)
+{
+	const sp_model_t *md = pl->model;
+	for (int i = 0; i < s->n; i++) {
+		sslice_t *x = &s->s[i];
+		int t = tp_want(pl, x);
+		x->tp = t > 1 && groups_in_nodes(pl, pc, i, x->n, t) ? t : 1;
+	}
+	int nc = md->n_comps, np = 0;
+	int *agree = sp_arena_calloc(&pl->scratch, (size_t)nc + 1, sizeof(int));
+	int *base = sp_arena_calloc(&pl->scratch, (size_t)nc + 1, sizeof(int));
+	if (!agree || !base)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int c = 0; c < nc; c++) {
+		base[c] = np;
+		np += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+	}
+	uint8_t *shard = sp_arena_calloc(&pl->scratch, (size_t)pl->N * (size_t)np + 1, 1);
+	if (!shard)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	/* a MetaOp may span two components: a fall for one can break the
+	 * other's agreement, so repeat to a fixpoint (degrees only fall, so at
+	 * most s->n rounds change anything) */
+	while (tp_round(pl, s, pc, agree, base, np, shard))
+		;
+	/* a slice that fell to 1 may be wider than its batch (n = d t with
+	 * d <= B): its extra devices would get empty ranges yet hold whole
+	 * layers; it keeps its first B devices (as tp_assign narrows a
+	 * schedule's). The model holds the micro-batch, so B is per micro-step.
+	 * The placement stays packed (lower.c: slice i's devices at off[i],
+	 * the next slice's right after). */
+	for (int i = 0, o = 0; i < s->n; i++) {
+		sslice_t *x = &s->s[i];
+		int64_t B = pl->mops[x->metaop].batch;
+		if (x->tp == 1 && x->n > B)
+			x->n = (int)B;
+		memmove(pc->devs + o, pc->devs + pc->off[i], sizeof(int32_t) * (size_t)x->n);
+		pc->off[i] = o;
+		o += x->n;
+	}
 	return 0;
 }

@@ -12,7 +12,7 @@
 #include "planner.h"
 
 /* SP_EINPUT with a located message when a forced t does not divide a
- * transformer component's heads and ffn, or exceeds a node's GPUs. */
+ * transformer component's heads or ffn, or exceeds a node's GPUs. */
 int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	     sp_err_t *err);
 /* The degree slice x is to be placed for: its scheduled x->tp when that
@@ -20,8 +20,9 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 int tp_want(const planner_t *pl, const sslice_t *x);
 /* After placement: s->s[i].tp stays tp_want where every group of t consecutive
  * devices lies in one node and every slice of the component agrees, and
- * each device holds one shard of each layer; else 1 (whole layers). Work
- * arrays in pl->scratch (the candidate's). */
-int tp_run(planner_t *pl, sched_t *s, const place_t *pc);
+ * each device holds one shard of each layer; else 1 (whole layers), to a
+ * fixpoint. A slice at 1 wider than its batch narrows to its first batch
+ * devices (pc stays packed). Work arrays in pl->scratch (the candidate's). */
+int tp_run(planner_t *pl, sched_t *s, place_t *pc);
 
 #endif

@@ -60,7 +60,9 @@ typedef struct {
 	int *layer_tp;        /* per param id: its slices' tp, 0 none yet */
 	int *arrived;         /* per slice_devs entry of a group's first member,
 			       * times 2 (+1 backward): members at its rendezvous */
-	char *at_rdv;         /* per instruction: counted in arrived */
+	int *rounds;          /* per slice_devs entry, times 2 (+1 backward):
+			       * the member's arrivals at its rendezvous */
+	int *at_rdv;          /* per instruction: its round (0 not arrived) */
 	int max_tag;          /* tags are 0 .. max_tag - 1 */
 	int *pc;              /* per device: next instruction */
 	int *send_of;         /* per tag: the SEND's global instruction index */
@@ -294,7 +296,8 @@ static int verify_alloc(vstate_t *st)
 		sp_arena_calloc(a, (size_t)st->n_params * SP_MAX_TP + 1, sizeof(int));
 	st->layer_tp = sp_arena_calloc(a, (size_t)st->n_params + 1, sizeof(int));
 	st->arrived = sp_arena_calloc(a, (size_t)p->n_slice_devs * 2 + 1, sizeof(int));
-	st->at_rdv = sp_arena_calloc(a, (size_t)p->n_ins + 1, 1);
+	st->rounds = sp_arena_calloc(a, (size_t)p->n_slice_devs * 2 + 1, sizeof(int));
+	st->at_rdv = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(int));
 	st->pc = sp_arena_calloc(a, N, sizeof(int));
 	st->send_of = sp_arena_calloc(a, tags, sizeof(int));
 	st->sent = sp_arena_calloc(a, tags, 1);
@@ -303,7 +306,7 @@ static int verify_alloc(vstate_t *st)
 	st->contrib = sp_arena_calloc(a, (size_t)p->n_ops + 1, sizeof(int64_t));
 	if (!st->ds || !st->bucket_of_param || !st->pc || !st->send_of || !st->sent ||
 	    !st->recvd || !st->issued || !st->contrib || !st->layer_tp || !st->arrived ||
-	    !st->at_rdv)
+	    !st->rounds || !st->at_rdv)
 		return SP_ENOMEM;
 	for (int q = 0; q < st->n_params * SP_MAX_TP; q++)
 		st->bucket_of_param[q] = -1;
@@ -489,19 +492,19 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 	return 0;
 }
 
-/* The rendezvous counter of a tensor-parallel FWD/BWD of device d, NULL
- * for other instructions (or a device not in the slice: exec says so). */
-static int *rendezvous(vstate_t *st, int d, const sp_ins_t *in)
+/* The member index (slot in its slice) of device d at a tensor-parallel
+ * FWD/BWD, or -1 for other instructions (or a device not in the slice:
+ * exec says so). */
+static int rendezvous(vstate_t *st, int d, const sp_ins_t *in)
 {
 	const sp_plan_t *p = st->p;
 	if (in->op != INS_FWD && in->op != INS_BWD)
-		return NULL;
+		return -1;
 	const sp_slice_t *sl = &p->slices[in->slice];
 	for (int q = 0; sl->tp > 1 && q < sl->n_dev; q++)
 		if (p->slice_devs[sl->dev_off + q] == d)
-			return &st->arrived[(sl->dev_off + q - q % sl->tp) * 2 +
-					    (in->op == INS_BWD)];
-	return NULL;
+			return q;
+	return -1;
 }
 
 /* One instruction of device d: waits (RECV before its SEND, STEP before
@@ -530,13 +533,22 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 			    st->issued[b] < p->buckets[b].n_dev)
 				return PROGS_WAIT;
 	} else if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].tp > 1) {
-		int *arr = rendezvous(st, d, in), g = p->devices[d].first_ins + k;
-		if (arr && !st->at_rdv[g]) {
-			st->at_rdv[g] = 1;
-			++*arr;
+		/* the r-th FWD (BWD) of a member waits for r arrivals of every
+		 * member: r t in the group's count (a member is at most one
+		 * arrival ahead of the others, so a repeat cannot pass on the
+		 * arrivals of an earlier rendezvous) */
+		const sp_slice_t *sl = &p->slices[in->slice];
+		int q = rendezvous(st, d, in), g = p->devices[d].first_ins + k, t = sl->tp;
+		int dir = in->op == INS_BWD;
+		if (q >= 0) {
+			int *grp = &st->arrived[(sl->dev_off + q - q % t) * 2 + dir];
+			if (!st->at_rdv[g]) {
+				st->at_rdv[g] = ++st->rounds[(sl->dev_off + q) * 2 + dir];
+				++*grp;
+			}
+			if (*grp < st->at_rdv[g] * t)
+				return PROGS_WAIT;
 		}
-		if (arr && *arr < p->slices[in->slice].tp)
-			return PROGS_WAIT;
 	}
 	if (rc || (rc = exec(st, d, k, in)))
 		return rc;
@@ -571,7 +583,7 @@ static int explain_deadlock(vstate_t *st)
 	const sp_ins_t *in = &p->ins[p->devices[d].first_ins + pc[d]];
 	for (int q = 0; q < N && !missing; q++) {
 		const sp_ins_t *iq = &p->ins[p->devices[q].first_ins + pc[q]];
-		if (pc[q] >= p->devices[q].n_ins || !rendezvous(st, q, iq))
+		if (pc[q] >= p->devices[q].n_ins || rendezvous(st, q, iq) < 0)
 			continue;
 		const sp_slice_t *sl = &p->slices[iq->slice];
 		int lead = 0;

@@ -48,6 +48,15 @@ def view(tmp, tp):
     return r, json.loads(v.stdout)
 
 
+def report(results):
+    """Prints (passed, what, detail) results; 1 when one failed, else 0."""
+    for ok, what, detail in results:
+        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
+    failed = sum(not ok for ok, _, _ in results)
+    print("%d failed" % failed if failed else "all passed")
+    return 1 if failed else 0
+
+
 def main():
     results = []  # (passed, what, detail), printed at the end
 
@@ -114,16 +123,12 @@ def main():
         r3 = run([PLAN, MODEL, CLUSTER, "-o", "tp3.bin", "--tp", "3"], tmp)
         lines = r3.stderr.splitlines()
         check(r3.returncode == 2 and len(lines) == 2 and
-              lines[0] == "--tp 3 does not divide the heads (4) and ffn (256) of "
-                          "transformer 'img_enc'" and lines[1].startswith("hint: ") and
+              lines[0] == MODEL + ": components.img_enc: --tp 3 does not divide "
+                          "the heads (4) and ffn (256) of transformer 'img_enc'" and lines[1].startswith("hint: ") and
               not os.path.exists(os.path.join(tmp, "tp3.bin")),
               "--tp 3 exits 2 naming the component, with a hint, no plan written",
               repr((r3.returncode, r3.stderr)))
-    for ok, what, detail in results:
-        print("%s %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "\n     " + detail))
-    failed = sum(not ok for ok, _, _ in results)
-    print("%d failed" % failed if failed else "all passed")
-    return 1 if failed else 0
+    return report(results)
 
 
 if __name__ == "__main__":

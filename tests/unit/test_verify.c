@@ -1108,6 +1108,24 @@ static void test_tp_member_input(void **state)
 	each_tp_slice(state, "member inputs dropped", drop_member_input);
 }
 
+/* Member 1 runs the slice's FWD twice, member 0 once: the second FWD's
+ * all-reduces have no partner, a rendezvous deadlock (the group's count of
+ * arrivals must not let the repeat pass on the first rendezvous's; it did,
+ * and the repeat was then only caught as a value written twice). */
+static void fwd_twice(breaks_t *b, int i)
+{
+	int d = slot_dev(&b->ref, i, 1), kf = find_compute(&b->ref, d, INS_FWD, i);
+	assert_true(kf >= 0);
+	sp_plan_t *p = break_copy(b);
+	ins_ins(p, d, kf + 1, *ins_at(p, d, kf));
+	judge(b, "deadlock: the tensor-parallel group of slice", NULL);
+}
+
+static void test_tp_fwd_twice(void **state)
+{
+	each_tp_slice(state, "a member's FWD twice", fwd_twice);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1138,6 +1156,7 @@ int main(void)
 		cmocka_unit_test(test_tp_bucket_elems),
 		cmocka_unit_test(test_tp_order),
 		cmocka_unit_test(test_tp_member_input),
+		cmocka_unit_test(test_tp_fwd_twice),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

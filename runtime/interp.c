@@ -116,10 +116,10 @@ struct rt_state {
 	rt_event_t *ev;
 	int n_ev, cap_ev;
 	double t_origin;
+	double tp_ms; /* the running instruction's time in tp_allreduce */
 	int micro; /* the micro-step running (0 outside rt_step) */
 	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
 	int *tp_rank;  /* per slice: the rank's member index in it */
-	double tp_ms;  /* the running instruction's time in tp_allreduce */
 	int64_t mem[MEM__COUNT];
 };
 

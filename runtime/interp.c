@@ -116,6 +116,7 @@ struct rt_state {
 	rt_event_t *ev;
 	int n_ev, cap_ev;
 	double t_origin;
+	double tp_ms; /* the running instruction's time in tp_allreduce */
 	int micro; /* the micro-step running (0 outside rt_step) */
 	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
 	int *tp_rank;  /* per slice: the rank's member index in it */
@@ -277,7 +278,7 @@ static void event(rt_state_t *st, double t0, int k, int comm)
 {
 	if (!st->o.record_events)
 		return;
-	rt_event_t e = {t0 - st->t_origin, wall_ms() - st->t_origin, k, comm};
+	rt_event_t e = {t0 - st->t_origin, wall_ms() - st->t_origin, k, comm, st->tp_ms};
 	SP_PUSH(st->ev, st->n_ev, st->cap_ev, e);
 }
 
@@ -907,16 +908,21 @@ typedef struct {
 } tp_call_t;
 
 /* rt_tp_t.allreduce: the layer's kernels so far finish (b->sync), then the
- * group's all-reduce, waited for against the timeout like a RECV. */
+ * group's all-reduce, waited for against the timeout like a RECV. The
+ * time from the start to the end of the wait (waiting for the slowest
+ * member included, the kernels before it not) adds to st->tp_ms. */
 static int tp_allreduce(void *ctx, float *buf, int64_t n)
 {
 	tp_call_t *tc = ctx;
 	rt_state_t *st = tc->st;
 	rt_req_t r = {0};
 	st->b->sync();
+	double t0 = wall_ms();
 	if (st->c->ops->iallreduce(st->c, buf, n, tc->group, &r))
 		return fail(st, tc->err, tc->k, "starting the tensor-parallel all-reduce failed");
-	return wait_req(st, &r, tc->k, tc->err);
+	int rc = wait_req(st, &r, tc->k, tc->err);
+	st->tp_ms += wall_ms() - t0;
+	return rc;
 }
 
 /* The split of instruction k's slice for the layers (NULL: whole layers). */
@@ -1241,6 +1247,7 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		const sp_ins_t *in = &st->prog[k];
 		double t0 = wall_ms();
 		int rc = 0, comm = 0;
+		st->tp_ms = 0;
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
 			continue;
 		switch (in->op) {

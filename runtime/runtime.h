@@ -229,6 +229,9 @@ typedef struct {
 	double start_ms, end_ms;
 	int32_t ins;  /* index in the rank's program */
 	int32_t comm; /* 1: communication thread */
+	/* of [start_ms, end_ms): the time in the tensor-parallel all-reduces
+	 * (tp_allreduce, summed over a split FWD/BWD's calls; else 0) */
+	double tp_ms;
 } rt_event_t;
 
 typedef struct rt_state rt_state_t;

@@ -1,7 +1,8 @@
 /*
  * trace.c — gathers every rank's recorded events of the last step to rank
  * 0 and writes them as Chrome trace JSON: one process per rank, compute
- * and communication threads, instruction names from the plan.
+ * and communication threads, instruction names from the plan; a split
+ * FWD/BWD's time in its tensor-parallel all-reduces as the event's args.
  */
 #include "trace.h"
 #include "trace_fmt.h"
@@ -43,9 +44,14 @@ int trace_write_measured(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p,
 			char name[160];
 			if (e[i].ins < 0 || e[i].ins >= dv->n_ins)
 				continue;
-			trace_ins_name(name, sizeof name, p, &p->ins[dv->first_ins + e[i].ins]);
-			trace_event(f, r, e[i].comm, name, e[i].comm ? "comm" : "compute",
-				    e[i].start_ms, e[i].end_ms - e[i].start_ms);
+			const sp_ins_t *in = &p->ins[dv->first_ins + e[i].ins];
+			double dur = e[i].end_ms - e[i].start_ms;
+			trace_ins_name(name, sizeof name, p, in);
+			if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].tp > 1)
+				trace_event_tp(f, r, name, e[i].start_ms, dur, e[i].tp_ms);
+			else
+				trace_event(f, r, e[i].comm, name, e[i].comm ? "comm" : "compute",
+					    e[i].start_ms, dur);
 		}
 		base += sizes[r];
 	}

@@ -3,7 +3,10 @@
  * both the predicted timeline (spindle-show --trace) and the measured one
  * (spindle-run --trace) use: a process per device/rank, thread 0 for
  * compute and thread 1 for communication, events named after the plan's
- * instructions ("task/node layers 0-12 fwd", "send 1.5 MiB to 3").
+ * instructions ("task/node layers 0-12 fwd", "send 1.5 MiB to 3"). The
+ * measured FWD/BWD of a tensor-parallel slice carry args splitting their
+ * time into compute_ms and tp_allreduce_ms (the group's all-reduces inside
+ * the layers); the predicted trace has no args.
  */
 #include "plan.h"
 #include "trace_fmt.h"
@@ -59,13 +62,28 @@ void trace_begin(FILE *f, int n_proc, const char *proc_word)
 	}
 }
 
-void trace_event(FILE *f, int pid, int tid, const char *name, const char *cat,
-		 double ts_ms, double dur_ms)
+/* An event's fields up to its name, the closing brace left to the caller. */
+static void event_open(FILE *f, int pid, int tid, const char *name, const char *cat,
+		       double ts_ms, double dur_ms)
 {
 	fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":",
 		pid, tid, ts_ms * 1e3, dur_ms * 1e3, cat);
 	sp_json_str(f, name);
+}
+
+void trace_event(FILE *f, int pid, int tid, const char *name, const char *cat,
+		 double ts_ms, double dur_ms)
+{
+	event_open(f, pid, tid, name, cat, ts_ms, dur_ms);
 	fprintf(f, "},\n");
+}
+
+void trace_event_tp(FILE *f, int pid, const char *name, double ts_ms, double dur_ms,
+		    double tp_ms)
+{
+	event_open(f, pid, 0, name, "compute", ts_ms, dur_ms);
+	fprintf(f, ",\"args\":{\"compute_ms\":%.3f,\"tp_allreduce_ms\":%.3f}},\n",
+		dur_ms - tp_ms, tp_ms);
 }
 
 void trace_end(FILE *f)

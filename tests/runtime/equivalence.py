@@ -242,6 +242,9 @@ def memory_within(model, tmp, what, algo, opts, split=False):
     return [err] if err else []
 
 
+MICRO2 = ("--microbatches", "2")
+
+
 def even_batches(model):
     for t in model["tasks"]:
         t["batch"] += t["batch"] % 2

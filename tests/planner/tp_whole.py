@@ -11,10 +11,10 @@ component, its MetaOps and the slice that cannot run 2 (1 device: narrower
 than 2; 3 devices: not a multiple of 2), and each claim holds in the plan's
 view (a slice of that MetaOp on that many devices, tp 1). The sequential
 algorithm (every slice on all 4 devices) splits every class: no line.
-It checks what it does not cover: not the node-alignment and one-sharding
-reasons (they need placements these small clusters do not make).
-Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
-pass, 1 fail.
+Not covered: the node-alignment and one-sharding reasons (they need
+placements these small clusters do not make).
+Needs SPINDLE_PLAN, SPINDLE_SHOW and SPINDLE_ROOT (test_env); exits 0 on
+pass, 1 on failure.
 """
 import json
 import os
@@ -23,11 +23,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.environ["SPINDLE_ROOT"]
-PLAN = os.environ["SPINDLE_PLAN"]
-SHOW = os.environ["SPINDLE_SHOW"]
-MODEL = os.path.join(ROOT, "plans", "demo", "model.json")
-CLUSTER = os.path.join(ROOT, "plans", "demo", "cluster.json")
+PLAN, SHOW = (os.environ[k] for k in ("SPINDLE_PLAN", "SPINDLE_SHOW"))
+DEMO = os.path.join(os.environ["SPINDLE_ROOT"], "plans", "demo")
+MODEL, CLUSTER = (os.path.join(DEMO, f) for f in ("model.json", "cluster.json"))
 LINE = re.compile(r"--tp (\d+) leaves transformer '([^']+)' whole \(MetaOps ([^)]*)\): "
                   r"(\S+) runs a slice on (\d+) devices?, "
                   r"(narrower than|not a multiple of) (\d+)$")

@@ -4,6 +4,7 @@
  * prints errors and decides how the program exits.
  */
 #include "planner.h"
+#include "tp.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -45,8 +46,9 @@ static void usage(FILE *f)
 		"  --tp 1|2|4|8|auto    tensor-parallel degree: a number splits every\n"
 		"                       transformer slice whose width it divides into\n"
 		"                       groups of that many devices of one node (it must\n"
-		"                       divide every transformer's heads and ffn); auto\n"
-		"                       (default) chooses per layer\n"
+		"                       divide every transformer's heads and ffn; each\n"
+		"                       transformer it leaves whole is named on stderr,\n"
+		"                       with why); auto (default) chooses per layer\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -279,6 +281,12 @@ int main(int argc, char **argv)
 	}
 	if (planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
 		status = fail(&err);
+		goto cleanup;
+	}
+	/* a forced --tp N says which transformers it left whole, and why */
+	if (tp_whole(stderr, &plan, "spindle-plan: ")) {
+		fprintf(stderr, "spindle-plan: out of memory\n");
+		status = SP_EXIT_FAIL;
 		goto cleanup;
 	}
 	/* the file first: a run that cannot write it reports no success */

@@ -4,7 +4,8 @@
  * pass that keeps a placed slice's degree only where its groups lie in
  * nodes and its component has one sharding (tp.c). The degrees themselves
  * (auto, or the forced N where a slice allows it) are tp_assign's
- * (tp_cost.c), at scheduling.
+ * (tp_cost.c), at scheduling; tp_whole (tp_cost.c) names, after planning,
+ * the transformers a forced N left whole.
  */
 #ifndef SPINDLE_TP_H
 #define SPINDLE_TP_H
@@ -24,5 +25,12 @@ int tp_want(const planner_t *pl, const sslice_t *x);
  * fixpoint. A slice at 1 wider than its batch narrows to its first batch
  * devices (pc stays packed). Work arrays in pl->scratch (the candidate's). */
 int tp_run(planner_t *pl, sched_t *s, place_t *pc);
+/* The forced degree of a lowered plan (its options' tp=N), 0 under auto. */
+int tp_forced(const sp_plan_t *p);
+/* Under a forced --tp N > 1: one line on f per class of transformer
+ * MetaOps (sharing components) the plan leaves whole, each starting with
+ * lead, naming a component and the MetaOps and why (tp_cost.c). Nothing
+ * under auto. SP_ENOMEM when out of memory. */
+int tp_whole(FILE *f, const sp_plan_t *p, const char *lead);
 
 #endif

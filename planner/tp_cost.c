@@ -19,13 +19,20 @@
  * where it is slower than whole layers: clip-10 on 128 GPUs.)
  *
  * tp_report / tp_json: each MetaOp's t in a lowered plan, for report.c to
- * print (report.c is the format engineer's; it calls these).
+ * print (report.c is the format engineer's; it calls these). tp_whole:
+ * under a forced --tp N (the plan's options), one line per class of
+ * transformer MetaOps the plan leaves whole and why, read off the lowered
+ * plan (the first slice that cannot run N: too narrow, not a multiple of
+ * N, a group across nodes; else the one-sharding-per-layer fall-back).
  *
  * It does not place groups on nodes (place.c); its prices are cost.c's.
  */
 #include "planner.h"
+#include "tp.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The (n, t) a slice of n devices of m runs at before the class decides:
  * its table's t where n makes it, else t = 1 (n <= batch), else the width
@@ -162,6 +169,8 @@ void tp_report(FILE *f, const sp_plan_t *p)
 	}
 	if (!any)
 		fprintf(f, "tensor parallel: none (every slice runs whole layers)\n");
+	if (tp_whole(f, p, "  "))
+		fprintf(f, "  (out of memory listing the transformers --tp left whole)\n");
 }
 
 void tp_json(FILE *f, const sp_plan_t *p)
@@ -173,4 +182,110 @@ void tp_json(FILE *f, const sp_plan_t *p)
 		fprintf(f, ": %d", tp_metaop(p, m));
 	}
 	fprintf(f, "}");
+}
+
+/* The forced degree of a plan's options ("tp=N"), 0 under auto. */
+int tp_forced(const sp_plan_t *p)
+{
+	const char *o = strstr(p->options, "tp=");
+	return o ? atoi(o + 3) : 0;
+}
+
+/* Component of layer l of the plan's MetaOp m. */
+static int plan_comp(const sp_plan_t *p, int m, int l)
+{
+	const sp_metaop_t *mo = &p->metaops[m];
+	return p->model.tasks[mo->task].nodes[p->ops[mo->first_op + l].node].comp;
+}
+
+/* Why slice i of a whole class cannot run t (NULL: it could). */
+static const char *slice_obstacle(const sp_plan_t *p, int i, int t, char *buf, size_t n)
+{
+	const sp_slice_t *sl = &p->slices[i];
+	const char *name = p->metaops[sl->metaop].name;
+	const int32_t *d = p->slice_devs + sl->dev_off;
+	if (sl->n_dev < t || sl->n_dev % t) {
+		snprintf(buf, n, "%s runs a slice on %d device%s, %s %d", name, sl->n_dev,
+			 sl->n_dev > 1 ? "s" : "",
+			 sl->n_dev < t ? "narrower than" : "not a multiple of", t);
+		return buf;
+	}
+	for (int k = 0; k < sl->n_dev; k++)
+		if (p->devices[d[k]].node != p->devices[d[k - k % t]].node) {
+			snprintf(buf, n, "a group of %d devices of %s's slice would span nodes "
+					 "%d and %d (not node-aligned)",
+				 t, name, p->devices[d[k - k % t]].node, p->devices[d[k]].node);
+			return buf;
+		}
+	return NULL;
+}
+
+/* One line of class c (its MetaOps' representative component) on f. */
+static void whole_line(FILE *f, const sp_plan_t *p, const int *cls, int c, int t,
+		       const char *lead)
+{
+	char why[256] = "";
+	fprintf(f, "%s--tp %d leaves transformer '%s' whole (MetaOps", lead, t,
+		p->model.comps[c].name);
+	int shown = 0, more = 0;
+	for (int m = 0; m < p->n_metaops; m++) {
+		if (cls[m] != c)
+			continue;
+		if (shown < 4)
+			fprintf(f, "%s %s", shown++ ? "," : "", p->metaops[m].name);
+		else
+			more++;
+	}
+	if (more)
+		fprintf(f, " and %d more", more);
+	for (int i = 0; i < p->n_slices && !why[0]; i++)
+		if (cls[p->slices[i].metaop] == c)
+			slice_obstacle(p, i, t, why, sizeof why);
+	fprintf(f, "): %s\n",
+		why[0] ? why
+		       : "its slices could run it, but one sharding per layer made them fall "
+			 "back to whole layers (a device would hold two shards of a layer)");
+}
+
+int tp_whole(FILE *f, const sp_plan_t *p, const char *lead)
+{
+	int t = tp_forced(p), nc = p->model.n_comps;
+	if (t <= 1)
+		return 0;
+	int *up = calloc((size_t)nc + 1, sizeof *up);
+	int *cls = calloc((size_t)p->n_metaops + 1, sizeof *cls);
+	char *split = calloc((size_t)nc + 1, 1);
+	if (!up || !cls || !split) {
+		free(up);
+		free(cls);
+		free(split);
+		return SP_ENOMEM;
+	}
+	/* classes: MetaOps that share a component, as tp_assign's */
+	for (int c = 0; c < nc; c++)
+		up[c] = c;
+	for (int m = 0; m < p->n_metaops; m++)
+		for (int l = 1; l < p->metaops[m].n_layers; l++) {
+			int a = uf_find(up, plan_comp(p, m, 0)), b = uf_find(up, plan_comp(p, m, l));
+			if (a != b)
+				up[b] = a;
+		}
+	for (int m = 0; m < p->n_metaops; m++)
+		cls[m] = p->metaops[m].shape.type == COMP_TRANSFORMER ? uf_find(up, plan_comp(p, m, 0))
+								   : -1;
+	for (int i = 0; i < p->n_slices; i++)
+		if (p->slices[i].tp > 1 && cls[p->slices[i].metaop] >= 0)
+			split[cls[p->slices[i].metaop]] = 1;
+	/* each class once, at its first MetaOp */
+	for (int m = 0; m < p->n_metaops; m++) {
+		int c = cls[m], first = 1;
+		for (int q = 0; q < m && first; q++)
+			first = cls[q] != c;
+		if (c >= 0 && first && !split[c])
+			whole_line(f, p, cls, c, t, lead);
+	}
+	free(up);
+	free(cls);
+	free(split);
+	return 0;
 }

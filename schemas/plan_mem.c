@@ -22,7 +22,11 @@
  *  work    scratch: the largest single (shard) layer's saved size at its local
  *          batch (losses compute in it), plus, when a slice recomputes, the
  *          largest recomputed layer's saved size (its forward is re-run into
- *          it), plus WORK_FIXED for libraries
+ *          it), plus the largest transformer backward's layer workspace
+ *          (bwd_ws_bytes), plus WORK_FIXED for libraries
+ * The layer workspace is allocated by the backend, not by the runtime's
+ * work buffer, so the runtime's own figure (rt_memory) does not include it;
+ * counting it here keeps a plan that fits from running out of memory.
  */
 #include "plan.h"
 
@@ -40,6 +44,31 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 	if (m->shape.type == COMP_CONTRASTIVE)
 		local = t->batch;
 	return op_saved_elems_tp(&m->shape, t->batch, sl->tp) * local * db;
+}
+
+/*
+ * Workspace one transformer BWD allocates besides the saved activations, in
+ * bytes: the larger of the two backends' (both fp32 whatever the plan's
+ * dtype, hence sizeof(float)). The CPU reference (runtime/layers.c
+ * tblock_bwd) holds the gradient of a LayerNorm output for all n local
+ * samples [n, s, h] and one sample's dx_mid [s, h], dact [s, f/t], dcat
+ * [s, h/t], dqkv [s, 3h/t] and one head's dP [s, s]; the CUDA split backward
+ * (cu_layers.cu cu_tblock_bwd) holds dln and dx_mid [n, s, h] each, which
+ * exceeds its chunked workspace cap by up to 8 n s h bytes (unsplit it stays
+ * within the cap). Cross-attention blocks do not run in plans (tb_dims).
+ */
+static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_opshape_t *s = &p->metaops[sl->metaop].shape;
+	if (in->op != INS_BWD || s->type != COMP_TRANSFORMER)
+		return 0;
+	int t = tp_ok(s->type, s->heads, s->ffn, sl->tp) ? sl->tp : 1;
+	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
+	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
+	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;
+	int64_t cuda = t > 1 ? 2 * n * sq * h * f : 0;
+	return SP_MAX(cpu, cuda);
 }
 
 /* Bytes one FWD keeps per layer: all it saves, or under recompute its input. */
@@ -73,7 +102,7 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 		out[MEM_PARAMS] += comp_layer_params_tp(&md->comps[h->comp], h->tp) * 2 * db;
 	}
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
-	int64_t work = 0, redo = 0;
+	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most two values per instruction) */
 	typedef struct {
@@ -105,6 +134,7 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 				out[MEM_ACTS] += kept_bytes(p, in, db, one) *
 						 (sl->layer_to - sl->layer_from);
 			work = SP_MAX(work, one);
+			bwd_ws = SP_MAX(bwd_ws, bwd_ws_bytes(p, in));
 			if (sl->recompute)
 				redo = SP_MAX(redo, one);
 		}
@@ -158,6 +188,6 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	}
 	free(v);
 	out[MEM_COMM] += send_stage + recv_stage;
-	out[MEM_WORK] = work + redo + WORK_FIXED;
+	out[MEM_WORK] = work + redo + bwd_ws + WORK_FIXED;
 	return 0;
 }

@@ -220,15 +220,24 @@ def zero1_memory(model, tmp):
     """Rank 0's measured memory under a 4-rank zero-1 plan stays within the
     plan's prediction in every category, and params+state (weights and
     gradients whole, AdamW m and v of the owned shards) equals it."""
-    mpath = W.write_json(tmp, "mem.model.json", model)
-    pp = os.path.join(tmp, "mem.bin")
-    W.plan(mpath, W.write_json(tmp, "cpu-1x4.json", W.cluster(4, 1)), pp, "spindle",
-           ("--zero", "1"))
+    return memory_within(model, tmp, "zero-1", "spindle", ("--zero", "1"))
+
+
+def memory_within(model, tmp, what, algo, opts, split=False):
+    """Rank 0's measured memory of a 4-rank plan (algo, opts) stays within
+    the plan's prediction in every category, and params+state equals it;
+    split: the plan must split a slice (tensor parallelism)."""
+    tag = what.replace(" ", "-")
+    mpath = W.write_json(tmp, f"mem-{tag}.model.json", model)
+    pp = os.path.join(tmp, f"mem-{tag}.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1x4.json", W.cluster(4, 1)), pp, algo, opts)
     got, pred = memory_line(pp, 4)
     err = None
     if any(g > q for g, q in zip(got, pred)) or got[0] != pred[0]:
-        err = f"zero-1 memory: rank 0 measured {got} MiB, predicted {pred}"
-    print(("FAIL " + err) if err else f"ok   zero-1 memory on 4 ranks: measured {got} MiB "
+        err = f"{what} memory: rank 0 measured {got} MiB, predicted {pred}"
+    elif split and tp_slices(pp) == 0:
+        err = f"{what} memory: the plan splits no slice"
+    print(("FAIL " + err) if err else f"ok   {what} memory on 4 ranks: measured {got} MiB "
           f"within predicted {pred}", flush=True)
     return [err] if err else []
 
@@ -303,7 +312,11 @@ def tp(demo, tmp):
         m = W.random_workload(seed, optimizer=opt)
         failures += check_model(m, tmp, f"random{seed}-{opt['type']}-tp", mixed, floor,
                                 split=True)
-    return failures
+    # the split block's backward workspace (dln of all n samples) is in the
+    # prediction (plan_mem.c bwd_ws_bytes)
+    demo["optimizer"] = adamw
+    return failures + memory_within(demo, tmp, "tp 2 sequential", "sequential", TP2,
+                                    split=True)
 
 
 def main():

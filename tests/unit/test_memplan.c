@@ -43,9 +43,15 @@
  * A recomputing transformer FWD keeps only the layer's input, what
  * spindle-run's interp.c allocates for it (kept_pp):
  *   transformer  s h                   = 4*8                         = 32
+ * A transformer BWD of n samples also takes the backend's layer workspace
+ * (plan_mem.c bwd_ws_bytes; unsplit, the CPU reference's is the larger),
+ * fp32 whatever the dtype: dln for the n samples, n s h, and one sample's
+ * dx_mid, dact, dcat, dqkv and dP:
+ *   s (h + f + 4 h) + s^2              = 4*(8+16+32) + 16            = 240
+ * so at batch 4: (4 * 32 + 240) * 4 B = 1472.
  */
 enum { P_EMB = 160, P_TR = 600, P_LM = 144, P_ALL = 1504 };
-enum { S_EMB = 4, S_TR = 432, S_LM = 136, K_TR = 32 };
+enum { S_EMB = 4, S_TR = 432, S_LM = 136, K_TR = 32, W_TR = 240 };
 #define MIB64 ((int64_t)64 << 20) /* the workspace's fixed part: 67108864 */
 
 static const char *const MODEL_FMT =
@@ -150,14 +156,17 @@ static hand_t hand_device(const sp_plan_t *p, int d, int64_t psb, int64_t db)
 	const sp_device_t *dv = &p->devices[d];
 	for (int k = 0; k < dv->n_held; k++)
 		h.params += hand_params(&p->model.comps[p->held[dv->held_off + k].comp]) * psb;
-	int64_t big = 0, redo = 0;
+	int64_t big = 0, redo = 0, bws = 0;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
 		const sp_slice_t *sl = &p->slices[in->slice];
-		int64_t one = hand_saved(p->metaops[sl->metaop].shape.type) * (in->s1 - in->s0) * db;
+		sp_comp_type_t ty = p->metaops[sl->metaop].shape.type;
+		int64_t one = hand_saved(ty) * (in->s1 - in->s0) * db;
 		big = SP_MAX(big, one);
+		if (in->op == INS_BWD && ty == COMP_TRANSFORMER)
+			bws = SP_MAX(bws, (K_TR * (in->s1 - in->s0) + W_TR) * 4);
 		if (sl->recompute)
 			redo = SP_MAX(redo, one);
 		if (in->op == INS_FWD) {
@@ -166,7 +175,7 @@ static hand_t hand_device(const sp_plan_t *p, int d, int64_t psb, int64_t db)
 			h.n_fwd++;
 		}
 	}
-	h.work = big + redo + MIB64;
+	h.work = big + redo + bws + MIB64;
 	return h;
 }
 
@@ -232,8 +241,8 @@ static void expect_device0(const sp_plan_t *p, const char *what, int64_t psb, in
  *   acts    (embedding 4 * 4 samples * 1 layer + transformer 432 * 4 * 2)
  *           = 16 + 3456 = 3472 elements; * 2 B = 6944 (bf16), * 4 B = 13888
  *   work    the largest layer at batch 4, the transformer: 432 * 4 = 1728
- *           elements (lm_head: 136 * 4 = 544); * db + 64 MiB
- *           = 67112320 (bf16), 67115776 (fp32)
+ *           elements (lm_head: 136 * 4 = 544); * db + 1472 (its backward's
+ *           workspace) + 64 MiB = 67113792 (bf16), 67117248 (fp32)
  * On two devices every (sample, layer) is still forwarded exactly once, so
  * the activations summed over devices are the one-device numbers.
  */
@@ -244,10 +253,10 @@ static void test_formula(void **state)
 		const char *dtype, *opt;
 		int64_t psb, db, params1, acts1, work1;
 	} cases[] = {
-		{"bf16", "adamw", 16, 2, 24064, 6944, 67112320},
-		{"fp32", "adamw", 16, 4, 24064, 13888, 67115776},
-		{"bf16", "sgd", 8, 2, 12032, 6944, 67112320},
-		{"fp32", "sgd", 8, 4, 12032, 13888, 67115776},
+		{"bf16", "adamw", 16, 2, 24064, 6944, 67113792},
+		{"fp32", "adamw", 16, 4, 24064, 13888, 67117248},
+		{"bf16", "sgd", 8, 2, 12032, 6944, 67113792},
+		{"fp32", "sgd", 8, 4, 12032, 13888, 67117248},
 	};
 	for (int c = 0; c < SP_ARRAY_LEN(cases); c++) {
 		for (int gpus = 1; gpus <= 2; gpus++) {
@@ -285,7 +294,7 @@ static void test_formula(void **state)
  * keeps its activations once per layer it runs. On one device, bf16+adamw:
  *   params  (160 + 6 * 600 + 144) * 16 = 3904 * 16            = 62464
  *   acts    (4 * 4 + 432 * 4 * 6) * 2 = (16 + 10368) * 2       = 20768
- *   work    432 * 4 * 2 + 64 MiB                               = 67112320
+ *   work    432 * 4 * 2 + 1472 + 64 MiB                        = 67113792
  */
 static void test_multi_layer_slices(void **state)
 {
@@ -303,7 +312,7 @@ static void test_multi_layer_slices(void **state)
 							p->slices[p->ins[k].slice].layer_from);
 	assert_true(widest >= 2); /* the premise: some FWD runs several layers */
 	print_message("widest FWD: %d layers\n", widest);
-	expect_device0(p, "6 layers on 1 device", 16, 2, (int64_t[3]){62464, 20768, 67112320});
+	expect_device0(p, "6 layers on 1 device", 16, 2, (int64_t[3]){62464, 20768, 67113792});
 	mfix_release(&f);
 }
 
@@ -313,7 +322,7 @@ static void test_multi_layer_slices(void **state)
  * recomputed layer's saved size (its forward re-runs there). On one
  * device, bf16+adamw:
  *   acts    (4 * 4 + 32 * 4 * 6) * 2 = (16 + 768) * 2          = 1568
- *   work    432 * 4 * 2 + 432 * 4 * 2 + 64 MiB                 = 67115776
+ *   work    432 * 4 * 2 + 432 * 4 * 2 + 1472 + 64 MiB          = 67117248
  * On two devices the hand tables hold per device, and the kept inputs
  * summed over devices are the one-device number.
  */
@@ -341,7 +350,7 @@ static void test_recompute(void **state)
 		assert_int_equal(sa, 1568);
 		if (gpus == 1)
 			expect_device0(p, "recompute, 6 layers on 1 device", 16, 2,
-				       (int64_t[3]){62464, 1568, 67115776});
+				       (int64_t[3]){62464, 1568, 67117248});
 		mfix_release(&f);
 	}
 }
@@ -352,7 +361,8 @@ static void test_recompute(void **state)
  *   params  1504 * 16                                     = 24064
  *   acts    per sample (4 + 2 * 432) = 868 elements, for 4 + 2 samples
  *           = 5208 elements * 2 B                         = 10416
- *   work    the transformer at batch 4: 432 * 4 * 2 + 64 MiB  = 67112320
+ *   work    the transformer at batch 4: 432 * 4 * 2 + 1472 + 64 MiB
+ *                                                               = 67113792
  */
 static void test_shared_counted_once(void **state)
 {
@@ -378,7 +388,7 @@ static void test_shared_counted_once(void **state)
 	/* held: (emb, 0), (tr, 0), (tr, 1), (lm, 0), each once */
 	assert_int_equal(p->devices[0].n_held, 4);
 	expect_device0(p, "shared components, 2 tasks on 1 device", 16, 2,
-		       (int64_t[3]){(int64_t)P_ALL * 16, 10416, 67112320});
+		       (int64_t[3]){(int64_t)P_ALL * 16, 10416, 67113792});
 	mfix_release(&f);
 }
 

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""A forced --tp N says which transformers it leaves whole, and why
+(issue 18 review; tp_cost.c tp_whole): one stderr line per class of
+transformer MetaOps (sharing components) that no slice splits, and the
+same lines in --report. Not under --tp auto, nor where every class splits.
+
+The case: the demo (one node of 4 devices, 3 transformer components) under
+--tp 2 with ours, which picks 1-device lanes for the encoders and 3 devices
+for the fused decoder here, so nothing splits: three lines, each naming a
+component, its MetaOps and the slice that cannot run 2 (1 device: narrower
+than 2; 3 devices: not a multiple of 2), and each claim holds in the plan's
+view (a slice of that MetaOp on that many devices, tp 1). The sequential
+algorithm (every slice on all 4 devices) splits every class: no line.
+Not covered: the node-alignment and one-sharding reasons (they need
+placements these small clusters do not make).
+Needs SPINDLE_PLAN, SPINDLE_SHOW and SPINDLE_ROOT (test_env); exits 0 on
+pass, 1 on failure.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+PLAN, SHOW = (os.environ[k] for k in ("SPINDLE_PLAN", "SPINDLE_SHOW"))
+DEMO = os.path.join(os.environ["SPINDLE_ROOT"], "plans", "demo")
+MODEL, CLUSTER = (os.path.join(DEMO, f) for f in ("model.json", "cluster.json"))
+LINE = re.compile(r"--tp (\d+) leaves transformer '([^']+)' whole \(MetaOps ([^)]*)\): "
+                  r"(\S+) runs a slice on (\d+) devices?, "
+                  r"(narrower than|not a multiple of) (\d+)$")
+
+
+def run(args):
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def plan(tmp, name, extra):
+    out = os.path.join(tmp, name + ".bin")
+    r = run([PLAN, MODEL, CLUSTER, "-o", out] + extra)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL {name}: exit {r.returncode}\n{r.stderr}")
+    v = json.loads(run([SHOW, out, "--json"]).stdout)
+    return r, [s for w in v["waves"] for s in w["slices"]]
+
+
+def whole_lines(text, lead):
+    return [x[len(lead):] for x in text.splitlines() if x.startswith(lead + "--tp ")]
+
+
+def main():
+    fails = []
+    with tempfile.TemporaryDirectory() as tmp:
+        r, slices = plan(tmp, "ours-tp2", ["--tp", "2"])
+        lines = whole_lines(r.stderr, "spindle-plan: ")
+        print("\n".join(lines))
+        if any(s["tp"] > 1 for s in slices):
+            fails.append("ours under --tp 2 on the demo now splits a slice: the case "
+                         "no longer leaves everything whole; construct another")
+        comps = []
+        for x in lines:
+            m = LINE.match(x)
+            if not m:
+                fails.append(f"line not in the expected form: {x}")
+                continue
+            t, comp, mops, mop, n, why, t2 = m.groups()
+            comps.append(comp)
+            n, t = int(n), int(t)
+            if t != 2 or int(t2) != 2 or mop not in mops.split(", "):
+                fails.append(f"wrong degree or MetaOp: {x}")
+            if why != ("narrower than" if n < t else "not a multiple of") or n % t == 0:
+                fails.append(f"wrong reason: {x}")
+            if not any(s["metaop"] == mop and s["n_dev"] == n and s["tp"] == 1
+                       for s in slices):
+                fails.append(f"no whole slice of {mop} on {n} devices in the plan: {x}")
+        if sorted(comps) != ["fuse", "img_enc", "txt_enc"]:
+            fails.append(f"one line per transformer component expected, got {comps}")
+        rep = run([PLAN, MODEL, CLUSTER, "--tp", "2", "--report"])
+        if whole_lines(rep.stdout, "  ") != lines:
+            fails.append("--report does not list the same classes left whole")
+        for name, extra in (("auto", []), ("seq-tp2", ["--algo", "sequential", "--tp", "2"])):
+            r2 = run([PLAN, MODEL, CLUSTER, "--report"] + extra)
+            if r2.returncode != 0 or whole_lines(r2.stderr, "spindle-plan: ") or \
+                    whole_lines(r2.stdout, "  "):
+                fails.append(f"{name}: exit {r2.returncode} or a line about a class left "
+                             f"whole:\n{r2.stderr}")
+    for f in fails:
+        print("FAIL " + f)
+    print("ok" if not fails else f"{len(fails)} failure(s)")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,7 +51,11 @@ typedef enum {
 /* A reference to a value on the executing device. */
 typedef struct {
 	int32_t metaop;
-	int32_t layer;   /* boundary 0..L */
+	int32_t layer;   /* boundary 0..L; -1: the memory of a cross-attention
+			  * MetaOp (shape.mem_seq > 0): act(m, -1) is
+			  * [batch, mem_seq, mem_width], read by every layer of
+			  * every slice of m; grad(m, -1) sums every layer's
+			  * gradient with respect to it */
 	int32_t grad;    /* 0: act(m, l), 1: grad(m, l) */
 	int32_t seq_off; /* first token on the seq axis */
 } sp_vref_t;
@@ -84,10 +88,13 @@ typedef struct {
 	int32_t layer; /* layer of the component (node.layer_from + k) */
 } sp_op_t;
 
-/* Producer p feeds consumer c: act(p, L_p) -> act(c, 0) at seq_off. */
+/* Producer p feeds consumer c: act(p, L_p) -> act(c, 0) at seq_off; or,
+ * with memory = 1, act(p, L_p) -> act(c, -1), the memory every layer of the
+ * cross-attention MetaOp c reads (seq_off 0, seq_len c's shape.mem_seq). */
 typedef struct {
 	int32_t src, dst;
 	int32_t seq_off, seq_len;
+	int32_t memory; /* 0: an input, 1: the consumer's memory */
 } sp_edge_t;
 
 typedef struct {
@@ -222,7 +229,8 @@ static inline void sample_range(int64_t B, int i, int n, int32_t *s0, int32_t *s
 	*s0 = (int32_t)(B * i / n);
 	*s1 = (int32_t)(B * (i + 1) / n);
 }
-/* Width and seq of value (m, l): act(m,0) is the input, others the output. */
+/* Width and seq of value (m, l): act(m,0) is the input, l >= 1 the output,
+ * l = -1 the memory (mem_seq, mem_width; 0, 0 on a MetaOp without one). */
 void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *width);
 const char *layout_name(int layout);
 /*

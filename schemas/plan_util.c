@@ -22,10 +22,16 @@ const char *ins_op_name(int op)
 	}
 }
 
-/* Boundary 0 is the MetaOp's input; every boundary l >= 1 has its output shape. */
+/* Boundary 0 is the MetaOp's input; every boundary l >= 1 has its output
+ * shape; l = -1 is a cross-attention MetaOp's memory. */
 void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *width)
 {
 	const sp_metaop_t *mo = &p->metaops[m];
+	if (l < 0) {
+		*seq = (int32_t)mo->shape.mem_seq;
+		*width = (int32_t)mo->shape.mem_width;
+		return;
+	}
 	*seq = l == 0 ? mo->seq_in : mo->seq_out;
 	*width = l == 0 ? mo->width_in : mo->width_out;
 }

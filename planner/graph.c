@@ -158,7 +158,7 @@ static void graph_edges(planner_t *pl, const int *mop_of)
 				const sp_node_t *src = &t->nodes[n->inputs[q]];
 				int len = one_token ? 1 : (int)src->seq;
 				pl->edges[pl->n_edges++] = (sp_edge_t){
-					mop_of[base + n->inputs[q]], mi, off, len};
+					mop_of[base + n->inputs[q]], mi, off, len, 0};
 				off += len;
 				mo->width_in = (int)comp_out_width(&m->comps[src->comp]);
 			}

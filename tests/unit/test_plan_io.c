@@ -179,8 +179,9 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	metaop(p, 6, 1, 3, 4, 10, 5, 16, 5, 16, "clip/c");
 	metaop(p, 7, 1, 4, 1, 14, 11, 16, 0, 0, "clip/loss");
 
-	static const sp_edge_t edges[] = {{0, 1, 0, 8}, {1, 2, 0, 8}, {3, 4, 0, 6},
-					  {5, 6, 0, 5}, {4, 7, 0, 6}, {6, 7, 6, 5}};
+	static const sp_edge_t edges[] = {{0, 1, 0, 8, 0}, {1, 2, 0, 8, 0},
+					  {3, 4, 0, 6, 0}, {5, 6, 0, 5, 0},
+					  {4, 7, 0, 6, 0}, {6, 7, 6, 5, 0}};
 	p->n_edges = SP_ARRAY_LEN(edges);
 	NEW(p->edges, p->n_edges);
 	memcpy(p->edges, edges, sizeof edges);

@@ -934,7 +934,7 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 18, 2, 8, 9, "instructions[2].s0",
 			      "sample range [9, 8)");
 	expect_patch_rejected(f, 18, 12, 24, 3, "instructions[12].src.layer",
-			      "3 is outside [0, 2]");
+			      "3 is outside [-1, 2]");
 	expect_patch_rejected(f, 18, 12, 28, 2, "instructions[12].src.grad",
 			      "2 is outside [0, 1]");
 	expect_patch_rejected(f, 18, 12, 32, 1, "instructions[12].src.seq_off",

@@ -325,8 +325,8 @@ int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
 		const int32_t *local = mm->local[(size_t)d * (size_t)mm->n_dec + (size_t)i];
 		return deliver(st, d, k, in, i, local ? local + in->s0 : NULL);
 	}
-	const sp_vref_t *to = &in->dst;
-	if (in->op == INS_SEND || to->layer >= 0 || to->grad)
+	const sp_vref_t *to = &in->dst; /* a SEND's: what it says it sends */
+	if (to->layer >= 0 || to->grad)
 		return 0;
 	int i = mm->dec_of[to->metaop];
 	int pm = i >= 0 ? mm->producer[i] : -1;

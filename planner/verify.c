@@ -674,8 +674,8 @@ static int check_memory(vstate_t *st, double mem_cap)
 static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
-	if ((rc = verify_alloc(st)) || (rc = index_buckets(st)) || (rc = check_tp(st)) ||
-	    (rc = check_sync_groups(st)) || (rc = check_steps(st)) || (rc = vmem_prepare(st)))
+	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = index_buckets(st)) ||
+	    (rc = check_tp(st)) || (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);
 	if (rc == PROGS_STUCK)

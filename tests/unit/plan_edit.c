@@ -6,6 +6,44 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A copy of n elements of sz bytes at a (at least one byte: never NULL
+ * unless out of memory). */
+static void *dup(const void *a, int32_t n, size_t sz)
+{
+	size_t len = sz * (size_t)(n > 0 ? n : 0);
+	void *c = malloc(len + 1);
+	if (c && len)
+		memcpy(c, a, len);
+	return c;
+}
+
+int plan_edit_copy(sp_plan_t *out, const sp_plan_t *in)
+{
+	*out = *in;
+	memset(&out->model, 0, sizeof out->model);
+	out->metaops = dup(in->metaops, in->n_metaops, sizeof *in->metaops);
+	out->ops = dup(in->ops, in->n_ops, sizeof *in->ops);
+	out->edges = dup(in->edges, in->n_edges, sizeof *in->edges);
+	out->waves = dup(in->waves, in->n_waves, sizeof *in->waves);
+	out->slices = dup(in->slices, in->n_slices, sizeof *in->slices);
+	out->slice_devs = dup(in->slice_devs, in->n_slice_devs, sizeof *in->slice_devs);
+	out->buckets = dup(in->buckets, in->n_buckets, sizeof *in->buckets);
+	out->bucket_devs = dup(in->bucket_devs, in->n_bucket_devs, sizeof *in->bucket_devs);
+	out->bucket_params = dup(in->bucket_params, in->n_bucket_params, sizeof *in->bucket_params);
+	out->devices = dup(in->devices, in->n_devices, sizeof *in->devices);
+	out->ins = dup(in->ins, in->n_ins, sizeof *in->ins);
+	out->held = dup(in->held, in->n_held, sizeof *in->held);
+	out->algos = dup(in->algos, in->n_algos, sizeof *in->algos);
+	if (model_copy(&out->model, &in->model) || !out->metaops || !out->ops || !out->edges ||
+	    !out->waves || !out->slices || !out->slice_devs || !out->buckets ||
+	    !out->bucket_devs || !out->bucket_params || !out->devices || !out->ins ||
+	    !out->held || !out->algos) {
+		plan_release(out);
+		return SP_ENOMEM;
+	}
+	return 0;
+}
+
 sp_ins_t *plan_edit_at(const sp_plan_t *p, int d, int k)
 {
 	return &p->ins[p->devices[d].first_ins + k];

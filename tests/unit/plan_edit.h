@@ -9,6 +9,9 @@
 
 #include "plan.h"
 
+/* A deep copy of in into *out (to release with plan_release); SP_ENOMEM
+ * when out of memory (*out then empty). */
+int plan_edit_copy(sp_plan_t *out, const sp_plan_t *in);
 /* Device d's instruction k. */
 sp_ins_t *plan_edit_at(const sp_plan_t *p, int d, int k);
 /* Removes device d's instruction k. */

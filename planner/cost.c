@@ -333,7 +333,7 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 {
 	const metaop_t *m = &pl->mops[mi];
 	if (t <= 1 || local < 1 || !m->scales ||
-	    !tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t)) {
+	    !shape_tp_ok(&m->shape, t)) {
 		cost_layer(pl, mi, local, fwd, bwd);
 		return;
 	}
@@ -354,7 +354,7 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 }
 
 /*
- * The degrees m may take: t = 1, and with a transformer shape that tp_ok
+ * The degrees m may take: t = 1, and with a transformer shape that shape_tp_ok
  * allows, the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
  * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
@@ -366,7 +366,7 @@ static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX]
 	out[k++] = 1;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
-		    tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t))
+		    shape_tp_ok(&m->shape, t))
 			out[k++] = t;
 	return k;
 }

@@ -160,7 +160,7 @@ double cost_step_ms(const planner_t *pl, int64_t elems);
 typedef struct {
 	double m, n, k, batch, calls;
 } cost_gemm_t;
-#define COST_MAX_GEMMS 12
+#define COST_MAX_GEMMS 22 /* a decoder's backward: 12, and 10 of its cross block */
 /* The products of one layer of shape s at local batch b, forward or
  * backward, as the CUDA backend issues them; returns how many. */
 int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);

@@ -137,6 +137,21 @@ def case_show_json():
         bad = json.loads(out)
         bad["waves"][0]["slices"][0]["layers"] = [0]
         check(list(v.iter_errors(bad)), "schema accepts a one-number layer range")
+    # zero-1 programs (gather instructions) validate too
+    z = os.path.join(TMP, "clip-4-zero1.plan.bin")
+    d = os.path.join(ROOT, "plans", "clip-4")
+    rc, _, err = run([PLAN, os.path.join(d, "model.json"), os.path.join(d, "cluster.json"),
+                      "--zero", "1", "-o", z])
+    check(rc == 0, "spindle-plan --zero 1 failed (%d): %s" % (rc, err))
+    j = json.loads(show(z, "--json", "--programs")[0])
+    ops = {i["op"] for dv in j["devices"] for i in dv["program"]}
+    check("gather" in ops, "a zero-1 plan without gather instructions: %s" % sorted(ops))
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    errors = sorted(v.iter_errors(j), key=str)
+    check(not errors, "zero-1 view does not validate: %s" % (errors[:1],))
 
 
 def case_diff_self():

@@ -1,8 +1,11 @@
 /*
  * memplan.c — predicted memory of every device (the formula lives in
- * schemas/plan_mem.c, shared with the verifier and the runtime) and, when
- * a device is over its cap, an explanation: which device, by how much, and
- * which parameters or activations make it so.
+ * schemas/plan_mem.c, shared with the verifier and the runtime: it counts
+ * a decoder's memory act(c, -1) and its gradient for the union of the
+ * device's samples of c, its cross-attention activations and backward
+ * workspace) and, when a device is over its cap, an explanation: which
+ * device, by how much, and which parameters, activations or decoder
+ * memories make it so.
  */
 #include "planner.h"
 
@@ -13,14 +16,52 @@ static double gib(double b)
 	return b / (1024.0 * 1024.0 * 1024.0);
 }
 
-/* "12.3 GiB" or, below 1 GiB, "45.6 MiB". */
+/* "12.3 GiB", below 1 GiB "45.6 MiB", below 1 MiB "7.5 KiB". */
 static const char *size_str(char *buf, size_t cap, double bytes)
 {
 	if (bytes >= 1024.0 * 1024.0 * 1024.0)
 		snprintf(buf, cap, "%.1f GiB", gib(bytes));
-	else
+	else if (bytes >= 1024.0 * 1024.0)
 		snprintf(buf, cap, "%.1f MiB", bytes / (1024.0 * 1024.0));
+	else
+		snprintf(buf, cap, "%.1f KiB", bytes / 1024.0);
 	return buf;
+}
+
+/*
+ * The part of device d's buffers that holds decoder memories: for each
+ * decoder c, act(c, -1) and grad(c, -1) over the hull of the samples its
+ * instructions touch them for (FWD and BWD of c's slices, the memory's
+ * transfers), as plan_memory counts them.
+ */
+static int64_t decoder_memory_bytes(const sp_plan_t *p, int d)
+{
+	const sp_device_t *dv = &p->devices[d];
+	int64_t sum = 0, db = dtype_bytes(p->model.dtype);
+	for (int c = 0; c < p->n_metaops; c++) {
+		const sp_metaop_t *m = &p->metaops[c];
+		if (m->shape.mem_seq == 0)
+			continue;
+		int32_t lo = INT32_MAX, hi = -1;
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			int hit = 0;
+			if (in->op == INS_FWD || in->op == INS_BWD)
+				hit = p->slices[in->slice].metaop == c;
+			else if (in->op == INS_SEND || in->op == INS_COPY)
+				hit = in->src.metaop == c && in->src.layer < 0;
+			if ((in->op == INS_RECV || in->op == INS_COPY) && in->dst.metaop == c &&
+			    in->dst.layer < 0)
+				hit = 1;
+			if (hit) {
+				lo = SP_MIN(lo, in->s0);
+				hi = SP_MAX(hi, in->s1);
+			}
+		}
+		if (hi > lo)
+			sum += 2 * (int64_t)(hi - lo) * m->shape.mem_seq * m->shape.mem_width * db;
+	}
+	return sum;
 }
 
 /* "'llm' layers 0-31 need 112.0 GiB per replica with AdamW; zero-1 on 2 of
@@ -91,17 +132,21 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 	const sp_device_t *dv = &p->devices[worst];
 	char why[256];
 	explain_params(p, worst, why, sizeof why);
-	char a[7][24];
+	char a[8][24], mem[48] = "";
+	int64_t dm = decoder_memory_bytes(p, worst);
+	if (dm > 0)
+		snprintf(mem, sizeof mem, " (decoder memories %s)",
+			 size_str(a[7], 24, (double)dm));
 	int rc = sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 			    "no plan fits memory: device %d needs %s, %s more than the %s "
 			    "usable (%g GiB less %g GiB reserve): parameter state %s (%s), "
-			    "activations %s, buffers %s, workspace %s",
+			    "activations %s, buffers %s%s, workspace %s",
 			    worst, size_str(a[0], 24, (double)dv->mem_peak),
 			    size_str(a[1], 24, worst_over), size_str(a[2], 24, pl->mem_cap),
 			    pl->cluster->memory_gib, pl->opts->mem_reserve_gib,
 			    size_str(a[3], 24, (double)dv->mem[MEM_PARAMS]), why,
 			    size_str(a[4], 24, (double)dv->mem[MEM_ACTS]),
-			    size_str(a[5], 24, (double)dv->mem[MEM_COMM]),
+			    size_str(a[5], 24, (double)dv->mem[MEM_COMM]), mem,
 			    size_str(a[6], 24, (double)dv->mem[MEM_WORK]));
 	sp_err_hint(pl->err, "use more or larger devices, smaller batches, or lower "
 			     "--mem-reserve");

@@ -526,6 +526,10 @@ static int check_params(dec_t *d, const char *where, const sp_param_t *a, int n,
 						 "(only transformers whose heads and ffn "
 						 "the degree divides)",
 				    c->name, a[i].tp);
+		if (a[i].tp > 1 && c->cross_attention)
+			return pr_fail(d, "tp", "component '%s' has cross-attention: "
+						 "decoders are not split (tp 1, not %d)",
+				    c->name, a[i].tp);
 	}
 	return 0;
 }
@@ -586,6 +590,10 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return pr_fail(d, "tp", "metaop '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
 						 "the degree divides)",
+				    p->metaops[x->metaop].name, x->tp);
+		if (x->tp > 1 && sh->mem_seq > 0)
+			return pr_fail(d, "tp", "metaop '%s' is a cross-attention decoder: "
+						 "decoders are not split (tp 1, not %d)",
 				    p->metaops[x->metaop].name, x->tp);
 		if (x->recompute && p->metaops[x->metaop].shape.type != COMP_TRANSFORMER)
 			return pr_fail(d, "recompute", "recomputation on metaop '%s', which is "

@@ -10,20 +10,27 @@
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems_tp (the slice's tp: one shard's) * local batch *
- *          layers until its BWD, or under
+ *          op_saved_elems_tp (the slice's tp: one shard's; a decoder's,
+ *          never split, op_saved_elems with its cross-attention part) *
+ *          local batch * layers until its BWD, or under
  *          recompute only each layer's input (seq * hidden per sample); all
  *          forward instructions precede all backward ones, so the peak is
  *          their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
- *          device touches, over the union of its sample ranges; plus staging:
+ *          device touches, over the union of its sample ranges — a
+ *          decoder's memory act(c, -1) [mem_seq, mem_width] per sample is
+ *          touched by every FWD and BWD of c, and grad(c, -1) by every BWD,
+ *          so both are held for the union of the device's samples of c,
+ *          whether or not the transfers that fill and drain them are there
+ *          yet; plus staging:
  *          every SEND's bytes (sends stay outstanding until the step ends)
  *          and the largest RECV's
  *  work    scratch: the largest single (shard) layer's saved size at its local
  *          batch (losses compute in it), plus, when a slice recomputes, the
  *          largest recomputed layer's saved size (its forward is re-run into
  *          it), plus the largest transformer backward's layer workspace
- *          (bwd_ws_bytes), plus WORK_FIXED for libraries
+ *          (bwd_ws_bytes; a decoder's: the cross-attention block's), plus
+ *          WORK_FIXED for libraries
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;
  * counting it here keeps a plan that fits from running out of memory.
@@ -43,6 +50,10 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 	int64_t local = in->s1 - in->s0;
 	if (m->shape.type == COMP_CONTRASTIVE)
 		local = t->batch;
+	/* a decoder is never split (plan_check.c): all it saves, the
+	 * cross-attention's LN_c, Q, heads, residual, K and V, probabilities */
+	if (m->shape.mem_seq > 0)
+		return op_saved_elems(&m->shape, t->batch) * local * db;
 	return op_saved_elems_tp(&m->shape, t->batch, sl->tp) * local * db;
 }
 
@@ -55,7 +66,11 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * [s, h/t], dqkv [s, 3h/t] and one head's dP [s, s]; the CUDA split backward
  * (cu_layers.cu cu_tblock_bwd) holds dln and dx_mid [n, s, h] each, which
  * exceeds its chunked workspace cap by up to 8 n s h bytes (unsplit it stays
- * within the cap). Cross-attention blocks do not run in plans (tb_dims).
+ * within the cap). A decoder layer (mem_seq m > 0, never split) runs the
+ * cross-attention block instead (runtime/layers_xattn.c xblock_bwd), whose
+ * workspace is one sample's: dln, dxc, dxm, dcat [s, h] and dqkv [s, 3h]
+ * (its first third dq) — 7 s h —, dact [s, f], dP [s, max(s, m)], dK and
+ * dV [m, 2h]; the CUDA backend refuses decoders.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {
@@ -63,6 +78,11 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 	const sp_opshape_t *s = &p->metaops[sl->metaop].shape;
 	if (in->op != INS_BWD || s->type != COMP_TRANSFORMER)
 		return 0;
+	if (s->mem_seq > 0) {
+		int64_t sq = s->seq, h = s->hidden, m = s->mem_seq;
+		return (7 * sq * h + sq * s->ffn + 2 * m * h + sq * SP_MAX(sq, m)) *
+		       (int64_t)sizeof(float);
+	}
 	int t = tp_ok(s->type, s->heads, s->ffn, sl->tp) ? sl->tp : 1;
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
@@ -104,12 +124,13 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
 	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
-	 * table (at most two values per instruction) */
+	 * table (at most four values per instruction: a decoder's BWD touches
+	 * its memory and the memory's gradient too) */
 	typedef struct {
 		int32_t m, l, g, lo, hi, used;
 	} vslot_t;
 	size_t cap = 16;
-	while (cap < (size_t)dv->n_ins * 4 + 16)
+	while (cap < (size_t)dv->n_ins * 8 + 16)
 		cap *= 2;
 	vslot_t *v = calloc(cap, sizeof *v);
 	if (!v)
@@ -138,16 +159,26 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 			if (sl->recompute)
 				redo = SP_MAX(redo, one);
 		}
-		const sp_vref_t *refs[2] = {NULL, NULL};
+		const sp_vref_t *refs[4] = {NULL, NULL, NULL, NULL};
+		sp_vref_t mem_act, mem_grad;
 		int32_t r0 = in->s0, r1 = in->s1;
 		switch (in->op) {
 		case INS_FWD:
 		case INS_BWD:
 		case INS_LOSS: {
-			const sp_metaop_t *m = &p->metaops[p->slices[in->slice].metaop];
+			int mi = p->slices[in->slice].metaop;
+			const sp_metaop_t *m = &p->metaops[mi];
 			if (!(in->op == INS_FWD && in->src.layer == 0 && m->width_in == 0))
 				refs[0] = &in->src;
 			refs[1] = &in->dst;
+			/* a decoder reads its memory; its backward adds into the
+			 * memory's gradient */
+			mem_act = (sp_vref_t){mi, -1, 0, 0};
+			mem_grad = (sp_vref_t){mi, -1, 1, 0};
+			if (m->shape.mem_seq > 0 && in->op != INS_LOSS)
+				refs[2] = &mem_act;
+			if (m->shape.mem_seq > 0 && in->op == INS_BWD)
+				refs[3] = &mem_grad;
 			if (in->op == INS_LOSS && m->shape.type == COMP_CONTRASTIVE) {
 				r0 = 0;
 				r1 = (int32_t)p->model.tasks[m->task].batch;
@@ -162,7 +193,7 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 			break;
 		default: break;
 		}
-		for (int q = 0; q < 2; q++) {
+		for (int q = 0; q < 4; q++) {
 			const sp_vref_t *r = refs[q];
 			if (!r)
 				continue;

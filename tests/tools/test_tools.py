@@ -137,6 +137,21 @@ def case_show_json():
         bad = json.loads(out)
         bad["waves"][0]["slices"][0]["layers"] = [0]
         check(list(v.iter_errors(bad)), "schema accepts a one-number layer range")
+    # zero-1 programs (gather instructions) validate too
+    z = os.path.join(TMP, "clip-4-zero1.plan.bin")
+    d = os.path.join(ROOT, "plans", "clip-4")
+    rc, _, err = run([PLAN, os.path.join(d, "model.json"), os.path.join(d, "cluster.json"),
+                      "--zero", "1", "-o", z])
+    check(rc == 0, "spindle-plan --zero 1 failed (%d): %s" % (rc, err))
+    j = json.loads(show(z, "--json", "--programs")[0])
+    ops = {i["op"] for dv in j["devices"] for i in dv["program"]}
+    check("gather" in ops, "a zero-1 plan without gather instructions: %s" % sorted(ops))
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    errors = sorted(v.iter_errors(j), key=str)
+    check(not errors, "zero-1 view does not validate: %s" % (errors[:1],))
 
 
 def case_diff_self():
@@ -354,6 +369,28 @@ def case_show_memory():
     check("recv act(cap/dec, mem) tokens 0+6 samples 0-4 from 0 tag 1 -> "
           "recv act(cap/dec, mem) tokens 0+6 samples 0-2 from 0 tag 1" in out.decode(),
           "diff does not name the memory values:\n%s" % out.decode())
+    # a planned encoder-decoder (tests/planner/encdec): every decoder slice
+    # line carries its memory, the programs move it as layer "mem"
+    d = os.path.join(ROOT, "tests", "planner", "encdec")
+    e = os.path.join(TMP, "encdec.plan.bin")
+    rc, _, err = run([PLAN, os.path.join(d, "model.json"), os.path.join(d, "cluster-2x4.json"),
+                      "-o", e])
+    check(rc == 0, "spindle-plan encdec failed (%d): %s" % (rc, err))
+    text = show(e)[0].decode()
+    j = view_json(e)
+    dec = [s for w in j["waves"] for s in w["slices"] if "memory" in s]
+    lines = [l for l in text.splitlines() if re.search(r"  mem \d+ x \d+ from \S+$", l)]
+    check(dec and len(lines) == len(dec),
+          "%d slice lines with a memory, %d decoder slices in the JSON" % (len(lines), len(dec)))
+    for s in dec:
+        m = s["memory"]
+        check(any(l.split()[1] == s["metaop"] and
+                  l.endswith("mem %d x %d from %s" % (m["seq"], m["width"], m["from"]))
+                  for l in lines), "no text line for decoder slice %s" % s["metaop"])
+    prog = show(e, "--programs")[0].decode()
+    moves = re.findall(r"^ +\d+ (recv|copy|send) (act|grad)\(\S+, mem\)", prog, re.M)
+    check(("recv", "act") in moves or ("copy", "act") in moves, "no memory received or copied")
+    check(("send", "grad") in moves or ("copy", "grad") in moves, "no memory gradient sent back")
 
 
 CASES = {

@@ -9,7 +9,9 @@
  * layer used by two tasks on one device is counted once, and a cluster too
  * small for any plan fails with SP_EINFEAS naming the device. MEM_COMM (value
  * buffers) depends on the lowering's buffer layout and is only checked to
- * add up into the peak.
+ * add up into the peak — except for a hand-built cross-attention decoder
+ * (test_decoder_memory), whose memory, activations, buffers and backward
+ * workspace are all worked out by hand.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -412,6 +414,7 @@ static void test_no_plan_fits(void **state)
 		assert_int_equal(sscanf(f.err.msg + strlen(pre), "%d", &d), 1);
 		assert_true(d >= 0 && d < gpus);
 		assert_non_null(strstr(f.err.msg, "workspace 64.0 MiB"));
+		assert_null(strstr(f.err.msg, "decoder memories")); /* there are none */
 		assert_true(f.err.hint[0] != '\0');
 		/* on error the plan is left empty */
 		assert_int_equal(f.plan.n_devices, 0);
@@ -420,9 +423,293 @@ static void test_no_plan_fits(void **state)
 	}
 }
 
+/*
+ * A decoder (issue #20), by hand while the planner cannot plan one: the
+ * tiny stack's widths (h 8, a 2, f 16), decoder seq s = 4, batch 4, bf16
+ * + AdamW, attending to a memory of m = 6 tokens of width W = 12 (an
+ * encoder's output projected by "mem"). Only the decoder's slices run:
+ * slice A (layer 0) on devices {0, 1}: device 0 samples 0-2, device 1
+ * samples 2-4; slice B (layer 1) on device 1 alone, samples 0-4. So device
+ * 1 holds the memory for the union of its slots, 0-4 (4 samples, not the
+ * 6 of the two slots summed); device 0 for 0-2.
+ *
+ * Per layer (schemas/arith.c): params 600 + cross-attention 2h^2 + 2Wh +
+ * 6h = 128 + 192 + 48 = 368, so 968 (* 16 B of state); saved elements per
+ * sample 432 + cross-attention 4sh + 2mh + a s m + 2s = 128 + 96 + 48 + 8
+ * = 280, so 712. The cross-attention block's backward workspace (fp32, one
+ * sample's: 7sh + sf + 2mh + s max(s, m)) = 224 + 64 + 96 + 24 = 408
+ * floats = 1632 B.
+ *
+ *            params          acts                 work
+ * device 0   968*16 = 15488  712*2*2 = 2848       2848 + 1632 + 64 MiB
+ * device 1   2*968*16 = 30976 2848 + 712*4*2 = 8544  5696 + 1632 + 64 MiB
+ *
+ * Buffers (comm), bytes = samples * seq * width * 2: the memory act(dec, -1)
+ * and its gradient grad(dec, -1), [samples, 6, 12]: 144 B a sample each;
+ * the boundaries act/grad(dec, 0..2), [samples, 4, 8]: 64 B a sample.
+ *  device 0: act -1, grad -1 over 0-2: 2*288; act 0, act 1, grad 1,
+ *            grad 0 over 0-2: 4*128                       = 1088
+ *  device 1: act -1, grad -1 over 0-4: 2*576; act 0, grad 0 over 2-4:
+ *            2*128; act 1, act 2, grad 2, grad 1 over 0-4: 4*256 = 2432
+ * With the lowering's transfers (the memory received once per device over
+ * its union and its gradient sent back; act 1 and grad 1 of samples 0-2
+ * between the devices) the same buffers plus staging: every SEND, the
+ * largest RECV:
+ *  device 0: sends grad -1 (288) + act 1 (128), recv max(288, 128) = 1088 + 704
+ *  device 1: sends grad -1 (576) + grad 1 (128), recv max(576, 128) = 2432 + 1280
+ */
+static const char XATTN_JSON[] =
+	"{\"format\": \"spindle.model/1\", \"name\": \"tiny-xattn\", \"dtype\": \"bf16\","
+	" \"optimizer\": \"adamw\", \"components\": {"
+	" \"tok\": {\"type\": \"embedding\", \"vocab\": 16, \"hidden\": 8, \"max_seq\": 6},"
+	" \"img\": {\"type\": \"patch\", \"in\": 12, \"hidden\": 8, \"max_seq\": 6},"
+	" \"enc\": {\"type\": \"transformer\", \"layers\": 1, \"hidden\": 8, \"heads\": 2,"
+	" \"ffn\": 16},"
+	" \"proj\": {\"type\": \"linear\", \"in\": 8, \"out\": 12},"
+	" \"dec\": {\"type\": \"transformer\", \"layers\": 2, \"hidden\": 8, \"heads\": 2,"
+	" \"ffn\": 16, \"cross_attention\": true, \"memory_width\": 12},"
+	" \"lm\": {\"type\": \"lm_head\", \"hidden\": 8, \"vocab\": 16}},"
+	" \"tasks\": [{\"name\": \"cap\", \"batch\": 4, \"graph\": ["
+	" {\"id\": \"i_in\", \"component\": \"img\", \"seq\": 6},"
+	" {\"id\": \"enc\", \"component\": \"enc\", \"seq\": 6, \"inputs\": [\"i_in\"]},"
+	" {\"id\": \"mem\", \"component\": \"proj\", \"seq\": 6, \"inputs\": [\"enc\"]},"
+	" {\"id\": \"d_in\", \"component\": \"tok\", \"seq\": 4},"
+	" {\"id\": \"dec\", \"component\": \"dec\", \"seq\": 4, \"inputs\": [\"d_in\"],"
+	" \"memory\": \"mem\"},"
+	" {\"id\": \"loss\", \"component\": \"lm\", \"inputs\": [\"dec\"]}]}]}";
+
+enum { XC_DEC = 4, XM_MEM = 2, XM_DEC = 4 };
+
+static sp_ins_t xins(int op, int slice, int s0, int s1)
+{
+	sp_ins_t in;
+	memset(&in, 0, sizeof in);
+	in.op = op;
+	in.slice = slice;
+	in.s0 = s0;
+	in.s1 = s1;
+	in.peer = -1;
+	return in;
+}
+
+static sp_ins_t xfer(int op, int m, int layer, int grad, int s0, int s1, int seq_len, int peer,
+		     int tag)
+{
+	sp_ins_t in = xins(op, -1, s0, s1);
+	sp_vref_t v = {m, layer, grad, 0};
+	if (op == INS_SEND)
+		in.src = v;
+	else
+		in.dst = v;
+	in.seq_len = seq_len;
+	in.peer = peer;
+	in.tag = tag;
+	return in;
+}
+
+#define XNEW(p, n) ((p) = calloc((size_t)(n), sizeof *(p)), assert_non_null(p))
+
+/* The plan above; with_xfers 0 leaves the transfers out (a plan before
+ * its lowering: the decoder's FWD and BWD still read the memory). */
+static void make_xattn_plan(sp_plan_t *p, int with_xfers)
+{
+	sp_err_t err;
+	memset(p, 0, sizeof *p);
+	memset(&err, 0, sizeof err);
+	int rc = model_parse(&p->model, XATTN_JSON, strlen(XATTN_JSON), "x.json", &err);
+	if (rc)
+		print_message("model: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	snprintf(p->planner_version, sizeof p->planner_version, "test");
+	snprintf(p->algo, sizeof p->algo, "hand");
+	snprintf(p->cluster_name, sizeof p->cluster_name, "c2");
+	snprintf(p->gpu_name, sizeof p->gpu_name, "cpu");
+	p->nodes = 1;
+	p->gpus_per_node = 2;
+	p->memory_gib = 16;
+	p->microbatches = 1;
+	/* every node's MetaOp: i_in, enc, mem, d_in, dec (2 layers), loss */
+	static const int nl[] = {1, 1, 1, 1, 2, 1}, sin[] = {6, 6, 6, 4, 4, 4};
+	static const int win[] = {0, 8, 8, 0, 8, 8}, sout[] = {6, 6, 6, 4, 4, 0};
+	static const int wout[] = {8, 8, 12, 8, 8, 0};
+	p->n_metaops = 6;
+	p->n_ops = 7;
+	XNEW(p->metaops, p->n_metaops);
+	XNEW(p->ops, p->n_ops);
+	const sp_task_t *t = &p->model.tasks[0];
+	for (int m = 0, op = 0; m < p->n_metaops; op += nl[m], m++) {
+		sp_metaop_t *x = &p->metaops[m];
+		x->shape = op_shape(&p->model, t, &t->nodes[m]);
+		x->n_layers = nl[m];
+		x->first_op = op;
+		x->seq_in = sin[m];
+		x->width_in = win[m];
+		x->seq_out = sout[m];
+		x->width_out = wout[m];
+		snprintf(x->name, sizeof x->name, "cap/%s", t->nodes[m].id);
+		for (int k = 0; k < nl[m]; k++)
+			p->ops[op + k] = (sp_op_t){m, k};
+	}
+	static const sp_edge_t edges[] = {{0, 1, 0, 6, 0}, {1, 2, 0, 6, 0}, {3, 4, 0, 4, 0},
+					  {XM_MEM, XM_DEC, 0, 6, 1}, {4, 5, 0, 4, 0}};
+	p->n_edges = SP_ARRAY_LEN(edges);
+	XNEW(p->edges, p->n_edges);
+	memcpy(p->edges, edges, sizeof edges);
+	p->n_waves = 2;
+	XNEW(p->waves, 2);
+	p->waves[0] = (sp_wave_t){0, 1, 2, 1, 0, 1};
+	p->waves[1] = (sp_wave_t){1, 1, 1, 1, 1, 1};
+	static const int32_t sdevs[] = {0, 1, 1};
+	p->n_slice_devs = 3;
+	XNEW(p->slice_devs, 3);
+	memcpy(p->slice_devs, sdevs, sizeof sdevs);
+	p->n_slices = 2;
+	XNEW(p->slices, 2);
+	p->slices[0] = (sp_slice_t){.wave = 0, .metaop = XM_DEC, .layer_from = 0, .layer_to = 1,
+				    .n_dev = 2, .dev_off = 0, .tp = 1};
+	p->slices[1] = (sp_slice_t){.wave = 1, .metaop = XM_DEC, .layer_from = 1, .layer_to = 2,
+				    .n_dev = 1, .dev_off = 2, .tp = 1};
+	/* held: (dec, 0) on both, (dec, 1) on device 1; a bucket per group */
+	static const sp_param_t held[] = {{XC_DEC, 0, 1, 0}, {XC_DEC, 0, 1, 0}, {XC_DEC, 1, 1, 0}};
+	p->n_held = 3;
+	XNEW(p->held, 3);
+	memcpy(p->held, held, sizeof held);
+	static const int32_t bdevs[] = {0, 1, 1};
+	p->n_bucket_devs = 3;
+	XNEW(p->bucket_devs, 3);
+	memcpy(p->bucket_devs, bdevs, sizeof bdevs);
+	p->n_bucket_params = 2;
+	XNEW(p->bucket_params, 2);
+	p->bucket_params[0] = held[0];
+	p->bucket_params[1] = held[2];
+	p->n_buckets = 2;
+	XNEW(p->buckets, 2);
+	int64_t e = comp_layer_params(&p->model.comps[XC_DEC]);
+	p->buckets[0] = (sp_bucket_t){2, 0, 1, 0, e, 0, LAYOUT_REPLICATED, 0};
+	p->buckets[1] = (sp_bucket_t){1, 2, 1, 1, e, 0, LAYOUT_REPLICATED, 0};
+
+	sp_ins_t d0[16], d1[16];
+	int n0 = 0, n1 = 0;
+	if (with_xfers)
+		d0[n0++] = xfer(INS_RECV, XM_DEC, -1, 0, 0, 2, 6, 1, 1);
+	d0[n0++] = xins(INS_FWD, 0, 0, 2);
+	if (with_xfers)
+		d0[n0++] = xfer(INS_SEND, XM_DEC, 1, 0, 0, 2, 4, 1, 3);
+	if (with_xfers)
+		d0[n0++] = xfer(INS_RECV, XM_DEC, 1, 1, 0, 2, 4, 1, 4);
+	d0[n0++] = xins(INS_BWD, 0, 0, 2);
+	if (with_xfers)
+		d0[n0++] = xfer(INS_SEND, XM_DEC, -1, 1, 0, 2, 6, 1, 2);
+	d0[n0++] = xins(INS_SYNC, -1, 0, 0);
+	d0[n0 - 1].peer = 0;
+	d0[n0++] = xins(INS_STEP, -1, 0, 0);
+	if (with_xfers)
+		d1[n1++] = xfer(INS_RECV, XM_DEC, -1, 0, 0, 4, 6, 0, 1);
+	d1[n1++] = xins(INS_FWD, 0, 2, 4);
+	if (with_xfers)
+		d1[n1++] = xfer(INS_RECV, XM_DEC, 1, 0, 0, 2, 4, 0, 3);
+	d1[n1++] = xins(INS_FWD, 1, 0, 4);
+	d1[n1++] = xins(INS_BWD, 1, 0, 4);
+	if (with_xfers)
+		d1[n1++] = xfer(INS_SEND, XM_DEC, 1, 1, 0, 2, 4, 0, 4);
+	d1[n1++] = xins(INS_BWD, 0, 2, 4);
+	if (with_xfers)
+		d1[n1++] = xfer(INS_SEND, XM_DEC, -1, 1, 0, 4, 6, 0, 2);
+	d1[n1++] = xins(INS_SYNC, -1, 0, 0);
+	d1[n1 - 1].peer = 0;
+	d1[n1++] = xins(INS_SYNC, -1, 0, 0);
+	d1[n1 - 1].peer = 1;
+	d1[n1++] = xins(INS_STEP, -1, 0, 0);
+	p->n_ins = n0 + n1;
+	XNEW(p->ins, p->n_ins);
+	memcpy(p->ins, d0, sizeof *d0 * (size_t)n0);
+	memcpy(p->ins + n0, d1, sizeof *d1 * (size_t)n1);
+	for (int k = 0; k < p->n_ins; k++) {
+		sp_ins_t *c = &p->ins[k];
+		if (c->op != INS_FWD && c->op != INS_BWD)
+			continue;
+		const sp_slice_t *sl = &p->slices[c->slice];
+		int a = sl->layer_from, b = sl->layer_to;
+		c->src = (sp_vref_t){XM_DEC, c->op == INS_FWD ? a : b, c->op == INS_BWD, 0};
+		c->dst = (sp_vref_t){XM_DEC, c->op == INS_FWD ? b : a, c->op == INS_BWD, 0};
+	}
+	p->n_devices = 2;
+	XNEW(p->devices, 2);
+	p->devices[0] = (sp_device_t){.node = 0, .local = 0, .first_ins = 0, .n_ins = n0,
+				      .n_held = 1, .held_off = 0};
+	p->devices[1] = (sp_device_t){.node = 0, .local = 1, .first_ins = n0, .n_ins = n1,
+				      .n_held = 2, .held_off = 1};
+}
+
+static void test_decoder_memory(void **state)
+{
+	(void)state;
+	static const int64_t want[2][4] = {
+		/* params, acts, comm (no transfers), work */
+		{15488, 2848, 1088, 2848 + 1632 + MIB64},
+		{30976, 8544, 2432, 5696 + 1632 + MIB64},
+	};
+	static const int64_t staging[2] = {704, 1280};
+	for (int with = 0; with <= 1; with++) {
+		sp_plan_t p;
+		make_xattn_plan(&p, with);
+		/* the premises: a valid plan (the reader's rules, the memory's
+		 * edge and values included), and the library's per-layer sizes */
+		uint8_t *bin;
+		size_t len;
+		sp_err_t err;
+		memset(&err, 0, sizeof err);
+		int rc = plan_encode(&bin, &len, &p, &err);
+		if (rc)
+			print_message("encode: %s: %s\n", err.path, err.msg);
+		assert_int_equal(rc, 0);
+		free(bin);
+		assert_int_equal(comp_layer_params(&p.model.comps[XC_DEC]), 968);
+		assert_int_equal(op_saved_elems(&p.metaops[XM_DEC].shape, 4), 712);
+		for (int d = 0; d < 2; d++) {
+			int64_t mem[MEM__COUNT];
+			assert_int_equal(plan_memory(&p, d, mem), 0);
+			int64_t comm = want[d][2] + (with ? staging[d] : 0);
+			print_message("decoder, %s transfers, device %d: params %lld (%lld) acts %lld "
+				      "(%lld) comm %lld (%lld) work %lld (%lld)\n",
+				      with ? "with" : "without", d, (long long)mem[MEM_PARAMS],
+				      (long long)want[d][0], (long long)mem[MEM_ACTS],
+				      (long long)want[d][1], (long long)mem[MEM_COMM], (long long)comm,
+				      (long long)mem[MEM_WORK], (long long)want[d][3]);
+			assert_int_equal(mem[MEM_PARAMS], want[d][0]);
+			assert_int_equal(mem[MEM_ACTS], want[d][1]);
+			assert_int_equal(mem[MEM_COMM], comm);
+			assert_int_equal(mem[MEM_WORK], want[d][3]);
+		}
+		if (with) {
+			/* over a cap of 1 KiB, memplan_run names device 1 and its
+			 * decoder memories: 2 * 576 B = 1.1 KiB */
+			sp_cluster_t cl;
+			plan_opts_t opts;
+			planner_t pl;
+			memset(&cl, 0, sizeof cl);
+			memset(&opts, 0, sizeof opts);
+			memset(&pl, 0, sizeof pl);
+			memset(&err, 0, sizeof err);
+			cl.memory_gib = 16;
+			pl.cluster = &cl;
+			pl.opts = &opts;
+			pl.err = &err;
+			pl.mem_cap = 1024;
+			assert_int_equal(memplan_run(&pl, &p, 1), SP_EINFEAS);
+			print_message("%s\n", err.msg);
+			const char *pre = "no plan fits memory: device 1 needs ";
+			assert_memory_equal(err.msg, pre, strlen(pre));
+			assert_non_null(strstr(err.msg, "buffers 3.6 KiB (decoder memories 1.1 KiB)"));
+		}
+		plan_release(&p);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_decoder_memory),
 		cmocka_unit_test(test_formula),
 		cmocka_unit_test(test_multi_layer_slices),
 		cmocka_unit_test(test_recompute),

@@ -1569,6 +1569,13 @@ static void test_xattn_refusals(void **state)
 	patch(b, f->len, 10, 3, 12, 5);
 	expect_rejected_at(b, f->len, "metaops[4].mem_seq",
 			   "decoder metaop 'cap/dec' has no memory edge");
+	/* decoders are not split: slice 4 on devices 0 and 1, tp 2 */
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 12, 4, 16, 2);
+	patch(b, f->len, 12, 4, 20, 0);
+	patch(b, f->len, 12, 4, 60, 2);
+	expect_rejected_at(b, f->len, "slices[4].tp",
+			   "metaop 'cap/dec' is a cross-attention decoder: decoders are not split");
 	/* a copy into the memory checks its width (act(enc, 2) is 16 wide) */
 	memcpy(b, f->bin, f->len);
 	patch(b, f->len, 18, 3, 0, INS_COPY);

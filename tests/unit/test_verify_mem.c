@@ -10,11 +10,15 @@
  * holds the memory of the union of its ranges and returns a gradient of
  * two layers for some samples and one for others, device 2 one); "local"
  * runs the encoder on devices 0 and 1 by samples and the decoder on device
- * 1 (half the memory and its gradient are COPYs). Each must pass; each is
- * then broken, one edit at a time (plan_edit.c), in every way the rules
- * cover, at every site, and each break must be rejected with the rule's
- * message at the expected device and instruction. Every test prints its
- * counts; the last prints "N/N breaks rejected" over all of them.
+ * 1 (half the memory and its gradient are COPYs). Beside them, the planner's
+ * plans of tests/planner/encdec (two tasks sharing a decoder component, one
+ * of them's decoder in two MetaOps) under several algorithms and options,
+ * --tp 2 among them (an encoder split: a decoder device returns the same
+ * samples to both members). Each must pass; each is then broken, one edit
+ * at a time (plan_edit.c), in every way the rules cover, at every site,
+ * and each break must be rejected with the rule's message at the expected
+ * device and instruction. Every test prints its counts; the last prints
+ * "N/N breaks rejected" over all of them.
  */
 #include <stdarg.h>
 #include <stddef.h>

@@ -143,7 +143,7 @@ int cost_build(planner_t *pl);
 void cost_use(planner_t *pl, int set);
 /* Per-layer ms of MetaOp m for a device holding `local` samples. */
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
-/* The largest tensor-parallel degree (plan format 3). */
+/* The largest tensor-parallel degree (the plan format's SP_MAX_TP). */
 #define SP_TP_MAX 64
 /* 1 when a t-way split of shape s is planned: tp_ok, and never a decoder
  * (a cross-attention shape, mem_seq > 0, runs whole layers: issue #20). */

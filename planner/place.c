@@ -93,7 +93,12 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
 	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
 	P->last_n = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	P->mem_samples = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int64_t));
+	int decoders = 0;
+	for (int m = 0; m < M; m++)
+		decoders += pl->mops[m].shape.mem_seq > 0;
+	/* only a model with decoders needs it (memory_more reads it for them) */
+	P->mem_samples = sp_arena_calloc(a, decoders ? (size_t)M * (size_t)N + 1 : 1,
+					 sizeof(int64_t));
 	P->on = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->island = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->node_score = sp_arena_calloc(a, (size_t)nodes, sizeof(double));

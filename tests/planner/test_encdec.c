@@ -16,7 +16,8 @@
  * runs give the same bytes (plan_encode). A hand-made schedule puts two
  * slices of one decoder on one device over disjoint ranges (a union of
  * two intervals, one of them local to the encoder's device) and checks the
- * exact transfers. Prints ours' and the sequential iteration (ms).
+ * exact transfers. The placer counts a decoder's memory buffers once per
+ * device. Prints ours' and the sequential iteration (ms).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -413,9 +414,57 @@ static void test_hand_schedule(void **state)
 	release_inputs(&in);
 }
 
+/* The placer counts a decoder's memory buffers (act(c, -1), grad(c, -1):
+ * 2 x local x mem_seq x mem_width x dtype bytes) once per device: a second
+ * slice of the decoder on the same device adds only its own activations
+ * and state. Devices fit at a cap half a byte above the sum, not below. */
+static void test_placer_memory(void **state)
+{
+	(void)state;
+	inputs_t in;
+	load_inputs(&in);
+	plan_opts_t o;
+	default_opts(&o, &in.cluster);
+	sp_err_t err = {0};
+	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 8;
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+	assert_int_equal(layout_prepare(&pl), 0);
+	int c = -1;
+	for (int k = 0; k < pl.n_mops; k++)
+		if (!strcmp(pl.mops[k].name, "caption/dec"))
+			c = k;
+	assert_true(c >= 0);
+	const metaop_t *mo = &pl.mops[c];
+	double mem = 2.0 * 16 * (double)mo->shape.mem_seq * (double)mo->shape.mem_width * 4;
+	double base = 16 * layout_saved_per_sample(&pl, c) + layout_state_bytes(&pl, c, 1);
+	assert_true(mem > 1 && base > 1);
+	placer_t *P = NULL;
+	assert_int_equal(placer_new(&P, &pl, PLACE_SPINDLE), 0);
+	sslice_t a = {c, 0, 1, 1, 0, 0, 1, 0, -1, 0}, b = {c, 1, 2, 1, 0, 1, 2, 0, -1, 0};
+	pl.mem_cap = base + mem - 0.5;
+	assert_int_equal(placer_fitting(P, &a, NULL), 0);
+	pl.mem_cap = base + mem + 0.5;
+	assert_int_equal(placer_fitting(P, &a, NULL), 8);
+	int32_t dev0 = 0;
+	placer_commit(P, &a, &dev0);
+	/* device 0 holds a's state, activations and the memory: b adds base */
+	pl.mem_cap = 2 * base + mem + 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 8);
+	pl.mem_cap = 2 * base + mem - 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 7);
+	sp_arena_release(&pl.scratch);
+	sp_arena_release(&pl.arena);
+	release_inputs(&in);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_placer_memory),
 		cmocka_unit_test(test_hand_schedule),
 		cmocka_unit_test(test_every_algorithm),
 	};

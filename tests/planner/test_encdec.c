@@ -17,7 +17,7 @@
  * slices of one decoder on one device over disjoint ranges (a union of
  * two intervals, one of them local to the encoder's device) and checks the
  * exact transfers. The placer counts a decoder's memory buffers once per
- * device. Prints ours' and the sequential iteration (ms).
+ * device; a profiled decoder shape matches on its memory's size. Prints ours' and the sequential iteration (ms).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +27,7 @@
 
 #include "planner.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,9 +462,55 @@ static void test_placer_memory(void **state)
 	release_inputs(&in);
 }
 
+/* A profiled decoder shape matches on mem_seq and mem_width too: the
+ * profile's time (2 ms forward, 5 backward at batch 16: T(1)) is caption's
+ * decoder's; the same entry with another mem_seq matches nothing. */
+static void test_profiled_decoder(void **state)
+{
+	(void)state;
+	for (int other = 0; other < 2; other++) {
+		inputs_t in;
+		load_inputs(&in);
+		plan_opts_t o;
+		default_opts(&o, &in.cluster);
+		sp_err_t err = {0};
+		planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err,
+				.k = 1};
+		sp_arena_init(&pl.arena);
+		sp_arena_init(&pl.scratch);
+		pl.N = 8;
+		assert_int_equal(graph_build(&pl), 0);
+		int c = -1;
+		for (int k = 0; k < pl.n_mops; k++)
+			if (!strcmp(pl.mops[k].name, "caption/dec"))
+				c = k;
+		assert_true(c >= 0);
+		in.cluster.prof = calloc(1, sizeof *in.cluster.prof);
+		assert_non_null(in.cluster.prof);
+		in.cluster.n_prof = 1;
+		sp_prof_entry_t *e = in.cluster.prof;
+		e->shape = pl.mops[c].shape;
+		e->shape.mem_seq += other;
+		e->n_points = 1;
+		e->points = calloc(1, sizeof *e->points);
+		assert_non_null(e->points);
+		e->points[0] = (sp_prof_point_t){16, 2.0, 5.0};
+		assert_int_equal(cost_build(&pl), 0);
+		assert_int_equal(pl.mops[c].profiled, !other);
+		if (!other) {
+			assert_true(fabs(pl.mops[c].tf[1] - 2.0) < 1e-12);
+			assert_true(fabs(pl.mops[c].tb[1] - 5.0) < 1e-12);
+		}
+		sp_arena_release(&pl.scratch);
+		sp_arena_release(&pl.arena);
+		release_inputs(&in);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_profiled_decoder),
 		cmocka_unit_test(test_placer_memory),
 		cmocka_unit_test(test_hand_schedule),
 		cmocka_unit_test(test_every_algorithm),

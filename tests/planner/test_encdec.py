@@ -17,6 +17,8 @@ For every algorithm, with the default options and with --tp 2
     union of its slots' ranges exactly once, all before its first fwd of C;
     the lines that move grad(C, mem) out come after its last bwd of C and
     cover the same samples; a device without slots of C has neither.
+A forced --tp 2 names the decoder component whole (stderr and --report),
+and --tp 4 plans a variant whose decoder has 2 heads (not refused).
 Prints ours' and the sequential iteration (ms) of each run.
 Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
 pass, 1 fail.
@@ -116,6 +118,29 @@ def check_plan(name, view, progs, batches, fails):
                 fails.append(f"{where}: memory gradient leaves before its last bwd")
 
 
+def check_tp(tmp, model, fails):
+    """A forced --tp names the decoder component whole, on stderr and in
+    --report; a degree that does not divide a decoder's heads is no refusal
+    (decoders stay whole anyway)."""
+    line = ("--tp 2 leaves transformer 'dec' whole (MetaOps caption/dec, "
+            "summarize/dec_lo..dec_hi): caption/dec is a decoder (cross-attention): "
+            "decoders are never split")
+    r = run([PLAN, MODEL, CLUSTER, "--tp", "2", "--report"])
+    if r.returncode or "spindle-plan: " + line not in r.stderr.splitlines() or \
+            "  " + line not in r.stdout.splitlines():
+        fails.append(f"--tp 2: no line naming the decoder whole (exit {r.returncode}):\n"
+                     f"{r.stderr}")
+    m = json.loads(json.dumps(model))
+    m["components"]["dec"]["heads"] = 2
+    path = os.path.join(tmp, "dec-heads-2.json")
+    json.dump(m, open(path, "w"))
+    r = run([PLAN, path, CLUSTER, "--tp", "4"])
+    if r.returncode != 0 or "'dec' whole" not in r.stderr:
+        fails.append(f"--tp 4 with a 2-head decoder: exit {r.returncode}: {r.stderr.strip()}")
+    else:
+        print("--tp 4, decoder of 2 heads: planned, decoder whole")
+
+
 def main():
     fails = []
     model = json.load(open(MODEL))
@@ -140,6 +165,7 @@ def main():
                 if len(progs) != 8:
                     fails.append(f"{name}: {len(progs)} programs in the view")
                 check_plan(name, view, progs, batches, fails)
+        check_tp(tmp, model, fails)
     for f in fails:
         print("FAIL", f)
     print("%d failed" % len(fails) if fails else "all passed")

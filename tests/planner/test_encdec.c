@@ -17,7 +17,9 @@
  * slices of one decoder on one device over disjoint ranges (a union of
  * two intervals, one of them local to the encoder's device) and checks the
  * exact transfers. The placer counts a decoder's memory buffers once per
- * device; a profiled decoder shape matches on its memory's size. Prints ours' and the sequential iteration (ms).
+ * device; a profiled decoder shape matches on its memory's size. Prints
+ * ours' and the sequential iteration (ms). DUMP=1 prints the hand-made
+ * plan's programs.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -388,7 +390,11 @@ static void test_hand_schedule(void **state)
 		for (int d = 0; d < p.n_devices; d++)
 			for (int k = 0; k < p.devices[d].n_ins; k++) {
 				const sp_ins_t *x = &p.ins[p.devices[d].first_ins + k];
-				print_message("dev %d %2d %-5s sl %2d [%2d,%2d) len %2d src %d/%d/%d dst %d/%d/%d peer %d tag %d\n", d, k, ins_op_name(x->op), x->slice, x->s0, x->s1, x->seq_len, x->src.metaop, x->src.layer, x->src.grad, x->dst.metaop, x->dst.layer, x->dst.grad, x->peer, x->tag);
+				print_message("dev %d %2d %-5s sl %2d [%2d,%2d) len %2d src %d/%d/%d "
+					      "dst %d/%d/%d peer %d tag %d\n",
+					      d, k, ins_op_name(x->op), x->slice, x->s0, x->s1,
+					      x->seq_len, x->src.metaop, x->src.layer, x->src.grad,
+					      x->dst.metaop, x->dst.layer, x->dst.grad, x->peer, x->tag);
 			}
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *x = &p.ins[dv->first_ins + k];

@@ -315,7 +315,8 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t,
 	double wbytes = (double)comp_layer_params_tp(&pl->model->comps[n->comp], t) * db;
 	if (m->shape.type == COMP_EMBEDDING)
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
-	double saved = t == 1 ? (double)op_saved_elems(&m->shape, m->batch) /* a decoder's cross block too */
+	/* whole layers: with a decoder's cross block */
+	double saved = t == 1 ? (double)op_saved_elems(&m->shape, m->batch)
 			      : (double)op_saved_elems_tp(&m->shape, m->batch, t);
 	double abytes = (double)b * saved * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);

@@ -19,7 +19,10 @@
  * act(m, 0) at the edge's seq offset). Gradients flow back over the same
  * intersections, from the consumer's own range only; the receiver adds them
  * (a producer with several consumers sums their contributions). Pieces that
- * stay on one device are free (same buffer) or a local COPY.
+ * stay on one device are free (same buffer) or a local COPY. A decoder's
+ * memory act(c, -1) moves once per device holding slots of c, over the
+ * union of their ranges, and its gradient grad(c, -1) once back
+ * (lower_xfer.c's header).
  *
  * Order. All instructions are emitted into one global sequence: forward
  * slices in schedule order, for each device slot its RECVs, its FWD (or

@@ -23,7 +23,8 @@
  * memory's producer p into act(c, -1) at the device's first slot of c
  * (RECVs before its first FWD, or COPY where p's slot is local), from p's
  * last slice split over its slots like an ordinary input (one member of a
- * tensor-parallel group sends); and grad(c, -1) back into grad(p, L_p)
+ * tensor-parallel group sends: the one on the device, if any, copies);
+ * and grad(c, -1) back into grad(p, L_p)
  * from that same slot, so after the device's last BWD of c (backward runs
  * in reverse), to every member of p's slots (added on receipt).
  */
@@ -176,11 +177,13 @@ static int range_union(range_t *r, int n)
 }
 
 /* Memory transfers of decoder MetaOp c over interval u of device slot
- * (fs, fj): act(p, L_p) from p's last slice in, grad(c, -1) back. */
+ * (fs, fj): act(p, L_p) from p's last slice in (from the member of a
+ * tensor-parallel group on the device itself where there is one, else
+ * its first member), grad(c, -1) back to every member. */
 static int memory_xfers(lstate_t *st, int c, const sp_edge_t *e, int fs, int fj, range_t u)
 {
 	const planner_t *pl = st->pl;
-	int p = e->src, ps = st->last[p], tp = slice_tp(st, ps);
+	int p = e->src, ps = st->last[p], tp = slice_tp(st, ps), dev = lower_dev_of(st, fs, fj);
 	const sslice_t *y = &st->s->s[ps];
 	for (int k = 0; k < y->n; k++) {
 		int32_t b0, b1;
@@ -192,7 +195,8 @@ static int memory_xfers(lstate_t *st, int c, const sp_edge_t *e, int fs, int fj,
 			     vref(c, -1, 0, 0), 0, 0};
 		xfer_t back = {fs, fj, ps, k, o0, o1, e->seq_len, vref(c, -1, 1, 0),
 			       vref(p, pl->mops[p].n_layers, 1, 0), 1, 0};
-		if ((k % tp == 0 && add_xfer(st, in)) || add_xfer(st, back))
+		int sender = group_has(st, ps, k, dev) ? lower_dev_of(st, ps, k) == dev : k % tp == 0;
+		if ((sender && add_xfer(st, in)) || add_xfer(st, back))
 			return SP_ENOMEM;
 	}
 	return 0;

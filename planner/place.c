@@ -15,9 +15,10 @@
  *   - a memory term that grows steeply as d fills: (used / cap)^4 * cap/10.
  * Nodes are filled in order of their free devices' total score, so a group
  * stays inside as few NVLink islands as possible. A device whose memory
- * (held parameter state + saved activations, as memplan counts them) would
- * exceed the cap is taken only when nothing else is free; memplan then
- * reports the overflow.
+ * (held parameter state + saved activations, as memplan counts them, and a
+ * decoder's memory buffers act(c, -1) and grad(c, -1) once per device for
+ * the most samples any of its slots of c holds) would exceed the cap is
+ * taken only when nothing else is free; memplan then reports the overflow.
  *
  * Naive placement (the comparison baseline): the lowest-numbered free
  * devices, in slice order.
@@ -46,6 +47,8 @@ struct placer {
 	int *param_base, n_params;
 	int32_t *last_devs; /* [MetaOp][N]: devices of its latest slice */
 	int *last_n;
+	int64_t *mem_samples; /* [MetaOp][N]: samples of a decoder's memory
+			       * buffers counted on each device */
 	double *on, *island, *node_score;
 	int *node_order, *node_cnt, *node_head, *cand_next;
 	cand_t *cand;
@@ -90,6 +93,12 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
 	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
 	P->last_n = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	int decoders = 0;
+	for (int m = 0; m < M; m++)
+		decoders += pl->mops[m].shape.mem_seq > 0;
+	/* only a model with decoders needs it (memory_more reads it for them) */
+	P->mem_samples = sp_arena_calloc(a, decoders ? (size_t)M * (size_t)N + 1 : 1,
+					 sizeof(int64_t));
 	P->on = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->island = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->node_score = sp_arena_calloc(a, (size_t)nodes, sizeof(double));
@@ -99,7 +108,8 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
 	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
-	    !P->any_held || !P->last_devs || !P->last_n || !P->on || !P->island ||
+	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_samples || !P->on ||
+	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
 	    !P->cand_next)
 		return SP_ENOMEM;
@@ -128,9 +138,18 @@ static void input_on_devices(placer_t *P, const sslice_t *x)
 	}
 }
 
+/* Samples of decoder x's memory buffers (act(c, -1), grad(c, -1)) that device
+ * d holds beyond those counted already, at `local` samples; 0 elsewhere. */
+static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int64_t local)
+{
+	if (P->pl->mops[x->metaop].shape.mem_seq == 0)
+		return 0;
+	return SP_MAX(local - P->mem_samples[(size_t)x->metaop * P->pl->N + d], 0);
+}
+
 /* Memory slice x adds to device d (slot's samples): new state + activations,
  * as layout.c estimates them (zero-1 over the slice, input-only activations
- * where auto may shard or recompute). */
+ * where auto may shard or recompute), and a decoder's memory buffers. */
 static double slice_mem(const placer_t *P, const sslice_t *x, int d, int slot)
 {
 	const metaop_t *mo = &P->pl->mops[x->metaop];
@@ -138,6 +157,8 @@ static double slice_mem(const placer_t *P, const sslice_t *x, int d, int slot)
 	sample_range(mo->batch, slot, x->n, &a0, &a1);
 	int64_t local = mo->scales ? a1 - a0 : mo->batch;
 	double bytes = (double)local * layout_saved_per_sample(P->pl, x->metaop) * (x->lt - x->lf);
+	bytes += 2.0 * (double)memory_more(P, x, d, local) * (double)mo->shape.mem_seq *
+		 (double)mo->shape.mem_width * dtype_bytes(P->pl->model->dtype);
 	double state = layout_state_bytes(P->pl, x->metaop, x->n);
 	for (int l = x->lf; l < x->lt; l++)
 		if (!P->held[(size_t)d * P->n_params + param_id(P, x->metaop, l)])
@@ -291,6 +312,9 @@ void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs)
 	for (int j = 0; j < x->n; j++) {
 		int d = devs[j];
 		P->mem[d] += slice_mem(P, x, d, j);
+		int32_t a0, a1;
+		sample_range(pl->mops[x->metaop].batch, j, x->n, &a0, &a1);
+		P->mem_samples[(size_t)x->metaop * pl->N + d] += memory_more(P, x, d, a1 - a0);
 		for (int l = x->lf; l < x->lt; l++) {
 			int pid = param_id(P, x->metaop, l);
 			P->held[(size_t)d * P->n_params + pid] = 1;

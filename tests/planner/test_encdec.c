@@ -13,10 +13,13 @@
  * slots of c, from act(p, L_p), before its first FWD of c; grad(c, -1)
  * leaves once to each holder of p's samples, after its last BWD of c, and
  * arrives before p's BWD; devices without slots of c move neither. Two
- * runs give the same plan (plan_same). A hand-made schedule puts two
+ * runs give the same bytes (plan_encode). A hand-made schedule puts two
  * slices of one decoder on one device over disjoint ranges (a union of
  * two intervals, one of them local to the encoder's device) and checks the
- * exact transfers. Prints ours' and the sequential iteration (ms).
+ * exact transfers. The placer counts a decoder's memory buffers once per
+ * device; a profiled decoder shape matches on its memory's size. Prints
+ * ours' and the sequential iteration (ms). DUMP=1 prints the hand-made
+ * plan's programs.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +29,7 @@
 
 #include "planner.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,30 +232,6 @@ static void check_memory(const sp_plan_t *p, mem_stats_t *st)
 	assert_int_equal(n_dec, 2); /* one per task */
 }
 
-/* The same structure, programs and predictions, byte for byte. */
-static int plan_same(const sp_plan_t *a, const sp_plan_t *b)
-{
-#define SAME_ARR(f, n) (a->n == b->n && (!a->n || !memcmp(a->f, b->f, sizeof *a->f * (size_t)a->n)) ? 1 : (print_message("differ: " #f "\n"), 0))
-	if (a->n_metaops != b->n_metaops)
-		return 0;
-	for (int m = 0; m < a->n_metaops; m++) { /* field by field: shapes have padding */
-		const sp_metaop_t *x = &a->metaops[m], *y = &b->metaops[m];
-		if (!opshape_equal(&x->shape, &y->shape) || strcmp(x->name, y->name) ||
-		    x->task != y->task || x->n_layers != y->n_layers || x->first_op != y->first_op ||
-		    x->seq_in != y->seq_in || x->width_in != y->width_in ||
-		    x->seq_out != y->seq_out || x->width_out != y->width_out ||
-		    x->fwd_ms != y->fwd_ms || x->bwd_ms != y->bwd_ms || x->profiled != y->profiled)
-			return 0;
-	}
-	return SAME_ARR(edges, n_edges) &&
-	       SAME_ARR(slices, n_slices) && SAME_ARR(slice_devs, n_slice_devs) &&
-	       SAME_ARR(waves, n_waves) && SAME_ARR(buckets, n_buckets) &&
-	       SAME_ARR(bucket_devs, n_bucket_devs) && SAME_ARR(bucket_params, n_bucket_params) &&
-	       SAME_ARR(devices, n_devices) && SAME_ARR(ins, n_ins) && SAME_ARR(held, n_held) &&
-	       !memcmp(&a->cert, &b->cert, sizeof a->cert) && !strcmp(a->options, b->options);
-#undef SAME_ARR
-}
-
 /* ---- every algorithm under every option set ------------------------------- */
 
 static const char *const ALGOS[] = {"spindle", "spindle-paper", "sequential", "task-level",
@@ -308,9 +288,18 @@ static void test_every_algorithm(void **state)
 				if (os->recompute == 1 && p.metaops[sl->metaop].shape.mem_seq > 0)
 					assert_int_equal(sl->recompute, 1);
 			}
-			/* the same inputs: the same plan */
+			/* the same inputs: the same bytes (plan format 4) */
 			assert_int_equal(plan_once(&in, &o, &q, &sum2), 0);
-			assert_true(plan_same(&p, &q));
+			uint8_t *b1 = NULL, *b2 = NULL;
+			size_t n1 = 0, n2 = 0;
+			sp_err_t err = {0};
+			if (plan_encode(&b1, &n1, &p, &err) || plan_encode(&b2, &n2, &q, &err))
+				print_message("plan_encode: %s\n", err.msg);
+			assert_int_equal(err.code, 0);
+			assert_int_equal(n1, n2);
+			assert_memory_equal(b1, b2, n1);
+			free(b1);
+			free(b2);
 			print_message("%-13s %-40s iteration %8.3f ms (sequential %8.3f ms)\n",
 				      ALGOS[a], os->name, p.cert.iteration_ms,
 				      sum.algos[ALGO_SEQUENTIAL].iteration_ms);
@@ -401,7 +390,11 @@ static void test_hand_schedule(void **state)
 		for (int d = 0; d < p.n_devices; d++)
 			for (int k = 0; k < p.devices[d].n_ins; k++) {
 				const sp_ins_t *x = &p.ins[p.devices[d].first_ins + k];
-				print_message("dev %d %2d %-5s sl %2d [%2d,%2d) len %2d src %d/%d/%d dst %d/%d/%d peer %d tag %d\n", d, k, ins_op_name(x->op), x->slice, x->s0, x->s1, x->seq_len, x->src.metaop, x->src.layer, x->src.grad, x->dst.metaop, x->dst.layer, x->dst.grad, x->peer, x->tag);
+				print_message("dev %d %2d %-5s sl %2d [%2d,%2d) len %2d src %d/%d/%d "
+					      "dst %d/%d/%d peer %d tag %d\n",
+					      d, k, ins_op_name(x->op), x->slice, x->s0, x->s1,
+					      x->seq_len, x->src.metaop, x->src.layer, x->src.grad,
+					      x->dst.metaop, x->dst.layer, x->dst.grad, x->peer, x->tag);
 			}
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *x = &p.ins[dv->first_ins + k];
@@ -428,9 +421,103 @@ static void test_hand_schedule(void **state)
 	release_inputs(&in);
 }
 
+/* The placer counts a decoder's memory buffers (act(c, -1), grad(c, -1):
+ * 2 x local x mem_seq x mem_width x dtype bytes) once per device: a second
+ * slice of the decoder on the same device adds only its own activations
+ * and state. Devices fit at a cap half a byte above the sum, not below. */
+static void test_placer_memory(void **state)
+{
+	(void)state;
+	inputs_t in;
+	load_inputs(&in);
+	plan_opts_t o;
+	default_opts(&o, &in.cluster);
+	sp_err_t err = {0};
+	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 8;
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+	assert_int_equal(layout_prepare(&pl), 0);
+	int c = -1;
+	for (int k = 0; k < pl.n_mops; k++)
+		if (!strcmp(pl.mops[k].name, "caption/dec"))
+			c = k;
+	assert_true(c >= 0);
+	const metaop_t *mo = &pl.mops[c];
+	double mem = 2.0 * 16 * (double)mo->shape.mem_seq * (double)mo->shape.mem_width * 4;
+	double base = 16 * layout_saved_per_sample(&pl, c) + layout_state_bytes(&pl, c, 1);
+	assert_true(mem > 1 && base > 1);
+	placer_t *P = NULL;
+	assert_int_equal(placer_new(&P, &pl, PLACE_SPINDLE), 0);
+	sslice_t a = {c, 0, 1, 1, 0, 0, 1, 0, -1, 0}, b = {c, 1, 2, 1, 0, 1, 2, 0, -1, 0};
+	pl.mem_cap = base + mem - 0.5;
+	assert_int_equal(placer_fitting(P, &a, NULL), 0);
+	pl.mem_cap = base + mem + 0.5;
+	assert_int_equal(placer_fitting(P, &a, NULL), 8);
+	int32_t dev0 = 0;
+	placer_commit(P, &a, &dev0);
+	/* device 0 holds a's state, activations and the memory: b adds base */
+	pl.mem_cap = 2 * base + mem + 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 8);
+	pl.mem_cap = 2 * base + mem - 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 7);
+	sp_arena_release(&pl.scratch);
+	sp_arena_release(&pl.arena);
+	release_inputs(&in);
+}
+
+/* A profiled decoder shape matches on mem_seq and mem_width too: the
+ * profile's time (2 ms forward, 5 backward at batch 16: T(1)) is caption's
+ * decoder's; the same entry with another mem_seq matches nothing. */
+static void test_profiled_decoder(void **state)
+{
+	(void)state;
+	for (int other = 0; other < 2; other++) {
+		inputs_t in;
+		load_inputs(&in);
+		plan_opts_t o;
+		default_opts(&o, &in.cluster);
+		sp_err_t err = {0};
+		planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err,
+				.k = 1};
+		sp_arena_init(&pl.arena);
+		sp_arena_init(&pl.scratch);
+		pl.N = 8;
+		assert_int_equal(graph_build(&pl), 0);
+		int c = -1;
+		for (int k = 0; k < pl.n_mops; k++)
+			if (!strcmp(pl.mops[k].name, "caption/dec"))
+				c = k;
+		assert_true(c >= 0);
+		in.cluster.prof = calloc(1, sizeof *in.cluster.prof);
+		assert_non_null(in.cluster.prof);
+		in.cluster.n_prof = 1;
+		sp_prof_entry_t *e = in.cluster.prof;
+		e->shape = pl.mops[c].shape;
+		e->shape.mem_seq += other;
+		e->n_points = 1;
+		e->points = calloc(1, sizeof *e->points);
+		assert_non_null(e->points);
+		e->points[0] = (sp_prof_point_t){16, 2.0, 5.0};
+		assert_int_equal(cost_build(&pl), 0);
+		assert_int_equal(pl.mops[c].profiled, !other);
+		if (!other) {
+			assert_true(fabs(pl.mops[c].tf[1] - 2.0) < 1e-12);
+			assert_true(fabs(pl.mops[c].tb[1] - 5.0) < 1e-12);
+		}
+		sp_arena_release(&pl.scratch);
+		sp_arena_release(&pl.arena);
+		release_inputs(&in);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_profiled_decoder),
+		cmocka_unit_test(test_placer_memory),
 		cmocka_unit_test(test_hand_schedule),
 		cmocka_unit_test(test_every_algorithm),
 	};

@@ -13,7 +13,8 @@
  *            sample) and its BWD re-runs the layer's forward from it
  *   comm     value buffers: act/grad of each MetaOp boundary the rank
  *            touches, rows = samples of the union of its ranges, each row
- *            [seq, width]; plus staging for outgoing transfers
+ *            [seq, width] (a decoder's memory act/grad(m, -1): [mem_seq,
+ *            mem_width]); plus staging for outgoing transfers
  *   work     ping-pong buffers between layers of a slice, loss scratch,
  *            generated input data, and the one layer's saved activations a
  *            recomputing BWD re-creates (the largest such layer's)
@@ -27,6 +28,15 @@
  * the step batch, as with one micro-batch).
  * SENDs and SYNCs are non-blocking and completed at STEP; RECVs and
  * completions are polled against the timeout.
+ *
+ * A decoder (a MetaOp whose shape has a memory, mem_seq > 0) runs the
+ * cross-attention block (backend xblock_fwd/xblock_bwd): every FWD and BWD
+ * of its slices reads act(m, -1) for its samples, which RECVs or COPYs
+ * fill before the device's first FWD of m, and every BWD adds each layer's
+ * gradient with respect to the memory into grad(m, -1), zeroed with the
+ * other gradient values each micro-step and sent back (SEND or COPY to the
+ * producer's output gradient) after the device's last BWD of m. A
+ * recomputing BWD re-runs the block's forward with the same memory.
  *
  * A zero-1 bucket: SYNC starts the reduce-scatter of its gradients, which
  * leaves the sum over the rank's shard at the shard's own place in the
@@ -67,10 +77,19 @@ static const sp_task_t *task_of(const rt_state_t *st, int m)
 	return &st->p->model.tasks[mop(st, m)->task];
 }
 
+/* Floats a layer of MetaOp m saves per sample: a shard's (tp > 1), else
+ * the whole layer's, a decoder's cross-attention included (layers.h). */
 static int64_t saved_pp(const rt_state_t *st, int m, int tp)
 {
 	const sp_metaop_t *mo = mop(st, m);
-	return op_saved_elems_tp(&mo->shape, task_of(st, m)->batch, tp);
+	int64_t B = task_of(st, m)->batch;
+	return tp > 1 ? op_saved_elems_tp(&mo->shape, B, tp) : op_saved_elems(&mo->shape, B);
+}
+
+/* Whether MetaOp m is a decoder: its layers attend to a memory act(m, -1). */
+static int is_decoder(const rt_state_t *st, int m)
+{
+	return mop(st, m)->shape.type == COMP_TRANSFORMER && mop(st, m)->shape.mem_seq > 0;
 }
 
 /* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
@@ -271,13 +290,17 @@ static int plan_buffers(rt_state_t *st)
 	st->saved_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
 	st->stage_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
 	st->fwd_of = malloc(sizeof(int) * (size_t)(n + 1));
-	if (!st->src_vb || !st->dst_vb || !st->saved_off || !st->stage_off || !st->fwd_of)
+	st->mem_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	st->dmem_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!st->src_vb || !st->dst_vb || !st->saved_off || !st->stage_off || !st->fwd_of ||
+	    !st->mem_vb || !st->dmem_vb)
 		return SP_ENOMEM;
 	for (int k = 0; k < n; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		st->src_vb[k] = st->dst_vb[k] = -1;
 		st->saved_off[k] = st->stage_off[k] = -1;
 		st->fwd_of[k] = -1;
+		st->mem_vb[k] = st->dmem_vb[k] = -1;
 		int32_t r0 = in->s0, r1 = in->s1;
 		int use_src = 0, use_dst = 0;
 		switch (in->op) {
@@ -345,6 +368,19 @@ static int plan_buffers(rt_state_t *st)
 			return SP_ENOMEM;
 		if (use_dst && (st->dst_vb[k] = find_vb(st, &in->dst, r0, r1, 1)) < -1)
 			return SP_ENOMEM;
+		/* a decoder's FWD reads its memory for its samples, its BWD also
+		 * adds into the memory's gradient (the RECVs or COPYs before its
+		 * first FWD fill the first, the SENDs or COPYs after its last BWD
+		 * carry the second to the memory's producer) */
+		if ((in->op == INS_FWD || in->op == INS_BWD) &&
+		    is_decoder(st, p->slices[in->slice].metaop)) {
+			sp_vref_t mv = {p->slices[in->slice].metaop, -1, 0, 0};
+			if ((st->mem_vb[k] = find_vb(st, &mv, r0, r1, 1)) < -1)
+				return SP_ENOMEM;
+			mv.grad = 1;
+			if (in->op == INS_BWD && (st->dmem_vb[k] = find_vb(st, &mv, r0, r1, 1)) < -1)
+				return SP_ENOMEM;
+		}
 		if (in->op == INS_SEND || in->op == INS_RECV) {
 			const sp_vref_t *r = in->op == INS_SEND ? &in->src : &in->dst;
 			int32_t seq, width;
@@ -586,6 +622,83 @@ static int check_shards(rt_state_t *st)
 	return 0;
 }
 
+/* The first decoder MetaOp of p, or -1. */
+static int first_decoder(const sp_plan_t *p)
+{
+	for (int m = 0; m < p->n_metaops; m++)
+		if (p->metaops[m].shape.type == COMP_TRANSFORMER && p->metaops[m].shape.mem_seq > 0)
+			return m;
+	return -1;
+}
+
+int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fname,
+		     sp_err_t *err)
+{
+	int m = first_decoder(p);
+	if (m < 0 || (b->xblock_fwd && b->xblock_bwd))
+		return 0;
+	sp_err_set(err, SP_EINPUT, fname, 0, 0, NULL,
+		   "cross-attention is not built for the %s backend yet (metaop '%s' is a "
+		   "decoder)",
+		   b->name, p->metaops[m].name);
+	sp_err_hint(err, "run this plan with --backend cpu");
+	return err->code;
+}
+
+/*
+ * Decoders as the cross-attention block runs them (SP_EINPUT with
+ * st->why): each MetaOp's memory shape (shape.mem_seq, mem_width) is its
+ * nodes' in the model (the memory node's seq, the component's
+ * memory_width; 0, 0 without cross-attention), a decoder's slices are
+ * whole (tp 1: the block is not split), and a memory edge's producer
+ * gives at least mem_seq tokens of width mem_width. Else the block would
+ * read or write past the memory's buffers.
+ */
+static int check_decoders(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int m = 0; m < p->n_metaops; m++) {
+		const sp_metaop_t *mo = &p->metaops[m];
+		const sp_task_t *t = &p->model.tasks[mo->task];
+		for (int k = 0; k < mo->n_layers; k++) {
+			const sp_node_t *n = &t->nodes[p->ops[mo->first_op + k].node];
+			sp_opshape_t want = op_shape(&p->model, t, n);
+			if (want.mem_seq == mo->shape.mem_seq && want.mem_width == mo->shape.mem_width)
+				continue;
+			snprintf(st->why, sizeof st->why,
+				 "metaop '%.120s' has a memory of %lld tokens of width %lld, but node "
+				 "'%.120s' of the model attends to %lld tokens of width %lld",
+				 mo->name, (long long)mo->shape.mem_seq, (long long)mo->shape.mem_width,
+				 n->id, (long long)want.mem_seq, (long long)want.mem_width);
+			return SP_EINPUT;
+		}
+	}
+	for (int s = 0; s < p->n_slices; s++)
+		if (p->slices[s].tp > 1 && is_decoder(st, p->slices[s].metaop)) {
+			snprintf(st->why, sizeof st->why,
+				 "slice %d splits decoder metaop '%.120s' %d ways; cross-attention "
+				 "layers are not split",
+				 s, mop(st, p->slices[s].metaop)->name, p->slices[s].tp);
+			return SP_EINPUT;
+		}
+	for (int e = 0; e < p->n_edges; e++) {
+		const sp_edge_t *ed = &p->edges[e];
+		if (!ed->memory)
+			continue;
+		const sp_metaop_t *src = mop(st, ed->src), *dst = mop(st, ed->dst);
+		if (!is_decoder(st, ed->dst) || src->width_out != dst->shape.mem_width ||
+		    src->seq_out < dst->shape.mem_seq) {
+			snprintf(st->why, sizeof st->why,
+				 "memory edge %d: metaop '%.120s' gives %d tokens of width %d, but "
+				 "'%.120s' attends to a memory of %lld tokens of width %lld",
+				 e, src->name, src->seq_out, src->width_out, dst->name,
+				 (long long)dst->shape.mem_seq, (long long)dst->shape.mem_width);
+			return SP_EINPUT;
+		}
+	}
+	return 0;
+}
+
 /* Devices of group r of slice s (t consecutive entries of its devices). */
 static const int32_t *tp_devs(const sp_plan_t *p, const sp_slice_t *s, int r)
 {
@@ -675,6 +788,13 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (!rc)
 		rc = check_shards(st);
 	if (!rc)
+		rc = check_decoders(st);
+	sp_err_t lacks = {0};
+	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
+		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
+		rc = SP_EINPUT;
+	}
+	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
@@ -684,8 +804,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (c->ops->allsum(c, bad, 2))
 		bad[0] = 1;
 	if (bad[0] > 0) {
-		char why[160];
-		snprintf(why, sizeof why, "%s", st->why);
+		char why[sizeof st->why];
+		memcpy(why, st->why, sizeof why);
 		rt_free(st);
 		if (rc == SP_EINPUT && why[0])
 			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "rank %d: %s", c->rank,
@@ -765,6 +885,8 @@ void rt_free(rt_state_t *st)
 	free(st->saved_off);
 	free(st->stage_off);
 	free(st->fwd_of);
+	free(st->mem_vb);
+	free(st->dmem_vb);
 	free(st->pending);
 	free(st->pending_ins);
 	free(st->loss);
@@ -868,6 +990,7 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
+	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
 	int64_t so = sample_off(st, r.mo->task);
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
@@ -904,7 +1027,10 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 			b->patch_fwd(&r.mo->shape, r.n, pw, feat, y, saved);
 			break;
 		}
-		case COMP_TRANSFORMER: rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, x, y, saved); break;
+		case COMP_TRANSFORMER:
+			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, x, mem, y, saved)
+				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, x, y, saved);
+			break;
 		case COMP_LINEAR: b->linear_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
 		default: break;
 		}
@@ -927,6 +1053,9 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	float *bufs[2] = {st->work, st->work + st->ping_n};
 	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
 	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
+	/* a decoder: its memory, and the memory's gradient every layer adds to */
+	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
+	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -938,8 +1067,11 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			 * (parameters change only at STEP), so the same saved
 			 * activations; its output goes to bufs[j % 2], free here: dy
 			 * is in the other buffer or a value, and dx is zeroed below */
-			if ((rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
-						redo_buf(st))))
+			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, saved, mem, bufs[j % 2],
+						 redo_buf(st))
+				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
+						 redo_buf(st));
+			if (rc)
 				return rc;
 			saved = redo_buf(st);
 		}
@@ -955,7 +1087,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
 		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
 		case COMP_TRANSFORMER:
-			rc = b->tblock_bwd(&r.mo->shape, tp, r.n, pw, saved, dy, dx, dp);
+			rc = mem ? b->xblock_bwd(&r.mo->shape, tp, r.n, pw, saved, mem, dy, dx, dmem, dp)
+				 : b->tblock_bwd(&r.mo->shape, tp, r.n, pw, saved, dy, dx, dp);
 			break;
 		case COMP_LINEAR: b->linear_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
 		default: break;

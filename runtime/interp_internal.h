@@ -52,6 +52,9 @@ struct rt_state {
 	vbuf_t *vb;
 	int nvb;
 	int *src_vb, *dst_vb; /* per instruction */
+	/* per FWD and BWD of a decoder slice: act(m, -1), its memory, and
+	 * (BWD) grad(m, -1), which its layers add into; -1 elsewhere */
+	int *mem_vb, *dmem_vb;
 	float *vals;
 	int64_t vals_n;
 	int64_t *saved_off; /* per instruction, floats into saved; -1 if none */
@@ -79,7 +82,7 @@ struct rt_state {
 	int micro; /* the micro-step running (0 outside rt_step) */
 	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
 	int *tp_rank;  /* per slice: the rank's member index in it */
-	char why[160]; /* what set-up found wrong with the plan, when it says */
+	char why[480]; /* what set-up found wrong with the plan, when it says */
 	int64_t mem[MEM__COUNT];
 };
 

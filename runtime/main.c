@@ -495,6 +495,9 @@ static int check_alone(run_t *r)
 				    r->plan.n_devices, o->plan_path);
 		return 2;
 	}
+	/* before attaching: a plan the backend cannot run needs no device */
+	if (rt_check_backend(&r->plan, backend_find(o->backend), o->plan_path, &r->err))
+		return 2;
 	int pre = start_backend(r);
 	if (pre)
 		return pre;

@@ -646,33 +646,14 @@ int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fnam
 }
 
 /*
- * Decoders as the cross-attention block runs them (SP_EINPUT with
- * st->why): each MetaOp's memory shape (shape.mem_seq, mem_width) is its
- * nodes' in the model (the memory node's seq, the component's
- * memory_width; 0, 0 without cross-attention), a decoder's slices are
- * whole (tp 1: the block is not split), and a memory edge's producer
- * gives at least mem_seq tokens of width mem_width. Else the block would
- * read or write past the memory's buffers.
+ * Decoders' slices are whole (tp 1): the cross-attention block is not
+ * split (SP_EINPUT with st->why). The memory's shapes against the model
+ * and the memory edges are the reader's (plan_check.c: chk_op_memory,
+ * chk_memory_edge); the transfers' sizes check_recvs'.
  */
 static int check_decoders(rt_state_t *st)
 {
 	const sp_plan_t *p = st->p;
-	for (int m = 0; m < p->n_metaops; m++) {
-		const sp_metaop_t *mo = &p->metaops[m];
-		const sp_task_t *t = &p->model.tasks[mo->task];
-		for (int k = 0; k < mo->n_layers; k++) {
-			const sp_node_t *n = &t->nodes[p->ops[mo->first_op + k].node];
-			sp_opshape_t want = op_shape(&p->model, t, n);
-			if (want.mem_seq == mo->shape.mem_seq && want.mem_width == mo->shape.mem_width)
-				continue;
-			snprintf(st->why, sizeof st->why,
-				 "metaop '%.120s' has a memory of %lld tokens of width %lld, but node "
-				 "'%.120s' of the model attends to %lld tokens of width %lld",
-				 mo->name, (long long)mo->shape.mem_seq, (long long)mo->shape.mem_width,
-				 n->id, (long long)want.mem_seq, (long long)want.mem_width);
-			return SP_EINPUT;
-		}
-	}
 	for (int s = 0; s < p->n_slices; s++)
 		if (p->slices[s].tp > 1 && is_decoder(st, p->slices[s].metaop)) {
 			snprintf(st->why, sizeof st->why,
@@ -681,21 +662,6 @@ static int check_decoders(rt_state_t *st)
 				 s, mop(st, p->slices[s].metaop)->name, p->slices[s].tp);
 			return SP_EINPUT;
 		}
-	for (int e = 0; e < p->n_edges; e++) {
-		const sp_edge_t *ed = &p->edges[e];
-		if (!ed->memory)
-			continue;
-		const sp_metaop_t *src = mop(st, ed->src), *dst = mop(st, ed->dst);
-		if (!is_decoder(st, ed->dst) || src->width_out != dst->shape.mem_width ||
-		    src->seq_out < dst->shape.mem_seq) {
-			snprintf(st->why, sizeof st->why,
-				 "memory edge %d: metaop '%.120s' gives %d tokens of width %d, but "
-				 "'%.120s' attends to a memory of %lld tokens of width %lld",
-				 e, src->name, src->seq_out, src->width_out, dst->name,
-				 (long long)dst->shape.mem_seq, (long long)dst->shape.mem_width);
-			return SP_EINPUT;
-		}
-	}
 	return 0;
 }
 

@@ -17,12 +17,17 @@ before the update, from --init files with that weight moved by +-eps)
 must match g within 1% (fp32 losses printed to 9 digits; eps 0.05 makes
 the difference ~1e-4, 300x the rounding). Also 2 micro-batches: the same
 gradients (SGD, means over samples: accumulation is exact up to order).
+
+A plan whose decoder's memory disagrees with the model (mem_seq one more
+than the memory node's seq, the checksum made right again) is refused
+before step 1 with exit status 2, naming the memory.
 """
 import json
 import os
 import struct
 import sys
 import tempfile
+import zlib
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
@@ -101,12 +106,32 @@ def check_gradients(F, tmp, plan, what, extra=()):
         F.check(ok, f"{what}: {name}[{i}] gradient {g[i]:.6g}, finite difference {fd:.6g}")
 
 
+def wrong_memory(F, tmp, plan):
+    b = bytearray(open(plan, "rb").read())
+    (n_sec,) = struct.unpack_from("<I", b, 28)
+    secs = [struct.unpack_from("<IIQQQ", b, 40 + 40 * k) for k in range(n_sec)]
+    _, _, off, size, count = next(s for s in secs if s[0] == 8)  # metaops
+    rec = size // count
+    at = next(off + i * rec + 124 for i in range(count)
+              if struct.unpack_from("<q", b, off + i * rec + 124)[0] > 0)
+    struct.pack_into("<q", b, at, struct.unpack_from("<q", b, at)[0] + 1)
+    (hsize,) = struct.unpack_from("<I", b, 16)
+    struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[hsize:])) & 0xFFFFFFFF)
+    bad = os.path.join(tmp, "wrong-memory.bin")
+    open(bad, "wb").write(bytes(b))
+    r = R.run(bad, 1, "--steps", 1, "--timeout", 30)
+    F.check(r.rc == 2 and "memory" in r.err and "step   1" not in r.out,
+            "a plan whose decoder memory disagrees with the model: exit 2 before step 1",
+            r.describe())
+
+
 def main():
     F = R.Failures()
     with tempfile.TemporaryDirectory() as tmp:
         m = caption_model()
         p1 = R.make_plan(tmp, m, "caption", 1)
         check_gradients(F, tmp, p1, "one device")
+        wrong_memory(F, tmp, p1)
         m["tasks"][0]["batch"] += m["tasks"][0]["batch"] % 2
         p1m = R.make_plan(tmp, m, "caption-mb2", 1, extra=("--microbatches", "2"))
         check_gradients(F, tmp, p1m, "2 micro-batches")

@@ -18,6 +18,11 @@ must match g within 1% (fp32 losses printed to 9 digits; eps 0.05 makes
 the difference ~1e-4, 300x the rounding). Also 2 micro-batches: the same
 gradients (SGD, means over samples: accumulation is exact up to order).
 
+On a dataset (dataset_gen: tokens and features, some samples padded),
+2 ranks (the paper's plan, which moves the memory between devices) train to the one-device
+parameters and losses (equivalence.py's SGD tolerance) and --eval scores
+the held-out loss of the same samples the same way (relative 1e-5).
+
 A plan whose decoder's memory disagrees with the model (mem_seq one more
 than the memory node's seq, the checksum made right again) is refused
 before step 1 with exit status 2, naming the memory.
@@ -31,6 +36,7 @@ import zlib
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
+import dataset_gen as DG  # noqa: E402
 import rtlib as R  # noqa: E402
 import weights as WT  # noqa: E402
 
@@ -125,6 +131,32 @@ def wrong_memory(F, tmp, plan):
             r.describe())
 
 
+def dataset_and_eval(F, tmp):
+    m = caption_model()
+    m["optimizer"] = dict(R.SGD)
+    ds = os.path.join(tmp, "ds")
+    DG.make(m, ds, {m["tasks"][0]["name"]: 8 * m["tasks"][0]["batch"]})
+    got = {}
+    for ranks in (1, 2):
+        plan = R.make_plan(tmp, m, "caption-sgd", ranks, "spindle-paper")
+        dump, log = os.path.join(tmp, f"ds{ranks}.dump"), os.path.join(tmp, f"ds{ranks}.csv")
+        js = os.path.join(tmp, f"ds{ranks}.json")
+        r = R.run(plan, ranks, "--quiet", "--steps", 3, "--data", ds, "--eval", ds,
+                  "--eval-json", js, "--dump-params", dump, "--log", log)
+        if not F.check(r.rc == 0, f"decoder on a dataset, --eval: {ranks} rank(s)",
+                       r.describe()):
+            return
+        got[ranks] = (R.load_dump(dump), R.read_log(log), json.load(open(js))["tasks"][0])
+    F.check(R.equivalence.memory_moves(plan) > 0, "... the 2-rank plan moves the memory")
+    err = R.compare(got[1][:2], got[2][:2], R.FLOOR["sgd"], "2 ranks against 1 on a dataset")
+    F.check(err is None, "... 2 ranks train as 1 on the dataset", err or "")
+    e1, e2 = got[1][2], got[2][2]
+    F.check(e1["samples"] == e2["samples"] > 0 and
+            abs(e1["loss"] - e2["loss"]) <= 1e-5 * abs(e1["loss"]),
+            f"... and score the same held-out loss ({e1['loss']:.9g} on {e1['samples']} "
+            f"samples, {e2['loss']:.9g} on {e2['samples']})")
+
+
 def main():
     F = R.Failures()
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,6 +164,7 @@ def main():
         p1 = R.make_plan(tmp, m, "caption", 1)
         check_gradients(F, tmp, p1, "one device")
         wrong_memory(F, tmp, p1)
+        dataset_and_eval(F, tmp)
         m["tasks"][0]["batch"] += m["tasks"][0]["batch"] % 2
         p1m = R.make_plan(tmp, m, "caption-mb2", 1, extra=("--microbatches", "2"))
         check_gradients(F, tmp, p1m, "2 micro-batches")

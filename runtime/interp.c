@@ -13,7 +13,8 @@
  *            sample) and its BWD re-runs the layer's forward from it
  *   comm     value buffers: act/grad of each MetaOp boundary the rank
  *            touches, rows = samples of the union of its ranges, each row
- *            [seq, width]; plus staging for outgoing transfers
+ *            [seq, width] (a decoder's memory act/grad(m, -1): [mem_seq,
+ *            mem_width]); plus staging for outgoing transfers
  *   work     ping-pong buffers between layers of a slice, loss scratch,
  *            generated input data, and the one layer's saved activations a
  *            recomputing BWD re-creates (the largest such layer's)
@@ -28,6 +29,15 @@
  * SENDs and SYNCs are non-blocking and completed at STEP; RECVs and
  * completions are polled against the timeout.
  *
+ * A decoder (a MetaOp whose shape has a memory, mem_seq > 0) runs the
+ * cross-attention block (backend xblock_fwd/xblock_bwd): every FWD and BWD
+ * of its slices reads act(m, -1) for its samples, which RECVs or COPYs
+ * fill before the device's first FWD of m, and every BWD adds each layer's
+ * gradient with respect to the memory into grad(m, -1), zeroed with the
+ * other gradient values each micro-step and sent back (SEND or COPY to the
+ * producer's output gradient) after the device's last BWD of m. A
+ * recomputing BWD re-runs the block's forward with the same memory.
+ *
  * A zero-1 bucket: SYNC starts the reduce-scatter of its gradients, which
  * leaves the sum over the rank's shard at the shard's own place in the
  * gradients (the rest of the bucket's gradients is then undefined); STEP
@@ -39,90 +49,16 @@
  * (layer_tensors_tp) and runs the split block, which all-reduces over the
  * group inside each layer (tp_allreduce: blocking, against the timeout).
  * The groups' communicators are created once, collectively, after the
- * sync buckets'. Checkpoints and exports stay whole: rt_pack_owned joins a
- * layer's shards at the owner of shard 0, rt_unpack cuts the rank's shard
- * out of a whole layer.
+ * sync buckets'. Checkpoints and exports stay whole (pack.c).
  *
  * An evaluation (rt_eval) runs the forward part of the same program only.
  */
-#include "layers.h"
-#include "runtime.h"
+#include "interp_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-typedef struct {
-	int32_t m, l, g;
-	int32_t lo, hi, seq, width;
-	int64_t off;
-} vbuf_t;
-
-typedef struct {
-	int bucket, group;
-	int64_t off, n;   /* float range in the weights and gradients */
-	int zero1;        /* layout: the optimizer state is sharded */
-	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
-	int64_t moff;     /* where the owned range starts in m and v */
-	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
-} mybucket_t;
-
-struct rt_state {
-	const sp_plan_t *p;
-	const rt_backend_t *b;
-	rt_comm_t *c;
-	rt_opts_t o;
-	int rank;
-	const sp_device_t *dev;
-	const sp_ins_t *prog;
-	int n_ins;
-	/* parameters */
-	int n_params_total; /* (comp, layer) slots in the model */
-	int *param_base;    /* per component */
-	int *slot;          /* (comp, layer) slot -> index in held order, or -1 */
-	sp_param_t *held;
-	int n_held;
-	int64_t *poff, *pcount;
-	float *w, *g, *m, *v;
-	int64_t n_w, n_opt; /* floats in w and g; in m and v */
-	mybucket_t *mb;
-	int n_mb;
-	int *step_order; /* mb indices in the order of their SYNCs */
-	/* values and saved activations */
-	vbuf_t *vb;
-	int nvb;
-	int *src_vb, *dst_vb; /* per instruction */
-	float *vals;
-	int64_t vals_n;
-	int64_t *saved_off; /* per instruction, floats into saved; -1 if none */
-	int *fwd_of;        /* per BWD instruction: its FWD's index */
-	float *saved;
-	int64_t saved_n;
-	int64_t *stage_off; /* per SEND: floats into stage */
-	float *stage, *rstage;
-	int64_t stage_n, rstage_n;
-	/* workspace */
-	float *work;
-	int64_t ping_n, loss_n, feat_n, redo_n, work_n;
-	int32_t *ints_dev, *ints_host;
-	float *feat_host;
-	int64_t ints_n;
-	/* per step */
-	rt_req_t *pending;
-	int *pending_ins;
-	int n_pending, cap_pending;
-	double *loss;
-	rt_event_t *ev;
-	int n_ev, cap_ev;
-	double t_origin;
-	double tp_ms; /* the running instruction's time in tp_allreduce */
-	int micro; /* the micro-step running (0 outside rt_step) */
-	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
-	int *tp_rank;  /* per slice: the rank's member index in it */
-	char why[160]; /* what set-up found wrong with the plan, when it says */
-	int64_t mem[MEM__COUNT];
-};
 
 static double wall_ms(void)
 {
@@ -141,10 +77,19 @@ static const sp_task_t *task_of(const rt_state_t *st, int m)
 	return &st->p->model.tasks[mop(st, m)->task];
 }
 
+/* Floats a layer of MetaOp m saves per sample: a shard's (tp > 1), else
+ * the whole layer's, a decoder's cross-attention included (layers.h). */
 static int64_t saved_pp(const rt_state_t *st, int m, int tp)
 {
 	const sp_metaop_t *mo = mop(st, m);
-	return op_saved_elems_tp(&mo->shape, task_of(st, m)->batch, tp);
+	int64_t B = task_of(st, m)->batch;
+	return tp > 1 ? op_saved_elems_tp(&mo->shape, B, tp) : op_saved_elems(&mo->shape, B);
+}
+
+/* Whether MetaOp m is a decoder: its layers attend to a memory act(m, -1). */
+static int is_decoder(const rt_state_t *st, int m)
+{
+	return mop(st, m)->shape.type == COMP_TRANSFORMER && mop(st, m)->shape.mem_seq > 0;
 }
 
 /* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
@@ -155,12 +100,6 @@ static int64_t kept_pp(const rt_state_t *st, const sp_slice_t *s)
 {
 	const sp_opshape_t *sh = &mop(st, s->metaop)->shape;
 	return s->recompute ? (int64_t)sh->seq * sh->hidden : saved_pp(st, s->metaop, s->tp);
-}
-
-/* Layers of a component that carry parameters: a transformer's, else one. */
-static int comp_n_layers(const sp_component_t *c)
-{
-	return c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 }
 
 /* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
@@ -351,13 +290,17 @@ static int plan_buffers(rt_state_t *st)
 	st->saved_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
 	st->stage_off = malloc(sizeof(int64_t) * (size_t)(n + 1));
 	st->fwd_of = malloc(sizeof(int) * (size_t)(n + 1));
-	if (!st->src_vb || !st->dst_vb || !st->saved_off || !st->stage_off || !st->fwd_of)
+	st->mem_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	st->dmem_vb = malloc(sizeof(int) * (size_t)(n + 1));
+	if (!st->src_vb || !st->dst_vb || !st->saved_off || !st->stage_off || !st->fwd_of ||
+	    !st->mem_vb || !st->dmem_vb)
 		return SP_ENOMEM;
 	for (int k = 0; k < n; k++) {
 		const sp_ins_t *in = &st->prog[k];
 		st->src_vb[k] = st->dst_vb[k] = -1;
 		st->saved_off[k] = st->stage_off[k] = -1;
 		st->fwd_of[k] = -1;
+		st->mem_vb[k] = st->dmem_vb[k] = -1;
 		int32_t r0 = in->s0, r1 = in->s1;
 		int use_src = 0, use_dst = 0;
 		switch (in->op) {
@@ -425,6 +368,19 @@ static int plan_buffers(rt_state_t *st)
 			return SP_ENOMEM;
 		if (use_dst && (st->dst_vb[k] = find_vb(st, &in->dst, r0, r1, 1)) < -1)
 			return SP_ENOMEM;
+		/* a decoder's FWD reads its memory for its samples, its BWD also
+		 * adds into the memory's gradient (the RECVs or COPYs before its
+		 * first FWD fill the first, the SENDs or COPYs after its last BWD
+		 * carry the second to the memory's producer) */
+		if ((in->op == INS_FWD || in->op == INS_BWD) &&
+		    is_decoder(st, p->slices[in->slice].metaop)) {
+			sp_vref_t mv = {p->slices[in->slice].metaop, -1, 0, 0};
+			if ((st->mem_vb[k] = find_vb(st, &mv, r0, r1, 1)) < -1)
+				return SP_ENOMEM;
+			mv.grad = 1;
+			if (in->op == INS_BWD && (st->dmem_vb[k] = find_vb(st, &mv, r0, r1, 1)) < -1)
+				return SP_ENOMEM;
+		}
 		if (in->op == INS_SEND || in->op == INS_RECV) {
 			const sp_vref_t *r = in->op == INS_SEND ? &in->src : &in->dst;
 			int32_t seq, width;
@@ -479,8 +435,8 @@ static int alloc_all(rt_state_t *st)
 /* Whole layer records of held layer i (nw floats: w, then m, v when
  * present) to the rank's part: its shard of a tensor-parallel layer (in
  * out), or the record itself. Returns what to copy from. */
-static const float *own_part(const rt_state_t *st, int i, const float *whole, int64_t nw,
-			     int parts, float *out)
+const float *rt_own_part(const rt_state_t *st, int i, const float *whole, int64_t nw,
+			 int parts, float *out)
 {
 	const sp_param_t *pr = &st->held[i];
 	if (pr->tp <= 1)
@@ -501,7 +457,7 @@ static int init_params(rt_state_t *st)
 			return SP_ENOMEM;
 		/* the whole layer, as every plan initialises it, then the shard */
 		st->b->layer_init(host, &md->comps[st->held[i].comp], st->held[i].layer, st->o.seed);
-		const float *mine = own_part(st, i, host, nw, 1, host + nw);
+		const float *mine = rt_own_part(st, i, host, nw, 1, host + nw);
 		st->b->to_device(st->w + st->poff[i], mine, sizeof(float) * (size_t)st->pcount[i]);
 		free(host);
 	}
@@ -666,6 +622,49 @@ static int check_shards(rt_state_t *st)
 	return 0;
 }
 
+/* The first decoder MetaOp of p, or -1. */
+static int first_decoder(const sp_plan_t *p)
+{
+	for (int m = 0; m < p->n_metaops; m++)
+		if (p->metaops[m].shape.type == COMP_TRANSFORMER && p->metaops[m].shape.mem_seq > 0)
+			return m;
+	return -1;
+}
+
+int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fname,
+		     sp_err_t *err)
+{
+	int m = first_decoder(p);
+	if (m < 0 || (b->xblock_fwd && b->xblock_bwd))
+		return 0;
+	sp_err_set(err, SP_EINPUT, fname, 0, 0, NULL,
+		   "cross-attention is not built for the %s backend yet (metaop '%s' is a "
+		   "decoder)",
+		   b->name, p->metaops[m].name);
+	sp_err_hint(err, "run this plan with --backend cpu");
+	return err->code;
+}
+
+/*
+ * Decoders' slices are whole (tp 1): the cross-attention block is not
+ * split (SP_EINPUT with st->why). The memory's shapes against the model
+ * and the memory edges are the reader's (plan_check.c: chk_op_memory,
+ * chk_memory_edge); the transfers' sizes check_recvs'.
+ */
+static int check_decoders(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	for (int s = 0; s < p->n_slices; s++)
+		if (p->slices[s].tp > 1 && is_decoder(st, p->slices[s].metaop)) {
+			snprintf(st->why, sizeof st->why,
+				 "slice %d splits decoder metaop '%.120s' %d ways; cross-attention "
+				 "layers are not split",
+				 s, mop(st, p->slices[s].metaop)->name, p->slices[s].tp);
+			return SP_EINPUT;
+		}
+	return 0;
+}
+
 /* Devices of group r of slice s (t consecutive entries of its devices). */
 static const int32_t *tp_devs(const sp_plan_t *p, const sp_slice_t *s, int r)
 {
@@ -755,6 +754,13 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (!rc)
 		rc = check_shards(st);
 	if (!rc)
+		rc = check_decoders(st);
+	sp_err_t lacks = {0};
+	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
+		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
+		rc = SP_EINPUT;
+	}
+	if (!rc)
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
@@ -764,8 +770,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (c->ops->allsum(c, bad, 2))
 		bad[0] = 1;
 	if (bad[0] > 0) {
-		char why[160];
-		snprintf(why, sizeof why, "%s", st->why);
+		char why[sizeof st->why];
+		memcpy(why, st->why, sizeof why);
 		rt_free(st);
 		if (rc == SP_EINPUT && why[0])
 			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "rank %d: %s", c->rank,
@@ -845,6 +851,8 @@ void rt_free(rt_state_t *st)
 	free(st->saved_off);
 	free(st->stage_off);
 	free(st->fwd_of);
+	free(st->mem_vb);
+	free(st->dmem_vb);
 	free(st->pending);
 	free(st->pending_ins);
 	free(st->loss);
@@ -948,6 +956,7 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
+	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
 	int64_t so = sample_off(st, r.mo->task);
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
@@ -984,7 +993,10 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 			b->patch_fwd(&r.mo->shape, r.n, pw, feat, y, saved);
 			break;
 		}
-		case COMP_TRANSFORMER: rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, x, y, saved); break;
+		case COMP_TRANSFORMER:
+			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, x, mem, y, saved)
+				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, x, y, saved);
+			break;
 		case COMP_LINEAR: b->linear_fwd(&r.mo->shape, r.n, pw, x, y, saved); break;
 		default: break;
 		}
@@ -1007,6 +1019,9 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	float *bufs[2] = {st->work, st->work + st->ping_n};
 	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
 	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
+	/* a decoder: its memory, and the memory's gradient every layer adds to */
+	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
+	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -1018,8 +1033,11 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			 * (parameters change only at STEP), so the same saved
 			 * activations; its output goes to bufs[j % 2], free here: dy
 			 * is in the other buffer or a value, and dx is zeroed below */
-			if ((rc = b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
-						redo_buf(st))))
+			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, saved, mem, bufs[j % 2],
+						 redo_buf(st))
+				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
+						 redo_buf(st));
+			if (rc)
 				return rc;
 			saved = redo_buf(st);
 		}
@@ -1035,7 +1053,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
 		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
 		case COMP_TRANSFORMER:
-			rc = b->tblock_bwd(&r.mo->shape, tp, r.n, pw, saved, dy, dx, dp);
+			rc = mem ? b->xblock_bwd(&r.mo->shape, tp, r.n, pw, saved, mem, dy, dx, dmem, dp)
+				 : b->tblock_bwd(&r.mo->shape, tp, r.n, pw, saved, dy, dx, dp);
 			break;
 		case COMP_LINEAR: b->linear_bwd(&r.mo->shape, r.n, pw, saved, dy, dx, dp); break;
 		default: break;
@@ -1437,279 +1456,4 @@ const rt_event_t *rt_events(const rt_state_t *st, int *n)
 {
 	*n = st->n_ev;
 	return st->ev;
-}
-
-/* ---- parameters in and out ---- */
-
-/* The owner of shard j of a layer (the first device of the bucket that
- * holds it; j = 0 for a whole layer: the owner of the layer), or -1; *tp:
- * the layer's tensor-parallel degree. */
-static int owner_of(const rt_state_t *st, int comp, int layer, int j, int *tp)
-{
-	const sp_plan_t *p = st->p;
-	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; q < p->buckets[b].n_params; q++) {
-			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
-			if (pr->comp == comp && pr->layer == layer && pr->tp_rank == j) {
-				if (tp)
-					*tp = pr->tp;
-				return p->bucket_devs[p->buckets[b].dev_off];
-			}
-		}
-	return -1;
-}
-
-/* Polls req to completion; no timeout of its own (main.c's watchdog bounds
- * the checkpoint's collectives). */
-static int wait_plain(rt_comm_t *c, rt_req_t *req)
-{
-	for (int done = 0; !done;)
-		if (c->ops->test(c, req, &done))
-			return -1;
-	return 0;
-}
-
-/*
- * The AdamW state of every bucket of the rank, whole, on the host: hm and hv
- * hold n_w floats each, laid out like the weights. A zero-1 bucket's shards
- * are all-gathered over its group through a device buffer the size of the
- * largest such bucket, held only meanwhile (not in the memory categories):
- * collective over each zero-1 group, buckets in index order on every rank.
- */
-static int whole_state(const rt_state_t *st, float *hm, float *hv)
-{
-	const rt_backend_t *b = st->b;
-	int64_t big = 0;
-	for (int i = 0; i < st->n_mb; i++)
-		big = SP_MAX(big, st->mb[i].zero1 ? st->mb[i].n : 0);
-	float *tmp = big ? b->alloc(sizeof(float) * (size_t)big) : NULL;
-	int rc = big && !tmp ? SP_ENOMEM : 0;
-	for (int i = 0; i < st->n_mb && !rc; i++) {
-		const mybucket_t *mb = &st->mb[i];
-		for (int h = 0; h < 2 && !rc; h++) {
-			const float *dev = (h ? st->v : st->m) + mb->moff;
-			float *host = hm ? (h ? hv : hm) + mb->off : NULL; /* NULL: join only */
-			if (!mb->zero1) {
-				if (host)
-					b->to_host(host, dev, sizeof(float) * (size_t)mb->n);
-				continue;
-			}
-			rt_req_t r = {0};
-			b->copy_rows(tmp + (mb->soff - mb->off), mb->sn, dev, mb->sn, 1, mb->sn, 0);
-			b->sync();
-			if (st->c->ops->iallgather(st->c, tmp, mb->n, mb->group, &r) ||
-			    wait_plain(st->c, &r))
-				rc = SP_EIO;
-			else if (host)
-				b->to_host(host, tmp, sizeof(float) * (size_t)mb->n);
-		}
-	}
-	b->release(tmp);
-	return rc;
-}
-
-/*
- * The whole layers of the tensor-parallel layers the rank owns (it holds
- * shard 0): joined[i] = w, then m and v with adam (from hm, hv: the
- * whole-state host arrays of whole_state), each comp_layer_params floats,
- * from the rank's shard and the other shards' owners' (sent here point to
- * point, through a device buffer). Collective: every rank walks the
- * model's layers in order and sends or receives each shard in turn, also
- * when `failed` or after a failed transfer (then what it sends is zeros or
- * stale, and the caller's agreement discards the result; a rank without
- * its buffers cannot take part, and the watchdog ends its peers' wait).
- * Returns 0, SP_ENOMEM or SP_EIO (its own failures).
- */
-static int join_shards(const rt_state_t *st, int failed, int adam, const float *hm,
-		       const float *hv, float **joined)
-{
-	const sp_model_t *md = &st->p->model;
-	const rt_backend_t *b = st->b;
-	int parts = adam ? 3 : 1, rc = failed ? SP_ENOMEM : 0;
-	int64_t big = 0;
-	for (int i = 0; i < st->n_held; i++)
-		big = SP_MAX(big, st->pcount[i]);
-	float *dev = b->alloc(sizeof(float) * (size_t)SP_MAX(big * parts, 1));
-	float *host = calloc((size_t)SP_MAX(big * parts, 1), sizeof(float));
-	if (!dev || !host)
-		rc = SP_ENOMEM;
-	for (int c = 0; c < md->n_comps; c++)
-		for (int l = 0; l < comp_n_layers(&md->comps[c]); l++) {
-			int t = 1, o0 = owner_of(st, c, l, 0, &t);
-			if (t <= 1)
-				continue;
-			int i = st->slot[st->param_base[c] + l];
-			int64_t nw = comp_layer_params(&md->comps[c]);
-			int64_t ns = comp_layer_params_tp(&md->comps[c], t);
-			if (o0 == st->rank && i >= 0 && !rc &&
-			    !(joined[i] = malloc(sizeof(float) * (size_t)(nw * parts))))
-				rc = SP_ENOMEM;
-			for (int j = 0; j < t; j++) {
-				int oj = owner_of(st, c, l, j, NULL);
-				int send = oj == st->rank && o0 != st->rank, recv = o0 == st->rank && oj != st->rank;
-				if (!rc && oj == st->rank && i >= 0) { /* the rank's own shard */
-					b->to_host(host, st->w + st->poff[i], sizeof(float) * (size_t)ns);
-					for (int q = 1; q < parts; q++)
-						memcpy(host + q * ns, (q == 1 ? hm : hv) + st->poff[i],
-						       sizeof(float) * (size_t)ns);
-				}
-				if (send || recv) {
-					rt_req_t r = {0};
-					size_t bytes = sizeof(float) * (size_t)(ns * parts);
-					if (send && dev && host)
-						b->to_device(dev, host, bytes);
-					b->sync();
-					int bad = !dev || (send ? st->c->ops->isend(st->c, dev, bytes, o0, 0, &r)
-								: st->c->ops->irecv(st->c, dev, bytes, oj, 0, &r));
-					if (bad || wait_plain(st->c, &r))
-						rc = SP_EIO; /* the walk goes on: peers wait on it */
-					else if (recv && host)
-						b->to_host(host, dev, bytes);
-				}
-				if (!rc && o0 == st->rank && joined[i])
-					for (int q = 0; q < parts; q++)
-						layer_shard(&md->comps[c], t, j, joined[i] + q * nw,
-							    host + q * ns, 1);
-			}
-		}
-	b->release(dev);
-	free(host);
-	return rc;
-}
-
-int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes)
-{
-	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
-	size_t total = 0;
-	for (int i = 0; i < st->n_held; i++)
-		if (owner_of(st, st->held[i].comp, st->held[i].layer, 0, NULL) == st->rank)
-			total += 16 + sizeof(float) * (size_t)comp_layer_params(
-						       &st->p->model.comps[st->held[i].comp]) *
-					      (adam ? 3 : 1);
-	uint8_t *buf = malloc(total + 1);
-	float *hm = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
-	float *hv = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
-	int rc = !buf || (adam && (!hm || !hv)) ? SP_ENOMEM : 0;
-	/* every rank joins the gathers, whatever its own allocations did */
-	if (adam && (rc ? whole_state(st, NULL, NULL) : whole_state(st, hm, hv)))
-		rc = SP_ENOMEM;
-	float **joined = calloc((size_t)st->n_held + 1, sizeof(float *));
-	if (!joined)
-		rc = SP_ENOMEM;
-	int jr = join_shards(st, rc, adam, hm, hv, joined);
-	if (jr && !rc)
-		rc = jr;
-	if (rc) {
-		for (int i = 0; joined && i < st->n_held; i++)
-			free(joined[i]);
-		free(joined);
-		free(buf);
-		free(hm);
-		free(hv);
-		return rc;
-	}
-	size_t o = 0;
-	/* canonical order: by (comp, layer) */
-	for (int c = 0; c < st->p->model.n_comps; c++) {
-		for (int l = 0; l < comp_n_layers(&st->p->model.comps[c]); l++) {
-			int i = st->slot[st->param_base[c] + l];
-			if (i < 0 || owner_of(st, c, l, 0, NULL) != st->rank)
-				continue;
-			int32_t hdr[2] = {c, l};
-			int64_t cnt = comp_layer_params(&st->p->model.comps[c]);
-			memcpy(buf + o, hdr, 8);
-			memcpy(buf + o + 8, &cnt, 8);
-			o += 16;
-			size_t fb = sizeof(float) * (size_t)cnt;
-			if (joined[i]) { /* w, m, v of the whole layer */
-				memcpy(buf + o, joined[i], fb * (adam ? 3 : 1));
-				o += fb * (adam ? 3 : 1);
-				continue;
-			}
-			st->b->to_host(buf + o, st->w + st->poff[i], fb);
-			o += fb;
-			if (adam) {
-				memcpy(buf + o, hm + st->poff[i], fb);
-				o += fb;
-				memcpy(buf + o, hv + st->poff[i], fb);
-				o += fb;
-			}
-		}
-	}
-	for (int i = 0; i < st->n_held; i++)
-		free(joined[i]);
-	free(joined);
-	free(hm);
-	free(hv);
-	*out = buf;
-	*bytes = o;
-	return 0;
-}
-
-/* Held layer i's AdamW state from whole host arrays m and v: the part the
- * rank owns (its bucket's shard under zero-1, all of it when replicated). */
-static void unpack_state(rt_state_t *st, int i, const uint8_t *m, const uint8_t *v)
-{
-	for (int q = 0; q < st->n_mb; q++) {
-		const mybucket_t *mb = &st->mb[q];
-		int64_t lo = SP_MAX(st->poff[i], mb->soff);
-		int64_t hi = SP_MIN(st->poff[i] + st->pcount[i], mb->soff + mb->sn);
-		if (hi <= lo)
-			continue;
-		size_t at = sizeof(float) * (size_t)(lo - st->poff[i]);
-		size_t len = sizeof(float) * (size_t)(hi - lo);
-		int64_t to = mb->moff + (lo - mb->soff);
-		st->b->to_device(st->m + to, m + at, len);
-		st->b->to_device(st->v + to, v + at, len);
-	}
-}
-
-int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_err_t *err)
-{
-	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
-	const uint8_t *buf = data;
-	size_t o = 0;
-	int loaded = 0;
-	while (o + 16 <= bytes) {
-		int32_t hdr[2];
-		int64_t cnt;
-		memcpy(hdr, buf + o, 8);
-		memcpy(&cnt, buf + o + 8, 8);
-		o += 16;
-		if (hdr[0] < 0 || hdr[0] >= st->p->model.n_comps || cnt < 0 ||
-		    cnt != comp_layer_params(&st->p->model.comps[hdr[0]]))
-			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-					  "parameter record does not match the model");
-		size_t fb = sizeof(float) * (size_t)cnt * (adam ? 3 : 1);
-		if (o + fb > bytes)
-			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-					  "parameter record is truncated");
-		int nl = comp_n_layers(&st->p->model.comps[hdr[0]]);
-		int i = hdr[1] >= 0 && hdr[1] < nl ? st->slot[st->param_base[hdr[0]] + hdr[1]] : -1;
-		if (i >= 0) {
-			/* the rank's shard of each of w, m, v (a tensor-parallel layer) */
-			int parts = adam ? 3 : 1;
-			float *cut = st->held[i].tp > 1
-					     ? malloc(sizeof(float) * (size_t)(st->pcount[i] * parts))
-					     : NULL;
-			if (st->held[i].tp > 1 && !cut)
-				return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-			const float *mine = own_part(st, i, (const float *)(const void *)(buf + o), cnt,
-						     parts, cut);
-			int64_t per = st->held[i].tp > 1 ? st->pcount[i] : cnt;
-			size_t one = sizeof(float) * (size_t)per;
-			st->b->to_device(st->w + st->poff[i], mine, one);
-			if (adam)
-				unpack_state(st, i, (const uint8_t *)(mine + per),
-					     (const uint8_t *)(mine + 2 * per));
-			free(cut);
-			loaded++;
-		}
-		o += fb;
-	}
-	if (loaded != st->n_held)
-		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-				  "rank %d: %d of its %d parameter layers were found", st->rank,
-				  loaded, st->n_held);
-	return 0;
 }

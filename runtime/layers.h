@@ -143,9 +143,10 @@ typedef struct {
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
 /*
- * Cross-attention decoder block (layers_xattn.c; not in the backend
- * tables or interp.c yet): self-attention as in the transformer block
- * (pre-LN, causal when s->causal), x_mid = x + attn(LN1(x)) Wo + bo; then
+ * Cross-attention decoder block (layers_xattn.c; the CPU backend's
+ * xblock_fwd/xblock_bwd, which interp.c runs for decoder slices):
+ * self-attention as in the transformer block (pre-LN, causal when
+ * s->causal), x_mid = x + attn(LN1(x)) Wo + bo; then
  *   x_c = x_mid + attn(Q = LN_c(x_mid) Wq + bq, [K V] = memory Wkv + bkv) Woc + boc
  * (queries [s,h] from the decoder stream, keys and values [m,h] from the
  * memory [m,W], m = s->mem_seq, W = s->mem_width, no mask, same heads);

@@ -7,10 +7,10 @@
  * cross-attention sublayer between them and the memory's gradient.
  *
  * What it does not do yet: split (tensor parallelism: tp with t != 1 is
- * refused), or run inside spindle-run. It is in no backend table and
- * interp.c does not call it; that wiring comes with the planner's support
- * for cross-attention models (planner/graph.c still refuses them). Its
- * callers today are the unit tests (tests/unit/test_layers_xattn.c).
+ * refused). It is the CPU backend's xblock_fwd/xblock_bwd, which
+ * interp.c calls for decoder slices; the CUDA backend has none yet (a plan
+ * with decoders is refused there). Tested by finite differences in
+ * tests/unit/test_layers_xattn.c.
  */
 #include "layers.h"
 #include "layers_impl.h"

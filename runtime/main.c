@@ -177,7 +177,8 @@ static void usage(FILE *f)
 		"  --init FILE          start from the parameters in a safetensors file whose\n"
 		"                       tensors are named component.layer.tensor (layer 0\n"
 		"                       but for transformers; tensor names as in\n"
-		"                       runtime/layers.h, e.g. vision.3.w_qkv, text.0.tok);\n"
+		"                       runtime/layers.h, e.g. vision.3.w_qkv, text.0.tok,\n"
+		"                       a decoder's dec.0.w_kv);\n"
 		"                       F32, BF16 or F16; every shape is checked\n"
 		"  --init-map MAP.json  rename the file's tensors first: {\"their.name\":\n"
 		"                       \"component.layer.tensor\", ...}; null skips one\n"
@@ -495,6 +496,9 @@ static int check_alone(run_t *r)
 				    r->plan.n_devices, o->plan_path);
 		return 2;
 	}
+	/* before attaching: a plan the backend cannot run needs no device */
+	if (rt_check_backend(&r->plan, backend_find(o->backend), o->plan_path, &r->err))
+		return 2;
 	int pre = start_backend(r);
 	if (pre)
 		return pre;

@@ -136,6 +136,10 @@ typedef struct rt_backend {
 	rt_adamw_step_fn_t *adamw_step;
 	rt_sgd_step_fn_t *sgd_step;
 	rt_layer_init_fn_t *layer_init;
+	/* the cross-attention decoder block (layers.h); NULL where it is not
+	 * built yet (cuda): rt_check_backend refuses a plan with decoders */
+	rt_xblock_fwd_fn_t *xblock_fwd;
+	rt_xblock_bwd_fn_t *xblock_bwd;
 	/* waits for queued device work (no-op on the CPU) */
 	rt_sync_fn_t *sync;
 } rt_backend_t;
@@ -243,7 +247,15 @@ typedef struct {
 	const rt_dataset_t *data; /* NULL: synthetic data */
 } rt_opts_t;
 
-/* Builds parameters and buffers of this rank for plan p. */
+/*
+ * Whether backend b has every layer plan p runs: SP_EINPUT about fname
+ * when p has a cross-attention decoder (a MetaOp with a memory) and b no
+ * cross-attention block. Needs no device: main.c asks before attaching.
+ */
+int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fname,
+		     sp_err_t *err);
+/* Builds parameters and buffers of this rank for plan p (rt_check_backend
+ * included). */
 int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
 	      const rt_opts_t *o, sp_err_t *err);
 void rt_free(rt_state_t *st);

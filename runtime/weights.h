@@ -6,7 +6,8 @@
  *
  * Names: "<component>.<layer>.<tensor>", the component's name in the model,
  * the layer (0 for every component but a transformer), the tensor's name in
- * layers.h's table (layer_tensors), e.g. "vision.3.w_qkv", "text_emb.0.tok".
+ * layers.h's table (layer_tensors), e.g. "vision.3.w_qkv", "text_emb.0.tok",
+ * a cross-attention decoder's "dec.0.w_kv".
  * Shapes are layers.h's: [rows] for vectors, else [rows, cols], row-major.
  * Contrastive losses have no parameters; a component no task uses is
  * neither exported nor required (its tensors in a file are checked and

@@ -18,7 +18,15 @@ code (struct and json only):
     at all each stop the run with exit status 2 before step 1, one message
     naming the file and the tensor (2 ranks: reported once);
   * a plan with a component no task uses (issue 19 item 7) trains, saves a
-    checkpoint without it, resumes from it, and exports without it.
+    checkpoint without it, resumes from it, and exports without it;
+  * a model with a cross-attention decoder (issue 20; equivalence.py's
+    random workload 1 with its encoder-decoder task, memory width 12 on a
+    hidden of 8): the export holds each decoder layer's cross-attention
+    tensors (lnc_g, lnc_b, w_q, b_q, w_kv [W, 2h], b_kv, w_oc, b_oc) with
+    layers.h's shapes, its data is the run's --dump-params; --init of it
+    then --export on another plan gives it back byte for byte; the
+    checkpoint saved with it (2 ranks) holds them with their AdamW state,
+    and loaded on 1 rank exports the same bytes.
 """
 import json
 import math
@@ -246,6 +254,45 @@ def unused_component(F, tmp):
     F.check(r.rc == 0, "... and its export loads back", r.describe())
 
 
+def decoder(F, tmp):
+    model = R.equivalence.random_workload(1, optimizer=R.ADAMW, with_decoder=True)
+    dec = model["components"]["xdec"]
+    h, w, f = dec["hidden"], dec.get("memory_width", dec["hidden"]), dec["ffn"]
+    p1, p2 = R.make_plan(tmp, model, "xd", 1), R.make_plan(tmp, model, "xd", 2)
+    a, dump = os.path.join(tmp, "xd-a.safetensors"), os.path.join(tmp, "xd-a.dump")
+    ck = os.path.join(tmp, "ck-xd")
+    r = R.run(p2, 2, "--quiet", "--steps", 2, "--export", a, "--dump-params", dump,
+              "--save", ck)
+    if not F.check(r.rc == 0, "decoder model: 2 ranks train, export and save", r.describe()):
+        return
+    _, ta, ha = tensors(a)
+    want = {"ln1_g": [h], "w_qkv": [h, 3 * h], "w_2": [f, h], "lnc_g": [h], "lnc_b": [h],
+            "w_q": [h, h], "b_q": [h], "w_kv": [w, 2 * h], "b_kv": [2 * h],
+            "w_oc": [h, h], "b_oc": [h]}
+    got = {k: ta.get(f"xdec.{ly}.{k}", (None, None))[1]
+           for ly in range(dec["layers"]) for k in want}
+    F.check(all(ta.get(f"xdec.{ly}.{k}", (None, None))[1] == s
+                for ly in range(dec["layers"]) for k, s in want.items())
+            and len([k for k in ta if k.startswith("xdec.0.")]) == 20,
+            f"decoder export: the 20 tensors of each of {dec['layers']} layer(s), "
+            f"cross-attention ones with W = {w}, h = {h}", repr(got))
+    F.check(data_in_order(ha, ta) == dump_bytes(dump),
+            "... its data is the run's --dump-params, bit for bit")
+    b = os.path.join(tmp, "xd-b.safetensors")
+    r = R.run(p1, 1, "--quiet", "--steps", 0, "--init", a, "--export", b)
+    if F.check(r.rc == 0, "decoder: --init of the 2-rank export on 1 rank", r.describe()):
+        F.check(tensors(b)[1] == ta, "... exports the same tensors byte for byte")
+    header, _ = R.read_safetensors(os.path.join(R.latest_snapshot(ck), "xdec.safetensors"))
+    F.check(all(f"l0.{k}{s}" in header for k in ("w_kv", "b_oc", "lnc_g")
+                for s in ("", ".adam_m", ".adam_v")),
+            "decoder checkpoint: xdec.safetensors holds the cross-attention tensors and "
+            "their AdamW state", repr(sorted(header)[:8]))
+    c = os.path.join(tmp, "xd-c.safetensors")
+    r = R.run(p1, 1, "--quiet", "--steps", 0, "--load", ck, "--export", c)
+    if F.check(r.rc == 0, "decoder: the 2-rank checkpoint loads on 1 rank", r.describe()):
+        F.check(tensors(c)[1] == ta, "... and exports the same tensors byte for byte")
+
+
 def main():
     F = R.Failures()
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,6 +304,7 @@ def main():
         bad_files(F, tmp, p1, p2, a, ta, their, their_map)
         bad_export(F, tmp, p1)
         unused_component(F, tmp)
+        decoder(F, tmp)
     return F.exit()
 
 

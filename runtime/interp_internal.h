@@ -1,0 +1,103 @@
+/*
+ * interp_internal.h — what interp.c (executing programs) and pack.c
+ * (parameters in and out of a rank's state) share: the rank's state and
+ * its parts. Private to those two files; runtime.h is the interface.
+ */
+#ifndef SPINDLE_INTERP_INTERNAL_H
+#define SPINDLE_INTERP_INTERNAL_H
+
+#include "layers.h"
+#include "runtime.h"
+
+/* A value buffer: act or grad (g) of MetaOp m at boundary l (-1: the
+ * memory of a cross-attention MetaOp), rows [lo, hi) of the task's batch,
+ * each [seq, width], at floats off of the values allocation. */
+typedef struct {
+	int32_t m, l, g;
+	int32_t lo, hi, seq, width;
+	int64_t off;
+} vbuf_t;
+
+typedef struct {
+	int bucket, group;
+	int64_t off, n;   /* float range in the weights and gradients */
+	int zero1;        /* layout: the optimizer state is sharded */
+	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
+	int64_t moff;     /* where the owned range starts in m and v */
+	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
+} mybucket_t;
+
+struct rt_state {
+	const sp_plan_t *p;
+	const rt_backend_t *b;
+	rt_comm_t *c;
+	rt_opts_t o;
+	int rank;
+	const sp_device_t *dev;
+	const sp_ins_t *prog;
+	int n_ins;
+	/* parameters */
+	int n_params_total; /* (comp, layer) slots in the model */
+	int *param_base;    /* per component */
+	int *slot;          /* (comp, layer) slot -> index in held order, or -1 */
+	sp_param_t *held;
+	int n_held;
+	int64_t *poff, *pcount;
+	float *w, *g, *m, *v;
+	int64_t n_w, n_opt; /* floats in w and g; in m and v */
+	mybucket_t *mb;
+	int n_mb;
+	int *step_order; /* mb indices in the order of their SYNCs */
+	/* values and saved activations */
+	vbuf_t *vb;
+	int nvb;
+	int *src_vb, *dst_vb; /* per instruction */
+	/* per FWD and BWD of a decoder slice: act(m, -1), its memory, and
+	 * (BWD) grad(m, -1), which its layers add into; -1 elsewhere */
+	int *mem_vb, *dmem_vb;
+	float *vals;
+	int64_t vals_n;
+	int64_t *saved_off; /* per instruction, floats into saved; -1 if none */
+	int *fwd_of;        /* per BWD instruction: its FWD's index */
+	float *saved;
+	int64_t saved_n;
+	int64_t *stage_off; /* per SEND: floats into stage */
+	float *stage, *rstage;
+	int64_t stage_n, rstage_n;
+	/* workspace */
+	float *work;
+	int64_t ping_n, loss_n, feat_n, redo_n, work_n;
+	int32_t *ints_dev, *ints_host;
+	float *feat_host;
+	int64_t ints_n;
+	/* per step */
+	rt_req_t *pending;
+	int *pending_ins;
+	int n_pending, cap_pending;
+	double *loss;
+	rt_event_t *ev;
+	int n_ev, cap_ev;
+	double t_origin;
+	double tp_ms; /* the running instruction's time in tp_allreduce */
+	int micro; /* the micro-step running (0 outside rt_step) */
+	int *tp_group; /* per slice: the comm group of the rank's TP group, or -1 */
+	int *tp_rank;  /* per slice: the rank's member index in it */
+	char why[480]; /* what set-up found wrong with the plan, when it says */
+	int64_t mem[MEM__COUNT];
+};
+
+/* Layers of a component that carry parameters: a transformer's, else one. */
+static inline int comp_n_layers(const sp_component_t *c)
+{
+	return c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
+}
+
+/* ---- interp.c ---------------------------------------------------------- */
+
+/* Whole layer records of held layer i (nw floats: w, then m, v when
+ * present) to the rank's part: its shard of a tensor-parallel layer (in
+ * out), or the record itself. Returns what to copy from. */
+const float *rt_own_part(const rt_state_t *st, int i, const float *whole, int64_t nw, int parts,
+			 float *out);
+
+#endif

@@ -47,6 +47,16 @@
  *    the same form).
  *  Backward uses the backward FLOPs and twice the bytes.
  *
+ * A decoder layer (cross-attention, shape mem_seq m > 0, memory width w)
+ * adds its cross block everywhere above: FLOPs and saved elements are
+ * arith.c's (with the cross terms), its parameters count in the weights'
+ * bytes, its products are the query and output projections (b s x h x h),
+ * the memory's key and value projection (b m x 2h x w; backward also the
+ * gradient into the memory) and per (sample, head) S = Q K^T (s x m x d),
+ * P V (s x d x m), and it adds XATTN_LAUNCHES kernels. A profiled decoder
+ * shape matches on mem_seq and mem_width too (opshape_equal). Decoders
+ * are never split (shape_tp_ok).
+ *
  * The contrastive loss does not scale: every device of its slice computes
  * the whole B x B similarity of its task, so its time is T(1) for all n.
  *
@@ -143,6 +153,21 @@ static const launches_t LAUNCHES[COMP__COUNT] = {
 	[COMP_CONTRASTIVE] = {14, 0, 0, 0},
 };
 
+/*
+ * A decoder's cross block per layer and pass. The CUDA backend has no
+ * cross-attention kernel yet (issue #20), so these are not counted from
+ * its sources: they are the launches a block built like cu_tblock's
+ * attention half would issue. Forward: LN_c, the query bias fill and
+ * product, the key/value bias fill and product over the memory, the
+ * softmax, the residual-and-bias add, the output product (8), and per
+ * head loop S = Q K^T and P V (2). Backward: LN_c with its parameter
+ * gradients (4), the output, query and key/value linear backwards (bf16
+ * copy, dW, two column-sum kernels, dX: 5 each), the softmax backward, the
+ * memory's gradient added into grad(c, -1): 21; per head loop dP, dV, dQ,
+ * dK (4).
+ */
+static const launches_t XATTN_LAUNCHES = {8, 2, 21, 4};
+
 /* runtime/interp.c's launches beside the layer function (see above) */
 static int interp_extra(sp_comp_type_t t, int bwd)
 {
@@ -162,9 +187,13 @@ static int interp_extra(sp_comp_type_t t, int bwd)
  * "Overview of NCCL"). */
 static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 {
-	const launches_t *l = &LAUNCHES[s->type];
+	const launches_t *l = &LAUNCHES[s->type], *x = &XATTN_LAUNCHES;
 	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1) / t);
-	return interp_extra(s->type, bwd) + (t > 1 ? TP_ALLREDUCES : 0) +
+	int64_t cross = s->type == COMP_TRANSFORMER && s->mem_seq > 0
+				? (bwd ? x->bwd + heads * x->bwd_per_head
+				       : x->fwd + heads * x->fwd_per_head)
+				: 0;
+	return interp_extra(s->type, bwd) + (t > 1 ? TP_ALLREDUCES : 0) + cross +
 	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
 
@@ -236,6 +265,20 @@ static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 			G(sq, dh, sq, batch, calls);
 			G(sq, dh, sq, batch, calls);
 		}
+		if (s->mem_seq > 0) { /* the cross block (never split: t = 1) */
+			double mk = (double)s->mem_seq, w = (double)s->mem_width;
+			PROD(T, h, h, 1);                  /* query */
+			PROD((double)b * mk, 2 * h, w, 1); /* key, value of the memory */
+			PROD(T, h, h, 1);                  /* output projection */
+			/* S = Q K^T, P V; backward dP = dO V^T, dQ = dS K (their
+			 * sizes) and dV = P^T dO, dK = dS^T Q */
+			G(sq, mk, dh, batch, calls);
+			G(sq, dh, mk, batch, calls);
+			if (bwd) {
+				G(mk, dh, sq, batch, calls);
+				G(mk, dh, sq, batch, calls);
+			}
+		}
 		break;
 	}
 	default: break;
@@ -272,7 +315,9 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t,
 	double wbytes = (double)comp_layer_params_tp(&pl->model->comps[n->comp], t) * db;
 	if (m->shape.type == COMP_EMBEDDING)
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
-	double abytes = (double)b * (double)op_saved_elems_tp(&m->shape, m->batch, t) * db * 2.0;
+	double saved = t == 1 ? (double)op_saved_elems(&m->shape, m->batch) /* a decoder's cross block too */
+			      : (double)op_saved_elems_tp(&m->shape, m->batch, t);
+	double abytes = (double)b * saved * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
 	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9) * 1e3;
 	if (c->sm_count > 0) {
@@ -333,7 +378,7 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 {
 	const metaop_t *m = &pl->mops[mi];
 	if (t <= 1 || local < 1 || !m->scales ||
-	    !tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t)) {
+	    !shape_tp_ok(&m->shape, t)) {
 		cost_layer(pl, mi, local, fwd, bwd);
 		return;
 	}
@@ -354,7 +399,7 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 }
 
 /*
- * The degrees m may take: t = 1, and with a transformer shape that tp_ok
+ * The degrees m may take: t = 1, and with a transformer shape that shape_tp_ok
  * allows, the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
  * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
@@ -366,7 +411,7 @@ static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX]
 	out[k++] = 1;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
-		    tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t))
+		    shape_tp_ok(&m->shape, t))
 			out[k++] = t;
 	return k;
 }

@@ -9,8 +9,8 @@
  * It prints what cost.c computes and nothing else: it builds the MetaOps
  * and their costs (graph.c, cost.c) and plans nothing. Output is
  * deterministic: MetaOps in the planner's order (topological inside each
- * task, tasks in model order), predecessors in input order, times in ms
- * with a fixed 9 decimals.
+ * task, tasks in model order), predecessors in input order (a decoder's
+ * memory apart, as "memory"), times in ms with a fixed 9 decimals.
  */
 #include "planner.h"
 
@@ -38,6 +38,9 @@ static void print_shape(FILE *f, const sp_opshape_t *s)
 			fprintf(f, ", \"%s\": %lld", k[i].key, (long long)k[i].v);
 	if (s->type == COMP_TRANSFORMER)
 		fprintf(f, ", \"causal\": %s", s->causal ? "true" : "false");
+	if (s->mem_seq > 0)
+		fprintf(f, ", \"mem_seq\": %lld, \"mem_width\": %lld", (long long)s->mem_seq,
+			(long long)s->mem_width);
 	fprintf(f, "}");
 }
 
@@ -61,11 +64,19 @@ static void print_metaop(FILE *f, const planner_t *pl, int k)
 	sp_json_str(f, md->tasks[m->task].name);
 	fprintf(f, ", \"layers\": %d, \"batch\": %lld, \"predecessors\": [", m->n_layers,
 		(long long)m->batch);
-	for (int e = 0; e < m->n_pred; e++) {
-		fprintf(f, "%s", e ? ", " : "");
+	for (int e = 0, k = 0; e < m->n_pred; e++) {
+		if (pl->edges[m->pred[e]].memory)
+			continue;
+		fprintf(f, "%s", k++ ? ", " : "");
 		sp_json_str(f, pl->mops[pl->edges[m->pred[e]].src].name);
 	}
-	fprintf(f, "],\n     \"scales\": %s, \"profiled\": %s, \"shape\": ",
+	fprintf(f, "]");
+	for (int e = 0; e < m->n_pred; e++)
+		if (pl->edges[m->pred[e]].memory) {
+			fprintf(f, ", \"memory\": ");
+			sp_json_str(f, pl->mops[pl->edges[m->pred[e]].src].name);
+		}
+	fprintf(f, ",\n     \"scales\": %s, \"profiled\": %s, \"shape\": ",
 		m->scales ? "true" : "false", m->profiled ? "true" : "false");
 	print_shape(f, &m->shape);
 	fprintf(f, ",\n     \"params_per_layer\": %lld, \"state_bytes_per_layer\": %lld, "

@@ -11,6 +11,15 @@
  * a component used by several nodes keeps one parameter set (the runtime
  * sums its gradients over all uses).
  *
+ * Cross-attention (a decoder, issue #20). A decoder node's memory is a
+ * dependency like an input: the topological order puts it first. A chain
+ * never continues past a node that is some node's memory (the memory is
+ * act(p, L_p), the output of its MetaOp p), and joins two decoder nodes
+ * only when they attend to the same memory (shapes already separate
+ * decoders from other transformers: mem_seq, mem_width). Each decoder
+ * MetaOp c gets, after its input edges, one memory edge {p, c, 0, mem_seq,
+ * memory = 1}; levels and adjacency count it like any edge.
+ *
  * Needs: a validated model. Leaves: pl->mops, pl->ops, pl->edges, pl->topo,
  * levels. Consumers that read token 0 only (classifier, contrastive) take
  * one token per input, so only that token is ever transferred.
@@ -19,7 +28,23 @@
 
 #include <string.h>
 
-static int topo_nodes(sp_arena_t *a, const sp_task_t *t, int *order)
+/* The memory node of node n of t (cross-attention), or -1. */
+static int memory_of(const sp_model_t *m, const sp_node_t *n)
+{
+	return m->comps[n->comp].cross_attention ? n->memory : -1;
+}
+
+/* 1 when node i of t is some node's memory. */
+static int is_memory(const sp_model_t *m, const sp_task_t *t, int i)
+{
+	for (int j = 0; j < t->n_nodes; j++)
+		if (memory_of(m, &t->nodes[j]) == i)
+			return 1;
+	return 0;
+}
+
+/* Nodes in a topological order of inputs and memories. */
+static int topo_nodes(sp_arena_t *a, const sp_model_t *m, const sp_task_t *t, int *order)
 {
 	/* Kahn's algorithm in node order for determinism */
 	int n = t->n_nodes, k = 0;
@@ -27,7 +52,7 @@ static int topo_nodes(sp_arena_t *a, const sp_task_t *t, int *order)
 	if (!indeg)
 		return SP_ENOMEM;
 	for (int i = 0; i < n; i++)
-		indeg[i] = t->nodes[i].n_inputs;
+		indeg[i] = t->nodes[i].n_inputs + (memory_of(m, &t->nodes[i]) >= 0);
 	while (k < n) {
 		int pick = -1;
 		for (int i = 0; i < n && pick < 0; i++)
@@ -37,10 +62,13 @@ static int topo_nodes(sp_arena_t *a, const sp_task_t *t, int *order)
 			break; /* cannot happen: the loader rejected cycles */
 		indeg[pick] = -1;
 		order[k++] = pick;
-		for (int j = 0; j < n; j++)
+		for (int j = 0; j < n; j++) {
 			for (int q = 0; q < t->nodes[j].n_inputs; q++)
 				if (t->nodes[j].inputs[q] == pick)
 					indeg[j]--;
+			if (memory_of(m, &t->nodes[j]) == pick)
+				indeg[j]--;
+		}
 	}
 	return k == n ? 0 : SP_EINTERNAL;
 }
@@ -68,7 +96,7 @@ static int graph_alloc(planner_t *pl, int **mop_of)
 			const sp_node_t *n = &m->tasks[t].nodes[i];
 			total_nodes++;
 			total_ops += n->layer_to - n->layer_from;
-			max_edges += n->n_inputs;
+			max_edges += n->n_inputs + (memory_of(m, n) >= 0);
 		}
 	*mop_of = sp_arena_calloc(&pl->scratch, (size_t)total_nodes + 1, sizeof(int));
 	pl->mops = sp_arena_calloc(&pl->arena, (size_t)total_nodes, sizeof(metaop_t));
@@ -80,7 +108,9 @@ static int graph_alloc(planner_t *pl, int **mop_of)
 }
 
 /* A new MetaOp headed by node i of task ti, followed along its chain while
- * the contraction rule allows; its operators are contiguous. */
+ * the contraction rule allows (and neither a memory ends the chain nor
+ * two decoders attend to different memories); its operators are
+ * contiguous. */
 static void contract_chain(planner_t *pl, int ti, int i, int *mop_of)
 {
 	const sp_model_t *m = pl->model;
@@ -102,10 +132,11 @@ static void contract_chain(planner_t *pl, int ti, int i, int *mop_of)
 		mo->n_layers += cn->layer_to - cn->layer_from;
 		mop_of[cur] = pl->n_mops;
 		int next = -1;
-		if (consumers(t, cur, &next) != 1 || t->nodes[next].n_inputs != 1)
+		if (consumers(t, cur, &next) != 1 || t->nodes[next].n_inputs != 1 ||
+		    is_memory(m, t, cur))
 			break;
 		sp_opshape_t ns = op_shape(m, t, &t->nodes[next]);
-		if (!opshape_equal(&sh, &ns))
+		if (!opshape_equal(&sh, &ns) || memory_of(m, cn) != memory_of(m, &t->nodes[next]))
 			break;
 		size_t len = strlen(mo->name);
 		const char *dots = strstr(mo->name, "..");
@@ -127,7 +158,7 @@ static int graph_contract(planner_t *pl, int *mop_of)
 		int *order = sp_arena_calloc(&pl->scratch, (size_t)t->n_nodes + 1, sizeof(int));
 		if (!order)
 			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-		if (topo_nodes(&pl->scratch, t, order))
+		if (topo_nodes(&pl->scratch, m, t, order))
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 					  "graph: task '%s' is not acyclic", t->name);
 		for (int k = 0; k < t->n_nodes; k++)
@@ -139,7 +170,8 @@ static int graph_contract(planner_t *pl, int *mop_of)
 	return 0;
 }
 
-/* Shapes of values and edges: each MetaOp's head node's inputs in order. */
+/* Shapes of values and edges: each MetaOp's head node's inputs in order,
+ * then a decoder's memory edge (act(p, L_p) -> act(c, -1)). */
 static void graph_edges(planner_t *pl, const int *mop_of)
 {
 	const sp_model_t *m = pl->model;
@@ -162,6 +194,9 @@ static void graph_edges(planner_t *pl, const int *mop_of)
 				off += len;
 				mo->width_in = (int)comp_out_width(&m->comps[src->comp]);
 			}
+			if (memory_of(m, n) >= 0)
+				pl->edges[pl->n_edges++] = (sp_edge_t){
+					mop_of[base + n->memory], mi, 0, (int)mo->shape.mem_seq, 1};
 			mo->seq_in = mo->source ? (int)n->seq : off;
 			if (mo->source)
 				mo->width_in = 0;
@@ -223,34 +258,12 @@ static int graph_levels(planner_t *pl)
 	return 0;
 }
 
-/* Cross-attention (a decoder's memory input) is loaded and inspected but
- * not contracted, costed or scheduled yet (issue #20): refused here, the
- * one place every planning path passes. */
-static int graph_refuse_memory(planner_t *pl)
-{
-	const sp_model_t *m = pl->model;
-	for (int ti = 0; ti < m->n_tasks; ti++)
-		for (int i = 0; i < m->tasks[ti].n_nodes; i++) {
-			const sp_node_t *n = &m->tasks[ti].nodes[i];
-			if (!m->comps[n->comp].cross_attention)
-				continue;
-			sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
-				   "cross-attention (decoder with a memory input) is not "
-				   "planned yet: see issue #20");
-			sp_err_hint(pl->err, "node '%s' of task '%s' attends to memory '%s'; "
-					     "--inspect shows its arithmetic",
-				    n->id, m->tasks[ti].name, m->tasks[ti].nodes[n->memory].id);
-			return SP_EINPUT;
-		}
-	return 0;
-}
-
 /* Temporaries in pl->scratch (this call's scope); results in pl->arena. */
 int graph_build(planner_t *pl)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int *mop_of = NULL, rc;
-	if (!(rc = graph_refuse_memory(pl)) && !(rc = graph_alloc(pl, &mop_of)) && !(rc = graph_contract(pl, mop_of))) {
+	if (!(rc = graph_alloc(pl, &mop_of)) && !(rc = graph_contract(pl, mop_of))) {
 		graph_edges(pl, mop_of);
 		if (!(rc = graph_adjacency(pl)))
 			rc = graph_levels(pl);

@@ -16,8 +16,20 @@
  * then their SENDs, so the group's compute (a rendezvous: its all-reduces)
  * is one step of the global sequence and the "RECV after SEND" argument
  * still rules out deadlock.
+ *
+ * Memory (a decoder MetaOp c, issue #20). Every slice of c reads act(c, -1)
+ * and adds into grad(c, -1). Per device holding slots of c, the union of
+ * their sample ranges (maximal intervals) moves once: act(p, L_p) of the
+ * memory's producer p into act(c, -1) at the device's first slot of c
+ * (RECVs before its first FWD, or COPY where p's slot is local), from p's
+ * last slice split over its slots like an ordinary input (one member of a
+ * tensor-parallel group sends); and grad(c, -1) back into grad(p, L_p)
+ * from that same slot, so after the device's last BWD of c (backward runs
+ * in reverse), to every member of p's slots (added on receipt).
  */
 #include "lower.h"
+
+#include <stdlib.h>
 
 static int slice_tp(const lstate_t *st, int slice)
 {
@@ -91,6 +103,8 @@ static int collect_xfers(lstate_t *st, int i)
 		int nin = c->lf > 0 ? 1 : mo->n_pred;
 		for (int q = 0; q < nin; q++) {
 			int p, src_m, src_l, off, len;
+			if (c->lf == 0 && pl->edges[mo->pred[q]].memory)
+				continue; /* collect_memory's */
 			if (c->lf > 0) {
 				p = st->prev[i];
 				src_m = c->metaop;
@@ -130,6 +144,98 @@ static int collect_xfers(lstate_t *st, int i)
 						return SP_ENOMEM;
 				}
 			}
+		}
+	}
+	return 0;
+}
+
+/* ---- a decoder's memory ---- */
+
+typedef struct {
+	int32_t s0, s1;
+} range_t;
+
+static int cmp_range(const void *a, const void *b)
+{
+	const range_t *x = a, *y = b;
+	return x->s0 != y->s0 ? (x->s0 > y->s0) - (x->s0 < y->s0) : (x->s1 > y->s1) - (x->s1 < y->s1);
+}
+
+/* Ranges r[0..n) merged in place into maximal intervals; their count. */
+static int range_union(range_t *r, int n)
+{
+	int k = 0;
+	qsort(r, (size_t)n, sizeof *r, cmp_range);
+	for (int i = 0; i < n; i++) {
+		if (k > 0 && r[i].s0 <= r[k - 1].s1)
+			r[k - 1].s1 = SP_MAX(r[k - 1].s1, r[i].s1);
+		else
+			r[k++] = r[i];
+	}
+	return k;
+}
+
+/* Memory transfers of decoder MetaOp c over interval u of device slot
+ * (fs, fj): act(p, L_p) from p's last slice in, grad(c, -1) back. */
+static int memory_xfers(lstate_t *st, int c, const sp_edge_t *e, int fs, int fj, range_t u)
+{
+	const planner_t *pl = st->pl;
+	int p = e->src, ps = st->last[p], tp = slice_tp(st, ps);
+	const sslice_t *y = &st->s->s[ps];
+	for (int k = 0; k < y->n; k++) {
+		int32_t b0, b1;
+		slot_range(st, ps, k, &b0, &b1);
+		int32_t o0 = SP_MAX(u.s0, b0), o1 = SP_MIN(u.s1, b1);
+		if (o0 >= o1)
+			continue;
+		xfer_t in = {ps, k, fs, fj, o0, o1, e->seq_len, vref(p, pl->mops[p].n_layers, 0, 0),
+			     vref(c, -1, 0, 0), 0, 0};
+		xfer_t back = {fs, fj, ps, k, o0, o1, e->seq_len, vref(c, -1, 1, 0),
+			       vref(p, pl->mops[p].n_layers, 1, 0), 1, 0};
+		if ((k % tp == 0 && add_xfer(st, in)) || add_xfer(st, back))
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
+/* Every decoder's memory transfers, device by device (ascending): the
+ * union of the device's sample ranges over all slices of c, keyed to its
+ * slot in the first of them. */
+static int collect_memory(lstate_t *st)
+{
+	const planner_t *pl = st->pl;
+	const sched_t *s = st->s;
+	range_t *r = sp_arena_calloc(st->a, (size_t)s->n + 1, sizeof *r);
+	if (!r)
+		return SP_ENOMEM;
+	for (int c = 0; c < pl->n_mops; c++) {
+		const metaop_t *mo = &pl->mops[c];
+		const sp_edge_t *e = NULL;
+		for (int q = 0; q < mo->n_pred; q++)
+			if (pl->edges[mo->pred[q]].memory)
+				e = &pl->edges[mo->pred[q]];
+		if (!e || st->first[c] < 0)
+			continue;
+		for (int d = 0; d < pl->N; d++) {
+			int n = 0, fs = -1, fj = -1;
+			for (int i = st->first[c]; i < s->n; i++) {
+				if (s->s[i].metaop != c)
+					continue;
+				for (int j = 0; j < s->s[i].n; j++) {
+					if (lower_dev_of(st, i, j) != d)
+						continue;
+					if (fs < 0) {
+						fs = i;
+						fj = j;
+					}
+					slot_range(st, i, j, &r[n].s0, &r[n].s1);
+					n++;
+				}
+			}
+			n = range_union(r, n);
+			for (int k = 0; k < n; k++)
+				if (memory_xfers(st, c, e, fs, fj, r[k]))
+					return SP_ENOMEM;
 		}
 	}
 	return 0;
@@ -246,7 +352,7 @@ int lower_sequence(lstate_t *st)
 	for (int i = 0; i < st->s->n; i++)
 		if ((rc = collect_xfers(st, i)))
 			return rc;
-	if ((rc = index_xfers(st)))
+	if ((rc = collect_memory(st)) || (rc = index_xfers(st)))
 		return rc;
 	return emit_all(st);
 }

@@ -143,10 +143,16 @@ int cost_build(planner_t *pl);
 void cost_use(planner_t *pl, int set);
 /* Per-layer ms of MetaOp m for a device holding `local` samples. */
 void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *bwd);
-/* The largest tensor-parallel degree (plan format 3). */
+/* The largest tensor-parallel degree (the plan format's SP_MAX_TP). */
 #define SP_TP_MAX 64
+/* 1 when a t-way split of shape s is planned: tp_ok, and never a decoder
+ * (a cross-attention shape, mem_seq > 0, runs whole layers: issue #20). */
+static inline int shape_tp_ok(const sp_opshape_t *s, int t)
+{
+	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, t));
+}
 /* The same for a t-way group holding `local` samples: the shard's compute
- * and its all-reduces (t = 1, or a shape tp_ok refuses: cost_layer). */
+ * and its all-reduces (t = 1, or a shape shape_tp_ok refuses: cost_layer). */
 void cost_layer_tp(const planner_t *pl, int m, int64_t local, int t, double *fwd, double *bwd);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
@@ -154,7 +160,7 @@ double cost_step_ms(const planner_t *pl, int64_t elems);
 typedef struct {
 	double m, n, k, batch, calls;
 } cost_gemm_t;
-#define COST_MAX_GEMMS 12
+#define COST_MAX_GEMMS 22 /* a decoder's backward: 12, and 10 of its cross block */
 /* The products of one layer of shape s at local batch b, forward or
  * backward, as the CUDA backend issues them; returns how many. */
 int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);

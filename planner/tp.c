@@ -8,7 +8,8 @@
  * its degree).
  *
  * Rules (tp-format.txt): a transformer slice whose shape t splits
- * (tp_ok: t divides heads and ffn) and whose width n is a multiple of t
+ * (shape_tp_ok: t divides heads and ffn, not a decoder) and whose width
+ * n is a multiple of t
  * keeps tp = t when each of its n / t groups of t consecutive devices
  * (after placement, ascending) lies in one node. ONE SHARDING PER LAYER:
  * when the slices of one component disagree (one got t, another could
@@ -30,8 +31,9 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		return 0;
 	for (int k = 0; k < m->n_comps; k++) {
 		const sp_component_t *cp = &m->comps[k];
-		if (cp->type != COMP_TRANSFORMER || tp_ok(cp->type, cp->heads, cp->ffn, t))
-			continue;
+		if (cp->type != COMP_TRANSFORMER || cp->cross_attention ||
+		    tp_ok(cp->type, cp->heads, cp->ffn, t))
+			continue; /* a decoder stays whole (tp_whole names it) */
 		/* name only what t does not divide, located as model_check's errors */
 		int bh = cp->heads % t != 0, bf = cp->ffn % t != 0;
 		char path[160], what[96];
@@ -69,7 +71,7 @@ int tp_want(const planner_t *pl, const sslice_t *x)
 {
 	int t = x->tp;
 	const sp_opshape_t *sh = &pl->mops[x->metaop].shape;
-	if (t <= 1 || x->n % t || !tp_ok(sh->type, sh->heads, sh->ffn, t))
+	if (t <= 1 || x->n % t || !shape_tp_ok(sh, t))
 		return 1;
 	return t;
 }

@@ -22,8 +22,9 @@
  * print (report.c is the format engineer's; it calls these). tp_whole:
  * under a forced --tp N (the plan's options), one line per class of
  * transformer MetaOps the plan leaves whole and why, read off the lowered
- * plan (the first slice that cannot run N: too narrow, not a multiple of
- * N, a group across nodes; else the one-sharding-per-layer fall-back).
+ * plan (a decoder, never split; the first slice that cannot run N: too
+ * narrow, not a multiple of N, a group across nodes; else the
+ * one-sharding-per-layer fall-back).
  *
  * It does not place groups on nodes (place.c); its prices are cost.c's.
  */
@@ -78,7 +79,7 @@ static int mop_classes(const planner_t *pl, int *up, int *cls)
 static int fits_degree(const metaop_t *m, int n, int t)
 {
 	return t == 1 || (n % t == 0 && n / t <= m->batch &&
-			  tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t));
+			  shape_tp_ok(&m->shape, t));
 }
 
 /* Per-layer ms of slice x at degree t (t = 1: at most batch devices). */
@@ -238,6 +239,11 @@ static void whole_line(FILE *f, const sp_plan_t *p, const int *cls, int c, int t
 	}
 	if (more)
 		fprintf(f, " and %d more", more);
+	for (int m = 0; m < p->n_metaops && !why[0]; m++)
+		if (cls[m] == c && p->metaops[m].shape.mem_seq > 0)
+			snprintf(why, sizeof why,
+				 "%s is a decoder (cross-attention): decoders are never split",
+				 p->metaops[m].name);
 	for (int i = 0; i < p->n_slices && !why[0]; i++)
 		if (cls[p->slices[i].metaop] == c)
 			slice_obstacle(p, i, t, why, sizeof why);

@@ -23,6 +23,8 @@
  *                         device runs a slice without holding shard
  *                         (tp, its member index) of its layers, or a
  *                         bucket mixes shards or misstates its elems
+ *   missing memory, ...   a decoder's memory act(c, -1) or its gradient
+ *                         grad(c, -1) out of order (verify_mem.c)
  * A tensor-parallel group's FWD/BWD is a rendezvous (its all-reduces run
  * inside): a member runs it only once every member of the group has
  * reached it, so members that order their FWD/BWD differently deadlock
@@ -30,56 +32,14 @@
  * It is written independently of lower.c: it trusts only the plan. Its
  * working memory is one local arena, released at its single exit.
  */
-#include "planner.h"
+#include "verify.h"
 
 #include <stdarg.h>
 
-typedef struct {
-	int32_t m, l, g;
-	int32_t *cnt; /* tokens written per sample of the task's batch */
-} vbuf_t;
-
-typedef struct {
-	int32_t slice, s0, s1;
-} saved_t;
-
-typedef struct {
-	vbuf_t *v;
-	int nv, capv;
-	saved_t *sv;
-	int ns, caps;
-} dstate_t;
-
-typedef struct {
-	const sp_plan_t *p;
-	sp_err_t *err;
-	sp_arena_t arena; /* everything below; released once at the end */
-	dstate_t *ds;
-	int *param_base, n_params;
-	int *bucket_of_param; /* per shard key (id * SP_MAX_TP + tp_rank): -1 none */
-	int *layer_tp;        /* per param id: its slices' tp, 0 none yet */
-	int *arrived;         /* per slice_devs entry of a group's first member,
-			       * times 2 (+1 backward): members at its rendezvous */
-	int *rounds;          /* per slice_devs entry, times 2 (+1 backward):
-			       * the member's arrivals at its rendezvous */
-	int *at_rdv;          /* per instruction: its round (0 not arrived) */
-	int max_tag;          /* tags are 0 .. max_tag - 1 */
-	int *pc;              /* per device: next instruction */
-	int *send_of;         /* per tag: the SEND's global instruction index */
-	char *sent, *recvd;   /* per tag */
-	int *issued;          /* per bucket: SYNCs issued so far */
-	int64_t *contrib;     /* per operator: samples of gradient computed */
-} vstate_t;
-
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+int verify_vfail(vstate_t *st, int d, int k, const char *fmt, va_list ap)
 {
 	char msg[400];
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
 	if (d >= 0 && k >= 0)
 		return sp_err_set(st->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 				  "plan verification failed: device %d instruction %d (%s): %s",
@@ -89,19 +49,30 @@ static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
 			  "plan verification failed: %s", msg);
 }
 
-static int64_t batch_of(const sp_plan_t *p, int m)
+static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int rc = verify_vfail(st, d, k, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int64_t verify_batch(const sp_plan_t *p, int m)
 {
 	return p->model.tasks[p->metaops[m].task].batch;
 }
 
-static vbuf_t *value(vstate_t *st, int d, const sp_vref_t *r)
+vbuf_t *verify_value(vstate_t *st, int d, const sp_vref_t *r)
 {
 	dstate_t *ds = &st->ds[d];
 	for (int i = 0; i < ds->nv; i++)
 		if (ds->v[i].m == r->metaop && ds->v[i].l == r->layer && ds->v[i].g == r->grad)
 			return &ds->v[i];
 	vbuf_t nb = {r->metaop, r->layer, r->grad,
-		     sp_arena_calloc(&st->arena, (size_t)batch_of(st->p, r->metaop) + 1,
+		     sp_arena_calloc(&st->arena, (size_t)verify_batch(st->p, r->metaop) + 1,
 				     sizeof(int32_t))};
 	if (!nb.cnt ||
 	    sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
@@ -110,10 +81,13 @@ static vbuf_t *value(vstate_t *st, int d, const sp_vref_t *r)
 	return &ds->v[ds->nv++];
 }
 
-/* Tokens per sample a complete value holds. */
-static int32_t expected(const sp_plan_t *p, const sp_vref_t *r)
+/* The memory act(m, -1) has mem_seq tokens per sample (its gradient is
+ * counted in layers: verify_mem.c). */
+int32_t verify_expected(const sp_plan_t *p, const sp_vref_t *r)
 {
 	const sp_metaop_t *m = &p->metaops[r->metaop];
+	if (r->layer < 0)
+		return (int32_t)m->shape.mem_seq;
 	if (!r->grad || r->layer < m->n_layers)
 		return r->layer == 0 ? m->seq_in : m->seq_out;
 	int32_t sum = 0; /* grad of the output: one piece per consumer edge */
@@ -126,10 +100,10 @@ static int32_t expected(const sp_plan_t *p, const sp_vref_t *r)
 static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0,
 			  int32_t s1, const char *what)
 {
-	vbuf_t *v = value(st, d, r);
+	vbuf_t *v = verify_value(st, d, r);
 	if (!v)
 		return SP_ENOMEM;
-	int32_t want = expected(st->p, r);
+	int32_t want = verify_expected(st->p, r);
 	for (int32_t s = s0; s < s1; s++)
 		if (v->cnt[s] != want)
 			return fail(st, d, k,
@@ -139,13 +113,13 @@ static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_
 	return 0;
 }
 
-static int write_value(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0,
-		       int32_t s1, int32_t tokens)
+int verify_write(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0, int32_t s1,
+		 int32_t tokens)
 {
-	vbuf_t *v = value(st, d, r);
+	vbuf_t *v = verify_value(st, d, r);
 	if (!v)
 		return SP_ENOMEM;
-	int32_t want = expected(st->p, r);
+	int32_t want = verify_expected(st->p, r);
 	for (int32_t s = s0; s < s1; s++) {
 		v->cnt[s] += tokens;
 		if (v->cnt[s] > want)
@@ -214,13 +188,14 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 				n_slot = q;
 		int32_t a, b;
 		if (n_slot >= 0) /* its group's range */
-			sample_range(batch_of(p, sl->metaop), n_slot / sl->tp,
+			sample_range(verify_batch(p, sl->metaop), n_slot / sl->tp,
 				     sl->n_dev / sl->tp, &a, &b);
 		if (n_slot < 0 || a != in->s0 || b != in->s1)
 			return fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
 					      "device's range of the slice",
 				    (int)in->s0, (int)in->s1);
-		if ((rc = check_params(st, d, k, in, n_slot % sl->tp)))
+		if ((rc = check_params(st, d, k, in, n_slot % sl->tp)) ||
+		    (in->op != INS_LOSS && (rc = vmem_compute(st, d, k, in))))
 			return rc;
 		if (in->op == INS_FWD) {
 			sp_vref_t src = {sl->metaop, sl->layer_from, 0, 0};
@@ -233,18 +208,18 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 					  sizeof *ds->sv))
 				return SP_ENOMEM;
 			ds->sv[ds->ns++] = (saved_t){in->slice, in->s0, in->s1};
-			return write_value(st, d, k, &dst, in->s0, in->s1, m->seq_out);
+			return verify_write(st, d, k, &dst, in->s0, in->s1, m->seq_out);
 		}
 		if (in->op == INS_LOSS) {
 			sp_vref_t src = {sl->metaop, 0, 0, 0}, dst = {sl->metaop, 0, 1, 0};
 			int32_t r0 = in->s0, r1 = in->s1;
 			if (m->shape.type == COMP_CONTRASTIVE) {
 				r0 = 0;
-				r1 = (int32_t)batch_of(p, sl->metaop);
+				r1 = (int32_t)verify_batch(p, sl->metaop);
 			}
 			if ((rc = check_complete(st, d, k, &src, r0, r1, "loss input")))
 				return rc;
-			return write_value(st, d, k, &dst, in->s0, in->s1, m->seq_in);
+			return verify_write(st, d, k, &dst, in->s0, in->s1, m->seq_in);
 		}
 		/* BWD */
 		sp_vref_t g = {sl->metaop, sl->layer_to, 1, 0};
@@ -261,15 +236,18 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 			return rc;
 		if (sl->layer_from == 0 && m->width_in == 0)
 			return 0; /* source: no input gradient */
-		return write_value(st, d, k, &gd, in->s0, in->s1,
-				   sl->layer_from == 0 ? m->seq_in : m->seq_out);
+		return verify_write(st, d, k, &gd, in->s0, in->s1,
+				    sl->layer_from == 0 ? m->seq_in : m->seq_out);
 	}
+	int done = 0; /* a memory gradient: verify_mem.c's alone */
+	if ((rc = vmem_xfer(st, d, k, in, &done)) || done)
+		return rc;
 	if (in->op == INS_SEND || in->op == INS_COPY)
 		if ((rc = check_complete(st, d, k, &in->src, in->s0, in->s1,
 					 in->op == INS_SEND ? "sent value" : "copied value")))
 			return rc;
 	if (in->op == INS_COPY || in->op == INS_RECV)
-		return write_value(st, d, k, &in->dst, in->s0, in->s1, in->seq_len);
+		return verify_write(st, d, k, &in->dst, in->s0, in->s1, in->seq_len);
 	return 0;
 }
 
@@ -696,8 +674,8 @@ static int check_memory(vstate_t *st, double mem_cap)
 static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
-	if ((rc = verify_alloc(st)) || (rc = index_buckets(st)) || (rc = check_tp(st)) ||
-	    (rc = check_sync_groups(st)) || (rc = check_steps(st)))
+	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = index_buckets(st)) ||
+	    (rc = check_tp(st)) || (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);
 	if (rc == PROGS_STUCK)

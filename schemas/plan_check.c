@@ -81,9 +81,23 @@ static int check_component(dec_t *d, const sp_component_t *c)
 			return pr_fail(d, "heads", "hidden %lld is not divisible by "
 						"heads %lld",
 				    (long long)c->hidden, (long long)c->heads);
+		if (pr_int(d, "cross_attention", c->cross_attention, 0, 1))
+			return d->rc;
 	} else if (c->causal) {
 		return pr_fail(d, "causal", "%s components have no 'causal' "
 					 "(expected 0)", tn);
+	} else if (c->cross_attention) {
+		return pr_fail(d, "cross_attention", "%s components have no "
+						  "'cross_attention' (expected 0)", tn);
+	}
+	/* memory_width >= 1 exactly on cross-attention components */
+	if (c->cross_attention) {
+		if (pr_int(d, "memory_width", c->memory_width, 1, SP_MAX_DIM))
+			return d->rc;
+	} else if (c->memory_width != 0) {
+		return pr_fail(d, "memory_width", "memory width %lld on a component "
+						"without cross-attention (expected 0)",
+			    (long long)c->memory_width);
 	}
 	if (c->type == COMP_CONTRASTIVE)
 		return pr_num(d, "temperature", c->temperature, 0, 1e6, 1);
@@ -158,6 +172,16 @@ static int check_node(dec_t *d, const sp_model_t *m, const sp_task_t *t, int i)
 		return pr_fail(d, "layer_from", "layer range [%d, %d) is empty or outside "
 					     "component '%s' (%lld layers)",
 			    n->layer_from, n->layer_to, c->name, (long long)L);
+	/* a memory (a node of the task) exactly on cross-attention nodes; its
+	 * other rules (not itself, not a loss, no cycle, width) are model_check's */
+	if (c->cross_attention) {
+		if (pr_index(d, "memory", n->memory, t->n_nodes, "node"))
+			return d->rc;
+	} else if (n->memory != -1) {
+		return pr_fail(d, "memory", "node '%s' has memory %d, but component '%s' "
+					 "has no cross-attention (expected -1)",
+			    n->id, n->memory, c->name);
+	}
 	for (int k = 0; k < n->n_inputs; k++) {
 		int v = n->inputs[k];
 		if (pr_index(d, "inputs", v, t->n_nodes, "node"))
@@ -280,6 +304,7 @@ static int check_shape(dec_t *d, const sp_opshape_t *s)
 		{"shape.ffn", s->ffn},       {"shape.seq", s->seq},
 		{"shape.in", s->in},         {"shape.out", s->out},
 		{"shape.vocab", s->vocab},   {"shape.classes", s->classes},
+		{"mem_seq", s->mem_seq},     {"mem_width", s->mem_width},
 	};
 	if (pr_int(d, "shape.type", s->type, 0, COMP__COUNT - 1) ||
 	    pr_int(d, "shape.causal", s->causal, 0, 1))
@@ -287,6 +312,15 @@ static int check_shape(dec_t *d, const sp_opshape_t *s)
 	for (int k = 0; k < SP_ARRAY_LEN(f); k++)
 		if (pr_int(d, f[k].name, f[k].v, 0, SP_MAX_DIM))
 			return d->rc;
+	/* a memory (mem_seq tokens of width mem_width) only on transformers */
+	if ((s->mem_seq > 0) != (s->mem_width > 0))
+		return pr_fail(d, "mem_seq", "a memory of %lld tokens of width %lld "
+					  "(both 0, or both at least 1)",
+			    (long long)s->mem_seq, (long long)s->mem_width);
+	if (s->mem_seq > 0 && s->type != COMP_TRANSFORMER)
+		return pr_fail(d, "mem_seq", "a memory on a %s metaop (only "
+					  "cross-attention transformers have one)",
+			    comp_type_name(s->type));
 	return 0;
 }
 
@@ -317,6 +351,31 @@ static int chk_layer_size(dec_t *d, const sp_opshape_t *s, int64_t batch)
 				"arithmetic (batch %lld)", (long long)batch);
 }
 
+/* Operator node n of metaop m (index i) has m's memory: mem_seq and
+ * mem_width are its memory's seq and its component's memory_width (0, 0
+ * without cross-attention), and the memory node is the same for every
+ * operator (*head, -1 before the first). */
+static int chk_op_memory(dec_t *d, const sp_model_t *md, const sp_task_t *t,
+			 const sp_node_t *n, const sp_metaop_t *m, int i, int *head)
+{
+	const sp_component_t *c = &md->comps[n->comp];
+	int64_t seq = c->cross_attention ? t->nodes[n->memory].seq : 0;
+	if (seq != m->shape.mem_seq || c->memory_width != m->shape.mem_width)
+		return pr_fail(d, "node", "node '%s' has a memory of %lld tokens of "
+					  "width %lld, metaops[%d] one of %lld of width %lld",
+			    n->id, (long long)seq, (long long)c->memory_width, i,
+			    (long long)m->shape.mem_seq, (long long)m->shape.mem_width);
+	if (!c->cross_attention)
+		return 0;
+	if (*head >= 0 && n->memory != *head)
+		return pr_fail(d, "node", "node '%s' attends to memory '%s', the "
+					  "metaop's first node to '%s' (a metaop has "
+					  "one memory)",
+			    n->id, t->nodes[n->memory].id, t->nodes[*head].id);
+	*head = n->memory;
+	return 0;
+}
+
 static int check_metaops(dec_t *d, const sp_plan_t *p)
 {
 	const sp_model_t *md = &p->model;
@@ -336,13 +395,18 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 		if (chk_layer_size(d, &m->shape, t->batch) ||
 		    chk_value_size(d, "seq_in", t->batch, m->seq_in, m->width_in) ||
 		    chk_value_size(d, "seq_out", t->batch, m->seq_out, m->width_out) ||
+		    chk_value_size(d, "mem_seq", t->batch, m->shape.mem_seq,
+				   m->shape.mem_width) ||
 		    pr_finite(d, "fwd_ms", m->fwd_ms) ||
 		    pr_finite(d, "bwd_ms", m->bwd_ms) ||
 		    pr_int(d, "profiled", m->profiled, 0, 1))
 			return d->rc;
 		if (!m->name[0])
 			return pr_fail(d, "name", "empty metaop name");
-		/* its operators: nodes of its task, layers inside each node's range */
+		/* its operators: nodes of its task, layers inside each node's
+		 * range, each with the metaop's memory: none, or the same
+		 * memory node (of mem_seq tokens, mem_width wide) for all */
+		int head_memory = -1;
 		for (int k = 0; k < m->n_layers; k++) {
 			const sp_op_t *o = &p->ops[m->first_op + k];
 			pr_at(d, "ops", m->first_op + k);
@@ -355,26 +419,81 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 							"(metaops[%d])",
 					    o->layer, n->layer_from, n->layer_to, n->id,
 					    i);
+			if (chk_op_memory(d, md, t, n, m, i, &head_memory))
+				return d->rc;
 		}
 	}
 	return 0;
 }
 
-static int check_edges(dec_t *d, const sp_plan_t *p)
+/*
+ * A memory edge (memory = 1) carries the producer's whole output, act(src,
+ * L), to act(dst, -1): dst is a decoder (mem_seq > 0), seq_off 0, seq_len
+ * its mem_seq; src, of the same task, ends with the node that dst's nodes
+ * attend to, and outputs mem_seq tokens of width mem_width.
+ */
+static int chk_memory_edge(dec_t *d, const sp_plan_t *p, const sp_edge_t *e)
+{
+	const sp_metaop_t *src = &p->metaops[e->src], *dst = &p->metaops[e->dst];
+	if (dst->shape.mem_seq == 0)
+		return pr_fail(d, "memory", "memory edge into metaop '%s', which has no "
+					 "memory (not a cross-attention decoder)",
+			    dst->name);
+	if (e->seq_off != 0 || e->seq_len != dst->shape.mem_seq)
+		return pr_fail(d, "seq_len", "a memory edge carries the whole memory: "
+					  "seq_off 0 and seq_len %lld (got %d and %d)",
+			    (long long)dst->shape.mem_seq, e->seq_off, e->seq_len);
+	const sp_task_t *t = &p->model.tasks[dst->task];
+	int mem = t->nodes[p->ops[dst->first_op].node].memory;
+	int last = p->ops[src->first_op + src->n_layers - 1].node;
+	if (src->task != dst->task || last != mem)
+		return pr_fail(d, "src", "metaop '%s' does not end with node '%s', the "
+					 "memory of metaop '%s'",
+			    src->name, t->nodes[mem].id, dst->name);
+	if (src->seq_out != e->seq_len || src->width_out != dst->shape.mem_width)
+		return pr_fail(d, "src", "metaop '%s' outputs %d tokens of width %d, "
+					 "not the memory of metaop '%s' (%lld of width %lld)",
+			    src->name, src->seq_out, src->width_out, dst->name,
+			    (long long)dst->shape.mem_seq, (long long)dst->shape.mem_width);
+	return 0;
+}
+
+/* Input edges feed a span of the consumer's input; every decoder has
+ * exactly one memory edge (count: n_metaops zeroed ints). */
+static int check_edges(dec_t *d, const sp_plan_t *p, int32_t *count)
 {
 	for (int i = 0; i < p->n_edges; i++) {
 		const sp_edge_t *e = &p->edges[i];
 		pr_at(d, "edges", i);
 		if (pr_index(d, "src", e->src, p->n_metaops, "metaop") ||
 		    pr_index(d, "dst", e->dst, p->n_metaops, "metaop") ||
-		    pr_span(d, "seq_off", e->seq_off, e->seq_len,
+		    pr_int(d, "memory", e->memory, 0, 1))
+			return d->rc;
+		if (e->src == e->dst)
+			return pr_fail(d, "dst", "metaop %d feeds itself", e->src);
+		if (e->memory) {
+			if (chk_memory_edge(d, p, e))
+				return d->rc;
+			if (count[e->dst]++)
+				return pr_fail(d, "dst", "a second memory edge into "
+							"metaop '%s'",
+					    p->metaops[e->dst].name);
+			continue;
+		}
+		if (pr_span(d, "seq_off", e->seq_off, e->seq_len,
 			     p->metaops[e->dst].seq_in,
 			     "tokens of the consumer's input") ||
 		    pr_int(d, "seq_len", e->seq_len, 0, p->metaops[e->src].seq_out))
 			return d->rc;
-		if (e->src == e->dst)
-			return pr_fail(d, "dst", "metaop %d feeds itself", e->src);
 	}
+	for (int m = 0; m < p->n_metaops; m++)
+		if (p->metaops[m].shape.mem_seq > 0 && !count[m]) {
+			pr_at(d, "metaops", m);
+			return pr_fail(d, "mem_seq", "decoder metaop '%s' has no memory "
+						  "edge (from the metaop that computes "
+						  "its memory)",
+				    p->metaops[m].name);
+		}
 	return 0;
 }
 
@@ -559,7 +678,8 @@ static int chk_samples(dec_t *d, const sp_plan_t *p, const sp_ins_t *in, int m)
 		    in->s0, in->s1, (long long)B);
 }
 
-/* A value reference: metaop, boundary, act/grad, seq range of seq_len tokens. */
+/* A value reference: metaop, boundary (-1: a decoder's memory), act/grad,
+ * seq range of seq_len tokens. */
 static int chk_vref(dec_t *d, const sp_plan_t *p, const sp_ins_t *in, const char *name,
 		    const sp_vref_t *v)
 {
@@ -569,9 +689,14 @@ static int chk_vref(dec_t *d, const sp_plan_t *p, const sp_ins_t *in, const char
 	snprintf(f[2], sizeof f[2], "%s.grad", name);
 	snprintf(f[3], sizeof f[3], "%s.seq_off", name);
 	if (pr_index(d, f[0], v->metaop, p->n_metaops, "metaop") ||
-	    pr_int(d, f[1], v->layer, 0, p->metaops[v->metaop].n_layers) ||
+	    pr_int(d, f[1], v->layer, -1, p->metaops[v->metaop].n_layers) ||
 	    pr_int(d, f[2], v->grad, 0, 1))
 		return d->rc;
+	const sp_metaop_t *m = &p->metaops[v->metaop];
+	if (v->layer == -1 && m->shape.mem_seq == 0)
+		return pr_fail(d, f[1], "layer -1 (the memory) of metaop '%s', which has "
+					 "none (only cross-attention decoders have one)",
+			    m->name);
 	int32_t seq, width;
 	plan_value_shape(p, v->metaop, v->layer, &seq, &width);
 	if (pr_int(d, "seq_len", in->seq_len, 0, INT32_MAX) ||
@@ -728,8 +853,14 @@ static int check_results(dec_t *d, const sp_plan_t *p)
 /* Order matters: each check relies only on what the checks before it proved. */
 int pr_check(dec_t *d, const sp_plan_t *p)
 {
-	if (check_model(d, &p->model) || check_provenance(d, p) || check_metaops(d, p) ||
-	    check_edges(d, p) ||
+	if (check_model(d, &p->model) || check_provenance(d, p) || check_metaops(d, p))
+		return d->rc;
+	int32_t *count = calloc(p->n_metaops ? (size_t)p->n_metaops : 1, sizeof *count);
+	if (!count)
+		return pr_fail_code(d, SP_ENOMEM, "out of memory");
+	check_edges(d, p, count);
+	free(count);
+	if (d->rc ||
 	    check_dev_list(d, "slice_devs", p->slice_devs, p->n_slice_devs,
 			   p->n_devices) ||
 	    check_dev_list(d, "bucket_devs", p->bucket_devs, p->n_bucket_devs,

@@ -198,8 +198,9 @@ static int check_header(dec_t *d, uint32_t *hsize)
 	}
 	if (version < PLAN_VERSION) {
 		pr_fail(d, NULL, "plan format version %u is older than this build "
-			      "(reads version %d)", version, PLAN_VERSION);
-		pr_hint(d, "re-run spindle-plan to write the plan again");
+			      "(reads version %d): re-plan", version, PLAN_VERSION);
+		pr_hint(d, "run spindle-plan again on the same model and cluster to "
+			"write it in version %d", PLAN_VERSION);
 		return d->rc;
 	}
 	uint64_t fsize = rd_u64(b + HDR_FILE_SIZE);
@@ -365,6 +366,8 @@ static void get_component(dec_t *d, rcur_t *r, void *v)
 	c->classes = get_i64(r);
 	c->causal = get_i32(r);
 	c->temperature = get_f64(r);
+	c->cross_attention = get_i32(r);
+	c->memory_width = get_i64(r);
 }
 
 static void get_task(dec_t *d, rcur_t *r, sp_task_t *t, int32_t *n_nodes,
@@ -387,6 +390,7 @@ static void get_node(dec_t *d, rcur_t *r, sp_node_t *n, int32_t *n_inputs,
 	*first_input = get_i32(r);
 	n->layer_from = get_i32(r);
 	n->layer_to = get_i32(r);
+	n->memory = get_i32(r); /* -1 (none) until plan_check has seen it */
 }
 
 static void get_opshape(rcur_t *r, sp_opshape_t *s)
@@ -418,6 +422,8 @@ static void get_metaop(dec_t *d, rcur_t *r, void *v)
 	m->bwd_ms = get_f64(r);
 	m->profiled = get_i32(r);
 	GET_STR(d, r, m, name);
+	m->shape.mem_seq = get_i64(r);
+	m->shape.mem_width = get_i64(r);
 }
 
 static void get_op(dec_t *d, rcur_t *r, void *v)
@@ -436,6 +442,7 @@ static void get_edge(dec_t *d, rcur_t *r, void *v)
 	e->dst = get_i32(r);
 	e->seq_off = get_i32(r);
 	e->seq_len = get_i32(r);
+	e->memory = get_i32(r);
 }
 
 static void get_wave(dec_t *d, rcur_t *r, void *v)
@@ -723,6 +730,16 @@ static int decode_all(dec_t *d, sp_plan_t *p)
 	return d->rc;
 }
 
+/* The file writes -1 for "no memory"; the loaders leave such a node's
+ * memory 0 (sp_node_t), and so does the decoded model once checked. */
+static void nodes_memory_as_loaded(sp_model_t *m)
+{
+	for (int ti = 0; ti < m->n_tasks; ti++)
+		for (int i = 0; i < m->tasks[ti].n_nodes; i++)
+			if (m->tasks[ti].nodes[i].memory < 0)
+				m->tasks[ti].nodes[i].memory = 0;
+}
+
 int plan_decode(sp_plan_t *out, const uint8_t *data, size_t len, const char *fname,
 		sp_err_t *err)
 {
@@ -740,6 +757,7 @@ int plan_decode(sp_plan_t *out, const uint8_t *data, size_t len, const char *fna
 		plan_release(out);
 		return d.rc;
 	}
+	nodes_memory_as_loaded(&out->model);
 	return 0;
 }
 

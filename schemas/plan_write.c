@@ -241,6 +241,8 @@ static void put_component(enc_t *e, const void *v)
 	put_i64(e, c->classes);
 	put_i32(e, c->causal);
 	put_f64(e, c->temperature);
+	put_i32(e, c->cross_attention);
+	put_i64(e, c->memory_width);
 }
 
 static void put_task(enc_t *e, const sp_task_t *t, int32_t first_node)
@@ -252,7 +254,17 @@ static void put_task(enc_t *e, const sp_task_t *t, int32_t first_node)
 	put_i32(e, first_node);
 }
 
-static void put_node(enc_t *e, const sp_node_t *n, int32_t first_input)
+/* A node's memory field: its memory node on a cross-attention component,
+ * else -1 (the in-memory model leaves it 0 there). A component index out of
+ * range gives -1 too: the reader then refuses the index, not the memory. */
+static int32_t node_memory(const sp_model_t *m, const sp_node_t *n)
+{
+	if (n->comp < 0 || n->comp >= m->n_comps || !m->comps[n->comp].cross_attention)
+		return -1;
+	return n->memory;
+}
+
+static void put_node(enc_t *e, const sp_node_t *n, int32_t first_input, int32_t memory)
 {
 	PUT_STR(e, n->id);
 	put_i32(e, n->comp);
@@ -261,6 +273,7 @@ static void put_node(enc_t *e, const sp_node_t *n, int32_t first_input)
 	put_i32(e, first_input);
 	put_i32(e, n->layer_from);
 	put_i32(e, n->layer_to);
+	put_i32(e, memory);
 }
 
 static void put_opshape(enc_t *e, const sp_opshape_t *s)
@@ -292,6 +305,8 @@ static void put_metaop(enc_t *e, const void *v)
 	put_f64(e, m->bwd_ms);
 	put_i32(e, m->profiled);
 	PUT_STR(e, m->name);
+	put_i64(e, m->shape.mem_seq);
+	put_i64(e, m->shape.mem_width);
 }
 
 static void put_op(enc_t *e, const void *v)
@@ -308,6 +323,7 @@ static void put_edge(enc_t *e, const void *v)
 	put_i32(e, g->dst);
 	put_i32(e, g->seq_off);
 	put_i32(e, g->seq_len);
+	put_i32(e, g->memory);
 }
 
 static void put_wave(enc_t *e, const void *v)
@@ -507,7 +523,7 @@ static void put_graph(enc_t *e, const sp_model_t *m)
 		for (int i = 0; i < t->n_nodes && !e->rc; i++) {
 			const sp_node_t *n = &t->nodes[i];
 			begin(e, SEC_NODES);
-			put_node(e, n, (int32_t)n_inputs);
+			put_node(e, n, (int32_t)n_inputs, node_memory(m, n));
 			begin(e, SEC_NODE_INPUTS);
 			for (int k = 0; k < n->n_inputs; k++)
 				put_i32(e, n->inputs[k]);

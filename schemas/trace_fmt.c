@@ -3,7 +3,8 @@
  * both the predicted timeline (spindle-show --trace) and the measured one
  * (spindle-run --trace) use: a process per device/rank, thread 0 for
  * compute and thread 1 for communication, events named after the plan's
- * instructions ("task/node layers 0-12 fwd", "send 1.5 MiB to 3"). The
+ * instructions ("task/node layers 0-12 fwd", "send act 1.5 KiB to 3", "recv
+ * mem act 4.0 KiB from 0" for a decoder's memory). The
  * measured FWD/BWD of a tensor-parallel slice carry args splitting their
  * time into compute_ms and tp_allreduce_ms (the group's all-reduces inside
  * the layers); the predicted trace has no args.
@@ -33,7 +34,10 @@ void trace_ins_name(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *i
 		const sp_vref_t *r = in->op == INS_RECV ? &in->dst : &in->src;
 		plan_value_shape(p, r->metaop, r->layer, &seq, &width);
 		double kib = (double)(in->s1 - in->s0) * in->seq_len * width * db / 1024.0;
-		const char *what = in->src.grad ? "grad" : "act";
+		/* a decoder's memory (layer -1) on either end: "mem act", "mem grad" */
+		int mem = r->layer < 0 || (in->op == INS_COPY && in->dst.layer < 0);
+		const char *what = in->src.grad ? (mem ? "mem grad" : "grad")
+						: (mem ? "mem act" : "act");
 		if (in->op == INS_COPY)
 			snprintf(buf, cap, "copy %s %.1f KiB", what, kib);
 		else

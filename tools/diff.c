@@ -161,10 +161,21 @@ static void match_slices(side_t *a, side_t *b)
 static void slice_desc(char *buf, size_t cap, const sp_plan_t *p, int s)
 {
 	const sp_slice_t *x = &p->slices[s];
-	char devs[256];
+	char devs[256], mem[2 * SP_NAME_MAX + 64];
 	tl_devlist(devs, sizeof devs, p->slice_devs + x->dev_off, x->n_dev);
-	snprintf(buf, cap, "%s layers %d-%d (wave %d, x%d, devices %s)", mname(p, s),
-		 x->layer_from, x->layer_to, x->wave, x->n_dev, devs);
+	tl_memory_str(mem, sizeof mem, p, x->metaop);
+	snprintf(buf, cap, "%s layers %d-%d (wave %d, x%d, devices %s%s%s)", mname(p, s),
+		 x->layer_from, x->layer_to, x->wave, x->n_dev, devs, mem[0] ? ", " : "", mem);
+}
+
+/* 1 when matched slices read different memories ("mem S x W from P"). */
+static int memory_differs(const sp_plan_t *pa, const sp_slice_t *x, const sp_plan_t *pb,
+			  const sp_slice_t *y)
+{
+	char ma[2 * SP_NAME_MAX + 64], mb[2 * SP_NAME_MAX + 64];
+	tl_memory_str(ma, sizeof ma, pa, x->metaop);
+	tl_memory_str(mb, sizeof mb, pb, y->metaop);
+	return strcmp(ma, mb) != 0;
 }
 
 static int same_devs(const sp_plan_t *pa, const sp_slice_t *x, const sp_plan_t *pb,
@@ -198,7 +209,8 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 			continue;
 		const sp_slice_t *x = &pa->slices[i], *z = &pb->slices[y];
 		if (x->layer_from != z->layer_from || x->layer_to != z->layer_to ||
-		    x->wave != z->wave || x->tp != z->tp || !same_devs(pa, x, pb, z))
+		    x->wave != z->wave || x->tp != z->tp || !same_devs(pa, x, pb, z) ||
+		    memory_differs(pa, x, pb, z))
 			changed++;
 		else if (!same_times(x, z))
 			timing++;
@@ -221,8 +233,8 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 		}
 		const sp_slice_t *x = &pa->slices[s], *z = &pb->slices[y];
 		int lay = x->layer_from != z->layer_from || x->layer_to != z->layer_to;
-		int devs = !same_devs(pa, x, pb, z);
-		if (!lay && !devs && x->wave == z->wave && x->tp == z->tp)
+		int devs = !same_devs(pa, x, pb, z), mem = memory_differs(pa, x, pb, z);
+		if (!lay && !devs && !mem && x->wave == z->wave && x->tp == z->tp)
 			continue;
 		printf("  ~ %s layers %d-%d:", mname(pa, s), x->layer_from, x->layer_to);
 		const char *sep = "";
@@ -243,6 +255,12 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 		}
 		if (x->tp != z->tp) {
 			printf("%s tp %d -> %d", sep, x->tp, z->tp);
+			sep = ";";
+		}
+		if (mem) {
+			tl_memory_str(d1, sizeof d1, pa, x->metaop);
+			tl_memory_str(d2, sizeof d2, pb, z->metaop);
+			printf("%s memory %s -> %s", sep, d1[0] ? d1 : "none", d2[0] ? d2 : "none");
 			sep = ";";
 		}
 		if (x->wave != z->wave)
@@ -498,6 +516,7 @@ static void diff_buckets(dstate_t *st, const sp_plan_t *pa, const sp_plan_t *pb)
 static void ins_key(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *in)
 {
 	const sp_vref_t *v = in->op == INS_RECV ? &in->dst : &in->src;
+	char la[16], lb[16]; /* layer boundaries; "mem": a decoder's memory */
 	switch (in->op) {
 	case INS_FWD:
 	case INS_BWD:
@@ -509,16 +528,17 @@ static void ins_key(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *i
 	}
 	case INS_SEND:
 	case INS_RECV:
-		snprintf(buf, cap, "%s %s(%s, %d) tokens %d+%d samples %d-%d %s %d tag %d",
+		snprintf(buf, cap, "%s %s(%s, %s) tokens %d+%d samples %d-%d %s %d tag %d",
 			 ins_op_name(in->op), v->grad ? "grad" : "act", p->metaops[v->metaop].name,
-			 v->layer, v->seq_off, in->seq_len, in->s0, in->s1,
+			 tl_layer_str(la, sizeof la, v->layer), v->seq_off, in->seq_len, in->s0, in->s1,
 			 in->op == INS_SEND ? "to" : "from", in->peer, in->tag);
 		break;
 	case INS_COPY:
-		snprintf(buf, cap, "copy %s(%s, %d) -> %s(%s, %d) tokens %d/%d+%d samples %d-%d",
+		snprintf(buf, cap, "copy %s(%s, %s) -> %s(%s, %s) tokens %d/%d+%d samples %d-%d",
 			 in->src.grad ? "grad" : "act", p->metaops[in->src.metaop].name,
-			 in->src.layer, in->dst.grad ? "grad" : "act",
-			 p->metaops[in->dst.metaop].name, in->dst.layer, in->src.seq_off,
+			 tl_layer_str(la, sizeof la, in->src.layer), in->dst.grad ? "grad" : "act",
+			 p->metaops[in->dst.metaop].name, tl_layer_str(lb, sizeof lb, in->dst.layer),
+			 in->src.seq_off,
 			 in->dst.seq_off, in->seq_len, in->s0, in->s1);
 		break;
 	case INS_SYNC:

@@ -365,6 +365,12 @@ static void bar_rect(FILE *f, const layout_t *L, const sp_plan_t *p, const tl_ba
 		b->bwd ? "backward" : "forward", d0);
 	if (d1 > d0)
 		fprintf(f, "-%d", d1);
+	char mem[2 * SP_NAME_MAX + 64];
+	tl_memory_str(mem, sizeof mem, p, s->metaop);
+	if (mem[0]) {
+		fprintf(f, ", ");
+		xml_text(f, mem);
+	}
 	fprintf(f, ": %.2f +%.2f ms</title></rect>\n", b->t0, b->dur);
 	if (b->bwd)
 		fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" "

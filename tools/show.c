@@ -256,15 +256,16 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 			wv->n_slices, used);
 		for (; k < p->n_slices && p->slices[v->order[k]].wave == w; k++) {
 			const sp_slice_t *s = &p->slices[v->order[k]];
-			char devs[512], lay[32], tp[16] = "";
+			char devs[512], lay[32], tp[16] = "", mem[2 * SP_NAME_MAX + 64];
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			snprintf(lay, sizeof lay, "%d-%d", s->layer_from, s->layer_to);
 			if (s->tp > 1)
 				snprintf(tp, sizeof tp, "  tp %d", s->tp);
-			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s%s\n",
+			tl_memory_str(mem, sizeof mem, p, s->metaop);
+			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s%s%s%s\n",
 				w, p->metaops[s->metaop].name, lay, s->n_dev, devs, N2(s->start_ms),
 				N2(s->fwd_ms), N2(s->bwd_start_ms), N2(s->bwd_ms),
-				s->recompute ? "  recompute" : "", tp);
+				s->recompute ? "  recompute" : "", tp, mem[0] ? "  " : "", mem);
 		}
 	}
 }
@@ -310,11 +311,14 @@ static void text_devices(FILE *f, const sp_plan_t *p)
 	}
 }
 
-/* "act(image-text/img, 6) tokens 0+257" */
+/* "act(image-text/img, 6) tokens 0+257"; a decoder's memory is layer "mem":
+ * "act(cap/dec, mem) tokens 0+257" */
 static void vref_str(char *buf, size_t cap, const sp_plan_t *p, const sp_vref_t *r, int seq_len)
 {
-	snprintf(buf, cap, "%s(%s, %d) tokens %d+%d", r->grad ? "grad" : "act",
-		 p->metaops[r->metaop].name, r->layer, r->seq_off, seq_len);
+	char l[16];
+	snprintf(buf, cap, "%s(%s, %s) tokens %d+%d", r->grad ? "grad" : "act",
+		 p->metaops[r->metaop].name, tl_layer_str(l, sizeof l, r->layer), r->seq_off,
+		 seq_len);
 }
 
 static void text_ins(FILE *f, const sp_plan_t *p, int k, const sp_ins_t *in)
@@ -359,6 +363,11 @@ static void text_programs(FILE *f, const sp_plan_t *p)
 {
 	fprintf(f, "\nprograms: index, op, operands (values are act|grad(MetaOp, layer boundary) "
 		   "tokens offset+count)\n");
+	for (int m = 0; m < p->n_metaops; m++)
+		if (p->metaops[m].shape.mem_seq > 0) {
+			fprintf(f, "(layer boundary mem: a cross-attention MetaOp's memory)\n");
+			break;
+		}
 	for (int d = 0; d < p->n_devices; d++) {
 		const sp_device_t *x = &p->devices[d];
 		fprintf(f, "program of device %d (node %d gpu %d): %d instructions\n", d, x->node,
@@ -522,9 +531,17 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 				s->layer_from, s->layer_to, s->n_dev);
 			json_devlist(f, p->slice_devs + s->dev_off, s->n_dev);
 			fprintf(f, ", \"device_list\": \"%s\", \"start_ms\": %s, \"fwd_ms\": %s, "
-				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d}",
+				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d",
 				devs, J2(s->start_ms), J2(s->fwd_ms), J2(s->bwd_start_ms),
 				J2(s->bwd_ms), s->tp);
+			if (m->shape.mem_seq > 0) {
+				int src = tl_memory_src(p, s->metaop);
+				fprintf(f, ", \"memory\": {\"seq\": %lld, \"width\": %lld, \"from\": ",
+					(long long)m->shape.mem_seq, (long long)m->shape.mem_width);
+				sp_json_str(f, src >= 0 ? p->metaops[src].name : "?");
+				fputc('}', f);
+			}
+			fputc('}', f);
 		}
 		fprintf(f, "%s]}", wv->n_slices ? "\n    " : "");
 	}

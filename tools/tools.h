@@ -73,6 +73,42 @@ static inline void tl_devlist(char *buf, size_t cap, const int32_t *dev, int n)
 		strcpy(buf + cap - 4, "...");
 }
 
+/* ---- cross-attention memories ----------------------------------------- */
+
+/* The MetaOp whose output is decoder m's memory act(m, -1) (the src of its
+ * memory edge), or -1 when m has no memory. */
+static inline int tl_memory_src(const sp_plan_t *p, int m)
+{
+	if (p->metaops[m].shape.mem_seq == 0)
+		return -1;
+	for (int e = 0; e < p->n_edges; e++)
+		if (p->edges[e].memory && p->edges[e].dst == m)
+			return p->edges[e].src;
+	return -1;
+}
+
+/* "mem 257 x 1024 from task/enc" for a decoder MetaOp, "" otherwise. */
+static inline void tl_memory_str(char *buf, size_t cap, const sp_plan_t *p, int m)
+{
+	const sp_metaop_t *mo = &p->metaops[m];
+	int src = tl_memory_src(p, m);
+	buf[0] = 0;
+	if (mo->shape.mem_seq > 0)
+		snprintf(buf, cap, "mem %lld x %lld from %s", (long long)mo->shape.mem_seq,
+			 (long long)mo->shape.mem_width, src >= 0 ? p->metaops[src].name : "?");
+}
+
+/* A value's layer boundary as text: the number, or "mem" for a decoder's
+ * memory (layer -1). */
+static inline const char *tl_layer_str(char *buf, size_t cap, int layer)
+{
+	if (layer < 0)
+		snprintf(buf, cap, "mem");
+	else
+		snprintf(buf, cap, "%d", layer);
+	return buf;
+}
+
 /* ---- output files ----------------------------------------------------- */
 
 /*

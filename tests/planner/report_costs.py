@@ -9,7 +9,9 @@ usage: report_costs.py CASE   (CASE: report-fields, costs-schema, costs-values)
                  peak; the text report shows the same numbers.
   costs-schema   --costs validates against schemas/costs.schema.json (our own
                  checker of the keywords it uses, and jsonschema when there),
-                 the schema is not vacuous, and two runs print the same bytes.
+                 the schema is not vacuous, and two runs print the same bytes;
+                 tests/planner/encdec's decoders show mem_seq, mem_width and
+                 their memory's MetaOp.
   costs-values   the numbers: T(1) equals the report's MetaOp view, widths
                  1..min(batch, devices), the contrastive loss is the same at
                  every width, times never grow with n and do shrink for a
@@ -167,6 +169,20 @@ def case_costs_schema():
         # every ms figure has the fixed 9 decimals
         check(not re.search(r"_ms\": \[?[0-9]+(\.[0-9]{0,8})?[,\]}]", text),
               "%s: a time without 9 decimals" % wl)
+    # a decoder (issue #20): its shape has the memory's mem_seq and
+    # mem_width, and its memory is named apart from its inputs
+    d = os.path.join(ROOT, "tests", "planner", "encdec")
+    out = json.loads(plan([os.path.join(d, "model.json"), os.path.join(d, "cluster-2x4.json"),
+                           "--costs"]))
+    errs = schema_errors(out)
+    check(not errs, "encdec: --costs does not validate: %s" % errs[:3])
+    dec = {m["name"]: (m["shape"].get("mem_seq"), m["shape"].get("mem_width"), m.get("memory"),
+                       m["predecessors"]) for m in out["metaops"] if "mem_seq" in m["shape"]}
+    want = {"caption/dec": (16, 64, "caption/img", ["caption/txt_in"]),
+            "summarize/dec_lo..dec_hi": (24, 64, "summarize/mem", ["summarize/txt_in"])}
+    check(dec == want, "encdec: decoders %s, expected %s" % (dec, want))
+    check(all("memory" not in m for m in out["metaops"] if m["name"] not in want),
+          "encdec: a MetaOp that is no decoder names a memory")
     # the schema is not vacuous
     for bad in (lambda o: o["metaops"][0].pop("bwd_ms"),
                 lambda o: o["metaops"][0].update(scales="yes"),

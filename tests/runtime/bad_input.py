@@ -144,6 +144,9 @@ def edit_records(src, dst, section, rec, fn):
     for e in range(nsec):
         sid, _, off, size, count = struct.unpack_from("<IIQQQ", b, hsize + 40 * e)
         if sid == section:
+            assert size == rec * count, \
+                f"section {sid}: {size} bytes are not {count} records of {rec} " \
+                "(the plan format changed: update the record sizes here)"
             fn(b, [off + rec * k for k in range(count)])
             break
     struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[hsize:])) & 0xFFFFFFFF)
@@ -169,12 +172,12 @@ def split_none(b, ats):
 
 
 def split_first(src, dst):
-    """The first transformer slice (type 2 in the metaops section, 124-byte
-    records, shape.type at 4) of even width claims to be split 2 ways while
+    """The first transformer slice (type 2 in the metaops section, 140-byte
+    records (format 4), shape.type at 4) of even width claims to be split 2 ways while
     its devices hold whole layers: it would train wrong numbers without a
     word."""
     mops = []
-    edit_records(src, dst, 8, 124, lambda b, ats: mops.extend(
+    edit_records(src, dst, 8, 140, lambda b, ats: mops.extend(
         struct.unpack_from("<I", b, a + 4)[0] for a in ats))
 
     def fn(b, ats):

@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """tests/tools: properties of spindle-show and spindle-diff on fresh plans.
 
-usage: test_tools.py CASE SPINDLE_SHOW SPINDLE_DIFF
+usage: test_tools.py CASE SPINDLE_SHOW SPINDLE_DIFF [XATTN_WRITER]
 Plans are made with $SPINDLE_PLAN from the bundled workloads under
-$SPINDLE_ROOT/plans. Exit 0 pass, 1 fail, 77 skip (meson's convention).
+$SPINDLE_ROOT/plans; the show-memory case's encoder-decoder plan by
+XATTN_WRITER --write-xattn PATH (test_plan_io's hand-built plan). Exit 0
+pass, 1 fail, 77 skip (meson's convention).
 """
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+import zlib
 
 ROOT = os.environ.get("SPINDLE_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))
 PLAN = os.environ.get("SPINDLE_PLAN", "spindle-plan")
-SHOW = DIFF = None
+SHOW = DIFF = XATTN = None
 TMP = None
 
 
@@ -279,6 +283,79 @@ def case_corrupt():
     check(rc == 2, "no argument: exit %d (want 2)" % rc)
 
 
+def patch_u32(src, dst, section, rec_size, rec, at, value):
+    """A copy of plan src with one u32 field of one record set, the CRC
+    redone (PLAN-FORMAT.md: header 40 bytes, 40-byte table entries)."""
+    b = bytearray(open(src, "rb").read())
+    nsec = struct.unpack_from("<I", b, 28)[0]
+    for e in range(nsec):
+        sid, _, off, size, count = struct.unpack_from("<IIQQQ", b, 40 + 40 * e)
+        if sid == section:
+            check(size == rec_size * count, "section %d: not %d-byte records" % (sid, rec_size))
+            struct.pack_into("<I", b, off + rec_size * rec + at, value)
+    struct.pack_into("<I", b, 32, zlib.crc32(bytes(b[40:])) & 0xFFFFFFFF)
+    open(dst, "wb").write(b)
+
+
+def case_show_memory():
+    """A decoder's memory in every view: the slice line ("mem S x W from P"),
+    the JSON slice's "memory" and a value layer -1, the programs' "mem"
+    values, the Gantt's bar titles, spindle-diff's instruction keys."""
+    if not XATTN:
+        print("no plan writer (cmocka missing): skipped")
+        sys.exit(77)
+    a = os.path.join(TMP, "xattn.plan.bin")
+    rc, _, err = run([XATTN, "--write-xattn", a])
+    check(rc == 0, "writing the encoder-decoder plan failed (%d): %s" % (rc, err))
+    text = show(a)[0].decode()
+    mem = [l for l in text.splitlines() if re.search(r"  mem \d+ x \d+ from ", l)]
+    check(len(mem) == 1, "%d slice lines with a memory, expected 1 (cap/dec):\n%s" % (len(mem), text))
+    check(re.match(r"^  w3 +cap/dec +layers 0-2 .*  mem 6 x 12 from cap/mem$", mem[0]),
+          "decoder slice line %r" % mem[0])
+    prog = show(a, "--programs")[0].decode()
+    for want in ("recv act(cap/dec, mem) tokens 0+6 samples 0-4 from 0 tag 1",
+                 "send grad(cap/dec, mem) tokens 0+6 samples 0-4 to 0 tag 2",
+                 "send act(cap/mem, 1) tokens 0+6 samples 0-4 to 1 tag 1"):
+        check(want in prog, "--programs lacks %r" % want)
+    out = show(a, "--json", "--programs")[0]
+    j = json.loads(out)
+    slices = [s for w in j["waves"] for s in w["slices"]]
+    withmem = [s for s in slices if "memory" in s]
+    check([s["metaop"] for s in withmem] == ["cap/dec"], "JSON slices with a memory: %s" % withmem)
+    check(withmem[0]["memory"] == {"seq": 6, "width": 12, "from": "cap/mem"},
+          "JSON memory %s" % withmem[0]["memory"])
+    vrefs = [i.get("dst", i.get("src")) for d in j["devices"] for i in d["program"]
+             if i["op"] in ("send", "recv")]
+    check(sum(v["layer"] == -1 for v in vrefs) == 2, "JSON values of layer -1: %s" % vrefs)
+    try:
+        import jsonschema
+        schema = json.load(open(os.path.join(ROOT, "schemas", "plan-view.schema.json")))
+        v = jsonschema.Draft202012Validator(schema)
+        errors = sorted(v.iter_errors(j), key=str)
+        check(not errors, "view does not validate: %s" % (errors[:1],))
+        bad = json.loads(out)
+        next(s for w in bad["waves"] for s in w["slices"] if "memory" in s)["memory"]["seq"] = 0
+        check(list(v.iter_errors(bad)), "schema accepts a memory of 0 tokens")
+    except ImportError:
+        print("python3-jsonschema is not installed: schema validation skipped")
+    svg = os.path.join(TMP, "xattn.svg")
+    show(a, "--gantt", svg)
+    titles = ["".join(t.itertext()) for t in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}title")]
+    check(sum("mem 6 x 12 from cap/mem" in t for t in titles) == 2,
+          "Gantt bar titles with the memory: %s" % [t for t in titles if "cap/dec" in t])
+    # spindle-diff names the memory values: device 1's RECV of act(dec, -1)
+    # (instruction 10; s1 at 12 of a 60-byte record) over fewer samples
+    b = os.path.join(TMP, "xattn-b.plan.bin")
+    patch_u32(a, b, 18, 60, 10, 12, 2)
+    rc, out, err = run([DIFF, a, a])
+    check(rc == 0, "diff of a plan with itself: exit %d: %s" % (rc, err))
+    rc, out, err = run([DIFF, a, b])
+    check(rc == 1, "diff of plans that differ: exit %d: %s" % (rc, err))
+    check("recv act(cap/dec, mem) tokens 0+6 samples 0-4 from 0 tag 1 -> "
+          "recv act(cap/dec, mem) tokens 0+6 samples 0-2 from 0 tag 1" in out.decode(),
+          "diff does not name the memory values:\n%s" % out.decode())
+
+
 CASES = {
     "show-deterministic": case_show_deterministic,
     "show-json": case_show_json,
@@ -287,16 +364,18 @@ CASES = {
     "trace": case_trace,
     "gantt": case_gantt,
     "corrupt": case_corrupt,
+    "show-memory": case_show_memory,
 }
 
 
 def main():
-    global SHOW, DIFF, TMP
-    if len(sys.argv) != 4 or sys.argv[1] not in CASES:
+    global SHOW, DIFF, XATTN, TMP
+    if len(sys.argv) not in (4, 5) or sys.argv[1] not in CASES:
         print(__doc__, file=sys.stderr)
         print("cases: " + ", ".join(CASES), file=sys.stderr)
         return 2
     SHOW, DIFF = sys.argv[2], sys.argv[3]
+    XATTN = sys.argv[4] if len(sys.argv) == 5 else None
     with tempfile.TemporaryDirectory(prefix="spindle-tools-") as TMP:
         try:
             CASES[sys.argv[1]]()

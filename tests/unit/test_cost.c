@@ -3,7 +3,8 @@
  * matrix products listed per layer add up to model.h's FLOPs for every
  * layer type, pass and batch; a product's tile- and wave-quantised time is
  * never below its FLOPs at E_MAX of peak and matches a hand-computed case;
- * kernel counts grow with the head loops as the backend issues them. The
+ * kernel counts grow with the head loops as the backend issues them (a
+ * decoder's with its cross block's; decoders never split). The
  * counts themselves are checked against the sources by
  * tests/planner/launch_counts.py, not here. The tensor-parallel tables of
  * the bundled qwen-val on 64 A800 (heads 16, 20 and 32: t = 8 does not
@@ -34,6 +35,9 @@ static const sp_opshape_t shapes[] = {
 	{.type = COMP_LM_HEAD, .hidden = 512, .seq = 64, .vocab = 1000},
 	{.type = COMP_CLASSIFIER, .hidden = 768, .classes = 10},
 	{.type = COMP_CONTRASTIVE, .hidden = 1024},
+	/* a decoder (OFA-Large-like: 257 memory tokens of width 768) */
+	{.type = COMP_TRANSFORMER, .hidden = 1024, .heads = 16, .ffn = 4096, .seq = 30, .causal = 1,
+	 .mem_seq = 257, .mem_width = 768},
 };
 
 static void products_add_up_to_flops(void **state)
@@ -102,6 +106,15 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(&shapes[6], 8, 0), 14 + 1);
 	assert_int_equal(cost_layer_kernels(&shapes[6], 8, 1), 0);
 	assert_int_equal(cost_layer_kernels(&shapes[7], 8, 0), 14);
+	/* a decoder adds its cross block: 8 + 2 per head loop forward, 21 + 4
+	 * backward (cost.c's XATTN_LAUNCHES) */
+	const sp_opshape_t *dec = &shapes[8];
+	assert_int_equal(cost_layer_kernels(dec, 4, 0), 13 + 2 * 4 + 8 + 2 * 4);
+	assert_int_equal(cost_layer_kernels(dec, 64, 1), 29 + 1 + 4 * 16 + 21 + 4 * 16);
+	/* and never splits, though 2 divides its heads and ffn */
+	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, 2));
+	assert_false(shape_tp_ok(dec, 2));
+	assert_true(shape_tp_ok(dec, 1) && shape_tp_ok(vit, 2));
 }
 
 /* The MetaOps and tables of plans/<w> on plans/clusters/<c> under --tp tp

@@ -189,17 +189,56 @@ static void check_invariants(const planner_t *pl)
 			assert_int_equal(pl->edges[mo->pred[q]].dst, m);
 		for (int q = 0; q < mo->n_succ; q++)
 			assert_int_equal(pl->edges[mo->succ[q]].src, m);
-		/* inputs tile act(m, 0) along seq, in pred order */
+		/* inputs tile act(m, 0) along seq, in pred order; a decoder's
+		 * memory edge comes last */
 		assert_int_equal(mo->source, mo->n_pred == 0);
+		int n_mem = 0;
 		if (!mo->source) {
 			int off = 0;
 			for (int q = 0; q < mo->n_pred; q++) {
-				assert_int_equal(pl->edges[mo->pred[q]].seq_off, off);
-				off += pl->edges[mo->pred[q]].seq_len;
+				const sp_edge_t *ed = &pl->edges[mo->pred[q]];
+				if (ed->memory) {
+					assert_int_equal(q, mo->n_pred - 1);
+					n_mem++;
+					continue;
+				}
+				assert_int_equal(ed->seq_off, off);
+				off += ed->seq_len;
 			}
 			assert_int_equal(mo->seq_in, off);
 		}
+		assert_int_equal(n_mem, mo->shape.mem_seq > 0);
 		assert_int_equal(mo->sink, mo->n_succ == 0);
+	}
+	/* memory edges: act(p, L_p) -> act(c, -1), p's last node the memory of
+	 * every node of c, the whole memory (seq_off 0, mem_seq tokens) */
+	for (int e = 0; e < pl->n_edges; e++) {
+		const sp_edge_t *ed = &pl->edges[e];
+		assert_true(ed->memory == 0 || ed->memory == 1);
+		if (!ed->memory)
+			continue;
+		const metaop_t *c = &pl->mops[ed->dst], *p = &pl->mops[ed->src];
+		const sp_task_t *t = &md->tasks[c->task];
+		assert_true(c->shape.mem_seq > 0);
+		assert_int_equal(ed->seq_off, 0);
+		assert_int_equal(ed->seq_len, c->shape.mem_seq);
+		int last = pl->ops[p->first_op + p->n_layers - 1].node;
+		assert_int_equal(t->nodes[last].seq, c->shape.mem_seq);
+		for (int k = 0; k < c->n_layers; k++)
+			assert_int_equal(op_node(pl, ed->dst, k)->memory, last);
+	}
+	/* a memory ends its MetaOp: no chain link leaves a node that is one */
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		const sp_task_t *t = &md->tasks[mo->task];
+		for (int k = 0; k + 1 < mo->n_layers; k++) {
+			int node = pl->ops[mo->first_op + k].node;
+			if (pl->ops[mo->first_op + k + 1].node == node)
+				continue;
+			for (int j = 0; j < t->n_nodes; j++)
+				assert_false(md->comps[t->nodes[j].comp].cross_attention &&
+					     t->nodes[j].memory == node);
+		}
 	}
 	/* maximal: an edge from a single-consumer MetaOp into a single-input
 	 * MetaOp joins two different shapes (else the chain would continue) */
@@ -613,6 +652,82 @@ static void test_levels(void **state)
 	fix_release(&f);
 }
 
+/*
+ * (i) cross-attention (issue #20). Decoder 'dlo' (node 2) attends to 'e1'
+ * (node 6), so e1 comes first in the topological order. e1 is a memory:
+ * its chain ends there although e2 has its shape and is its only consumer.
+ * 'dlo..dhi' chain (one component, the same memory); 'd2' has their shape
+ * but attends to e2: apart. 'pre' has the decoders' shape but for the
+ * memory (mem_seq, mem_width): apart. Memory seq (6) and width (16) differ
+ * from the decoders' (4, 8).
+ */
+static void test_cross_attention(void **state)
+{
+	(void)state;
+	gfix_t f;
+	fix_build(&f, HEAD("i") "'components': {"
+		      "'tok': {'type': 'embedding', 'vocab': 16, 'hidden': 8, 'max_seq': 8},"
+		      "'img': {'type': 'embedding', 'vocab': 16, 'hidden': 16, 'max_seq': 8},"
+		      "'tr8': {'type': 'transformer', 'layers': 1, 'hidden': 8, 'heads': 2, 'ffn': 16},"
+		      "'tr16': {'type': 'transformer', 'layers': 4, 'hidden': 16, 'heads': 2, 'ffn': 32},"
+		      "'dec': {'type': 'transformer', 'layers': 4, 'hidden': 8, 'heads': 2, 'ffn': 16,"
+		      "        'cross_attention': true, 'memory_width': 16},"
+		      "'dec2': {'type': 'transformer', 'layers': 2, 'hidden': 8, 'heads': 2, 'ffn': 16,"
+		      "        'cross_attention': true, 'memory_width': 16},"
+		      "'lm': {'type': 'lm_head', 'hidden': 8, 'vocab': 16}},"
+		      "'tasks': [{'name': 't', 'batch': 4, 'graph': ["
+		      " {'id': 'q', 'component': 'tok', 'seq': 4},"
+		      " {'id': 'pre', 'component': 'tr8', 'seq': 4, 'inputs': ['q']},"
+		      " {'id': 'dlo', 'component': 'dec', 'seq': 4, 'layers': [0, 2], 'inputs': ['pre'],"
+		      "  'memory': 'e1'},"
+		      " {'id': 'dhi', 'component': 'dec', 'seq': 4, 'layers': [2, 4], 'inputs': ['dlo'],"
+		      "  'memory': 'e1'},"
+		      " {'id': 'd2', 'component': 'dec2', 'seq': 4, 'inputs': ['dhi'], 'memory': 'e2'},"
+		      " {'id': 's', 'component': 'img', 'seq': 6},"
+		      " {'id': 'e1', 'component': 'tr16', 'seq': 6, 'layers': [0, 2], 'inputs': ['s']},"
+		      " {'id': 'e2', 'component': 'tr16', 'seq': 6, 'layers': [2, 4], 'inputs': ['e1']},"
+		      " {'id': 'loss', 'component': 'lm', 'inputs': ['d2']}]}]}");
+	/* Kahn order with memories: q, pre, s, e1, dlo, dhi, e2, d2, loss */
+	static const exp_mop_t x[] = {
+		{"t/q", 1, 0, {{0, 0}}},
+		{"t/pre", 1, 1, {{1, 0}}},
+		{"t/s", 1, 0, {{5, 0}}},
+		{"t/e1", 2, 1, {{6, 0}, {6, 1}}},
+		{"t/dlo..dhi", 4, 2, {{2, 0}, {2, 1}, {3, 2}, {3, 3}}},
+		{"t/e2", 2, 2, {{7, 2}, {7, 3}}},
+		{"t/d2", 2, 3, {{4, 0}, {4, 1}}},
+		{"t/loss", 1, 4, {{8, 0}}},
+	};
+	expect_mops(&f.pl, x, 8);
+	/* by head node: pre; dlo's input, then its memory; d2's; e1; e2; loss */
+	static const int e[][4] = {{0, 1, 0, 4}, {1, 4, 0, 4}, {3, 4, 0, 6}, {4, 6, 0, 4},
+				   {5, 6, 0, 6}, {2, 3, 0, 6}, {3, 5, 0, 6}, {6, 7, 0, 4}};
+	expect_edges(&f.pl, e, 8);
+	static const int mem[] = {0, 0, 1, 0, 1, 0, 0, 0};
+	for (int k = 0; k < 8; k++)
+		assert_int_equal(f.pl.edges[k].memory, mem[k]);
+	/* memory edges are dependencies: d2 waits for e2 (level 2), the
+	 * decoders for e1 */
+	static const int topo[] = {0, 2, 1, 3, 4, 5, 6, 7};
+	expect_topo(&f.pl, topo, 8, 5);
+	const metaop_t *m = f.pl.mops;
+	assert_int_equal(m[4].shape.mem_seq, 6);
+	assert_int_equal(m[4].shape.mem_width, 16);
+	assert_int_equal(m[4].seq_in, 4);
+	assert_int_equal(m[4].width_in, 8);
+	assert_int_equal(m[4].seq_out, 4);
+	assert_int_equal(m[4].width_out, 8);
+	assert_int_equal(m[4].n_pred, 2);
+	assert_int_equal(m[3].n_succ, 2); /* e1: e2's input and the decoders' memory */
+	assert_true(opshape_equal(&m[4].shape, &m[6].shape));
+	assert_int_equal(m[1].shape.mem_seq, 0);
+	sp_opshape_t pre = m[1].shape;
+	pre.mem_seq = m[4].shape.mem_seq;
+	pre.mem_width = m[4].shape.mem_width;
+	assert_true(opshape_equal(&pre, &m[4].shape)); /* only the memory differs */
+	fix_release(&f);
+}
+
 /* Every bundled model contracts into a graph with the properties above. */
 static int not_hidden(const struct dirent *de)
 {
@@ -665,6 +780,7 @@ int main(void)
 		cmocka_unit_test(test_one_token_consumers),
 		cmocka_unit_test(test_linear_shapes),
 		cmocka_unit_test(test_levels),
+		cmocka_unit_test(test_cross_attention),
 		cmocka_unit_test(test_bundled_models),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

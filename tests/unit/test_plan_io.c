@@ -75,6 +75,34 @@ static const char MODEL_JSON[] = MODEL_HEAD MODEL_TASKS "]}\n";
 	"    {\"id\": \"p_loss\", \"component\": \"score\", \"inputs\": [\"p\"]},\n" \
 	"    {\"id\": \"q_loss\", \"component\": \"score\", \"inputs\": [\"q\"]}]}]}\n"
 
+/*
+ * An encoder-decoder (issue #20): the image encoder's output, projected to
+ * width 12 by "mem", is the memory every layer of the decoder "dec" attends
+ * to (memory_width 12, not its hidden 16).
+ */
+static const char XATTN_JSON[] =
+	"{\"format\": \"spindle.model/1\", \"name\": \"xattn-mini\", \"dtype\": \"bf16\",\n"
+	" \"optimizer\": \"adamw\", \"seed\": 7,\n"
+	" \"components\": {\n"
+	"  \"tok\": {\"type\": \"embedding\", \"vocab\": 64, \"hidden\": 16, \"max_seq\": 8},\n"
+	"  \"img_in\": {\"type\": \"patch\", \"in\": 12, \"hidden\": 16, \"max_seq\": 6},\n"
+	"  \"enc\": {\"type\": \"transformer\", \"layers\": 2, \"hidden\": 16,\n"
+	"          \"heads\": 2, \"ffn\": 32},\n"
+	"  \"proj\": {\"type\": \"linear\", \"in\": 16, \"out\": 12},\n"
+	"  \"dec\": {\"type\": \"transformer\", \"layers\": 2, \"hidden\": 16,\n"
+	"          \"heads\": 2, \"ffn\": 32, \"causal\": true,\n"
+	"          \"cross_attention\": true, \"memory_width\": 12},\n"
+	"  \"head\": {\"type\": \"lm_head\", \"hidden\": 16, \"vocab\": 64}},\n"
+	" \"tasks\": [\n"
+	"  {\"name\": \"cap\", \"batch\": 4, \"graph\": [\n"
+	"    {\"id\": \"i_in\", \"component\": \"img_in\", \"seq\": 6},\n"
+	"    {\"id\": \"enc\", \"component\": \"enc\", \"seq\": 6, \"inputs\": [\"i_in\"]},\n"
+	"    {\"id\": \"mem\", \"component\": \"proj\", \"seq\": 6, \"inputs\": [\"enc\"]},\n"
+	"    {\"id\": \"d_in\", \"component\": \"tok\", \"seq\": 5},\n"
+	"    {\"id\": \"dec\", \"component\": \"dec\", \"seq\": 5, \"inputs\": [\"d_in\"],\n"
+	"     \"memory\": \"mem\"},\n"
+	"    {\"id\": \"loss\", \"component\": \"head\", \"inputs\": [\"dec\"]}]}]}\n";
+
 /* component indices, in the JSON's order */
 enum { C_TOK, C_IMG, C_BODY, C_HEAD, C_ALIGN };
 
@@ -136,6 +164,22 @@ static sp_vref_t vref(int m, int layer, int grad, int seq_off)
 {
 	sp_vref_t v = {m, layer, grad, seq_off};
 	return v;
+}
+
+/* Compute instructions name the values their slice implies. */
+static void compute_vrefs(sp_plan_t *p)
+{
+	for (int k = 0; k < p->n_ins; k++) {
+		sp_ins_t *c = &p->ins[k];
+		if (c->op != INS_FWD && c->op != INS_BWD && c->op != INS_LOSS)
+			continue;
+		const sp_slice_t *sl = &p->slices[c->slice];
+		int m = sl->metaop, a = sl->layer_from, b = sl->layer_to;
+		c->src = c->op == INS_FWD ? vref(m, a, 0, 0)
+			 : c->op == INS_BWD ? vref(m, b, 1, 0) : vref(m, 0, 0, 0);
+		c->dst = c->op == INS_FWD ? vref(m, b, 0, 0)
+			 : c->op == INS_BWD ? vref(m, a, 1, 0) : vref(m, 0, 1, 0);
+	}
 }
 
 /*
@@ -278,18 +322,7 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	in[16] = ins(INS_SYNC, -1, 0, 0);
 	in[16].peer = 1;
 	in[17] = ins(INS_STEP, -1, 0, 0);
-	/* compute instructions name the values their slice implies */
-	for (int k = 0; k < p->n_ins; k++) {
-		sp_ins_t *c = &in[k];
-		if (c->op != INS_FWD && c->op != INS_BWD && c->op != INS_LOSS)
-			continue;
-		const sp_slice_t *sl = &p->slices[c->slice];
-		int m = sl->metaop, a = sl->layer_from, b = sl->layer_to;
-		c->src = c->op == INS_FWD ? vref(m, a, 0, 0)
-			 : c->op == INS_BWD ? vref(m, b, 1, 0) : vref(m, 0, 0, 0);
-		c->dst = c->op == INS_FWD ? vref(m, b, 0, 0)
-			 : c->op == INS_BWD ? vref(m, a, 1, 0) : vref(m, 0, 1, 0);
-	}
+	compute_vrefs(p);
 
 	p->n_devices = 2;
 	NEW(p->devices, p->n_devices);
@@ -320,6 +353,131 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	NEW(p->algos, p->n_algos);
 	p->algos[0] = (sp_algo_result_t){"spindle", 12.5, 10.25, 3.5, 0.8125, 1};
 	p->algos[1] = (sp_algo_result_t){"sequential", 20.0, 18.5, 0.1, 0.45, 0};
+}
+
+/*
+ * The encoder-decoder on two GPUs. Device 0: i_in, enc, mem (the memory's
+ * producer, MetaOp 2); device 1: d_in, dec (the decoder, MetaOp 4, memory
+ * 6 tokens x 12), loss. Device 1 receives act(dec, -1) before its first
+ * FWD of dec and sends grad(dec, -1) back after its BWD, into grad(mem, 1).
+ * Six MetaOps, edge 3 the memory edge, five waves, six slices, 17
+ * instructions (3 and 14 send, 4 and 10 receive).
+ */
+enum { XM_MEM = 2, XM_DEC = 4 };
+
+static void make_xattn_plan(sp_plan_t *p)
+{
+	sp_err_t err;
+	memset(p, 0, sizeof *p);
+	memset(&err, 0, sizeof err);
+	int rc = model_parse(&p->model, XATTN_JSON, strlen(XATTN_JSON), "xattn.json", &err);
+	if (rc)
+		sp_err_print(stderr, &err);
+	assert_int_equal(rc, 0);
+	snprintf(p->planner_version, sizeof p->planner_version, "0.1.0");
+	snprintf(p->algo, sizeof p->algo, "sequential");
+	snprintf(p->options, sizeof p->options, "--algo sequential");
+	p->model_hash = p->model.hash;
+	p->cluster_hash = 0x0123456789abcdefULL;
+	snprintf(p->cluster_name, sizeof p->cluster_name, "mini");
+	snprintf(p->gpu_name, sizeof p->gpu_name, "Test GPU 16GB");
+	p->nodes = 1;
+	p->gpus_per_node = 2;
+	p->memory_gib = 16;
+	p->mem_reserve_gib = 1;
+	p->microbatches = 1;
+
+	p->n_metaops = 6;
+	p->n_ops = 8;
+	NEW(p->metaops, p->n_metaops);
+	NEW(p->ops, p->n_ops);
+	metaop(p, 0, 0, 0, 1, 0, 6, 0, 6, 16, "cap/i_in");
+	metaop(p, 1, 0, 1, 2, 1, 6, 16, 6, 16, "cap/enc");
+	metaop(p, 2, 0, 2, 1, 3, 6, 16, 6, 12, "cap/mem");
+	metaop(p, 3, 0, 3, 1, 4, 5, 0, 5, 16, "cap/d_in");
+	metaop(p, 4, 0, 4, 2, 5, 5, 16, 5, 16, "cap/dec");
+	metaop(p, 5, 0, 5, 1, 7, 5, 16, 0, 0, "cap/loss");
+
+	static const sp_edge_t edges[] = {{0, 1, 0, 6, 0}, {1, 2, 0, 6, 0}, {3, 4, 0, 5, 0},
+					  {XM_MEM, XM_DEC, 0, 6, 1}, {4, 5, 0, 5, 0}};
+	p->n_edges = SP_ARRAY_LEN(edges);
+	NEW(p->edges, p->n_edges);
+	memcpy(p->edges, edges, sizeof edges);
+
+	p->n_waves = 5;
+	NEW(p->waves, p->n_waves);
+	static const int wave_first[] = {0, 2, 3, 4, 5}, wave_n[] = {2, 1, 1, 1, 1};
+	for (int w = 0; w < p->n_waves; w++) {
+		p->waves[w].start_ms = 1.5 * w;
+		p->waves[w].dur_ms = 1.25;
+		p->waves[w].bwd_start_ms = 20 - 2.5 * w;
+		p->waves[w].bwd_dur_ms = 2.5;
+		p->waves[w].first_slice = wave_first[w];
+		p->waves[w].n_slices = wave_n[w];
+	}
+	static const int32_t sdevs[] = {0, 1, 0, 0, 1, 1};
+	p->n_slice_devs = SP_ARRAY_LEN(sdevs);
+	NEW(p->slice_devs, p->n_slice_devs);
+	memcpy(p->slice_devs, sdevs, sizeof sdevs);
+	p->n_slices = 6;
+	NEW(p->slices, p->n_slices);
+	slice(p, 0, 0, 0, 0, 1, 1, 0);
+	slice(p, 1, 0, 3, 0, 1, 1, 1);
+	slice(p, 2, 1, 1, 0, 2, 1, 2);
+	slice(p, 3, 2, 2, 0, 1, 1, 3);
+	slice(p, 4, 3, 4, 0, 2, 1, 4);
+	slice(p, 5, 4, 5, 0, 1, 1, 5);
+
+	p->n_ins = 17;
+	NEW(p->ins, p->n_ins);
+	sp_ins_t *in = p->ins;
+	/* device 0: the encoder and the memory's producer */
+	in[0] = ins(INS_FWD, 0, 0, 4);
+	in[1] = ins(INS_FWD, 2, 0, 4);
+	in[2] = ins(INS_FWD, 3, 0, 4);
+	in[3] = ins(INS_SEND, -1, 0, 4); /* act(mem, 1) -> act(dec, -1) */
+	in[3].src = vref(XM_MEM, 1, 0, 0);
+	in[4] = ins(INS_RECV, -1, 0, 4); /* grad(dec, -1) -> grad(mem, 1), added */
+	in[4].dst = vref(XM_MEM, 1, 1, 0);
+	in[5] = ins(INS_BWD, 3, 0, 4);
+	in[6] = ins(INS_BWD, 2, 0, 4);
+	in[7] = ins(INS_BWD, 0, 0, 4);
+	in[8] = ins(INS_STEP, -1, 0, 0);
+	/* device 1: the decoder */
+	in[9] = ins(INS_FWD, 1, 0, 4);
+	in[10] = ins(INS_RECV, -1, 0, 4);
+	in[10].dst = vref(XM_DEC, -1, 0, 0);
+	in[11] = ins(INS_FWD, 4, 0, 4);
+	in[12] = ins(INS_LOSS, 5, 0, 4);
+	in[13] = ins(INS_BWD, 4, 0, 4);
+	in[14] = ins(INS_SEND, -1, 0, 4);
+	in[14].src = vref(XM_DEC, -1, 1, 0);
+	in[15] = ins(INS_BWD, 1, 0, 4);
+	in[16] = ins(INS_STEP, -1, 0, 0);
+	/* the memory's two transfers: tag 1 forward, tag 2 its gradient */
+	static const int xfer[] = {3, 4, 10, 14};
+	for (int i = 0; i < SP_ARRAY_LEN(xfer); i++) {
+		sp_ins_t *x = &in[xfer[i]];
+		x->seq_len = 6;
+		x->peer = xfer[i] < 9 ? 1 : 0;
+		x->tag = x->op == (xfer[i] < 9 ? INS_SEND : INS_RECV) ? 1 : 2;
+	}
+	compute_vrefs(p);
+
+	p->n_devices = 2;
+	NEW(p->devices, p->n_devices);
+	for (int d = 0; d < 2; d++) {
+		sp_device_t *x = &p->devices[d];
+		x->local = d;
+		x->first_ins = d ? 9 : 0;
+		x->n_ins = d ? 8 : 9;
+		for (int k = 0; k < MEM__COUNT; k++)
+			x->mem[k] = (int64_t)1000 * (k + 1) + d;
+		x->mem_peak = 5000 + d;
+		x->busy_ms = 7.5 + d;
+		x->finish_ms = 9.75;
+	}
+	p->cert = (sp_cert_t){.iteration_ms = 12.5, .compute_ms = 10.25, .lower_bound_ms = 8.0};
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -417,6 +575,7 @@ static void expect_nodes_equal(const sp_task_t *a, const sp_task_t *b)
 		assert_int_equal(x->seq, y->seq);
 		assert_int_equal(x->layer_from, y->layer_from);
 		assert_int_equal(x->layer_to, y->layer_to);
+		assert_int_equal(x->memory, y->memory);
 		assert_int_equal(x->n_inputs, y->n_inputs);
 		for (int k = 0; k < x->n_inputs; k++)
 			assert_int_equal(x->inputs[k], y->inputs[k]);
@@ -444,6 +603,8 @@ static void expect_model_equal(const sp_model_t *a, const sp_model_t *b)
 			    x->layers == y->layers && x->heads == y->heads &&
 			    x->ffn == y->ffn && x->classes == y->classes &&
 			    x->causal == y->causal && x->temperature == y->temperature);
+		assert_int_equal(x->cross_attention, y->cross_attention);
+		assert_int_equal(x->memory_width, y->memory_width);
 	}
 	assert_int_equal(a->n_tasks, b->n_tasks);
 	for (int t = 0; t < a->n_tasks; t++)
@@ -568,6 +729,17 @@ static int setup(void **state)
 	if (!f)
 		return -1;
 	make_plan(&f->plan, MODEL_JSON);
+	encode(&f->plan, &f->bin, &f->len);
+	*state = f;
+	return 0;
+}
+
+static int setup_xattn(void **state)
+{
+	fix_t *f = calloc(1, sizeof *f);
+	if (!f)
+		return -1;
+	make_xattn_plan(&f->plan);
 	encode(&f->plan, &f->bin, &f->len);
 	*state = f;
 	return 0;
@@ -761,6 +933,17 @@ static void test_version_and_magic(void **state)
 	expect_reject(b, 40, want);
 	wr32(b + 12, PLAN_VERSION - 1);
 	expect_reject(b, f->len, "is older than this build");
+	/* version 3 (before cross-attention): refused, told to re-plan */
+	wr32(b + 12, 3);
+	sp_plan_t out;
+	sp_err_t err;
+	memset(&err, 0, sizeof err);
+	assert_int_equal(plan_decode(&out, b, f->len, "plan.bin", &err), SP_EINPUT);
+	snprintf(want, sizeof want, "plan format version 3 is older than this build "
+				    "(reads version %d): re-plan", PLAN_VERSION);
+	assert_string_equal(err.msg, want);
+	assert_non_null(strstr(err.hint, "run spindle-plan again"));
+	assert_true(is_zero(&out, sizeof out));
 	memcpy(b, f->bin, f->len);
 	b[3] ^= 0x20;
 	expect_reject(b, f->len, "not a Spindle plan");
@@ -934,7 +1117,7 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 18, 2, 8, 9, "instructions[2].s0",
 			      "sample range [9, 8)");
 	expect_patch_rejected(f, 18, 12, 24, 3, "instructions[12].src.layer",
-			      "3 is outside [0, 2]");
+			      "3 is outside [-1, 2]");
 	expect_patch_rejected(f, 18, 12, 28, 2, "instructions[12].src.grad",
 			      "2 is outside [0, 1]");
 	expect_patch_rejected(f, 18, 12, 32, 1, "instructions[12].src.seq_off",
@@ -1240,9 +1423,188 @@ static void test_util(void **state)
 	plan_release(NULL);
 }
 
-int main(void)
+/* ---- cross-attention (format 4) ---------------------------------------- */
+
+/* The decoded decoder plan holds what was built: the memory's fields. */
+static void test_xattn_fields(void **state)
 {
+	fix_t *f = *state;
+	sp_plan_t back;
+	sp_err_t err;
+	memset(&err, 0, sizeof err);
+	assert_int_equal(plan_decode(&back, f->bin, f->len, "plan.bin", &err), 0);
+	const sp_component_t *dec = &back.model.comps[4], *enc = &back.model.comps[2];
+	assert_true(dec->cross_attention == 1 && dec->memory_width == 12);
+	assert_true(enc->cross_attention == 0 && enc->memory_width == 0);
+	const sp_task_t *t = &back.model.tasks[0];
+	assert_int_equal(t->nodes[4].memory, 2); /* dec attends to mem */
+	assert_int_equal(t->nodes[1].memory, 0); /* as the loader leaves it */
+	assert_true(back.metaops[XM_DEC].shape.mem_seq == 6 &&
+		    back.metaops[XM_DEC].shape.mem_width == 12);
+	for (int m = 0; m < back.n_metaops; m++)
+		if (m != XM_DEC)
+			assert_true(back.metaops[m].shape.mem_seq == 0 &&
+				    back.metaops[m].shape.mem_width == 0);
+	for (int e = 0; e < back.n_edges; e++)
+		assert_int_equal(back.edges[e].memory, e == 3);
+	assert_true(back.ins[10].dst.metaop == XM_DEC && back.ins[10].dst.layer == -1 &&
+		    back.ins[10].dst.grad == 0);
+	assert_true(back.ins[14].src.metaop == XM_DEC && back.ins[14].src.layer == -1 &&
+		    back.ins[14].src.grad == 1);
+	int32_t seq, width;
+	plan_value_shape(&back, XM_DEC, -1, &seq, &width);
+	assert_true(seq == 6 && width == 12);
+	plan_release(&back);
+}
+
+/* The new fields sit where PLAN-FORMAT.md says: appended to each record. */
+static void test_xattn_layout(void **state)
+{
+	fix_t *f = *state;
+	const uint8_t *b = f->bin;
+	static const struct {
+		uint32_t id, rec_size, rec, at;
+		uint64_t v;
+	} fields[] = {
+		{4, 104, 4, 92, 1},            /* components[dec].cross_attention */
+		{4, 104, 4, 96, 12},           /* components[dec].memory_width (i64) */
+		{4, 104, 2, 92, 0},            /* components[enc] */
+		{4, 104, 2, 96, 0},
+		{6, 36, 4, 32, 2},             /* nodes[dec].memory */
+		{6, 36, 1, 32, 0xffffffffu},   /* nodes[enc].memory: -1 */
+		{8, 140, XM_DEC, 124, 6},      /* metaops[dec].mem_seq (i64) */
+		{8, 140, XM_DEC, 132, 12},     /* mem_width (i64) */
+		{8, 140, XM_MEM, 124, 0},
+		{10, 20, 3, 16, 1},            /* edges[3].memory */
+		{10, 20, 2, 16, 0},
+		{18, 60, 10, 40, 0xffffffffu}, /* instructions[10].dst.layer: -1 */
+	};
+	for (int i = 0; i < SP_ARRAY_LEN(fields); i++) {
+		uint8_t *t = entry_of((uint8_t *)b, fields[i].id);
+		uint64_t size = rd64(t + 16), count = rd64(t + 24);
+		assert_int_equal(size, count * fields[i].rec_size);
+		const uint8_t *r = b + rd64(t + 8) + fields[i].rec * fields[i].rec_size;
+		uint64_t got = fields[i].at == 96 || fields[i].at == 124 || fields[i].at == 132
+				       ? rd64(r + fields[i].at)
+				       : rd32(r + fields[i].at);
+		if (got != fields[i].v)
+			fail_msg("section %u record %u at %u: expected %llu, got %llu", fields[i].id,
+				 fields[i].rec, fields[i].at, (unsigned long long)fields[i].v,
+				 (unsigned long long)got);
+	}
+}
+
+/* The reader's cross-attention rules, one broken field each. */
+static void test_xattn_refusals(void **state)
+{
+	static const struct {
+		uint32_t id, rec, at, v;
+		const char *path, *msg;
+	} cases[] = {
+		/* a memory value only on a decoder */
+		{18, 3, 24, 0xffffffffu, "instructions[3].src.layer",
+		 "layer -1 (the memory) of metaop 'cap/mem', which has none"},
+		{18, 10, 40, 0xfffffffeu, "instructions[10].dst.layer", "-2 is outside [-1, 2]"},
+		{18, 10, 48, 1, "instructions[10].dst.seq_off",
+		 "range [1, 7) is outside the 6 tokens of the value"},
+		/* the memory edge */
+		{10, 3, 16, 2, "edges[3].memory", "2 is outside [0, 1]"},
+		{10, 3, 12, 5, "edges[3].seq_len",
+		 "a memory edge carries the whole memory: seq_off 0 and seq_len 6 (got 0 and 5)"},
+		{10, 3, 8, 1, "edges[3].seq_len", "(got 1 and 6)"},
+		{10, 3, 4, 5, "edges[3].memory",
+		 "memory edge into metaop 'cap/loss', which has no memory"},
+		{10, 3, 0, 1, "edges[3].src",
+		 "metaop 'cap/enc' does not end with node 'mem', the memory of metaop 'cap/dec'"},
+		{10, 2, 16, 1, "edges[2].seq_len", "carries the whole memory"},
+		/* components: cross_attention 0/1 on transformers, memory_width >= 1
+		 * exactly with it */
+		{4, 4, 92, 2, "components[4].cross_attention", "2 is outside [0, 1]"},
+		{4, 0, 92, 1, "components[0].cross_attention",
+		 "embedding components have no 'cross_attention'"},
+		{4, 2, 96, 5, "components[2].memory_width",
+		 "memory width 5 on a component without cross-attention"},
+		{4, 4, 92, 0, "components[4].memory_width",
+		 "memory width 12 on a component without cross-attention"},
+		{4, 4, 96, 0, "components[4].memory_width", "0 is outside [1, 16777216]"},
+		/* nodes: a memory in the task, only on cross-attention nodes; the
+		 * model's memory rules (model_check.c) */
+		{6, 4, 32, 9, "tasks[0].nodes[4].memory", "node 9 does not exist (there are 6)"},
+		{6, 4, 32, 0xffffffffu, "tasks[0].nodes[4].memory", "node -1 does not exist"},
+		{6, 1, 32, 2, "tasks[0].nodes[1].memory",
+		 "node 'enc' has memory 2, but component 'enc' has no cross-attention"},
+		{6, 4, 32, 4, "tasks[0].nodes[4].memory", "node 'dec' is its own memory"},
+		{6, 4, 32, 5, "tasks[0].nodes[4].memory", "memory 'loss' is a loss node"},
+		{6, 4, 32, 1, "tasks[0].nodes[4].memory",
+		 "width mismatch: memory 'enc' has width 16, expected 12"},
+		/* metaops: the shape's memory is the nodes' */
+		{8, XM_DEC, 124, 7, "ops[5].node",
+		 "node 'dec' has a memory of 6 tokens of width 12, metaops[4] one of 7 of width 12"},
+		{8, 1, 124, 6, "metaops[1].mem_seq",
+		 "a memory of 6 tokens of width 0 (both 0, or both at least 1)"},
+		{8, XM_DEC, 124, 0, "metaops[4].mem_seq",
+		 "a memory of 0 tokens of width 12 (both 0, or both at least 1)"},
+	};
+	for (size_t i = 0; i < SP_ARRAY_LEN(cases); i++)
+		expect_patch_rejected(*state, cases[i].id, cases[i].rec, cases[i].at, cases[i].v,
+				      cases[i].path, cases[i].msg);
+	fix_t *f = *state;
+	uint8_t *b = malloc(f->len);
+	assert_non_null(b);
+	/* a memory on a non-transformer, well-formed otherwise */
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 8, 0, 124, 6);
+	patch(b, f->len, 8, 0, 132, 16);
+	expect_rejected_at(b, f->len, "metaops[0].mem_seq", "a memory on a patch metaop");
+	/* a transformer metaop whose nodes have no memory */
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 8, 1, 124, 6);
+	patch(b, f->len, 8, 1, 132, 16);
+	expect_rejected_at(b, f->len, "ops[1].node",
+			   "node 'enc' has a memory of 0 tokens of width 0, metaops[1] one of "
+			   "6 of width 16");
+	/* the memory edge made an input edge: the decoder has none left */
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 10, 3, 16, 0);
+	patch(b, f->len, 10, 3, 12, 5);
+	expect_rejected_at(b, f->len, "metaops[4].mem_seq",
+			   "decoder metaop 'cap/dec' has no memory edge");
+	/* a copy into the memory checks its width (act(enc, 2) is 16 wide) */
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 18, 3, 0, INS_COPY);
+	patch(b, f->len, 18, 3, 20, 1);
+	patch(b, f->len, 18, 3, 24, 2);
+	patch(b, f->len, 18, 3, 36, XM_DEC);
+	patch(b, f->len, 18, 3, 40, 0xffffffffu);
+	expect_rejected_at(b, f->len, "instructions[3].dst",
+			   "copy between values of widths 16 and 12");
+	free(b);
+}
+
+/*
+ * With --write-xattn PATH, writes the encoder-decoder plan to PATH and exits
+ * (tests/tools runs spindle-show on it while the planner cannot yet plan
+ * decoders).
+ */
+static int write_xattn(const char *path)
+{
+	sp_plan_t p;
+	sp_err_t err;
+	memset(&err, 0, sizeof err);
+	make_xattn_plan(&p);
+	int rc = plan_write(&p, path, &err);
+	if (rc)
+		sp_err_print(stderr, &err);
+	plan_release(&p);
+	return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "--write-xattn"))
+		return write_xattn(argv[2]);
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+#define X(name) cmocka_unit_test_setup_teardown(name, setup_xattn, teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_round_trip),
 		T(test_layout),
@@ -1258,7 +1620,14 @@ int main(void)
 		T(test_encode_refuses_invalid),
 		T(test_files),
 		T(test_util),
+		X(test_round_trip),
+		X(test_truncations),
+		X(test_bit_flips_validated),
+		X(test_xattn_fields),
+		X(test_xattn_layout),
+		X(test_xattn_refusals),
 	};
 #undef T
+#undef X
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,438 @@
+/*
+ * test_encdec.c — the planner plans encoder-decoder models (issue #20) on
+ * tests/planner/encdec: a captioning task (image encoder, text decoder
+ * attending to it: memory width 64, decoder hidden 32, mem_seq 16, seq 8)
+ * and a summarising task (text encoder projected to 64 as the memory of the
+ * same decoder component, split over two nodes: mem_seq 24, seq 6).
+ *
+ * For every algorithm, under the default options, a forced --tp 2,
+ * --microbatches 2, --recompute all and the three together: the plan
+ * verifies (verify_plan), decoders run whole layers (tp 1) and the
+ * memory's lowering follows the contract on every device (check_memory):
+ * act(c, -1) is written once per sample of the union of the device's
+ * slots of c, from act(p, L_p), before its first FWD of c; grad(c, -1)
+ * leaves once to each holder of p's samples, after its last BWD of c, and
+ * arrives before p's BWD; devices without slots of c move neither. Two
+ * runs give the same plan (plan_same). A hand-made schedule puts two
+ * slices of one decoder on one device over disjoint ranges (a union of
+ * two intervals, one of them local to the encoder's device) and checks the
+ * exact transfers. Prints ours' and the sequential iteration (ms).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "planner.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef SPINDLE_ROOT
+#define SPINDLE_ROOT "."
+#endif
+
+typedef struct {
+	sp_model_t model;
+	sp_cluster_t cluster;
+} inputs_t;
+
+static void load_inputs(inputs_t *in)
+{
+	char mp[4096], cp[4096];
+	const char *root = getenv("SPINDLE_ROOT");
+	root = root && *root ? root : SPINDLE_ROOT;
+	snprintf(mp, sizeof mp, "%s/tests/planner/encdec/model.json", root);
+	snprintf(cp, sizeof cp, "%s/tests/planner/encdec/cluster-2x4.json", root);
+	sp_err_t err = {0};
+	memset(in, 0, sizeof *in);
+	if (model_load(&in->model, mp, &err) || cluster_load(&in->cluster, cp, &err))
+		print_message("%s\n", err.msg);
+	assert_int_equal(err.code, 0);
+}
+
+static void release_inputs(inputs_t *in)
+{
+	model_release(&in->model);
+	cluster_release(&in->cluster);
+}
+
+static void default_opts(plan_opts_t *o, const sp_cluster_t *c)
+{
+	memset(o, 0, sizeof *o);
+	o->algo = ALGO_SPINDLE;
+	o->placement = PLACE_SPINDLE;
+	o->mem_reserve_gib = SP_MIN(2.0, 0.1 * c->memory_gib);
+	o->milp_nodes = 200;
+	o->zero = -1;
+	o->recompute = -1;
+}
+
+/* ---- the memory's lowering, on any plan ---------------------------------- */
+
+typedef struct {
+	int decoders;    /* (decoder, device) pairs with slots */
+	int multi_slot;  /* of those, with 2 or more slots */
+	int gaps;        /* of those, whose union is 2 or more intervals */
+	int local;       /* memory COPYs (the encoder's output on the device) */
+	int received;    /* memory RECVs */
+} mem_stats_t;
+
+static int64_t batch_of(const sp_plan_t *p, int m)
+{
+	return p->model.tasks[p->metaops[m].task].batch;
+}
+
+static int is_vref(const sp_vref_t *v, int m, int l, int g)
+{
+	return v->metaop == m && v->layer == l && v->grad == g && v->seq_off == 0;
+}
+
+/* The slot of device d in slice i, or -1. */
+static int slot_of(const sp_plan_t *p, int i, int d)
+{
+	const sp_slice_t *sl = &p->slices[i];
+	for (int q = 0; q < sl->n_dev; q++)
+		if (p->slice_devs[sl->dev_off + q] == d)
+			return q;
+	return -1;
+}
+
+static void slot_range(const sp_plan_t *p, int i, int q, int32_t *a, int32_t *b)
+{
+	const sp_slice_t *sl = &p->slices[i];
+	sample_range(batch_of(p, sl->metaop), q / sl->tp, sl->n_dev / sl->tp, a, b);
+}
+
+/* Decoder c (memory edge e) on device d. */
+static void check_device(const sp_plan_t *p, int c, const sp_edge_t *e, int d, mem_stats_t *st)
+{
+	const sp_metaop_t *mc = &p->metaops[c];
+	int pm = e->src, Lp = p->metaops[pm].n_layers, last_p = -1;
+	int64_t B = batch_of(p, c);
+	for (int i = 0; i < p->n_slices; i++)
+		if (p->slices[i].metaop == pm)
+			last_p = i;
+	assert_true(last_p >= 0);
+	int *in_union = calloc((size_t)B, sizeof(int)), *got = calloc((size_t)B, sizeof(int));
+	int *sent = calloc((size_t)B, sizeof(int)), *want_sent = calloc((size_t)B, sizeof(int));
+	assert_true(in_union && got && sent && want_sent);
+	int slots = 0;
+	for (int i = 0; i < p->n_slices; i++) {
+		int q = p->slices[i].metaop == c ? slot_of(p, i, d) : -1;
+		if (q < 0)
+			continue;
+		assert_int_equal(p->slices[i].tp, 1); /* decoders are never split */
+		int32_t a, b;
+		slot_range(p, i, q, &a, &b);
+		for (int32_t s = a; s < b; s++)
+			in_union[s] = 1;
+		slots++;
+	}
+	/* every holder of p's samples (each member of a tp group) gets grad(c, -1) */
+	const sp_slice_t *lp = &p->slices[last_p];
+	for (int q = 0; q < lp->n_dev; q++) {
+		int32_t a, b;
+		slot_range(p, last_p, q, &a, &b);
+		for (int32_t s = a; s < b; s++)
+			want_sent[s] += in_union[s];
+	}
+	const sp_device_t *dv = &p->devices[d];
+	int first_fwd = -1, last_bwd = -1;
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].metaop == c) {
+			if (in->op == INS_FWD && first_fwd < 0)
+				first_fwd = k;
+			if (in->op == INS_BWD)
+				last_bwd = k;
+		}
+	}
+	assert_int_equal(first_fwd >= 0, slots > 0);
+	assert_int_equal(last_bwd >= 0, slots > 0);
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if ((in->op == INS_RECV || in->op == INS_COPY) && in->dst.metaop == c &&
+		    in->dst.layer == -1 && !in->dst.grad) {
+			/* the memory in: from act(p, L_p), before the first FWD */
+			assert_true(is_vref(&in->src, pm, Lp, 0));
+			assert_true(is_vref(&in->dst, c, -1, 0));
+			assert_int_equal(in->seq_len, mc->shape.mem_seq);
+			assert_true(first_fwd >= 0 && k < first_fwd);
+			for (int32_t s = in->s0; s < in->s1; s++)
+				got[s]++;
+			st->local += in->op == INS_COPY;
+			st->received += in->op == INS_RECV;
+		}
+		if ((in->op == INS_SEND || in->op == INS_COPY) && in->src.metaop == c &&
+		    in->src.layer == -1) {
+			/* its gradient out: into grad(p, L_p), after the last BWD */
+			assert_true(is_vref(&in->src, c, -1, 1));
+			assert_true(is_vref(&in->dst, pm, Lp, 1));
+			assert_int_equal(in->seq_len, mc->shape.mem_seq);
+			assert_true(last_bwd >= 0 && k > last_bwd);
+			for (int32_t s = in->s0; s < in->s1; s++)
+				sent[s]++;
+		}
+		if ((in->op == INS_RECV || in->op == INS_COPY) && in->src.metaop == c &&
+		    in->src.layer == -1) {
+			/* received by p's holder before its BWD of p's last slice */
+			int bwd = -1;
+			for (int j = k + 1; j < dv->n_ins && bwd < 0; j++)
+				if (p->ins[dv->first_ins + j].op == INS_BWD &&
+				    p->ins[dv->first_ins + j].slice == last_p)
+					bwd = j;
+			assert_true(bwd > k);
+		}
+	}
+	/* local gradient COPYs run on the holder (this device too): count
+	 * them where they are, with the SENDs of this device */
+	for (int64_t s = 0; s < B; s++) {
+		assert_int_equal(got[s], in_union[s]);
+		assert_int_equal(sent[s], want_sent[s]);
+	}
+	if (slots) {
+		int runs = 0;
+		for (int64_t s = 0; s < B; s++)
+			runs += in_union[s] && (s == 0 || !in_union[s - 1]);
+		st->decoders++;
+		st->multi_slot += slots > 1;
+		st->gaps += runs > 1;
+	}
+	free(in_union);
+	free(got);
+	free(sent);
+	free(want_sent);
+}
+
+/* Every decoder on every device; the plan also verifies. */
+static void check_memory(const sp_plan_t *p, mem_stats_t *st)
+{
+	sp_err_t err = {0};
+	int rc = verify_plan(p, 0, &err);
+	if (rc)
+		print_message("verify: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	int n_dec = 0;
+	for (int e = 0; e < p->n_edges; e++) {
+		const sp_edge_t *ed = &p->edges[e];
+		if (!ed->memory)
+			continue;
+		n_dec++;
+		assert_true(p->metaops[ed->dst].shape.mem_seq > 0);
+		for (int d = 0; d < p->n_devices; d++)
+			check_device(p, ed->dst, ed, d, st);
+	}
+	assert_int_equal(n_dec, 2); /* one per task */
+}
+
+/* The same structure, programs and predictions, byte for byte. */
+static int plan_same(const sp_plan_t *a, const sp_plan_t *b)
+{
+#define SAME_ARR(f, n) (a->n == b->n && (!a->n || !memcmp(a->f, b->f, sizeof *a->f * (size_t)a->n)) ? 1 : (print_message("differ: " #f "\n"), 0))
+	if (a->n_metaops != b->n_metaops)
+		return 0;
+	for (int m = 0; m < a->n_metaops; m++) { /* field by field: shapes have padding */
+		const sp_metaop_t *x = &a->metaops[m], *y = &b->metaops[m];
+		if (!opshape_equal(&x->shape, &y->shape) || strcmp(x->name, y->name) ||
+		    x->task != y->task || x->n_layers != y->n_layers || x->first_op != y->first_op ||
+		    x->seq_in != y->seq_in || x->width_in != y->width_in ||
+		    x->seq_out != y->seq_out || x->width_out != y->width_out ||
+		    x->fwd_ms != y->fwd_ms || x->bwd_ms != y->bwd_ms || x->profiled != y->profiled)
+			return 0;
+	}
+	return SAME_ARR(edges, n_edges) &&
+	       SAME_ARR(slices, n_slices) && SAME_ARR(slice_devs, n_slice_devs) &&
+	       SAME_ARR(waves, n_waves) && SAME_ARR(buckets, n_buckets) &&
+	       SAME_ARR(bucket_devs, n_bucket_devs) && SAME_ARR(bucket_params, n_bucket_params) &&
+	       SAME_ARR(devices, n_devices) && SAME_ARR(ins, n_ins) && SAME_ARR(held, n_held) &&
+	       !memcmp(&a->cert, &b->cert, sizeof a->cert) && !strcmp(a->options, b->options);
+#undef SAME_ARR
+}
+
+/* ---- every algorithm under every option set ------------------------------- */
+
+static const char *const ALGOS[] = {"spindle", "spindle-paper", "sequential", "task-level",
+				    "distmm-mt"};
+
+typedef struct {
+	const char *name;
+	int tp, microbatches, recompute;
+} optset_t;
+
+static const optset_t OPTSETS[] = {
+	{"default", 0, 0, -1},
+	{"--tp 2", 2, 0, -1},
+	{"--microbatches 2", 0, 2, -1},
+	{"--recompute all", 0, 0, 1},
+	{"--tp 2 --microbatches 2 --recompute all", 2, 2, 1},
+};
+
+static int plan_once(const inputs_t *in, const plan_opts_t *o, sp_plan_t *out,
+		     plan_summary_t *sum)
+{
+	sp_err_t err = {0};
+	int rc = planner_run(o, &in->model, &in->cluster, out, sum, &err);
+	if (rc)
+		print_message("planner_run: %s\n", err.msg);
+	return rc;
+}
+
+static void test_every_algorithm(void **state)
+{
+	(void)state;
+	inputs_t in;
+	load_inputs(&in);
+	mem_stats_t st = {0};
+	int split = 0;
+	for (size_t a = 0; a < sizeof ALGOS / sizeof *ALGOS; a++)
+		for (size_t v = 0; v < sizeof OPTSETS / sizeof *OPTSETS; v++) {
+			const optset_t *os = &OPTSETS[v];
+			plan_opts_t o;
+			default_opts(&o, &in.cluster);
+			assert_int_equal(algo_parse(ALGOS[a], &o.algo), 0);
+			o.tp = os->tp;
+			o.microbatches = os->microbatches;
+			o.recompute = os->recompute;
+			sp_plan_t p = {0}, q = {0};
+			plan_summary_t sum, sum2;
+			assert_int_equal(plan_once(&in, &o, &p, &sum), 0);
+			check_memory(&p, &st);
+			if (os->microbatches)
+				assert_int_equal(p.microbatches, os->microbatches);
+			for (int i = 0; i < p.n_slices; i++) {
+				const sp_slice_t *sl = &p.slices[i];
+				split += sl->tp > 1;
+				if (os->recompute == 1 && p.metaops[sl->metaop].shape.mem_seq > 0)
+					assert_int_equal(sl->recompute, 1);
+			}
+			/* the same inputs: the same plan */
+			assert_int_equal(plan_once(&in, &o, &q, &sum2), 0);
+			assert_true(plan_same(&p, &q));
+			print_message("%-13s %-40s iteration %8.3f ms (sequential %8.3f ms)\n",
+				      ALGOS[a], os->name, p.cert.iteration_ms,
+				      sum.algos[ALGO_SEQUENTIAL].iteration_ms);
+			plan_release(&p);
+			plan_release(&q);
+		}
+	print_message("memory lowered on %d (decoder, device) pairs: %d with several slots, "
+		      "%d over disjoint ranges; %d RECVs, %d local COPYs\n",
+		      st.decoders, st.multi_slot, st.gaps, st.received, st.local);
+	assert_true(split > 0); /* --tp 2 split the encoders */
+	assert_true(st.multi_slot > 0 && st.received > 0);
+	release_inputs(&in);
+}
+
+/* ---- a hand-made schedule ---------------------------------------------------- */
+
+/*
+ * caption: img_in, img on {0, 3} (device 3 holds samples [8, 16) of the
+ * encoder's output); the decoder's layer 0 on {3, 4, 5, 6}, layer 1 on
+ * {1, 2, 3, 4}: device 3 holds [0, 4) and [8, 12) of the decoder (two
+ * intervals: [0, 4) comes from device 0, [8, 12) is local), device 4
+ * [4, 8) and [12, 16) (both received). summarize: the decoder on device 7 alone, the memory
+ * on device 6.
+ */
+static void test_hand_schedule(void **state)
+{
+	(void)state;
+	inputs_t in;
+	load_inputs(&in);
+	plan_opts_t o;
+	default_opts(&o, &in.cluster);
+	sp_err_t err = {0};
+	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 8;
+	pl.mem_cap = 1e12;
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+	assert_int_equal(layout_prepare(&pl), 0);
+	static const struct {
+		const char *mop;
+		int lf, lt, n;
+		int32_t devs[4];
+	} rows[] = {
+		{"caption/img_in", 0, 1, 2, {0, 3}},
+		{"caption/img", 0, 2, 2, {0, 3}},
+		{"caption/txt_in", 0, 1, 1, {5}},
+		{"caption/dec", 0, 1, 4, {3, 4, 5, 6}},
+		{"caption/dec", 1, 2, 4, {1, 2, 3, 4}},
+		{"caption/loss", 0, 1, 4, {1, 2, 3, 4}},
+		{"summarize/doc_in", 0, 1, 1, {5}},
+		{"summarize/doc", 0, 2, 2, {5, 6}},
+		{"summarize/mem", 0, 1, 1, {6}},
+		{"summarize/txt_in", 0, 1, 1, {7}},
+		{"summarize/dec_lo..dec_hi", 0, 2, 1, {7}},
+		{"summarize/loss", 0, 1, 1, {7}},
+	};
+	sched_t s;
+	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+		int m = -1;
+		for (int k = 0; k < pl.n_mops; k++)
+			if (!strcmp(pl.mops[k].name, rows[r].mop))
+				m = k;
+		assert_true(m >= 0);
+		assert_int_equal(sched_push_devs(&s, m, rows[r].lf, rows[r].lt, rows[r].n,
+						 (double)r, (double)r + 1, rows[r].devs),
+				 0);
+	}
+	assert_int_equal(sched_finish(&s), 0);
+	place_t pc;
+	assert_int_equal(place_run(&pl, &s, PLACE_SPINDLE, &pc), 0);
+	sp_plan_t p = {0};
+	assert_int_equal(lower_run(&pl, &s, &pc, &p), 0);
+	mem_stats_t st = {0};
+	check_memory(&p, &st);
+	/* devices 3 ([0, 4), [8, 12)) and 4 ([4, 8), [12, 16)) */
+	assert_int_equal(st.multi_slot, 2);
+	assert_int_equal(st.gaps, 2);
+	assert_int_equal(st.local, 1);  /* device 3's [8, 12) */
+	/* from device 0 to 1, 2, 3, 4; from 3 to 4, 5, 6; from 6 to 7 */
+	assert_int_equal(st.received, 8);
+	/* device 3's memory: RECV [0, 4) from device 0, COPY [8, 12) */
+	int c = p.slices[3].metaop, recv = 0, copy = 0;
+	const sp_device_t *dv = &p.devices[3];
+	if (getenv("DUMP"))
+		for (int d = 0; d < p.n_devices; d++)
+			for (int k = 0; k < p.devices[d].n_ins; k++) {
+				const sp_ins_t *x = &p.ins[p.devices[d].first_ins + k];
+				print_message("dev %d %2d %-5s sl %2d [%2d,%2d) len %2d src %d/%d/%d dst %d/%d/%d peer %d tag %d\n", d, k, ins_op_name(x->op), x->slice, x->s0, x->s1, x->seq_len, x->src.metaop, x->src.layer, x->src.grad, x->dst.metaop, x->dst.layer, x->dst.grad, x->peer, x->tag);
+			}
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *x = &p.ins[dv->first_ins + k];
+		if ((x->op != INS_RECV && x->op != INS_COPY) || x->dst.metaop != c ||
+		    x->dst.layer != -1 || x->dst.grad)
+			continue;
+		if (x->op == INS_RECV) {
+			assert_int_equal(x->peer, 0);
+			assert_int_equal(x->s0, 0);
+			assert_int_equal(x->s1, 4);
+			recv++;
+		} else {
+			assert_int_equal(x->op, INS_COPY);
+			assert_int_equal(x->s0, 8);
+			assert_int_equal(x->s1, 12);
+			copy++;
+		}
+	}
+	assert_int_equal(recv, 1);
+	assert_int_equal(copy, 1);
+	plan_release(&p);
+	sp_arena_release(&pl.scratch);
+	sp_arena_release(&pl.arena);
+	release_inputs(&in);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hand_schedule),
+		cmocka_unit_test(test_every_algorithm),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

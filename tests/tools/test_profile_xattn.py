@@ -17,7 +17,8 @@ decoder's shape without a memory. Asserts:
   * the decoder was timed through the cross-attention block: at the largest
     batch its forward and backward take more than twice the plain block's
     with memory 256 (the arith.c FLOPs say about 10x) and more than the
-    memory-16 decoder's (about 5x);
+    memory-16 decoder's (about 5x); under other load a failed comparison is
+    measured again, up to 3 runs;
   * --backend cuda refuses the model before measuring (exit 2, "cross-
     attention is not built for the cuda backend"), and writes nothing,
     whether or not the build has CUDA;
@@ -37,6 +38,7 @@ PLAN = os.environ["SPINDLE_PLAN"]
 ROOT = os.environ.get("SPINDLE_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))
 CLUSTER = os.path.join(ROOT, "plans", "clusters", "cpu-4.json")
 BATCHES = [1, 4]
+ATTEMPTS = 3
 
 MODEL = {
     "format": "spindle.model/1",
@@ -89,6 +91,21 @@ def base_shape(op):
     return {k: op[k] for k in ("type", "hidden", "heads", "ffn", "seq", "causal")}
 
 
+def timings(prof):
+    """(ok, what) of each timing comparison at the largest batch."""
+    tr = [e for e in prof if e["op"]["type"] == "transformer"]
+    dec = {e["op"]["mem_seq"]: e for e in tr if "mem_seq" in e["op"]}
+    plain = [e for e in tr if "mem_seq" not in e["op"] and e["op"]["seq"] == 8][0]
+    out = []
+    for key in ("fwd_ms", "bwd_ms"):
+        lng, sht, pl = (x["points"][-1][key] for x in (dec[256], dec[16], plain))
+        out.append((lng > 2 * pl, f"{key} at batch {BATCHES[-1]}: decoder m256 {lng:.4g} > "
+                    f"2 x plain {pl:.4g}"))
+        out.append((lng > sht, f"{key} at batch {BATCHES[-1]}: decoder m256 {lng:.4g} > "
+                    f"decoder m16 {sht:.4g}"))
+    return out
+
+
 def costs(model, cluster):
     p = subprocess.run([PLAN, model, cluster, "--costs"], capture_output=True, text=True,
                        timeout=120)
@@ -137,16 +154,24 @@ def main():
         check(all([x["batch"] for x in e["points"]] == BATCHES for e in prof),
               f"every entry has points at batches {BATCHES}")
 
-        def at(e, key):
-            return e["points"][-1][key]
-        t_plain, t_long, t_short = twin[0], dec[256], dec[16]
-        for key in ("fwd_ms", "bwd_ms"):
-            check(at(t_long, key) > 2 * at(t_plain, key),
-                  f"{key} at batch {BATCHES[-1]}: decoder m256 {at(t_long, key):.4g} > "
-                  f"2 x plain {at(t_plain, key):.4g}")
-            check(at(t_long, key) > at(t_short, key),
-                  f"{key} at batch {BATCHES[-1]}: decoder m256 {at(t_long, key):.4g} > "
-                  f"decoder m16 {at(t_short, key):.4g}")
+        # timings: other load on a shared machine can slow one shape's whole
+        # measurement several-fold, so a failed comparison is measured again
+        # (up to ATTEMPTS runs); a decoder timed without its cross-attention
+        # fails every run
+        for attempt in range(1, ATTEMPTS + 1):
+            if attempt > 1:
+                p = subprocess.run(base, capture_output=True, text=True, timeout=300)
+                if p.returncode != 0:
+                    check(False, f"cpu profile, run {attempt}: exit {p.returncode}")
+                    return 1
+                prof = json.load(open(out))["profile"]
+            got = timings(prof)
+            if all(ok for ok, _ in got) or attempt == ATTEMPTS:
+                break
+            print(f"note: run {attempt}: " + "; ".join(w for ok, w in got if not ok) +
+                  " - measuring again")
+        for ok, what in got:
+            check(ok, f"{what} (run {attempt})")
 
         c, err = costs(model, out)
         if c is None:

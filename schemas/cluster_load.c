@@ -3,7 +3,9 @@
  * machine shape, GPU, links, the optional measured profile and the
  * optional measured collectives. Profile entries must have strictly
  * increasing batches and distinct op shapes; collectives are sorted by
- * (op, ranks, nodes, bytes) with no repeats.
+ * (op, ranks, nodes, bytes) with no repeats. A transformer shape may
+ * carry a memory ("mem_seq" and "mem_width", both or neither): the shape
+ * of a cross-attention decoder layer, matched like every other field.
  */
 #include "jsonutil.h"
 #include "model.h"
@@ -31,7 +33,9 @@ static const char *const *shape_keys(sp_comp_type_t t)
 {
 	static const char *const emb[] = {"type", "vocab", "hidden", "seq", NULL};
 	static const char *const patch[] = {"type", "in", "hidden", "seq", NULL};
-	static const char *const tr[] = {"type", "hidden", "heads", "ffn", "seq", "causal", NULL};
+	static const char *const tr[] = {"type",   "hidden",  "heads",     "ffn",
+					 "seq",    "causal",  "mem_seq",   "mem_width",
+					 NULL};
 	static const char *const lin[] = {"type", "in", "out", "seq", NULL};
 	static const char *const lm[] = {"type", "hidden", "vocab", "seq", NULL};
 	static const char *const cls[] = {"type", "hidden", "classes", NULL};
@@ -45,6 +49,24 @@ static const char *const *shape_keys(sp_comp_type_t t)
 	case COMP_CLASSIFIER: return cls;
 	default: return con;
 	}
+}
+
+/* A transformer shape's optional memory: "mem_seq" tokens per sample of
+ * width "mem_width" (a cross-attention decoder layer), both or neither. */
+static int parse_memory(jctx_t *c, json_t *v, sp_opshape_t *s)
+{
+	int rc;
+	if ((rc = jget_int(c, v, "mem_seq", 0, 1, SP_MAX_DIM, &s->mem_seq)) ||
+	    (rc = jget_int(c, v, "mem_width", 0, 1, SP_MAX_DIM, &s->mem_width)))
+		return rc;
+	if ((s->mem_seq > 0) == (s->mem_width > 0))
+		return 0;
+	const char *has = s->mem_seq > 0 ? "mem_seq" : "mem_width";
+	const char *lacks = s->mem_seq > 0 ? "mem_width" : "mem_seq";
+	rc = jerr_member(c, has, 1, "'%s' without '%s'", has, lacks);
+	sp_err_hint(c->err, "a cross-attention shape gives both the memory's tokens per sample "
+			    "(mem_seq) and its width (mem_width); a plain block gives neither");
+	return rc;
 }
 
 static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
@@ -63,6 +85,8 @@ static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
 		return rc;
 	const char *const *k = shape_keys(s->type);
 	for (int i = 1; k[i]; i++) {
+		if (strncmp(k[i], "mem_", 4) == 0)
+			continue; /* optional, below */
 		if (strcmp(k[i], "causal") == 0) {
 			if ((rc = jget_bool(c, v, "causal", 0, &s->causal)))
 				return rc;
@@ -82,7 +106,7 @@ static int parse_shape(jctx_t *c, json_t *v, sp_opshape_t *s)
 		if (dst && (rc = jget_int(c, v, k[i], 1, lo, SP_MAX_DIM, dst)))
 			return rc;
 	}
-	return 0;
+	return s->type == COMP_TRANSFORMER ? parse_memory(c, v, s) : 0;
 }
 
 static int parse_profile_entry(jctx_t *c, json_t *v, sp_prof_entry_t *e)

@@ -26,6 +26,14 @@
  * all its batches' buffers are allocated at once. Backward runs reuse the
  * activations the forward runs saved.
  *
+ * Decoders (a cross-attention transformer, shape.mem_seq > 0): the block
+ * reads a memory [n, mem_seq, mem_width] besides its input, and its
+ * backward adds into the memory's gradient too; both are timed with
+ * synthetic memories. Only the cpu backend has that block
+ * (runtime/layers_xattn.c); with another backend a model with a decoder
+ * shape is refused before anything is measured (exit 2), never timed
+ * through the plain block, which would leave the cross-attention out.
+ *
  * Losses (lm_head, classifier, contrastive): the runtime's loss functions
  * compute forward and backward in one call (layers.h), so the whole call is
  * reported as fwd_ms and bwd_ms is 0. The planner prices a LOSS instruction
@@ -116,7 +124,8 @@ static void usage(FILE *f)
 		"                        67108864, a factor 4 apart)\n"
 		"\n"
 		"Losses are timed as one call (forward and backward together): fwd_ms\n"
-		"holds it and bwd_ms is 0.\n"
+		"holds it and bwd_ms is 0. Decoder (cross-attention) layers are measured\n"
+		"by the cpu backend only; their entries carry mem_seq and mem_width.\n"
 		"exit status: 0 written, 1 failure while measuring or writing, 2 bad input\n");
 }
 
@@ -335,10 +344,33 @@ typedef struct {
 	int n;
 	int64_t seq_in; /* classifier and contrastive: tokens per sample of x */
 	float *p, *dp, *x, *dx, *y, *dy, *saved;
-	int32_t *ints; /* tokens, targets or labels */
+	float *mem, *dmem; /* decoders: the memory [n, mem_seq, mem_width], its gradient */
+	int32_t *ints;     /* tokens, targets or labels */
 } bench_t;
 
-static void run_fwd(bench_t *q)
+/*
+ * The cross-attention block of backend b, or NULL where it has none. Only
+ * the CPU layers have it (layers.h; not in the backend tables yet): the
+ * CUDA backend has no cross-attention kernel, and its plain block must not
+ * stand in for a decoder layer.
+ */
+typedef struct {
+	rt_xblock_fwd_fn_t *fwd;
+	rt_xblock_bwd_fn_t *bwd;
+} xblock_t;
+
+static xblock_t xblock_of(const rt_backend_t *b)
+{
+	xblock_t x = {NULL, NULL};
+	if (b == &backend_cpu) {
+		x.fwd = xblock_fwd;
+		x.bwd = xblock_bwd;
+	}
+	return x;
+}
+
+/* One forward call; 0, or the layer's error code (a shape it refuses). */
+static int run_fwd(bench_t *q)
 {
 	const rt_backend_t *b = q->b;
 	const sp_opshape_t *s = q->s;
@@ -347,7 +379,13 @@ static void run_fwd(bench_t *q)
 	switch (s->type) {
 	case COMP_EMBEDDING: b->embedding_fwd(s, n, q->p, q->ints, q->y, q->saved); break;
 	case COMP_PATCH: b->patch_fwd(s, n, q->p, q->x, q->y, q->saved); break;
-	case COMP_TRANSFORMER: b->tblock_fwd(s, NULL, n, q->p, q->x, q->y, q->saved); break;
+	case COMP_TRANSFORMER:
+		if (s->mem_seq > 0) {
+			xblock_t xb = xblock_of(b);
+			return xb.fwd ? xb.fwd(s, NULL, n, q->p, q->x, q->mem, q->y, q->saved)
+				      : SP_EINPUT;
+		}
+		return b->tblock_fwd(s, NULL, n, q->p, q->x, q->y, q->saved);
 	case COMP_LINEAR: b->linear_fwd(s, n, q->p, q->x, q->y, q->saved); break;
 	/* losses: forward and backward in one call (see the top of the file) */
 	case COMP_LM_HEAD:
@@ -365,20 +403,28 @@ static void run_fwd(bench_t *q)
 	}
 	case COMP__COUNT: break;
 	}
+	return 0;
 }
 
-static void run_bwd(bench_t *q)
+static int run_bwd(bench_t *q)
 {
 	const rt_backend_t *b = q->b;
 	const sp_opshape_t *s = q->s;
 	switch (s->type) {
 	case COMP_EMBEDDING: b->embedding_bwd(s, q->n, q->saved, q->dy, q->dp); break;
 	case COMP_PATCH: b->patch_bwd(s, q->n, q->p, q->saved, q->dy, q->dp); break;
-	case COMP_TRANSFORMER: b->tblock_bwd(s, NULL, q->n, q->p, q->saved, q->dy, q->dx, q->dp);
-		break;
+	case COMP_TRANSFORMER:
+		if (s->mem_seq > 0) {
+			xblock_t xb = xblock_of(b);
+			return xb.bwd ? xb.bwd(s, NULL, q->n, q->p, q->saved, q->mem, q->dy, q->dx,
+					       q->dmem, q->dp)
+				      : SP_EINPUT;
+		}
+		return b->tblock_bwd(s, NULL, q->n, q->p, q->saved, q->dy, q->dx, q->dp);
 	case COMP_LINEAR: b->linear_bwd(s, q->n, q->p, q->saved, q->dy, q->dx, q->dp); break;
 	default: break; /* losses: no separate backward */
 	}
+	return 0;
 }
 
 /*
@@ -396,15 +442,21 @@ static void flush_caches(void)
 		junk[i]++;
 }
 
-static double run_calls(bench_t *q, int bwd, int k)
+/* k calls in one direction: their time in ms into *ms; 0, or the first
+ * call's error code (the layer refused the shape). */
+static int run_calls(bench_t *q, int bwd, int k, double *ms)
 {
 	flush_caches();
 	q->b->sync();
 	double t0 = now_ms();
-	for (int i = 0; i < k; i++)
-		(bwd ? run_bwd : run_fwd)(q);
+	for (int i = 0; i < k; i++) {
+		int rc = (bwd ? run_bwd : run_fwd)(q);
+		if (rc)
+			return rc;
+	}
 	q->b->sync();
-	return now_ms() - t0;
+	*ms = now_ms() - t0;
+	return 0;
 }
 
 static int cmp_dbl(const void *a, const void *b)
@@ -414,14 +466,17 @@ static int cmp_dbl(const void *a, const void *b)
 }
 
 /* Calls per run so that a run lasts at least MIN_RUN_MS (one call to fill
- * caches, one timed). */
-static int calibrate(bench_t *q, int bwd)
+ * caches, one timed) into *k; 0 or the layer's error code. */
+static int calibrate(bench_t *q, int bwd, int *k)
 {
-	run_calls(q, bwd, 1);
-	double t1 = run_calls(q, bwd, 1);
-	if (t1 >= MIN_RUN_MS)
-		return 1;
-	return t1 > MIN_RUN_MS / MAX_CALLS ? (int)ceil(MIN_RUN_MS / t1) : MAX_CALLS;
+	double t1 = 0;
+	int rc = run_calls(q, bwd, 1, &t1);
+	if (rc || (rc = run_calls(q, bwd, 1, &t1)))
+		return rc;
+	*k = t1 >= MIN_RUN_MS		  ? 1
+	     : t1 > MIN_RUN_MS / MAX_CALLS ? (int)ceil(MIN_RUN_MS / t1)
+					  : MAX_CALLS;
+	return 0;
 }
 
 static double median(double *t, int n)
@@ -457,7 +512,7 @@ static void *dev_values(const rt_backend_t *b, int64_t n, double a, int64_t rang
 
 static void bench_free(bench_t *q)
 {
-	void *bufs[] = {q->p, q->dp, q->x, q->dx, q->y, q->dy, q->saved, q->ints};
+	void *bufs[] = {q->p, q->dp, q->x, q->dx, q->y, q->dy, q->saved, q->mem, q->dmem, q->ints};
 	for (int i = 0; i < SP_ARRAY_LEN(bufs); i++)
 		if (bufs[i])
 			q->b->release(bufs[i]);
@@ -497,8 +552,9 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	int64_t ny = sp_mul(n, sp_mul(s->seq, y_w, &ovf), &ovf);
 	int64_t ns = sp_mul(n, op_saved_elems(s, n), &ovf);
 	int64_t ni = sp_mul(n, ints, &ovf);
+	int64_t nm = sp_mul(n, sp_mul(s->mem_seq, s->mem_width, &ovf), &ovf); /* decoders */
 	int64_t lim = (int64_t)(SIZE_MAX / 8);
-	if (ovf || P >= lim || nx >= lim || ny >= lim || ns >= lim || ni >= lim)
+	if (ovf || P >= lim || nx >= lim || ny >= lim || ns >= lim || ni >= lim || nm >= lim)
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL,
 				  "buffers of batch %lld are too large to allocate", (long long)n);
 	uint64_t key = sp_mix64(m->seed ^ (uint64_t)n);
@@ -528,6 +584,13 @@ static int bench_setup(bench_t *qp, const rt_backend_t *b, const sp_model_t *m, 
 	if (ok && ints) {
 		q.ints = dev_values(b, ni, 0, ints_range, key + 3);
 		ok = q.ints != NULL;
+	}
+	if (ok && nm) {
+		q.mem = dev_values(b, nm, 1.0, 0, key + 4);
+		q.dmem = b->alloc(sizeof(float) * (size_t)nm);
+		ok = q.mem && q.dmem;
+		if (ok)
+			b->zero(q.dmem, nm);
 	}
 	if (!ok) {
 		bench_free(&q);
@@ -562,9 +625,11 @@ static int measure_shape(const rt_backend_t *b, const sp_model_t *m, shape_t *sh
 	if (rc)
 		goto out;
 	/* forward first everywhere: the backward reads what it saved */
-	for (int i = 0; i < nb; i++)
-		for (int d = 0; d < dirs; d++)
-			k[2 * i + d] = calibrate(&q[i], d);
+	for (int i = 0; i < nb && !rc; i++)
+		for (int d = 0; d < dirs && !rc; d++)
+			rc = calibrate(&q[i], d, &k[2 * i + d]);
+	if (rc)
+		goto refused;
 	/* rounds: the warm-ups, then the reps; each runs every (batch,
 	 * direction) once in its own shuffled order, so that periodic load
 	 * (a time slice) cannot keep hitting the same point */
@@ -581,9 +646,11 @@ static int measure_shape(const rt_backend_t *b, const sp_model_t *m, shape_t *sh
 		}
 		for (int j = 0; j < nj; j++) {
 			int i = order[j] / dirs, d = order[j] % dirs;
-			double ms = run_calls(&q[i], d, k[2 * i + d]) / k[2 * i + d];
+			double ms = 0;
+			if ((rc = run_calls(&q[i], d, k[2 * i + d], &ms)))
+				goto refused;
 			if (r >= 0)
-				t[(2 * i + d) * o->reps + r] = ms;
+				t[(2 * i + d) * o->reps + r] = ms / k[2 * i + d];
 		}
 	}
 	for (int i = 0; i < nb; i++) {
@@ -591,6 +658,11 @@ static int measure_shape(const rt_backend_t *b, const sp_model_t *m, shape_t *sh
 		sh->pts[i].fwd_ms = median(&t[(2 * i) * o->reps], o->reps);
 		sh->pts[i].bwd_ms = dirs == 2 ? median(&t[(2 * i + 1) * o->reps], o->reps) : 0.0;
 	}
+	goto out;
+refused:
+	/* a layer that refuses a shape the loader accepted is this program's bug */
+	rc = sp_err_set(err, SP_EINTERNAL, NULL, 0, 0, NULL,
+			"the %s backend's layer refused the shape (code %d)", b->name, rc);
 out:
 	for (int i = 0; q && i < nb; i++)
 		bench_free(&q[i]);
@@ -664,6 +736,9 @@ static void put_op(FILE *f, const sp_opshape_t *s)
 	case COMP_TRANSFORMER:
 		K("hidden", hidden); K("heads", heads); K("ffn", ffn); K("seq", seq);
 		fprintf(f, ", \"causal\": %s", s->causal ? "true" : "false");
+		if (s->mem_seq > 0) {
+			K("mem_seq", mem_seq); K("mem_width", mem_width);
+		}
 		break;
 	case COMP_LINEAR: K("in", in); K("out", out); K("seq", seq); break;
 	case COMP_LM_HEAD: K("hidden", hidden); K("vocab", vocab); K("seq", seq); break;
@@ -871,6 +946,18 @@ int main(int argc, char **argv)
 		sp_err_set(&err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		goto fail;
 	}
+	/* decoders: only where the backend has the cross-attention block */
+	for (int k = 0; k < n && !xblock_of(be).fwd; k++)
+		if (shapes[k].s.mem_seq > 0) {
+			char name[128];
+			opshape_str(name, sizeof name, &shapes[k].s);
+			sp_err_set(&err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "cross-attention is not built for the %s backend (shape %s)",
+				   be->name, name);
+			sp_err_hint(&err, "profile this model with --backend cpu, or leave its "
+					  "decoder layers to the analytic model");
+			goto fail;
+		}
 	/* one local rank: no MPI, whatever the build links */
 	if (comm_local_init(&comm)) {
 		sp_err_set(&err, SP_EINTERNAL, NULL, 0, 0, NULL, "cannot set up the local comm");

@@ -706,10 +706,127 @@ static void test_decoder_memory(void **state)
 	}
 }
 
+/*
+ * The same encoder-decoder planned by planner_run on 1 and 2 devices
+ * (bf16 + AdamW, replicated, kept, unsplit), checked against per-layer
+ * tables by hand whatever the schedule. Saved elements per sample:
+ *   d_in  embedding, s 4                                  4
+ *   i_in  patch, s 6: s in = 6*12                         72
+ *   enc   transformer, s 6: 8sh + 2sf + a s^2 + 4s
+ *         = 384 + 192 + 72 + 24                           672
+ *   mem   linear, s 6: s in = 6*8                         48
+ *   dec   decoder, s 4 (above)                            712
+ *   loss  lm_head, s 4 (above)                            136
+ * Parameters per layer: tok (16 + 6) 8 = 176, img 12*8 + 8 + 6*8 = 152,
+ * enc 600, proj 8*12 + 12 = 108, dec 968, lm 144; 16 B of state each.
+ * Backward workspace (fp32): enc at n samples (n s h + s (h + f + 4h) +
+ * s^2) 4 = (48 n + 372) 4 B; dec 1632 B whatever n. Buffers: at least the
+ * decoder memory and its gradient over the hull of the device's decoder
+ * samples, 2 * 144 B per sample.
+ */
+static int64_t x_params(const char *comp)
+{
+	static const struct {
+		const char *name;
+		int64_t v;
+	} t[] = {{"tok", 176}, {"img", 152}, {"enc", 600}, {"proj", 108}, {"dec", 968}, {"lm", 144}};
+	for (int i = 0; i < SP_ARRAY_LEN(t); i++)
+		if (!strcmp(t[i].name, comp))
+			return t[i].v;
+	fail_msg("unexpected component %s", comp);
+	return 0;
+}
+
+static int64_t x_saved(const sp_opshape_t *s)
+{
+	switch (s->type) {
+	case COMP_EMBEDDING: return 4;
+	case COMP_PATCH: return 72;
+	case COMP_TRANSFORMER: return s->mem_seq > 0 ? 712 : 672;
+	case COMP_LINEAR: return 48;
+	case COMP_LM_HEAD: return 136;
+	default: fail_msg("unexpected operator type %d", (int)s->type);
+	}
+	return 0;
+}
+
+static void test_planned_decoder(void **state)
+{
+	(void)state;
+	for (int gpus = 1; gpus <= 2; gpus++) {
+		mfix_t f;
+		char text[1024];
+		memset(&f, 0, sizeof f);
+		assert_int_equal(model_parse(&f.model, XATTN_JSON, strlen(XATTN_JSON), "x.json",
+					     &f.err), 0);
+		int n = snprintf(text, sizeof text, CLUSTER_FMT, gpus, gpus, 16.0);
+		assert_int_equal(cluster_parse(&f.cluster, text, (size_t)n, "c.json", &f.err), 0);
+		f.opts.algo = ALGO_SPINDLE;
+		f.opts.placement = PLACE_SPINDLE;
+		f.opts.mem_reserve_gib = 1.6;
+		f.opts.milp_nodes = 200;
+		f.opts.tp = 1;
+		int rc = planner_run(&f.opts, &f.model, &f.cluster, &f.plan, &f.sum, &f.err);
+		if (rc)
+			print_message("plan: %s\n", f.err.msg);
+		assert_int_equal(rc, 0);
+		const sp_plan_t *p = &f.plan;
+		int64_t acts_sum = 0;
+		int decoder_devices = 0;
+		for (int d = 0; d < p->n_devices; d++) {
+			const sp_device_t *dv = &p->devices[d];
+			int64_t params = 0, acts = 0, big = 0, bws = 0;
+			int32_t lo = INT32_MAX, hi = -1;
+			for (int k = 0; k < dv->n_held; k++)
+				params += x_params(p->model.comps[p->held[dv->held_off + k].comp].name) *
+					  16;
+			for (int k = 0; k < dv->n_ins; k++) {
+				const sp_ins_t *in = &p->ins[dv->first_ins + k];
+				if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
+					continue;
+				const sp_slice_t *sl = &p->slices[in->slice];
+				const sp_opshape_t *sh = &p->metaops[sl->metaop].shape;
+				int64_t nn = in->s1 - in->s0, one = x_saved(sh) * nn * 2;
+				assert_int_equal(sl->tp, 1);
+				assert_int_equal(sl->recompute, 0);
+				big = SP_MAX(big, one);
+				if (in->op == INS_FWD)
+					acts += one * (sl->layer_to - sl->layer_from);
+				if (in->op == INS_BWD && sh->type == COMP_TRANSFORMER)
+					bws = SP_MAX(bws, sh->mem_seq > 0 ? 1632 : (48 * nn + 372) * 4);
+				if (sh->mem_seq > 0) {
+					lo = SP_MIN(lo, in->s0);
+					hi = SP_MAX(hi, in->s1);
+				}
+			}
+			int64_t mem[MEM__COUNT], memory = hi > lo ? 2 * (int64_t)(hi - lo) * 144 : 0;
+			assert_int_equal(plan_memory(p, d, mem), 0);
+			print_message("decoder planned on %d device(s), device %d: params %lld (%lld) "
+				      "acts %lld (%lld) work %lld (%lld) comm %lld (memory %lld)\n",
+				      gpus, d, (long long)mem[MEM_PARAMS], (long long)params,
+				      (long long)mem[MEM_ACTS], (long long)acts, (long long)mem[MEM_WORK],
+				      (long long)(big + bws + MIB64), (long long)mem[MEM_COMM],
+				      (long long)memory);
+			assert_int_equal(mem[MEM_PARAMS], params);
+			assert_int_equal(mem[MEM_ACTS], acts);
+			assert_int_equal(mem[MEM_WORK], big + bws + MIB64);
+			assert_true(mem[MEM_COMM] >= memory);
+			acts_sum += acts;
+			decoder_devices += memory > 0;
+		}
+		/* every (sample, layer) is forwarded once: 4 samples of each */
+		int64_t per_sample = 4 + 72 + 672 + 48 + 712 * 2;
+		assert_int_equal(acts_sum, per_sample * 4 * 2);
+		assert_true(decoder_devices >= 1);
+		mfix_release(&f);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decoder_memory),
+		cmocka_unit_test(test_planned_decoder),
 		cmocka_unit_test(test_formula),
 		cmocka_unit_test(test_multi_layer_slices),
 		cmocka_unit_test(test_recompute),

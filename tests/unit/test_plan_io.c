@@ -1586,6 +1586,28 @@ static void test_xattn_refusals(void **state)
 	expect_rejected_at(b, f->len, "instructions[3].dst",
 			   "copy between values of widths 16 and 12");
 	free(b);
+	/* the writer refuses what the reader would: a second memory edge, a
+	 * decoder layer's shard */
+	sp_plan_t *p = &f->plan;
+	sp_err_t err;
+	uint8_t *out = NULL;
+	size_t n = 0;
+	sp_edge_t *e = realloc(p->edges, sizeof *e * (size_t)(p->n_edges + 1));
+	assert_non_null(e);
+	p->edges = e;
+	p->edges[p->n_edges++] = p->edges[3];
+	memset(&err, 0, sizeof err);
+	assert_int_equal(plan_encode(&out, &n, p, &err), SP_EINTERNAL);
+	assert_non_null(strstr(err.msg, "edges[5].dst: a second memory edge into metaop 'cap/dec'"));
+	p->n_edges--;
+	NEW(p->held, 1);
+	p->n_held = 1;
+	p->held[0] = (sp_param_t){4, 0, 2, 1}; /* dec layer 0, shard 1 of 2 */
+	memset(&err, 0, sizeof err);
+	assert_int_equal(plan_encode(&out, &n, p, &err), SP_EINTERNAL);
+	assert_non_null(strstr(err.msg, "held[0].tp: component 'dec' has cross-attention: "
+					"decoders are not split"));
+	assert_null(out);
 }
 
 /*

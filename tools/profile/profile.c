@@ -29,10 +29,11 @@
  * Decoders (a cross-attention transformer, shape.mem_seq > 0): the block
  * reads a memory [n, mem_seq, mem_width] besides its input, and its
  * backward adds into the memory's gradient too; both are timed with
- * synthetic memories. Only the cpu backend has that block
- * (runtime/layers_xattn.c); with another backend a model with a decoder
- * shape is refused before anything is measured (exit 2), never timed
- * through the plain block, which would leave the cross-attention out.
+ * synthetic memories, through the backend's xblock_fwd/xblock_bwd. Only
+ * the cpu backend has them (runtime/layers_xattn.c); with a backend whose
+ * entries are NULL (cuda) a model with a decoder shape is refused before
+ * anything is measured (exit 2), never timed through the plain block,
+ * which would leave the cross-attention out.
  *
  * Losses (lm_head, classifier, contrastive): the runtime's loss functions
  * compute forward and backward in one call (layers.h), so the whole call is
@@ -348,26 +349,6 @@ typedef struct {
 	int32_t *ints;     /* tokens, targets or labels */
 } bench_t;
 
-/*
- * The cross-attention block of backend b, or NULL where it has none. Only
- * the CPU layers have it (layers.h; not in the backend tables yet): the
- * CUDA backend has no cross-attention kernel, and its plain block must not
- * stand in for a decoder layer.
- */
-typedef struct {
-	rt_xblock_fwd_fn_t *fwd;
-	rt_xblock_bwd_fn_t *bwd;
-} xblock_t;
-
-static xblock_t xblock_of(const rt_backend_t *b)
-{
-	xblock_t x = {NULL, NULL};
-	if (b == &backend_cpu) {
-		x.fwd = xblock_fwd;
-		x.bwd = xblock_bwd;
-	}
-	return x;
-}
 
 /* One forward call; 0, or the layer's error code (a shape it refuses). */
 static int run_fwd(bench_t *q)
@@ -380,11 +361,10 @@ static int run_fwd(bench_t *q)
 	case COMP_EMBEDDING: b->embedding_fwd(s, n, q->p, q->ints, q->y, q->saved); break;
 	case COMP_PATCH: b->patch_fwd(s, n, q->p, q->x, q->y, q->saved); break;
 	case COMP_TRANSFORMER:
-		if (s->mem_seq > 0) {
-			xblock_t xb = xblock_of(b);
-			return xb.fwd ? xb.fwd(s, NULL, n, q->p, q->x, q->mem, q->y, q->saved)
-				      : SP_EINPUT;
-		}
+		if (s->mem_seq > 0)
+			return b->xblock_fwd ? b->xblock_fwd(s, NULL, n, q->p, q->x, q->mem, q->y,
+							     q->saved)
+					     : SP_EINPUT;
 		return b->tblock_fwd(s, NULL, n, q->p, q->x, q->y, q->saved);
 	case COMP_LINEAR: b->linear_fwd(s, n, q->p, q->x, q->y, q->saved); break;
 	/* losses: forward and backward in one call (see the top of the file) */
@@ -414,12 +394,10 @@ static int run_bwd(bench_t *q)
 	case COMP_EMBEDDING: b->embedding_bwd(s, q->n, q->saved, q->dy, q->dp); break;
 	case COMP_PATCH: b->patch_bwd(s, q->n, q->p, q->saved, q->dy, q->dp); break;
 	case COMP_TRANSFORMER:
-		if (s->mem_seq > 0) {
-			xblock_t xb = xblock_of(b);
-			return xb.bwd ? xb.bwd(s, NULL, q->n, q->p, q->saved, q->mem, q->dy, q->dx,
-					       q->dmem, q->dp)
-				      : SP_EINPUT;
-		}
+		if (s->mem_seq > 0)
+			return b->xblock_bwd ? b->xblock_bwd(s, NULL, q->n, q->p, q->saved, q->mem,
+							     q->dy, q->dx, q->dmem, q->dp)
+					     : SP_EINPUT;
 		return b->tblock_bwd(s, NULL, q->n, q->p, q->saved, q->dy, q->dx, q->dp);
 	case COMP_LINEAR: b->linear_bwd(s, q->n, q->p, q->saved, q->dy, q->dx, q->dp); break;
 	default: break; /* losses: no separate backward */
@@ -947,7 +925,7 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	/* decoders: only where the backend has the cross-attention block */
-	for (int k = 0; k < n && !xblock_of(be).fwd; k++)
+	for (int k = 0; k < n && !(be->xblock_fwd && be->xblock_bwd); k++)
 		if (shapes[k].s.mem_seq > 0) {
 			char name[128];
 			opshape_str(name, sizeof name, &shapes[k].s);

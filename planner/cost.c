@@ -316,8 +316,7 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t,
 	if (m->shape.type == COMP_EMBEDDING)
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
 	/* whole layers: with a decoder's cross block */
-	double saved = t == 1 ? (double)op_saved_elems(&m->shape, m->batch)
-			      : (double)op_saved_elems_tp(&m->shape, m->batch, t);
+	double saved = (double)op_saved_elems_at(&m->shape, m->batch, t);
 	double abytes = (double)b * saved * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
 	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9) * 1e3;

@@ -224,7 +224,7 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
 		double f, b;
 		int64_t local = (mo->batch + groups - 1) / groups; /* a TP group's samples */
 		cost_layer_tp(pl, s->metaop, local, s->tp, &f, &b); /* a member's shard */
-		double saved = (double)op_saved_elems_tp(&mo->shape, mo->batch, s->tp) * db;
+		double saved = (double)op_saved_elems_at(&mo->shape, mo->batch, s->tp) * db;
 		double rate = (saved - in) * (double)local / f;
 		if (rate > most) {
 			most = rate;
@@ -374,7 +374,7 @@ static double slice_saving(const sp_plan_t *p, const sp_slice_t *s)
 	int db = dtype_bytes(p->model.dtype);
 	int64_t B = p->model.tasks[mo->task].batch;
 	int64_t groups = s->n_dev / s->tp, local = (B + groups - 1) / groups;
-	double saved = (double)op_saved_elems_tp(&mo->shape, B, s->tp);
+	double saved = (double)op_saved_elems_at(&mo->shape, B, s->tp);
 	double in = (double)mo->shape.seq * mo->shape.hidden;
 	return (saved - in) * db * (double)local * (s->layer_to - s->layer_from);
 }

@@ -83,7 +83,7 @@ static int64_t saved_pp(const rt_state_t *st, int m, int tp)
 {
 	const sp_metaop_t *mo = mop(st, m);
 	int64_t B = task_of(st, m)->batch;
-	return tp > 1 ? op_saved_elems_tp(&mo->shape, B, tp) : op_saved_elems(&mo->shape, B);
+	return op_saved_elems_at(&mo->shape, B, tp);
 }
 
 /* Whether MetaOp m is a decoder: its layers attend to a memory act(m, -1). */

@@ -154,6 +154,11 @@ int64_t op_saved_elems(const sp_opshape_t *o, int64_t task_batch)
 	return sat((i128)op_saved_elems_tp(o, task_batch, 1) + xattn_saved_elems(o));
 }
 
+int64_t op_saved_elems_at(const sp_opshape_t *o, int64_t task_batch, int t)
+{
+	return t > 1 ? op_saved_elems_tp(o, task_batch, t) : op_saved_elems(o, task_batch);
+}
+
 /*
  * A t-way shard of a transformer layer saves x, ln1, x_mid, ln2 whole
  * (4 s h), its heads' qkv and attention output (4 s h/t), its FFN columns

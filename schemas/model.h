@@ -240,6 +240,10 @@ int64_t op_saved_elems(const sp_opshape_t *s, int64_t task_batch);
 int tp_ok(sp_comp_type_t type, int64_t heads, int64_t ffn, int t);
 int64_t comp_layer_params_tp(const sp_component_t *c, int t);
 int64_t op_saved_elems_tp(const sp_opshape_t *s, int64_t task_batch, int t);
+/* What a slice of degree t saves per sample of a layer: one shard's
+ * (t > 1), else the whole layer's, a decoder's cross block included
+ * (op_saved_elems_tp(.., 1) leaves it out; decoders are never split). */
+int64_t op_saved_elems_at(const sp_opshape_t *s, int64_t task_batch, int t);
 /* Width of a node's output activation (0 for sinks). */
 int64_t comp_out_width(const sp_component_t *c);
 /* Bytes of state per parameter: weights, grads, fp32 master, optimizer. */

@@ -10,8 +10,8 @@
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems_tp (the slice's tp: one shard's; a decoder's,
- *          never split, op_saved_elems with its cross-attention part) *
+ *          op_saved_elems_at (the slice's tp: one shard's; a decoder's,
+ *          never split, with its cross-attention part) *
  *          local batch * layers until its BWD, or under
  *          recompute only each layer's input (seq * hidden per sample); all
  *          forward instructions precede all backward ones, so the peak is
@@ -52,9 +52,7 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 		local = t->batch;
 	/* a decoder is never split (plan_check.c): all it saves, the
 	 * cross-attention's LN_c, Q, heads, residual, K and V, probabilities */
-	if (m->shape.mem_seq > 0)
-		return op_saved_elems(&m->shape, t->batch) * local * db;
-	return op_saved_elems_tp(&m->shape, t->batch, sl->tp) * local * db;
+	return op_saved_elems_at(&m->shape, t->batch, sl->tp) * local * db;
 }
 
 /*

@@ -260,6 +260,51 @@ static int plan_once(const inputs_t *in, const plan_opts_t *o, sp_plan_t *out,
 	return rc;
 }
 
+/*
+ * Under recomputation the report's saving of each decoder MetaOp (layout_json:
+ * saved_bytes_per_device, its worst slice) is what a decoder layer saves,
+ * its cross-attention's part included, less the layer input it keeps:
+ * (op_saved_elems - seq * hidden) * dtype bytes * the slice's local batch *
+ * its layers. The cross-attention part alone must show in it.
+ */
+static void check_decoder_saving(const sp_plan_t *p)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	assert_non_null(f);
+	layout_json(f, p);
+	fclose(f);
+	int db = dtype_bytes(p->model.dtype);
+	for (int m = 0; m < p->n_metaops; m++) {
+		const sp_metaop_t *mo = &p->metaops[m];
+		if (mo->shape.mem_seq == 0)
+			continue;
+		int64_t B = p->model.tasks[mo->task].batch;
+		double want = 0, xpart = 0;
+		for (int i = 0; i < p->n_slices; i++) {
+			const sp_slice_t *sl = &p->slices[i];
+			if (sl->metaop != m || !sl->recompute)
+				continue;
+			int64_t local = (B + sl->n_dev - 1) / sl->n_dev, L = sl->layer_to - sl->layer_from;
+			double per = (double)(op_saved_elems(&mo->shape, B) -
+					      mo->shape.seq * mo->shape.hidden);
+			want = fmax(want, per * db * (double)local * (double)L);
+			xpart = fmax(xpart, (double)(op_saved_elems(&mo->shape, B) -
+						     op_saved_elems_tp(&mo->shape, B, 1)) *
+						    db * (double)local * (double)L);
+		}
+		char key[sizeof mo->name + 16];
+		snprintf(key, sizeof key, "{\"name\": \"%s\"", mo->name);
+		const char *at = strstr(buf, key), *sv = at ? strstr(at, "\"saved_bytes_per_device\": ") : NULL;
+		assert_non_null(sv);
+		double got = strtod(sv + strlen("\"saved_bytes_per_device\": "), NULL);
+		assert_true(xpart > 0);
+		assert_true(fabs(got - want) < 0.5);
+	}
+	free(buf);
+}
+
 static void test_every_algorithm(void **state)
 {
 	(void)state;
@@ -288,6 +333,8 @@ static void test_every_algorithm(void **state)
 				if (os->recompute == 1 && p.metaops[sl->metaop].shape.mem_seq > 0)
 					assert_int_equal(sl->recompute, 1);
 			}
+			if (os->recompute == 1)
+				check_decoder_saving(&p);
 			/* the same inputs: the same bytes (plan format 4) */
 			assert_int_equal(plan_once(&in, &o, &q, &sum2), 0);
 			uint8_t *b1 = NULL, *b2 = NULL;

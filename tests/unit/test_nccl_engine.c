@@ -730,7 +730,8 @@ static void sim_layout(sim_t *s, ne_layout_t *lay, int (*chans)[2])
 				chans[n++][1] = b;
 			}
 		}
-	*lay = (ne_layout_t){s->buckets_n, s->buckets, s->bucket_devs, n, chans};
+	*lay = (ne_layout_t){.n_buckets = s->buckets_n, .buckets = s->buckets,
+			     .bucket_devs = s->bucket_devs, .n_chans = n, .chans = chans};
 }
 
 /* Runs every rank to its end. 0: done; 1: an engine call failed (the

@@ -44,12 +44,17 @@
 
 #define MAXR 6
 #define MAXOPS 512
-#define MAXACT 64
+#define MAXACT 512
+#define MAXSPLIT 128
+#define MAXB 32
 
 enum { STRICT, CONNECT };
 /* K_REDUCE and K_BCAST: the double's rooted calls, and as actions the
- * zero-1 halves that issue them (reduce-scatter, all-gather) */
-enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT };
+ * zero-1 halves that issue them (reduce-scatter, all-gather). Actions only:
+ * K_TP, an in-layer all-reduce over tensor-parallel group `peer` (waited
+ * for, like interp.c's tp_allreduce); K_STEP, wait for everything posted
+ * (interp.c's exec_step drains its collectives and sends). */
+enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT, K_TP = K__COUNT, K_STEP };
 
 typedef struct sop sop_t;
 typedef struct scomm scomm_t;
@@ -91,8 +96,10 @@ typedef struct {
 
 typedef struct {
 	int kind, peer, tag, n; /* kind: K_SEND, K_RECV, or a sync of bucket peer:
-				 * K_ALLREDUCE, K_REDUCE (reduce-scatter), K_BCAST (all-gather) */
-	float buf[8];
+				 * K_ALLREDUCE, K_REDUCE (reduce-scatter), K_BCAST (all-gather),
+				 * or K_TP, K_STEP */
+	int wait;               /* the rank waits for it before its next action */
+	float buf[8];           /* [n, 8): a sentinel nothing may write */
 	ne_op_t *op;
 } act_t;
 
@@ -109,12 +116,12 @@ typedef struct sim {
 	long changes;
 	int violations;
 	/* world splits: [k][rank] */
-	int split_color[64][MAXR], split_key[64][MAXR], n_split[64];
-	handle_t *split_h[64][MAXR];
+	int split_color[MAXSPLIT][MAXR], split_key[MAXSPLIT][MAXR], n_split[MAXSPLIT];
+	handle_t *split_h[MAXSPLIT][MAXR];
 	scomm_t *world;
 	handle_t *world_h[MAXR];
 	/* every object, freed at the end */
-	void *objs[8192];
+	void *objs[32768];
 	int n_objs;
 	/* group under construction, per rank */
 	sop_t *grp[MAXR][MAXOPS];
@@ -128,8 +135,12 @@ typedef struct sim {
 	act_t prog[MAXR][MAXACT];
 	int n_prog[MAXR], pc[MAXR], pending[MAXR][MAXACT], n_pending[MAXR], finished[MAXR];
 	int buckets_n;
-	sp_bucket_t buckets[8];
-	int32_t bucket_devs[64];
+	sp_bucket_t buckets[MAXB];
+	int32_t bucket_devs[MAXB * MAXR];
+	/* tensor-parallel groups (the caller's arrays, as in ne_layout_t) */
+	int n_tps;
+	const sp_tp_group_t *tps;
+	const int32_t *slice_devs;
 	int prepared[MAXR];
 	float warm[MAXR][4];
 } sim_t;
@@ -275,9 +286,9 @@ static int d_split(void *ctx, void *parent, int color, int key, void **out)
 	handle_t *w = parent;
 	assert_ptr_equal(w, s->world_h[x->rank]);
 	int k = 0;
-	while (k < 64 && s->split_h[k][x->rank])
+	while (k < MAXSPLIT && s->split_h[k][x->rank])
 		k++;
-	assert_true(k < 64);
+	assert_true(k < MAXSPLIT);
 	if (w->busy || d_status_h(s, w) != NE_OK) {
 		s->violations++;
 		return NE_ERR;
@@ -300,7 +311,7 @@ static int d_status(void *ctx, void *comm)
 	handle_t *h = comm;
 	if (h == x->s->world_h[x->rank]) {
 		/* world is busy while this rank's latest split is unresolved */
-		for (int k = 0; k < 64; k++)
+		for (int k = 0; k < MAXSPLIT; k++)
 			if (x->s->split_h[k][x->rank] && x->s->n_split[k] < x->s->n)
 				return NE_PENDING;
 		return NE_OK;
@@ -404,6 +415,7 @@ static int d_group_end(void *ctx)
 	for (int i = 0; i < s->n_grp[r]; i++) {
 		sop_t *op = s->grp[r][i];
 		scomm_t *c = op->h->c;
+		assert_true(c->n_ops[op->h->me] < MAXOPS);
 		c->ops[op->h->me][c->n_ops[op->h->me]++] = op;
 		c->n_kind[op->h->me][op->kind]++;
 		s->changes++;
@@ -591,24 +603,38 @@ static void member_shard(const sim_t *s, int b, int r, int n, int64_t *off, int6
 			comm_shard(n, q, bu->n_dev, off, cnt);
 }
 
-static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
+#define SENTINEL (-7.0f)
+
+/* Rank r's next action; a receive, an in-layer all-reduce and a step
+ * always wait, others when `wait` says. n: floats moved (at most 8). */
+static void add_act_w(sim_t *s, int r, int kind, int peer, int tag, int n, int wait)
 {
-	assert_true(s->n_prog[r] < MAXACT - 1);
+	assert_true(s->n_prog[r] < MAXACT - 1 && n <= 8);
 	act_t *a = &s->prog[r][s->n_prog[r]++];
 	memset(a, 0, sizeof *a);
-	*a = (act_t){kind, peer, tag, n, {0}, NULL};
+	*a = (act_t){kind, peer, tag, n, wait || kind == K_RECV || kind == K_TP || kind == K_STEP,
+		     {0}, NULL};
 	int64_t off = 0, cnt = 0;
 	if (kind == K_BCAST)
 		member_shard(s, peer, r, n, &off, &cnt);
-	for (int i = 0; i < n; i++)
-		a->buf[i] = kind == K_SEND			? (float)(tag * 10 + i)
+	/* a tensor-parallel member contributes 2^r: the sum names the members */
+	for (int i = 0; i < 8; i++)
+		a->buf[i] = i >= n					 ? SENTINEL
+			    : kind == K_SEND			 ? (float)(tag * 10 + i)
 			    : kind == K_ALLREDUCE || kind == K_REDUCE ? (float)(r + 1)
+			    : kind == K_TP				 ? (float)(1 << r)
 			    : kind == K_BCAST && i >= off && i < off + cnt ? (float)(100 * r + i)
 									: -1.0f;
 }
 
+static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
+{
+	add_act_w(s, r, kind, peer, tag, n, 0);
+}
+
 static void add_bucket(sim_t *s, const int *ranks, int n)
 {
+	assert_true(s->buckets_n < MAXB && n <= MAXR);
 	sp_bucket_t *b = &s->buckets[s->buckets_n];
 	int off = s->buckets_n ? s->buckets[s->buckets_n - 1].dev_off + s->buckets[s->buckets_n - 1].n_dev : 0;
 	*b = (sp_bucket_t){.n_dev = n, .dev_off = off};
@@ -617,12 +643,24 @@ static void add_bucket(sim_t *s, const int *ranks, int n)
 	s->buckets_n++;
 }
 
-/* Whether action a (done) left the right bytes. */
+/* Whether action a (done) left the right bytes, and none past its n. */
 static void check_act(const sim_t *s, int r, const act_t *a)
 {
+	for (int i = a->n; i < 8; i++)
+		assert_true(a->buf[i] == SENTINEL);
 	if (a->kind == K_RECV)
 		for (int i = 0; i < a->n; i++)
 			assert_true(a->buf[i] == (float)(a->tag * 10 + i));
+	if (a->kind == K_TP) { /* the sum over exactly the group's members */
+		const sp_tp_group_t *g = &s->tps[a->peer];
+		float want = 0;
+		for (int j = 0; j < g->t; j++)
+			want += (float)(1 << s->slice_devs[g->off + j]);
+		for (int i = 0; i < a->n; i++)
+			assert_true(a->buf[i] == want);
+	}
+	if (a->kind >= K__COUNT || a->kind < K_ALLREDUCE)
+		return;
 	const sp_bucket_t *b = &s->buckets[a->peer];
 	if (a->kind == K_ALLREDUCE || a->kind == K_REDUCE) {
 		float want = 0;
@@ -679,7 +717,7 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		return ne_progress(e);
 	}
 	act_t *a = &s->prog[r][s->pc[r]];
-	if (a->kind == K_RECV && a->op) {
+	if (a->wait && a->op) { /* posted: the rank waits for it */
 		int done = 0;
 		if (ne_test(e, a->op, &done))
 			return -1;
@@ -691,28 +729,38 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		s->changes++;
 		return 0;
 	}
+	if (a->kind == K_STEP) {
+		if (s->n_pending[r])
+			return 0;
+		s->pc[r]++;
+		s->changes++;
+		return 0;
+	}
 	int rc = 0;
 	size_t bytes = sizeof(float) * (size_t)a->n;
-	if (a->kind == K_SEND)
+	if (a->kind == K_SEND) {
 		rc = ne_isend(e, a->buf, bytes, a->peer, a->tag, &a->op);
-	else if (a->kind == K_RECV)
-		return ne_irecv(e, a->buf, bytes, a->peer, a->tag, &a->op);
-	else {
-		int g = -1;
-		assert_int_equal(ne_group_id(e, a->peer, &g), 0);
+	} else if (a->kind == K_RECV) {
+		rc = ne_irecv(e, a->buf, bytes, a->peer, a->tag, &a->op);
+	} else {
+		/* the layout's items: buckets, then tensor-parallel groups */
+		int g = -1, item = a->kind == K_TP ? s->buckets_n + a->peer : a->peer;
+		assert_int_equal(ne_group_id(e, item, &g), 0);
 		assert_true(g >= 0);
-		rc = (a->kind == K_ALLREDUCE ? ne_iallreduce
-		      : a->kind == K_REDUCE  ? ne_ireduce_scatter
-					     : ne_iallgather)(e, a->buf, a->n, g, &a->op);
+		rc = (a->kind == K_ALLREDUCE || a->kind == K_TP ? ne_iallreduce
+		      : a->kind == K_REDUCE			  ? ne_ireduce_scatter
+								  : ne_iallgather)(e, a->buf, a->n, g, &a->op);
 		if (!rc && !a->op)
 			check_act(s, r, a); /* a group of one: nothing to move */
 	}
 	if (rc)
 		return -1;
+	s->changes++;
+	if (a->op && a->wait)
+		return 0; /* the next turns wait for it */
 	if (a->op)
 		s->pending[r][s->n_pending[r]++] = s->pc[r];
 	s->pc[r]++;
-	s->changes++;
 	return 0;
 }
 
@@ -731,16 +779,80 @@ static void sim_layout(sim_t *s, ne_layout_t *lay, int (*chans)[2])
 			}
 		}
 	*lay = (ne_layout_t){.n_buckets = s->buckets_n, .buckets = s->buckets,
-			     .bucket_devs = s->bucket_devs, .n_chans = n, .chans = chans};
+			     .bucket_devs = s->bucket_devs, .n_tps = s->n_tps,
+			     .tps = (sp_tp_group_t *)s->tps, .slice_devs = s->slice_devs,
+			     .n_chans = n, .chans = chans};
 }
 
-/* Runs every rank to its end. 0: done; 1: an engine call failed (the
- * engine printed why); 2: deadlock (a round without change). */
-static int sim_run(sim_t *s, unsigned seed)
+/* Whether rank r is in item i of the layout's order (buckets, groups,
+ * channels) and the rank it must have in the item's communicator; returns
+ * whether the item needs a communicator at all. */
+static int item_member(const ne_layout_t *l, int i, int r, int *member, int *key)
+{
+	int nb = l->n_buckets, nt = l->n_tps;
+	*member = 0;
+	*key = -1;
+	if (i < nb) {
+		const sp_bucket_t *b = &l->buckets[i];
+		for (int q = 0; q < b->n_dev; q++)
+			if (l->bucket_devs[b->dev_off + q] == r)
+				*member = 1, *key = r; /* ascending: by world rank */
+		return b->n_dev > 1;
+	}
+	if (i < nb + nt) {
+		const sp_tp_group_t *g = &l->tps[i - nb];
+		for (int j = 0; j < g->t; j++)
+			if (l->slice_devs[g->off + j] == r)
+				*member = 1, *key = j; /* rank j is member j */
+		return 1;
+	}
+	const int *c = l->chans[i - nb - nt];
+	*member = c[0] == r || c[1] == r;
+	*key = c[1] == r; /* the sender is rank 0 */
+	return 1;
+}
+
+/*
+ * What the double saw made: every rank took part in every split, in one
+ * order, and that order is the layout's (buckets with several members,
+ * then the tensor-parallel groups, then the channels), each split's members
+ * the item's and each member's key its rank there. A rank that made its
+ * splits in another order would have joined another item's split here.
+ */
+static void check_creation(const sim_t *s, const ne_layout_t *l)
+{
+	int k = 0, items = l->n_buckets + l->n_tps + l->n_chans;
+	for (int i = 0; i < items; i++) {
+		int member, key;
+		if (!item_member(l, i, 0, &member, &key))
+			continue;
+		assert_true(k < MAXSPLIT);
+		assert_int_equal(s->n_split[k], s->n);
+		for (int r = 0; r < s->n; r++) {
+			item_member(l, i, r, &member, &key);
+			if (member != (s->split_color[k][r] >= 0))
+				fail_msg("split %d (item %d): rank %d %s, expected %s", k, i, r,
+					 member ? "left out" : "a member", member ? "a member" : "not");
+			if (member && s->split_key[k][r] != key)
+				fail_msg("split %d (item %d): rank %d has key %d, expected %d", k, i, r,
+					 s->split_key[k][r], key);
+		}
+		k++;
+	}
+	assert_true(k == MAXSPLIT || s->n_split[k] == 0); /* nothing more */
+}
+
+/* Runs every rank to its end over layout given (NULL: the programs' own,
+ * sim_layout). 0: done, and check_creation held; 1: an engine call failed
+ * (the engine printed why); 2: deadlock (a round without change). */
+static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 {
 	ne_layout_t lay;
 	int chans[MAXR * MAXR][2];
-	sim_layout(s, &lay, chans);
+	if (given)
+		lay = *given;
+	else
+		sim_layout(s, &lay, chans);
 	for (int r = 0; r < s->n; r++) {
 		ctxs[r] = (ctx_t){s, r};
 		s->eng[r] = ne_new(&double_prims, &ctxs[r], &s->host[r], s->world_h[r], s->warm[r],
@@ -780,7 +892,14 @@ out:
 	for (int i = 0; i < s->n_objs; i++)
 		free(s->objs[i]);
 	s->n_objs = 0;
+	if (!result)
+		check_creation(s, &lay);
 	return result;
+}
+
+static int sim_run(sim_t *s, unsigned seed)
+{
+	return sim_run_layout(s, seed, NULL);
 }
 
 /* ---- tests ---- */

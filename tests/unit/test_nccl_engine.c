@@ -1108,6 +1108,170 @@ static void test_layout_from_plan(void **state)
 	ne_layout_release(&l);
 }
 
+/* ---- tensor-parallel groups ---- */
+
+/*
+ * A hand-made plan on 4 ranks, its buckets the sim's: slice 0 split 2 ways
+ * on devices 0-3 (groups [0 1] and [2 3]), slice 1 whole on 0-3, slice 2
+ * split on [2 3] (the same group again), slice 3 split on [3 1] (member 0
+ * is rank 3). Layer (1, 0) is split on [0 1]/[2 3]: shard 0 in bucket
+ * {0, 2}, shard 1 in {1, 3} (zero-1); layer (2, 0) on [3 1]: shard 0 in
+ * {3}, shard 1 in {1}; layer (0, 0) whole in {0..3}. Device 0 sends to 3.
+ */
+typedef struct {
+	sp_slice_t slices[4];
+	int32_t slice_devs[12];
+	sp_param_t params[5];
+	sp_ins_t ins[1];
+	sp_device_t devs[4];
+	sp_plan_t p;
+} tp_plan_t;
+
+static void tp_plan(sim_t *s, tp_plan_t *t)
+{
+	memset(t, 0, sizeof *t);
+	static const int32_t devs[12] = {0, 1, 2, 3, 0, 1, 2, 3, 2, 3, 3, 1};
+	memcpy(t->slice_devs, devs, sizeof devs);
+	t->slices[0] = (sp_slice_t){.n_dev = 4, .dev_off = 0, .tp = 2};
+	t->slices[1] = (sp_slice_t){.n_dev = 4, .dev_off = 4, .tp = 1};
+	t->slices[2] = (sp_slice_t){.n_dev = 2, .dev_off = 8, .tp = 2};
+	t->slices[3] = (sp_slice_t){.n_dev = 2, .dev_off = 10, .tp = 2};
+	add_bucket(s, (int[]){0, 1, 2, 3}, 4);
+	add_bucket(s, (int[]){0, 2}, 2);
+	add_bucket(s, (int[]){1, 3}, 2);
+	add_bucket(s, (int[]){3}, 1);
+	add_bucket(s, (int[]){1}, 1);
+	s->buckets[2].layout = LAYOUT_ZERO1;
+	static const sp_param_t par[5] = {{0, 0, 1, 0}, {1, 0, 2, 0}, {1, 0, 2, 1}, {2, 0, 2, 0},
+					   {2, 0, 2, 1}};
+	memcpy(t->params, par, sizeof par);
+	for (int b = 0; b < 5; b++) {
+		s->buckets[b].n_params = 1;
+		s->buckets[b].param_off = b;
+	}
+	t->ins[0] = (sp_ins_t){.op = INS_SEND, .peer = 3, .tag = 5};
+	t->devs[0] = (sp_device_t){.first_ins = 0, .n_ins = 1};
+	for (int d = 1; d < 4; d++)
+		t->devs[d] = (sp_device_t){.first_ins = 1, .n_ins = 0};
+	t->p = (sp_plan_t){.n_slices = 4, .slices = t->slices, .n_slice_devs = 12,
+			   .slice_devs = t->slice_devs, .n_buckets = s->buckets_n,
+			   .buckets = s->buckets, .bucket_devs = s->bucket_devs,
+			   .bucket_params = t->params, .n_bucket_params = 5, .n_devices = 4,
+			   .devices = t->devs, .ins = t->ins, .n_ins = 1};
+}
+
+/* ne_layout_init on the hand-made plan: the distinct groups in slice order
+ * (slice 2's group is slice 0's second; [3 1] is not [1 3]), and the
+ * channels of the SEND and of both split layers' shard joins. */
+static void test_layout_tp_groups(void **state)
+{
+	sim_t *s = *state;
+	tp_plan_t t;
+	sim_init(s, 4, STRICT);
+	tp_plan(s, &t);
+	ne_layout_t l;
+	assert_int_equal(ne_layout_init(&l, &t.p), 0);
+	assert_int_equal(l.n_buckets, 5);
+	assert_int_equal(l.n_tps, 3);
+	int want_off[3] = {0, 2, 10};
+	for (int g = 0; g < 3; g++) {
+		assert_int_equal(l.tps[g].t, 2);
+		assert_int_equal(l.tps[g].off, want_off[g]);
+	}
+	assert_ptr_equal(l.slice_devs, t.slice_devs);
+	/* SEND 0 -> 3; layer (1, 0): shard 1's owner 1 -> shard 0's owner 0;
+	 * layer (2, 0): 1 -> 3 */
+	int want[3][2] = {{0, 3}, {1, 0}, {1, 3}};
+	assert_int_equal(l.n_chans, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(l.chans[i][0], want[i][0]);
+		assert_int_equal(l.chans[i][1], want[i][1]);
+	}
+	/* every slice_devs entry's group, as interp.c uses it */
+	sp_tp_group_t *g = NULL;
+	int32_t *at = NULL;
+	int n = 0;
+	assert_int_equal(plan_tp_groups(&t.p, &g, &n, &at), 0);
+	int32_t want_at[12] = {0, 0, 1, 1, -1, -1, -1, -1, 1, 1, 2, 2};
+	assert_int_equal(n, 3);
+	for (int i = 0; i < 12; i++)
+		assert_int_equal(at[i], want_at[i]);
+	free(g);
+	free(at);
+	ne_layout_release(&l);
+}
+
+/* Rank r's in-layer all-reduces of slice k, as many as `count` (forward or
+ * backward of its layers), on its group of the plan's groups. */
+static void tp_acts(sim_t *s, const sp_plan_t *p, const int32_t *at, int k, int r, int count)
+{
+	const sp_slice_t *sl = &p->slices[k];
+	for (int i = 0; sl->tp > 1 && i < sl->n_dev; i++)
+		if (p->slice_devs[sl->dev_off + i] == r)
+			for (int c = 0; c < count; c++)
+				add_act(s, r, K_TP, at[sl->dev_off + i], 0, 1 + (k * 3 + c) % 8);
+}
+
+/*
+ * The hand-made plan's step on 4 ranks, as interp.c runs it: the split
+ * slices' in-layer all-reduces forward and backward (rank 1 and 3 are in
+ * two groups each), a transfer whose receiver first works in two groups,
+ * the syncs (one zero-1, two groups of one), the step, the all-gather,
+ * then a checkpoint's shard joins (pack.c: blocking send and receive, tag
+ * 0). Every seed, both modes: done, no violation, the splits in the
+ * layout's order with member j as rank j (check_creation).
+ */
+static void test_tp_mixed(void **state)
+{
+	sim_t *s = *state;
+	for (unsigned seed = 1; seed <= 20; seed++)
+		for (int mode = STRICT; mode <= CONNECT; mode++) {
+			tp_plan_t t;
+			sim_init(s, 4, mode);
+			tp_plan(s, &t);
+			ne_layout_t l;
+			sp_tp_group_t *g = NULL;
+			int32_t *at = NULL;
+			int n = 0;
+			assert_int_equal(ne_layout_init(&l, &t.p), 0);
+			assert_int_equal(plan_tp_groups(&t.p, &g, &n, &at), 0);
+			s->n_tps = l.n_tps;
+			s->tps = l.tps;
+			s->slice_devs = l.slice_devs;
+			for (int r = 0; r < 4; r++) {
+				for (int k = 0; k < 4; k++) /* forward */
+					tp_acts(s, &t.p, at, k, r, 2);
+				if (r == 0)
+					add_act(s, 0, K_SEND, 3, 5, 4);
+				if (r == 3)
+					add_act(s, 3, K_RECV, 0, 5, 4);
+				for (int k = 3; k >= 0; k--) /* backward */
+					tp_acts(s, &t.p, at, k, r, 2);
+				for (int b = 0; b < s->buckets_n; b++)
+					if (bucket_shard(&t.p, b, r, &(int64_t){0}, &(int64_t){0}) >= 0)
+						add_act(s, r, b == 2 ? K_REDUCE : K_ALLREDUCE, b, 0,
+							b == 2 ? 7 : 3);
+				add_act(s, r, K_STEP, -1, 0, 0);
+				if (r == 1 || r == 3)
+					add_act(s, r, K_BCAST, 2, 0, 7);
+			}
+			/* the joins: layer (1, 0) at 0 from 1, layer (2, 0) at 3 from 1 */
+			add_act_w(s, 1, K_SEND, 0, 0, 3, 1);
+			add_act(s, 0, K_RECV, 1, 0, 3);
+			add_act_w(s, 1, K_SEND, 3, 0, 4, 1);
+			add_act(s, 3, K_RECV, 1, 0, 4);
+			int rc = sim_run_layout(s, seed, &l);
+			if (rc)
+				fprintf(stderr, "seed %u mode %d: %s\n", seed, mode,
+					rc == 2 ? "deadlock" : "failed");
+			assert_int_equal(rc, 0);
+			assert_int_equal(s->violations, 0);
+			free(g);
+			free(at);
+			ne_layout_release(&l);
+		}
+}
+
 static int setup(void **state)
 {
 	*state = calloc(1, sizeof(sim_t));
@@ -1131,6 +1295,8 @@ int main(void)
 		cmocka_unit_test(test_detects_no_progress),
 		cmocka_unit_test(test_random_plans),
 		cmocka_unit_test(test_zero1_halves),
+		cmocka_unit_test(test_layout_tp_groups),
+		cmocka_unit_test(test_tp_mixed),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

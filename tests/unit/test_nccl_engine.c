@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1272,6 +1273,173 @@ static void test_tp_mixed(void **state)
 		}
 }
 
+/*
+ * A plan's step as interp.c runs it, in the double: each rank's program
+ * (a split FWD: two in-layer all-reduces per layer, a split BWD two, four
+ * when it recomputes; SEND, RECV, SYNC, STEP, GATHER as they are), then a
+ * checkpoint's shard joins in pack.c's walk (layers in model order, shard
+ * j from its owner to shard 0's, both ends waiting). Sizes are small and
+ * derived from what both ends know (slice, tag), so members' calls agree
+ * only when they are the same calls in the same order.
+ */
+static void plan_replay(sim_t *s, const sp_plan_t *p, const int32_t *at)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		add_bucket(s, (const int *)(p->bucket_devs + p->buckets[b].dev_off),
+			   p->buckets[b].n_dev);
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			const sp_slice_t *sl = in->slice >= 0 ? &p->slices[in->slice] : NULL;
+			int layers = sl ? sl->layer_to - sl->layer_from : 0;
+			int zero1 = in->op == INS_SYNC && p->buckets[in->peer].layout == LAYOUT_ZERO1;
+			switch (in->op) {
+			case INS_FWD: tp_acts(s, p, at, in->slice, d, 2 * layers); break;
+			case INS_BWD:
+				tp_acts(s, p, at, in->slice, d, (sl->recompute ? 4 : 2) * layers);
+				break;
+			case INS_SEND:
+			case INS_RECV:
+				add_act(s, d, in->op == INS_SEND ? K_SEND : K_RECV, in->peer, in->tag,
+					1 + in->tag % 8);
+				break;
+			case INS_SYNC:
+				add_act(s, d, zero1 ? K_REDUCE : K_ALLREDUCE, in->peer, 0, zero1 ? 7 : 3);
+				break;
+			case INS_STEP: add_act(s, d, K_STEP, -1, 0, 0); break;
+			case INS_GATHER: add_act(s, d, K_BCAST, in->peer, 0, 7); break;
+			default: break;
+			}
+		}
+	for (int c = 0; c < p->model.n_comps; c++) {
+		const sp_component_t *co = &p->model.comps[c];
+		for (int l = 0; l < (co->type == COMP_TRANSFORMER ? (int)co->layers : 1); l++) {
+			int t = 1, o0 = plan_shard_owner(p, c, l, 0, &t);
+			for (int j = 1; j < t; j++) {
+				int oj = plan_shard_owner(p, c, l, j, NULL);
+				if (oj == o0)
+					continue;
+				add_act_w(s, oj, K_SEND, o0, 0, 1 + (c + l + j) % 8, 1);
+				add_act(s, o0, K_RECV, oj, 0, 1 + (c + l + j) % 8);
+			}
+		}
+	}
+}
+
+/* Runs `spindle-plan MODEL CLUSTER ARGS -o OUT` (SPINDLE_PLAN, paths under
+ * SPINDLE_ROOT unless absolute) and reads OUT into *p. */
+static void plan_with(sp_plan_t *p, const char *model, const char *cluster, const char *args,
+		      const char *out)
+{
+	const char *plan = getenv("SPINDLE_PLAN"), *root = getenv("SPINDLE_ROOT");
+	char cmd[2048];
+	root = root && *root ? root : ".";
+	snprintf(cmd, sizeof cmd, "'%s' '%s/%s' '%s%s%s' %s -o '%s' >/dev/null 2>&1", plan, root,
+		 model, cluster[0] == '/' ? "" : root, cluster[0] == '/' ? "" : "/", cluster, args,
+		 out);
+	if (system(cmd) != 0)
+		fail_msg("planning failed: %s", cmd);
+	sp_err_t err = {0};
+	if (plan_read(p, out, &err))
+		fail_msg("reading %s: %s", out, err.msg);
+}
+
+/*
+ * Planned with spindle-plan --tp 2: demo-sgd on 2 ranks (one group), on 4
+ * (sequential: every slice on all four, transformers split into groups
+ * [0 1] and [2 3], the rest whole and data-parallel), on 4 with zero-1
+ * and recomputation forced, and on two nodes of two. The layout has every
+ * split slice's groups, once each; the replayed step, with a checkpoint's
+ * joins, finishes on every seed in both modes, every all-reduce summing
+ * exactly its group's members (check_act) and the splits in the layout's
+ * order with member j as rank j (check_creation).
+ */
+static void test_tp_planned(void **state)
+{
+	sim_t *s = *state;
+	if (!getenv("SPINDLE_PLAN"))
+		skip(); /* run outside meson test */
+	char dir[] = "/tmp/spindle-nccl-tp-XXXXXX", c2[64], out[96];
+	assert_non_null(mkdtemp(dir));
+	snprintf(c2, sizeof c2, "%s/cluster-2.json", dir);
+	snprintf(out, sizeof out, "%s/plan.bin", dir);
+	FILE *f = fopen(c2, "w");
+	assert_non_null(f);
+	fputs("{\"format\": \"spindle.cluster/1\", \"name\": \"cpu-2\", \"nodes\": 1, "
+	      "\"gpus_per_node\": 2, \"gpu\": {\"name\": \"cpu-process\", \"memory_gib\": 2, "
+	      "\"peak_tflops\": 0.1, \"mem_bandwidth_gbs\": 10}, \"links\": {\"intra_node_gbs\": "
+	      "4, \"intra_node_latency_us\": 5, \"inter_node_gbs\": 1, "
+	      "\"inter_node_latency_us\": 50}}\n",
+	      f);
+	assert_int_equal(fclose(f), 0);
+	static const struct {
+		const char *cluster, *args;
+		int ranks, mixed;
+	} CASES[] = {
+		{NULL, "--tp 2 --algo sequential", 2, 0},
+		{"plans/clusters/cpu-4.json", "--tp 2 --algo sequential", 4, 1},
+		{"plans/clusters/cpu-4.json", "--tp 2 --algo sequential --zero 1 --recompute all", 4,
+		 1},
+		{"tests/invalid/cli-tp-wider-than-node/cluster.json", "--tp 2 --algo sequential", 4, 1},
+	};
+	for (size_t q = 0; q < sizeof CASES / sizeof *CASES; q++) {
+		sp_plan_t p;
+		plan_with(&p, "tests/gpu/demo-sgd.json", CASES[q].cluster ? CASES[q].cluster : c2,
+			  CASES[q].args, out);
+		assert_int_equal(p.n_devices, CASES[q].ranks);
+		ne_layout_t l;
+		sp_tp_group_t *g = NULL;
+		int32_t *at = NULL;
+		int n = 0, split = 0, whole = 0;
+		assert_int_equal(ne_layout_init(&l, &p), 0);
+		assert_int_equal(plan_tp_groups(&p, &g, &n, &at), 0);
+		assert_int_equal(l.n_tps, n);
+		for (int k = 0; k < p.n_slices; k++) {
+			const sp_slice_t *sl = &p.slices[k];
+			split += sl->tp > 1;
+			whole += sl->tp == 1 && sl->n_dev > 1;
+			for (int i = 0; i < sl->n_dev; i++) { /* in its group, at its place */
+				int32_t gi = at[sl->dev_off + i];
+				if (sl->tp == 1) {
+					assert_int_equal(gi, -1);
+					continue;
+				}
+				assert_true(gi >= 0 && gi < n && l.tps[gi].t == sl->tp);
+				assert_int_equal(l.slice_devs[l.tps[gi].off + i % sl->tp],
+						 p.slice_devs[sl->dev_off + i]);
+			}
+		}
+		for (int a = 0; a < n; a++) /* distinct */
+			for (int b = a + 1; b < n; b++)
+				assert_true(l.tps[a].t != l.tps[b].t ||
+					    memcmp(l.slice_devs + l.tps[a].off, l.slice_devs + l.tps[b].off,
+						   sizeof(int32_t) * (size_t)l.tps[a].t));
+		assert_true(split > 0 && n == CASES[q].ranks / 2);
+		assert_true(!CASES[q].mixed || whole > 0);
+		for (unsigned seed = 1; seed <= 4; seed++)
+			for (int mode = STRICT; mode <= CONNECT; mode++) {
+				sim_init(s, p.n_devices, mode);
+				s->n_tps = l.n_tps;
+				s->tps = l.tps;
+				s->slice_devs = l.slice_devs;
+				plan_replay(s, &p, at);
+				int rc = sim_run_layout(s, seed, &l);
+				if (rc)
+					fprintf(stderr, "case %zu seed %u mode %d: %s\n", q, seed, mode,
+						rc == 2 ? "deadlock" : "failed");
+				assert_int_equal(rc, 0);
+				assert_int_equal(s->violations, 0);
+			}
+		free(g);
+		free(at);
+		ne_layout_release(&l);
+		plan_release(&p);
+	}
+	unlink(out);
+	unlink(c2);
+	rmdir(dir);
+}
+
 static int setup(void **state)
 {
 	*state = calloc(1, sizeof(sim_t));
@@ -1297,6 +1465,7 @@ int main(void)
 		cmocka_unit_test(test_zero1_halves),
 		cmocka_unit_test(test_layout_tp_groups),
 		cmocka_unit_test(test_tp_mixed),
+		cmocka_unit_test(test_tp_planned),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -903,6 +903,18 @@ static int sim_run(sim_t *s, unsigned seed)
 	return sim_run_layout(s, seed, NULL);
 }
 
+/* sim_run_layout, which must finish with no violation; `what` names the
+ * case when it does not. */
+static void run_clean(sim_t *s, unsigned seed, const ne_layout_t *l, const char *what)
+{
+	int rc = sim_run_layout(s, seed, l);
+	if (rc)
+		fprintf(stderr, "%s seed %u mode %d: %s\n", what, seed, s->mode,
+			rc == 2 ? "deadlock" : "failed");
+	assert_int_equal(rc, 0);
+	assert_int_equal(s->violations, 0);
+}
+
 /* ---- tests ---- */
 
 /*
@@ -1057,12 +1069,7 @@ static void test_random_plans(void **state)
 	for (unsigned seed = 1; seed <= 60; seed++)
 		for (int mode = STRICT; mode <= CONNECT; mode++) {
 			random_plan(s, seed, mode);
-			int r = sim_run(s, seed * 7 + (unsigned)mode);
-			if (r)
-				fprintf(stderr, "seed %u mode %d: %s\n", seed, mode,
-					r == 2 ? "deadlock" : "failed");
-			assert_int_equal(r, 0);
-			assert_int_equal(s->violations, 0);
+			run_clean(s, seed * 7 + (unsigned)mode, NULL, "random plan");
 		}
 }
 
@@ -1261,12 +1268,7 @@ static void test_tp_mixed(void **state)
 			add_act(s, 0, K_RECV, 1, 0, 3);
 			add_act_w(s, 1, K_SEND, 3, 0, 4, 1);
 			add_act(s, 3, K_RECV, 1, 0, 4);
-			int rc = sim_run_layout(s, seed, &l);
-			if (rc)
-				fprintf(stderr, "seed %u mode %d: %s\n", seed, mode,
-					rc == 2 ? "deadlock" : "failed");
-			assert_int_equal(rc, 0);
-			assert_int_equal(s->violations, 0);
+			run_clean(s, seed, &l, "hand-made tp plan");
 			free(g);
 			free(at);
 			ne_layout_release(&l);
@@ -1423,12 +1425,7 @@ static void test_tp_planned(void **state)
 				s->tps = l.tps;
 				s->slice_devs = l.slice_devs;
 				plan_replay(s, &p, at);
-				int rc = sim_run_layout(s, seed, &l);
-				if (rc)
-					fprintf(stderr, "case %zu seed %u mode %d: %s\n", q, seed, mode,
-						rc == 2 ? "deadlock" : "failed");
-				assert_int_equal(rc, 0);
-				assert_int_equal(s->violations, 0);
+				run_clean(s, seed, &l, CASES[q].args);
 			}
 		free(g);
 		free(at);

@@ -18,7 +18,12 @@
  *     zero-1 halves (ne_ireduce_scatter, ne_iallgather) are the engine's
  *     rooted reduces and broadcasts, one per member's shard.
  * The scheduler runs each rank's program like interp.c does (sends and
- * syncs post and go on, a receive waits, the end waits for everything).
+ * syncs post and go on, a receive, a tensor-parallel layer's all-reduce
+ * and a step wait, the end waits for everything). Tensor-parallel groups
+ * come from hand-made plans and from spindle-plan --tp 2 (SPINDLE_PLAN):
+ * every successful run checks that the double saw the layout's splits in
+ * its order on every rank, each group's member j as rank j, and every
+ * all-reduce summing exactly its group's members over its count.
  * When a whole round changes nothing it declares a deadlock and fails: no
  * test can hang. The clock is virtual.
  *

@@ -665,62 +665,47 @@ static int check_decoders(rt_state_t *st)
 	return 0;
 }
 
-/* Devices of group r of slice s (t consecutive entries of its devices). */
-static const int32_t *tp_devs(const sp_plan_t *p, const sp_slice_t *s, int r)
-{
-	return p->slice_devs + s->dev_off + (int64_t)r * s->tp;
-}
-
 /*
- * The communicators of the tensor-parallel groups: every group of every
- * slice with tp > 1, in slice order, created on every rank (collective);
- * a group equal to an earlier one (chunks of one slice, the same devices
- * in another wave) reuses its communicator. Records, per slice, the
- * rank's group and member index.
+ * The communicators of the tensor-parallel groups: the plan's distinct
+ * groups (plan_tp_groups: slice order, an equal group reusing the earlier
+ * one's communicator), created on every rank (collective), after the sync
+ * buckets' (cuda/comm_nccl.c counts on that order). Records, per slice,
+ * the rank's group and member index.
  */
 static int tp_groups(rt_state_t *st)
 {
 	const sp_plan_t *p = st->p;
-	typedef struct {
-		const int32_t *devs;
-		int t, gid;
-	} made_t;
-	made_t *made = NULL;
-	int n_made = 0, cap = 0, rc = 0;
+	sp_tp_group_t *g = NULL;
+	int32_t *at = NULL;
+	int n = 0, *gid = NULL;
 	st->tp_group = malloc(sizeof(int) * (size_t)(p->n_slices + 1));
 	st->tp_rank = malloc(sizeof(int) * (size_t)(p->n_slices + 1));
-	if (!st->tp_group || !st->tp_rank)
-		return SP_ENOMEM;
+	int rc = !st->tp_group || !st->tp_rank ? SP_ENOMEM : plan_tp_groups(p, &g, &n, &at);
+	if (!rc && !(gid = malloc(sizeof(int) * (size_t)(n + 1))))
+		rc = SP_ENOMEM;
+	for (int q = 0; q < n && !rc; q++) {
+		int ranks[64];
+		if (g[q].t > 64) {
+			rc = SP_EINPUT; /* the reader allows 64 at most */
+			break;
+		}
+		for (int j = 0; j < g[q].t; j++)
+			ranks[j] = p->slice_devs[g[q].off + j];
+		if (st->c->ops->group_create(st->c, ranks, g[q].t, &gid[q]))
+			rc = SP_EIO;
+	}
 	for (int k = 0; k < p->n_slices && !rc; k++) {
 		const sp_slice_t *s = &p->slices[k];
 		st->tp_group[k] = st->tp_rank[k] = -1;
-		for (int r = 0; s->tp > 1 && r < s->n_dev / s->tp && !rc; r++) {
-			const int32_t *g = tp_devs(p, s, r);
-			int q = 0;
-			while (q < n_made && !(made[q].t == s->tp &&
-					       !memcmp(made[q].devs, g, sizeof(int32_t) * (size_t)s->tp)))
-				q++;
-			if (q == n_made && s->tp > 64) {
-				rc = SP_EINPUT; /* the reader allows 64 at most */
-				break;
+		for (int i = 0; s->tp > 1 && i < s->n_dev; i++)
+			if (p->slice_devs[s->dev_off + i] == st->rank && at[s->dev_off + i] >= 0) {
+				st->tp_group[k] = gid[at[s->dev_off + i]];
+				st->tp_rank[k] = i % s->tp;
 			}
-			if (q == n_made) {
-				int ranks[64], gid = -1;
-				for (int j = 0; j < s->tp; j++)
-					ranks[j] = g[j];
-				if (st->c->ops->group_create(st->c, ranks, s->tp, &gid))
-					rc = SP_EIO;
-				else if (SP_PUSH(made, n_made, cap, ((made_t){g, s->tp, gid})))
-					rc = SP_ENOMEM;
-			}
-			for (int j = 0; j < s->tp && !rc; j++)
-				if (g[j] == st->rank) {
-					st->tp_group[k] = made[q].gid;
-					st->tp_rank[k] = j;
-				}
-		}
 	}
-	free(made);
+	free(g);
+	free(at);
+	free(gid);
 	return rc;
 }
 

@@ -12,24 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The owner of shard j of a layer (the first device of the bucket that
- * holds it; j = 0 for a whole layer: the owner of the layer), or -1; *tp:
- * the layer's tensor-parallel degree. */
-static int owner_of(const rt_state_t *st, int comp, int layer, int j, int *tp)
-{
-	const sp_plan_t *p = st->p;
-	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; q < p->buckets[b].n_params; q++) {
-			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
-			if (pr->comp == comp && pr->layer == layer && pr->tp_rank == j) {
-				if (tp)
-					*tp = pr->tp;
-				return p->bucket_devs[p->buckets[b].dev_off];
-			}
-		}
-	return -1;
-}
-
 /* Polls req to completion; no timeout of its own (main.c's watchdog bounds
  * the checkpoint's collectives). */
 static int wait_plain(rt_comm_t *c, rt_req_t *req)
@@ -106,7 +88,7 @@ static int join_shards(const rt_state_t *st, int failed, int adam, const float *
 		rc = SP_ENOMEM;
 	for (int c = 0; c < md->n_comps; c++)
 		for (int l = 0; l < comp_n_layers(&md->comps[c]); l++) {
-			int t = 1, o0 = owner_of(st, c, l, 0, &t);
+			int t = 1, o0 = plan_shard_owner(st->p, c, l, 0, &t);
 			if (t <= 1)
 				continue;
 			int i = st->slot[st->param_base[c] + l];
@@ -116,7 +98,7 @@ static int join_shards(const rt_state_t *st, int failed, int adam, const float *
 			    !(joined[i] = malloc(sizeof(float) * (size_t)(nw * parts))))
 				rc = SP_ENOMEM;
 			for (int j = 0; j < t; j++) {
-				int oj = owner_of(st, c, l, j, NULL);
+				int oj = plan_shard_owner(st->p, c, l, j, NULL);
 				int send = oj == st->rank && o0 != st->rank, recv = o0 == st->rank && oj != st->rank;
 				if (!rc && oj == st->rank && i >= 0) { /* the rank's own shard */
 					b->to_host(host, st->w + st->poff[i], sizeof(float) * (size_t)ns);
@@ -153,7 +135,7 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	int adam = st->p->model.opt.kind == OPT_ADAMW && opt_state;
 	size_t total = 0;
 	for (int i = 0; i < st->n_held; i++)
-		if (owner_of(st, st->held[i].comp, st->held[i].layer, 0, NULL) == st->rank)
+		if (plan_shard_owner(st->p, st->held[i].comp, st->held[i].layer, 0, NULL) == st->rank)
 			total += 16 + sizeof(float) * (size_t)comp_layer_params(
 						       &st->p->model.comps[st->held[i].comp]) *
 					      (adam ? 3 : 1);
@@ -184,7 +166,7 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	for (int c = 0; c < st->p->model.n_comps; c++) {
 		for (int l = 0; l < comp_n_layers(&st->p->model.comps[c]); l++) {
 			int i = st->slot[st->param_base[c] + l];
-			if (i < 0 || owner_of(st, c, l, 0, NULL) != st->rank)
+			if (i < 0 || plan_shard_owner(st->p, c, l, 0, NULL) != st->rank)
 				continue;
 			int32_t hdr[2] = {c, l};
 			int64_t cnt = comp_layer_params(&st->p->model.comps[c]);

@@ -241,6 +241,29 @@ const char *layout_name(int layout);
  */
 int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n);
 
+/* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
+ * j holding shard j (the first such group of the plan, in slice `slice`). */
+typedef struct {
+	int32_t slice, off, t;
+} sp_tp_group_t;
+
+/*
+ * The plan's distinct tensor-parallel groups, in the order every rank
+ * creates their communicators: group r of each slice with tp > 1, slices
+ * in index order, r ascending; a group with the same t and the same
+ * devices in the same order as an earlier one is that one (chunks of one
+ * slice, the same devices in another wave). *out: malloc'd, *n groups
+ * (NULL when none). at (may be NULL): malloc'd, n_slice_devs + 1 entries,
+ * at[i] the group of slice_devs entry i (-1 in whole slices). SP_ENOMEM.
+ */
+int plan_tp_groups(const sp_plan_t *p, sp_tp_group_t **out, int *n, int32_t **at);
+
+/* The owner of shard j of layer (comp, layer): the first device of the
+ * bucket that holds it (j = 0 of a whole layer: the layer's owner), or -1;
+ * *tp (may be NULL): the layer's tensor-parallel degree. Checkpoints and
+ * weights files join a split layer's shards at the owner of shard 0. */
+int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp);
+
 /* ---- plan_mem.c ------------------------------------------------------- */
 
 /* Predicted memory of device d by category (bytes); -1 if out of memory. */

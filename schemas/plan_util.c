@@ -1,10 +1,14 @@
 /*
  * plan_util.c — small helpers over a plan that the planner, the runtime and
  * the tools share: instruction names for messages and text views, and the
- * shape of a value act(m, l) / grad(m, l). They trust the plan (plan_read
- * has checked every index); they do not check it again.
+ * shape of a value act(m, l) / grad(m, l), buckets' shards, the
+ * tensor-parallel groups and the owners of split layers' shards. They trust
+ * the plan (plan_read has checked every index); they do not check it again.
  */
 #include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 const char *ins_op_name(int op)
 {
@@ -66,4 +70,58 @@ int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n)
 		*n = bk->elems * (lo + 1) / bk->n_dev - *off;
 	}
 	return lo;
+}
+
+int plan_tp_groups(const sp_plan_t *p, sp_tp_group_t **out, int *n, int32_t **at)
+{
+	int32_t *grp = malloc(sizeof(int32_t) * (size_t)(p->n_slice_devs + 1));
+	sp_tp_group_t *g = NULL;
+	int ng = 0, cap = 0;
+	*out = NULL;
+	*n = 0;
+	if (at)
+		*at = NULL;
+	if (!grp)
+		return SP_ENOMEM;
+	for (int i = 0; i < p->n_slice_devs; i++)
+		grp[i] = -1;
+	for (int k = 0; k < p->n_slices; k++) {
+		const sp_slice_t *s = &p->slices[k];
+		for (int r = 0; s->tp > 1 && r < s->n_dev / s->tp; r++) {
+			int32_t off = s->dev_off + r * s->tp;
+			const int32_t *d = p->slice_devs + off;
+			int q = 0;
+			while (q < ng && !(g[q].t == s->tp &&
+					   !memcmp(p->slice_devs + g[q].off, d, sizeof *d * (size_t)s->tp)))
+				q++;
+			if (q == ng && SP_PUSH(g, ng, cap, ((sp_tp_group_t){k, off, s->tp}))) {
+				free(g);
+				free(grp);
+				return SP_ENOMEM;
+			}
+			for (int j = 0; j < s->tp; j++)
+				grp[off + j] = q;
+		}
+	}
+	*out = g;
+	*n = ng;
+	if (at)
+		*at = grp;
+	else
+		free(grp);
+	return 0;
+}
+
+int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; q < p->buckets[b].n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+			if (pr->comp == comp && pr->layer == layer && pr->tp_rank == j) {
+				if (tp)
+					*tp = pr->tp;
+				return p->bucket_devs[p->buckets[b].dev_off];
+			}
+		}
+	return -1;
 }

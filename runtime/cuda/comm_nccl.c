@@ -16,10 +16,15 @@
  *                      spread with the wrapped comm's allsum;
  *   comm_nccl_prepare  everything the plan needs, in the plan's global
  *                      order (ne_prepare): one communicator per sync
- *                      bucket with several members, one per direction of
- *                      each pair that exchanges data, all split from world,
- *                      each warmed up with a 4-byte operation.
- * After that group_create only hands out the buckets' communicators.
+ *                      bucket with several members, one per distinct
+ *                      tensor-parallel group (its rank j is member j), one
+ *                      per direction of each pair that exchanges data (the
+ *                      programs' transfers and the checkpoint's shard
+ *                      joins), all split from world, each warmed up with a
+ *                      4-byte operation.
+ * After that group_create only hands out the buckets' and the
+ * tensor-parallel groups' communicators. A split layer's in-layer
+ * all-reduces go over its group's communicator like a bucket's.
  *
  * Split configuration (split_config): splitShare = 1, so the children
  * reuse world's proxy thread and buffers instead of each allocating its
@@ -55,7 +60,7 @@ typedef struct {
 	cudaEvent_t ready_ev;
 	float *warm;       /* device: the warm-up operations' buffer */
 	int max_ctas;      /* for splits; set by comm_nccl_prepare */
-	int n_groups_made; /* group_create calls so far (bucket index) */
+	int n_groups_made; /* group_create calls so far (layout item index) */
 	int started;
 } nccl_impl_t;
 
@@ -299,19 +304,22 @@ static int n_irecv(rt_comm_t *c, void *buf, size_t bytes, int peer, int tag, rt_
 	return 0;
 }
 
-/* Called in bucket order (interp.c's rt_create): the k-th call is bucket
- * k, whose communicator comm_nccl_prepare made. One rank: groups of one. */
+/* Called in the layout's order (interp.c's rt_create): the k-th call is
+ * item k, bucket k and then the tensor-parallel groups in plan_tp_groups
+ * order, whose communicator comm_nccl_prepare made. One rank: groups of
+ * one. */
 static int n_group(rt_comm_t *c, const int *ranks, int n, int *out)
 {
 	nccl_impl_t *im = impl(c);
-	int bucket = im->n_groups_made++;
+	int item = im->n_groups_made++;
 	*out = -1;
 	if (c->nranks == 1) {
-		*out = comm_member(c, ranks, n) ? bucket : -1;
+		*out = comm_member(c, ranks, n) ? item : -1;
 		return 0;
 	}
-	if (!n_post_ok(im) || ne_group_id(im->eng, bucket, out)) {
-		report(im, "creating a sync group", "the plan's buckets and the calls disagree");
+	if (!n_post_ok(im) || ne_group_id(im->eng, item, out)) {
+		report(im, "creating a group",
+		       "the plan's buckets and tensor-parallel groups and the calls disagree");
 		return -1;
 	}
 	return (*out >= 0) == comm_member(c, ranks, n) ? 0 : -1;
@@ -547,19 +555,6 @@ int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 {
 	if (c->ops != &nccl_ops || c->nranks == 1)
 		return 0;
-	/* the engine makes the buckets' communicators and the SEND pairs'
-	 * channels only: not the tensor-parallel groups' (nor the channels
-	 * a checkpoint's shard join uses) */
-	for (int s = 0; s < p->n_slices; s++)
-		if (p->slices[s].tp > 1) {
-			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-				   "slice %d is split %d ways: tensor parallelism over NCCL is "
-				   "not built yet",
-				   s, (int)p->slices[s].tp);
-			sp_err_hint(err, "run with --comm mpi (the CUDA backend's "
-						"buffers staged over MPI), or plan with --tp 1");
-			return SP_EINPUT;
-		}
 	nccl_impl_t *im = impl(c);
 	if (!im->started || !im->world)
 		return sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
@@ -567,10 +562,13 @@ int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 	ne_layout_t lay;
 	if (ne_layout_init(&lay, p))
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	/* communicators of this rank: world, its buckets, its channels */
+	/* communicators of this rank: world, its buckets, its tensor-parallel
+	 * groups, its channels */
 	int mine = 1;
 	for (int b = 0; b < lay.n_buckets; b++)
 		mine += comm_member(c, p->bucket_devs + lay.buckets[b].dev_off, lay.buckets[b].n_dev);
+	for (int g = 0; g < lay.n_tps; g++)
+		mine += comm_member(c, p->slice_devs + lay.tps[g].off, lay.tps[g].t);
 	for (int i = 0; i < lay.n_chans; i++)
 		mine += lay.chans[i][0] == c->rank || lay.chans[i][1] == c->rank;
 	im->max_ctas = ctas_for(mine);

@@ -76,10 +76,12 @@ struct ne_engine {
 	char hostname[64];
 	void *world, *warm;
 	ne_peer_t *peers;
-	ne_chan_t *groups; /* one per bucket this rank is in (comm NULL: alone) */
-	int n_groups;
-	int *bucket_group; /* bucket -> group id, -1 when not a member */
-	int n_buckets;
+	/* one per bucket this rank is in (comm NULL: alone), then one per
+	 * tensor-parallel group it is in (from n_sync on) */
+	ne_chan_t *groups;
+	int n_groups, n_sync;
+	int *item_group; /* layout item (buckets, then TP groups) -> group id, or -1 */
+	int n_items;
 	ne_op_t *ops; /* live operations, in posting order */
 	/* start-up: item prep_at of the global order, its sub-state */
 	int prep_at, prep_sub, prepared;
@@ -96,30 +98,57 @@ static int cmp_pair(const void *a, const void *b)
 	return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
+/* Every pair that carries data, unsorted: each SEND's {device, peer},
+ * then each split layer's {owner of shard j >= 1, owner of shard 0}
+ * (pack.c's join) where they differ. chans NULL: only counts them. */
+static int data_pairs(const sp_plan_t *p, int (*chans)[2])
+{
+	int n = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op == INS_SEND && chans) {
+				chans[n][0] = d;
+				chans[n][1] = in->peer;
+			}
+			n += in->op == INS_SEND;
+		}
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; q < p->buckets[b].n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+			int oj = p->bucket_devs[p->buckets[b].dev_off];
+			int o0 = pr->tp > 1 && pr->tp_rank > 0
+					 ? plan_shard_owner(p, pr->comp, pr->layer, 0, NULL)
+					 : -1;
+			if (o0 < 0 || o0 == oj)
+				continue;
+			if (chans) {
+				chans[n][0] = oj;
+				chans[n][1] = o0;
+			}
+			n++;
+		}
+	return n;
+}
+
 int ne_layout_init(ne_layout_t *out, const sp_plan_t *p)
 {
 	memset(out, 0, sizeof *out);
 	out->n_buckets = p->n_buckets;
 	out->buckets = p->buckets;
 	out->bucket_devs = p->bucket_devs;
-	int n = 0;
-	for (int d = 0; d < p->n_devices; d++)
-		for (int k = 0; k < p->devices[d].n_ins; k++)
-			n += p->ins[p->devices[d].first_ins + k].op == INS_SEND;
+	out->slice_devs = p->slice_devs;
+	if (plan_tp_groups(p, &out->tps, &out->n_tps, NULL))
+		return -1;
+	int n = data_pairs(p, NULL);
 	if (!n)
 		return 0;
 	out->chans = malloc(sizeof *out->chans * (size_t)n);
-	if (!out->chans)
+	if (!out->chans) {
+		ne_layout_release(out);
 		return -1;
-	n = 0;
-	for (int d = 0; d < p->n_devices; d++)
-		for (int k = 0; k < p->devices[d].n_ins; k++) {
-			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
-			if (in->op == INS_SEND) {
-				out->chans[n][0] = d;
-				out->chans[n++][1] = in->peer;
-			}
-		}
+	}
+	data_pairs(p, out->chans);
 	qsort(out->chans, (size_t)n, sizeof *out->chans, cmp_pair);
 	int u = 0;
 	for (int i = 0; i < n; i++)
@@ -134,8 +163,10 @@ int ne_layout_init(ne_layout_t *out, const sp_plan_t *p)
 void ne_layout_release(ne_layout_t *l)
 {
 	free(l->chans);
+	free(l->tps);
 	l->chans = NULL;
-	l->n_chans = 0;
+	l->tps = NULL;
+	l->n_chans = l->n_tps = 0;
 }
 
 /* ---- messages ---- */
@@ -151,13 +182,23 @@ static void report(ne_engine_t *e, const char *what, int peer, const char *detai
 	fflush(stderr);
 }
 
+/* "sync group 2" or "tensor-parallel group 0" (this rank's numbering) */
+static const char *group_desc(const ne_engine_t *e, const ne_chan_t *ch, char *buf, size_t n)
+{
+	int g = (int)(ch - e->groups);
+	snprintf(buf, n, "%s group %d", g < e->n_sync ? "sync" : "tensor-parallel",
+		 g < e->n_sync ? g : g - e->n_sync);
+	return buf;
+}
+
 /* "send to rank 3 (tag 17)", "all-reduce of sync group 2" */
 static const char *op_desc(const ne_engine_t *e, const ne_op_t *op, char *buf, size_t n)
 {
 	static const char *const coll[] = {"all-reduce", "reduce-scatter", "all-gather"};
+	char g[48];
 	if (op->kind >= OP_ALLREDUCE)
-		snprintf(buf, n, "%s of sync group %d", coll[op->kind - OP_ALLREDUCE],
-			 (int)(op->ch - e->groups));
+		snprintf(buf, n, "%s of %s", coll[op->kind - OP_ALLREDUCE],
+			 group_desc(e, op->ch, g, sizeof g));
 	else
 		snprintf(buf, n, "%s rank %d (tag %d)", op->kind == OP_SEND ? "send to" : "receive from",
 			 op->peer, op->tag);
@@ -304,11 +345,15 @@ static void enqueue(ne_engine_t *e, ne_chan_t *ch, ne_op_t **ops, int n)
 	launched(e, ch);
 }
 
-/* A busy communicator: done enqueueing, failed, or still at it. */
+/* A busy communicator: done enqueueing, failed, or still at it. what: the
+ * message's subject (NULL: ch is a group, named by group_desc). */
 static void poll_busy(ne_engine_t *e, ne_chan_t *ch, int peer, const char *what)
 {
 	if (!ch->busy || !ch->comm)
 		return;
+	char d[48];
+	if (!what)
+		what = group_desc(e, ch, d, sizeof d);
 	int st = e->pr->status(e->ctx, ch->comm);
 	if (st == NE_OK) {
 		ch->busy = 0;
@@ -462,7 +507,7 @@ int ne_progress(ne_engine_t *e)
 		poll_busy(e, &e->peers[p].out, p, "sending to");
 	}
 	for (int g = 0; g < e->n_groups; g++)
-		poll_busy(e, &e->groups[g], -1, "all-reduce of a sync group");
+		poll_busy(e, &e->groups[g], -1, NULL);
 	launch_all(e);
 	return complete_all(e);
 }
@@ -592,28 +637,31 @@ int ne_live(const ne_engine_t *e)
 /* ---- start-up: communicators in one global order ---- */
 
 /*
- * Item i of the global order: [0, nb) split bucket i, [nb, nb + nc) split
- * channel i - nb, then the same again for the warm-up. member: whether this
- * rank takes part (*key: its rank in the new communicator); *ch: where the
- * communicator lives on this rank (NULL when not a member).
+ * Item i of the global order: [0, nb) split bucket i, [nb, nb + nt) split
+ * tensor-parallel group i - nb, [nb + nt, nb + nt + nc) split channel
+ * i - nb - nt, then the same again for the warm-up. Returns whether the
+ * item needs a communicator; *key: this rank's rank in it (a bucket's
+ * members ascending, a group's in member order, a channel's sender 0);
+ * *ch: where it lives on this rank (NULL when not a member).
  */
 static int prep_item(ne_engine_t *e, const ne_layout_t *l, int i, int *key, ne_chan_t **ch,
 		     int *peer)
 {
-	int nb = l->n_buckets;
+	int nb = l->n_buckets, nt = l->n_tps;
 	*ch = NULL;
 	*key = e->rank;
 	*peer = -1;
-	if (i < nb) {
-		const sp_bucket_t *bu = &l->buckets[i];
-		int member = 0;
-		for (int q = 0; q < bu->n_dev; q++)
-			member |= l->bucket_devs[bu->dev_off + q] == e->rank;
-		if (member)
-			*ch = &e->groups[e->bucket_group[i]];
-		return bu->n_dev > 1;
+	if (i < nb + nt) {
+		int g = e->item_group[i];
+		if (g >= 0)
+			*ch = &e->groups[g];
+		if (i >= nb)
+			for (int j = 0; j < l->tps[i - nb].t; j++)
+				if (l->slice_devs[l->tps[i - nb].off + j] == e->rank)
+					*key = j;
+		return i < nb ? l->buckets[i].n_dev > 1 : l->tps[i - nb].t > 1;
 	}
-	const int *c = l->chans[i - nb];
+	const int *c = l->chans[i - nb - nt];
 	if (c[0] == e->rank) {
 		*ch = &e->peers[c[1]].out;
 		*key = 0;
@@ -626,22 +674,37 @@ static int prep_item(ne_engine_t *e, const ne_layout_t *l, int i, int *key, ne_c
 	return 1;
 }
 
-/* The groups table from the layout: one entry per bucket with this rank. */
+/* Whether this rank is among devs[0..n). */
+static int among(const ne_engine_t *e, const int32_t *devs, int n)
+{
+	for (int q = 0; q < n; q++)
+		if (devs[q] == e->rank)
+			return 1;
+	return 0;
+}
+
+/* The groups table from the layout: one entry per bucket with this rank,
+ * then one per tensor-parallel group with it. */
 static int prep_groups(ne_engine_t *e, const ne_layout_t *l)
 {
-	e->bucket_group = malloc(sizeof(int) * (size_t)(l->n_buckets + 1));
-	e->groups = calloc((size_t)l->n_buckets + 1, sizeof *e->groups);
-	if (!e->bucket_group || !e->groups)
+	int n = l->n_buckets + l->n_tps;
+	e->item_group = malloc(sizeof(int) * (size_t)(n + 1));
+	e->groups = calloc((size_t)n + 1, sizeof *e->groups);
+	if (!e->item_group || !e->groups)
 		return -1;
-	e->n_buckets = l->n_buckets;
-	for (int b = 0; b < l->n_buckets; b++) {
-		const sp_bucket_t *bu = &l->buckets[b];
-		e->bucket_group[b] = -1;
-		for (int q = 0; q < bu->n_dev; q++)
-			if (l->bucket_devs[bu->dev_off + q] == e->rank) {
-				e->groups[e->n_groups].size = bu->n_dev;
-				e->bucket_group[b] = e->n_groups++;
-			}
+	e->n_items = n;
+	for (int i = 0; i < n; i++) {
+		int tp = i >= l->n_buckets;
+		const sp_bucket_t *bu = tp ? NULL : &l->buckets[i];
+		const sp_tp_group_t *g = tp ? &l->tps[i - l->n_buckets] : NULL;
+		int size = tp ? g->t : bu->n_dev;
+		e->item_group[i] = -1;
+		if (among(e, tp ? l->slice_devs + g->off : l->bucket_devs + bu->dev_off, size)) {
+			e->groups[e->n_groups].size = size;
+			e->item_group[i] = e->n_groups++;
+		}
+		if (!tp)
+			e->n_sync = e->n_groups;
 	}
 	return 0;
 }
@@ -715,7 +778,7 @@ int ne_prepare(ne_engine_t *e, const ne_layout_t *l)
 		return NE_OK;
 	if (!e->groups && prep_groups(e, l))
 		return NE_ERR;
-	int items = l->n_buckets + l->n_chans;
+	int items = l->n_buckets + l->n_tps + l->n_chans;
 	while (e->prep_at < 2 * items) {
 		int i = e->prep_at % items, key, peer;
 		ne_chan_t *ch;
@@ -736,12 +799,12 @@ int ne_prepared(const ne_engine_t *e)
 	return e->prepared;
 }
 
-int ne_group_id(const ne_engine_t *e, int bucket, int *out)
+int ne_group_id(const ne_engine_t *e, int item, int *out)
 {
 	*out = -1;
-	if (!e->prepared || bucket < 0 || bucket >= e->n_buckets)
+	if (!e->prepared || item < 0 || item >= e->n_items)
 		return -1;
-	*out = e->bucket_group[bucket];
+	*out = e->item_group[item];
 	return 0;
 }
 
@@ -802,6 +865,6 @@ void ne_free(ne_engine_t *e, int hard)
 		op_free(e, e->ops);
 	free(e->peers);
 	free(e->groups);
-	free(e->bucket_group);
+	free(e->item_group);
 	free(e);
 }

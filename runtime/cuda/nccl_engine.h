@@ -18,8 +18,9 @@
  *     and ne_progress polls it like everything else, so a rank waiting for
  *     anything still serves its peers' clear-to-send messages;
  *   - every communicator a plan needs is made and warmed up in ne_prepare,
- *     in one global order (sync buckets by index, then directed channels
- *     by (sender, receiver)) that every rank derives from the plan; each
+ *     in one global order (sync buckets by index, then tensor-parallel
+ *     groups in plan_tp_groups order, then directed channels by (sender,
+ *     receiver)) that every rank derives from the plan; each
  *     rank walks the subsequence it belongs to and finishes each item
  *     before the next. The smallest unfinished item has all its members
  *     done with every earlier one, so they all reach it and it finishes:
@@ -81,17 +82,27 @@ typedef struct ne_prims {
 	int (*query)(void *ctx, void *ev);
 } ne_prims_t;
 
-/* What a plan needs: sync buckets and directed channels, in global order. */
+/*
+ * What a plan needs, in global order: sync buckets, tensor-parallel groups
+ * (member j of group g is slice_devs[tps[g].off + j], its rank j in the
+ * group's communicator), directed channels.
+ */
 typedef struct {
 	int n_buckets;
 	const sp_bucket_t *buckets;  /* the plan's, index order */
 	const int32_t *bucket_devs;
+	int n_tps;
+	sp_tp_group_t *tps;          /* plan_tp_groups: the order interp.c creates them */
+	const int32_t *slice_devs;
 	int n_chans;
 	int (*chans)[2];             /* {sender, receiver}, ascending */
 } ne_layout_t;
 
-/* The directed pairs of p's programs (every SEND's {device, peer}),
- * sorted and unique; *out is malloc'd (NULL when n is 0). */
+/* p's buckets, its distinct tensor-parallel groups, and the directed pairs
+ * that carry data: every SEND's {device, peer}, and every split layer's
+ * {owner of shard j, owner of shard 0} (j >= 1; pack.c joins the shards
+ * there for checkpoints and weights files), sorted and unique. tps and
+ * chans are malloc'd (NULL when none). -1 when out of memory. */
 int ne_layout_init(ne_layout_t *out, const sp_plan_t *p);
 void ne_layout_release(ne_layout_t *l);
 
@@ -111,17 +122,20 @@ ne_engine_t *ne_new(const ne_prims_t *pr, void *ctx, rt_comm_t *host, void *worl
 void ne_free(ne_engine_t *e, int hard);
 
 /* Collective: makes and warms up every communicator of the layout, in the
- * global order. Idempotent; afterwards ne_group_id answers bucket ids. */
+ * global order. Idempotent; afterwards ne_group_id answers group ids. */
 int ne_prepare(ne_engine_t *e, const ne_layout_t *l);
 int ne_prepared(const ne_engine_t *e);
-/* Sync group of bucket b for this rank: id >= 0, or -1 when not a member.
- * Fails (-1 return) when ne_prepare did not see b. */
-int ne_group_id(const ne_engine_t *e, int bucket, int *out);
+/* The group of the layout's item i for this rank: i < n_buckets is bucket
+ * i, n_buckets + q tensor-parallel group q (interp.c's group_create call
+ * order). id >= 0, or -1 when not a member. Fails (-1 return) when
+ * ne_prepare did not see item i. */
+int ne_group_id(const ne_engine_t *e, int item, int *out);
 
 /* Post operations (never wait). *out is the handle for ne_test. */
 int ne_isend(ne_engine_t *e, const void *buf, size_t bytes, int peer, int tag, ne_op_t **out);
 int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t **out);
-/* In-place sum over group g (a group of one: *out = NULL, done at once). */
+/* In-place sum over group g, a sync bucket's or a tensor-parallel group's
+ * (a group of one: *out = NULL, done at once). */
 int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 /* The zero-1 halves over group g, as rt_comm_ops_t's ireduce_scatter and
  * iallgather (uneven shards: comm_shard; member j is the group's rank j,

@@ -18,7 +18,12 @@
  *     zero-1 halves (ne_ireduce_scatter, ne_iallgather) are the engine's
  *     rooted reduces and broadcasts, one per member's shard.
  * The scheduler runs each rank's program like interp.c does (sends and
- * syncs post and go on, a receive waits, the end waits for everything).
+ * syncs post and go on, a receive, a tensor-parallel layer's all-reduce
+ * and a step wait, the end waits for everything). Tensor-parallel groups
+ * come from hand-made plans and from spindle-plan --tp 2 (SPINDLE_PLAN):
+ * every successful run checks that the double saw the layout's splits in
+ * its order on every rank, each group's member j as rank j, and every
+ * all-reduce summing exactly its group's members over its count.
  * When a whole round changes nothing it declares a deadlock and fails: no
  * test can hang. The clock is virtual.
  *
@@ -37,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -44,12 +50,17 @@
 
 #define MAXR 6
 #define MAXOPS 512
-#define MAXACT 64
+#define MAXACT 512
+#define MAXSPLIT 128
+#define MAXB 32
 
 enum { STRICT, CONNECT };
 /* K_REDUCE and K_BCAST: the double's rooted calls, and as actions the
- * zero-1 halves that issue them (reduce-scatter, all-gather) */
-enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT };
+ * zero-1 halves that issue them (reduce-scatter, all-gather). Actions only:
+ * K_TP, an in-layer all-reduce over tensor-parallel group `peer` (waited
+ * for, like interp.c's tp_allreduce); K_STEP, wait for everything posted
+ * (interp.c's exec_step drains its collectives and sends). */
+enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT, K_TP = K__COUNT, K_STEP };
 
 typedef struct sop sop_t;
 typedef struct scomm scomm_t;
@@ -91,8 +102,10 @@ typedef struct {
 
 typedef struct {
 	int kind, peer, tag, n; /* kind: K_SEND, K_RECV, or a sync of bucket peer:
-				 * K_ALLREDUCE, K_REDUCE (reduce-scatter), K_BCAST (all-gather) */
-	float buf[8];
+				 * K_ALLREDUCE, K_REDUCE (reduce-scatter), K_BCAST (all-gather),
+				 * or K_TP, K_STEP */
+	int wait;               /* the rank waits for it before its next action */
+	float buf[8];           /* [n, 8): a sentinel nothing may write */
 	ne_op_t *op;
 } act_t;
 
@@ -109,12 +122,12 @@ typedef struct sim {
 	long changes;
 	int violations;
 	/* world splits: [k][rank] */
-	int split_color[64][MAXR], split_key[64][MAXR], n_split[64];
-	handle_t *split_h[64][MAXR];
+	int split_color[MAXSPLIT][MAXR], split_key[MAXSPLIT][MAXR], n_split[MAXSPLIT];
+	handle_t *split_h[MAXSPLIT][MAXR];
 	scomm_t *world;
 	handle_t *world_h[MAXR];
 	/* every object, freed at the end */
-	void *objs[8192];
+	void *objs[32768];
 	int n_objs;
 	/* group under construction, per rank */
 	sop_t *grp[MAXR][MAXOPS];
@@ -128,8 +141,12 @@ typedef struct sim {
 	act_t prog[MAXR][MAXACT];
 	int n_prog[MAXR], pc[MAXR], pending[MAXR][MAXACT], n_pending[MAXR], finished[MAXR];
 	int buckets_n;
-	sp_bucket_t buckets[8];
-	int32_t bucket_devs[64];
+	sp_bucket_t buckets[MAXB];
+	int32_t bucket_devs[MAXB * MAXR];
+	/* tensor-parallel groups (the caller's arrays, as in ne_layout_t) */
+	int n_tps;
+	const sp_tp_group_t *tps;
+	const int32_t *slice_devs;
 	int prepared[MAXR];
 	float warm[MAXR][4];
 } sim_t;
@@ -275,9 +292,9 @@ static int d_split(void *ctx, void *parent, int color, int key, void **out)
 	handle_t *w = parent;
 	assert_ptr_equal(w, s->world_h[x->rank]);
 	int k = 0;
-	while (k < 64 && s->split_h[k][x->rank])
+	while (k < MAXSPLIT && s->split_h[k][x->rank])
 		k++;
-	assert_true(k < 64);
+	assert_true(k < MAXSPLIT);
 	if (w->busy || d_status_h(s, w) != NE_OK) {
 		s->violations++;
 		return NE_ERR;
@@ -300,7 +317,7 @@ static int d_status(void *ctx, void *comm)
 	handle_t *h = comm;
 	if (h == x->s->world_h[x->rank]) {
 		/* world is busy while this rank's latest split is unresolved */
-		for (int k = 0; k < 64; k++)
+		for (int k = 0; k < MAXSPLIT; k++)
 			if (x->s->split_h[k][x->rank] && x->s->n_split[k] < x->s->n)
 				return NE_PENDING;
 		return NE_OK;
@@ -404,6 +421,7 @@ static int d_group_end(void *ctx)
 	for (int i = 0; i < s->n_grp[r]; i++) {
 		sop_t *op = s->grp[r][i];
 		scomm_t *c = op->h->c;
+		assert_true(c->n_ops[op->h->me] < MAXOPS);
 		c->ops[op->h->me][c->n_ops[op->h->me]++] = op;
 		c->n_kind[op->h->me][op->kind]++;
 		s->changes++;
@@ -591,24 +609,38 @@ static void member_shard(const sim_t *s, int b, int r, int n, int64_t *off, int6
 			comm_shard(n, q, bu->n_dev, off, cnt);
 }
 
-static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
+#define SENTINEL (-7.0f)
+
+/* Rank r's next action; a receive, an in-layer all-reduce and a step
+ * always wait, others when `wait` says. n: floats moved (at most 8). */
+static void add_act_w(sim_t *s, int r, int kind, int peer, int tag, int n, int wait)
 {
-	assert_true(s->n_prog[r] < MAXACT - 1);
+	assert_true(s->n_prog[r] < MAXACT - 1 && n <= 8);
 	act_t *a = &s->prog[r][s->n_prog[r]++];
 	memset(a, 0, sizeof *a);
-	*a = (act_t){kind, peer, tag, n, {0}, NULL};
+	*a = (act_t){kind, peer, tag, n, wait || kind == K_RECV || kind == K_TP || kind == K_STEP,
+		     {0}, NULL};
 	int64_t off = 0, cnt = 0;
 	if (kind == K_BCAST)
 		member_shard(s, peer, r, n, &off, &cnt);
-	for (int i = 0; i < n; i++)
-		a->buf[i] = kind == K_SEND			? (float)(tag * 10 + i)
+	/* a tensor-parallel member contributes 2^r: the sum names the members */
+	for (int i = 0; i < 8; i++)
+		a->buf[i] = i >= n					 ? SENTINEL
+			    : kind == K_SEND			 ? (float)(tag * 10 + i)
 			    : kind == K_ALLREDUCE || kind == K_REDUCE ? (float)(r + 1)
+			    : kind == K_TP				 ? (float)(1 << r)
 			    : kind == K_BCAST && i >= off && i < off + cnt ? (float)(100 * r + i)
 									: -1.0f;
 }
 
+static void add_act(sim_t *s, int r, int kind, int peer, int tag, int n)
+{
+	add_act_w(s, r, kind, peer, tag, n, 0);
+}
+
 static void add_bucket(sim_t *s, const int *ranks, int n)
 {
+	assert_true(s->buckets_n < MAXB && n <= MAXR);
 	sp_bucket_t *b = &s->buckets[s->buckets_n];
 	int off = s->buckets_n ? s->buckets[s->buckets_n - 1].dev_off + s->buckets[s->buckets_n - 1].n_dev : 0;
 	*b = (sp_bucket_t){.n_dev = n, .dev_off = off};
@@ -617,12 +649,24 @@ static void add_bucket(sim_t *s, const int *ranks, int n)
 	s->buckets_n++;
 }
 
-/* Whether action a (done) left the right bytes. */
+/* Whether action a (done) left the right bytes, and none past its n. */
 static void check_act(const sim_t *s, int r, const act_t *a)
 {
+	for (int i = a->n; i < 8; i++)
+		assert_true(a->buf[i] == SENTINEL);
 	if (a->kind == K_RECV)
 		for (int i = 0; i < a->n; i++)
 			assert_true(a->buf[i] == (float)(a->tag * 10 + i));
+	if (a->kind == K_TP) { /* the sum over exactly the group's members */
+		const sp_tp_group_t *g = &s->tps[a->peer];
+		float want = 0;
+		for (int j = 0; j < g->t; j++)
+			want += (float)(1 << s->slice_devs[g->off + j]);
+		for (int i = 0; i < a->n; i++)
+			assert_true(a->buf[i] == want);
+	}
+	if (a->kind >= K__COUNT || a->kind < K_ALLREDUCE)
+		return;
 	const sp_bucket_t *b = &s->buckets[a->peer];
 	if (a->kind == K_ALLREDUCE || a->kind == K_REDUCE) {
 		float want = 0;
@@ -679,7 +723,7 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		return ne_progress(e);
 	}
 	act_t *a = &s->prog[r][s->pc[r]];
-	if (a->kind == K_RECV && a->op) {
+	if (a->wait && a->op) { /* posted: the rank waits for it */
 		int done = 0;
 		if (ne_test(e, a->op, &done))
 			return -1;
@@ -691,28 +735,38 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		s->changes++;
 		return 0;
 	}
+	if (a->kind == K_STEP) {
+		if (s->n_pending[r])
+			return 0;
+		s->pc[r]++;
+		s->changes++;
+		return 0;
+	}
 	int rc = 0;
 	size_t bytes = sizeof(float) * (size_t)a->n;
-	if (a->kind == K_SEND)
+	if (a->kind == K_SEND) {
 		rc = ne_isend(e, a->buf, bytes, a->peer, a->tag, &a->op);
-	else if (a->kind == K_RECV)
-		return ne_irecv(e, a->buf, bytes, a->peer, a->tag, &a->op);
-	else {
-		int g = -1;
-		assert_int_equal(ne_group_id(e, a->peer, &g), 0);
+	} else if (a->kind == K_RECV) {
+		rc = ne_irecv(e, a->buf, bytes, a->peer, a->tag, &a->op);
+	} else {
+		/* the layout's items: buckets, then tensor-parallel groups */
+		int g = -1, item = a->kind == K_TP ? s->buckets_n + a->peer : a->peer;
+		assert_int_equal(ne_group_id(e, item, &g), 0);
 		assert_true(g >= 0);
-		rc = (a->kind == K_ALLREDUCE ? ne_iallreduce
-		      : a->kind == K_REDUCE  ? ne_ireduce_scatter
-					     : ne_iallgather)(e, a->buf, a->n, g, &a->op);
+		rc = (a->kind == K_ALLREDUCE || a->kind == K_TP ? ne_iallreduce
+		      : a->kind == K_REDUCE			  ? ne_ireduce_scatter
+								  : ne_iallgather)(e, a->buf, a->n, g, &a->op);
 		if (!rc && !a->op)
 			check_act(s, r, a); /* a group of one: nothing to move */
 	}
 	if (rc)
 		return -1;
+	s->changes++;
+	if (a->op && a->wait)
+		return 0; /* the next turns wait for it */
 	if (a->op)
 		s->pending[r][s->n_pending[r]++] = s->pc[r];
 	s->pc[r]++;
-	s->changes++;
 	return 0;
 }
 
@@ -730,16 +784,81 @@ static void sim_layout(sim_t *s, ne_layout_t *lay, int (*chans)[2])
 				chans[n++][1] = b;
 			}
 		}
-	*lay = (ne_layout_t){s->buckets_n, s->buckets, s->bucket_devs, n, chans};
+	*lay = (ne_layout_t){.n_buckets = s->buckets_n, .buckets = s->buckets,
+			     .bucket_devs = s->bucket_devs, .n_tps = s->n_tps,
+			     .tps = (sp_tp_group_t *)s->tps, .slice_devs = s->slice_devs,
+			     .n_chans = n, .chans = chans};
 }
 
-/* Runs every rank to its end. 0: done; 1: an engine call failed (the
- * engine printed why); 2: deadlock (a round without change). */
-static int sim_run(sim_t *s, unsigned seed)
+/* Whether rank r is in item i of the layout's order (buckets, groups,
+ * channels) and the rank it must have in the item's communicator; returns
+ * whether the item needs a communicator at all. */
+static int item_member(const ne_layout_t *l, int i, int r, int *member, int *key)
+{
+	int nb = l->n_buckets, nt = l->n_tps;
+	*member = 0;
+	*key = -1;
+	if (i < nb) {
+		const sp_bucket_t *b = &l->buckets[i];
+		for (int q = 0; q < b->n_dev; q++)
+			if (l->bucket_devs[b->dev_off + q] == r)
+				*member = 1, *key = r; /* ascending: by world rank */
+		return b->n_dev > 1;
+	}
+	if (i < nb + nt) {
+		const sp_tp_group_t *g = &l->tps[i - nb];
+		for (int j = 0; j < g->t; j++)
+			if (l->slice_devs[g->off + j] == r)
+				*member = 1, *key = j; /* rank j is member j */
+		return 1;
+	}
+	const int *c = l->chans[i - nb - nt];
+	*member = c[0] == r || c[1] == r;
+	*key = c[1] == r; /* the sender is rank 0 */
+	return 1;
+}
+
+/*
+ * What the double saw made: every rank took part in every split, in one
+ * order, and that order is the layout's (buckets with several members,
+ * then the tensor-parallel groups, then the channels), each split's members
+ * the item's and each member's key its rank there. A rank that made its
+ * splits in another order would have joined another item's split here.
+ */
+static void check_creation(const sim_t *s, const ne_layout_t *l)
+{
+	int k = 0, items = l->n_buckets + l->n_tps + l->n_chans;
+	for (int i = 0; i < items; i++) {
+		int member, key;
+		if (!item_member(l, i, 0, &member, &key))
+			continue;
+		assert_true(k < MAXSPLIT);
+		assert_int_equal(s->n_split[k], s->n);
+		for (int r = 0; r < s->n; r++) {
+			item_member(l, i, r, &member, &key);
+			if (member != (s->split_color[k][r] >= 0))
+				fail_msg("split %d (item %d): rank %d %s, expected %s", k, i, r,
+					 member ? "left out" : "a member", member ? "a member" : "not");
+			if (member && s->split_key[k][r] != key)
+				fail_msg("split %d (item %d): rank %d has key %d, expected %d", k, i, r,
+					 s->split_key[k][r], key);
+		}
+		k++;
+	}
+	assert_true(k == MAXSPLIT || s->n_split[k] == 0); /* nothing more */
+}
+
+/* Runs every rank to its end over layout given (NULL: the programs' own,
+ * sim_layout). 0: done, and check_creation held; 1: an engine call failed
+ * (the engine printed why); 2: deadlock (a round without change). */
+static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 {
 	ne_layout_t lay;
 	int chans[MAXR * MAXR][2];
-	sim_layout(s, &lay, chans);
+	if (given)
+		lay = *given;
+	else
+		sim_layout(s, &lay, chans);
 	for (int r = 0; r < s->n; r++) {
 		ctxs[r] = (ctx_t){s, r};
 		s->eng[r] = ne_new(&double_prims, &ctxs[r], &s->host[r], s->world_h[r], s->warm[r],
@@ -779,7 +898,26 @@ out:
 	for (int i = 0; i < s->n_objs; i++)
 		free(s->objs[i]);
 	s->n_objs = 0;
+	if (!result)
+		check_creation(s, &lay);
 	return result;
+}
+
+static int sim_run(sim_t *s, unsigned seed)
+{
+	return sim_run_layout(s, seed, NULL);
+}
+
+/* sim_run_layout, which must finish with no violation; `what` names the
+ * case when it does not. */
+static void run_clean(sim_t *s, unsigned seed, const ne_layout_t *l, const char *what)
+{
+	int rc = sim_run_layout(s, seed, l);
+	if (rc)
+		fprintf(stderr, "%s seed %u mode %d: %s\n", what, seed, s->mode,
+			rc == 2 ? "deadlock" : "failed");
+	assert_int_equal(rc, 0);
+	assert_int_equal(s->violations, 0);
 }
 
 /* ---- tests ---- */
@@ -936,12 +1074,7 @@ static void test_random_plans(void **state)
 	for (unsigned seed = 1; seed <= 60; seed++)
 		for (int mode = STRICT; mode <= CONNECT; mode++) {
 			random_plan(s, seed, mode);
-			int r = sim_run(s, seed * 7 + (unsigned)mode);
-			if (r)
-				fprintf(stderr, "seed %u mode %d: %s\n", seed, mode,
-					r == 2 ? "deadlock" : "failed");
-			assert_int_equal(r, 0);
-			assert_int_equal(s->violations, 0);
+			run_clean(s, seed * 7 + (unsigned)mode, NULL, "random plan");
 		}
 }
 
@@ -988,6 +1121,327 @@ static void test_layout_from_plan(void **state)
 	ne_layout_release(&l);
 }
 
+/* ---- tensor-parallel groups ---- */
+
+/*
+ * A hand-made plan on 4 ranks, its buckets the sim's: slice 0 split 2 ways
+ * on devices 0-3 (groups [0 1] and [2 3]), slice 1 whole on 0-3, slice 2
+ * split on [2 3] (the same group again), slice 3 split on [3 1] (member 0
+ * is rank 3). Layer (1, 0) is split on [0 1]/[2 3]: shard 0 in bucket
+ * {0, 2}, shard 1 in {1, 3} (zero-1); layer (2, 0) on [3 1]: shard 0 in
+ * {3}, shard 1 in {1}; layer (0, 0) whole in {0..3}. Device 0 sends to 3.
+ */
+typedef struct {
+	sp_slice_t slices[4];
+	int32_t slice_devs[12];
+	sp_param_t params[5];
+	sp_ins_t ins[1];
+	sp_device_t devs[4];
+	sp_plan_t p;
+} tp_plan_t;
+
+static void tp_plan(sim_t *s, tp_plan_t *t)
+{
+	memset(t, 0, sizeof *t);
+	static const int32_t devs[12] = {0, 1, 2, 3, 0, 1, 2, 3, 2, 3, 3, 1};
+	memcpy(t->slice_devs, devs, sizeof devs);
+	t->slices[0] = (sp_slice_t){.n_dev = 4, .dev_off = 0, .tp = 2};
+	t->slices[1] = (sp_slice_t){.n_dev = 4, .dev_off = 4, .tp = 1};
+	t->slices[2] = (sp_slice_t){.n_dev = 2, .dev_off = 8, .tp = 2};
+	t->slices[3] = (sp_slice_t){.n_dev = 2, .dev_off = 10, .tp = 2};
+	add_bucket(s, (int[]){0, 1, 2, 3}, 4);
+	add_bucket(s, (int[]){0, 2}, 2);
+	add_bucket(s, (int[]){1, 3}, 2);
+	add_bucket(s, (int[]){3}, 1);
+	add_bucket(s, (int[]){1}, 1);
+	s->buckets[2].layout = LAYOUT_ZERO1;
+	static const sp_param_t par[5] = {{0, 0, 1, 0}, {1, 0, 2, 0}, {1, 0, 2, 1}, {2, 0, 2, 0},
+					   {2, 0, 2, 1}};
+	memcpy(t->params, par, sizeof par);
+	for (int b = 0; b < 5; b++) {
+		s->buckets[b].n_params = 1;
+		s->buckets[b].param_off = b;
+	}
+	t->ins[0] = (sp_ins_t){.op = INS_SEND, .peer = 3, .tag = 5};
+	t->devs[0] = (sp_device_t){.first_ins = 0, .n_ins = 1};
+	for (int d = 1; d < 4; d++)
+		t->devs[d] = (sp_device_t){.first_ins = 1, .n_ins = 0};
+	t->p = (sp_plan_t){.n_slices = 4, .slices = t->slices, .n_slice_devs = 12,
+			   .slice_devs = t->slice_devs, .n_buckets = s->buckets_n,
+			   .buckets = s->buckets, .bucket_devs = s->bucket_devs,
+			   .bucket_params = t->params, .n_bucket_params = 5, .n_devices = 4,
+			   .devices = t->devs, .ins = t->ins, .n_ins = 1};
+}
+
+/* ne_layout_init on the hand-made plan: the distinct groups in slice order
+ * (slice 2's group is slice 0's second; [3 1] is not [1 3]), and the
+ * channels of the SEND and of both split layers' shard joins. */
+static void test_layout_tp_groups(void **state)
+{
+	sim_t *s = *state;
+	tp_plan_t t;
+	sim_init(s, 4, STRICT);
+	tp_plan(s, &t);
+	ne_layout_t l;
+	assert_int_equal(ne_layout_init(&l, &t.p), 0);
+	assert_int_equal(l.n_buckets, 5);
+	assert_int_equal(l.n_tps, 3);
+	int want_off[3] = {0, 2, 10};
+	for (int g = 0; g < 3; g++) {
+		assert_int_equal(l.tps[g].t, 2);
+		assert_int_equal(l.tps[g].off, want_off[g]);
+	}
+	assert_ptr_equal(l.slice_devs, t.slice_devs);
+	/* SEND 0 -> 3; layer (1, 0): shard 1's owner 1 -> shard 0's owner 0;
+	 * layer (2, 0): 1 -> 3 */
+	int want[3][2] = {{0, 3}, {1, 0}, {1, 3}};
+	assert_int_equal(l.n_chans, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(l.chans[i][0], want[i][0]);
+		assert_int_equal(l.chans[i][1], want[i][1]);
+	}
+	/* every slice_devs entry's group, as interp.c uses it */
+	sp_tp_group_t *g = NULL;
+	int32_t *at = NULL;
+	int n = 0;
+	assert_int_equal(plan_tp_groups(&t.p, &g, &n, &at), 0);
+	int32_t want_at[12] = {0, 0, 1, 1, -1, -1, -1, -1, 1, 1, 2, 2};
+	assert_int_equal(n, 3);
+	for (int i = 0; i < 12; i++)
+		assert_int_equal(at[i], want_at[i]);
+	free(g);
+	free(at);
+	ne_layout_release(&l);
+}
+
+/* Rank r's in-layer all-reduces of slice k, as many as `count` (forward or
+ * backward of its layers), on its group of the plan's groups. */
+static void tp_acts(sim_t *s, const sp_plan_t *p, const int32_t *at, int k, int r, int count)
+{
+	const sp_slice_t *sl = &p->slices[k];
+	for (int i = 0; sl->tp > 1 && i < sl->n_dev; i++)
+		if (p->slice_devs[sl->dev_off + i] == r)
+			for (int c = 0; c < count; c++)
+				add_act(s, r, K_TP, at[sl->dev_off + i], 0, 1 + (k * 3 + c) % 8);
+}
+
+/*
+ * The hand-made plan's step on 4 ranks, as interp.c runs it: the split
+ * slices' in-layer all-reduces forward and backward (rank 1 and 3 are in
+ * two groups each), a transfer whose receiver first works in two groups,
+ * the syncs (one zero-1, two groups of one), the step, the all-gather,
+ * then a checkpoint's shard joins (pack.c: blocking send and receive, tag
+ * 0). Every seed, both modes: done, no violation, the splits in the
+ * layout's order with member j as rank j (check_creation).
+ */
+static void test_tp_mixed(void **state)
+{
+	sim_t *s = *state;
+	for (unsigned seed = 1; seed <= 20; seed++)
+		for (int mode = STRICT; mode <= CONNECT; mode++) {
+			tp_plan_t t;
+			sim_init(s, 4, mode);
+			tp_plan(s, &t);
+			ne_layout_t l;
+			sp_tp_group_t *g = NULL;
+			int32_t *at = NULL;
+			int n = 0;
+			assert_int_equal(ne_layout_init(&l, &t.p), 0);
+			assert_int_equal(plan_tp_groups(&t.p, &g, &n, &at), 0);
+			s->n_tps = l.n_tps;
+			s->tps = l.tps;
+			s->slice_devs = l.slice_devs;
+			for (int r = 0; r < 4; r++) {
+				for (int k = 0; k < 4; k++) /* forward */
+					tp_acts(s, &t.p, at, k, r, 2);
+				if (r == 0)
+					add_act(s, 0, K_SEND, 3, 5, 4);
+				if (r == 3)
+					add_act(s, 3, K_RECV, 0, 5, 4);
+				for (int k = 3; k >= 0; k--) /* backward */
+					tp_acts(s, &t.p, at, k, r, 2);
+				for (int b = 0; b < s->buckets_n; b++)
+					if (bucket_shard(&t.p, b, r, &(int64_t){0}, &(int64_t){0}) >= 0)
+						add_act(s, r, b == 2 ? K_REDUCE : K_ALLREDUCE, b, 0,
+							b == 2 ? 7 : 3);
+				add_act(s, r, K_STEP, -1, 0, 0);
+				if (r == 1 || r == 3)
+					add_act(s, r, K_BCAST, 2, 0, 7);
+			}
+			/* the joins: layer (1, 0) at 0 from 1, layer (2, 0) at 3 from 1 */
+			add_act_w(s, 1, K_SEND, 0, 0, 3, 1);
+			add_act(s, 0, K_RECV, 1, 0, 3);
+			add_act_w(s, 1, K_SEND, 3, 0, 4, 1);
+			add_act(s, 3, K_RECV, 1, 0, 4);
+			run_clean(s, seed, &l, "hand-made tp plan");
+			free(g);
+			free(at);
+			ne_layout_release(&l);
+		}
+}
+
+/*
+ * A plan's step as interp.c runs it, in the double: each rank's program
+ * (a split FWD: two in-layer all-reduces per layer, a split BWD two, four
+ * when it recomputes; SEND, RECV, SYNC, STEP, GATHER as they are), then a
+ * checkpoint's shard joins in pack.c's walk (layers in model order, shard
+ * j from its owner to shard 0's, both ends waiting). Sizes are small and
+ * derived from what both ends know (slice, tag), so members' calls agree
+ * only when they are the same calls in the same order.
+ */
+static void plan_replay(sim_t *s, const sp_plan_t *p, const int32_t *at)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		add_bucket(s, (const int *)(p->bucket_devs + p->buckets[b].dev_off),
+			   p->buckets[b].n_dev);
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			const sp_slice_t *sl = in->slice >= 0 ? &p->slices[in->slice] : NULL;
+			int layers = sl ? sl->layer_to - sl->layer_from : 0;
+			int zero1 = in->op == INS_SYNC && p->buckets[in->peer].layout == LAYOUT_ZERO1;
+			switch (in->op) {
+			case INS_FWD: tp_acts(s, p, at, in->slice, d, 2 * layers); break;
+			case INS_BWD:
+				tp_acts(s, p, at, in->slice, d, (sl->recompute ? 4 : 2) * layers);
+				break;
+			case INS_SEND:
+			case INS_RECV:
+				add_act(s, d, in->op == INS_SEND ? K_SEND : K_RECV, in->peer, in->tag,
+					1 + in->tag % 8);
+				break;
+			case INS_SYNC:
+				add_act(s, d, zero1 ? K_REDUCE : K_ALLREDUCE, in->peer, 0, zero1 ? 7 : 3);
+				break;
+			case INS_STEP: add_act(s, d, K_STEP, -1, 0, 0); break;
+			case INS_GATHER: add_act(s, d, K_BCAST, in->peer, 0, 7); break;
+			default: break;
+			}
+		}
+	for (int c = 0; c < p->model.n_comps; c++) {
+		const sp_component_t *co = &p->model.comps[c];
+		for (int l = 0; l < (co->type == COMP_TRANSFORMER ? (int)co->layers : 1); l++) {
+			int t = 1, o0 = plan_shard_owner(p, c, l, 0, &t);
+			for (int j = 1; j < t; j++) {
+				int oj = plan_shard_owner(p, c, l, j, NULL);
+				if (oj == o0)
+					continue;
+				add_act_w(s, oj, K_SEND, o0, 0, 1 + (c + l + j) % 8, 1);
+				add_act(s, o0, K_RECV, oj, 0, 1 + (c + l + j) % 8);
+			}
+		}
+	}
+}
+
+/* Runs `spindle-plan MODEL CLUSTER ARGS -o OUT` (SPINDLE_PLAN, paths under
+ * SPINDLE_ROOT unless absolute) and reads OUT into *p. */
+static void plan_with(sp_plan_t *p, const char *model, const char *cluster, const char *args,
+		      const char *out)
+{
+	const char *plan = getenv("SPINDLE_PLAN"), *root = getenv("SPINDLE_ROOT");
+	char cmd[2048];
+	root = root && *root ? root : ".";
+	snprintf(cmd, sizeof cmd, "'%s' '%s/%s' '%s%s%s' %s -o '%s' >/dev/null 2>&1", plan, root,
+		 model, cluster[0] == '/' ? "" : root, cluster[0] == '/' ? "" : "/", cluster, args,
+		 out);
+	if (system(cmd) != 0)
+		fail_msg("planning failed: %s", cmd);
+	sp_err_t err = {0};
+	if (plan_read(p, out, &err))
+		fail_msg("reading %s: %s", out, err.msg);
+}
+
+/*
+ * Planned with spindle-plan --tp 2: demo-sgd on 2 ranks (one group), on 4
+ * (sequential: every slice on all four, transformers split into groups
+ * [0 1] and [2 3], the rest whole and data-parallel), on 4 with zero-1
+ * and recomputation forced, and on two nodes of two. The layout has every
+ * split slice's groups, once each; the replayed step, with a checkpoint's
+ * joins, finishes on every seed in both modes, every all-reduce summing
+ * exactly its group's members (check_act) and the splits in the layout's
+ * order with member j as rank j (check_creation).
+ */
+static void test_tp_planned(void **state)
+{
+	sim_t *s = *state;
+	if (!getenv("SPINDLE_PLAN"))
+		skip(); /* run outside meson test */
+	char dir[] = "/tmp/spindle-nccl-tp-XXXXXX", c2[64], out[96];
+	assert_non_null(mkdtemp(dir));
+	snprintf(c2, sizeof c2, "%s/cluster-2.json", dir);
+	snprintf(out, sizeof out, "%s/plan.bin", dir);
+	FILE *f = fopen(c2, "w");
+	assert_non_null(f);
+	fputs("{\"format\": \"spindle.cluster/1\", \"name\": \"cpu-2\", \"nodes\": 1, "
+	      "\"gpus_per_node\": 2, \"gpu\": {\"name\": \"cpu-process\", \"memory_gib\": 2, "
+	      "\"peak_tflops\": 0.1, \"mem_bandwidth_gbs\": 10}, \"links\": {\"intra_node_gbs\": "
+	      "4, \"intra_node_latency_us\": 5, \"inter_node_gbs\": 1, "
+	      "\"inter_node_latency_us\": 50}}\n",
+	      f);
+	assert_int_equal(fclose(f), 0);
+	static const struct {
+		const char *cluster, *args;
+		int ranks, mixed;
+	} CASES[] = {
+		{NULL, "--tp 2 --algo sequential", 2, 0},
+		{"plans/clusters/cpu-4.json", "--tp 2 --algo sequential", 4, 1},
+		{"plans/clusters/cpu-4.json", "--tp 2 --algo sequential --zero 1 --recompute all", 4,
+		 1},
+		{"tests/invalid/cli-tp-wider-than-node/cluster.json", "--tp 2 --algo sequential", 4, 1},
+	};
+	for (size_t q = 0; q < sizeof CASES / sizeof *CASES; q++) {
+		sp_plan_t p;
+		plan_with(&p, "tests/gpu/demo-sgd.json", CASES[q].cluster ? CASES[q].cluster : c2,
+			  CASES[q].args, out);
+		assert_int_equal(p.n_devices, CASES[q].ranks);
+		ne_layout_t l;
+		sp_tp_group_t *g = NULL;
+		int32_t *at = NULL;
+		int n = 0, split = 0, whole = 0;
+		assert_int_equal(ne_layout_init(&l, &p), 0);
+		assert_int_equal(plan_tp_groups(&p, &g, &n, &at), 0);
+		assert_int_equal(l.n_tps, n);
+		for (int k = 0; k < p.n_slices; k++) {
+			const sp_slice_t *sl = &p.slices[k];
+			split += sl->tp > 1;
+			whole += sl->tp == 1 && sl->n_dev > 1;
+			for (int i = 0; i < sl->n_dev; i++) { /* in its group, at its place */
+				int32_t gi = at[sl->dev_off + i];
+				if (sl->tp == 1) {
+					assert_int_equal(gi, -1);
+					continue;
+				}
+				assert_true(gi >= 0 && gi < n && l.tps[gi].t == sl->tp);
+				assert_int_equal(l.slice_devs[l.tps[gi].off + i % sl->tp],
+						 p.slice_devs[sl->dev_off + i]);
+			}
+		}
+		for (int a = 0; a < n; a++) /* distinct */
+			for (int b = a + 1; b < n; b++)
+				assert_true(l.tps[a].t != l.tps[b].t ||
+					    memcmp(l.slice_devs + l.tps[a].off, l.slice_devs + l.tps[b].off,
+						   sizeof(int32_t) * (size_t)l.tps[a].t));
+		assert_true(split > 0 && n == CASES[q].ranks / 2);
+		assert_true(!CASES[q].mixed || whole > 0);
+		for (unsigned seed = 1; seed <= 4; seed++)
+			for (int mode = STRICT; mode <= CONNECT; mode++) {
+				sim_init(s, p.n_devices, mode);
+				s->n_tps = l.n_tps;
+				s->tps = l.tps;
+				s->slice_devs = l.slice_devs;
+				plan_replay(s, &p, at);
+				run_clean(s, seed, &l, CASES[q].args);
+			}
+		free(g);
+		free(at);
+		ne_layout_release(&l);
+		plan_release(&p);
+	}
+	unlink(out);
+	unlink(c2);
+	rmdir(dir);
+}
+
 static int setup(void **state)
 {
 	*state = calloc(1, sizeof(sim_t));
@@ -1011,6 +1465,9 @@ int main(void)
 		cmocka_unit_test(test_detects_no_progress),
 		cmocka_unit_test(test_random_plans),
 		cmocka_unit_test(test_zero1_halves),
+		cmocka_unit_test(test_layout_tp_groups),
+		cmocka_unit_test(test_tp_mixed),
+		cmocka_unit_test(test_tp_planned),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,6 +15,17 @@
 
 #include <string.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define ARENA_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ARENA_TEST_ASAN 1
+#endif
+#endif
+#ifdef ARENA_TEST_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 static void test_mark_reset(void **state)
 {
 	(void)state;
@@ -37,10 +48,20 @@ static void test_mark_reset(void **state)
 	assert_int_equal(a.used_total, used_keep);
 	for (int i = 0; i < 100; i++)
 		assert_int_equal(keep[i], 7);
-	/* what comes next is zeroed again, right after keep */
+	/* what comes next is zeroed again, right after keep (and, under ASan,
+	 * its red zone: used_keep is all keep took) */
 	unsigned char *q = sp_arena_alloc(&a, 1000);
 	assert_non_null(q);
-	assert_ptr_equal(q, keep + 112);
+	assert_ptr_equal(q, keep + used_keep);
+#ifdef ARENA_TEST_ASAN
+	/* ASan knows what is live: keep's 100 bytes, not the byte past them,
+	 * nor what the reset gave back beyond q */
+	assert_false(__asan_address_is_poisoned(keep + 99));
+	assert_true(__asan_address_is_poisoned(keep + 100));
+	assert_false(__asan_address_is_poisoned(q + 999));
+	assert_true(__asan_address_is_poisoned(q + 1000));
+	assert_true(__asan_address_is_poisoned(q + 4096));
+#endif
 	for (int i = 0; i < 1000; i++)
 		assert_int_equal(q[i], 0);
 	sp_arena_reset(&a, empty);

@@ -166,6 +166,14 @@ static void *keep(sim_t *s, void *p)
 	return p;
 }
 
+/* Frees what keep() took. */
+static void drop_kept(sim_t *s)
+{
+	for (int i = 0; i < s->n_objs; i++)
+		free(s->objs[i]);
+	s->n_objs = 0;
+}
+
 /* ---- the double: communicators ---- */
 
 static int posted_kind(const scomm_t *c, int r, int kind)
@@ -895,9 +903,7 @@ static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 out:
 	for (int r = 0; r < s->n; r++)
 		ne_free(s->eng[r], result != 0);
-	for (int i = 0; i < s->n_objs; i++)
-		free(s->objs[i]);
-	s->n_objs = 0;
+	drop_kept(s);
 	if (!result)
 		check_creation(s, &lay);
 	return result;
@@ -1212,6 +1218,7 @@ static void test_layout_tp_groups(void **state)
 	free(g);
 	free(at);
 	ne_layout_release(&l);
+	drop_kept(s);
 }
 
 /* Rank r's in-layer all-reduces of slice k, as many as `count` (forward or

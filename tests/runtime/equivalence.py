@@ -397,8 +397,8 @@ def random_workload(seed, optimizer=None, with_decoder=False):
 def cuda_accepts(model, tmp):
     """The CUDA backend has the cross-attention block (runtime/cuda/cu_xattn.cu):
     a plan with decoders gets past the backend check (rt_check_backend) to
-    the device. Without a GPU the run then fails there, exit 2 with cu_init's
-    "no usable CUDA device"; with one it trains the step (exit 0). A build
+    the device. Without a GPU the run then fails there (exit 1, cu_init's
+    "no usable CUDA device"); with one it trains the step (exit 0). A build
     without CUDA (SPINDLE_CUDA=0) still stops before the device: its table
     has no block, or it has no CUDA at all. Either way a CUDA build never
     prints the old refusal."""
@@ -411,12 +411,12 @@ def cuda_accepts(model, tmp):
     err = None
     if os.environ.get("SPINDLE_CUDA", "1") == "1":
         if refusal in p.stderr or not (
-                p.returncode == 0 or (p.returncode == 2 and "no usable CUDA device" in p.stderr)):
+                p.returncode == 0 or (p.returncode != 0 and "no usable CUDA device" in p.stderr)):
             err = (f"--backend cuda on a decoder plan: exit {p.returncode}, expected 0 (a GPU) "
-                   f"or 2 with 'no usable CUDA device' and not '{refusal}'; stderr: "
+                   f"or a failure with 'no usable CUDA device', and not '{refusal}'; stderr: "
                    f"{p.stderr.strip()[:300]}")
         what = ("trains a decoder plan" if p.returncode == 0 else
-                "takes a decoder plan to the device (no GPU here: exit 2 there)")
+                f"takes a decoder plan to the device (no GPU here: exit {p.returncode} there)")
     else:
         if p.returncode != 2 or not (refusal in p.stderr or "without CUDA" in p.stderr):
             err = (f"--backend cuda on a decoder plan in a build without CUDA: exit "

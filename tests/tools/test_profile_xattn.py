@@ -130,7 +130,7 @@ def main():
         first = p.stderr.strip().splitlines()[:1]
         if os.environ.get("SPINDLE_CUDA", "1") == "1":
             gpu = p.returncode == 0 and os.path.exists(out)
-            nogpu = (p.returncode == 2 and "no usable CUDA device" in p.stderr and
+            nogpu = (p.returncode != 0 and "no usable CUDA device" in p.stderr and
                      not os.path.exists(out))
             check(refusal not in p.stderr and (gpu or nogpu),
                   f"--backend cuda takes the decoder shapes to the device ("

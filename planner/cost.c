@@ -127,6 +127,8 @@ static double interp(const sp_prof_entry_t *e, double b, int bwd)
  *   embedding   cu_embedding_fwd / cu_embedding_bwd
  *   patch       cu_patch_fwd / cu_patch_bwd
  *   transformer cu_tblock_fwd / cu_tblock_bwd
+ *   decoder     cu_xblock_fwd / cu_xblock_bwd less the transformer's
+ *               (XATTN_LAUNCHES below)
  *   linear      cu_linear_fwd / cu_linear_bwd (with dx)
  *   losses      cu_lm_head_loss, cu_classifier_loss, cu_contrastive_loss:
  *               forward and backward in one call (runtime/interp.c
@@ -154,19 +156,23 @@ static const launches_t LAUNCHES[COMP__COUNT] = {
 };
 
 /*
- * A decoder's cross block per layer and pass. The CUDA backend has no
- * cross-attention kernel yet (issue #20), so these are not counted from
- * its sources: they are the launches a block built like cu_tblock's
- * attention half would issue. Forward: LN_c, the query bias fill and
- * product, the key/value bias fill and product over the memory, the
- * softmax, the residual-and-bias add, the output product (8), and per
- * head loop S = Q K^T and P V (2). Backward: LN_c with its parameter
- * gradients (4), the output, query and key/value linear backwards (bf16
- * copy, dW, two column-sum kernels, dX: 5 each), the softmax backward, the
- * memory's gradient added into grad(c, -1): 21; per head loop dP, dV, dQ,
+ * A decoder's cross block per layer and pass, beyond the transformer's
+ * row above: runtime/cuda/cu_xattn.cu's cu_xblock_fwd / cu_xblock_bwd
+ * counted by the same rule, less cu_tblock_fwd / cu_tblock_bwd
+ * (tests/planner/launch_counts.py recounts this row too). Forward
+ * (xb_cross_fwd; a recomputing backward re-runs it, as it re-runs
+ * cu_tblock_fwd): LN_c, the query bias fill and product, the memory's
+ * bf16 copy, the key/value bias fill and product, the softmax, the
+ * residual-and-bias add, the output product (9), and per head loop S =
+ * Q K^T and P V (2). Backward (xb_cross_bwd): the output linear backward
+ * from fp32 (bf16 copy, dW, two column-sum kernels, dX: 5), the
+ * probabilities' bf16 copy and the softmax backward (2), the query and
+ * key/value linear backwards from bf16 (dW, two column-sum kernels, dX
+ * or the memory's gradient: 4 each), the memory's bf16 copy again (1),
+ * LN_c with its parameter gradients (4): 20; per head loop dP, dV, dQ,
  * dK (4).
  */
-static const launches_t XATTN_LAUNCHES = {8, 2, 21, 4};
+static const launches_t XATTN_LAUNCHES = {9, 2, 20, 4};
 
 /* runtime/interp.c's launches beside the layer function (see above) */
 static int interp_extra(sp_comp_type_t t, int bwd)

@@ -165,6 +165,4 @@ const rt_backend_t backend_cuda = {
 	RT_BACKEND_MATH(CUDA_MATH)
 	/* parameters are initialised on the host, then copied */
 	.layer_init = layer_init,
-	/* no cross-attention kernels yet: xblock_fwd, xblock_bwd NULL, so
-	 * rt_check_backend refuses plans with decoders */
 };

@@ -162,6 +162,21 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
  */
 rt_xblock_fwd_fn_t xblock_fwd;
 rt_xblock_bwd_fn_t xblock_bwd;
+/*
+ * The decoder block's dimensions, for both backends: its self-attention
+ * and MLP as an unsplit transformer block (self: tblock_split of the shape
+ * without its memory), the memory's tokens m and width W, the floats
+ * saved per sample (op_saved_elems: self.per of them are the block's, the
+ * rest the cross-attention's) and all its tensors (layer_tensors: the
+ * block's 12, then the cross-attention's 8 in the order above). Returns 0,
+ * or SP_EINPUT for what xblock_fwd refuses.
+ */
+typedef struct {
+	tblock_split_t self;
+	int64_t m, W, per;
+	layer_tensor_t tensors[LAYER_TENSORS_MAX];
+} xblock_split_t;
+int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

@@ -7,10 +7,11 @@
  * cross-attention sublayer between them and the memory's gradient.
  *
  * What it does not do yet: split (tensor parallelism: tp with t != 1 is
- * refused). It is the CPU backend's xblock_fwd/xblock_bwd, which
- * interp.c calls for decoder slices; the CUDA backend has none yet (a plan
- * with decoders is refused there). Tested by finite differences in
- * tests/unit/test_layers_xattn.c.
+ * refused, xblock_split). It is the CPU backend's xblock_fwd/xblock_bwd,
+ * which interp.c calls for decoder slices, and the reference the CUDA
+ * backend's (cuda/cu_xattn.cu, built from the CUDA block's steps the same
+ * way) is checked against in tests/gpu/test_gpu_layers.c. Tested by finite
+ * differences in tests/unit/test_layers_xattn.c.
  */
 #include "layers.h"
 #include "layers_impl.h"
@@ -35,7 +36,6 @@ enum {
 typedef struct {
 	tb_dims_t tb;      /* the self-attention and the MLP: an unsplit block */
 	int64_t m, W, per; /* memory tokens and width; floats saved per sample */
-	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } xb_dims_t;
 
 /* Pointers into the cross-attention part of one sample's saved block. */
@@ -43,9 +43,7 @@ typedef struct {
 	float *lnc, *q, *cat, *xc, *kv, *probs, *mc, *rc;
 } xb_saved_t;
 
-/* The dimensions and the tensors of p (and of dp when not NULL) by XB_*. */
-static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT],
-		   const sp_opshape_t *s, const rt_tp_t *tp, const float *p, float *dp)
+int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	if ((tp && tp->t != 1) || s->type != COMP_TRANSFORMER || s->mem_seq <= 0 ||
 	    s->mem_width <= 0)
@@ -53,7 +51,7 @@ static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT
 	sp_opshape_t self = *s;
 	self.mem_seq = 0;
 	self.mem_width = 0;
-	int rc = tb_dims(&out->tb, &self, NULL);
+	int rc = tblock_split(&out->self, &self, NULL);
 	if (rc < 0)
 		return rc;
 	out->m = s->mem_seq;
@@ -62,10 +60,27 @@ static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT
 	sp_component_t c = layer_comp_of_shape(s);
 	int nt = layer_tensors(&c, out->tensors);
 	assert(nt == XB__COUNT);
-	for (int i = 0; i < nt; i++) {
-		w[i] = p + out->tensors[i].offset;
+	(void)nt;
+	return 0;
+}
+
+/* The dimensions and the tensors of p (and of dp when not NULL) by XB_*. */
+static int xb_dims(xb_dims_t *out, const float *w[XB__COUNT], float *g[XB__COUNT],
+		   const sp_opshape_t *s, const rt_tp_t *tp, const float *p, float *dp)
+{
+	xblock_split_t x;
+	int rc = xblock_split(&x, s, tp);
+	if (rc < 0)
+		return rc;
+	out->tb.sp = x.self;
+	out->tb.tp = NULL;
+	out->m = x.m;
+	out->W = x.W;
+	out->per = x.per;
+	for (int i = 0; i < XB__COUNT; i++) {
+		w[i] = p + x.tensors[i].offset;
 		if (g)
-			g[i] = dp + out->tensors[i].offset;
+			g[i] = dp + x.tensors[i].offset;
 	}
 	return 0;
 }

@@ -136,8 +136,9 @@ typedef struct rt_backend {
 	rt_adamw_step_fn_t *adamw_step;
 	rt_sgd_step_fn_t *sgd_step;
 	rt_layer_init_fn_t *layer_init;
-	/* the cross-attention decoder block (layers.h); NULL where it is not
-	 * built yet (cuda): rt_check_backend refuses a plan with decoders */
+	/* the cross-attention decoder block (layers.h); NULL in a table
+	 * without one (backend_cuda_none.c's): rt_check_backend refuses a
+	 * plan with decoders there */
 	rt_xblock_fwd_fn_t *xblock_fwd;
 	rt_xblock_bwd_fn_t *xblock_bwd;
 	/* waits for queued device work (no-op on the CPU) */
@@ -149,7 +150,7 @@ typedef struct rt_backend {
 #define RT_BACKEND_MATH(X)                                                                  \
 	X(embedding_fwd) X(embedding_bwd) X(patch_fwd) X(patch_bwd) X(tblock_fwd)           \
 	X(tblock_bwd) X(linear_fwd) X(linear_bwd) X(lm_head_loss) X(classifier_loss)        \
-	X(contrastive_loss) X(adamw_step) X(sgd_step)
+	X(contrastive_loss) X(adamw_step) X(sgd_step) X(xblock_fwd) X(xblock_bwd)
 
 /* backend_cpu.c: the reference. backend_cuda.c: the CUDA table; in builds
  * without CUDA, backend_cuda_none.c's, whose attach says so (and whose

@@ -68,7 +68,14 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * cross-attention block instead (runtime/layers_xattn.c xblock_bwd), whose
  * workspace is one sample's: dln, dxc, dxm, dcat [s, h] and dqkv [s, 3h]
  * (its first third dq) — 7 s h —, dact [s, f], dP [s, max(s, m)], dK and
- * dV [m, 2h]; the CUDA backend refuses decoders.
+ * dV [m, 2h]; that is the figure counted. The CUDA decoder block
+ * (runtime/cuda/cu_xattn.cu cu_xblock_bwd) needs more per sample — 28 s h
+ * + 6 s f + 6 a s (s + m) + 4 m h + 2 m W bytes (dln, dxc, dxm and the
+ * block's scratch, both attentions' dP in fp32 and bf16, dq, dK and dV and
+ * the memory in bf16) — but, like the unsplit transformer's, it chunks its
+ * samples to the backend's workspace cap (cu_ws_cap, reserved whole at
+ * start-up outside this count), so it adds nothing beyond that
+ * reservation unless one sample alone exceeds the cap.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {

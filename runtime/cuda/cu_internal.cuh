@@ -1,14 +1,20 @@
 /*
  * cu_internal.cuh — what the CUDA backend's .cu files share, one section
  * per file: error checks and state (cu_runtime.cu), the row-major GEMM
- * wrappers over cuBLAS (cu_runtime.cu), and the host launchers of the
- * kernels (cu_kernels.cu). Not visible from C: the C side sees only
- * cuda_backend.h.
+ * wrappers over cuBLAS (cu_runtime.cu), the host launchers of the
+ * kernels (cu_kernels.cu), multi-head attention (cu_attn.cu) and the
+ * transformer block's steps (cu_layers.cu), which the cross-attention
+ * decoder block (cu_xattn.cu) calls around its own sublayer. Not visible
+ * from C: the C side sees only cuda_backend.h.
  */
 #ifndef SPINDLE_CU_INTERNAL_CUH
 #define SPINDLE_CU_INTERNAL_CUH
 
 #include "cuda_backend.h"
+
+extern "C" {
+#include "layers.h"
+}
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -86,6 +92,28 @@ struct cu_carve {
 		return (T *)al;
 	}
 };
+
+/*
+ * Lays out a saved-activation chunk of `budget` bytes at `chunk` with
+ * take(cu_carve &) -> L: 16-byte aligned where the budget allows, else 4
+ * (the CPU's float layout always fits with 4); a layout that does not fit
+ * even then is our bug (what names it).
+ */
+template <class F> auto cu_layout(void *chunk, size_t budget, const char *what, F take)
+{
+	for (size_t align = 16;; align = 4) {
+		cu_carve c(chunk, budget, align);
+		auto v = take(c);
+		if (!c.overflow)
+			return v;
+		if (align == 4)
+			cu_fatal(__FILE__, __LINE__, "laying out saved activations", what);
+	}
+}
+
+/* Samples per chunk: as many as fit the workspace cap at per_sample bytes
+ * each, at least one, at most n. */
+int64_t cu_chunk_samples(size_t per_sample, int n);
 
 /* ---- cu_runtime.cu: row-major GEMM over cuBLAS -------------------------------- */
 
@@ -194,5 +222,118 @@ void k_infonce_grads(float *pa, float *pb, double *dota, double *dotb, double *t
 /* d[i] -= (dot[i] / nrm[i]) u[i] for rows i in [s0, s1) with nrm > 1e-12 */
 void k_tangent_rows(float *d, int64_t ldd, const float *u, const float *nrm,
 		    const double *dot, int64_t s0, int64_t s1, int64_t w);
+
+/* ---- cu_attn.cu: attention on strided Q/K/V ------------------------------- */
+
+/*
+ * C_ij = alpha op(A_ij) op(B_ij) + beta C_ij over samples i < ni and heads
+ * j < nj, with X_ij = X + i*xi + j*xj (elements): strided-batched over the
+ * larger of the two, looping over the smaller.
+ */
+void gemm_grid(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *A,
+	       cudaDataType_t at, int64_t lda, int64_t ai, int64_t aj, const void *B,
+	       cudaDataType_t bt, int64_t ldb, int64_t bi, int64_t bj, float beta, void *C,
+	       cudaDataType_t ct, int64_t ldc, int64_t ci, int64_t cj, int64_t ni, int64_t nj);
+
+/*
+ * Scaled dot-product attention (layers_attn.c on the GPU) of `heads` heads
+ * of width dh over a chunk of samples: queries [sq, *] per sample (row
+ * stride ldq), keys and values [sk, *] (ldk, ldv), output [sq, *] (ldo),
+ * samples contiguous (a sample's rows follow the previous sample's), head
+ * j at columns [j dh, (j+1) dh); all bf16. Probabilities P fp32 and pb
+ * bf16 [samples, heads, sq, sk]. causal (self-attention, sq == sk): query
+ * r sees keys [0, r]. The gradients dq, dk, dv have the strides of q, k, v
+ * and are overwritten; dp fp32 and pb are scratch [samples, heads, sq, sk].
+ */
+struct cu_attn {
+	int64_t heads, dh, sq, sk, ldq, ldk, ldv, ldo;
+	int causal;
+	float scale; /* 1/sqrt(dh) */
+};
+void cu_attn_fwd(const cu_attn &a, int64_t samples, const bf16 *q, const bf16 *k,
+		 const bf16 *v, float *p, bf16 *pb, bf16 *out);
+void cu_attn_bwd(const cu_attn &a, int64_t samples, const bf16 *q, const bf16 *k,
+		 const bf16 *v, const float *p, const bf16 *dout, bf16 *dq, bf16 *dk, bf16 *dv,
+		 float *dp, bf16 *pb);
+
+/* ---- cu_layers.cu: transformer block steps ----------------------------------- */
+
+/* Tensors of one transformer layer (the first 12 of a decoder's). */
+constexpr int TB_NT = 12;
+
+/*
+ * One member's view of a (possibly split) block (layers.h): its split
+ * (tblock_split), the tensor offsets of its shard, the hook (NULL
+ * unsplit), and what both directions start from (tb_begin): the weights p,
+ * their bf16 shadow wb, the self-attention's dimensions, the chunk size nc
+ * (samples per workspace chunk; the saved layout depends on it).
+ */
+struct tb_dims {
+	tblock_split_t sp;
+	int64_t off[TB_NT];
+	const rt_tp_t *tp;
+	const float *p;
+	const bf16 *wb;
+	cu_attn attn;
+	int64_t nc;
+};
+/* Fills d for n samples on weights p: 0, or SP_EINPUT for a split the
+ * shape does not allow (tblock_split: a shape with a memory included). */
+int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p);
+
+/* One chunk's saved tensors (cu_layers.cu's header gives the layout). */
+struct tb_saved {
+	float *x, *xmid, *pre, *p, *m1, *r1, *m2, *r2;
+	bf16 *ln1, *qkv, *cat, *ln2, *act;
+};
+/* The layout for the chunk of m samples from sample c0 of n, inside the
+ * first n d.sp.per floats of base. */
+tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d);
+
+/* Backward scratch of one chunk, besides dln and dxm. */
+struct tb_scratch {
+	bf16 *dyb, *dpreb, *dxmb, *dcatb, *dqkvb, *pb;
+	float *dact, *dP;
+};
+/* Its bytes for a chunk of m samples (alignment included), and its carving. */
+size_t tb_ws_bytes(const tb_dims &d, int64_t m);
+tb_scratch tb_scratch_take(cu_carve &w, const tb_dims &d, int64_t m);
+
+/* y [R,cols] (bf16) = b + a W over R rows of a [R,k] (bf16; W from the shadow). */
+void cu_affine_bf16(bf16 *y, const bf16 *a, const bf16 *w, const float *b, int64_t R,
+		    int64_t k, int64_t cols);
+/*
+ * Backward of y = a W + b over R rows, a bf16 [R,k], W [k,o] (shadow):
+ *   tb_lin_bwd from fp32 dy (dyb its bf16 copy, scratch [R,o]),
+ *   cu_lin_bwd_bf16 from bf16 dyb:
+ * dW += a^T dy; db += colsum dy; da = beta da + dy W^T (type dt, [R,k]).
+ */
+void tb_lin_bwd(int64_t R, int64_t k, int64_t o, const bf16 *a, const float *dy, bf16 *dyb,
+		const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt);
+void cu_lin_bwd_bf16(int64_t R, int64_t k, int64_t o, const bf16 *a, const bf16 *dyb,
+		     const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt, float beta);
+
+/*
+ * One chunk of m samples, in the order the block runs them (layers.h's
+ * formulas; split, each output is the member's partial sum, see
+ * cu_tblock_fwd):
+ *  tb_self_fwd:     v.x = x; ln1, qkv, P, cat; v.xmid = x + bo + cat Wo
+ *  tb_mlp_fwd:      ln2, pre, act from v.xmid; y = v.xmid + b2 + act W2
+ *  tb_mlp_bwd:      W2, W1 gradients from dy; dln = d(LN2 output)
+ *  tb_ln2_bwd:      dxm = dy + LN2'(dln) at v.xmid
+ *  tb_attn_out_bwd: Wo, Wqkv gradients from dxm; dln = d(LN1 output)
+ *  tb_ln1_bwd:      dx += dxm + LN1'(dln)
+ * A decoder runs the MLP steps on a copy of v whose xmid is its x_c.
+ */
+void tb_self_fwd(const tb_dims &d, const tb_saved &v, int64_t m, const float *x, bf16 *pb);
+void tb_mlp_fwd(const tb_dims &d, const tb_saved &v, int64_t m, float *y);
+void tb_mlp_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dy,
+		const tb_scratch &w, float *dln);
+void tb_ln2_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dy,
+		const float *dln, float *dxm);
+void tb_attn_out_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp,
+		     const float *dxm, const tb_scratch &w, float *dln);
+void tb_ln1_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dxm,
+		const float *dln, float *dx);
 
 #endif

@@ -25,15 +25,11 @@
  *                  + 16 R bytes of the 16 R h + 16 R hl + 8 R fl +
  *                  4 m al s^2 + 16 R the CPU layout takes
  *                  (op_saved_elems_tp).
- * Attention is not fused: scores and probabilities are materialised per
- * (sample, head) as the CPU does (correctness first); P V and the score
- * products are strided-batched GEMMs.
+ * Attention is cu_attn.cu's (not fused: scores and probabilities are
+ * materialised per (sample, head) as the CPU does). The block's steps
+ * (cu_internal.cuh) are shared with the decoder block, cu_xattn.cu.
  */
 #include "cu_internal.cuh"
-
-extern "C" {
-#include "layers.h"
-}
 
 #include <math.h>
 #include <string.h>
@@ -44,23 +40,7 @@ constexpr cudaDataType_t BF = CUDA_R_16BF, F32 = CUDA_R_32F;
 
 /* Tensor offsets (floats) of one transformer layer, layer_tensors order. */
 enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2, NT };
-
-/* ---- transformer block ---- */
-
-/*
- * One member's view of a (possibly split) block (layers.h): its split
- * (tblock_split), the tensor offsets of its shard, the hook (NULL
- * unsplit), and what both directions start from (tb_begin): the bf16
- * shadow of its weights, the attention scale 1/sqrt(dh), the chunk size.
- */
-struct tb_dims {
-	tblock_split_t sp;
-	int64_t off[NT];
-	const rt_tp_t *tp;
-	const bf16 *wb;
-	float scale;
-	int64_t nc;
-};
+static_assert(NT == TB_NT, "the transformer's tensors");
 
 /* Sums buf [n] over the group (a no-op unsplit). */
 int tb_allreduce(const tb_dims &d, float *buf, int64_t n)
@@ -68,10 +48,27 @@ int tb_allreduce(const tb_dims &d, float *buf, int64_t n)
 	return d.tp ? d.tp->allreduce(d.tp->ctx, buf, n) : 0;
 }
 
-struct tb_saved {
-	float *x, *xmid, *pre, *p, *m1, *r1, *m2, *r2;
-	bf16 *ln1, *qkv, *cat, *ln2, *act;
-};
+/*
+ * Samples per chunk: as many as fit the workspace cap (at least one), with
+ * dln and dxm counted per sample. The saved layout depends on it, so
+ * forward and backward both use this.
+ */
+int64_t tb_chunk(const tb_dims &d, int n)
+{
+	return cu_chunk_samples(tb_ws_bytes(d, 1) + 8 * (size_t)(d.sp.s * d.sp.h), n);
+}
+
+} /* namespace */
+
+/* ---- transformer block steps ---- */
+
+int64_t cu_chunk_samples(size_t per_sample, int n)
+{
+	int64_t m = (int64_t)(cu_ws_cap() / (per_sample ? per_sample : 1));
+	if (m < 1)
+		m = 1;
+	return m < n ? m : n;
+}
 
 /*
  * The layout above for the chunk of m samples from sample c0 of n, the
@@ -82,28 +79,24 @@ tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims 
 	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq, rest = d.sp.per - sq * h;
 	size_t budget = sizeof(float) * (size_t)(m * rest);
 	float *chunk = base + n * sq * h + c0 * rest;
-	for (size_t align = 16;; align = 4) {
-		cu_carve c(chunk, budget, align);
-		tb_saved v;
-		v.xmid = base + c0 * sq * h;
-		v.x = c.take<float>(R * h);
-		v.ln1 = c.take<bf16>(R * h);
-		v.qkv = c.take<bf16>(R * 3 * hl);
-		v.cat = c.take<bf16>(R * hl);
-		v.ln2 = c.take<bf16>(R * h);
-		v.pre = c.take<float>(R * fl);
-		v.act = c.take<bf16>(R * fl);
-		v.p = c.take<float>(m * d.sp.al * sq * sq);
-		v.m1 = c.take<float>(R);
-		v.r1 = c.take<float>(R);
-		v.m2 = c.take<float>(R);
-		v.r2 = c.take<float>(R);
-		if (!c.overflow)
-			return v;
-		if (align == 4)
-			cu_fatal(__FILE__, __LINE__, "laying out saved activations",
-				 "the transformer layout does not fit op_saved_elems_tp");
-	}
+	return cu_layout(chunk, budget, "the transformer layout does not fit op_saved_elems_tp",
+			 [&](cu_carve &c) {
+				 tb_saved v;
+				 v.xmid = base + c0 * sq * h;
+				 v.x = c.take<float>(R * h);
+				 v.ln1 = c.take<bf16>(R * h);
+				 v.qkv = c.take<bf16>(R * 3 * hl);
+				 v.cat = c.take<bf16>(R * hl);
+				 v.ln2 = c.take<bf16>(R * h);
+				 v.pre = c.take<float>(R * fl);
+				 v.act = c.take<bf16>(R * fl);
+				 v.p = c.take<float>(m * d.sp.al * sq * sq);
+				 v.m1 = c.take<float>(R);
+				 v.r1 = c.take<float>(R);
+				 v.m2 = c.take<float>(R);
+				 v.r2 = c.take<float>(R);
+				 return v;
+			 });
 }
 
 /*
@@ -117,48 +110,22 @@ size_t tb_ws_bytes(const tb_dims &d, int64_t m)
 	return (size_t)e + 16 * 256;
 }
 
-/*
- * Samples per chunk: as many as fit the workspace cap (at least one), with
- * dln and dxm counted per sample. The saved layout depends on it, so
- * forward and backward both use this.
- */
-int64_t tb_chunk(const tb_dims &d, int n)
+tb_scratch tb_scratch_take(cu_carve &w, const tb_dims &d, int64_t m)
 {
-	size_t one = tb_ws_bytes(d, 1) + 8 * (size_t)(d.sp.s * d.sp.h), cap = cu_ws_cap();
-	int64_t m = (int64_t)(cap / one);
-	if (m < 1)
-		m = 1;
-	return m < n ? m : n;
+	int64_t R = m * d.sp.s, h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl;
+	int64_t pp = m * d.sp.al * d.sp.s * d.sp.s;
+	tb_scratch t;
+	t.dyb = w.take<bf16>(R * h);
+	t.dact = w.take<float>(R * fl);
+	t.dpreb = w.take<bf16>(R * fl);
+	t.dxmb = w.take<bf16>(R * h);
+	t.dcatb = w.take<bf16>(R * hl);
+	t.dqkvb = w.take<bf16>(R * 3 * hl);
+	t.dP = w.take<float>(pp);
+	t.pb = w.take<bf16>(pp);
+	return t;
 }
 
-/*
- * C_ij = alpha op(A_ij) op(B_ij) + beta C_ij over samples i < ni and heads
- * j < nj, with X_ij = X + i*xi + j*xj (elements): strided-batched over the
- * larger of the two, looping over the smaller.
- */
-void gemm_grid(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *A,
-	       cudaDataType_t at, int64_t lda, int64_t ai, int64_t aj, const void *B,
-	       cudaDataType_t bt, int64_t ldb, int64_t bi, int64_t bj, float beta, void *C,
-	       cudaDataType_t ct, int64_t ldc, int64_t ci, int64_t cj, int64_t ni, int64_t nj)
-{
-	size_t ea = at == F32 ? 4 : 2, eb = bt == F32 ? 4 : 2, ec = ct == F32 ? 4 : 2;
-	const char *a = (const char *)A, *b = (const char *)B;
-	char *c = (char *)C;
-	if (ni <= nj) {
-		for (int64_t i = 0; i < ni; i++)
-			cu_gemm_batched(ta, tb, m, n, k, alpha, a + ea * (size_t)(i * ai), at, lda,
-					aj, b + eb * (size_t)(i * bi), bt, ldb, bj, beta,
-					c + ec * (size_t)(i * ci), ct, ldc, cj, nj);
-	} else {
-		for (int64_t j = 0; j < nj; j++)
-			cu_gemm_batched(ta, tb, m, n, k, alpha, a + ea * (size_t)(j * aj), at, lda,
-					ai, b + eb * (size_t)(j * bj), bt, ldb, bi, beta,
-					c + ec * (size_t)(j * cj), ct, ldc, ci, ni);
-	}
-}
-
-/* Fills d for n samples on weights p: 0, or SP_EINPUT for a split the
- * shape does not allow (tblock_split). */
 int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p)
 {
 	int rc = tblock_split(&d->sp, s, tp);
@@ -168,39 +135,23 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	for (int i = 0; i < NT; i++)
 		d->off[i] = d->sp.tensors[i].offset;
 	sp_component_t comp = layer_comp_of_shape(s);
+	d->p = p;
 	d->wb = cu_shadow(p, comp_layer_params_tp(&comp, d->sp.t));
-	d->scale = (float)(1.0 / sqrt((double)d->sp.dh));
+	int64_t hl = d->sp.hl;
+	/* the member's heads: Q, K, V at columns 0, hl, 2hl of qkv [., 3hl] */
+	d->attn = cu_attn{d->sp.al, d->sp.dh, d->sp.s, d->sp.s, 3 * hl, 3 * hl, 3 * hl, hl,
+			  s->causal, (float)(1.0 / sqrt((double)d->sp.dh))};
 	d->nc = tb_chunk(*d, n);
 	return 0;
 }
 
-/*
- * Attention of the member's al heads on one chunk: ln1 = LN1(x),
- * qkv = ln1 Wqkv + bqkv, P = softmax(scale Q K^T), cat = P V.
- */
-void tb_attn_fwd(const tb_dims &d, const tb_saved &v, int64_t m, int causal, const float *p,
-		 const bf16 *wb, float scale, bf16 *pb)
+void cu_affine_bf16(bf16 *y, const bf16 *a, const bf16 *w, const float *b, int64_t R,
+		    int64_t k, int64_t cols)
 {
-	int64_t h = d.sp.h, sq = d.sp.s, hl = d.sp.hl, dh = d.sp.dh, al = d.sp.al, R = m * sq;
-	k_ln_fwd_bf16(v.ln1, h, v.m1, v.r1, 1, v.x, h, p + d.off[LN1G], p + d.off[LN1B], R, h);
-	k_fill_rows_bf16(v.qkv, 3 * hl, p + d.off[BQKV], R, 3 * hl);
-	cu_gemm(false, false, R, 3 * hl, h, 1.0f, v.ln1, BF, h, wb + d.off[WQKV], BF, 3 * hl,
-		1.0f, v.qkv, BF, 3 * hl);
-	/* S_ij = scale Q_ij K_ij^T into P [m, al, s, s] */
-	gemm_grid(false, true, sq, sq, dh, scale, v.qkv, BF, 3 * hl, sq * 3 * hl, dh, v.qkv + hl,
-		  BF, 3 * hl, sq * 3 * hl, dh, 0.0f, v.p, F32, sq, al * sq * sq, sq * sq, m, al);
-	k_softmax_fwd(v.p, pb, m * al * sq, sq, causal);
-	/* head outputs P_ij V_ij into cat [R, hl] at column j dh */
-	gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq, sq * sq,
-		  v.qkv + 2 * hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f, v.cat, BF, hl, sq * hl, dh, m,
-		  al);
+	k_fill_rows_bf16(y, cols, b, R, cols);
+	cu_gemm(false, false, R, cols, k, 1.0f, a, BF, k, w, BF, cols, 1.0f, y, BF, cols);
 }
 
-/*
- * Backward of y = a W + b over R rows (a bf16 [R,k], W [k,o], dy fp32
- * [R,o], dyb its bf16 copy, scratch): dW += a^T dy; db += colsum dy;
- * da = dy W^T (type dt, [R,k]).
- */
 void tb_lin_bwd(int64_t R, int64_t k, int64_t o, const bf16 *a, const float *dy, bf16 *dyb,
 		const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt)
 {
@@ -210,7 +161,97 @@ void tb_lin_bwd(int64_t R, int64_t k, int64_t o, const bf16 *a, const float *dy,
 	cu_gemm(false, true, R, k, o, 1.0f, dyb, BF, o, w, BF, o, 0.0f, da, dt, k);
 }
 
-} /* namespace */
+void cu_lin_bwd_bf16(int64_t R, int64_t k, int64_t o, const bf16 *a, const bf16 *dyb,
+		     const bf16 *w, float *dw, float *db, void *da, cudaDataType_t dt, float beta)
+{
+	cu_gemm(true, false, k, o, R, 1.0f, a, BF, k, dyb, BF, o, 1.0f, dw, F32, o);
+	k_colsum_bf16(db, dyb, R, o, o);
+	cu_gemm(false, true, R, k, o, 1.0f, dyb, BF, o, w, BF, o, beta, da, dt, k);
+}
+
+/*
+ * Attention of the member's al heads on one chunk: ln1 = LN1(x),
+ * qkv = ln1 Wqkv + bqkv, P = softmax(scale Q K^T), cat = P V; then the
+ * output projection into xmid (rank 0 alone starts it from x + bo).
+ */
+void tb_self_fwd(const tb_dims &d, const tb_saved &v, int64_t m, const float *x, bf16 *pb)
+{
+	int64_t h = d.sp.h, hl = d.sp.hl, R = m * d.sp.s;
+	const float *p = d.p;
+	const bf16 *wb = d.wb;
+	CUDA_CHECK(cudaMemcpyAsync(v.x, x, sizeof(float) * (size_t)(R * h),
+				   cudaMemcpyDeviceToDevice, cu_s()));
+	k_ln_fwd_bf16(v.ln1, h, v.m1, v.r1, 1, v.x, h, p + d.off[LN1G], p + d.off[LN1B], R, h);
+	cu_affine_bf16(v.qkv, v.ln1, wb + d.off[WQKV], p + d.off[BQKV], R, h, 3 * hl);
+	cu_attn_fwd(d.attn, m, v.qkv, v.qkv + hl, v.qkv + 2 * hl, v.p, pb, v.cat);
+	if (d.sp.rank == 0)
+		k_add_rows(v.xmid, v.x, p + d.off[BO], R, h);
+	cu_gemm(false, false, R, h, hl, 1.0f, v.cat, BF, hl, wb + d.off[WO], BF, h,
+		d.sp.rank == 0 ? 1.0f : 0.0f, v.xmid, F32, h);
+}
+
+void tb_mlp_fwd(const tb_dims &d, const tb_saved &v, int64_t m, float *y)
+{
+	int64_t h = d.sp.h, fl = d.sp.fl, R = m * d.sp.s;
+	const float *p = d.p;
+	const bf16 *wb = d.wb;
+	k_ln_fwd_bf16(v.ln2, h, v.m2, v.r2, 1, v.xmid, h, p + d.off[LN2G], p + d.off[LN2B], R, h);
+	k_fill_rows(v.pre, fl, p + d.off[B1], R, fl);
+	cu_gemm(false, false, R, fl, h, 1.0f, v.ln2, BF, h, wb + d.off[W1], BF, fl, 1.0f, v.pre,
+		F32, fl);
+	k_gelu_fwd(v.act, v.pre, R * fl);
+	if (d.sp.rank == 0)
+		k_add_rows(y, v.xmid, p + d.off[B2], R, h);
+	cu_gemm(false, false, R, h, fl, 1.0f, v.act, BF, fl, wb + d.off[W2], BF, h,
+		d.sp.rank == 0 ? 1.0f : 0.0f, y, F32, h);
+}
+
+/* dW2 += act^T dy; dact = dy W2^T; dpre = dact gelu'(pre); dW1 += ln2^T dpre;
+ * dln = dpre W1^T */
+void tb_mlp_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dy,
+		const tb_scratch &w, float *dln)
+{
+	int64_t h = d.sp.h, fl = d.sp.fl, R = m * d.sp.s;
+	const int64_t *off = d.off;
+	tb_lin_bwd(R, fl, h, v.act, dy, w.dyb, d.wb + off[W2], dp + off[W2], dp + off[B2], w.dact,
+		   F32);
+	k_gelu_bwd(w.dpreb, w.dact, v.pre, R * fl);
+	cu_lin_bwd_bf16(R, h, fl, v.ln2, w.dpreb, d.wb + off[W1], dp + off[W1], dp + off[B1], dln,
+			F32, 0.0f);
+}
+
+void tb_ln2_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dy,
+		const float *dln, float *dxm)
+{
+	int64_t h = d.sp.h;
+	k_ln_bwd(dxm, h, 0, dy, h, dln, h, v.xmid, h, v.m2, v.r2, 1, d.p + d.off[LN2G],
+		 dp + d.off[LN2G], dp + d.off[LN2B], m * d.sp.s, h);
+}
+
+/* dWo += cat^T dxm; dcat = dxm Wo^T; attention backward to dqkv;
+ * dWqkv += ln1^T dqkv; dln = dqkv Wqkv^T */
+void tb_attn_out_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp,
+		     const float *dxm, const tb_scratch &w, float *dln)
+{
+	int64_t h = d.sp.h, hl = d.sp.hl, R = m * d.sp.s;
+	const int64_t *off = d.off;
+	tb_lin_bwd(R, hl, h, v.cat, dxm, w.dxmb, d.wb + off[WO], dp + off[WO], dp + off[BO],
+		   w.dcatb, BF);
+	cu_attn_bwd(d.attn, m, v.qkv, v.qkv + hl, v.qkv + 2 * hl, v.p, w.dcatb, w.dqkvb,
+		    w.dqkvb + hl, w.dqkvb + 2 * hl, w.dP, w.pb);
+	cu_lin_bwd_bf16(R, h, 3 * hl, v.ln1, w.dqkvb, d.wb + off[WQKV], dp + off[WQKV],
+			dp + off[BQKV], dln, F32, 0.0f);
+}
+
+void tb_ln1_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dxm,
+		const float *dln, float *dx)
+{
+	int64_t h = d.sp.h;
+	k_ln_bwd(dx, h, 1, dxm, h, dln, h, v.x, h, v.m1, v.r1, 1, d.p + d.off[LN1G],
+		 dp + d.off[LN1G], dp + d.off[LN1B], m * d.sp.s, h);
+}
+
+/* ---- transformer block ---- */
 
 /*
  * y = x_mid + gelu(LN2(x_mid) W1 + b1) W2 + b2,
@@ -228,39 +269,19 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
-	int64_t h = d.sp.h, fl = d.sp.fl, sq = d.sp.s, nc = d.nc;
-	float scale = d.scale, beta = d.sp.rank == 0 ? 1.0f : 0.0f;
-	const bf16 *wb = d.wb;
+	int64_t sq = d.sp.s, sh = sq * d.sp.h, nc = d.nc;
 	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
-		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
-		tb_saved v = tb_layout(saved, c0, m, n, d);
-		CUDA_CHECK(cudaMemcpyAsync(v.x, x + c0 * sq * h, sizeof(float) * (size_t)(R * h),
-					   cudaMemcpyDeviceToDevice, cu_s()));
-		tb_attn_fwd(d, v, m, s->causal, p, wb, scale, pb);
-		if (d.sp.rank == 0)
-			k_add_rows(v.xmid, v.x, p + d.off[BO], R, h);
-		cu_gemm(false, false, R, h, d.sp.hl, 1.0f, v.cat, BF, d.sp.hl, wb + d.off[WO], BF, h,
-			beta, v.xmid, F32, h);
+		int64_t m = n - c0 < nc ? n - c0 : nc;
+		tb_self_fwd(d, tb_layout(saved, c0, m, n, d), m, x + c0 * sh, pb);
 	}
-	if ((rc = tb_allreduce(d, saved, (int64_t)n * sq * h)) < 0)
+	if ((rc = tb_allreduce(d, saved, (int64_t)n * sh)) < 0)
 		return rc;
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
-		int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
-		tb_saved v = tb_layout(saved, c0, m, n, d);
-		float *yc = y + c0 * sq * h;
-		k_ln_fwd_bf16(v.ln2, h, v.m2, v.r2, 1, v.xmid, h, p + d.off[LN2G],
-			      p + d.off[LN2B], R, h);
-		k_fill_rows(v.pre, fl, p + d.off[B1], R, fl);
-		cu_gemm(false, false, R, fl, h, 1.0f, v.ln2, BF, h, wb + d.off[W1], BF, fl, 1.0f,
-			v.pre, F32, fl);
-		k_gelu_fwd(v.act, v.pre, R * fl);
-		if (d.sp.rank == 0)
-			k_add_rows(yc, v.xmid, p + d.off[B2], R, h);
-		cu_gemm(false, false, R, h, fl, 1.0f, v.act, BF, fl, wb + d.off[W2], BF, h, beta,
-			yc, F32, h);
+		int64_t m = n - c0 < nc ? n - c0 : nc;
+		tb_mlp_fwd(d, tb_layout(saved, c0, m, n, d), m, y + c0 * sh);
 	}
-	return tb_allreduce(d, y, (int64_t)n * sq * h);
+	return tb_allreduce(d, y, (int64_t)n * sh);
 }
 
 /*
@@ -284,86 +305,40 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
-	int64_t h = d.sp.h, fl = d.sp.fl, hl = d.sp.hl, sq = d.sp.s, al = d.sp.al;
-	int64_t dh = d.sp.dh, nc = d.nc;
-	const int64_t *off = d.off;
-	float scale = d.scale;
-	const bf16 *wb = d.wb;
+	int64_t sh = d.sp.s * d.sp.h, nc = d.nc;
 	int64_t nf = d.tp ? n : nc; /* samples dln and dxm hold */
-	size_t full = 2 * sizeof(float) * (size_t)(nf * sq * h) + 256;
+	size_t full = 2 * sizeof(float) * (size_t)(nf * sh) + 256;
 	size_t chunk_bytes = tb_ws_bytes(d, nc);
 	char *ws = cu_ws_get(full + chunk_bytes);
 	cu_carve fw(ws, full, 256);
-	float *dln_all = fw.take<float>(nf * sq * h), *dxm_all = fw.take<float>(nf * sq * h);
+	float *dln_all = fw.take<float>(nf * sh), *dxm_all = fw.take<float>(nf * sh);
 	if (fw.overflow)
 		cu_fatal(__FILE__, __LINE__, "transformer backward", "workspace too small");
 	for (int pass = 0; pass < 3; pass++) {
 		for (int64_t c0 = 0; c0 < n; c0 += nc) {
-			int64_t m = n - c0 < nc ? n - c0 : nc, R = m * sq;
+			int64_t m = n - c0 < nc ? n - c0 : nc;
 			tb_saved v = tb_layout((float *)saved, c0, m, n, d);
-			const float *dyc = dy + c0 * sq * h;
-			float *dxc = dx + c0 * sq * h;
-			int64_t at = (d.tp ? c0 : 0) * sq * h;
+			const float *dyc = dy + c0 * sh;
+			int64_t at = (d.tp ? c0 : 0) * sh;
 			float *dln = dln_all + at, *dxm = dxm_all + at;
 			cu_carve w(ws + full, chunk_bytes, 256);
-			bf16 *dyb = w.take<bf16>(R * h);
-			float *dact = w.take<float>(R * fl);
-			bf16 *dpreb = w.take<bf16>(R * fl);
-			bf16 *dxmb = w.take<bf16>(R * h);
-			bf16 *dcatb = w.take<bf16>(R * hl);
-			bf16 *dqkvb = w.take<bf16>(R * 3 * hl);
-			float *dP = w.take<float>(m * al * sq * sq);
-			bf16 *pb = w.take<bf16>(m * al * sq * sq);
+			tb_scratch t = tb_scratch_take(w, d, m);
 			if (w.overflow)
 				cu_fatal(__FILE__, __LINE__, "transformer backward",
 					 "workspace too small");
-			if (pass == 0 || !d.tp) {
-				/* MLP */
-				tb_lin_bwd(R, fl, h, v.act, dyc, dyb, wb + off[W2], dp + off[W2],
-					   dp + off[B2], dact, F32);
-				k_gelu_bwd(dpreb, dact, v.pre, R * fl);
-				cu_gemm(true, false, h, fl, R, 1.0f, v.ln2, BF, h, dpreb, BF, fl,
-					1.0f, dp + off[W1], F32, fl);
-				k_colsum_bf16(dp + off[B1], dpreb, R, fl, fl);
-				cu_gemm(false, true, R, h, fl, 1.0f, dpreb, BF, fl, wb + off[W1],
-					BF, fl, 0.0f, dln, F32, h);
-			}
+			if (pass == 0 || !d.tp)
+				tb_mlp_bwd(d, v, m, dp, dyc, t, dln);
 			if (pass == 1 || !d.tp) {
-				k_ln_bwd(dxm, h, 0, dyc, h, dln, h, v.xmid, h, v.m2, v.r2, 1,
-					 p + off[LN2G], dp + off[LN2G], dp + off[LN2B], R, h);
-				/* output projection */
-				tb_lin_bwd(R, hl, h, v.cat, dxm, dxmb, wb + off[WO], dp + off[WO],
-					   dp + off[BO], dcatb, BF);
-				/* attention, per (sample, head) */
-				k_to_bf16(pb, v.p, m * al * sq * sq);
-				gemm_grid(false, true, sq, sq, dh, 1.0f, dcatb, BF, hl, sq * hl, dh,
-					  v.qkv + 2 * hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f, dP,
-					  F32, sq, al * sq * sq, sq * sq, m, al);
-				gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
-					  sq * sq, dcatb, BF, hl, sq * hl, dh, 0.0f, dqkvb + 2 * hl,
-					  BF, 3 * hl, sq * 3 * hl, dh, m, al);
-				k_softmax_bwd(pb, v.p, dP, m * al * sq, sq, scale); /* pb: dS */
-				gemm_grid(false, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
-					  sq * sq, v.qkv + hl, BF, 3 * hl, sq * 3 * hl, dh, 0.0f,
-					  dqkvb, BF, 3 * hl, sq * 3 * hl, dh, m, al);
-				gemm_grid(true, false, sq, dh, sq, 1.0f, pb, BF, sq, al * sq * sq,
-					  sq * sq, v.qkv, BF, 3 * hl, sq * 3 * hl, dh, 0.0f,
-					  dqkvb + hl, BF, 3 * hl, sq * 3 * hl, dh, m, al);
-				/* QKV projection */
-				cu_gemm(true, false, h, 3 * hl, R, 1.0f, v.ln1, BF, h, dqkvb, BF,
-					3 * hl, 1.0f, dp + off[WQKV], F32, 3 * hl);
-				k_colsum_bf16(dp + off[BQKV], dqkvb, R, 3 * hl, 3 * hl);
-				cu_gemm(false, true, R, h, 3 * hl, 1.0f, dqkvb, BF, 3 * hl,
-					wb + off[WQKV], BF, 3 * hl, 0.0f, dln, F32, h);
+				tb_ln2_bwd(d, v, m, dp, dyc, dln, dxm);
+				tb_attn_out_bwd(d, v, m, dp, dxm, t, dln);
 			}
 			if (pass == 2 || !d.tp)
-				k_ln_bwd(dxc, h, 1, dxm, h, dln, h, v.x, h, v.m1, v.r1, 1,
-					 p + off[LN1G], dp + off[LN1G], dp + off[LN1B], R, h);
+				tb_ln1_bwd(d, v, m, dp, dxm, dln, dx + c0 * sh);
 		}
 		/* unsplit, the first pass did all three per chunk */
 		if (!d.tp)
 			return 0;
-		if (pass < 2 && (rc = tb_allreduce(d, dln_all, (int64_t)n * sq * h)) < 0)
+		if (pass < 2 && (rc = tb_allreduce(d, dln_all, (int64_t)n * sh)) < 0)
 			return rc;
 	}
 	return 0;

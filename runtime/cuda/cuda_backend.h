@@ -15,7 +15,9 @@
  *         embedding gathers; the classifier and contrastive losses (small:
  *         fp32 SGEMM without TF32).
  *   bf16  operands of the large matrix products (transformer QKV, attention
- *         scores and P V, output projection, MLP, linear, patch, lm_head):
+ *         scores and P V, output projection, MLP, the decoder's query,
+ *         key/value and output projections of its cross-attention, linear,
+ *         patch, lm_head):
  *         a bf16 shadow of each weight matrix, kept inside the backend and
  *         rewritten by the optimizer step (or lazily after any other write
  *         to the parameters' allocation); bf16 copies of the activations
@@ -90,7 +92,7 @@ rt_sync_fn_t cu_sync;
 rt_adamw_step_fn_t cu_adamw_step;
 rt_sgd_step_fn_t cu_sgd_step;
 
-/* ---- cu_layers.cu: sources, transformer block, linear -------------------- */
+/* ---- cu_layers.cu, cu_xattn.cu: sources, blocks, linear -------------------- */
 
 rt_embedding_fwd_fn_t cu_embedding_fwd;
 rt_embedding_bwd_fn_t cu_embedding_bwd;
@@ -103,6 +105,10 @@ rt_tblock_fwd_fn_t cu_tblock_fwd;
 rt_patch_bwd_fn_t cu_patch_bwd;
 rt_bwd_fn_t cu_linear_bwd;
 rt_tblock_bwd_fn_t cu_tblock_bwd;
+/* The cross-attention decoder block (cu_xattn.cu): unsplit only (t > 1 is
+ * SP_EINPUT, as on the CPU); memory and dmemory are device buffers. */
+rt_xblock_fwd_fn_t cu_xblock_fwd;
+rt_xblock_bwd_fn_t cu_xblock_bwd;
 
 /* ---- cu_loss.cu: losses (forward and backward in one call) --------------- */
 

@@ -10,8 +10,10 @@
  * member alone, its hook handing back those sums in order and keeping its
  * own partial buffers: its y, dx and shard gradient against the CPU
  * member's, and the CUDA members' partials summed against the recorded
- * sums. A value passes when
- * |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
+ * sums; the cross-attention decoder block (causal and not, memories
+ * shorter and longer than the sequence, of the hidden width and not,
+ * chunked): y, dx, dmemory and every parameter gradient. A value passes
+ * when |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
  * |ref| of that tensor: loose for bf16 paths, tight for fp32 ones.
  * Prints the max difference and the first mismatches of each check.
  * Exits 77 (skip) without a usable GPU.
@@ -389,6 +391,85 @@ cleanup:
 	free(p), free(x), free(dy);
 }
 
+/*
+ * The cross-attention decoder block (layers_xattn.c against cu_xattn.cu):
+ * y, and after the backward dx, dmemory and every parameter gradient,
+ * each added into random starting values. `saved` is the backend's own
+ * layout (bf16 where only a product reads a tensor back), so it is checked
+ * by what it must do: the forward writes nothing past op_saved_elems per
+ * sample (a guard after it keeps its bits), and the backward, which reads
+ * only saved and the memory, matches. Also: a 2-way split and a shape
+ * without a memory are refused (SP_EINPUT), as on the CPU.
+ */
+static void test_xblock(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
+			int64_t m, int64_t W, int causal, int n, size_t ws_cap)
+{
+	sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = h, .heads = a, .ffn = f,
+			  .seq = sq, .causal = causal, .mem_seq = m, .mem_width = W};
+	enum { GUARD = 64 };
+	int64_t np, e = n * sq * h, em = n * m * W, ns = op_saved_elems(&s, n) * n;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *mem = hrand(em, 1.0);
+	float *y = calloc((size_t)e, 4), *sv = calloc((size_t)ns, 4);
+	float *dy = hrand(e, 1.0), *dx = hrand(e, 0.5), *dmem = hrand(em, 0.5);
+	float *dp = hrand(np, 0.1);
+	float *dx_ref = hcopy(dx, e), *dmem_ref = hcopy(dmem, em), *dp_ref = hcopy(dp, np);
+	float *guard = malloc(sizeof(float) * (size_t)(ns + GUARD));
+	for (int64_t i = 0; i < ns + GUARD; i++)
+		guard[i] = -777.0f;
+	int rf = xblock_fwd(&s, NULL, n, p, x, mem, y, sv);
+	int rb = xblock_bwd(&s, NULL, n, p, sv, mem, dy, dx_ref, dmem_ref, dp_ref);
+	char what[128];
+	n_checks++;
+	if (rf || rb) {
+		printf("FAIL %s: the CPU reference failed (rc %d, %d)\n", name, rf, rb);
+		n_fail++;
+		goto cleanup;
+	}
+
+	if (ws_cap)
+		cu_set_workspace_cap(ws_cap);
+	float *dP = dev(p, 4 * (size_t)np), *dX = dev(x, 4 * (size_t)e);
+	float *dM = dev(mem, 4 * (size_t)em), *dY = dev(NULL, 4 * (size_t)e);
+	float *dS = dev(guard, 4 * (size_t)(ns + GUARD)), *dDY = dev(dy, 4 * (size_t)e);
+	float *dDX = dev(dx, 4 * (size_t)e), *dDM = dev(dmem, 4 * (size_t)em);
+	float *dDP = dev(dp, 4 * (size_t)np);
+	rt_tp_t tp2 = {.t = 2, .rank = 0, .ctx = NULL, .allreduce = replay_allreduce};
+	sp_opshape_t plain = s;
+	plain.mem_seq = plain.mem_width = 0;
+	int refused = B->xblock_fwd(&s, &tp2, n, dP, dX, dM, dY, dS) == SP_EINPUT &&
+		      B->xblock_bwd(&s, &tp2, n, dP, dS, dM, dDY, dDX, dDM, dDP) == SP_EINPUT &&
+		      B->xblock_fwd(&plain, NULL, n, dP, dX, dM, dY, dS) == SP_EINPUT &&
+		      B->tblock_fwd(&s, NULL, n, dP, dX, dY, dS) == SP_EINPUT;
+	rf = B->xblock_fwd(&s, NULL, n, dP, dX, dM, dY, dS);
+	rb = rf ? rf : B->xblock_bwd(&s, NULL, n, dP, dS, dM, dDY, dDX, dDM, dDP);
+	B->sync();
+	if (ws_cap)
+		cu_set_workspace_cap((size_t)2 << 30);
+	n_checks += 2;
+	if (rf || rb) {
+		printf("FAIL %s: rc %d, %d (want 0)\n", name, rf, rb);
+		n_fail++;
+	}
+	if (!refused) {
+		printf("FAIL %s: a 2-way split or a shape without a memory was not refused\n",
+		       name);
+		n_fail++;
+	}
+	float *gs = fetch(dS, ns + GUARD);
+	snprintf(what, sizeof what, "%s saved guard", name);
+	check(what, gs + ns, guard + ns, GUARD, 0, 0);
+	check_layer(name, &s, dY, y, e, dDX, dx_ref, e, dDP, dp_ref, np);
+	float *gdm = fetch(dDM, em);
+	snprintf(what, sizeof what, "%s bwd dmemory", name);
+	check(what, gdm, dmem_ref, em, BF_TOL, BF_EPS);
+	B->release(dP), B->release(dX), B->release(dM), B->release(dY), B->release(dS),
+		B->release(dDY), B->release(dDX), B->release(dDM), B->release(dDP);
+	free(gs), free(gdm);
+cleanup:
+	free(p), free(x), free(mem), free(y), free(sv), free(dy), free(dx), free(dmem), free(dp),
+		free(dx_ref), free(dmem_ref), free(dp_ref), free(guard);
+}
+
 static void test_linear(const char *name, size_t ws_cap)
 {
 	sp_opshape_t s = {.type = COMP_LINEAR, .in = 24, .out = 20, .seq = 5};
@@ -576,6 +657,12 @@ int main(void)
 	test_tblock_tp("tblock tp2", 32, 4, 48, 7, 0, 3, 2, 0);
 	test_tblock_tp("tblock tp4 causal", 64, 8, 128, 16, 1, 2, 4, 0);
 	test_tblock_tp("tblock tp2 chunked", 32, 4, 48, 7, 1, 3, 2, 1);
+	/* decoders: m < s and m > s, W != h and W == h, batch > 1, chunked */
+	test_xblock("xblock", 32, 4, 48, 7, 5, 24, 0, 3, 0);
+	test_xblock("xblock causal m>s", 32, 4, 48, 6, 11, 40, 1, 2, 0);
+	test_xblock("xblock dh32 W=h", 64, 2, 128, 16, 9, 64, 1, 2, 0);
+	test_xblock("xblock chunked", 32, 4, 48, 7, 5, 24, 1, 3, 1);
+	test_xblock("xblock s1", 32, 2, 64, 1, 3, 16, 1, 2, 0);
 	test_linear("linear", 0);
 	test_linear("linear chunked", 100);
 	test_lm_head();

@@ -2,7 +2,10 @@
 """
 launch_counts.py: recounts, from the CUDA backend's sources, the kernels one
 layer issues per pass, and fails when planner/cost.c's LAUNCHES table says
-otherwise (the analytic layer model charges gpu.launch_us per kernel).
+otherwise (the analytic layer model charges gpu.launch_us per kernel); and
+likewise its XATTN_LAUNCHES row, a decoder layer's launches beyond the
+transformer's (cu_xblock_fwd / cu_xblock_bwd less cu_tblock_fwd /
+cu_tblock_bwd).
 
 Counting rule (cost.c's comment): in the layer function's body and,
 recursively, in every function of runtime/cuda/*.cu it calls, each <<<>>>
@@ -33,6 +36,7 @@ LEAF_ONE = {"cu_gemm", "cu_gemm_batched", "cudaMemcpyAsync", "cudaMemsetAsync",
             "cudaMemset2DAsync", "cudaMemcpy2DAsync"}
 LEAF_ZERO = {"cu_shadow"}
 PER_HEAD = {"gemm_grid"}
+XATTN_FUNCS = ("cu_xblock_fwd", "cu_xblock_bwd")
 
 
 def strip_comments(text):
@@ -87,6 +91,12 @@ def table():
     return rows
 
 
+def xattn_row():
+    text = open(os.path.join(ROOT, "planner", "cost.c")).read()
+    m = re.search(r"XATTN_LAUNCHES\s*=\s*\{([^}]*)\}", text)
+    return [int(x) for x in m.group(1).split(",")] if m else None
+
+
 def main():
     defs, rows, bad = definitions(), table(), 0
     for comp, (fwd, bwd) in sorted(LAYER_FUNCS.items()):
@@ -95,12 +105,20 @@ def main():
         status = "ok" if got == want else "MISMATCH"
         print(f"{comp:12s} sources {got} cost.c {want} {status}")
         bad += got != want
+    tf, tb = LAYER_FUNCS["TRANSFORMER"]
+    base = list(count(defs, tf)) + list(count(defs, tb))
+    dec = list(count(defs, XATTN_FUNCS[0])) + list(count(defs, XATTN_FUNCS[1]))
+    got, want = [d - b for d, b in zip(dec, base)], xattn_row()
+    status = "ok" if got == want else "MISMATCH"
+    print(f"{'XATTN':12s} sources {got} cost.c {want} {status} (decoder {dec} less "
+          f"transformer {base})")
+    bad += got != want
     if set(rows) != set(LAYER_FUNCS):
         print(f"cost.c lists {sorted(rows)}, the check knows {sorted(LAYER_FUNCS)}")
         bad += 1
     if bad:
-        print("planner/cost.c's LAUNCHES no longer matches runtime/cuda: recount, update "
-              "the table and its comment")
+        print("planner/cost.c's LAUNCHES or XATTN_LAUNCHES no longer matches runtime/cuda: "
+              "recount, update the table and its comment")
     return 1 if bad else 0
 
 

@@ -6,8 +6,9 @@ stubbed, so a wrong path or a missing file fails here, not in the GPU slot.
 Asserts: exit 0; the output folder holds only what the device returns
 (at most 8 plain files, summary.txt, results.md and results.tgz); the
 tarball holds every step's log, the demo's CSV log and trace, and the
-equivalence runs' dumps; the summary records every required step, the
-2- and 4-rank equivalence lines and the final line. A second run with a
+equivalence runs' dumps (the decoder workload's too); the summary records
+every required step, the 2- and 4-rank equivalence lines, the decoder
+workload's 2-rank lines and the final line. A second run with a
 budget already spent must skip the optional steps by the deadline.
 
   test_gpu_check.py GPU_CHECK BUILD_DIR
@@ -20,8 +21,9 @@ import sys
 import tarfile
 import tempfile
 
-REQUIRED = ["gpu_layers", "gpu_step_demo", "gpu_step_demo-sgd", "demo_train", "equiv_1",
-            "equiv_2", "equiv_4", "equiv_compare"]
+REQUIRED = ["gpu_layers", "gpu_step_demo", "gpu_step_demo-sgd", "gpu_step_encdec-sgd",
+            "demo_train", "equiv_1", "equiv_2", "equiv_4", "equiv_compare", "equiv_encdec_1",
+            "equiv_encdec_2", "equiv_encdec_seq-2", "equiv_encdec_compare"]
 OPTIONAL = ["profile_clip-4", "profile_qwen-val", "bench_ours"]
 
 
@@ -62,13 +64,17 @@ def main():
                   f"summary: step {s} passed or skipped: {line}")
         for n in (2, 4):
             check(f"ok   demo-sgd-on-{n}-ranks" in summary, f"summary: {n} ranks equal 1")
+        for what in ("", "sequential-"):
+            check(f"ok   encdec-sgd-{what}on-2-ranks" in summary,
+                  f"summary: the decoder workload on 2 ranks ({what or 'as planned'}) equals 1")
         check("0 failure(s)" in summary.splitlines()[-1], "summary ends with 0 failure(s)")
         with tarfile.open(os.path.join(out, "results.tgz")) as t:
             members = set(m.name.lstrip("./") for m in t.getmembers())
         for s in REQUIRED + OPTIONAL:
             check(f"logs/{s}.log" in members, f"results.tgz holds logs/{s}.log")
         for f in ["summary.txt", "results.md", "demo-log.csv", "demo-trace.json",
-                  "runs/demo-sgd-1.dump", "runs/demo-sgd-4.csv", "plans/cluster-4.json"]:
+                  "runs/demo-sgd-1.dump", "runs/demo-sgd-4.csv", "plans/cluster-4.json",
+                  "runs/encdec-sgd-2.dump"]:
             check(f in members, f"results.tgz holds {f}")
 
         out2 = os.path.join(tmp, "late")

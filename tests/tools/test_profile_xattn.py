@@ -19,13 +19,17 @@ decoder's shape without a memory. Asserts:
     with memory 256 (the arith.c FLOPs say about 10x) and more than the
     memory-16 decoder's (about 5x); under other load a failed comparison is
     measured again, up to 3 runs;
-  * --backend cuda refuses the model before measuring (exit 2, "cross-
-    attention is not built for the cuda backend"), and writes nothing,
-    whether or not the build has CUDA;
+  * --backend cuda takes the decoder shapes to the device (the CUDA
+    backend has the cross-attention block, runtime/cuda/cu_xattn.cu):
+    without a GPU it fails there (cu_init's "no usable CUDA device") and
+    writes nothing, never with the cross-attention refusal; with a GPU it
+    profiles them (exit 0). A build without CUDA (SPINDLE_CUDA=0) refuses
+    them before measuring (exit 2) and writes nothing;
   * where the planner plans decoders (else this part is reported as not
     run): --costs marks every decoder MetaOp profiled, and with the memory
     entries removed from the file, none.
-Environment: SPINDLE_PROFILE, SPINDLE_PLAN, SPINDLE_ROOT.
+Environment: SPINDLE_PROFILE, SPINDLE_PLAN, SPINDLE_ROOT, SPINDLE_CUDA (1 when
+the build has the CUDA backend; default 1).
 """
 import json
 import os
@@ -121,11 +125,24 @@ def main():
                 "--warmup", "1", "--cluster", CLUSTER, "-o", out]
 
         p = subprocess.run(base + ["--backend", "cuda"], capture_output=True, text=True,
-                           timeout=60)
-        check(p.returncode == 2 and "cross-attention is not built for the cuda backend"
-              in p.stderr and not os.path.exists(out),
-              f"--backend cuda refuses the decoder shapes: exit {p.returncode}, "
-              f"{p.stderr.strip().splitlines()[:1]}")
+                           timeout=300)
+        refusal = "cross-attention is not built for the cuda backend"
+        first = p.stderr.strip().splitlines()[:1]
+        if os.environ.get("SPINDLE_CUDA", "1") == "1":
+            gpu = p.returncode == 0 and os.path.exists(out)
+            nogpu = (p.returncode != 0 and "no usable CUDA device" in p.stderr and
+                     not os.path.exists(out))
+            check(refusal not in p.stderr and (gpu or nogpu),
+                  f"--backend cuda takes the decoder shapes to the device ("
+                  f"{'profiled on a GPU' if gpu else 'no GPU here'}): exit {p.returncode}, "
+                  f"{first}")
+            if os.path.exists(out):
+                os.remove(out)
+        else:
+            check(p.returncode == 2 and (refusal in p.stderr or "without CUDA" in p.stderr)
+                  and not os.path.exists(out),
+                  f"--backend cuda is refused in a build without CUDA: exit {p.returncode}, "
+                  f"{first}")
 
         p = subprocess.run(base, capture_output=True, text=True, timeout=300)
         if p.returncode != 0:

@@ -29,11 +29,12 @@
  * Decoders (a cross-attention transformer, shape.mem_seq > 0): the block
  * reads a memory [n, mem_seq, mem_width] besides its input, and its
  * backward adds into the memory's gradient too; both are timed with
- * synthetic memories, through the backend's xblock_fwd/xblock_bwd. Only
- * the cpu backend has them (runtime/layers_xattn.c); with a backend whose
- * entries are NULL (cuda) a model with a decoder shape is refused before
- * anything is measured (exit 2), never timed through the plain block,
- * which would leave the cross-attention out.
+ * synthetic memories, through the backend's xblock_fwd/xblock_bwd (cpu:
+ * runtime/layers_xattn.c; cuda: runtime/cuda/cu_xattn.cu). With a backend
+ * whose entries are NULL (the stand-in table of a build without CUDA) a
+ * model with a decoder shape is refused before anything is measured (exit
+ * 2), never timed through the plain block, which would leave the
+ * cross-attention out.
  *
  * Losses (lm_head, classifier, contrastive): the runtime's loss functions
  * compute forward and backward in one call (layers.h), so the whole call is

@@ -17,8 +17,9 @@
  * stays inside as few NVLink islands as possible. A device whose memory
  * (held parameter state + saved activations, as memplan counts them, and a
  * decoder's memory buffers act(c, -1) and grad(c, -1) once per device for
- * the most samples any of its slots of c holds) would exceed the cap is
- * taken only when nothing else is free; memplan then reports the overflow.
+ * the union of the samples its slots of c hold, as the lowering moves
+ * them) would exceed the cap is taken only when nothing else is free;
+ * memplan then reports the overflow.
  *
  * Naive placement (the comparison baseline): the lowest-numbered free
  * devices, in slice order.
@@ -47,8 +48,10 @@ struct placer {
 	int *param_base, n_params;
 	int32_t *last_devs; /* [MetaOp][N]: devices of its latest slice */
 	int *last_n;
-	int64_t *mem_samples; /* [MetaOp][N]: samples of a decoder's memory
-			       * buffers counted on each device */
+	uint64_t *mem_bits; /* a decoder's samples whose memory buffers are
+			     * counted on each device: bit i of device d's
+			     * row at mem_off[m] + d * mem_words[m] */
+	int64_t *mem_off, *mem_words; /* [MetaOp]: 0 words for the rest */
 	double *on, *island, *node_score;
 	int *node_order, *node_cnt, *node_head, *cand_next;
 	cand_t *cand;
@@ -93,12 +96,18 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
 	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
 	P->last_n = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	int decoders = 0;
-	for (int m = 0; m < M; m++)
-		decoders += pl->mops[m].shape.mem_seq > 0;
-	/* only a model with decoders needs it (memory_more reads it for them) */
-	P->mem_samples = sp_arena_calloc(a, decoders ? (size_t)M * (size_t)N + 1 : 1,
-					 sizeof(int64_t));
+	P->mem_off = sp_arena_calloc(a, (size_t)M + 1, sizeof(int64_t));
+	P->mem_words = sp_arena_calloc(a, (size_t)M + 1, sizeof(int64_t));
+	int64_t words = 0;
+	for (int m = 0; P->mem_off && P->mem_words && m < M; m++)
+		if (pl->mops[m].shape.mem_seq > 0) {
+			P->mem_off[m] = words;
+			P->mem_words[m] = (pl->mops[m].batch + 63) / 64;
+			words += P->mem_words[m] * N;
+		}
+	/* rows for decoders only (memory_more reads no other MetaOp's); a
+	 * decoder of batch 4096 on 1024 devices takes 512 KiB */
+	P->mem_bits = sp_arena_calloc(a, (size_t)words + 1, sizeof(uint64_t));
 	P->on = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->island = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->node_score = sp_arena_calloc(a, (size_t)nodes, sizeof(double));
@@ -108,7 +117,8 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
 	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
-	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_samples || !P->on ||
+	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_bits || !P->mem_off ||
+	    !P->mem_words || !P->on ||
 	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
 	    !P->cand_next)
@@ -138,13 +148,35 @@ static void input_on_devices(placer_t *P, const sslice_t *x)
 	}
 }
 
-/* Samples of decoder x's memory buffers (act(c, -1), grad(c, -1)) that device
- * d holds beyond those counted already, at `local` samples; 0 elsewhere. */
-static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int64_t local)
+/* The samples [a0, a1) slot j of slice x runs (all of them for a MetaOp
+ * that does not scale). */
+static void slot_samples(const metaop_t *mo, const sslice_t *x, int j, int32_t *a0, int32_t *a1)
 {
-	if (P->pl->mops[x->metaop].shape.mem_seq == 0)
+	sample_range(mo->batch, j, x->n, a0, a1);
+	if (!mo->scales)
+		*a0 = 0, *a1 = (int32_t)mo->batch;
+}
+
+/* Samples [a0, a1) of decoder x's memory buffers (act(c, -1), grad(c, -1))
+ * on device d that are not counted there yet; 0 for other MetaOps. With
+ * set, counts them from now on. */
+static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int32_t a0, int32_t a1,
+			   int set)
+{
+	int m = x->metaop;
+	if (P->mem_words[m] == 0)
 		return 0;
-	return SP_MAX(local - P->mem_samples[(size_t)x->metaop * P->pl->N + d], 0);
+	uint64_t *row = P->mem_bits + P->mem_off[m] + (int64_t)d * P->mem_words[m];
+	int64_t more = 0;
+	for (int32_t i = a0; i < a1; i++) {
+		uint64_t bit = (uint64_t)1 << (i % 64);
+		if (!(row[i / 64] & bit)) {
+			more++;
+			if (set)
+				row[i / 64] |= bit;
+		}
+	}
+	return more;
 }
 
 /* Memory slice x adds to device d (slot's samples): new state + activations,
@@ -154,10 +186,10 @@ static double slice_mem(const placer_t *P, const sslice_t *x, int d, int slot)
 {
 	const metaop_t *mo = &P->pl->mops[x->metaop];
 	int32_t a0, a1;
-	sample_range(mo->batch, slot, x->n, &a0, &a1);
-	int64_t local = mo->scales ? a1 - a0 : mo->batch;
+	slot_samples(mo, x, slot, &a0, &a1);
+	int64_t local = a1 - a0;
 	double bytes = (double)local * layout_saved_per_sample(P->pl, x->metaop) * (x->lt - x->lf);
-	bytes += 2.0 * (double)memory_more(P, x, d, local) * (double)mo->shape.mem_seq *
+	bytes += 2.0 * (double)memory_more(P, x, d, a0, a1, 0) * (double)mo->shape.mem_seq *
 		 (double)mo->shape.mem_width * dtype_bytes(P->pl->model->dtype);
 	double state = layout_state_bytes(P->pl, x->metaop, x->n);
 	for (int l = x->lf; l < x->lt; l++)
@@ -313,11 +345,8 @@ void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs)
 		int d = devs[j];
 		P->mem[d] += slice_mem(P, x, d, j);
 		int32_t a0, a1;
-		sample_range(pl->mops[x->metaop].batch, j, x->n, &a0, &a1);
-		/* mem_samples has room for decoders only (placer_new) */
-		if (pl->mops[x->metaop].shape.mem_seq > 0)
-			P->mem_samples[(size_t)x->metaop * pl->N + d] +=
-				memory_more(P, x, d, a1 - a0);
+		slot_samples(&pl->mops[x->metaop], x, j, &a0, &a1);
+		memory_more(P, x, d, a0, a1, 1);
 		for (int l = x->lf; l < x->lt; l++) {
 			int pid = param_id(P, x->metaop, l);
 			P->held[(size_t)d * P->n_params + pid] = 1;

@@ -510,6 +510,22 @@ static void test_placer_memory(void **state)
 	assert_int_equal(placer_fitting(P, &b, NULL), 8);
 	pl.mem_cap = 2 * base + mem - 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 7);
+	/* the union of a device's samples: x on {2, 3} puts samples [8, 16)
+	 * on device 3; y's first slot, [0, 8), fits on device 2 (its memory
+	 * counted already) but not on device 3, whose buffers must grow to
+	 * all 16 samples (counting the largest slot alone would let it fit) */
+	double half = mem / 2, base8 = 8 * layout_saved_per_sample(&pl, c) +
+				       layout_state_bytes(&pl, c, 2);
+	sslice_t x = {c, 0, 1, 2, 0, 2, 3, 0, -1, 0}, y = {c, 1, 2, 2, 0, 3, 4, 0, -1, 0};
+	int32_t devs23[2] = {2, 3};
+	placer_commit(P, &x, devs23);
+	pl.mem_cap = 2 * base8 + half + 0.5;
+	int fit_y = placer_fitting(P, &y, NULL);
+	/* devices 1 and 4-7 are empty (they need base8 + half), 2 holds x;
+	 * 0 (a's 16 samples) and 3 are over */
+	assert_int_equal(fit_y, 6);
+	pl.mem_cap = 2 * base8 + 2 * half + 0.5;
+	assert_int_equal(placer_fitting(P, &y, NULL), fit_y + 1);
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	release_inputs(&in);

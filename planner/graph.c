@@ -192,18 +192,18 @@ static void graph_edges(planner_t *pl, const int *mop_of)
 				pl->edges[pl->n_edges++] = (sp_edge_t){
 					mop_of[base + n->inputs[q]], mi, off, len, 0};
 				off += len;
-				mo->width_in = (int)comp_out_width(&m->comps[src->comp]);
 			}
 			if (memory_of(m, n) >= 0)
 				pl->edges[pl->n_edges++] = (sp_edge_t){
 					mop_of[base + n->memory], mi, 0, (int)mo->shape.mem_seq, 1};
-			mo->seq_in = mo->source ? (int)n->seq : off;
-			if (mo->source)
-				mo->width_in = 0;
-			/* output: the last node of the chain */
+			/* input: the head's (off when it is not a source); output:
+			 * the last node of the chain's */
 			const sp_node_t *last = &t->nodes[pl->ops[mo->first_op + mo->n_layers - 1].node];
-			mo->seq_out = mo->sink ? 0 : (int)last->seq;
-			mo->width_out = mo->sink ? 0 : (int)comp_out_width(&m->comps[last->comp]);
+			sp_metaop_io_t io = metaop_io(m, t, n, last);
+			mo->seq_in = (int)io.seq_in;
+			mo->width_in = (int)io.width_in;
+			mo->seq_out = (int)io.seq_out;
+			mo->width_out = (int)io.width_out;
 		}
 	}
 }

@@ -245,6 +245,28 @@ sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *
 	return s;
 }
 
+sp_metaop_io_t metaop_io(const sp_model_t *m, const sp_task_t *t, const sp_node_t *head,
+			 const sp_node_t *last)
+{
+	sp_metaop_io_t io = {0, 0, 0, 0};
+	sp_comp_type_t type = m->comps[head->comp].type;
+	int one_token = type == COMP_CLASSIFIER || type == COMP_CONTRASTIVE;
+	if (comp_is_source(type)) {
+		io.seq_in = head->seq;
+	} else {
+		for (int q = 0; q < head->n_inputs; q++) {
+			const sp_node_t *src = &t->nodes[head->inputs[q]];
+			io.seq_in += one_token ? 1 : src->seq;
+			io.width_in = comp_out_width(&m->comps[src->comp]);
+		}
+	}
+	if (!comp_is_sink(m->comps[last->comp].type)) {
+		io.seq_out = last->seq;
+		io.width_out = comp_out_width(&m->comps[last->comp]);
+	}
+	return io;
+}
+
 int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b)
 {
 	return a->type == b->type && a->hidden == b->hidden && a->heads == b->heads &&

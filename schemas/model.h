@@ -253,6 +253,16 @@ int64_t opt_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
 int comp_is_source(sp_comp_type_t t);
 int comp_is_sink(sp_comp_type_t t);
 int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b);
+/* A MetaOp's value shapes, from the nodes its chain starts and ends with
+ * (graph.c makes them so, the plan reader requires it): a source reads
+ * its own seq tokens (width 0), any other MetaOp its head's inputs
+ * concatenated (one token each for a loss that reads one per sample); a
+ * sink writes nothing. */
+typedef struct {
+	int64_t seq_in, width_in, seq_out, width_out;
+} sp_metaop_io_t;
+sp_metaop_io_t metaop_io(const sp_model_t *m, const sp_task_t *t, const sp_node_t *head,
+			 const sp_node_t *last);
 /* "transformer h1280 a16 f5120 s257", with " memory m257 w1024" for
  * cross-attention — for reports. */
 void opshape_str(char *buf, size_t cap, const sp_opshape_t *s);

@@ -421,7 +421,32 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 					    i);
 			if (chk_op_memory(d, md, t, n, m, i, &head_memory))
 				return d->rc;
+			/* the layers run with the metaop's shape, the parameters
+			 * are sized by the node's component: they must agree */
+			sp_opshape_t want = op_shape(md, t, n);
+			if (!opshape_equal(&m->shape, &want)) {
+				char got_s[160], want_s[160];
+				opshape_str(got_s, sizeof got_s, &m->shape);
+				opshape_str(want_s, sizeof want_s, &want);
+				return pr_fail(d, "node", "metaops[%d] has shape '%s' but node "
+							 "'%s' of its layer %d is '%s' in the model",
+					    i, got_s, n->id, o->layer, want_s);
+			}
 		}
+		/* its values' shapes follow from its first and last nodes */
+		pr_at(d, "metaops", i);
+		sp_metaop_io_t io =
+			metaop_io(md, t, &t->nodes[p->ops[m->first_op].node],
+				  &t->nodes[p->ops[m->first_op + m->n_layers - 1].node]);
+		if (m->seq_in != io.seq_in || m->width_in != io.width_in ||
+		    m->seq_out != io.seq_out || m->width_out != io.width_out)
+			return pr_fail(d, "seq_in", "metaop '%s' reads [%d x %d] and writes "
+						    "[%d x %d], but its nodes in the model make "
+						    "[%lld x %lld] and [%lld x %lld]",
+				    m->name, (int)m->seq_in, (int)m->width_in, (int)m->seq_out,
+				    (int)m->width_out, (long long)io.seq_in,
+				    (long long)io.width_in, (long long)io.seq_out,
+				    (long long)io.width_out);
 	}
 	return 0;
 }

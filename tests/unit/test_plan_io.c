@@ -221,11 +221,12 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	metaop(p, 4, 1, 1, 2, 7, 6, 16, 6, 16, "clip/i");
 	metaop(p, 5, 1, 2, 1, 9, 5, 0, 5, 16, "clip/c_in");
 	metaop(p, 6, 1, 3, 4, 10, 5, 16, 5, 16, "clip/c");
-	metaop(p, 7, 1, 4, 1, 14, 11, 16, 0, 0, "clip/loss");
+	/* a contrastive loss reads one token per input (graph.c, metaop_io) */
+	metaop(p, 7, 1, 4, 1, 14, 2, 16, 0, 0, "clip/loss");
 
 	static const sp_edge_t edges[] = {{0, 1, 0, 8, 0}, {1, 2, 0, 8, 0},
 					  {3, 4, 0, 6, 0}, {5, 6, 0, 5, 0},
-					  {4, 7, 0, 6, 0}, {6, 7, 6, 5, 0}};
+					  {4, 7, 0, 1, 0}, {6, 7, 1, 1, 0}};
 	p->n_edges = SP_ARRAY_LEN(edges);
 	NEW(p->edges, p->n_edges);
 	memcpy(p->edges, edges, sizeof edges);
@@ -296,14 +297,14 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	in[4] = ins(INS_RECV, -1, 0, 2);
 	in[4].peer = 1;
 	in[4].tag = 1;
-	in[4].seq_len = 6;
+	in[4].seq_len = 1;
 	in[4].dst = vref(7, 0, 0, 0);
 	in[5] = ins(INS_LOSS, 8, 0, 2);
 	in[6] = ins(INS_BWD, 4, 0, 8);
 	in[7] = ins(INS_COPY, -1, 0, 2);
-	in[7].seq_len = 5;
+	in[7].seq_len = 1;
 	in[7].src = vref(6, 4, 0, 0);
-	in[7].dst = vref(7, 0, 0, 6);
+	in[7].dst = vref(7, 0, 0, 1);
 	in[8] = ins(INS_SYNC, -1, 0, 0);
 	in[8].peer = 0;
 	in[9] = ins(INS_STEP, -1, 0, 0);
@@ -313,7 +314,7 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	in[12] = ins(INS_SEND, -1, 0, 2);
 	in[12].peer = 0;
 	in[12].tag = 1;
-	in[12].seq_len = 6;
+	in[12].seq_len = 1;
 	in[12].src = vref(4, 2, 0, 0);
 	in[13] = ins(INS_FWD, 5, 0, 4);
 	in[14] = ins(INS_BWD, 3, 0, 4);
@@ -1120,8 +1121,8 @@ static void test_indices(void **state)
 			      "3 is outside [-1, 2]");
 	expect_patch_rejected(f, 18, 12, 28, 2, "instructions[12].src.grad",
 			      "2 is outside [0, 1]");
-	expect_patch_rejected(f, 18, 12, 32, 1, "instructions[12].src.seq_off",
-			      "range [1, 7) is outside the 6 tokens of the value");
+	expect_patch_rejected(f, 18, 12, 32, 6, "instructions[12].src.seq_off",
+			      "range [6, 7) is outside the 6 tokens of the value");
 	/* a compute instruction's values must be the ones its slice implies
 	 * (the runtime indexes them): a foreign metaop or layer is refused */
 	expect_patch_rejected(f, 18, 0, 20, 100000, "instructions[0].src",
@@ -1151,13 +1152,24 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 8, 6, 80, 12, "metaops[6].first_op",
 			      "range [12, 16) is outside the 15 ops");
 	expect_patch_rejected(f, 8, 0, 0, 2, "metaops[0].task", "task 2 does not exist");
+	/* a metaop's shape and value shapes are its nodes' in the model (the
+	 * runtime runs layers with the shape and sizes parameters and buffers
+	 * by the model: a crafted shape read past them) */
+	expect_patch_rejected(f, 8, 1, 8, 32, "ops[1].node",
+			      "metaops[1] has shape 'transformer h32");
+	expect_patch_rejected(f, 8, 0, 32, 64, "ops[0].node", "node 't_in' of its layer 0 is");
+	expect_patch_rejected(f, 8, 1, 84, 7, "metaops[1].seq_in",
+			      "metaop 'lm/t' reads [7 x 16] and writes [8 x 16], but its nodes "
+			      "in the model make [8 x 16] and [8 x 16]");
+	expect_patch_rejected(f, 8, 2, 96, 16, "metaops[2].seq_in", "writes [0 x 16]");
+	expect_patch_rejected(f, 9, 5, 0, 1, "ops[5].node", "metaops[2] has shape");
 	/* ops: node 0, layer 4 */
 	expect_patch_rejected(f, 9, 8, 4, 2, "ops[8].layer",
 			      "layer 2 is outside the layers [0, 2) of node 'i'");
 	expect_patch_rejected(f, 9, 0, 0, 3, "ops[0].node", "node 3 does not exist");
 	/* edges: src 0, dst 4, seq_off 8, seq_len 12 */
 	expect_patch_rejected(f, 10, 5, 8, 7, "edges[5].seq_off",
-			      "range [7, 12) is outside the 11 tokens");
+			      "range [7, 8) is outside the 2 tokens");
 	/* buckets: n_dev 0, dev_off 4, n_params 8, param_off 12 */
 	expect_patch_rejected(f, 14, 0, 4, 2, "buckets[0].dev_off",
 			      "not ascending and distinct (0 after 1)");
@@ -1417,7 +1429,7 @@ static void test_util(void **state)
 	plan_value_shape(&f->plan, 3, 1, &seq, &width);
 	assert_true(seq == 6 && width == 16);
 	plan_value_shape(&f->plan, 7, 0, &seq, &width);
-	assert_true(seq == 11 && width == 16);
+	assert_true(seq == 2 && width == 16);
 	plan_value_shape(&f->plan, 7, 1, &seq, &width);
 	assert_true(seq == 0 && width == 0);
 	plan_release(NULL);

@@ -137,35 +137,6 @@ void data_labels(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m, uint
 	}
 }
 
-/* Follows position pos of node back to an embedding node; -1 if features. */
-static int trace_position(const sp_task_t *t, const sp_model_t *m, int node, int64_t pos,
-			  int64_t *out_pos)
-{
-	for (int guard = 0; guard < SP_MAX_NODES; guard++) {
-		const sp_node_t *n = &t->nodes[node];
-		sp_comp_type_t ty = m->comps[n->comp].type;
-		if (ty == COMP_EMBEDDING) {
-			*out_pos = pos;
-			return node;
-		}
-		if (ty == COMP_PATCH || n->n_inputs == 0)
-			return -1;
-		if (ty == COMP_TRANSFORMER && n->n_inputs > 1) {
-			int k = 0;
-			while (k < n->n_inputs && pos >= t->nodes[n->inputs[k]].seq) {
-				pos -= t->nodes[n->inputs[k]].seq;
-				k++;
-			}
-			if (k == n->n_inputs)
-				return -1;
-			node = n->inputs[k];
-		} else {
-			node = n->inputs[0];
-		}
-	}
-	return -1;
-}
-
 /*
  * The target of position q of embedding node e's stream in sample s: the
  * next token (synthetic: of the endless stream; dataset: -1 when q + 1 is
@@ -193,7 +164,7 @@ void data_lm_targets(int32_t *out, const rt_dataset_t *ds, const sp_model_t *m,
 	int64_t seq = n->seq, LV = m->comps[n->comp].vocab;
 	for (int64_t p = 0; p < seq; p++) {
 		int64_t q = 0;
-		int e = trace_position(t, m, src, p, &q);
+		int e = node_trace_position(m, t, src, p, &q);
 		for (int64_t s = s0; s < s1; s++)
 			out[(s - s0) * seq + p] =
 				e < 0 ? -1 : next_token(ds, m, seed, step, task, e, q, s, LV);

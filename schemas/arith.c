@@ -245,6 +245,34 @@ sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *
 	return s;
 }
 
+int node_trace_position(const sp_model_t *m, const sp_task_t *t, int node, int64_t pos,
+			int64_t *out_pos)
+{
+	for (int guard = 0; guard < SP_MAX_NODES; guard++) {
+		const sp_node_t *n = &t->nodes[node];
+		sp_comp_type_t ty = m->comps[n->comp].type;
+		if (ty == COMP_EMBEDDING) {
+			*out_pos = pos;
+			return node;
+		}
+		if (ty == COMP_PATCH || n->n_inputs == 0)
+			return -1;
+		if (ty == COMP_TRANSFORMER && n->n_inputs > 1) {
+			int k = 0;
+			while (k < n->n_inputs && pos >= t->nodes[n->inputs[k]].seq) {
+				pos -= t->nodes[n->inputs[k]].seq;
+				k++;
+			}
+			if (k == n->n_inputs)
+				return -1;
+			node = n->inputs[k];
+		} else {
+			node = n->inputs[0];
+		}
+	}
+	return -1;
+}
+
 sp_metaop_io_t metaop_io(const sp_model_t *m, const sp_task_t *t, const sp_node_t *head,
 			 const sp_node_t *last)
 {

@@ -253,6 +253,12 @@ int64_t opt_state_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
 int comp_is_source(sp_comp_type_t t);
 int comp_is_sink(sp_comp_type_t t);
 int opshape_equal(const sp_opshape_t *a, const sp_opshape_t *b);
+/* Follows position pos of node's output back to the embedding node whose
+ * token it carries (through transformers, which concatenate their inputs
+ * along seq, and one-input components): that node, with *out_pos its
+ * position there; -1 where it comes from features (a patch) or nowhere. */
+int node_trace_position(const sp_model_t *m, const sp_task_t *t, int node, int64_t pos,
+			int64_t *out_pos);
 /* A MetaOp's value shapes, from the nodes its chain starts and ends with
  * (graph.c makes them so, the plan reader requires it): a source reads
  * its own seq tokens (width 0), any other MetaOp its head's inputs

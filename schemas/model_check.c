@@ -238,6 +238,30 @@ static int check_seqs(const model_report_t *r, const sp_model_t *m, const sp_tas
 	return 0;
 }
 
+/*
+ * An LM head's loss is next-token prediction on the token stream its
+ * positions come from (runtime/data.c): at least one position must trace
+ * back to an embedding, else every target is ignored, the loss is 0 and
+ * nothing trains.
+ */
+static int check_lm_targets(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+			    int ti, int i)
+{
+	const sp_node_t *n = &t->nodes[i];
+	if (m->comps[n->comp].type != COMP_LM_HEAD || n->n_inputs < 1)
+		return 0;
+	int64_t q;
+	for (int64_t p = 0; p < n->seq; p++)
+		if (node_trace_position(m, t, n->inputs[0], p, &q) >= 0)
+			return 0;
+	return bad(r, ti, i, "inputs", 0,
+		   "feed the lm_head a stream that starts at an embedding node (a transformer "
+		   "over token embeddings, possibly with other inputs concatenated)",
+		   "lm_head node '%s' has no token position: none of its %lld positions comes "
+		   "from an embedding, so its next-token loss has no targets and trains nothing",
+		   n->id, (long long)n->seq);
+}
+
 /* The memory node of node n (cross-attention), or -1. */
 static int memory_of(const sp_model_t *m, const sp_node_t *n)
 {
@@ -375,7 +399,8 @@ int model_check_task(const sp_model_t *m, int ti, const model_report_t *r)
 	if ((rc = check_arity(r, m, t, ti)) || (rc = check_acyclic(r, t, ti)))
 		return rc;
 	for (int i = 0; i < t->n_nodes; i++)
-		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)))
+		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)) ||
+		    (rc = check_lm_targets(r, m, t, ti, i)))
 			return rc;
 	if ((rc = check_memories(r, m, t, ti)))
 		return rc;

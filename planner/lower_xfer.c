@@ -334,18 +334,46 @@ static int emit_slice(lstate_t *st, int i, int grad)
 	return 0;
 }
 
-/* Forward slices in schedule order, then backward slices in reverse order
- * (losses did theirs). */
+/* The slices of task (all of them: -1): forward slices in schedule order,
+ * then backward slices in reverse order (losses did theirs). */
+static int emit_pass(lstate_t *st, int task)
+{
+	const sched_t *s = st->s;
+	const metaop_t *mops = st->pl->mops;
+	for (int ii = 0; ii < s->n; ii++) {
+		int i = st->order[ii];
+		if ((task < 0 || mops[s->s[i].metaop].task == task) && emit_slice(st, i, 0))
+			return SP_ENOMEM;
+	}
+	for (int ii = s->n - 1; ii >= 0; ii--) {
+		int i = st->order[ii];
+		const metaop_t *mo = &mops[s->s[i].metaop];
+		if ((task < 0 || mo->task == task) && !mo->sink && emit_slice(st, i, 1))
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
+/* One pass over every slice; task by task (algo_task_by_task: tasks in the
+ * order their first slice comes, each one's backward before the next
+ * one's forward: a task's values only flow inside the task, so every
+ * RECV still follows its SEND). */
 static int emit_all(lstate_t *st)
 {
 	const sched_t *s = st->s;
-	for (int ii = 0; ii < s->n; ii++)
-		if (emit_slice(st, st->order[ii], 0))
-			return SP_ENOMEM;
-	for (int ii = s->n - 1; ii >= 0; ii--) {
-		int i = st->order[ii];
-		if (!st->pl->mops[s->s[i].metaop].sink && emit_slice(st, i, 1))
-			return SP_ENOMEM;
+	if (!algo_task_by_task(s->algo))
+		return emit_pass(st, -1);
+	int T = st->pl->model->n_tasks;
+	uint8_t *done = sp_arena_calloc(st->a, (size_t)T + 1, 1);
+	if (!done)
+		return SP_ENOMEM;
+	for (int ii = 0; ii < s->n; ii++) {
+		int t = st->pl->mops[s->s[st->order[ii]].metaop].task;
+		if (!done[t]) {
+			done[t] = 1;
+			if (emit_pass(st, t))
+				return SP_ENOMEM;
+		}
 	}
 	return 0;
 }

@@ -62,6 +62,10 @@ int algo_parse(const char *s, algo_t *out);
  * last gradient, transformer slices in chunks); 0: all SYNCs after the
  * last backward, as in the paper's algorithm and baseline. */
 int algo_overlaps_sync(algo_t a);
+/* Its programs run each task's backward right after that task's forward
+ * (the paper's baseline, §6.1: Megatron-LM/DeepSpeed accumulate gradients
+ * task by task), instead of every forward, then every backward. */
+int algo_task_by_task(algo_t a);
 
 /* ---- graph.c: task DAG → MetaOps ------------------------------------------ */
 

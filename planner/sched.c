@@ -30,17 +30,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The algorithms: name, sync overlapped with backward. */
+/* The algorithms: name, sync overlapped with backward, each task's
+ * backward right after its forward (gradients accumulated task by task). */
 static const struct {
 	const char *name;
-	int overlap;
+	int overlap, task_by_task;
 } algos[ALGO__COUNT] = {
-	[ALGO_SPINDLE] = {"spindle", 1},
-	[ALGO_PAPER] = {"spindle-paper", 0},
-	[ALGO_SEQUENTIAL] = {"sequential", 1},
-	[ALGO_TASK_LEVEL] = {"task-level", 1},
-	[ALGO_DISTMM] = {"distmm-mt", 1},
-	[ALGO_SEQUENTIAL_PAPER] = {"sequential-paper", 0},
+	[ALGO_SPINDLE] = {"spindle", 1, 0},
+	[ALGO_PAPER] = {"spindle-paper", 0, 0},
+	[ALGO_SEQUENTIAL] = {"sequential", 1, 0},
+	[ALGO_TASK_LEVEL] = {"task-level", 1, 0},
+	[ALGO_DISTMM] = {"distmm-mt", 1, 0},
+	[ALGO_SEQUENTIAL_PAPER] = {"sequential-paper", 0, 1},
 };
 
 const char *algo_name(algo_t a)
@@ -51,6 +52,11 @@ const char *algo_name(algo_t a)
 int algo_overlaps_sync(algo_t a)
 {
 	return (unsigned)a < ALGO__COUNT && algos[a].overlap;
+}
+
+int algo_task_by_task(algo_t a)
+{
+	return (unsigned)a < ALGO__COUNT && algos[a].task_by_task;
 }
 
 int algo_parse(const char *s, algo_t *out)

@@ -1,8 +1,8 @@
 /*
  * memplan.c — predicted memory of every device (the formula lives in
  * schemas/plan_mem.c, shared with the verifier and the runtime: it counts
- * a decoder's memory act(c, -1) and its gradient for the union of the
- * device's samples of c, its cross-attention activations and backward
+ * a decoder's memory act(c, -1) and its gradient for the span of the
+ * device's samples of c (lowest to highest), its cross-attention activations and backward
  * workspace) and, when a device is over its cap, an explanation: which
  * device, by how much, and which parameters, activations or decoder
  * memories make it so.

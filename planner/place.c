@@ -17,9 +17,10 @@
  * stays inside as few NVLink islands as possible. A device whose memory
  * (held parameter state + saved activations, as memplan counts them, and a
  * decoder's memory buffers act(c, -1) and grad(c, -1) once per device for
- * the union of the samples its slots of c hold, as the lowering moves
- * them) would exceed the cap is taken only when nothing else is free;
- * memplan then reports the overflow.
+ * the span from the lowest to the highest sample its slots of c hold, as
+ * plan_mem.c counts them and the runtime allocates them) would exceed the
+ * cap is taken only when nothing else is free; memplan then reports the
+ * overflow.
  *
  * Naive placement (the comparison baseline): the lowest-numbered free
  * devices, in slice order.
@@ -48,10 +49,10 @@ struct placer {
 	int *param_base, n_params;
 	int32_t *last_devs; /* [MetaOp][N]: devices of its latest slice */
 	int *last_n;
-	uint64_t *mem_bits; /* a decoder's samples whose memory buffers are
-			     * counted on each device: bit i of device d's
-			     * row at mem_off[m] + d * mem_words[m] */
-	int64_t *mem_off, *mem_words; /* [MetaOp]: 0 words for the rest */
+	int32_t *mem_span; /* [MetaOp][N][2]: the samples [lo, hi) of a
+			    * decoder's memory buffers counted on each device
+			    * (lo >= hi: none); decoders only (mem_row) */
+	int *mem_row;      /* [MetaOp]: its row in mem_span, or -1 */
 	double *on, *island, *node_score;
 	int *node_order, *node_cnt, *node_head, *cand_next;
 	cand_t *cand;
@@ -96,18 +97,12 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
 	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
 	P->last_n = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
-	P->mem_off = sp_arena_calloc(a, (size_t)M + 1, sizeof(int64_t));
-	P->mem_words = sp_arena_calloc(a, (size_t)M + 1, sizeof(int64_t));
-	int64_t words = 0;
-	for (int m = 0; P->mem_off && P->mem_words && m < M; m++)
-		if (pl->mops[m].shape.mem_seq > 0) {
-			P->mem_off[m] = words;
-			P->mem_words[m] = (pl->mops[m].batch + 63) / 64;
-			words += P->mem_words[m] * N;
-		}
-	/* rows for decoders only (memory_more reads no other MetaOp's); a
-	 * decoder of batch 4096 on 1024 devices takes 512 KiB */
-	P->mem_bits = sp_arena_calloc(a, (size_t)words + 1, sizeof(uint64_t));
+	P->mem_row = sp_arena_calloc(a, (size_t)M + 1, sizeof(int));
+	int decoders = 0;
+	for (int m = 0; P->mem_row && m < M; m++)
+		P->mem_row[m] = pl->mops[m].shape.mem_seq > 0 ? decoders++ : -1;
+	/* rows for decoders only: calloc's zeros are empty spans */
+	P->mem_span = sp_arena_calloc(a, (size_t)decoders * (size_t)N * 2 + 1, sizeof(int32_t));
 	P->on = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->island = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->node_score = sp_arena_calloc(a, (size_t)nodes, sizeof(double));
@@ -117,8 +112,8 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
 	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
-	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_bits || !P->mem_off ||
-	    !P->mem_words || !P->on ||
+	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_span || !P->mem_row ||
+	    !P->on ||
 	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
 	    !P->cand_next)
@@ -157,25 +152,21 @@ static void slot_samples(const metaop_t *mo, const sslice_t *x, int j, int32_t *
 		*a0 = 0, *a1 = (int32_t)mo->batch;
 }
 
-/* Samples [a0, a1) of decoder x's memory buffers (act(c, -1), grad(c, -1))
- * on device d that are not counted there yet; 0 for other MetaOps. With
- * set, counts them from now on. */
+/* Samples by which decoder x's memory buffers (act(c, -1), grad(c, -1)) on
+ * device d grow when they also hold [a0, a1): their span [lo, hi) widened
+ * to cover it; 0 for other MetaOps. With set, the span grows. */
 static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int32_t a0, int32_t a1,
 			   int set)
 {
-	int m = x->metaop;
-	if (P->mem_words[m] == 0)
+	int r = P->mem_row[x->metaop];
+	if (r < 0 || a1 <= a0)
 		return 0;
-	uint64_t *row = P->mem_bits + P->mem_off[m] + (int64_t)d * P->mem_words[m];
-	int64_t more = 0;
-	for (int32_t i = a0; i < a1; i++) {
-		uint64_t bit = (uint64_t)1 << (i % 64);
-		if (!(row[i / 64] & bit)) {
-			more++;
-			if (set)
-				row[i / 64] |= bit;
-		}
-	}
+	int32_t *span = P->mem_span + ((size_t)r * (size_t)P->pl->N + (size_t)d) * 2;
+	int32_t lo = span[0] < span[1] ? SP_MIN(span[0], a0) : a0;
+	int32_t hi = span[0] < span[1] ? SP_MAX(span[1], a1) : a1;
+	int64_t more = (int64_t)(hi - lo) - (int64_t)(span[1] - span[0]);
+	if (set)
+		span[0] = lo, span[1] = hi;
 	return more;
 }
 

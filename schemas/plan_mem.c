@@ -17,10 +17,11 @@
  *          forward instructions precede all backward ones, so the peak is
  *          their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
- *          device touches, over the union of its sample ranges — a
+ *          device touches, over the span of its sample ranges (lowest to
+ *          highest sample, as the runtime allocates it) — a
  *          decoder's memory act(c, -1) [mem_seq, mem_width] per sample is
  *          touched by every FWD and BWD of c, and grad(c, -1) by every BWD,
- *          so both are held for the union of the device's samples of c,
+ *          so both are held for the span of the device's samples of c,
  *          whether or not the transfers that fill and drain them are there
  *          yet; plus staging:
  *          every SEND's bytes (sends stay outstanding until the step ends)

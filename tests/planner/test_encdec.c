@@ -510,7 +510,7 @@ static void test_placer_memory(void **state)
 	assert_int_equal(placer_fitting(P, &b, NULL), 8);
 	pl.mem_cap = 2 * base + mem - 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 7);
-	/* the union of a device's samples: x on {2, 3} puts samples [8, 16)
+	/* all of a device's samples: x on {2, 3} puts samples [8, 16)
 	 * on device 3; y's first slot, [0, 8), fits on device 2 (its memory
 	 * counted already) but not on device 3, whose buffers must grow to
 	 * all 16 samples (counting the largest slot alone would let it fit) */
@@ -526,6 +526,24 @@ static void test_placer_memory(void **state)
 	assert_int_equal(fit_y, 6);
 	pl.mem_cap = 2 * base8 + 2 * half + 0.5;
 	assert_int_equal(placer_fitting(P, &y, NULL), fit_y + 1);
+	/* a gap: the buffers cover the span from the lowest to the highest
+	 * sample (plan_mem.c, the runtime), not the union. On a fresh placer,
+	 * z on {4, 5, 6, 7} (4 samples each); w's first slot, [0, 4), widens
+	 * device 7's span [12, 16) to [0, 16): 12 samples more, not 4 */
+	placer_t *Q = NULL;
+	assert_int_equal(placer_new(&Q, &pl, PLACE_SPINDLE), 0);
+	double q = mem / 16, b4 = 4 * layout_saved_per_sample(&pl, c) +
+				  layout_state_bytes(&pl, c, 4);
+	sslice_t z = {c, 0, 1, 4, 0, 0, 1, 0, -1, 0}, w = {c, 1, 2, 4, 0, 1, 2, 0, -1, 0};
+	int32_t devs47[4] = {4, 5, 6, 7};
+	placer_commit(Q, &z, devs47);
+	/* 0-3: b4 + 4q; 4: 2 b4 + 4q; 5: + 8q; 6: + 12q; 7: + 16q (union: 8q) */
+	pl.mem_cap = 2 * b4 + 12 * q + 0.5;
+	assert_int_equal(placer_fitting(Q, &w, NULL), 7);
+	pl.mem_cap = 2 * b4 + 16 * q - 0.5;
+	assert_int_equal(placer_fitting(Q, &w, NULL), 7);
+	pl.mem_cap = 2 * b4 + 16 * q + 0.5;
+	assert_int_equal(placer_fitting(Q, &w, NULL), 8);
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	release_inputs(&in);

@@ -23,7 +23,7 @@ static void usage(FILE *f)
 		"  --compare            plan with every algorithm (default: ours and sequential)\n"
 		"  --json               print the report as JSON\n"
 		"  --algo NAME          spindle (default), spindle-paper, sequential,\n"
-		"                       task-level, distmm-mt\n"
+		"                       task-level, distmm-mt, sequential-paper\n"
 		"  --placement KIND     spindle (default) or naive\n"
 		"  --mem-reserve GIB    memory kept free on every device\n"
 		"                       (default: 2 GiB or 10%% of it, whichever is less)\n"

@@ -240,26 +240,49 @@ static int check_seqs(const model_report_t *r, const sp_model_t *m, const sp_tas
 
 /*
  * An LM head's loss is next-token prediction on the token stream its
- * positions come from (runtime/data.c): at least one position must trace
- * back to an embedding, else every target is ignored, the loss is 0 and
- * nothing trains.
+ * positions come from (runtime/data.c, node_trace_position): at least one
+ * position must trace back to an embedding, else every target is ignored,
+ * the loss is 0 and nothing trains. With check_seqs' rules (a transformer's
+ * seq is its inputs' summed, every other one-input node keeps its input's)
+ * every input of a node owns some of its positions, so that is: an
+ * embedding is reachable back through inputs (all of a transformer's, the
+ * first of any other node's) without passing a patch. tokens[] memoises
+ * it per node: 0 unknown, 1 yes, 2 no.
  */
-static int check_lm_targets(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
-			    int ti, int i)
+static int has_tokens(const sp_model_t *m, const sp_task_t *t, int node, uint8_t *tokens)
 {
-	const sp_node_t *n = &t->nodes[i];
-	if (m->comps[n->comp].type != COMP_LM_HEAD || n->n_inputs < 1)
-		return 0;
-	int64_t q;
-	for (int64_t p = 0; p < n->seq; p++)
-		if (node_trace_position(m, t, n->inputs[0], p, &q) >= 0)
-			return 0;
-	return bad(r, ti, i, "inputs", 0,
-		   "feed the lm_head a stream that starts at an embedding node (a transformer "
-		   "over token embeddings, possibly with other inputs concatenated)",
-		   "lm_head node '%s' has no token position: none of its %lld positions comes "
-		   "from an embedding, so its next-token loss has no targets and trains nothing",
-		   n->id, (long long)n->seq);
+	if (tokens[node])
+		return tokens[node] == 1;
+	const sp_node_t *n = &t->nodes[node];
+	sp_comp_type_t ty = m->comps[n->comp].type;
+	int yes = ty == COMP_EMBEDDING;
+	if (!yes && ty != COMP_PATCH) {
+		int k_end = ty == COMP_TRANSFORMER ? n->n_inputs : SP_MIN(n->n_inputs, 1);
+		for (int k = 0; k < k_end && !yes; k++)
+			yes = has_tokens(m, t, n->inputs[k], tokens);
+	}
+	tokens[node] = yes ? 1 : 2;
+	return yes;
+}
+
+static int check_lm_targets(const model_report_t *r, const sp_model_t *m, const sp_task_t *t,
+			    int ti, uint8_t *tokens)
+{
+	for (int i = 0; i < t->n_nodes; i++) {
+		const sp_node_t *n = &t->nodes[i];
+		if (m->comps[n->comp].type != COMP_LM_HEAD || n->n_inputs < 1 ||
+		    has_tokens(m, t, n->inputs[0], tokens))
+			continue;
+		return bad(r, ti, i, "inputs", 0,
+			   "feed the lm_head a stream that starts at an embedding node (a "
+			   "transformer over token embeddings, possibly with other inputs "
+			   "concatenated)",
+			   "lm_head node '%s' has no token position: none of its %lld positions "
+			   "comes from an embedding, so its next-token loss has no targets and "
+			   "trains nothing",
+			   n->id, (long long)n->seq);
+	}
+	return 0;
 }
 
 /* The memory node of node n (cross-attention), or -1. */
@@ -399,9 +422,15 @@ int model_check_task(const sp_model_t *m, int ti, const model_report_t *r)
 	if ((rc = check_arity(r, m, t, ti)) || (rc = check_acyclic(r, t, ti)))
 		return rc;
 	for (int i = 0; i < t->n_nodes; i++)
-		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)) ||
-		    (rc = check_lm_targets(r, m, t, ti, i)))
+		if ((rc = check_widths(r, m, t, ti, i)) || (rc = check_seqs(r, m, t, ti, i)))
 			return rc;
+	uint8_t *tokens = calloc((size_t)t->n_nodes + 1, 1);
+	if (!tokens)
+		return no_memory(r);
+	rc = check_lm_targets(r, m, t, ti, tokens);
+	free(tokens);
+	if (rc)
+		return rc;
 	if ((rc = check_memories(r, m, t, ti)))
 		return rc;
 	return check_reach(r, m, t, ti);

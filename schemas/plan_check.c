@@ -438,9 +438,13 @@ static int check_metaops(dec_t *d, const sp_plan_t *p)
 		sp_metaop_io_t io =
 			metaop_io(md, t, &t->nodes[p->ops[m->first_op].node],
 				  &t->nodes[p->ops[m->first_op + m->n_layers - 1].node]);
-		if (m->seq_in != io.seq_in || m->width_in != io.width_in ||
-		    m->seq_out != io.seq_out || m->width_out != io.width_out)
-			return pr_fail(d, "seq_in", "metaop '%s' reads [%d x %d] and writes "
+		const char *field = m->seq_in != io.seq_in       ? "seq_in"
+				    : m->width_in != io.width_in   ? "width_in"
+				    : m->seq_out != io.seq_out     ? "seq_out"
+				    : m->width_out != io.width_out ? "width_out"
+								   : NULL;
+		if (field)
+			return pr_fail(d, field, "metaop '%s' reads [%d x %d] and writes "
 						    "[%d x %d], but its nodes in the model make "
 						    "[%lld x %lld] and [%lld x %lld]",
 				    m->name, (int)m->seq_in, (int)m->width_in, (int)m->seq_out,

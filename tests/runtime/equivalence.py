@@ -36,7 +36,8 @@ import workloads as W  # noqa: E402
 ROOT = os.environ["SPINDLE_ROOT"]
 RUN = os.environ["SPINDLE_RUN"]
 STEPS = 3
-ALGOS = ["spindle", "spindle-paper", "sequential", "task-level", "distmm-mt"]
+ALGOS = ["spindle", "spindle-paper", "sequential", "task-level", "distmm-mt",
+         "sequential-paper"]
 
 
 def load_dump(path):

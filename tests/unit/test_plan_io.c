@@ -1161,7 +1161,7 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 8, 1, 84, 7, "metaops[1].seq_in",
 			      "metaop 'lm/t' reads [7 x 16] and writes [8 x 16], but its nodes "
 			      "in the model make [8 x 16] and [8 x 16]");
-	expect_patch_rejected(f, 8, 2, 96, 16, "metaops[2].seq_in", "writes [0 x 16]");
+	expect_patch_rejected(f, 8, 2, 96, 16, "metaops[2].width_out", "writes [0 x 16]");
 	expect_patch_rejected(f, 9, 5, 0, 1, "ops[5].node", "metaops[2] has shape");
 	/* ops: node 0, layer 4 */
 	expect_patch_rejected(f, 9, 8, 4, 2, "ops[8].layer",

@@ -314,7 +314,10 @@ void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs)
 		P->mem[d] += slice_mem(P, x, d, j);
 		int32_t a0, a1;
 		sample_range(pl->mops[x->metaop].batch, j, x->n, &a0, &a1);
-		P->mem_samples[(size_t)x->metaop * pl->N + d] += memory_more(P, x, d, a1 - a0);
+		/* mem_samples has room for decoders only (placer_new) */
+		if (pl->mops[x->metaop].shape.mem_seq > 0)
+			P->mem_samples[(size_t)x->metaop * pl->N + d] +=
+				memory_more(P, x, d, a1 - a0);
 		for (int l = x->lf; l < x->lt; l++) {
 			int pid = param_id(P, x->metaop, l);
 			P->held[(size_t)d * P->n_params + pid] = 1;

@@ -112,6 +112,8 @@ typedef struct planner {
 	 * auto: opts->tp; COST_WHOLE: 1); has_whole: cost_build made a
 	 * whole-layer set that differs from the auto one */
 	int tables, tp_force, has_whole;
+	/* cost.c: cost_layer_tp's memo (NULL: none; cost_build makes it) */
+	struct cost_memo *memo;
 	metaop_t *mops;
 	sp_op_t *ops;
 	sp_edge_t *edges;

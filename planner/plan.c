@@ -43,29 +43,48 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → tensor-parallel degrees → programs → memory → layouts that fit (the auto
- * choices of zero-1 and recompute) → simulation → for ours (1 for our
- * algorithm's plans) zero-1 where not slower, for one algorithm (ours:
- * candidate c). Leaves the schedule and placement in pl->scratch for
- * the caller to reset; SCHED_NOTHING_NEW passed up. */
-static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
-			  const sched_cand_t *c, place_kind_t kind, sp_plan_t *out,
-			  sim_result_t *res, double *over)
+/* schedule → placement → tensor-parallel degrees → programs → memory →
+ * layouts that fit (the auto choices of zero-1 and recompute), for one
+ * algorithm (ours: candidate c). Leaves the schedule and placement in
+ * pl->scratch for the caller to reset; SCHED_NOTHING_NEW passed up. The
+ * lowered plan needs nothing of them: plan_simulated may run later. */
+static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+			place_kind_t kind, sp_plan_t *out)
 {
 	sched_t s;
 	place_t pc;
 	int rc;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
-	    (rc = tp_run(pl, &s, &pc)) ||
-	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = layout_fit(pl, out)) || (rc = sim_run(pl, out, 1, res)) ||
-	    (ours && (rc = layout_trial(pl, out, res))))
+	    (rc = tp_run(pl, &s, &pc)) || (rc = lower_run(pl, &s, &pc, out)) ||
+	    (rc = memplan_run(pl, out, 0)) || (rc = layout_fit(pl, out)))
 		return rc;
-	/* the worst device's bytes over the cap: <= 0 when the plan fits */
+	return 0;
+}
+
+/* Lowered plan out → simulation → for ours (1 for our algorithm's plans)
+ * zero-1 where not slower; *over: the worst device's bytes over the cap
+ * (<= 0 when the plan fits). Reads only out and the planning run's
+ * constants (the cost model, the cluster), so it gives the same result
+ * whenever it runs. */
+static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
+			  double *over)
+{
+	int rc;
+	if ((rc = sim_run(pl, out, 1, res)) || (ours && (rc = layout_trial(pl, out, res))))
+		return rc;
 	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
 		*over = fmax(*over, (double)out->devices[d].mem_peak - pl->mem_cap);
 	return 0;
+}
+
+/* Both, for one algorithm (ours: candidate c). */
+static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
+			  const sched_cand_t *c, place_kind_t kind, sp_plan_t *out,
+			  sim_result_t *res, double *over)
+{
+	int rc = plan_lowered(pl, a, st, c, kind, out);
+	return rc ? rc : plan_simulated(pl, ours, out, res, over);
 }
 
 /* The sequential plan becomes ours (the candidate that reuses it). */
@@ -95,6 +114,88 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
 	return fits ? r->iteration_ms < res->iteration_ms * (1 - 1e-9) : f < over;
 }
 
+/* plan_one's bar (NULL: none): a plan that fits and that what plan_one
+ * chooses will be judged against, so that candidates known to lose to it
+ * need no simulation. BAR_LAST: the result of the table's last candidate,
+ * the one that reuses the sequential plan (seq); BAR_AFTER: the caller's
+ * plan, which plan_one's choice replaces only if plan_better says so. */
+typedef enum { BAR_LAST, BAR_AFTER } bar_kind_t;
+typedef struct {
+	bar_kind_t kind;
+	const sim_result_t *res;
+} bar_t;
+
+/* plan_one's answer besides 0 and the errors, for BAR_AFTER: no candidate
+ * beats the bar (the caller keeps its plan). */
+#define PLAN_NO_BETTER 3
+
+/* The float slack of plan_better's "faster": 1 - 1e-9 of the best. */
+#define FASTER (1 - 1e-9)
+
+/* A candidate lowered, not yet simulated (plan_one's held plans), with
+ * the lower bound lb of its simulated iteration (bound_sync). */
+typedef struct {
+	const sched_cand_t *c;
+	sp_plan_t p;
+	double lb;
+} held_t;
+
+/* The record of plan_one's walk: the best plan so far (none: !found). */
+typedef struct {
+	sp_plan_t *out;
+	sim_result_t *res;
+	double *over;
+	const sched_cand_t **chosen;
+	int *use_seq, found;
+} walk_t;
+
+/* Candidate c's simulated plan p (r, f) judged against the record. */
+static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
+		       double f, int from_seq)
+{
+	if (plan_better(w->found, r, f, w->res, *w->over)) {
+		plan_release(w->out);
+		*w->out = *p;
+		*w->res = *r;
+		*w->over = f;
+		w->found = 1;
+		if (w->chosen)
+			*w->chosen = c;
+		if (w->use_seq)
+			*w->use_seq = from_seq;
+	} else {
+		plan_release(p);
+	}
+}
+
+/*
+ * Lowered candidate c (plan p, bound lb) simulated and judged, unless the
+ * record fits and lb >= its iteration x FASTER: then the simulated
+ * iteration would be too (lb bounds it), and plan_better says no whether
+ * p fits or not (a plan that does not fit never beats one that does), so
+ * the record stays as the simulation would leave it.
+ */
+static int walk_lowered(walk_t *w, planner_t *pl, const sched_cand_t *c, sp_plan_t *p,
+			double lb)
+{
+	sim_result_t r;
+	double f = 0;
+	int rc;
+	if (w->found && *w->over <= 0 && lb >= w->res->iteration_ms * FASTER) {
+		plan_release(p);
+		return 0;
+	}
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	rc = plan_simulated(pl, 1, p, &r, &f);
+	sp_arena_reset(&pl->scratch, mark);
+	if (rc) {
+		plan_release(p);
+		return rc;
+	}
+	walk_judge(w, c, p, &r, f, 0);
+	return 0;
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -105,21 +206,56 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
  * *over is the chosen plan's worst device's bytes over the memory cap
  * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
  * reset) once it is judged.
+ *
+ * Ours simulates only what can change the choice; the choice is the one
+ * simulating every candidate in table order would make:
+ *  - a candidate whose sync bound (bound_sync, computed on its lowered
+ *    plan) cannot beat the record so far is not simulated (walk_lowered);
+ *  - with a bar, lowered candidates are held unsimulated while every one
+ *    so far has lb x FASTER > the bar's iteration. Each such X loses to
+ *    the bar whatever its memory: its iteration x FASTER exceeds the
+ *    bar's, so the bar is faster by plan_better's slack, and a plan that
+ *    fits beats one that does not. BAR_LAST: the last candidate, seq,
+ *    then beats whichever candidate the walk would hold as its record
+ *    (or none), so seq is the choice whatever the held ones simulate to;
+ *    BAR_AFTER: the record the walk ends with is one of them, seq (exact)
+ *    or none, and the caller's plan_better against the bar answers the
+ *    same for each (seq beats the bar only if faster than it, and then
+ *    beats every held one too), so PLAN_NO_BETTER (or seq) is what the
+ *    caller would have concluded. At the first candidate that is not so
+ *    bounded the held ones are simulated and judged in table order, as if
+ *    never held, and the walk goes on without holding. A held plan's
+ *    simulation waiting does not change it (plan_simulated reads only
+ *    the plan and the run's constants); a simulator failure (out of
+ *    memory, an internal error) of a held plan that never gets simulated
+ *    goes unseen.
  */
 static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
-		    const sim_result_t *seq_res, double seq_over, int *use_seq)
+		    const sim_result_t *seq_res, double seq_over, int *use_seq, const bar_t *bar)
 {
-	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, found = 0;
+	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
+	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
+	held_t *held = sp_arena_calloc(&pl->arena, (size_t)nc, sizeof *held);
+	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
+	/* hold only where the argument above holds: a bar that fits; for
+	 * BAR_LAST, seq is the last candidate and taken from seq */
+	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
+	int hold = ours && bar && bar->res && bar->res->iteration_ms > 0 &&
+		   (bar->kind == BAR_AFTER ||
+		    (seq_res && seq_over <= 0 && last->reuses_baseline &&
+		     !(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))));
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
+	if (!held)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int v = 0; v < nc; v++) {
-		const sched_cand_t *c = a == ALGO_SPINDLE ? &sched_cands[v] : NULL;
+		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
 		sp_plan_t p = {0};
 		sim_result_t r;
-		double f = 0;
-		int rc, from_seq = c && c->reuses_baseline && seq_res;
+		double f = 0, lb = 0;
+		int from_seq = c && c->reuses_baseline && seq_res;
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
@@ -128,10 +264,14 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			r = *seq_res;
 			f = seq_over;
 		} else {
-			rc = plan_candidate(pl, a, a == ALGO_SPINDLE, st, c, kind, &p, &r, &f);
+			rc = plan_lowered(pl, a, st, c, kind, &p);
+			if (!rc && ours)
+				rc = bound_sync(pl, &p, trial, &lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
-		if (rc == SCHED_NOTHING_NEW || (rc == SP_EINFEAS && (v + 1 < nc || found))) {
+		/* a held plan would have been the record: the walk has found one */
+		if (rc == SCHED_NOTHING_NEW ||
+		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
 			/* nothing new, or no schedule in memory: others may have one */
 			plan_release(&p);
 			memset(pl->err, 0, sizeof *pl->err);
@@ -139,27 +279,51 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 		}
 		if (rc) {
 			plan_release(&p);
-			plan_release(out);
-			return rc;
+			goto fail;
 		}
-		if (plan_better(found, &r, f, res, *over)) {
-			plan_release(out);
-			*out = p;
-			*res = r;
-			*over = f;
-			found = 1;
-			if (chosen)
-				*chosen = c;
-			if (use_seq)
-				*use_seq = from_seq;
-		} else {
-			plan_release(&p);
+		if (hold && !from_seq && lb * FASTER > bar->res->iteration_ms) {
+			held[n_held++] = (held_t){c, p, lb};
+			continue;
 		}
+		if (hold && !from_seq) { /* the first that may beat the bar */
+			hold = 0;
+			for (int h = 0; h < n_held; h++) {
+				held_t x = held[h];
+				held[h].p = (sp_plan_t){0};
+				if ((rc = walk_lowered(&w, pl, x.c, &x.p, x.lb))) {
+					plan_release(&p);
+					goto fail;
+				}
+			}
+			n_held = 0;
+		}
+		if (from_seq)
+			walk_judge(&w, c, &p, &r, f, 1);
+		else if (!ours) {
+			mark = sp_arena_mark(&pl->scratch);
+			rc = plan_simulated(pl, 0, &p, &r, &f);
+			sp_arena_reset(&pl->scratch, mark);
+			if (rc) {
+				plan_release(&p);
+				goto fail;
+			}
+			walk_judge(&w, c, &p, &r, f, 0);
+		} else if ((rc = walk_lowered(&w, pl, c, &p, lb)))
+			goto fail;
 	}
-	if (!found) /* every candidate left out or adding nothing */
+	for (int h = 0; h < n_held; h++)
+		plan_release(&held[h].p);
+	if (!w.found && n_held && bar->kind == BAR_AFTER)
+		return PLAN_NO_BETTER; /* every candidate loses to the bar */
+	if (!w.found) /* every candidate left out or adding nothing */
 		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 				  "%s: no candidate made a schedule", algo_name(a));
 	return 0;
+fail:
+	for (int h = 0; h < n_held; h++)
+		plan_release(&held[h].p);
+	plan_release(out);
+	return rc;
 }
 
 /*
@@ -251,10 +415,18 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	pl->err->warn_ctx = keep.warn_ctx;
 	if (seq_res && (rc = seq_same(pl, &same)))
 		return rc;
+	/* the auto plan, when it fits, is the bar the whole-layer one must beat */
+	bar_t bar = {BAR_AFTER, r};
 	cost_use(pl, COST_WHOLE);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
-			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq);
+			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
+			   !rc && *over <= 0 ? &bar : NULL);
 	cost_use(pl, COST_AUTO);
+	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
+		plan_release(&w);
+		*pl->err = keep;
+		return rc;
+	}
 	if (wrc && (wrc != SP_EINFEAS || rc)) {
 		plan_release(&w);
 		if (wrc == SP_EINFEAS) /* neither made a plan: the auto one's reason */
@@ -311,9 +483,11 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		sim_result_t r = {0};
 		double over = 0, t0 = now_ms();
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
+		/* ours ends with the sequential plan: the bar for the others */
+		bar_t bar = {BAR_LAST, &seq_res};
 		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
 				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-				  &use_seq);
+				  &use_seq, have_seq ? &bar : NULL);
 		if (a == ALGO_SPINDLE && pl->has_whole)
 			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
 					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);

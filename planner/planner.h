@@ -479,6 +479,10 @@ void bound_compute(planner_t *pl, bounds_t *out);
 /* Communication lower bound on placed plan p's iteration (bound.c's
  * header); 0 or SP_ENOMEM. */
 int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
+/* Lower bound on the simulated iteration of lowered plan p from its
+ * gradient sync alone (bound.c's header); any_layout: valid whatever
+ * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */

@@ -61,8 +61,8 @@ static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_c
 	return 0;
 }
 
-/* Lowered plan out → simulation → for ours (1 for our algorithm's plans)
- * zero-1 where not slower; *over: the worst device's bytes over the cap
+/* Lowered plan out → simulation (ours: sim_iteration) → for ours (1 for
+ * our algorithm's plans) zero-1 where not slower; *over: the worst device's bytes over the cap
  * (<= 0 when the plan fits). Reads only out and the planning run's
  * constants (the cost model, the cluster), so it gives the same result
  * whenever it runs. */
@@ -70,7 +70,10 @@ static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t 
 			  double *over)
 {
 	int rc;
-	if ((rc = sim_run(pl, out, 1, res)) || (ours && (rc = layout_trial(pl, out, res))))
+	/* ours judges many: the rest of the times only for the chosen one
+	 * (plan_one's sim_complete) */
+	if ((rc = ours ? sim_iteration(pl, out, res) : sim_run(pl, out, 1, res)) ||
+	    (ours && (rc = layout_trial(pl, out, res))))
 		return rc;
 	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
@@ -313,6 +316,15 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 	}
 	for (int h = 0; h < n_held; h++)
 		plan_release(&held[h].p);
+	if (w.found && res->partial) { /* the chosen plan's other times */
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = sim_complete(pl, out, res);
+		sp_arena_reset(&pl->scratch, mark);
+		if (rc) {
+			plan_release(out);
+			return rc;
+		}
+	}
 	if (!w.found && n_held && bar->kind == BAR_AFTER)
 		return PLAN_NO_BETTER; /* every candidate loses to the bar */
 	if (!w.found) /* every candidate left out or adding nothing */

@@ -571,6 +571,7 @@ typedef struct {
 	double iteration_ms, compute_ms, utilisation;
 	double transfer_ms, sync_ms, step_ms;
 	double xfer_iteration_ms; /* the pass with transfers, without sync */
+	int partial; /* sim_iteration's: compute, transfer and sync times missing */
 } sim_result_t;
 
 /*
@@ -581,6 +582,14 @@ typedef struct {
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
 /* res (sim_run's, comm 1) again after only bucket layouts changed. */
 int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* sim_run (comm 1) in two steps, for judging many plans: with one
+ * micro-batch the iteration and utilisation (and p's predicted times) are
+ * the full pass's alone, so sim_iteration runs only that pass and marks
+ * res partial; sim_complete runs the other two and fills the rest. Both
+ * steps together give bit for bit what sim_run gives, also with
+ * sim_sync_again or layout_trial between them. */
+int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

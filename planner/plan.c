@@ -117,30 +117,22 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
 	return fits ? r->iteration_ms < res->iteration_ms * (1 - 1e-9) : f < over;
 }
 
-/* plan_one's bar (NULL: none): a plan that fits and that what plan_one
- * chooses will be judged against, so that candidates known to lose to it
- * need no simulation. BAR_LAST: the result of the table's last candidate,
- * the one that reuses the sequential plan (seq); BAR_AFTER: the caller's
- * plan, which plan_one's choice replaces only if plan_better says so. */
-typedef enum { BAR_LAST, BAR_AFTER } bar_kind_t;
-typedef struct {
-	bar_kind_t kind;
-	const sim_result_t *res;
-} bar_t;
-
-/* plan_one's answer besides 0 and the errors, for BAR_AFTER: no candidate
- * beats the bar (the caller keeps its plan). */
+/* plan_one's answer besides 0 and the errors, when it has a bar: no
+ * candidate beats the bar (the caller keeps its plan). */
 #define PLAN_NO_BETTER 3
 
 /* The float slack of plan_better's "faster": 1 - 1e-9 of the best. */
 #define FASTER (1 - 1e-9)
 
-/* A candidate lowered, not yet simulated (plan_one's held plans), with
- * the lower bound lb of its simulated iteration (bound_sync). */
+/* A candidate lowered and held back (plan_one): lb bounds its simulated
+ * iteration (bound_sync); once simulated, r and f are its result. */
 typedef struct {
 	const sched_cand_t *c;
 	sp_plan_t p;
 	double lb;
+	int simulated, from_seq; /* from_seq: seq's plan, r and f */
+	sim_result_t r;
+	double f;
 } held_t;
 
 /* The record of plan_one's walk: the best plan so far (none: !found). */
@@ -169,34 +161,68 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 	} else {
 		plan_release(p);
 	}
+	memset(p, 0, sizeof *p);
+}
+
+/* Simulates held candidate h (ours) in a scope of pl->scratch. */
+static int held_simulate(planner_t *pl, held_t *h)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
+	sp_arena_reset(&pl->scratch, mark);
+	h->simulated = !rc;
+	return rc;
 }
 
 /*
- * Lowered candidate c (plan p, bound lb) simulated and judged, unless the
- * record fits and lb >= its iteration x FASTER: then the simulated
- * iteration would be too (lb bounds it), and plan_better says no whether
- * p fits or not (a plan that does not fit never beats one that does), so
- * the record stays as the simulation would leave it.
+ * Held candidate h judged against the record (ours), simulated first
+ * unless it is already, or unless the record fits and h's lb >= its
+ * iteration x FASTER: then so is the simulated iteration, and plan_better
+ * says no whether h fits or not (a plan that does not fit never beats one
+ * that does), so the record stays as the simulation would leave it.
  */
-static int walk_lowered(walk_t *w, planner_t *pl, const sched_cand_t *c, sp_plan_t *p,
-			double lb)
+static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 {
-	sim_result_t r;
-	double f = 0;
 	int rc;
-	if (w->found && *w->over <= 0 && lb >= w->res->iteration_ms * FASTER) {
-		plan_release(p);
+	if (!h->simulated && w->found && *w->over <= 0 &&
+	    h->lb >= w->res->iteration_ms * FASTER) {
+		plan_release(&h->p);
 		return 0;
 	}
-	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	rc = plan_simulated(pl, 1, p, &r, &f);
-	sp_arena_reset(&pl->scratch, mark);
-	if (rc) {
-		plan_release(p);
+	if (!h->simulated && (rc = held_simulate(pl, h)))
 		return rc;
-	}
-	walk_judge(w, c, p, &r, f, 0);
+	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq);
 	return 0;
+}
+
+/* The least iteration any held plan that fits may have: a simulated one's
+ * own (those that do not fit left out), else its lb; HUGE_VAL if none. */
+static double held_floor(const held_t *h, int n)
+{
+	double m = HUGE_VAL;
+	for (int i = 0; i < n; i++)
+		if (!h[i].simulated)
+			m = fmin(m, h[i].lb);
+		else if (h[i].f <= 0)
+			m = fmin(m, h[i].r.iteration_ms);
+	return m;
+}
+
+/* 1 when no held plan beats bar (a result that fits): each is known not
+ * to fit, or to take at least bar x FASTER (lb bounds the unsimulated). */
+static int held_lose_to(const held_t *h, int n, const sim_result_t *bar)
+{
+	for (int i = 0; i < n; i++)
+		if (h[i].simulated ? plan_better(1, &h[i].r, h[i].f, bar, 0)
+				   : h[i].lb < bar->iteration_ms * FASTER)
+			return 0;
+	return 1;
+}
+
+static void held_release(held_t *h, int n)
+{
+	for (int i = 0; i < n; i++)
+		plan_release(&h[i].p);
 }
 
 /*
@@ -208,46 +234,52 @@ static int walk_lowered(walk_t *w, planner_t *pl, const sched_cand_t *c, sp_plan
  * wins, *use_seq is set and out is left empty for the caller to take seq.
  * *over is the chosen plan's worst device's bytes over the memory cap
  * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
- * reset) once it is judged.
+ * reset) once it is judged. bar (NULL: none), a result that fits: the
+ * caller keeps its own plan unless plan_better says this one's choice
+ * beats bar; PLAN_NO_BETTER when that is known not to happen.
  *
- * Ours simulates only what can change the choice; the choice is the one
- * simulating every candidate in table order would make:
- *  - a candidate whose sync bound (bound_sync, computed on its lowered
- *    plan) cannot beat the record so far is not simulated (walk_lowered);
- *  - with a bar, lowered candidates are held unsimulated while every one
- *    so far has lb x FASTER > the bar's iteration. Each such X loses to
- *    the bar whatever its memory: its iteration x FASTER exceeds the
- *    bar's, so the bar is faster by plan_better's slack, and a plan that
- *    fits beats one that does not. BAR_LAST: the last candidate, seq,
- *    then beats whichever candidate the walk would hold as its record
- *    (or none), so seq is the choice whatever the held ones simulate to;
- *    BAR_AFTER: the record the walk ends with is one of them, seq (exact)
- *    or none, and the caller's plan_better against the bar answers the
- *    same for each (seq beats the bar only if faster than it, and then
- *    beats every held one too), so PLAN_NO_BETTER (or seq) is what the
- *    caller would have concluded. At the first candidate that is not so
- *    bounded the held ones are simulated and judged in table order, as if
- *    never held, and the walk goes on without holding. A held plan's
- *    simulation waiting does not change it (plan_simulated reads only
- *    the plan and the run's constants); a simulator failure (out of
- *    memory, an internal error) of a held plan that never gets simulated
- *    goes unseen.
+ * Ours simulates only what can change the choice, and chooses what
+ * simulating every candidate and judging them in table order would (the
+ * walk). plan_simulated reads only the lowered plan and the run's
+ * constants, so a plan simulated later, or never, is what it would have
+ * been at its turn. Every lowered plan gets lb, a lower bound of its
+ * simulated iteration (bound_sync). Once the walk has a record, a
+ * candidate is simulated unless lb shows it cannot beat it (walk_held).
+ * Before that (the first candidates) they are held: the walk's record is
+ * then one of the held ones, unknown, and each of them, if it fits, takes
+ * at least held_floor. A candidate that fits and is faster than the floor
+ * by plan_better's slack beats whichever one that is (and one that does
+ * not fit loses to it): it becomes the record and the held ones never
+ * matter again. Only a candidate whose lb leaves that possible is
+ * simulated to find out, and not one that is doomed anyway: one that seq,
+ * when it fits and comes last, beats (lb x FASTER > seq's iteration), or
+ * that cannot beat the bar (lb >= bar x FASTER); the others are held too.
+ * So when seq comes and beats them all it is the record (as above); with a bar, if the held
+ * ones are left at the end and none can beat it (held_lose_to), neither
+ * can the record among them: PLAN_NO_BETTER, as the caller would have
+ * concluded from the walk. Otherwise the held ones are judged in table
+ * order as the walk would have (walk_held). The sequential plan (seq, the
+ * last candidate) is one more candidate, simulated already. A simulator
+ * failure (out of memory, an internal error) of a plan that is never
+ * simulated goes unseen.
  */
 static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
-		    const sim_result_t *seq_res, double seq_over, int *use_seq, const bar_t *bar)
+		    const sim_result_t *seq_res, double seq_over, int *use_seq,
+		    const sim_result_t *bar)
 {
 	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
 	held_t *held = sp_arena_calloc(&pl->arena, (size_t)nc, sizeof *held);
 	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
-	/* hold only where the argument above holds: a bar that fits; for
-	 * BAR_LAST, seq is the last candidate and taken from seq */
+	/* seq, when it fits and is the table's last candidate, beats every
+	 * held one slower than it by the slack */
 	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
-	int hold = ours && bar && bar->res && bar->res->iteration_ms > 0 &&
-		   (bar->kind == BAR_AFTER ||
-		    (seq_res && seq_over <= 0 && last->reuses_baseline &&
-		     !(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))));
+	const sim_result_t *seq_last =
+		ours && seq_res && seq_over <= 0 && last->reuses_baseline &&
+				!(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))
+			? seq_res
+			: NULL;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
@@ -255,67 +287,77 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int v = 0; v < nc; v++) {
 		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
-		sp_plan_t p = {0};
-		sim_result_t r;
-		double f = 0, lb = 0;
 		int from_seq = c && c->reuses_baseline && seq_res;
+		held_t y = {.c = c, .from_seq = from_seq};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
 			rc = 0;
-			r = *seq_res;
-			f = seq_over;
+			y.r = *seq_res;
+			y.f = seq_over;
+			y.simulated = 1;
 		} else {
-			rc = plan_lowered(pl, a, st, c, kind, &p);
+			rc = plan_lowered(pl, a, st, c, kind, &y.p);
 			if (!rc && ours)
-				rc = bound_sync(pl, &p, trial, &lb);
+				rc = bound_sync(pl, &y.p, trial, &y.lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
 		/* a held plan would have been the record: the walk has found one */
 		if (rc == SCHED_NOTHING_NEW ||
 		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
 			/* nothing new, or no schedule in memory: others may have one */
-			plan_release(&p);
+			plan_release(&y.p);
 			memset(pl->err, 0, sizeof *pl->err);
 			continue;
 		}
+		if (!rc && !ours) {
+			mark = sp_arena_mark(&pl->scratch);
+			rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
+			sp_arena_reset(&pl->scratch, mark);
+			y.simulated = 1;
+		}
 		if (rc) {
-			plan_release(&p);
+			plan_release(&y.p);
 			goto fail;
 		}
-		if (hold && !from_seq && lb * FASTER > bar->res->iteration_ms) {
-			held[n_held++] = (held_t){c, p, lb};
-			continue;
-		}
-		if (hold && !from_seq) { /* the first that may beat the bar */
-			hold = 0;
-			for (int h = 0; h < n_held; h++) {
-				held_t x = held[h];
-				held[h].p = (sp_plan_t){0};
-				if ((rc = walk_lowered(&w, pl, x.c, &x.p, x.lb))) {
-					plan_release(&p);
-					goto fail;
-				}
-			}
-			n_held = 0;
-		}
-		if (from_seq)
-			walk_judge(&w, c, &p, &r, f, 1);
-		else if (!ours) {
-			mark = sp_arena_mark(&pl->scratch);
-			rc = plan_simulated(pl, 0, &p, &r, &f);
-			sp_arena_reset(&pl->scratch, mark);
-			if (rc) {
-				plan_release(&p);
+		if (!ours || w.found) {
+			if ((rc = walk_held(&w, pl, &y))) {
+				plan_release(&y.p);
 				goto fail;
 			}
-			walk_judge(&w, c, &p, &r, f, 0);
-		} else if ((rc = walk_lowered(&w, pl, c, &p, lb)))
+			continue;
+		}
+		/* no record yet: the first is held; one that may beat every
+		 * held one is simulated, and if it does, it is the record; not
+		 * one that loses to seq coming last, or to the bar, anyway */
+		double floor = held_floor(held, n_held);
+		int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
+			     (bar && y.lb >= bar->iteration_ms * FASTER);
+		if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
+		    (rc = held_simulate(pl, &y))) {
+			plan_release(&y.p);
 			goto fail;
+		}
+		if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
+			held_release(held, n_held);
+			n_held = 0;
+			walk_judge(&w, c, &y.p, &y.r, y.f, from_seq);
+			continue;
+		}
+		held[n_held++] = y;
 	}
-	for (int h = 0; h < n_held; h++)
-		plan_release(&held[h].p);
+	if (n_held && bar && held_lose_to(held, n_held, bar)) {
+		held_release(held, n_held);
+		return PLAN_NO_BETTER; /* every candidate loses to the bar */
+	}
+	for (int h = 0; h < n_held; h++) {
+		if ((rc = walk_held(&w, pl, &held[h]))) {
+			held_release(held + h, n_held - h);
+			plan_release(out);
+			return rc;
+		}
+	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		rc = sim_complete(pl, out, res);
@@ -325,15 +367,12 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			return rc;
 		}
 	}
-	if (!w.found && n_held && bar->kind == BAR_AFTER)
-		return PLAN_NO_BETTER; /* every candidate loses to the bar */
 	if (!w.found) /* every candidate left out or adding nothing */
 		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 				  "%s: no candidate made a schedule", algo_name(a));
 	return 0;
 fail:
-	for (int h = 0; h < n_held; h++)
-		plan_release(&held[h].p);
+	held_release(held, n_held);
 	plan_release(out);
 	return rc;
 }
@@ -428,11 +467,10 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	if (seq_res && (rc = seq_same(pl, &same)))
 		return rc;
 	/* the auto plan, when it fits, is the bar the whole-layer one must beat */
-	bar_t bar = {BAR_AFTER, r};
 	cost_use(pl, COST_WHOLE);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
-			   !rc && *over <= 0 ? &bar : NULL);
+			   !rc && *over <= 0 ? r : NULL);
 	cost_use(pl, COST_AUTO);
 	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
 		plan_release(&w);
@@ -495,11 +533,9 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		sim_result_t r = {0};
 		double over = 0, t0 = now_ms();
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
-		/* ours ends with the sequential plan: the bar for the others */
-		bar_t bar = {BAR_LAST, &seq_res};
 		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
 				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-				  &use_seq, have_seq ? &bar : NULL);
+				  &use_seq, NULL);
 		if (a == ALGO_SPINDLE && pl->has_whole)
 			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
 					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);

@@ -72,7 +72,8 @@ static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t 
 	int rc;
 	/* ours judges many: the rest of the times only for the chosen one
 	 * (plan_one's sim_complete) */
-	if ((rc = ours ? sim_iteration(pl, out, res) : sim_run(pl, out, 1, res)) ||
+	if ((rc = ours && !pl->opts->simulate_all ? sim_iteration(pl, out, res)
+						  : sim_run(pl, out, 1, res)) ||
 	    (ours && (rc = layout_trial(pl, out, res))))
 		return rc;
 	*over = -HUGE_VAL;
@@ -184,13 +185,19 @@ static int held_simulate(planner_t *pl, held_t *h)
 static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 {
 	int rc;
-	if (!h->simulated && w->found && *w->over <= 0 &&
+	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
 	    h->lb >= w->res->iteration_ms * FASTER) {
 		plan_release(&h->p);
 		return 0;
 	}
 	if (!h->simulated && (rc = held_simulate(pl, h)))
 		return rc;
+	/* the bound the skips rest on, checked where every plan is simulated */
+	if (pl->opts->simulate_all && h->c && !h->from_seq && h->lb > h->r.iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "candidate '%s': sync bound %.6f ms above its simulated "
+				  "iteration %.6f ms",
+				  h->c->name, h->lb, h->r.iteration_ms);
 	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq);
 	return 0;
 }
@@ -321,7 +328,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			plan_release(&y.p);
 			goto fail;
 		}
-		if (!ours || w.found) {
+		if (!ours || w.found || pl->opts->simulate_all) {
 			if ((rc = walk_held(&w, pl, &y))) {
 				plan_release(&y.p);
 				goto fail;

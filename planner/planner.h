@@ -54,6 +54,8 @@ typedef struct {
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
+	int simulate_all;       /* 1: ours simulates every candidate in full (no
+				 * bound skips: the same plans, slower; tests) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);

@@ -17,20 +17,48 @@ void sp_arena_init(sp_arena_t *a)
 {
 	a->head = NULL;
 	a->used_total = 0;
+	a->spare = NULL;
+}
+
+static void free_blocks(sp_arena_block_t *b)
+{
+	while (b) {
+		sp_arena_block_t *n = b->next;
+		free(b);
+		b = n;
+	}
 }
 
 void sp_arena_release(sp_arena_t *a)
 {
 	if (!a)
 		return;
-	sp_arena_block_t *b = a->head;
-	while (b) {
-		sp_arena_block_t *n = b->next;
-		free(b);
-		b = n;
-	}
+	free_blocks(a->head);
+	free_blocks(a->spare);
 	a->head = NULL;
+	a->spare = NULL;
 	a->used_total = 0;
+}
+
+/* A block with room for n bytes: the smallest spare one that has it (a
+ * large block is not spent on a small need), else a new one of at least
+ * 1 MiB. */
+static sp_arena_block_t *new_block(sp_arena_t *a, size_t n)
+{
+	sp_arena_block_t **best = NULL;
+	for (sp_arena_block_t **pp = &a->spare; *pp; pp = &(*pp)->next)
+		if ((*pp)->cap >= n && (!best || (*pp)->cap < (*best)->cap))
+			best = pp;
+	if (best) {
+		sp_arena_block_t *b = *best;
+		*best = b->next;
+		return b;
+	}
+	size_t cap = n > (1u << 20) ? n : (1u << 20);
+	sp_arena_block_t *b = malloc(sizeof *b + cap);
+	if (b)
+		b->cap = cap;
+	return b;
 }
 
 void *sp_arena_alloc(sp_arena_t *a, size_t n)
@@ -42,11 +70,8 @@ void *sp_arena_alloc(sp_arena_t *a, size_t n)
 		n = 16;
 	sp_arena_block_t *b = a->head;
 	if (!b || b->cap - b->used < n) {
-		size_t cap = n > (1u << 20) ? n : (1u << 20);
-		b = malloc(sizeof *b + cap);
-		if (!b)
+		if (!(b = new_block(a, n)))
 			return NULL;
-		b->cap = cap;
 		b->used = 0;
 		b->next = a->head;
 		a->head = b;
@@ -75,7 +100,8 @@ void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m)
 {
 	while (a->head && a->head != m.block) {
 		sp_arena_block_t *n = a->head->next;
-		free(a->head);
+		a->head->next = a->spare;
+		a->spare = a->head;
 		a->head = n;
 	}
 	if (a->head)

@@ -82,15 +82,6 @@ static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t 
 	return 0;
 }
 
-/* Both, for one algorithm (ours: candidate c). */
-static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
-			  const sched_cand_t *c, place_kind_t kind, sp_plan_t *out,
-			  sim_result_t *res, double *over)
-{
-	int rc = plan_lowered(pl, a, st, c, kind, out);
-	return rc ? rc : plan_simulated(pl, ours, out, res, over);
-}
-
 /* The sequential plan becomes ours (the candidate that reuses it). */
 static void adopt_sequential(sp_plan_t *p)
 {
@@ -606,9 +597,11 @@ static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t 
 {
 	sp_plan_t naive = {0};
 	sim_result_t nr = {0};
-	double over;
-	/* its transfers do not depend on bucket layouts: no zero-1 trial */
-	int rc = plan_candidate(pl, pl->opts->algo, 0, cands, c, PLACE_NAIVE, &naive, &nr, &over);
+	/* its transfers do not depend on bucket layouts: no zero-1 trial, and
+	 * of the simulation only the passes that time compute and transfers */
+	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive);
+	if (!rc)
+		rc = sim_transfers(pl, &naive, &nr);
 	if (!rc) {
 		ct->naive_xnode_bytes = xnode_bytes(&naive);
 		ct->naive_xfer_pred_ms = nr.transfer_ms;

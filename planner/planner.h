@@ -592,6 +592,9 @@ int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
  * sim_sync_again or layout_trial between them. */
 int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* The compute and transfer passes alone: res's compute_ms, transfer_ms
+ * and xfer_iteration_ms as sim_run sets them (nothing else). */
+int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

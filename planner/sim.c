@@ -407,17 +407,25 @@ int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 /* The compute and transfer passes, as sim_run runs them; they do not look
  * at bucket layouts (see sim_sync_again), so a layout changed since
  * sim_iteration does not change them. */
-int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	sim_out_t c, x;
 	int rc;
-	if (!res->partial)
-		return 0;
 	if ((rc = run(pl, p, 0, 0, &c)) || (rc = run(pl, p, SIM_XFER, 0, &x)))
 		return rc;
 	res->compute_ms = c.iteration * pl->k;
 	res->xfer_iteration_ms = x.iteration * pl->k;
 	res->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
+	return 0;
+}
+
+int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int rc;
+	if (!res->partial)
+		return 0;
+	if ((rc = sim_transfers(pl, p, res)))
+		return rc;
 	res->sync_ms = fmax(0, res->iteration_ms - res->xfer_iteration_ms / pl->k);
 	res->partial = 0;
 	return 0;

@@ -3,6 +3,10 @@
  * asked for, then the certificate of the chosen plan and its verification.
  * Under --tp auto ours plans on two table sets (cost.c: the auto one and
  * whole layers, where they differ) and keeps the better plan (plan_whole).
+ * Ours simulates only the candidates that can change its choice (plan_one:
+ * a sync bound of each lowered plan, bound.c), and the same plan comes out
+ * as simulating them all would make (--simulate-all; tests/planner/
+ * prune_exact.py).
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */

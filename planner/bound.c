@@ -39,6 +39,23 @@
  *            keeps a group inside one node has no such term); latencies and
  *            transfers between waves are left out, so it stays a bound.
  *            With the compute bounds it makes the report's lower bound.
+ *  sync      (bound_sync) max over devices d of sum over the sync buckets b
+ *            that d belongs to of A_b, the time b's collective takes alone
+ *            on the network: net_phases_ms of the very phases the
+ *            simulator runs it as (net_allreduce_phases at sim.c's bytes,
+ *            elems x dtype bytes, half under zero-1). In the simulator
+ *            (fluid.c) a device takes part in one all-reduce at a time, and
+ *            each phase of a job drains at a max-min fair rate x with
+ *            x bytes_r / V <= cap_r on every link r it loads, so it takes
+ *            at least max_r bytes_r / cap_r, and then its latency: a job
+ *            lasts at least A_b, d's jobs one after another at least their
+ *            sum, and d's STEP waits for them all (finish_steps), so no
+ *            simulated iteration of this plan (sim_run: the full pass, plus
+ *            k - 1 passes of non-negative length) ends sooner. any_layout:
+ *            the least of both layouts per bucket, for a plan whose zero-1
+ *            layouts may still change (layout_trial). It leaves out 1e-6 of
+ *            itself against the simulator's rounding. plan.c uses it to
+ *            skip simulating candidates that cannot win.
  */
 #include "planner.h"
 
@@ -319,5 +336,42 @@ int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c)
 cleanup:
 	free(bytes);
 	free(seen);
+	return rc;
+}
+
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
+{
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	double *sum = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof(double));
+	int db = dtype_bytes(pl->model->dtype), rc = 0;
+	*out = 0;
+	if (!sum) {
+		rc = SP_ENOMEM;
+		goto done;
+	}
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		const int32_t *devs = p->bucket_devs + bk->dev_off;
+		int zero1 = bk->layout == LAYOUT_ZERO1;
+		double t = HUGE_VAL;
+		/* sim.c's bytes (zero-1: half); both layouts when it may change */
+		for (int half = any_layout ? 0 : zero1; half <= (any_layout ? 1 : zero1); half++) {
+			net_coll_t co;
+			sp_arena_mark_t m2 = sp_arena_mark(a);
+			if ((rc = net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
+						       bk->elems * db / (half ? 2 : 1), a)))
+				goto done;
+			t = fmin(t, net_phases_ms(pl->cluster, &co));
+			sp_arena_reset(a, m2);
+		}
+		for (int i = 0; i < bk->n_dev; i++)
+			sum[devs[i]] += t;
+	}
+	for (int d = 0; d < p->n_devices; d++)
+		*out = fmax(*out, sum[d]);
+	*out *= 1 - 1e-6;
+done:
+	sp_arena_reset(a, mark);
 	return rc;
 }

@@ -380,7 +380,8 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
  * takes from the model only what splitting changes (the products'
  * quantisation, the kernels that loop over heads, bytes).
  */
-void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fwd, double *bwd)
+static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, double *fwd,
+			    double *bwd)
 {
 	const metaop_t *m = &pl->mops[mi];
 	if (t <= 1 || local < 1 || !m->scales ||
@@ -402,6 +403,43 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 	double ar = TP_ALLREDUCES * cost_allreduce_ms(pl->cluster, devs, t, bytes);
 	*fwd = fmax(f + ar, LAYER_MIN_MS);
 	*bwd = fmax(b + ar, LAYER_MIN_MS);
+}
+
+/*
+ * The memo of layer_tp_priced (pl->memo, made by cost_build): the
+ * simulator asks for the same (MetaOp, local batch, degree) on every
+ * device of a slice and in each of its passes, and the analytic price
+ * (every GEMM's tile quantisation) is the planner's costliest arithmetic.
+ * A direct-mapped table that compares the whole key: a hit returns the
+ * doubles an earlier call computed from the same arguments (the price
+ * reads only the MetaOp's shape, scales and batch, the model and the
+ * cluster, none of which change after cost_build), so every caller gets
+ * bit for bit what it would compute itself; a collision only evicts.
+ */
+#define MEMO_SLOTS 8192 /* a power of two */
+struct cost_memo {
+	int32_t m, t; /* m < 0: empty */
+	int64_t local;
+	double f, b;
+};
+
+void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fwd, double *bwd)
+{
+	if (!pl->memo) {
+		layer_tp_priced(pl, mi, local, t, fwd, bwd);
+		return;
+	}
+	uint64_t h = ((uint64_t)(uint32_t)mi * 0x9E3779B97F4A7C15ull) ^
+		     ((uint64_t)local * 0xC2B2AE3D27D4EB4Full) ^ ((uint64_t)(uint32_t)t << 17);
+	struct cost_memo *e = &pl->memo[(h ^ (h >> 29)) & (MEMO_SLOTS - 1)];
+	if (e->m != mi || e->t != t || e->local != local) {
+		layer_tp_priced(pl, mi, local, t, &e->f, &e->b);
+		e->m = mi;
+		e->t = t;
+		e->local = local;
+	}
+	*fwd = e->f;
+	*bwd = e->b;
 }
 
 /*
@@ -530,6 +568,11 @@ int cost_build(planner_t *pl)
 	int db = dtype_bytes(md->dtype), rc;
 	int whole = pl->opts && pl->opts->tp == 0;
 	pl->has_whole = 0;
+	pl->memo = sp_arena_calloc(&pl->arena, MEMO_SLOTS, sizeof *pl->memo);
+	if (!pl->memo)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int i = 0; i < MEMO_SLOTS; i++)
+		pl->memo[i].m = -1;
 	for (int k = 0; k < pl->n_mops; k++) {
 		metaop_t *m = &pl->mops[k];
 		m->scales = m->shape.type != COMP_CONTRASTIVE;

@@ -49,6 +49,9 @@ static void usage(FILE *f)
 		"                       divide every transformer's heads and ffn; each\n"
 		"                       transformer it leaves whole is named on stderr,\n"
 		"                       with why); auto (default) chooses per layer\n"
+		"  --simulate-all       ours simulates every candidate in full instead of\n"
+		"                       skipping those a lower bound shows cannot be chosen\n"
+		"                       (the same plan, more planning time: for tests)\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
@@ -179,6 +182,7 @@ static int opt_flag(plan_opts_t *o, const char *a)
 		 : !strcmp(a, "--report")  ? &o->report
 		 : !strcmp(a, "--compare") ? &o->compare
 		 : !strcmp(a, "--json")    ? &o->json
+		 : !strcmp(a, "--simulate-all") ? &o->simulate_all
 					   : NULL;
 	if (f)
 		*f = 1;

@@ -47,6 +47,7 @@ struct placer {
 	uint8_t *node_held; /* [node][param id] */
 	uint8_t *any_held;  /* [param id] */
 	int *param_base, n_params;
+	int *op_pid; /* [operator]: param_id of its MetaOp layer, computed once */
 	int32_t *last_devs; /* [MetaOp][N]: devices of its latest slice */
 	int *last_n;
 	int32_t *mem_span; /* [MetaOp][N][2]: the samples [lo, hi) of a
@@ -66,12 +67,18 @@ static int cmp_cand(const void *a, const void *b)
 	return x->dev - y->dev;
 }
 
-static int param_id(const placer_t *P, int m, int l)
+/* The (component, layer) slot of MetaOp m's layer l. */
+static int param_id_of(const placer_t *P, int m, int l)
 {
 	const metaop_t *mo = &P->pl->mops[m];
 	const sp_op_t *op = &P->pl->ops[mo->first_op + l];
 	int comp = P->pl->model->tasks[mo->task].nodes[op->node].comp;
 	return P->param_base[comp] + op->layer;
+}
+
+static int param_id(const placer_t *P, int m, int l)
+{
+	return P->op_pid[P->pl->mops[m].first_op + l];
 }
 
 int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
@@ -90,6 +97,10 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 		const sp_component_t *c = &pl->model->comps[k];
 		P->n_params += c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
 	}
+	P->op_pid = sp_arena_calloc(a, (size_t)pl->n_ops + 1, sizeof(int));
+	for (int m = 0; P->param_base && P->op_pid && m < M; m++)
+		for (int l = 0; l < pl->mops[m].n_layers; l++)
+			P->op_pid[pl->mops[m].first_op + l] = param_id_of(P, m, l);
 	P->busy_until = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->mem = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->held = sp_arena_calloc(a, (size_t)N * (size_t)(P->n_params + 1), 1);
@@ -111,9 +122,9 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->node_head = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
-	if (!P->param_base || !P->busy_until || !P->mem || !P->held || !P->node_held ||
-	    !P->any_held || !P->last_devs || !P->last_n || !P->mem_span || !P->mem_row ||
-	    !P->on ||
+	if (!P->param_base || !P->op_pid || !P->busy_until || !P->mem || !P->held ||
+	    !P->node_held || !P->any_held || !P->last_devs || !P->last_n || !P->mem_span ||
+	    !P->mem_row || !P->on ||
 	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
 	    !P->cand_next)

@@ -3,6 +3,10 @@
  * asked for, then the certificate of the chosen plan and its verification.
  * Under --tp auto ours plans on two table sets (cost.c: the auto one and
  * whole layers, where they differ) and keeps the better plan (plan_whole).
+ * Ours simulates only the candidates that can change its choice (plan_one:
+ * a sync bound of each lowered plan, bound.c), and the same plan comes out
+ * as simulating them all would make (--simulate-all; tests/planner/
+ * prune_exact.py).
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */
@@ -43,25 +47,39 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
-/* schedule → placement → tensor-parallel degrees → programs → memory → layouts that fit (the auto
- * choices of zero-1 and recompute) → simulation → for ours (1 for our
- * algorithm's plans) zero-1 where not slower, for one algorithm (ours:
- * candidate c). Leaves the schedule and placement in pl->scratch for
- * the caller to reset; SCHED_NOTHING_NEW passed up. */
-static int plan_candidate(planner_t *pl, algo_t a, int ours, cand_state_t *st,
-			  const sched_cand_t *c, place_kind_t kind, sp_plan_t *out,
-			  sim_result_t *res, double *over)
+/* schedule → placement → tensor-parallel degrees → programs → memory →
+ * layouts that fit (the auto choices of zero-1 and recompute), for one
+ * algorithm (ours: candidate c). Leaves the schedule and placement in
+ * pl->scratch for the caller to reset; SCHED_NOTHING_NEW passed up. The
+ * lowered plan needs nothing of them: plan_simulated may run later. */
+static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+			place_kind_t kind, sp_plan_t *out)
 {
 	sched_t s;
 	place_t pc;
 	int rc;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
-	    (rc = tp_run(pl, &s, &pc)) ||
-	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = layout_fit(pl, out)) || (rc = sim_run(pl, out, 1, res)) ||
+	    (rc = tp_run(pl, &s, &pc)) || (rc = lower_run(pl, &s, &pc, out)) ||
+	    (rc = memplan_run(pl, out, 0)) || (rc = layout_fit(pl, out)))
+		return rc;
+	return 0;
+}
+
+/* Lowered plan out → simulation (ours: sim_iteration) → for ours (1 for
+ * our algorithm's plans) zero-1 where not slower; *over: the worst device's bytes over the cap
+ * (<= 0 when the plan fits). Reads only out and the planning run's
+ * constants (the cost model, the cluster), so it gives the same result
+ * whenever it runs. */
+static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
+			  double *over)
+{
+	int rc;
+	/* ours judges many: the rest of the times only for the chosen one
+	 * (plan_one's sim_complete) */
+	if ((rc = ours && !pl->opts->simulate_all ? sim_iteration(pl, out, res)
+						  : sim_run(pl, out, 1, res)) ||
 	    (ours && (rc = layout_trial(pl, out, res))))
 		return rc;
-	/* the worst device's bytes over the cap: <= 0 when the plan fits */
 	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)
 		*over = fmax(*over, (double)out->devices[d].mem_peak - pl->mem_cap);
@@ -95,6 +113,120 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
 	return fits ? r->iteration_ms < res->iteration_ms * (1 - 1e-9) : f < over;
 }
 
+/* plan_one's answer besides 0 and the errors, when it has a bar: no
+ * candidate beats the bar (the caller keeps its plan). */
+#define PLAN_NO_BETTER 3
+
+/* The float slack of plan_better's "faster": 1 - 1e-9 of the best. */
+#define FASTER (1 - 1e-9)
+
+/* A candidate lowered and held back (plan_one): lb bounds its simulated
+ * iteration (bound_sync); once simulated, r and f are its result. */
+typedef struct {
+	const sched_cand_t *c;
+	sp_plan_t p;
+	double lb;
+	int simulated, from_seq; /* from_seq: seq's plan, r and f */
+	sim_result_t r;
+	double f;
+} held_t;
+
+/* The record of plan_one's walk: the best plan so far (none: !found). */
+typedef struct {
+	sp_plan_t *out;
+	sim_result_t *res;
+	double *over;
+	const sched_cand_t **chosen;
+	int *use_seq, found;
+} walk_t;
+
+/* Candidate c's simulated plan p (r, f) judged against the record. */
+static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
+		       double f, int from_seq)
+{
+	if (plan_better(w->found, r, f, w->res, *w->over)) {
+		plan_release(w->out);
+		*w->out = *p;
+		*w->res = *r;
+		*w->over = f;
+		w->found = 1;
+		if (w->chosen)
+			*w->chosen = c;
+		if (w->use_seq)
+			*w->use_seq = from_seq;
+	} else {
+		plan_release(p);
+	}
+	memset(p, 0, sizeof *p);
+}
+
+/* Simulates held candidate h (ours) in a scope of pl->scratch. */
+static int held_simulate(planner_t *pl, held_t *h)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
+	sp_arena_reset(&pl->scratch, mark);
+	h->simulated = !rc;
+	return rc;
+}
+
+/*
+ * Held candidate h judged against the record (ours), simulated first
+ * unless it is already, or unless the record fits and h's lb >= its
+ * iteration x FASTER: then so is the simulated iteration, and plan_better
+ * says no whether h fits or not (a plan that does not fit never beats one
+ * that does), so the record stays as the simulation would leave it.
+ */
+static int walk_held(walk_t *w, planner_t *pl, held_t *h)
+{
+	int rc;
+	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
+	    h->lb >= w->res->iteration_ms * FASTER) {
+		plan_release(&h->p);
+		return 0;
+	}
+	if (!h->simulated && (rc = held_simulate(pl, h)))
+		return rc;
+	/* the bound the skips rest on, checked where every plan is simulated */
+	if (pl->opts->simulate_all && h->c && !h->from_seq && h->lb > h->r.iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "candidate '%s': sync bound %.6f ms above its simulated "
+				  "iteration %.6f ms",
+				  h->c->name, h->lb, h->r.iteration_ms);
+	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq);
+	return 0;
+}
+
+/* The least iteration any held plan that fits may have: a simulated one's
+ * own (those that do not fit left out), else its lb; HUGE_VAL if none. */
+static double held_floor(const held_t *h, int n)
+{
+	double m = HUGE_VAL;
+	for (int i = 0; i < n; i++)
+		if (!h[i].simulated)
+			m = fmin(m, h[i].lb);
+		else if (h[i].f <= 0)
+			m = fmin(m, h[i].r.iteration_ms);
+	return m;
+}
+
+/* 1 when no held plan beats bar (a result that fits): each is known not
+ * to fit, or to take at least bar x FASTER (lb bounds the unsimulated). */
+static int held_lose_to(const held_t *h, int n, const sim_result_t *bar)
+{
+	for (int i = 0; i < n; i++)
+		if (h[i].simulated ? plan_better(1, &h[i].r, h[i].f, bar, 0)
+				   : h[i].lb < bar->iteration_ms * FASTER)
+			return 0;
+	return 1;
+}
+
+static void held_release(held_t *h, int n)
+{
+	for (int i = 0; i < n; i++)
+		plan_release(&h[i].p);
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -104,62 +236,147 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
  * wins, *use_seq is set and out is left empty for the caller to take seq.
  * *over is the chosen plan's worst device's bytes over the memory cap
  * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
- * reset) once it is judged.
+ * reset) once it is judged. bar (NULL: none), a result that fits: the
+ * caller keeps its own plan unless plan_better says this one's choice
+ * beats bar; PLAN_NO_BETTER when that is known not to happen.
+ *
+ * Ours simulates only what can change the choice, and chooses what
+ * simulating every candidate and judging them in table order would (the
+ * walk). plan_simulated reads only the lowered plan and the run's
+ * constants, so a plan simulated later, or never, is what it would have
+ * been at its turn. Every lowered plan gets lb, a lower bound of its
+ * simulated iteration (bound_sync). Once the walk has a record, a
+ * candidate is simulated unless lb shows it cannot beat it (walk_held).
+ * Before that (the first candidates) they are held: the walk's record is
+ * then one of the held ones, unknown, and each of them, if it fits, takes
+ * at least held_floor. A candidate that fits and is faster than the floor
+ * by plan_better's slack beats whichever one that is (and one that does
+ * not fit loses to it): it becomes the record and the held ones never
+ * matter again. Only a candidate whose lb leaves that possible is
+ * simulated to find out, and not one that is doomed anyway: one that seq,
+ * when it fits and comes last, beats (lb x FASTER > seq's iteration), or
+ * that cannot beat the bar (lb >= bar x FASTER); the others are held too.
+ * So when seq comes and beats them all it is the record (as above); with a bar, if the held
+ * ones are left at the end and none can beat it (held_lose_to), neither
+ * can the record among them: PLAN_NO_BETTER, as the caller would have
+ * concluded from the walk. Otherwise the held ones are judged in table
+ * order as the walk would have (walk_held). The sequential plan (seq, the
+ * last candidate) is one more candidate, simulated already. A simulator
+ * failure (out of memory, an internal error) of a plan that is never
+ * simulated goes unseen.
  */
 static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
-		    const sim_result_t *seq_res, double seq_over, int *use_seq)
+		    const sim_result_t *seq_res, double seq_over, int *use_seq,
+		    const sim_result_t *bar)
 {
-	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, found = 0;
+	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
+	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
+	held_t *held = sp_arena_calloc(&pl->arena, (size_t)nc, sizeof *held);
+	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
+	/* seq, when it fits and is the table's last candidate, beats every
+	 * held one slower than it by the slack */
+	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
+	const sim_result_t *seq_last =
+		ours && seq_res && seq_over <= 0 && last->reuses_baseline &&
+				!(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))
+			? seq_res
+			: NULL;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
+	if (!held)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int v = 0; v < nc; v++) {
-		const sched_cand_t *c = a == ALGO_SPINDLE ? &sched_cands[v] : NULL;
-		sp_plan_t p = {0};
-		sim_result_t r;
-		double f = 0;
-		int rc, from_seq = c && c->reuses_baseline && seq_res;
+		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
+		int from_seq = c && c->reuses_baseline && seq_res;
+		held_t y = {.c = c, .from_seq = from_seq};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
 			rc = 0;
-			r = *seq_res;
-			f = seq_over;
+			y.r = *seq_res;
+			y.f = seq_over;
+			y.simulated = 1;
 		} else {
-			rc = plan_candidate(pl, a, a == ALGO_SPINDLE, st, c, kind, &p, &r, &f);
+			rc = plan_lowered(pl, a, st, c, kind, &y.p);
+			if (!rc && ours)
+				rc = bound_sync(pl, &y.p, trial, &y.lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
-		if (rc == SCHED_NOTHING_NEW || (rc == SP_EINFEAS && (v + 1 < nc || found))) {
+		/* a held plan would have been the record: the walk has found one */
+		if (rc == SCHED_NOTHING_NEW ||
+		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
 			/* nothing new, or no schedule in memory: others may have one */
-			plan_release(&p);
+			plan_release(&y.p);
 			memset(pl->err, 0, sizeof *pl->err);
 			continue;
 		}
+		if (!rc && !ours) {
+			mark = sp_arena_mark(&pl->scratch);
+			rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
+			sp_arena_reset(&pl->scratch, mark);
+			y.simulated = 1;
+		}
 		if (rc) {
-			plan_release(&p);
+			plan_release(&y.p);
+			goto fail;
+		}
+		if (!ours || w.found || pl->opts->simulate_all) {
+			if ((rc = walk_held(&w, pl, &y))) {
+				plan_release(&y.p);
+				goto fail;
+			}
+			continue;
+		}
+		/* no record yet: the first is held; one that may beat every
+		 * held one is simulated, and if it does, it is the record; not
+		 * one that loses to seq coming last, or to the bar, anyway */
+		double floor = held_floor(held, n_held);
+		int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
+			     (bar && y.lb >= bar->iteration_ms * FASTER);
+		if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
+		    (rc = held_simulate(pl, &y))) {
+			plan_release(&y.p);
+			goto fail;
+		}
+		if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
+			held_release(held, n_held);
+			n_held = 0;
+			walk_judge(&w, c, &y.p, &y.r, y.f, from_seq);
+			continue;
+		}
+		held[n_held++] = y;
+	}
+	if (n_held && bar && held_lose_to(held, n_held, bar)) {
+		held_release(held, n_held);
+		return PLAN_NO_BETTER; /* every candidate loses to the bar */
+	}
+	for (int h = 0; h < n_held; h++) {
+		if ((rc = walk_held(&w, pl, &held[h]))) {
+			held_release(held + h, n_held - h);
 			plan_release(out);
 			return rc;
 		}
-		if (plan_better(found, &r, f, res, *over)) {
+	}
+	if (w.found && res->partial) { /* the chosen plan's other times */
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = sim_complete(pl, out, res);
+		sp_arena_reset(&pl->scratch, mark);
+		if (rc) {
 			plan_release(out);
-			*out = p;
-			*res = r;
-			*over = f;
-			found = 1;
-			if (chosen)
-				*chosen = c;
-			if (use_seq)
-				*use_seq = from_seq;
-		} else {
-			plan_release(&p);
+			return rc;
 		}
 	}
-	if (!found) /* every candidate left out or adding nothing */
+	if (!w.found) /* every candidate left out or adding nothing */
 		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 				  "%s: no candidate made a schedule", algo_name(a));
 	return 0;
+fail:
+	held_release(held, n_held);
+	plan_release(out);
+	return rc;
 }
 
 /*
@@ -251,10 +468,17 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	pl->err->warn_ctx = keep.warn_ctx;
 	if (seq_res && (rc = seq_same(pl, &same)))
 		return rc;
+	/* the auto plan, when it fits, is the bar the whole-layer one must beat */
 	cost_use(pl, COST_WHOLE);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
-			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq);
+			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
+			   !rc && *over <= 0 ? r : NULL);
 	cost_use(pl, COST_AUTO);
+	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
+		plan_release(&w);
+		*pl->err = keep;
+		return rc;
+	}
 	if (wrc && (wrc != SP_EINFEAS || rc)) {
 		plan_release(&w);
 		if (wrc == SP_EINFEAS) /* neither made a plan: the auto one's reason */
@@ -313,7 +537,7 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
 		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
 				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-				  &use_seq);
+				  &use_seq, NULL);
 		if (a == ALGO_SPINDLE && pl->has_whole)
 			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
 					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);
@@ -377,9 +601,11 @@ static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t 
 {
 	sp_plan_t naive = {0};
 	sim_result_t nr = {0};
-	double over;
-	/* its transfers do not depend on bucket layouts: no zero-1 trial */
-	int rc = plan_candidate(pl, pl->opts->algo, 0, cands, c, PLACE_NAIVE, &naive, &nr, &over);
+	/* its transfers do not depend on bucket layouts: no zero-1 trial, and
+	 * of the simulation only the passes that time compute and transfers */
+	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive);
+	if (!rc)
+		rc = sim_transfers(pl, &naive, &nr);
 	if (!rc) {
 		ct->naive_xnode_bytes = xnode_bytes(&naive);
 		ct->naive_xfer_pred_ms = nr.transfer_ms;

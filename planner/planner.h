@@ -54,6 +54,8 @@ typedef struct {
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
+	int simulate_all;       /* 1: ours simulates every candidate in full (no
+				 * bound skips: the same plans, slower; tests) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -116,6 +118,8 @@ typedef struct planner {
 	 * auto: opts->tp; COST_WHOLE: 1); has_whole: cost_build made a
 	 * whole-layer set that differs from the auto one */
 	int tables, tp_force, has_whole;
+	/* cost.c: cost_layer_tp's memo (NULL: none; cost_build makes it) */
+	struct cost_memo *memo;
 	metaop_t *mops;
 	sp_op_t *ops;
 	sp_edge_t *edges;
@@ -481,6 +485,10 @@ void bound_compute(planner_t *pl, bounds_t *out);
 /* Communication lower bound on placed plan p's iteration (bound.c's
  * header); 0 or SP_ENOMEM. */
 int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
+/* Lower bound on the simulated iteration of lowered plan p from its
+ * gradient sync alone (bound.c's header); any_layout: valid whatever
+ * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out);
 /* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
  * time[k] if !scales), by time ascending: the least device-time to finish
  * within a span, mixing widths over layers. */
@@ -569,6 +577,7 @@ typedef struct {
 	double iteration_ms, compute_ms, utilisation;
 	double transfer_ms, sync_ms, step_ms;
 	double xfer_iteration_ms; /* the pass with transfers, without sync */
+	int partial; /* sim_iteration's: compute, transfer and sync times missing */
 } sim_result_t;
 
 /*
@@ -579,6 +588,17 @@ typedef struct {
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
 /* res (sim_run's, comm 1) again after only bucket layouts changed. */
 int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* sim_run (comm 1) in two steps, for judging many plans: with one
+ * micro-batch the iteration and utilisation (and p's predicted times) are
+ * the full pass's alone, so sim_iteration runs only that pass and marks
+ * res partial; sim_complete runs the other two and fills the rest. Both
+ * steps together give bit for bit what sim_run gives, also with
+ * sim_sync_again or layout_trial between them. */
+int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* The compute and transfer passes alone: res's compute_ms, transfer_ms
+ * and xfer_iteration_ms as sim_run sets them (nothing else). */
+int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

@@ -386,3 +386,47 @@ int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		sync_result(pl, p, &f, res);
 	return rc;
 }
+
+/* With k = 1, sync_result takes the iteration (x 0 + f) and the
+ * utilisation from the full pass alone; only sync_ms reads the transfer
+ * pass, and sim_complete sets it as sync_result would have. */
+int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	sim_out_t f;
+	int rc;
+	if (pl->k != 1)
+		return sim_run(pl, p, 1, res);
+	memset(res, 0, sizeof *res);
+	if ((rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
+		return rc;
+	sync_result(pl, p, &f, res);
+	res->partial = 1;
+	return 0;
+}
+
+/* The compute and transfer passes, as sim_run runs them; they do not look
+ * at bucket layouts (see sim_sync_again), so a layout changed since
+ * sim_iteration does not change them. */
+int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	sim_out_t c, x;
+	int rc;
+	if ((rc = run(pl, p, 0, 0, &c)) || (rc = run(pl, p, SIM_XFER, 0, &x)))
+		return rc;
+	res->compute_ms = c.iteration * pl->k;
+	res->xfer_iteration_ms = x.iteration * pl->k;
+	res->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
+	return 0;
+}
+
+int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int rc;
+	if (!res->partial)
+		return 0;
+	if ((rc = sim_transfers(pl, p, res)))
+		return rc;
+	res->sync_ms = fmax(0, res->iteration_ms - res->xfer_iteration_ms / pl->k);
+	res->partial = 0;
+	return 0;
+}

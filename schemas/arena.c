@@ -5,7 +5,7 @@
  * Under AddressSanitizer the arena tells ASan what is live: a block's
  * space is poisoned until handed out, each allocation is unpoisoned for
  * exactly the bytes asked for and followed by a poisoned red zone, and a
- * reset poisons what it takes back. So a read or write past an arena
+ * reset poisons what it takes back (spare blocks too). So a read or write past an arena
  * array, or into memory a mark gave back, is reported like a heap
  * overrun (the sanitized CI build runs every test this way); other
  * builds lay out and behave as before.
@@ -43,20 +43,48 @@ void sp_arena_init(sp_arena_t *a)
 {
 	a->head = NULL;
 	a->used_total = 0;
+	a->spare = NULL;
+}
+
+static void free_blocks(sp_arena_block_t *b)
+{
+	while (b) {
+		sp_arena_block_t *n = b->next;
+		free(b);
+		b = n;
+	}
 }
 
 void sp_arena_release(sp_arena_t *a)
 {
 	if (!a)
 		return;
-	sp_arena_block_t *b = a->head;
-	while (b) {
-		sp_arena_block_t *n = b->next;
-		free(b);
-		b = n;
-	}
+	free_blocks(a->head);
+	free_blocks(a->spare);
 	a->head = NULL;
+	a->spare = NULL;
 	a->used_total = 0;
+}
+
+/* A block with room for n bytes: the smallest spare one that has it (a
+ * large block is not spent on a small need), else a new one of at least
+ * 1 MiB. */
+static sp_arena_block_t *new_block(sp_arena_t *a, size_t n)
+{
+	sp_arena_block_t **best = NULL;
+	for (sp_arena_block_t **pp = &a->spare; *pp; pp = &(*pp)->next)
+		if ((*pp)->cap >= n && (!best || (*pp)->cap < (*best)->cap))
+			best = pp;
+	if (best) {
+		sp_arena_block_t *b = *best;
+		*best = b->next;
+		return b;
+	}
+	size_t cap = n > (1u << 20) ? n : (1u << 20);
+	sp_arena_block_t *b = malloc(sizeof *b + cap);
+	if (b)
+		b->cap = cap;
+	return b;
 }
 
 void *sp_arena_alloc(sp_arena_t *a, size_t n)
@@ -69,15 +97,12 @@ void *sp_arena_alloc(sp_arena_t *a, size_t n)
 		n = 16;
 	sp_arena_block_t *b = a->head;
 	if (!b || b->cap - b->used < n) {
-		size_t cap = n > (1u << 20) ? n : (1u << 20);
-		b = malloc(sizeof *b + cap);
-		if (!b)
+		if (!(b = new_block(a, n)))
 			return NULL;
-		b->cap = cap;
 		b->used = 0;
 		b->next = a->head;
 		a->head = b;
-		POISON(b->data, cap);
+		POISON(b->data, b->cap);
 	}
 	void *p = (char *)b->data + b->used;
 	b->used += n;
@@ -104,7 +129,9 @@ void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m)
 {
 	while (a->head && a->head != m.block) {
 		sp_arena_block_t *n = a->head->next;
-		free(a->head);
+		POISON(a->head->data, a->head->cap);
+		a->head->next = a->spare;
+		a->spare = a->head;
 		a->head = n;
 	}
 	if (a->head) {

@@ -78,6 +78,7 @@ typedef struct sp_arena_block sp_arena_block_t;
 typedef struct sp_arena {
 	sp_arena_block_t *head;
 	size_t used_total;
+	sp_arena_block_t *spare; /* blocks a reset gave back, kept for reuse */
 } sp_arena_t;
 typedef struct {
 	sp_arena_block_t *block;
@@ -90,7 +91,10 @@ void sp_arena_release(sp_arena_t *a);
 void *sp_arena_alloc(sp_arena_t *a, size_t n);
 void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size);
 sp_arena_mark_t sp_arena_mark(const sp_arena_t *a);
-/* Frees everything allocated after m was taken (m must be still live). */
+/* Frees everything allocated after m was taken (m must be still live);
+ * its blocks stay with the arena for later allocations (already mapped:
+ * a planner resets per candidate, and fresh pages cost more than
+ * zeroing them again) until sp_arena_release. */
 void sp_arena_reset(sp_arena_t *a, sp_arena_mark_t m);
 /* sp_grow in an arena: a larger array is copied, the old one stays until
  * the arena (or its enclosing mark) is reset. */

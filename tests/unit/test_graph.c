@@ -71,6 +71,7 @@ static void fix_init(gfix_t *f)
 	f->pl.opts = &f->opts;
 	f->pl.err = &f->err;
 	sp_arena_init(&f->pl.arena);
+	sp_arena_init(&f->pl.scratch);
 	f->pl.N = f->cluster.nodes * f->cluster.gpus_per_node;
 }
 
@@ -98,6 +99,7 @@ static void fix_build(gfix_t *f, const char *json)
 static void fix_release(gfix_t *f)
 {
 	sp_arena_release(&f->pl.arena);
+	sp_arena_release(&f->pl.scratch); /* a reset keeps blocks for reuse */
 	model_release(&f->model);
 	cluster_release(&f->cluster);
 }

@@ -27,7 +27,9 @@
  * Order. All instructions are emitted into one global sequence: forward
  * slices in schedule order, for each device slot its RECVs, its FWD (or
  * LOSS), then its SENDs; then backward slices in reverse order, RECVs, BWD,
- * SENDs. Each device's program is its subsequence. Every RECV comes after
+ * SENDs (for sequential-paper, algo_task_by_task, that pass task by task:
+ * each task's forward then its backward). Each device's program is its
+ * subsequence. Every RECV comes after
  * its SEND in the global order and sends never block, so no rank can wait
  * on a peer that waits on it (verify.c re-checks by simulation).
  *

@@ -355,22 +355,19 @@ static void sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t
 
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 {
-	sim_out_t c, x, f;
+	sim_out_t c, f;
 	int rc;
 	memset(out, 0, sizeof *out);
-	if ((rc = run(pl, p, 0, 0, &c)))
-		return rc;
-	out->compute_ms = c.iteration * pl->k;
 	if (!comm) {
-		out->iteration_ms = out->compute_ms;
+		if ((rc = run(pl, p, 0, 0, &c)))
+			return rc;
+		out->iteration_ms = out->compute_ms = c.iteration * pl->k;
 		out->utilisation = c.iteration > 0 ? c.busy_total / (p->n_devices * c.iteration) : 0;
 		return 0;
 	}
-	if ((rc = run(pl, p, SIM_XFER, 0, &x)) ||
-	    (rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
+	/* the compute and transfer passes, then the full one */
+	if ((rc = sim_transfers(pl, p, out)) || (rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
 		return rc;
-	out->xfer_iteration_ms = x.iteration * pl->k;
-	out->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
 	sync_result(pl, p, &f, out);
 	return 0;
 }

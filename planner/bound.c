@@ -360,7 +360,7 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 			net_coll_t co;
 			sp_arena_mark_t m2 = sp_arena_mark(a);
 			if ((rc = net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
-						       bk->elems * db / (half ? 2 : 1), a)))
+						       bk->elems * db / (half ? 2 : 1), half, a)))
 				goto done;
 			t = fmin(t, net_phases_ms(pl->cluster, &co));
 			sp_arena_reset(a, m2);

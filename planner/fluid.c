@@ -177,7 +177,8 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	return j;
 }
 
-int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes)
+int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
+		 int no_tree)
 {
 	int j = new_job(n, ready);
 	if (j < 0)
@@ -188,7 +189,7 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	jb->n_dev = nd;
 	if (bytes <= 0)
 		return j; /* nothing to move: done when ready */
-	int rc = net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, n->a), most = 0;
+	int rc = net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, no_tree, n->a), most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);
 	if (!rc && !(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))))

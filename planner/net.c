@@ -22,12 +22,30 @@
  *
  *   flat ring: every link of the ring carries 2 (n-1)/n S. NCCL runs one
  *     ring per NIC a node can offer (channels), so the ring traffic leaving
- *     node j spreads over its u_j NICs and the slowest node has u_min:
+ *     node j spreads over its u_j NICs and the slowest node has u_min. Of
+ *     the ring's 2 (n-1) steps, 2 (m-1) cross a node boundary and pay a_x,
+ *     the other 2 (n-m) stay on NVLink and pay a_n (NCCL's own ring model,
+ *     src/graph/tuning.cc: (nsteps - nInterSteps) intraLat + nInterSteps
+ *     interLat):
  *       t_ring = 2 (n-1)/n S / min(u_min B_x, B_n if some k_j >= 2)
- *                + 2 (n-1) a_x                       (m >= 2)
+ *                + 2 (m-1) a_x + 2 (n-m) a_n        (m >= 2)
  *       t_ring = 2 (n-1)/n S / B_n + 2 (n-1) a_n    (m = 1)
  *     Loads: each NIC the group uses on node j, 2 (n-1)/n S / u_j each way;
  *     each GPU's port on a node with k_j >= 2, 2 (n-1)/n S each way.
+ *
+ *   tree (all-reduce only, m >= 2; NCCL's double binary tree, a chain
+ *     inside each node and a binary tree over the nodes, reduce up then
+ *     broadcast down): each node sends and receives about 2 S in all, at
+ *     NCCL's tree efficiency TREE_EFF = 0.9 of the link (tuning.cc:
+ *     busBw * .9, algorithm bandwidth busBw / 2), and the latency is two
+ *     passes of the chain and the tree's depth (tuning.cc: 2 ((nRanks /
+ *     nNodes - 1) intraLat + log2(nNodes) interLat)):
+ *       t_tree = 2 S / (TREE_EFF min(u_min B_x, B_n if some k_j >= 2))
+ *                + 2 ((k_max - 1) a_n + ceil(log2 m) a_x)
+ *     Loads: each NIC of node j, 2 S / (TREE_EFF u_j) each way; each GPU's
+ *     port on a node with k_j >= 2, 2 S / TREE_EFF each way. Where latency
+ *     rules (many nodes, small buckets) the tree wins, as NCCL picks it;
+ *     where bandwidth does, the ring.
  *
  *   hierarchical (only when every node holds the same k GPUs of the group,
  *     m >= 2): reduce-scatter inside each node over NVLink, k all-reduces of
@@ -46,7 +64,8 @@
  *
  * Reduce-scatter and all-gather of S bytes (zero-1's halves): a ring
  * all-reduce is one of each, each moving (n-1)/n S per device, so each is
- * priced at half the all-reduce.
+ * priced at half the all-reduce by ring or hierarchical, never by tree
+ * (NCCL has no tree for them).
  *
  * Measured points (the cluster's "collectives", spindle-profile
  * --collectives) replace these formulas where they cover the operation:
@@ -221,16 +240,42 @@ static void group_shape(const sp_cluster_t *c, const int32_t *devs, int n, group
 	g->umin = SP_MIN(g->umin, u);
 }
 
+#define TREE_EFF 0.9
+
+/* The slowest link a ring or tree crosses between nodes (m >= 2). */
+static double xnode_gbs(const sp_cluster_t *c, const group_t *g)
+{
+	double bw = g->umin * c->inter_gbs;
+	return g->kmax >= 2 ? fmin(bw, c->intra_gbs) : bw;
+}
+
+/* The ring's latency: 2 (m-1) steps across nodes, 2 (n-m) inside them. */
+static double ring_lat_ms(const sp_cluster_t *c, const group_t *g)
+{
+	if (g->m == 1)
+		return 2.0 * (g->n - 1) * c->intra_lat_us * 1e-3;
+	return (2.0 * (g->m - 1) * c->inter_lat_us + 2.0 * (g->n - g->m) * c->intra_lat_us) * 1e-3;
+}
+
 /* t_ring above; m = 1 is a ring over the ports alone */
 static double ring_ms(const sp_cluster_t *c, const group_t *g, double S)
 {
 	double vol = 2.0 * (g->n - 1) / g->n * S;
-	if (g->m == 1)
-		return vol / (c->intra_gbs * 1e6) + 2.0 * (g->n - 1) * c->intra_lat_us * 1e-3;
-	double bw = g->umin * c->inter_gbs;
-	if (g->kmax >= 2)
-		bw = fmin(bw, c->intra_gbs);
-	return vol / (bw * 1e6) + 2.0 * (g->n - 1) * c->inter_lat_us * 1e-3;
+	double bw = g->m == 1 ? c->intra_gbs : xnode_gbs(c, g);
+	return vol / (bw * 1e6) + ring_lat_ms(c, g);
+}
+
+static double tree_lat_ms(const sp_cluster_t *c, const group_t *g)
+{
+	return 2.0 * ((g->kmax - 1) * c->intra_lat_us + ceil(log2(g->m)) * c->inter_lat_us) * 1e-3;
+}
+
+/* t_tree above; HUGE_VAL where it does not apply */
+static double tree_ms(const sp_cluster_t *c, const group_t *g, double S)
+{
+	if (g->m < 2)
+		return HUGE_VAL;
+	return 2.0 * S / (TREE_EFF * xnode_gbs(c, g) * 1e6) + tree_lat_ms(c, g);
 }
 
 /* t_hier above; HUGE_VAL where it does not apply */
@@ -254,22 +299,26 @@ double cost_allreduce_ms(const sp_cluster_t *c, const int32_t *devs, int n, int6
 	group_shape(c, devs, n, &g);
 	if (net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
 		return t;
-	return fmin(ring_ms(c, &g, (double)bytes), hier_ms(c, &g, (double)bytes));
+	return fmin(fmin(ring_ms(c, &g, (double)bytes), hier_ms(c, &g, (double)bytes)),
+		    tree_ms(c, &g, (double)bytes));
 }
 
 /* A half of the all-reduce: measured when op has a point on the group's
- * node count, else half cost_allreduce_ms (measured or not). */
+ * node count, else the measured all-reduce's half, else half the ring's or
+ * hierarchical all-reduce (no tree: NCCL has none for the halves). */
 static double half_ms(const sp_cluster_t *c, sp_coll_op_t op, const int32_t *devs, int n,
 		      int64_t bytes)
 {
 	group_t g;
 	double t;
-	if (n > 1 && bytes > 0) {
-		group_shape(c, devs, n, &g);
-		if (net_measured_ms(c, op, n, g.m, (double)bytes, &t))
-			return t;
-	}
-	return cost_allreduce_ms(c, devs, n, bytes) / 2;
+	if (n <= 1 || bytes <= 0)
+		return 0;
+	group_shape(c, devs, n, &g);
+	if (net_measured_ms(c, op, n, g.m, (double)bytes, &t))
+		return t;
+	if (net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
+		return t / 2;
+	return fmin(ring_ms(c, &g, (double)bytes), hier_ms(c, &g, (double)bytes)) / 2;
 }
 
 double cost_reduce_scatter_ms(const sp_cluster_t *c, const int32_t *devs, int n, int64_t bytes)
@@ -330,13 +379,17 @@ static net_phase_t *new_phase(net_coll_t *out, sp_arena_t *a, int cap, double la
 
 /* The analytic choice's phases (g: the group's shape). */
 static int analytic_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
-			   const group_t *gp, double S, sp_arena_t *a)
+			   const group_t *gp, double S, int no_tree, sp_arena_t *a)
 {
 	group_t g = *gp;
 	net_phase_t *ph;
-	if (ring_ms(c, &g, S) <= hier_ms(c, &g, S)) {
-		double vol = 2.0 * (n - 1) / n * S;
-		double lat = 2.0 * (n - 1) * (g.m == 1 ? c->intra_lat_us : c->inter_lat_us) * 1e-3;
+	double ring = ring_ms(c, &g, S), hier = hier_ms(c, &g, S);
+	double tree = no_tree ? HUGE_VAL : tree_ms(c, &g, S);
+	if (ring <= hier || tree < hier) {
+		/* ring and tree load the same links, by their volumes */
+		int is_tree = tree < ring;
+		double vol = is_tree ? 2.0 * S / TREE_EFF : 2.0 * (n - 1) / n * S;
+		double lat = is_tree ? tree_lat_ms(c, &g) : ring_lat_ms(c, &g);
 		if (!(ph = new_phase(out, a, 4 * n, lat)))
 			return SP_ENOMEM;
 		if (g.m > 1)
@@ -369,7 +422,7 @@ static int analytic_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t
 }
 
 int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
-			 int64_t bytes, sp_arena_t *a)
+			 int64_t bytes, int no_tree, sp_arena_t *a)
 {
 	memset(out, 0, sizeof *out);
 	if (n <= 1 || bytes <= 0)
@@ -377,7 +430,7 @@ int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *
 	group_t g;
 	double t;
 	group_shape(c, devs, n, &g);
-	int rc = analytic_phases(out, c, devs, n, &g, (double)bytes, a);
+	int rc = analytic_phases(out, c, devs, n, &g, (double)bytes, no_tree, a);
 	if (rc || !net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
 		return rc;
 	/* measured: the same links, bytes and latencies scaled to take t alone */

@@ -231,9 +231,11 @@ int net_n_res(const sp_cluster_t *c);
 double net_res_gbs(const sp_cluster_t *c, int r);
 /* The two links a transfer from a to b crosses (out of a, into b); returns 2. */
 int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res);
-/* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM. */
+/* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM.
+ * no_tree: ring or hierarchical only (a reduce-scatter priced as the
+ * all-reduce of half its bytes; NCCL has no tree for it). */
 int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
-			 int64_t bytes, sp_arena_t *a);
+			 int64_t bytes, int no_tree, sp_arena_t *a);
 /* Time of the phases alone on the network (equals cost_allreduce_ms). */
 double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
@@ -293,8 +295,10 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs);
 /* A transfer of bytes from a to b leaving at start (>= the clock); its job. */
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes);
 /* An all-reduce of bytes over devs (kept, increasing ids) ready at ready;
- * bytes 0 takes no time. Its job, or a negative code. */
-int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes);
+ * bytes 0 takes no time; no_tree as net_allreduce_phases. Its job, or a
+ * negative code. */
+int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
+		 int no_tree);
 /* Marks transfer j as awaited: fl_advance(n, 1) stops when it arrives. */
 void fl_await(fl_net_t *n, int j);
 /* Runs events in time order: until an awaited transfer arrives (1) when

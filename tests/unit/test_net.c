@@ -2,7 +2,8 @@
  * test_net.c — the network model (planner/net.c, planner/fluid.c): the rail
  * mapping, the isolated prices of transfers and all-reduces (with one NIC
  * and one GPU per node they are the prices from before NICs were modelled;
- * the phases the simulator drains price the same as cost_allreduce_ms), and
+ * the phases the simulator drains price the same as cost_allreduce_ms; the
+ * ring's latency by node crossings, and the tree where latency rules), and
  * max-min fair sharing on hand-computed cases: two transfers through one
  * NIC take twice as long, through two NICs (rails) they do not, an
  * all-reduce beside a transfer on one NIC slows both, a transfer that
@@ -90,6 +91,39 @@ static void test_ring_or_hierarchical(void **state)
 	near(cost_allreduce_ms(&c4, devs, 16, 1000000000), 9.375, "4 nics, ring");
 }
 
+/* Latency-bound groups (S = 1 MB; B_n 200, B_x 50 GB/s).
+ * 64 nodes, one GPU of each, a_x = 10 us: ring 2*63/64 S / B_x + 2*63 a_x
+ * = 0.039375 + 1.26 ms; tree 2 S / (0.9 B_x) + 2 * 6 a_x = 0.044444 + 0.12
+ * ms: the tree. Its reduce-scatter has no tree: half the ring, 0.6496875.
+ * 12 GPUs, 8 on node 0 and 4 on node 1 (hierarchical does not apply),
+ * a_n = 5, a_x = 10 us, one NIC: ring 2*11/12 S / 50 + 2*1*10 + 2*10*5 us
+ * = 0.0366667 + 0.12 ms; tree 2 S / (0.9 * 50) + 2 (7*5 + 1*10) us
+ * = 0.0444444 + 0.09 ms, so the tree (0.1344444 < 0.1566667); at 100 MB
+ * the ring (3.7866667 < 4.5344444). */
+static void test_tree_and_ring_latency(void **state)
+{
+	sp_arena_t a;
+	(void)state;
+	sp_arena_init(&a);
+	int32_t devs[64];
+	for (int i = 0; i < 64; i++)
+		devs[i] = i;
+	sp_cluster_t c = cluster(64, 1, 1, 5);
+	near(cost_allreduce_ms(&c, devs, 64, 1000000), 2e6 / (0.9 * 50e6) + 0.12, "64 nodes: tree");
+	near(cost_reduce_scatter_ms(&c, devs, 64, 1000000),
+	     (2.0 * 63 / 64 * 1e6 / 50e6 + 1.26) / 2, "64 nodes: reduce-scatter, ring");
+	net_coll_t co;
+	assert_int_equal(net_allreduce_phases(&co, &c, devs, 64, 1000000, 0, &a), 0);
+	near(net_phases_ms(&c, &co), 2e6 / (0.9 * 50e6) + 0.12, "tree phases");
+	assert_int_equal(net_allreduce_phases(&co, &c, devs, 64, 1000000, 1, &a), 0);
+	near(net_phases_ms(&c, &co), 2.0 * 63 / 64 * 1e6 / 50e6 + 1.26, "no_tree phases");
+	sp_cluster_t c2 = cluster(2, 8, 1, 5);
+	near(cost_allreduce_ms(&c2, devs, 12, 1000000), 2e6 / (0.9 * 50e6) + 0.09, "8 + 4: tree");
+	near(cost_allreduce_ms(&c2, devs, 12, 100000000), 2.0 * 11 / 12 * 1e8 / 50e6 + 0.12,
+	     "8 + 4: ring");
+	sp_arena_release(&a);
+}
+
 /* The phases the simulator drains take, alone, the price. */
 static void test_phases_price(void **state)
 {
@@ -108,7 +142,7 @@ static void test_phases_price(void **state)
 				devs[n++] = d;
 		int64_t S = 1 + rand() % 100000000;
 		net_coll_t co;
-		assert_int_equal(net_allreduce_phases(&co, &c, devs, n, S, &a), 0);
+		assert_int_equal(net_allreduce_phases(&co, &c, devs, n, S, 0, &a), 0);
 		near(net_phases_ms(&c, &co), cost_allreduce_ms(&c, devs, n, S), "phases");
 	}
 	sp_arena_release(&a);
@@ -180,7 +214,7 @@ static void test_allreduce_beside_flow(void **state)
 	/* the transfer first: the all-reduce's job is not job 0 (fl_allreduce
 	 * once returned 0 for every all-reduce, and the simulator then timed
 	 * each optimizer step by the network's first job) */
-	int x = fl_xfer(n, 0, 1, 3, S_BYTES), ar = fl_allreduce(n, 0, devs, 2, S_BYTES);
+	int x = fl_xfer(n, 0, 1, 3, S_BYTES), ar = fl_allreduce(n, 0, devs, 2, S_BYTES, 0);
 	assert_true(ar >= 0 && x >= 0);
 	assert_int_not_equal(ar, x);
 	fl_advance(n, 0);
@@ -233,8 +267,8 @@ static void test_allreduce_order_per_device(void **state)
 	sp_cluster_t c = cluster(2, 2, 1, 5);
 	static const int32_t dx[2] = {1, 3}, da[2] = {0, 1}, db[2] = {0, 2};
 	fl_net_t *n = net_new(state, &c);
-	int x = fl_allreduce(n, 0, dx, 2, S_BYTES), a = fl_allreduce(n, 0, da, 2, S_BYTES),
-	    b = fl_allreduce(n, 0, db, 2, S_BYTES);
+	int x = fl_allreduce(n, 0, dx, 2, S_BYTES, 0), a = fl_allreduce(n, 0, da, 2, S_BYTES, 0),
+	    b = fl_allreduce(n, 0, db, 2, S_BYTES, 0);
 	assert_int_equal(fl_advance(n, 0), 0);
 	near(fl_done(n, x), 2.02, "first all-reduce");
 	near(fl_done(n, a), 2.02 + 0.51, "second, after the first on GPU 1");
@@ -298,10 +332,10 @@ static void test_measured_phases(void **state)
 	sp_cluster_t c = measured_cluster();
 	static const int32_t d4[4] = {0, 1, 2, 3}, e4[4] = {4, 5, 6, 7};
 	net_coll_t co;
-	assert_int_equal(net_allreduce_phases(&co, &c, d4, 4, 16384, *state), 0);
+	assert_int_equal(net_allreduce_phases(&co, &c, d4, 4, 16384, 0, *state), 0);
 	near(net_phases_ms(&c, &co), 0.3, "phases at the measured time");
 	fl_net_t *n = net_new(state, &c);
-	int j0 = fl_allreduce(n, 0, d4, 4, 16384), j1 = fl_allreduce(n, 0, e4, 4, 16384);
+	int j0 = fl_allreduce(n, 0, d4, 4, 16384, 0), j1 = fl_allreduce(n, 0, e4, 4, 16384, 0);
 	assert_int_equal(fl_advance(n, 0), 0);
 	near(fl_done(n, j0), 0.3, "measured all-reduce in the simulator");
 	near(fl_done(n, j1), 0.3, "beside one on other GPUs");
@@ -342,6 +376,7 @@ int main(void)
 		cmocka_unit_test(test_rails),
 		cmocka_unit_test(test_one_nic_is_old_price),
 		cmocka_unit_test(test_ring_or_hierarchical),
+		cmocka_unit_test(test_tree_and_ring_latency),
 		cmocka_unit_test(test_phases_price),
 		cmocka_unit_test_setup_teardown(test_two_flows_one_nic, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),

@@ -7,6 +7,9 @@
  *                         used twice
  *   size mismatch         the two ends of a transfer disagree on samples,
  *                         tokens or peers
+ *   transfer between      a SEND of one task's value received into
+ *   tasks                 another's (a micro-step that runs one task and
+ *                         not the other would leave it unmatched)
  *   missing parameters    FWD/BWD/LOSS of a layer the device does not hold
  *   missing input         a value read before all of it was written (FWD
  *                         input, BWD output gradient, SEND/COPY source), a
@@ -479,6 +482,11 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 		return fail(st, d, k, "size mismatch: transfer tag %d differs from its send on "
 				      "device %d",
 			    (int)in->tag, sdev);
+	if (plan_ins_task(p, sd) != plan_ins_task(p, in))
+		return fail(st, d, k, "transfer between tasks: tag %d sends a value of task '%s' "
+				      "from device %d into one of task '%s'",
+			    (int)in->tag, p->model.tasks[plan_ins_task(p, sd)].name, sdev,
+			    p->model.tasks[plan_ins_task(p, in)].name);
 	st->recvd[in->tag] = 1;
 	return 0;
 }

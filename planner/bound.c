@@ -24,6 +24,12 @@
  *            batch-divisible counts; below one device a MetaOp
  *            time-shares it). Reported, not a lower bound of this model.
  *
+ * Each is of one micro-step's MetaOps: those of the tasks active in
+ * micro-step pl->micro (mop_active; every task in micro-step 0). The
+ * micro-steps run one after another, so plan.c adds up the bounds of each
+ * distinct set of active tasks times its micro-steps (K times micro-step
+ * 0's when every task has K micro-batches).
+ *
  * and, once the chosen plan is placed, a bound on its iteration:
  *
  *  comm      (bound_comm) max over nodes v of E_v / (K B_x): E_v the

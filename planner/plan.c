@@ -837,14 +837,28 @@ static int mb_sequence(const sp_model_t *m, int i, int *k)
 
 int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c, int *k)
 {
-	/* the sequence's end has the least activation memory: when it does
-	 * not fit, nothing does; else bisect for the first step that fits
-	 * (fewer micro-steps are faster: each repeats the per-step fixed
-	 * costs, and a task alone in a micro-step leaves the others' devices
-	 * idle). Step 0, one micro-batch each, is the caller's. */
-	int hi = mb_sequence(m, INT_MAX, k), lo = 1;
-	if (hi < 1 || !fits_k(o, m, k, c))
-		return 0;
+	/* the first step that fits (fewer micro-steps are faster: each
+	 * repeats the per-step fixed costs, and a task alone in a micro-step
+	 * leaves the others' devices idle): steps 1, 2, 4, ... until one
+	 * fits, then bisection below it; the sequence's end has the least
+	 * activation memory, so when it does not fit nothing does. Step 0,
+	 * one micro-batch each, is the caller's (it did not fit). */
+	int end = mb_sequence(m, INT_MAX, k), lo = 1, hi = 0;
+	for (int i = 1; i < end && !hi; i *= 2) {
+		mb_sequence(m, i, k);
+		if (fits_k(o, m, k, c))
+			hi = i;
+		else
+			lo = i + 1;
+	}
+	if (!hi) {
+		if (end < 1)
+			return 0;
+		mb_sequence(m, end, k);
+		if (!fits_k(o, m, k, c))
+			return 0;
+		hi = end;
+	}
 	while (lo < hi) {
 		int mid = lo + (hi - lo) / 2;
 		mb_sequence(m, mid, k);

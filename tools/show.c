@@ -490,7 +490,10 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 	sp_json_str(f, p->planner_version);
 	fprintf(f, ",\n  \"options\": ");
 	sp_json_str(f, p->options);
-	fprintf(f, ",\n  \"microbatches\": %d", p->microbatches);
+	fprintf(f, ",\n  \"microbatches\": %d,\n  \"task_microbatches\": [", p->microbatches);
+	for (int t = 0; t < p->model.n_tasks; t++)
+		fprintf(f, "%s%d", t ? ", " : "", plan_task_k(p, t));
+	fprintf(f, "]");
 	fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n  \"cluster_hash\": \"%016llx\",\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "  \"predicted\": {\"iteration_ms\": %s, \"compute_ms\": %s, "

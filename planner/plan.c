@@ -899,8 +899,8 @@ static int mb_parse(const char *spec, const sp_model_t *m, int *k, sp_err_t *err
 				if (!strcmp(m->tasks[q].name, item))
 					t = q;
 		}
-		if (!eq || n >= sizeof item || !end || *end || end == eq + 1 || v < 1 ||
-		    v > SP_MAX_MICROBATCHES) {
+		if (!eq || n >= sizeof item || !end || *end || eq[1] < '0' || eq[1] > '9' ||
+		    v < 1 || v > SP_MAX_MICROBATCHES) {
 			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
 				   "--microbatches: '%.*s' is not TASK=COUNT", (int)SP_MIN(n, 80), p);
 			sp_err_hint(err, "use a number for every task, or TASK=COUNT,... with "

@@ -165,7 +165,7 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	const sp_cluster_t *cl = st->pl->cluster;
 	int xfer = st->mode & SIM_XFER;
 	(void)k;
-	if (!plan_ins_active(p, in, st->micro))
+	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
 	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
 		sim_compute(st, d, in);

@@ -514,7 +514,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 	vstate_t *st = ctx;
 	const sp_plan_t *p = st->p;
 	int rc = 0;
-	if (!plan_ins_active(p, in, st->micro))
+	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
 	if (in->op == INS_RECV) {
 		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])

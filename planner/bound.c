@@ -24,6 +24,12 @@
  *            batch-divisible counts; below one device a MetaOp
  *            time-shares it). Reported, not a lower bound of this model.
  *
+ * Each is of one micro-step's MetaOps: those of the tasks active in
+ * micro-step pl->micro (mop_active; every task in micro-step 0). The
+ * micro-steps run one after another, so plan.c adds up the bounds of each
+ * distinct set of active tasks times its micro-steps (K times micro-step
+ * 0's when every task has K micro-batches).
+ *
  * and, once the chosen plan is placed, a bound on its iteration:
  *
  *  comm      (bound_comm) max over nodes v of E_v / (K B_x): E_v the
@@ -210,12 +216,21 @@ double hull_area(const hull_t *h, double C)
 	return best;
 }
 
+/* Whether MetaOp m's task runs in micro-step pl->micro (it has more
+ * micro-batches than that; the bounds are of that micro-step's tasks). */
+static int mop_active(const planner_t *pl, int m)
+{
+	int32_t k = pl->model->tasks[pl->mops[m].task].microbatches;
+	return (k > 0 ? k : pl->k) > pl->micro;
+}
+
 /* Least device area all MetaOps need to finish within span C. */
 static double hulls_area(const planner_t *pl, const hull_t *h, double C)
 {
 	double need = 0;
 	for (int m = 0; m < pl->n_mops; m++)
-		need += hull_area(&h[m], C);
+		if (mop_active(pl, m))
+			need += hull_area(&h[m], C);
 	return need;
 }
 
@@ -256,7 +271,7 @@ static double critical_path(const planner_t *pl, double *finish)
 		double start = 0;
 		for (int q = 0; q < mo->n_pred; q++)
 			start = fmax(start, finish[pl->edges[mo->pred[q]].src]);
-		finish[m] = start + mo->n_layers * mop_t(mo, mo->nmax);
+		finish[m] = start + (mop_active(pl, m) ? mo->n_layers * mop_t(mo, mo->nmax) : 0);
 		cp = fmax(cp, finish[m]);
 	}
 	return cp;
@@ -277,14 +292,15 @@ static void bound_steps(planner_t *pl, bounds_t *out)
 		double best = HUGE_VAL;
 		for (int n = 1; n <= mo->nmax; n++)
 			best = fmin(best, n * mop_t(mo, n));
-		area += mo->n_layers * best;
+		if (mop_active(pl, m))
+			area += mo->n_layers * best;
 	}
 	out->area_ms = area / pl->N;
 	out->cp_ms = critical_path(pl, finish);
 	for (int lv = 0; lv < pl->n_levels; lv++) {
 		int k = 0;
 		for (int m = 0; m < pl->n_mops; m++)
-			if (pl->mops[m].level == lv) {
+			if (pl->mops[m].level == lv && mop_active(pl, m)) {
 				ids[k] = m;
 				rem[k++] = pl->mops[m].n_layers;
 			}

@@ -419,15 +419,16 @@ static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_buck
 	snprintf(buf, cap, "%s %d-%d%s", p->model.comps[q[0].comp].name, lo, hi, more ? " +" : "");
 }
 
-void layout_report(FILE *f, const sp_plan_t *p)
+void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 {
 	double gib = 1024.0 * 1024.0 * 1024.0;
 	int forced = strstr(p->options, "zero=1") != NULL;
-	fprintf(f, "\nmicro-batches: %d per step, the same for every task (a number per task is "
-		   "not built);\n  micro-batch", p->microbatches);
+	fprintf(f, "\nmicro-batches: %d micro-steps per step (%.3f ms before the last one); "
+		   "per task micro-batches x micro-batch:\n ",
+		p->microbatches, earlier_ms);
 	for (int t = 0; t < p->model.n_tasks; t++)
-		fprintf(f, "%s %s %lld", t ? "," : "", p->model.tasks[t].name,
-			(long long)p->model.tasks[t].batch);
+		fprintf(f, "%s %s %d x %lld", t ? "," : "", p->model.tasks[t].name,
+			plan_task_k(p, t), (long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
 	fprintf(f, "\nlayouts (zero-2/3 are not built yet)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
@@ -454,9 +455,17 @@ void layout_report(FILE *f, const sp_plan_t *p)
 	}
 }
 
-void layout_json(FILE *f, const sp_plan_t *p)
+void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 {
-	fprintf(f, ",\n  \"microbatches\": %d,\n  \"buckets\": [", p->microbatches);
+	fprintf(f, ",\n  \"microbatches\": %d,\n  \"microbatch_earlier_ms\": %.6f,\n"
+		   "  \"task_microbatches\": {",
+		p->microbatches, earlier_ms);
+	for (int t = 0; t < p->model.n_tasks; t++) {
+		fprintf(f, "%s", t ? ", " : "");
+		sp_json_str(f, p->model.tasks[t].name);
+		fprintf(f, ": %d", plan_task_k(p, t));
+	}
+	fprintf(f, "},\n  \"buckets\": [");
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
@@ -489,6 +498,7 @@ static int fits_with(const planner_t *pl, const plan_opts_t *o, const sp_cluster
 	q.compare = 0;
 	q.no_advice = 1;
 	q.microbatches = SP_MIN(q.microbatches, 1);
+	q.mb_tasks = NULL;
 	sp_err_t err = {0};
 	sp_plan_t p = {0};
 	plan_summary_t sum;
@@ -532,10 +542,40 @@ static int nodes_that_fit(const planner_t *pl, const plan_opts_t *o)
 	return hi;
 }
 
+/* Forced micro-batches that do not fit: the first more that do, per task,
+ * on top of the forced ones (pl->model holds their micro-batches), as a
+ * hint; SP_EINPUT with the hint, 0 when none fit. */
+static int advise_microbatches(planner_t *pl)
+{
+	const sp_model_t *m = pl->model;
+	int *k = calloc((size_t)m->n_tasks + 1, sizeof *k), uni = 0, rc = 0;
+	char opt[256], words[512];
+	if (!k || !microbatch_fit(pl->opts, m, pl->cluster, k)) {
+		free(k);
+		return 0;
+	}
+	for (int t = 0; t < m->n_tasks; t++)
+		k[t] *= m->tasks[t].microbatches > 0 ? m->tasks[t].microbatches : pl->k;
+	mb_describe(opt, sizeof opt, m, k, &uni);
+	/* "2 micro-batches", or "4 micro-batches for 'text', 2 for 'image'" */
+	int len = 0;
+	if (uni)
+		snprintf(words, sizeof words, "%d micro-batches", k[0]);
+	for (int t = 0; !uni && t < m->n_tasks && len < (int)sizeof words - 80; t++)
+		if (k[t] > 1)
+			len += snprintf(words + len, sizeof words - (size_t)len,
+					len ? ", %d for '%s'" : "%d micro-batches for '%s'", k[t],
+					m->tasks[t].name);
+	sp_err_hint(pl->err, "fits with %s (--microbatches %s)", words, opt);
+	pl->err->code = rc = SP_EINPUT;
+	free(k);
+	return rc;
+}
+
 int layout_advise(planner_t *pl, const sp_plan_t *closest)
 {
 	const plan_opts_t *o = pl->opts;
-	int forced = o->zero == 0 || o->recompute == 0;
+	int rc, forced = o->zero == 0 || o->recompute == 0;
 	if (o->no_advice || pl->cluster->nodes >= max_nodes(pl))
 		return SP_EINFEAS;
 	plan_opts_t q = *o;
@@ -550,13 +590,8 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		return SP_EINPUT;
 	}
 	/* 2. more micro-batches, when their number was forced (auto tried them) */
-	int more = o->microbatches > 0 ? microbatch_fit(o, pl->model, pl->cluster, 1) : 0;
-	if (more) {
-		sp_err_hint(pl->err, "fits with %d micro-batches (--microbatches %d)",
-			    more * pl->k, more * pl->k);
-		pl->err->code = SP_EINPUT;
-		return SP_EINPUT;
-	}
+	if (o->microbatches > 0 && (rc = advise_microbatches(pl)))
+		return rc;
 	/* 3. a smaller reserve: the closest plan's peak within the device */
 	int64_t peak = 0;
 	for (int d = 0; d < closest->n_devices; d++)

@@ -38,11 +38,13 @@ static void usage(FILE *f)
 		"                       transformer slices keep their activations or\n"
 		"                       recompute them in the backward; auto (default)\n"
 		"                       chooses per slice\n"
-		"  --microbatches N|auto\n"
+		"  --microbatches N|TASK=N,...|auto\n"
 		"                       every task's batch as N micro-batches of batch / N\n"
 		"                       (N divides every batch; gradients accumulate over\n"
-		"                       them); auto (default): 1 unless nothing fits, then\n"
-		"                       the fewest that fit. The same N for every task\n"
+		"                       them), or N per task named (others: 1; a step is as\n"
+		"                       many micro-steps as the most, a task runs in its\n"
+		"                       first N); auto (default): 1 unless nothing fits, then\n"
+		"                       more for the tasks whose activations free most\n"
 		"  --tp 1|2|4|8|auto    tensor-parallel degree: a number splits every\n"
 		"                       transformer slice whose width it divides into\n"
 		"                       groups of that many devices of one node (it must\n"
@@ -160,8 +162,14 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
 					: "use 0, 1 or auto");
 	} else if (!strcmp(a, "--microbatches")) {
+		if (strchr(val, '=')) { /* per task: planner_run checks it against the model */
+			o->mb_tasks = val;
+			o->microbatches = 0;
+			return 0;
+		}
+		o->mb_tasks = NULL;
 		return opt_auto_int(&o->microbatches, a, val, SP_MAX_MICROBATCHES, "a count",
-				    "that divides every task's batch");
+				    "that divides every task's batch, or TASK=COUNT,...");
 	} else if (!strcmp(a, "--tp")) {
 		return opt_auto_int(&o->tp, a, val, SP_MAX_TP, "a degree",
 				    "(usually 1, 2, 4 or 8)");

@@ -13,6 +13,7 @@
 #include "planner.h"
 #include "tp.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,17 +384,27 @@ fail:
  * Model FLOPs utilisation of an iteration of iteration_ms on n_dev devices:
  * the model's FLOPs of one iteration / (devices x peak FLOP/s x time). The
  * FLOPs are inspect_model's (model.h arithmetic): forward and backward of
- * every layer of every task at its batch (k micro-batches: k times the
+ * every layer of every task at its batch (k_t micro-batches: k_t times the
  * micro-batch pl->model holds), once each; no recomputation, no
  * communication, no optimizer step, so the figure does not reward work a
  * plan adds.
  */
 static double mfu(const planner_t *pl, double iteration_ms)
 {
-	inspect_model_t im;
-	inspect_model(&im, pl->model);
+	const sp_model_t *m = pl->model;
 	double peak = (double)pl->N * pl->cluster->peak_tflops * 1e12;
-	return iteration_ms > 0 ? (double)im.iter_flops * pl->k / (peak * iteration_ms * 1e-3) : 0;
+	int64_t flops = 0;
+	for (int ti = 0; ti < m->n_tasks; ti++) {
+		const sp_task_t *t = &m->tasks[ti];
+		int64_t f = 0;
+		for (int i = 0; i < t->n_nodes; i++) {
+			inspect_node_t n;
+			inspect_node(&n, m, t, &t->nodes[i]);
+			f += (n.fwd_flops + n.bwd_flops) * t->batch;
+		}
+		flops += f * (t->microbatches > 0 ? t->microbatches : pl->k);
+	}
+	return iteration_ms > 0 ? (double)flops / (peak * iteration_ms * 1e-3) : 0;
 }
 
 /* Algorithm a's row of the summary; the figures the plan file does not
@@ -658,14 +669,20 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	/* model → MetaOps → costs → layout estimates → bounds */
 	if ((rc = graph_build(&pl)) || (rc = cost_build(&pl)) || (rc = layout_prepare(&pl)))
 		goto cleanup;
-	bound_compute(&pl, &sum->bounds);
-	/* k micro-steps, each a whole pass over the model: k times its compute */
-	bounds_t *b = &sum->bounds;
-	b->area_ms *= k;
-	b->cp_ms *= k;
-	b->paper_ms *= k;
-	b->lower_ms *= k;
-	b->allot_ms *= k;
+	/* K micro-steps one after another, each a pass over its tasks: the
+	 * bounds of each distinct set of active tasks, times its micro-steps */
+	for (int j = 0, next; j < k; j = next) {
+		bounds_t bj, *b = &sum->bounds;
+		next = plan_micro_next(m, k, j);
+		pl.micro = j;
+		bound_compute(&pl, &bj);
+		b->area_ms += bj.area_ms * (next - j);
+		b->cp_ms += bj.cp_ms * (next - j);
+		b->paper_ms += bj.paper_ms * (next - j);
+		b->lower_ms += bj.lower_ms * (next - j);
+		b->allot_ms += bj.allot_ms * (next - j);
+	}
+	pl.micro = 0;
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;
@@ -677,6 +694,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	if ((rc = layout_forced_check(&pl, out)) || (rc = verify_plan(out, pl.mem_cap, err)))
 		goto cleanup;
 	write_cert(out, &chosen_res, &sum->bounds);
+	sum->mb_earlier_ms = chosen_res.xfer_iteration_ms - chosen_res.xfer_last_ms;
 	if (bound_comm(&sum->bounds.comm_ms, out, c)) {
 		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		goto cleanup;
@@ -711,18 +729,26 @@ static int64_t batch_gcd(const sp_model_t *m)
 	return g;
 }
 
-/* Plans with k micro-batches: every task's batch / k (k divides them). */
-static int plan_k(const plan_opts_t *o, const sp_model_t *m, int k, const sp_cluster_t *c,
-		  sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
+/* Plans with k[t] micro-batches for task t (each divides its batch): the
+ * model with task t's batch / k[t] and microbatches k[t], K the most. */
+static int plan_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
+		  const sp_cluster_t *c, sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
 	sp_model_t mm = {0};
-	if (k == 1)
+	int K = 1, set = 0;
+	for (int t = 0; t < m->n_tasks; t++) {
+		K = SP_MAX(K, k[t]);
+		set |= m->tasks[t].microbatches != 0;
+	}
+	if (K == 1 && !set)
 		return plan_micro(o, m, 1, c, out, sum, err);
 	if (model_copy(&mm, m))
 		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	for (int t = 0; t < mm.n_tasks; t++)
-		mm.tasks[t].batch /= k;
-	int rc = plan_micro(o, &mm, k, c, out, sum, err);
+	for (int t = 0; t < mm.n_tasks; t++) {
+		mm.tasks[t].batch /= k[t];
+		mm.tasks[t].microbatches = k[t];
+	}
+	int rc = plan_micro(o, &mm, K, c, out, sum, err);
 	model_release(&mm);
 	return rc;
 }
@@ -741,8 +767,10 @@ static int divisors(int64_t g, int *d, int max)
 	return n;
 }
 
-/* 1 when the inputs plan (and fit) with k micro-batches; no advice. */
-static int fits_k(const plan_opts_t *o, const sp_model_t *m, int k, const sp_cluster_t *c)
+/* 1 when the inputs plan (and fit) with k[t] micro-batches per task; no
+ * advice. */
+static int fits_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
+		  const sp_cluster_t *c)
 {
 	plan_opts_t q = *o;
 	sp_err_t e = {0};
@@ -750,72 +778,250 @@ static int fits_k(const plan_opts_t *o, const sp_model_t *m, int k, const sp_clu
 	plan_summary_t s;
 	q.no_advice = 1;
 	q.compare = 0;
-	q.microbatches = k;
+	q.mb_tasks = NULL;
+	q.microbatches = 1;
+	for (int t = 0; t < m->n_tasks; t++)
+		q.microbatches = SP_MAX(q.microbatches, k[t]);
 	int rc = plan_k(&q, m, k, c, &p, &s, &e);
 	plan_release(&p);
 	return rc == 0;
 }
 
-int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
-		   int above)
+/* The next divisor of b above k, at most SP_MAX_MICROBATCHES; 0 none. */
+static int next_divisor(int64_t b, int k)
 {
-	int d[MAX_DIVISORS], n = divisors(batch_gcd(m), d, MAX_DIVISORS), lo = 0, hi = n - 1;
-	while (lo < n && d[lo] <= above)
-		lo++;
-	/* the most micro-batches has the least activation memory: when it does
-	 * not fit, none does; else bisect for the fewest that fits (fewer
-	 * micro-steps are faster: each repeats the per-step fixed costs) */
-	if (lo >= n || !fits_k(o, m, d[hi], c))
-		return 0;
+	for (int64_t d = (int64_t)k + 1; d <= b && d <= SP_MAX_MICROBATCHES; d++)
+		if (b % d == 0)
+			return (int)d;
+	return 0;
+}
+
+/*
+ * Step i of auto's sequence of per-task counts into k (n_tasks entries):
+ * from one micro-batch each, every step gives the task whose micro-batch
+ * holds the most activations (saved bytes for backward per sample x
+ * batch / k_t; ties to the first task) its next number of micro-batches
+ * (the next divisor of its batch), so each step frees the most
+ * activation memory one step can. Returns the steps taken: i, or fewer
+ * when every task is at its last divisor (k then the last element).
+ */
+static int mb_sequence(const sp_model_t *m, int i, int *k)
+{
+	double *act = calloc((size_t)m->n_tasks + 1, sizeof *act);
+	int s = 0;
+	for (int t = 0; t < m->n_tasks; t++) {
+		const sp_task_t *tk = &m->tasks[t];
+		k[t] = 1;
+		for (int q = 0; act && q < tk->n_nodes; q++) {
+			inspect_node_t n;
+			inspect_node(&n, m, tk, &tk->nodes[q]);
+			act[t] += (double)n.saved_bytes * (double)tk->batch;
+		}
+	}
+	for (; act && s < i; s++) {
+		int best = -1, nd = 0;
+		for (int t = 0; t < m->n_tasks; t++) {
+			int d = next_divisor(m->tasks[t].batch, k[t]);
+			if (d && (best < 0 || act[t] / k[t] > act[best] / k[best])) {
+				best = t;
+				nd = d;
+			}
+		}
+		if (best < 0)
+			break;
+		k[best] = nd;
+	}
+	free(act);
+	return s;
+}
+
+int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c, int *k)
+{
+	/* the first step that fits (fewer micro-steps are faster: each
+	 * repeats the per-step fixed costs, and a task alone in a micro-step
+	 * leaves the others' devices idle): steps 1, 2, 4, ... until one
+	 * fits, then bisection below it; the sequence's end has the least
+	 * activation memory, so when it does not fit nothing does. Step 0,
+	 * one micro-batch each, is the caller's (it did not fit). */
+	int end = mb_sequence(m, INT_MAX, k), lo = 1, hi = 0;
+	for (int i = 1; i < end && !hi; i *= 2) {
+		mb_sequence(m, i, k);
+		if (fits_k(o, m, k, c))
+			hi = i;
+		else
+			lo = i + 1;
+	}
+	if (!hi) {
+		if (end < 1)
+			return 0;
+		mb_sequence(m, end, k);
+		if (!fits_k(o, m, k, c))
+			return 0;
+		hi = end;
+	}
 	while (lo < hi) {
 		int mid = lo + (hi - lo) / 2;
-		if (fits_k(o, m, d[mid], c))
+		mb_sequence(m, mid, k);
+		if (fits_k(o, m, k, c))
 			hi = mid;
 		else
 			lo = mid + 1;
 	}
-	return d[hi];
+	mb_sequence(m, hi, k);
+	return 1;
+}
+
+/* The divisors of b (up to SP_MAX_MICROBATCHES) as "1, 2, 4" into buf. */
+static void divisor_list(char *buf, size_t cap, int64_t b)
+{
+	int d[MAX_DIVISORS], n = divisors(b, d, MAX_DIVISORS);
+	buf[0] = 0;
+	for (int i = 0, len = 0; i < n && len < (int)cap - 12; i++)
+		len += snprintf(buf + len, cap - (size_t)len, "%s%d", i ? ", " : "", d[i]);
+}
+
+/* The per-task form NAME=K[,NAME=K...] of --microbatches into k (tasks
+ * not named: 1); exit-2 errors name the item. */
+static int mb_parse(const char *spec, const sp_model_t *m, int *k, sp_err_t *err)
+{
+	char item[SP_NAME_MAX + 32];
+	for (int t = 0; t < m->n_tasks; t++)
+		k[t] = 0;
+	for (const char *p = spec;;) {
+		size_t n = strcspn(p, ",");
+		snprintf(item, sizeof item, "%.*s", (int)SP_MIN(n, sizeof item - 1), p);
+		char *eq = strchr(item, '='), *end = NULL;
+		long v = eq ? strtol(eq + 1, &end, 10) : 0;
+		int t = -1;
+		if (eq) {
+			*eq = 0;
+			for (int q = 0; q < m->n_tasks && t < 0; q++)
+				if (!strcmp(m->tasks[q].name, item))
+					t = q;
+		}
+		if (!eq || n >= sizeof item || !end || *end || eq[1] < '0' || eq[1] > '9' ||
+		    v < 1 || v > SP_MAX_MICROBATCHES) {
+			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "--microbatches: '%.*s' is not TASK=COUNT", (int)SP_MIN(n, 80), p);
+			sp_err_hint(err, "use a number for every task, or TASK=COUNT,... with "
+					 "counts from 1 to %d (tasks not named: 1)",
+				    SP_MAX_MICROBATCHES);
+			return SP_EINPUT;
+		}
+		if (t < 0) {
+			char names[200] = "";
+			for (int q = 0, len = 0; q < m->n_tasks && len < (int)sizeof names - 70; q++)
+				len += snprintf(names + len, sizeof names - (size_t)len, "%s'%s'",
+						q ? ", " : "", m->tasks[q].name);
+			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "--microbatches: unknown task '%s'", item);
+			sp_err_hint(err, "the model's tasks are %s", names);
+			return SP_EINPUT;
+		}
+		if (k[t])
+			return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+					  "--microbatches: task '%s' is named twice", item);
+		if (m->tasks[t].batch % v) {
+			char list[160];
+			divisor_list(list, sizeof list, m->tasks[t].batch);
+			sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+				   "--microbatches %s=%ld does not divide the batch of task '%s' "
+				   "(%lld)",
+				   item, v, item, (long long)m->tasks[t].batch);
+			sp_err_hint(err, "use a number that divides it: %s", list);
+			return SP_EINPUT;
+		}
+		k[t] = (int)v;
+		if (!p[n])
+			break;
+		p += n + 1;
+	}
+	for (int t = 0; t < m->n_tasks; t++)
+		k[t] = SP_MAX(k[t], 1);
+	return 0;
+}
+
+int mb_describe(char *buf, size_t cap, const sp_model_t *m, const int *k, int *uniform)
+{
+	int len = 0;
+	*uniform = 1;
+	for (int t = 1; t < m->n_tasks; t++)
+		*uniform &= k[t] == k[0];
+	buf[0] = 0;
+	if (*uniform)
+		return snprintf(buf, cap, "%d", k[0]);
+	for (int t = 0; t < m->n_tasks && len < (int)cap; t++)
+		if (k[t] > 1)
+			len += snprintf(buf + len, cap - (size_t)len, "%s%s=%d", len ? "," : "",
+					m->tasks[t].name, k[t]);
+	return len;
 }
 
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
 	int64_t g = batch_gcd(m);
-	int k = o->microbatches;
-	if (tp_check(o, m, c, err))
-		return SP_EINPUT;
-	if (k > 0 && g % k) {
-		int t = 0;
-		while (t < m->n_tasks - 1 && m->tasks[t].batch % k == 0)
-			t++;
-		char list[160] = "";
-		int d[MAX_DIVISORS], n = divisors(g, d, MAX_DIVISORS);
-		for (int i = 0, len = 0; i < n && len < (int)sizeof list - 12; i++)
-			len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? ", " : "",
-					d[i]);
-		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
-			   "--microbatches %d does not divide the batch of task '%s' (%lld)", k,
-			   m->tasks[t].name, (long long)m->tasks[t].batch);
-		sp_err_hint(err, "use a number that divides every task's batch: %s (or auto)",
-			    list);
-		return SP_EINPUT;
-	}
-	if (k > 0)
-		return plan_k(o, m, k, c, out, sum, err);
-	/* auto: one micro-batch unless nothing fits with it, then the fewest
-	 * that fit; when none does, k = 1 again with its advice */
+	int K = o->microbatches, rc;
+	int *k = calloc((size_t)m->n_tasks + 1, sizeof *k);
+	if (!k)
+		return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	plan_opts_t q = *o;
+	q.mb_tasks = NULL;
+	if (tp_check(o, m, c, err)) {
+		rc = SP_EINPUT;
+		goto done;
+	}
+	if (o->mb_tasks) { /* per task, forced */
+		if ((rc = mb_parse(o->mb_tasks, m, k, err)))
+			goto done;
+		q.microbatches = 1;
+		for (int t = 0; t < m->n_tasks; t++)
+			q.microbatches = SP_MAX(q.microbatches, k[t]);
+		rc = plan_k(&q, m, k, c, out, sum, err);
+		goto done;
+	}
+	if (K > 0 && g % K) {
+		int t = 0;
+		while (t < m->n_tasks - 1 && m->tasks[t].batch % K == 0)
+			t++;
+		char list[160];
+		divisor_list(list, sizeof list, g);
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			   "--microbatches %d does not divide the batch of task '%s' (%lld)", K,
+			   m->tasks[t].name, (long long)m->tasks[t].batch);
+		sp_err_hint(err, "use a number that divides every task's batch: %s (or auto, "
+				 "or TASK=COUNT,... per task)",
+			    list);
+		rc = SP_EINPUT;
+		goto done;
+	}
+	for (int t = 0; t < m->n_tasks; t++)
+		k[t] = SP_MAX(K, 1);
+	if (K > 0) {
+		rc = plan_k(&q, m, k, c, out, sum, err);
+		goto done;
+	}
+	/* auto: one micro-batch unless nothing fits with it, then the first
+	 * counts of mb_sequence that fit; when none do, one again with its
+	 * advice */
 	q.microbatches = 1;
 	q.no_advice = 1;
-	int rc = plan_k(&q, m, 1, c, out, sum, err);
+	rc = plan_k(&q, m, k, c, out, sum, err);
 	if (rc != SP_EINFEAS)
-		return rc;
+		goto done;
 	sp_err_t keep = *err;
 	memset(err, 0, sizeof *err);
 	err->warn = keep.warn;
 	err->warn_ctx = keep.warn_ctx;
-	k = microbatch_fit(&q, m, c, 1);
-	q.microbatches = SP_MAX(k, 0); /* 0: the advice knows none fits */
+	int found = microbatch_fit(&q, m, c, k);
+	q.microbatches = 0; /* 0: the advice knows none fits */
+	for (int t = 0; t < m->n_tasks; t++) {
+		k[t] = found ? k[t] : 1;
+		q.microbatches = found ? SP_MAX(q.microbatches, k[t]) : 0;
+	}
 	q.no_advice = o->no_advice;
-	return plan_k(&q, m, SP_MAX(k, 1), c, out, sum, err);
+	rc = plan_k(&q, m, k, c, out, sum, err);
+done:
+	free(k);
+	return rc;
 }

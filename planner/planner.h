@@ -53,6 +53,8 @@ typedef struct {
 	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */
+	const char *mb_tasks;   /* --microbatches NAME=K,...: per task (tasks
+				 * not named: 1); NULL: microbatches above */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
 	int simulate_all;       /* 1: ours simulates every candidate in full (no
 				 * bound skips: the same plans, slower; tests) */
@@ -112,7 +114,9 @@ typedef struct planner {
 	sp_arena_t arena;   /* the planning run */
 	sp_arena_t scratch; /* one candidate plan; reset by plan.c */
 	int N; /* devices */
-	int k; /* micro-batches per step: model holds the micro-batch (plan.c) */
+	int k; /* micro-steps per step, K: model holds the micro-batches, task t's
+		* batch / k_t, k_t its microbatches (0: K) (plan.c) */
+	int micro; /* bound.c: bounds of the tasks active in this micro-step */
 	int n_mops, n_ops, n_edges;
 	/* cost.c: the active table set (cost_use) and its forced degree (0
 	 * auto: opts->tp; COST_WHOLE: 1); has_whole: cost_build made a
@@ -581,6 +585,8 @@ typedef struct {
 	double iteration_ms, compute_ms, utilisation;
 	double transfer_ms, sync_ms, step_ms;
 	double xfer_iteration_ms; /* the pass with transfers, without sync */
+	double xfer_last_ms;      /* its last micro-step's part */
+	double busy_before;       /* device-ms computing before the last micro-step */
 	int partial; /* sim_iteration's: compute, transfer and sync times missing */
 } sim_result_t;
 
@@ -625,8 +631,9 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
  * recomputing slices, with the bytes they free per device and the time they
  * add, as text or as the JSON members "buckets" and "metaops" (each after
  * a ","). */
-void layout_report(FILE *f, const sp_plan_t *p);
-void layout_json(FILE *f, const sp_plan_t *p);
+/* earlier_ms: the micro-steps before the last one (plan_summary_t) */
+void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms);
+void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms);
 /* After memplan_run found the chosen plan (closest) over the cap: names in
  * err's hint the cheapest change that fits, each one re-planned (the
  * layouts the options forbade, a smaller --mem-reserve, the fewest more
@@ -662,12 +669,21 @@ typedef struct {
 	algo_t chosen;
 	bounds_t bounds;
 	double total_ms;
+	/* the chosen plan's micro-steps before its last one: their predicted
+	 * time (passes with transfers, without sync; 0 with one micro-step),
+	 * what micro-batching adds to the iteration */
+	double mb_earlier_ms;
 } plan_summary_t;
 
-/* The fewest micro-batches above `above` (a divisor of every task's batch
- * of m) with which the inputs plan and fit under o; 0 when none does. */
-int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
-		   int above);
+/* Micro-batches per task k (m->n_tasks entries, each a divisor of its
+ * task's batch) with which the inputs plan and fit under o, more than one
+ * for some task: the first that fit along auto's sequence (plan.c
+ * mb_sequence: the task holding the most activations gets more first).
+ * 1 when found, 0 when none does. */
+int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c, int *k);
+/* k as --microbatches takes it into buf: "N" when every task has N
+ * (*uniform 1), else "task=N,..." of the tasks with more than one. */
+int mb_describe(char *buf, size_t cap, const sp_model_t *m, const int *k, int *uniform);
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err);
 

@@ -129,7 +129,7 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		fprintf(f, "  ... %d more devices\n", p->n_devices - shown);
 	fprintf(f, "  cap %.2f GiB per device (%.0f GiB less %.1f GiB reserve)\n",
 		p->memory_gib - p->mem_reserve_gib, p->memory_gib, p->mem_reserve_gib);
-	layout_report(f, p);
+	layout_report(f, p, s->mb_earlier_ms);
 	tp_report(f, p);
 }
 
@@ -176,7 +176,7 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 	for (int i = 0; i < p->n_slices; i++)
 		fprintf(f, "%s%d", i ? ", " : "", p->slices[i].tp);
 	fprintf(f, "]");
-	layout_json(f, p);
+	layout_json(f, p, s->mb_earlier_ms);
 	tp_json(f, p);
 	fprintf(f, "\n}\n");
 }

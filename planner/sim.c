@@ -40,13 +40,17 @@
  * costs off to measure the compute schedule alone and the share of
  * transfers.
  *
- * With k micro-batches (pl->k) the programs are one micro-step; the runtime
- * runs them k times, the first k - 1 without SYNC, STEP and GATHER. The
- * iteration is (k - 1) x the pass with transfers but without sync and step
- * + the full pass; compute and transfer times are k times one micro-step's.
- * Micro-steps are taken back to back (no overlap of one's tail with the
- * next one's head), and the times recorded in the plan are the last
- * micro-step's.
+ * With K micro-steps (pl->k) the programs are one micro-step; the runtime
+ * runs them K times, the first K - 1 without SYNC, STEP and GATHER, and
+ * micro-step j only with the instructions of the tasks that have more than
+ * j micro-batches (plan_ins_active). Each distinct set of active tasks is
+ * simulated once (plan_micro_next) and counted for its micro-steps: the
+ * iteration is the passes with transfers but without sync and step of the
+ * first K - 1 micro-steps + the full pass of the last; compute and
+ * transfer times add up over the K. Micro-steps are taken back to back (no
+ * overlap of one's tail with the next one's head). The times recorded in
+ * the plan are the full pass's with every task active: the last
+ * micro-step's when every task has K micro-batches, else one pass more.
  */
 #include "planner.h"
 
@@ -73,6 +77,7 @@ typedef struct {
 	planner_t *pl;
 	sp_plan_t *p;
 	int mode, record, db, max_tag;
+	int micro;                       /* the micro-step: its tasks run */
 	int *pc;                         /* per device: next instruction */
 	int *scan;                       /* per device: SYNCs before it all issued */
 	double *now, *busy, *wait;       /* per device: clock, compute, waiting */
@@ -160,6 +165,8 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	const sp_cluster_t *cl = st->pl->cluster;
 	int xfer = st->mode & SIM_XFER;
 	(void)k;
+	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
+		return PROGS_RAN;
 	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
 		sim_compute(st, d, in);
 	} else if (in->op == INS_COPY) {
@@ -328,9 +335,9 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	return 0;
 }
 
-static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res)
+static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim_out_t *res)
 {
-	sim_t st = {.pl = pl, .p = p, .mode = mode, .record = record,
+	sim_t st = {.pl = pl, .p = p, .mode = mode, .record = record, .micro = micro,
 		    .db = dtype_bytes(pl->model->dtype)};
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int rc = run_scoped(&st, res);
@@ -340,18 +347,54 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, sim_out_t *res
 	return rc;
 }
 
-/* The iteration from the full pass f and the k micro-steps' pass with
- * transfers (res->xfer_iteration_ms): k - 1 of those, then f. */
+/* Whether every task runs in every micro-step (the same k for all). */
+static int uniform(const sp_plan_t *p)
+{
+	return plan_micro_next(&p->model, p->microbatches, 0) >= p->microbatches;
+}
+
+/* The last micro-step: the first of its set of active tasks. */
+static int last_set(const sp_plan_t *p)
+{
+	int j = 0;
+	while (plan_micro_next(&p->model, p->microbatches, j) < p->microbatches)
+		j = plan_micro_next(&p->model, p->microbatches, j);
+	return j;
+}
+
+/* The iteration from the full pass f of the last micro-step and the passes
+ * with transfers of the others (res: xfer_iteration_ms less its last
+ * micro-step's part xfer_last_ms, busy_before); with the same k for every
+ * task, k - 1 times the last one's, as before per-task counts. */
 static void sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t *f,
 			sim_result_t *res)
 {
-	double x = res->xfer_iteration_ms / pl->k;
-	res->iteration_ms = x * (pl->k - 1) + f->iteration;
-	res->sync_ms = fmax(0, f->iteration - x);
-	/* busy time of the earlier micro-steps: k - 1 times the last one's */
-	res->utilisation = res->iteration_ms > 0 ? f->busy_total * pl->k /
+	if (uniform(p)) {
+		double x = res->xfer_iteration_ms / pl->k;
+		res->iteration_ms = x * (pl->k - 1) + f->iteration;
+		res->sync_ms = fmax(0, f->iteration - x);
+		/* busy time of the earlier micro-steps: k - 1 times the last one's */
+		res->utilisation = res->iteration_ms > 0 ? f->busy_total * pl->k /
+								   (p->n_devices * res->iteration_ms)
+							 : 0;
+		return;
+	}
+	res->iteration_ms = res->xfer_iteration_ms - res->xfer_last_ms + f->iteration;
+	res->sync_ms = fmax(0, f->iteration - res->xfer_last_ms);
+	res->utilisation = res->iteration_ms > 0 ? (res->busy_before + f->busy_total) /
 							   (p->n_devices * res->iteration_ms)
 						 : 0;
+}
+
+/* The full pass of the last micro-step into f; when it leaves tasks out,
+ * the plan's times come from a pass with every task active. */
+static int full_pass(planner_t *pl, sp_plan_t *p, sim_out_t *f)
+{
+	sim_out_t all;
+	if (uniform(p))
+		return run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, f);
+	int rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, &all);
+	return rc ? rc : run(pl, p, SIM_XFER | SIM_SYNC, 0, last_set(p), f);
 }
 
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
@@ -360,14 +403,20 @@ int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 	int rc;
 	memset(out, 0, sizeof *out);
 	if (!comm) {
-		if ((rc = run(pl, p, 0, 0, &c)))
-			return rc;
-		out->iteration_ms = out->compute_ms = c.iteration * pl->k;
-		out->utilisation = c.iteration > 0 ? c.busy_total / (p->n_devices * c.iteration) : 0;
+		double busy = 0, it = 0;
+		for (int j = 0, next; j < pl->k; j = next) {
+			next = plan_micro_next(&p->model, pl->k, j);
+			if ((rc = run(pl, p, 0, 0, j, &c)))
+				return rc;
+			it += c.iteration * (next - j);
+			busy += c.busy_total * (next - j);
+		}
+		out->iteration_ms = out->compute_ms = it;
+		out->utilisation = it > 0 ? busy / (p->n_devices * it) : 0;
 		return 0;
 	}
 	/* the compute and transfer passes, then the full one */
-	if ((rc = sim_transfers(pl, p, out)) || (rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
+	if ((rc = sim_transfers(pl, p, out)) || (rc = full_pass(pl, p, &f)))
 		return rc;
 	sync_result(pl, p, &f, out);
 	return 0;
@@ -379,7 +428,7 @@ int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
 int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	sim_out_t f;
-	int rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f);
+	int rc = full_pass(pl, p, &f);
 	if (!rc)
 		sync_result(pl, p, &f, res);
 	return rc;
@@ -395,7 +444,7 @@ int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (pl->k != 1)
 		return sim_run(pl, p, 1, res);
 	memset(res, 0, sizeof *res);
-	if ((rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, &f)))
+	if ((rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, &f)))
 		return rc;
 	sync_result(pl, p, &f, res);
 	res->partial = 1;
@@ -409,11 +458,30 @@ int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	sim_out_t c, x;
 	int rc;
-	if ((rc = run(pl, p, 0, 0, &c)) || (rc = run(pl, p, SIM_XFER, 0, &x)))
-		return rc;
-	res->compute_ms = c.iteration * pl->k;
-	res->xfer_iteration_ms = x.iteration * pl->k;
-	res->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
+	if (uniform(p)) {
+		if ((rc = run(pl, p, 0, 0, 0, &c)) || (rc = run(pl, p, SIM_XFER, 0, 0, &x)))
+			return rc;
+		res->compute_ms = c.iteration * pl->k;
+		res->xfer_iteration_ms = x.iteration * pl->k;
+		res->transfer_ms = fmax(0, x.iteration - c.iteration) * pl->k;
+		res->xfer_last_ms = x.iteration;
+		res->busy_before = x.busy_total * (pl->k - 1);
+		return 0;
+	}
+	/* each set of active tasks once, times its micro-steps */
+	res->compute_ms = res->xfer_iteration_ms = res->transfer_ms = res->busy_before = 0;
+	for (int j = 0, next; j < pl->k; j = next) {
+		next = plan_micro_next(&p->model, pl->k, j);
+		if ((rc = run(pl, p, 0, 0, j, &c)) || (rc = run(pl, p, SIM_XFER, 0, j, &x)))
+			return rc;
+		res->compute_ms += c.iteration * (next - j);
+		res->xfer_iteration_ms += x.iteration * (next - j);
+		res->transfer_ms += fmax(0, x.iteration - c.iteration) * (next - j);
+		res->busy_before += x.busy_total * (next - j);
+		res->xfer_last_ms = x.iteration;
+		if (next == pl->k)
+			res->busy_before -= x.busy_total;
+	}
 	return 0;
 }
 

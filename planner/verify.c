@@ -7,6 +7,9 @@
  *                         used twice
  *   size mismatch         the two ends of a transfer disagree on samples,
  *                         tokens or peers
+ *   transfer between      a SEND of one task's value received into
+ *   tasks                 another's (a micro-step that runs one task and
+ *                         not the other would leave it unmatched)
  *   missing parameters    FWD/BWD/LOSS of a layer the device does not hold
  *   missing input         a value read before all of it was written (FWD
  *                         input, BWD output gradient, SEND/COPY source), a
@@ -25,6 +28,15 @@
  *                         bucket mixes shards or misstates its elems
  *   missing memory, ...   a decoder's memory act(c, -1) or its gradient
  *                         grad(c, -1) out of order (verify_mem.c)
+ * With micro-batches per task the programs run once per distinct set of
+ * active tasks (plan_micro_next: micro-step j runs the tasks with more
+ * than j micro-batches, plan_ins_active), each run from scratch with
+ * every check, SYNC, STEP and GATHER included, as the last micro-step runs
+ * them: the earlier micro-steps of a set leave those out, which only
+ * removes waits, so they cannot deadlock where the last does not. A
+ * task's parameters get its whole (micro-)batch in every micro-step it
+ * runs in, none in the others. Memory is checked once: micro-step 0 runs
+ * every task.
  * A tensor-parallel group's FWD/BWD is a rendezvous (its all-reduces run
  * inside): a member runs it only once every member of the group has
  * reached it, so members that order their FWD/BWD differently deadlock
@@ -39,7 +51,11 @@
 int verify_vfail(vstate_t *st, int d, int k, const char *fmt, va_list ap)
 {
 	char msg[400];
-	vsnprintf(msg, sizeof msg, fmt, ap);
+	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	if (st->micro && n >= 0 && n < (int)sizeof msg) /* the tasks of a later micro-step */
+		snprintf(msg + n, sizeof msg - (size_t)n, " (in micro-step %d, the tasks with more "
+							  "micro-batches only)",
+			 st->micro);
 	if (d >= 0 && k >= 0)
 		return sp_err_set(st->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 				  "plan verification failed: device %d instruction %d (%s): %s",
@@ -466,6 +482,11 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 		return fail(st, d, k, "size mismatch: transfer tag %d differs from its send on "
 				      "device %d",
 			    (int)in->tag, sdev);
+	if (plan_ins_task(p, sd) != plan_ins_task(p, in))
+		return fail(st, d, k, "transfer between tasks: tag %d sends a value of task '%s' "
+				      "from device %d into one of task '%s'",
+			    (int)in->tag, p->model.tasks[plan_ins_task(p, sd)].name, sdev,
+			    p->model.tasks[plan_ins_task(p, in)].name);
 	st->recvd[in->tag] = 1;
 	return 0;
 }
@@ -493,6 +514,8 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 	vstate_t *st = ctx;
 	const sp_plan_t *p = st->p;
 	int rc = 0;
+	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
+		return PROGS_RAN;
 	if (in->op == INS_RECV) {
 		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])
 			return PROGS_WAIT;
@@ -611,15 +634,16 @@ static int check_contributions(vstate_t *st)
 		for (int l = 0; l < mo->n_layers; l++) {
 			const sp_op_t *op = &p->ops[mo->first_op + l];
 			int comp = t->nodes[op->node].comp;
+			int64_t want = plan_task_k(p, mo->task) > st->micro ? t->batch : 0;
 			if (p->model.comps[comp].type == COMP_CONTRASTIVE ||
-			    st->contrib[mo->first_op + l] == t->batch)
+			    st->contrib[mo->first_op + l] == want)
 				continue;
 			return fail(st, -1, -1,
 				    "missing gradient contribution: '%s' layer %d gets %lld "
-				    "samples of gradient in '%s' (batch %lld)",
+				    "samples of gradient in '%s' (batch %lld) in micro-step %d",
 				    p->model.comps[comp].name, (int)op->layer,
 				    (long long)st->contrib[mo->first_op + l], mo->name,
-				    (long long)t->batch);
+				    (long long)want, st->micro);
 		}
 	}
 	return 0;
@@ -683,16 +707,19 @@ static int verify_steps(vstate_t *st, double mem_cap)
 	if (rc || (rc = check_all_received(st)) || (rc = check_contributions(st)) ||
 	    (rc = check_sync_issues(st)))
 		return rc;
-	return check_memory(st, mem_cap);
+	return st->micro ? 0 : check_memory(st, mem_cap);
 }
 
 int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 {
-	vstate_t st = {.p = p, .err = err};
-	sp_arena_init(&st.arena);
-	int rc = verify_steps(&st, mem_cap);
-	if (rc == SP_ENOMEM)
-		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	sp_arena_release(&st.arena);
+	int rc = 0, K = SP_MAX(p->microbatches, 1);
+	for (int j = 0; j < K && !rc; j = plan_micro_next(&p->model, K, j)) {
+		vstate_t st = {.p = p, .err = err, .micro = j};
+		sp_arena_init(&st.arena);
+		rc = verify_steps(&st, mem_cap);
+		if (rc == SP_ENOMEM)
+			rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		sp_arena_release(&st.arena);
+	}
 	return rc;
 }

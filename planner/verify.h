@@ -62,6 +62,7 @@ typedef struct {
 	char *sent, *recvd;   /* per tag */
 	int *issued;          /* per bucket: SYNCs issued so far */
 	int64_t *contrib;     /* per operator: samples of gradient computed */
+	int micro;            /* the micro-step run: its active tasks only */
 	vmem_t mem;
 } vstate_t;
 

@@ -9,9 +9,12 @@
  * (1-based) is epoch e = (t - 1) / (N / B), and batch position s of it is
  * sample perm(seed, task name, e)[((t - 1) mod (N / B)) * B + s], perm a
  * Fisher-Yates shuffle (sample_index, the one place a sample index is
- * computed). B is the step batch: with k micro-batches (the plan's task
- * batch is then B / k) the dataset's steps are micro-steps, and micro-step
- * (t - 1) k + i + 1 is positions i B / k .. (i + 1) B / k - 1 of step t.
+ * computed). B is the step batch: with K micro-steps (the plan's
+ * microbatches) the dataset's steps are micro-steps, and for a task with
+ * k <= K micro-batches (the plan's task batch is then B / k) micro-step
+ * (t - 1) K + i + 1 is positions i B / k .. (i + 1) B / k - 1 of step t
+ * when i < k; the task reads nothing in micro-steps i >= k (it does not
+ * run in them: interp.c).
  * The order depends on the seed, the task's name, N and B only, so every
  * plan, rank count and k sees the same samples in a step, and a resumed
  * run (same seed, later steps) continues the same order.
@@ -83,6 +86,7 @@ typedef struct {
 
 typedef struct {
 	int64_t n, spe; /* samples; steps per epoch (of the step batch) */
+	int k;          /* the task's micro-batches per step (plan_task_k) */
 	int n_shards;
 	ds_shard_t *shards;
 	int n_cols;
@@ -96,10 +100,11 @@ struct rt_dataset {
 	uint64_t seed;
 	int64_t first, last;
 	int n_buf;     /* step buffers: 2 groups (streaming) or last - first + 1 */
-	int group;     /* the plan's micro-batches: spindle-run's step t is
+	int group;     /* the plan's micro-steps K: spindle-run's step t is
 			* steps (t-1)*group+1 .. t*group of the dataset, the
-			* micro-batches of one step batch (sample_index);
-			* streaming reads them ahead together */
+			* first k_i of them the micro-batches of task i's step
+			* batch (sample_index); streaming reads them ahead
+			* together */
 	int64_t *held; /* [n_buf]: the step each holds, 0 none */
 	int64_t resident; /* bytes of the step buffers */
 	ds_task_t *tasks; /* per model task */
@@ -140,7 +145,7 @@ static int get_count(json_t *o, const char *key, const char *index, const char *
 }
 
 /* Task ti's entry of the index: its sample count and shards. */
-static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, int group,
+static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, int k,
 		     const char *dir, const char *index, sp_err_t *err)
 {
 	char where[SP_NAME_MAX + 16];
@@ -153,10 +158,11 @@ static int read_task(ds_task_t *dt, json_t *tasks, const sp_task_t *t, int group
 	}
 	if (get_count(e, "samples", index, where, &dt->n, err))
 		return SP_EINPUT;
-	if (dt->n < t->batch * group) /* the step batch: group micro-batches */
+	dt->k = k;
+	if (dt->n < t->batch * k) /* the step batch: k micro-batches */
 		return sp_err_set(err, SP_EINPUT, index, 0, 0, where,
 				  "task '%s' has %lld samples, fewer than one batch (%lld)",
-				  t->name, (long long)dt->n, (long long)(t->batch * group));
+				  t->name, (long long)dt->n, (long long)(t->batch * k));
 	json_t *sh = json_object_get(e, "shards");
 	if (!json_is_array(sh) || json_array_size(sh) == 0)
 		return sp_err_set(err, SP_EINPUT, index, 0, 0, where,
@@ -280,8 +286,8 @@ static void permutation(int32_t *out, int64_t n, uint64_t seed, const char *task
 /*
  * The sample at batch position s of task ti's step `step` (1-based; a
  * micro-step: position s of micro-batch (step - 1) mod group of the step
- * batch): the one place a sample index is computed (see the top of the
- * file). One
+ * batch, which is below the task's k): the one place a sample index is
+ * computed (see the top of the file). One
  * thread at a time calls it (dataset_open's, then the reader): it keeps the
  * permutation of the epoch last asked for.
  */
@@ -291,15 +297,16 @@ static int64_t sample_index(const rt_dataset_t *d, int ti, int64_t step, int64_t
 	const sp_task_t *t = &d->m->tasks[ti];
 	int64_t u = (step - 1) / d->group, i = (step - 1) % d->group;
 	int64_t e = u / dt->spe, j = u % dt->spe;
+	assert(i < dt->k);
 	if (dt->perm_epoch != e)
 		permutation(dt->perm, dt->n, d->seed, t->name, dt->perm_epoch = e);
-	return dt->perm[(j * d->group + i) * t->batch + s];
+	return dt->perm[(j * dt->k + i) * t->batch + s];
 }
 
 /* The step buffers of the positions the rank reads (marked in pos). */
 static int make_buffers(rt_dataset_t *d, ds_task_t *dt, const sp_task_t *t)
 {
-	dt->spe = dt->n / (t->batch * d->group);
+	dt->spe = dt->n / (t->batch * dt->k);
 	dt->perm_epoch = -1;
 	if (!(dt->perm = malloc(sizeof(int32_t) * (size_t)dt->n)))
 		return SP_ENOMEM;
@@ -525,6 +532,8 @@ static int read_step(rt_dataset_t *d, int64_t step, sp_err_t *err)
 	d->held[b] = 0;
 	for (int ti = 0; ti < d->m->n_tasks; ti++) {
 		const ds_task_t *dt = &d->tasks[ti];
+		if ((step - 1) % d->group >= dt->k) /* not in this micro-step */
+			continue;
 		for (int ci = 0; ci < dt->n_cols; ci++) {
 			const ds_col_t *c = &dt->cols[ci];
 			size_t rb = (size_t)(c->seq * c->width) * 4;
@@ -652,7 +661,8 @@ static int open_dir(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int
 		rc = sp_err_set(err, SP_EINPUT, index, 0, 0, "tasks",
 				"'tasks' must be an object keyed by task name");
 	for (int i = 0; i < m->n_tasks && !rc; i++) {
-		rc = read_task(&d->tasks[i], json_object_get(root, "tasks"), &m->tasks[i], group,
+		rc = read_task(&d->tasks[i], json_object_get(root, "tasks"), &m->tasks[i],
+			       plan_task_k(p, i),
 			       dir, index, err);
 		if (!rc)
 			rc = plan_columns(&d->tasks[i], m, &m->tasks[i]);

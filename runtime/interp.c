@@ -18,14 +18,18 @@
  *   work     ping-pong buffers between layers of a slice, loss scratch,
  *            generated input data, and the one layer's saved activations a
  *            recomputing BWD re-creates (the largest such layer's)
- * A step: zero gradients, then k times (the plan's microbatches) zero the
- * gradient values and run the program, the first k - 1 times without
- * SYNC, STEP and GATHER, so that gradients accumulate over the k
- * micro-batches; sum the per-task losses. Micro-step i reads samples
- * [s0, s1) + i x the task's micro-batch of step t (synthetic data), or
- * step (t - 1) k + i + 1 of a dataset, whose steps are then micro-steps
- * (dataset.c: the samples of step t at positions i x B / k + [s0, s1), B
- * the step batch, as with one micro-batch).
+ * A step: zero gradients, then K times (the plan's microbatches) zero the
+ * gradient values and run the program, the first K - 1 times without
+ * SYNC, STEP and GATHER, so that gradients accumulate over the
+ * micro-batches; sum the per-task losses. Task t has its own k_t <= K
+ * (plan_task_k): micro-step i runs only the instructions of the tasks with
+ * k_t > i (plan_ins_active; both ends of a transfer skip alone), so a
+ * component shared by tasks sums its gradients over every task's
+ * micro-batches before the last micro-step's SYNC. Micro-step i reads
+ * samples [s0, s1) + i x the task's micro-batch of step t (synthetic
+ * data), or step (t - 1) K + i + 1 of a dataset, whose steps are then
+ * micro-steps (dataset.c: the samples of step t at positions i x B / k_t +
+ * [s0, s1), B the task's step batch, as with one micro-batch).
  * SENDs and SYNCs are non-blocking and completed at STEP; RECVs and
  * completions are polled against the timeout.
  *
@@ -1066,8 +1070,8 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
 	int64_t so = sample_off(st, mo->task);
-	/* the mean over the step batch: k micro-batches of t->batch */
-	double scale = t->weight / ((double)t->batch * st->p->microbatches), l = 0;
+	/* the mean over the step batch: k_t micro-batches of t->batch */
+	double scale = t->weight / ((double)t->batch * plan_task_k(st->p, mo->task)), l = 0;
 	switch (mo->shape.type) {
 	case COMP_LM_HEAD:
 		data_lm_targets(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
@@ -1239,7 +1243,8 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 }
 
 /* One run of the program: micro-step st->micro of step t (data step ds);
- * all but the last micro-step leave out SYNC, STEP and GATHER. */
+ * all but the last micro-step leave out SYNC, STEP and GATHER, and each
+ * leaves out the instructions of tasks with no micro-batch left. */
 static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t *err)
 {
 	const rt_backend_t *b = st->b;
@@ -1253,6 +1258,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		int rc = 0, comm = 0;
 		st->tp_ms = 0;
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
+			continue;
+		if (!plan_ins_active(st->p, in, st->micro))
 			continue;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
@@ -1386,7 +1393,8 @@ static int score_loss(rt_state_t *st, int k, double *acc)
 
 /*
  * The forward part of the program on step `step` of ds: FWD, LOSS and the
- * transfers of values (not of gradients); BWD, SYNC, STEP, GATHER are
+ * transfers of values (not of gradients) of the tasks active in the
+ * micro-step the step is ((step - 1) mod K); BWD, SYNC, STEP, GATHER are
  * training's. The losses still write gradients, which the next rt_step
  * zeroes before use. Sends are completed before returning; no events are
  * recorded (rt_events keeps the last training step's).
@@ -1399,8 +1407,11 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 	for (int i = 0; i < T; i++)
 		st->loss[i] = 0;
 	st->o.data = ds;
+	int micro = (int)((step - 1) % SP_MAX(st->p->microbatches, 1));
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
+		if (!plan_ins_active(st->p, in, micro))
+			continue;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:

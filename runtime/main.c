@@ -697,12 +697,12 @@ static int64_t min_epoch(const run_t *r, int64_t t)
 	return e;
 }
 
-/* Task i's mean loss per sample at step t: the loss sums of its k
+/* Task i's mean loss per sample at step t: the loss sums of its k_i
  * micro-batches over the step batch (the mean over the micro-steps). */
 static double mean_loss(const run_t *r, int i)
 {
 	const sp_plan_t *p = &r->plan;
-	return r->loss[i] / ((double)p->model.tasks[i].batch * p->microbatches);
+	return r->loss[i] / ((double)p->model.tasks[i].batch * plan_task_k(p, i));
 }
 
 /* Rank 0: step t's line on stdout and in the CSV log. */

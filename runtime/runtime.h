@@ -206,8 +206,8 @@ int dataset_stream(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int 
 int dataset_open(rt_dataset_t **out, const char *dir, const sp_plan_t *p, int rank,
 		 int nranks, uint64_t seed, int64_t first, int64_t last, sp_err_t *err);
 /* The group of steps starting at `step` is next (call it once the group
- * before has run, in order; a group is the plan's micro-batches, one step
- * without them): waits until its rows are read and checked, then starts
+ * before has run, in order; a group is the plan's micro-steps K, one step
+ * without them; task i reads in the first k_i of a group only): waits until its rows are read and checked, then starts
  * reading the next group into the buffers the one before used. A bad row
  * or a changed shard is SP_EINPUT naming the file, tensor, sample and
  * spindle-run's step (the group's). No-op for dataset_open's. */

@@ -69,6 +69,10 @@ typedef struct {
 	double weight;
 	int n_nodes;
 	sp_node_t *nodes;
+	/* a plan's model only: micro-batches of the task per step, k_t (its
+	 * batch above is the micro-batch, B_t / k_t); 0 in a loaded model and
+	 * in a plan means the plan's microbatches (plan_task_k) */
+	int32_t microbatches;
 } sp_task_t;
 
 typedef struct {

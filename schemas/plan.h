@@ -232,6 +232,24 @@ static inline void sample_range(int64_t B, int i, int n, int32_t *s0, int32_t *s
 /* Width and seq of value (m, l): act(m,0) is the input, l >= 1 the output,
  * l = -1 the memory (mem_seq, mem_width; 0, 0 on a MetaOp without one). */
 void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *width);
+/*
+ * Micro-batching per task. Task t runs k_t = plan_task_k micro-batches of
+ * its (plan) batch per step; a step is K = p->microbatches micro-steps, and
+ * micro-step j (0-based) runs the instructions of the tasks with k_t > j
+ * only: FWD/BWD/LOSS of their slices and SEND/RECV/COPY of their values
+ * (both ends of a transfer belong to one task, so both skip together).
+ * plan_ins_task: the task an instruction works for, -1 for SYNC, STEP and
+ * GATHER (they run in the last micro-step only: the caller's rule).
+ * plan_ins_active: 1 when instruction in runs in micro-step j.
+ */
+int plan_task_k(const sp_plan_t *p, int task);
+/* The micro-steps from j on that run the same tasks as j: [j, next), next
+ * the least k_t above j (K when none is below it); k_t is
+ * m->tasks[t].microbatches, 0 meaning K. Walk a step's distinct sets of
+ * active tasks with for (j = 0; j < K; j = next). */
+int plan_micro_next(const sp_model_t *m, int K, int j);
+int plan_ins_task(const sp_plan_t *p, const sp_ins_t *in);
+int plan_ins_active(const sp_plan_t *p, const sp_ins_t *in, int j);
 const char *layout_name(int layout);
 /*
  * Device dev's position in bucket b's group (or -1 if not a member) and,

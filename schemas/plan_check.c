@@ -276,6 +276,26 @@ cleanup:
 
 /* ---- the plan: every index and range ----------------------------------- */
 
+/* Each task's micro-batches k_t: 1 to the step's K (provenance
+ * microbatches), which is the most of them (the step runs K micro-steps). */
+static int check_task_k(dec_t *d, const sp_plan_t *p)
+{
+	int32_t most = 0;
+	for (int ti = 0; ti < p->model.n_tasks; ti++) {
+		pr_at(d, "tasks", ti);
+		if (pr_int(d, "microbatches", p->model.tasks[ti].microbatches, 1, p->microbatches))
+			return d->rc;
+		most = SP_MAX(most, p->model.tasks[ti].microbatches);
+	}
+	if (most != p->microbatches) {
+		pr_at(d, "provenance", -1);
+		return pr_fail(d, "microbatches", "%d micro-steps, but no task has more than %d "
+						  "micro-batches",
+			       (int)p->microbatches, (int)most);
+	}
+	return 0;
+}
+
 static int check_provenance(dec_t *d, const sp_plan_t *p)
 {
 	pr_at(d, "provenance", -1);
@@ -291,7 +311,7 @@ static int check_provenance(dec_t *d, const sp_plan_t *p)
 	if ((int64_t)p->nodes * p->gpus_per_node > SP_MAX_DEVICES)
 		return pr_fail(d, "nodes", "%lld devices in all; at most %d supported",
 			    (long long)p->nodes * p->gpus_per_node, SP_MAX_DEVICES);
-	return 0;
+	return check_task_k(d, p);
 }
 
 static int check_shape(dec_t *d, const sp_opshape_t *s)
@@ -792,6 +812,12 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 		if (ws != wd)
 			return pr_fail(d, "dst", "copy between values of widths %d and %d",
 				    ws, wd);
+		/* a micro-step skips a task's copies (plan_ins_active): both
+		 * values are one task's */
+		if (p->metaops[in->src.metaop].task != p->metaops[in->dst.metaop].task)
+			return pr_fail(d, "dst", "copy between values of tasks %d and %d",
+				       p->metaops[in->src.metaop].task,
+				       p->metaops[in->dst.metaop].task);
 		return 0;
 	}
 	case INS_SYNC: return pr_index(d, "peer", in->peer, p->n_buckets, "bucket");

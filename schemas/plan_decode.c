@@ -378,6 +378,7 @@ static void get_task(dec_t *d, rcur_t *r, sp_task_t *t, int32_t *n_nodes,
 	t->weight = get_f64(r);
 	*n_nodes = get_i32(r);
 	*first_node = get_i32(r);
+	t->microbatches = get_i32(r);
 }
 
 static void get_node(dec_t *d, rcur_t *r, sp_node_t *n, int32_t *n_inputs,

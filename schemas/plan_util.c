@@ -40,6 +40,42 @@ void plan_value_shape(const sp_plan_t *p, int m, int l, int32_t *seq, int32_t *w
 	*width = l == 0 ? mo->width_in : mo->width_out;
 }
 
+int plan_task_k(const sp_plan_t *p, int task)
+{
+	int32_t k = p->model.tasks[task].microbatches;
+	return k > 0 ? k : SP_MAX(p->microbatches, 1);
+}
+
+int plan_micro_next(const sp_model_t *m, int K, int j)
+{
+	int next = K;
+	for (int t = 0; t < m->n_tasks; t++) {
+		int k = m->tasks[t].microbatches > 0 ? m->tasks[t].microbatches : K;
+		if (k > j && k < next)
+			next = k;
+	}
+	return SP_MAX(next, j + 1);
+}
+
+int plan_ins_task(const sp_plan_t *p, const sp_ins_t *in)
+{
+	switch (in->op) {
+	case INS_FWD:
+	case INS_BWD:
+	case INS_LOSS: return p->metaops[p->slices[in->slice].metaop].task;
+	case INS_SEND:
+	case INS_COPY: return p->metaops[in->src.metaop].task;
+	case INS_RECV: return p->metaops[in->dst.metaop].task;
+	default: return -1;
+	}
+}
+
+int plan_ins_active(const sp_plan_t *p, const sp_ins_t *in, int j)
+{
+	int t = plan_ins_task(p, in);
+	return t < 0 || plan_task_k(p, t) > j;
+}
+
 const char *layout_name(int layout)
 {
 	switch (layout) {

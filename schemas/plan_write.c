@@ -245,13 +245,14 @@ static void put_component(enc_t *e, const void *v)
 	put_i64(e, c->memory_width);
 }
 
-static void put_task(enc_t *e, const sp_task_t *t, int32_t first_node)
+static void put_task(enc_t *e, const sp_task_t *t, int32_t first_node, int32_t k)
 {
 	PUT_STR(e, t->name);
 	put_i64(e, t->batch);
 	put_f64(e, t->weight);
 	put_i32(e, t->n_nodes);
 	put_i32(e, first_node);
+	put_i32(e, t->microbatches > 0 ? t->microbatches : k);
 }
 
 /* A node's memory field: its memory node on a cross-attention component,
@@ -513,13 +514,13 @@ static int check_arrays(enc_t *e, const sp_plan_t *p)
 }
 
 /* Tasks, then their nodes, then the nodes' inputs, each flattened in order. */
-static void put_graph(enc_t *e, const sp_model_t *m)
+static void put_graph(enc_t *e, const sp_model_t *m, int32_t k)
 {
 	int64_t n_nodes = 0, n_inputs = 0;
 	for (int ti = 0; ti < m->n_tasks && !e->rc; ti++) {
 		const sp_task_t *t = &m->tasks[ti];
 		begin(e, SEC_TASKS);
-		put_task(e, t, (int32_t)n_nodes);
+		put_task(e, t, (int32_t)n_nodes, k);
 		for (int i = 0; i < t->n_nodes && !e->rc; i++) {
 			const sp_node_t *n = &t->nodes[i];
 			begin(e, SEC_NODES);
@@ -552,7 +553,7 @@ static void put_sections(enc_t *e, const sp_plan_t *p)
 	e->count[SEC_MODEL] = 1;
 	put_array(e, SEC_COMPONENTS, p->model.comps, p->model.n_comps,
 		  sizeof *p->model.comps, put_component);
-	put_graph(e, &p->model);
+	put_graph(e, &p->model, p->microbatches);
 	put_array(e, SEC_METAOPS, p->metaops, p->n_metaops, sizeof *p->metaops,
 		  put_metaop);
 	put_array(e, SEC_OPS, p->ops, p->n_ops, sizeof *p->ops, put_op);

@@ -66,6 +66,16 @@ static void str_row(dstate_t *st, const char *name, const char *a, const char *b
 	}
 }
 
+/* Each task's micro-batches, "match 2, caption 4, classify 1", into buf. */
+static void task_ks(char *buf, size_t cap, const sp_plan_t *p)
+{
+	size_t len = 0;
+	buf[0] = 0;
+	for (int t = 0; t < p->model.n_tasks && len + 2 < cap; t++)
+		len += (size_t)snprintf(buf + len, cap - len, "%s%s %d", t ? ", " : "",
+					p->model.tasks[t].name, plan_task_k(p, t));
+}
+
 /* ---- slices ------------------------------------------------------------------ */
 
 static const sp_plan_t *sort_plan; /* qsort has no context argument */
@@ -648,6 +658,10 @@ int main(int argc, char **argv)
 	str_row(&st, "cluster hash", ha, hb);
 	str_row(&st, "algorithm", pa.algo, pb.algo);
 	str_row(&st, "options", pa.options, pb.options);
+	char ka[512], kb[512];
+	task_ks(ka, sizeof ka, &pa);
+	task_ks(kb, sizeof kb, &pb);
+	str_row(&st, "micro-batches", ka, kb);
 	str_row(&st, "planner", pa.planner_version, pb.planner_version);
 	if (!st.n)
 		printf("  same model, cluster, algorithm, options and planner\n");

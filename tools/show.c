@@ -196,9 +196,21 @@ static void text_header(FILE *f, const sp_plan_t *p, const view_t *v)
 	fprintf(f, "algorithm    %s\n", p->algo);
 	fprintf(f, "planner      %s\n", p->planner_version);
 	fprintf(f, "options      %s\n", p->options);
-	fprintf(f, "micro-batch  %d per step, the same for every task (task batches, waves and "
-		   "slice times are one micro-step's)\n",
-		p->microbatches);
+	int same_k = 1;
+	for (int t = 0; t < p->model.n_tasks; t++)
+		same_k &= plan_task_k(p, t) == p->microbatches;
+	if (same_k) {
+		fprintf(f, "micro-batch  %d per step, the same for every task (task batches, waves "
+			   "and slice times are one micro-step's)\n",
+			p->microbatches);
+	} else {
+		fprintf(f, "micro-batch  %d micro-steps per step; per task:", p->microbatches);
+		for (int t = 0; t < p->model.n_tasks; t++)
+			fprintf(f, "%s %s %d", t ? "," : "", p->model.tasks[t].name,
+				plan_task_k(p, t));
+		fprintf(f, " (a task runs in its first ones; task batches, waves and slice "
+			   "times are one micro-step's)\n");
+	}
 	fprintf(f, "inputs       model %016llx, cluster %016llx\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "iteration    %s ms predicted\n", N2(c->iteration_ms));
@@ -478,7 +490,10 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 	sp_json_str(f, p->planner_version);
 	fprintf(f, ",\n  \"options\": ");
 	sp_json_str(f, p->options);
-	fprintf(f, ",\n  \"microbatches\": %d", p->microbatches);
+	fprintf(f, ",\n  \"microbatches\": %d,\n  \"task_microbatches\": [", p->microbatches);
+	for (int t = 0; t < p->model.n_tasks; t++)
+		fprintf(f, "%s%d", t ? ", " : "", plan_task_k(p, t));
+	fprintf(f, "]");
 	fprintf(f, ",\n  \"model_hash\": \"%016llx\",\n  \"cluster_hash\": \"%016llx\",\n",
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "  \"predicted\": {\"iteration_ms\": %s, \"compute_ms\": %s, "

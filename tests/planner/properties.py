@@ -189,8 +189,10 @@ def forced_layouts(tmp):
 
 def micro_batches(tmp):
     """qwen-val-7b on 8 A800s fits only with micro-batches: under
-    --microbatches 1 the planner exits 2 and names the fewest that fit; auto
-    plans with exactly that many, and the plan says so."""
+    --microbatches 1 the planner exits 2 and names the micro-batches per
+    task that fit (the task holding the most activations, 'text', gets
+    more first); auto plans with exactly those, the hint's option plans,
+    and each task's count halved does not fit (the fewest for each task)."""
     m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
     c8 = os.path.join(ROOT, "plans/clusters/a800-1x8.json")
     p = subprocess.run([PLAN, m7, c8, "--microbatches", "1"], capture_output=True,
@@ -200,13 +202,32 @@ def micro_batches(tmp):
         fail(f"qwen-val-7b on 8 devices, --microbatches 1: exit {p.returncode}, "
              f"'{p.stderr.strip()}'")
         return
-    k = int(hint[0].split()[3])
-    a = subprocess.run([PLAN, m7, c8, "--json"], capture_output=True, text=True, timeout=120)
-    got = json.loads(a.stdout).get("microbatches") if a.returncode == 0 else None
-    if got != k:
-        fail(f"qwen-val-7b on 8 devices: '{hint[0]}', auto planned {got} micro-batches")
+    opt = hint[0].rsplit("(--microbatches ", 1)[-1].rstrip(")")
+    if "=" in opt:
+        want = {t: int(v) for t, v in (kv.split("=") for kv in opt.split(","))}
     else:
-        print(f"ok   micro-batches: {hint[0]}; auto plans {got}")
+        want = {}
+    a = subprocess.run([PLAN, m7, c8, "--json"], capture_output=True, text=True, timeout=120)
+    got = json.loads(a.stdout).get("task_microbatches") if a.returncode == 0 else None
+    if not got or not want or {t: k for t, k in got.items() if k > 1} != want:
+        fail(f"qwen-val-7b on 8 devices: '{hint[0]}', auto planned {got} micro-batches")
+        return
+    f = subprocess.run([PLAN, m7, c8, "--microbatches", opt, "-o", os.path.join(tmp, "mb.bin")],
+                       capture_output=True, text=True, timeout=120)
+    if f.returncode != 0:
+        fail(f"qwen-val-7b on 8 devices, --microbatches {opt}: exit {f.returncode}")
+        return
+    for t, k in want.items():
+        less = ",".join(f"{u}={v // 2 if u == t else v}" for u, v in want.items()
+                        if (v // 2 if u == t else v) > 1) or "1"
+        h = subprocess.run([PLAN, m7, c8, "--microbatches", less], capture_output=True,
+                           text=True, timeout=120)
+        if h.returncode != 2:
+            fail(f"qwen-val-7b on 8 devices, --microbatches {less}: exit {h.returncode}, "
+                 f"but auto gave '{t}' {k}")
+            return
+    print(f"ok   micro-batches: {hint[0]}; auto plans {got}; halving a task's count "
+          f"does not fit")
 
 
 def main():
@@ -308,13 +329,14 @@ def main():
         micro_batches(tmp)
 
         # when nothing fits, the hint names a node count that does fit, and
-        # one node fewer does not (each was planned to find it); batches
-        # without a common divisor, so that micro-batches cannot help
-        q7 = json.load(open(os.path.join(ROOT, "plans/qwen-val-7b/model.json")))
-        for t, b in zip(q7["tasks"], (127, 127, 255)):
-            t["batch"] = b
-        m7 = W.write_json(tmp, "q7-coprime.json", q7)
-        p = subprocess.run([PLAN, m7, os.path.join(ROOT, "plans/clusters/a800-1x8.json")],
+        # one node fewer does not (each was planned to find it); GPUs of
+        # 16 GiB, where no micro-batches help (auto tried them: with
+        # micro-batches per task any batch with a divisor helps where
+        # activations are what does not fit, so the cluster is made small)
+        m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+        c16g = json.load(open(os.path.join(ROOT, "plans/clusters/a800-1x8.json")))
+        c16g["gpu"]["memory_gib"] = 16
+        p = subprocess.run([PLAN, m7, W.write_json(tmp, "a16g-1x8.json", c16g)],
                            capture_output=True, text=True, timeout=120)
         hint = [ln for ln in p.stderr.splitlines() if ln.startswith("hint: fits on ")]
         if p.returncode != 1 or not hint:
@@ -323,8 +345,7 @@ def main():
             n = int(hint[0].split()[3])
             ok = []
             for k in (n - 1, n):
-                c = json.load(open(os.path.join(ROOT, "plans/clusters/a800-1x8.json")))
-                c["nodes"] = k
+                c = dict(c16g, nodes=k)
                 q = subprocess.run([PLAN, m7, W.write_json(tmp, "adv.json", c)],
                                    capture_output=True, text=True, timeout=120)
                 ok.append(q.returncode == 0)

@@ -273,7 +273,7 @@ static void check_decoder_saving(const sp_plan_t *p)
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
 	assert_non_null(f);
-	layout_json(f, p);
+	layout_json(f, p, 0);
 	fclose(f);
 	int db = dtype_bytes(p->model.dtype);
 	for (int m = 0; m < p->n_metaops; m++) {

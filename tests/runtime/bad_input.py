@@ -242,6 +242,19 @@ def misc(F, tmp, p1):
         expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
                f"a BWD over more samples than its FWD kept ({name})")
     shards_mismatch(F, tmp)
+    # micro-batches per task: a task record claiming more micro-batches
+    # than the step's micro-steps (tasks: 32-byte records, microbatches at
+    # 28), and every task fewer than them: refused before step 1
+    src = R.make_plan(tmp, R.demo_model(R.ADAMW), "bad-mbt", 2, "spindle",
+                      ("--microbatches", "match=2,caption=4"))
+    for name, ks, text in (("over", (2, 5, 1), "tasks[1].microbatches: 5 is outside [1, 4]"),
+                           ("under", (2, 2, 1), "provenance.microbatches: 4 micro-steps, "
+                                                "but no task has more than 2")):
+        bad = f"{src}.{name}.bin"
+        edit_records(src, bad, 5, 32, lambda b, ats: [struct.pack_into("<i", b, a + 28, k)
+                                                      for a, k in zip(ats, ks)])
+        r = R.run(bad, 2, "--steps", 1, "--timeout", 20)
+        expect(F, r, 2, [text], f"a task's micro-batches {name} the step's")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

@@ -75,14 +75,25 @@ def equivalence(F, tmp, plans, ds):
             "the log's epoch with 2 micro-batches: the step batch's", str(mep))
     # --eval scores one pass of whole step batches whatever k: 64 of match's
     # 80 samples, not 80 (5 micro-batches of 16)
+    # micro-batches per task (caption 2 of 8, classify 4 of 2, match 1):
+    # 3 ranks equal one device
+    mbt_opt = ("--microbatches", "caption=2,classify=4")
+    mbt = {n: R.make_plan(tmp, R.demo_model(), "demo-mbt", n, "spindle", mbt_opt)
+           for n in (1, 3)}
+    tref = train(mbt[1], 1, tmp, "data-mbt-1", ds, "--steps", STEPS)
+    got = train(mbt[3], 3, tmp, "data-mbt-3", ds, "--steps", STEPS)
+    msg = R.compare(tref, got, R.FLOOR["adamw"], "3 ranks against 1, per-task micro-batches")
+    F.check(msg is None, "3 ranks equal one device on real data with micro-batches per task",
+            msg or "")
     scored = {}
-    for k, plan in ((1, plans[1]), (2, mb[1])):
+    for k, plan in ((1, plans[1]), (2, mb[1]), ("per-task", mbt[1])):
         js = os.path.join(tmp, f"eval-k{k}.json")
         R.must(R.run(plan, 1, "--steps", 0, "--quiet", "--eval", ds, "--eval-json", js),
                f"--eval with {k} micro-batch(es)")
         scored[k] = {t["task"]: t["samples"] for t in json.load(open(js))["tasks"]}
-    F.check(scored[1] == scored[2] == {"match": 64, "caption": 32, "classify": 16},
-            "--eval with 2 micro-batches scores the samples of 1", str(scored))
+    F.check(scored[1] == scored[2] == scored["per-task"] ==
+            {"match": 64, "caption": 32, "classify": 16},
+            "--eval with 2 micro-batches, and per task, scores the samples of 1", str(scored))
     # 6 samples fill no step batch of 8, though they fill a micro-batch of 4
     few = os.path.join(tmp, "few-mb2")
     G.make(R.demo_model(), few, dict(SAMPLES, classify=6))
@@ -104,6 +115,14 @@ def equivalence(F, tmp, plans, ds):
     msg = R.compare(one, two, R.FLOOR["sgd"], "2 micro-batches against 1")
     F.check(msg is None, "2 micro-batches train the samples of 1 on real data "
             "(across an epoch's end)", msg or "")
+    # per task: caption's micro-batches are positions of its step batch,
+    # classify's samples unchanged (1 micro-batch) and then in 4 of 2
+    for opt in ("caption=2", "caption=2,classify=4"):
+        pt = train(R.make_plan(tmp, m, f"nomatch-{opt}", 1, "spindle", ("--microbatches", opt)),
+                   1, tmp, f"data-nm-{opt}", ds, "--steps", STEPS)
+        msg = R.compare(one, pt, R.FLOOR["sgd"], f"--microbatches {opt} against 1")
+        F.check(msg is None, f"--microbatches {opt} trains the samples of 1 on real data",
+                msg or "")
     epochs = [(r["step"], r["task"], r["epoch"]) for r in ref[1] if r["task"] == "match"]
     F.check(epochs == [("1", "match", "0"), ("2", "match", "0"), ("3", "match", "1")],
             "the log's epoch: 2 steps an epoch for 80 samples in batches of 32",

@@ -302,6 +302,61 @@ def micro(demo, tmp):
     return failures
 
 
+def batches_times(model, q):
+    for t in model["tasks"]:
+        t["batch"] = -(-t["batch"] // q) * q
+    return model
+
+
+def per_task(model, ks):
+    """--microbatches NAME=K,... giving the model's tasks ks in order (a
+    task left out of ks, or given 1, is not named: it gets 1)."""
+    names = [f"{t['name']}={k}" for t, k in zip(model["tasks"], ks) if k > 1]
+    return ("--microbatches", ",".join(names))
+
+
+def micro_task(demo, tmp):
+    """Micro-batches per task (--microbatches TASK=K,...): a step is K = max
+    k_t micro-steps, task t runs in the first k_t of them, the others skip
+    its instructions (both ends of its transfers). On 2, 3 and 4 ranks it
+    equals the one-device run with the same per-task k (one task with 2,
+    the others 1; and a 2/4 mix), AdamW and SGD, on the demo and a random
+    workload; and for losses that are means over samples, per-task k
+    equals one whole batch under SGD (true accumulation: each task's
+    micro-batches are positions of its step batch, with loss gradients
+    scaled by 1 / (k_t micro-batch), and a component shared by tasks sums
+    every task's gradients before the last micro-step's sync)."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    failures = []
+    # demo: match 32, caption 16, classify 8
+    for ks, ranks in (((1, 2, 1), (2, 3, 4)), ((2, 4, 1), (2, 3, 4))):
+        opt = per_task(demo, ks)
+        tag = "".join(str(k) for k in ks)
+        demo["optimizer"] = adamw
+        cfg = [(n, 1, "spindle", opt) for n in ranks]
+        failures += check_model(demo, tmp, f"demo-adamw-mbt{tag}", cfg, 1e-2 * 0.01, opt)
+        demo["optimizer"] = sgd
+        failures += check_model(demo, tmp, f"demo-sgd-mbt{tag}", cfg[1:2], 1e-7, opt)
+    # a random workload: tasks 2/1/4/... and another algorithm's schedule
+    m = batches_times(W.random_workload(1, optimizer=adamw), 4)
+    opt = per_task(m, [2, 1, 4, 2][:len(m["tasks"])])
+    cfg = [(2, 1, "spindle", opt), (3, 1, "sequential", opt), (4, 1, "distmm-mt", opt)]
+    failures += check_model(m, tmp, "random1-adamw-mbt", cfg, 1e-2 * 0.01, opt)
+    m["optimizer"] = sgd
+    failures += check_model(m, tmp, "random1-sgd-mbt", cfg[2:], 1e-7, opt)
+    # true accumulation: random workload 5 without its contrastive tasks
+    # (an LM task and an image-text LM task sharing the text encoder), its
+    # first task in 2 micro-batches, the other in 1 and then in 4, against
+    # one whole batch per task (the reference plans without micro-batches)
+    m = without_contrastive(batches_times(W.random_workload(5, optimizer=sgd), 4))
+    assert len(m["tasks"]) >= 2, "random workload 5 has fewer than 2 tasks without contrastive"
+    for ks in ((2, 1), (2, 4)):
+        opt = per_task(m, list(ks) + [1] * (len(m["tasks"]) - 2))
+        failures += check_model(m, tmp, f"random5-sgd-nocontrast-mbt{ks[0]}{ks[1]}",
+                                [(1, 1, "spindle", opt), (3, 1, "spindle", opt)], 1e-7)
+    return failures
+
+
 TP2 = ("--tp", "2")
 
 
@@ -497,6 +552,10 @@ def main():
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
         demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
+        if os.environ.get("EQUIV_ONLY") == "micro-task":  # per-task micro-batches alone
+            failures += micro_task(demo, tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         demo["optimizer"] = {"type": "adamw", "lr": 0.01, "eps": 1e-5}
         cfg = [(n, 1, a) for n in (2, 3, 4) for a in ALGOS]
         cfg.append((4, 2, "spindle"))  # two nodes of two
@@ -524,6 +583,8 @@ def main():
         failures += zero1(demo, tmp)
         # micro-batching: gradients accumulated over 2 micro-batches per step
         failures += micro(demo, tmp)
+        # micro-batches per task
+        failures += micro_task(demo, tmp)
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
         # cross-attention decoders

@@ -209,6 +209,7 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	p->memory_gib = 16;
 	p->mem_reserve_gib = 1.5;
 	p->microbatches = 2;
+	p->model.tasks[0].microbatches = 1; /* per task: 'lm' 1, 'clip' 2 (0: K) */
 
 	p->n_metaops = 8;
 	p->n_ops = 15;
@@ -635,6 +636,8 @@ static void expect_plan_equal(const sp_plan_t *a, const sp_plan_t *b)
 		    a->mem_reserve_gib == b->mem_reserve_gib);
 	assert_int_equal(a->microbatches, b->microbatches);
 	expect_model_equal(&a->model, &b->model);
+	for (int t = 0; t < a->model.n_tasks; t++)
+		assert_int_equal(plan_task_k(a, t), plan_task_k(b, t));
 
 	assert_int_equal(a->n_metaops, b->n_metaops);
 	for (int i = 0; i < a->n_metaops; i++) {
@@ -1106,6 +1109,12 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 18, 16, 0, INS_GATHER, "instructions[16].peer", "not sharded");
 	/* provenance: microbatches 60 */
 	expect_patch_rejected(f, 2, 0, 60, 0, "provenance.microbatches", "outside");
+	/* task record: microbatches 28 (k_t, 1 to the plan's 2; the fixture's
+	 * task 1 has 2, and some task must) */
+	expect_patch_rejected(f, 5, 1, 28, 0, "tasks[1].microbatches", "outside [1, 2]");
+	expect_patch_rejected(f, 5, 0, 28, 3, "tasks[0].microbatches", "outside [1, 2]");
+	expect_patch_rejected(f, 5, 1, 28, 1, "provenance.microbatches",
+			      "2 micro-steps, but no task has more than 1 micro-batches");
 	/* bucket record: layout 32; slice record: recompute 56 */
 	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO1, "buckets[1].layout",
 			      "nothing to shard");

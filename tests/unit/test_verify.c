@@ -34,6 +34,8 @@ typedef struct {
 	size_t zlen;
 	uint8_t *tbytes; /* the same inputs under --tp 2 */
 	size_t tlen;
+	uint8_t *mbytes; /* under --microbatches match=2,caption=4 */
+	size_t mlen;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -80,8 +82,11 @@ static int group_setup(void **state)
 	t.tp = 2; /* sequential: every slice on all 4 devices, so split (ours
 		   * picks 1-device lanes on this cluster, which no degree splits) */
 	t.algo = ALGO_SEQUENTIAL;
+	plan_opts_t mb = o;
+	mb.mb_tasks = "match=2,caption=4";
 	if (plan_encoded(&z, &m, &c, &p, &f->zbytes, &f->zlen, &err) ||
-	    plan_encoded(&t, &m, &c, &p, &f->tbytes, &f->tlen, &err))
+	    plan_encoded(&t, &m, &c, &p, &f->tbytes, &f->tlen, &err) ||
+	    plan_encoded(&mb, &m, &c, &p, &f->mbytes, &f->mlen, &err))
 		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
@@ -105,6 +110,7 @@ static int group_teardown(void **state)
 		free(f->bytes);
 		free(f->zbytes);
 		free(f->tbytes);
+		free(f->mbytes);
 	}
 	free(f);
 	return 0;
@@ -254,12 +260,22 @@ typedef struct {
 	int made, rejected;
 	int zero1; /* breaking the --zero 1 --recompute all plan */
 	int tp;    /* breaking the --tp 2 plan */
+	int mb;    /* breaking the micro-batches-per-task plan */
 } breaks_t;
 
 /* A copy of the plan b breaks (plain, --zero 1 --recompute all, --tp 2). */
+/* The plan made under --microbatches match=2,caption=4. */
+static void copy_mplan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->mbytes, f->mlen, "demo-mb.bin", &err), 0);
+}
+
 static void copy_for(const breaks_t *b, sp_plan_t *out)
 {
-	if (b->tp)
+	if (b->mb)
+		copy_mplan(b->f, out);
+	else if (b->tp)
 		copy_tplan(b->f, out);
 	else if (b->zero1)
 		copy_zplan(b->f, out);
@@ -1126,6 +1142,52 @@ static void test_tp_fwd_twice(void **state)
 	each_tp_slice(state, "a member's FWD twice", fwd_twice);
 }
 
+/* ---- micro-batches per task ------------------------------------------------ */
+
+/* The plan under --microbatches match=2,caption=4 (classify 1): a step of
+ * 4 micro-steps with three sets of active tasks, each verified. */
+static void test_mb_valid(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_mplan(f, &p);
+	assert_int_equal(p.microbatches, 4);
+	assert_int_equal(plan_task_k(&p, 0), 2);
+	assert_int_equal(plan_task_k(&p, 1), 4);
+	assert_int_equal(plan_task_k(&p, 2), 1);
+	/* sets: micro-steps 0 (all), 1 (match, caption), 2-3 (caption) */
+	assert_int_equal(plan_micro_next(&p.model, 4, 0), 1);
+	assert_int_equal(plan_micro_next(&p.model, 4, 1), 2);
+	assert_int_equal(plan_micro_next(&p.model, 4, 2), 4);
+	expect_valid(&p, f->cap);
+	plan_release(&p);
+}
+
+/* A RECV whose value is another task's than its SEND's: rejected at the
+ * RECV (the reader's checks do not see it: a transfer's ends are matched
+ * by tag only when the programs run). */
+static void recv_other_task(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *in = ins_at(&b->ref, d, k);
+	int t = b->ref.metaops[in->dst.metaop].task, m = 0;
+	while (m < b->ref.n_metaops && b->ref.metaops[m].task == t)
+		m++;
+	assert_true(m < b->ref.n_metaops);
+	ins_at(break_copy(b), d, k)->dst.metaop = m;
+	judge(b, "transfer between tasks", "device %d instruction %d (recv)", d, k);
+}
+
+static void test_mb_cross_task(void **state)
+{
+	breaks_t b;
+	breaks_begin_on(&b, *state, "RECVs into another task's value", 0, 0);
+	b.mb = 1;
+	plan_release(&b.ref);
+	copy_for(&b, &b.ref);
+	each_ins(&b, INS_RECV, recv_other_task);
+	breaks_end(&b, count_op(&b.ref, INS_RECV));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1157,6 +1219,8 @@ int main(void)
 		cmocka_unit_test(test_tp_order),
 		cmocka_unit_test(test_tp_member_input),
 		cmocka_unit_test(test_tp_fwd_twice),
+		cmocka_unit_test(test_mb_valid),
+		cmocka_unit_test(test_mb_cross_task),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

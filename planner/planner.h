@@ -157,7 +157,7 @@ void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *
  * (a cross-attention shape, mem_seq > 0, runs whole layers: issue #20). */
 static inline int shape_tp_ok(const sp_opshape_t *s, int t)
 {
-	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, t));
+	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, s->vocab, t));
 }
 /* The same for a t-way group holding `local` samples: the shard's compute
  * and its all-reduces (t = 1, or a shape shape_tp_ok refuses: cost_layer). */

@@ -550,7 +550,7 @@ static int check_params(dec_t *d, const char *where, const sp_param_t *a, int n,
 		    pr_index(d, "tp_rank", a[i].tp_rank, a[i].tp, "shard"))
 			return d->rc;
 		const sp_component_t *c = &m->comps[a[i].comp];
-		if (!tp_ok(c->type, c->heads, c->ffn, a[i].tp))
+		if (!tp_ok(c->type, c->heads, c->ffn, c->vocab, a[i].tp))
 			return pr_fail(d, "tp", "component '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
 						 "the degree divides)",
@@ -615,7 +615,7 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return pr_fail(d, "tp", "tensor-parallel degree %d does not divide "
 						 "the slice's %d devices",
 				    x->tp, x->n_dev);
-		if (!tp_ok(sh->type, sh->heads, sh->ffn, x->tp))
+		if (!tp_ok(sh->type, sh->heads, sh->ffn, sh->vocab, x->tp))
 			return pr_fail(d, "tp", "metaop '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
 						 "the degree divides)",

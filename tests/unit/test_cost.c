@@ -112,7 +112,7 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(dec, 4, 0), 13 + 2 * 4 + 9 + 2 * 4);
 	assert_int_equal(cost_layer_kernels(dec, 64, 1), 29 + 1 + 4 * 16 + 20 + 4 * 16);
 	/* and never splits, though 2 divides its heads and ffn */
-	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, 2));
+	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, dec->vocab, 2));
 	assert_false(shape_tp_ok(dec, 2));
 	assert_true(shape_tp_ok(dec, 1) && shape_tp_ok(vit, 2));
 }
@@ -156,7 +156,7 @@ static void tfix_release(tfix_t *f)
 
 static int can_split(const metaop_t *m, int t)
 {
-	return m->scales && tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t);
+	return m->scales && tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, m->shape.vocab, t);
 }
 
 /* Every table of f: non-increasing; at a width its own (usen[n] == n) a

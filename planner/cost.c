@@ -65,8 +65,10 @@
  * t-way member computes its shard at the group's local batch ceil(B/d):
  * the analytic model on the shard's products, bytes and kernels (with
  * sm_count; without it FLOPs / t), a profiled shape's profile scaled by
- * the analytic ratio shard / whole (cost_layer_tp), plus two all-reduces
- * per pass of the group's activations over NVLink. T(n) is the fastest
+ * the analytic ratio shard / whole (cost_layer_tp), plus its all-reduces
+ * over NVLink (tp_allreduces: a transformer's two per pass of the group's
+ * activations; the vocabulary-parallel embedding's and LM head's one
+ * each). T(n) is the fastest
  * (d, t) at n (tpn[n]); widths reach min(N, B tmax). --tp F keeps t = F
  * where F divides n and t = 1 elsewhere.
  *
@@ -77,8 +79,33 @@
 
 #include <math.h>
 
-/* per layer and pass, a t-way shard all-reduces twice (tp-format.txt) */
-#define TP_ALLREDUCES 2
+/*
+ * The all-reduces of a t-way shard per layer and pass (tp-format.txt): a
+ * transformer's two of its group's activations each pass; a
+ * vocabulary-parallel embedding's one of its output forward, none
+ * backward; an LM head's one of its per-position statistics (2t + 1 fp32
+ * per token, runtime/layers_vocab.c) forward and one of the LayerNorm
+ * output's gradient backward. *elems: the elements of each, per token
+ * (activations in the model's dtype, statistics in fp32: *fp32 set).
+ */
+static int tp_allreduces(const sp_opshape_t *s, int t, int bwd, int64_t *elems, int *fp32)
+{
+	*elems = s->hidden;
+	*fp32 = 0;
+	if (t <= 1)
+		return 0;
+	switch (s->type) {
+	case COMP_TRANSFORMER: return 2;
+	case COMP_EMBEDDING: return !bwd;
+	case COMP_LM_HEAD:
+		if (!bwd) {
+			*elems = 2 * (int64_t)t + 1;
+			*fp32 = 1;
+		}
+		return 1;
+	default: return 0;
+	}
+}
 #define E_MAX 0.6
 #define T_HALF_S 20e-6
 #define LAUNCH_MS 0.01
@@ -187,8 +214,8 @@ static int interp_extra(sp_comp_type_t t, int bwd)
 	}
 }
 
-/* A t-way shard loops over heads / t heads; its two all-reduces per pass
- * are one kernel each (NCCL runs a collective as one kernel: "NCCL
+/* A t-way shard loops over heads / t heads; its all-reduces per pass
+ * (tp_allreduces) are one kernel each (NCCL runs a collective as one kernel: "NCCL
  * implements each collective in a single kernel", NCCL User Guide,
  * "Overview of NCCL"). */
 static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
@@ -199,7 +226,9 @@ static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 				? (bwd ? x->bwd + heads * x->bwd_per_head
 				       : x->fwd + heads * x->fwd_per_head)
 				: 0;
-	return interp_extra(s->type, bwd) + (t > 1 ? TP_ALLREDUCES : 0) + cross +
+	int64_t el;
+	int f32;
+	return interp_extra(s->type, bwd) + tp_allreduces(s, t, bwd, &el, &f32) + cross +
 	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
 
@@ -227,7 +256,8 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 /* The products of one t-way shard (t = 1: the whole layer). Megatron
  * splits (tp-format.txt): QKV and MLP up by output columns (N / t), the
  * output projection and MLP down by input rows (K / t), attention by heads
- * (heads / t per member); only transformers split (tp_ok). */
+ * (heads / t per member); the LM head's vocabulary projection by its
+ * columns (V / t); only these split (tp_ok). */
 static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 		       cost_gemm_t out[COST_MAX_GEMMS])
 {
@@ -248,7 +278,7 @@ static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 	switch (s->type) {
 	case COMP_PATCH: PROD(T, h, (double)s->in, 0); break;
 	case COMP_LINEAR: PROD(T, (double)s->out, (double)s->in, 1); break;
-	case COMP_LM_HEAD: PROD(T, (double)s->vocab, h, 1); break;
+	case COMP_LM_HEAD: PROD(T, (double)s->vocab / t, h, 1); break;
 	case COMP_CLASSIFIER: PROD((double)b, (double)s->classes, h, 1); break;
 	case COMP_CONTRASTIVE:
 		if (!bwd)
@@ -370,11 +400,11 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
 }
 
 /*
- * A t-way shard (t > 1) of a transformer layer at `local` samples per
- * group: the shard's own products and bytes (analytic above), plus the
- * TP_ALLREDUCES all-reduces per pass of local * seq * hidden activations
- * over t GPUs of one node (cost_allreduce_ms: measured points, else the
- * NVLink ring), alone on the network. A profiled shape's profile is of
+ * A t-way shard (t > 1) of a split layer at `local` samples per
+ * group: the shard's own products and bytes (analytic above), plus its
+ * all-reduces per pass (tp_allreduces: a transformer's two of local * seq
+ * * hidden activations) over t GPUs of one node (cost_allreduce_ms:
+ * measured points, else the NVLink ring), alone on the network. A profiled shape's profile is of
  * whole layers: we scale it by the analytic ratio shard / whole at the
  * same local batch, so the shard keeps the profile's calibration and
  * takes from the model only what splitting changes (the products'
@@ -399,10 +429,15 @@ static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, d
 	int32_t devs[SP_TP_MAX];
 	for (int i = 0; i < t; i++)
 		devs[i] = i;
-	int64_t bytes = local * m->shape.seq * m->shape.hidden * dtype_bytes(pl->model->dtype);
-	double ar = TP_ALLREDUCES * cost_allreduce_ms(pl->cluster, devs, t, bytes);
-	*fwd = fmax(f + ar, LAYER_MIN_MS);
-	*bwd = fmax(b + ar, LAYER_MIN_MS);
+	double ar[2];
+	for (int pass = 0; pass < 2; pass++) {
+		int64_t el;
+		int f32, k = tp_allreduces(&m->shape, t, pass, &el, &f32);
+		int64_t bytes = local * m->shape.seq * el * (f32 ? 4 : dtype_bytes(pl->model->dtype));
+		ar[pass] = k ? k * cost_allreduce_ms(pl->cluster, devs, t, bytes) : 0;
+	}
+	*fwd = fmax(f + ar[0], LAYER_MIN_MS);
+	*bwd = fmax(b + ar[1], LAYER_MIN_MS);
 }
 
 /*
@@ -443,8 +478,8 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 }
 
 /*
- * The degrees m may take: t = 1, and with a transformer shape that shape_tp_ok
- * allows, the divisors of gpus_per_node (a group stays in one NVLink
+ * The degrees m may take: t = 1, and with a shape that shape_tp_ok allows
+ * (a transformer, a vocabulary-parallel embedding or LM head), the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
  * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
  * those. Ascending; returns how many.

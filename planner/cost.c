@@ -490,7 +490,7 @@ static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX]
 	out[k++] = 1;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
-		    shape_tp_ok(&m->shape, t))
+		    pl_tp_ok(pl, &m->shape, t))
 			out[k++] = t;
 	return k;
 }

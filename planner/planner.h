@@ -54,6 +54,9 @@ typedef struct {
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
+	int tp_vocab_whole;     /* 1: embeddings and LM heads stay whole
+				 * (--tp-vocab whole); 0: they split by
+				 * vocabulary like transformers (default) */
 	int simulate_all;       /* 1: ours simulates every candidate in full (no
 				 * bound skips: the same plans, slower; tests) */
 } plan_opts_t;
@@ -158,6 +161,13 @@ void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *
 static inline int shape_tp_ok(const sp_opshape_t *s, int t)
 {
 	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, s->vocab, t));
+}
+/* shape_tp_ok under the run's options: --tp-vocab whole keeps embeddings
+ * and LM heads unsplit. */
+static inline int pl_tp_ok(const planner_t *pl, const sp_opshape_t *s, int t)
+{
+	return shape_tp_ok(s, t) &&
+	       (t == 1 || s->type == COMP_TRANSFORMER || !pl->opts || !pl->opts->tp_vocab_whole);
 }
 /* The same for a t-way group holding `local` samples: the shard's compute
  * and its all-reduces (t = 1, or a shape shape_tp_ok refuses: cost_layer). */

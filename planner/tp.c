@@ -71,7 +71,7 @@ int tp_want(const planner_t *pl, const sslice_t *x)
 {
 	int t = x->tp;
 	const sp_opshape_t *sh = &pl->mops[x->metaop].shape;
-	if (t <= 1 || x->n % t || !shape_tp_ok(sh, t))
+	if (t <= 1 || x->n % t || !pl_tp_ok(pl, sh, t))
 		return 1;
 	return t;
 }

@@ -564,6 +564,7 @@ void cost_use(planner_t *pl, int set)
 {
 	pl->tables = set;
 	pl->tp_force = set == COST_WHOLE ? 1 : pl->opts ? pl->opts->tp : 0;
+	pl->vocab_whole = set == COST_VOCAB_WHOLE || (pl->opts && pl->opts->tp_vocab_whole);
 	for (int k = 0; k < pl->n_mops; k++) {
 		metaop_t *m = &pl->mops[k];
 		const struct cost_tab *tab = &m->tabs[set];
@@ -575,11 +576,11 @@ void cost_use(planner_t *pl, int set)
 	}
 }
 
-/* 1 when MetaOp m's two table sets price some width differently, or
- * reach different widths. */
-static int tabs_differ(const metaop_t *m)
+/* 1 when MetaOp m's auto table set and set `set` price some width
+ * differently, or reach different widths. */
+static int tabs_differ(const metaop_t *m, int set)
 {
-	const struct cost_tab *a = &m->tabs[COST_AUTO], *w = &m->tabs[COST_WHOLE];
+	const struct cost_tab *a = &m->tabs[COST_AUTO], *w = &m->tabs[set];
 	if (a->nmax != w->nmax)
 		return 1;
 	for (int n = 1; n <= a->nmax; n++)
@@ -595,6 +596,11 @@ static int tabs_differ(const metaop_t *m)
  * whole-layer set (plan.c) and keeps the better plan. A model whose
  * tables all agree (no transformer tp_ok splits, or no width where a
  * split pays and no MetaOp that widens past its batch) gets one set.
+ * Likewise the vocabulary splits: ours also plans on the auto set with
+ * embeddings and LM heads whole (COST_VOCAB_WHOLE; only their tables
+ * differ, the others share the auto set's arrays), so auto is never
+ * slower than --tp-vocab whole either (the schedulers are heuristics: a
+ * cheaper LM head can move the other slices' widths to a worse plan).
  */
 int cost_build(planner_t *pl)
 {
@@ -602,7 +608,8 @@ int cost_build(planner_t *pl)
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	int db = dtype_bytes(md->dtype), rc;
 	int whole = pl->opts && pl->opts->tp == 0;
-	pl->has_whole = 0;
+	int vocab = whole && !pl->opts->tp_vocab_whole;
+	pl->has_whole = pl->has_vocab_whole = 0;
 	pl->memo = sp_arena_calloc(&pl->arena, MEMO_SLOTS, sizeof *pl->memo);
 	if (!pl->memo)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
@@ -618,9 +625,18 @@ int cost_build(planner_t *pl)
 				return rc;
 		}
 		pl->tp_force = pl->opts ? pl->opts->tp : 0;
+		pl->vocab_whole = pl->opts && pl->opts->tp_vocab_whole;
 		if ((rc = cost_tables(pl, k, COST_AUTO)))
 			return rc;
-		pl->has_whole |= whole && tabs_differ(m);
+		pl->has_whole |= whole && tabs_differ(m, COST_WHOLE);
+		m->tabs[COST_VOCAB_WHOLE] = m->tabs[COST_AUTO];
+		if (vocab && (m->shape.type == COMP_EMBEDDING || m->shape.type == COMP_LM_HEAD)) {
+			pl->vocab_whole = 1;
+			if ((rc = cost_tables(pl, k, COST_VOCAB_WHOLE)))
+				return rc;
+			pl->vocab_whole = 0;
+			pl->has_vocab_whole |= tabs_differ(m, COST_VOCAB_WHOLE);
+		}
 		const sp_node_t *n0 = &md->tasks[m->task].nodes[pl->ops[m->first_op].node];
 		m->layer_state_bytes = comp_layer_params(&md->comps[n0->comp]) * psb;
 		m->saved_per_sample = op_saved_elems(&m->shape, m->batch) * db;

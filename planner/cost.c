@@ -228,7 +228,10 @@ static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 				: 0;
 	int64_t el;
 	int f32;
-	return interp_extra(s->type, bwd) + tp_allreduces(s, t, bwd, &el, &f32) + cross +
+	/* a split LM head (cu_lm_head_loss_tp) also zeroes and fills its
+	 * statistics: two launches beside the unsplit loss's, in its one call */
+	int vocab = t > 1 && s->type == COMP_LM_HEAD && !bwd ? 2 : 0;
+	return interp_extra(s->type, bwd) + tp_allreduces(s, t, bwd, &el, &f32) + cross + vocab +
 	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
 

@@ -645,7 +645,8 @@ int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fnam
 			   "(metaop '%s' is split %d ways)",
 			   ty == COMP_EMBEDDING ? "embedding" : "LM head", b->name, mv->name,
 			   (int)p->slices[s].tp);
-		sp_err_hint(err, "run this plan with --backend cpu, or re-plan it with --tp 1");
+		sp_err_hint(err, "run this plan with --backend cpu, or re-plan it with "
+				 "--tp-vocab whole");
 		return err->code;
 	}
 	int m = first_decoder(p);

@@ -205,6 +205,18 @@ int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 rt_embedding_fwd_tp_fn_t embedding_fwd_tp;
 rt_embedding_bwd_tp_fn_t embedding_bwd_tp;
 rt_lm_head_loss_tp_fn_t lm_head_loss_tp;
+/*
+ * The member's part of a vocabulary-parallel call, for both backends: t
+ * (1 for NULL tp), its rank (0 unsplit), its vocabulary Vl = V/t and first
+ * id v0 = rank Vl. Returns 0, or SP_EINPUT for a shape not of type `type`
+ * or a split the functions above refuse.
+ */
+typedef struct {
+	int t, rank;
+	int64_t vl, v0;
+} vocab_split_t;
+int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
+		const rt_tp_t *tp);
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

@@ -32,23 +32,32 @@
 #include <math.h>
 #include <string.h>
 
-/* t, member and local vocabulary of a vocabulary-parallel call on a shape
- * of type `type`; SP_EINPUT for another type, a split the shape refuses
- * (tp_ok), a rank outside [0, t) or no all-reduce hook. */
-static int vocab_split(const sp_opshape_t *s, sp_comp_type_t type, const rt_tp_t *tp, int *t,
-		       int *rank, int64_t *vl)
+int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
+		const rt_tp_t *tp)
 {
-	*t = tp ? tp->t : 1;
-	*rank = 0;
-	if (*t < 1 || s->type != type)
+	int t = tp ? tp->t : 1;
+	if (t < 1 || s->type != type)
 		return SP_EINPUT;
-	if (*t > 1) {
-		if (!tp_ok(s->type, s->heads, s->ffn, s->vocab, *t) || tp->rank < 0 ||
-		    tp->rank >= *t || !tp->allreduce)
-			return SP_EINPUT;
-		*rank = tp->rank;
-	}
-	*vl = s->vocab / *t;
+	if (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, s->vocab, t) || tp->rank < 0 ||
+		      tp->rank >= t || !tp->allreduce))
+		return SP_EINPUT;
+	out->t = t;
+	out->rank = t > 1 ? tp->rank : 0;
+	out->vl = s->vocab / t;
+	out->v0 = (int64_t)out->rank * out->vl;
+	return 0;
+}
+
+/* The fields of vocab_split for the functions below. */
+static int vocab_split_of(const sp_opshape_t *s, sp_comp_type_t type, const rt_tp_t *tp,
+			  int *t, int *rank, int64_t *vl)
+{
+	vocab_split_t v;
+	if (vocab_split(&v, s, type, tp))
+		return SP_EINPUT;
+	*t = v.t;
+	*rank = v.rank;
+	*vl = v.vl;
 	return 0;
 }
 
@@ -57,7 +66,7 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 {
 	int t, j;
 	int64_t vl;
-	if (vocab_split(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
 		return SP_EINPUT;
 	if (t == 1) {
 		embedding_fwd(s, n, p, tokens, y, saved);
@@ -84,7 +93,7 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 {
 	int t, j;
 	int64_t vl;
-	if (vocab_split(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
 		return SP_EINPUT;
 	if (t == 1) {
 		embedding_bwd(s, n, saved, dy, dp);
@@ -118,7 +127,7 @@ int lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float
 	int t, j;
 	int64_t vl;
 	*loss = 0;
-	if (vocab_split(s, COMP_LM_HEAD, tp, &t, &j, &vl))
+	if (vocab_split_of(s, COMP_LM_HEAD, tp, &t, &j, &vl))
 		return SP_EINPUT;
 	if (t == 1) {
 		*loss = lm_head_loss(s, n, p, x, targets, scale, dx, dp, saved);

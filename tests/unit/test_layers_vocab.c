@@ -151,7 +151,7 @@ static int run(vcase_t *k)
 		memset(k->m[j].dp, 0, sizeof(float) * (size_t)k->nps);
 	}
 	return tp_group_each(k->t, k->s.type == COMP_EMBEDDING ? embed_member : head_member,
-			     k->args);
+			     k->args, NULL);
 }
 
 /* The members' gradients put back whole into g; counts the whole tensors

@@ -111,7 +111,7 @@ static void *each_main(void *arg)
 	return NULL;
 }
 
-int tp_group_each(int t, tp_member_fn *fn, void **args)
+int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec)
 {
 	group_t g = {.t = t};
 	each_ctx_t ctx[TP_MAX];
@@ -120,8 +120,10 @@ int tp_group_each(int t, tp_member_fn *fn, void **args)
 		return SP_EINTERNAL;
 	for (int j = 0; j < t; j++) {
 		memset(&ctx[j], 0, sizeof ctx[j]);
-		ctx[j].c = (member_ctx_t){.g = &g, .m = &ctx[j].none,
+		ctx[j].c = (member_ctx_t){.g = &g, .m = rec ? &rec[j] : &ctx[j].none,
 					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+		if (rec)
+			rec[j].n_sums = 0;
 		ctx[j].c.tp.ctx = &ctx[j].c;
 		ctx[j].fn = fn;
 		ctx[j].arg = args[j];

@@ -482,7 +482,8 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 
 /*
  * The degrees m may take: t = 1, and with a shape that shape_tp_ok allows
- * (a transformer, a vocabulary-parallel embedding or LM head), the divisors of gpus_per_node (a group stays in one NVLink
+ * (a transformer, a vocabulary-parallel LM head, an embedding under a
+ * forced F), the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
  * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
  * those. Ascending; returns how many.
@@ -491,6 +492,12 @@ static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX]
 {
 	int G = pl->cluster->gpus_per_node, k = 0, F = pl->tp_force;
 	out[k++] = 1;
+	/* an embedding splits only when forced: its split adds an all-reduce of
+	 * its whole output to a lookup, so no width is faster split (it only
+	 * saves memory), and its widths would only make ours plan again on the
+	 * COST_VOCAB_WHOLE tables for nothing */
+	if (m->shape.type == COMP_EMBEDDING && F <= 1)
+		return k;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
 		    pl_tp_ok(pl, &m->shape, t))
@@ -601,9 +608,10 @@ static int tabs_differ(const metaop_t *m, int set)
  * split pays and no MetaOp that widens past its batch) gets one set.
  * Likewise the vocabulary splits: ours also plans on the auto set with
  * embeddings and LM heads whole (COST_VOCAB_WHOLE; only their tables
- * differ, the others share the auto set's arrays), so auto is never
- * slower than --tp-vocab whole either (the schedulers are heuristics: a
- * cheaper LM head can move the other slices' widths to a worse plan).
+ * differ, the others share the auto set's arrays) when its auto plan
+ * splits one of them (plan.c), so there auto is never slower than
+ * --tp-vocab whole (the schedulers are heuristics: a cheaper LM head can
+ * move the other slices' widths to a worse plan).
  */
 int cost_build(planner_t *pl)
 {

@@ -168,8 +168,11 @@ static void check_tables(const tfix_t *f, int forced)
 	for (int k = 0; k < pl->n_mops; k++) {
 		const metaop_t *m = &pl->mops[k];
 		int tmax = 1;
+		/* an embedding splits only when forced (cost.c tp_degrees) */
+		int auto_ok = m->shape.type != COMP_EMBEDDING || forced > 1;
 		for (int t = 2; t <= G; t++)
-			if (G % t == 0 && can_split(m, t) && (forced <= 0 || t == forced))
+			if (G % t == 0 && can_split(m, t) && (forced <= 0 || t == forced) &&
+			    auto_ok)
 				tmax = t;
 		assert_int_equal(m->nmax, (int)SP_MIN((int64_t)pl->N, m->batch * tmax));
 		for (int n = 1; n <= m->nmax; n++) {

@@ -608,10 +608,10 @@ static int tabs_differ(const metaop_t *m, int set)
  * split pays and no MetaOp that widens past its batch) gets one set.
  * Likewise the vocabulary splits: ours also plans on the auto set with
  * embeddings and LM heads whole (COST_VOCAB_WHOLE; only their tables
- * differ, the others share the auto set's arrays) when its auto plan
- * splits one of them (plan.c), so there auto is never slower than
- * --tp-vocab whole (the schedulers are heuristics: a cheaper LM head can
- * move the other slices' widths to a worse plan).
+ * differ, the others share the auto set's arrays; under auto only LM
+ * heads split, tp_degrees), so auto is never slower than --tp-vocab whole
+ * either (the schedulers are heuristics: a cheaper LM head can move the
+ * other slices' widths to a worse plan).
  */
 int cost_build(planner_t *pl)
 {

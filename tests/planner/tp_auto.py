@@ -5,9 +5,7 @@ plan_whole): for every bundled workload (plans/*/model.json) on a800-8x8
 predicts an iteration no slower than under --tp 1 (the simulator's
 figure, --json), and both plans fit memory or neither does; nor slower
 than under --tp auto --tp-vocab whole (embeddings and LM heads whole:
-plan.c also plans that table set and keeps the better when its auto plan
-splits one of them, and on these workloads an auto plan that splits none
-is no slower either). Every run is
+plan.c also plans that table set and keeps the better). Every run is
 independent: they go in parallel, so the whole test takes a few seconds.
 Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
 """

@@ -65,8 +65,10 @@
  * t-way member computes its shard at the group's local batch ceil(B/d):
  * the analytic model on the shard's products, bytes and kernels (with
  * sm_count; without it FLOPs / t), a profiled shape's profile scaled by
- * the analytic ratio shard / whole (cost_layer_tp), plus two all-reduces
- * per pass of the group's activations over NVLink. T(n) is the fastest
+ * the analytic ratio shard / whole (cost_layer_tp), plus its all-reduces
+ * over NVLink (tp_allreduces: a transformer's two per pass of the group's
+ * activations; the vocabulary-parallel embedding's and LM head's one
+ * each). T(n) is the fastest
  * (d, t) at n (tpn[n]); widths reach min(N, B tmax). --tp F keeps t = F
  * where F divides n and t = 1 elsewhere.
  *
@@ -77,8 +79,33 @@
 
 #include <math.h>
 
-/* per layer and pass, a t-way shard all-reduces twice (tp-format.txt) */
-#define TP_ALLREDUCES 2
+/*
+ * The all-reduces of a t-way shard per layer and pass (tp-format.txt): a
+ * transformer's two of its group's activations each pass; a
+ * vocabulary-parallel embedding's one of its output forward, none
+ * backward; an LM head's one of its per-position statistics (2t + 1 fp32
+ * per token, runtime/layers_vocab.c) forward and one of the LayerNorm
+ * output's gradient backward. *elems: the elements of each, per token
+ * (activations in the model's dtype, statistics in fp32: *fp32 set).
+ */
+static int tp_allreduces(const sp_opshape_t *s, int t, int bwd, int64_t *elems, int *fp32)
+{
+	*elems = s->hidden;
+	*fp32 = 0;
+	if (t <= 1)
+		return 0;
+	switch (s->type) {
+	case COMP_TRANSFORMER: return 2;
+	case COMP_EMBEDDING: return !bwd;
+	case COMP_LM_HEAD:
+		if (!bwd) {
+			*elems = 2 * (int64_t)t + 1;
+			*fp32 = 1;
+		}
+		return 1;
+	default: return 0;
+	}
+}
 #define E_MAX 0.6
 #define T_HALF_S 20e-6
 #define LAUNCH_MS 0.01
@@ -187,8 +214,8 @@ static int interp_extra(sp_comp_type_t t, int bwd)
 	}
 }
 
-/* A t-way shard loops over heads / t heads; its two all-reduces per pass
- * are one kernel each (NCCL runs a collective as one kernel: "NCCL
+/* A t-way shard loops over heads / t heads; its all-reduces per pass
+ * (tp_allreduces) are one kernel each (NCCL runs a collective as one kernel: "NCCL
  * implements each collective in a single kernel", NCCL User Guide,
  * "Overview of NCCL"). */
 static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
@@ -199,7 +226,12 @@ static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 				? (bwd ? x->bwd + heads * x->bwd_per_head
 				       : x->fwd + heads * x->fwd_per_head)
 				: 0;
-	return interp_extra(s->type, bwd) + (t > 1 ? TP_ALLREDUCES : 0) + cross +
+	int64_t el;
+	int f32;
+	/* a split LM head (cu_lm_head_loss_tp) also zeroes and fills its
+	 * statistics: two launches beside the unsplit loss's, in its one call */
+	int vocab = t > 1 && s->type == COMP_LM_HEAD && !bwd ? 2 : 0;
+	return interp_extra(s->type, bwd) + tp_allreduces(s, t, bwd, &el, &f32) + cross + vocab +
 	       (bwd ? l->bwd + heads * l->bwd_per_head : l->fwd + heads * l->fwd_per_head);
 }
 
@@ -227,7 +259,8 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 /* The products of one t-way shard (t = 1: the whole layer). Megatron
  * splits (tp-format.txt): QKV and MLP up by output columns (N / t), the
  * output projection and MLP down by input rows (K / t), attention by heads
- * (heads / t per member); only transformers split (tp_ok). */
+ * (heads / t per member); the LM head's vocabulary projection by its
+ * columns (V / t); only these split (tp_ok). */
 static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 		       cost_gemm_t out[COST_MAX_GEMMS])
 {
@@ -248,7 +281,7 @@ static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 	switch (s->type) {
 	case COMP_PATCH: PROD(T, h, (double)s->in, 0); break;
 	case COMP_LINEAR: PROD(T, (double)s->out, (double)s->in, 1); break;
-	case COMP_LM_HEAD: PROD(T, (double)s->vocab, h, 1); break;
+	case COMP_LM_HEAD: PROD(T, (double)s->vocab / t, h, 1); break;
 	case COMP_CLASSIFIER: PROD((double)b, (double)s->classes, h, 1); break;
 	case COMP_CONTRASTIVE:
 		if (!bwd)
@@ -370,11 +403,11 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
 }
 
 /*
- * A t-way shard (t > 1) of a transformer layer at `local` samples per
- * group: the shard's own products and bytes (analytic above), plus the
- * TP_ALLREDUCES all-reduces per pass of local * seq * hidden activations
- * over t GPUs of one node (cost_allreduce_ms: measured points, else the
- * NVLink ring), alone on the network. A profiled shape's profile is of
+ * A t-way shard (t > 1) of a split layer at `local` samples per
+ * group: the shard's own products and bytes (analytic above), plus its
+ * all-reduces per pass (tp_allreduces: a transformer's two of local * seq
+ * * hidden activations) over t GPUs of one node (cost_allreduce_ms:
+ * measured points, else the NVLink ring), alone on the network. A profiled shape's profile is of
  * whole layers: we scale it by the analytic ratio shard / whole at the
  * same local batch, so the shard keeps the profile's calibration and
  * takes from the model only what splitting changes (the products'
@@ -399,10 +432,15 @@ static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, d
 	int32_t devs[SP_TP_MAX];
 	for (int i = 0; i < t; i++)
 		devs[i] = i;
-	int64_t bytes = local * m->shape.seq * m->shape.hidden * dtype_bytes(pl->model->dtype);
-	double ar = TP_ALLREDUCES * cost_allreduce_ms(pl->cluster, devs, t, bytes);
-	*fwd = fmax(f + ar, LAYER_MIN_MS);
-	*bwd = fmax(b + ar, LAYER_MIN_MS);
+	double ar[2];
+	for (int pass = 0; pass < 2; pass++) {
+		int64_t el;
+		int f32, k = tp_allreduces(&m->shape, t, pass, &el, &f32);
+		int64_t bytes = local * m->shape.seq * el * (f32 ? 4 : dtype_bytes(pl->model->dtype));
+		ar[pass] = k ? k * cost_allreduce_ms(pl->cluster, devs, t, bytes) : 0;
+	}
+	*fwd = fmax(f + ar[0], LAYER_MIN_MS);
+	*bwd = fmax(b + ar[1], LAYER_MIN_MS);
 }
 
 /*
@@ -443,8 +481,9 @@ void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fw
 }
 
 /*
- * The degrees m may take: t = 1, and with a transformer shape that shape_tp_ok
- * allows, the divisors of gpus_per_node (a group stays in one NVLink
+ * The degrees m may take: t = 1, and with a shape that shape_tp_ok allows
+ * (a transformer, a vocabulary-parallel LM head, an embedding under a
+ * forced F), the divisors of gpus_per_node (a group stays in one NVLink
  * island and the node's GPUs split into whole groups) up to N; with
  * F = pl->tp_force (--tp F, or 1 for the whole-layer set), only F among
  * those. Ascending; returns how many.
@@ -453,9 +492,15 @@ static int tp_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX]
 {
 	int G = pl->cluster->gpus_per_node, k = 0, F = pl->tp_force;
 	out[k++] = 1;
+	/* an embedding splits only when forced: its split adds an all-reduce of
+	 * its whole output to a lookup, so no width is faster split (it only
+	 * saves memory), and its widths would only make ours plan again on the
+	 * COST_VOCAB_WHOLE tables for nothing */
+	if (m->shape.type == COMP_EMBEDDING && F <= 1)
+		return k;
 	for (int t = 2; t <= SP_MIN(SP_MIN(G, pl->N), SP_TP_MAX); t++)
 		if (G % t == 0 && m->scales && (F <= 0 || t == F) &&
-		    shape_tp_ok(&m->shape, t))
+		    pl_tp_ok(pl, &m->shape, t))
 			out[k++] = t;
 	return k;
 }
@@ -529,6 +574,7 @@ void cost_use(planner_t *pl, int set)
 {
 	pl->tables = set;
 	pl->tp_force = set == COST_WHOLE ? 1 : pl->opts ? pl->opts->tp : 0;
+	pl->vocab_whole = set == COST_VOCAB_WHOLE || (pl->opts && pl->opts->tp_vocab_whole);
 	for (int k = 0; k < pl->n_mops; k++) {
 		metaop_t *m = &pl->mops[k];
 		const struct cost_tab *tab = &m->tabs[set];
@@ -540,11 +586,11 @@ void cost_use(planner_t *pl, int set)
 	}
 }
 
-/* 1 when MetaOp m's two table sets price some width differently, or
- * reach different widths. */
-static int tabs_differ(const metaop_t *m)
+/* 1 when MetaOp m's auto table set and set `set` price some width
+ * differently, or reach different widths. */
+static int tabs_differ(const metaop_t *m, int set)
 {
-	const struct cost_tab *a = &m->tabs[COST_AUTO], *w = &m->tabs[COST_WHOLE];
+	const struct cost_tab *a = &m->tabs[COST_AUTO], *w = &m->tabs[set];
 	if (a->nmax != w->nmax)
 		return 1;
 	for (int n = 1; n <= a->nmax; n++)
@@ -560,6 +606,12 @@ static int tabs_differ(const metaop_t *m)
  * whole-layer set (plan.c) and keeps the better plan. A model whose
  * tables all agree (no transformer tp_ok splits, or no width where a
  * split pays and no MetaOp that widens past its batch) gets one set.
+ * Likewise the vocabulary splits: ours also plans on the auto set with
+ * embeddings and LM heads whole (COST_VOCAB_WHOLE; only their tables
+ * differ, the others share the auto set's arrays; under auto only LM
+ * heads split, tp_degrees), so auto is never slower than --tp-vocab whole
+ * either (the schedulers are heuristics: a cheaper LM head can move the
+ * other slices' widths to a worse plan).
  */
 int cost_build(planner_t *pl)
 {
@@ -567,7 +619,8 @@ int cost_build(planner_t *pl)
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	int db = dtype_bytes(md->dtype), rc;
 	int whole = pl->opts && pl->opts->tp == 0;
-	pl->has_whole = 0;
+	int vocab = whole && !pl->opts->tp_vocab_whole;
+	pl->has_whole = pl->has_vocab_whole = 0;
 	pl->memo = sp_arena_calloc(&pl->arena, MEMO_SLOTS, sizeof *pl->memo);
 	if (!pl->memo)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
@@ -583,9 +636,18 @@ int cost_build(planner_t *pl)
 				return rc;
 		}
 		pl->tp_force = pl->opts ? pl->opts->tp : 0;
+		pl->vocab_whole = pl->opts && pl->opts->tp_vocab_whole;
 		if ((rc = cost_tables(pl, k, COST_AUTO)))
 			return rc;
-		pl->has_whole |= whole && tabs_differ(m);
+		pl->has_whole |= whole && tabs_differ(m, COST_WHOLE);
+		m->tabs[COST_VOCAB_WHOLE] = m->tabs[COST_AUTO];
+		if (vocab && (m->shape.type == COMP_EMBEDDING || m->shape.type == COMP_LM_HEAD)) {
+			pl->vocab_whole = 1;
+			if ((rc = cost_tables(pl, k, COST_VOCAB_WHOLE)))
+				return rc;
+			pl->vocab_whole = 0;
+			pl->has_vocab_whole |= tabs_differ(m, COST_VOCAB_WHOLE);
+		}
 		const sp_node_t *n0 = &md->tasks[m->task].nodes[pl->ops[m->first_op].node];
 		m->layer_state_bytes = comp_layer_params(&md->comps[n0->comp]) * psb;
 		m->saved_per_sample = op_saved_elems(&m->shape, m->batch) * db;

@@ -44,6 +44,7 @@
 #include "lower.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Slices in execution order, and each MetaOp's first, last and previous. */
 static int index_slices(lstate_t *st)
@@ -101,6 +102,12 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
 		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
 		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k, tp);
+	/* only when asked: plans that split by vocabulary where they can keep
+	 * the options they had before it existed */
+	if (pl->opts->tp_vocab_whole) {
+		size_t n = strlen(out->options);
+		snprintf(out->options + n, sizeof out->options - n, " tp_vocab=whole");
+	}
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))

@@ -51,6 +51,11 @@ static void usage(FILE *f)
 		"                       divide every transformer's heads and ffn; each\n"
 		"                       transformer it leaves whole is named on stderr,\n"
 		"                       with why); auto (default) chooses per layer\n"
+		"  --tp-vocab split|whole\n"
+		"                       split (default): embeddings and LM heads split by\n"
+		"                       vocabulary like transformers where the degree\n"
+		"                       divides the vocab (else they stay whole); whole:\n"
+		"                       they never split\n"
 		"  --simulate-all       ours simulates every candidate in full instead of\n"
 		"                       skipping those a lower bound shows cannot be chosen\n"
 		"                       (the same plan, more planning time: for tests)\n"
@@ -64,7 +69,7 @@ static int takes_value(const char *a)
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute",
-					    "--microbatches", "--tp"};
+					    "--microbatches", "--tp", "--tp-vocab"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -173,6 +178,13 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--tp")) {
 		return opt_auto_int(&o->tp, a, val, SP_MAX_TP, "a degree",
 				    "(usually 1, 2, 4 or 8)");
+	} else if (!strcmp(a, "--tp-vocab")) {
+		if (strcmp(val, "split") && strcmp(val, "whole")) {
+			fprintf(stderr, "spindle-plan: %s: unknown value '%s'\nhint: use split or "
+					"whole\n", a, val);
+			return SP_EXIT_INPUT;
+		}
+		o->tp_vocab_whole = !strcmp(val, "whole");
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");

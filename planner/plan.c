@@ -425,18 +425,18 @@ static void record_algo(const planner_t *pl, plan_summary_t *sum, algo_t a,
 }
 
 /* *same = 1 when the sequential algorithm schedules the same slices
- * (MetaOp, layers, width, degree, wave, in order) on both table sets:
- * then its plan on the auto tables simulates as the whole-layer one (one
- * slice after another either way, so placement decides alike; the
- * nominal times differ only in the slices' reported start and length).
- * Leaves the auto tables active. */
-static int seq_same(planner_t *pl, int *same)
+ * (MetaOp, layers, width, degree, wave, in order) on the auto tables and
+ * on set `set`: then its plan on the auto tables simulates as the other
+ * set's (one slice after another either way, so placement decides alike;
+ * the nominal times differ only in the slices' reported start and
+ * length). Leaves the auto tables active. */
+static int seq_same(planner_t *pl, int set, int *same)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	sched_t a, w;
 	int rc;
 	*same = 0;
-	cost_use(pl, COST_WHOLE);
+	cost_use(pl, set);
 	rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &w);
 	cost_use(pl, COST_AUTO);
 	if (!rc && !(rc = sched_run(pl, ALGO_SEQUENTIAL, NULL, NULL, &a)) && a.n == w.n) {
@@ -453,16 +453,18 @@ static int seq_same(planner_t *pl, int *same)
 }
 
 /*
- * Ours on the whole-layer tables (pl->has_whole: --tp auto, and they
- * differ from the auto ones), after its plan p on the auto tables (rc its
- * code): the better of the two by plan_one's judge goes to p, r, over,
- * *chosen and *use_seq, *set its table set. Whole layers are exactly what
- * --tp 1 plans, so auto never loses to them. The data-parallel candidate
- * reuses the sequential plan (seq_res, seq_over; NULL: none) where
- * seq_same says it is the whole-layer one, else plans afresh. Leaves the
- * auto tables active.
+ * Ours on table set `alt` (COST_WHOLE: pl->has_whole, --tp auto and the
+ * whole-layer tables differ from the auto ones; COST_VOCAB_WHOLE:
+ * pl->has_vocab_whole, the same with embeddings and LM heads whole),
+ * after its plan p so far (rc its code): the better of the two by
+ * plan_one's judge goes to p, r, over, *chosen and *use_seq, *set its
+ * table set. Whole layers are exactly what --tp 1 plans, the other set
+ * what --tp-vocab whole plans, so auto never loses to them. The
+ * data-parallel candidate reuses the sequential plan (seq_res, seq_over;
+ * NULL: none) where seq_same says it is the one on `alt`, else plans
+ * afresh. Leaves the auto tables active.
  */
-static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
+static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_plan_t *p,
 		      sim_result_t *r, double *over, const sched_cand_t **chosen, int *use_seq,
 		      int *set, const sim_result_t *seq_res, double seq_over)
 {
@@ -477,11 +479,11 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	memset(pl->err, 0, sizeof *pl->err);
 	pl->err->warn = keep.warn;
 	pl->err->warn_ctx = keep.warn_ctx;
-	if (seq_res && (rc = seq_same(pl, &same)))
+	if (seq_res && (rc = seq_same(pl, alt, &same)))
 		return rc;
-	/* the auto plan, when it fits, is the bar the whole-layer one must beat */
-	cost_use(pl, COST_WHOLE);
-	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[COST_WHOLE], pl->opts->placement, &w, &wr,
+	/* the plan so far, when it fits, is the bar the other one must beat */
+	cost_use(pl, alt);
+	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[alt], pl->opts->placement, &w, &wr,
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
 			   !rc && *over <= 0 ? r : NULL);
 	cost_use(pl, COST_AUTO);
@@ -508,7 +510,7 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int rc, sp_plan_t *p,
 	if (chosen)
 		*chosen = wc;
 	*use_seq = wseq;
-	*set = COST_WHOLE;
+	*set = alt;
 	return 0;
 }
 
@@ -550,8 +552,13 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
 				  &use_seq, NULL);
 		if (a == ALGO_SPINDLE && pl->has_whole)
-			rc = plan_whole(pl, cands, rc, &p, &r, &over, mine ? chosen_cand : NULL,
-					&use_seq, &set, have_seq ? &seq_res : NULL, seq_over);
+			rc = plan_whole(pl, cands, COST_WHOLE, rc, &p, &r, &over,
+					mine ? chosen_cand : NULL, &use_seq, &set,
+					have_seq ? &seq_res : NULL, seq_over);
+		if (a == ALGO_SPINDLE && pl->has_vocab_whole)
+			rc = plan_whole(pl, cands, COST_VOCAB_WHOLE, rc, &p, &r, &over,
+					mine ? chosen_cand : NULL, &use_seq, &set,
+					have_seq ? &seq_res : NULL, seq_over);
 		double t1 = now_ms();
 		if (rc) {
 			plan_release(&p);
@@ -650,7 +657,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	sim_result_t chosen_res = {0};
 	const sched_cand_t *chosen_cand = NULL;
 	/* our allotments, shared by the candidates, per table set */
-	cand_state_t cands[2] = {{{0}}};
+	cand_state_t cands[COST__SETS] = {{{0}}};
 	int rc = 0, chosen_set = COST_AUTO;
 	double t_start = now_ms();
 	memset(out, 0, sizeof *out);

@@ -56,6 +56,9 @@ typedef struct {
 	const char *mb_tasks;   /* --microbatches NAME=K,...: per task (tasks
 				 * not named: 1); NULL: microbatches above */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
+	int tp_vocab_whole;     /* 1: embeddings and LM heads stay whole
+				 * (--tp-vocab whole); 0: they split by
+				 * vocabulary like transformers (default) */
 	int simulate_all;       /* 1: ours simulates every candidate in full (no
 				 * bound skips: the same plans, slower; tests) */
 } plan_opts_t;
@@ -94,12 +97,13 @@ typedef struct {
 	int *usen;       /* [nmax+1]: the width that makes tf/tb at n (n, or less
 			  * when n is no faster or no (d, t) makes it) */
 	/* the table sets cost_build made (COST_AUTO always, COST_WHOLE when
-	 * cost_has_whole); the fields above are a copy of the active one */
+	 * has_whole, COST_VOCAB_WHOLE when has_vocab_whole); the fields above
+	 * are a copy of the active one */
 	struct cost_tab {
 		int nmax;
 		double *tf, *tb;
 		int *tpn, *usen;
-	} tabs[2];
+	} tabs[3];
 	int profiled;
 	int scales;      /* 0: every device of a slice does the whole work (contrastive) */
 	int64_t layer_state_bytes; /* parameter state of one layer replica */
@@ -120,8 +124,11 @@ typedef struct planner {
 	int n_mops, n_ops, n_edges;
 	/* cost.c: the active table set (cost_use) and its forced degree (0
 	 * auto: opts->tp; COST_WHOLE: 1); has_whole: cost_build made a
-	 * whole-layer set that differs from the auto one */
-	int tables, tp_force, has_whole;
+	 * whole-layer set that differs from the auto one; vocab_whole: the
+	 * active set keeps embeddings and LM heads whole (COST_VOCAB_WHOLE, or
+	 * --tp-vocab whole); has_vocab_whole: cost_build made that set and it
+	 * differs from the auto one */
+	int tables, tp_force, has_whole, vocab_whole, has_vocab_whole;
 	/* cost.c: cost_layer_tp's memo (NULL: none; cost_build makes it) */
 	struct cost_memo *memo;
 	metaop_t *mops;
@@ -145,11 +152,13 @@ int graph_build(planner_t *pl);
 
 /* The table sets: COST_AUTO prices every width at the degree opts->tp
  * asks for (auto: the fastest); COST_WHOLE whole layers only (t = 1,
- * exactly what --tp 1 prices). */
-enum { COST_AUTO, COST_WHOLE };
+ * exactly what --tp 1 prices); COST_VOCAB_WHOLE as COST_AUTO with
+ * embeddings and LM heads whole (exactly what --tp-vocab whole prices). */
+enum { COST_AUTO, COST_WHOLE, COST_VOCAB_WHOLE, COST__SETS };
 /* Fills tf/tb/profiled for every MetaOp: the COST_AUTO set, and under
- * --tp auto the COST_WHOLE set where it differs (pl->has_whole); leaves
- * COST_AUTO active. */
+ * --tp auto the COST_WHOLE set where it differs (pl->has_whole) and,
+ * unless --tp-vocab whole, the COST_VOCAB_WHOLE set where it differs
+ * (pl->has_vocab_whole); leaves COST_AUTO active. */
 int cost_build(planner_t *pl);
 /* Makes table set `set` the active one (the metaop_t fields the passes read). */
 void cost_use(planner_t *pl, int set);
@@ -161,7 +170,13 @@ void cost_layer(const planner_t *pl, int m, int64_t local, double *fwd, double *
  * (a cross-attention shape, mem_seq > 0, runs whole layers: issue #20). */
 static inline int shape_tp_ok(const sp_opshape_t *s, int t)
 {
-	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, t));
+	return t == 1 || (s->mem_seq == 0 && tp_ok(s->type, s->heads, s->ffn, s->vocab, t));
+}
+/* shape_tp_ok under the active table set: COST_VOCAB_WHOLE and
+ * --tp-vocab whole keep embeddings and LM heads unsplit. */
+static inline int pl_tp_ok(const planner_t *pl, const sp_opshape_t *s, int t)
+{
+	return shape_tp_ok(s, t) && (t == 1 || s->type == COMP_TRANSFORMER || !pl->vocab_whole);
 }
 /* The same for a t-way group holding `local` samples: the shard's compute
  * and its all-reduces (t = 1, or a shape shape_tp_ok refuses: cost_layer). */

@@ -32,7 +32,7 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	for (int k = 0; k < m->n_comps; k++) {
 		const sp_component_t *cp = &m->comps[k];
 		if (cp->type != COMP_TRANSFORMER || cp->cross_attention ||
-		    tp_ok(cp->type, cp->heads, cp->ffn, t))
+		    tp_ok(cp->type, cp->heads, cp->ffn, cp->vocab, t))
 			continue; /* a decoder stays whole (tp_whole names it) */
 		/* name only what t does not divide, located as model_check's errors */
 		int bh = cp->heads % t != 0, bf = cp->ffn % t != 0;
@@ -71,7 +71,7 @@ int tp_want(const planner_t *pl, const sslice_t *x)
 {
 	int t = x->tp;
 	const sp_opshape_t *sh = &pl->mops[x->metaop].shape;
-	if (t <= 1 || x->n % t || !shape_tp_ok(sh, t))
+	if (t <= 1 || x->n % t || !pl_tp_ok(pl, sh, t))
 		return 1;
 	return t;
 }

@@ -76,10 +76,9 @@ static int mop_classes(const planner_t *pl, int *up, int *cls)
 	return nc;
 }
 
-static int fits_degree(const metaop_t *m, int n, int t)
+static int fits_degree(const planner_t *pl, const metaop_t *m, int n, int t)
 {
-	return t == 1 || (n % t == 0 && n / t <= m->batch &&
-			  shape_tp_ok(&m->shape, t));
+	return t == 1 || (n % t == 0 && n / t <= m->batch && pl_tp_ok(pl, &m->shape, t));
 }
 
 /* Per-layer ms of slice x at degree t (t = 1: at most batch devices). */
@@ -126,7 +125,7 @@ int tp_assign(planner_t *pl, sched_t *s)
 			double *wt = &w[c * TP_ROW + t];
 			if (!seen[c * TP_ROW + t] || *wt == HUGE_VAL)
 				continue;
-			*wt = fits_degree(&pl->mops[x->metaop], x->n, t)
+			*wt = fits_degree(pl, &pl->mops[x->metaop], x->n, t)
 				      ? *wt + (x->lt - x->lf) * slice_ms(pl, x, t)
 				      : HUGE_VAL;
 		}
@@ -226,8 +225,12 @@ static void whole_line(FILE *f, const sp_plan_t *p, const int *cls, int c, int t
 		       const char *lead)
 {
 	char why[256] = "";
-	fprintf(f, "%s--tp %d leaves transformer '%s' whole (MetaOps", lead, t,
-		p->model.comps[c].name);
+	const sp_component_t *cp = &p->model.comps[c];
+	fprintf(f, "%s--tp %d leaves %s '%s' whole (MetaOps", lead, t,
+		cp->type == COMP_EMBEDDING ? "embedding"
+		: cp->type == COMP_LM_HEAD ? "LM head"
+					   : "transformer",
+		cp->name);
 	int shown = 0, more = 0;
 	for (int m = 0; m < p->n_metaops; m++) {
 		if (cls[m] != c)
@@ -239,6 +242,9 @@ static void whole_line(FILE *f, const sp_plan_t *p, const int *cls, int c, int t
 	}
 	if (more)
 		fprintf(f, " and %d more", more);
+	if (cp->type != COMP_TRANSFORMER && !tp_ok(cp->type, 0, 0, cp->vocab, t))
+		snprintf(why, sizeof why, "its vocab (%lld) is not a multiple of %d",
+			 (long long)cp->vocab, t);
 	for (int m = 0; m < p->n_metaops && !why[0]; m++)
 		if (cls[m] == c && p->metaops[m].shape.mem_seq > 0)
 			snprintf(why, sizeof why,
@@ -276,9 +282,15 @@ int tp_whole(FILE *f, const sp_plan_t *p, const char *lead)
 			if (a != b)
 				up[b] = a;
 		}
-	for (int m = 0; m < p->n_metaops; m++)
-		cls[m] = p->metaops[m].shape.type == COMP_TRANSFORMER ? uf_find(up, plan_comp(p, m, 0))
-								   : -1;
+	/* transformers, and (unless --tp-vocab whole) embeddings and LM heads */
+	int vocab = !strstr(p->options, "tp_vocab=whole");
+	for (int m = 0; m < p->n_metaops; m++) {
+		int ty = p->metaops[m].shape.type;
+		cls[m] = ty == COMP_TRANSFORMER ||
+				 (vocab && (ty == COMP_EMBEDDING || ty == COMP_LM_HEAD))
+			 ? uf_find(up, plan_comp(p, m, 0))
+			 : -1;
+	}
 	for (int i = 0; i < p->n_slices; i++)
 		if (p->slices[i].tp > 1 && cls[p->slices[i].metaop] >= 0)
 			split[cls[p->slices[i].metaop]] = 1;

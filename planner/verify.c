@@ -38,9 +38,9 @@
  * runs in, none in the others. Memory is checked once: micro-step 0 runs
  * every task.
  * A tensor-parallel group's FWD/BWD is a rendezvous (its all-reduces run
- * inside): a member runs it only once every member of the group has
- * reached it, so members that order their FWD/BWD differently deadlock
- * here and are named.
+ * inside), and so is a split LM head's LOSS (vocabulary parallel): a
+ * member runs it only once every member of the group has reached it, so
+ * members that order them differently deadlock here and are named.
  * It is written independently of lower.c: it trusts only the plan. Its
  * working memory is one local arena, released at its single exit.
  */
@@ -492,12 +492,12 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 }
 
 /* The member index (slot in its slice) of device d at a tensor-parallel
- * FWD/BWD, or -1 for other instructions (or a device not in the slice:
- * exec says so). */
+ * FWD/BWD/LOSS, or -1 for other instructions (or a device not in the
+ * slice: exec says so). */
 static int rendezvous(vstate_t *st, int d, const sp_ins_t *in)
 {
 	const sp_plan_t *p = st->p;
-	if (in->op != INS_FWD && in->op != INS_BWD)
+	if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 		return -1;
 	const sp_slice_t *sl = &p->slices[in->slice];
 	for (int q = 0; sl->tp > 1 && q < sl->n_dev; q++)
@@ -533,11 +533,13 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 			if (bucket_member(p, b, d) &&
 			    st->issued[b] < p->buckets[b].n_dev)
 				return PROGS_WAIT;
-	} else if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].tp > 1) {
+	} else if ((in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) &&
+		   p->slices[in->slice].tp > 1) {
 		/* the r-th FWD (BWD) of a member waits for r arrivals of every
 		 * member: r t in the group's count (a member is at most one
 		 * arrival ahead of the others, so a repeat cannot pass on the
-		 * arrivals of an earlier rendezvous) */
+		 * arrivals of an earlier rendezvous); a loss slice has LOSS and
+		 * no FWD, so its LOSS counts as the forward */
 		const sp_slice_t *sl = &p->slices[in->slice];
 		int q = rendezvous(st, d, in), g = p->devices[d].first_ins + k, t = sl->tp;
 		int dir = in->op == INS_BWD;
@@ -599,7 +601,7 @@ static int explain_deadlock(vstate_t *st)
 				return fail(st, q, pc[q],
 					    "deadlock: the tensor-parallel group of slice %d waits "
 					    "for device %d, which runs %s of slice %d first (members "
-					    "must run the slice's FWD/BWD in the same order)",
+					    "must run the slice's FWD/BWD/LOSS in the same order)",
 					    (int)iq->slice, o, ins_op_name(io->op), (int)io->slice);
 		}
 	}

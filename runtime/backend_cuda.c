@@ -165,4 +165,7 @@ const rt_backend_t backend_cuda = {
 	RT_BACKEND_MATH(CUDA_MATH)
 	/* parameters are initialised on the host, then copied */
 	.layer_init = layer_init,
+	/* vocabulary parallel (not yet run on a GPU: tools/gpu-check) */
+	.embedding_fwd_tp = cu_embedding_fwd_tp, .embedding_bwd_tp = cu_embedding_bwd_tp,
+	.lm_head_loss_tp = cu_lm_head_loss_tp,
 };

@@ -60,6 +60,20 @@ typedef int rt_tblock_bwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 			       const float *p, const float *saved, const float *dy, float *dx,
 			       float *dp);
 /*
+ * Vocabulary parallelism: the embedding and the LM head on member `rank`
+ * of a t-way split by vocabulary (layer_tensors_tp layout); the same tp
+ * argument, the same all-reduce rules. The LM head's loss goes to *loss.
+ */
+typedef int rt_embedding_fwd_tp_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+				     const float *p, const int32_t *tokens, float *y,
+				     float *saved);
+typedef int rt_embedding_bwd_tp_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+				     const float *saved, const float *dy, float *dp);
+typedef int rt_lm_head_loss_tp_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
+				    const float *p, const float *x, const int32_t *targets,
+				    double scale, float *dx, float *dp, float *saved,
+				    double *loss);
+/*
  * The cross-attention decoder block: the transformer block's x -> y that
  * also reads memory [n, m, W] (m = s->mem_seq, W = s->mem_width); the
  * backward adds into dmemory as well. Same tp argument; no split yet.

@@ -356,7 +356,7 @@ static int plan_buffers(rt_state_t *st)
 				r1 = (int32_t)B;
 				rows = B;
 			}
-			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop, 1));
+			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop, sl->tp));
 			st->ints_n = SP_MAX(st->ints_n, (int64_t)(in->s1 - in->s0) * mo->seq_in);
 			break;
 		}
@@ -638,6 +638,21 @@ static int first_decoder(const sp_plan_t *p)
 int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fname,
 		     sp_err_t *err)
 {
+	for (int s = 0; s < p->n_slices; s++) {
+		const sp_metaop_t *mv = &p->metaops[p->slices[s].metaop];
+		int ty = mv->shape.type;
+		if (p->slices[s].tp <= 1 || (ty != COMP_EMBEDDING && ty != COMP_LM_HEAD) ||
+		    (b->embedding_fwd_tp && b->embedding_bwd_tp && b->lm_head_loss_tp))
+			continue;
+		sp_err_set(err, SP_EINPUT, fname, 0, 0, NULL,
+			   "the vocabulary-parallel %s is not built for the %s backend yet "
+			   "(metaop '%s' is split %d ways)",
+			   ty == COMP_EMBEDDING ? "embedding" : "LM head", b->name, mv->name,
+			   (int)p->slices[s].tp);
+		sp_err_hint(err, "run this plan with --backend cpu, or re-plan it with "
+				 "--tp-vocab whole");
+		return err->code;
+	}
 	int m = first_decoder(p);
 	if (m < 0 || (b->xblock_fwd && b->xblock_bwd))
 		return 0;
@@ -970,7 +985,11 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 				    op->node, r.in->s0 + so, r.in->s1 + so);
 			b->to_device(st->ints_dev, st->ints_host,
 				     sizeof(int32_t) * (size_t)r.n * (size_t)r.mo->seq_in);
-			b->embedding_fwd(&r.mo->shape, r.n, pw, st->ints_dev, y, saved);
+			if (tp)
+				rc = b->embedding_fwd_tp(&r.mo->shape, tp, r.n, pw, st->ints_dev, y,
+							 saved);
+			else
+				b->embedding_fwd(&r.mo->shape, r.n, pw, st->ints_dev, y, saved);
 			break;
 		case COMP_PATCH: {
 			float *feat = st->work + 2 * st->ping_n + st->loss_n;
@@ -1039,7 +1058,12 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			b->zero(dx, (int64_t)r.n * r.mo->seq_out * r.mo->width_out);
 		}
 		switch (r.mo->shape.type) {
-		case COMP_EMBEDDING: b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp); break;
+		case COMP_EMBEDDING:
+			if (tp)
+				rc = b->embedding_bwd_tp(&r.mo->shape, tp, r.n, saved, dy, dp);
+			else
+				b->embedding_bwd(&r.mo->shape, r.n, saved, dy, dp);
+			break;
 		case COMP_PATCH: b->patch_bwd(&r.mo->shape, r.n, pw, saved, dy, dp); break;
 		case COMP_TRANSFORMER:
 			rc = mem ? b->xblock_bwd(&r.mo->shape, tp, r.n, pw, saved, mem, dy, dx, dmem, dp)
@@ -1055,8 +1079,15 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	return 0;
 }
 
-static void exec_loss(rt_state_t *st, int k, int64_t step)
+/* 0, or the code of a split LM head's all-reduce (tp_allreduce named the
+ * instruction). A split loss's members compute the same loss: member 0
+ * alone adds it, so it is counted once. */
+static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 {
+	tp_call_t tc;
+	rt_tp_t tps;
+	const rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	int rc = 0;
 	const sp_ins_t *in = &st->prog[k];
 	const sp_slice_t *sl = &st->p->slices[in->slice];
 	const sp_metaop_t *mo = mop(st, sl->metaop);
@@ -1078,9 +1109,15 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 				in->s0 + so, in->s1 + so);
 		b->to_device(st->ints_dev, st->ints_host,
 			     sizeof(int32_t) * (size_t)n * (size_t)mo->seq_in);
-		l = b->lm_head_loss(&mo->shape, n, pw, vptr(st, st->src_vb[k], in->s0, 0),
-				    st->ints_dev, scale, vptr(st, st->dst_vb[k], in->s0, 0), dp,
-				    scratch);
+		if (tp)
+			rc = b->lm_head_loss_tp(&mo->shape, tp, n, pw,
+						vptr(st, st->src_vb[k], in->s0, 0), st->ints_dev,
+						scale, vptr(st, st->dst_vb[k], in->s0, 0), dp,
+						scratch, &l);
+		else
+			l = b->lm_head_loss(&mo->shape, n, pw, vptr(st, st->src_vb[k], in->s0, 0),
+					    st->ints_dev, scale, vptr(st, st->dst_vb[k], in->s0, 0),
+					    dp, scratch);
 		break;
 	case COMP_CLASSIFIER:
 		data_labels(st->ints_host, st->o.data, &st->p->model, st->o.seed, step, mo->task, op->node,
@@ -1101,7 +1138,9 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	}
 	default: break;
 	}
-	st->loss[mo->task] += l;
+	if (!tp || tp->rank == 0)
+		st->loss[mo->task] += l;
+	return rc;
 }
 
 static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
@@ -1264,7 +1303,7 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
 		case INS_BWD: rc = exec_bwd(st, k, err); break;
-		case INS_LOSS: exec_loss(st, k, ds); break;
+		case INS_LOSS: rc = exec_loss(st, k, ds, err); break;
 		case INS_STEP:
 			comm = 1;
 			rc = exec_step(st, t, err);
@@ -1348,6 +1387,8 @@ static int score_loss(rt_state_t *st, int k, double *acc)
 	int comp, kind = mo->shape.type;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
 	double *e = acc + mo->task * EV__COUNT;
+	if (st->tp_rank[in->slice] > 0)
+		return 0; /* a split loss's samples count on member 0 */
 	e[EV_SAMPLES] += (double)n;
 	if (kind != COMP_CLASSIFIER && kind != COMP_CONTRASTIVE)
 		return 0;
@@ -1415,8 +1456,8 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
-			exec_loss(st, k, step);
-			if (score_loss(st, k, acc))
+			rc = exec_loss(st, k, step, err);
+			if (!rc && score_loss(st, k, acc))
 				rc = fail(st, err, k, "out of memory");
 			break;
 		case INS_SEND:

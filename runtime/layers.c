@@ -209,9 +209,10 @@ int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX]
 int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_TENSORS_MAX])
 {
 	int64_t h = c->hidden, f = c->ffn;
-	if (!tp_ok(c->type, c->heads, c->ffn, tp))
+	if (!tp_ok(c->type, c->heads, c->ffn, c->vocab, tp))
 		tp = 1;
 	int64_t hl = h / tp, fl = f / tp; /* this shard's attention and FFN widths */
+	int64_t vl = c->vocab / tp;       /* its vocabulary rows / columns */
 	int nt = 0;
 	int64_t off = 0;
 #define T(nm, r, cl)                                                                     \
@@ -225,7 +226,7 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_T
 	} while (0)
 	switch (c->type) {
 	case COMP_EMBEDDING:
-		T("tok", c->vocab, h);
+		T("tok", vl, h);
 		T("pos", c->max_seq, h);
 		break;
 	case COMP_PATCH:
@@ -264,7 +265,7 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_T
 	case COMP_LM_HEAD:
 		T("ln_g", h, 1);
 		T("ln_b", h, 1);
-		T("w", h, c->vocab);
+		T("w", h, vl);
 		break;
 	case COMP_CLASSIFIER:
 		T("ln_g", h, 1);
@@ -303,7 +304,7 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
 {
 	layer_tensor_t ft[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(c, ft);
-	if (!tp_ok(c->type, c->heads, c->ffn, tp))
+	if (!tp_ok(c->type, c->heads, c->ffn, c->vocab, tp))
 		tp = 1;
 	layer_tensors_tp(c, tp, st);
 	for (int i = 0; i < nt; i++) {
@@ -326,6 +327,13 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
 			case TB_W2: f += (int64_t)j * n; break;
 			default: break; /* whole on every member */
 			}
+		}
+		if (tp > 1 && c->type == COMP_EMBEDDING && i == 0)
+			f += (int64_t)j * n; /* token rows [j V/t, (j+1) V/t) */
+		if (tp > 1 && c->type == COMP_LM_HEAD && i == 2) {
+			/* logit columns [j V/t, (j+1) V/t) */
+			shard_cols(f, sh, ft[i].rows, 1, c->vocab, c->vocab / tp, j, to_full);
+			continue;
 		}
 		if (to_full)
 			memcpy(f, sh, (size_t)n * sizeof *f);
@@ -438,7 +446,7 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	int t = tp ? tp->t : 1;
 	if (t < 1 || s->mem_seq != 0 ||
-	    (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, t) || tp->rank < 0 ||
+	    (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, s->vocab, t) || tp->rank < 0 ||
 		       tp->rank >= t || !tp->allreduce)))
 		return SP_EINPUT;
 	assert(s->heads > 0 && s->hidden % s->heads == 0);

@@ -62,7 +62,10 @@ int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX]
  * hl = h/t, fl = f/t: w_qkv [h,3hl] (columns q, k, v of heads
  * [j a/t, (j+1) a/t), b_qkv [3hl] likewise), w_o [hl,h] (its rows), w_1
  * [h,fl] and b_1 [fl] (FFN columns [j fl, (j+1) fl)), w_2 [fl,h] (rows);
- * ln1, ln2, b_o and b_2 are whole. Total comp_layer_params_tp(c, t).
+ * ln1, ln2, b_o and b_2 are whole. Vocabulary-parallel shards, with
+ * Vl = V/t: embedding tok [Vl,h] (token rows [j Vl, (j+1) Vl)), pos whole;
+ * lm_head ln_g, ln_b whole, w [h,Vl] (logit columns [j Vl, (j+1) Vl)).
+ * Total comp_layer_params_tp(c, t).
  * Cross-attention layers are not split yet: with t > 1 their extra
  * tensors are left out, as comp_layer_params_tp leaves them out.
  */
@@ -177,6 +180,43 @@ typedef struct {
 	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } xblock_split_t;
 int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
+
+/*
+ * Vocabulary-parallel embedding and LM head (layers_vocab.c), member
+ * tp->rank of a tp->t-way split by vocabulary (t divides V, tp_ok; Vl =
+ * V/t; NULL tp or t == 1: embedding_fwd/bwd and lm_head_loss, whole):
+ * parameters in layer_tensors_tp layout. Like the split block, x, y, dy,
+ * dx are whole and identical on every member, so are the gradients of
+ * the whole tensors (the position table, the LM head's LayerNorm), and
+ * every member calls tp->allreduce the same times over all n samples.
+ *  embedding_fwd_tp: its rows' lookups, member 0 adds the positions, one
+ *    all-reduce of y [n,s,h] (y equals embedding_fwd's bit for bit);
+ *    saved as embedding_fwd. embedding_bwd_tp: no all-reduce; dy into its
+ *    rows and into the whole position table.
+ *  lm_head_loss_tp: lm_head_loss's loss (into *loss, identical on every
+ *    member) and gradients, without gathering logits: one all-reduce of
+ *    each position's per-member (max, sum of exponentials) and target
+ *    logit, one of the LayerNorm output's gradient [n,s,h]. Scratch:
+ *    op_saved_elems_tp(s, n, t) floats per sample.
+ * Return 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
+ * [0, t), no hook, another type) with nothing written, or the
+ * all-reduce's negative code at once.
+ */
+rt_embedding_fwd_tp_fn_t embedding_fwd_tp;
+rt_embedding_bwd_tp_fn_t embedding_bwd_tp;
+rt_lm_head_loss_tp_fn_t lm_head_loss_tp;
+/*
+ * The member's part of a vocabulary-parallel call, for both backends: t
+ * (1 for NULL tp), its rank (0 unsplit), its vocabulary Vl = V/t and first
+ * id v0 = rank Vl. Returns 0, or SP_EINPUT for a shape not of type `type`
+ * or a split the functions above refuse.
+ */
+typedef struct {
+	int t, rank;
+	int64_t vl, v0;
+} vocab_split_t;
+int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
+		const rt_tp_t *tp);
 
 /* Linear over every token: y = x W + b. Saved: x. */
 rt_fwd_fn_t linear_fwd;

@@ -141,6 +141,12 @@ typedef struct rt_backend {
 	 * plan with decoders there */
 	rt_xblock_fwd_fn_t *xblock_fwd;
 	rt_xblock_bwd_fn_t *xblock_bwd;
+	/* the vocabulary-parallel embedding and LM head (layers.h); NULL in a
+	 * table without them (backend_cuda_none.c's): rt_check_backend
+	 * refuses a plan that splits one there */
+	rt_embedding_fwd_tp_fn_t *embedding_fwd_tp;
+	rt_embedding_bwd_tp_fn_t *embedding_bwd_tp;
+	rt_lm_head_loss_tp_fn_t *lm_head_loss_tp;
 	/* waits for queued device work (no-op on the CPU) */
 	rt_sync_fn_t *sync;
 } rt_backend_t;

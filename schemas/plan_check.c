@@ -570,10 +570,11 @@ static int check_params(dec_t *d, const char *where, const sp_param_t *a, int n,
 		    pr_index(d, "tp_rank", a[i].tp_rank, a[i].tp, "shard"))
 			return d->rc;
 		const sp_component_t *c = &m->comps[a[i].comp];
-		if (!tp_ok(c->type, c->heads, c->ffn, a[i].tp))
+		if (!tp_ok(c->type, c->heads, c->ffn, c->vocab, a[i].tp))
 			return pr_fail(d, "tp", "component '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
-						 "the degree divides)",
+						 "the degree divides, embeddings and LM "
+						 "heads whose vocab it divides)",
 				    c->name, a[i].tp);
 		if (a[i].tp > 1 && c->cross_attention)
 			return pr_fail(d, "tp", "component '%s' has cross-attention: "
@@ -635,10 +636,11 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return pr_fail(d, "tp", "tensor-parallel degree %d does not divide "
 						 "the slice's %d devices",
 				    x->tp, x->n_dev);
-		if (!tp_ok(sh->type, sh->heads, sh->ffn, x->tp))
+		if (!tp_ok(sh->type, sh->heads, sh->ffn, sh->vocab, x->tp))
 			return pr_fail(d, "tp", "metaop '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
-						 "the degree divides)",
+						 "the degree divides, embeddings and LM "
+						 "heads whose vocab it divides)",
 				    p->metaops[x->metaop].name, x->tp);
 		if (x->tp > 1 && sh->mem_seq > 0)
 			return pr_fail(d, "tp", "metaop '%s' is a cross-attention decoder: "

@@ -89,7 +89,7 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 		return (7 * sq * h + sq * s->ffn + 2 * m * h + sq * SP_MAX(sq, m)) *
 		       (int64_t)sizeof(float);
 	}
-	int t = tp_ok(s->type, s->heads, s->ffn, sl->tp) ? sl->tp : 1;
+	int t = tp_ok(s->type, s->heads, s->ffn, s->vocab, sl->tp) ? sl->tp : 1;
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
 	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;

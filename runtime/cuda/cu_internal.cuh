@@ -183,6 +183,13 @@ void k_softmax_bwd(bf16 *ds, const float *p, const float *dp, int64_t rows, int6
 void k_embed_fwd(float *y, float *saved, const float *tok, const float *pos,
 		 const int32_t *tokens, int64_t n, int64_t s, int64_t h, int64_t vocab);
 void k_embed_bwd(float *dtok, const float *saved, const float *dy, int64_t rows, int64_t h);
+/* The vocabulary-parallel embedding's (rows [v0, v0 + vl) of the table;
+ * add_pos: member 0) */
+void k_embed_fwd_tp(float *y, float *saved, const float *tok, const float *pos,
+		    const int32_t *tokens, int64_t n, int64_t s, int64_t h, int64_t vocab,
+		    int64_t v0, int64_t vl, int add_pos);
+void k_embed_bwd_tp(float *dtok, const float *saved, const float *dy, int64_t rows, int64_t h,
+		    int64_t v0, int64_t vl);
 void k_adamw(float *p, const float *g, float *m, float *v, bf16 *shadow, int64_t n, float lr,
 	     float b1, float b2, float eps, float wd, float c1, float c2);
 void k_sgd(float *p, const float *g, bf16 *shadow, int64_t n, float lr, float wd);
@@ -198,6 +205,18 @@ void k_count_valid(int *cnt, const int32_t *targets, int64_t n, int64_t s);
  */
 void k_ce_rows_inplace(float *z, int64_t V, const int32_t *targets, const int *cnt,
 		       int64_t s, double scale, double *rowloss, int64_t rows);
+/*
+ * The vocabulary-parallel LM head's rows (cu_vocab.cu): k_vocab_stats
+ * writes member rank's (max, sum of exponentials) of each row of z [rows,
+ * vl] and, where it owns the target, the target logit into st [rows, 2t +
+ * 1] (zeroed by the caller); after their all-reduce, k_vocab_ce writes each
+ * row's loss and its bf16 gradient in place (k_ce_rows_inplace's layout).
+ */
+void k_vocab_stats(float *st, const float *z, int64_t vl, const int32_t *targets,
+		   const int *cnt, int64_t s, int64_t vocab, int64_t v0, int t, int rank,
+		   int64_t rows);
+void k_vocab_ce(float *z, int64_t vl, const float *st, const int32_t *targets, const int *cnt,
+		int64_t s, double scale, int64_t v0, int t, double *rowloss, int64_t rows);
 /* total = sum over samples with cnt > 0 of (sum of their rows' losses) / cnt */
 void k_lm_total(double *total, const double *rowloss, const int *cnt, int64_t n, int64_t s);
 /* Classifier rows: z [rows, C] at stride ld, labels < 0 leave a row out. */

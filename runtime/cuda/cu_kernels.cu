@@ -425,6 +425,44 @@ __global__ void embed_bwd_kernel(float *dtok, const float *saved, const float *d
 	}
 }
 
+/*
+ * Vocabulary-parallel embedding (member rank of a split by rows
+ * [v0, v0 + vl)): its rows' lookups, zero for the others; member 0 adds
+ * the positions (layers_vocab.c: the same terms, so the group's sum is the
+ * unsplit output).
+ */
+__global__ void embed_fwd_tp_kernel(float *y, float *saved, const float *tok, const float *pos,
+				    const int32_t *tokens, int64_t rows, int64_t s, int64_t h,
+				    int64_t vocab, int64_t v0, int64_t vl, int add_pos)
+{
+	int64_t n = rows * h;
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		int64_t r = i / h, c = i - r * h;
+		int32_t id = tokens[r];
+		if (id < 0 || id >= vocab)
+			__trap();
+		bool own = id >= v0 && id < v0 + vl;
+		float e = own ? tok[((int64_t)id - v0) * h + c] : 0.0f;
+		y[i] = add_pos ? (own ? e + pos[(r % s) * h + c] : pos[(r % s) * h + c]) : e;
+		if (c == 0)
+			saved[r] = (float)id;
+	}
+}
+
+__global__ void embed_bwd_tp_kernel(float *dtok, const float *saved, const float *dy,
+				    int64_t rows, int64_t h, int64_t v0, int64_t vl)
+{
+	int64_t n = rows * h;
+	for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+	     i += (int64_t)gridDim.x * blockDim.x) {
+		int64_t r = i / h, c = i - r * h;
+		int64_t id = (int64_t)saved[r];
+		if (id >= v0 && id < v0 + vl)
+			atomicAdd(&dtok[(id - v0) * h + c], dy[i]);
+	}
+}
+
 /* ---- optimizer ---- */
 
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, bf16 *shadow,
@@ -516,6 +554,85 @@ __global__ void ce_inplace_kernel(float *z, int64_t V, const int32_t *targets, c
 	}
 	if (threadIdx.x == 0)
 		rowloss[r] = valid ? (double)lse - (double)zy : 0.0;
+}
+
+/*
+ * A vocabulary-parallel LM head's statistics, row r of its logits z
+ * [rows, vl] (columns [v0, v0 + vl) of member `rank` of t): st[r] (2t + 1
+ * floats, zeroed by the caller) gets this member's maximum at slot rank,
+ * its sum of exponentials at t + rank, and, when it owns the target, the
+ * target logit at 2t; rows without a target (or a sample without any)
+ * stay zero.
+ */
+__global__ void vocab_stats_kernel(float *st, const float *z, int64_t vl,
+				   const int32_t *targets, const int *cnt, int64_t s,
+				   int64_t vocab, int64_t v0, int t, int rank)
+{
+	__shared__ float sh[32];
+	int64_t r = blockIdx.x;
+	const float *zr = z + r * vl;
+	int32_t y = targets[r];
+	if (y >= vocab)
+		__trap();
+	if (y < 0 || cnt[r / s] <= 0)
+		return;
+	float mx = -INFINITY;
+	for (int64_t k = threadIdx.x; k < vl; k += blockDim.x)
+		mx = fmaxf(mx, zr[k]);
+	mx = block_max(mx, sh);
+	float sum = 0.0f;
+	for (int64_t k = threadIdx.x; k < vl; k += blockDim.x)
+		sum += __expf(zr[k] - mx);
+	sum = block_sum(sum, sh);
+	if (threadIdx.x == 0) {
+		float *sr = st + r * (2 * (int64_t)t + 1);
+		sr[rank] = mx;
+		sr[t + rank] = sum;
+		if (y >= v0 && y < v0 + vl)
+			sr[2 * t] = zr[y - v0];
+	}
+}
+
+/*
+ * After the statistics' all-reduce: logsumexp of row r over the whole
+ * vocabulary, M + log sum_q s_q exp(m_q - M), M = max_q m_q (member order),
+ * the row's loss lse - z_y, and its gradient on this member's columns,
+ * scale/cnt (softmax - onehot), written as bf16 over the first half of its
+ * own fp32 row (as ce_inplace_kernel: leading dimension 2 vl).
+ */
+__global__ void vocab_ce_kernel(float *z, int64_t vl, const float *st, const int32_t *targets,
+				const int *cnt, int64_t s, double scale, int64_t v0, int t,
+				double *rowloss)
+{
+	int64_t r = blockIdx.x;
+	float *zr = z + r * vl;
+	bf16 *dz = (bf16 *)zr;
+	const float *sr = st + r * (2 * (int64_t)t + 1);
+	int32_t y = targets[r];
+	int ci = cnt[r / s];
+	bool valid = y >= 0 && ci > 0;
+	float lse = 0.0f;
+	if (valid) {
+		float M = sr[0];
+		for (int q = 1; q < t; q++)
+			M = fmaxf(M, sr[q]);
+		float S = 0.0f;
+		for (int q = 0; q < t; q++)
+			S += sr[t + q] * __expf(sr[q] - M);
+		lse = M + logf(S);
+	}
+	float coef = valid ? (float)(scale / (double)ci) : 0.0f;
+	int64_t yl = y - v0; /* the target's column here, when in [0, vl) */
+	for (int64_t base = 0; base < vl; base += blockDim.x) {
+		int64_t k = base + threadIdx.x;
+		float v = k < vl ? zr[k] : 0.0f;
+		__syncthreads();
+		if (k < vl)
+			dz[k] = __float2bfloat16(
+				valid ? coef * (__expf(v - lse) - (k == yl ? 1.0f : 0.0f)) : 0.0f);
+	}
+	if (threadIdx.x == 0)
+		rowloss[r] = valid ? (double)lse - (double)sr[2 * t] : 0.0;
 }
 
 __global__ void lm_total_kernel(double *total, const double *rowloss, const int *cnt,
@@ -881,6 +998,48 @@ void k_embed_bwd(float *dtok, const float *saved, const float *dy, int64_t rows,
 	if (rows * h <= 0)
 		return;
 	embed_bwd_kernel<<<grid_for(rows * h), kThreads, 0, cu_s()>>>(dtok, saved, dy, rows, h);
+	CUDA_LAUNCHED();
+}
+
+void k_embed_fwd_tp(float *y, float *saved, const float *tok, const float *pos,
+		    const int32_t *tokens, int64_t n, int64_t s, int64_t h, int64_t vocab,
+		    int64_t v0, int64_t vl, int add_pos)
+{
+	if (n * s * h <= 0)
+		return;
+	embed_fwd_tp_kernel<<<grid_for(n * s * h), kThreads, 0, cu_s()>>>(
+		y, saved, tok, pos, tokens, n * s, s, h, vocab, v0, vl, add_pos);
+	CUDA_LAUNCHED();
+}
+
+void k_embed_bwd_tp(float *dtok, const float *saved, const float *dy, int64_t rows, int64_t h,
+		    int64_t v0, int64_t vl)
+{
+	if (rows * h <= 0)
+		return;
+	embed_bwd_tp_kernel<<<grid_for(rows * h), kThreads, 0, cu_s()>>>(dtok, saved, dy, rows, h,
+									  v0, vl);
+	CUDA_LAUNCHED();
+}
+
+void k_vocab_stats(float *st, const float *z, int64_t vl, const int32_t *targets,
+		   const int *cnt, int64_t s, int64_t vocab, int64_t v0, int t, int rank,
+		   int64_t rows)
+{
+	if (rows <= 0)
+		return;
+	vocab_stats_kernel<<<(unsigned)rows, kThreads, 0, cu_s()>>>(st, z, vl, targets, cnt, s,
+								     vocab, v0, t, rank);
+	CUDA_LAUNCHED();
+}
+
+void k_vocab_ce(float *z, int64_t vl, const float *st, const int32_t *targets, const int *cnt,
+		int64_t s, double scale, int64_t v0, int t, double *rowloss, int64_t rows)
+{
+	if (rows <= 0)
+		return;
+	vocab_ce_kernel<<<(unsigned)rows, kThreads, 0, cu_s()>>>(z, vl, st, targets, cnt, s, scale,
+								  v0, t, rowloss);
 	CUDA_LAUNCHED();
 }
 

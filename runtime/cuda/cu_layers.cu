@@ -402,6 +402,41 @@ void cu_embedding_bwd(const sp_opshape_t *s, int n, const float *saved, const fl
 	k_colsum(dp + s->vocab * h, dy, n, sq * h, sq * h);
 }
 
+/* A member of a vocabulary-parallel split (layers.h embedding_fwd_tp): its
+ * rows' lookups, member 0 adds the positions, one all-reduce of y. */
+int cu_embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+			const int32_t *tokens, float *y, float *saved)
+{
+	vocab_split_t v;
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
+		return SP_EINPUT;
+	if (v.t == 1) {
+		cu_embedding_fwd(s, n, p, tokens, y, saved);
+		return 0;
+	}
+	int64_t h = s->hidden;
+	k_embed_fwd_tp(y, saved, p, p + v.vl * h, tokens, n, s->seq, h, s->vocab, v.v0, v.vl,
+		       v.rank == 0);
+	return tp->allreduce(tp->ctx, y, (int64_t)n * s->seq * h);
+}
+
+/* dy into its own rows (atomic scatter) and into the whole position table */
+int cu_embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *saved,
+			const float *dy, float *dp)
+{
+	vocab_split_t v;
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
+		return SP_EINPUT;
+	if (v.t == 1) {
+		cu_embedding_bwd(s, n, saved, dy, dp);
+		return 0;
+	}
+	int64_t h = s->hidden, sq = s->seq;
+	k_embed_bwd_tp(dp, saved, dy, (int64_t)n * sq, h, v.v0, v.vl);
+	k_colsum(dp + v.vl * h, dy, n, sq * h, sq * h);
+	return 0;
+}
+
 /* y[i,t] = feats[i,t] W + b + pos[t]; saved: feats as bf16 */
 void cu_patch_fwd(const sp_opshape_t *s, int n, const float *p, const float *feats, float *y,
 		  float *saved)

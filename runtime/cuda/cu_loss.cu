@@ -78,6 +78,79 @@ double cu_lm_head_loss(const sp_opshape_t *s, int n, const float *p, const float
 }
 
 /*
+ * Member rank of a vocabulary-parallel LM head (layers.h lm_head_loss_tp),
+ * logit columns [v0, v0 + vl): as cu_lm_head_loss on its columns, with the
+ * logsumexp from every member's (max, sum of exponentials) and the target
+ * logit from its owner (one all-reduce of st [R, 2t + 1]), and dln summed
+ * over the group (a second all-reduce, [R, h]) before the LayerNorm
+ * backward. Scratch (op_saved_elems_tp(s, n, t) floats per sample): z fp32
+ * [R,vl] (bf16 dz in place), ln bf16 [R,h], dln fp32 [R,h], mean, rstd fp32
+ * [R], st fp32 [R, 2t + 1]. Both all-reduces happen with no rows too.
+ */
+int cu_lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+		       const float *x, const int32_t *targets, double scale, float *dx, float *dp,
+		       float *saved, double *loss)
+{
+	vocab_split_t v;
+	*loss = 0.0;
+	if (vocab_split(&v, s, COMP_LM_HEAD, tp))
+		return SP_EINPUT;
+	if (v.t == 1) {
+		*loss = cu_lm_head_loss(s, n, p, x, targets, scale, dx, dp, saved);
+		return 0;
+	}
+	int64_t h = s->hidden, sq = s->seq, vl = v.vl, R = (int64_t)n * sq;
+	int64_t ns = 2 * (int64_t)v.t + 1;
+	int rc;
+	if (R <= 0) { /* the members' calls still pair up */
+		if ((rc = tp->allreduce(tp->ctx, saved, 0)))
+			return rc;
+		return tp->allreduce(tp->ctx, saved, 0);
+	}
+	const float *lng = p, *lnb = p + h;
+	const bf16 *wb = cu_shadow(p, 2 * h + h * vl) + 2 * h;
+	size_t budget = sizeof(float) * (size_t)(n * op_saved_elems_tp(s, 0, v.t));
+	float *z = nullptr, *dln = nullptr, *mean = nullptr, *rstd = nullptr, *st = nullptr;
+	bf16 *ln = nullptr;
+	for (size_t align = 16;; align = 4) {
+		cu_carve c(saved, budget, align);
+		z = c.take<float>(R * vl);
+		ln = c.take<bf16>(R * h);
+		dln = c.take<float>(R * h);
+		mean = c.take<float>(R);
+		rstd = c.take<float>(R);
+		st = c.take<float>(R * ns);
+		if (!c.overflow)
+			break;
+		if (align == 4)
+			cu_fatal(__FILE__, __LINE__, "lm_head loss (split)",
+				 "scratch layout does not fit");
+	}
+	size_t wsb = sizeof(double) * (size_t)(R + 1) + sizeof(int) * (size_t)n + 1024;
+	cu_carve w(cu_ws_get(wsb), wsb, 256);
+	double *rowloss = w.take<double>(R), *total = w.take<double>(1);
+	int *cnt = w.take<int>(n);
+
+	k_count_valid(cnt, targets, n, sq);
+	k_ln_fwd_bf16(ln, h, mean, rstd, 1, x, h, lng, lnb, R, h);
+	cu_gemm(false, false, R, vl, h, 1.0f, ln, BF, h, wb, BF, vl, 0.0f, z, F32, vl);
+	CUDA_CHECK(cudaMemsetAsync(st, 0, sizeof(float) * (size_t)(R * ns), cu_s()));
+	k_vocab_stats(st, z, vl, targets, cnt, sq, s->vocab, v.v0, v.t, v.rank, R);
+	if ((rc = tp->allreduce(tp->ctx, st, R * ns)))
+		return rc;
+	k_vocab_ce(z, vl, st, targets, cnt, sq, scale, v.v0, v.t, rowloss, R);
+	const bf16 *dz = (const bf16 *)z; /* leading dimension 2 vl */
+	cu_gemm(true, false, h, vl, R, 1.0f, ln, BF, h, dz, BF, 2 * vl, 1.0f, dp + 2 * h, F32, vl);
+	cu_gemm(false, true, R, h, vl, 1.0f, dz, BF, 2 * vl, wb, BF, vl, 0.0f, dln, F32, h);
+	if ((rc = tp->allreduce(tp->ctx, dln, R * h)))
+		return rc;
+	k_ln_bwd(dx, h, 1, nullptr, 0, dln, h, x, h, mean, rstd, 1, lng, dp, dp + h, R, h);
+	k_lm_total(total, rowloss, cnt, n, sq);
+	*loss = read_back(total);
+	return 0;
+}
+
+/*
  * On token 0 of each sample: z = LN(x0) W + b, loss_i = logsumexp(z_i) -
  * z_i[label_i], dz_i = scale (softmax(z_i) - onehot); label < 0: left out.
  * Scratch per sample (stride 2h + 2 + C): ln [h], dln [h], mean, rstd, dz [C].

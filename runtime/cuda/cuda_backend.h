@@ -109,6 +109,11 @@ rt_tblock_bwd_fn_t cu_tblock_bwd;
  * SP_EINPUT, as on the CPU); memory and dmemory are device buffers. */
 rt_xblock_fwd_fn_t cu_xblock_fwd;
 rt_xblock_bwd_fn_t cu_xblock_bwd;
+/* The vocabulary-parallel embedding (cu_layers.cu) and LM head
+ * (cu_loss.cu): the split block's hook rules; t == 1 is the whole layer. */
+rt_embedding_fwd_tp_fn_t cu_embedding_fwd_tp;
+rt_embedding_bwd_tp_fn_t cu_embedding_bwd_tp;
+rt_lm_head_loss_tp_fn_t cu_lm_head_loss_tp;
 
 /* ---- cu_loss.cu: losses (forward and backward in one call) --------------- */
 

@@ -391,6 +391,135 @@ cleanup:
 	free(p), free(x), free(dy);
 }
 
+/* One CPU member of a vocabulary-parallel group (tp_group_each). */
+typedef struct {
+	const sp_opshape_t *s;
+	int n;
+	const int32_t *ids;
+	const float *x, *dy;
+	float *p, *saved, *y, *dx, *dp;
+	double loss;
+} vmember_t;
+
+static int vmember_run(const rt_tp_t *tp, void *arg)
+{
+	vmember_t *m = arg;
+	if (m->s->type == COMP_EMBEDDING) {
+		int rc = embedding_fwd_tp(m->s, tp, m->n, m->p, m->ids, m->y, m->saved);
+		return rc ? rc : embedding_bwd_tp(m->s, tp, m->n, m->saved, m->dy, m->dp);
+	}
+	return lm_head_loss_tp(m->s, tp, m->n, m->p, m->x, m->ids, 0.7, m->dx, m->dp, m->saved,
+			       &m->loss);
+}
+
+/*
+ * The vocabulary-parallel embedding (forward and backward) or LM head of
+ * shape s, t members: the CPU group (layers_vocab.c, tp_group_each) and
+ * each CUDA member in turn, whose all-reduces replay the CPU group's
+ * results (replay_allreduce): every member's y (embedding), loss and dx
+ * (LM head) and shard gradient against its CPU twin, and the CUDA
+ * members' partials, summed, against the CPU group's all-reduce inputs
+ * (their sums): the embedding 1 call of [n s h], the LM head 2 ([n s,
+ * 2t + 1] statistics, then [n s h]). Targets include ignored positions
+ * and a sample with none.
+ */
+static void test_vocab_tp(const char *name, sp_comp_type_t type, int64_t V, int64_t h,
+			  int64_t sq, int n, int t)
+{
+	sp_opshape_t s = {.type = type, .hidden = h, .seq = sq, .vocab = V};
+	sp_component_t c = layer_comp_of_shape(&s);
+	int64_t np, rows = n * sq, e = rows * h, nps = comp_layer_params_tp(&c, t);
+	int64_t ns = op_saved_elems_tp(&s, n, t) * n;
+	int64_t calls = type == COMP_EMBEDDING ? 1 : 2;
+	int64_t sizes[2] = {type == COMP_EMBEDDING ? e : rows * (2 * t + 1), e};
+	int64_t nsum = sizes[0] + (calls > 1 ? sizes[1] : 0);
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
+	int32_t *ids = malloc(sizeof(int32_t) * (size_t)rows);
+	for (int64_t i = 0; i < rows; i++) {
+		ids[i] = (int32_t)(urand() * (double)V);
+		if (type == COMP_LM_HEAD && (i % 5 == 4 || i / sq == n - 1))
+			ids[i] = -1;
+	}
+	vmember_t m[8];
+	tp_member_t rec[8];
+	void *args[8];
+	memset(rec, 0, sizeof rec);
+	for (int j = 0; j < t; j++) {
+		m[j] = (vmember_t){.s = &s, .n = n, .ids = ids, .x = x, .dy = dy};
+		m[j].p = malloc(sizeof(float) * (size_t)nps);
+		layer_shard(&c, t, j, p, m[j].p, 0);
+		m[j].saved = calloc((size_t)ns, 4);
+		m[j].y = calloc((size_t)e, 4);
+		m[j].dx = calloc((size_t)e, 4);
+		m[j].dp = calloc((size_t)nps, 4);
+		rec[j].cap_sums = nsum;
+		rec[j].sums = malloc(sizeof(float) * (size_t)nsum);
+		args[j] = &m[j];
+	}
+	char what[128];
+	if (tp_group_each(t, vmember_run, args, rec) || rec[0].n_sums != nsum) {
+		printf("FAIL %s: the CPU group failed (%lld sums)\n", name,
+		       (long long)rec[0].n_sums);
+		n_fail++, n_checks++;
+		goto cleanup;
+	}
+	float *part = calloc((size_t)nsum, 4);
+	for (int j = 0; j < t; j++) {
+		replay_t r = {.sums = rec[j].sums, .part = part, .n_sums = rec[j].n_sums};
+		rt_tp_t tp = {.t = t, .rank = j, .ctx = &r, .allreduce = replay_allreduce};
+		float *dP = dev(m[j].p, 4 * (size_t)nps), *dX = dev(x, 4 * (size_t)e);
+		float *dY = dev(NULL, 4 * (size_t)e), *dS = dev(NULL, 4 * (size_t)ns);
+		float *dDY = dev(dy, 4 * (size_t)e), *dDX = dev(NULL, 4 * (size_t)e);
+		float *dDP = dev(NULL, 4 * (size_t)nps);
+		int32_t *dI = dev(ids, sizeof(int32_t) * (size_t)rows);
+		double loss = 0;
+		B->zero(dDX, e);
+		B->zero(dDP, nps);
+		int rc;
+		if (type == COMP_EMBEDDING) {
+			rc = B->embedding_fwd_tp(&s, &tp, n, dP, dI, dY, dS);
+			rc = rc ? rc : B->embedding_bwd_tp(&s, &tp, n, dS, dDY, dDP);
+		} else {
+			rc = B->lm_head_loss_tp(&s, &tp, n, dP, dX, dI, 0.7, dDX, dDP, dS, &loss);
+		}
+		B->sync();
+		int sizes_ok = r.calls == calls;
+		for (int i = 0; i < r.calls && i < 2; i++)
+			sizes_ok &= r.sizes[i] == sizes[i];
+		n_checks++;
+		if (rc || !sizes_ok) {
+			printf("FAIL %s member %d: rc %d, %d all-reduces (want %lld)\n", name, j, rc,
+			       r.calls, (long long)calls);
+			n_fail++;
+		}
+		float *g = fetch(type == COMP_EMBEDDING ? dY : dDX, e), *gdp = fetch(dDP, nps);
+		if (type == COMP_EMBEDDING) {
+			snprintf(what, sizeof what, "%s m%d fwd y", name, j);
+			check(what, g, m[j].y, e, F32_TOL, F32_EPS);
+		} else {
+			snprintf(what, sizeof what, "%s m%d loss", name, j);
+			check_scalar(what, loss, m[j].loss, 0.02);
+			snprintf(what, sizeof what, "%s m%d dx", name, j);
+			check(what, g, m[j].dx, e, BF_TOL, BF_EPS);
+		}
+		snprintf(what, sizeof what, "%s m%d dp (shard)", name, j);
+		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+			B->release(dDX), B->release(dDP), B->release(dI);
+		free(g), free(gdp);
+	}
+	for (int64_t i = 0, off = 0; i < calls; off += sizes[i], i++) {
+		snprintf(what, sizeof what, "%s partials, call %lld", name, (long long)i);
+		check(what, part + off, rec[0].sums + off, sizes[i], BF_TOL, BF_EPS);
+	}
+	free(part);
+cleanup:
+	for (int j = 0; j < t; j++)
+		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
+			free(rec[j].sums);
+	free(p), free(x), free(dy), free(ids);
+}
+
 /*
  * The cross-attention decoder block (layers_xattn.c against cu_xattn.cu):
  * y, and after the backward dx, dmemory and every parameter gradient,
@@ -657,6 +786,11 @@ int main(void)
 	test_tblock_tp("tblock tp2", 32, 4, 48, 7, 0, 3, 2, 0);
 	test_tblock_tp("tblock tp4 causal", 64, 8, 128, 16, 1, 2, 4, 0);
 	test_tblock_tp("tblock tp2 chunked", 32, 4, 48, 7, 1, 3, 2, 1);
+	/* vocabulary parallel: t 2 and 4 of 12 and 64 ids */
+	test_vocab_tp("embedding tp2", COMP_EMBEDDING, 12, 16, 5, 3, 2);
+	test_vocab_tp("embedding tp4", COMP_EMBEDDING, 64, 32, 7, 2, 4);
+	test_vocab_tp("lm_head tp2", COMP_LM_HEAD, 50, 32, 6, 3, 2);
+	test_vocab_tp("lm_head tp4", COMP_LM_HEAD, 64, 32, 7, 3, 4);
 	/* decoders: m < s and m > s, W != h and W == h, batch > 1, chunked */
 	test_xblock("xblock", 32, 4, 48, 7, 5, 24, 0, 3, 0);
 	test_xblock("xblock causal m>s", 32, 4, 48, 6, 11, 40, 1, 2, 0);

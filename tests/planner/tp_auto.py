@@ -3,7 +3,9 @@
 plan_whole): for every bundled workload (plans/*/model.json) on a800-8x8
 (64 GPUs) and a 16-node copy of it (128 GPUs), ours under --tp auto
 predicts an iteration no slower than under --tp 1 (the simulator's
-figure, --json), and both plans fit memory or neither does. Every run is
+figure, --json), and both plans fit memory or neither does; nor slower
+than under --tp auto --tp-vocab whole (embeddings and LM heads whole:
+plan.c also plans that table set and keeps the better). Every run is
 independent: they go in parallel, so the whole test takes a few seconds.
 Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
 """
@@ -20,8 +22,9 @@ PLAN = os.environ["SPINDLE_PLAN"]
 
 
 def spindle(model, cluster, tp):
-    p = subprocess.run([PLAN, model, cluster, "--tp", tp, "--json"], capture_output=True,
-                       text=True, timeout=300)
+    vocab = ["--tp-vocab", "whole"] if tp == "auto-vw" else []
+    p = subprocess.run([PLAN, model, cluster, "--tp", tp.split("-")[0], "--json"] + vocab,
+                       capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         return None, p.stderr.strip()
     return json.loads(p.stdout)["algorithms"]["spindle"], None
@@ -36,7 +39,8 @@ def main():
         c["nodes"] = 16
         big = os.path.join(tmp, "a800-16x8.json")
         json.dump(c, open(big, "w"))
-        jobs = [(m, cl, tp) for m in models for cl in (base, big) for tp in ("1", "auto")]
+        jobs = [(m, cl, tp) for m in models for cl in (base, big)
+                for tp in ("1", "auto", "auto-vw")]
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 4) as ex:
             res = dict(zip(jobs, ex.map(lambda j: spindle(*j), jobs)))
         for m in models:
@@ -51,6 +55,13 @@ def main():
                     (auto["fits_memory"] or not one["fits_memory"])
                 print(f"{'ok  ' if ok else 'FAIL'} {name}: --tp 1 {one['iteration_ms']:.3f} ms, "
                       f"auto {auto['iteration_ms']:.3f} ms")
+                fails += not ok
+                vw, e3 = res[(m, cl, "auto-vw")]
+                ok = not e3 and auto["iteration_ms"] <= vw["iteration_ms"] * (1 + 1e-9) and \
+                    (auto["fits_memory"] or not vw["fits_memory"])
+                print(f"{'ok  ' if ok else 'FAIL'} {name}: --tp-vocab whole "
+                      f"{vw['iteration_ms'] if vw else float('nan'):.3f} ms, auto "
+                      f"{auto['iteration_ms']:.3f} ms" + (f": {e3}" if e3 else ""))
                 fails += not ok
     return 1 if fails else 0
 

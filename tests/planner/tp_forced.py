@@ -82,9 +82,11 @@ def main():
         check("tp=2" in v["options"], "the options say tp=2", v["options"])
         slices = [s for w in v["waves"] for s in w["slices"]]
         check(all(s["tp"] in (1, 2) for s in slices), "degrees are 1 or 2")
+        splits = ("transformer", "embedding", "lm_head")  # vocabulary parallel: 64 / 2
         bad = [s["metaop"] for s in slices if s["tp"] == 2 and
-               (comps[slice_comp(s)]["type"] != "transformer" or s["n_dev"] % 2)]
-        check(not bad, "tp 2 only on transformer slices of even width", repr(bad))
+               (comps[slice_comp(s)]["type"] not in splits or s["n_dev"] % 2)]
+        check(not bad, "tp 2 only on transformer, embedding and LM head slices of even "
+              "width", repr(bad))
         by_comp = {}
         for s in slices:
             by_comp.setdefault(slice_comp(s), set()).add(s["tp"])
@@ -92,10 +94,22 @@ def main():
         check(not mixed, "one degree per component (one sharding per layer)", repr(mixed))
         split = [c for c, t in by_comp.items() if t == {2}]
         check(len(split) >= 1, "at least one component is split", repr(by_comp))
+        kinds = {comps[c]["type"] for c in split}
+        check({"transformer", "embedding", "lm_head"} <= kinds,
+              "transformers, an embedding and an LM head are split", repr(kinds))
         for c in split:
-            h, f = comps[c]["hidden"], comps[c]["ffn"]
-            whole = 4 * h * h + 2 * h * f + 9 * h + f
-            shard = (4 * h * h + 2 * h * f + 3 * h + f) // 2 + 6 * h
+            cp = comps[c]
+            h = cp["hidden"]
+            if cp["type"] == "embedding":  # token rows V/2, positions whole
+                whole = (cp["vocab"] + cp["max_seq"]) * h
+                shard = (cp["vocab"] // 2 + cp["max_seq"]) * h
+            elif cp["type"] == "lm_head":  # LayerNorm whole, logit columns V/2
+                whole = 2 * h + h * cp["vocab"]
+                shard = 2 * h + h * cp["vocab"] // 2
+            else:
+                f = cp["ffn"]
+                whole = 4 * h * h + 2 * h * f + 9 * h + f
+                shard = (4 * h * h + 2 * h * f + 3 * h + f) // 2 + 6 * h
             bks = [b for b in v["buckets"] if any(p["component"] == c for p in b["params"])]
             ranks = sorted(p["tp_rank"] for b in bks for p in b["params"]
                            if p["component"] == c and p["layer"] == 0)

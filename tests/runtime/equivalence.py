@@ -100,6 +100,21 @@ def tp_slices(plan_path):
     return sum(s["tp"] > 1 for w in json.loads(v.stdout)["waves"] for s in w["slices"])
 
 
+def vocab_slices(plan_path, model):
+    """Split (tp > 1) slices of a plan's embedding and LM head MetaOps
+    (vocabulary parallel): (embedding slices, LM head slices)."""
+    v = subprocess.run([os.environ["SPINDLE_SHOW"], plan_path, "--json"], capture_output=True,
+                       text=True, timeout=60, check=True)
+    import json
+    kind = {}
+    for t in model["tasks"]:
+        for n in t["graph"]:
+            kind[f"{t['name']}/{n['id']}"] = model["components"][n["component"]]["type"]
+    sl = [s for w in json.loads(v.stdout)["waves"] for s in w["slices"] if s["tp"] > 1]
+    return (sum(kind.get(s["metaop"]) == "embedding" for s in sl),
+            sum(kind.get(s["metaop"]) == "lm_head" for s in sl))
+
+
 def memory_moves(plan_path):
     """RECVs and SENDs of a decoder's memory act(c, -1) or grad(c, -1) (the
     decoder's side of a memory moved between devices) in a plan."""
@@ -110,10 +125,13 @@ def memory_moves(plan_path):
                if i["op"] in ("send", "recv") and (i.get("src") or i.get("dst"))["layer"] == -1)
 
 
-def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False, moves=False):
+def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False, moves=False,
+                vocab=None):
     # ref_opts: planner options of the one-device reference; split: every
     # plan must split a slice (tensor parallelism), else the check is void;
-    # moves: every plan must move a decoder's memory between devices
+    # moves: every plan must move a decoder's memory between devices;
+    # vocab: (e, h), every plan must split at least e embedding and h LM
+    # head slices (vocabulary parallel)
     mpath = W.write_json(tmp, f"{name}.model.json", model)
     c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
     p1 = os.path.join(tmp, f"{name}.1.bin")
@@ -135,6 +153,11 @@ def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False, move
             what += f", {ns} slices split"
             if ns == 0:
                 err = f"{name} on {ranks} ranks ({what}): the plan splits no slice"
+        if vocab and not err:
+            ne, nh = vocab_slices(pp, model)
+            what += f", {ne} embedding and {nh} LM head slices split"
+            if ne < vocab[0] or nh < vocab[1]:
+                err = f"{name} on {ranks} ranks ({what}): the vocabulary is not split"
         if moves and not err:
             nm = memory_moves(pp)
             what += f", {nm} memory transfers"
@@ -392,6 +415,62 @@ def tp(demo, tmp):
                                     split=True)
 
 
+def vocab(demo, tmp):
+    """Vocabulary-parallel embedding and LM head (issue #18): plans whose
+    embedding and LM head slices really are split (vocab_slices, asserted
+    for each plan) equal the one-device run on 2, 3 and 4 ranks with --tp 2
+    and on 4 ranks with --tp 4 (the demo's vocabulary is 64), with adamw
+    and with sgd (whose tolerance is tight), the loss counted once (the
+    losses compared are the sums over ranks). Sequential and distmm-mt put
+    every MetaOp of a task on one group of ranks, so the embedding and the
+    LM head are as wide as the transformers that --tp splits; on 3 ranks
+    only spindle-paper splits anything of the demo (its LM head: a group of
+    2 beside a whole slice)."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    demo = dict(demo, optimizer=adamw)
+    both = [(2, 1, "sequential", TP2), (4, 1, "sequential", TP2),
+            (4, 1, "sequential", ("--tp", "4")), (4, 2, "sequential", TP2),
+            (4, 1, "sequential", TP2 + ("--zero", "1"))]
+    three = [(3, 1, "spindle-paper", TP2)]
+    failures = []
+    for opt, floor, n in ((adamw, 1e-2 * 0.01, len(both)), (sgd, 1e-7, 3)):
+        demo["optimizer"] = opt
+        name = f"demo-{opt['type']}-vocab"
+        failures += check_model(demo, tmp, name, both[:n], floor, vocab=(1, 1))
+        failures += check_model(demo, tmp, name, three, floor, vocab=(0, 1))
+    return failures + cuda_vocab(demo, tmp)
+
+
+def cuda_vocab(demo, tmp):
+    """The CUDA backend has the vocabulary-parallel layers (cu_layers.cu
+    cu_embedding_fwd_tp, cu_loss.cu cu_lm_head_loss_tp): a CUDA build takes
+    a plan that splits them past the backend check (rt_check_backend) to
+    the device (no GPU here: exit 1 with cu_init's "no usable CUDA device";
+    with one it trains, exit 0) and never prints the refusal. A build
+    without CUDA (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
+    mpath = W.write_json(tmp, "vocab-cuda.model.json", demo)
+    pp = os.path.join(tmp, "vocab-cuda.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential", TP2)
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1", "--backend",
+           "cuda"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    refusal = "is not built for the cuda backend yet"
+    if os.environ.get("SPINDLE_CUDA", "1") == "1":
+        ok = refusal not in p.stderr and (p.returncode == 0 or
+                                          "no usable CUDA device" in p.stderr)
+        what = "takes a vocabulary-parallel plan to the device"
+    else:
+        ok = p.returncode == 2
+        what = "refuses a vocabulary-parallel plan in a build without CUDA (exit 2)"
+    if ok:
+        print(f"ok   --backend cuda {what} (exit {p.returncode})", flush=True)
+        return []
+    err = (f"--backend cuda on a vocabulary-parallel plan: exit {p.returncode}, expected: "
+           f"{what}; stderr: {p.stderr.strip()[:300]}")
+    print("FAIL " + err, flush=True)
+    return [err]
+
+
 def add_decoder(model, seed):
     """model plus one small encoder-decoder task (a captioning-like LM):
     an image encoder's output (through a linear projection to a width of
@@ -551,6 +630,11 @@ def main():
             failures += encdec(tmp)
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
+        if os.environ.get("EQUIV_ONLY") == "vocab":  # the vocabulary-parallel cases alone
+            demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
+            failures += vocab(demo, tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
         if os.environ.get("EQUIV_ONLY") == "micro-task":  # per-task micro-batches alone
             failures += micro_task(demo, tmp)
@@ -587,6 +671,7 @@ def main():
         failures += micro_task(demo, tmp)
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
+        failures += vocab(demo, tmp)
         # cross-attention decoders
         failures += encdec(tmp)
     print(f"{len(failures)} failure(s)")

@@ -30,7 +30,9 @@ Also: --save-every keeps the newest snapshot and the one before; a run
 trained with --seed 7 resumes without --seed on seed 7's data stream (bit-
 identical to 6 uninterrupted steps with --seed 7).
 """
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -128,10 +130,20 @@ def check_tp(F, tmp):
     plan whose transformer slices are split 4 ways (--tp 4), resumed under
     the same plan (bit-identical) and under the 1-rank plan; saved under
     the 1-rank plan, resumed under the --tp 4 plan (within tolerance of the
-    uninterrupted run of the saving plan)."""
+    uninterrupted run of the saving plan). The --tp 4 plan also splits the
+    embeddings and the LM head by vocabulary (asserted), so their shards
+    are joined into whole tables and cut again."""
     model = R.demo_model(R.ADAMW)
     # sequential: every slice on the 4 devices, so every transformer splits
     p4 = R.make_plan(tmp, model, "tp", 4, "sequential", ("--tp", "4"))
+    v = subprocess.run([os.environ["SPINDLE_SHOW"], p4, "--json"], capture_output=True,
+                       text=True, timeout=60, check=True)
+    kinds = {f"{t['name']}/{n['id']}": model["components"][n["component"]]["type"]
+             for t in model["tasks"] for n in t["graph"]}
+    split = {kinds[s["metaop"]] for w in json.loads(v.stdout)["waves"] for s in w["slices"]
+             if s["tp"] == 4}
+    F.check({"embedding", "lm_head"} <= split,
+            "tp: the --tp 4 plan splits an embedding and an LM head 4 ways", str(split))
     p1 = R.make_plan(tmp, model, "tp", 1, "spindle")
     across_plans(F, tmp, "tp", p4, 4, p1, 1, {p4: "--tp 4", p1: "one device"})
 

@@ -64,6 +64,8 @@ def main():
                   f"summary: step {s} passed or skipped: {line}")
         for n in (2, 4):
             check(f"ok   demo-sgd-on-{n}-ranks" in summary, f"summary: {n} ranks equal 1")
+            check(f"ok   demo-sgd-tp2-vocab-on-{n}-ranks" in summary,
+                  f"summary: {n} ranks with the vocabulary split equal 1")
         for what in ("", "sequential-"):
             check(f"ok   encdec-sgd-{what}on-2-ranks" in summary,
                   f"summary: the decoder workload on 2 ranks ({what or 'as planned'}) equals 1")
@@ -74,7 +76,7 @@ def main():
             check(f"logs/{s}.log" in members, f"results.tgz holds logs/{s}.log")
         for f in ["summary.txt", "results.md", "demo-log.csv", "demo-trace.json",
                   "runs/demo-sgd-1.dump", "runs/demo-sgd-4.csv", "plans/cluster-4.json",
-                  "runs/encdec-sgd-2.dump"]:
+                  "runs/encdec-sgd-2.dump", "runs/demo-sgd-tv-2.dump"]:
             check(f in members, f"results.tgz holds {f}")
 
         out2 = os.path.join(tmp, "late")

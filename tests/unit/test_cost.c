@@ -112,7 +112,7 @@ static void kernels_follow_head_loops(void **state)
 	assert_int_equal(cost_layer_kernels(dec, 4, 0), 13 + 2 * 4 + 9 + 2 * 4);
 	assert_int_equal(cost_layer_kernels(dec, 64, 1), 29 + 1 + 4 * 16 + 20 + 4 * 16);
 	/* and never splits, though 2 divides its heads and ffn */
-	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, 2));
+	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, dec->vocab, 2));
 	assert_false(shape_tp_ok(dec, 2));
 	assert_true(shape_tp_ok(dec, 1) && shape_tp_ok(vit, 2));
 }
@@ -156,7 +156,7 @@ static void tfix_release(tfix_t *f)
 
 static int can_split(const metaop_t *m, int t)
 {
-	return m->scales && tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, t);
+	return m->scales && tp_ok(m->shape.type, m->shape.heads, m->shape.ffn, m->shape.vocab, t);
 }
 
 /* Every table of f: non-increasing; at a width its own (usen[n] == n) a
@@ -168,8 +168,11 @@ static void check_tables(const tfix_t *f, int forced)
 	for (int k = 0; k < pl->n_mops; k++) {
 		const metaop_t *m = &pl->mops[k];
 		int tmax = 1;
+		/* an embedding splits only when forced (cost.c tp_degrees) */
+		int auto_ok = m->shape.type != COMP_EMBEDDING || forced > 1;
 		for (int t = 2; t <= G; t++)
-			if (G % t == 0 && can_split(m, t) && (forced <= 0 || t == forced))
+			if (G % t == 0 && can_split(m, t) && (forced <= 0 || t == forced) &&
+			    auto_ok)
 				tmax = t;
 		assert_int_equal(m->nmax, (int)SP_MIN((int64_t)pl->N, m->batch * tmax));
 		for (int n = 1; n <= m->nmax; n++) {
@@ -237,13 +240,24 @@ static void tp_prices(void **state)
 					continue;
 				}
 				int32_t devs[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-				double ar = 2 * cost_allreduce_ms(&f.cluster, devs, t,
-								  locals[i] * m->shape.seq *
-								  m->shape.hidden * db);
-				/* a shard pays its two all-reduces and does at least
-				 * 1/t of the whole layer's compute less launches */
-				assert_true(ft >= ar && bt >= ar);
-				assert_true(ft - ar >= 0.5 * f1 / t && bt - ar >= 0.5 * b1 / t);
+				int64_t act = locals[i] * m->shape.seq * m->shape.hidden * db;
+				double one = cost_allreduce_ms(&f.cluster, devs, t, act);
+				/* a transformer: two all-reduces of its activations each
+				 * pass; a vocabulary-parallel embedding: one forward; an
+				 * LM head: its fp32 statistics (2t + 1 per token)
+				 * forward, its activations' gradient backward */
+				double arf = 2 * one, arb = 2 * one;
+				if (m->shape.type == COMP_EMBEDDING)
+					arf = one, arb = 0;
+				if (m->shape.type == COMP_LM_HEAD)
+					arf = cost_allreduce_ms(&f.cluster, devs, t,
+								locals[i] * m->shape.seq *
+									(2 * t + 1) * 4),
+					arb = one;
+				/* a shard pays its all-reduces and does at least 1/t
+				 * of the whole layer's compute less launches */
+				assert_true(ft >= arf && bt >= arb);
+				assert_true(ft - arf >= 0.5 * f1 / t && bt - arb >= 0.5 * b1 / t);
 			}
 		}
 	}

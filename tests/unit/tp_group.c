@@ -95,3 +95,46 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
 		rc = members[j].rc;
 	return rc;
 }
+
+typedef struct {
+	member_ctx_t c;
+	tp_member_t none; /* no sums recorded */
+	tp_member_fn *fn;
+	void *arg;
+	int rc;
+} each_ctx_t;
+
+static void *each_main(void *arg)
+{
+	each_ctx_t *e = arg;
+	e->rc = e->fn(&e->c.tp, e->arg);
+	return NULL;
+}
+
+int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec)
+{
+	group_t g = {.t = t};
+	each_ctx_t ctx[TP_MAX];
+	pthread_t th[TP_MAX];
+	if (t < 1 || t > TP_MAX || pthread_barrier_init(&g.bar, NULL, (unsigned)t))
+		return SP_EINTERNAL;
+	for (int j = 0; j < t; j++) {
+		memset(&ctx[j], 0, sizeof ctx[j]);
+		ctx[j].c = (member_ctx_t){.g = &g, .m = rec ? &rec[j] : &ctx[j].none,
+					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+		if (rec)
+			rec[j].n_sums = 0;
+		ctx[j].c.tp.ctx = &ctx[j].c;
+		ctx[j].fn = fn;
+		ctx[j].arg = args[j];
+		if (pthread_create(&th[j], NULL, each_main, &ctx[j]))
+			abort(); /* the others would wait at the barrier */
+	}
+	int rc = 0;
+	for (int j = 0; j < t; j++)
+		pthread_join(th[j], NULL);
+	pthread_barrier_destroy(&g.bar);
+	for (int j = 0; j < t && !rc; j++)
+		rc = ctx[j].rc;
+	return rc;
+}

@@ -37,4 +37,14 @@ typedef struct {
 int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const float *dy,
 		 tp_member_t *members);
 
+/*
+ * Any split layer: fn(tp, args[j]) for member j = 0..t-1 in t threads, tp
+ * carrying the same shared-memory all-reduce. rec (NULL: none): member j's
+ * all-reduce results are appended to rec[j].sums as tp_group_run does
+ * (only sums, n_sums, cap_sums are used). Returns 0, or the first member's
+ * nonzero return.
+ */
+typedef int tp_member_fn(const rt_tp_t *tp, void *arg);
+int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec);
+
 #endif

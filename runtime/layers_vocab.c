@@ -1,0 +1,227 @@
+/*
+ * layers_vocab.c — vocabulary-parallel embedding and LM head (CPU
+ * reference): member j of a t-way group holds token rows / logit columns
+ * [j V/t, (j+1) V/t) (tp_ok: t divides V) and calls the group's
+ * all-reduce hook (rt_tp_t), once per call over all n samples, also when
+ * n == 0. NULL tp or t == 1: the whole layers of layers.c, unchanged.
+ *
+ * Embedding: each member looks up the tokens of its rows (zero for the
+ * others), member 0 adds the position table (whole on every member), and
+ * one all-reduce of [n, s, h] gives every member the whole output. Each
+ * element of it has at most two nonzero terms (the token row's and the
+ * position's), so it equals the unsplit layer's bit for bit. Backward: no
+ * communication; each member scatters dy into its own rows and adds all
+ * of dy into the position table's gradient (equal on every member).
+ *
+ * LM head: LayerNorm whole on every member, logits for its columns only;
+ * the loss without gathering logits: per position each member writes its
+ * column maximum m_j and sum of exponentials s_j = sum exp(z - m_j) into
+ * its own slots of a [2t + 1] row, and the member owning the target its
+ * logit into the last slot; one all-reduce (every slot has one nonzero
+ * term, so it is exact) gives each member logsumexp = M + log sum_j s_j
+ * exp(m_j - M), M = max_j m_j, and the loss, the same on every member.
+ * Backward: dz = scale (softmax - onehot) / n_i on its columns, dW on its
+ * columns, dln = dz W_j^T summed over the group (second all-reduce, [n, s,
+ * h]), then the LayerNorm backward, whole: dx and the LayerNorm's
+ * gradients equal on every member.
+ */
+#include "layers.h"
+#include "layers_impl.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
+		const rt_tp_t *tp)
+{
+	int t = tp ? tp->t : 1;
+	if (t < 1 || s->type != type)
+		return SP_EINPUT;
+	if (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, s->vocab, t) || tp->rank < 0 ||
+		      tp->rank >= t || !tp->allreduce))
+		return SP_EINPUT;
+	out->t = t;
+	out->rank = t > 1 ? tp->rank : 0;
+	out->vl = s->vocab / t;
+	out->v0 = (int64_t)out->rank * out->vl;
+	return 0;
+}
+
+/* The fields of vocab_split for the functions below. */
+static int vocab_split_of(const sp_opshape_t *s, sp_comp_type_t type, const rt_tp_t *tp,
+			  int *t, int *rank, int64_t *vl)
+{
+	vocab_split_t v;
+	if (vocab_split(&v, s, type, tp))
+		return SP_EINPUT;
+	*t = v.t;
+	*rank = v.rank;
+	*vl = v.vl;
+	return 0;
+}
+
+int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+		     const int32_t *tokens, float *y, float *saved)
+{
+	int t, j;
+	int64_t vl;
+	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+		return SP_EINPUT;
+	if (t == 1) {
+		embedding_fwd(s, n, p, tokens, y, saved);
+		return 0;
+	}
+	int64_t h = s->hidden, sq = s->seq, v0 = (int64_t)j * vl;
+	const float *tok = p, *pos = p + vl * h;
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t q = 0; q < sq; q++) {
+			int32_t id = tokens[i * sq + q];
+			assert(id >= 0 && id < s->vocab);
+			float *o = y + (i * sq + q) * h;
+			int own = id >= v0 && id < v0 + vl;
+			const float *e = tok + (id - v0) * h, *ps = pos + q * h;
+			for (int64_t k = 0; k < h; k++)
+				o[k] = j == 0 ? (own ? e[k] + ps[k] : ps[k]) : (own ? e[k] : 0.0f);
+			saved[i * sq + q] = (float)id;
+		}
+	return tp->allreduce(tp->ctx, y, (int64_t)n * sq * h);
+}
+
+int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *saved,
+		     const float *dy, float *dp)
+{
+	int t, j;
+	int64_t vl;
+	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+		return SP_EINPUT;
+	if (t == 1) {
+		embedding_bwd(s, n, saved, dy, dp);
+		return 0;
+	}
+	int64_t h = s->hidden, sq = s->seq, v0 = (int64_t)j * vl;
+	float *dtok = dp, *dpos = dp + vl * h;
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t q = 0; q < sq; q++) {
+			int64_t id = (int64_t)saved[i * sq + q];
+			const float *g = dy + (i * sq + q) * h;
+			int own = id >= v0 && id < v0 + vl;
+			for (int64_t k = 0; k < h; k++) {
+				if (own)
+					dtok[(id - v0) * h + k] += g[k];
+				dpos[q * h + k] += g[k];
+			}
+		}
+	return 0;
+}
+
+/*
+ * Scratch for all n samples (op_saved_elems_tp(s, n, t) floats per
+ * sample): ln [n,s,h], dln [n,s,h], mean [n,s], rstd [n,s], z [n,s,Vl],
+ * stats [n,s,2t+1] (m_0..m_{t-1}, s_0..s_{t-1}, target logit).
+ */
+int lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
+		    const float *x, const int32_t *targets, double scale, float *dx, float *dp,
+		    float *saved, double *loss)
+{
+	int t, j;
+	int64_t vl;
+	*loss = 0;
+	if (vocab_split_of(s, COMP_LM_HEAD, tp, &t, &j, &vl))
+		return SP_EINPUT;
+	if (t == 1) {
+		*loss = lm_head_loss(s, n, p, x, targets, scale, dx, dp, saved);
+		return 0;
+	}
+	int64_t h = s->hidden, sq = s->seq, V = s->vocab, v0 = (int64_t)j * vl;
+	int64_t rows = (int64_t)n * sq, ns = 2 * (int64_t)t + 1;
+	const float *lng = p, *lnb = p + h, *w = p + 2 * h;
+	float *dg = dp, *db = dp + h, *dw = dp + 2 * h;
+	float *ln = saved, *dln = ln + rows * h, *mean = dln + rows * h, *rstd = mean + rows;
+	float *z = rstd + rows, *st = z + rows * vl;
+	memset(st, 0, sizeof(float) * (size_t)(rows * ns));
+
+	for (int64_t i = 0; i < n; i++) {
+		const int32_t *yi = targets + i * sq;
+		int64_t cnt = 0;
+		for (int64_t q = 0; q < sq; q++) {
+			assert(yi[q] < V);
+			cnt += yi[q] >= 0;
+		}
+		float *lni = ln + i * sq * h, *zi = z + i * sq * vl;
+		if (cnt == 0) { /* no loss, no gradient: zeros into the products */
+			memset(lni, 0, sizeof(float) * (size_t)(sq * h));
+			memset(zi, 0, sizeof(float) * (size_t)(sq * vl));
+			continue;
+		}
+		ly_ln_rows(lni, mean + i * sq, rstd + i * sq, x + i * sq * h, sq, h, lng, lnb);
+		ly_gemm(0, 0, sq, vl, h, 1.0f, lni, h, w, vl, 0.0f, zi, vl);
+		for (int64_t q = 0; q < sq; q++) {
+			const float *zq = zi + q * vl;
+			float *sr = st + (i * sq + q) * ns;
+			if (yi[q] < 0)
+				continue;
+			double mx = -INFINITY, sum = 0;
+			for (int64_t k = 0; k < vl; k++)
+				mx = zq[k] > mx ? zq[k] : mx;
+			for (int64_t k = 0; k < vl; k++)
+				sum += exp((double)zq[k] - mx);
+			sr[j] = (float)mx;
+			sr[t + j] = (float)sum;
+			if (yi[q] >= v0 && yi[q] < v0 + vl)
+				sr[2 * t] = zq[yi[q] - v0];
+		}
+	}
+	int rc = tp->allreduce(tp->ctx, st, rows * ns);
+	if (rc)
+		return rc;
+
+	double total = 0;
+	for (int64_t i = 0; i < n; i++) {
+		const int32_t *yi = targets + i * sq;
+		int64_t cnt = 0;
+		for (int64_t q = 0; q < sq; q++)
+			cnt += yi[q] >= 0;
+		if (cnt == 0)
+			continue;
+		double li = 0, coef = scale / (double)cnt;
+		for (int64_t q = 0; q < sq; q++) {
+			float *zq = z + (i * sq + q) * vl;
+			const float *sr = st + (i * sq + q) * ns;
+			if (yi[q] < 0) {
+				memset(zq, 0, sizeof(float) * (size_t)vl);
+				continue;
+			}
+			/* logsumexp over the whole vocabulary from every member's
+			 * (max, sum of exponentials), in member order on every member */
+			double M = sr[0], S = 0;
+			for (int r = 1; r < t; r++)
+				M = sr[r] > M ? sr[r] : M;
+			for (int r = 0; r < t; r++)
+				S += (double)sr[t + r] * exp((double)sr[r] - M);
+			double lse = M + log(S);
+			li += lse - sr[2 * t];
+			for (int64_t k = 0; k < vl; k++)
+				zq[k] = (float)(coef * exp((double)zq[k] - lse));
+			if (yi[q] >= v0 && yi[q] < v0 + vl)
+				zq[yi[q] - v0] -= (float)coef;
+		}
+		total += li / (double)cnt;
+	}
+	/* dW_j += ln^T dz; dln = dz W_j^T, summed over the group */
+	ly_gemm(1, 0, h, vl, rows, 1.0f, ln, h, z, vl, 1.0f, dw, vl);
+	ly_gemm(0, 1, rows, h, vl, 1.0f, z, vl, w, vl, 0.0f, dln, h);
+	if ((rc = tp->allreduce(tp->ctx, dln, rows * h)))
+		return rc;
+	for (int64_t i = 0; i < n; i++) {
+		const int32_t *yi = targets + i * sq;
+		int64_t cnt = 0;
+		for (int64_t q = 0; q < sq; q++)
+			cnt += yi[q] >= 0;
+		if (cnt > 0)
+			ly_ln_rows_bwd(dx + i * sq * h, dg, db, dln + i * sq * h, x + i * sq * h,
+				       mean + i * sq, rstd + i * sq, lng, sq, h);
+	}
+	*loss = total;
+	return 0;
+}

@@ -24,6 +24,7 @@
 #include "common.h"
 #include "model.h"
 #include "plan.h"
+#include "plan_verify.h"
 
 #include <stdio.h>
 
@@ -634,12 +635,7 @@ int layout_forced_check(planner_t *pl, const sp_plan_t *p);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 
-/*
- * Simulates all programs together; rejects deadlocks, unmatched or
- * mismatched transfers, compute without parameters or input, missing
- * gradient contributions in syncs, and memory over capacity.
- */
-int verify_plan(const sp_plan_t *p, double mem_cap_bytes, sp_err_t *err);
+/* verify_plan: plan_verify.h (its own library, which spindle-run links too). */
 
 /* ---- plan.c: the pipeline ------------------------------------------------------- */
 

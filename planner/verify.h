@@ -3,7 +3,7 @@
  * verify.c runs every program together and checks data flow, transfers,
  * parameters and gradients; verify_mem.c adds the rules of a decoder's
  * memory act(c, -1) and its gradient grad(c, -1) (issue #20). Callers
- * outside the verifier use verify_plan (planner.h).
+ * outside the verifier use verify_plan (plan_verify.h).
  */
 #ifndef SPINDLE_VERIFY_H
 #define SPINDLE_VERIFY_H

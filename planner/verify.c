@@ -71,11 +71,8 @@ vbuf_t *verify_value(vstate_t *st, int d, const sp_vref_t *r)
 	for (int i = 0; i < ds->nv; i++)
 		if (ds->v[i].m == r->metaop && ds->v[i].l == r->layer && ds->v[i].g == r->grad)
 			return &ds->v[i];
-	vbuf_t nb = {r->metaop, r->layer, r->grad,
-		     sp_arena_calloc(&st->arena, (size_t)verify_batch(st->p, r->metaop) + 1,
-				     sizeof(int32_t))};
-	if (!nb.cnt ||
-	    sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
+	vbuf_t nb = {r->metaop, r->layer, r->grad, {0}};
+	if (sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
 		return NULL;
 	ds->v[ds->nv] = nb;
 	return &ds->v[ds->nv++];
@@ -104,12 +101,14 @@ static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_
 	if (!v)
 		return SP_ENOMEM;
 	int32_t want = verify_expected(st->p, r);
-	for (int32_t s = s0; s < s1; s++)
-		if (v->cnt[s] != want)
+	for (int32_t s = s0, n, e; s < s1; s = e) {
+		e = vcounts_piece(&v->cnt, s, s1, &n);
+		if (n != want)
 			return fail(st, d, k,
 				    "missing input: %s of '%s' sample %d has %d of %d tokens",
-				    what, st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s],
+				    what, st->p->metaops[r->metaop].name, (int)s, (int)n,
 				    (int)want);
+	}
 	return 0;
 }
 
@@ -120,13 +119,15 @@ int verify_write(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0, int
 	if (!v)
 		return SP_ENOMEM;
 	int32_t want = verify_expected(st->p, r);
-	for (int32_t s = s0; s < s1; s++) {
-		v->cnt[s] += tokens;
-		if (v->cnt[s] > want)
+	if (vcounts_add(&st->arena, &v->cnt, s0, s1, tokens))
+		return SP_ENOMEM;
+	for (int32_t s = s0, n, e; s < s1; s = e) {
+		e = vcounts_piece(&v->cnt, s, s1, &n);
+		if (n > want)
 			return fail(st, d, k,
 				    "missing input: value of '%s' sample %d written twice "
 				    "(%d tokens)",
-				    st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s]);
+				    st->p->metaops[r->metaop].name, (int)s, (int)n);
 	}
 	return 0;
 }

@@ -40,6 +40,11 @@ typedef enum {
 
 typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
 
+/* --max-instructions' default, and about what an instruction of a plan
+ * costs the planner at its peak (lower_xfer.c check_size). */
+#define PLAN_MAX_INS_DEFAULT ((int64_t)8000000)
+#define PLAN_BYTES_PER_INS 500
+
 typedef struct {
 	const char *model_path, *cluster_path, *out_path;
 	int inspect, costs, report, compare, json;
@@ -57,6 +62,8 @@ typedef struct {
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
 	int simulate_all;       /* 1: ours simulates every candidate in full (no
 				 * bound skips: the same plans, slower; tests) */
+	int64_t max_ins;        /* the lowering refuses a plan whose transfers
+				 * alone are more instructions (0: no limit) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);

@@ -257,9 +257,21 @@ static int verify_alloc(vstate_t *st)
 	const sp_plan_t *p = st->p;
 	sp_arena_t *a = &st->arena;
 	size_t N = (size_t)p->n_devices + 1, tags;
-	for (int k = 0; k < p->n_ins; k++)
-		if (p->ins[k].op == INS_SEND || p->ins[k].op == INS_RECV)
-			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
+	/* tags number transfers, each a SEND or a COPY: below the instruction
+	 * count (which keeps the per-tag arrays the plan's size; a plan file
+	 * may say anything up to INT32_MAX) */
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op != INS_SEND && in->op != INS_RECV)
+				continue;
+			if (in->tag >= p->n_ins)
+				return fail(st, d, k,
+					    "unmatched transfer: tag %d, but a plan of %d "
+					    "instructions has fewer transfers",
+					    (int)in->tag, (int)p->n_ins);
+			st->max_tag = SP_MAX(st->max_tag, in->tag + 1);
+		}
 	st->param_base = sp_arena_calloc(a, (size_t)p->model.n_comps + 1, sizeof(int));
 	if (!st->param_base)
 		return SP_ENOMEM;

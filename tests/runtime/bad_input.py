@@ -257,12 +257,12 @@ def bwd_first(b, ats):
     b[ats[f]:ats[f] + 60], b[ats[k]:ats[k] + 60] = bwd, fwd
 
 
-def retag_first_recv(b, ats):
-    """The first RECV waits for a tag no SEND uses: its SEND is never
-    received, the RECV never completes."""
+def retag_first_recv(b, ats, tag=None):
+    """The first RECV waits for a tag no SEND uses (the next free one, or
+    `tag`): its SEND is never received, the RECV never completes."""
     tags = [struct.unpack_from("<i", b, a + 56)[0] for a in ats]
     at = next(a for a in ats if struct.unpack_from("<i", b, a)[0] == 4)
-    struct.pack_into("<i", b, at + 56, max(tags) + 1)
+    struct.pack_into("<i", b, at + 56, max(tags) + 1 if tag is None else tag)
 
 
 def empty_memory_grad_copy(b, ats):
@@ -333,6 +333,11 @@ def verifier_only(F, tmp, p4):
     edit_instructions(p4, bad, retag_first_recv)
     refused(F, bad, 4, ["(recv): deadlock: waits for tag", "which never sends it"],
             [RUNTIME_SAYS], "a RECV whose tag no SEND uses")
+    bad = p4 + ".huge-tag.bin"
+    edit_instructions(p4, bad, lambda b, ats: retag_first_recv(b, ats, 2**31 - 1))
+    refused(F, bad, 4, ["(recv): unmatched transfer: tag 2147483647, but a plan of"],
+            [RUNTIME_SAYS], "a RECV whose tag is 2^31 - 1 (the verifier's tables stay "
+            "the plan's size)")
     m = R.equivalence.add_decoder(R.demo_model(R.SGD), 1)
     src = R.make_plan(tmp, m, "encdec", 1)
     bad = src + ".no-memory-grad.bin"

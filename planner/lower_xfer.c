@@ -81,6 +81,23 @@ static int group_has(const lstate_t *st, int slice, int slot, int dev)
 	return 0;
 }
 
+/* The first slot of slice p whose samples end after s (p's slot count
+ * when none): slot ranges grow with the slot (sample_range of its group). */
+static int first_slot_after(const lstate_t *st, int p, int32_t s)
+{
+	int lo = 0, hi = st->s->s[p].n;
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		int32_t b0, b1;
+		slot_range(st, p, mid, &b0, &b1);
+		if (b1 <= s)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 /* All transfers (forward and backward) into consumer slice i. Per
  * (consumer slot, producer group) one designated producer member sends
  * (forward), per (producer slot, consumer group) one consumer member
@@ -126,9 +143,13 @@ static int collect_xfers(lstate_t *st, int i)
 			}
 			const sslice_t *y = &st->s->s[p];
 			int tp = slice_tp(st, p), chain = c->lf > 0, dj = lower_dev_of(st, i, j);
-			for (int k = 0; k < y->n; k++) {
+			/* only producer slots that meet [a0, a1) (own lies in it) add
+			 * transfers: from the first, until one starts at a1 */
+			for (int k = first_slot_after(st, p, a0); k < y->n; k++) {
 				int32_t b0, b1;
 				slot_range(st, p, k, &b0, &b1);
+				if (b0 >= a1)
+					break;
 				int dk = lower_dev_of(st, p, k);
 				int32_t o0 = SP_MAX(a0, b0), o1 = SP_MIN(a1, b1);
 				if (o0 < o1 && !(chain && group_has(st, p, k, dj)) &&

@@ -287,8 +287,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
 		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev))
-			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-					  "memory plan: a device touches too many values");
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		changes |= 2;
 	}
 	return changes;

@@ -216,9 +216,9 @@ int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out
 	memset(out, 0, sizeof *out);
 	int rc = lower_steps(&st, out);
 	sp_arena_reset(&pl->scratch, mark);
-	if (rc) {
+	if (rc == SP_ENOMEM) /* else the guard's (lower_xfer.c check_size) */
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	if (rc)
 		plan_release(out);
-	}
 	return rc;
 }

@@ -48,6 +48,10 @@ typedef struct {
 	int nx, capx;
 	gins_t *g;
 	int ng, capg;
+	/* lower_sequence's first pass counts transfers (add_xfer stores none):
+	 * their instructions, 1 a COPY, 2 a SEND and its RECV */
+	int counting;
+	int64_t n_counted;
 	int *cons_first, *cons_list, *prod_first, *prod_list;
 } lstate_t;
 

@@ -52,6 +52,10 @@ static sp_vref_t vref(int m, int l, int grad, int off)
 
 static int add_xfer(lstate_t *st, xfer_t x)
 {
+	if (st->counting) {
+		st->n_counted += lower_dev_of(st, x.ps, x.pj) == lower_dev_of(st, x.cs, x.cj) ? 1 : 2;
+		return 0;
+	}
 	x.tag = st->nx;
 	if (sp_arena_grow(st->a, (void **)&st->x, &st->capx, st->nx + 1, sizeof *st->x))
 		return SP_ENOMEM;
@@ -75,6 +79,23 @@ static int group_has(const lstate_t *st, int slice, int slot, int dev)
 		if (lower_dev_of(st, slice, k) == dev)
 			return 1;
 	return 0;
+}
+
+/* The first slot of slice p whose samples end after s (p's slot count
+ * when none): slot ranges grow with the slot (sample_range of its group). */
+static int first_slot_after(const lstate_t *st, int p, int32_t s)
+{
+	int lo = 0, hi = st->s->s[p].n;
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		int32_t b0, b1;
+		slot_range(st, p, mid, &b0, &b1);
+		if (b1 <= s)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
 }
 
 /* All transfers (forward and backward) into consumer slice i. Per
@@ -122,9 +143,13 @@ static int collect_xfers(lstate_t *st, int i)
 			}
 			const sslice_t *y = &st->s->s[p];
 			int tp = slice_tp(st, p), chain = c->lf > 0, dj = lower_dev_of(st, i, j);
-			for (int k = 0; k < y->n; k++) {
+			/* only producer slots that meet [a0, a1) (own lies in it) add
+			 * transfers: from the first, until one starts at a1 */
+			for (int k = first_slot_after(st, p, a0); k < y->n; k++) {
 				int32_t b0, b1;
 				slot_range(st, p, k, &b0, &b1);
+				if (b0 >= a1)
+					break;
 				int dk = lower_dev_of(st, p, k);
 				int32_t o0 = SP_MAX(a0, b0), o1 = SP_MIN(a1, b1);
 				if (o0 < o1 && !(chain && group_has(st, p, k, dj)) &&
@@ -378,9 +403,59 @@ static int emit_all(lstate_t *st)
 	return 0;
 }
 
+/*
+ * The guard on a plan's size: its transfers' instructions counted before
+ * any is stored, against --max-instructions. They are what can grow past
+ * memory: a slice that does not scale (a contrastive loss) needs its whole
+ * batch on every one of its n devices, from each of its producers' m
+ * devices, n x m transfers per input (sequential: every slice on all N
+ * devices, N^2: 2.1 M instructions for clip-10 with batches x4 on 256
+ * GPUs, about 34 M at 1024 GPUs). Names the slice that receives most.
+ */
+static int check_size(lstate_t *st)
+{
+	const planner_t *pl = st->pl;
+	int64_t worst = -1, total;
+	int wi = 0, rc = 0;
+	st->counting = 1;
+	st->n_counted = 0;
+	for (int i = 0; i < st->s->n && !rc; i++) {
+		int64_t before = st->n_counted;
+		rc = collect_xfers(st, i);
+		if (st->n_counted - before > worst) {
+			worst = st->n_counted - before;
+			wi = i;
+		}
+	}
+	if (!rc)
+		rc = collect_memory(st);
+	st->counting = 0;
+	total = st->n_counted;
+	if (rc || pl->opts->max_ins <= 0 || total <= pl->opts->max_ins)
+		return rc;
+	const sslice_t *x = &st->s->s[wi];
+	const metaop_t *mo = &pl->mops[x->metaop];
+	sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
+		   "the %s plan's transfers alone would be %lld instructions, more than "
+		   "--max-instructions %lld; %lld of them move the inputs of the slice of "
+		   "'%s' (layers %d-%d) on %d devices%s",
+		   algo_name(st->s->algo), (long long)total, (long long)pl->opts->max_ins,
+		   (long long)worst,
+		   mo->name, x->lf, x->lt, x->n,
+		   mo->scales ? ""
+			      : ", which does not scale: each of its devices receives the whole "
+				"batch from every device of its inputs");
+	sp_err_hint(pl->err, "plan for fewer GPUs, or raise --max-instructions (each "
+			     "instruction takes about %d bytes of the planner's memory)",
+		    PLAN_BYTES_PER_INS);
+	return SP_EINPUT;
+}
+
 int lower_sequence(lstate_t *st)
 {
 	int rc;
+	if ((rc = check_size(st)))
+		return rc;
 	for (int i = 0; i < st->s->n; i++)
 		if ((rc = collect_xfers(st, i)))
 			return rc;

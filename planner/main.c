@@ -59,9 +59,15 @@ static void usage(FILE *f)
 		"  --simulate-all       ours simulates every candidate in full instead of\n"
 		"                       skipping those a lower bound shows cannot be chosen\n"
 		"                       (the same plan, more planning time: for tests)\n"
+		"  --max-instructions N refuse (exit 2, naming the slice) a plan whose\n"
+		"                       transfers alone are more than N instructions,\n"
+		"                       before the planner holds them (about %d bytes\n"
+		"                       each); default %lld, 0 no limit\n"
 		"  -h, --help           this text\n"
 		"\n"
-		"exit status: 0 planned, 1 no feasible plan or internal error, 2 bad input\n");
+		"exit status: 0 planned, 1 no feasible plan, out of memory or internal error,\n"
+		"2 bad input (a plan over --max-instructions too)\n",
+		PLAN_BYTES_PER_INS, (long long)PLAN_MAX_INS_DEFAULT);
 }
 
 static int takes_value(const char *a)
@@ -69,7 +75,8 @@ static int takes_value(const char *a)
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute",
-					    "--microbatches", "--tp", "--tp-vocab"};
+					    "--microbatches", "--tp", "--tp-vocab",
+					    "--max-instructions"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -185,6 +192,16 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 			return SP_EXIT_INPUT;
 		}
 		o->tp_vocab_whole = !strcmp(val, "whole");
+	} else if (!strcmp(a, "--max-instructions")) {
+		char *end;
+		long long n = strtoll(val, &end, 10);
+		if (*end || end == val || n < 0) {
+			fprintf(stderr, "spindle-plan: --max-instructions: invalid number '%s'\n"
+					"hint: a count of instructions (0: no limit)\n",
+				val);
+			return SP_EXIT_INPUT;
+		}
+		o->max_ins = n;
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, "use none, all or auto");
@@ -218,6 +235,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->milp_nodes = 200;
 	o->zero = -1;
 	o->recompute = -1;
+	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	const char **pos[] = {&o->model_path, &o->cluster_path};
 	int n_pos = 0;
 	for (int i = 1; i < argc; i++) {
@@ -271,6 +289,14 @@ static void warn(void *ctx, const sp_err_t *w)
 /* Prints err; the exit status it calls for. */
 static int fail(const sp_err_t *err)
 {
+	if (err->code == SP_ENOMEM && !err->hint[0]) {
+		sp_err_t e = *err;
+		sp_err_hint(&e, "spindle-plan could not get the memory it asked for (see ulimit "
+				"-v); a smaller --max-instructions refuses a plan by its size "
+				"before holding it");
+		sp_err_print(stderr, &e);
+		return SP_EXIT_FAIL;
+	}
 	sp_err_print(stderr, err);
 	return err->code == SP_EINPUT ? SP_EXIT_INPUT : SP_EXIT_FAIL;
 }

@@ -115,9 +115,8 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 	double worst_over = 0;
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
-		if (plan_memory(p, d, dv->mem))
-			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-					  "memory plan: device %d touches too many values", d);
+		if (plan_memory(p, d, dv->mem)) /* its only failure */
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		dv->mem_peak = 0;
 		for (int c = 0; c < MEM__COUNT; c++)
 			dv->mem_peak += dv->mem[c];

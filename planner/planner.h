@@ -24,6 +24,7 @@
 #include "common.h"
 #include "model.h"
 #include "plan.h"
+#include "plan_verify.h"
 
 #include <stdio.h>
 
@@ -38,6 +39,11 @@ typedef enum {
 } algo_t;
 
 typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
+
+/* --max-instructions' default, and about what an instruction of a plan
+ * costs the planner at its peak (lower_xfer.c check_size). */
+#define PLAN_MAX_INS_DEFAULT ((int64_t)8000000)
+#define PLAN_BYTES_PER_INS 500
 
 typedef struct {
 	const char *model_path, *cluster_path, *out_path;
@@ -61,6 +67,8 @@ typedef struct {
 				 * vocabulary like transformers (default) */
 	int simulate_all;       /* 1: ours simulates every candidate in full (no
 				 * bound skips: the same plans, slower; tests) */
+	int64_t max_ins;        /* the lowering refuses a plan whose transfers
+				 * alone are more instructions (0: no limit) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -660,12 +668,7 @@ int layout_forced_check(planner_t *pl, const sp_plan_t *p);
 
 /* ---- verify.c ------------------------------------------------------------------- */
 
-/*
- * Simulates all programs together; rejects deadlocks, unmatched or
- * mismatched transfers, compute without parameters or input, missing
- * gradient contributions in syncs, and memory over capacity.
- */
-int verify_plan(const sp_plan_t *p, double mem_cap_bytes, sp_err_t *err);
+/* verify_plan: plan_verify.h (its own library, which spindle-run links too). */
 
 /* ---- plan.c: the pipeline ------------------------------------------------------- */
 

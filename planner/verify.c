@@ -87,11 +87,8 @@ vbuf_t *verify_value(vstate_t *st, int d, const sp_vref_t *r)
 	for (int i = 0; i < ds->nv; i++)
 		if (ds->v[i].m == r->metaop && ds->v[i].l == r->layer && ds->v[i].g == r->grad)
 			return &ds->v[i];
-	vbuf_t nb = {r->metaop, r->layer, r->grad,
-		     sp_arena_calloc(&st->arena, (size_t)verify_batch(st->p, r->metaop) + 1,
-				     sizeof(int32_t))};
-	if (!nb.cnt ||
-	    sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
+	vbuf_t nb = {r->metaop, r->layer, r->grad, {0}};
+	if (sp_arena_grow(&st->arena, (void **)&ds->v, &ds->capv, ds->nv + 1, sizeof *ds->v))
 		return NULL;
 	ds->v[ds->nv] = nb;
 	return &ds->v[ds->nv++];
@@ -120,12 +117,14 @@ static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_
 	if (!v)
 		return SP_ENOMEM;
 	int32_t want = verify_expected(st->p, r);
-	for (int32_t s = s0; s < s1; s++)
-		if (v->cnt[s] != want)
+	for (int32_t s = s0, n, e; s < s1; s = e) {
+		e = vcounts_piece(&v->cnt, s, s1, &n);
+		if (n != want)
 			return fail(st, d, k,
 				    "missing input: %s of '%s' sample %d has %d of %d tokens",
-				    what, st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s],
+				    what, st->p->metaops[r->metaop].name, (int)s, (int)n,
 				    (int)want);
+	}
 	return 0;
 }
 
@@ -136,13 +135,15 @@ int verify_write(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0, int
 	if (!v)
 		return SP_ENOMEM;
 	int32_t want = verify_expected(st->p, r);
-	for (int32_t s = s0; s < s1; s++) {
-		v->cnt[s] += tokens;
-		if (v->cnt[s] > want)
+	if (vcounts_add(&st->arena, &v->cnt, s0, s1, tokens))
+		return SP_ENOMEM;
+	for (int32_t s = s0, n, e; s < s1; s = e) {
+		e = vcounts_piece(&v->cnt, s, s1, &n);
+		if (n > want)
 			return fail(st, d, k,
 				    "missing input: value of '%s' sample %d written twice "
 				    "(%d tokens)",
-				    st->p->metaops[r->metaop].name, (int)s, (int)v->cnt[s]);
+				    st->p->metaops[r->metaop].name, (int)s, (int)n);
 	}
 	return 0;
 }
@@ -272,9 +273,21 @@ static int verify_alloc(vstate_t *st)
 	const sp_plan_t *p = st->p;
 	sp_arena_t *a = &st->arena;
 	size_t N = (size_t)p->n_devices + 1, tags;
-	for (int k = 0; k < p->n_ins; k++)
-		if (p->ins[k].op == INS_SEND || p->ins[k].op == INS_RECV)
-			st->max_tag = SP_MAX(st->max_tag, p->ins[k].tag + 1);
+	/* tags number transfers, each a SEND or a COPY: below the instruction
+	 * count (which keeps the per-tag arrays the plan's size; a plan file
+	 * may say anything up to INT32_MAX) */
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op != INS_SEND && in->op != INS_RECV)
+				continue;
+			if (in->tag >= p->n_ins)
+				return fail(st, d, k,
+					    "unmatched transfer: tag %d, but a plan of %d "
+					    "instructions has fewer transfers",
+					    (int)in->tag, (int)p->n_ins);
+			st->max_tag = SP_MAX(st->max_tag, in->tag + 1);
+		}
 	st->param_base = sp_arena_calloc(a, (size_t)p->model.n_comps + 1, sizeof(int));
 	if (!st->param_base)
 		return SP_ENOMEM;

@@ -3,7 +3,7 @@
  * verify.c runs every program together and checks data flow, transfers,
  * parameters and gradients; verify_mem.c adds the rules of a decoder's
  * memory act(c, -1) and its gradient grad(c, -1) (issue #20). Callers
- * outside the verifier use verify_plan (planner.h).
+ * outside the verifier use verify_plan (plan_verify.h).
  */
 #ifndef SPINDLE_VERIFY_H
 #define SPINDLE_VERIFY_H
@@ -12,9 +12,20 @@
 
 #include <stdarg.h>
 
+/* Per-sample counts as runs (verify_counts.c): r[0..n) sorted, disjoint,
+ * each samples [s0, s1) with count n; a sample in no run counts 0. */
+typedef struct {
+	int32_t s0, s1, n;
+} vrun_t;
+
+typedef struct {
+	vrun_t *r;
+	int n, cap;
+} vcounts_t;
+
 typedef struct {
 	int32_t m, l, g;
-	int32_t *cnt; /* tokens written per sample of the task's batch */
+	vcounts_t cnt; /* tokens written per sample of the task's batch */
 } vbuf_t;
 
 typedef struct {
@@ -29,18 +40,18 @@ typedef struct {
 } dstate_t;
 
 /* The memory rules' state (verify_mem.c). Decoder i is MetaOp dec[i];
- * per (device d, decoder i) at d * n_dec + i, allocated on first use, one
- * count per sample of the decoder's task batch. */
+ * per (device d, decoder i) at d * n_dec + i, a count per sample of the
+ * decoder's task batch. */
 typedef struct {
 	int n_dec;
 	int *dec;        /* decoder MetaOps, ascending */
 	int *dec_of;     /* per MetaOp: its decoder index, -1 none */
 	int *producer;   /* per decoder: MetaOp p whose act(p, L_p) is its memory */
-	int32_t **local; /* layers of grad(c, -1) this device's BWDs added */
-	int32_t **got;   /* layers of grad(c, -1) received or copied into
-			  * grad(p, L_p) on this device */
-	int32_t **sent;  /* per tag: layers per sample a SEND of grad(c, -1)
-			  * carried (from its s0), NULL for other tags */
+	vcounts_t *local; /* layers of grad(c, -1) this device's BWDs added */
+	vcounts_t *got;   /* layers of grad(c, -1) received or copied into
+			   * grad(p, L_p) on this device */
+	vcounts_t *sent;  /* per tag: layers per sample a SEND of grad(c, -1)
+			   * carried (its samples), empty for other tags */
 } vmem_t;
 
 typedef struct {
@@ -81,6 +92,16 @@ int32_t verify_expected(const sp_plan_t *p, const sp_vref_t *r);
  * complete is a value written twice. */
 int verify_write(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0, int32_t s1,
 		 int32_t tokens);
+
+/* ---- verify_counts.c: per-sample counts as runs ------------------------------ */
+
+/* From sample s (< s1): where its piece of one count ends (at most s1),
+ * the count in *n. Walks a range: for (s = s0; s < s1; s = e) e = ... */
+int32_t vcounts_piece(const vcounts_t *c, int32_t s, int32_t s1, int32_t *n);
+/* Adds add to the count of every sample in [s0, s1); SP_ENOMEM. */
+int vcounts_add(sp_arena_t *a, vcounts_t *c, int32_t s0, int32_t s1, int32_t add);
+/* out: c's counts of samples [s0, s1) (none elsewhere); SP_ENOMEM. */
+int vcounts_clip(sp_arena_t *a, vcounts_t *out, const vcounts_t *c, int32_t s0, int32_t s1);
 
 /* ---- verify_mem.c: a decoder's memory (issue #20) --------------------------- */
 

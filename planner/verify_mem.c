@@ -47,16 +47,10 @@ static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
 	return rc;
 }
 
-/* Device d's per-sample count of decoder i in table t (allocated zeroed
- * on first use), NULL when out of memory. */
-static int32_t *counts(vstate_t *st, int32_t **t, int d, int i)
+/* Device d's per-sample counts of decoder i in table t. */
+static vcounts_t *counts(const vstate_t *st, vcounts_t *t, int d, int i)
 {
-	int32_t **c = &t[(size_t)d * (size_t)st->mem.n_dec + (size_t)i];
-	if (!*c)
-		*c = sp_arena_calloc(&st->arena,
-				     (size_t)verify_batch(st->p, st->mem.dec[i]) + 1,
-				     sizeof(int32_t));
-	return *c;
+	return &t[(size_t)d * (size_t)st->mem.n_dec + (size_t)i];
 }
 
 static const char *vname(const sp_vref_t *r)
@@ -200,19 +194,19 @@ static int check_arrived(vstate_t *st, int d, int k, const sp_ins_t *in, int m)
 	for (int i = 0; i < mm->n_dec; i++) {
 		if (mm->producer[i] != m)
 			continue;
-		const int32_t *got = counts(st, mm->got, d, i);
-		if (!got)
-			return SP_ENOMEM;
+		const vcounts_t *got = counts(st, mm->got, d, i);
 		int c = mm->dec[i], L = p->metaops[c].n_layers;
-		for (int32_t s = in->s0; s < in->s1; s++)
-			if (got[s] != L)
+		for (int32_t s = in->s0, n, e; s < in->s1; s = e) {
+			e = vcounts_piece(got, s, in->s1, &n);
+			if (n != L)
 				return fail(st, d, k,
 					    "missing memory gradient: backward of '%s' samples "
 					    "[%d, %d) before every contribution to the memory "
 					    "gradient of its decoder '%s' arrived: sample %d has "
 					    "%d of %d layers' here",
 					    p->metaops[m].name, (int)in->s0, (int)in->s1,
-					    p->metaops[c].name, (int)s, (int)got[s], L);
+					    p->metaops[c].name, (int)s, (int)n, L);
+		}
 	}
 	return 0;
 }
@@ -229,20 +223,23 @@ int vmem_compute(vstate_t *st, int d, int k, const sp_ins_t *in)
 	if (i >= 0) {
 		sp_vref_t mem = {sl->metaop, -1, 0, 0};
 		const vbuf_t *v = verify_value(st, d, &mem);
-		int32_t *local = in->op == INS_BWD ? counts(st, mm->local, d, i) : NULL;
-		if (!v || (in->op == INS_BWD && !local))
+		if (!v)
 			return SP_ENOMEM;
-		for (int32_t s = in->s0; s < in->s1; s++)
-			if (v->cnt[s] != m->shape.mem_seq)
+		for (int32_t s = in->s0, n, e; s < in->s1; s = e) {
+			e = vcounts_piece(&v->cnt, s, in->s1, &n);
+			if (n != m->shape.mem_seq)
 				return fail(st, d, k,
 					    "missing memory: %s of '%s' samples [%d, %d) reads "
 					    "act(m, -1), but sample %d has %d of %lld tokens here "
 					    "(it is received or copied before the device's first "
 					    "forward of the decoder)",
 					    ins_op_name(in->op), m->name, (int)in->s0, (int)in->s1,
-					    (int)s, (int)v->cnt[s], (long long)m->shape.mem_seq);
-		for (int32_t s = in->s0; local && s < in->s1; s++)
-			local[s] += sl->layer_to - sl->layer_from;
+					    (int)s, (int)n, (long long)m->shape.mem_seq);
+		}
+		if (in->op == INS_BWD &&
+		    vcounts_add(&st->arena, counts(st, mm->local, d, i), in->s0, in->s1,
+				sl->layer_to - sl->layer_from))
+			return SP_ENOMEM;
 	}
 	if (in->op == INS_BWD && sl->layer_to == m->n_layers)
 		return check_arrived(st, d, k, in, sl->metaop);
@@ -250,10 +247,11 @@ int vmem_compute(vstate_t *st, int d, int k, const sp_ins_t *in)
 }
 
 /* A memory gradient of decoder i arriving on device d (RECV or COPY at k)
- * with carried[s - s0] layers of sample s: into grad(p, L_p), at most L_c
- * layers per sample; a sample complete gets its tokens. */
+ * with carried's count of layers of each sample: into grad(p, L_p), at
+ * most L_c layers per sample; a sample complete gets its tokens. Walked in
+ * pieces of samples that have one count carried and one got. */
 static int deliver(vstate_t *st, int d, int k, const sp_ins_t *in, int i,
-		   const int32_t *carried)
+		   const vcounts_t *carried)
 {
 	const sp_plan_t *p = st->p;
 	int c = st->mem.dec[i], pm = st->mem.producer[i];
@@ -266,21 +264,20 @@ static int deliver(vstate_t *st, int d, int k, const sp_ins_t *in, int i,
 			    "grad('%s', %d) (misdirected)",
 			    p->metaops[c].name, (int)in->s0, (int)in->s1, vname(to),
 			    p->metaops[to->metaop].name, (int)to->layer, p->metaops[pm].name, Lp);
-	int32_t *got = counts(st, st->mem.got, d, i);
-	if (!got)
-		return SP_ENOMEM;
-	for (int32_t s = in->s0; s < in->s1; s++) {
-		int32_t before = got[s];
-		got[s] += carried ? carried[s - in->s0] : 0;
-		if (got[s] > Lc)
+	vcounts_t *got = counts(st, st->mem.got, d, i);
+	for (int32_t s = in->s0, e; s < in->s1; s = e) {
+		int32_t before, add;
+		e = vcounts_piece(got, s, in->s1, &before);
+		e = vcounts_piece(carried, s, e, &add);
+		if (before + add > Lc)
 			return fail(st, d, k,
 				    "missing memory gradient: sample %d of grad(m, -1) of '%s' "
 				    "has %d of %d layers' contributions here (added twice)",
-				    (int)s, p->metaops[c].name, (int)got[s], Lc);
-		int rc = before < Lc && got[s] == Lc
-				 ? verify_write(st, d, k, to, s, s + 1, in->seq_len)
+				    (int)s, p->metaops[c].name, (int)(before + add), Lc);
+		int rc = before < Lc && before + add == Lc
+				 ? verify_write(st, d, k, to, s, e, in->seq_len)
 				 : 0;
-		if (rc)
+		if (rc || (rc = vcounts_add(&st->arena, got, s, e, add)))
 			return rc;
 	}
 	return 0;
@@ -290,14 +287,8 @@ static int deliver(vstate_t *st, int d, int k, const sp_ins_t *in, int i,
  * sample now (a BWD after it is rule 2's). */
 static int snapshot(vstate_t *st, int d, const sp_ins_t *in, int i)
 {
-	const int32_t *local = st->mem.local[(size_t)d * (size_t)st->mem.n_dec + (size_t)i];
-	int32_t *c = sp_arena_calloc(&st->arena, (size_t)(in->s1 - in->s0) + 1, sizeof(int32_t));
-	if (!c)
-		return SP_ENOMEM;
-	for (int32_t s = in->s0; local && s < in->s1; s++)
-		c[s - in->s0] = local[s];
-	st->mem.sent[in->tag] = c;
-	return 0;
+	return vcounts_clip(&st->arena, &st->mem.sent[in->tag], counts(st, st->mem.local, d, i),
+			    in->s0, in->s1);
 }
 
 int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
@@ -321,9 +312,8 @@ int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
 		if (in->op == INS_SEND)
 			return snapshot(st, d, in, i);
 		if (in->op == INS_RECV)
-			return deliver(st, d, k, in, i, mm->sent[in->tag]);
-		const int32_t *local = mm->local[(size_t)d * (size_t)mm->n_dec + (size_t)i];
-		return deliver(st, d, k, in, i, local ? local + in->s0 : NULL);
+			return deliver(st, d, k, in, i, &mm->sent[in->tag]);
+		return deliver(st, d, k, in, i, counts(st, mm->local, d, i));
 	}
 	const sp_vref_t *to = &in->dst; /* a SEND's: what it says it sends */
 	if (to->layer >= 0 || to->grad)

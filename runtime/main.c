@@ -36,6 +36,7 @@
  */
 #include "ckpt.h"
 #include "fault.h"
+#include "plan_verify.h"
 #include "runtime.h"
 #include "trace.h"
 #include "weights.h"
@@ -59,7 +60,7 @@ typedef struct {
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
-	int seed_set, quiet;
+	int seed_set, quiet, no_verify;
 	double timeout_s;
 	fault_t fault; /* testing hooks */
 } run_opts_t;
@@ -188,6 +189,11 @@ static void usage(FILE *f)
 		"  --timeout S          seconds a rank waits for a peer before aborting (300);\n"
 		"                       also bounds each checkpoint write\n"
 		"  --quiet              print only the summary\n"
+		"  --no-verify          skip the plan verifier (the planner's check that\n"
+		"                       every program's transfers match, nothing deadlocks\n"
+		"                       and every value is written before it is read), which\n"
+		"                       every rank otherwise runs before step 1; the\n"
+		"                       reader's checks of the file still run\n"
 		"\n"
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"
 		"checkpoint could not be written), 2 bad input (plan, options, launch,\n"
@@ -261,6 +267,10 @@ static int parse(run_opts_t *o, int argc, char **argv)
 		}
 		if (!strcmp(a, "--quiet")) {
 			o->quiet = 1;
+			continue;
+		}
+		if (!strcmp(a, "--no-verify")) {
+			o->no_verify = 1;
 			continue;
 		}
 		if (a[0] == '-' && a[1] == '-') {
@@ -472,6 +482,33 @@ static int open_data(run_t *r, int64_t after)
 }
 
 /*
+ * The planner's verifier (planner/plan_verify.h) on the plan as read: the
+ * reader checks every index and range, the verifier what they mean
+ * together (every RECV has its SEND, nothing deadlocks, no value is read
+ * before all of it is written, gradients add up, memory fits the plan's
+ * own cap). A plan that fails it was changed after planning: it would
+ * train wrong numbers or hang. Returns the exit status this rank wants.
+ */
+static int verify_read_plan(run_t *r)
+{
+	const sp_plan_t *p = &r->plan;
+	double cap = (p->memory_gib - p->mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
+	int rc = verify_plan(p, cap, &r->err);
+	if (!rc)
+		return 0;
+	if (rc == SP_ENOMEM) {
+		sp_err_hint(&r->err, "--no-verify skips the verification");
+		return 1;
+	}
+	/* the verifier's "plan verification failed: ..." is about this file */
+	r->err.code = SP_EINPUT;
+	snprintf(r->err.file, sizeof r->err.file, "%s", r->o.plan_path);
+	sp_err_hint(&r->err, "the plan was changed after spindle-plan wrote it (or another "
+			     "planner made it): plan again");
+	return 2;
+}
+
+/*
  * What each rank can check on its own before any collective a failed rank
  * would never join: the plan and the launch, the backend, the seed of a
  * checkpoint to resume, the dataset (headers, lengths, the first step's
@@ -483,6 +520,7 @@ static int check_alone(run_t *r)
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
 	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL};
+	int pre;
 	if (plan_read(&r->plan, o->plan_path, &r->err))
 		return 2;
 	if (r->plan.n_devices != c->nranks) {
@@ -496,11 +534,12 @@ static int check_alone(run_t *r)
 				    r->plan.n_devices, o->plan_path);
 		return 2;
 	}
+	if (!o->no_verify && (pre = verify_read_plan(r)))
+		return pre;
 	/* before attaching: a plan the backend cannot run needs no device */
 	if (rt_check_backend(&r->plan, backend_find(o->backend), o->plan_path, &r->err))
 		return 2;
-	int pre = start_backend(r);
-	if (pre)
+	if ((pre = start_backend(r)))
 		return pre;
 	r->ro.seed = o->seed_set ? o->seed : r->plan.model.seed;
 	if (!o->load_dir)

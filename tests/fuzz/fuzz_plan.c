@@ -6,9 +6,13 @@
  * checks behind it are never reached). Either decode rejects with an error
  * (code and message set) or yields a plan; a decoded plan must encode again
  * (plan_write.c), that encoding must decode, and encoding is deterministic
- * (the second encoding equals the first byte for byte).
+ * (the second encoding equals the first byte for byte). The plan verifier
+ * (planner/plan_verify.h), which spindle-run runs on every plan it reads,
+ * must then pass it or refuse it with a message (SP_EINTERNAL, or
+ * SP_ENOMEM), under the sanitizers like the reader.
  */
 #include "plan.h"
+#include "plan_verify.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,10 @@ static void check(const uint8_t *data, size_t size)
 	if (plan_decode(&q, a, na, "fuzz-reencoded.bin", &err))
 		abort();
 	if (plan_encode(&b, &nb, &q, &err) || na != nb || memcmp(a, b, na))
+		abort();
+	memset(&err, 0, sizeof err);
+	int rc = verify_plan(&p, (p.memory_gib - p.mem_reserve_gib) * 1073741824.0, &err);
+	if (rc && ((rc != SP_EINTERNAL && rc != SP_ENOMEM) || !err.msg[0]))
 		abort();
 	free(a);
 	free(b);

@@ -6,10 +6,22 @@
   * a checkpoint of another model (other components; same components of
     other sizes; another optimizer), from a newer format version, with a
     --seed other than the one it was trained with
-  * a program that issues one sync bucket's all-reduce twice and another's
-    never (the step updates bucket by bucket after each all-reduce)
-  * a BWD over more samples than its FWD kept activations for (with and
-    without recomputation); a RECV over fewer samples than its SEND sends
+  * crafted plans that pass the reader but not the plan verifier, which
+    every rank runs before step 1 (the instructions patched, the checksum
+    made right again): each is refused with exit 2 and the verifier's
+    message naming the device and instruction, once, before step 1, on
+    every rank (4 ranks: no hang). Those the runtime's own checks also
+    catch are run again with --no-verify, which must reach those checks:
+    a program that issues one sync bucket's all-reduce twice and another's
+    never (the step updates bucket by bucket after each all-reduce); a BWD
+    over more samples than its FWD kept activations for (with and without
+    recomputation); a RECV over fewer samples than its SEND sends; slices
+    whose split disagrees with the shards their devices hold; a BWD before
+    its FWD; a RECV whose tag no SEND uses (its SEND never received). Those
+    only the verifier catches: a decoder's memory-gradient COPY emptied
+    (with --no-verify it trains, wrong, to exit 0: the verifier is what
+    stops it), a plan whose memory exceeds its own cluster's (patched
+    memory_gib; with --no-verify it runs)
   * an unusable --save directory, refused at start-up before any step: a
     path under a regular file (ENOTDIR), a path that is a regular file, a
     missing parent. As root, chmod does not stop writes and no read-only
@@ -153,6 +165,12 @@ def edit_records(src, dst, section, rec, fn):
     open(dst, "wb").write(b)
 
 
+def edit_provenance(src, dst, fn):
+    """Provenance: one 64-byte record; memory_gib f64 at 44, mem_reserve_gib
+    at 52."""
+    edit_records(src, dst, 2, 64, fn)
+
+
 def edit_instructions(src, dst, fn):
     """Instructions: 60 bytes each; op at 0, s0 at 8, s1 at 12, peer at 52."""
     edit_records(src, dst, 18, 60, fn)
@@ -192,14 +210,15 @@ def shards_mismatch(F, tmp):
     devices hold is refused (exit 2, naming the instruction and the shard)
     before anything runs."""
     model = R.demo_model(R.ADAMW)
-    for name, tp, fn, what in (("tp2", "2", lambda s, d: edit_slices(s, d, split_none),
-                                "split slices made whole"),
-                               ("tp1", "1", split_first, "a whole slice made split")):
+    for name, tp, fn, what, verifier in (
+            ("tp2", "2", lambda s, d: edit_slices(s, d, split_none), "split slices made whole",
+             ["(fwd): size mismatch: samples", "are not this device's range of the slice"]),
+            ("tp1", "1", split_first, "a whole slice made split",
+             ["tensor parallelism:", "is split 1 ways in slice"])):
         src = R.make_plan(tmp, model, f"bad-{name}", 4, "sequential", ("--tp", tp))
         bad = src + ".mismatch.bin"
         fn(src, bad)
-        r = R.run(bad, 4, "--steps", 1, "--timeout", 20)
-        expect(F, r, 2, ["split", "ways, but the rank holds shard"], what)
+        refused(F, bad, 4, verifier, ["split", "ways, but the rank holds shard"], what)
 
 
 def retarget_sync(b, ats):
@@ -228,19 +247,74 @@ def halve_first_recv(b, ats):
     struct.pack_into("<i", b, at + 8, s0 + (s1 - s0) // 2)
 
 
+def bwd_first(b, ats):
+    """The first FWD and the BWD of its slice trade places: the BWD runs
+    before its activations are saved."""
+    ops = [struct.unpack_from("<ii", b, a) for a in ats]
+    f = next(i for i, o in enumerate(ops) if o[0] == 1)
+    k = next(i for i, o in enumerate(ops) if o[0] == 2 and o[1] == ops[f][1])
+    fwd, bwd = bytes(b[ats[f]:ats[f] + 60]), bytes(b[ats[k]:ats[k] + 60])
+    b[ats[f]:ats[f] + 60], b[ats[k]:ats[k] + 60] = bwd, fwd
+
+
+def retag_first_recv(b, ats, tag=None):
+    """The first RECV waits for a tag no SEND uses (the next free one, or
+    `tag`): its SEND is never received, the RECV never completes."""
+    tags = [struct.unpack_from("<i", b, a + 56)[0] for a in ats]
+    at = next(a for a in ats if struct.unpack_from("<i", b, a)[0] == 4)
+    struct.pack_into("<i", b, at + 56, max(tags) + 1 if tag is None else tag)
+
+
+def empty_memory_grad_copy(b, ats):
+    """The COPY that returns a decoder's memory gradient grad(c, -1) to its
+    producer's output gradient covers no sample: as if dropped."""
+    at = next(a for a in ats if struct.unpack_from("<i", b, a)[0] == 5 and
+              struct.unpack_from("<ii", b, a + 24) == (-1, 1))
+    struct.pack_into("<i", b, at + 12, struct.unpack_from("<i", b, at + 8)[0])
+
+
+RUNTIME_SAYS = "the plan's parameters, buckets and programs do not agree"
+VERIFIER_SAYS = "plan verification failed: "
+
+
+def refused(F, bad, ranks, verifier, runtime, what):
+    """The verifier refuses plan `bad` before step 1 (exit 2, its message
+    with the texts `verifier`, reported once); with --no-verify the
+    runtime's own checks refuse it (`runtime`), or with runtime None it
+    runs one step."""
+    args = ("--steps", 1, "--timeout", 20)
+    r = R.run(bad, ranks, *args)
+    expect(F, r, 2, [bad + ": " + VERIFIER_SAYS, "hint: "] + verifier, f"{what}: the verifier")
+    F.check("step " not in r.out and r.err.count(VERIFIER_SAYS) == 1,
+            f"{what}: refused before step 1, reported once", r.describe())
+    r = R.run(bad, ranks, *args, "--no-verify")
+    if runtime is None:
+        F.check(r.rc == 0 and "step   1" in r.out and VERIFIER_SAYS not in r.err,
+                f"{what}: --no-verify skips the verifier (one step runs)", r.describe())
+    else:
+        expect(F, r, 2, runtime, f"{what}: --no-verify, the runtime's own check")
+        F.check(VERIFIER_SAYS not in r.err, f"{what}: --no-verify skips the verifier",
+                r.describe())
+
+
 def misc(F, tmp, p1):
     bad = p1 + ".sync-twice.bin"
     edit_instructions(p1, bad, retarget_sync)
-    r = R.run(bad, 1, "--steps", 1)
-    expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
-           "a program that issues one bucket's all-reduce twice and another's never")
+    refused(F, bad, 1, ["(step): deadlock: waits for a sync some member never starts"],
+            [RUNTIME_SAYS], "a program that issues one bucket's all-reduce twice and "
+            "another's never")
     for name, extra in (("keep", ()), ("recompute", ("--recompute", "all"))):
         src = R.make_plan(tmp, R.demo_model(R.ADAMW), f"bad-{name}", 1, extra=extra)
         bad = src + ".short-fwd.bin"
         edit_instructions(src, bad, halve_last_fwd)
-        r = R.run(bad, 1, "--steps", 1)
-        expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
-               f"a BWD over more samples than its FWD kept ({name})")
+        refused(F, bad, 1, ["(fwd): size mismatch: samples",
+                            "are not this device's range of the slice"], [RUNTIME_SAYS],
+                f"a BWD over more samples than its FWD kept ({name})")
+    bad = p1 + ".bwd-first.bin"
+    edit_instructions(p1, bad, bwd_first)
+    refused(F, bad, 1, ["device 0 instruction 0 (bwd): missing input: backward of slice",
+                        "without its forward's saved activations"], [RUNTIME_SAYS],
+            "a BWD before its FWD")
     shards_mismatch(F, tmp)
     # micro-batches per task: a task record claiming more micro-batches
     # than the step's micro-steps (tasks: 32-byte records, microbatches at
@@ -260,6 +334,35 @@ def misc(F, tmp, p1):
            "an unknown SPINDLE_FAULT")
 
 
+def small_gpu(b, ats):
+    """The plan's GPU has 1 MiB of memory beyond its reserve."""
+    reserve = struct.unpack_from("<d", b, ats[0] + 52)[0]
+    struct.pack_into("<d", b, ats[0] + 44, reserve + 1 / 1024)
+
+
+def verifier_only(F, tmp, p4):
+    """Plans only the verifier refuses, and a RECV no SEND answers."""
+    bad = p4 + ".retag-recv.bin"
+    edit_instructions(p4, bad, retag_first_recv)
+    refused(F, bad, 4, ["(recv): deadlock: waits for tag", "which never sends it"],
+            [RUNTIME_SAYS], "a RECV whose tag no SEND uses")
+    bad = p4 + ".huge-tag.bin"
+    edit_instructions(p4, bad, lambda b, ats: retag_first_recv(b, ats, 2**31 - 1))
+    refused(F, bad, 4, ["(recv): unmatched transfer: tag 2147483647, but a plan of"],
+            [RUNTIME_SAYS], "a RECV whose tag is 2^31 - 1 (the verifier's tables stay "
+            "the plan's size)")
+    m = R.equivalence.add_decoder(R.demo_model(R.SGD), 1)
+    src = R.make_plan(tmp, m, "encdec", 1)
+    bad = src + ".no-memory-grad.bin"
+    edit_instructions(src, bad, empty_memory_grad_copy)
+    refused(F, bad, 1, ["(bwd): memory gradient never sent:", "no later send or copy returns"],
+            None, "a decoder's memory-gradient COPY dropped")
+    bad = p4 + ".small-gpu.bin"
+    edit_provenance(p4, bad, small_gpu)
+    refused(F, bad, 4, ["out of memory: device 0 needs", "more than its 1.0 MiB"], None,
+            "a plan over its own cluster's memory")
+
+
 def main():
     F = R.Failures()
     with tempfile.TemporaryDirectory() as tmp:
@@ -275,9 +378,9 @@ def main():
         misc(F, tmp, p1)
         bad = p4 + ".short-recv.bin"
         edit_instructions(p4, bad, halve_first_recv)
-        r = R.run(bad, 4, "--steps", 1, "--timeout", 20)
-        expect(F, r, 2, ["the plan's parameters, buckets and programs do not agree"],
-               "a RECV over fewer samples than its SEND")
+        refused(F, bad, 4, ["(recv): size mismatch: transfer tag", "differs from its send"],
+                [RUNTIME_SAYS], "a RECV over fewer samples than its SEND")
+        verifier_only(F, tmp, p4)
     return F.exit()
 
 

@@ -64,7 +64,7 @@ int layout_prepare(planner_t *pl)
 		int L = cp->type == COMP_TRANSFORMER ? (int)cp->layers : 1;
 		/* the homes threshold of sched_list.c: a quarter of a device */
 		int large = (double)comp_layer_params(cp) * (double)psb * L > 0.25 * pl->mem_cap;
-		pl->lay_shard[c] = pl->opts->zero == 1 || (pl->opts->zero < 0 && large);
+		pl->lay_shard[c] = pl->opts->zero >= 1 || (pl->opts->zero < 0 && large);
 		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
 				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
 		pl->lay_large |= large;
@@ -160,14 +160,24 @@ static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
 	return 0;
 }
 
+static int remem(sp_plan_t *p, const int32_t *devs, int n);
+
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
- * optimizer state of the elements a member owns), its members' memory. */
-static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+ * optimizer state of the elements a member owns), its members' memory:
+ * between replicated and zero-1 by the difference in state, to or from
+ * zero-2 by plan_memory again (its gradients depend on the program). 0 or
+ * plan_memory's error. */
+static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
 	int64_t opt = opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	int64_t E = bk->elems, n = bk->n_dev;
+	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
+		bk->layout = layout;
+		bucket_price(pl->cluster, p, bk, db);
+		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev);
+	}
 	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
 		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
 		int64_t shard = E * (q + 1) / n - E * q / n;
@@ -178,6 +188,7 @@ static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	}
 	bk->layout = layout;
 	bucket_price(pl->cluster, p, bk, db);
+	return 0;
 }
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
@@ -243,7 +254,7 @@ static int regather(sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		extra += p->buckets[b].layout == LAYOUT_ZERO1 ? p->buckets[b].n_dev : 0;
+		extra += layout_sharded(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
 	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
 	if (!ins)
 		return SP_ENOMEM;
@@ -256,7 +267,7 @@ static int regather(sp_plan_t *p)
 			if (old[k].op != INS_GATHER)
 				ins[n++] = old[k];
 		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op == INS_SYNC && p->buckets[old[k].peer].layout == LAYOUT_ZERO1) {
+			if (old[k].op == INS_SYNC && layout_sharded(p->buckets[old[k].peer].layout)) {
 				ins[n] = lower_ins_new(INS_GATHER);
 				ins[n++].peer = old[k].peer;
 			}
@@ -269,18 +280,80 @@ static int regather(sp_plan_t *p)
 	return 0;
 }
 
-/* While a device is over the cap: shard a bucket, else recompute a slice
- * (as far as auto may). Returns 1 | 2 when it sharded | recomputed, or a
- * negative code. */
+/*
+ * --zero auto with one micro-batch: the zero-1 buckets that are better as
+ * zero-2. Zero-2 costs the same communication (the same reduce-scatter and
+ * all-gather) but its gradient memory is a walk over the program
+ * (plan_mem.c): a bucket alone in zero-2 costs its shard more than zero-1
+ * (its full gradient is live at some point anyway), several whose full
+ * gradients are live at different times save all but the largest. So all
+ * zero-1 buckets go zero-2 at once, then each in index order goes back to
+ * zero-1 unless that raises the peak of one of its members. At k > 1
+ * micro-batches every full gradient is live across the micro-steps and
+ * zero-2 never saves: nothing is tried. Returns the number of buckets left
+ * in zero-2, or plan_memory's error.
+ */
+static int choose_zero2(planner_t *pl, sp_plan_t *p)
+{
+	if (pl->opts->zero >= 0 || p->microbatches != 1)
+		return 0;
+	int tried = 0, kept = 0, rc;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1) {
+			if ((rc = set_layout(pl, p, b, LAYOUT_ZERO2)))
+				return rc;
+			tried++;
+		}
+	if (!tried)
+		return 0;
+	int64_t *was = calloc((size_t)p->n_devices + 1, sizeof *was);
+	if (!was)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		if (bk->layout != LAYOUT_ZERO2)
+			continue;
+		const int32_t *devs = p->bucket_devs + bk->dev_off;
+		for (int q = 0; q < bk->n_dev; q++)
+			was[q] = p->devices[devs[q]].mem_peak;
+		if ((rc = set_layout(pl, p, b, LAYOUT_ZERO1)))
+			break;
+		int worse = 0;
+		for (int q = 0; q < bk->n_dev; q++)
+			worse |= p->devices[devs[q]].mem_peak > was[q];
+		if (worse) {
+			if ((rc = set_layout(pl, p, b, LAYOUT_ZERO2)))
+				break;
+			kept++;
+		}
+	}
+	free(was);
+	return rc ? rc : kept;
+}
+
+/* While a device is over the cap: shard a bucket (zero-1, then zero-2
+ * where it saves more: choose_zero2), else recompute a slice (as far as
+ * auto may). Returns 1 | 2 when it sharded | recomputed, or a negative
+ * code. */
 static int fit_memory(planner_t *pl, sp_plan_t *p)
 {
-	int changes = 0, d;
+	int changes = 0, d, z2 = 0;
 	while ((d = worst_device(pl, p)) >= 0) {
 		int b = pl->opts->zero < 0 ? best_bucket(p, d) : -1;
 		if (b >= 0) {
 			set_layout(pl, p, b, LAYOUT_ZERO1);
 			changes |= 1;
 			continue;
+		}
+		if (!z2) { /* once, with every bucket the cap needs in zero-1 */
+			z2 = 1;
+			int kept = choose_zero2(pl, p);
+			if (kept < 0)
+				return kept;
+			if (kept) {
+				changes |= 1;
+				continue;
+			}
 		}
 		int s = pl->opts->recompute < 0 ? best_slice(pl, p, d) : -1;
 		if (s < 0)
@@ -324,7 +397,9 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
 	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
-		*res = r;
+		*res = r; /* zero-2 moves no time (the same collectives) */
+		int kept = choose_zero2(pl, p);
+		rc = kept < 0 ? kept : kept ? regather(p) : 0;
 		goto cleanup;
 	}
 	for (int b = 0; b < p->n_buckets; b++)
@@ -353,7 +428,10 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
 	int changed = fit_memory(pl, p);
-	return no_memory(pl, changed > 0 ? regather(p) : changed);
+	int kept = changed >= 0 ? choose_zero2(pl, p) : 0; /* where it saves, if not yet */
+	if (kept < 0)
+		return no_memory(pl, kept);
+	return no_memory(pl, changed > 0 || kept > 0 ? regather(p) : changed);
 }
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
@@ -402,6 +480,26 @@ static void mop_policy(const sp_plan_t *p, int m, mop_policy_t *out)
 	}
 }
 
+/* The most gradient bytes zero-2 saves on one device beyond zero-1's
+ * saving (plan_zero2_grads), and that device in *dev (-1: no device has a
+ * zero-2 bucket). */
+static double zero2_saved(const sp_plan_t *p, int *dev)
+{
+	double most = 0;
+	int any = 0;
+	*dev = -1;
+	for (int b = 0; b < p->n_buckets; b++)
+		any |= p->buckets[b].layout == LAYOUT_ZERO2;
+	for (int d = 0; any && d < p->n_devices; d++) {
+		int64_t z = 0;
+		if (plan_zero2_grads(p, d, &z) == 0 && (*dev < 0 || (double)-z > most)) {
+			most = (double)-z;
+			*dev = d;
+		}
+	}
+	return most;
+}
+
 /* "vision 0-47" for bucket b's parameters (the first component's range;
  * "+" when more components share the bucket). */
 static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_bucket_t *bk)
@@ -422,14 +520,14 @@ static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_buck
 void layout_report(FILE *f, const sp_plan_t *p)
 {
 	double gib = 1024.0 * 1024.0 * 1024.0;
-	int forced = strstr(p->options, "zero=1") != NULL;
+	int forced = strstr(p->options, "zero=1") || strstr(p->options, "zero=2");
 	fprintf(f, "\nmicro-batches: %d per step, the same for every task (a number per task is "
 		   "not built);\n  micro-batch", p->microbatches);
 	for (int t = 0; t < p->model.n_tasks; t++)
 		fprintf(f, "%s %s %lld", t ? "," : "", p->model.tasks[t].name,
 			(long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
-	fprintf(f, "\nlayouts (zero-2/3 are not built yet)\n  %-4s %-22s %6s "
+	fprintf(f, "\nlayouts (zero-3 is not built yet)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
@@ -439,10 +537,17 @@ void layout_report(FILE *f, const sp_plan_t *p)
 		bucket_name(nm, sizeof nm, p, bk);
 		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s\n", b, nm,
 			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
-			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
+			layout_sharded(bk->layout) ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
 			bk->gather_ms,
-			forced && bk->n_dev < 2 ? "  (--zero 1: a group of 1 stays replicated)" : "");
+			forced && bk->n_dev < 2 ? "  (--zero 1|2: a group of 1 stays replicated)"
+						: "");
 	}
+	int zd;
+	double z2 = zero2_saved(p, &zd);
+	if (zd >= 0)
+		fprintf(f, "  zero-2 gradients (shards, full gradients only from first write to "
+			   "SYNC): up to %.3f GiB/dev more saved (device %d)\n",
+			z2 / gib, zd);
 	fprintf(f, "  %-32s %6s %9s %14s %12s\n", "MetaOp", "slices", "recompute",
 		"saved GiB/dev", "added ms");
 	for (int m = 0; m < p->n_metaops; m++) {
@@ -462,10 +567,16 @@ void layout_json(FILE *f, const sp_plan_t *p)
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
 			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f}",
 			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
-			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) : 0.0, bk->sync_ms,
+			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
 			bk->gather_ms);
 	}
-	fprintf(f, "\n  ],\n  \"metaops\": [");
+	fprintf(f, "\n  ]");
+	int zd;
+	double z2 = zero2_saved(p, &zd);
+	if (zd >= 0) /* zero-2's gradient saving beyond the state's, on its best device */
+		fprintf(f, ",\n  \"zero2_grad_saved_bytes\": %.0f, \"zero2_grad_saved_device\": %d",
+			z2, zd);
+	fprintf(f, ",\n  \"metaops\": [");
 	for (int m = 0; m < p->n_metaops; m++) {
 		mop_policy_t mp;
 		mop_policy(p, m, &mp);
@@ -593,16 +704,17 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 
 int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 {
-	if (pl->opts->zero != 1)
+	if (pl->opts->zero != 1 && pl->opts->zero != 2)
 		return 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO1)
+		if (layout_sharded(p->buckets[b].layout))
 			return 0;
 	if (!p->n_buckets)
 		return 0;
 	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
-			    "--zero 1: every sync group of the plan has a single device, so "
-			    "there is no optimizer state to shard");
+			    "--zero %d: every sync group of the plan has a single device, so "
+			    "there is no optimizer state to shard",
+			    pl->opts->zero);
 	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
 			     "replicated)");
 	return rc;

@@ -101,9 +101,9 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 	for (int b = 0; b < p->n_buckets; b++)
 		if (bucket_shard(p, b, d, &off, &n) >= 0) {
 			member++;
-			zero1 += p->buckets[b].layout == LAYOUT_ZERO1;
+			zero1 += layout_sharded(p->buckets[b].layout);
 		}
-	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1 on %d of the "
+	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1/2 on %d of the "
 		 "device's %d buckets", md->comps[best].name, lo, hi,
 		 size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD",
 		 zero1, member);

@@ -428,7 +428,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 			    "all-gathers)",
 			    d, steps);
 	for (int b = 0; b < p->n_buckets; b++)
-		missing += p->buckets[b].layout == LAYOUT_ZERO1 && seen[b] != d + 1 &&
+		missing += layout_sharded(p->buckets[b].layout) && seen[b] != d + 1 &&
 			   bucket_member(p, b, d);
 	if (missing)
 		return fail(st, -1, -1,

@@ -238,8 +238,9 @@ static int plan_params(rt_state_t *st)
 	st->held = calloc((size_t)st->dev->n_held + 1, sizeof *st->held);
 	st->poff = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
 	st->pcount = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
+	st->pmb = calloc((size_t)st->dev->n_held + 1, sizeof(int));
 	st->mb = calloc((size_t)p->n_buckets + 1, sizeof *st->mb);
-	if (!st->slot || !st->held || !st->poff || !st->pcount || !st->mb)
+	if (!st->slot || !st->held || !st->poff || !st->pcount || !st->mb || !st->pmb)
 		return SP_ENOMEM;
 	for (int i = 0; i < st->n_params_total; i++)
 		st->slot[i] = -1;
@@ -263,6 +264,7 @@ static int plan_params(rt_state_t *st)
 			st->held[st->n_held] = pr;
 			st->poff[st->n_held] = st->n_w;
 			st->pcount[st->n_held] = comp_layer_params_tp(&md->comps[pr.comp], pr.tp);
+			st->pmb[st->n_held] = st->n_mb - 1;
 			st->n_w += st->pcount[st->n_held];
 			st->n_held++;
 		}
@@ -270,11 +272,19 @@ static int plan_params(rt_state_t *st)
 		int64_t so, sn;
 		if (mb->n != bk->elems || bucket_shard(p, b, st->rank, &so, &sn) < 0)
 			return SP_EINPUT;
-		mb->zero1 = bk->layout == LAYOUT_ZERO1;
+		mb->zero1 = layout_sharded(bk->layout);
+		mb->zero2 = bk->layout == LAYOUT_ZERO2;
 		mb->soff = mb->off + so;
 		mb->sn = sn;
 		mb->moff = st->n_opt;
 		st->n_opt += sn;
+		if (mb->zero2) {
+			mb->gsoff = st->n_gs;
+			st->n_gs += sn;
+		} else {
+			mb->goff = st->n_g;
+			st->n_g += mb->n;
+		}
 	}
 	if (st->n_held != st->dev->n_held)
 		return SP_EINPUT;
@@ -400,12 +410,118 @@ static int plan_buffers(rt_state_t *st)
 	return 0;
 }
 
+/*
+ * Zero-2 (set-up): which of the rank's zero-2 buckets each instruction
+ * writes gradients into (z2map_writes: a BWD's layers, a LOSS's head), and
+ * the most full-gradient floats live at once, by a walk of the program as
+ * the step runs it (the runtime's own accounting, beside plan_mem.c's): a
+ * full gradient is allocated at the first instruction writing into it (or
+ * at its SYNC if none did), and freed once its reduce-scatter, started at
+ * the SYNC, is complete; the step completes the ones in flight before it
+ * allocates another and at STEP (so at each allocation none outlives its
+ * SYNC: the peak is plan_mem.c's). k > 1 micro-batches: the first k - 1
+ * runs have no SYNC, so every full gradient stays live until the last
+ * run's SYNC (gradients accumulate in it; plan_mem.c's header says why).
+ * A write after the bucket's SYNC is refused (SP_EINPUT with st->why): the
+ * full gradient is gone by then (the verifier rejects such a plan).
+ */
+static int plan_zero2(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	sp_z2map_t zm;
+	int rc = z2map_init(&zm, p), cap = 2;
+	st->z2_off = calloc((size_t)st->n_ins + 2, sizeof(int));
+	if (rc || !st->z2_off) {
+		z2map_release(&zm);
+		return SP_ENOMEM;
+	}
+	if (!zm.n_z2)
+		return 0;
+	for (int k = 0; k < st->n_ins; k++)
+		if (st->prog[k].op == INS_BWD)
+			cap = SP_MAX(cap, p->slices[st->prog[k].slice].layer_to -
+						  p->slices[st->prog[k].slice].layer_from + 1);
+	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
+	int *mb_of = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
+	char *on = calloc((size_t)st->n_mb + 1, 1); /* 0 none, 1 live, 2 in flight */
+	int n = 0, ncap = 16;
+	st->z2_list = malloc(sizeof(int) * (size_t)ncap);
+	if (!w || !mb_of || !on || !st->z2_list) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++)
+		mb_of[b] = -1;
+	for (int i = 0; i < st->n_mb; i++)
+		mb_of[st->mb[i].bucket] = i;
+	for (int k = 0; k < st->n_ins; k++) {
+		int nw = z2map_writes(&zm, p, st->rank, &st->prog[k], w, cap);
+		for (int j = 0; j < nw; j++) {
+			if (n == ncap) {
+				int *nl = realloc(st->z2_list, sizeof(int) * (size_t)(ncap *= 2));
+				if (!nl) {
+					rc = SP_ENOMEM;
+					goto cleanup;
+				}
+				st->z2_list = nl;
+			}
+			st->z2_list[n++] = mb_of[w[j]];
+		}
+		st->z2_off[k + 1] = n;
+	}
+	int64_t live = 0, hwm = 0;
+	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
+		for (int k = 0; k < st->n_ins; k++) {
+			const sp_ins_t *in = &st->prog[k];
+			int sy = run == 1 && in->op == INS_SYNC && st->mb[mb_of[in->peer]].zero2
+					 ? mb_of[in->peer]
+					 : -1;
+			int nw = st->z2_off[k + 1] - st->z2_off[k];
+			for (int j = 0; j <= nw; j++) {
+				int i = j < nw ? st->z2_list[st->z2_off[k] + j] : sy;
+				if (i < 0 || on[i] == 1)
+					continue;
+				if (on[i] == 2) {
+					snprintf(st->why, sizeof st->why,
+						 "instruction %d writes gradients of zero-2 bucket %d "
+						 "after its SYNC (its full gradient is freed there)",
+						 k, st->mb[i].bucket);
+					rc = SP_EINPUT;
+					goto cleanup;
+				}
+				for (int q = 0; q < st->n_mb; q++) /* in flight: complete, free */
+					if (on[q] == 2) {
+						on[q] = 0;
+						live -= st->mb[q].n;
+					}
+				on[i] = 1;
+				live += st->mb[i].n;
+				hwm = SP_MAX(hwm, live);
+			}
+			if (sy >= 0)
+				on[sy] = 2;
+			for (int q = 0; in->op == INS_STEP && q < st->n_mb; q++)
+				if (on[q] == 2) {
+					on[q] = 0;
+					live -= st->mb[q].n;
+				}
+		}
+	st->z2_acct = hwm;
+cleanup:
+	free(w);
+	free(mb_of);
+	free(on);
+	z2map_release(&zm);
+	return rc;
+}
+
 static int alloc_all(rt_state_t *st)
 {
 	const rt_backend_t *b = st->b;
 	int64_t nw = SP_MAX(st->n_w, 1), nm = SP_MAX(st->n_opt, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
-	st->g = b->alloc(sizeof(float) * (size_t)nw);
+	st->g = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_g, 1));
+	st->gs = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_gs, 1));
 	int adam = st->p->model.opt.kind == OPT_ADAMW;
 	st->m = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
 	st->v = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
@@ -418,14 +534,16 @@ static int alloc_all(rt_state_t *st)
 	st->ints_host = malloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
 	st->feat_host = malloc(sizeof(float) * (size_t)SP_MAX(st->feat_n, 1));
 	st->loss = calloc((size_t)st->p->model.n_tasks + 1, sizeof(double));
-	if (!st->w || !st->g || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
+	if (!st->w || !st->g || !st->gs || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
 	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
 	    !st->feat_host || !st->loss)
 		return SP_ENOMEM;
 	if (b->reserve_params)
 		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
-	st->mem[MEM_PARAMS] = nw * f * 2 + (adam ? nm * f * 2 : 0);
+	/* weights, the gradients (zero-2: the shards and the most full
+	 * gradients live at once), the owned optimizer state */
+	st->mem[MEM_PARAMS] = (nw + st->n_g + st->n_gs + st->z2_acct) * f + (adam ? nm * f * 2 : 0);
 	st->mem[MEM_ACTS] = st->saved_n * f;
 	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
 	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
@@ -740,6 +858,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = check_shards(st);
 	if (!rc)
 		rc = check_decoders(st);
+	if (!rc)
+		rc = plan_zero2(st);
 	sp_err_t lacks = {0};
 	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
 		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
@@ -813,6 +933,12 @@ void rt_free(rt_state_t *st)
 	const rt_backend_t *b = st->b;
 	b->release(st->w);
 	b->release(st->g);
+	b->release(st->gs);
+	for (int i = 0; st->mb && i < st->n_mb; i++)
+		b->release(st->mb[i].full);
+	free(st->pmb);
+	free(st->z2_off);
+	free(st->z2_list);
 	b->release(st->m);
 	b->release(st->v);
 	b->release(st->saved);
@@ -992,6 +1118,77 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	return 0;
 }
 
+/* The gradient of held layer si: in g, or in its zero-2 bucket's full
+ * gradient (live: z2_touch ran for the instruction). */
+static float *grad_of(const rt_state_t *st, int si)
+{
+	const mybucket_t *mb = &st->mb[st->pmb[si]];
+	return (mb->zero2 ? mb->full : st->g + mb->goff) + (st->poff[si] - mb->off);
+}
+
+/* A zero-2 bucket's reduce-scatter is complete: its shard's sum (at the
+ * shard's place in the full gradient) to gs, and the full gradient freed. */
+static int z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
+{
+	int rc = wait_req(st, &mb->req, mb->sync, err);
+	if (rc)
+		return rc;
+	if (mb->sn > 0)
+		st->b->copy_rows(st->gs + mb->gsoff, mb->sn, mb->full + (mb->soff - mb->off), mb->sn,
+				 1, mb->sn, 0);
+	st->b->sync();
+	st->b->release(mb->full);
+	mb->full = NULL;
+	mb->rs = 0;
+	st->z2_live -= mb->n;
+	return 0;
+}
+
+/* Zero-2 bucket mb's full gradient, zeroed, after completing the
+ * reduce-scatters in flight (plan_zero2's rule). */
+static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].rs) {
+			int rc = z2_finish(st, &st->mb[i], err);
+			if (rc)
+				return rc;
+		}
+	mb->full = st->b->alloc(sizeof(float) * (size_t)SP_MAX(mb->n, 1));
+	if (!mb->full)
+		return fail(st, err, k, "out of memory allocating a zero-2 full gradient");
+	st->b->zero(mb->full, mb->n);
+	st->z2_live += mb->n;
+	st->z2_hwm = SP_MAX(st->z2_hwm, st->z2_live);
+	if (st->z2_hwm > st->z2_acct)
+		return fail(st, err, k, "zero-2 full gradients exceed their accounted peak");
+	return 0;
+}
+
+/* Before instruction k writes gradients: the full gradients it writes into. */
+static int z2_touch(rt_state_t *st, int k, sp_err_t *err)
+{
+	for (int j = st->z2_off[k]; j < st->z2_off[k + 1]; j++) {
+		mybucket_t *mb = &st->mb[st->z2_list[j]];
+		int rc = mb->full ? 0 : z2_alloc(st, mb, k, err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Every full gradient freed without a reduce-scatter (after an evaluation,
+ * whose losses write gradients nobody reads). */
+static void z2_drop(rt_state_t *st)
+{
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].full && !st->mb[i].rs) {
+			st->b->release(st->mb[i].full);
+			st->mb[i].full = NULL;
+			st->z2_live -= st->mb[i].n;
+		}
+}
+
 /* 0, or the code of a layer that failed (as exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
@@ -1011,7 +1208,7 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
 		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
-		float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+		float *dp = si >= 0 ? grad_of(st, si) : NULL;
 		const float *saved = layer_saved(st, &r, fwd_off, l);
 		if (r.sl->recompute) {
 			/* the same forward on the same input and weights as the FWD
@@ -1063,7 +1260,7 @@ static void exec_loss(rt_state_t *st, int k, int64_t step)
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
 	const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
-	float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+	float *dp = si >= 0 ? grad_of(st, si) : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
 	int64_t so = sample_off(st, mo->task);
 	/* the mean over the step batch: k micro-batches of t->batch */
@@ -1144,17 +1341,27 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
-				const mybucket_t *mb = &st->mb[i];
+				mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
+				/* zero-2: a bucket nothing wrote reduce-scatters zeros */
+				int rc = in->op == INS_SYNC && mb->zero2 && !mb->full
+						 ? z2_alloc(st, mb, k, err)
+						 : 0;
+				if (rc)
+					return rc;
+				float *g = mb->zero2 ? mb->full : st->g + mb->goff;
 				b->sync();
 				int bad = in->op == INS_GATHER
 						  ? c->ops->iallgather(c, st->w + mb->off, mb->n, mb->group, &r)
-					  : mb->zero1 ? c->ops->ireduce_scatter(c, st->g + mb->off, mb->n,
-										 mb->group, &r)
-						      : c->ops->iallreduce(c, st->g + mb->off, mb->n,
-									   mb->group, &r);
+					  : mb->zero1 ? c->ops->ireduce_scatter(c, g, mb->n, mb->group, &r)
+						      : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
 				if (bad)
 					return fail(st, err, k, "starting the collective failed");
+				if (in->op == INS_SYNC && mb->zero2) { /* completed by z2_finish */
+					mb->req = r;
+					mb->rs = 1;
+					return 0;
+				}
 				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 			}
 		return fail(st, err, k, "not a member of this sync bucket");
@@ -1189,13 +1396,13 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 	const rt_backend_t *b = st->b;
 	const sp_optim_t *o = &st->p->model.opt;
 	int64_t off = mb->soff, n = mb->sn;
+	float *g = mb->zero2 ? st->gs + mb->gsoff : st->g + mb->goff + (off - mb->off);
 	if (n <= 0)
 		return;
 	if (o->kind == OPT_ADAMW)
-		b->adamw_step(st->w + off, st->g + off, st->m + mb->moff, st->v + mb->moff, n,
-			      (int)t, o);
+		b->adamw_step(st->w + off, g, st->m + mb->moff, st->v + mb->moff, n, (int)t, o);
 	else
-		b->sgd_step(st->w + off, st->g + off, n, o);
+		b->sgd_step(st->w + off, g, n, o);
 }
 
 /* Waits for every operation still in flight. */
@@ -1221,7 +1428,10 @@ static int drain(rt_state_t *st, sp_err_t *err)
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
 	for (int q = 0; q < st->n_mb; q++) {
-		const mybucket_t *mb = &st->mb[st->step_order[q]];
+		mybucket_t *mb = &st->mb[st->step_order[q]];
+		int rc = mb->rs ? z2_finish(st, mb, err) : 0; /* zero-2: into the shard */
+		if (rc)
+			return rc;
 		for (int j = 0; j < st->n_pending; j++)
 			if (st->pending_ins[j] == mb->sync) {
 				int rc = wait_req(st, &st->pending[j], mb->sync, err);
@@ -1254,6 +1464,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		st->tp_ms = 0;
 		if (!last && (in->op == INS_SYNC || in->op == INS_STEP || in->op == INS_GATHER))
 			continue;
+		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = z2_touch(st, k, err)))
+			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
 		case INS_BWD: rc = exec_bwd(st, k, err); break;
@@ -1283,7 +1495,7 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 	int k = st->p->microbatches, rc = 0;
 	st->n_ev = 0;
 	st->t_origin = wall_ms();
-	st->b->zero(st->g, st->n_w);
+	st->b->zero(st->g, SP_MAX(st->n_g, 1));
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		st->loss[i] = 0;
 	for (st->micro = 0; st->micro < k && !rc; st->micro++)
@@ -1404,9 +1616,12 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
+			if ((rc = z2_touch(st, k, err)))
+				break;
 			exec_loss(st, k, step);
 			if (score_loss(st, k, acc))
 				rc = fail(st, err, k, "out of memory");
+			z2_drop(st); /* nobody reads an evaluation's gradients */
 			break;
 		case INS_SEND:
 		case INS_COPY:

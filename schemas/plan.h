@@ -45,8 +45,19 @@ typedef enum {
 	LAYOUT_REPLICATED = 0, /* every member holds weights, gradients, optimizer state */
 	LAYOUT_ZERO1 = 1,      /* optimizer state (and fp32 master weights) sharded:
 				* member i of n owns elements sample_range(elems, i, n) */
+	LAYOUT_ZERO2 = 2,      /* as zero-1, and the gradients sharded too: the full
+				* gradient lives from the first BWD (or LOSS)
+				* writing into the bucket until its SYNC's
+				* reduce-scatter into the member's shard */
 	LAYOUT__COUNT
 } sp_layout_t;
+
+/* 1 when layout shards the optimizer state (zero-1 and zero-2): SYNC is a
+ * reduce-scatter, STEP updates the shard, a GATHER all-gathers after it. */
+static inline int layout_sharded(int layout)
+{
+	return layout == LAYOUT_ZERO1 || layout == LAYOUT_ZERO2;
+}
 
 /* A reference to a value on the executing device. */
 typedef struct {
@@ -241,6 +252,30 @@ const char *layout_name(int layout);
  */
 int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n);
 
+/*
+ * Zero-2 gradient writers. A zero-2 bucket's full gradient exists on a
+ * member from the first instruction writing into it (a BWD of one of its
+ * layers, a LOSS of an lm_head or classifier) until the bucket's SYNC. The
+ * map lists, per parameter slot (comp, layer), the zero-2 buckets holding
+ * it (one per tensor-parallel shard); z2map_writes names the zero-2
+ * buckets of device dev an instruction writes into. n_z2 == 0: the plan has
+ * no zero-2 bucket (the arrays are then NULL and z2map_writes finds none).
+ */
+typedef struct {
+	int32_t *base;  /* per component: its first slot */
+	int32_t *first; /* per slot: first entry, or -1 */
+	int32_t *next;  /* per entry: the next of its slot, or -1 */
+	int32_t *bucket; /* per entry: its bucket */
+	int n_z2;       /* zero-2 buckets in the plan */
+} sp_z2map_t;
+int z2map_init(sp_z2map_t *out, const sp_plan_t *p); /* 0 or SP_ENOMEM */
+void z2map_release(sp_z2map_t *m);
+/* Distinct zero-2 buckets of dev that instruction in writes gradients into,
+ * at most cap of them in out (cap >= the slice's layers + 1 is enough);
+ * returns their count. */
+int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+		 int32_t *out, int cap);
+
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */
 typedef struct {
@@ -268,5 +303,9 @@ int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp);
 
 /* Predicted memory of device d by category (bytes); -1 if out of memory. */
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT]);
+/* Device d's zero-2 gradient bytes (plan_mem.c's walk: shards plus the peak
+ * of live full gradients) minus its zero-2 buckets' full gradients, in
+ * *out: minus the bytes zero-2 saves on d over zero-1. 0 or -1 (memory). */
+int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out);
 
 #endif

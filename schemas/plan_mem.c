@@ -9,6 +9,9 @@
  *          state (fp32 master weights, AdamW moments: param_state_bytes
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
+ *          and zero-2. A zero-2 bucket's gradients count as its shard
+ *          (persistent) plus the full gradient while it is live, by the
+ *          walk below (zero2_grad_bytes)
  *  acts    activations saved for backward: every FWD keeps
  *          op_saved_elems_at (the slice's tp: one shard's; a decoder's,
  *          never split, with its cross-attention part) *
@@ -32,6 +35,31 @@
  *          it), plus the largest transformer backward's layer workspace
  *          (bwd_ws_bytes; a decoder's: the cross-attention block's), plus
  *          WORK_FIXED for libraries
+ *
+ * The zero-2 walk. Under zero-2 a member holds the bucket's full gradient
+ * (E elements) only from the first instruction of its program that writes
+ * into it (a BWD of one of the bucket's layers, or a LOSS of an lm_head or
+ * classifier of it; a SYNC when nothing wrote it: a zero gradient) until
+ * that bucket's SYNC, which reduce-scatters it into the member's shard and
+ * frees it. The walk goes through the program in order, adding E at each
+ * bucket's first write and taking it off at its SYNC; its peak (the most
+ * full gradients live at once) is added to params. The other categories
+ * are not walked: activations are one allocation for the whole program
+ * (the runtime does not give them back at BWD), so acts + params' peak is
+ * the device's peak whatever the order. With k > 1 micro-batches the
+ * program runs k times and only the last run has SYNCs: a full gradient
+ * stays live across the micro-steps (the simplest correct rule: gradients
+ * accumulate in it, and the shard is reduce-scattered once per step at the
+ * same price as zero-1), so the walk runs the program k = 2 times (the
+ * second run is the last: every bucket written in the first is live at its
+ * start) — at k > 1 zero-2 then holds every full gradient at once and saves
+ * nothing over zero-1 but the shard's copy costs E / n more; the planner's
+ * auto choice takes zero-2 only at k = 1 (layout.c).
+ * The runtime (interp.c) allocates and frees the full gradients at these
+ * points (it waits for a zero-2 reduce-scatter before it allocates the next
+ * full gradient, so none outlives its SYNC at an allocation: the peak is the
+ * same).
+ *
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;
  * counting it here keeps a plan that fits from running out of memory.
@@ -107,6 +135,66 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
 	return (int64_t)(in->s1 - in->s0) * s->seq * s->hidden * db;
 }
 
+/*
+ * Bytes of device d's zero-2 gradients: every shard, plus the peak of the
+ * full gradients live at once over the program (the walk in the header),
+ * minus the full gradients the held loop counted (negative: a saving), in
+ * *out; 0 without zero-2 buckets. 0 or -1 when out of memory.
+ */
+int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
+{
+	int db = dtype_bytes(p->model.dtype);
+	const sp_device_t *dv = &p->devices[d];
+	sp_z2map_t m;
+	int64_t off, n, fixed = 0, live = 0, peak = 0;
+	int rc = 0;
+	*out = 0;
+	if (z2map_init(&m, p))
+		return -1;
+	if (!m.n_z2)
+		return 0;
+	int cap = 2;
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if (in->op == INS_BWD)
+			cap = SP_MAX(cap, p->slices[in->slice].layer_to -
+						  p->slices[in->slice].layer_from + 1);
+	}
+	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1);
+	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
+	if (!on || !w) {
+		rc = -1;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO2 && bucket_shard(p, b, d, &off, &n) >= 0)
+			fixed += (n - p->buckets[b].elems) * db;
+	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			int nw = z2map_writes(&m, p, d, in, w, cap);
+			for (int j = 0; j < nw; j++)
+				if (!on[w[j]]) {
+					on[w[j]] = 1;
+					live += p->buckets[w[j]].elems * db;
+				}
+			peak = SP_MAX(peak, live);
+			if (run == 1 && in->op == INS_SYNC &&
+			    p->buckets[in->peer].layout == LAYOUT_ZERO2) {
+				int64_t e = p->buckets[in->peer].elems * db;
+				peak = SP_MAX(peak, on[in->peer] ? live : live + e);
+				live -= on[in->peer] ? e : 0;
+				on[in->peer] = 0;
+			}
+		}
+	*out = fixed + peak;
+cleanup:
+	free(on);
+	free(w);
+	z2map_release(&m);
+	return rc;
+}
+
 /* Optimizer state of the elements d owns in each bucket it belongs to. */
 static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
 {
@@ -128,6 +216,10 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 		out[MEM_PARAMS] += comp_layer_params_tp(&md->comps[h->comp], h->tp) * 2 * db;
 	}
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
+	int64_t z2;
+	if (plan_zero2_grads(p, d, &z2))
+		return -1;
+	out[MEM_PARAMS] += z2;
 	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most four values per instruction: a decoder's BWD touches

@@ -45,6 +45,7 @@ const char *layout_name(int layout)
 	switch (layout) {
 	case LAYOUT_REPLICATED: return "replicated";
 	case LAYOUT_ZERO1: return "zero-1";
+	case LAYOUT_ZERO2: return "zero-2";
 	default: return "?";
 	}
 }
@@ -65,11 +66,90 @@ int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n)
 		return -1;
 	*off = 0;
 	*n = bk->elems;
-	if (bk->layout == LAYOUT_ZERO1) {
+	if (layout_sharded(bk->layout)) {
 		*off = bk->elems * lo / bk->n_dev;
 		*n = bk->elems * (lo + 1) / bk->n_dev - *off;
 	}
 	return lo;
+}
+
+int z2map_init(sp_z2map_t *out, const sp_plan_t *p)
+{
+	const sp_model_t *md = &p->model;
+	memset(out, 0, sizeof *out);
+	for (int b = 0; b < p->n_buckets; b++)
+		out->n_z2 += p->buckets[b].layout == LAYOUT_ZERO2;
+	if (!out->n_z2)
+		return 0;
+	int slots = 0;
+	out->base = malloc(sizeof(int32_t) * (size_t)(md->n_comps + 1));
+	for (int c = 0; out->base && c < md->n_comps; c++) {
+		out->base[c] = slots;
+		slots += md->comps[c].type == COMP_TRANSFORMER ? (int)md->comps[c].layers : 1;
+	}
+	out->first = malloc(sizeof(int32_t) * (size_t)(slots + 1));
+	out->next = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_params + 1));
+	out->bucket = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_params + 1));
+	if (!out->base || !out->first || !out->next || !out->bucket) {
+		z2map_release(out);
+		return SP_ENOMEM;
+	}
+	for (int i = 0; i < slots; i++)
+		out->first[i] = -1;
+	int n = 0;
+	for (int b = p->n_buckets - 1; b >= 0; b--) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		if (bk->layout != LAYOUT_ZERO2)
+			continue;
+		for (int q = 0; q < bk->n_params; q++) {
+			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
+			int s = out->base[pr->comp] + pr->layer;
+			out->bucket[n] = b;
+			out->next[n] = out->first[s];
+			out->first[s] = n++;
+		}
+	}
+	return 0;
+}
+
+void z2map_release(sp_z2map_t *m)
+{
+	if (!m)
+		return;
+	free(m->base);
+	free(m->first);
+	free(m->next);
+	free(m->bucket);
+	memset(m, 0, sizeof *m);
+}
+
+int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+		 int32_t *out, int cap)
+{
+	if (!m->n_z2 || (in->op != INS_BWD && in->op != INS_LOSS))
+		return 0;
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *mo = &p->metaops[sl->metaop];
+	const sp_task_t *t = &p->model.tasks[mo->task];
+	int n = 0;
+	int64_t off, cnt;
+	/* a LOSS runs the slice's one layer (a loss MetaOp's) */
+	int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
+	int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
+	for (int l = lo; l < hi; l++) {
+		const sp_op_t *op = &p->ops[mo->first_op + l];
+		int comp = t->nodes[op->node].comp;
+		for (int e = m->first[m->base[comp] + op->layer]; e >= 0; e = m->next[e]) {
+			int b = m->bucket[e], dup = 0;
+			if (bucket_shard(p, b, dev, &off, &cnt) < 0)
+				continue;
+			for (int j = 0; j < n && !dup; j++)
+				dup = out[j] == b;
+			if (!dup && n < cap)
+				out[n++] = b;
+		}
+	}
+	return n;
 }
 
 int plan_tp_groups(const sp_plan_t *p, sp_tp_group_t **out, int *n, int32_t **at)

@@ -111,13 +111,13 @@ double layout_saved_per_sample(const planner_t *pl, int m)
 
 /* ---- the choice on a lowered plan --------------------------------------- */
 
-/* Exact memory of the n devices devs[] after a change; plan_memory's error
- * passed up. */
-static int remem(sp_plan_t *p, const int32_t *devs, int n)
+/* Exact memory of the n devices devs[] after a change (safe: as
+ * plan_memory_at); plan_memory's error passed up. */
+static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe)
 {
 	for (int j = 0; j < n; j++) {
 		sp_device_t *dv = &p->devices[devs[j]];
-		int rc = plan_memory(p, devs[j], dv->mem);
+		int rc = plan_memory_at(p, devs[j], safe, dv->mem);
 		if (rc)
 			return rc;
 		dv->mem_peak = 0;
@@ -160,14 +160,15 @@ static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
 	return 0;
 }
 
-static int remem(sp_plan_t *p, const int32_t *devs, int n);
+static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe);
 
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
  * optimizer state of the elements a member owns), its members' memory:
  * between replicated and zero-1 by the difference in state, to or from
- * zero-2 by plan_memory again (its gradients depend on the program). 0 or
- * plan_memory's error. */
-static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+ * zero-2 by plan_memory again (its gradients depend on the program; safe:
+ * plan_z2_safe's points for every bucket, or NULL). 0 or plan_memory's
+ * error. */
+static int set_layout_at(planner_t *pl, sp_plan_t *p, int b, int layout, const int32_t *safe)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
@@ -176,7 +177,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
 		bk->layout = layout;
 		bucket_price(pl->cluster, p, bk, db);
-		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev);
+		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev, safe);
 	}
 	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
 		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
@@ -189,6 +190,11 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	bk->layout = layout;
 	bucket_price(pl->cluster, p, bk, db);
 	return 0;
+}
+
+static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+{
+	return set_layout_at(pl, p, b, layout, NULL);
 }
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
@@ -297,37 +303,40 @@ static int choose_zero2(planner_t *pl, sp_plan_t *p)
 {
 	if (pl->opts->zero >= 0 || p->microbatches != 1)
 		return 0;
-	int tried = 0, kept = 0, rc;
+	int tried = 0, kept = 0, rc = 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO1) {
-			if ((rc = set_layout(pl, p, b, LAYOUT_ZERO2)))
-				return rc;
-			tried++;
-		}
+		tried += p->buckets[b].layout == LAYOUT_ZERO1;
 	if (!tried)
 		return 0;
+	int32_t *safe = NULL; /* the programs do not change here: once */
 	int64_t *was = calloc((size_t)p->n_devices + 1, sizeof *was);
-	if (!was)
+	if (!was || plan_z2_safe(p, 1, &safe)) {
+		free(was);
 		return SP_ENOMEM;
-	for (int b = 0; b < p->n_buckets; b++) {
+	}
+	for (int b = 0; b < p->n_buckets && !rc; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1)
+			rc = set_layout_at(pl, p, b, LAYOUT_ZERO2, safe);
+	for (int b = 0; b < p->n_buckets && !rc; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		if (bk->layout != LAYOUT_ZERO2)
 			continue;
 		const int32_t *devs = p->bucket_devs + bk->dev_off;
 		for (int q = 0; q < bk->n_dev; q++)
 			was[q] = p->devices[devs[q]].mem_peak;
-		if ((rc = set_layout(pl, p, b, LAYOUT_ZERO1)))
+		if ((rc = set_layout_at(pl, p, b, LAYOUT_ZERO1, safe)))
 			break;
 		int worse = 0;
 		for (int q = 0; q < bk->n_dev; q++)
 			worse |= p->devices[devs[q]].mem_peak > was[q];
 		if (worse) {
-			if ((rc = set_layout(pl, p, b, LAYOUT_ZERO2)))
+			if ((rc = set_layout_at(pl, p, b, LAYOUT_ZERO2, safe)))
 				break;
 			kept++;
 		}
 	}
 	free(was);
+	free(safe);
 	return rc ? rc : kept;
 }
 
@@ -359,7 +368,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 		if (s < 0)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
-		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev))
+		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, NULL))
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 					  "memory plan: a device touches too many values");
 		changes |= 2;

@@ -25,6 +25,9 @@
  *                         bucket mixes shards or misstates its elems
  *   missing memory, ...   a decoder's memory act(c, -1) or its gradient
  *                         grad(c, -1) out of order (verify_mem.c)
+ *   zero-2                a gradient written after its bucket's SYNC freed
+ *                         it; an allocation waits for the device's zero-2
+ *                         reduce-scatters in flight (verify_zero2.c)
  * A tensor-parallel group's FWD/BWD is a rendezvous (its all-reduces run
  * inside): a member runs it only once every member of the group has
  * reached it, so members that order their FWD/BWD differently deadlock
@@ -493,6 +496,8 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 	vstate_t *st = ctx;
 	const sp_plan_t *p = st->p;
 	int rc = 0;
+	if (vz2_wait(st, d, k, in))
+		return PROGS_WAIT;
 	if (in->op == INS_RECV) {
 		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])
 			return PROGS_WAIT;
@@ -528,7 +533,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 				return PROGS_WAIT;
 		}
 	}
-	if (rc || (rc = exec(st, d, k, in)))
+	if (rc || (rc = exec(st, d, k, in)) || (rc = vz2_exec(st, d, k, in)))
 		return rc;
 	return PROGS_RAN;
 }
@@ -674,7 +679,8 @@ static int check_memory(vstate_t *st, double mem_cap)
 static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
-	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = index_buckets(st)) ||
+	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = vz2_prepare(st)) ||
+	    (rc = index_buckets(st)) ||
 	    (rc = check_tp(st)) || (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);
@@ -691,6 +697,7 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 	vstate_t st = {.p = p, .err = err};
 	sp_arena_init(&st.arena);
 	int rc = verify_steps(&st, mem_cap);
+	vz2_release(&st);
 	if (rc == SP_ENOMEM)
 		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	sp_arena_release(&st.arena);

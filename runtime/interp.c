@@ -417,9 +417,10 @@ static int plan_buffers(rt_state_t *st)
  * the step runs it (the runtime's own accounting, beside plan_mem.c's): a
  * full gradient is allocated at the first instruction writing into it (or
  * at its SYNC if none did), and freed once its reduce-scatter, started at
- * the SYNC, is complete; the step completes the ones in flight before it
- * allocates another and at STEP (so at each allocation none outlives its
- * SYNC: the peak is plan_mem.c's). k > 1 micro-batches: the first k - 1
+ * the SYNC, is complete; before it allocates another the step completes
+ * the reduce-scatters in flight that every member has started by then
+ * (instruction >= mb->safe: plan_z2_safe, so the wait needs no peer to move
+ * on), and at STEP all of them (plan_mem.c's walk). k > 1 micro-batches: the first k - 1
  * runs have no SYNC, so every full gradient stays live until the last
  * run's SYNC (gradients accumulate in it; plan_mem.c's header says why).
  * A write after the bucket's SYNC is refused (SP_EINPUT with st->why): the
@@ -437,6 +438,18 @@ static int plan_zero2(rt_state_t *st)
 	}
 	if (!zm.n_z2)
 		return 0;
+	int32_t *safe = NULL;
+	if (plan_z2_safe(p, 0, &safe)) {
+		z2map_release(&zm);
+		return SP_ENOMEM;
+	}
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].zero2) {
+			int64_t off, cnt;
+			int q = bucket_shard(p, st->mb[i].bucket, st->rank, &off, &cnt);
+			st->mb[i].safe = safe[p->buckets[st->mb[i].bucket].dev_off + q];
+		}
+	free(safe);
 	for (int k = 0; k < st->n_ins; k++)
 		if (st->prog[k].op == INS_BWD)
 			cap = SP_MAX(cap, p->slices[st->prog[k].slice].layer_to -
@@ -489,8 +502,9 @@ static int plan_zero2(rt_state_t *st)
 					rc = SP_EINPUT;
 					goto cleanup;
 				}
-				for (int q = 0; q < st->n_mb; q++) /* in flight: complete, free */
-					if (on[q] == 2) {
+				/* in flight and started by every member: complete, free */
+				for (int q = 0; q < st->n_mb; q++)
+					if (on[q] == 2 && st->mb[q].safe <= k) {
 						on[q] = 0;
 						live -= st->mb[q].n;
 					}
@@ -1145,11 +1159,12 @@ static int z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
 }
 
 /* Zero-2 bucket mb's full gradient, zeroed, after completing the
- * reduce-scatters in flight (plan_zero2's rule). */
+ * reduce-scatters in flight that every member has started before
+ * instruction k (plan_zero2's rule). */
 static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_mb; i++)
-		if (st->mb[i].rs) {
+		if (st->mb[i].rs && st->mb[i].safe <= k) {
 			int rc = z2_finish(st, &st->mb[i], err);
 			if (rc)
 				return rc;

@@ -30,6 +30,8 @@ typedef struct {
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */
 	int rs;           /* zero2: its reduce-scatter is in flight (req) */
+	int safe;         /* zero2: the first instruction before which every
+			   * member's SYNC happens (plan_z2_safe) */
 	rt_req_t req;
 } mybucket_t;
 

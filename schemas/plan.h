@@ -275,6 +275,22 @@ void z2map_release(sp_z2map_t *m);
  * returns their count. */
 int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
 		 int32_t *out, int cap);
+/*
+ * When a member may free a zero-2 bucket's full gradient. Its SYNC starts
+ * the reduce-scatter; the member can complete it (and free the full
+ * gradient) without waiting on a peer only once every member's SYNC of the
+ * bucket happens before (SEND -> RECV chains in the programs; other
+ * collectives are not counted, which only makes the point later). *out
+ * (malloc'd, n_bucket_devs + 1 entries): per bucket_devs entry of a zero-2
+ * bucket, the first instruction index i of the member's program such that
+ * every member's SYNC of it happens before instruction i (the member's own
+ * SYNC included); the program's length when there is none (the STEP
+ * completes it); -1 for other buckets. NULL without zero-2 buckets.
+ * every: for every bucket of 2 or more devices as if it were zero-2 (the
+ * points depend on the programs only: one array for trying layouts).
+ * 0 or SP_ENOMEM.
+ */
+int plan_z2_safe(const sp_plan_t *p, int every, int32_t **out);
 
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */
@@ -307,5 +323,8 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT]);
  * of live full gradients) minus its zero-2 buckets' full gradients, in
  * *out: minus the bytes zero-2 saves on d over zero-1. 0 or -1 (memory). */
 int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out);
+/* Both with the safe points of plan_z2_safe given (NULL: computed). */
+int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[MEM__COUNT]);
+int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t *out);
 
 #endif

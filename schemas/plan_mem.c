@@ -141,18 +141,25 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
  * minus the full gradients the held loop counted (negative: a saving), in
  * *out; 0 without zero-2 buckets. 0 or -1 when out of memory.
  */
-int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
+int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t *out)
 {
 	int db = dtype_bytes(p->model.dtype);
 	const sp_device_t *dv = &p->devices[d];
 	sp_z2map_t m;
 	int64_t off, n, fixed = 0, live = 0, peak = 0;
 	int rc = 0;
+	int32_t *own = NULL;
 	*out = 0;
 	if (z2map_init(&m, p))
 		return -1;
 	if (!m.n_z2)
 		return 0;
+	if (!safe && plan_z2_safe(p, 0, &own)) {
+		z2map_release(&m);
+		return -1;
+	}
+	if (!safe)
+		safe = own;
 	int cap = 2;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
@@ -160,7 +167,7 @@ int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
 			cap = SP_MAX(cap, p->slices[in->slice].layer_to -
 						  p->slices[in->slice].layer_from + 1);
 	}
-	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1);
+	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight */
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
 	if (!on || !w) {
 		rc = -1;
@@ -172,27 +179,50 @@ int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
 	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *in = &p->ins[dv->first_ins + k];
-			int nw = z2map_writes(&m, p, d, in, w, cap);
+			int nw = z2map_writes(&m, p, d, in, w, cap), alloc = 0;
+			int sy = run == 1 && in->op == INS_SYNC &&
+					 p->buckets[in->peer].layout == LAYOUT_ZERO2
+				 ? in->peer
+				 : -1;
 			for (int j = 0; j < nw; j++)
-				if (!on[w[j]]) {
-					on[w[j]] = 1;
-					live += p->buckets[w[j]].elems * db;
+				alloc |= on[w[j]] != 1;
+			alloc |= sy >= 0 && on[sy] == 0;
+			/* before an allocation: the reduce-scatters in flight that
+			 * every member has started (safe here) complete */
+			for (int b = 0, q; alloc && b < p->n_buckets; b++)
+				if (on[b] == 2 && (q = bucket_shard(p, b, d, &off, &n)) >= 0 &&
+				    safe[p->buckets[b].dev_off + q] <= k) {
+					on[b] = 0;
+					live -= p->buckets[b].elems * db;
 				}
-			peak = SP_MAX(peak, live);
-			if (run == 1 && in->op == INS_SYNC &&
-			    p->buckets[in->peer].layout == LAYOUT_ZERO2) {
-				int64_t e = p->buckets[in->peer].elems * db;
-				peak = SP_MAX(peak, on[in->peer] ? live : live + e);
-				live -= on[in->peer] ? e : 0;
-				on[in->peer] = 0;
+			for (int j = 0; j <= nw; j++) {
+				int b = j < nw ? w[j] : sy;
+				if (b >= 0 && on[b] == 0)
+					live += p->buckets[b].elems * db;
+				if (b >= 0 && on[b] != 1)
+					on[b] = 1;
 			}
+			peak = SP_MAX(peak, live);
+			if (sy >= 0)
+				on[sy] = 2;
+			for (int b = 0; in->op == INS_STEP && b < p->n_buckets; b++)
+				if (on[b] == 2) {
+					on[b] = 0;
+					live -= p->buckets[b].elems * db;
+				}
 		}
 	*out = fixed + peak;
 cleanup:
 	free(on);
 	free(w);
+	free(own);
 	z2map_release(&m);
 	return rc;
+}
+
+int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
+{
+	return plan_zero2_grads_at(p, d, NULL, out);
 }
 
 /* Optimizer state of the elements d owns in each bucket it belongs to. */
@@ -207,6 +237,11 @@ static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
 
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 {
+	return plan_memory_at(p, d, NULL, out);
+}
+
+int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[MEM__COUNT])
+{
 	const sp_device_t *dv = &p->devices[d];
 	const sp_model_t *md = &p->model;
 	int db = dtype_bytes(md->dtype);
@@ -217,7 +252,7 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 	}
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
 	int64_t z2;
-	if (plan_zero2_grads(p, d, &z2))
+	if (plan_zero2_grads_at(p, d, safe, &z2))
 		return -1;
 	out[MEM_PARAMS] += z2;
 	int64_t work = 0, redo = 0, bwd_ws = 0;

@@ -152,6 +152,123 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
 	return n;
 }
 
+/* The program of every device run together, round robin, a RECV waiting for
+ * its SEND; vc[d][e]: instructions of e that happen before d's next one.
+ * At each instruction of d, the zero-2 buckets of d whose members' SYNCs
+ * all happen before it become safe there. A plan that cannot finish (the
+ * verifier rejects it) leaves the rest at the program's end. */
+int plan_z2_safe(const sp_plan_t *p, int every, int32_t **out)
+{
+	int N = p->n_devices, rc = SP_ENOMEM, any = 0;
+	*out = NULL;
+	for (int b = 0; b < p->n_buckets; b++)
+		any |= p->buckets[b].layout == LAYOUT_ZERO2 || (every && p->buckets[b].n_dev >= 2);
+	if (!any)
+		return 0;
+#define Z2(b) (p->buckets[b].layout == LAYOUT_ZERO2 || (every && p->buckets[b].n_dev >= 2))
+	int max_tag = 0;
+	for (int i = 0; i < p->n_ins; i++)
+		if (p->ins[i].op == INS_SEND || p->ins[i].op == INS_RECV)
+			max_tag = SP_MAX(max_tag, p->ins[i].tag + 1);
+	int32_t *safe = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	int32_t *sync_at = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	int32_t *vc = calloc((size_t)N * (size_t)N + 1, sizeof(int32_t));
+	int32_t **tag_vc = calloc((size_t)max_tag + 1, sizeof(int32_t *));
+	int32_t *pc = calloc((size_t)N + 1, sizeof(int32_t));
+	/* per device, its zero-2 bucket_devs entries: ent[first[d] .. first[d + 1]) */
+	int32_t *first = calloc((size_t)N + 2, sizeof(int32_t));
+	int32_t *ent = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	int32_t *bk_of = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	if (!safe || !sync_at || !vc || !tag_vc || !pc || !first || !ent || !bk_of)
+		goto cleanup;
+	int64_t off, n;
+	for (int i = 0; i < p->n_bucket_devs; i++)
+		safe[i] = sync_at[i] = -1;
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++) {
+			bk_of[p->buckets[b].dev_off + q] = b;
+			first[p->bucket_devs[p->buckets[b].dev_off + q] + 2]++;
+		}
+	for (int d = 0; d < N; d++)
+		first[d + 2] += first[d + 1];
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++)
+			ent[first[p->bucket_devs[p->buckets[b].dev_off + q] + 1]++] =
+				p->buckets[b].dev_off + q;
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			int q;
+			if (in->op == INS_SYNC && Z2(in->peer) &&
+			    (q = bucket_shard(p, in->peer, d, &off, &n)) >= 0)
+				sync_at[p->buckets[in->peer].dev_off + q] = k;
+		}
+	}
+	for (int moved = 1; moved;) {
+		moved = 0;
+		for (int d = 0; d < N; d++) {
+			const sp_device_t *dv = &p->devices[d];
+			int32_t *my = vc + (size_t)d * N;
+			for (; pc[d] <= dv->n_ins; pc[d]++) {
+				/* the buckets of d safe before instruction pc[d] */
+				for (int x = first[d]; x < first[d + 1]; x++) {
+					const sp_bucket_t *bk = &p->buckets[bk_of[ent[x]]];
+					if (safe[ent[x]] >= 0)
+						continue;
+					int all = 1;
+					for (int j = 0; j < bk->n_dev && all; j++) {
+						int e = p->bucket_devs[bk->dev_off + j];
+						int s = sync_at[bk->dev_off + j];
+						all = s >= 0 && my[e] > s;
+					}
+					if (all || pc[d] == dv->n_ins)
+						safe[ent[x]] = pc[d];
+				}
+				if (pc[d] == dv->n_ins)
+					break;
+				const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
+				if (in->op == INS_RECV) {
+					if (in->tag < 0 || !tag_vc[in->tag])
+						break; /* its SEND has not run */
+					for (int e = 0; e < N; e++)
+						my[e] = SP_MAX(my[e], tag_vc[in->tag][e]);
+				}
+				my[d] = pc[d] + 1;
+				if (in->op == INS_SEND && in->tag >= 0 && !tag_vc[in->tag]) {
+					tag_vc[in->tag] = malloc(sizeof(int32_t) * (size_t)N);
+					if (!tag_vc[in->tag])
+						goto cleanup;
+					memcpy(tag_vc[in->tag], my, sizeof(int32_t) * (size_t)N);
+				}
+				moved = 1;
+			}
+		}
+	}
+	/* stuck devices: their remaining buckets at the program's end */
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++)
+			if (safe[p->buckets[b].dev_off + q] < 0)
+				safe[p->buckets[b].dev_off + q] =
+					p->devices[p->bucket_devs[p->buckets[b].dev_off + q]].n_ins;
+	*out = safe;
+	safe = NULL;
+	rc = 0;
+cleanup:
+	for (int t = 0; tag_vc && t < max_tag; t++)
+		free(tag_vc[t]);
+	free(tag_vc);
+	free(safe);
+	free(sync_at);
+	free(vc);
+	free(pc);
+	free(first);
+	free(ent);
+	free(bk_of);
+	return rc;
+#undef Z2
+}
+
 int plan_tp_groups(const sp_plan_t *p, sp_tp_group_t **out, int *n, int32_t **at)
 {
 	int32_t *grp = malloc(sizeof(int32_t) * (size_t)(p->n_slice_devs + 1));

@@ -1667,6 +1667,16 @@ void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
 }
 
+int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *accounted)
+{
+	int any = 0;
+	for (int i = 0; i < st->n_mb; i++)
+		any |= st->mb[i].zero2;
+	*most = st->z2_hwm * (int64_t)sizeof(float);
+	*accounted = st->z2_acct * (int64_t)sizeof(float);
+	return any;
+}
+
 const rt_event_t *rt_events(const rt_state_t *st, int *n)
 {
 	*n = st->n_ev;

@@ -435,7 +435,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 			   bucket_member(p, b, d);
 	if (missing)
 		return fail(st, -1, -1,
-			    "sharded parameters: device %d leaves %d of its zero-1 buckets "
+			    "sharded parameters: device %d leaves %d of its zero-1/2 buckets "
 			    "without an all-gather (it would start the next iteration with "
 			    "stale weights)",
 			    d, missing);

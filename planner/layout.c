@@ -165,10 +165,9 @@ static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe);
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
  * optimizer state of the elements a member owns), its members' memory:
  * between replicated and zero-1 by the difference in state, to or from
- * zero-2 by plan_memory again (its gradients depend on the program; safe:
- * plan_z2_safe's points for every bucket, or NULL). 0 or plan_memory's
- * error. */
-static int set_layout_at(planner_t *pl, sp_plan_t *p, int b, int layout, const int32_t *safe)
+ * zero-2 by plan_memory again (its gradients depend on the program). 0 or
+ * plan_memory's error. */
+static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
@@ -177,7 +176,7 @@ static int set_layout_at(planner_t *pl, sp_plan_t *p, int b, int layout, const i
 	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
 		bk->layout = layout;
 		bucket_price(pl->cluster, p, bk, db);
-		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev, safe);
+		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev, NULL);
 	}
 	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
 		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
@@ -192,10 +191,6 @@ static int set_layout_at(planner_t *pl, sp_plan_t *p, int b, int layout, const i
 	return 0;
 }
 
-static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
-{
-	return set_layout_at(pl, p, b, layout, NULL);
-}
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
  * most on d, or -1. */
@@ -287,64 +282,73 @@ static int regather(sp_plan_t *p)
 }
 
 /*
- * --zero auto with one micro-batch: the zero-1 buckets that are better as
- * zero-2. Zero-2 costs the same communication (the same reduce-scatter and
+ * --zero auto with one micro-batch: zero-2 instead of zero-1 where it
+ * saves. Zero-2 costs the same communication (the same reduce-scatter and
  * all-gather) but its gradient memory is a walk over the program
- * (plan_mem.c): a bucket alone in zero-2 costs its shard more than zero-1
- * (its full gradient is live at some point anyway), several whose full
- * gradients are live at different times save all but the largest. So all
- * zero-1 buckets go zero-2 at once, then each in index order goes back to
- * zero-1 unless that raises the peak of one of its members. At k > 1
- * micro-batches every full gradient is live across the micro-steps and
- * zero-2 never saves: nothing is tried. Returns the number of buckets left
- * in zero-2, or plan_memory's error.
+ * (plan_mem.c): a device's full gradients count only while live, plus the
+ * shards. A device in one sharded bucket only gains nothing (its full
+ * gradient is live at some point anyway, and the shard is more); one whose
+ * buckets' full gradients are live at different times saves all but the
+ * largest at once. So every zero-1 bucket goes zero-2 together, kept when
+ * that raises no device's memory and lowers some (plan_zero2_grads: one
+ * walk per device, the programs' safe points computed once), else all stay
+ * zero-1: one choice for the plan, not per bucket (buckets interact
+ * through the walk; a per-bucket search cost planning time for no gain on
+ * the bundled workloads). At k > 1 micro-batches every full gradient is
+ * live across the micro-steps and zero-2 never saves: nothing is tried.
+ * Returns the number of buckets made zero-2, or an error code.
  */
 static int choose_zero2(planner_t *pl, sp_plan_t *p)
 {
 	if (pl->opts->zero >= 0 || p->microbatches != 1)
 		return 0;
-	int tried = 0, kept = 0, rc = 0;
+	int tried = 0, n = 0, rc = 0, gain = 0, loss = 0;
+	/* a device gains only with two zero-1 buckets or more */
+	int *nz = calloc((size_t)p->n_devices + 1, sizeof *nz);
+	if (!nz)
+		return SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++)
-		tried += p->buckets[b].layout == LAYOUT_ZERO1;
+		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO1 && q < p->buckets[b].n_dev; q++)
+			tried |= ++nz[p->bucket_devs[p->buckets[b].dev_off + q]] >= 2;
+	free(nz);
 	if (!tried)
 		return 0;
 	int32_t *safe = NULL; /* the programs do not change here: once */
-	int64_t *was = calloc((size_t)p->n_devices + 1, sizeof *was);
-	if (!was || plan_z2_safe(p, 1, &safe)) {
-		free(was);
+	int64_t *z = calloc((size_t)p->n_devices + 1, sizeof *z);
+	if (!z || plan_z2_safe(p, 1, &safe)) {
+		free(z);
 		return SP_ENOMEM;
 	}
-	for (int b = 0; b < p->n_buckets && !rc; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO1)
-			rc = set_layout_at(pl, p, b, LAYOUT_ZERO2, safe);
-	for (int b = 0; b < p->n_buckets && !rc; b++) {
-		const sp_bucket_t *bk = &p->buckets[b];
-		if (bk->layout != LAYOUT_ZERO2)
-			continue;
-		const int32_t *devs = p->bucket_devs + bk->dev_off;
-		for (int q = 0; q < bk->n_dev; q++)
-			was[q] = p->devices[devs[q]].mem_peak;
-		if ((rc = set_layout_at(pl, p, b, LAYOUT_ZERO1, safe)))
-			break;
-		int worse = 0;
-		for (int q = 0; q < bk->n_dev; q++)
-			worse |= p->devices[devs[q]].mem_peak > was[q];
-		if (worse) {
-			if ((rc = set_layout_at(pl, p, b, LAYOUT_ZERO2, safe)))
-				break;
-			kept++;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1) {
+			p->buckets[b].layout = LAYOUT_ZERO2;
+			n++;
 		}
+	for (int d = 0; d < p->n_devices && !rc && !loss; d++) {
+		rc = plan_zero2_grads_at(p, d, safe, &z[d]);
+		gain |= z[d] < 0;
+		loss |= z[d] > 0;
 	}
-	free(was);
+	int keep = !rc && gain && !loss;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO2) {
+			p->buckets[b].layout = keep ? LAYOUT_ZERO2 : LAYOUT_ZERO1;
+			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+		}
+	for (int d = 0; keep && d < p->n_devices; d++) {
+		p->devices[d].mem[MEM_PARAMS] += z[d];
+		p->devices[d].mem_peak += z[d];
+	}
+	free(z);
 	free(safe);
-	return rc ? rc : kept;
+	return rc ? rc : keep ? n : 0;
 }
 
 /* While a device is over the cap: shard a bucket (zero-1, then zero-2
  * where it saves more: choose_zero2), else recompute a slice (as far as
  * auto may). Returns 1 | 2 when it sharded | recomputed, or a negative
- * code. */
-static int fit_memory(planner_t *pl, sp_plan_t *p)
+ * code. *safe: plan_z2_safe's points, made when first needed. */
+static int fit_memory_at(planner_t *pl, sp_plan_t *p, int32_t **safe)
 {
 	int changes = 0, d, z2 = 0;
 	while ((d = worst_device(pl, p)) >= 0) {
@@ -368,12 +372,24 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 		if (s < 0)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
-		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, NULL))
+		if (!*safe && plan_z2_safe(p, 0, safe))
+			return SP_ENOMEM;
+		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, *safe))
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 					  "memory plan: a device touches too many values");
 		changes |= 2;
 	}
 	return changes;
+}
+
+static int fit_memory(planner_t *pl, sp_plan_t *p)
+{
+	/* the programs do not change here: zero-2's points once, when a
+	 * zero-2 bucket needs them */
+	int32_t *safe = NULL;
+	int rc = fit_memory_at(pl, p, &safe);
+	free(safe);
+	return rc;
 }
 
 /* Ours, large components: every remaining bucket of 2+ devices in zero-1 at

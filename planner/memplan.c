@@ -9,6 +9,7 @@
  */
 #include "planner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static double gib(double b)
@@ -113,11 +114,16 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 {
 	int worst = -1;
 	double worst_over = 0;
+	int32_t *safe = NULL; /* zero-2's points: once for every device */
+	if (plan_z2_safe(p, 0, &safe))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
-		if (plan_memory(p, d, dv->mem))
+		if (plan_memory_at(p, d, safe, dv->mem)) {
+			free(safe);
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
 					  "memory plan: device %d touches too many values", d);
+		}
 		dv->mem_peak = 0;
 		for (int c = 0; c < MEM__COUNT; c++)
 			dv->mem_peak += dv->mem[c];
@@ -127,6 +133,7 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 			worst = d;
 		}
 	}
+	free(safe);
 	if (!check || worst < 0)
 		return 0;
 	const sp_device_t *dv = &p->devices[worst];

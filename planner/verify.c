@@ -661,7 +661,7 @@ static int check_memory(vstate_t *st, double mem_cap)
 	const sp_plan_t *p = st->p;
 	for (int d = 0; d < p->n_devices && mem_cap > 0; d++) {
 		int64_t mem[MEM__COUNT], tot = 0;
-		if (plan_memory(p, d, mem))
+		if (plan_memory_at(p, d, st->z2.safe, mem))
 			return SP_ENOMEM;
 		for (int c = 0; c < MEM__COUNT; c++)
 			tot += mem[c];

@@ -267,9 +267,14 @@ typedef struct {
 	int32_t *next;  /* per entry: the next of its slot, or -1 */
 	int32_t *bucket; /* per entry: its bucket */
 	int n_z2;       /* zero-2 buckets in the plan */
+	int dev;        /* z2map_for's device (-1 none): mine[b] its member flags */
+	uint8_t *mine;
 } sp_z2map_t;
 int z2map_init(sp_z2map_t *out, const sp_plan_t *p); /* 0 or SP_ENOMEM */
 void z2map_release(sp_z2map_t *m);
+/* Remembers which buckets dev belongs to, for z2map_writes on dev (a
+ * speed-up only). 0 or SP_ENOMEM. */
+int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev);
 /* Distinct zero-2 buckets of dev that instruction in writes gradients into,
  * at most cap of them in out (cap >= the slice's layers + 1 is enough);
  * returns their count. */

@@ -154,7 +154,7 @@ int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t 
 		return -1;
 	if (!m.n_z2)
 		return 0;
-	if (!safe && plan_z2_safe(p, 0, &own)) {
+	if (z2map_for(&m, p, d) || (!safe && plan_z2_safe(p, 0, &own))) {
 		z2map_release(&m);
 		return -1;
 	}
@@ -174,7 +174,7 @@ int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t 
 		goto cleanup;
 	}
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO2 && bucket_shard(p, b, d, &off, &n) >= 0)
+		if (m.mine[b] && bucket_shard(p, b, d, &off, &n) >= 0)
 			fixed += (n - p->buckets[b].elems) * db;
 	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
 		for (int k = 0; k < dv->n_ins; k++) {
@@ -191,7 +191,7 @@ int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t 
 			 * every member has started (safe here) complete */
 			for (int b = 0, q; alloc && b < p->n_buckets; b++)
 				if (on[b] == 2 && (q = bucket_shard(p, b, d, &off, &n)) >= 0 &&
-				    safe[p->buckets[b].dev_off + q] <= k) {
+				    safe[p->buckets[b].dev_off + q] <= k) { /* rare: in flight */
 					on[b] = 0;
 					live -= p->buckets[b].elems * db;
 				}

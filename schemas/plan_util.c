@@ -77,6 +77,7 @@ int z2map_init(sp_z2map_t *out, const sp_plan_t *p)
 {
 	const sp_model_t *md = &p->model;
 	memset(out, 0, sizeof *out);
+	out->dev = -1;
 	for (int b = 0; b < p->n_buckets; b++)
 		out->n_z2 += p->buckets[b].layout == LAYOUT_ZERO2;
 	if (!out->n_z2)
@@ -120,7 +121,23 @@ void z2map_release(sp_z2map_t *m)
 	free(m->first);
 	free(m->next);
 	free(m->bucket);
+	free(m->mine);
 	memset(m, 0, sizeof *m);
+	m->dev = -1;
+}
+
+int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev)
+{
+	int64_t off, n;
+	if (!m->n_z2)
+		return 0;
+	if (!m->mine && !(m->mine = malloc((size_t)p->n_buckets + 1)))
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		m->mine[b] = p->buckets[b].layout == LAYOUT_ZERO2 &&
+			     bucket_shard(p, b, dev, &off, &n) >= 0;
+	m->dev = dev;
+	return 0;
 }
 
 int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
@@ -141,7 +158,7 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
 		int comp = t->nodes[op->node].comp;
 		for (int e = m->first[m->base[comp] + op->layer]; e >= 0; e = m->next[e]) {
 			int b = m->bucket[e], dup = 0;
-			if (bucket_shard(p, b, dev, &off, &cnt) < 0)
+			if (m->dev == dev ? !m->mine[b] : bucket_shard(p, b, dev, &off, &cnt) < 0)
 				continue;
 			for (int j = 0; j < n && !dup; j++)
 				dup = out[j] == b;

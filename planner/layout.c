@@ -291,7 +291,7 @@ static int regather(sp_plan_t *p)
  * buckets' full gradients are live at different times saves all but the
  * largest at once. So every zero-1 bucket goes zero-2 together, kept when
  * that raises no device's memory and lowers some (plan_zero2_grads: one
- * walk per device, the programs' safe points computed once), else all stay
+ * walk per device, plan_z2_safe's points computed once), else all stay
  * zero-1: one choice for the plan, not per bucket (buckets interact
  * through the walk; a per-bucket search cost planning time for no gain on
  * the bundled workloads). At k > 1 micro-batches every full gradient is
@@ -313,17 +313,15 @@ static int choose_zero2(planner_t *pl, sp_plan_t *p)
 	free(nz);
 	if (!tried)
 		return 0;
-	int32_t *safe = NULL; /* the programs do not change here: once */
+	int32_t *safe = NULL; /* for this set of zero-2 buckets: once */
 	int64_t *z = calloc((size_t)p->n_devices + 1, sizeof *z);
-	if (!z || plan_z2_safe(p, 1, &safe)) {
-		free(z);
-		return SP_ENOMEM;
-	}
 	for (int b = 0; b < p->n_buckets; b++)
 		if (p->buckets[b].layout == LAYOUT_ZERO1) {
 			p->buckets[b].layout = LAYOUT_ZERO2;
 			n++;
 		}
+	if (!z || plan_z2_safe(p, &safe))
+		rc = SP_ENOMEM;
 	for (int d = 0; d < p->n_devices && !rc && !loss; d++) {
 		rc = plan_zero2_grads_at(p, d, safe, &z[d]);
 		gain |= z[d] < 0;
@@ -372,7 +370,7 @@ static int fit_memory_at(planner_t *pl, sp_plan_t *p, int32_t **safe)
 		if (s < 0)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
-		if (!*safe && plan_z2_safe(p, 0, safe))
+		if (!*safe && plan_z2_safe(p, safe))
 			return SP_ENOMEM;
 		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, *safe))
 			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,

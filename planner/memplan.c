@@ -115,7 +115,7 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 	int worst = -1;
 	double worst_over = 0;
 	int32_t *safe = NULL; /* zero-2's points: once for every device */
-	if (plan_z2_safe(p, 0, &safe))
+	if (plan_z2_safe(p, &safe))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];

@@ -47,7 +47,7 @@ int vz2_prepare(vstate_t *st)
 	const sp_plan_t *p = st->p;
 	vz2_t *z = &st->z2;
 	int rc = z2map_init(&z->map, p);
-	if (rc || !z->map.n_z2 || (rc = plan_z2_safe(p, 0, &z->safe)))
+	if (rc || !z->map.n_z2 || (rc = plan_z2_safe(p, &z->safe)))
 		return rc;
 	int cap = 2;
 	for (int s = 0; s < p->n_slices; s++)

@@ -439,7 +439,7 @@ static int plan_zero2(rt_state_t *st)
 	if (!zm.n_z2)
 		return 0;
 	int32_t *safe = NULL;
-	if (plan_z2_safe(p, 0, &safe)) {
+	if (plan_z2_safe(p, &safe)) {
 		z2map_release(&zm);
 		return SP_ENOMEM;
 	}

@@ -281,21 +281,19 @@ int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev);
 int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
 		 int32_t *out, int cap);
 /*
- * When a member may free a zero-2 bucket's full gradient. Its SYNC starts
- * the reduce-scatter; the member can complete it (and free the full
- * gradient) without waiting on a peer only once every member's SYNC of the
- * bucket happens before (SEND -> RECV chains in the programs; other
- * collectives are not counted, which only makes the point later). *out
+ * When a member frees a zero-2 bucket's full gradient. Its SYNC starts the
+ * reduce-scatter; the member completes it (and frees the full gradient) at
+ * its first instruction after the SYNC that allocates another full
+ * gradient and at which waiting for the reduce-scatter cannot deadlock: a
+ * run of all programs together shows that every member issues the SYNC
+ * without this device going on (plan_util.c); else at the STEP. *out
  * (malloc'd, n_bucket_devs + 1 entries): per bucket_devs entry of a zero-2
- * bucket, the first instruction index i of the member's program such that
- * every member's SYNC of it happens before instruction i (the member's own
- * SYNC included); the program's length when there is none (the STEP
- * completes it); -1 for other buckets. NULL without zero-2 buckets.
- * every: for every bucket of 2 or more devices as if it were zero-2 (the
- * points depend on the programs only: one array for trying layouts).
- * 0 or SP_ENOMEM.
+ * bucket, that instruction's index in the member's program (its length:
+ * the STEP); -1 for other buckets; NULL without zero-2 buckets. The walks
+ * (plan_mem.c, interp.c) complete an in-flight bucket at the first
+ * allocating instruction k with safe <= k. 0 or SP_ENOMEM.
  */
-int plan_z2_safe(const sp_plan_t *p, int every, int32_t **out);
+int plan_z2_safe(const sp_plan_t *p, int32_t **out);
 
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */

@@ -154,7 +154,7 @@ int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t 
 		return -1;
 	if (!m.n_z2)
 		return 0;
-	if (z2map_for(&m, p, d) || (!safe && plan_z2_safe(p, 0, &own))) {
+	if (z2map_for(&m, p, d) || (!safe && plan_z2_safe(p, &own))) {
 		z2map_release(&m);
 		return -1;
 	}

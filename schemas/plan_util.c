@@ -169,121 +169,216 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
 	return n;
 }
 
-/* The program of every device run together, round robin, a RECV waiting for
- * its SEND; vc[d][e]: instructions of e that happen before d's next one.
- * At each instruction of d, the zero-2 buckets of d whose members' SYNCs
- * all happen before it become safe there. A plan that cannot finish (the
- * verifier rejects it) leaves the rest at the program's end. */
-int plan_z2_safe(const sp_plan_t *p, int every, int32_t **out)
+/*
+ * The programs of every device run together (no timing, data only), as the
+ * runtime blocks: a RECV until its SEND has run; an instruction of d that
+ * allocates a zero-2 full gradient (z2 below) until every member of each
+ * bucket d has in flight has issued its SYNC, which then completes there
+ * (its safe point). When no device can move but some wait so, the first of
+ * them goes on without waiting (its buckets stay in flight, to complete at
+ * a later allocation or at the STEP): a wait is kept only where the run
+ * shows that the members reach their SYNCs without this device going on,
+ * so the runtime's wait there cannot deadlock (the programs are
+ * deterministic: what one run reaches, every run reaches). Tensor-parallel
+ * FWD/BWD are rendezvous of their groups that this run does not model: a
+ * plan with them completes every zero-2 reduce-scatter at the STEP. A plan
+ * that cannot finish (the verifier rejects it) leaves the rest at the end.
+ */
+typedef struct {
+	const sp_plan_t *p;
+	sp_z2map_t m;
+	int32_t *w; /* z2map_writes scratch, cap */
+	int cap;
+	uint8_t *st; /* per bucket_devs entry: 0 none, 1 live, 2 in flight, 3 done */
+	int32_t *issued; /* per bucket */
+	int32_t *safe;
+	/* per device d, its zero-2 entries ent[first[d] .. first[d + 1]) */
+	int32_t *first, *ent, *bk_of; /* bk_of: per bucket_devs entry */
+} z2sim_t;
+
+/* Device d's bucket_devs entry of zero-2 bucket b, or -1. */
+static int z2_find(const z2sim_t *s, int b, int d)
 {
-	int N = p->n_devices, rc = SP_ENOMEM, any = 0;
-	*out = NULL;
-	for (int b = 0; b < p->n_buckets; b++)
-		any |= p->buckets[b].layout == LAYOUT_ZERO2 || (every && p->buckets[b].n_dev >= 2);
-	if (!any)
+	for (int x = s->first[d]; x < s->first[d + 1]; x++)
+		if (s->bk_of[s->ent[x]] == b)
+			return s->ent[x];
+	return -1;
+}
+
+/* z2map_writes with the membership from d's entries: the entries written,
+ * in s->w. */
+static int z2_writes(z2sim_t *s, int d, const sp_ins_t *in)
+{
+	const sp_plan_t *p = s->p;
+	if (in->op != INS_BWD && in->op != INS_LOSS)
 		return 0;
-#define Z2(b) (p->buckets[b].layout == LAYOUT_ZERO2 || (every && p->buckets[b].n_dev >= 2))
-	int max_tag = 0;
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *mo = &p->metaops[sl->metaop];
+	const sp_task_t *t = &p->model.tasks[mo->task];
+	int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
+	int hi = in->op == INS_LOSS ? 1 : sl->layer_to, n = 0;
+	for (int l = lo; l < hi; l++) {
+		const sp_op_t *op = &p->ops[mo->first_op + l];
+		int comp = t->nodes[op->node].comp;
+		for (int x = s->m.first[s->m.base[comp] + op->layer]; x >= 0; x = s->m.next[x]) {
+			int e = z2_find(s, s->m.bucket[x], d), dup = 0;
+			for (int j = 0; j < n && !dup && e >= 0; j++)
+				dup = s->w[j] == e;
+			if (e >= 0 && !dup && n < s->cap)
+				s->w[n++] = e;
+		}
+	}
+	return n;
+}
+
+/* Whether instruction in of d allocates a full gradient (*nw entries
+ * written in s->w; *sy: the zero-2 SYNC's entry, or -1). */
+static int z2_allocates(z2sim_t *s, int d, const sp_ins_t *in, int *nw, int *sy)
+{
+	const sp_plan_t *p = s->p;
+	int any = 0;
+	*nw = z2_writes(s, d, in);
+	*sy = in->op == INS_SYNC && p->buckets[in->peer].layout == LAYOUT_ZERO2
+		      ? z2_find(s, in->peer, d)
+		      : -1;
+	for (int j = 0; j < *nw; j++)
+		any |= s->st[s->w[j]] == 0;
+	return any || (*sy >= 0 && s->st[*sy] == 0);
+}
+
+/* d's buckets in flight: complete the ones every member has issued (at
+ * instruction k); 1 when some other is still waited for. */
+static int z2_complete(z2sim_t *s, int d, int k, int dry)
+{
+	const sp_plan_t *p = s->p;
+	int waits = 0;
+	for (int x = s->first[d]; x < s->first[d + 1]; x++) {
+		int e = s->ent[x], b = s->bk_of[e];
+		if (s->st[e] != 2)
+			continue;
+		if (s->issued[b] < p->buckets[b].n_dev) {
+			waits = 1;
+		} else if (!dry) {
+			s->st[e] = 3;
+			s->safe[e] = k;
+		}
+	}
+	return waits;
+}
+
+/* Runs device d from pc[d] until it blocks; 1 when it moved. */
+static int z2_run(z2sim_t *s, int d, int32_t *pc, uint8_t *sent, uint8_t *go, int max_tag)
+{
+	const sp_plan_t *p = s->p;
+	const sp_device_t *dv = &p->devices[d];
+	int moved = 0;
+	for (; pc[d] < dv->n_ins; pc[d]++, moved = 1) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
+		int nw, sy;
+		if (in->op == INS_RECV && (in->tag < 0 || in->tag >= max_tag || !sent[in->tag]))
+			break;
+		if (z2_allocates(s, d, in, &nw, &sy)) {
+			if (z2_complete(s, d, pc[d], 1) && !go[d])
+				break; /* waits for a member's SYNC */
+			z2_complete(s, d, pc[d], 0);
+			go[d] = 0;
+		}
+		for (int j = 0; j < nw; j++)
+			s->st[s->w[j]] = s->st[s->w[j]] == 0 ? 1 : s->st[s->w[j]];
+		if (sy >= 0 && s->st[sy] <= 1) {
+			s->st[sy] = 2;
+			s->issued[in->peer]++;
+		}
+		if (in->op == INS_SEND && in->tag >= 0 && in->tag < max_tag)
+			sent[in->tag] = 1;
+		if (in->op == INS_STEP) /* completes the rest (the walk's rule) */
+			for (int x = s->first[d]; x < s->first[d + 1]; x++) {
+				int e = s->ent[x];
+				if (s->st[e] == 2) {
+					s->st[e] = 3;
+					s->safe[e] = dv->n_ins;
+				}
+			}
+	}
+	return moved;
+}
+
+int plan_z2_safe(const sp_plan_t *p, int32_t **out)
+{
+	int N = p->n_devices, rc = SP_ENOMEM, max_tag = 0, tp = 0;
+	z2sim_t s = {.p = p};
+	*out = NULL;
+	if (z2map_init(&s.m, p))
+		return SP_ENOMEM;
+	if (!s.m.n_z2)
+		return 0;
+	s.cap = 2;
+	for (int i = 0; i < p->n_slices; i++) {
+		s.cap = SP_MAX(s.cap, p->slices[i].layer_to - p->slices[i].layer_from + 1);
+		tp |= p->slices[i].tp > 1;
+	}
 	for (int i = 0; i < p->n_ins; i++)
 		if (p->ins[i].op == INS_SEND || p->ins[i].op == INS_RECV)
 			max_tag = SP_MAX(max_tag, p->ins[i].tag + 1);
-	int32_t *safe = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
-	int32_t *sync_at = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
-	int32_t *vc = calloc((size_t)N * (size_t)N + 1, sizeof(int32_t));
-	int32_t **tag_vc = calloc((size_t)max_tag + 1, sizeof(int32_t *));
+	s.w = malloc(sizeof(int32_t) * (size_t)s.cap);
+	s.st = calloc((size_t)p->n_bucket_devs + 1, 1);
+	s.issued = calloc((size_t)p->n_buckets + 1, sizeof(int32_t));
+	s.safe = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
 	int32_t *pc = calloc((size_t)N + 1, sizeof(int32_t));
-	/* per device, its zero-2 bucket_devs entries: ent[first[d] .. first[d + 1]) */
-	int32_t *first = calloc((size_t)N + 2, sizeof(int32_t));
-	int32_t *ent = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
-	int32_t *bk_of = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
-	if (!safe || !sync_at || !vc || !tag_vc || !pc || !first || !ent || !bk_of)
+	uint8_t *sent = calloc((size_t)max_tag + 1, 1), *go = calloc((size_t)N + 1, 1);
+	s.first = calloc((size_t)N + 2, sizeof(int32_t));
+	s.ent = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	s.bk_of = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	if (!s.w || !s.st || !s.issued || !s.safe || !pc || !sent || !go || !s.first || !s.ent ||
+	    !s.bk_of)
 		goto cleanup;
-	int64_t off, n;
 	for (int i = 0; i < p->n_bucket_devs; i++)
-		safe[i] = sync_at[i] = -1;
+		s.safe[i] = -1;
+	/* counting sort of the zero-2 entries by device */
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++) {
-			bk_of[p->buckets[b].dev_off + q] = b;
-			first[p->bucket_devs[p->buckets[b].dev_off + q] + 2]++;
+		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++) {
+			s.bk_of[p->buckets[b].dev_off + q] = b;
+			s.first[p->bucket_devs[p->buckets[b].dev_off + q] + 2]++;
 		}
 	for (int d = 0; d < N; d++)
-		first[d + 2] += first[d + 1];
+		s.first[d + 2] += s.first[d + 1];
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++)
-			ent[first[p->bucket_devs[p->buckets[b].dev_off + q] + 1]++] =
+		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++)
+			s.ent[s.first[p->bucket_devs[p->buckets[b].dev_off + q] + 1]++] =
 				p->buckets[b].dev_off + q;
-	for (int d = 0; d < N; d++) {
-		const sp_device_t *dv = &p->devices[d];
-		for (int k = 0; k < dv->n_ins; k++) {
-			const sp_ins_t *in = &p->ins[dv->first_ins + k];
-			int q;
-			if (in->op == INS_SYNC && Z2(in->peer) &&
-			    (q = bucket_shard(p, in->peer, d, &off, &n)) >= 0)
-				sync_at[p->buckets[in->peer].dev_off + q] = k;
-		}
-	}
-	for (int moved = 1; moved;) {
+	for (int moved = !tp; moved;) {
 		moved = 0;
-		for (int d = 0; d < N; d++) {
-			const sp_device_t *dv = &p->devices[d];
-			int32_t *my = vc + (size_t)d * N;
-			for (; pc[d] <= dv->n_ins; pc[d]++) {
-				/* the buckets of d safe before instruction pc[d] */
-				for (int x = first[d]; x < first[d + 1]; x++) {
-					const sp_bucket_t *bk = &p->buckets[bk_of[ent[x]]];
-					if (safe[ent[x]] >= 0)
-						continue;
-					int all = 1;
-					for (int j = 0; j < bk->n_dev && all; j++) {
-						int e = p->bucket_devs[bk->dev_off + j];
-						int s = sync_at[bk->dev_off + j];
-						all = s >= 0 && my[e] > s;
-					}
-					if (all || pc[d] == dv->n_ins)
-						safe[ent[x]] = pc[d];
-				}
-				if (pc[d] == dv->n_ins)
-					break;
-				const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
-				if (in->op == INS_RECV) {
-					if (in->tag < 0 || !tag_vc[in->tag])
-						break; /* its SEND has not run */
-					for (int e = 0; e < N; e++)
-						my[e] = SP_MAX(my[e], tag_vc[in->tag][e]);
-				}
-				my[d] = pc[d] + 1;
-				if (in->op == INS_SEND && in->tag >= 0 && !tag_vc[in->tag]) {
-					tag_vc[in->tag] = malloc(sizeof(int32_t) * (size_t)N);
-					if (!tag_vc[in->tag])
-						goto cleanup;
-					memcpy(tag_vc[in->tag], my, sizeof(int32_t) * (size_t)N);
-				}
+		for (int d = 0; d < N; d++)
+			moved |= z2_run(&s, d, pc, sent, go, max_tag);
+		for (int d = 0; d < N && !moved; d++) /* stuck: the first waiter goes on */
+			if (pc[d] < p->devices[d].n_ins &&
+			    p->ins[p->devices[d].first_ins + pc[d]].op != INS_RECV) {
+				go[d] = 1;
 				moved = 1;
 			}
-		}
 	}
-	/* stuck devices: their remaining buckets at the program's end */
+	/* what did not complete in the run: at the program's end (the STEP) */
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; Z2(b) && q < p->buckets[b].n_dev; q++)
-			if (safe[p->buckets[b].dev_off + q] < 0)
-				safe[p->buckets[b].dev_off + q] =
+		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++)
+			if (s.safe[p->buckets[b].dev_off + q] < 0)
+				s.safe[p->buckets[b].dev_off + q] =
 					p->devices[p->bucket_devs[p->buckets[b].dev_off + q]].n_ins;
-	*out = safe;
-	safe = NULL;
+	*out = s.safe;
+	s.safe = NULL;
 	rc = 0;
 cleanup:
-	for (int t = 0; tag_vc && t < max_tag; t++)
-		free(tag_vc[t]);
-	free(tag_vc);
-	free(safe);
-	free(sync_at);
-	free(vc);
+	free(s.w);
+	free(s.st);
+	free(s.issued);
+	free(s.safe);
 	free(pc);
-	free(first);
-	free(ent);
-	free(bk_of);
+	free(sent);
+	free(go);
+	free(s.first);
+	free(s.ent);
+	free(s.bk_of);
+	z2map_release(&s.m);
 	return rc;
-#undef Z2
 }
 
 int plan_tp_groups(const sp_plan_t *p, sp_tp_group_t **out, int *n, int32_t **at)

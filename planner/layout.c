@@ -1,7 +1,8 @@
 /*
  * layout.c — the planner's choice of memory layouts under --zero auto and
  * --recompute auto: which sync buckets shard their optimizer state
- * (zero-1) and which transformer slices recompute their activations.
+ * (zero-1, or zero-2 with the gradients) and which transformer slices
+ * recompute their activations.
  *
  * The choice is made with the schedule, in two places:
  *
@@ -32,7 +33,9 @@
  *     replicated and keep their activations unless they would not fit: the
  *     comparison stays fair.
  *
- * It does not build zero-2/3 and does not choose micro-batches (plan.c
+ * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
+ * memory at the same communication (choose_zero2, after both steps above).
+ * It does not build zero-3 and does not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.

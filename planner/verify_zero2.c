@@ -12,12 +12,12 @@
  *   completion        before it allocates the next full gradient (a
  *                     bucket's first write, or the SYNC of a bucket nothing
  *                     wrote) the runtime completes the device's zero-2
- *                     reduce-scatters in flight whose SYNCs, on every
- *                     member, happen before that instruction (plan_z2_safe;
- *                     interp.c z2_alloc; plan_mem.c counts the full
- *                     gradients that way); the allocation waits here until
- *                     every member has issued them, which by construction
- *                     never deadlocks (a deadlock would be named by
+ *                     reduce-scatters in flight whose safe point is at or
+ *                     before that instruction (plan_z2_safe; interp.c
+ *                     z2_alloc; plan_mem.c counts the full gradients that
+ *                     way); the allocation waits here until every member
+ *                     has issued them, which by construction of the safe
+ *                     points never deadlocks (a deadlock would be named by
  *                     verify.c's report)
  * It does not price anything (sim.c prices zero-2 as zero-1).
  */

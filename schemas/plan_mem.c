@@ -40,10 +40,15 @@
  * (E elements) only from the first instruction of its program that writes
  * into it (a BWD of one of the bucket's layers, or a LOSS of an lm_head or
  * classifier of it; a SYNC when nothing wrote it: a zero gradient) until
- * that bucket's SYNC, which reduce-scatters it into the member's shard and
- * frees it. The walk goes through the program in order, adding E at each
- * bucket's first write and taking it off at its SYNC; its peak (the most
- * full gradients live at once) is added to params. The other categories
+ * the reduce-scatter its SYNC starts completes into the member's shard and
+ * frees it: at the first later instruction that allocates another full
+ * gradient with the bucket's safe point (plan_z2_safe: a wait there cannot
+ * deadlock) at or before it, else at the STEP. The walk goes through the
+ * program in order, completing the in-flight buckets so before each
+ * allocation, adding E at each bucket's first write and taking the
+ * completed ones off; its peak (the most full gradients live at once) is
+ * added to params, with the shards, in place of the full gradients the
+ * held entries count. The other categories
  * are not walked: activations are one allocation for the whole program
  * (the runtime does not give them back at BWD), so acts + params' peak is
  * the device's peak whatever the order. With k > 1 micro-batches the
@@ -56,9 +61,8 @@
  * nothing over zero-1 but the shard's copy costs E / n more; the planner's
  * auto choice takes zero-2 only at k = 1 (layout.c).
  * The runtime (interp.c) allocates and frees the full gradients at these
- * points (it waits for a zero-2 reduce-scatter before it allocates the next
- * full gradient, so none outlives its SYNC at an allocation: the peak is the
- * same).
+ * points, by its own walk of the same rule, and checks as it runs that the
+ * full gradients it holds at once never exceed that walk's peak.
  *
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;

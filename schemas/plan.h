@@ -253,7 +253,7 @@ const char *layout_name(int layout);
 int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n);
 
 /*
- * Zero-2 gradient writers. A zero-2 bucket's full gradient exists on a
+ * Zero-2 gradient writers (plan_zero2.c). A zero-2 bucket's full gradient exists on a
  * member from the first instruction writing into it (a BWD of one of its
  * layers, a LOSS of an lm_head or classifier) until the bucket's SYNC. The
  * map lists, per parameter slot (comp, layer), the zero-2 buckets holding

@@ -425,24 +425,28 @@ static int plan_buffers(rt_state_t *st)
 /*
  * Zero-2 (set-up): which of the rank's zero-2 buckets each instruction
  * writes gradients into (z2map_writes: a BWD's layers, a LOSS's head), and
- * the most full-gradient floats live at once, by a walk of the program as
- * the step runs it (the runtime's own accounting, beside plan_mem.c's): a
- * full gradient is allocated at the first instruction writing into it (or
- * at its SYNC if none did), and freed once its reduce-scatter, started at
- * the SYNC, is complete; before it allocates another the step completes
- * the reduce-scatters in flight that every member has started by then
- * (instruction >= mb->safe: plan_z2_safe, so the wait needs no peer to move
- * on), and at STEP all of them (plan_mem.c's walk). k > 1 micro-batches: the first k - 1
- * runs have no SYNC, so every full gradient stays live until the last
- * run's SYNC (gradients accumulate in it; plan_mem.c's header says why).
- * A write after the bucket's SYNC is refused (SP_EINPUT with st->why): the
- * full gradient is gone by then (the verifier rejects such a plan).
+ * where each bucket's full gradient lives in the rank's one pool of them
+ * (plan_z2_walk, the walk plan_mem.c counts): a full gradient is placed
+ * (zeroed) at the first instruction writing into it (or at its SYNC if
+ * none did) and given back once its reduce-scatter, started at the SYNC,
+ * is complete: before the step places another, it completes the
+ * reduce-scatters in flight whose safe point (plan_z2_safe: waiting there
+ * cannot deadlock) is at or before that instruction, and at STEP all of
+ * them. One pool allocated at start-up: no allocation mid-step (on CUDA a
+ * cudaMalloc/cudaFree there would wait for an NCCL kernel that waits for
+ * a peer). k > 1 micro-batches: the first k - 1 runs have no SYNC, so
+ * every full gradient stays placed until the last run's SYNC (gradients
+ * accumulate in it; plan_mem.c's header says why). A write after the
+ * bucket's SYNC is refused (SP_EINPUT with st->why): the full gradient is
+ * gone by then (the verifier rejects such a plan).
  */
 static int plan_zero2(rt_state_t *st)
 {
 	const sp_plan_t *p = st->p;
 	sp_z2map_t zm;
-	int rc = z2map_init(&zm, p), cap = 2;
+	plan_z2_walk_t wk = {0};
+	int32_t *safe = NULL, *w = NULL;
+	int rc = z2map_init(&zm, p), cap = 2, n = 0, ncap = 16;
 	st->z2_off = calloc((size_t)st->n_ins + 2, sizeof(int));
 	if (rc || !st->z2_off) {
 		z2map_release(&zm);
@@ -450,93 +454,56 @@ static int plan_zero2(rt_state_t *st)
 	}
 	if (!zm.n_z2)
 		return 0;
-	int32_t *safe = NULL;
-	if (plan_z2_safe(p, &safe)) {
-		z2map_release(&zm);
-		return SP_ENOMEM;
+	rc = SP_ENOMEM;
+	if (plan_z2_safe(p, &safe) || plan_z2_walk(p, st->rank, safe, &wk))
+		goto cleanup;
+	if (wk.bad >= 0) {
+		snprintf(st->why, sizeof st->why,
+			 "instruction %d writes gradients of a zero-2 bucket after its SYNC (its "
+			 "full gradient is freed there)",
+			 wk.bad);
+		rc = SP_EINPUT;
+		goto cleanup;
 	}
 	for (int i = 0; i < st->n_mb; i++)
 		if (st->mb[i].zero2) {
 			int64_t off, cnt;
+			const sp_bucket_t *bk = &p->buckets[st->mb[i].bucket];
 			int q = bucket_shard(p, st->mb[i].bucket, st->rank, &off, &cnt);
-			st->mb[i].safe = safe[p->buckets[st->mb[i].bucket].dev_off + q];
+			st->mb[i].safe = safe[bk->dev_off + q];
+			st->mb[i].zoff = wk.off[st->mb[i].bucket];
 		}
-	free(safe);
+	st->z2_acct = wk.pool;
+	st->z2_peak = wk.peak;
 	for (int k = 0; k < st->n_ins; k++)
 		if (st->prog[k].op == INS_BWD)
 			cap = SP_MAX(cap, p->slices[st->prog[k].slice].layer_to -
 						  p->slices[st->prog[k].slice].layer_from + 1);
-	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
-	int *mb_of = malloc(sizeof(int) * (size_t)(p->n_buckets + 1));
-	char *on = calloc((size_t)st->n_mb + 1, 1); /* 0 none, 1 live, 2 in flight */
-	int n = 0, ncap = 16;
+	w = malloc(sizeof(int32_t) * (size_t)cap);
 	st->z2_list = malloc(sizeof(int) * (size_t)ncap);
-	if (!w || !mb_of || !on || !st->z2_list) {
-		rc = SP_ENOMEM;
+	if (!w || !st->z2_list)
 		goto cleanup;
-	}
-	for (int b = 0; b < p->n_buckets; b++)
-		mb_of[b] = -1;
-	for (int i = 0; i < st->n_mb; i++)
-		mb_of[st->mb[i].bucket] = i;
 	for (int k = 0; k < st->n_ins; k++) {
 		int nw = z2map_writes(&zm, p, st->rank, &st->prog[k], w, cap);
 		for (int j = 0; j < nw; j++) {
 			if (n == ncap) {
 				int *nl = realloc(st->z2_list, sizeof(int) * (size_t)(ncap *= 2));
-				if (!nl) {
-					rc = SP_ENOMEM;
+				if (!nl)
 					goto cleanup;
-				}
 				st->z2_list = nl;
 			}
-			st->z2_list[n++] = mb_of[w[j]];
+			int i = 0;
+			while (st->mb[i].bucket != w[j]) /* a member: z2map_writes checked */
+				i++;
+			st->z2_list[n++] = i;
 		}
 		st->z2_off[k + 1] = n;
 	}
-	int64_t live = 0, hwm = 0;
-	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
-		for (int k = 0; k < st->n_ins; k++) {
-			const sp_ins_t *in = &st->prog[k];
-			int sy = run == 1 && in->op == INS_SYNC && st->mb[mb_of[in->peer]].zero2
-					 ? mb_of[in->peer]
-					 : -1;
-			int nw = st->z2_off[k + 1] - st->z2_off[k];
-			for (int j = 0; j <= nw; j++) {
-				int i = j < nw ? st->z2_list[st->z2_off[k] + j] : sy;
-				if (i < 0 || on[i] == 1)
-					continue;
-				if (on[i] == 2) {
-					snprintf(st->why, sizeof st->why,
-						 "instruction %d writes gradients of zero-2 bucket %d "
-						 "after its SYNC (its full gradient is freed there)",
-						 k, st->mb[i].bucket);
-					rc = SP_EINPUT;
-					goto cleanup;
-				}
-				/* in flight and started by every member: complete, free */
-				for (int q = 0; q < st->n_mb; q++)
-					if (on[q] == 2 && st->mb[q].safe <= k) {
-						on[q] = 0;
-						live -= st->mb[q].n;
-					}
-				on[i] = 1;
-				live += st->mb[i].n;
-				hwm = SP_MAX(hwm, live);
-			}
-			if (sy >= 0)
-				on[sy] = 2;
-			for (int q = 0; in->op == INS_STEP && q < st->n_mb; q++)
-				if (on[q] == 2) {
-					on[q] = 0;
-					live -= st->mb[q].n;
-				}
-		}
-	st->z2_acct = hwm;
+	rc = 0;
 cleanup:
 	free(w);
-	free(mb_of);
-	free(on);
+	free(safe);
+	plan_z2_walk_release(&wk);
 	z2map_release(&zm);
 	return rc;
 }
@@ -548,6 +515,7 @@ static int alloc_all(rt_state_t *st)
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
 	st->g = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_g, 1));
 	st->gs = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_gs, 1));
+	st->z2pool = b->alloc(sizeof(float) * (size_t)SP_MAX(st->z2_acct, 1));
 	int adam = st->p->model.opt.kind == OPT_ADAMW;
 	st->m = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
 	st->v = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
@@ -560,7 +528,7 @@ static int alloc_all(rt_state_t *st)
 	st->ints_host = malloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
 	st->feat_host = malloc(sizeof(float) * (size_t)SP_MAX(st->feat_n, 1));
 	st->loss = calloc((size_t)st->p->model.n_tasks + 1, sizeof(double));
-	if (!st->w || !st->g || !st->gs || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
+	if (!st->w || !st->g || !st->gs || !st->z2pool || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
 	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
 	    !st->feat_host || !st->loss)
 		return SP_ENOMEM;
@@ -960,8 +928,7 @@ void rt_free(rt_state_t *st)
 	b->release(st->w);
 	b->release(st->g);
 	b->release(st->gs);
-	for (int i = 0; st->mb && i < st->n_mb; i++)
-		b->release(st->mb[i].full);
+	b->release(st->z2pool);
 	free(st->pmb);
 	free(st->z2_off);
 	free(st->z2_list);
@@ -1163,16 +1130,17 @@ static int z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
 		st->b->copy_rows(st->gs + mb->gsoff, mb->sn, mb->full + (mb->soff - mb->off), mb->sn,
 				 1, mb->sn, 0);
 	st->b->sync();
-	st->b->release(mb->full);
-	mb->full = NULL;
+	mb->full = NULL; /* its place in the pool is free */
 	mb->rs = 0;
 	st->z2_live -= mb->n;
 	return 0;
 }
 
-/* Zero-2 bucket mb's full gradient, zeroed, after completing the
- * reduce-scatters in flight that every member has started before
- * instruction k (plan_zero2's rule). */
+/* Zero-2 bucket mb's full gradient, at its place in the pool, zeroed,
+ * after completing the reduce-scatters in flight whose safe point is at or
+ * before instruction k (plan_zero2's rule). Checks what the walk promised:
+ * the place is free (no live full gradient overlaps it), and the most live
+ * at once stays the walk's peak. */
 static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_mb; i++)
@@ -1181,13 +1149,18 @@ static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 			if (rc)
 				return rc;
 		}
-	mb->full = st->b->alloc(sizeof(float) * (size_t)SP_MAX(mb->n, 1));
-	if (!mb->full)
-		return fail(st, err, k, "out of memory allocating a zero-2 full gradient");
+	for (int i = 0; i < st->n_mb; i++) {
+		const mybucket_t *o = &st->mb[i];
+		if (o->full && o->zoff < mb->zoff + mb->n && mb->zoff < o->zoff + o->n)
+			return fail(st, err, k, "a zero-2 full gradient's place is still in use");
+	}
+	if (mb->zoff < 0 || mb->zoff + mb->n > st->z2_acct)
+		return fail(st, err, k, "a zero-2 full gradient has no place in the pool");
+	mb->full = st->z2pool + mb->zoff;
 	st->b->zero(mb->full, mb->n);
 	st->z2_live += mb->n;
 	st->z2_hwm = SP_MAX(st->z2_hwm, st->z2_live);
-	if (st->z2_hwm > st->z2_acct)
+	if (st->z2_hwm > st->z2_peak)
 		return fail(st, err, k, "zero-2 full gradients exceed their accounted peak");
 	return 0;
 }
@@ -1210,7 +1183,6 @@ static void z2_drop(rt_state_t *st)
 {
 	for (int i = 0; i < st->n_mb; i++)
 		if (st->mb[i].full && !st->mb[i].rs) {
-			st->b->release(st->mb[i].full);
 			st->mb[i].full = NULL;
 			st->z2_live -= st->mb[i].n;
 		}
@@ -1679,13 +1651,14 @@ void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
 }
 
-int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *accounted)
+int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
 {
 	int any = 0;
 	for (int i = 0; i < st->n_mb; i++)
 		any |= st->mb[i].zero2;
 	*most = st->z2_hwm * (int64_t)sizeof(float);
-	*accounted = st->z2_acct * (int64_t)sizeof(float);
+	*peak = st->z2_peak * (int64_t)sizeof(float);
+	*pool = st->z2_acct * (int64_t)sizeof(float);
 	return any;
 }
 

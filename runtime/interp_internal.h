@@ -30,8 +30,9 @@ typedef struct {
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */
 	int rs;           /* zero2: its reduce-scatter is in flight (req) */
-	int safe;         /* zero2: the first instruction before which every
-			   * member's SYNC happens (plan_z2_safe) */
+	int safe;         /* zero2: from this instruction on, waiting for its
+			   * reduce-scatter cannot deadlock (plan_z2_safe) */
+	int64_t zoff;     /* zero2: its full gradient's place in the pool */
 	rt_req_t req;
 } mybucket_t;
 
@@ -57,10 +58,12 @@ struct rt_state {
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g
 	 * floats), gs the zero-2 buckets' shards (n_gs); a zero-2 bucket's full
 	 * gradient is its own allocation while live (mybucket_t full) */
-	float *gs;
+	float *gs, *z2pool; /* z2pool: the full gradients (plan_z2_walk) */
 	int64_t n_g, n_gs;
 	int *z2_off, *z2_list; /* per instruction: the zero-2 mb it writes into */
-	int64_t z2_live, z2_hwm, z2_acct; /* full-gradient floats: live, most, walk */
+	/* full-gradient floats: live now, most live so far, the walk's peak,
+	 * the pool */
+	int64_t z2_live, z2_hwm, z2_peak, z2_acct;
 	mybucket_t *mb;
 	int n_mb;
 	int *step_order; /* mb indices in the order of their SYNCs */

@@ -295,6 +295,26 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
  */
 int plan_z2_safe(const sp_plan_t *p, int32_t **out);
 
+/*
+ * Device d's zero-2 full gradients over one step, as the runtime runs it
+ * (plan_mem.c's header: the walk). Each is placed, at its allocation, at
+ * the lowest offset of one pool where it fits between the live ones
+ * (first fit; the same offset every step, the walk being the same), so
+ * the runtime allocates the pool once and never mid-step. In elements:
+ * off per bucket (-1: none on d; malloc'd), pool its size, peak the most
+ * live at once (pool >= peak: holes), shards and fulls the sums of d's
+ * zero-2 shards and whole buckets; bad the first instruction writing a
+ * gradient after its bucket's SYNC (-1: none; the verifier rejects such a
+ * plan). safe: plan_z2_safe's points, or NULL (computed). 0 or SP_ENOMEM.
+ */
+typedef struct {
+	int64_t *off;
+	int64_t pool, peak, shards, fulls;
+	int bad;
+} plan_z2_walk_t;
+int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t *out);
+void plan_z2_walk_release(plan_z2_walk_t *w);
+
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */
 typedef struct {

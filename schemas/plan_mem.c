@@ -45,10 +45,12 @@
  * gradient with the bucket's safe point (plan_z2_safe: a wait there cannot
  * deadlock) at or before it, else at the STEP. The walk goes through the
  * program in order, completing the in-flight buckets so before each
- * allocation, adding E at each bucket's first write and taking the
- * completed ones off; its peak (the most full gradients live at once) is
- * added to params, with the shards, in place of the full gradients the
- * held entries count. The other categories
+ * allocation, placing each bucket's E elements at its first write at the
+ * lowest offset of one pool where they fit between the live ones (first
+ * fit: plan_z2_walk, plan_zero2.c; the runtime allocates that pool once);
+ * the pool (at least the most full gradients live at once) is added to
+ * params, with the shards, in place of the full gradients the held entries
+ * count. The other categories
  * are not walked: activations are one allocation for the whole program
  * (the runtime does not give them back at BWD), so acts + params' peak is
  * the device's peak whatever the order. With k > 1 micro-batches the
@@ -60,9 +62,9 @@
  * start) — at k > 1 zero-2 then holds every full gradient at once and saves
  * nothing over zero-1 but the shard's copy costs E / n more; the planner's
  * auto choice takes zero-2 only at k = 1 (layout.c).
- * The runtime (interp.c) allocates and frees the full gradients at these
- * points, by its own walk of the same rule, and checks as it runs that the
- * full gradients it holds at once never exceed that walk's peak.
+ * The runtime (interp.c) places and gives back the full gradients at these
+ * points, at the walk's offsets, and checks as it runs that no two live
+ * ones overlap and that the most live at once stays the walk's peak.
  *
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;
@@ -140,88 +142,20 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
 }
 
 /*
- * Bytes of device d's zero-2 gradients: every shard, plus the peak of the
- * full gradients live at once over the program (the walk in the header),
- * minus the full gradients the held loop counted (negative: a saving), in
- * *out; 0 without zero-2 buckets. 0 or -1 when out of memory.
+ * Bytes of device d's zero-2 gradients: every shard, plus the pool of the
+ * full gradients (plan_z2_walk: the walk in the header), minus the full
+ * gradients the held loop counted (negative: a saving), in *out; 0 without
+ * zero-2 buckets. 0 or -1 when out of memory.
  */
 int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t *out)
 {
-	int db = dtype_bytes(p->model.dtype);
-	const sp_device_t *dv = &p->devices[d];
-	sp_z2map_t m;
-	int64_t off, n, fixed = 0, live = 0, peak = 0;
-	int rc = 0;
-	int32_t *own = NULL;
+	plan_z2_walk_t w;
 	*out = 0;
-	if (z2map_init(&m, p))
+	if (plan_z2_walk(p, d, safe, &w))
 		return -1;
-	if (!m.n_z2)
-		return 0;
-	if (z2map_for(&m, p, d) || (!safe && plan_z2_safe(p, &own))) {
-		z2map_release(&m);
-		return -1;
-	}
-	if (!safe)
-		safe = own;
-	int cap = 2;
-	for (int k = 0; k < dv->n_ins; k++) {
-		const sp_ins_t *in = &p->ins[dv->first_ins + k];
-		if (in->op == INS_BWD)
-			cap = SP_MAX(cap, p->slices[in->slice].layer_to -
-						  p->slices[in->slice].layer_from + 1);
-	}
-	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight */
-	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
-	if (!on || !w) {
-		rc = -1;
-		goto cleanup;
-	}
-	for (int b = 0; b < p->n_buckets; b++)
-		if (m.mine[b] && bucket_shard(p, b, d, &off, &n) >= 0)
-			fixed += (n - p->buckets[b].elems) * db;
-	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
-		for (int k = 0; k < dv->n_ins; k++) {
-			const sp_ins_t *in = &p->ins[dv->first_ins + k];
-			int nw = z2map_writes(&m, p, d, in, w, cap), alloc = 0;
-			int sy = run == 1 && in->op == INS_SYNC &&
-					 p->buckets[in->peer].layout == LAYOUT_ZERO2
-				 ? in->peer
-				 : -1;
-			for (int j = 0; j < nw; j++)
-				alloc |= on[w[j]] != 1;
-			alloc |= sy >= 0 && on[sy] == 0;
-			/* before an allocation: the reduce-scatters in flight that
-			 * every member has started (safe here) complete */
-			for (int b = 0, q; alloc && b < p->n_buckets; b++)
-				if (on[b] == 2 && (q = bucket_shard(p, b, d, &off, &n)) >= 0 &&
-				    safe[p->buckets[b].dev_off + q] <= k) { /* rare: in flight */
-					on[b] = 0;
-					live -= p->buckets[b].elems * db;
-				}
-			for (int j = 0; j <= nw; j++) {
-				int b = j < nw ? w[j] : sy;
-				if (b >= 0 && on[b] == 0)
-					live += p->buckets[b].elems * db;
-				if (b >= 0 && on[b] != 1)
-					on[b] = 1;
-			}
-			peak = SP_MAX(peak, live);
-			if (sy >= 0)
-				on[sy] = 2;
-			for (int b = 0; in->op == INS_STEP && b < p->n_buckets; b++)
-				if (on[b] == 2) {
-					on[b] = 0;
-					live -= p->buckets[b].elems * db;
-				}
-		}
-	*out = fixed + peak;
-cleanup:
-	free(on);
-	free(w);
-	free(own);
-	z2map_release(&m);
-	return rc;
+	*out = (w.shards + w.pool - w.fulls) * dtype_bytes(p->model.dtype);
+	plan_z2_walk_release(&w);
+	return 0;
 }
 
 int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)

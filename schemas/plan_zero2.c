@@ -318,3 +318,119 @@ cleanup:
 	z2map_release(&s.m);
 	return rc;
 }
+
+/* ---- the walk -------------------------------------------------------------- */
+
+/* First fit: the lowest offset of the pool where n elements fit between
+ * the live buckets b (on[b]: elements [off[b], off[b] + elems)). */
+static int64_t first_fit(const sp_plan_t *p, const uint8_t *on, const int64_t *off, int64_t n)
+{
+	int64_t at = 0;
+	for (int moved = 1; moved;) {
+		moved = 0;
+		for (int b = 0; b < p->n_buckets; b++)
+			if (on[b] && off[b] < at + n && at < off[b] + p->buckets[b].elems) {
+				at = off[b] + p->buckets[b].elems; /* overlaps: past it */
+				moved = 1;
+			}
+	}
+	return at;
+}
+
+int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t *out)
+{
+	const sp_device_t *dv = &p->devices[d];
+	sp_z2map_t m;
+	int64_t sn, so;
+	int rc = 0;
+	int32_t *own = NULL;
+	memset(out, 0, sizeof *out);
+	out->bad = -1;
+	if (z2map_init(&m, p))
+		return SP_ENOMEM;
+	if (!m.n_z2)
+		return 0;
+	if (z2map_for(&m, p, d) || (!safe && plan_z2_safe(p, &own))) {
+		z2map_release(&m);
+		return SP_ENOMEM;
+	}
+	if (!safe)
+		safe = own;
+	int cap = 2;
+	for (int k = 0; k < dv->n_ins; k++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		if (in->op == INS_BWD)
+			cap = SP_MAX(cap, p->slices[in->slice].layer_to -
+						  p->slices[in->slice].layer_from + 1);
+	}
+	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight */
+	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
+	out->off = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
+	if (!on || !w || !out->off) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	for (int b = 0; b < p->n_buckets; b++) {
+		out->off[b] = -1;
+		if (m.mine[b] && bucket_shard(p, b, d, &so, &sn) >= 0) {
+			out->shards += sn;
+			out->fulls += p->buckets[b].elems;
+		}
+	}
+	int64_t live = 0;
+	for (int run = p->microbatches > 1 ? 0 : 1; run < 2; run++)
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			int nw = z2map_writes(&m, p, d, in, w, cap), alloc = 0;
+			int sy = run == 1 && in->op == INS_SYNC && m.mine[in->peer] ? in->peer : -1;
+			for (int j = 0; j < nw; j++) {
+				alloc |= on[w[j]] == 0;
+				if (on[w[j]] == 2 && out->bad < 0)
+					out->bad = k; /* a write after the SYNC */
+			}
+			alloc |= sy >= 0 && on[sy] == 0;
+			/* before an allocation: the reduce-scatters in flight whose
+			 * safe point is here or before complete */
+			for (int b = 0, q; alloc && b < p->n_buckets; b++)
+				if (on[b] == 2 && (q = bucket_shard(p, b, d, &so, &sn)) >= 0 &&
+				    safe[p->buckets[b].dev_off + q] <= k) {
+					on[b] = 0;
+					live -= p->buckets[b].elems;
+				}
+			for (int j = 0; j <= nw; j++) {
+				int b = j < nw ? w[j] : sy;
+				if (b < 0 || on[b] != 0)
+					continue;
+				/* every step places it at the same offset: the walk
+				 * is the same each step */
+				out->off[b] = first_fit(p, on, out->off, p->buckets[b].elems);
+				out->pool = SP_MAX(out->pool, out->off[b] + p->buckets[b].elems);
+				on[b] = 1;
+				live += p->buckets[b].elems;
+			}
+			out->peak = SP_MAX(out->peak, live);
+			if (sy >= 0)
+				on[sy] = 2;
+			for (int b = 0; in->op == INS_STEP && b < p->n_buckets; b++)
+				if (on[b] == 2) {
+					on[b] = 0;
+					live -= p->buckets[b].elems;
+				}
+		}
+cleanup:
+	free(on);
+	free(w);
+	free(own);
+	z2map_release(&m);
+	if (rc)
+		plan_z2_walk_release(out);
+	return rc;
+}
+
+void plan_z2_walk_release(plan_z2_walk_t *w)
+{
+	if (!w)
+		return;
+	free(w->off);
+	w->off = NULL;
+}

@@ -8,8 +8,8 @@
  *            (all-reduced in place); AdamW m and v of the elements the rank
  *            owns in each bucket, bucket after bucket: all of a replicated
  *            bucket, the rank's shard of a zero-1/2 one (bucket_shard);
- *            zero-2 buckets' gradients as shards (gs) plus the full
- *            gradients live at once (their most, by plan_zero2's walk)
+ *            zero-2 buckets' gradients as shards (gs) plus the pool their
+ *            full gradients are placed in (z2pool: plan_zero2)
  *   acts     activations saved by each FWD until its BWD; a slice that
  *            recomputes keeps only each layer's input ([seq, hidden] per
  *            sample) and its BWD re-runs the layer's forward from it
@@ -47,14 +47,15 @@
  * all-gather of the weights, which rt_step completes before it returns.
  *
  * A zero-2 bucket is not in the gradients allocation: its full gradient is
- * allocated (zeroed) before the first instruction writing into it and
- * freed once its reduce-scatter completes, its shard's sum copied to gs
- * (the persistent gradient shards), from which STEP updates the shard. A
- * reduce-scatter started at SYNC completes at the first later instruction
- * that allocates another full gradient with the bucket's safe point at or
- * before it (plan_z2_safe: waiting there cannot deadlock), else at STEP
- * (plan_zero2 below; plan_mem.c counts the same). With k > 1 micro-batches
- * the full gradients stay live across the micro-steps.
+ * placed (zeroed) at its offset in the pool before the first instruction
+ * writing into it and given back once its reduce-scatter completes, its
+ * shard's sum copied to gs (the persistent gradient shards), from which
+ * STEP updates the shard. A reduce-scatter started at SYNC completes at
+ * the first later instruction that places another full gradient with the
+ * bucket's safe point at or before it (plan_z2_safe: waiting there cannot
+ * deadlock), else at STEP (plan_zero2 below; plan_mem.c counts the same).
+ * With k > 1 micro-batches the full gradients stay live across the
+ * micro-steps.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers

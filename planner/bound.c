@@ -369,7 +369,7 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		const int32_t *devs = p->bucket_devs + bk->dev_off;
-		int zero1 = bk->layout == LAYOUT_ZERO1;
+		int zero1 = layout_sharded(bk->layout);
 		double t = HUGE_VAL;
 		/* sim.c's bytes (zero-1: half); both layouts when it may change */
 		for (int half = any_layout ? 0 : zero1; half <= (any_layout ? 1 : zero1); half++) {

@@ -1,7 +1,8 @@
 /*
  * layout.c — the planner's choice of memory layouts under --zero auto and
  * --recompute auto: which sync buckets shard their optimizer state
- * (zero-1) and which transformer slices recompute their activations.
+ * (zero-1, or zero-2 with the gradients) and which transformer slices
+ * recompute their activations.
  *
  * The choice is made with the schedule, in two places:
  *
@@ -32,7 +33,9 @@
  *     replicated and keep their activations unless they would not fit: the
  *     comparison stays fair.
  *
- * It does not build zero-2/3 and does not choose micro-batches (plan.c
+ * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
+ * memory at the same communication (choose_zero2, after both steps above).
+ * It does not build zero-3 and does not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
@@ -64,7 +67,7 @@ int layout_prepare(planner_t *pl)
 		int L = cp->type == COMP_TRANSFORMER ? (int)cp->layers : 1;
 		/* the homes threshold of sched_list.c: a quarter of a device */
 		int large = (double)comp_layer_params(cp) * (double)psb * L > 0.25 * pl->mem_cap;
-		pl->lay_shard[c] = pl->opts->zero == 1 || (pl->opts->zero < 0 && large);
+		pl->lay_shard[c] = pl->opts->zero >= 1 || (pl->opts->zero < 0 && large);
 		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
 				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
 		pl->lay_large |= large;
@@ -111,13 +114,13 @@ double layout_saved_per_sample(const planner_t *pl, int m)
 
 /* ---- the choice on a lowered plan --------------------------------------- */
 
-/* Exact memory of the n devices devs[] after a change; plan_memory's error
- * passed up. */
-static int remem(sp_plan_t *p, const int32_t *devs, int n)
+/* Exact memory of the n devices devs[] after a change (safe: as
+ * plan_memory_at); plan_memory's error passed up. */
+static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe)
 {
 	for (int j = 0; j < n; j++) {
 		sp_device_t *dv = &p->devices[devs[j]];
-		int rc = plan_memory(p, devs[j], dv->mem);
+		int rc = plan_memory_at(p, devs[j], safe, dv->mem);
 		if (rc)
 			return rc;
 		dv->mem_peak = 0;
@@ -160,14 +163,24 @@ static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
 	return 0;
 }
 
+static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe);
+
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
- * optimizer state of the elements a member owns), its members' memory. */
-static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+ * optimizer state of the elements a member owns), its members' memory:
+ * between replicated and zero-1 by the difference in state, to or from
+ * zero-2 by plan_memory again (its gradients depend on the program). 0 or
+ * plan_memory's error. */
+static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
 	int64_t opt = opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	int64_t E = bk->elems, n = bk->n_dev;
+	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
+		bk->layout = layout;
+		bucket_price(pl->cluster, p, bk, db);
+		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev, NULL);
+	}
 	for (int q = 0; q < bk->n_dev && layout != bk->layout; q++) {
 		/* member q owns E*q/n .. E*(q+1)/n under zero-1 (bucket_shard) */
 		int64_t shard = E * (q + 1) / n - E * q / n;
@@ -178,7 +191,9 @@ static void set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	}
 	bk->layout = layout;
 	bucket_price(pl->cluster, p, bk, db);
+	return 0;
 }
+
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
  * most on d, or -1. */
@@ -243,7 +258,7 @@ static int regather(sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		extra += p->buckets[b].layout == LAYOUT_ZERO1 ? p->buckets[b].n_dev : 0;
+		extra += layout_sharded(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
 	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
 	if (!ins)
 		return SP_ENOMEM;
@@ -256,7 +271,7 @@ static int regather(sp_plan_t *p)
 			if (old[k].op != INS_GATHER)
 				ins[n++] = old[k];
 		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op == INS_SYNC && p->buckets[old[k].peer].layout == LAYOUT_ZERO1) {
+			if (old[k].op == INS_SYNC && layout_sharded(p->buckets[old[k].peer].layout)) {
 				ins[n] = lower_ins_new(INS_GATHER);
 				ins[n++].peer = old[k].peer;
 			}
@@ -269,12 +284,74 @@ static int regather(sp_plan_t *p)
 	return 0;
 }
 
-/* While a device is over the cap: shard a bucket, else recompute a slice
- * (as far as auto may). Returns 1 | 2 when it sharded | recomputed, or a
- * negative code. */
-static int fit_memory(planner_t *pl, sp_plan_t *p)
+/*
+ * --zero auto with one micro-batch: zero-2 instead of zero-1 where it
+ * saves. Zero-2 costs the same communication (the same reduce-scatter and
+ * all-gather) but its gradient memory is a walk over the program
+ * (plan_mem.c): a device's full gradients count only while live, plus the
+ * shards. A device in one sharded bucket only gains nothing (its full
+ * gradient is live at some point anyway, and the shard is more); one whose
+ * buckets' full gradients are live at different times saves all but the
+ * largest at once. So every zero-1 bucket goes zero-2 together, kept when
+ * that raises no device's memory and lowers some (plan_zero2_grads: one
+ * walk per device, plan_z2_safe's points computed once), else all stay
+ * zero-1: one choice for the plan, not per bucket (buckets interact
+ * through the walk; a per-bucket search cost planning time for no gain on
+ * the bundled workloads). At k > 1 micro-batches every full gradient is
+ * live across the micro-steps and zero-2 never saves: nothing is tried.
+ * Returns the number of buckets made zero-2, or an error code.
+ */
+static int choose_zero2(planner_t *pl, sp_plan_t *p)
 {
-	int changes = 0, d;
+	if (pl->opts->zero >= 0 || p->microbatches != 1)
+		return 0;
+	int tried = 0, n = 0, rc = 0, gain = 0, loss = 0;
+	/* a device gains only with two zero-1 buckets or more */
+	int *nz = calloc((size_t)p->n_devices + 1, sizeof *nz);
+	if (!nz)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO1 && q < p->buckets[b].n_dev; q++)
+			tried |= ++nz[p->bucket_devs[p->buckets[b].dev_off + q]] >= 2;
+	free(nz);
+	if (!tried)
+		return 0;
+	int32_t *safe = NULL; /* for this set of zero-2 buckets: once */
+	int64_t *z = calloc((size_t)p->n_devices + 1, sizeof *z);
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO1) {
+			p->buckets[b].layout = LAYOUT_ZERO2;
+			n++;
+		}
+	if (!z || plan_z2_safe(p, &safe))
+		rc = SP_ENOMEM;
+	for (int d = 0; d < p->n_devices && !rc && !loss; d++) {
+		rc = plan_zero2_grads_at(p, d, safe, &z[d]);
+		gain |= z[d] < 0;
+		loss |= z[d] > 0;
+	}
+	int keep = !rc && gain && !loss;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO2) {
+			p->buckets[b].layout = keep ? LAYOUT_ZERO2 : LAYOUT_ZERO1;
+			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+		}
+	for (int d = 0; keep && d < p->n_devices; d++) {
+		p->devices[d].mem[MEM_PARAMS] += z[d];
+		p->devices[d].mem_peak += z[d];
+	}
+	free(z);
+	free(safe);
+	return rc ? rc : keep ? n : 0;
+}
+
+/* While a device is over the cap: shard a bucket (zero-1, then zero-2
+ * where it saves more: choose_zero2), else recompute a slice (as far as
+ * auto may). Returns 1 | 2 when it sharded | recomputed, or a negative
+ * code. *safe: plan_z2_safe's points, made when first needed. */
+static int fit_memory_at(planner_t *pl, sp_plan_t *p, int32_t **safe)
+{
+	int changes = 0, d, z2 = 0;
 	while ((d = worst_device(pl, p)) >= 0) {
 		int b = pl->opts->zero < 0 ? best_bucket(p, d) : -1;
 		if (b >= 0) {
@@ -282,15 +359,37 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 			changes |= 1;
 			continue;
 		}
+		if (!z2) { /* once, with every bucket the cap needs in zero-1 */
+			z2 = 1;
+			int kept = choose_zero2(pl, p);
+			if (kept < 0)
+				return kept;
+			if (kept) {
+				changes |= 1;
+				continue;
+			}
+		}
 		int s = pl->opts->recompute < 0 ? best_slice(pl, p, d) : -1;
 		if (s < 0)
 			break; /* nothing left to buy memory back on d */
 		p->slices[s].recompute = 1;
-		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev))
+		if (!*safe && plan_z2_safe(p, safe))
+			return SP_ENOMEM;
+		if (remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, *safe))
 			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		changes |= 2;
 	}
 	return changes;
+}
+
+static int fit_memory(planner_t *pl, sp_plan_t *p)
+{
+	/* the programs do not change here: zero-2's points once, when a
+	 * zero-2 bucket needs them */
+	int32_t *safe = NULL;
+	int rc = fit_memory_at(pl, p, &safe);
+	free(safe);
+	return rc;
 }
 
 /* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
@@ -323,7 +422,9 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
 	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
-		*res = r;
+		*res = r; /* zero-2 moves no time (the same collectives) */
+		int kept = choose_zero2(pl, p);
+		rc = kept < 0 ? kept : kept ? regather(p) : 0;
 		goto cleanup;
 	}
 	for (int b = 0; b < p->n_buckets; b++)
@@ -352,7 +453,10 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
 	int changed = fit_memory(pl, p);
-	return no_memory(pl, changed > 0 ? regather(p) : changed);
+	int kept = changed >= 0 ? choose_zero2(pl, p) : 0; /* where it saves, if not yet */
+	if (kept < 0)
+		return no_memory(pl, kept);
+	return no_memory(pl, changed > 0 || kept > 0 ? regather(p) : changed);
 }
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
@@ -401,6 +505,26 @@ static void mop_policy(const sp_plan_t *p, int m, mop_policy_t *out)
 	}
 }
 
+/* The most gradient bytes zero-2 saves on one device beyond zero-1's
+ * saving (plan_zero2_grads), and that device in *dev (-1: no device has a
+ * zero-2 bucket). */
+static double zero2_saved(const sp_plan_t *p, int *dev)
+{
+	double most = 0;
+	int any = 0;
+	*dev = -1;
+	for (int b = 0; b < p->n_buckets; b++)
+		any |= p->buckets[b].layout == LAYOUT_ZERO2;
+	for (int d = 0; any && d < p->n_devices; d++) {
+		int64_t z = 0;
+		if (plan_zero2_grads(p, d, &z) == 0 && (*dev < 0 || (double)-z > most)) {
+			most = (double)-z;
+			*dev = d;
+		}
+	}
+	return most;
+}
+
 /* "vision 0-47" for bucket b's parameters (the first component's range;
  * "+" when more components share the bucket). */
 static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_bucket_t *bk)
@@ -421,7 +545,7 @@ static void bucket_name(char *buf, size_t cap, const sp_plan_t *p, const sp_buck
 void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 {
 	double gib = 1024.0 * 1024.0 * 1024.0;
-	int forced = strstr(p->options, "zero=1") != NULL;
+	int forced = strstr(p->options, "zero=1") || strstr(p->options, "zero=2");
 	fprintf(f, "\nmicro-batches: %d micro-steps per step (%.3f ms before the last one); "
 		   "per task micro-batches x micro-batch:\n ",
 		p->microbatches, earlier_ms);
@@ -429,7 +553,7 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "%s %s %d x %lld", t ? "," : "", p->model.tasks[t].name,
 			plan_task_k(p, t), (long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
-	fprintf(f, "\nlayouts (zero-2/3 are not built yet)\n  %-4s %-22s %6s "
+	fprintf(f, "\nlayouts (zero-3 is not built yet)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
@@ -439,10 +563,17 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		bucket_name(nm, sizeof nm, p, bk);
 		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s\n", b, nm,
 			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
-			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
+			layout_sharded(bk->layout) ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
 			bk->gather_ms,
-			forced && bk->n_dev < 2 ? "  (--zero 1: a group of 1 stays replicated)" : "");
+			forced && bk->n_dev < 2 ? "  (--zero 1|2: a group of 1 stays replicated)"
+						: "");
 	}
+	int zd;
+	double z2 = zero2_saved(p, &zd);
+	if (zd >= 0)
+		fprintf(f, "  zero-2 gradients (shards, full gradients only from first write to "
+			   "SYNC): up to %.3f GiB/dev more saved (device %d)\n",
+			z2 / gib, zd);
 	fprintf(f, "  %-32s %6s %9s %14s %12s\n", "MetaOp", "slices", "recompute",
 		"saved GiB/dev", "added ms");
 	for (int m = 0; m < p->n_metaops; m++) {
@@ -470,10 +601,16 @@ void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
 			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f}",
 			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
-			bk->layout == LAYOUT_ZERO1 ? shard_saving(p, b) : 0.0, bk->sync_ms,
+			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
 			bk->gather_ms);
 	}
-	fprintf(f, "\n  ],\n  \"metaops\": [");
+	fprintf(f, "\n  ]");
+	int zd;
+	double z2 = zero2_saved(p, &zd);
+	if (zd >= 0) /* zero-2's gradient saving beyond the state's, on its best device */
+		fprintf(f, ",\n  \"zero2_grad_saved_bytes\": %.0f, \"zero2_grad_saved_device\": %d",
+			z2, zd);
+	fprintf(f, ",\n  \"metaops\": [");
 	for (int m = 0; m < p->n_metaops; m++) {
 		mop_policy_t mp;
 		mop_policy(p, m, &mp);
@@ -627,16 +764,17 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 
 int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 {
-	if (pl->opts->zero != 1)
+	if (pl->opts->zero != 1 && pl->opts->zero != 2)
 		return 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO1)
+		if (layout_sharded(p->buckets[b].layout))
 			return 0;
 	if (!p->n_buckets)
 		return 0;
 	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
-			    "--zero 1: every sync group of the plan has a single device, so "
-			    "there is no optimizer state to shard");
+			    "--zero %d: every sync group of the plan has a single device, so "
+			    "there is no optimizer state to shard",
+			    pl->opts->zero);
 	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
 			     "replicated)");
 	return rc;

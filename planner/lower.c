@@ -100,7 +100,7 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		 "microbatches=%d tp=%s",
 		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
-		 (const char *[]){"auto", "0", "1"}[pl->opts->zero + 1],
+		 (const char *[]){"auto", "0", "1", "2"}[pl->opts->zero + 1],
 		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k, tp);
 	/* only when asked: plans that split by vocabulary where they can keep
 	 * the options they had before it existed */

@@ -132,7 +132,10 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *fi
 		bk->elems += comp_layer_params_tp(&md->comps[pcomp[q]], st->ptp[q]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;
-	bk->layout = st->pl->opts->zero == 1 && bk->n_dev >= 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
+	/* --zero 1|2 forces the layout on every group of 2 or more devices */
+	bk->layout = bk->n_dev < 2 || st->pl->opts->zero < 1 ? LAYOUT_REPLICATED
+		     : st->pl->opts->zero == 2		  ? LAYOUT_ZERO2
+							  : LAYOUT_ZERO1;
 	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
 }
 
@@ -141,7 +144,7 @@ void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, in
 	const int32_t *devs = p->bucket_devs + bk->dev_off;
 	int64_t bytes = bk->elems * db;
 	/* zero-1: a reduce-scatter, then an all-gather of the updated shards */
-	int z = bk->layout == LAYOUT_ZERO1;
+	int z = layout_sharded(bk->layout);
 	bk->sync_ms = z ? cost_reduce_scatter_ms(c, devs, bk->n_dev, bytes)
 			: cost_allreduce_ms(c, devs, bk->n_dev, bytes);
 	bk->gather_ms = z ? cost_all_gather_ms(c, devs, bk->n_dev, bytes) : 0;
@@ -280,7 +283,7 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 	}
 	out->ins[out->n_ins++] = lower_ins_new(INS_STEP);
 	for (int q = 0; q < ns; q++)
-		if (out->buckets[sorted[q]].layout == LAYOUT_ZERO1) {
+		if (layout_sharded(out->buckets[sorted[q]].layout)) {
 			sp_ins_t ga = lower_ins_new(INS_GATHER);
 			ga.peer = sorted[q];
 			out->ins[out->n_ins++] = ga;

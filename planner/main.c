@@ -31,9 +31,10 @@ static void usage(FILE *f)
 		"  --candidates         list our scheduling candidates and stop\n"
 		"  --exclude NAME       plan ours without candidate NAME (e.g. data-parallel:\n"
 		"                       ours without reusing the sequential plan)\n"
-		"  --zero 0|1|auto      parameter state layout of every sync group of 2 or\n"
+		"  --zero 0|1|2|auto    parameter state layout of every sync group of 2 or\n"
 		"                       more devices: 0 replicated, 1 zero-1 (optimizer state\n"
-		"                       sharded); auto (default) chooses per group\n"
+		"                       sharded), 2 zero-2 (gradients sharded too); auto\n"
+		"                       (default) chooses per group\n"
 		"  --recompute none|all|auto\n"
 		"                       transformer slices keep their activations or\n"
 		"                       recompute them in the backward; auto (default)\n"
@@ -105,10 +106,10 @@ static int opt_number(plan_opts_t *o, const char *a, const char *val)
 }
 
 /* --zero and --recompute: a word of words[] (its index - 1: -1 is auto). */
-static int opt_word(int *out, const char *a, const char *val, const char *const words[3],
-		    const char *hint)
+static int opt_word(int *out, const char *a, const char *val, const char *const words[],
+		    int n, const char *hint)
 {
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < n; k++)
 		if (!strcmp(val, words[k])) {
 			*out = k - 1;
 			return 0;
@@ -168,11 +169,10 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
 		return opt_number(o, a, val);
 	} else if (!strcmp(a, "--zero")) {
-		static const char *const w[3] = {"auto", "0", "1"};
-		return opt_word(&o->zero, a, val, w,
-				!strcmp(val, "2") || !strcmp(val, "3")
-					? "zero-2 and zero-3 are not built yet; use 0, 1 or auto"
-					: "use 0, 1 or auto");
+		static const char *const w[4] = {"auto", "0", "1", "2"};
+		return opt_word(&o->zero, a, val, w, 4,
+				!strcmp(val, "3") ? "zero-3 is not built yet; use 0, 1, 2 or auto"
+						  : "use 0, 1, 2 or auto");
 	} else if (!strcmp(a, "--microbatches")) {
 		if (strchr(val, '=')) { /* per task: planner_run checks it against the model */
 			o->mb_tasks = val;
@@ -204,7 +204,7 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 		o->max_ins = n;
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
-		return opt_word(&o->recompute, a, val, w, "use none, all or auto");
+		return opt_word(&o->recompute, a, val, w, 3, "use none, all or auto");
 	} else {
 		return -1;
 	}

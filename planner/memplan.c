@@ -9,6 +9,7 @@
  */
 #include "planner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static double gib(double b)
@@ -101,9 +102,9 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 	for (int b = 0; b < p->n_buckets; b++)
 		if (bucket_shard(p, b, d, &off, &n) >= 0) {
 			member++;
-			zero1 += p->buckets[b].layout == LAYOUT_ZERO1;
+			zero1 += layout_sharded(p->buckets[b].layout);
 		}
-	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1 on %d of the "
+	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1/2 on %d of the "
 		 "device's %d buckets", md->comps[best].name, lo, hi,
 		 size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD",
 		 zero1, member);
@@ -113,10 +114,15 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 {
 	int worst = -1;
 	double worst_over = 0;
+	int32_t *safe = NULL; /* zero-2's points: once for every device */
+	if (plan_z2_safe(p, &safe))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
-		if (plan_memory(p, d, dv->mem)) /* its only failure */
+		if (plan_memory_at(p, d, safe, dv->mem)) { /* its only failure */
+			free(safe);
 			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		}
 		dv->mem_peak = 0;
 		for (int c = 0; c < MEM__COUNT; c++)
 			dv->mem_peak += dv->mem[c];
@@ -126,6 +132,7 @@ int memplan_run(planner_t *pl, sp_plan_t *p, int check)
 			worst = d;
 		}
 	}
+	free(safe);
 	if (!check || worst < 0)
 		return 0;
 	const sp_device_t *dv = &p->devices[worst];

@@ -202,9 +202,9 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 			     &st->net, st->last_issue[in->peer], p->bucket_devs + bk->dev_off,
 			     bk->n_dev,
 			     (st->mode & SIM_SYNC)
-				     ? bk->elems * st->db / (bk->layout == LAYOUT_ZERO1 ? 2 : 1)
+				     ? bk->elems * st->db / (layout_sharded(bk->layout) ? 2 : 1)
 				     : 0,
-			     bk->layout == LAYOUT_ZERO1)) < 0)
+			     layout_sharded(bk->layout))) < 0)
 			return st->sjob[in->peer];
 	} else if (in->op == INS_STEP) {
 		/* it waits for its buckets' all-reduces, timed once every bucket is

@@ -28,6 +28,9 @@
  *                         bucket mixes shards or misstates its elems
  *   missing memory, ...   a decoder's memory act(c, -1) or its gradient
  *                         grad(c, -1) out of order (verify_mem.c)
+ *   zero-2                a gradient written after its bucket's SYNC freed
+ *                         it; an allocation waits for the device's zero-2
+ *                         reduce-scatters in flight (verify_zero2.c)
  * With micro-batches per task the programs run once per distinct set of
  * active tasks (plan_micro_next: micro-step j runs the tasks with more
  * than j micro-batches, plan_ins_active), each run from scratch with
@@ -457,11 +460,11 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 			    "all-gathers)",
 			    d, steps);
 	for (int b = 0; b < p->n_buckets; b++)
-		missing += p->buckets[b].layout == LAYOUT_ZERO1 && seen[b] != d + 1 &&
+		missing += layout_sharded(p->buckets[b].layout) && seen[b] != d + 1 &&
 			   bucket_member(p, b, d);
 	if (missing)
 		return fail(st, -1, -1,
-			    "sharded parameters: device %d leaves %d of its zero-1 buckets "
+			    "sharded parameters: device %d leaves %d of its zero-1/2 buckets "
 			    "without an all-gather (it would start the next iteration with "
 			    "stale weights)",
 			    d, missing);
@@ -529,6 +532,8 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 	int rc = 0;
 	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
+	if (vz2_wait(st, d, k, in))
+		return PROGS_WAIT;
 	if (in->op == INS_RECV) {
 		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])
 			return PROGS_WAIT;
@@ -566,7 +571,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 				return PROGS_WAIT;
 		}
 	}
-	if (rc || (rc = exec(st, d, k, in)))
+	if (rc || (rc = exec(st, d, k, in)) || (rc = vz2_exec(st, d, k, in)))
 		return rc;
 	return PROGS_RAN;
 }
@@ -695,7 +700,7 @@ static int check_memory(vstate_t *st, double mem_cap)
 	const sp_plan_t *p = st->p;
 	for (int d = 0; d < p->n_devices && mem_cap > 0; d++) {
 		int64_t mem[MEM__COUNT], tot = 0;
-		if (plan_memory(p, d, mem))
+		if (plan_memory_at(p, d, st->z2.safe, mem))
 			return SP_ENOMEM;
 		for (int c = 0; c < MEM__COUNT; c++)
 			tot += mem[c];
@@ -713,7 +718,8 @@ static int check_memory(vstate_t *st, double mem_cap)
 static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
-	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = index_buckets(st)) ||
+	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = vz2_prepare(st)) ||
+	    (rc = index_buckets(st)) ||
 	    (rc = check_tp(st)) || (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);
@@ -732,6 +738,7 @@ int verify_plan(const sp_plan_t *p, double mem_cap, sp_err_t *err)
 		vstate_t st = {.p = p, .err = err, .micro = j};
 		sp_arena_init(&st.arena);
 		rc = verify_steps(&st, mem_cap);
+		vz2_release(&st);
 		if (rc == SP_ENOMEM)
 			rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		sp_arena_release(&st.arena);

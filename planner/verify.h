@@ -54,6 +54,19 @@ typedef struct {
 			   * carried (its samples), empty for other tags */
 } vmem_t;
 
+/* The zero-2 rules' state (verify_zero2.c): per bucket_devs entry of a
+ * zero-2 bucket, its member's full gradient (0 not yet, 1 live, 2 synced);
+ * per device, the zero-2 buckets synced since its last allocation. */
+typedef struct {
+	sp_z2map_t map; /* malloc'd: vz2_release */
+	int32_t *safe;  /* plan_z2_safe's, malloc'd */
+	int32_t *w;     /* scratch for z2map_writes, cap entries */
+	int cap;
+	char *state;
+	int32_t **pend;
+	int *n_pend, *cap_pend;
+} vz2_t;
+
 typedef struct {
 	const sp_plan_t *p;
 	sp_err_t *err;
@@ -75,6 +88,7 @@ typedef struct {
 	int64_t *contrib;     /* per operator: samples of gradient computed */
 	int micro;            /* the micro-step run: its active tasks only */
 	vmem_t mem;
+	vz2_t z2;
 } vstate_t;
 
 /* ---- verify.c: helpers the rules share ------------------------------------ */
@@ -120,5 +134,17 @@ int vmem_compute(vstate_t *st, int d, int k, const sp_ins_t *in);
 /* At a SEND, RECV or COPY (a RECV's SEND has run): checks memory values
  * and moves memory gradients; *done set when nothing else is to be done. */
 int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done);
+
+/* ---- verify_zero2.c: zero-2 full gradients ---------------------------------- */
+
+/* Before the run: the zero-2 map and states (nothing without zero-2). */
+int vz2_prepare(vstate_t *st);
+void vz2_release(vstate_t *st);
+/* 1 when device d's instruction in must wait: it allocates a full gradient
+ * while a zero-2 SYNC it issued is not yet issued by every member. */
+int vz2_wait(vstate_t *st, int d, int k, const sp_ins_t *in);
+/* After instruction k ran: its full gradients live, a SYNC's freed; a
+ * write after the bucket's SYNC fails. */
+int vz2_exec(vstate_t *st, int d, int k, const sp_ins_t *in);
 
 #endif

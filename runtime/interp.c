@@ -7,7 +7,9 @@
  *            bucket, so each sync bucket's are one contiguous range
  *            (all-reduced in place); AdamW m and v of the elements the rank
  *            owns in each bucket, bucket after bucket: all of a replicated
- *            bucket, the rank's shard of a zero-1 one (bucket_shard)
+ *            bucket, the rank's shard of a zero-1/2 one (bucket_shard);
+ *            zero-2 buckets' gradients as shards (gs) plus the pool their
+ *            full gradients are placed in (z2pool: plan_zero2)
  *   acts     activations saved by each FWD until its BWD; a slice that
  *            recomputes keeps only each layer's input ([seq, hidden] per
  *            sample) and its BWD re-runs the layer's forward from it
@@ -47,6 +49,17 @@
  * gradients (the rest of the bucket's gradients is then undefined); STEP
  * updates the shard's weights with the shard's m and v; GATHER starts the
  * all-gather of the weights, which rt_step completes before it returns.
+ *
+ * A zero-2 bucket is not in the gradients allocation: its full gradient is
+ * placed (zeroed) at its offset in the pool before the first instruction
+ * writing into it and given back once its reduce-scatter completes, its
+ * shard's sum copied to gs (the persistent gradient shards), from which
+ * STEP updates the shard. A reduce-scatter started at SYNC completes at
+ * the first later instruction that places another full gradient with the
+ * bucket's safe point at or before it (plan_z2_safe: waiting there cannot
+ * deadlock), else at STEP (plan_zero2 below; plan_mem.c counts the same).
+ * With k > 1 micro-batches the full gradients stay live across the
+ * micro-steps.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers
@@ -242,8 +255,9 @@ static int plan_params(rt_state_t *st)
 	st->held = calloc((size_t)st->dev->n_held + 1, sizeof *st->held);
 	st->poff = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
 	st->pcount = calloc((size_t)st->dev->n_held + 1, sizeof(int64_t));
+	st->pmb = calloc((size_t)st->dev->n_held + 1, sizeof(int));
 	st->mb = calloc((size_t)p->n_buckets + 1, sizeof *st->mb);
-	if (!st->slot || !st->held || !st->poff || !st->pcount || !st->mb)
+	if (!st->slot || !st->held || !st->poff || !st->pcount || !st->mb || !st->pmb)
 		return SP_ENOMEM;
 	for (int i = 0; i < st->n_params_total; i++)
 		st->slot[i] = -1;
@@ -267,6 +281,7 @@ static int plan_params(rt_state_t *st)
 			st->held[st->n_held] = pr;
 			st->poff[st->n_held] = st->n_w;
 			st->pcount[st->n_held] = comp_layer_params_tp(&md->comps[pr.comp], pr.tp);
+			st->pmb[st->n_held] = st->n_mb - 1;
 			st->n_w += st->pcount[st->n_held];
 			st->n_held++;
 		}
@@ -274,11 +289,19 @@ static int plan_params(rt_state_t *st)
 		int64_t so, sn;
 		if (mb->n != bk->elems || bucket_shard(p, b, st->rank, &so, &sn) < 0)
 			return SP_EINPUT;
-		mb->zero1 = bk->layout == LAYOUT_ZERO1;
+		mb->zero1 = layout_sharded(bk->layout);
+		mb->zero2 = bk->layout == LAYOUT_ZERO2;
 		mb->soff = mb->off + so;
 		mb->sn = sn;
 		mb->moff = st->n_opt;
 		st->n_opt += sn;
+		if (mb->zero2) {
+			mb->gsoff = st->n_gs;
+			st->n_gs += sn;
+		} else {
+			mb->goff = st->n_g;
+			st->n_g += mb->n;
+		}
 	}
 	if (st->n_held != st->dev->n_held)
 		return SP_EINPUT;
@@ -404,12 +427,100 @@ static int plan_buffers(rt_state_t *st)
 	return 0;
 }
 
+/*
+ * Zero-2 (set-up): which of the rank's zero-2 buckets each instruction
+ * writes gradients into (z2map_writes: a BWD's layers, a LOSS's head), and
+ * where each bucket's full gradient lives in the rank's one pool of them
+ * (plan_z2_walk, the walk plan_mem.c counts): a full gradient is placed
+ * (zeroed) at the first instruction writing into it (or at its SYNC if
+ * none did) and given back once its reduce-scatter, started at the SYNC,
+ * is complete: before the step places another, it completes the
+ * reduce-scatters in flight whose safe point (plan_z2_safe: waiting there
+ * cannot deadlock) is at or before that instruction, and at STEP all of
+ * them. One pool allocated at start-up: no allocation mid-step (on CUDA a
+ * cudaMalloc/cudaFree there would wait for an NCCL kernel that waits for
+ * a peer). k > 1 micro-batches: the first k - 1 runs have no SYNC, so
+ * every full gradient stays placed until the last run's SYNC (gradients
+ * accumulate in it; plan_mem.c's header says why). A write after the
+ * bucket's SYNC is refused (SP_EINPUT with st->why): the full gradient is
+ * gone by then (the verifier rejects such a plan).
+ */
+static int plan_zero2(rt_state_t *st)
+{
+	const sp_plan_t *p = st->p;
+	sp_z2map_t zm;
+	plan_z2_walk_t wk = {0};
+	int32_t *safe = NULL, *w = NULL;
+	int rc = z2map_init(&zm, p), cap = 2, n = 0, ncap = 16;
+	st->z2_off = calloc((size_t)st->n_ins + 2, sizeof(int));
+	if (rc || !st->z2_off) {
+		z2map_release(&zm);
+		return SP_ENOMEM;
+	}
+	if (!zm.n_z2)
+		return 0;
+	rc = SP_ENOMEM;
+	if (plan_z2_safe(p, &safe) || plan_z2_walk(p, st->rank, safe, &wk))
+		goto cleanup;
+	if (wk.bad >= 0) {
+		snprintf(st->why, sizeof st->why,
+			 "instruction %d writes gradients of a zero-2 bucket after its SYNC (its "
+			 "full gradient is freed there)",
+			 wk.bad);
+		rc = SP_EINPUT;
+		goto cleanup;
+	}
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].zero2) {
+			int64_t off, cnt;
+			const sp_bucket_t *bk = &p->buckets[st->mb[i].bucket];
+			int q = bucket_shard(p, st->mb[i].bucket, st->rank, &off, &cnt);
+			st->mb[i].safe = safe[bk->dev_off + q];
+			st->mb[i].zoff = wk.off[st->mb[i].bucket];
+		}
+	st->z2_acct = wk.pool;
+	st->z2_peak = wk.peak;
+	for (int k = 0; k < st->n_ins; k++)
+		if (st->prog[k].op == INS_BWD)
+			cap = SP_MAX(cap, p->slices[st->prog[k].slice].layer_to -
+						  p->slices[st->prog[k].slice].layer_from + 1);
+	w = malloc(sizeof(int32_t) * (size_t)cap);
+	st->z2_list = malloc(sizeof(int) * (size_t)ncap);
+	if (!w || !st->z2_list)
+		goto cleanup;
+	for (int k = 0; k < st->n_ins; k++) {
+		int nw = z2map_writes(&zm, p, st->rank, &st->prog[k], w, cap);
+		for (int j = 0; j < nw; j++) {
+			if (n == ncap) {
+				int *nl = realloc(st->z2_list, sizeof(int) * (size_t)(ncap *= 2));
+				if (!nl)
+					goto cleanup;
+				st->z2_list = nl;
+			}
+			int i = 0;
+			while (st->mb[i].bucket != w[j]) /* a member: z2map_writes checked */
+				i++;
+			st->z2_list[n++] = i;
+		}
+		st->z2_off[k + 1] = n;
+	}
+	rc = 0;
+cleanup:
+	free(w);
+	free(safe);
+	plan_z2_walk_release(&wk);
+	z2map_release(&zm);
+	return rc;
+}
+
 static int alloc_all(rt_state_t *st)
 {
 	const rt_backend_t *b = st->b;
 	int64_t nw = SP_MAX(st->n_w, 1), nm = SP_MAX(st->n_opt, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
-	st->g = b->alloc(sizeof(float) * (size_t)nw);
+	st->g = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_g, 1));
+	st->gs = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_gs, 1));
+	st->z2pool = b->alloc(sizeof(float) * (size_t)SP_MAX(st->z2_acct, 1));
 	int adam = st->p->model.opt.kind == OPT_ADAMW;
 	st->m = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
 	st->v = adam ? b->alloc(sizeof(float) * (size_t)nm) : NULL;
@@ -422,14 +533,16 @@ static int alloc_all(rt_state_t *st)
 	st->ints_host = malloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
 	st->feat_host = malloc(sizeof(float) * (size_t)SP_MAX(st->feat_n, 1));
 	st->loss = calloc((size_t)st->p->model.n_tasks + 1, sizeof(double));
-	if (!st->w || !st->g || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
+	if (!st->w || !st->g || !st->gs || !st->z2pool || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
 	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
 	    !st->feat_host || !st->loss)
 		return SP_ENOMEM;
 	if (b->reserve_params)
 		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
-	st->mem[MEM_PARAMS] = nw * f * 2 + (adam ? nm * f * 2 : 0);
+	/* weights, the gradients (zero-2: the shards and the most full
+	 * gradients live at once), the owned optimizer state */
+	st->mem[MEM_PARAMS] = (nw + st->n_g + st->n_gs + st->z2_acct) * f + (adam ? nm * f * 2 : 0);
 	st->mem[MEM_ACTS] = st->saved_n * f;
 	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
 	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
@@ -759,6 +872,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = check_shards(st);
 	if (!rc)
 		rc = check_decoders(st);
+	if (!rc)
+		rc = plan_zero2(st);
 	sp_err_t lacks = {0};
 	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
 		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
@@ -832,6 +947,11 @@ void rt_free(rt_state_t *st)
 	const rt_backend_t *b = st->b;
 	b->release(st->w);
 	b->release(st->g);
+	b->release(st->gs);
+	b->release(st->z2pool);
+	free(st->pmb);
+	free(st->z2_off);
+	free(st->z2_list);
 	b->release(st->m);
 	b->release(st->v);
 	b->release(st->saved);
@@ -1015,6 +1135,83 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	return 0;
 }
 
+/* The gradient of held layer si: in g, or in its zero-2 bucket's full
+ * gradient (live: z2_touch ran for the instruction). */
+static float *grad_of(const rt_state_t *st, int si)
+{
+	const mybucket_t *mb = &st->mb[st->pmb[si]];
+	return (mb->zero2 ? mb->full : st->g + mb->goff) + (st->poff[si] - mb->off);
+}
+
+/* A zero-2 bucket's reduce-scatter is complete: its shard's sum (at the
+ * shard's place in the full gradient) to gs, and the full gradient freed. */
+static int z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
+{
+	int rc = wait_req(st, &mb->req, mb->sync, err);
+	if (rc)
+		return rc;
+	if (mb->sn > 0)
+		st->b->copy_rows(st->gs + mb->gsoff, mb->sn, mb->full + (mb->soff - mb->off), mb->sn,
+				 1, mb->sn, 0);
+	st->b->sync();
+	mb->full = NULL; /* its place in the pool is free */
+	mb->rs = 0;
+	st->z2_live -= mb->n;
+	return 0;
+}
+
+/* Zero-2 bucket mb's full gradient, at its place in the pool, zeroed,
+ * after completing the reduce-scatters in flight whose safe point is at or
+ * before instruction k (plan_zero2's rule). Checks what the walk promised:
+ * the place is free (no live full gradient overlaps it), and the most live
+ * at once stays the walk's peak. */
+static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].rs && st->mb[i].safe <= k) {
+			int rc = z2_finish(st, &st->mb[i], err);
+			if (rc)
+				return rc;
+		}
+	for (int i = 0; i < st->n_mb; i++) {
+		const mybucket_t *o = &st->mb[i];
+		if (o->full && o->zoff < mb->zoff + mb->n && mb->zoff < o->zoff + o->n)
+			return fail(st, err, k, "a zero-2 full gradient's place is still in use");
+	}
+	if (mb->zoff < 0 || mb->zoff + mb->n > st->z2_acct)
+		return fail(st, err, k, "a zero-2 full gradient has no place in the pool");
+	mb->full = st->z2pool + mb->zoff;
+	st->b->zero(mb->full, mb->n);
+	st->z2_live += mb->n;
+	st->z2_hwm = SP_MAX(st->z2_hwm, st->z2_live);
+	if (st->z2_hwm > st->z2_peak)
+		return fail(st, err, k, "zero-2 full gradients exceed their accounted peak");
+	return 0;
+}
+
+/* Before instruction k writes gradients: the full gradients it writes into. */
+static int z2_touch(rt_state_t *st, int k, sp_err_t *err)
+{
+	for (int j = st->z2_off[k]; j < st->z2_off[k + 1]; j++) {
+		mybucket_t *mb = &st->mb[st->z2_list[j]];
+		int rc = mb->full ? 0 : z2_alloc(st, mb, k, err);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Every full gradient freed without a reduce-scatter (after an evaluation,
+ * whose losses write gradients nobody reads). */
+static void z2_drop(rt_state_t *st)
+{
+	for (int i = 0; i < st->n_mb; i++)
+		if (st->mb[i].full && !st->mb[i].rs) {
+			st->mb[i].full = NULL;
+			st->z2_live -= st->mb[i].n;
+		}
+}
+
 /* 0, or the code of a layer that failed (as exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
@@ -1034,7 +1231,7 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
 		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
-		float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+		float *dp = si >= 0 ? grad_of(st, si) : NULL;
 		const float *saved = layer_saved(st, &r, fwd_off, l);
 		if (r.sl->recompute) {
 			/* the same forward on the same input and weights as the FWD
@@ -1098,7 +1295,7 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
 	const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
-	float *dp = si >= 0 ? st->g + st->poff[si] : NULL;
+	float *dp = si >= 0 ? grad_of(st, si) : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
 	int64_t so = sample_off(st, mo->task);
 	/* the mean over the step batch: k_t micro-batches of t->batch */
@@ -1187,17 +1384,27 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
-				const mybucket_t *mb = &st->mb[i];
+				mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
+				/* zero-2: a bucket nothing wrote reduce-scatters zeros */
+				int rc = in->op == INS_SYNC && mb->zero2 && !mb->full
+						 ? z2_alloc(st, mb, k, err)
+						 : 0;
+				if (rc)
+					return rc;
+				float *g = mb->zero2 ? mb->full : st->g + mb->goff;
 				b->sync();
 				int bad = in->op == INS_GATHER
 						  ? c->ops->iallgather(c, st->w + mb->off, mb->n, mb->group, &r)
-					  : mb->zero1 ? c->ops->ireduce_scatter(c, st->g + mb->off, mb->n,
-										 mb->group, &r)
-						      : c->ops->iallreduce(c, st->g + mb->off, mb->n,
-									   mb->group, &r);
+					  : mb->zero1 ? c->ops->ireduce_scatter(c, g, mb->n, mb->group, &r)
+						      : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
 				if (bad)
 					return fail(st, err, k, "starting the collective failed");
+				if (in->op == INS_SYNC && mb->zero2) { /* completed by z2_finish */
+					mb->req = r;
+					mb->rs = 1;
+					return 0;
+				}
 				return add_pending(st, r, k) ? fail(st, err, k, "out of memory") : 0;
 			}
 		return fail(st, err, k, "not a member of this sync bucket");
@@ -1232,13 +1439,13 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 	const rt_backend_t *b = st->b;
 	const sp_optim_t *o = &st->p->model.opt;
 	int64_t off = mb->soff, n = mb->sn;
+	float *g = mb->zero2 ? st->gs + mb->gsoff : st->g + mb->goff + (off - mb->off);
 	if (n <= 0)
 		return;
 	if (o->kind == OPT_ADAMW)
-		b->adamw_step(st->w + off, st->g + off, st->m + mb->moff, st->v + mb->moff, n,
-			      (int)t, o);
+		b->adamw_step(st->w + off, g, st->m + mb->moff, st->v + mb->moff, n, (int)t, o);
 	else
-		b->sgd_step(st->w + off, st->g + off, n, o);
+		b->sgd_step(st->w + off, g, n, o);
 }
 
 /* Waits for every operation still in flight. */
@@ -1264,7 +1471,10 @@ static int drain(rt_state_t *st, sp_err_t *err)
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
 	for (int q = 0; q < st->n_mb; q++) {
-		const mybucket_t *mb = &st->mb[st->step_order[q]];
+		mybucket_t *mb = &st->mb[st->step_order[q]];
+		int rc = mb->rs ? z2_finish(st, mb, err) : 0; /* zero-2: into the shard */
+		if (rc)
+			return rc;
 		for (int j = 0; j < st->n_pending; j++)
 			if (st->pending_ins[j] == mb->sync) {
 				int rc = wait_req(st, &st->pending[j], mb->sync, err);
@@ -1300,6 +1510,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 			continue;
 		if (!plan_ins_active(st->p, in, st->micro))
 			continue;
+		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = z2_touch(st, k, err)))
+			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
 		case INS_BWD: rc = exec_bwd(st, k, err); break;
@@ -1329,7 +1541,7 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 	int k = st->p->microbatches, rc = 0;
 	st->n_ev = 0;
 	st->t_origin = wall_ms();
-	st->b->zero(st->g, st->n_w);
+	st->b->zero(st->g, SP_MAX(st->n_g, 1));
 	for (int i = 0; i < st->p->model.n_tasks; i++)
 		st->loss[i] = 0;
 	for (st->micro = 0; st->micro < k && !rc; st->micro++)
@@ -1456,9 +1668,12 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
+			if ((rc = z2_touch(st, k, err)))
+				break;
 			rc = exec_loss(st, k, step, err);
 			if (!rc && score_loss(st, k, acc))
 				rc = fail(st, err, k, "out of memory");
+			z2_drop(st); /* nobody reads an evaluation's gradients */
 			break;
 		case INS_SEND:
 		case INS_COPY:
@@ -1487,6 +1702,17 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 {
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
+}
+
+int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
+{
+	int any = 0;
+	for (int i = 0; i < st->n_mb; i++)
+		any |= st->mb[i].zero2;
+	*most = st->z2_hwm * (int64_t)sizeof(float);
+	*peak = st->z2_peak * (int64_t)sizeof(float);
+	*pool = st->z2_acct * (int64_t)sizeof(float);
+	return any;
 }
 
 const rt_event_t *rt_events(const rt_state_t *st, int *n)

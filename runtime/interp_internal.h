@@ -21,10 +21,19 @@ typedef struct {
 typedef struct {
 	int bucket, group;
 	int64_t off, n;   /* float range in the weights and gradients */
-	int zero1;        /* layout: the optimizer state is sharded */
+	int zero1;        /* layout: the optimizer state is sharded (zero-1 or 2) */
+	int zero2;        /* zero-2: the gradient too (full only while live) */
 	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
 	int64_t moff;     /* where the owned range starts in m and v */
 	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
+	int64_t goff;     /* not zero2: where its gradients start in g */
+	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
+	float *full;      /* zero2: its full gradient while live, else NULL */
+	int rs;           /* zero2: its reduce-scatter is in flight (req) */
+	int safe;         /* zero2: from this instruction on, waiting for its
+			   * reduce-scatter cannot deadlock (plan_z2_safe) */
+	int64_t zoff;     /* zero2: its full gradient's place in the pool */
+	rt_req_t req;
 } mybucket_t;
 
 struct rt_state {
@@ -43,8 +52,18 @@ struct rt_state {
 	sp_param_t *held;
 	int n_held;
 	int64_t *poff, *pcount;
+	int *pmb; /* per held layer: its bucket's index in mb */
 	float *w, *g, *m, *v;
-	int64_t n_w, n_opt; /* floats in w and g; in m and v */
+	int64_t n_w, n_opt; /* floats in w; in m and v */
+	/* gradients: g holds those of the buckets that are not zero-2 (n_g
+	 * floats), gs the zero-2 buckets' shards (n_gs); a zero-2 bucket's full
+	 * gradient is its own allocation while live (mybucket_t full) */
+	float *gs, *z2pool; /* z2pool: the full gradients (plan_z2_walk) */
+	int64_t n_g, n_gs;
+	int *z2_off, *z2_list; /* per instruction: the zero-2 mb it writes into */
+	/* full-gradient floats: live now, most live so far, the walk's peak,
+	 * the pool */
+	int64_t z2_live, z2_hwm, z2_peak, z2_acct;
 	mybucket_t *mb;
 	int n_mb;
 	int *step_order; /* mb indices in the order of their SYNCs */

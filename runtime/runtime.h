@@ -280,6 +280,11 @@ enum { EV_LOSS, EV_SAMPLES, EV_TRIALS, EV_HITS, EV_CHANCE, EV__COUNT };
 int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, sp_err_t *err);
 /* Bytes of each memory category this rank allocated (MEM_*). */
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT]);
+/* Bytes of zero-2 full gradients: the most live at once so far (placed and
+ * given back as the steps ran), the walk's peak (plan_z2_walk) and the
+ * pool they are placed in (in rt_memory's params). Returns 1 when the rank
+ * has zero-2 buckets, else 0. */
+int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool);
 /* Events of the last step (when recorded). */
 const rt_event_t *rt_events(const rt_state_t *st, int *n);
 

@@ -45,8 +45,19 @@ typedef enum {
 	LAYOUT_REPLICATED = 0, /* every member holds weights, gradients, optimizer state */
 	LAYOUT_ZERO1 = 1,      /* optimizer state (and fp32 master weights) sharded:
 				* member i of n owns elements sample_range(elems, i, n) */
+	LAYOUT_ZERO2 = 2,      /* as zero-1, and the gradients sharded too: the full
+				* gradient lives from the first BWD (or LOSS)
+				* writing into the bucket until its SYNC's
+				* reduce-scatter into the member's shard */
 	LAYOUT__COUNT
 } sp_layout_t;
+
+/* 1 when layout shards the optimizer state (zero-1 and zero-2): SYNC is a
+ * reduce-scatter, STEP updates the shard, a GATHER all-gathers after it. */
+static inline int layout_sharded(int layout)
+{
+	return layout == LAYOUT_ZERO1 || layout == LAYOUT_ZERO2;
+}
 
 /* A reference to a value on the executing device. */
 typedef struct {
@@ -259,6 +270,69 @@ const char *layout_name(int layout);
  */
 int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n);
 
+/*
+ * Zero-2 gradient writers (plan_zero2.c). A zero-2 bucket's full gradient exists on a
+ * member from the first instruction writing into it (a BWD of one of its
+ * layers, a LOSS of an lm_head or classifier) until the bucket's SYNC. The
+ * map lists, per parameter slot (comp, layer), the zero-2 buckets holding
+ * it (one per tensor-parallel shard); z2map_writes names the zero-2
+ * buckets of device dev an instruction writes into. n_z2 == 0: the plan has
+ * no zero-2 bucket (the arrays are then NULL and z2map_writes finds none).
+ */
+typedef struct {
+	int32_t *base;  /* per component: its first slot */
+	int32_t *first; /* per slot: first entry, or -1 */
+	int32_t *next;  /* per entry: the next of its slot, or -1 */
+	int32_t *bucket; /* per entry: its bucket */
+	int n_z2;       /* zero-2 buckets in the plan */
+	int dev;        /* z2map_for's device (-1 none): mine[b] its member flags */
+	uint8_t *mine;
+} sp_z2map_t;
+int z2map_init(sp_z2map_t *out, const sp_plan_t *p); /* 0 or SP_ENOMEM */
+void z2map_release(sp_z2map_t *m);
+/* Remembers which buckets dev belongs to, for z2map_writes on dev (a
+ * speed-up only). 0 or SP_ENOMEM. */
+int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev);
+/* Distinct zero-2 buckets of dev that instruction in writes gradients into,
+ * at most cap of them in out (cap >= the slice's layers + 1 is enough);
+ * returns their count. */
+int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+		 int32_t *out, int cap);
+/*
+ * When a member frees a zero-2 bucket's full gradient. Its SYNC starts the
+ * reduce-scatter; the member completes it (and frees the full gradient) at
+ * its first instruction after the SYNC that allocates another full
+ * gradient and at which waiting for the reduce-scatter cannot deadlock: a
+ * run of all programs together shows that every member issues the SYNC
+ * without this device going on (plan_util.c); else at the STEP. *out
+ * (malloc'd, n_bucket_devs + 1 entries): per bucket_devs entry of a zero-2
+ * bucket, that instruction's index in the member's program (its length:
+ * the STEP); -1 for other buckets; NULL without zero-2 buckets. The walks
+ * (plan_mem.c, interp.c) complete an in-flight bucket at the first
+ * allocating instruction k with safe <= k. 0 or SP_ENOMEM.
+ */
+int plan_z2_safe(const sp_plan_t *p, int32_t **out);
+
+/*
+ * Device d's zero-2 full gradients over one step, as the runtime runs it
+ * (plan_mem.c's header: the walk). Each is placed, at its allocation, at
+ * the lowest offset of one pool where it fits between the live ones
+ * (first fit; the same offset every step, the walk being the same), so
+ * the runtime allocates the pool once and never mid-step. In elements:
+ * off per bucket (-1: none on d; malloc'd), pool its size, peak the most
+ * live at once (pool >= peak: holes), shards and fulls the sums of d's
+ * zero-2 shards and whole buckets; bad the first instruction writing a
+ * gradient after its bucket's SYNC (-1: none; the verifier rejects such a
+ * plan). safe: plan_z2_safe's points, or NULL (computed). 0 or SP_ENOMEM.
+ */
+typedef struct {
+	int64_t *off;
+	int64_t pool, peak, shards, fulls;
+	int bad;
+} plan_z2_walk_t;
+int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t *out);
+void plan_z2_walk_release(plan_z2_walk_t *w);
+
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */
 typedef struct {
@@ -286,5 +360,12 @@ int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp);
 
 /* Predicted memory of device d by category (bytes); -1 if out of memory. */
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT]);
+/* Device d's zero-2 gradient bytes (plan_mem.c's walk: shards plus the peak
+ * of live full gradients) minus its zero-2 buckets' full gradients, in
+ * *out: minus the bytes zero-2 saves on d over zero-1. 0 or -1 (memory). */
+int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out);
+/* Both with the safe points of plan_z2_safe given (NULL: computed). */
+int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[MEM__COUNT]);
+int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t *out);
 
 #endif

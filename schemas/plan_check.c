@@ -677,9 +677,9 @@ static int check_buckets(dec_t *d, const sp_plan_t *p)
 		    pr_int(d, "layout", x->layout, 0, LAYOUT__COUNT - 1) ||
 		    pr_finite(d, "gather_ms", x->gather_ms))
 			return d->rc;
-		if (x->layout == LAYOUT_ZERO1 && x->n_dev < 2)
-			return pr_fail(d, "layout", "zero-1 over a single device: there "
-						 "is nothing to shard");
+		if (layout_sharded(x->layout) && x->n_dev < 2)
+			return pr_fail(d, "layout", "%s over a single device: there "
+						 "is nothing to shard", layout_name(x->layout));
 		const int32_t *dv = p->bucket_devs + x->dev_off;
 		for (int k = 1; k < x->n_dev; k++)
 			if (dv[k] <= dv[k - 1])
@@ -826,7 +826,7 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 	case INS_GATHER:
 		if (pr_index(d, "peer", in->peer, p->n_buckets, "bucket"))
 			return d->rc;
-		if (p->buckets[in->peer].layout != LAYOUT_ZERO1)
+		if (!layout_sharded(p->buckets[in->peer].layout))
 			return pr_fail(d, "peer", "all-gather of bucket %d, whose parameters "
 					       "are not sharded", in->peer);
 		return 0;

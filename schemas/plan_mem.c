@@ -9,6 +9,9 @@
  *          state (fp32 master weights, AdamW moments: param_state_bytes
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
+ *          and zero-2. A zero-2 bucket's gradients count as its shard
+ *          (persistent) plus the full gradient while it is live, by the
+ *          walk below (zero2_grad_bytes)
  *  acts    activations saved for backward: every FWD keeps
  *          op_saved_elems_at (the slice's tp: one shard's; a decoder's,
  *          never split, with its cross-attention part) *
@@ -32,6 +35,37 @@
  *          it), plus the largest transformer backward's layer workspace
  *          (bwd_ws_bytes; a decoder's: the cross-attention block's), plus
  *          WORK_FIXED for libraries
+ *
+ * The zero-2 walk. Under zero-2 a member holds the bucket's full gradient
+ * (E elements) only from the first instruction of its program that writes
+ * into it (a BWD of one of the bucket's layers, or a LOSS of an lm_head or
+ * classifier of it; a SYNC when nothing wrote it: a zero gradient) until
+ * the reduce-scatter its SYNC starts completes into the member's shard and
+ * frees it: at the first later instruction that allocates another full
+ * gradient with the bucket's safe point (plan_z2_safe: a wait there cannot
+ * deadlock) at or before it, else at the STEP. The walk goes through the
+ * program in order, completing the in-flight buckets so before each
+ * allocation, placing each bucket's E elements at its first write at the
+ * lowest offset of one pool where they fit between the live ones (first
+ * fit: plan_z2_walk, plan_zero2.c; the runtime allocates that pool once);
+ * the pool (at least the most full gradients live at once) is added to
+ * params, with the shards, in place of the full gradients the held entries
+ * count. The other categories
+ * are not walked: activations are one allocation for the whole program
+ * (the runtime does not give them back at BWD), so acts + params' peak is
+ * the device's peak whatever the order. With k > 1 micro-batches the
+ * program runs k times and only the last run has SYNCs: a full gradient
+ * stays live across the micro-steps (the simplest correct rule: gradients
+ * accumulate in it, and the shard is reduce-scattered once per step at the
+ * same price as zero-1), so the walk runs the program k = 2 times (the
+ * second run is the last: every bucket written in the first is live at its
+ * start) — at k > 1 zero-2 then holds every full gradient at once and saves
+ * nothing over zero-1 but the shard's copy costs E / n more; the planner's
+ * auto choice takes zero-2 only at k = 1 (layout.c).
+ * The runtime (interp.c) places and gives back the full gradients at these
+ * points, at the walk's offsets, and checks as it runs that no two live
+ * ones overlap and that the most live at once stays the walk's peak.
+ *
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;
  * counting it here keeps a plan that fits from running out of memory.
@@ -107,6 +141,28 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
 	return (int64_t)(in->s1 - in->s0) * s->seq * s->hidden * db;
 }
 
+/*
+ * Bytes of device d's zero-2 gradients: every shard, plus the pool of the
+ * full gradients (plan_z2_walk: the walk in the header), minus the full
+ * gradients the held loop counted (negative: a saving), in *out; 0 without
+ * zero-2 buckets. 0 or -1 when out of memory.
+ */
+int plan_zero2_grads_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t *out)
+{
+	plan_z2_walk_t w;
+	*out = 0;
+	if (plan_z2_walk(p, d, safe, &w))
+		return -1;
+	*out = (w.shards + w.pool - w.fulls) * dtype_bytes(p->model.dtype);
+	plan_z2_walk_release(&w);
+	return 0;
+}
+
+int plan_zero2_grads(const sp_plan_t *p, int d, int64_t *out)
+{
+	return plan_zero2_grads_at(p, d, NULL, out);
+}
+
 /* Optimizer state of the elements d owns in each bucket it belongs to. */
 static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
 {
@@ -119,6 +175,11 @@ static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
 
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 {
+	return plan_memory_at(p, d, NULL, out);
+}
+
+int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[MEM__COUNT])
+{
 	const sp_device_t *dv = &p->devices[d];
 	const sp_model_t *md = &p->model;
 	int db = dtype_bytes(md->dtype);
@@ -128,6 +189,10 @@ int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 		out[MEM_PARAMS] += comp_layer_params_tp(&md->comps[h->comp], h->tp) * 2 * db;
 	}
 	out[MEM_PARAMS] += owned_state_bytes(p, d, opt_state_bytes(md->dtype, md->opt.kind));
+	int64_t z2;
+	if (plan_zero2_grads_at(p, d, safe, &z2))
+		return -1;
+	out[MEM_PARAMS] += z2;
 	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most four values per instruction: a decoder's BWD touches

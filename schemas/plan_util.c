@@ -81,6 +81,7 @@ const char *layout_name(int layout)
 	switch (layout) {
 	case LAYOUT_REPLICATED: return "replicated";
 	case LAYOUT_ZERO1: return "zero-1";
+	case LAYOUT_ZERO2: return "zero-2";
 	default: return "?";
 	}
 }
@@ -101,7 +102,7 @@ int bucket_shard(const sp_plan_t *p, int b, int dev, int64_t *off, int64_t *n)
 		return -1;
 	*off = 0;
 	*n = bk->elems;
-	if (bk->layout == LAYOUT_ZERO1) {
+	if (layout_sharded(bk->layout)) {
 		*off = bk->elems * lo / bk->n_dev;
 		*n = bk->elems * (lo + 1) / bk->n_dev - *off;
 	}

@@ -297,6 +297,23 @@ def refused(F, bad, ranks, verifier, runtime, what):
                 r.describe())
 
 
+def sync_before_bwd(src, dst):
+    """A zero-2 plan whose first BWD followed by the SYNC of a zero-2 bucket
+    (layout 2: bucket records of 44 bytes, layout at 32) runs the SYNC
+    first: the BWD would write into a full gradient the SYNC has freed."""
+    z2 = []
+    edit_records(src, dst, 14, 44, lambda b, ats: z2.extend(
+        struct.unpack_from("<I", b, a + 32)[0] == 2 for a in ats))
+
+    def fn(b, ats):
+        op = [struct.unpack_from("<i", b, a)[0] for a in ats]
+        k = next(k for k in range(1, len(ats)) if op[k - 1] == 2 and op[k] == 7 and
+                 z2[struct.unpack_from("<i", b, ats[k] + 52)[0]])
+        first, second = bytes(b[ats[k - 1]:ats[k - 1] + 60]), bytes(b[ats[k]:ats[k] + 60])
+        b[ats[k - 1]:ats[k - 1] + 60], b[ats[k]:ats[k] + 60] = second, first
+    edit_instructions(src, dst, fn)
+
+
 def misc(F, tmp, p1):
     bad = p1 + ".sync-twice.bin"
     edit_instructions(p1, bad, retarget_sync)
@@ -329,6 +346,12 @@ def misc(F, tmp, p1):
                                                       for a, k in zip(ats, ks)])
         r = R.run(bad, 2, "--steps", 1, "--timeout", 20)
         expect(F, r, 2, [text], f"a task's micro-batches {name} the step's")
+    src = R.make_plan(tmp, R.demo_model(R.ADAMW), "bad-z2", 2, extra=("--zero", "2"))
+    bad = src + ".sync-early.bin"
+    sync_before_bwd(src, bad)
+    r = R.run(bad, 2, "--steps", 1, "--timeout", 20)
+    expect(F, r, 2, ["writes gradients of a zero-2 bucket after its SYNC"],
+           "a zero-2 SYNC moved before a BWD that writes into its bucket")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

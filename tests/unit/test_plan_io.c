@@ -1092,6 +1092,33 @@ static void expect_patch_rejected(const fix_t *f, uint32_t id, size_t rec, size_
 	free(b);
 }
 
+/* Bucket 0 (zero-1 over 2 devices, with its GATHERs) as zero-2: read, with
+ * the gradients' shards the same as the optimizer state's. */
+static void test_zero2_read(void **state)
+{
+	fix_t *f = *state;
+	uint8_t *b = malloc(f->len);
+	assert_non_null(b);
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 14, 0, 32, LAYOUT_ZERO2);
+	sp_plan_t out;
+	sp_err_t err = {0};
+	int rc = plan_decode(&out, b, f->len, "plan.bin", &err);
+	if (rc)
+		print_message("zero-2 bucket refused: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	assert_int_equal(out.buckets[0].layout, LAYOUT_ZERO2);
+	assert_string_equal(layout_name(out.buckets[0].layout), "zero-2");
+	int64_t off, n;
+	assert_int_equal(bucket_shard(&out, 0, out.bucket_devs[out.buckets[0].dev_off + 1], &off,
+				      &n),
+			 1);
+	assert_int_equal(off, out.buckets[0].elems / 2);
+	assert_int_equal(n, out.buckets[0].elems - out.buckets[0].elems / 2);
+	plan_release(&out);
+	free(b);
+}
+
 static void test_indices(void **state)
 {
 	fix_t *f = *state;
@@ -1118,7 +1145,9 @@ static void test_indices(void **state)
 	/* bucket record: layout 32; slice record: recompute 56 */
 	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO1, "buckets[1].layout",
 			      "nothing to shard");
-	expect_patch_rejected(f, 14, 0, 32, 2, "buckets[0].layout", "outside");
+	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO2, "buckets[1].layout",
+			      "zero-2 over a single device");
+	expect_patch_rejected(f, 14, 0, 32, 3, "buckets[0].layout", "outside");
 	expect_patch_rejected(f, 12, 0, 56, 2, "slices[0].recompute", "outside");
 	expect_patch_rejected(f, 18, 0, 4, 9, "instructions[0].slice",
 			      "slice 9 does not exist");
@@ -1666,6 +1695,7 @@ int main(int argc, char **argv)
 		T(test_sections),
 		T(test_unknown_and_duplicate_sections),
 		T(test_indices),
+		T(test_zero2_read),
 		T(test_tp_fields),
 		T(test_model_rules_shared),
 		T(test_encode_refuses_invalid),

@@ -258,12 +258,11 @@ typedef struct {
 	double cap;
 	sp_plan_t ref, p;
 	int made, rejected;
-	int zero1; /* breaking the --zero 1 --recompute all plan */
+	int zero1; /* breaking the --zero 1 --recompute all plan (2: its zero-2 twin) */
 	int tp;    /* breaking the --tp 2 plan */
 	int mb;    /* breaking the micro-batches-per-task plan */
 } breaks_t;
 
-/* A copy of the plan b breaks (plain, --zero 1 --recompute all, --tp 2). */
 /* The plan made under --microbatches match=2,caption=4. */
 static void copy_mplan(const vfix_t *f, sp_plan_t *out)
 {
@@ -271,12 +270,27 @@ static void copy_mplan(const vfix_t *f, sp_plan_t *out)
 	assert_int_equal(plan_decode(out, f->mbytes, f->mlen, "demo-mb.bin", &err), 0);
 }
 
+/* The --zero 1 --recompute all plan with its zero-1 buckets in zero-2: the
+ * same programs (a SYNC reduce-scatters, GATHERs after the STEP), the
+ * gradients sharded too (the lowering is the same under --zero 2). */
+static void copy_z2plan(const vfix_t *f, sp_plan_t *out)
+{
+	copy_zplan(f, out);
+	for (int bk = 0; bk < out->n_buckets; bk++)
+		if (out->buckets[bk].layout == LAYOUT_ZERO1)
+			out->buckets[bk].layout = LAYOUT_ZERO2;
+}
+
+/* A copy of the plan b breaks (plain, --zero 1 --recompute all or its
+ * zero-2 twin, --tp 2). */
 static void copy_for(const breaks_t *b, sp_plan_t *out)
 {
 	if (b->mb)
 		copy_mplan(b->f, out);
 	else if (b->tp)
 		copy_tplan(b->f, out);
+	else if (b->zero1 == 2)
+		copy_z2plan(b->f, out);
 	else if (b->zero1)
 		copy_zplan(b->f, out);
 	else
@@ -369,13 +383,11 @@ static void each_ins(breaks_t *b, int op, void (*brk)(breaks_t *b, int d, int k)
 				brk(b, d, k);
 }
 
-/* breaks_begin on the valid plan, or (zero1) on the --zero 1 one. */
+/* breaks_begin on the valid plan, or (zero1) on the --zero 1 one (2: its
+ * zero-2 twin). */
 static void breaks_open(breaks_t *b, void **state, int zero1, const char *kind)
 {
-	if (zero1)
-		breaks_begin_zero1(b, *state, kind);
-	else
-		breaks_begin(b, *state, kind);
+	breaks_begin_on(b, *state, kind, zero1, 0);
 }
 
 /* Breaks brk at every instruction of op in the valid plan (zero1: the one
@@ -820,7 +832,7 @@ static int n_gathers_due(const sp_plan_t *p)
 {
 	int n = 0;
 	for (int bk = 0; bk < p->n_buckets; bk++)
-		n += p->buckets[bk].layout == LAYOUT_ZERO1 ? p->buckets[bk].n_dev : 0;
+		n += layout_sharded(p->buckets[bk].layout) ? p->buckets[bk].n_dev : 0;
 	return n;
 }
 
@@ -852,13 +864,14 @@ static void test_zero1_valid(void **state)
 static void del_gather(breaks_t *b, int d, int k)
 {
 	del_ins(break_copy(b), d, k);
-	judge(b, "sharded parameters", "device %d leaves 1 of its zero-1 buckets without an all-gather",
-	      d);
+	judge(b, "sharded parameters",
+	      "device %d leaves 1 of its zero-1/2 buckets without an all-gather", d);
 }
 
 static void test_gather_missing(void **state)
 {
 	breaks_each_ins(state, 1, "deleted all-gathers", INS_GATHER, del_gather, -1);
+	breaks_each_ins(state, 2, "deleted all-gathers (zero-2)", INS_GATHER, del_gather, -1);
 }
 
 static void gather_twice(breaks_t *b, int d, int k)
@@ -871,6 +884,7 @@ static void gather_twice(breaks_t *b, int d, int k)
 static void test_gather_twice(void **state)
 {
 	breaks_each_ins(state, 1, "repeated all-gathers", INS_GATHER, gather_twice, -1);
+	breaks_each_ins(state, 2, "repeated all-gathers (zero-2)", INS_GATHER, gather_twice, -1);
 }
 
 /* A GATHER moved before the STEP would gather shards not yet updated. */
@@ -889,6 +903,8 @@ static void gather_early(breaks_t *b, int d, int k)
 static void test_gather_before_step(void **state)
 {
 	breaks_each_ins(state, 1, "all-gathers before the step", INS_GATHER, gather_early, -1);
+	breaks_each_ins(state, 2, "all-gathers before the step (zero-2)", INS_GATHER, gather_early,
+			-1);
 }
 
 /* A device outside a zero-1 bucket's group all-gathering it: after its own
@@ -896,7 +912,7 @@ static void test_gather_before_step(void **state)
 static void gather_stranger(breaks_t *b, int bk, int q)
 {
 	const sp_bucket_t *bt = &b->ref.buckets[bk];
-	if (q || bt->layout != LAYOUT_ZERO1) /* once per zero-1 bucket */
+	if (q || !layout_sharded(bt->layout)) /* once per zero-1/2 bucket */
 		return;
 	for (int d = 0; d < b->ref.n_devices; d++) {
 		int64_t off, n;
@@ -917,6 +933,65 @@ static void gather_stranger(breaks_t *b, int bk, int q)
 static void test_gather_stranger(void **state)
 {
 	breaks_each_bucket(state, 1, "all-gathers by non-members", 0, gather_stranger, 1);
+	breaks_each_bucket(state, 2, "all-gathers by non-members (zero-2)", 0, gather_stranger, 1);
+}
+
+/* ---- (l) zero-2 buckets (the zero-1 plan's twin) ---------------------------------- */
+
+/* The twin is valid, and has zero-2 buckets whose gradients are written
+ * before their SYNCs on every member. */
+static void test_zero2_valid(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_z2plan(f, &p);
+	expect_valid(&p, 0);
+	int z2 = 0;
+	for (int bk = 0; bk < p.n_buckets; bk++)
+		z2 += p.buckets[bk].layout == LAYOUT_ZERO2;
+	assert_true(z2 > 0);
+	assert_int_equal(count_op(&p, INS_GATHER), n_gathers_due(&p));
+	print_message("zero-2: %d buckets, %d GATHER\n", z2, count_op(&p, INS_GATHER));
+	plan_release(&p);
+}
+
+/* A zero-2 SYNC moved before the last instruction of its device that
+ * writes into the bucket: that write would go to a full gradient the SYNC
+ * has freed. */
+static void sync_early(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *sy = ins_at(&b->ref, d, k);
+	if (b->ref.buckets[sy->peer].layout != LAYOUT_ZERO2)
+		return;
+	sp_z2map_t m;
+	int32_t w[64];
+	assert_int_equal(z2map_init(&m, &b->ref), 0);
+	int last = -1;
+	for (int j = 0; j < k; j++) {
+		int nw = z2map_writes(&m, &b->ref, d, ins_at(&b->ref, d, j), w, 64);
+		for (int q = 0; q < nw; q++)
+			if (w[q] == sy->peer)
+				last = j;
+	}
+	z2map_release(&m);
+	assert_true(last >= 0); /* every member writes its bucket before the SYNC */
+	int peer = (int)sy->peer;
+	move_ins(break_copy(b), d, k, last);
+	judge(b, "zero-2 gradient used after it was freed",
+	      "device %d instruction %d (%s): zero-2 gradient used after it was freed: writes "
+	      "gradients of bucket %d",
+	      d, last + 1, ins_op_name(ins_at(&b->ref, d, last)->op), peer);
+}
+
+static void test_zero2_write_after_sync(void **state)
+{
+	breaks_t b;
+	breaks_open(&b, state, 2, "zero-2 SYNCs before a write into their bucket");
+	each_ins(&b, INS_SYNC, sync_early);
+	int least = 0;
+	for (int bk = 0; bk < b.ref.n_buckets; bk++)
+		least += b.ref.buckets[bk].layout == LAYOUT_ZERO2 ? b.ref.buckets[bk].n_dev : 0;
+	breaks_end(&b, least);
 }
 
 /*
@@ -1215,6 +1290,8 @@ int main(void)
 		cmocka_unit_test(test_gather_before_step),
 		cmocka_unit_test(test_gather_stranger),
 		cmocka_unit_test(test_zero1_memory),
+		cmocka_unit_test(test_zero2_valid),
+		cmocka_unit_test(test_zero2_write_after_sync),
 		cmocka_unit_test(test_tp_valid),
 		cmocka_unit_test(test_tp_group_spans_nodes),
 		cmocka_unit_test(test_tp_one_sharding),

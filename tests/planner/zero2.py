@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Zero-2 in the planner (issue 17): gradients sharded as the optimizer
+state, a full gradient live from its first write until its reduce-scatter
+completes (schemas/plan_mem.c's walk).
+
+  * qwen-val-7b on its 8x8 H100 cluster: --zero 2 puts every bucket of two
+    or more devices in zero-2, predicts the same iteration as --zero 1 (the
+    same collectives) and a lower peak on every device; auto takes zero-2
+    there too (its report names each bucket's layout and the gradient bytes
+    zero-2 saves beyond zero-1's, > 0), and its plan is byte-identical
+    when planned twice;
+  * with 2 micro-batches a full gradient stays live across the
+    micro-steps, so zero-2 saves nothing: auto leaves every bucket zero-1;
+  * --zero 2 where every sync group has one device exits 2 and writes no
+    plan.
+Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
+pass, 1 fail.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.environ["SPINDLE_ROOT"]
+PLAN = os.environ["SPINDLE_PLAN"]
+SHOW = os.environ["SPINDLE_SHOW"]
+FAILS = []
+
+
+def check(ok, what, detail=""):
+    print(("ok   " if ok else "FAIL ") + what + ("" if ok or not detail else f": {detail}"),
+          flush=True)
+    if not ok:
+        FAILS.append(what)
+
+
+def plan(tmp, tag, model, cluster, *opts):
+    out = os.path.join(tmp, tag + ".bin")
+    p = subprocess.run([PLAN, model, cluster, "-o", out, "--json", *opts],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{tag}: exit {p.returncode}: {p.stderr.strip()}")
+    view = json.loads(subprocess.run([SHOW, out, "--json"], capture_output=True, text=True,
+                                     timeout=60).stdout)
+    return out, json.loads(p.stdout), view
+
+
+def peaks(view):
+    return [d["peak_gib"] for d in view["devices"]]
+
+
+def main():
+    m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
+    c7 = os.path.join(ROOT, "plans/qwen-val-7b/cluster.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        _, r1, v1 = plan(tmp, "z1", m7, c7, "--zero", "1")
+        b2, r2, v2 = plan(tmp, "z2", m7, c7, "--zero", "2")
+        ba, ra, va = plan(tmp, "auto", m7, c7)
+        multi = [b for b in r2["buckets"] if b["devices"] >= 2]
+        check(multi and all(b["layout"] == "zero-2" for b in multi) and
+              all(b["layout"] == "replicated" for b in r2["buckets"] if b["devices"] < 2),
+              f"--zero 2: all {len(multi)} buckets of 2+ devices are zero-2")
+        it1, it2 = v1["predicted"]["iteration_ms"], v2["predicted"]["iteration_ms"]
+        check(it1 == it2, f"--zero 2 predicts the iteration of --zero 1 ({it2} ms)",
+              f"{it2} against {it1}")
+        p1, p2 = peaks(v1), peaks(v2)
+        check(len(p1) == len(p2) and all(b < a for a, b in zip(p1, p2)),
+              f"--zero 2 lowers every device's peak (max {max(p1):.2f} -> {max(p2):.2f} GiB)",
+              f"{p1} -> {p2}")
+        za = [b["layout"] for b in ra["buckets"]]
+        saved = ra.get("zero2_grad_saved_bytes", 0)
+        check("zero-2" in za and saved > 0,
+              f"auto takes zero-2 ({za.count('zero-2')} buckets) and reports "
+              f"{saved / 2**30:.2f} GiB saved beyond zero-1 on device "
+              f"{ra.get('zero2_grad_saved_device')}", f"layouts {za}, saved {saved}")
+        check(max(peaks(va)) <= max(p1), "auto's peak is at most --zero 1's",
+              f"{max(peaks(va))} > {max(p1)}")
+        again = os.path.join(tmp, "auto2.bin")
+        subprocess.run([PLAN, m7, c7, "-o", again], capture_output=True, timeout=300)
+        check(open(ba, "rb").read() == open(again, "rb").read(),
+              "auto with zero-2: the same inputs give a byte-identical plan")
+        # k = 2: full gradients live across micro-steps, zero-2 saves nothing
+        _, rk, _ = plan(tmp, "k2", m7, c7, "--microbatches", "2")
+        lk = [b["layout"] for b in rk["buckets"]]
+        check("zero-2" not in lk and "zero-1" in lk,
+              f"auto with 2 micro-batches keeps zero-1 ({lk.count('zero-1')} buckets), "
+              "no zero-2", f"layouts {lk}")
+        # a single device: no group to shard
+        one = os.path.join(tmp, "one.json")
+        c = json.load(open(os.path.join(ROOT, "plans/demo/cluster.json")))
+        c["nodes"], c["gpus_per_node"] = 1, 1
+        json.dump(c, open(one, "w"))
+        out = os.path.join(tmp, "one.bin")
+        p = subprocess.run([PLAN, os.path.join(ROOT, "plans/demo/model.json"), one, "-o", out,
+                            "--zero", "2"], capture_output=True, text=True, timeout=120)
+        check(p.returncode == 2 and "--zero 2: every sync group of the plan has a single "
+              "device" in p.stderr and not os.path.exists(out),
+              "--zero 2 on one device: exit 2, no plan written",
+              f"exit {p.returncode}: {p.stderr.strip()}")
+    print(f"{len(FAILS)} failure(s)")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

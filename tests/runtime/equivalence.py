@@ -516,6 +516,23 @@ def vocab(demo, tmp):
     return failures + cuda_vocab(demo, tmp)
 
 
+def combined(demo, tmp):
+    """The layouts and splits built apart, together: zero-2 with micro-
+    batches per task (3 ranks) and with the vocabulary and transformers
+    split 2 ways (4 ranks, every plan must split), per-task micro-batches
+    with --tp 2 (4 ranks), against the one-device run with the same
+    micro-batches, SGD (tight tolerance)."""
+    demo = dict(demo, optimizer={"type": "sgd", "lr": 0.05})
+    mbt = ("--microbatches", "caption=2")
+    failures = check_model(demo, tmp, "demo-sgd-z2mbt", [(3, 1, "spindle", ZERO2 + mbt)], 1e-7,
+                           mbt)
+    failures += check_model(demo, tmp, "demo-sgd-z2tv", [(4, 1, "sequential", ZERO2 + TP2)],
+                            1e-7, vocab=(1, 1))
+    failures += check_model(demo, tmp, "demo-sgd-mbttp", [(4, 1, "sequential", TP2 + mbt)],
+                            1e-7, mbt, split=True)
+    return failures
+
+
 def cuda_vocab(demo, tmp):
     """The CUDA backend has the vocabulary-parallel layers (cu_layers.cu
     cu_embedding_fwd_tp, cu_loss.cu cu_lm_head_loss_tp): a CUDA build takes
@@ -710,6 +727,11 @@ def main():
             failures += vocab(demo, tmp)
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
+        if os.environ.get("EQUIV_ONLY") == "combined":  # layouts and splits together
+            demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
+            failures += combined(demo, tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         if os.environ.get("EQUIV_ONLY") == "zero2":  # the zero-2 cases alone
             demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
             failures += zero2(demo, tmp)
@@ -754,6 +776,8 @@ def main():
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
         failures += vocab(demo, tmp)
+        # the layouts and splits together
+        failures += combined(demo, tmp)
         # cross-attention decoders
         failures += encdec(tmp)
     print(f"{len(failures)} failure(s)")

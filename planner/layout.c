@@ -25,8 +25,9 @@
  *     activation bytes per millisecond of forward re-run recomputes
  *     (recomputation costs one more forward: sim.c). Memory is exact
  *     (plan_mem.c's formula) after every change. Then, once simulated, for
- *     our algorithm only and only for large components (layout_trial),
- *     every remaining bucket over 2+ devices is tried in zero-1 at once and
+ *     our algorithm only and only in models with a large component
+ *     (layout_trial), every remaining bucket over 2+ devices, of any
+ *     component, is tried in zero-1 at once and
  *     kept when the simulator says the iteration is not slower
  *     (reduce-scatter + shard step + all-gather against all-reduce + full
  *     step; only the sync pass is simulated again). The baselines are thus
@@ -151,16 +152,6 @@ static double shard_saving(const sp_plan_t *p, int b)
 	const sp_bucket_t *bk = &p->buckets[b];
 	double opt = (double)opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
-}
-
-/* 1 when bucket b holds a layer of a component whose layout auto may shard. */
-static int bucket_large(const planner_t *pl, const sp_plan_t *p, int b)
-{
-	const sp_bucket_t *bk = &p->buckets[b];
-	for (int k = 0; k < bk->n_params; k++)
-		if (pl->lay_shard[p->bucket_params[bk->param_off + k].comp])
-			return 1;
-	return 0;
 }
 
 static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe);
@@ -392,9 +383,11 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 	return rc;
 }
 
-/* Ours, large components: every remaining bucket of 2+ devices in zero-1 at
- * once, kept when the iteration is not slower than res (the plan's); else
- * the plan's memory and predicted times as they were. */
+/* Ours, in a model with a large component: every remaining bucket of 2+
+ * devices (of any component: a small one's shard step and halves can
+ * beat its all-reduce and full step too) in zero-1 at once, kept when the
+ * iteration is not slower than res (the plan's); else the plan's memory and
+ * predicted times as they were. */
 static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int tried = 0, rc = 0;
@@ -412,8 +405,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	memcpy(wv, p->waves, sizeof *wv * (size_t)p->n_waves);
 	memcpy(dv, p->devices, sizeof *dv * (size_t)p->n_devices);
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2 &&
-		    bucket_large(pl, p, b)) {
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2) {
 			was[b] = 1;
 			set_layout(pl, p, b, LAYOUT_ZERO1);
 			tried++;

@@ -424,7 +424,15 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			set_layout(pl, p, b, LAYOUT_REPLICATED);
 	memcpy(p->slices, sl, sizeof *sl * (size_t)p->n_slices);
 	memcpy(p->waves, wv, sizeof *wv * (size_t)p->n_waves);
-	memcpy(p->devices, dv, sizeof *dv * (size_t)p->n_devices);
+	/* the devices' memory and times as they were, but their programs'
+	 * ranges as they are: regather above rebuilt the instruction array
+	 * (the saved ranges index the old one) */
+	for (int d = 0; d < p->n_devices; d++) {
+		int32_t first = p->devices[d].first_ins, n = p->devices[d].n_ins;
+		p->devices[d] = dv[d];
+		p->devices[d].first_ins = first;
+		p->devices[d].n_ins = n;
+	}
 	rc = regather(p);
 cleanup:
 	sp_arena_reset(a, mark);

@@ -12,7 +12,10 @@ plan verified, TP rules included); it checks what the verifier cannot see.
     on 16 A800 nodes with --tp 4 had text/llm x64 at batch 32), also with
     --microbatches 2;
   * D: --tp 8 on clip-7 names only the heads (12; 8 divides ffn 3072),
-    located at the model file and components.audio.heads.
+    located at the model file and components.audio.heads;
+  * E: qwen-val-7b on 16 A800 nodes with --tp 2 plans (a rejected zero-1
+    trial of layout.c restored stale program ranges: "the programs
+    deadlock", exit 1).
 The subset's clusters are 16-node copies of plans/clusters/*.json made in
 a temporary directory. Environment: SPINDLE_PLAN, SPINDLE_SHOW,
 SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
@@ -63,7 +66,11 @@ def main():
                 ("clip-10", "a800-8x8-16", "2", []),
                 ("clip-4", "h100-8x8-8nic-16", "4", []),
                 ("vit-bigg-4res", "a800-8x8", "2", []),
-                ("demo", "h100-8x8-8nic-16", "4", [])]
+                ("demo", "h100-8x8-8nic-16", "4", []),
+                # E: a rejected zero-1 trial (layout.c try_shard_all) put
+                # back the devices' old program ranges into the instruction
+                # array its regather had rebuilt: garbled programs, exit 1
+                ("qwen-val-7b", "a800-8x8-16", "2", [])]
 
         def plan(k):
             w, c, t, extra = runs[k]

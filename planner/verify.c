@@ -68,9 +68,7 @@ int verify_vfail(vstate_t *st, int d, int k, const char *fmt, va_list ap)
 			  "plan verification failed: %s", msg);
 }
 
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
+int verify_fail(vstate_t *st, int d, int k, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -123,7 +121,7 @@ static int check_complete(vstate_t *st, int d, int k, const sp_vref_t *r, int32_
 	for (int32_t s = s0, n, e; s < s1; s = e) {
 		e = vcounts_piece(&v->cnt, s, s1, &n);
 		if (n != want)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing input: %s of '%s' sample %d has %d of %d tokens",
 				    what, st->p->metaops[r->metaop].name, (int)s, (int)n,
 				    (int)want);
@@ -143,7 +141,7 @@ int verify_write(vstate_t *st, int d, int k, const sp_vref_t *r, int32_t s0, int
 	for (int32_t s = s0, n, e; s < s1; s = e) {
 		e = vcounts_piece(&v->cnt, s, s1, &n);
 		if (n > want)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing input: value of '%s' sample %d written twice "
 				    "(%d tokens)",
 				    st->p->metaops[r->metaop].name, (int)s, (int)n);
@@ -173,7 +171,7 @@ static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int j)
 			held = whole && h->tp == sl->tp && h->tp_rank == j;
 		}
 		if (!held)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing parameters: '%s' layer %d%s is not held here",
 				    p->model.comps[comp].name, (int)op->layer,
 				    whole ? " (shard of the slice's tp and this member)" : "");
@@ -187,7 +185,7 @@ static int check_params(vstate_t *st, int d, int k, const sp_ins_t *in, int j)
 			for (int q = 0; q < p->buckets[b].n_dev; q++)
 				member |= p->bucket_devs[p->buckets[b].dev_off + q] == d;
 		if (!member)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing gradient contribution: gradients of '%s' layer %d "
 				    "computed here are not in its sync group",
 				    p->model.comps[comp].name, (int)op->layer);
@@ -211,7 +209,7 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 			sample_range(verify_batch(p, sl->metaop), n_slot / sl->tp,
 				     sl->n_dev / sl->tp, &a, &b);
 		if (n_slot < 0 || a != in->s0 || b != in->s1)
-			return fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
+			return verify_fail(st, d, k, "size mismatch: samples [%d, %d) are not this "
 					      "device's range of the slice",
 				    (int)in->s0, (int)in->s1);
 		if ((rc = check_params(st, d, k, in, n_slot % sl->tp)) ||
@@ -249,7 +247,7 @@ static int exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 			found = st->ds[d].sv[q].slice == in->slice && st->ds[d].sv[q].s0 == in->s0 &&
 				st->ds[d].sv[q].s1 == in->s1;
 		if (!found)
-			return fail(st, d, k, "missing input: backward of slice %d without its "
+			return verify_fail(st, d, k, "missing input: backward of slice %d without its "
 					      "forward's saved activations",
 				    (int)in->slice);
 		if ((rc = check_complete(st, d, k, &g, in->s0, in->s1, "output gradient")))
@@ -285,7 +283,7 @@ static int verify_alloc(vstate_t *st)
 			if (in->op != INS_SEND && in->op != INS_RECV)
 				continue;
 			if (in->tag >= p->n_ins)
-				return fail(st, d, k,
+				return verify_fail(st, d, k,
 					    "unmatched transfer: tag %d, but a plan of %d "
 					    "instructions has fewer transfers",
 					    (int)in->tag, (int)p->n_ins);
@@ -338,19 +336,19 @@ static int index_buckets(vstate_t *st)
 			const sp_param_t *p0 = &p->bucket_params[bk->param_off];
 			int key = (st->param_base[pr->comp] + pr->layer) * SP_MAX_TP + pr->tp_rank;
 			if (pr->tp != p0->tp || pr->tp_rank != p0->tp_rank)
-				return fail(st, -1, -1, "tensor parallelism: sync bucket %d mixes "
+				return verify_fail(st, -1, -1, "tensor parallelism: sync bucket %d mixes "
 							"shard %d of %d and shard %d of %d",
 					    b, (int)p0->tp_rank, (int)p0->tp, (int)pr->tp_rank,
 					    (int)pr->tp);
 			if (st->bucket_of_param[key] >= 0)
-				return fail(st, -1, -1, "missing gradient contribution: '%s' layer "
+				return verify_fail(st, -1, -1, "missing gradient contribution: '%s' layer "
 							"%d is in two sync buckets",
 					    p->model.comps[pr->comp].name, (int)pr->layer);
 			st->bucket_of_param[key] = b;
 			elems += comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
 		}
 		if (elems != bk->elems)
-			return fail(st, -1, -1, "tensor parallelism: sync bucket %d says %lld "
+			return verify_fail(st, -1, -1, "tensor parallelism: sync bucket %d says %lld "
 						"elements, its parameter shards have %lld",
 				    b, (long long)bk->elems, (long long)elems);
 	}
@@ -368,7 +366,7 @@ static int check_tp(vstate_t *st)
 		for (int k = 0; k < sl->n_dev; k++) {
 			int lead = dv[k - k % sl->tp];
 			if (p->devices[dv[k]].node != p->devices[lead].node)
-				return fail(st, -1, -1, "tensor parallelism: group %d of slice %d "
+				return verify_fail(st, -1, -1, "tensor parallelism: group %d of slice %d "
 							"spans nodes %d and %d (devices %d, %d)",
 					    k / sl->tp, s, (int)p->devices[lead].node,
 					    (int)p->devices[dv[k]].node, (int)lead, (int)dv[k]);
@@ -379,7 +377,7 @@ static int check_tp(vstate_t *st)
 			int comp = p->model.tasks[m->task].nodes[op->node].comp;
 			int *t = &st->layer_tp[st->param_base[comp] + op->layer];
 			if (*t && *t != sl->tp)
-				return fail(st, -1, -1, "tensor parallelism: '%s' layer %d is split "
+				return verify_fail(st, -1, -1, "tensor parallelism: '%s' layer %d is split "
 							"%d ways in slice %d and %d ways in another "
 							"(one sharding per layer)",
 					    p->model.comps[comp].name, (int)op->layer, (int)sl->tp,
@@ -414,7 +412,7 @@ static int check_sync_groups(vstate_t *st)
 						x->tp == pr->tp && x->tp_rank == pr->tp_rank;
 				}
 				if (holds != member)
-					return fail(st, -1, -1,
+					return verify_fail(st, -1, -1,
 						    "missing gradient contribution: sync group of "
 						    "'%s' layer %d %s device %d",
 						    p->model.comps[pr->comp].name, (int)pr->layer,
@@ -446,7 +444,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 						  ? "by a device outside its group"
 						  : NULL;
 			if (why)
-				return fail(st, d, k, "sharded parameters: all-gather of bucket %d %s",
+				return verify_fail(st, d, k, "sharded parameters: all-gather of bucket %d %s",
 					    (int)in->peer, why);
 			seen[in->peer] = d + 1;
 		} else if (steps) {
@@ -454,7 +452,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 		}
 	}
 	if (steps != 1 || after)
-		return fail(st, -1, -1,
+		return verify_fail(st, -1, -1,
 			    "missing gradient contribution: the program of device %d has %d "
 			    "optimizer steps (it must end with exactly one, followed only by "
 			    "all-gathers)",
@@ -463,7 +461,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 		missing += layout_sharded(p->buckets[b].layout) && seen[b] != d + 1 &&
 			   bucket_member(p, b, d);
 	if (missing)
-		return fail(st, -1, -1,
+		return verify_fail(st, -1, -1,
 			    "sharded parameters: device %d leaves %d of its zero-1/2 buckets "
 			    "without an all-gather (it would start the next iteration with "
 			    "stale weights)",
@@ -488,18 +486,18 @@ static int match_recv(vstate_t *st, int d, int k, const sp_ins_t *in)
 {
 	const sp_plan_t *p = st->p;
 	if (st->recvd[in->tag])
-		return fail(st, d, k, "unmatched transfer: tag %d received twice", (int)in->tag);
+		return verify_fail(st, d, k, "unmatched transfer: tag %d received twice", (int)in->tag);
 	const sp_ins_t *sd = &p->ins[st->send_of[in->tag]];
 	int sdev = 0;
 	while (sdev + 1 < p->n_devices && p->devices[sdev + 1].first_ins <= st->send_of[in->tag])
 		sdev++;
 	if (sd->s0 != in->s0 || sd->s1 != in->s1 || sd->seq_len != in->seq_len ||
 	    sd->peer != d || in->peer != sdev)
-		return fail(st, d, k, "size mismatch: transfer tag %d differs from its send on "
+		return verify_fail(st, d, k, "size mismatch: transfer tag %d differs from its send on "
 				      "device %d",
 			    (int)in->tag, sdev);
 	if (plan_ins_task(p, sd) != plan_ins_task(p, in))
-		return fail(st, d, k, "transfer between tasks: tag %d sends a value of task '%s' "
+		return verify_fail(st, d, k, "transfer between tasks: tag %d sends a value of task '%s' "
 				      "from device %d into one of task '%s'",
 			    (int)in->tag, p->model.tasks[plan_ins_task(p, sd)].name, sdev,
 			    p->model.tasks[plan_ins_task(p, in)].name);
@@ -540,7 +538,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 		rc = match_recv(st, d, k, in);
 	} else if (in->op == INS_SEND) {
 		if (in->tag < 0 || in->tag >= st->max_tag || st->sent[in->tag])
-			return fail(st, d, k, "unmatched transfer: tag %d sent twice or invalid",
+			return verify_fail(st, d, k, "unmatched transfer: tag %d sent twice or invalid",
 				    (int)in->tag);
 		st->sent[in->tag] = 1;
 		st->send_of[in->tag] = p->devices[d].first_ins + k;
@@ -616,7 +614,7 @@ static int explain_deadlock(vstate_t *st)
 			const sp_ins_t *io = &p->ins[p->devices[o].first_ins + pc[o]];
 			if (pc[o] < p->devices[o].n_ins &&
 			    (io->op != iq->op || io->slice != iq->slice))
-				return fail(st, q, pc[q],
+				return verify_fail(st, q, pc[q],
 					    "deadlock: the tensor-parallel group of slice %d waits "
 					    "for device %d, which runs %s of slice %d first (members "
 					    "must run the slice's FWD/BWD/LOSS in the same order)",
@@ -624,22 +622,22 @@ static int explain_deadlock(vstate_t *st)
 		}
 	}
 	if (in->op == INS_RECV && missing)
-		return fail(st, d, pc[d],
+		return verify_fail(st, d, pc[d],
 			    "deadlock: waits for tag %d from device %d, which never sends it",
 			    (int)in->tag, (int)in->peer);
 	if (in->op == INS_RECV)
-		return fail(st, d, pc[d],
+		return verify_fail(st, d, pc[d],
 			    "deadlock: waits for tag %d from device %d, which waits in turn "
 			    "(a cycle)",
 			    (int)in->tag, (int)in->peer);
-	return fail(st, d, pc[d], "deadlock: waits for a sync some member never starts");
+	return verify_fail(st, d, pc[d], "deadlock: waits for a sync some member never starts");
 }
 
 static int check_all_received(vstate_t *st)
 {
 	for (int t = 0; t < st->max_tag; t++)
 		if (st->sent[t] && !st->recvd[t])
-			return fail(st, -1, -1,
+			return verify_fail(st, -1, -1,
 				    "unmatched transfer: tag %d is sent but never received", t);
 	return 0;
 }
@@ -658,7 +656,7 @@ static int check_contributions(vstate_t *st)
 			if (p->model.comps[comp].type == COMP_CONTRASTIVE ||
 			    st->contrib[mo->first_op + l] == want)
 				continue;
-			return fail(st, -1, -1,
+			return verify_fail(st, -1, -1,
 				    "missing gradient contribution: '%s' layer %d gets %lld "
 				    "samples of gradient in '%s' (batch %lld) in micro-step %d",
 				    p->model.comps[comp].name, (int)op->layer,
@@ -684,7 +682,7 @@ static int check_sync_issues(vstate_t *st)
 		for (int b = 0; b < p->n_buckets; b++) {
 			int member = bucket_member(p, b, d);
 			if (st->issued[b] != member)
-				return fail(st, -1, -1,
+				return verify_fail(st, -1, -1,
 					    "missing gradient contribution: device %d issues the "
 					    "all-reduce of sync bucket %d %d times (%s)",
 					    d, b, st->issued[b],
@@ -705,7 +703,7 @@ static int check_memory(vstate_t *st, double mem_cap)
 		for (int c = 0; c < MEM__COUNT; c++)
 			tot += mem[c];
 		if ((double)tot > mem_cap)
-			return fail(st, -1, -1,
+			return verify_fail(st, -1, -1,
 				    "out of memory: device %d needs %.1f MiB, more than its "
 				    "%.1f MiB",
 				    d, (double)tot / 1048576.0, mem_cap / 1048576.0);

@@ -97,6 +97,10 @@ typedef struct {
  * device d instruction k (op): <message>", or without the location when d
  * or k is negative. */
 int verify_vfail(vstate_t *st, int d, int k, const char *fmt, va_list ap);
+/* verify_vfail with its arguments inline (the verifier's files' one way to
+ * fail). */
+int verify_fail(vstate_t *st, int d, int k, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 int64_t verify_batch(const sp_plan_t *p, int m);
 /* Device d's buffer of value r (found or added), NULL when out of memory. */
 vbuf_t *verify_value(vstate_t *st, int d, const sp_vref_t *r);

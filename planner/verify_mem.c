@@ -34,18 +34,6 @@
  */
 #include "verify.h"
 
-#include <stdarg.h>
-
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int rc = verify_vfail(st, d, k, fmt, ap);
-	va_end(ap);
-	return rc;
-}
 
 /* Device d's per-sample counts of decoder i in table t. */
 static vcounts_t *counts(const vstate_t *st, vcounts_t *t, int d, int i)
@@ -82,7 +70,7 @@ static int index_decoders(vstate_t *st)
 			continue;
 		int i = mm->dec_of[ed->dst];
 		if (i < 0 || mm->producer[i] >= 0)
-			return fail(st, -1, -1, "missing memory: memory edge %d into '%s', %s", e,
+			return verify_fail(st, -1, -1, "missing memory: memory edge %d into '%s', %s", e,
 				    p->metaops[ed->dst].name,
 				    i < 0 ? "which has no cross-attention (mem_seq 0)"
 					  : "which has another memory edge");
@@ -90,7 +78,7 @@ static int index_decoders(vstate_t *st)
 	}
 	for (int i = 0; i < mm->n_dec; i++)
 		if (mm->producer[i] < 0)
-			return fail(st, -1, -1, "missing memory: decoder '%s' has no memory edge",
+			return verify_fail(st, -1, -1, "missing memory: decoder '%s' has no memory edge",
 				    p->metaops[mm->dec[i]].name);
 	return 0;
 }
@@ -130,7 +118,7 @@ static int check_order(vstate_t *st, int d, int i, int32_t *first)
 		const sp_slice_t *sl = &p->slices[in->slice];
 		for (int32_t s = SP_MAX(in->s0, 0); s < SP_MIN(in->s1, B); s++) {
 			if (first[s] < k)
-				return fail(st, d, first[s],
+				return verify_fail(st, d, first[s],
 					    "memory gradient sent early: sample %d of grad(m, -1) "
 					    "of '%s' goes back to '%s' before the backward at "
 					    "instruction %d adds layers [%d, %d) to it (samples "
@@ -140,7 +128,7 @@ static int check_order(vstate_t *st, int d, int i, int32_t *first)
 					    (int)sl->layer_from, (int)sl->layer_to, (int)in->s0,
 					    (int)in->s1);
 			if (first[s] == none)
-				return fail(st, d, k,
+				return verify_fail(st, d, k,
 					    "memory gradient never sent: this backward adds layers "
 					    "[%d, %d) of '%s' to grad(m, -1) of samples [%d, %d), "
 					    "and no later send or copy returns sample %d to '%s'",
@@ -172,7 +160,7 @@ int vmem_prepare(vstate_t *st)
 	for (int s = 0; s < p->n_slices; s++) {
 		const sp_slice_t *sl = &p->slices[s];
 		if (mm->dec_of[sl->metaop] >= 0 && sl->tp != 1)
-			return fail(st, -1, -1,
+			return verify_fail(st, -1, -1,
 				    "tensor parallelism: slice %d of decoder '%s' is split %d ways "
 				    "(decoders are never split)",
 				    s, p->metaops[sl->metaop].name, (int)sl->tp);
@@ -199,7 +187,7 @@ static int check_arrived(vstate_t *st, int d, int k, const sp_ins_t *in, int m)
 		for (int32_t s = in->s0, n, e; s < in->s1; s = e) {
 			e = vcounts_piece(got, s, in->s1, &n);
 			if (n != L)
-				return fail(st, d, k,
+				return verify_fail(st, d, k,
 					    "missing memory gradient: backward of '%s' samples "
 					    "[%d, %d) before every contribution to the memory "
 					    "gradient of its decoder '%s' arrived: sample %d has "
@@ -228,7 +216,7 @@ int vmem_compute(vstate_t *st, int d, int k, const sp_ins_t *in)
 		for (int32_t s = in->s0, n, e; s < in->s1; s = e) {
 			e = vcounts_piece(&v->cnt, s, in->s1, &n);
 			if (n != m->shape.mem_seq)
-				return fail(st, d, k,
+				return verify_fail(st, d, k,
 					    "missing memory: %s of '%s' samples [%d, %d) reads "
 					    "act(m, -1), but sample %d has %d of %lld tokens here "
 					    "(it is received or copied before the device's first "
@@ -258,7 +246,7 @@ static int deliver(vstate_t *st, int d, int k, const sp_ins_t *in, int i,
 	int Lc = p->metaops[c].n_layers, Lp = p->metaops[pm].n_layers;
 	const sp_vref_t *to = &in->dst;
 	if (!to->grad || to->metaop != pm || to->layer != Lp)
-		return fail(st, d, k,
+		return verify_fail(st, d, k,
 			    "missing memory gradient: grad(m, -1) of '%s' samples [%d, %d) goes "
 			    "into %s('%s', %d), not into its producer's output gradient "
 			    "grad('%s', %d) (misdirected)",
@@ -270,7 +258,7 @@ static int deliver(vstate_t *st, int d, int k, const sp_ins_t *in, int i,
 		e = vcounts_piece(got, s, in->s1, &before);
 		e = vcounts_piece(carried, s, e, &add);
 		if (before + add > Lc)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing memory gradient: sample %d of grad(m, -1) of '%s' "
 				    "has %d of %d layers' contributions here (added twice)",
 				    (int)s, p->metaops[c].name, (int)(before + add), Lc);
@@ -304,7 +292,7 @@ int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
 	if (src->layer < 0 && src->grad) {
 		int i = mm->dec_of[src->metaop];
 		if (i < 0)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "missing memory gradient: grad('%s', -1) moved, but it is no "
 				    "decoder",
 				    p->metaops[src->metaop].name);
@@ -321,7 +309,7 @@ int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
 	int i = mm->dec_of[to->metaop];
 	int pm = i >= 0 ? mm->producer[i] : -1;
 	if (i < 0 || src->metaop != pm || src->layer != p->metaops[pm].n_layers || src->grad)
-		return fail(st, d, k,
+		return verify_fail(st, d, k,
 			    "missing memory: act(m, -1) of '%s' samples [%d, %d) comes from "
 			    "%s('%s', %d), not from %s (misdirected)",
 			    p->metaops[to->metaop].name, (int)in->s0, (int)in->s1, vname(src),

@@ -31,17 +31,6 @@ static int bucket_member(const sp_plan_t *p, int b, int d)
 	return bucket_shard(p, b, d, &off, &n) >= 0;
 }
 
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int fail(vstate_t *st, int d, int k, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int rc = verify_vfail(st, d, k, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
 int vz2_prepare(vstate_t *st)
 {
 	const sp_plan_t *p = st->p;
@@ -135,7 +124,7 @@ int vz2_exec(vstate_t *st, int d, int k, const sp_ins_t *in)
 	for (int j = 0; j < nw; j++) {
 		char *s = state_of(st, z->w[j], d);
 		if (*s == 2)
-			return fail(st, d, k,
+			return verify_fail(st, d, k,
 				    "zero-2 gradient used after it was freed: writes gradients of "
 				    "bucket %d after this device's SYNC of it",
 				    (int)z->w[j]);

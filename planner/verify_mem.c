@@ -34,7 +34,6 @@
  */
 #include "verify.h"
 
-
 /* Device d's per-sample counts of decoder i in table t. */
 static vcounts_t *counts(const vstate_t *st, vcounts_t *t, int d, int i)
 {

@@ -92,25 +92,9 @@ static void tp_case_free(tp_case_t *k)
 	free(k->p), free(k->x), free(k->dy), free(k->y_ref), free(k->dx_ref), free(k->dp_ref);
 }
 
-/* |got - ref| <= TP_RTOL max|ref| element-wise; prints the worst and the count. */
 static int close_rel(const char *what, const float *got, const float *ref, int64_t n)
 {
-	double mx = 0, worst = 0;
-	int64_t bad = 0, at = 0;
-	for (int64_t i = 0; i < n; i++)
-		mx = fmax(mx, fabs(ref[i]));
-	for (int64_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - ref[i]);
-		if (d > worst)
-			worst = d, at = i;
-		bad += d > TP_RTOL * mx;
-	}
-	if (bad)
-		fprintf(stderr, "%s: %lld of %lld differ by more than %.3g, worst %.3g at %lld "
-				"(%.8g, expected %.8g)\n",
-			what, (long long)bad, (long long)n, TP_RTOL * mx, worst, (long long)at,
-			(double)got[at], (double)ref[at]);
-	return (int)bad;
+	return tp_close_rel(what, got, ref, n, TP_RTOL);
 }
 
 /* ---- split against unsplit -------------------------------------------------- */
@@ -233,13 +217,6 @@ static void test_shard_round_trip(void **state)
 	free(full), free(back);
 }
 
-static int failing_allreduce(void *ctx, float *buf, int64_t n)
-{
-	(void)buf, (void)n;
-	++*(int *)ctx;
-	return SP_EIO;
-}
-
 static void test_refused_and_errors(void **state)
 {
 	(void)state;
@@ -251,11 +228,11 @@ static void test_refused_and_errors(void **state)
 	float *sv = falloc(N * op_saved_elems(&s, N));
 	int calls = 0;
 	/* heads 6 and ffn 18: t 4 and 5 refused; rank outside [0, t); no hook */
-	rt_tp_t bad[] = {{.t = 4, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 5, .rank = 1, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 2, .rank = 2, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 2, .rank = -1, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 0, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce},
+	rt_tp_t bad[] = {{.t = 4, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 5, .rank = 1, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 2, .rank = 2, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 2, .rank = -1, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 0, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
 			 {.t = 2, .rank = 0, .ctx = &calls, .allreduce = NULL}};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		assert_int_equal(tblock_fwd(&s, &bad[i], N, p, x, y, sv), SP_EINPUT);
@@ -265,7 +242,7 @@ static void test_refused_and_errors(void **state)
 	for (int64_t i = 0; i < nx; i++)
 		assert_true(y[i] == 0.0f && dx[i] == 0.0f);
 	/* the hook's code comes back at once: one call per direction */
-	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = failing_allreduce};
+	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = tp_failing_allreduce};
 	assert_int_equal(tblock_fwd(&s, &fails, N, p, x, y, sv), SP_EIO);
 	assert_int_equal(calls, 1);
 	assert_int_equal(tblock_bwd(&s, &fails, N, p, sv, x, dx, dp), SP_EIO);
@@ -275,7 +252,7 @@ static void test_refused_and_errors(void **state)
 	assert_int_equal(tblock_bwd(&s, &fails, 0, p, sv, x, dx, dp), SP_EIO);
 	assert_int_equal(calls, 4);
 	/* t == 1 through a hook: the unsplit block, no call */
-	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce};
+	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce};
 	assert_int_equal(tblock_fwd(&s, &one, N, p, x, y, sv), 0);
 	assert_int_equal(tblock_bwd(&s, &one, N, p, sv, x, dx, dp), 0);
 	assert_int_equal(calls, 4);

@@ -37,25 +37,9 @@ static sp_opshape_t shape(sp_comp_type_t type)
 	return (sp_opshape_t){.type = type, .hidden = H, .seq = S, .vocab = V};
 }
 
-/* |got - ref| <= TP_RTOL max|ref| element-wise; prints the worst and the count. */
 static int close_rel(const char *what, const float *got, const float *ref, int64_t n)
 {
-	double mx = 0, worst = 0;
-	int64_t bad = 0, at = 0;
-	for (int64_t i = 0; i < n; i++)
-		mx = fmax(mx, fabs(ref[i]));
-	for (int64_t i = 0; i < n; i++) {
-		double d = fabs((double)got[i] - ref[i]);
-		if (d > worst)
-			worst = d, at = i;
-		bad += d > TP_RTOL * mx;
-	}
-	if (bad)
-		fprintf(stderr, "%s: %lld of %lld differ by more than %.3g, worst %.3g at %lld "
-				"(%.8g, expected %.8g)\n",
-			what, (long long)bad, (long long)n, TP_RTOL * mx, worst, (long long)at,
-			(double)got[at], (double)ref[at]);
-	return (int)bad;
+	return tp_close_rel(what, got, ref, n, TP_RTOL);
 }
 
 /* Token ids in [0, V); targets too, with some ignored (-1) and sample 1
@@ -342,13 +326,6 @@ static void test_shards(void **state)
 			 2 * S * H + 2 * S + S * (V / 3) + S * (2 * 3 + 1));
 }
 
-static int failing_allreduce(void *ctx, float *buf, int64_t n)
-{
-	(void)buf, (void)n;
-	++*(int *)ctx;
-	return SP_EIO;
-}
-
 static void test_refused_and_errors(void **state)
 {
 	(void)state;
@@ -364,10 +341,10 @@ static void test_refused_and_errors(void **state)
 	int calls = 0;
 	double loss = 1;
 	/* vocabulary 12: t 5 refused; rank outside [0, t); t 0; no hook */
-	rt_tp_t bad[] = {{.t = 5, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 2, .rank = 2, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 2, .rank = -1, .ctx = &calls, .allreduce = failing_allreduce},
-			 {.t = 0, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce},
+	rt_tp_t bad[] = {{.t = 5, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 2, .rank = 2, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 2, .rank = -1, .ctx = &calls, .allreduce = tp_failing_allreduce},
+			 {.t = 0, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
 			 {.t = 2, .rank = 0, .ctx = &calls, .allreduce = NULL}};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		assert_int_equal(embedding_fwd_tp(&se, &bad[i], N, pe, tok, y, sv), SP_EINPUT);
@@ -386,7 +363,7 @@ static void test_refused_and_errors(void **state)
 	for (int64_t i = 0; i < nx; i++)
 		assert_true(y[i] == 0.0f && dx[i] == 0.0f);
 	/* the hook's code comes back at once; the calls happen with no samples too */
-	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = failing_allreduce};
+	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = tp_failing_allreduce};
 	assert_int_equal(embedding_fwd_tp(&se, &fails, N, pe, tok, y, sv), SP_EIO);
 	assert_int_equal(calls, 1);
 	assert_int_equal(lm_head_loss_tp(&sh, &fails, N, ph, x, tgt, 1, dx, dp, sv, &loss),
@@ -399,7 +376,7 @@ static void test_refused_and_errors(void **state)
 			 SP_EIO);
 	assert_int_equal(calls, 4);
 	/* t == 1 through a hook: the unsplit layers, no call */
-	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = failing_allreduce};
+	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce};
 	assert_int_equal(embedding_fwd_tp(&se, &one, N, pe, tok, y, sv), 0);
 	assert_int_equal(embedding_bwd_tp(&se, &one, N, sv, x, dp), 0);
 	assert_int_equal(lm_head_loss_tp(&sh, &one, N, ph, x, tgt, 1, dx, dp, sv, &loss), 0);

@@ -7,7 +7,9 @@
  */
 #include "tp_group.h"
 
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,4 +139,31 @@ int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec)
 	for (int j = 0; j < t && !rc; j++)
 		rc = ctx[j].rc;
 	return rc;
+}
+
+int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n, double rtol)
+{
+	double mx = 0, worst = 0;
+	int64_t bad = 0, at = 0;
+	for (int64_t i = 0; i < n; i++)
+		mx = fmax(mx, fabs(ref[i]));
+	for (int64_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - ref[i]);
+		if (d > worst)
+			worst = d, at = i;
+		bad += d > rtol * mx;
+	}
+	if (bad)
+		fprintf(stderr, "%s: %lld of %lld differ by more than %.3g, worst %.3g at %lld "
+				"(%.8g, expected %.8g)\n",
+			what, (long long)bad, (long long)n, rtol * mx, worst, (long long)at,
+			(double)got[at], (double)ref[at]);
+	return (int)bad;
+}
+
+int tp_failing_allreduce(void *ctx, float *buf, int64_t n)
+{
+	(void)buf, (void)n;
+	++*(int *)ctx;
+	return SP_EIO;
 }

@@ -4,7 +4,8 @@
  * threads of one process, with an all-reduce hook over shared memory. For
  * tests only: it checks nothing itself, and it is no model of the
  * runtime's all-reduce (no timeout, no error injection beyond the hook's
- * own return).
+ * own return). Also the split-against-unsplit comparison and a failing
+ * all-reduce hook both split-layer tests use.
  */
 #ifndef SPINDLE_TP_GROUP_H
 #define SPINDLE_TP_GROUP_H
@@ -46,5 +47,15 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
  */
 typedef int tp_member_fn(const rt_tp_t *tp, void *arg);
 int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec);
+
+/*
+ * Split against unsplit, element-wise: |got - ref| <= rtol max|ref|.
+ * Prints the count and the worst difference when some are over; returns
+ * how many are.
+ */
+int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n, double rtol);
+
+/* An all-reduce hook that fails (SP_EIO), counting its calls in *(int *)ctx. */
+int tp_failing_allreduce(void *ctx, float *buf, int64_t n);
 
 #endif

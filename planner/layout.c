@@ -290,48 +290,79 @@ static int regather(sp_plan_t *p)
  * through the walk; a per-bucket search cost planning time for no gain on
  * the bundled workloads). At k > 1 micro-batches every full gradient is
  * live across the micro-steps and zero-2 never saves: nothing is tried.
- * Returns the number of buckets made zero-2, or an error code.
+ * Buckets an earlier call made zero-2 stay so; only the zero-1 ones are
+ * judged, by the change from the plan as it is. Returns the number of
+ * buckets made zero-2, or an error code.
  */
 static int choose_zero2(planner_t *pl, sp_plan_t *p)
 {
 	if (pl->opts->zero >= 0 || p->microbatches != 1)
 		return 0;
 	int tried = 0, n = 0, rc = 0, gain = 0, loss = 0;
-	/* a device gains only with two zero-1 buckets or more */
-	int *nz = calloc((size_t)p->n_devices + 1, sizeof *nz);
+	/* a device gains only with two sharded buckets or more, and only if
+	 * some bucket is still zero-1 */
+	int *nz = calloc((size_t)p->n_devices + 1, sizeof *nz), any1 = 0;
 	if (!nz)
 		return SP_ENOMEM;
-	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO1 && q < p->buckets[b].n_dev; q++)
+	for (int b = 0; b < p->n_buckets; b++) {
+		any1 |= p->buckets[b].layout == LAYOUT_ZERO1;
+		for (int q = 0; layout_sharded(p->buckets[b].layout) && q < p->buckets[b].n_dev; q++)
 			tried |= ++nz[p->bucket_devs[p->buckets[b].dev_off + q]] >= 2;
+	}
 	free(nz);
-	if (!tried)
+	if (!tried || !any1)
 		return 0;
-	int32_t *safe = NULL; /* for this set of zero-2 buckets: once */
+	/* buckets already zero-2 (an earlier call kept them) have their saving
+	 * in the devices' memory: z0, what they save now; the choice is about
+	 * the zero-1 buckets alone, judged and applied as z - z0 */
+	int32_t *safe = NULL; /* for each set of zero-2 buckets: once */
 	int64_t *z = calloc((size_t)p->n_devices + 1, sizeof *z);
+	int64_t *z0 = calloc((size_t)p->n_devices + 1, sizeof *z0);
+	uint8_t *fresh = calloc((size_t)p->n_buckets + 1, 1);
+	int had = 0;
+	if (!z || !z0 || !fresh)
+		rc = SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++)
+		had |= p->buckets[b].layout == LAYOUT_ZERO2;
+	if (had && !rc && !(rc = plan_z2_safe(p, &safe) ? SP_ENOMEM : 0)) {
+		for (int d = 0; d < p->n_devices && !rc; d++)
+			rc = plan_zero2_grads_at(p, d, safe, &z0[d]);
+		free(safe);
+		safe = NULL;
+	}
+	for (int b = 0; b < p->n_buckets && !rc; b++)
 		if (p->buckets[b].layout == LAYOUT_ZERO1) {
 			p->buckets[b].layout = LAYOUT_ZERO2;
+			fresh[b] = 1;
 			n++;
 		}
-	if (!z || plan_z2_safe(p, &safe))
+	if (!rc && plan_z2_safe(p, &safe))
 		rc = SP_ENOMEM;
 	for (int d = 0; d < p->n_devices && !rc && !loss; d++) {
 		rc = plan_zero2_grads_at(p, d, safe, &z[d]);
+		z[d] -= z0[d];
 		gain |= z[d] < 0;
 		loss |= z[d] > 0;
 	}
 	int keep = !rc && gain && !loss;
 	for (int b = 0; b < p->n_buckets; b++)
-		if (p->buckets[b].layout == LAYOUT_ZERO2) {
+		if (fresh && fresh[b]) {
 			p->buckets[b].layout = keep ? LAYOUT_ZERO2 : LAYOUT_ZERO1;
 			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
 		}
-	for (int d = 0; keep && d < p->n_devices; d++) {
-		p->devices[d].mem[MEM_PARAMS] += z[d];
-		p->devices[d].mem_peak += z[d];
-	}
+	/* kept: every device's memory again by plan_mem's formula (exact,
+	 * whatever was zero-2 before) */
+	int32_t *all = keep ? calloc((size_t)p->n_devices + 1, sizeof *all) : NULL;
+	if (keep && !all)
+		rc = SP_ENOMEM;
+	for (int d = 0; all && d < p->n_devices; d++)
+		all[d] = d;
+	if (all && !rc)
+		rc = remem(p, all, p->n_devices, safe);
+	free(all);
 	free(z);
+	free(z0);
+	free(fresh);
 	free(safe);
 	return rc ? rc : keep ? n : 0;
 }

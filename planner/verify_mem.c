@@ -305,6 +305,10 @@ int vmem_xfer(vstate_t *st, int d, int k, const sp_ins_t *in, int *done)
 	const sp_vref_t *to = &in->dst; /* a SEND's: what it says it sends */
 	if (to->layer >= 0 || to->grad)
 		return 0;
+	/* the reader checks a SEND's src, not its dst: bounds first */
+	if (to->metaop < 0 || to->metaop >= p->n_metaops)
+		return verify_fail(st, d, k, "its destination names MetaOp %d, not one of the plan's %d",
+				   (int)to->metaop, p->n_metaops);
 	int i = mm->dec_of[to->metaop];
 	int pm = i >= 0 ? mm->producer[i] : -1;
 	if (i < 0 || src->metaop != pm || src->layer != p->metaops[pm].n_layers || src->grad)

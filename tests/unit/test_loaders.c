@@ -63,28 +63,8 @@ static int should_fail(void)
 	return should_fail_kind(0);
 }
 
+#include "alloc_wrap.h"
 #ifdef HAVE_WRAP
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t k, size_t n);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t k, size_t n);
-void *__wrap_realloc(void *p, size_t n);
-
-void *__wrap_malloc(size_t n)
-{
-	return should_fail() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t k, size_t n)
-{
-	return should_fail() ? NULL : __real_calloc(k, n);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-	return should_fail() ? NULL : __real_realloc(p, n);
-}
 #define REAL_MALLOC __real_malloc
 #else
 #define REAL_MALLOC malloc

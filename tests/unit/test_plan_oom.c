@@ -35,29 +35,7 @@ static int should_fail(void)
 	return armed && n_allocs++ == fail_at;
 }
 
-#ifdef HAVE_WRAP
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t k, size_t n);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t k, size_t n);
-void *__wrap_realloc(void *p, size_t n);
-
-void *__wrap_malloc(size_t n)
-{
-	return should_fail() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t k, size_t n)
-{
-	return should_fail() ? NULL : __real_calloc(k, n);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-	return should_fail() ? NULL : __real_realloc(p, n);
-}
-#endif
+#include "alloc_wrap.h"
 
 typedef struct {
 	sp_model_t m;

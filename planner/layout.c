@@ -25,14 +25,13 @@
  *     activation bytes per millisecond of forward re-run recomputes
  *     (recomputation costs one more forward: sim.c). Memory is exact
  *     (plan_mem.c's formula) after every change. Then, once simulated, for
- *     our algorithm only and only in models with a large component
- *     (layout_trial), every remaining bucket over 2+ devices, of any
- *     component, is tried in zero-1 at once and
- *     kept when the simulator says the iteration is not slower
- *     (reduce-scatter + shard step + all-gather against all-reduce + full
- *     step; only the sync pass is simulated again). The baselines are thus
- *     replicated and keep their activations unless they would not fit: the
- *     comparison stays fair.
+ *     every algorithm (the baselines too: a comparison then measures the
+ *     schedules, not a layout only ours could choose) and only in models
+ *     with a large component (layout_trial), every remaining bucket over
+ *     2+ devices, of any component, is tried in zero-1 at once and kept
+ *     when the simulator says the iteration is not slower (reduce-scatter
+ *     + shard step + all-gather against all-reduce + full step; only the
+ *     sync pass is simulated again).
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
  * memory at the same communication (choose_zero2, after both steps above).
@@ -414,7 +413,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 	return rc;
 }
 
-/* Ours, in a model with a large component: every remaining bucket of 2+
+/* Any algorithm's plan, in a model with a large component: every remaining bucket of 2+
  * devices (of any component: a small one's shard step and halves can
  * beat its all-reduce and full step too) in zero-1 at once, kept when the
  * iteration is not slower than res (the plan's); else the plan's memory and

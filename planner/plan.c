@@ -66,8 +66,9 @@ static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_c
 	return 0;
 }
 
-/* Lowered plan out → simulation (ours: sim_iteration) → for ours (1 for
- * our algorithm's plans) zero-1 where not slower; *over: the worst device's bytes over the cap
+/* Lowered plan out → simulation (ours: sim_iteration) → zero-1 where not
+ * slower (layout_trial: every algorithm's plan, so that a comparison
+ * measures the schedules, not a layout only ours may choose); *over: the worst device's bytes over the cap
  * (<= 0 when the plan fits). Reads only out and the planning run's
  * constants (the cost model, the cluster), so it gives the same result
  * whenever it runs. */
@@ -79,7 +80,7 @@ static int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t 
 	 * (plan_one's sim_complete) */
 	if ((rc = ours && !pl->opts->simulate_all ? sim_iteration(pl, out, res)
 						  : sim_run(pl, out, 1, res)) ||
-	    (ours && (rc = layout_trial(pl, out, res))))
+	    (rc = layout_trial(pl, out, res)))
 		return rc;
 	*over = -HUGE_VAL;
 	for (int d = 0; d < out->n_devices; d++)

@@ -12,7 +12,11 @@ completes (schemas/plan_mem.c's walk).
   * with 2 micro-batches a full gradient stays live across the
     micro-steps, so zero-2 saves nothing: auto leaves every bucket zero-1;
   * --zero 2 where every sync group has one device exits 2 and writes no
-    plan.
+    plan;
+  * the layout trial is every algorithm's, not ours' alone: the bundled
+    qwen-val on 64 A800 planned with --algo sequential shards every
+    bucket of 2+ devices (kept there because not slower; memory alone
+    shards 3 of them), and predicts no more than with --zero 0.
 Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
 pass, 1 fail.
 """
@@ -98,6 +102,17 @@ def main():
               "device" in p.stderr and not os.path.exists(out),
               "--zero 2 on one device: exit 2, no plan written",
               f"exit {p.returncode}: {p.stderr.strip()}")
+        # the baselines get the same layout trial as ours
+        mq = os.path.join(ROOT, "plans/qwen-val/model.json")
+        cq = os.path.join(ROOT, "plans/clusters/a800-8x8.json")
+        _, rs, vs = plan(tmp, "seq", mq, cq, "--algo", "sequential")
+        _, r0, v0 = plan(tmp, "seq0", mq, cq, "--algo", "sequential", "--zero", "0")
+        ls = [b["layout"] for b in rs["buckets"] if b["devices"] >= 2]
+        its, it0 = vs["predicted"]["iteration_ms"], v0["predicted"]["iteration_ms"]
+        check(ls and "replicated" not in ls and its <= it0,
+              f"sequential gets the layout trial: {len(ls) - ls.count('replicated')} of "
+              f"{len(ls)} buckets sharded, {its:.2f} ms against {it0:.2f} replicated",
+              f"layouts {ls}, {its} against {it0}")
     print(f"{len(FAILS)} failure(s)")
     return 1 if FAILS else 0
 

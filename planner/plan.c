@@ -775,10 +775,10 @@ static int divisors(int64_t g, int *d, int max)
 	return n;
 }
 
-/* 1 when the inputs plan (and fit) with k[t] micro-batches per task; no
- * advice. */
-static int fits_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
-		  const sp_cluster_t *c)
+/* The predicted iteration (ms) with k[t] micro-batches per task; HUGE_VAL
+ * when they do not plan or fit. */
+static double iteration_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
+			  const sp_cluster_t *c)
 {
 	plan_opts_t q = *o;
 	sp_err_t e = {0};
@@ -790,9 +790,16 @@ static int fits_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
 	q.microbatches = 1;
 	for (int t = 0; t < m->n_tasks; t++)
 		q.microbatches = SP_MAX(q.microbatches, k[t]);
-	int rc = plan_k(&q, m, k, c, &p, &s, &e);
+	double it = plan_k(&q, m, k, c, &p, &s, &e) ? HUGE_VAL : p.cert.iteration_ms;
 	plan_release(&p);
-	return rc == 0;
+	return it;
+}
+
+/* 1 when the inputs plan (and fit) with k[t] micro-batches per task. */
+static int fits_k(const plan_opts_t *o, const sp_model_t *m, const int *k,
+		  const sp_cluster_t *c)
+{
+	return iteration_k(o, m, k, c) < HUGE_VAL;
 }
 
 /* The next divisor of b above k, at most SP_MAX_MICROBATCHES; 0 none. */
@@ -876,7 +883,58 @@ int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t
 			lo = mid + 1;
 	}
 	mb_sequence(m, hi, k);
-	return 1;
+	return hi;
+}
+
+/* Auto's micro-batch counts once step hi of mb_sequence is the first that
+ * fits (k holds it): the fewest micro-batches are not always the fastest
+ * (a smaller micro-batch leaves memory for fewer sharded buckets and
+ * recomputing slices, and lets waves pack differently), so the next
+ * MB_MORE steps of the sequence and the uniform counts (every task the
+ * same K, the smallest MB_MORE divisors of every batch at or above the
+ * most of k) are planned too, and the fastest predicted iteration is
+ * kept; ties keep the earlier (fewer micro-steps). Each try is a whole
+ * planning run, made only when nothing fits with one micro-batch. */
+enum { MB_MORE = 2 };
+
+static void microbatch_fastest(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
+			       int hi, int *k)
+{
+	int n = m->n_tasks, *t = calloc((size_t)n + 1, sizeof *t);
+	if (!t)
+		return; /* k stays the first that fits */
+	double best = iteration_k(o, m, k, c);
+	int kmax = 1, tried = 0;
+	for (int i = 0; i < n; i++)
+		kmax = SP_MAX(kmax, k[i]);
+	for (int step = hi + 1; step <= hi + MB_MORE; step++) {
+		if (mb_sequence(m, step, t) < step)
+			break; /* the sequence's end */
+		double it = iteration_k(o, m, t, c);
+		if (it < best) {
+			best = it;
+			memcpy(k, t, sizeof *k * (size_t)n);
+		}
+	}
+	int64_t g = batch_gcd(m);
+	for (int K = kmax; K <= g && K <= SP_MAX_MICROBATCHES && tried < MB_MORE; K++) {
+		if (g % K)
+			continue;
+		int same = 1;
+		for (int i = 0; i < n; i++)
+			same &= k[i] == K;
+		if (same)
+			continue;
+		for (int i = 0; i < n; i++)
+			t[i] = K;
+		tried++;
+		double it = iteration_k(o, m, t, c);
+		if (it < best) {
+			best = it;
+			memcpy(k, t, sizeof *k * (size_t)n);
+		}
+	}
+	free(t);
 }
 
 /* The divisors of b (up to SP_MAX_MICROBATCHES) as "1, 2, 4" into buf. */
@@ -968,6 +1026,7 @@ int mb_describe(char *buf, size_t cap, const sp_model_t *m, const int *k, int *u
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
+	double t_start = now_ms(); /* every planning run below, auto's tries too */
 	int64_t g = batch_gcd(m);
 	int K = o->microbatches, rc;
 	int *k = calloc((size_t)m->n_tasks + 1, sizeof *k);
@@ -1022,6 +1081,8 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	err->warn = keep.warn;
 	err->warn_ctx = keep.warn_ctx;
 	int found = microbatch_fit(&q, m, c, k);
+	if (found)
+		microbatch_fastest(&q, m, c, found, k);
 	q.microbatches = 0; /* 0: the advice knows none fits */
 	for (int t = 0; t < m->n_tasks; t++) {
 		k[t] = found ? k[t] : 1;
@@ -1030,6 +1091,8 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	q.no_advice = o->no_advice;
 	rc = plan_k(&q, m, k, c, out, sum, err);
 done:
+	if (!rc)
+		sum->total_ms = now_ms() - t_start;
 	free(k);
 	return rc;
 }

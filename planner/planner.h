@@ -697,7 +697,7 @@ typedef struct {
  * task's batch) with which the inputs plan and fit under o, more than one
  * for some task: the first that fit along auto's sequence (plan.c
  * mb_sequence: the task holding the most activations gets more first).
- * 1 when found, 0 when none does. */
+ * The step of that sequence (>= 1) when found, 0 when none does. */
 int microbatch_fit(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c, int *k);
 /* k as --microbatches takes it into buf: "N" when every task has N
  * (*uniform 1), else "task=N,..." of the tasks with more than one. */

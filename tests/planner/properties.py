@@ -30,6 +30,7 @@ about the plan that came closest), a profile whose layers take no time.
 Also: the same inputs give byte-identical plans (every bundled workload).
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -191,8 +192,10 @@ def micro_batches(tmp):
     """qwen-val-7b on 8 A800s fits only with micro-batches: under
     --microbatches 1 the planner exits 2 and names the micro-batches per
     task that fit (the task holding the most activations, 'text', gets
-    more first); auto plans with exactly those, the hint's option plans,
-    and each task's count halved does not fit (the fewest for each task)."""
+    more first); the hint's option plans, each task's count halved does not
+    fit (the fewest for each task), and auto, which also tries a few more
+    counts and keeps the fastest, predicts no slower an iteration than the
+    hint's counts."""
     m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
     c8 = os.path.join(ROOT, "plans/clusters/a800-1x8.json")
     p = subprocess.run([PLAN, m7, c8, "--microbatches", "1"], capture_output=True,
@@ -207,16 +210,38 @@ def micro_batches(tmp):
         want = {t: int(v) for t, v in (kv.split("=") for kv in opt.split(","))}
     else:
         want = {}
-    a = subprocess.run([PLAN, m7, c8, "--json"], capture_output=True, text=True, timeout=120)
-    got = json.loads(a.stdout).get("task_microbatches") if a.returncode == 0 else None
-    if not got or not want or {t: k for t, k in got.items() if k > 1} != want:
+    a = subprocess.run([PLAN, m7, c8, "--json"], capture_output=True, text=True, timeout=300)
+    ra = json.loads(a.stdout) if a.returncode == 0 else {}
+    got = ra.get("task_microbatches")
+    if not got or not want or max(got.values()) < 2:
         fail(f"qwen-val-7b on 8 devices: '{hint[0]}', auto planned {got} micro-batches")
         return
-    f = subprocess.run([PLAN, m7, c8, "--microbatches", opt, "-o", os.path.join(tmp, "mb.bin")],
-                       capture_output=True, text=True, timeout=120)
+    f = subprocess.run([PLAN, m7, c8, "--microbatches", opt, "--json", "-o",
+                        os.path.join(tmp, "mb.bin")], capture_output=True, text=True,
+                       timeout=120)
     if f.returncode != 0:
         fail(f"qwen-val-7b on 8 devices, --microbatches {opt}: exit {f.returncode}")
         return
+    ia = ra["algorithms"]["spindle"]["iteration_ms"]
+    ih = json.loads(f.stdout)["algorithms"]["spindle"]["iteration_ms"]
+    if ia > ih * (1 + 1e-9):
+        fail(f"qwen-val-7b on 8 devices: auto's {got} predicts {ia:.2f} ms, slower than "
+             f"the hint's {opt} ({ih:.2f} ms)")
+        return
+    # nor slower than the same count for every task (the two smallest that
+    # divide every batch, from the hint's most): auto tries those too
+    g = 0
+    for t in json.load(open(m7))["tasks"]:
+        g = math.gcd(g, t["batch"])
+    for K in [K for K in range(max(want.values()), g + 1) if g % K == 0][:2]:
+        u = subprocess.run([PLAN, m7, c8, "--microbatches", str(K), "--json"],
+                           capture_output=True, text=True, timeout=120)
+        iu = json.loads(u.stdout)["algorithms"]["spindle"]["iteration_ms"] \
+            if u.returncode == 0 else math.inf
+        if ia > iu * (1 + 1e-9):
+            fail(f"qwen-val-7b on 8 devices: auto's {got} predicts {ia:.2f} ms, slower "
+                 f"than --microbatches {K} ({iu:.2f} ms)")
+            return
     for t, k in want.items():
         less = ",".join(f"{u}={v // 2 if u == t else v}" for u, v in want.items()
                         if (v // 2 if u == t else v) > 1) or "1"
@@ -226,8 +251,8 @@ def micro_batches(tmp):
             fail(f"qwen-val-7b on 8 devices, --microbatches {less}: exit {h.returncode}, "
                  f"but auto gave '{t}' {k}")
             return
-    print(f"ok   micro-batches: {hint[0]}; auto plans {got}; halving a task's count "
-          f"does not fit")
+    print(f"ok   micro-batches: {hint[0]} ({ih:.2f} ms); auto plans {got} ({ia:.2f} ms); "
+          f"halving a task's count does not fit")
 
 
 def main():

@@ -13,15 +13,18 @@ typedef struct {
 	int n_sizes, reps, warmup;
 	/* only groups that fit the cluster file being written */
 	int max_per_node, max_nodes;
+	int cuda; /* 1: NCCL on GPU buffers (coll_dev.h), 0: MPI on host memory */
 } coll_opts_t;
 
 /*
  * Starts MPI (argc, argv: main's), measures all-reduce, all-gather,
  * reduce-scatter (float32 sums) on every group shape the launch allows and
- * p2p inside a node and across two, then stops MPI. On world rank 0,
+ * p2p inside a node and across two (over MPI, or with o->cuda over NCCL
+ * on one GPU per rank), then stops MPI. On world rank 0,
  * *out_root = 1 and *out (malloc'd, n_out points) holds them sorted as the
  * cluster loader wants; elsewhere *out_root = 0 and *out = NULL. Returns 0,
- * SP_EINPUT (a launch with one rank, a build without MPI) or another
+ * SP_EINPUT (a launch with one rank, a build without MPI, o->cuda in a
+ * build without CUDA and NCCL or with fewer GPUs than ranks) or another
  * negative code, with err set.
  */
 int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_opts_t *o,

@@ -26,12 +26,19 @@
  * your timing accuracy"). P2P: k round trips per run, half a round trip
  * reported. Every rank follows the same sequence, so the calls match.
  *
- * It does not: measure NCCL (profile.c refuses --backend cuda with
- * --collectives), or return on an MPI error (MPI_ERRORS_ARE_FATAL ends
- * the launch with MPI's own message; a failed allocation on any rank is
- * agreed on first and returned).
+ * With --backend cuda (o->cuda) the same calls run over NCCL on GPU
+ * buffers (coll_dev.h: coll_nccl.c), each group's NCCL communicator made
+ * from its MPI group, and a run's clock stops once the rank's stream has
+ * drained; MPI still makes the groups, the barriers and the slowest-member
+ * reduction.
+ *
+ * It does not return on an MPI or NCCL error mid-measuring
+ * (MPI_ERRORS_ARE_FATAL ends the launch with MPI's own message, coll_dev.h
+ * with NCCL's); a failed allocation, GPU set-up or communicator on any rank
+ * is agreed on first and returned.
  */
 #include "coll.h"
+#include "coll_dev.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -54,11 +61,19 @@ typedef struct {
 	int n_pts, cap;
 	int root;      /* world rank 0 keeps the points */
 	int oom;       /* the root could not keep one: reported at the end */
+	coll_dev_t *dev; /* o->cuda: the rank's GPU */
+	void *dcomm;     /* and the group's NCCL communicator */
+	int failed;      /* a group's communicator could not be made here */
+	sp_err_t *err;
 } run_t;
 
 /* One call of op on S bytes (count floats in all, block per rank). */
 static void call(run_t *r, sp_coll_op_t op, int count, int block)
 {
+	if (r->dev) {
+		coll_dev_call(r->dev, r->dcomm, op, count, block, r->rank);
+		return;
+	}
 	switch (op) {
 	case COLL_ALL_REDUCE:
 		MPI_Allreduce(MPI_IN_PLACE, r->a, count, MPI_FLOAT, MPI_SUM, r->comm);
@@ -89,6 +104,8 @@ static double run_calls(run_t *r, sp_coll_op_t op, int count, int block, int k)
 	double t0 = MPI_Wtime();
 	for (int i = 0; i < k; i++)
 		call(r, op, count, block);
+	if (r->dev)
+		coll_dev_wait(r->dev);
 	double t = (MPI_Wtime() - t0) * 1e3 / k, slowest;
 	MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, r->comm);
 	return slowest;
@@ -167,9 +184,24 @@ static void measure_group(run_t *r, int member, int nodes, const sp_coll_op_t *o
 		return;
 	MPI_Comm_size(r->comm, &r->n);
 	MPI_Comm_rank(r->comm, &r->rank);
-	for (int i = 0; i < n_ops; i++)
+	if (r->dev && !(r->dcomm = coll_dev_comm(r->dev, r->comm, r->err)))
+		r->failed = 1; /* every member: coll_dev_comm agrees */
+	for (int i = 0; i < n_ops && !r->failed; i++)
 		measure_op(r, ops[i], nodes, t);
+	coll_dev_comm_free(r->dcomm);
+	r->dcomm = NULL;
 	MPI_Comm_free(&r->comm);
+}
+
+/* 1 when a group's communicator failed on any rank (collective over the
+ * world: the next group must not be made without those ranks). */
+static int any_failed(const run_t *r)
+{
+	int f = r->failed, any = 0;
+	if (!r->dev)
+		return 0;
+	MPI_Allreduce(&f, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+	return any;
 }
 
 static int cmp_point(const void *x, const void *y)
@@ -220,18 +252,47 @@ static int measure_all(run_t *r, int world, int wr, const int *node, const int *
 			kmax = SP_MIN(kmax, cnt);
 		}
 		for (int k = 1; k <= kmax; k++)
-			if (k * m >= 2)
+			if (k * m >= 2) {
 				measure_group(r, node[wr] < m && local[wr] < k, m, colls, 3, t);
+				if (any_failed(r))
+					return SP_EIO;
+			}
 	}
 	/* p2p inside the first node, then across the first two */
 	for (int m = 1; m <= SP_MIN(2, SP_MIN(M, o->max_nodes)); m++) {
 		int member = m == 1 ? node[wr] == 0 && local[wr] < 2 : node[wr] < 2 && local[wr] == 0;
 		int size = 0, flag = member;
 		MPI_Allreduce(&flag, &size, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-		if (size == 2)
+		if (size == 2) {
 			measure_group(r, member, m, &p2p, 1, t);
+			if (any_failed(r))
+				return SP_EIO;
+		}
 	}
 	return r->oom ? SP_ENOMEM : 0;
+}
+
+/* o->cuda: rank wr's GPU (its local rank on its node), agreed over the
+ * world: 0, or the first failure (its message here when it is this
+ * rank's, else a line naming the rank). */
+static int open_dev(run_t *r, int world, int wr, const int *node, const int *local, size_t big,
+		    sp_err_t *err)
+{
+	int n_local = 0;
+	for (int i = 0; i < world; i++)
+		n_local += node[i] == node[wr];
+	sp_err_t mine = {0};
+	r->dev = coll_dev_open(local[wr], n_local, big, &mine);
+	int bad = r->dev ? world : wr, first = 0;
+	MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+	if (first == world)
+		return 0;
+	if (!r->dev) {
+		*err = mine;
+		return err->code;
+	}
+	return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
+			  "--backend cuda: the GPU set-up failed on rank %d", first);
 }
 
 int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_opts_t *o,
@@ -245,7 +306,7 @@ int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_op
 	int world, wr, rc = 0;
 	MPI_Comm_size(MPI_COMM_WORLD, &world);
 	MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-	run_t r = {.o = o, .root = wr == 0};
+	run_t r = {.o = o, .root = wr == 0, .err = err};
 	*out_root = r.root;
 	int *node = calloc((size_t)world, sizeof *node), *local = calloc((size_t)world, sizeof *local);
 	size_t big = (size_t)o->sizes[o->n_sizes - 1] + 4;
@@ -266,9 +327,16 @@ int coll_measure(sp_coll_point_t **out, int *n_out, int *out_root, const coll_op
 				 "--collectives -o OUT.json");
 	} else {
 		find_nodes(world, node, local);
-		if ((rc = measure_all(&r, world, wr, node, local, t)))
+		rc = o->cuda ? open_dev(&r, world, wr, node, local, big, err) : 0;
+		if (!rc && (rc = measure_all(&r, world, wr, node, local, t)) == SP_EIO) {
+			if (!err->code) /* the failing rank has its own message */
+				sp_err_set(err, SP_EIO, NULL, 0, 0, NULL,
+					   "an NCCL communicator failed on another rank");
+		} else if (rc && !err->code) {
 			sp_err_set(err, rc, NULL, 0, 0, NULL, "out of memory keeping the points");
+		}
 	}
+	coll_dev_close(r.dev);
 	free(t);
 	free(r.order);
 	free(node);

@@ -53,8 +53,9 @@
  * reduce-scatter and p2p by size and group shape over MPI on the ranks
  * mpirun started (coll_mpi.c says how), written by world rank 0 as the
  * "collectives" section; with --cluster, only the group shapes that fit
- * its nodes and gpus_per_node. The cpu backend only: the NCCL path is not
- * written, so --backend cuda --collectives is refused (exit 2).
+ * its nodes and gpus_per_node. --backend cuda measures NCCL on one GPU per
+ * rank instead (coll_nccl.c; refused with exit 2 in builds without CUDA
+ * and NCCL, or with more ranks on a node than GPUs).
  *
  * Output: {"profile": [...]} (or {"collectives": [...]}), or with --cluster
  * the whole cluster file (keys in its order) with that section replaced or
@@ -110,8 +111,9 @@ static void usage(FILE *f)
 		"\n"
 		"Measures per-layer forward and backward times of every distinct operator\n"
 		"shape of the model and writes them as a cluster profile section; with\n"
-		"--collectives, measures MPI all-reduce, all-gather, reduce-scatter and\n"
-		"p2p times by size and group shape into the \"collectives\" section.\n"
+		"--collectives, measures all-reduce, all-gather, reduce-scatter and p2p\n"
+		"times by size and group shape (MPI on the cpu backend, NCCL on cuda)\n"
+		"into the \"collectives\" section.\n"
 		"\n"
 		"  --backend cpu|cuda    compute backend (default cpu)\n"
 		"  -o, --output FILE     where to write (atomically)\n"
@@ -121,7 +123,8 @@ static void usage(FILE *f)
 		"  --warmup N            discarded runs before them (default 2)\n"
 		"  --cluster FILE        write FILE with its \"profile\" (or \"collectives\")\n"
 		"                        replaced instead of the bare section\n"
-		"  --collectives         measure collectives (cpu backend, under mpirun)\n"
+		"  --collectives         measure collectives (under mpirun; --backend cuda:\n"
+		"                        NCCL, one GPU per rank)\n"
 		"  --sizes S1,S2,...     their buffer sizes in bytes (default 4096 to\n"
 		"                        67108864, a factor 4 apart)\n"
 		"\n"
@@ -251,9 +254,7 @@ static int parse_args(opts_t *o, int argc, char **argv)
 		static const int64_t def[] = DEFAULT_SIZES;
 		const char *bad = o->model_path ? "a MODEL argument (it measures no layers)"
 				  : o->n_batches ? "--batches"
-				  : strcmp(o->backend, "cpu") ? "--backend cuda (NCCL is not measured "
-								"yet; use the cpu backend's MPI)"
-							      : NULL;
+						 : NULL;
 		if (bad) {
 			fprintf(stderr, "spindle-profile: --collectives does not take %s\n", bad);
 			return SP_EXIT_INPUT;
@@ -862,7 +863,8 @@ static int main_collectives(const opts_t *o, int *argc, char ***argv)
 	sp_cluster_t c = {0};
 	int n = 0, root = 1, status = SP_EXIT_OK;
 	coll_opts_t co = {.sizes = o->sizes, .n_sizes = o->n_sizes, .reps = o->reps,
-			  .warmup = o->warmup, .max_per_node = SP_MAX_DEVICES, .max_nodes = 4096};
+			  .warmup = o->warmup, .max_per_node = SP_MAX_DEVICES, .max_nodes = 4096,
+			  .cuda = !strcmp(o->backend, "cuda")};
 	/* every rank reads the cluster, so all measure the same shapes */
 	if (o->cluster_path) {
 		if (cluster_load(&c, o->cluster_path, &err) ||

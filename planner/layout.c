@@ -795,7 +795,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 
 int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 {
-	if (pl->opts->zero != 1 && pl->opts->zero != 2)
+	if (pl->opts->zero < 1)
 		return 0;
 	for (int b = 0; b < p->n_buckets; b++)
 		if (layout_sharded(p->buckets[b].layout))
@@ -804,8 +804,8 @@ int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 		return 0;
 	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
 			    "--zero %d: every sync group of the plan has a single device, so "
-			    "there is no optimizer state to shard",
-			    pl->opts->zero);
+			    "there is no %s to shard",
+			    pl->opts->zero, pl->opts->zero == 3 ? "state" : "optimizer state");
 	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
 			     "replicated)");
 	return rc;

@@ -751,6 +751,12 @@ static int first_decoder(const sp_plan_t *p)
 int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fname,
 		     sp_err_t *err)
 {
+	for (int k = 0; k < p->n_buckets; k++)
+		if (p->buckets[k].layout == LAYOUT_ZERO3) {
+			sp_err_set(err, SP_EINPUT, fname, 0, 0, NULL,
+				   "zero-3 (bucket %d) is not built in the runtime yet", k);
+			return err->code;
+		}
 	for (int s = 0; s < p->n_slices; s++) {
 		const sp_metaop_t *mv = &p->metaops[p->slices[s].metaop];
 		int ty = mv->shape.type;

@@ -240,6 +240,11 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 	}
 	for (int k = 0; w->overlap && k < nd; k++) {
 		const sp_ins_t *in = &w->base[k];
+		/* zero-3: the SYNC's reduce-scatter runs on the group of the
+		 * bucket's all-gathers, so after the device's last of them (every
+		 * member's collectives of a group in one order) */
+		if (in->op == INS_PFREE && w->sync_at[in->peer] >= 0)
+			w->sync_at[in->peer] = SP_MAX(w->sync_at[in->peer], k + 1);
 		if (in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
 		const sslice_t *x = &st->s->s[in->slice];

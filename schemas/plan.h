@@ -367,7 +367,9 @@ void plan_z2_walk_release(plan_z2_walk_t *w);
  * once, shards and fulls the sums of d's zero-3 weight shards and whole
  * buckets. bad: the first instruction that uses weights of a zero-3 bucket
  * not gathered then, gathers one already gathered or frees one that is
- * not (-1: none), why says which. 0 or SP_ENOMEM.
+ * not, or gathers one after its SYNC (its reduce-scatter runs on the same
+ * group: every member's collectives of a group in one order) (-1: none),
+ * why says which. 0 or SP_ENOMEM.
  */
 typedef struct {
 	int64_t *off;

@@ -53,8 +53,9 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 	}
 	int64_t *at = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
+	uint8_t *synced = calloc((size_t)p->n_buckets + 1, 1);
 	out->off = malloc(sizeof(int64_t) * (size_t)(dv->n_ins + 1));
-	if (!at || !w || !out->off) {
+	if (!at || !w || !synced || !out->off) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -68,6 +69,13 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
 		out->off[k] = -1;
+		if (in->op == INS_SYNC && p->buckets[in->peer].layout == LAYOUT_ZERO3)
+			synced[in->peer] = 1;
+		if (in->op == INS_PGATHER && synced[in->peer] && out->bad < 0) {
+			out->bad = k;
+			out->why = "gathers the weights of a zero-3 bucket after its SYNC (a "
+				   "group's collectives run in one order on every member)";
+		}
 		if (in->op == INS_PGATHER || in->op == INS_PFREE) {
 			int b = in->peer, gathered = at[b] >= 0;
 			if (bucket_shard(p, b, d, &so, &sn) < 0) {
@@ -112,6 +120,7 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 cleanup:
 	free(at);
 	free(w);
+	free(synced);
 	z2map_release(&m);
 	if (rc)
 		plan_z3_walk_release(out);

@@ -633,6 +633,12 @@ static int explain_deadlock(vstate_t *st)
 			    "deadlock: waits for tag %d from device %d, which waits in turn "
 			    "(a cycle)",
 			    (int)in->tag, (int)in->peer);
+	if (in->op == INS_PGATHER)
+		return verify_fail(st, d, pc[d],
+			    "deadlock: waits at the all-gather of zero-3 bucket %d for a member "
+			    "that waits in turn (members must gather a bucket in one order "
+			    "with their other collectives and transfers)",
+			    (int)in->peer);
 	return verify_fail(st, d, pc[d], "deadlock: waits for a sync some member never starts");
 }
 

@@ -249,7 +249,7 @@ static int regather(sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		extra += layout_sharded(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
+		extra += layout_gathers_after_step(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
 	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
 	if (!ins)
 		return SP_ENOMEM;
@@ -262,7 +262,8 @@ static int regather(sp_plan_t *p)
 			if (old[k].op != INS_GATHER)
 				ins[n++] = old[k];
 		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op == INS_SYNC && layout_sharded(p->buckets[old[k].peer].layout)) {
+			if (old[k].op == INS_SYNC &&
+			    layout_gathers_after_step(p->buckets[old[k].peer].layout)) {
 				ins[n] = lower_ins_new(INS_GATHER);
 				ins[n++].peer = old[k].peer;
 			}

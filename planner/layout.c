@@ -36,7 +36,9 @@
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
  * memory at the same communication (choose_zero2, after both steps above).
- * It does not build zero-3 and does not choose micro-batches (plan.c
+ * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
+ * lower_zero3.c): auto does not choose it; when nothing fits, the advice
+ * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
@@ -754,6 +756,17 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		sp_err_hint(pl->err, "fits with --zero %s --recompute %s (zero-1 and recomputation "
 				     "where memory needs them)",
 			    q.zero < 0 ? "auto" : "1", q.recompute < 0 ? "auto" : "all");
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
+	/* 1b. zero-3, which auto does not choose: the weights sharded too */
+	q = *o;
+	q.zero = 3;
+	q.recompute = o->recompute == 0 ? -1 : o->recompute;
+	if (o->zero != 3 && fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --zero 3%s (weights sharded too, all-gathered "
+				     "before each slice's use)",
+			    q.recompute != o->recompute ? " --recompute auto" : "");
 		pl->err->code = SP_EINPUT;
 		return SP_EINPUT;
 	}

@@ -5,7 +5,8 @@
  * Memory, one allocation per category (sizes fixed by the program):
  *   params   weights and gradients of every held layer, laid out bucket by
  *            bucket, so each sync bucket's are one contiguous range
- *            (all-reduced in place); AdamW m and v of the elements the rank
+ *            (all-reduced in place; zero-3 buckets' weights: the rank's
+ *            shards, ws, and the pool they are gathered into, z3pool); AdamW m and v of the elements the rank
  *            owns in each bucket, bucket after bucket: all of a replicated
  *            bucket, the rank's shard of a zero-1/2 one (bucket_shard);
  *            zero-2 buckets' gradients as shards (gs) plus the pool their
@@ -60,6 +61,14 @@
  * deadlock), else at STEP (plan_zero2 below; plan_mem.c counts the same).
  * With k > 1 micro-batches the full gradients stay live across the
  * micro-steps.
+ *
+ * A zero-3 bucket: gradients and optimizer state as zero-2, and its
+ * weights are not in w either: the rank keeps its shard of them (ws),
+ * which STEP updates. A PGATHER places the full weights in one pool
+ * (z3pool, at the offset plan_z3_walk gives that instruction: nothing is
+ * allocated mid-step), copies the shard in and completes the all-gather of
+ * the rest before the next instruction; the slice's layers read them there
+ * (rt_wptr) until the PFREE. PGATHER and PFREE run in every micro-step.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers

@@ -314,6 +314,17 @@ def sync_before_bwd(src, dst):
     edit_instructions(src, dst, fn)
 
 
+def free_before_use(src, dst):
+    """A zero-3 plan whose first PFREE (op 11) right after a FWD (op 1) is
+    moved before it: the FWD reads weights already given back."""
+    def fn(b, ats):
+        op = [struct.unpack_from("<i", b, a)[0] for a in ats]
+        k = next(k for k in range(1, len(ats)) if op[k - 1] == 1 and op[k] == 11)
+        first, second = bytes(b[ats[k - 1]:ats[k - 1] + 60]), bytes(b[ats[k]:ats[k] + 60])
+        b[ats[k - 1]:ats[k - 1] + 60], b[ats[k]:ats[k] + 60] = second, first
+    edit_instructions(src, dst, fn)
+
+
 def misc(F, tmp, p1):
     bad = p1 + ".sync-twice.bin"
     edit_instructions(p1, bad, retarget_sync)
@@ -352,6 +363,12 @@ def misc(F, tmp, p1):
     refused(F, bad, 2, ["zero-2 gradient used after it was freed: writes gradients of bucket"],
             ["writes gradients of a zero-2 bucket after its SYNC"],
             "a zero-2 SYNC moved before a BWD that writes into its bucket")
+    src = R.make_plan(tmp, R.demo_model(R.ADAMW), "bad-z3", 2, extra=("--zero", "3"))
+    bad = src + ".free-early.bin"
+    free_before_use(src, bad)
+    refused(F, bad, 2, ["(fwd): zero-3: the instruction uses zero-3 weights not gathered"],
+            ["uses zero-3 weights not gathered (before their PGATHER or after their PFREE)"],
+            "a zero-3 PFREE moved before the FWD that uses the weights")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

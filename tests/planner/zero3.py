@@ -25,28 +25,8 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import workloads as W  # noqa: E402
 
-ROOT = os.environ["SPINDLE_ROOT"]
-PLAN = os.environ["SPINDLE_PLAN"]
-SHOW = os.environ["SPINDLE_SHOW"]
-FAILS = []
-
-
-def check(ok, what, detail=""):
-    print(("ok   " if ok else "FAIL ") + what + ("" if ok or not detail else f": {detail}"),
-          flush=True)
-    if not ok:
-        FAILS.append(what)
-
-
-def plan(tmp, tag, model, cluster, *opts):
-    out = os.path.join(tmp, tag + ".bin")
-    p = subprocess.run([PLAN, model, cluster, "-o", out, "--json", *opts],
-                       capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise RuntimeError(f"{tag}: exit {p.returncode}: {p.stderr.strip()}")
-    view = json.loads(subprocess.run([SHOW, out, "--json"], capture_output=True, text=True,
-                                     timeout=60).stdout)
-    return out, json.loads(p.stdout), view
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zero2 import FAILS, PLAN, ROOT, SHOW, check, plan  # noqa: E402  the same helpers
 
 
 def programs(path):

@@ -321,16 +321,22 @@ def zero2_saves(model, tmp):
     """Where a rank's buckets' full gradients are live at different times
     (the demo's task-level plan on 4 ranks), zero-2's measured params+state
     is below zero-1's on the same plan, both equal to their predictions."""
+    return saves_below(model, tmp, "1", "2")
+
+
+def saves_below(model, tmp, a, b):
+    """Under task-level on 4 ranks, zero-b's measured params+state is below
+    zero-a's on the same plan, both equal to their predictions."""
     got = {}
     failures = []
-    for z in ("1", "2"):
+    for z in (a, b):
         what = f"task-level zero-{z}"
         failures += memory_within(model, tmp, what, "task-level", ("--zero", z))
         got[z] = memory_line(os.path.join(tmp, f"mem-{what.replace(' ', '-')}.bin"), 4)[0][0]
-    err = None if got["2"] < got["1"] else \
-        f"task-level on 4 ranks: zero-2 params+state {got['2']} MiB, zero-1 {got['1']}"
-    print(("FAIL " + err) if err else f"ok   task-level on 4 ranks: zero-2 params+state "
-          f"{got['2']} MiB < zero-1 {got['1']}", flush=True)
+    err = None if got[b] < got[a] else \
+        f"task-level on 4 ranks: zero-{b} params+state {got[b]} MiB, zero-{a} {got[a]}"
+    print(("FAIL " + err) if err else f"ok   task-level on 4 ranks: zero-{b} params+state "
+          f"{got[b]} MiB < zero-{a} {got[a]}", flush=True)
     return failures + ([err] if err else [])
 
 
@@ -397,23 +403,7 @@ def zero3(demo, tmp):
         failures += memory_within(demo, tmp, what, "spindle", opts)
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-3")
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-2")
-    return failures + zero3_saves(demo, tmp)
-
-
-def zero3_saves(model, tmp):
-    """Under task-level on 4 ranks, zero-3's measured params+state is below
-    zero-2's on the same plan, both equal to their predictions."""
-    got = {}
-    failures = []
-    for z in ("2", "3"):
-        what = f"task-level zero-{z}"
-        failures += memory_within(model, tmp, what, "task-level", ("--zero", z))
-        got[z] = memory_line(os.path.join(tmp, f"mem-{what.replace(' ', '-')}.bin"), 4)[0][0]
-    err = None if got["3"] < got["2"] else \
-        f"task-level on 4 ranks: zero-3 params+state {got['3']} MiB, zero-2 {got['2']}"
-    print(("FAIL " + err) if err else f"ok   task-level on 4 ranks: zero-3 params+state "
-          f"{got['3']} MiB < zero-2 {got['2']}", flush=True)
-    return failures + ([err] if err else [])
+    return failures + saves_below(demo, tmp, "2", "3")
 
 
 def even_batches(model):

@@ -35,7 +35,9 @@
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
  * memory at the same communication (choose_zero2, after both steps above).
- * It does not build zero-3 and does not choose micro-batches (plan.c
+ * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
+ * lower_zero3.c): auto does not choose it; when nothing fits, the advice
+ * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
@@ -248,7 +250,7 @@ static int regather(sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
-		extra += layout_sharded(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
+		extra += layout_gathers_after_step(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
 	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
 	if (!ins)
 		return SP_ENOMEM;
@@ -261,7 +263,8 @@ static int regather(sp_plan_t *p)
 			if (old[k].op != INS_GATHER)
 				ins[n++] = old[k];
 		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op == INS_SYNC && layout_sharded(p->buckets[old[k].peer].layout)) {
+			if (old[k].op == INS_SYNC &&
+			    layout_gathers_after_step(p->buckets[old[k].peer].layout)) {
 				ins[n] = lower_ins_new(INS_GATHER);
 				ins[n++].peer = old[k].peer;
 			}
@@ -755,6 +758,17 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 		pl->err->code = SP_EINPUT;
 		return SP_EINPUT;
 	}
+	/* 1b. zero-3, which auto does not choose: the weights sharded too */
+	q = *o;
+	q.zero = 3;
+	q.recompute = o->recompute == 0 ? -1 : o->recompute;
+	if (o->zero != 3 && fits_with(pl, &q, pl->cluster)) {
+		sp_err_hint(pl->err, "fits with --zero 3%s (weights sharded too, all-gathered "
+				     "before each slice's use)",
+			    q.recompute != o->recompute ? " --recompute auto" : "");
+		pl->err->code = SP_EINPUT;
+		return SP_EINPUT;
+	}
 	/* 2. more micro-batches, when their number was forced (auto tried them) */
 	if (o->microbatches > 0 && (rc = advise_microbatches(pl)))
 		return rc;
@@ -794,7 +808,7 @@ int layout_advise(planner_t *pl, const sp_plan_t *closest)
 
 int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 {
-	if (pl->opts->zero != 1 && pl->opts->zero != 2)
+	if (pl->opts->zero < 1)
 		return 0;
 	for (int b = 0; b < p->n_buckets; b++)
 		if (layout_sharded(p->buckets[b].layout))
@@ -803,8 +817,8 @@ int layout_forced_check(planner_t *pl, const sp_plan_t *p)
 		return 0;
 	int rc = sp_err_set(pl->err, SP_EINPUT, NULL, 0, 0, NULL,
 			    "--zero %d: every sync group of the plan has a single device, so "
-			    "there is no optimizer state to shard",
-			    pl->opts->zero);
+			    "there is no %s to shard",
+			    pl->opts->zero, pl->opts->zero == 3 ? "state" : "optimizer state");
 	sp_err_hint(pl->err, "use --zero auto or --zero 0 (groups of one device stay "
 			     "replicated)");
 	return rc;

@@ -100,7 +100,7 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		 "microbatches=%d tp=%s",
 		 algo_name(algo), pl->opts->placement == PLACE_NAIVE ? "naive" : "spindle",
 		 pl->opts->mem_reserve_gib, pl->opts->milp_nodes,
-		 (const char *[]){"auto", "0", "1", "2"}[pl->opts->zero + 1],
+		 (const char *[]){"auto", "0", "1", "2", "3"}[pl->opts->zero + 1],
 		 (const char *[]){"auto", "none", "all"}[pl->opts->recompute + 1], pl->k, tp);
 	/* only when asked: plans that split by vocabulary where they can keep
 	 * the options they had before it existed */
@@ -204,7 +204,8 @@ static int lower_steps(lstate_t *st, sp_plan_t *out)
 	if ((rc = index_slices(st)) || (rc = index_params(st)) ||
 	    (rc = lower_header(st->pl, st->s->algo, out)) || (rc = lower_structure(st->pl, out)) ||
 	    (rc = lower_slices(st->pl, st->s, st->pc, out)) || (rc = lower_held(st, out)) ||
-	    (rc = lower_buckets(st, out)) || (rc = lower_sequence(st)))
+	    (rc = lower_buckets(st, out)) || (rc = lower_sequence(st)) ||
+	    (rc = lower_gathers(st, out)))
 		return rc;
 	return lower_programs(st, out);
 }

@@ -83,6 +83,11 @@ int lower_sequence(lstate_t *st);
 int lower_held(lstate_t *st, sp_plan_t *out);
 /* out's buckets and st->bucket_of. */
 int lower_buckets(lstate_t *st, sp_plan_t *out);
+/* ---- lower_zero3.c ---- */
+
+/* PGATHERs and PFREEs of zero-3 buckets into st->g (nothing without). */
+int lower_gathers(lstate_t *st, sp_plan_t *out);
+
 /* out->ins: each device's part of st->g with its SYNCs and STEP. */
 int lower_programs(lstate_t *st, sp_plan_t *out);
 

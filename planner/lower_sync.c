@@ -132,8 +132,9 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *fi
 		bk->elems += comp_layer_params_tp(&md->comps[pcomp[q]], st->ptp[q]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;
-	/* --zero 1|2 forces the layout on every group of 2 or more devices */
+	/* --zero 1|2|3 forces the layout on every group of 2 or more devices */
 	bk->layout = bk->n_dev < 2 || st->pl->opts->zero < 1 ? LAYOUT_REPLICATED
+		     : st->pl->opts->zero == 3		  ? LAYOUT_ZERO3
 		     : st->pl->opts->zero == 2		  ? LAYOUT_ZERO2
 							  : LAYOUT_ZERO1;
 	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
@@ -239,6 +240,11 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 	}
 	for (int k = 0; w->overlap && k < nd; k++) {
 		const sp_ins_t *in = &w->base[k];
+		/* zero-3: the SYNC's reduce-scatter runs on the group of the
+		 * bucket's all-gathers, so after the device's last of them (every
+		 * member's collectives of a group in one order) */
+		if (in->op == INS_PFREE && w->sync_at[in->peer] >= 0)
+			w->sync_at[in->peer] = SP_MAX(w->sync_at[in->peer], k + 1);
 		if (in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
 		const sslice_t *x = &st->s->s[in->slice];
@@ -283,7 +289,7 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 	}
 	out->ins[out->n_ins++] = lower_ins_new(INS_STEP);
 	for (int q = 0; q < ns; q++)
-		if (layout_sharded(out->buckets[sorted[q]].layout)) {
+		if (layout_gathers_after_step(out->buckets[sorted[q]].layout)) {
 			sp_ins_t ga = lower_ins_new(INS_GATHER);
 			ga.peer = sorted[q];
 			out->ins[out->n_ins++] = ga;

@@ -31,9 +31,10 @@ static void usage(FILE *f)
 		"  --candidates         list our scheduling candidates and stop\n"
 		"  --exclude NAME       plan ours without candidate NAME (e.g. data-parallel:\n"
 		"                       ours without reusing the sequential plan)\n"
-		"  --zero 0|1|2|auto    parameter state layout of every sync group of 2 or\n"
+		"  --zero 0|1|2|3|auto  parameter state layout of every sync group of 2 or\n"
 		"                       more devices: 0 replicated, 1 zero-1 (optimizer state\n"
-		"                       sharded), 2 zero-2 (gradients sharded too); auto\n"
+		"                       sharded), 2 zero-2 (gradients sharded too), 3 zero-3\n"
+		"                       (weights too: gathered at each use); auto\n"
 		"                       (default) chooses per group\n"
 		"  --recompute none|all|auto\n"
 		"                       transformer slices keep their activations or\n"
@@ -171,10 +172,8 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--mem-reserve") || !strcmp(a, "--milp-nodes")) {
 		return opt_number(o, a, val);
 	} else if (!strcmp(a, "--zero")) {
-		static const char *const w[4] = {"auto", "0", "1", "2"};
-		return opt_word(&o->zero, a, val, w, 4,
-				!strcmp(val, "3") ? "zero-3 is not built yet; use 0, 1, 2 or auto"
-						  : "use 0, 1, 2 or auto");
+		static const char *const w[5] = {"auto", "0", "1", "2", "3"};
+		return opt_word(&o->zero, a, val, w, 5, "use 0, 1, 2, 3 or auto");
 	} else if (!strcmp(a, "--microbatches")) {
 		if (strchr(val, '=')) { /* per task: planner_run checks it against the model */
 			o->mb_tasks = val;

@@ -97,17 +97,19 @@ static void explain_params(const sp_plan_t *p, int d, char *buf, size_t cap)
 			hi = SP_MAX(hi, p->held[dv->held_off + k].layer);
 		}
 	char sz[24];
-	int zero1 = 0, member = 0;
+	int zero1 = 0, zero3 = 0, member = 0;
 	int64_t off, n;
 	for (int b = 0; b < p->n_buckets; b++)
 		if (bucket_shard(p, b, d, &off, &n) >= 0) {
 			member++;
 			zero1 += layout_sharded(p->buckets[b].layout);
+			zero3 += p->buckets[b].layout == LAYOUT_ZERO3;
 		}
-	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; zero-1/2 on %d of the "
+	snprintf(buf, cap, "'%s' layers %d-%d need %s per replica with %s; %s on %d of the "
 		 "device's %d buckets", md->comps[best].name, lo, hi,
 		 size_str(sz, sizeof sz, best_b), md->opt.kind == OPT_ADAMW ? "AdamW" : "SGD",
-		 zero1, member);
+		 zero3 == zero1 && zero3 ? "zero-3" : zero3 ? "zero-1/2/3" : "zero-1/2", zero1,
+		 member);
 }
 
 int memplan_run(planner_t *pl, sp_plan_t *p, int check)

@@ -27,6 +27,10 @@
  *                 all-reduces, as the runtime does (steps are timed after
  *                 the programs ran, since only the final STEPs wait for
  *                 all-reduces)
+ *   PGATHER       zero-3: a rendezvous of the bucket's members; the
+ *                 all-gather starts at the last arrival and takes the
+ *                 bucket's gather_ms (priced alone on the network); PFREE
+ *                 takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
  *                 member finished that bucket's update and takes the
  *                 bucket's gather_ms (priced alone on the network: the
@@ -87,6 +91,9 @@ typedef struct {
 	int *issued, *sjob;              /* per bucket: SYNCs issued so far, its job */
 	double *last_issue, *sync_done;  /* per bucket */
 	double *gather_at;               /* per bucket: its last member's update done */
+	int *pg_n, *pg_round, *pg_wait;  /* zero-3 PGATHER: per bucket arrivals and
+					  * rounds done; per device its round, -1 */
+	double *pg_t, *pg_done;          /* per bucket: latest arrival, round's end */
 	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
 } sim_t;
@@ -118,6 +125,15 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
 	st->sync_done = sp_arena_calloc(a, nb, sizeof(double));
 	st->gather_at = sp_arena_calloc(a, nb, sizeof(double));
+	st->pg_n = sp_arena_calloc(a, nb, sizeof(int));
+	st->pg_round = sp_arena_calloc(a, nb, sizeof(int));
+	st->pg_wait = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->pg_t = sp_arena_calloc(a, nb, sizeof(double));
+	st->pg_done = sp_arena_calloc(a, nb, sizeof(double));
+	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done)
+		return SP_ENOMEM;
+	for (size_t d = 0; d < N; d++)
+		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
 	    fl_init(&st->net, st->pl->cluster, a, n_xfer + p->n_buckets))
@@ -206,6 +222,29 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 				     : 0,
 			     layout_sharded(bk->layout))) < 0)
 			return st->sjob[in->peer];
+	} else if (in->op == INS_PGATHER) {
+		/* a rendezvous of the bucket's members: the all-gather starts at
+		 * the last arrival and takes the bucket's gather_ms (priced alone
+		 * on the network) */
+		const sp_bucket_t *bk = &p->buckets[in->peer];
+		int b = in->peer;
+		if (st->pg_wait[d] < 0) {
+			st->pg_wait[d] = st->pg_round[b];
+			st->pg_t[b] = fmax(st->pg_t[b], st->now[d]);
+			if (++st->pg_n[b] == bk->n_dev) {
+				st->pg_done[b] = st->pg_t[b] + (st->mode & SIM_SYNC ? bk->gather_ms : 0);
+				st->pg_round[b]++;
+				st->pg_n[b] = 0;
+				st->pg_t[b] = 0;
+			}
+		}
+		if (st->pg_round[b] <= st->pg_wait[d])
+			return PROGS_WAIT;
+		st->pg_wait[d] = -1;
+		if (st->pg_done[b] > st->now[d]) {
+			st->wait[d] += st->pg_done[b] - st->now[d];
+			st->now[d] = st->pg_done[b];
+		}
 	} else if (in->op == INS_STEP) {
 		/* it waits for its buckets' all-reduces, timed once every bucket is
 		 * known (finish_steps); here only for all of them to start */

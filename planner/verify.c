@@ -31,6 +31,9 @@
  *   zero-2                a gradient written after its bucket's SYNC freed
  *                         it; an allocation waits for the device's zero-2
  *                         reduce-scatters in flight (verify_zero2.c)
+ *   zero-3                weights of a zero-3 bucket used before their
+ *                         PGATHER or after their PFREE; a PGATHER is a
+ *                         rendezvous of the bucket's group (verify_zero3.c)
  * With micro-batches per task the programs run once per distinct set of
  * active tasks (plan_micro_next: micro-step j runs the tasks with more
  * than j micro-batches, plan_ins_active), each run from scratch with
@@ -458,7 +461,7 @@ static int check_step_tail(vstate_t *st, int d, int *seen)
 			    "all-gathers)",
 			    d, steps);
 	for (int b = 0; b < p->n_buckets; b++)
-		missing += layout_sharded(p->buckets[b].layout) && seen[b] != d + 1 &&
+		missing += layout_gathers_after_step(p->buckets[b].layout) && seen[b] != d + 1 &&
 			   bucket_member(p, b, d);
 	if (missing)
 		return verify_fail(st, -1, -1,
@@ -530,7 +533,7 @@ static int verify_step(void *ctx, int d, int k, const sp_ins_t *in)
 	int rc = 0;
 	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
-	if (vz2_wait(st, d, k, in))
+	if (vz2_wait(st, d, k, in) || vz3_wait(st, d, k, in))
 		return PROGS_WAIT;
 	if (in->op == INS_RECV) {
 		if (in->tag < 0 || in->tag >= st->max_tag || !st->sent[in->tag])
@@ -630,6 +633,12 @@ static int explain_deadlock(vstate_t *st)
 			    "deadlock: waits for tag %d from device %d, which waits in turn "
 			    "(a cycle)",
 			    (int)in->tag, (int)in->peer);
+	if (in->op == INS_PGATHER)
+		return verify_fail(st, d, pc[d],
+			    "deadlock: waits at the all-gather of zero-3 bucket %d for a member "
+			    "that waits in turn (members must gather a bucket in one order "
+			    "with their other collectives and transfers)",
+			    (int)in->peer);
 	return verify_fail(st, d, pc[d], "deadlock: waits for a sync some member never starts");
 }
 
@@ -717,7 +726,7 @@ static int verify_steps(vstate_t *st, double mem_cap)
 {
 	int rc;
 	if ((rc = verify_alloc(st)) || (rc = vmem_prepare(st)) || (rc = vz2_prepare(st)) ||
-	    (rc = index_buckets(st)) ||
+	    (rc = vz3_prepare(st)) || (rc = index_buckets(st)) ||
 	    (rc = check_tp(st)) || (rc = check_sync_groups(st)) || (rc = check_steps(st)))
 		return rc;
 	rc = progs_run(st->p, st->pc, verify_step, st);

@@ -67,6 +67,13 @@ typedef struct {
 	int *n_pend, *cap_pend;
 } vz2_t;
 
+/* The zero-3 rules' state (verify_zero3.c): per bucket_devs entry of a
+ * zero-3 bucket, the PGATHERs its member reached; per instruction, the
+ * round of its PGATHER (0 not reached). NULL without zero-3 buckets. */
+typedef struct {
+	int32_t *garr, *round;
+} vz3_t;
+
 typedef struct {
 	const sp_plan_t *p;
 	sp_err_t *err;
@@ -89,6 +96,7 @@ typedef struct {
 	int micro;            /* the micro-step run: its active tasks only */
 	vmem_t mem;
 	vz2_t z2;
+	vz3_t z3;
 } vstate_t;
 
 /* ---- verify.c: helpers the rules share ------------------------------------ */
@@ -150,5 +158,14 @@ int vz2_wait(vstate_t *st, int d, int k, const sp_ins_t *in);
 /* After instruction k ran: its full gradients live, a SYNC's freed; a
  * write after the bucket's SYNC fails. */
 int vz2_exec(vstate_t *st, int d, int k, const sp_ins_t *in);
+
+/* ---- verify_zero3.c: zero-3 weights ----------------------------------------- */
+
+/* Before the run: each program's PGATHERs, PFREEs and uses (plan_z3_walk),
+ * equal gather counts over each group; the rendezvous state. */
+int vz3_prepare(vstate_t *st);
+/* 1 when device d's PGATHER k must wait for the other members of its
+ * bucket to reach theirs. */
+int vz3_wait(vstate_t *st, int d, int k, const sp_ins_t *in);
 
 #endif

@@ -5,7 +5,8 @@
  * Memory, one allocation per category (sizes fixed by the program):
  *   params   weights and gradients of every held layer, laid out bucket by
  *            bucket, so each sync bucket's are one contiguous range
- *            (all-reduced in place); AdamW m and v of the elements the rank
+ *            (all-reduced in place; zero-3 buckets' weights: the rank's
+ *            shards, ws, and the pool they are gathered into, z3pool); AdamW m and v of the elements the rank
  *            owns in each bucket, bucket after bucket: all of a replicated
  *            bucket, the rank's shard of a zero-1/2 one (bucket_shard);
  *            zero-2 buckets' gradients as shards (gs) plus the pool their
@@ -60,6 +61,14 @@
  * deadlock), else at STEP (plan_zero2 below; plan_mem.c counts the same).
  * With k > 1 micro-batches the full gradients stay live across the
  * micro-steps.
+ *
+ * A zero-3 bucket: gradients and optimizer state as zero-2, and its
+ * weights are not in w either: the rank keeps its shard of them (ws),
+ * which STEP updates. A PGATHER places the full weights in one pool
+ * (z3pool, at the offset plan_z3_walk gives that instruction: nothing is
+ * allocated mid-step), copies the shard in and completes the all-gather of
+ * the rest before the next instruction; the slice's layers read them there
+ * (rt_wptr) until the PFREE. PGATHER and PFREE run in every micro-step.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers
@@ -169,7 +178,9 @@ static int fail(rt_state_t *st, sp_err_t *err, int k, const char *what)
 			  ins_op_name(in->op),
 			  in->op == INS_SEND || in->op == INS_RECV ? " peer rank " : " ",
 			  in->op == INS_SEND || in->op == INS_RECV	 ? in->peer
-			  : in->op == INS_SYNC || in->op == INS_GATHER ? in->peer
+			  : in->op == INS_SYNC || in->op == INS_GATHER || in->op == INS_PGATHER ||
+					  in->op == INS_PFREE
+				  ? in->peer
 								       : in->slice,
 			  what);
 }
@@ -203,7 +214,10 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 					 "timed out after %g s waiting for the members of sync "
 					 "bucket %d",
 					 st->o.timeout_s,
-					 in->op == INS_SYNC || in->op == INS_GATHER ? in->peer : -1);
+					 in->op == INS_SYNC || in->op == INS_GATHER ||
+							 in->op == INS_PGATHER
+						 ? in->peer
+						 : -1);
 			return fail(st, err, k, msg);
 		}
 		if (spin > 1000)
@@ -290,7 +304,8 @@ static int plan_params(rt_state_t *st)
 		if (mb->n != bk->elems || bucket_shard(p, b, st->rank, &so, &sn) < 0)
 			return SP_EINPUT;
 		mb->zero1 = layout_sharded(bk->layout);
-		mb->zero2 = bk->layout == LAYOUT_ZERO2;
+		mb->zero2 = layout_grads_sharded(bk->layout);
+		mb->zero3 = bk->layout == LAYOUT_ZERO3;
 		mb->soff = mb->off + so;
 		mb->sn = sn;
 		mb->moff = st->n_opt;
@@ -301,6 +316,13 @@ static int plan_params(rt_state_t *st)
 		} else {
 			mb->goff = st->n_g;
 			st->n_g += mb->n;
+		}
+		if (mb->zero3) {
+			mb->wsoff = st->n_ws;
+			st->n_ws += sn;
+		} else {
+			mb->wc = st->n_wc;
+			st->n_wc += mb->n;
 		}
 	}
 	if (st->n_held != st->dev->n_held)
@@ -513,11 +535,36 @@ cleanup:
 	return rc;
 }
 
+/*
+ * Zero-3 (set-up): where each PGATHER places its bucket's full weights in
+ * the rank's one pool of them (plan_z3_walk, the walk plan_mem.c counts),
+ * so nothing is allocated mid-step. A program that uses zero-3 weights
+ * outside a PGATHER .. PFREE span is refused (SP_EINPUT with st->why; the
+ * verifier rejects such a plan).
+ */
+static int plan_zero3(rt_state_t *st)
+{
+	plan_z3_walk_t wk;
+	if (plan_z3_walk(st->p, st->rank, &wk))
+		return SP_ENOMEM;
+	if (wk.bad >= 0) {
+		snprintf(st->why, sizeof st->why, "instruction %d %s", wk.bad, wk.why);
+		plan_z3_walk_release(&wk);
+		return SP_EINPUT;
+	}
+	st->z3_at = wk.off; /* NULL without zero-3 buckets */
+	st->z3_acct = wk.pool;
+	st->z3_peak = wk.peak;
+	return 0;
+}
+
 static int alloc_all(rt_state_t *st)
 {
 	const rt_backend_t *b = st->b;
-	int64_t nw = SP_MAX(st->n_w, 1), nm = SP_MAX(st->n_opt, 1);
+	int64_t nw = SP_MAX(st->n_wc, 1), nm = SP_MAX(st->n_opt, 1);
 	st->w = b->alloc(sizeof(float) * (size_t)nw);
+	st->ws = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_ws, 1));
+	st->z3pool = b->alloc(sizeof(float) * (size_t)SP_MAX(st->z3_acct, 1));
 	st->g = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_g, 1));
 	st->gs = b->alloc(sizeof(float) * (size_t)SP_MAX(st->n_gs, 1));
 	st->z2pool = b->alloc(sizeof(float) * (size_t)SP_MAX(st->z2_acct, 1));
@@ -533,16 +580,18 @@ static int alloc_all(rt_state_t *st)
 	st->ints_host = malloc(sizeof(int32_t) * (size_t)SP_MAX(st->ints_n, 1));
 	st->feat_host = malloc(sizeof(float) * (size_t)SP_MAX(st->feat_n, 1));
 	st->loss = calloc((size_t)st->p->model.n_tasks + 1, sizeof(double));
-	if (!st->w || !st->g || !st->gs || !st->z2pool || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
+	if (!st->w || !st->ws || !st->z3pool || !st->g || !st->gs || !st->z2pool || (adam && (!st->m || !st->v)) || !st->saved || !st->vals ||
 	    !st->stage || !st->rstage || !st->work || !st->ints_dev || !st->ints_host ||
 	    !st->feat_host || !st->loss)
 		return SP_ENOMEM;
 	if (b->reserve_params)
 		b->reserve_params(st->w, nw);
 	int64_t f = sizeof(float);
-	/* weights, the gradients (zero-2: the shards and the most full
-	 * gradients live at once), the owned optimizer state */
-	st->mem[MEM_PARAMS] = (nw + st->n_g + st->n_gs + st->z2_acct) * f + (adam ? nm * f * 2 : 0);
+	/* weights (zero-3: the shards and the pool of gathered full weights),
+	 * the gradients (zero-2/3: the shards and the pool of full gradients),
+	 * the owned optimizer state */
+	st->mem[MEM_PARAMS] = (st->n_wc + st->n_ws + st->z3_acct + st->n_g + st->n_gs + st->z2_acct) * f +
+			      (adam ? st->n_opt * f * 2 : 0);
 	st->mem[MEM_ACTS] = st->saved_n * f;
 	st->mem[MEM_COMM] = (st->vals_n + st->stage_n + st->rstage_n) * f;
 	st->mem[MEM_WORK] = st->work_n * f + st->ints_n * 4;
@@ -564,6 +613,30 @@ const float *rt_own_part(const rt_state_t *st, int i, const float *whole, int64_
 	return out;
 }
 
+float *rt_wptr(const rt_state_t *st, int i)
+{
+	const mybucket_t *mb = &st->mb[st->pmb[i]];
+	int64_t rel = st->poff[i] - mb->off;
+	if (mb->zero3)
+		return mb->wfull ? mb->wfull + rel : NULL;
+	return st->w + mb->wc + rel;
+}
+
+void rt_put_weights(rt_state_t *st, int i, const float *host)
+{
+	const mybucket_t *mb = &st->mb[st->pmb[i]];
+	int64_t lo = st->poff[i], hi = lo + st->pcount[i];
+	if (!mb->zero3) {
+		st->b->to_device(rt_wptr(st, i), host, sizeof(float) * (size_t)(hi - lo));
+		return;
+	}
+	/* the part of the layer in the rank's shard [soff, soff + sn) */
+	int64_t a = SP_MAX(lo, mb->soff), z = SP_MIN(hi, mb->soff + mb->sn);
+	if (z > a)
+		st->b->to_device(st->ws + mb->wsoff + (a - mb->soff), host + (a - lo),
+				 sizeof(float) * (size_t)(z - a));
+}
+
 static int init_params(rt_state_t *st)
 {
 	const sp_model_t *md = &st->p->model;
@@ -575,7 +648,7 @@ static int init_params(rt_state_t *st)
 		/* the whole layer, as every plan initialises it, then the shard */
 		st->b->layer_init(host, &md->comps[st->held[i].comp], st->held[i].layer, st->o.seed);
 		const float *mine = rt_own_part(st, i, host, nw, 1, host + nw);
-		st->b->to_device(st->w + st->poff[i], mine, sizeof(float) * (size_t)st->pcount[i]);
+		rt_put_weights(st, i, mine);
 		free(host);
 	}
 	return 0;
@@ -605,7 +678,7 @@ static int check_step(rt_state_t *st)
 	for (int i = 0; i < st->n_mb; i++) {
 		mb_of[st->mb[i].bucket] = i;
 		st->mb[i].sync = st->mb[i].gather = -1;
-		zero1 += st->mb[i].zero1;
+		zero1 += st->mb[i].zero1 && !st->mb[i].zero3;
 	}
 	for (int k = 0; k < st->n_ins && !rc; k++) {
 		const sp_ins_t *in = &st->prog[k];
@@ -614,8 +687,9 @@ static int check_step(rt_state_t *st)
 			last = k;
 		} else if (in->op == INS_GATHER) {
 			int i = mb_of[in->peer];
-			if (!steps || i < 0 || !st->mb[i].zero1 || st->mb[i].gather >= 0)
-				rc = SP_EINPUT; /* before the STEP, not ours, not zero-1, twice */
+			if (!steps || i < 0 || !st->mb[i].zero1 || st->mb[i].zero3 ||
+			    st->mb[i].gather >= 0)
+				rc = SP_EINPUT; /* before the STEP, not ours, not zero-1/2, twice */
 			else
 				st->mb[i].gather = k;
 			gathers++;
@@ -874,6 +948,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = check_decoders(st);
 	if (!rc)
 		rc = plan_zero2(st);
+	if (!rc)
+		rc = plan_zero3(st);
 	sp_err_t lacks = {0};
 	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
 		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
@@ -946,6 +1022,9 @@ void rt_free(rt_state_t *st)
 		return;
 	const rt_backend_t *b = st->b;
 	b->release(st->w);
+	b->release(st->ws);
+	b->release(st->z3pool);
+	free(st->z3_at);
 	b->release(st->g);
 	b->release(st->gs);
 	b->release(st->z2pool);
@@ -1085,7 +1164,9 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
-		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
+		if (si >= 0 && !pw)
+			return fail(st, err, k, "uses zero-3 weights that are not gathered");
 		float *y = l == r.sl->layer_to - 1 ? vptr(st, st->dst_vb[k], r.in->s0, 0)
 						   : ((l - r.sl->layer_from) % 2 ? pong : ping);
 		float *saved = layer_saved(st, &r, st->saved_off[k], l);
@@ -1230,7 +1311,9 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
-		const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
+		if (si >= 0 && !pw)
+			return fail(st, err, k, "uses zero-3 weights that are not gathered");
 		float *dp = si >= 0 ? grad_of(st, si) : NULL;
 		const float *saved = layer_saved(st, &r, fwd_off, l);
 		if (r.sl->recompute) {
@@ -1294,7 +1377,9 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	int n = in->s1 - in->s0;
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
-	const float *pw = si >= 0 ? st->w + st->poff[si] : NULL;
+	const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
+	if (si >= 0 && !pw)
+		return fail(st, err, k, "uses zero-3 weights that are not gathered");
 	float *dp = si >= 0 ? grad_of(st, si) : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
 	int64_t so = sample_off(st, mo->task);
@@ -1340,6 +1425,44 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	return rc;
 }
 
+/*
+ * PGATHER: the rank's shard into its place in the bucket's full weights
+ * (at the pool offset of plan_z3_walk), then the all-gather of the rest
+ * from the other members, waited for here (the next instruction uses
+ * them). PFREE: the full weights are given back to the pool.
+ */
+static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
+{
+	const sp_ins_t *in = &st->prog[k];
+	mybucket_t *mb = NULL;
+	for (int i = 0; i < st->n_mb && !mb; i++)
+		if (st->mb[i].bucket == in->peer && st->mb[i].zero3)
+			mb = &st->mb[i];
+	if (!mb)
+		return fail(st, err, k, "not a member of this zero-3 bucket");
+	if (in->op == INS_PFREE) {
+		if (!mb->wfull)
+			return fail(st, err, k, "frees zero-3 weights that are not gathered");
+		mb->wfull = NULL;
+		st->z3_live -= mb->n;
+		return 0;
+	}
+	if (mb->wfull || !st->z3_at || st->z3_at[k] < 0 || st->z3_at[k] + mb->n > st->z3_acct)
+		return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
+	mb->wfull = st->z3pool + st->z3_at[k];
+	st->z3_live += mb->n;
+	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
+	if (st->z3_hwm > st->z3_peak)
+		return fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
+	rt_req_t r = {0};
+	st->b->copy_rows(mb->wfull + (mb->soff - mb->off), mb->sn, st->ws + mb->wsoff, mb->sn, 1,
+			 mb->sn, 0);
+	st->b->sync();
+	if (st->c->ops->iallgather(st->c, mb->wfull, mb->n, mb->group, &r))
+		return fail(st, err, k, "starting the all-gather failed");
+	return wait_req(st, &r, k, err);
+}
+
 static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
@@ -1381,6 +1504,8 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			     (int64_t)d->seq * d->width, st->rstage, cols, rows, cols, in->dst.grad);
 		return 0;
 	}
+	if (in->op == INS_PGATHER || in->op == INS_PFREE)
+		return exec_zero3(st, k, err);
 	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
@@ -1395,7 +1520,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 				float *g = mb->zero2 ? mb->full : st->g + mb->goff;
 				b->sync();
 				int bad = in->op == INS_GATHER
-						  ? c->ops->iallgather(c, st->w + mb->off, mb->n, mb->group, &r)
+						  ? c->ops->iallgather(c, st->w + mb->wc, mb->n, mb->group, &r)
 					  : mb->zero1 ? c->ops->ireduce_scatter(c, g, mb->n, mb->group, &r)
 						      : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
 				if (bad)
@@ -1442,10 +1567,11 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 	float *g = mb->zero2 ? st->gs + mb->gsoff : st->g + mb->goff + (off - mb->off);
 	if (n <= 0)
 		return;
+	float *w = mb->zero3 ? st->ws + mb->wsoff : st->w + mb->wc + (off - mb->off);
 	if (o->kind == OPT_ADAMW)
-		b->adamw_step(st->w + off, g, st->m + mb->moff, st->v + mb->moff, n, (int)t, o);
+		b->adamw_step(w, g, st->m + mb->moff, st->v + mb->moff, n, (int)t, o);
 	else
-		b->sgd_step(st->w + off, g, n, o);
+		b->sgd_step(w, g, n, o);
 }
 
 /* Waits for every operation still in flight. */
@@ -1615,7 +1741,7 @@ static int score_loss(rt_state_t *st, int k, double *acc)
 	st->b->to_host(x, vptr(st, st->src_vb[k], kind == COMP_CONTRASTIVE ? 0 : in->s0, 0),
 		       sizeof(float) * (size_t)(rows * ld));
 	if (np)
-		st->b->to_host(pw, st->w + st->poff[si], sizeof(float) * (size_t)np);
+		st->b->to_host(pw, rt_wptr(st, si), sizeof(float) * (size_t)np);
 	if (kind == COMP_CLASSIFIER) {
 		classifier_logits(&mo->shape, (int)n, mo->seq_in, pw, x, sv);
 		for (int64_t i = 0; i < n; i++) {
@@ -1684,6 +1810,8 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 			if (!in->dst.grad)
 				rc = exec_comm(st, k, err);
 			break;
+		case INS_PGATHER: /* every member runs them all: collectives */
+		case INS_PFREE: rc = exec_comm(st, k, err); break;
 		default: break;
 		}
 		st->b->sync();
@@ -1702,6 +1830,14 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 {
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
+}
+
+int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
+{
+	*most = st->z3_hwm * (int64_t)sizeof(float);
+	*peak = st->z3_peak * (int64_t)sizeof(float);
+	*pool = st->z3_acct * (int64_t)sizeof(float);
+	return st->n_ws > 0;
 }
 
 int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)

@@ -33,6 +33,10 @@ typedef struct {
 	int safe;         /* zero2: from this instruction on, waiting for its
 			   * reduce-scatter cannot deadlock (plan_z2_safe) */
 	int64_t zoff;     /* zero2: its full gradient's place in the pool */
+	int zero3;        /* zero-3: the weights sharded too (gradients as zero2) */
+	int64_t wc;       /* not zero3: where its weights start in w */
+	int64_t wsoff;    /* zero3: where its weight shard starts in ws */
+	float *wfull;     /* zero3: its full weights while gathered, else NULL */
 	rt_req_t req;
 } mybucket_t;
 
@@ -54,7 +58,16 @@ struct rt_state {
 	int64_t *poff, *pcount;
 	int *pmb; /* per held layer: its bucket's index in mb */
 	float *w, *g, *m, *v;
-	int64_t n_w, n_opt; /* floats in w; in m and v */
+	int64_t n_w, n_opt; /* floats of the held layers (bucket after bucket:
+			     * poff, mybucket_t off index them); in m and v */
+	/* weights: w holds the buckets that are not zero-3 (n_wc floats, each
+	 * at its wc), ws the zero-3 buckets' shards (n_ws); a zero-3 bucket's
+	 * full weights are placed in z3pool from its PGATHER to its PFREE at
+	 * the offset plan_z3_walk gives that PGATHER (z3_at, per instruction) */
+	float *ws, *z3pool;
+	int64_t n_wc, n_ws;
+	int64_t *z3_at;
+	int64_t z3_live, z3_hwm, z3_peak, z3_acct; /* floats, as z2_* */
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g
 	 * floats), gs the zero-2 buckets' shards (n_gs); a zero-2 bucket's full
 	 * gradient is its own allocation while live (mybucket_t full) */
@@ -112,6 +125,17 @@ static inline int comp_n_layers(const sp_component_t *c)
 }
 
 /* ---- interp.c ---------------------------------------------------------- */
+
+/* Held layer i's weights: in w, or (zero-3) in its bucket's gathered full
+ * weights; NULL when a zero-3 bucket's are not gathered now. */
+float *rt_wptr(const rt_state_t *st, int i);
+/* Held layer i's weights from host floats (the rank's part, pcount[i] of
+ * them): all into w, or (zero-3) the part in the rank's shard into ws. */
+void rt_put_weights(rt_state_t *st, int i, const float *host);
+/* The whole weights of the rank's zero-3 buckets on the host, into hw
+ * (n_w floats, laid out as poff; NULL: take part only): all-gathered over
+ * each zero-3 group, buckets in index order (collective). 0 or SP_EIO. */
+int rt_zero3_whole(const rt_state_t *st, float *hw);
 
 /* Whole layer records of held layer i (nw floats: w, then m, v when
  * present) to the rank's part: its shard of a tensor-parallel layer (in

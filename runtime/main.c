@@ -880,6 +880,11 @@ static int report_end(run_t *r)
 		       "pool %.2f\n",
 		       (double)most / 1048576.0, (double)peak / 1048576.0,
 		       (double)pool / 1048576.0);
+	if (r->comm.rank == 0 && rt_zero3_peak(r->st, &most, &peak, &pool))
+		printf("rank 0 zero-3 full weights (MiB): most live %.2f, walk's peak %.2f, "
+		       "pool %.2f\n",
+		       (double)most / 1048576.0, (double)peak / 1048576.0,
+		       (double)pool / 1048576.0);
 	wd_arm(r->comm.rank, "gathering the trace");
 	if (r->o.trace_path &&
 	    trace_write_measured(r->st, &r->comm, &r->plan, r->o.trace_path, &r->err)) {

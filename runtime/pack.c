@@ -4,7 +4,8 @@
  * weights files (weights.c). Whole layers travel, whatever the plan: a
  * tensor-parallel layer's shards are joined at the owner of shard 0 on the
  * way out and cut to the rank's shard on the way in; a zero-1 bucket's
- * optimizer state is all-gathered out and sharded in. It does not decide
+ * optimizer state (zero-3: its weights too) is all-gathered out and
+ * sharded in. It does not decide
  * which ranks hold what (the plan does) or write files (ckpt*.c, weights.c).
  */
 #include "interp_internal.h"
@@ -20,6 +21,49 @@ static int wait_plain(rt_comm_t *c, rt_req_t *req)
 		if (c->ops->test(c, req, &done))
 			return -1;
 	return 0;
+}
+
+/* Bucket mb's whole floats from the rank's shard of them (sn floats at
+ * shard, on the device) through tmp (mb->n floats), all-gathered over its
+ * group, into host (NULL: take part only). Collective over the group. */
+static int gather_whole(const rt_state_t *st, const mybucket_t *mb, const float *shard,
+			float *tmp, float *host)
+{
+	const rt_backend_t *b = st->b;
+	rt_req_t r = {0};
+	b->copy_rows(tmp + (mb->soff - mb->off), mb->sn, shard, mb->sn, 1, mb->sn, 0);
+	b->sync();
+	if (st->c->ops->iallgather(st->c, tmp, mb->n, mb->group, &r) || wait_plain(st->c, &r))
+		return SP_EIO;
+	if (host)
+		b->to_host(host, tmp, sizeof(float) * (size_t)mb->n);
+	return 0;
+}
+
+int rt_zero3_whole(const rt_state_t *st, float *hw)
+{
+	int64_t big = 0;
+	for (int i = 0; i < st->n_mb; i++)
+		big = SP_MAX(big, st->mb[i].zero3 ? st->mb[i].n : 0);
+	float *tmp = big ? st->b->alloc(sizeof(float) * (size_t)big) : NULL;
+	int rc = big && !tmp ? SP_ENOMEM : 0;
+	for (int i = 0; i < st->n_mb && !rc; i++)
+		if (st->mb[i].zero3)
+			rc = gather_whole(st, &st->mb[i], st->ws + st->mb[i].wsoff, tmp,
+					  hw ? hw + st->mb[i].off : NULL);
+	st->b->release(tmp);
+	return rc;
+}
+
+/* Held layer i's weights (the rank's part, pcount[i] floats) to host: from
+ * w, or (zero-3) from hw, the whole weights rt_zero3_whole gathered. */
+static void weights_to_host(const rt_state_t *st, const float *hw, int i, void *host)
+{
+	size_t fb = sizeof(float) * (size_t)st->pcount[i];
+	if (st->mb[st->pmb[i]].zero3)
+		memcpy(host, hw + st->poff[i], fb);
+	else
+		st->b->to_host(host, rt_wptr(st, i), fb);
 }
 
 /*
@@ -47,14 +91,7 @@ static int whole_state(const rt_state_t *st, float *hm, float *hv)
 					b->to_host(host, dev, sizeof(float) * (size_t)mb->n);
 				continue;
 			}
-			rt_req_t r = {0};
-			b->copy_rows(tmp + (mb->soff - mb->off), mb->sn, dev, mb->sn, 1, mb->sn, 0);
-			b->sync();
-			if (st->c->ops->iallgather(st->c, tmp, mb->n, mb->group, &r) ||
-			    wait_plain(st->c, &r))
-				rc = SP_EIO;
-			else if (host)
-				b->to_host(host, tmp, sizeof(float) * (size_t)mb->n);
+			rc = gather_whole(st, mb, dev, tmp, host);
 		}
 	}
 	b->release(tmp);
@@ -74,7 +111,7 @@ static int whole_state(const rt_state_t *st, float *hm, float *hv)
  * Returns 0, SP_ENOMEM or SP_EIO (its own failures).
  */
 static int join_shards(const rt_state_t *st, int failed, int adam, const float *hm,
-		       const float *hv, float **joined)
+		       const float *hv, const float *hw, float **joined)
 {
 	const sp_model_t *md = &st->p->model;
 	const rt_backend_t *b = st->b;
@@ -101,7 +138,7 @@ static int join_shards(const rt_state_t *st, int failed, int adam, const float *
 				int oj = plan_shard_owner(st->p, c, l, j, NULL);
 				int send = oj == st->rank && o0 != st->rank, recv = o0 == st->rank && oj != st->rank;
 				if (!rc && oj == st->rank && i >= 0) { /* the rank's own shard */
-					b->to_host(host, st->w + st->poff[i], sizeof(float) * (size_t)ns);
+					weights_to_host(st, hw, i, host);
 					for (int q = 1; q < parts; q++)
 						memcpy(host + q * ns, (q == 1 ? hm : hv) + st->poff[i],
 						       sizeof(float) * (size_t)ns);
@@ -142,14 +179,19 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	uint8_t *buf = malloc(total + 1);
 	float *hm = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
 	float *hv = adam ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
-	int rc = !buf || (adam && (!hm || !hv)) ? SP_ENOMEM : 0;
+	int z3 = st->n_ws > 0;
+	float *hw = z3 ? malloc(sizeof(float) * (size_t)SP_MAX(st->n_w, 1)) : NULL;
+	int rc = !buf || (adam && (!hm || !hv)) || (z3 && !hw) ? SP_ENOMEM : 0;
+	/* zero-3 weights whole first (collective, whatever the allocations did) */
+	if (z3 && rt_zero3_whole(st, rc ? NULL : hw))
+		rc = SP_ENOMEM;
 	/* every rank joins the gathers, whatever its own allocations did */
 	if (adam && (rc ? whole_state(st, NULL, NULL) : whole_state(st, hm, hv)))
 		rc = SP_ENOMEM;
 	float **joined = calloc((size_t)st->n_held + 1, sizeof(float *));
 	if (!joined)
 		rc = SP_ENOMEM;
-	int jr = join_shards(st, rc, adam, hm, hv, joined);
+	int jr = join_shards(st, rc, adam, hm, hv, hw, joined);
 	if (jr && !rc)
 		rc = jr;
 	if (rc) {
@@ -159,6 +201,7 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 		free(buf);
 		free(hm);
 		free(hv);
+		free(hw);
 		return rc;
 	}
 	size_t o = 0;
@@ -179,7 +222,7 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 				o += fb * (adam ? 3 : 1);
 				continue;
 			}
-			st->b->to_host(buf + o, st->w + st->poff[i], fb);
+			weights_to_host(st, hw, i, buf + o);
 			o += fb;
 			if (adam) {
 				memcpy(buf + o, hm + st->poff[i], fb);
@@ -194,6 +237,7 @@ int rt_pack_owned(const rt_state_t *st, int opt_state, void **out, size_t *bytes
 	free(joined);
 	free(hm);
 	free(hv);
+	free(hw);
 	*out = buf;
 	*bytes = o;
 	return 0;
@@ -250,8 +294,7 @@ int rt_unpack(rt_state_t *st, const void *data, size_t bytes, int opt_state, sp_
 			const float *mine = rt_own_part(st, i, (const float *)(const void *)(buf + o), cnt,
 						     parts, cut);
 			int64_t per = st->held[i].tp > 1 ? st->pcount[i] : cnt;
-			size_t one = sizeof(float) * (size_t)per;
-			st->b->to_device(st->w + st->poff[i], mine, one);
+			rt_put_weights(st, i, mine);
 			if (adam)
 				unpack_state(st, i, (const uint8_t *)(mine + per),
 					     (const uint8_t *)(mine + 2 * per));

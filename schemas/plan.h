@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 5
+#define PLAN_VERSION 6
 /* tensor-parallel degree of a slice or a shard: at most this */
 #define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
@@ -36,8 +36,12 @@ typedef enum {
 		       * all-reduce (replicated) or reduce-scatter (zero-1) */
 	INS_STEP = 8, /* per sync bucket, in program order: wait for its
 		       * collective, update its parameters (zero-1: its shard) */
-	INS_GATHER = 9 /* after STEP, zero-1 bucket `peer`: start the all-gather
-			* of the updated weights from every member's shard */
+	INS_GATHER = 9, /* after STEP, zero-1 bucket `peer`: start the all-gather
+			 * of the updated weights from every member's shard */
+	INS_PGATHER = 10, /* zero-3 bucket `peer`: all-gather its weights from the
+			   * members' shards into a full buffer (blocking: a
+			   * rendezvous of the bucket's members) */
+	INS_PFREE = 11    /* zero-3 bucket `peer`: give its full weights back */
 } sp_ins_op_t;
 
 /* State layout of a sync bucket's parameters over its devices. */
@@ -49,12 +53,28 @@ typedef enum {
 				* gradient lives from the first BWD (or LOSS)
 				* writing into the bucket until its SYNC's
 				* reduce-scatter into the member's shard */
+	LAYOUT_ZERO3 = 3,      /* as zero-2, and the weights sharded too: the full
+				* weights exist only from a PGATHER to its PFREE */
 	LAYOUT__COUNT
 } sp_layout_t;
 
-/* 1 when layout shards the optimizer state (zero-1 and zero-2): SYNC is a
- * reduce-scatter, STEP updates the shard, a GATHER all-gathers after it. */
+/* 1 when layout shards the optimizer state (zero-1, 2 and 3): SYNC is a
+ * reduce-scatter, STEP updates the shard. */
 static inline int layout_sharded(int layout)
+{
+	return layout == LAYOUT_ZERO1 || layout == LAYOUT_ZERO2 || layout == LAYOUT_ZERO3;
+}
+
+/* 1 when the gradients are sharded too (zero-2 and zero-3): a full gradient
+ * lives from its first write to its reduce-scatter (plan_zero2.c). */
+static inline int layout_grads_sharded(int layout)
+{
+	return layout == LAYOUT_ZERO2 || layout == LAYOUT_ZERO3;
+}
+
+/* 1 when a GATHER after the STEP all-gathers the updated weights (zero-1
+ * and zero-2; zero-3 keeps only the shard, gathered at each use). */
+static inline int layout_gathers_after_step(int layout)
 {
 	return layout == LAYOUT_ZERO1 || layout == LAYOUT_ZERO2;
 }
@@ -298,6 +318,11 @@ int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev);
  * returns their count. */
 int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
 		 int32_t *out, int cap);
+/* The distinct zero-3 buckets of dev whose weights instruction in uses (a
+ * FWD, BWD or LOSS of their layers), at most cap in out; their count. */
+int z3map_uses(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+	       int32_t *out, int cap);
+
 /*
  * When a member frees a zero-2 bucket's full gradient. Its SYNC starts the
  * reduce-scatter; the member completes it (and frees the full gradient) at
@@ -332,6 +357,28 @@ typedef struct {
 } plan_z2_walk_t;
 int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t *out);
 void plan_z2_walk_release(plan_z2_walk_t *w);
+
+/*
+ * Device d's zero-3 full weights over one step (plan_zero3.c): a PGATHER
+ * of bucket b places b's elems at the lowest offset of one pool where they
+ * fit between the full weights live then (first fit), a PFREE gives them
+ * back. In elements: off per instruction of d's program (the PGATHER's
+ * place; -1 elsewhere; malloc'd), pool its size, peak the most live at
+ * once, shards and fulls the sums of d's zero-3 weight shards and whole
+ * buckets. bad: the first instruction that uses weights of a zero-3 bucket
+ * not gathered then, gathers one already gathered or frees one that is
+ * not, or gathers one after its SYNC (its reduce-scatter runs on the same
+ * group: every member's collectives of a group in one order) (-1: none),
+ * why says which. 0 or SP_ENOMEM.
+ */
+typedef struct {
+	int64_t *off;
+	int64_t pool, peak, shards, fulls;
+	int bad;
+	const char *why;
+} plan_z3_walk_t;
+int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out);
+void plan_z3_walk_release(plan_z3_walk_t *w);
 
 /* A tensor-parallel group: the t devices slice_devs[off .. off + t), member
  * j holding shard j (the first such group of the plan, in slice `slice`). */

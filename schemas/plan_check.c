@@ -826,9 +826,19 @@ static int check_ins(dec_t *d, const sp_plan_t *p, const sp_ins_t *in)
 	case INS_GATHER:
 		if (pr_index(d, "peer", in->peer, p->n_buckets, "bucket"))
 			return d->rc;
-		if (!layout_sharded(p->buckets[in->peer].layout))
+		if (!layout_gathers_after_step(p->buckets[in->peer].layout))
 			return pr_fail(d, "peer", "all-gather of bucket %d, whose parameters "
-					       "are not sharded", in->peer);
+					       "are not sharded by zero-1 or zero-2", in->peer);
+		return 0;
+	case INS_PGATHER:
+	case INS_PFREE:
+		if (pr_index(d, "peer", in->peer, p->n_buckets, "bucket"))
+			return d->rc;
+		if (p->buckets[in->peer].layout != LAYOUT_ZERO3)
+			return pr_fail(d, "peer", "%s of bucket %d, whose weights are not "
+					       "sharded (layout %s, not zero-3)",
+				       ins_op_name(in->op), in->peer,
+				       layout_name(p->buckets[in->peer].layout));
 		return 0;
 	case INS_STEP: return 0;
 	default: return pr_fail(d, "op", "unknown instruction op code %d", in->op);

@@ -9,7 +9,7 @@
  *          state (fp32 master weights, AdamW moments: param_state_bytes
  *          minus those) of the elements it owns in each of its buckets: all
  *          of them when replicated, its shard under zero-1 (bucket_shard)
- *          and zero-2. A zero-2 bucket's gradients count as its shard
+ *          and zero-2 and zero-3. A zero-2 or zero-3 bucket's gradients count as its shard
  *          (persistent) plus the full gradient while it is live, by the
  *          walk below (zero2_grad_bytes)
  *  acts    activations saved for backward: every FWD keeps
@@ -65,6 +65,12 @@
  * The runtime (interp.c) places and gives back the full gradients at these
  * points, at the walk's offsets, and checks as it runs that no two live
  * ones overlap and that the most live at once stays the walk's peak.
+ *
+ * Zero-3 (layout 3): gradients as zero-2; the weights count as the
+ * member's shard (persistent) plus the pool the full weights of its
+ * buckets are gathered into, each live from its PGATHER to its PFREE
+ * (plan_z3_walk, plan_zero3.c: first fit, the runtime allocates that pool
+ * once), in place of the whole weights the held entries count.
  *
  * The layer workspace is allocated by the backend, not by the runtime's
  * work buffer, so the runtime's own figure (rt_memory) does not include it;
@@ -193,6 +199,13 @@ int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[M
 	if (plan_zero2_grads_at(p, d, safe, &z2))
 		return -1;
 	out[MEM_PARAMS] += z2;
+	/* zero-3: the weight shards and the pool of gathered full weights in
+	 * place of the whole weights the held loop counted */
+	plan_z3_walk_t z3;
+	if (plan_z3_walk(p, d, &z3))
+		return -1;
+	out[MEM_PARAMS] += (z3.shards + z3.pool - z3.fulls) * db;
+	plan_z3_walk_release(&z3);
 	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
 	 * table (at most four values per instruction: a decoder's BWD touches

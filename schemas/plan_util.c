@@ -22,6 +22,8 @@ const char *ins_op_name(int op)
 	case INS_SYNC: return "sync";
 	case INS_STEP: return "step";
 	case INS_GATHER: return "gather";
+	case INS_PGATHER: return "pgather";
+	case INS_PFREE: return "pfree";
 	default: return "?";
 	}
 }
@@ -82,6 +84,7 @@ const char *layout_name(int layout)
 	case LAYOUT_REPLICATED: return "replicated";
 	case LAYOUT_ZERO1: return "zero-1";
 	case LAYOUT_ZERO2: return "zero-2";
+	case LAYOUT_ZERO3: return "zero-3";
 	default: return "?";
 	}
 }

@@ -1,6 +1,7 @@
 /*
  * plan_zero2.c — what planner, verifier and runtime share about zero-2
- * buckets (layout 2): which instructions write into a zero-2 bucket's full
+ * buckets (layout 2) and the gradients of zero-3 ones (layout 3, the same
+ * rules: layout_grads_sharded): which instructions write into a zero-2 bucket's full
  * gradient (z2map_*), and where each member completes the bucket's
  * reduce-scatter and frees that gradient (plan_z2_safe). The memory walk
  * over these points is plan_mem.c's; the runtime's is interp.c's. Trusts
@@ -17,7 +18,7 @@ int z2map_init(sp_z2map_t *out, const sp_plan_t *p)
 	memset(out, 0, sizeof *out);
 	out->dev = -1;
 	for (int b = 0; b < p->n_buckets; b++)
-		out->n_z2 += p->buckets[b].layout == LAYOUT_ZERO2;
+		out->n_z2 += layout_grads_sharded(p->buckets[b].layout);
 	if (!out->n_z2)
 		return 0;
 	int slots = 0;
@@ -38,7 +39,7 @@ int z2map_init(sp_z2map_t *out, const sp_plan_t *p)
 	int n = 0;
 	for (int b = p->n_buckets - 1; b >= 0; b--) {
 		const sp_bucket_t *bk = &p->buckets[b];
-		if (bk->layout != LAYOUT_ZERO2)
+		if (!layout_grads_sharded(bk->layout))
 			continue;
 		for (int q = 0; q < bk->n_params; q++) {
 			const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
@@ -72,16 +73,19 @@ int z2map_for(sp_z2map_t *m, const sp_plan_t *p, int dev)
 	if (!m->mine && !(m->mine = malloc((size_t)p->n_buckets + 1)))
 		return SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++)
-		m->mine[b] = p->buckets[b].layout == LAYOUT_ZERO2 &&
+		m->mine[b] = layout_grads_sharded(p->buckets[b].layout) &&
 			     bucket_shard(p, b, dev, &off, &n) >= 0;
 	m->dev = dev;
 	return 0;
 }
 
-int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
-		 int32_t *out, int cap)
+/* The distinct buckets of the map that instruction in (of dev) touches:
+ * its slice's layers' (a LOSS: its one layer's); FWD too when fwd is 1;
+ * only zero-3 buckets when z3 is 1. */
+static int map_touches(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+		       int32_t *out, int cap, int fwd, int z3)
 {
-	if (!m->n_z2 || (in->op != INS_BWD && in->op != INS_LOSS))
+	if (!m->n_z2 || (in->op != INS_BWD && in->op != INS_LOSS && !(fwd && in->op == INS_FWD)))
 		return 0;
 	const sp_slice_t *sl = &p->slices[in->slice];
 	const sp_metaop_t *mo = &p->metaops[sl->metaop];
@@ -96,6 +100,8 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
 		int comp = t->nodes[op->node].comp;
 		for (int e = m->first[m->base[comp] + op->layer]; e >= 0; e = m->next[e]) {
 			int b = m->bucket[e], dup = 0;
+			if (z3 && p->buckets[b].layout != LAYOUT_ZERO3)
+				continue;
 			if (m->dev == dev ? !m->mine[b] : bucket_shard(p, b, dev, &off, &cnt) < 0)
 				continue;
 			for (int j = 0; j < n && !dup; j++)
@@ -105,6 +111,18 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
 		}
 	}
 	return n;
+}
+
+int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+		 int32_t *out, int cap)
+{
+	return map_touches(m, p, dev, in, out, cap, 0, 0);
+}
+
+int z3map_uses(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_t *in,
+	       int32_t *out, int cap)
+{
+	return map_touches(m, p, dev, in, out, cap, 1, 1);
 }
 
 /*
@@ -119,7 +137,9 @@ int z2map_writes(const sp_z2map_t *m, const sp_plan_t *p, int dev, const sp_ins_
  * so the runtime's wait there cannot deadlock (the programs are
  * deterministic: what one run reaches, every run reaches). Tensor-parallel
  * FWD/BWD are rendezvous of their groups that this run does not model: a
- * plan with them completes every zero-2 reduce-scatter at the STEP. A plan
+ * plan with them completes every zero-2 reduce-scatter at the STEP. A
+ * zero-3 PGATHER is a rendezvous of its bucket's members, modelled (a
+ * member passes its n-th once every member has reached its n-th). A plan
  * that cannot finish (the verifier rejects it) leaves the rest at the end.
  */
 typedef struct {
@@ -132,7 +152,31 @@ typedef struct {
 	int32_t *safe;
 	/* per device d, its zero-2 entries ent[first[d] .. first[d + 1]) */
 	int32_t *first, *ent, *bk_of; /* bk_of: per bucket_devs entry */
+	int32_t *garr; /* per bucket_devs entry: PGATHERs its member reached */
+	int32_t *at_pg; /* per device: the PGATHER it has arrived at, or -1 */
 } z2sim_t;
+
+/* A PGATHER is a rendezvous of its zero-3 bucket's members: device d
+ * arrives at its n-th of bucket b and passes once every member has
+ * reached its n-th. 1 when d must wait. */
+static int z2_pgather_waits(z2sim_t *s, int d, int pc, int b)
+{
+	const sp_plan_t *p = s->p;
+	const sp_bucket_t *bk = &p->buckets[b];
+	int64_t off, n;
+	int q = bucket_shard(p, b, d, &off, &n);
+	if (q < 0)
+		return 0; /* not a member: the reader's and verifier's to refuse */
+	if (s->at_pg[d] != pc) {
+		s->garr[bk->dev_off + q]++;
+		s->at_pg[d] = pc;
+	}
+	for (int j = 0; j < bk->n_dev; j++)
+		if (s->garr[bk->dev_off + j] < s->garr[bk->dev_off + q])
+			return 1;
+	s->at_pg[d] = -1;
+	return 0;
+}
 
 /* Device d's bucket_devs entry of zero-2 bucket b, or -1. */
 static int z2_find(const z2sim_t *s, int b, int d)
@@ -176,7 +220,7 @@ static int z2_allocates(z2sim_t *s, int d, const sp_ins_t *in, int *nw, int *sy)
 	const sp_plan_t *p = s->p;
 	int any = 0;
 	*nw = z2_writes(s, d, in);
-	*sy = in->op == INS_SYNC && p->buckets[in->peer].layout == LAYOUT_ZERO2
+	*sy = in->op == INS_SYNC && layout_grads_sharded(p->buckets[in->peer].layout)
 		      ? z2_find(s, in->peer, d)
 		      : -1;
 	for (int j = 0; j < *nw; j++)
@@ -214,6 +258,9 @@ static int z2_run(z2sim_t *s, int d, int32_t *pc, uint8_t *sent, uint8_t *go, in
 		const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
 		int nw, sy;
 		if (in->op == INS_RECV && (in->tag < 0 || in->tag >= max_tag || !sent[in->tag]))
+			break;
+		if (in->op == INS_PGATHER && in->peer >= 0 && in->peer < p->n_buckets &&
+		    z2_pgather_waits(s, d, pc[d], in->peer))
 			break;
 		if (z2_allocates(s, d, in, &nw, &sy)) {
 			if (z2_complete(s, d, pc[d], 1) && !go[d])
@@ -267,21 +314,25 @@ int plan_z2_safe(const sp_plan_t *p, int32_t **out)
 	s.first = calloc((size_t)N + 2, sizeof(int32_t));
 	s.ent = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
 	s.bk_of = malloc(sizeof(int32_t) * (size_t)(p->n_bucket_devs + 1));
+	s.garr = calloc((size_t)p->n_bucket_devs + 1, sizeof(int32_t));
+	s.at_pg = malloc(sizeof(int32_t) * (size_t)(N + 1));
 	if (!s.w || !s.st || !s.issued || !s.safe || !pc || !sent || !go || !s.first || !s.ent ||
-	    !s.bk_of)
+	    !s.bk_of || !s.garr || !s.at_pg)
 		goto cleanup;
+	for (int d = 0; d < N; d++)
+		s.at_pg[d] = -1;
 	for (int i = 0; i < p->n_bucket_devs; i++)
 		s.safe[i] = -1;
 	/* counting sort of the zero-2 entries by device */
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++) {
+		for (int q = 0; layout_grads_sharded(p->buckets[b].layout) && q < p->buckets[b].n_dev; q++) {
 			s.bk_of[p->buckets[b].dev_off + q] = b;
 			s.first[p->bucket_devs[p->buckets[b].dev_off + q] + 2]++;
 		}
 	for (int d = 0; d < N; d++)
 		s.first[d + 2] += s.first[d + 1];
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++)
+		for (int q = 0; layout_grads_sharded(p->buckets[b].layout) && q < p->buckets[b].n_dev; q++)
 			s.ent[s.first[p->bucket_devs[p->buckets[b].dev_off + q] + 1]++] =
 				p->buckets[b].dev_off + q;
 	for (int moved = !tp; moved;) {
@@ -290,14 +341,15 @@ int plan_z2_safe(const sp_plan_t *p, int32_t **out)
 			moved |= z2_run(&s, d, pc, sent, go, max_tag);
 		for (int d = 0; d < N && !moved; d++) /* stuck: the first waiter goes on */
 			if (pc[d] < p->devices[d].n_ins &&
-			    p->ins[p->devices[d].first_ins + pc[d]].op != INS_RECV) {
+			    p->ins[p->devices[d].first_ins + pc[d]].op != INS_RECV &&
+			    p->ins[p->devices[d].first_ins + pc[d]].op != INS_PGATHER) {
 				go[d] = 1;
 				moved = 1;
 			}
 	}
 	/* what did not complete in the run: at the program's end (the STEP) */
 	for (int b = 0; b < p->n_buckets; b++)
-		for (int q = 0; p->buckets[b].layout == LAYOUT_ZERO2 && q < p->buckets[b].n_dev; q++)
+		for (int q = 0; layout_grads_sharded(p->buckets[b].layout) && q < p->buckets[b].n_dev; q++)
 			if (s.safe[p->buckets[b].dev_off + q] < 0)
 				s.safe[p->buckets[b].dev_off + q] =
 					p->devices[p->bucket_devs[p->buckets[b].dev_off + q]].n_ins;
@@ -315,6 +367,8 @@ cleanup:
 	free(s.first);
 	free(s.ent);
 	free(s.bk_of);
+	free(s.garr);
+	free(s.at_pg);
 	z2map_release(&s.m);
 	return rc;
 }

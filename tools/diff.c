@@ -552,7 +552,9 @@ static void ins_key(char *buf, size_t cap, const sp_plan_t *p, const sp_ins_t *i
 			 in->dst.seq_off, in->seq_len, in->s0, in->s1);
 		break;
 	case INS_SYNC:
-	case INS_GATHER: snprintf(buf, cap, "%s bucket %d", ins_op_name(in->op), in->peer); break;
+	case INS_GATHER:
+	case INS_PGATHER:
+	case INS_PFREE: snprintf(buf, cap, "%s bucket %d", ins_op_name(in->op), in->peer); break;
 	default: snprintf(buf, cap, "%s", ins_op_name(in->op)); break;
 	}
 }

@@ -361,7 +361,9 @@ static void text_ins(FILE *f, const sp_plan_t *p, int k, const sp_ins_t *in)
 		fprintf(f, "%s -> %s samples %d-%d\n", a, b, in->s0, in->s1);
 		break;
 	case INS_SYNC:
-	case INS_GATHER: {
+	case INS_GATHER:
+	case INS_PGATHER:
+	case INS_PFREE: {
 		const sp_bucket_t *x = &p->buckets[in->peer];
 		tl_devlist(a, sizeof a, p->bucket_devs + x->dev_off, x->n_dev);
 		fprintf(f, "bucket %d devices %s\n", in->peer, a);
@@ -459,7 +461,9 @@ static void json_ins(FILE *f, const sp_plan_t *p, const sp_ins_t *in)
 			fprintf(f, ", \"peer\": %d, \"tag\": %d", in->peer, in->tag);
 		break;
 	case INS_SYNC:
-	case INS_GATHER: fprintf(f, ", \"bucket\": %d", in->peer); break;
+	case INS_GATHER:
+	case INS_PGATHER:
+	case INS_PFREE: fprintf(f, ", \"bucket\": %d", in->peer); break;
 	default: break;
 	}
 	fputc('}', f);

@@ -297,6 +297,18 @@ def refused(F, bad, ranks, verifier, runtime, what):
                 r.describe())
 
 
+def swap_first(src, dst, pair):
+    """Plan src with its first two consecutive instructions for which
+    pair(b, ats, k, op) holds (op: every op code; k the second's index)
+    swapped."""
+    def fn(b, ats):
+        op = [struct.unpack_from("<i", b, a)[0] for a in ats]
+        k = next(k for k in range(1, len(ats)) if pair(b, ats, k, op))
+        first, second = bytes(b[ats[k - 1]:ats[k - 1] + 60]), bytes(b[ats[k]:ats[k] + 60])
+        b[ats[k - 1]:ats[k - 1] + 60], b[ats[k]:ats[k] + 60] = second, first
+    edit_instructions(src, dst, fn)
+
+
 def sync_before_bwd(src, dst):
     """A zero-2 plan whose first BWD followed by the SYNC of a zero-2 bucket
     (layout 2: bucket records of 44 bytes, layout at 32) runs the SYNC
@@ -304,14 +316,14 @@ def sync_before_bwd(src, dst):
     z2 = []
     edit_records(src, dst, 14, 44, lambda b, ats: z2.extend(
         struct.unpack_from("<I", b, a + 32)[0] == 2 for a in ats))
+    swap_first(src, dst, lambda b, ats, k, op: op[k - 1] == 2 and op[k] == 7 and
+               z2[struct.unpack_from("<i", b, ats[k] + 52)[0]])
 
-    def fn(b, ats):
-        op = [struct.unpack_from("<i", b, a)[0] for a in ats]
-        k = next(k for k in range(1, len(ats)) if op[k - 1] == 2 and op[k] == 7 and
-                 z2[struct.unpack_from("<i", b, ats[k] + 52)[0]])
-        first, second = bytes(b[ats[k - 1]:ats[k - 1] + 60]), bytes(b[ats[k]:ats[k] + 60])
-        b[ats[k - 1]:ats[k - 1] + 60], b[ats[k]:ats[k] + 60] = second, first
-    edit_instructions(src, dst, fn)
+
+def free_before_use(src, dst):
+    """A zero-3 plan whose first PFREE (op 11) right after a FWD (op 1) is
+    moved before it: the FWD reads weights already given back."""
+    swap_first(src, dst, lambda b, ats, k, op: op[k - 1] == 1 and op[k] == 11)
 
 
 def misc(F, tmp, p1):
@@ -352,6 +364,12 @@ def misc(F, tmp, p1):
     refused(F, bad, 2, ["zero-2 gradient used after it was freed: writes gradients of bucket"],
             ["writes gradients of a zero-2 bucket after its SYNC"],
             "a zero-2 SYNC moved before a BWD that writes into its bucket")
+    src = R.make_plan(tmp, R.demo_model(R.ADAMW), "bad-z3", 2, extra=("--zero", "3"))
+    bad = src + ".free-early.bin"
+    free_before_use(src, bad)
+    refused(F, bad, 2, ["(fwd): zero-3: the instruction uses zero-3 weights not gathered"],
+            ["uses zero-3 weights not gathered (before their PGATHER or after their PFREE)"],
+            "a zero-3 PFREE moved before the FWD that uses the weights")
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")

@@ -321,23 +321,30 @@ def zero2_saves(model, tmp):
     """Where a rank's buckets' full gradients are live at different times
     (the demo's task-level plan on 4 ranks), zero-2's measured params+state
     is below zero-1's on the same plan, both equal to their predictions."""
+    return saves_below(model, tmp, "1", "2")
+
+
+def saves_below(model, tmp, a, b):
+    """Under task-level on 4 ranks, zero-b's measured params+state is below
+    zero-a's on the same plan, both equal to their predictions."""
     got = {}
     failures = []
-    for z in ("1", "2"):
+    for z in (a, b):
         what = f"task-level zero-{z}"
         failures += memory_within(model, tmp, what, "task-level", ("--zero", z))
         got[z] = memory_line(os.path.join(tmp, f"mem-{what.replace(' ', '-')}.bin"), 4)[0][0]
-    err = None if got["2"] < got["1"] else \
-        f"task-level on 4 ranks: zero-2 params+state {got['2']} MiB, zero-1 {got['1']}"
-    print(("FAIL " + err) if err else f"ok   task-level on 4 ranks: zero-2 params+state "
-          f"{got['2']} MiB < zero-1 {got['1']}", flush=True)
+    err = None if got[b] < got[a] else \
+        f"task-level on 4 ranks: zero-{b} params+state {got[b]} MiB, zero-{a} {got[a]}"
+    print(("FAIL " + err) if err else f"ok   task-level on 4 ranks: zero-{b} params+state "
+          f"{got[b]} MiB < zero-{a} {got[a]}", flush=True)
     return failures + ([err] if err else [])
 
 
-def zero2_peak(model, tmp, what, opts, ranks=4):
-    """The zero-2 full gradients rank 0 held at once over 2 steps (the
-    runtime's high-water mark) equal the walk's peak (plan_z2_walk), are
-    not zero, and fit the pool they are placed in (part of params+state)."""
+def zero2_peak(model, tmp, what, opts, ranks=4, kind="zero-2"):
+    """The zero-2 full gradients (kind "zero-3": the zero-3 full weights)
+    rank 0 held at once over 2 steps (the runtime's high-water mark) equal
+    the walk's peak (plan_z2_walk, plan_z3_walk), are not zero, and fit the
+    pool they are placed in (part of params+state)."""
     tag = what.replace(" ", "-")
     mpath = W.write_json(tmp, f"peak-{tag}.model.json", model)
     pp = os.path.join(tmp, f"peak-{tag}.bin")
@@ -346,19 +353,57 @@ def zero2_peak(model, tmp, what, opts, ranks=4):
     cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), RUN, pp, "--steps", "2",
            "--timeout", "60"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    line = next((x for x in p.stdout.splitlines() if x.startswith("rank 0 zero-2")), None)
+    line = next((x for x in p.stdout.splitlines() if x.startswith(f"rank 0 {kind}")), None)
     err = None
     if p.returncode != 0 or line is None:
-        err = f"{what}: {' '.join(cmd)} -> {p.returncode}, no zero-2 line\n{p.stderr}"
+        err = f"{what}: {' '.join(cmd)} -> {p.returncode}, no {kind} line\n{p.stderr}"
     else:
         most, peak, pool = [float(x) for x in
                             re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
         if most != peak or most <= 0 or pool < peak:
-            err = f"{what}: zero-2 full gradients most live {most} MiB, walk's peak {peak}, " \
+            err = f"{what}: {kind} most live {most} MiB, walk's peak {peak}, " \
                   f"pool {pool}"
-    print(("FAIL " + err) if err else f"ok   {what} full gradients on {ranks} ranks: most live "
+    print(("FAIL " + err) if err else f"ok   {what} {kind} full buffers on {ranks} ranks: most live "
           f"= walk's peak <= pool ({line.split(':')[1].strip()})", flush=True)
     return [err] if err else []
+
+
+ZERO3 = ("--zero", "3")
+
+
+def zero3(demo, tmp):
+    """Zero-3 (--zero 3: the weights sharded too, all-gathered by PGATHER
+    before each slice's use and freed after it) on 2, 3 and 4 ranks against
+    the one-device run: demo and random workloads, AdamW and SGD, with
+    recompute (the backward re-runs the forward on the gathered weights),
+    and with 2 micro-batches (the gathers run in every micro-step). Rank 0's
+    memory: every category within the prediction and params+state equal to
+    it; the full weights and the full gradients the run really placed at
+    once equal to their walks' peaks; and on a plan whose buckets are used
+    at different times (task-level) params+state below zero-2's."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(n, 1, "spindle", ZERO3) for n in (2, 3, 4)]
+    demo["optimizer"] = adamw
+    failures = check_model(demo, tmp, "demo-adamw-z3", cfg + [(4, 1, "distmm-mt", ZERO3),
+                                                              (4, 1, "task-level", ZERO3)],
+                           1e-2 * 0.01)
+    failures += check_model(demo, tmp, "demo-adamw-z3rc",
+                            [(3, 1, "spindle", ZERO3 + RECOMPUTE)], 1e-2 * 0.01)
+    demo["optimizer"] = sgd
+    failures += check_model(demo, tmp, "demo-sgd-z3", cfg, 1e-7)
+    failures += check_model(demo, tmp, "demo-sgd-z3mb2", [(3, 1, "spindle", ZERO3 + MICRO2),
+                                                          (4, 1, "spindle", ZERO3 + MICRO2)],
+                            1e-7, MICRO2)
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7), (3, adamw, 1e-2 * 0.01)):
+        m = W.random_workload(seed, optimizer=opt)
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-z3", cfg, floor)
+    demo["optimizer"] = adamw
+    for what, opts in (("zero-3", ZERO3), ("zero-3 2 micro-batches", ZERO3 + MICRO2),
+                       ("zero-3 recompute", ZERO3 + RECOMPUTE)):
+        failures += memory_within(demo, tmp, what, "spindle", opts)
+        failures += zero2_peak(demo, tmp, what, opts, kind="zero-3")
+        failures += zero2_peak(demo, tmp, what, opts, kind="zero-2")
+    return failures + saves_below(demo, tmp, "2", "3")
 
 
 def even_batches(model):
@@ -738,6 +783,10 @@ def main():
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
         demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
+        if os.environ.get("EQUIV_ONLY") == "zero3":  # the zero-3 cases alone
+            failures += zero3(demo, tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         if os.environ.get("EQUIV_ONLY") == "micro-task":  # per-task micro-batches alone
             failures += micro_task(demo, tmp)
             print(f"{len(failures)} failure(s)")
@@ -769,6 +818,8 @@ def main():
         failures += zero1(demo, tmp)
         # zero-2: the gradients sharded too
         failures += zero2(demo, tmp)
+        # zero-3: the weights sharded too, gathered at each use
+        failures += zero3(demo, tmp)
         # micro-batching: gradients accumulated over 2 micro-batches per step
         failures += micro(demo, tmp)
         # micro-batches per task

@@ -18,7 +18,8 @@ shards): saved under a 4-rank plan with every bucket zero-1, resumed under
 the same plan (bit-identical) and under a 2-rank replicated plan; saved
 under the 2-rank replicated plan, resumed under the 4-rank zero-1 plan
 (both within tolerance of the uninterrupted run of the saving plan); the
-same with zero-2.
+same with zero-2 and with zero-3 (whose weights are sharded too: the
+checkpoint all-gathers them whole, a resume keeps each rank's shard).
 
 Checkpoints stay whole under tensor parallelism: saved under a 4-rank plan
 with --tp 4, resumed under it (bit-identical) and under the one-device
@@ -117,9 +118,10 @@ def across_plans(F, tmp, tag, big, nb, small, ns, names):
 
 
 def check_zero(F, tmp, z):
-    """z = 1 or 2: the 4-rank plan with every bucket zero-z against the
+    """z = 1, 2 or 3: the 4-rank plan with every bucket zero-z against the
     2-rank replicated one (zero-2 shards the gradients too, which a
-    checkpoint does not hold: the same AdamW state as zero-1)."""
+    checkpoint does not hold: the same AdamW state as zero-1; zero-3 the
+    weights too)."""
     model = R.demo_model(R.ADAMW)
     tag = f"z{z}"
     mpath = R.W.write_json(tmp, f"{tag}.model.json", model)
@@ -194,10 +196,14 @@ def check_microtask(F, tmp):
 def main():
     F = R.Failures()
     with tempfile.TemporaryDirectory() as tmp:
+        if os.environ.get("RESUME_ONLY") == "zero3":  # the zero-3 case alone
+            check_zero(F, tmp, 3)
+            return F.exit()
         check_optimizer(F, tmp, R.SGD)
         check_optimizer(F, tmp, R.ADAMW)
         check_zero(F, tmp, 1)
         check_zero(F, tmp, 2)
+        check_zero(F, tmp, 3)
         check_tp(F, tmp)
         check_microtask(F, tmp)
         check_save_every(F, tmp)

@@ -1130,8 +1130,14 @@ static void test_indices(void **state)
 			      "device 1 sends to itself");
 	expect_patch_rejected(f, 18, 8, 52, 3, "instructions[8].peer",
 			      "bucket 3 does not exist (there are 3)");
-	expect_patch_rejected(f, 18, 0, 0, 10, "instructions[0].op",
-			      "unknown instruction op code 10");
+	expect_patch_rejected(f, 18, 0, 0, 12, "instructions[0].op",
+			      "unknown instruction op code 12");
+	/* a PGATHER or PFREE names a zero-3 bucket (bucket 1 is replicated) */
+	expect_patch_rejected(f, 18, 16, 0, INS_PGATHER, "instructions[16].peer",
+			      "pgather of bucket 1, whose weights are not sharded (layout "
+			      "replicated, not zero-3)");
+	expect_patch_rejected(f, 18, 16, 0, INS_PFREE, "instructions[16].peer",
+			      "pfree of bucket 1");
 	/* a gather names a zero-1 bucket (bucket 1 is replicated) */
 	expect_patch_rejected(f, 18, 16, 0, INS_GATHER, "instructions[16].peer", "not sharded");
 	/* provenance: microbatches 60 */
@@ -1147,7 +1153,22 @@ static void test_indices(void **state)
 			      "nothing to shard");
 	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO2, "buckets[1].layout",
 			      "zero-2 over a single device");
-	expect_patch_rejected(f, 14, 0, 32, 3, "buckets[0].layout", "outside");
+	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO3, "buckets[1].layout",
+			      "zero-3 over a single device");
+	expect_patch_rejected(f, 14, 0, 32, 4, "buckets[0].layout", "outside");
+	/* a GATHER after the STEP names a zero-1 or zero-2 bucket, not zero-3:
+	 * bucket 0 (2 devices) made zero-3, instruction 16 a GATHER of it */
+	{
+		uint8_t *b = malloc(f->len);
+		assert_non_null(b);
+		memcpy(b, f->bin, f->len);
+		patch(b, f->len, 14, 0, 32, LAYOUT_ZERO3);
+		patch(b, f->len, 18, 16, 0, INS_GATHER);
+		patch(b, f->len, 18, 16, 52, 0);
+		expect_rejected_at(b, f->len, "instructions[16].peer",
+				   "not sharded by zero-1 or zero-2");
+		free(b);
+	}
 	expect_patch_rejected(f, 12, 0, 56, 2, "slices[0].recompute", "outside");
 	expect_patch_rejected(f, 18, 0, 4, 9, "instructions[0].slice",
 			      "slice 9 does not exist");
@@ -1458,8 +1479,8 @@ static void test_util(void **state)
 {
 	fix_t *f = *state;
 	static const char *const names[] = {"?",    "fwd",  "bwd",  "send", "recv", "copy",
-					    "loss", "sync", "step", "gather", "?"};
-	for (int op = 0; op <= 10; op++)
+					    "loss", "sync", "step", "gather", "pgather", "pfree", "?"};
+	for (int op = 0; op <= 12; op++)
 		assert_string_equal(ins_op_name(op), names[op]);
 	assert_string_equal(ins_op_name(-1), "?");
 	int32_t seq, width;

@@ -36,6 +36,8 @@ typedef struct {
 	size_t tlen;
 	uint8_t *mbytes; /* under --microbatches match=2,caption=4 */
 	size_t mlen;
+	uint8_t *z3bytes; /* under --zero 3 */
+	size_t z3len;
 	double cap;     /* the planner's usable bytes per device */
 	int n_devices;
 } vfix_t;
@@ -82,11 +84,13 @@ static int group_setup(void **state)
 	t.tp = 2; /* sequential: every slice on all 4 devices, so split (ours
 		   * picks 1-device lanes on this cluster, which no degree splits) */
 	t.algo = ALGO_SEQUENTIAL;
-	plan_opts_t mb = o;
+	plan_opts_t mb = o, z3 = o;
 	mb.mb_tasks = "match=2,caption=4";
+	z3.zero = 3;
 	if (plan_encoded(&z, &m, &c, &p, &f->zbytes, &f->zlen, &err) ||
 	    plan_encoded(&t, &m, &c, &p, &f->tbytes, &f->tlen, &err) ||
-	    plan_encoded(&mb, &m, &c, &p, &f->mbytes, &f->mlen, &err))
+	    plan_encoded(&mb, &m, &c, &p, &f->mbytes, &f->mlen, &err) ||
+	    plan_encoded(&z3, &m, &c, &p, &f->z3bytes, &f->z3len, &err))
 		goto cleanup;
 	f->cap = (c.memory_gib - o.mem_reserve_gib) * 1024.0 * 1024.0 * 1024.0;
 	f->n_devices = p.n_devices;
@@ -111,6 +115,7 @@ static int group_teardown(void **state)
 		free(f->zbytes);
 		free(f->tbytes);
 		free(f->mbytes);
+		free(f->z3bytes);
 	}
 	free(f);
 	return 0;
@@ -258,7 +263,8 @@ typedef struct {
 	double cap;
 	sp_plan_t ref, p;
 	int made, rejected;
-	int zero1; /* breaking the --zero 1 --recompute all plan (2: its zero-2 twin) */
+	int zero1; /* breaking the --zero 1 --recompute all plan (2: its zero-2
+		    * twin; 3: the --zero 3 plan) */
 	int tp;    /* breaking the --tp 2 plan */
 	int mb;    /* breaking the micro-batches-per-task plan */
 } breaks_t;
@@ -281,11 +287,20 @@ static void copy_z2plan(const vfix_t *f, sp_plan_t *out)
 			out->buckets[bk].layout = LAYOUT_ZERO2;
 }
 
+/* The plan made under --zero 3. */
+static void copy_z3plan(const vfix_t *f, sp_plan_t *out)
+{
+	sp_err_t err = {0};
+	assert_int_equal(plan_decode(out, f->z3bytes, f->z3len, "demo-zero3.bin", &err), 0);
+}
+
 /* A copy of the plan b breaks (plain, --zero 1 --recompute all or its
- * zero-2 twin, --tp 2). */
+ * zero-2 twin, --zero 3, --tp 2). */
 static void copy_for(const breaks_t *b, sp_plan_t *out)
 {
-	if (b->mb)
+	if (b->zero1 == 3)
+		copy_z3plan(b->f, out);
+	else if (b->mb)
 		copy_mplan(b->f, out);
 	else if (b->tp)
 		copy_tplan(b->f, out);
@@ -1023,6 +1038,210 @@ static void test_zero1_memory(void **state)
 	breaks_end(&b, 1);
 }
 
+/* ---- (m) zero-3 buckets (the demo under --zero 3) ---------------------------------- */
+
+static int is_use(const sp_ins_t *in)
+{
+	return in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS;
+}
+
+/* The plan is valid: zero-3 buckets, a PFREE for every PGATHER, no GATHER
+ * after the STEP (the weights stay sharded). */
+static void test_zero3_valid(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_z3plan(f, &p);
+	expect_valid(&p, f->cap);
+	int z3 = 0;
+	for (int bk = 0; bk < p.n_buckets; bk++)
+		z3 += p.buckets[bk].layout == LAYOUT_ZERO3;
+	assert_true(z3 > 0);
+	assert_true(count_op(&p, INS_PGATHER) > 0);
+	assert_int_equal(count_op(&p, INS_PFREE), count_op(&p, INS_PGATHER));
+	assert_int_equal(count_op(&p, INS_GATHER), 0);
+	print_message("zero-3: %d buckets, %d PGATHER\n", z3, count_op(&p, INS_PGATHER));
+	plan_release(&p);
+}
+
+/* A PGATHER moved past the use right after it: that use reads weights not
+ * gathered yet. */
+static void gather_late(breaks_t *b, int d, int k)
+{
+	if (k + 1 >= b->ref.devices[d].n_ins || !is_use(ins_at(&b->ref, d, k + 1)))
+		return;
+	int op = ins_at(&b->ref, d, k + 1)->op;
+	move_ins(break_copy(b), d, k, k + 1);
+	judge(b, "zero-3", "device %d instruction %d (%s): zero-3: the instruction uses zero-3 "
+			   "weights not gathered",
+	      d, k, ins_op_name(op));
+}
+
+/* A PFREE moved before the use right before it: that use reads weights
+ * already given back. */
+static void free_early(breaks_t *b, int d, int k)
+{
+	if (k < 1 || !is_use(ins_at(&b->ref, d, k - 1)))
+		return;
+	int op = ins_at(&b->ref, d, k - 1)->op;
+	move_ins(break_copy(b), d, k, k - 1);
+	judge(b, "zero-3", "device %d instruction %d (%s): zero-3: the instruction uses zero-3 "
+			   "weights not gathered",
+	      d, k, ins_op_name(op));
+}
+
+/* Uses of zero-3 weights by each device around its gathers. */
+static int n_uses_after(const sp_plan_t *p, int op, int dir)
+{
+	int n = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			int j = k + dir;
+			n += p->ins[p->devices[d].first_ins + k].op == op && j >= 0 &&
+			     j < p->devices[d].n_ins && is_use(&p->ins[p->devices[d].first_ins + j]);
+		}
+	return n;
+}
+
+static void test_zero3_use_outside_gather(void **state)
+{
+	breaks_t b[2];
+	breaks_open(&b[0], state, 3, "zero-3 uses before their PGATHER");
+	each_ins(&b[0], INS_PGATHER, gather_late);
+	breaks_end(&b[0], SP_MAX(1, n_uses_after(&b[0].ref, INS_PGATHER, 1)));
+	breaks_open(&b[1], state, 3, "zero-3 uses after their PFREE");
+	each_ins(&b[1], INS_PFREE, free_early);
+	breaks_end(&b[1], SP_MAX(1, n_uses_after(&b[1].ref, INS_PFREE, -1)));
+}
+
+/* Inserts a PGATHER of bucket bk and its PFREE before device d's
+ * instruction k. */
+static void ins_gather_pair(sp_plan_t *p, int d, int k, int bk)
+{
+	sp_ins_t in;
+	memset(&in, 0, sizeof in);
+	in.op = INS_PFREE;
+	in.slice = -1;
+	in.peer = bk;
+	in.tag = -1;
+	ins_ins(p, d, k, in);
+	in.op = INS_PGATHER;
+	ins_ins(p, d, k, in);
+}
+
+/* Device d's SYNC of bucket bk. */
+static int sync_of(sp_plan_t *p, int d, int bk)
+{
+	int k = 0;
+	while (ins_at(p, d, k)->op != INS_SYNC || ins_at(p, d, k)->peer != bk)
+		k++;
+	return k;
+}
+
+/* Every member of a zero-3 bucket gathers it once more at the start of its
+ * program, but member q only just before its SYNC of it: the others wait
+ * there for q, which waits for them at an earlier all-gather. */
+static void gather_at_end(breaks_t *b, int bk, int q)
+{
+	const sp_bucket_t *bu = &b->ref.buckets[bk];
+	if (bu->layout != LAYOUT_ZERO3)
+		return;
+	sp_plan_t *p = break_copy(b);
+	for (int j = 0; j < bu->n_dev; j++) {
+		int d = p->bucket_devs[bu->dev_off + j];
+		ins_gather_pair(p, d, j == q ? sync_of(p, d, bk) : 0, bk);
+	}
+	judge(b, "deadlock", "waits at the all-gather of zero-3 bucket");
+}
+
+static void test_zero3_gather_order(void **state)
+{
+	breaks_each_bucket(state, 3, "zero-3 all-gathers a member reaches last", 0, gather_at_end,
+			   1);
+}
+
+/* One member of a zero-3 bucket gathers it once more than the others: the
+ * others' all-gathers lack a member. */
+static void gather_extra(breaks_t *b, int bk, int q)
+{
+	const sp_bucket_t *bu = &b->ref.buckets[bk];
+	if (bu->layout != LAYOUT_ZERO3)
+		return;
+	sp_plan_t *p = break_copy(b);
+	ins_gather_pair(p, p->bucket_devs[bu->dev_off + q], 0, bk);
+	judge(b, "zero-3", "gather the weights of bucket %d", bk);
+}
+
+static void test_zero3_gather_dropped(void **state)
+{
+	breaks_each_bucket(state, 3, "zero-3 all-gathers of one member alone", 0, gather_extra,
+			   1);
+}
+
+/* A zero-3 SYNC moved before the device's last PGATHER of its bucket: its
+ * reduce-scatter and that all-gather run on one group in another order
+ * than on the other members. */
+static void sync_before_gather(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *sy = ins_at(&b->ref, d, k);
+	if (b->ref.buckets[sy->peer].layout != LAYOUT_ZERO3)
+		return;
+	int last = -1;
+	for (int j = 0; j < k; j++)
+		if (ins_at(&b->ref, d, j)->op == INS_PGATHER && ins_at(&b->ref, d, j)->peer == sy->peer)
+			last = j;
+	assert_true(last >= 0);
+	move_ins(break_copy(b), d, k, last);
+	judge(b, "zero-3", "device %d instruction %d (pgather): zero-3: the instruction gathers "
+			   "the weights of a zero-3 bucket after its SYNC",
+	      d, last + 1);
+}
+
+static void test_zero3_sync_before_gather(void **state)
+{
+	breaks_t b;
+	breaks_open(&b, state, 3, "zero-3 SYNCs before a PGATHER of their bucket");
+	each_ins(&b, INS_SYNC, sync_before_gather);
+	int least = 0;
+	for (int bk = 0; bk < b.ref.n_buckets; bk++)
+		least += b.ref.buckets[bk].layout == LAYOUT_ZERO3 ? b.ref.buckets[bk].n_dev : 0;
+	breaks_end(&b, least);
+}
+
+/*
+ * Memory under layout 3: the plan fits a cap of exactly its peak and not a
+ * byte less; its devices' params+state are the shards and the gathered
+ * pool, below the same plan with the weights counted whole (its buckets
+ * zero-2: plan_memory alone, the programs unchanged).
+ */
+static void test_zero3_memory(void **state)
+{
+	breaks_t b;
+	breaks_open(&b, state, 3, "caps below the zero-3 peak");
+	int64_t peak = 0, below = 0;
+	for (int d = 0; d < b.ref.n_devices; d++) {
+		int64_t z3[MEM__COUNT], z2[MEM__COUNT], tot = 0;
+		assert_int_equal(plan_memory(&b.ref, d, z3), 0);
+		for (int c = 0; c < MEM__COUNT; c++)
+			tot += z3[c];
+		assert_int_equal(tot, b.ref.devices[d].mem_peak);
+		peak = SP_MAX(peak, tot);
+		sp_plan_t *p = break_copy(&b);
+		for (int bk = 0; bk < p->n_buckets; bk++)
+			if (p->buckets[bk].layout == LAYOUT_ZERO3)
+				p->buckets[bk].layout = LAYOUT_ZERO2;
+		assert_int_equal(plan_memory(p, d, z2), 0);
+		below += z3[MEM_PARAMS] < z2[MEM_PARAMS];
+		plan_release(p);
+	}
+	assert_true(below > 0);
+	expect_valid(&b.ref, (double)peak);
+	b.cap = (double)peak - 1;
+	break_copy(&b);
+	judge(&b, "out of memory", NULL);
+	breaks_end(&b, 1);
+}
+
 /* ---- (j) tensor parallelism (the demo under --tp 2) ---------------------------- */
 
 /* Slice i's device at slot k. */
@@ -1292,6 +1511,12 @@ int main(void)
 		cmocka_unit_test(test_zero1_memory),
 		cmocka_unit_test(test_zero2_valid),
 		cmocka_unit_test(test_zero2_write_after_sync),
+		cmocka_unit_test(test_zero3_valid),
+		cmocka_unit_test(test_zero3_use_outside_gather),
+		cmocka_unit_test(test_zero3_gather_order),
+		cmocka_unit_test(test_zero3_gather_dropped),
+		cmocka_unit_test(test_zero3_sync_before_gather),
+		cmocka_unit_test(test_zero3_memory),
 		cmocka_unit_test(test_tp_valid),
 		cmocka_unit_test(test_tp_group_spans_nodes),
 		cmocka_unit_test(test_tp_one_sharding),

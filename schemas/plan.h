@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 5
+#define PLAN_VERSION 6
 /* tensor-parallel degree of a slice or a shard: at most this */
 #define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
@@ -119,6 +119,8 @@ typedef struct {
 	int32_t tp;        /* tensor-parallel degree t >= 1: devices are n_dev / t
 			    * groups of t consecutive entries, member j holds
 			    * shard j of each layer (PLAN-FORMAT.md) */
+	int32_t sp;        /* 1: sequence parallel (tp > 1 transformer whose seq
+			    * tp divides: layers_sp.c), 0: not */
 } sp_slice_t;
 
 typedef struct {

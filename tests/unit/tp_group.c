@@ -58,6 +58,58 @@ static int group_allreduce(void *ctx, float *buf, int64_t n)
 	return 0;
 }
 
+/*
+ * The in-place halves (backend_ops.h): member i's shard of buf[0..n) is
+ * [n i/t, n (i+1)/t). reduce_scatter sums every member's shard in rank
+ * order into that member's shard; allgather copies each member's shard
+ * into every member's buffer. Both through barriers like the all-reduce.
+ */
+static void shard_of(int64_t n, int i, int t, int64_t *off, int64_t *cnt)
+{
+	*off = n * i / t;
+	*cnt = n * (i + 1) / t - *off;
+}
+
+static int group_reduce_scatter(void *ctx, float *buf, int64_t n)
+{
+	member_ctx_t *c = ctx;
+	group_t *g = c->g;
+	int64_t off, cnt;
+	shard_of(n, c->tp.rank, g->t, &off, &cnt);
+	float *sum = malloc(sizeof(float) * (size_t)(cnt > 0 ? cnt : 1));
+	g->bufs[c->tp.rank] = buf;
+	pthread_barrier_wait(&g->bar);
+	if (sum)
+		for (int64_t k = 0; k < cnt; k++) {
+			float v = 0.0f;
+			for (int r = 0; r < g->t; r++)
+				v += g->bufs[r][off + k];
+			sum[k] = v;
+		}
+	pthread_barrier_wait(&g->bar);
+	if (!sum)
+		return SP_ENOMEM;
+	memcpy(buf + off, sum, sizeof(float) * (size_t)cnt);
+	free(sum);
+	return 0;
+}
+
+static int group_allgather(void *ctx, float *buf, int64_t n)
+{
+	member_ctx_t *c = ctx;
+	group_t *g = c->g;
+	g->bufs[c->tp.rank] = buf;
+	pthread_barrier_wait(&g->bar);
+	for (int r = 0; r < g->t; r++) {
+		int64_t off, cnt;
+		shard_of(n, r, g->t, &off, &cnt);
+		if (r != c->tp.rank)
+			memcpy(buf + off, g->bufs[r] + off, sizeof(float) * (size_t)cnt);
+	}
+	pthread_barrier_wait(&g->bar);
+	return 0;
+}
+
 static void *member_main(void *arg)
 {
 	member_ctx_t *c = arg;
@@ -80,7 +132,9 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
 	int started = 0, rc = 0;
 	for (int j = 0; j < t; j++) {
 		ctx[j] = (member_ctx_t){.g = &g, .m = &members[j],
-					.tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+					.tp = {.t = t, .rank = j, .allreduce = group_allreduce,
+					       .reduce_scatter = group_reduce_scatter,
+					       .allgather = group_allgather}};
 		ctx[j].tp.ctx = &ctx[j];
 		members[j].n_sums = 0;
 		if (pthread_create(&th[j], NULL, member_main, &ctx[j]))
@@ -123,7 +177,9 @@ int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec)
 	for (int j = 0; j < t; j++) {
 		memset(&ctx[j], 0, sizeof ctx[j]);
 		ctx[j].c = (member_ctx_t){.g = &g, .m = rec ? &rec[j] : &ctx[j].none,
-					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce,
+						 .reduce_scatter = group_reduce_scatter,
+						 .allgather = group_allgather}};
 		if (rec)
 			rec[j].n_sums = 0;
 		ctx[j].c.tp.ctx = &ctx[j].c;

@@ -40,7 +40,9 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
 
 /*
  * Any split layer: fn(tp, args[j]) for member j = 0..t-1 in t threads, tp
- * carrying the same shared-memory all-reduce. rec (NULL: none): member j's
+ * carrying the same shared-memory all-reduce (and reduce-scatter and
+ * all-gather, in place on comm_shard's shards, for sequence parallelism;
+ * tp->sp is 0: a member sets it on its own copy). rec (NULL: none): member j's
  * all-reduce results are appended to rec[j].sums as tp_group_run does
  * (only sums, n_sums, cap_sums are used). Returns 0, or the first member's
  * nonzero return.

@@ -1,0 +1,236 @@
+/*
+ * layers_sp.c — the sequence-parallel transformer block: a t-way
+ * Megatron split (layers.c) whose layer norms, residual adds and the
+ * biases of the row-parallel products run on the member's token shard
+ * (R = n s / t of the call's n s tokens, flattened sample after sample,
+ * so the shards of a whole [n, s, h] buffer are its contiguous t parts
+ * and the collectives work in place on it). An all-gather of the
+ * LayerNorm output feeds each column-parallel product (QKV, FC1) and a
+ * reduce-scatter of each row-parallel product's partial sum (output
+ * projection, FC2) replaces the all-reduce. Semantics and the saved
+ * layout: layers.h (tblock_fwd, "With tp->sp"); the hooks: backend_ops.h.
+ *
+ * It computes the products over all n s rows at once and the attention
+ * per sample. Each call allocates its workspace (forward: one [n s, h]
+ * partial sum; backward: layers.h's list, plan_mem.c counts it) and frees
+ * it before returning. It does not gather or scatter anything outside
+ * the block: a slice's first and last layers are told by whole_in and
+ * whole_out that their input or output is whole.
+ */
+#include "layers.h"
+#include "layers_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Pointers into a call's saved block (layers.h order, all n samples). */
+typedef struct {
+	float *x, *ln1, *qkv, *cat, *xmid, *ln2, *pre, *act, *probs;
+	float *m1, *r1, *m2, *r2;
+} sp_saved_t;
+
+static sp_saved_t sp_saved(const tb_dims_t *d, int64_t n, float *base)
+{
+	int64_t h = d->sp.h, T = n * d->sp.s, R = T / d->sp.t;
+	sp_saved_t v;
+	v.x = base;
+	v.ln1 = v.x + R * h;
+	v.qkv = v.ln1 + T * h;
+	v.cat = v.qkv + 3 * T * d->sp.hl;
+	v.xmid = v.cat + T * d->sp.hl;
+	v.ln2 = v.xmid + R * h;
+	v.pre = v.ln2 + T * h;
+	v.act = v.pre + T * d->sp.fl;
+	v.probs = v.act + T * d->sp.fl;
+	v.m1 = v.probs + n * d->sp.al * d->sp.s * d->sp.s;
+	v.r1 = v.m1 + R;
+	v.m2 = v.r1 + R;
+	v.r2 = v.m2 + R;
+	return v;
+}
+
+static int gather(const tb_dims_t *d, float *buf, int64_t n)
+{
+	return d->tp->allgather(d->tp->ctx, buf, n);
+}
+
+static int scatter(const tb_dims_t *d, float *buf, int64_t n)
+{
+	return d->tp->reduce_scatter(d->tp->ctx, buf, n);
+}
+
+/* out[r] = a[r] + b[r] + bias, R rows of width h. */
+static void add_rows3(float *out, const float *a, const float *b, const float *bias, int64_t R,
+		      int64_t h)
+{
+	for (int64_t r = 0; r < R; r++)
+		for (int64_t k = 0; k < h; k++)
+			out[r * h + k] = a[r * h + k] + b[r * h + k] + bias[k];
+}
+
+/*
+ * ln1 of every token into v->ln1 (the member's own rows with their saved
+ * statistics): from the whole input locally, or from the shard and an
+ * all-gather.
+ */
+static int ln1_all(const tb_dims_t *d, const float *const *w, const sp_saved_t *v,
+		   const float *x, int64_t T)
+{
+	int64_t h = d->sp.h, R = T / d->sp.t, o = d->sp.rank * R;
+	ly_ln_rows(v->ln1 + o * h, v->m1, v->r1, v->x, R, h, w[TB_LN1G], w[TB_LN1B]);
+	if (!d->tp->whole_in)
+		return gather(d, v->ln1, T * h);
+	/* the other members' tokens: their statistics are theirs to keep */
+	float *st = ly_xmalloc((size_t)(2 * T + 2) * sizeof(float));
+	ly_ln_rows(v->ln1, st, st + T, x, o, h, w[TB_LN1G], w[TB_LN1B]);
+	ly_ln_rows(v->ln1 + (o + R) * h, st, st + T, x + (o + R) * h, T - o - R, h, w[TB_LN1G],
+		   w[TB_LN1B]);
+	free(st);
+	return 0;
+}
+
+/*
+ * x_mid = x + attn(LN1(x) Wqkv + bqkv) Wo + bo and y = x_mid +
+ * gelu(LN2(x_mid) W1 + b1) W2 + b2, the sums over the members' heads and
+ * FFN columns reduce-scattered onto the token shards.
+ */
+int tblock_sp_fwd(const tb_dims_t *d, int causal, int n, const float *p, const float *x,
+		  float *y, float *saved)
+{
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl, w3 = 3 * hl;
+	int64_t T = (int64_t)n * sq, R = T / d->sp.t, o = d->sp.rank * R;
+	const float *w[TB__COUNT];
+	tb_tensors(d, p, NULL, w, NULL);
+	sp_saved_t v = sp_saved(d, n, saved);
+	const float *xs = d->tp->whole_in ? x + o * h : x;
+	float *ys = d->tp->whole_out ? y + o * h : y;
+	float *part = ly_xmalloc((size_t)(T * h) * sizeof(float));
+	int rc;
+
+	memcpy(v.x, xs, (size_t)(R * h) * sizeof *v.x);
+	if ((rc = ln1_all(d, w, &v, x, T)) < 0)
+		goto cleanup;
+	ly_affine(v.qkv, v.ln1, w[TB_WQKV], w[TB_BQKV], T, h, w3);
+	for (int64_t i = 0; i < n; i++) {
+		ly_attn_t a = {d->sp.al, d->sp.dh, sq, sq, w3, w3, w3, hl, causal};
+		const float *q = v.qkv + i * sq * w3;
+		ly_attn_fwd(&a, q, q + hl, q + 2 * hl, v.probs + i * d->sp.al * sq * sq,
+			    v.cat + i * sq * hl);
+	}
+	ly_gemm(0, 0, T, h, hl, 1.0f, v.cat, hl, w[TB_WO], h, 0.0f, part, h);
+	if ((rc = scatter(d, part, T * h)) < 0)
+		goto cleanup;
+	add_rows3(v.xmid, xs, part + o * h, w[TB_BO], R, h);
+
+	ly_ln_rows(v.ln2 + o * h, v.m2, v.r2, v.xmid, R, h, w[TB_LN2G], w[TB_LN2B]);
+	if ((rc = gather(d, v.ln2, T * h)) < 0)
+		goto cleanup;
+	ly_affine(v.pre, v.ln2, w[TB_W1], w[TB_B1], T, h, fl);
+	for (int64_t k = 0; k < T * fl; k++)
+		v.act[k] = ly_gelu(v.pre[k]);
+	ly_gemm(0, 0, T, h, fl, 1.0f, v.act, fl, w[TB_W2], h, 0.0f, part, h);
+	if ((rc = scatter(d, part, T * h)) < 0)
+		goto cleanup;
+	add_rows3(ys, v.xmid, part + o * h, w[TB_B2], R, h);
+	rc = d->tp->whole_out ? gather(d, y, T * h) : 0;
+cleanup:
+	free(part);
+	return rc < 0 ? rc : 0;
+}
+
+/*
+ * Backward, the forward's collectives mirrored:
+ *   dyf = gather(dy)                  (dy whole: as it is)
+ *   MLP: dW2, db2 from dyf; dln2 = scatter(dpre W1^T)
+ *   dxm = dy + LN2'(dln2)             (shard)
+ *   dxmf = gather(dxm); dWo, dbo from it; attention; dln1 = scatter(dqkv Wqkv^T)
+ *   dx += dxm + LN1'(dln1)            (whole_in: gathered, added to every row)
+ * and the LayerNorm gradients, over the member's tokens, all-reduced
+ * before they are added into dp.
+ */
+int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
+		  const float *dy, float *dx, float *dp)
+{
+	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl, w3 = 3 * hl;
+	int64_t T = (int64_t)n * sq, R = T / d->sp.t, o = d->sp.rank * R;
+	const float *w[TB__COUNT];
+	float *g[TB__COUNT];
+	tb_tensors(d, p, dp, w, g);
+	sp_saved_t v = sp_saved(d, n, (float *)saved);
+	const float *dys = d->tp->whole_out ? dy + o * h : dy;
+	/* gat, part [T,h], dact [T,fl], dcat [T,hl], dqkv [T,3hl], dP [s,s],
+	 * dxm [R,h], the LayerNorm gradients [4h] */
+	float *gat = ly_xmalloc((size_t)(2 * T * h + T * (fl + 4 * hl) + sq * sq + R * h + 4 * h) *
+				sizeof(float));
+	float *part = gat + T * h, *dact = part + T * h, *dcat = dact + T * fl;
+	float *dqkv = dcat + T * hl, *dpr = dqkv + T * w3, *dxm = dpr + sq * sq;
+	float *lng = dxm + R * h;
+	memset(lng, 0, (size_t)(4 * h) * sizeof *lng);
+	int rc = 0;
+
+	const float *dyf = dy;
+	if (!d->tp->whole_out) {
+		memcpy(gat + o * h, dy, (size_t)(R * h) * sizeof *gat);
+		if ((rc = gather(d, gat, T * h)) < 0)
+			goto cleanup;
+		dyf = gat;
+	}
+	ly_gemm(1, 0, fl, h, T, 1.0f, v.act, fl, dyf, h, 1.0f, g[TB_W2], h);
+	ly_sum_rows(g[TB_B2], dyf, T, h, h);
+	ly_gemm(0, 1, T, fl, h, 1.0f, dyf, h, w[TB_W2], h, 0.0f, dact, fl);
+	for (int64_t k = 0; k < T * fl; k++)
+		dact[k] *= ly_gelu_grad(v.pre[k]);
+	ly_gemm(1, 0, h, fl, T, 1.0f, v.ln2, h, dact, fl, 1.0f, g[TB_W1], fl);
+	ly_sum_rows(g[TB_B1], dact, T, fl, fl);
+	ly_gemm(0, 1, T, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, part, h);
+	if ((rc = scatter(d, part, T * h)) < 0)
+		goto cleanup;
+	memcpy(dxm, dys, (size_t)(R * h) * sizeof *dxm);
+	ly_ln_rows_bwd(dxm, lng + 2 * h, lng + 3 * h, part + o * h, v.xmid, v.m2, v.r2,
+		       w[TB_LN2G], R, h);
+
+	memcpy(gat + o * h, dxm, (size_t)(R * h) * sizeof *gat);
+	if ((rc = gather(d, gat, T * h)) < 0)
+		goto cleanup;
+	ly_gemm(1, 0, hl, h, T, 1.0f, v.cat, hl, gat, h, 1.0f, g[TB_WO], h);
+	ly_sum_rows(g[TB_BO], gat, T, h, h);
+	ly_gemm(0, 1, T, hl, h, 1.0f, gat, h, w[TB_WO], h, 0.0f, dcat, hl);
+	for (int64_t i = 0; i < n; i++) {
+		ly_attn_t a = {d->sp.al, d->sp.dh, sq, sq, w3, w3, w3, hl, 0};
+		const float *q = v.qkv + i * sq * w3;
+		float *dq = dqkv + i * sq * w3;
+		ly_attn_bwd(&a, q, q + hl, q + 2 * hl, v.probs + i * d->sp.al * sq * sq,
+			    dcat + i * sq * hl, dq, dq + hl, dq + 2 * hl, dpr);
+	}
+	ly_gemm(1, 0, h, w3, T, 1.0f, v.ln1, h, dqkv, w3, 1.0f, g[TB_WQKV], w3);
+	ly_sum_rows(g[TB_BQKV], dqkv, T, w3, w3);
+	ly_gemm(0, 1, T, h, w3, 1.0f, dqkv, w3, w[TB_WQKV], w3, 0.0f, part, h);
+	if ((rc = scatter(d, part, T * h)) < 0)
+		goto cleanup;
+
+	if (d->tp->whole_in) {
+		float *mine = gat + o * h;
+		memcpy(mine, dxm, (size_t)(R * h) * sizeof *mine);
+		ly_ln_rows_bwd(mine, lng, lng + h, part + o * h, v.x, v.m1, v.r1, w[TB_LN1G], R,
+			       h);
+		if ((rc = gather(d, gat, T * h)) < 0)
+			goto cleanup;
+		for (int64_t k = 0; k < T * h; k++)
+			dx[k] += gat[k];
+	} else {
+		for (int64_t k = 0; k < R * h; k++)
+			dx[k] += dxm[k];
+		ly_ln_rows_bwd(dx, lng, lng + h, part + o * h, v.x, v.m1, v.r1, w[TB_LN1G], R, h);
+	}
+	if ((rc = d->tp->allreduce(d->tp->ctx, lng, 4 * h)) < 0)
+		goto cleanup;
+	for (int64_t k = 0; k < h; k++) {
+		g[TB_LN1G][k] += lng[k];
+		g[TB_LN1B][k] += lng[h + k];
+		g[TB_LN2G][k] += lng[2 * h + k];
+		g[TB_LN2B][k] += lng[3 * h + k];
+	}
+cleanup:
+	free(gat);
+	return rc < 0 ? rc : 0;
+}

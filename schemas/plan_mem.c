@@ -87,7 +87,7 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 		local = t->batch;
 	/* a decoder is never split (plan_check.c): all it saves, the
 	 * cross-attention's LN_c, Q, heads, residual, K and V, probabilities */
-	return op_saved_elems_at(&m->shape, t->batch, sl->tp) * local * db;
+	return op_saved_elems_sp(&m->shape, t->batch, sl->tp, sl->sp) * local * db;
 }
 
 /*
@@ -127,6 +127,9 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
 	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;
+	if (sl->sp && sp_ok(s, t)) /* layers_sp.c: [n s] rows at once, dx_mid's shard, LN grads */
+		cpu = (2 * n * sq * h + n * sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h) *
+		      f;
 	int64_t cuda = t > 1 ? 2 * n * sq * h * f : 0;
 	return SP_MAX(cpu, cuda);
 }
@@ -138,7 +141,7 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
 	const sp_opshape_t *s = &p->metaops[sl->metaop].shape;
 	if (!sl->recompute)
 		return saved;
-	return (int64_t)(in->s1 - in->s0) * s->seq * s->hidden * db;
+	return (int64_t)(in->s1 - in->s0) * op_kept_elems(s, sl->tp, sl->sp) * db;
 }
 
 /*

@@ -13,10 +13,11 @@
  *          (persistent) plus the full gradient while it is live, by the
  *          walk below (zero2_grad_bytes)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems_at (the slice's tp: one shard's; a decoder's,
- *          never split, with its cross-attention part) *
- *          local batch * layers until its BWD, or under
- *          recompute only each layer's input (seq * hidden per sample); all
+ *          op_saved_elems_sp (the slice's tp: one shard's, with sp a
+ *          sequence-parallel one's; a decoder's, never split, with its
+ *          cross-attention part) * local batch * layers until its BWD, or
+ *          under recompute only each layer's input (op_kept_elems: seq *
+ *          hidden per sample, with sp the member's seq / tp tokens); all
  *          forward instructions precede all backward ones, so the peak is
  *          their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
@@ -110,7 +111,12 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * the memory in bf16) — but, like the unsplit transformer's, it chunks its
  * samples to the backend's workspace cap (cu_ws_cap, reserved whole at
  * start-up outside this count), so it adds nothing beyond that
- * reservation unless one sample alone exceeds the cap.
+ * reservation unless one sample alone exceeds the cap. A sequence-parallel
+ * block (runtime/layers_sp.c tblock_sp_bwd, CPU only) works on all n s
+ * rows at once: the gathered gradient and the partial sums [n s, h] each,
+ * dact [n s, f/t], dcat [n s, h/t], dqkv [n s, 3h/t], one dP [s, s], its
+ * dx_mid shard [n s/t, h] and the LayerNorm gradients [4h]; its forward's
+ * workspace ([n s, h] and 2 n s statistics) is less.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {

@@ -10,10 +10,13 @@
  * projection, FC2) replaces the all-reduce. Semantics and the saved
  * layout: layers.h (tblock_fwd, "With tp->sp"); the hooks: backend_ops.h.
  *
- * It computes the products over all n s rows at once and the attention
- * per sample. Each call allocates its workspace (forward: one [n s, h]
- * partial sum; backward: layers.h's list, plan_mem.c counts it) and frees
- * it before returning. It does not gather or scatter anything outside
+ * The forward computes the products over all n s rows at once and the
+ * attention per sample; the backward the products with all n s rows in
+ * their inner dimension (weight gradients) at once, the rest per sample,
+ * so its workspace holds one sample's intermediate gradients. Each call
+ * allocates its workspace (forward: one [n s, h] partial sum; backward:
+ * two [n s, h] buffers and one sample's gradients, plan_mem.c counts it)
+ * and frees it before returning. It does not gather or scatter anything outside
  * the block: a slice's first and last layers are told by whole_in and
  * whole_out that their input or output is whole.
  */
@@ -158,12 +161,12 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 	tb_tensors(d, p, dp, w, g);
 	sp_saved_t v = sp_saved(d, n, (float *)saved);
 	const float *dys = d->tp->whole_out ? dy + o * h : dy;
-	/* gat, part [T,h], dact [T,fl], dcat [T,hl], dqkv [T,3hl], dP [s,s],
-	 * dxm [R,h], the LayerNorm gradients [4h] */
-	float *gat = ly_xmalloc((size_t)(2 * T * h + T * (fl + 4 * hl) + sq * sq + R * h + 4 * h) *
+	/* gat, part [T,h]; one sample's dact [s,fl], dcat [s,hl], dqkv [s,3hl],
+	 * dP [s,s]; dxm [R,h], the LayerNorm gradients [4h] */
+	float *gat = ly_xmalloc((size_t)(2 * T * h + sq * (fl + 4 * hl) + sq * sq + R * h + 4 * h) *
 				sizeof(float));
-	float *part = gat + T * h, *dact = part + T * h, *dcat = dact + T * fl;
-	float *dqkv = dcat + T * hl, *dpr = dqkv + T * w3, *dxm = dpr + sq * sq;
+	float *part = gat + T * h, *dact = part + T * h, *dcat = dact + sq * fl;
+	float *dqkv = dcat + sq * hl, *dpr = dqkv + sq * w3, *dxm = dpr + sq * sq;
 	float *lng = dxm + R * h;
 	memset(lng, 0, (size_t)(4 * h) * sizeof *lng);
 	int rc = 0;
@@ -177,12 +180,16 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 	}
 	ly_gemm(1, 0, fl, h, T, 1.0f, v.act, fl, dyf, h, 1.0f, g[TB_W2], h);
 	ly_sum_rows(g[TB_B2], dyf, T, h, h);
-	ly_gemm(0, 1, T, fl, h, 1.0f, dyf, h, w[TB_W2], h, 0.0f, dact, fl);
-	for (int64_t k = 0; k < T * fl; k++)
-		dact[k] *= ly_gelu_grad(v.pre[k]);
-	ly_gemm(1, 0, h, fl, T, 1.0f, v.ln2, h, dact, fl, 1.0f, g[TB_W1], fl);
-	ly_sum_rows(g[TB_B1], dact, T, fl, fl);
-	ly_gemm(0, 1, T, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, part, h);
+	for (int64_t i = 0; i < n; i++) { /* per sample: dact is one sample's */
+		const float *dyi = dyf + i * sq * h, *pre = v.pre + i * sq * fl;
+		ly_gemm(0, 1, sq, fl, h, 1.0f, dyi, h, w[TB_W2], h, 0.0f, dact, fl);
+		for (int64_t k = 0; k < sq * fl; k++)
+			dact[k] *= ly_gelu_grad(pre[k]);
+		ly_gemm(1, 0, h, fl, sq, 1.0f, v.ln2 + i * sq * h, h, dact, fl, 1.0f, g[TB_W1],
+			fl);
+		ly_sum_rows(g[TB_B1], dact, sq, fl, fl);
+		ly_gemm(0, 1, sq, h, fl, 1.0f, dact, fl, w[TB_W1], fl, 0.0f, part + i * sq * h, h);
+	}
 	if ((rc = scatter(d, part, T * h)) < 0)
 		goto cleanup;
 	memcpy(dxm, dys, (size_t)(R * h) * sizeof *dxm);
@@ -194,17 +201,17 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 		goto cleanup;
 	ly_gemm(1, 0, hl, h, T, 1.0f, v.cat, hl, gat, h, 1.0f, g[TB_WO], h);
 	ly_sum_rows(g[TB_BO], gat, T, h, h);
-	ly_gemm(0, 1, T, hl, h, 1.0f, gat, h, w[TB_WO], h, 0.0f, dcat, hl);
-	for (int64_t i = 0; i < n; i++) {
+	for (int64_t i = 0; i < n; i++) { /* per sample: dcat, dqkv are one sample's */
 		ly_attn_t a = {d->sp.al, d->sp.dh, sq, sq, w3, w3, w3, hl, 0};
 		const float *q = v.qkv + i * sq * w3;
-		float *dq = dqkv + i * sq * w3;
-		ly_attn_bwd(&a, q, q + hl, q + 2 * hl, v.probs + i * d->sp.al * sq * sq,
-			    dcat + i * sq * hl, dq, dq + hl, dq + 2 * hl, dpr);
+		ly_gemm(0, 1, sq, hl, h, 1.0f, gat + i * sq * h, h, w[TB_WO], h, 0.0f, dcat, hl);
+		ly_attn_bwd(&a, q, q + hl, q + 2 * hl, v.probs + i * d->sp.al * sq * sq, dcat, dqkv,
+			    dqkv + hl, dqkv + 2 * hl, dpr);
+		ly_gemm(1, 0, h, w3, sq, 1.0f, v.ln1 + i * sq * h, h, dqkv, w3, 1.0f, g[TB_WQKV],
+			w3);
+		ly_sum_rows(g[TB_BQKV], dqkv, sq, w3, w3);
+		ly_gemm(0, 1, sq, h, w3, 1.0f, dqkv, w3, w[TB_WQKV], w3, 0.0f, part + i * sq * h, h);
 	}
-	ly_gemm(1, 0, h, w3, T, 1.0f, v.ln1, h, dqkv, w3, 1.0f, g[TB_WQKV], w3);
-	ly_sum_rows(g[TB_BQKV], dqkv, T, w3, w3);
-	ly_gemm(0, 1, T, h, w3, 1.0f, dqkv, w3, w[TB_WQKV], w3, 0.0f, part, h);
 	if ((rc = scatter(d, part, T * h)) < 0)
 		goto cleanup;
 

@@ -112,11 +112,11 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * samples to the backend's workspace cap (cu_ws_cap, reserved whole at
  * start-up outside this count), so it adds nothing beyond that
  * reservation unless one sample alone exceeds the cap. A sequence-parallel
- * block (runtime/layers_sp.c tblock_sp_bwd, CPU only) works on all n s
- * rows at once: the gathered gradient and the partial sums [n s, h] each,
- * dact [n s, f/t], dcat [n s, h/t], dqkv [n s, 3h/t], one dP [s, s], its
- * dx_mid shard [n s/t, h] and the LayerNorm gradients [4h]; its forward's
- * workspace ([n s, h] and 2 n s statistics) is less.
+ * block (runtime/layers_sp.c tblock_sp_bwd, CPU only) holds the gathered
+ * gradient and the partial sums [n s, h] each, one sample's dact [s, f/t],
+ * dcat [s, h/t], dqkv [s, 3h/t] and dP [s, s], its dx_mid shard [n s/t, h]
+ * and the LayerNorm gradients [4h]; its forward's workspace ([n s, h] and
+ * 2 n s statistics) is less.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {
@@ -133,9 +133,9 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
 	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;
-	if (sl->sp && sp_ok(s, t)) /* layers_sp.c: [n s] rows at once, dx_mid's shard, LN grads */
-		cpu = (2 * n * sq * h + n * sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h) *
-		      f;
+	if (sl->sp && sp_ok(s, t)) /* layers_sp.c: gathered and partial [n s, h], a sample's
+				     * gradients, dx_mid's shard, LN gradients */
+		cpu = (2 * n * sq * h + sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h) * f;
 	int64_t cuda = t > 1 ? 2 * n * sq * h * f : 0;
 	return SP_MAX(cpu, cuda);
 }

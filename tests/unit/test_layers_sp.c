@@ -250,13 +250,6 @@ static void test_saved_size(void **state)
 	assert_true(op_saved_elems_sp(&s, N, 2, 1) < op_saved_elems_tp(&s, N, 2));
 }
 
-static int fail_hook(void *ctx, float *buf, int64_t n)
-{
-	(void)buf, (void)n;
-	++*(int *)ctx;
-	return SP_EIO;
-}
-
 static int ok_hook(void *ctx, float *buf, int64_t n)
 {
 	(void)ctx, (void)buf, (void)n;
@@ -273,8 +266,10 @@ static void test_refused_and_errors(void **state)
 	float *y = falloc(nx), *dx = falloc(nx), *dp = falloc(np);
 	float *sv = falloc(N * op_saved_elems(&s, N));
 	int calls = 0;
-	rt_tp_t tp = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = fail_hook, .sp = 1,
-		      .reduce_scatter = fail_hook, .allgather = fail_hook};
+	rt_tp_t tp = {.t = 2, .rank = 1, .ctx = &calls, .sp = 1,
+		      .allreduce = tp_failing_allreduce,
+		      .reduce_scatter = tp_failing_allreduce,
+		      .allgather = tp_failing_allreduce};
 	/* a seq t does not divide; no reduce-scatter; no all-gather; a decoder */
 	sp_opshape_t s5 = s, dec = s;
 	s5.seq = 5;

@@ -573,8 +573,32 @@ def seqpar(demo, tmp):
         m = even_seqs(W.random_workload(seed, optimizer=opt))
         failures += check_model(m, tmp, f"random{seed}-{opt['type']}-sp", mixed, floor,
                                 seqpar=True)
-    return failures + memory_within(dict(demo, optimizer=adamw), tmp, "tp 2 sp on sequential",
-                                    "sequential", TP2 + SP, split=True)
+    failures += memory_within(dict(demo, optimizer=adamw), tmp, "tp 2 sp on sequential",
+                              "sequential", TP2 + SP, split=True)
+    return failures + cuda_refuses_sp(dict(demo, optimizer=adamw), tmp)
+
+
+def cuda_refuses_sp(demo, tmp):
+    """The CUDA backend has no sequence-parallel block (its table's
+    seq_parallel is 0): a --tp 2 --sp on plan with --backend cuda is
+    refused before the device, exit 2, with the plain "not built yet"
+    message (a build without CUDA: exit 2 either way)."""
+    mpath = W.write_json(tmp, "sp-cuda.model.json", demo)
+    pp = os.path.join(tmp, "sp-cuda.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1x2.json", W.cluster(2, 1)), pp, "sequential", TP2 + SP)
+    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1",
+                        "--backend", "cuda"],
+                       capture_output=True, text=True, timeout=120)
+    refusal = "sequence parallelism is not built for the cuda backend yet"
+    err = None
+    if p.returncode != 2:
+        err = f"--backend cuda on a sequence-parallel plan: exit {p.returncode}, expected 2"
+    elif os.environ.get("SPINDLE_CUDA", "1") == "1" and refusal not in p.stderr:
+        err = (f"--backend cuda on a sequence-parallel plan: no '{refusal}' in stderr: "
+               f"{p.stderr.strip()[:300]}")
+    print(("FAIL " + err) if err else "ok   --backend cuda refuses a sequence-parallel plan "
+          "(exit 2)", flush=True)
+    return [err] if err else []
 
 
 def vocab(demo, tmp):

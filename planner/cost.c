@@ -424,10 +424,12 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
  * bytes with the sequence-sharded saved activations (op_saved_elems_sp),
  * and in place of each pass's two all-reduces two reduce-scatters and two
  * all-gathers of the same activations (net.c's prices; on a ring they move
- * what the all-reduces move), plus backward one all-reduce of the four
- * LayerNorm gradients (4 h fp32). A slice's first layer computes LN1 of
- * all its tokens instead of gathering it and its last gathers its output:
- * the count per layer is the same.
+ * what the all-reduces move). The LayerNorm gradients (4 h fp32 per layer,
+ * summed over the group) ride on the all-gather of the input gradient
+ * that the slice's first layer does anyway: t 4 h L floats more on it,
+ * kilobytes, not priced. A slice's first layer computes LN1 of all its
+ * tokens instead of gathering it and its last gathers its output: the
+ * count per layer is the same.
  */
 static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, int sp,
 			    double *fwd, double *bwd)
@@ -457,10 +459,7 @@ static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, i
 		ar[pass] = k ? k * cost_allreduce_ms(pl->cluster, devs, t, bytes) : 0;
 		if (sp)
 			ar[pass] = k * (cost_reduce_scatter_ms(pl->cluster, devs, t, bytes) +
-					cost_all_gather_ms(pl->cluster, devs, t, bytes)) +
-				   (pass ? cost_allreduce_ms(pl->cluster, devs, t,
-							     4 * m->shape.hidden * 4)
-					 : 0);
+					cost_all_gather_ms(pl->cluster, devs, t, bytes));
 	}
 	*fwd = fmax(f + ar[0], LAYER_MIN_MS);
 	*bwd = fmax(b + ar[1], LAYER_MIN_MS);

@@ -367,6 +367,9 @@ static int plan_buffers(rt_state_t *st)
 					st->fwd_of[k] = j;
 			if (st->fwd_of[k] < 0)
 				return SP_EINPUT;
+			if (sl->tp > 1 && sl->sp)
+				st->lnacc_n = SP_MAX(st->lnacc_n, (int64_t)(sl->layer_to - sl->layer_from) *
+									  4 * mo->shape.hidden);
 			break;
 		}
 		case INS_LOSS: {
@@ -424,7 +427,7 @@ static int plan_buffers(rt_state_t *st)
 		st->vb[i].off = st->vals_n;
 		st->vals_n += (int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width;
 	}
-	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n;
+	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n + st->lnacc_n;
 	return 0;
 }
 
@@ -1042,6 +1045,13 @@ static float *redo_buf(const rt_state_t *st)
 	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
+/* A sequence-parallel BWD's LayerNorm gradients of all its layers
+ * (rt_tp_t.ln_grads), after the recompute buffer. */
+static float *lnacc_buf(const rt_state_t *st)
+{
+	return redo_buf(st) + st->redo_n;
+}
+
 /* What the split block's all-reduce needs: instruction k of the rank's
  * program runs it, over comm group `group`. */
 typedef struct {
@@ -1277,6 +1287,26 @@ static void z2_drop(rt_state_t *st)
 		}
 }
 
+/* The summed LayerNorm gradients of a sequence-parallel BWD's layers
+ * (tp->ln_grads, [4h] per layer: ln1_g, ln1_b, ln2_g, ln2_b, which are
+ * layer_tensors 0, 1, 6 and 7 of a transformer, layers.h) into their
+ * gradients. */
+static void sp_ln_add(rt_state_t *st, const slice_run_t *r, const rt_tp_t *tp)
+{
+	static const int ln[4] = {0, 1, 6, 7};
+	tblock_split_t spl;
+	if (tblock_split(&spl, &r->mo->shape, tp)) /* the layers ran it: cannot fail */
+		return;
+	for (int l = r->sl->layer_from; l < r->sl->layer_to; l++) {
+		int comp, si = layer_slot(st, r->sl->metaop, l, &comp);
+		float *dp = grad_of(st, si);
+		const float *a = tp->ln_grads + (l - r->sl->layer_from) * 4 * spl.h;
+		for (int q = 0; q < 4; q++)
+			st->b->copy_rows(dp + spl.tensors[ln[q]].offset, spl.h, a + q * spl.h, spl.h, 1,
+					 spl.h, 1);
+	}
+}
+
 /* 0, or the code of a layer that failed (as exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
@@ -1292,6 +1322,14 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	/* a decoder: its memory, and the memory's gradient every layer adds to */
 	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
 	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
+	/* sequence parallel: the layers' LayerNorm gradients gathered once, on
+	 * the first layer's all-gather of dx, and added into them at the end */
+	int64_t lnh = 4 * r.mo->shape.hidden;
+	if (tp && tp->sp) {
+		tp->ln_grads = lnacc_buf(st);
+		tp->ln_n = (r.sl->layer_to - r.sl->layer_from) * lnh;
+		b->zero(tp->ln_grads, tp->ln_n);
+	}
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -1307,6 +1345,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			 * same saved values: LayerNorms are per token) */
 			if (tp)
 				tp->whole_in = tp->whole_out = 0;
+			if (tp && tp->sp)
+				tp->ln_at = (l - r.sl->layer_from) * lnh;
 			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, saved, mem, bufs[j % 2],
 						 redo_buf(st))
 				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
@@ -1316,6 +1356,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			saved = redo_buf(st);
 		}
 		sp_layer(tp, r.sl, l);
+		if (tp && tp->sp)
+			tp->ln_at = (l - r.sl->layer_from) * lnh;
 		float *dx = NULL;
 		if (l == r.sl->layer_from) {
 			if (st->dst_vb[k] >= 0)
@@ -1343,6 +1385,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			return rc;
 		dy = dx;
 	}
+	if (tp && tp->sp)
+		sp_ln_add(st, &r, tp);
 	return 0;
 }
 

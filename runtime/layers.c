@@ -459,7 +459,9 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 	if (t < 1 || s->mem_seq != 0 ||
 	    (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, s->vocab, t) || tp->rank < 0 ||
 		       tp->rank >= t || !tp->allreduce)) ||
-	    (sp && (!sp_ok(s, t) || !tp->reduce_scatter || !tp->allgather)))
+	    (sp && (!sp_ok(s, t) || !tp->reduce_scatter || !tp->allgather)) ||
+	    (sp && tp->ln_grads &&
+	     (tp->ln_at < 0 || tp->ln_n < tp->ln_at + 4 * s->hidden)))
 		return SP_EINPUT;
 	assert(s->heads > 0 && s->hidden % s->heads == 0);
 	out->t = t;

@@ -145,9 +145,11 @@ rt_tblock_bwd_fn_t tblock_bwd;
  * of ln2, reduce-scatter of the second MLP product, and with whole_out
  * the all-gather of y; backward the mirror ones (all-gather of dy unless
  * whole_out, reduce-scatter of d ln2, all-gather of d x_mid,
- * reduce-scatter of d ln1, with whole_in the all-gather of dx) and one
- * all-reduce of the four LayerNorm gradients [4h] (each member's are over
- * its tokens only). The gradients of b_o and b_2 come from the gathered
+ * reduce-scatter of d ln1, with whole_in the all-gather of dx) and the
+ * four LayerNorm gradients [4h] (each member's are over its tokens only)
+ * summed over the group: by one all-reduce per call, or with
+ * tp->ln_grads the caller's way, on the whole_in layer's all-gather of
+ * dx (backend_ops.h). The gradients of b_o and b_2 come from the gathered
  * output gradients: every whole tensor's gradient is equal on every member.
  */
 /*

@@ -7,8 +7,11 @@
  * and the collectives work in place on it). An all-gather of the
  * LayerNorm output feeds each column-parallel product (QKV, FC1) and a
  * reduce-scatter of each row-parallel product's partial sum (output
- * projection, FC2) replaces the all-reduce. Semantics and the saved
- * layout: layers.h (tblock_fwd, "With tp->sp"); the hooks: backend_ops.h.
+ * projection, FC2) replaces the all-reduce; the LayerNorm gradients,
+ * each member's over its tokens, are all-reduced per call or, the
+ * caller's way (tp->ln_grads), summed on the slice's first layer's
+ * all-gather of dx. Semantics and the saved layout: layers.h
+ * (tblock_fwd, "With tp->sp"); the hooks: backend_ops.h.
  *
  * The forward computes the products over all n s rows at once and the
  * attention per sample; the backward the products with all n s rows in
@@ -142,14 +145,46 @@ cleanup:
 }
 
 /*
+ * The slice's first layer (whole_in) with the caller's LayerNorm
+ * gradients ln[0..E) (this member's sums over its tokens, every layer of
+ * the instruction): its dx rows `mine` [R, h] and ln ride one all-gather
+ * of t blocks [R h + E]; every member then adds all rows into dx and sums
+ * the t partials of ln in rank order (the same bits on every member).
+ */
+static int gather_dx_ln(const tb_dims_t *d, const float *mine, int64_t R, float *ln, int64_t E,
+			float *dx)
+{
+	int64_t h = d->sp.h, t = d->sp.t, B = R * h + E;
+	float *blk = ly_xmalloc((size_t)(t * B) * sizeof(float));
+	float *me = blk + d->sp.rank * B;
+	memcpy(me, mine, (size_t)(R * h) * sizeof *me);
+	memcpy(me + R * h, ln, (size_t)E * sizeof *me);
+	int rc = gather(d, blk, t * B);
+	if (rc == 0) {
+		for (int64_t q = 0; q < t; q++)
+			for (int64_t k = 0; k < R * h; k++)
+				dx[q * R * h + k] += blk[q * B + k];
+		for (int64_t k = 0; k < E; k++) {
+			float s = 0.0f;
+			for (int64_t q = 0; q < t; q++)
+				s += blk[q * B + R * h + k];
+			ln[k] = s;
+		}
+	}
+	free(blk);
+	return rc;
+}
+
+/*
  * Backward, the forward's collectives mirrored:
  *   dyf = gather(dy)                  (dy whole: as it is)
  *   MLP: dW2, db2 from dyf; dln2 = scatter(dpre W1^T)
  *   dxm = dy + LN2'(dln2)             (shard)
  *   dxmf = gather(dxm); dWo, dbo from it; attention; dln1 = scatter(dqkv Wqkv^T)
  *   dx += dxm + LN1'(dln1)            (whole_in: gathered, added to every row)
- * and the LayerNorm gradients, over the member's tokens, all-reduced
- * before they are added into dp.
+ * and the LayerNorm gradients, over the member's tokens: all-reduced and
+ * added into dp, or added into the caller's tp->ln_grads (summed on the
+ * first layer's all-gather of dx: gather_dx_ln).
  */
 int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 		  const float *dy, float *dx, float *dp)
@@ -215,11 +250,18 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 	if ((rc = scatter(d, part, T * h)) < 0)
 		goto cleanup;
 
+	float *acc = d->tp->ln_grads;
 	if (d->tp->whole_in) {
 		float *mine = gat + o * h;
 		memcpy(mine, dxm, (size_t)(R * h) * sizeof *mine);
 		ly_ln_rows_bwd(mine, lng, lng + h, part + o * h, v.x, v.m1, v.r1, w[TB_LN1G], R,
 			       h);
+		if (acc) { /* this layer's part, then every layer's summed on dx's gather */
+			for (int64_t k = 0; k < 4 * h; k++)
+				acc[d->tp->ln_at + k] += lng[k];
+			rc = gather_dx_ln(d, mine, R, acc, d->tp->ln_n, dx);
+			goto cleanup;
+		}
 		if ((rc = gather(d, gat, T * h)) < 0)
 			goto cleanup;
 		for (int64_t k = 0; k < T * h; k++)
@@ -228,6 +270,11 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 		for (int64_t k = 0; k < R * h; k++)
 			dx[k] += dxm[k];
 		ly_ln_rows_bwd(dx, lng, lng + h, part + o * h, v.x, v.m1, v.r1, w[TB_LN1G], R, h);
+	}
+	if (acc) { /* the caller's, summed by the slice's first layer */
+		for (int64_t k = 0; k < 4 * h; k++)
+			acc[d->tp->ln_at + k] += lng[k];
+		goto cleanup;
 	}
 	if ((rc = d->tp->allreduce(d->tp->ctx, lng, 4 * h)) < 0)
 		goto cleanup;

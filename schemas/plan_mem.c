@@ -115,8 +115,11 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * block (runtime/layers_sp.c tblock_sp_bwd, CPU only) holds the gathered
  * gradient and the partial sums [n s, h] each, one sample's dact [s, f/t],
  * dcat [s, h/t], dqkv [s, 3h/t] and dP [s, s], its dx_mid shard [n s/t, h]
- * and the LayerNorm gradients [4h]; its forward's workspace ([n s, h] and
- * 2 n s statistics) is less.
+ * and the LayerNorm gradients [4h], and at the slice's first layer the
+ * all-gather of dx with every layer's LayerNorm gradients (t blocks of
+ * [n s h / t + 4 h L]); the runtime's work buffer holds those gradients
+ * of the instruction's L layers (4 h L, interp.c), counted here too; its
+ * forward's workspace ([n s, h] and 2 n s statistics) is less.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {
@@ -133,9 +136,16 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
 	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;
-	if (sl->sp && sp_ok(s, t)) /* layers_sp.c: gathered and partial [n s, h], a sample's
-				     * gradients, dx_mid's shard, LN gradients */
-		cpu = (2 * n * sq * h + sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h) * f;
+	if (sl->sp && sp_ok(s, t)) { /* layers_sp.c: gathered and partial [n s, h], a
+				       * sample's gradients, dx_mid's shard, a layer's LN
+				       * gradients; the first layer's all-gather of dx with
+				       * every layer's E = 4 h L (t blocks [n s h / t + E]);
+				       * interp.c's E accumulated */
+		int64_t E = 4 * h * (sl->layer_to - sl->layer_from);
+		cpu = (2 * n * sq * h + sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h +
+		       n * sq * h + t * E + E) *
+		      f;
+	}
 	int64_t cuda = t > 1 ? 2 * n * sq * h * f : 0;
 	return SP_MAX(cpu, cuda);
 }

@@ -40,6 +40,7 @@ typedef struct {
 	float *p, *x, *dy;              /* whole layer, input, output gradient */
 	float *y_ref, *dx_ref, *dp_ref; /* unsplit */
 	float *ps[TMAX], *saved[TMAX], *y[TMAX], *dx[TMAX], *dp[TMAX];
+	float *acc[TMAX]; /* not NULL: the caller's LayerNorm gradients (ln_grads, [4H]) */
 	int bwd; /* run the backward too */
 } sp_case_t;
 
@@ -85,7 +86,8 @@ static sp_case_t sp_case(int t, int causal, int whole_in, int whole_out)
 static void sp_case_free(sp_case_t *k)
 {
 	for (int j = 0; j < k->t; j++)
-		free(k->ps[j]), free(k->saved[j]), free(k->y[j]), free(k->dx[j]), free(k->dp[j]);
+		free(k->ps[j]), free(k->saved[j]), free(k->y[j]), free(k->dx[j]), free(k->dp[j]),
+			free(k->acc[j]);
 	free(k->p), free(k->x), free(k->dy), free(k->y_ref), free(k->dx_ref), free(k->dp_ref);
 }
 
@@ -110,6 +112,10 @@ static int run_member(const rt_tp_t *tp0, void *arg)
 	tp.sp = 1;
 	tp.whole_in = k->whole_in;
 	tp.whole_out = k->whole_out;
+	if (k->acc[j]) { /* one layer's: its [4H] at 0 */
+		tp.ln_grads = k->acc[j];
+		tp.ln_n = 4 * H;
+	}
 	int64_t o = shard_off(k, j);
 	const float *x = k->whole_in ? k->x : k->x + o;
 	const float *dy = k->whole_out ? k->dy : k->dy + o;
@@ -133,17 +139,35 @@ static int run_group(sp_case_t *k, int bwd)
 
 /* ---- split against unsplit -------------------------------------------------- */
 
-static void check_split(int t, int causal, int whole_in, int whole_out)
+/*
+ * acc: the members pass their own LayerNorm gradients' buffer (ln_grads),
+ * the caller's way of a slice (interp.c); the slice's first layer
+ * (whole_in) sums it over the group on its gather of dx, and the test adds
+ * it into the gradients as the caller does (ln1_g, ln1_b, ln2_g, ln2_b:
+ * tensors 0, 1, 6, 7), after checking that nothing else went there.
+ */
+static void check_split(int t, int causal, int whole_in, int whole_out, int acc)
 {
 	sp_case_t k = sp_case(t, causal, whole_in, whole_out);
 	char what[96];
 	int bad = 0;
-	assert_int_equal(run_group(&k, 1), 0);
-	int64_t R = k.nx / t;
-	float *g = falloc(k.np), *g0 = falloc(k.np);
 	layer_tensor_t lt[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
 	int nt = layer_tensors(&k.c, lt);
 	layer_tensors_tp(&k.c, t, st);
+	for (int j = 0; j < t && acc; j++)
+		k.acc[j] = falloc(4 * H);
+	assert_int_equal(run_group(&k, 1), 0);
+	for (int j = 0; j < t && acc; j++) {
+		static const int ln[4] = {0, 1, 6, 7};
+		for (int q = 0; q < 4; q++)
+			for (int64_t e = 0; e < H; e++) {
+				float *d = &k.dp[j][st[ln[q]].offset + e];
+				bad += *d != 0.0f; /* the layer left them to the caller */
+				*d += k.acc[j][q * H + e];
+			}
+	}
+	int64_t R = k.nx / t;
+	float *g = falloc(k.np), *g0 = falloc(k.np);
 	for (int j = 0; j < t; j++) {
 		int64_t o = shard_off(&k, j);
 		snprintf(what, sizeof what, "t %d causal %d in %d out %d member %d y", t, causal,
@@ -183,7 +207,11 @@ static void test_split(void **state)
 	for (int t = 2; t <= 3; t++)
 		for (int causal = 0; causal < 2; causal++)
 			for (int io = 0; io < 4; io++)
-				check_split(t, causal, io & 1, io >> 1);
+				check_split(t, causal, io & 1, io >> 1, 0);
+	/* the caller's LayerNorm gradients, summed by a whole_in layer */
+	for (int t = 2; t <= 3; t++)
+		for (int out = 0; out < 2; out++)
+			check_split(t, t == 2, 1, out, 1);
 }
 
 /* ---- finite differences of the split layer's own loss ------------------------ */

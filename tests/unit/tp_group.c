@@ -217,6 +217,33 @@ int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n
 	return (int)bad;
 }
 
+int tp_put_back(const sp_component_t *c, int t, float *const *dp, float *g, int64_t np)
+{
+	layer_tensor_t lt[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
+	int nt = layer_tensors(c, lt), bad = 0;
+	layer_tensors_tp(c, t, st);
+	float *g0 = malloc(sizeof(float) * (size_t)(np > 0 ? np : 1));
+	if (!g0)
+		return 1;
+	for (int j = 0; j < t; j++) {
+		layer_shard(c, t, j, g, dp[j], 1);
+		if (j == 0)
+			memcpy(g0, g, sizeof(float) * (size_t)np);
+		for (int i = 0; i < nt; i++) {
+			int64_t o = lt[i].offset, n = lt[i].rows * lt[i].cols;
+			if (st[i].rows * st[i].cols == n &&
+			    memcmp(g + o, g0 + o, sizeof(float) * (size_t)n)) {
+				fprintf(stderr, "t %d member %d: gradient of whole %s differs "
+						"from member 0's\n",
+					t, j, lt[i].name);
+				bad++;
+			}
+		}
+	}
+	free(g0);
+	return bad;
+}
+
 int tp_failing_allreduce(void *ctx, float *buf, int64_t n)
 {
 	(void)buf, (void)n;

@@ -57,6 +57,14 @@ int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec);
  */
 int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n, double rtol);
 
+/*
+ * The t members' shard gradients dp[0..t) (layer_tensors_tp layout) put
+ * back whole into g [np] (layer_shard); returns how many (member, whole
+ * tensor) pairs have a gradient that differs from member 0's by a bit (a
+ * whole tensor's must be the same on every member), printing each.
+ */
+int tp_put_back(const sp_component_t *c, int t, float *const *dp, float *g, int64_t np);
+
 /* An all-reduce hook that fails (SP_EIO), counting its calls in *(int *)ctx. */
 int tp_failing_allreduce(void *ctx, float *buf, int64_t n);
 

@@ -653,7 +653,10 @@ def cuda_vocab(demo, tmp):
     without CUDA (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
     mpath = W.write_json(tmp, "vocab-cuda.model.json", demo)
     pp = os.path.join(tmp, "vocab-cuda.bin")
-    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential", TP2)
+    # --sp off: auto takes sequence parallelism on these splits, which the
+    # cuda backend has not (cuda_refuses_sp)
+    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential",
+           TP2 + ("--sp", "off"))
     cmd = ["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1", "--backend",
            "cuda"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -342,7 +342,8 @@ double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops)
 	return best * 1e3;
 }
 
-static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t, int bwd)
+static double analytic_sp(const planner_t *pl, const metaop_t *m, int64_t b, int t, int sp,
+			  int bwd)
 {
 	const sp_cluster_t *c = pl->cluster;
 	int db = dtype_bytes(pl->model->dtype);
@@ -355,7 +356,7 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t,
 	if (m->shape.type == COMP_EMBEDDING)
 		wbytes = (double)b * (double)m->shape.seq * (double)m->shape.hidden * db;
 	/* whole layers: with a decoder's cross block */
-	double saved = (double)op_saved_elems_at(&m->shape, m->batch, t);
+	double saved = (double)op_saved_elems_sp(&m->shape, m->batch, t, sp);
 	double abytes = (double)b * saved * db * 2.0;
 	double bytes = (wbytes + abytes) * (bwd ? 2.0 : 1.0);
 	double t_m = bytes / (c->mem_bandwidth_gbs * 1e9) * 1e3;
@@ -374,6 +375,11 @@ static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t,
 		t_c = flops / (peak * eff);
 	}
 	return fmax(t_c * 1e3, t_m) + LAUNCH_MS;
+}
+
+static double analytic(const planner_t *pl, const metaop_t *m, int64_t b, int t, int bwd)
+{
+	return analytic_sp(pl, m, b, t, 0, bwd);
 }
 
 #define LAYER_MIN_MS 1e-6
@@ -413,8 +419,20 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
  * takes from the model only what splitting changes (the products'
  * quantisation, the kernels that loop over heads, bytes).
  */
-static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, double *fwd,
-			    double *bwd)
+/*
+ * Sequence parallel (sp, where sp_ok): the shard's products as above, its
+ * bytes with the sequence-sharded saved activations (op_saved_elems_sp),
+ * and in place of each pass's two all-reduces two reduce-scatters and two
+ * all-gathers of the same activations (net.c's prices; on a ring they move
+ * what the all-reduces move). The LayerNorm gradients (4 h fp32 per layer,
+ * summed over the group) ride on the all-gather of the input gradient
+ * that the slice's first layer does anyway: t 4 h L floats more on it,
+ * kilobytes, not priced. A slice's first layer computes LN1 of all its
+ * tokens instead of gathering it and its last gathers its output: the
+ * count per layer is the same.
+ */
+static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, int sp,
+			    double *fwd, double *bwd)
 {
 	const metaop_t *m = &pl->mops[mi];
 	if (t <= 1 || local < 1 || !m->scales ||
@@ -422,7 +440,8 @@ static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, d
 		cost_layer(pl, mi, local, fwd, bwd);
 		return;
 	}
-	double f = analytic(pl, m, local, t, 0), b = analytic(pl, m, local, t, 1);
+	sp = sp && sp_ok(&m->shape, t);
+	double f = analytic_sp(pl, m, local, t, sp, 0), b = analytic_sp(pl, m, local, t, sp, 1);
 	if (find_profile(pl->cluster, &m->shape)) {
 		double f1, b1;
 		cost_layer(pl, mi, local, &f1, &b1);
@@ -438,6 +457,9 @@ static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, d
 		int f32, k = tp_allreduces(&m->shape, t, pass, &el, &f32);
 		int64_t bytes = local * m->shape.seq * el * (f32 ? 4 : dtype_bytes(pl->model->dtype));
 		ar[pass] = k ? k * cost_allreduce_ms(pl->cluster, devs, t, bytes) : 0;
+		if (sp)
+			ar[pass] = k * (cost_reduce_scatter_ms(pl->cluster, devs, t, bytes) +
+					cost_all_gather_ms(pl->cluster, devs, t, bytes));
 	}
 	*fwd = fmax(f + ar[0], LAYER_MIN_MS);
 	*bwd = fmax(b + ar[1], LAYER_MIN_MS);
@@ -463,17 +485,25 @@ struct cost_memo {
 
 void cost_layer_tp(const planner_t *pl, int mi, int64_t local, int t, double *fwd, double *bwd)
 {
+	cost_layer_sp(pl, mi, local, t, 0, fwd, bwd);
+}
+
+void cost_layer_sp(const planner_t *pl, int mi, int64_t local, int t, int sp, double *fwd,
+		   double *bwd)
+{
 	if (!pl->memo) {
-		layer_tp_priced(pl, mi, local, t, fwd, bwd);
+		layer_tp_priced(pl, mi, local, t, sp, fwd, bwd);
 		return;
 	}
+	/* the key's degree carries sp above its bits: t | sp << 16 */
+	int32_t key = t | (sp ? 1 << 16 : 0);
 	uint64_t h = ((uint64_t)(uint32_t)mi * 0x9E3779B97F4A7C15ull) ^
-		     ((uint64_t)local * 0xC2B2AE3D27D4EB4Full) ^ ((uint64_t)(uint32_t)t << 17);
+		     ((uint64_t)local * 0xC2B2AE3D27D4EB4Full) ^ ((uint64_t)(uint32_t)key << 17);
 	struct cost_memo *e = &pl->memo[(h ^ (h >> 29)) & (MEMO_SLOTS - 1)];
-	if (e->m != mi || e->t != t || e->local != local) {
-		layer_tp_priced(pl, mi, local, t, &e->f, &e->b);
+	if (e->m != mi || e->t != key || e->local != local) {
+		layer_tp_priced(pl, mi, local, t, sp, &e->f, &e->b);
 		e->m = mi;
-		e->t = t;
+		e->t = key;
 		e->local = local;
 	}
 	*fwd = e->f;

@@ -227,11 +227,11 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
 		if (s->recompute || mo->shape.type != COMP_TRANSFORMER || !slice_on(p, s, d))
 			continue;
 		int db = dtype_bytes(p->model.dtype), groups = s->n_dev / s->tp;
-		double in = (double)mo->shape.seq * mo->shape.hidden * db;
+		double in = (double)op_kept_elems(&mo->shape, s->tp, s->sp) * db;
 		double f, b;
 		int64_t local = (mo->batch + groups - 1) / groups; /* a TP group's samples */
-		cost_layer_tp(pl, s->metaop, local, s->tp, &f, &b); /* a member's shard */
-		double saved = (double)op_saved_elems_at(&mo->shape, mo->batch, s->tp) * db;
+		cost_layer_sp(pl, s->metaop, local, s->tp, s->sp, &f, &b); /* a member's shard */
+		double saved = (double)op_saved_elems_sp(&mo->shape, mo->batch, s->tp, s->sp) * db;
 		double rate = (saved - in) * (double)local / f;
 		if (rate > most) {
 			most = rate;
@@ -510,8 +510,8 @@ static double slice_saving(const sp_plan_t *p, const sp_slice_t *s)
 	int db = dtype_bytes(p->model.dtype);
 	int64_t B = p->model.tasks[mo->task].batch;
 	int64_t groups = s->n_dev / s->tp, local = (B + groups - 1) / groups;
-	double saved = (double)op_saved_elems_at(&mo->shape, B, s->tp);
-	double in = (double)mo->shape.seq * mo->shape.hidden;
+	double saved = (double)op_saved_elems_sp(&mo->shape, B, s->tp, s->sp);
+	double in = (double)op_kept_elems(&mo->shape, s->tp, s->sp);
 	return (saved - in) * db * (double)local * (s->layer_to - s->layer_from);
 }
 

@@ -42,6 +42,7 @@
  * of them.
  */
 #include "lower.h"
+#include "tp.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,11 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 	if (pl->opts->tp_vocab_whole) {
 		size_t n = strlen(out->options);
 		snprintf(out->options + n, sizeof out->options - n, " tp_vocab=whole");
+	}
+	if (pl->opts->sp >= 0) { /* likewise only when forced */
+		size_t n = strlen(out->options);
+		snprintf(out->options + n, sizeof out->options - n, " sp=%s",
+			 pl->opts->sp ? "on" : "off");
 	}
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
@@ -184,6 +190,7 @@ static int lower_slices(const planner_t *pl, const sched_t *s, const place_t *pc
 		o->recompute = pl->opts->recompute == 1 &&
 			       pl->mops[x->metaop].shape.type == COMP_TRANSFORMER;
 		o->tp = x->tp > 1 ? x->tp : 1;
+		o->sp = sp_want(pl, x, o->tp);
 		memcpy(out->slice_devs + pc->off[i], pc->devs + pc->off[i],
 		       sizeof(int32_t) * (size_t)x->n);
 		sp_wave_t *w = &out->waves[x->wave];

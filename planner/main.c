@@ -55,6 +55,13 @@ static void usage(FILE *f)
 		"                       divide every transformer's heads and ffn; each\n"
 		"                       transformer it leaves whole is named on stderr,\n"
 		"                       with why); auto (default) chooses per layer\n"
+		"  --sp on|off|auto     sequence parallelism of split transformer slices:\n"
+		"                       layer norms and residuals on seq / t tokens per\n"
+		"                       member, all-gathers and reduce-scatters in place\n"
+		"                       of the all-reduces (on: every split transformer,\n"
+		"                       whose seq t must divide; auto (default): where the\n"
+		"                       seq allows it and the predicted layer time is not\n"
+		"                       worse, as it always saves activation memory)\n"
 		"  --tp-vocab split|whole\n"
 		"                       split (default): embeddings and LM heads split by\n"
 		"                       vocabulary like transformers where the degree\n"
@@ -79,7 +86,7 @@ static int takes_value(const char *a)
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute",
-					    "--microbatches", "--tp", "--tp-vocab",
+					    "--microbatches", "--tp", "--sp", "--tp-vocab",
 					    "--max-instructions"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
@@ -186,6 +193,9 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--tp")) {
 		return opt_auto_int(&o->tp, a, val, SP_MAX_TP, "a degree",
 				    "(usually 1, 2, 4 or 8)");
+	} else if (!strcmp(a, "--sp")) {
+		static const char *const w[] = {"auto", "off", "on"};
+		return opt_word(&o->sp, a, val, w, 3, "use on, off or auto");
 	} else if (!strcmp(a, "--tp-vocab")) {
 		if (strcmp(val, "split") && strcmp(val, "whole")) {
 			fprintf(stderr, "spindle-plan: %s: unknown value '%s'\nhint: use split or "
@@ -236,6 +246,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->milp_nodes = 200;
 	o->zero = -1;
 	o->recompute = -1;
+	o->sp = -1;
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	const char **pos[] = {&o->model_path, &o->cluster_path};
 	int n_pos = 0;

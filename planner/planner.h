@@ -62,6 +62,8 @@ typedef struct {
 	const char *mb_tasks;   /* --microbatches NAME=K,...: per task (tasks
 				 * not named: 1); NULL: microbatches above */
 	int tp;                 /* tensor-parallel degree: 0 auto, else forced */
+	int sp;                 /* sequence parallelism of split transformer
+				 * slices: -1 auto, 0 off, 1 on (--sp) */
 	int tp_vocab_whole;     /* 1: embeddings and LM heads stay whole
 				 * (--tp-vocab whole); 0: they split by
 				 * vocabulary like transformers (default) */
@@ -189,6 +191,10 @@ static inline int pl_tp_ok(const planner_t *pl, const sp_opshape_t *s, int t)
 /* The same for a t-way group holding `local` samples: the shard's compute
  * and its all-reduces (t = 1, or a shape shape_tp_ok refuses: cost_layer). */
 void cost_layer_tp(const planner_t *pl, int m, int64_t local, int t, double *fwd, double *bwd);
+/* The same for a sequence-parallel group (sp != 0 where sp_ok; cost.c:
+ * its collectives and bytes); sp 0: cost_layer_tp. */
+void cost_layer_sp(const planner_t *pl, int m, int64_t local, int t, int sp, double *fwd,
+		   double *bwd);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
 /* One matrix product of a layer: batch copies of M x N x K, issued calls times. */

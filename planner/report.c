@@ -106,10 +106,10 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 			wv->start_ms, wv->dur_ms, wv->bwd_start_ms, wv->bwd_dur_ms);
 		for (int i = wv->first_slice; i < wv->first_slice + wv->n_slices; i++) {
 			const sp_slice_t *sl = &p->slices[i];
-			char devs[256], tp[16] = "";
+			char devs[256], tp[24] = "";
 			slice_devices(devs, sizeof devs, p, sl);
 			if (sl->tp > 1)
-				snprintf(tp, sizeof tp, "  tp %d", sl->tp);
+				snprintf(tp, sizeof tp, "  tp %d%s", sl->tp, sl->sp ? " sp" : "");
 			fprintf(f, "    %-32s layers %3d-%-3d x%-4d gpus %s%s\n",
 				p->metaops[sl->metaop].name, sl->layer_from, sl->layer_to, sl->n_dev,
 				devs, tp);

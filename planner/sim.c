@@ -158,7 +158,7 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 {
 	const sp_slice_t *sl = &st->p->slices[in->slice];
 	double f, b, t0 = st->now[d];
-	cost_layer_tp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, &f, &b);
+	cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &b);
 	int L = sl->layer_to - sl->layer_from;
 	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
 	if (in->op == INS_LOSS)

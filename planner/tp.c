@@ -51,6 +51,23 @@ int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 				 "transformer's heads and ffn");
 		return SP_EINPUT;
 	}
+	for (int i = 0; o->sp > 0 && i < m->n_tasks; i++)
+		for (int j = 0; j < m->tasks[i].n_nodes; j++) {
+			const sp_node_t *nd = &m->tasks[i].nodes[j];
+			sp_opshape_t sh = op_shape(m, &m->tasks[i], nd);
+			if (sh.type != COMP_TRANSFORMER || sh.mem_seq > 0 || sh.seq % t == 0)
+				continue;
+			char path[160];
+			snprintf(path, sizeof path, "tasks.%s.graph.%s.seq", m->tasks[i].name,
+				 nd->id);
+			sp_err_set(err, SP_EINPUT, o->model_path, 0, 0, path,
+				   "--sp on with --tp %d: the seq (%lld) of transformer node '%s' "
+				   "is not a multiple of %d (sequence shards need equal parts)",
+				   t, (long long)sh.seq, nd->id, t);
+			sp_err_hint(err, "use --sp auto (it leaves such slices without sequence "
+					 "parallelism), or a --tp that divides every transformer's seq");
+			return SP_EINPUT;
+		}
 	if (t > c->gpus_per_node) {
 		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL,
 			   "--tp %d is more than the %d GPUs of a node (a tensor-parallel "
@@ -159,6 +176,20 @@ int tp_run(planner_t *pl, sched_t *s, place_t *pc)
 	 * most s->n rounds change anything) */
 	while (tp_round(pl, s, pc, agree, base, np, shard))
 		;
+	/* --sp on: a degree auto chose must split the sequence too */
+	for (int i = 0; pl->opts->sp > 0 && i < s->n; i++) {
+		const metaop_t *m = &pl->mops[s->s[i].metaop];
+		int t = s->s[i].tp;
+		if (t <= 1 || m->shape.type != COMP_TRANSFORMER || sp_ok(&m->shape, t))
+			continue;
+		sp_err_set(pl->err, SP_EINPUT, pl->opts->model_path, 0, 0, NULL,
+			   "--sp on: metaop '%s' is split %d ways, but its seq (%lld) is not a "
+			   "multiple of %d (sequence shards need equal parts)",
+			   m->name, t, (long long)m->shape.seq, t);
+		sp_err_hint(pl->err, "use --sp auto (it leaves such slices without sequence "
+				     "parallelism), or a --tp that divides every transformer's seq");
+		return SP_EINPUT;
+	}
 	/* a slice that fell to 1 may be wider than its batch (n = d t with
 	 * d <= B): its extra devices would get empty ranges yet hold whole
 	 * layers; it keeps its first B devices (as tp_assign narrows a
@@ -175,4 +206,18 @@ int tp_run(planner_t *pl, sched_t *s, place_t *pc)
 		o += x->n;
 	}
 	return 0;
+}
+
+int sp_want(const planner_t *pl, const sslice_t *x, int t)
+{
+	const metaop_t *m = &pl->mops[x->metaop];
+	if (pl->opts->sp == 0 || t <= 1 || x->n % t || !sp_ok(&m->shape, t))
+		return 0;
+	if (pl->opts->sp > 0)
+		return 1;
+	int64_t d = x->n / t, local = (m->batch + d - 1) / d;
+	double f0, b0, f1, b1;
+	cost_layer_sp(pl, x->metaop, local, t, 0, &f0, &b0);
+	cost_layer_sp(pl, x->metaop, local, t, 1, &f1, &b1);
+	return f1 + b1 <= f0 + b0;
 }

@@ -13,7 +13,8 @@
 #include "planner.h"
 
 /* SP_EINPUT with a located message when a forced t does not divide a
- * transformer component's heads or ffn, or exceeds a node's GPUs. */
+ * transformer component's heads or ffn, or exceeds a node's GPUs, or
+ * (with --sp on) the seq of a transformer node. */
 int tp_check(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 	     sp_err_t *err);
 /* The degree slice x is to be placed for: its scheduled x->tp when that
@@ -23,8 +24,18 @@ int tp_want(const planner_t *pl, const sslice_t *x);
  * devices lies in one node and every slice of the component agrees, and
  * each device holds one shard of each layer; else 1 (whole layers), to a
  * fixpoint. A slice at 1 wider than its batch narrows to its first batch
- * devices (pc stays packed). Work arrays in pl->scratch (the candidate's). */
+ * devices (pc stays packed). Work arrays in pl->scratch (the candidate's).
+ * Under --sp on, SP_EINPUT (with a hint) when a slice keeps t > 1 on a
+ * transformer whose seq t does not divide (a --tp auto choice). */
 int tp_run(planner_t *pl, sched_t *s, place_t *pc);
+/*
+ * Sequence parallelism (--sp): whether slice x, placed at degree t, runs
+ * it. off: never; on: where sp_ok (tp_run refused the other split
+ * transformers); auto: where sp_ok and the layer's predicted time with it
+ * (cost_layer_sp at the group's local batch) is not more than without,
+ * since it always saves activation memory (op_saved_elems_sp).
+ */
+int sp_want(const planner_t *pl, const sslice_t *x, int t);
 /* The forced degree of a lowered plan (its options' tp=N), 0 under auto. */
 int tp_forced(const sp_plan_t *p);
 /* Under a forced --tp N > 1: one line on f per class of transformer

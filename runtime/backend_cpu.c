@@ -92,5 +92,5 @@ const rt_backend_t backend_cpu = {
 	.zero = cpu_zero, .copy_rows = cpu_copy_rows, .sync = cpu_sync,
 	RT_BACKEND_MATH(CPU_MATH) .layer_init = layer_init,
 	.embedding_fwd_tp = embedding_fwd_tp, .embedding_bwd_tp = embedding_bwd_tp,
-	.lm_head_loss_tp = lm_head_loss_tp,
+	.lm_head_loss_tp = lm_head_loss_tp, .seq_parallel = 1,
 };

@@ -53,6 +53,35 @@ typedef struct rt_tp {
 	int t, rank;
 	void *ctx;
 	int (*allreduce)(void *ctx, float *buf, int64_t n);
+	/*
+	 * Sequence parallelism (sp != 0; the transformer block only, t > 1,
+	 * t dividing the shape's seq): the layer norms, residual adds and
+	 * biases run on the member's token shard, rows [rank R, (rank+1) R) of
+	 * the call's n seq tokens flattened sample after sample, R = n seq / t;
+	 * an all-gather before the column-parallel products and a
+	 * reduce-scatter after the row-parallel ones replace the all-reduces
+	 * (backward: the mirror ones, and one all-reduce of the LayerNorm
+	 * gradients). Both hooks work in place on buf[0..n) of every member,
+	 * member i's shard [n i/t, n (i+1)/t) (comm_shard): reduce_scatter
+	 * leaves the members' sum of its shard there (the rest undefined),
+	 * allgather gives every member all shards. whole_in: x (and dx) are
+	 * whole [n, seq, h] and identical on every member (the slice's first
+	 * layer), else the member's shard [R, h]; whole_out: y (and dy) are
+	 * whole (the slice's last layer: y all-gathered), else the shard.
+	 * ln_grads (backward; NULL: each layer all-reduces its own four
+	 * LayerNorm gradients [4h] and adds them into dp): the caller's
+	 * ln_n floats, the instruction's layers' LayerNorm gradients, this
+	 * layer's [4h] at ln_at (ln1_g, ln1_b, ln2_g, ln2_b); the layer adds
+	 * its own, over its tokens, there, and a whole_in layer (the last
+	 * backward of a slice) sums all ln_n over the group on the
+	 * all-gather of dx it does anyway, leaving the sums in ln_grads on
+	 * every member, for the caller to add into each layer's gradients.
+	 */
+	int sp, whole_in, whole_out;
+	int (*reduce_scatter)(void *ctx, float *buf, int64_t n);
+	int (*allgather)(void *ctx, float *buf, int64_t n);
+	float *ln_grads;
+	int64_t ln_n, ln_at;
 } rt_tp_t;
 typedef int rt_tblock_fwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 			       const float *p, const float *x, float *y, float *saved);

@@ -103,13 +103,14 @@ static const sp_task_t *task_of(const rt_state_t *st, int m)
 	return &st->p->model.tasks[mop(st, m)->task];
 }
 
-/* Floats a layer of MetaOp m saves per sample: a shard's (tp > 1), else
- * the whole layer's, a decoder's cross-attention included (layers.h). */
-static int64_t saved_pp(const rt_state_t *st, int m, int tp)
+/* Floats a layer of slice s's MetaOp saves per sample: a shard's (tp > 1;
+ * a sequence-parallel one's with sp), else the whole layer's, a decoder's
+ * cross-attention included (layers.h). */
+static int64_t saved_pp(const rt_state_t *st, const sp_slice_t *s)
 {
-	const sp_metaop_t *mo = mop(st, m);
-	int64_t B = task_of(st, m)->batch;
-	return op_saved_elems_at(&mo->shape, B, tp);
+	const sp_metaop_t *mo = mop(st, s->metaop);
+	int64_t B = task_of(st, s->metaop)->batch;
+	return op_saved_elems_sp(&mo->shape, B, s->tp, s->sp);
 }
 
 /* Whether MetaOp m is a decoder: its layers attend to a memory act(m, -1). */
@@ -121,11 +122,11 @@ static int is_decoder(const rt_state_t *st, int m)
 /* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
  * layer saves, or under recompute its input [seq, hidden] (plan_mem.c's
  * kept_bytes; the reader allows recompute on transformers only, whose input
- * is [seq, hidden]). */
+ * is [seq, hidden]; sequence parallel: the member's seq / tp tokens of it). */
 static int64_t kept_pp(const rt_state_t *st, const sp_slice_t *s)
 {
 	const sp_opshape_t *sh = &mop(st, s->metaop)->shape;
-	return s->recompute ? (int64_t)sh->seq * sh->hidden : saved_pp(st, s->metaop, s->tp);
+	return s->recompute ? op_kept_elems(sh, s->tp, s->sp) : saved_pp(st, s);
 }
 
 /* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
@@ -363,7 +364,7 @@ static int plan_buffers(rt_state_t *st)
 			st->saved_n += (int64_t)(in->s1 - in->s0) * kept_pp(st, sl) * L;
 			if (sl->recompute)
 				st->redo_n = SP_MAX(st->redo_n, (int64_t)(in->s1 - in->s0) *
-									saved_pp(st, sl->metaop, sl->tp));
+									saved_pp(st, sl));
 			int64_t per = SP_MAX((int64_t)mo->seq_in * mo->width_in,
 					     (int64_t)mo->seq_out * mo->width_out);
 			st->ping_n = SP_MAX(st->ping_n, per * (in->s1 - in->s0));
@@ -388,6 +389,9 @@ static int plan_buffers(rt_state_t *st)
 					st->fwd_of[k] = j;
 			if (st->fwd_of[k] < 0)
 				return SP_EINPUT;
+			if (sl->tp > 1 && sl->sp)
+				st->lnacc_n = SP_MAX(st->lnacc_n, (int64_t)(sl->layer_to - sl->layer_from) *
+									  4 * mo->shape.hidden);
 			break;
 		}
 		case INS_LOSS: {
@@ -401,7 +405,7 @@ static int plan_buffers(rt_state_t *st)
 				r1 = (int32_t)B;
 				rows = B;
 			}
-			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl->metaop, sl->tp));
+			st->loss_n = SP_MAX(st->loss_n, rows * saved_pp(st, sl));
 			st->ints_n = SP_MAX(st->ints_n, (int64_t)(in->s1 - in->s0) * mo->seq_in);
 			break;
 		}
@@ -445,7 +449,7 @@ static int plan_buffers(rt_state_t *st)
 		st->vb[i].off = st->vals_n;
 		st->vals_n += (int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width;
 	}
-	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n;
+	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n + st->lnacc_n;
 	return 0;
 }
 
@@ -840,6 +844,16 @@ int rt_check_backend(const sp_plan_t *p, const rt_backend_t *b, const char *fnam
 				 "--tp-vocab whole");
 		return err->code;
 	}
+	for (int s = 0; s < p->n_slices && !b->seq_parallel; s++) {
+		if (!p->slices[s].sp)
+			continue;
+		sp_err_set(err, SP_EINPUT, fname, 0, 0, NULL,
+			   "sequence parallelism is not built for the %s backend yet (metaop "
+			   "'%s' runs it on %d-way splits)",
+			   b->name, p->metaops[p->slices[s].metaop].name, (int)p->slices[s].tp);
+		sp_err_hint(err, "run this plan with --backend cpu, or re-plan it with --sp off");
+		return err->code;
+	}
 	int m = first_decoder(p);
 	if (m < 0 || (b->xblock_fwd && b->xblock_bwd))
 		return 0;
@@ -1110,6 +1124,13 @@ static float *redo_buf(const rt_state_t *st)
 	return st->work + 2 * st->ping_n + st->loss_n + st->feat_n;
 }
 
+/* A sequence-parallel BWD's LayerNorm gradients of all its layers
+ * (rt_tp_t.ln_grads), after the recompute buffer. */
+static float *lnacc_buf(const rt_state_t *st)
+{
+	return redo_buf(st) + st->redo_n;
+}
+
 /* What the split block's all-reduce needs: instruction k of the rank's
  * program runs it, over comm group `group`. */
 typedef struct {
@@ -1136,15 +1157,66 @@ static int tp_allreduce(void *ctx, float *buf, int64_t n)
 	return rc;
 }
 
-/* The split of instruction k's slice for the layers (NULL: whole layers). */
-static const rt_tp_t *tp_of(rt_state_t *st, int k, sp_err_t *err, tp_call_t *tc, rt_tp_t *tp)
+/* The sequence-parallel halves (layers_sp.c), as tp_allreduce: in place,
+ * the member's shard comm_shard's, which is its token rows. */
+static int tp_half(tp_call_t *tc, float *buf, int64_t n, int gather)
+{
+	rt_state_t *st = tc->st;
+	rt_req_t r = {0};
+	st->b->sync();
+	double t0 = wall_ms();
+	int bad = gather ? st->c->ops->iallgather(st->c, buf, n, tc->group, &r)
+			 : st->c->ops->ireduce_scatter(st->c, buf, n, tc->group, &r);
+	if (bad)
+		return fail(st, tc->err, tc->k,
+			    gather ? "starting the sequence-parallel all-gather failed"
+				   : "starting the sequence-parallel reduce-scatter failed");
+	int rc = wait_req(st, &r, tc->k, tc->err);
+	st->tp_ms += wall_ms() - t0;
+	return rc;
+}
+
+static int tp_reduce_scatter(void *ctx, float *buf, int64_t n)
+{
+	return tp_half(ctx, buf, n, 0);
+}
+
+static int tp_allgather(void *ctx, float *buf, int64_t n)
+{
+	return tp_half(ctx, buf, n, 1);
+}
+
+/* The split of instruction k's slice for the layers (NULL: whole layers).
+ * With sp the caller sets whole_in and whole_out per layer. */
+static rt_tp_t *tp_of(rt_state_t *st, int k, sp_err_t *err, tp_call_t *tc, rt_tp_t *tp)
 {
 	int sl = st->prog[k].slice;
 	if (st->p->slices[sl].tp <= 1)
 		return NULL;
 	*tc = (tp_call_t){st, k, st->tp_group[sl], err};
-	*tp = (rt_tp_t){st->p->slices[sl].tp, st->tp_rank[sl], tc, tp_allreduce};
+	*tp = (rt_tp_t){.t = st->p->slices[sl].tp, .rank = st->tp_rank[sl], .ctx = tc,
+			.allreduce = tp_allreduce, .sp = st->p->slices[sl].sp,
+			.reduce_scatter = tp_reduce_scatter, .allgather = tp_allgather};
 	return tp;
+}
+
+/* A sequence-parallel slice's layer l reads its whole input when it is
+ * the slice's first and puts out its whole output when it is the last
+ * (values stay whole); in between it passes token shards. */
+static void sp_layer(rt_tp_t *tp, const sp_slice_t *sl, int l)
+{
+	if (tp) {
+		tp->whole_in = l == sl->layer_from;
+		tp->whole_out = l == sl->layer_to - 1;
+	}
+}
+
+/* The member's token rows of a sequence-parallel call of n samples: the
+ * offset of its first float in a whole [n, seq, hidden] buffer. */
+static int64_t sp_off(const rt_tp_t *tp, const sp_metaop_t *mo, int n)
+{
+	return tp && tp->sp ? (int64_t)n * mo->shape.seq * mo->shape.hidden / tp->t * tp->rank
+			    : 0;
 }
 
 /* 0, or the code of a layer that failed (a tensor-parallel all-reduce:
@@ -1154,7 +1226,7 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	const slice_run_t r = slice_run(st, k);
 	tp_call_t tc;
 	rt_tp_t tps;
-	const rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
 	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
@@ -1172,11 +1244,14 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 		float *saved = layer_saved(st, &r, st->saved_off[k], l);
 		if (l == r.sl->layer_from)
 			x = st->src_vb[k] >= 0 ? vptr(st, st->src_vb[k], r.in->s0, 0) : NULL;
+		sp_layer(tp, r.sl, l);
 		if (r.sl->recompute) {
-			/* keep the input bit for bit; the saved activations go to
+			/* keep the input bit for bit (sequence parallel: the
+			 * member's tokens of it); the saved activations go to
 			 * scratch, re-created from it by the BWD */
 			int64_t h = r.mo->shape.hidden;
-			b->copy_rows(saved, h, x, h, r.n * r.kpp / h, h, 0);
+			const float *xk = l == r.sl->layer_from ? x + sp_off(tp, r.mo, r.n) : x;
+			b->copy_rows(saved, h, xk, h, r.n * r.kpp / h, h, 0);
 			saved = redo_buf(st);
 		}
 		const sp_op_t *op = &st->p->ops[r.mo->first_op + l];
@@ -1293,13 +1368,33 @@ static void z2_drop(rt_state_t *st)
 		}
 }
 
+/* The summed LayerNorm gradients of a sequence-parallel BWD's layers
+ * (tp->ln_grads, [4h] per layer: ln1_g, ln1_b, ln2_g, ln2_b, which are
+ * layer_tensors 0, 1, 6 and 7 of a transformer, layers.h) into their
+ * gradients. */
+static void sp_ln_add(rt_state_t *st, const slice_run_t *r, const rt_tp_t *tp)
+{
+	static const int ln[4] = {0, 1, 6, 7};
+	tblock_split_t spl;
+	if (tblock_split(&spl, &r->mo->shape, tp)) /* the layers ran it: cannot fail */
+		return;
+	for (int l = r->sl->layer_from; l < r->sl->layer_to; l++) {
+		int comp, si = layer_slot(st, r->sl->metaop, l, &comp);
+		float *dp = grad_of(st, si);
+		const float *a = tp->ln_grads + (l - r->sl->layer_from) * 4 * spl.h;
+		for (int q = 0; q < 4; q++)
+			st->b->copy_rows(dp + spl.tensors[ln[q]].offset, spl.h, a + q * spl.h, spl.h, 1,
+					 spl.h, 1);
+	}
+}
+
 /* 0, or the code of a layer that failed (as exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);
 	tp_call_t tc;
 	rt_tp_t tps;
-	const rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
 	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *bufs[2] = {st->work, st->work + st->ping_n};
@@ -1308,6 +1403,14 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	/* a decoder: its memory, and the memory's gradient every layer adds to */
 	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
 	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
+	/* sequence parallel: the layers' LayerNorm gradients gathered once, on
+	 * the first layer's all-gather of dx, and added into them at the end */
+	int64_t lnh = 4 * r.mo->shape.hidden;
+	if (tp && tp->sp) {
+		tp->ln_grads = lnacc_buf(st);
+		tp->ln_n = (r.sl->layer_to - r.sl->layer_from) * lnh;
+		b->zero(tp->ln_grads, tp->ln_n);
+	}
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
@@ -1320,7 +1423,13 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			/* the same forward on the same input and weights as the FWD
 			 * (parameters change only at STEP), so the same saved
 			 * activations; its output goes to bufs[j % 2], free here: dy
-			 * is in the other buffer or a value, and dx is zeroed below */
+			 * is in the other buffer or a value, and dx is zeroed below.
+			 * Sequence parallel: from the kept tokens, to tokens (the
+			 * same saved values: LayerNorms are per token) */
+			if (tp)
+				tp->whole_in = tp->whole_out = 0;
+			if (tp && tp->sp)
+				tp->ln_at = (l - r.sl->layer_from) * lnh;
 			rc = mem ? b->xblock_fwd(&r.mo->shape, tp, r.n, pw, saved, mem, bufs[j % 2],
 						 redo_buf(st))
 				 : b->tblock_fwd(&r.mo->shape, tp, r.n, pw, saved, bufs[j % 2],
@@ -1329,6 +1438,9 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 				return rc;
 			saved = redo_buf(st);
 		}
+		sp_layer(tp, r.sl, l);
+		if (tp && tp->sp)
+			tp->ln_at = (l - r.sl->layer_from) * lnh;
 		float *dx = NULL;
 		if (l == r.sl->layer_from) {
 			if (st->dst_vb[k] >= 0)
@@ -1356,6 +1468,8 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 			return rc;
 		dy = dx;
 	}
+	if (tp && tp->sp)
+		sp_ln_add(st, &r, tp);
 	return 0;
 }
 

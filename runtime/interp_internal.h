@@ -99,6 +99,7 @@ struct rt_state {
 	/* workspace */
 	float *work;
 	int64_t ping_n, loss_n, feat_n, redo_n, work_n;
+	int64_t lnacc_n; /* a sequence-parallel BWD's LayerNorm gradients */
 	int32_t *ints_dev, *ints_host;
 	float *feat_host;
 	int64_t ints_n;

@@ -163,6 +163,16 @@ static float gelu_grad(float xf)
 		       0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_K * x * x));
 }
 
+float ly_gelu(float x)
+{
+	return gelu(x);
+}
+
+float ly_gelu_grad(float x)
+{
+	return gelu_grad(x);
+}
+
 /* log sum_k exp z_k, stable. */
 double ly_logsumexp(const float *z, int64_t n)
 {
@@ -445,9 +455,13 @@ void patch_bwd(const sp_opshape_t *s, int n, const float *p, const float *saved,
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 {
 	int t = tp ? tp->t : 1;
+	int sp = t > 1 && tp->sp;
 	if (t < 1 || s->mem_seq != 0 ||
 	    (t > 1 && (!tp_ok(s->type, s->heads, s->ffn, s->vocab, t) || tp->rank < 0 ||
-		       tp->rank >= t || !tp->allreduce)))
+		       tp->rank >= t || !tp->allreduce)) ||
+	    (sp && (!sp_ok(s, t) || !tp->reduce_scatter || !tp->allgather)) ||
+	    (sp && tp->ln_grads &&
+	     (tp->ln_at < 0 || tp->ln_n < tp->ln_at + 4 * s->hidden)))
 		return SP_EINPUT;
 	assert(s->heads > 0 && s->hidden % s->heads == 0);
 	out->t = t;
@@ -458,7 +472,8 @@ int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp)
 	out->fl = s->ffn / t;
 	out->al = s->heads / t;
 	out->dh = s->hidden / s->heads;
-	out->per = op_saved_elems_tp(s, 0, t);
+	out->sp = sp;
+	out->per = op_saved_elems_sp(s, 0, t, sp);
 	sp_component_t c = layer_comp_of_shape(s);
 	layer_tensors_tp(&c, t, out->tensors);
 	return 0;
@@ -499,7 +514,7 @@ tb_saved_t tb_saved(const tb_dims_t *d, float *base)
 }
 
 /* The member's tensors of p (and of dp when not NULL), layer_tensors_tp order. */
-static void tb_tensors(const tb_dims_t *d, const float *p, float *dp, const float *w[TB__COUNT],
+void tb_tensors(const tb_dims_t *d, const float *p, float *dp, const float *w[TB__COUNT],
 		       float *g[TB__COUNT])
 {
 	for (int i = 0; i < TB__COUNT; i++) {
@@ -579,6 +594,8 @@ int tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	int rc = tb_dims(&d, s, tp);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return tblock_sp_fwd(&d, s->causal, n, p, x, y, saved);
 	int64_t sh = d.sp.s * d.sp.h;
 	const float *w[TB__COUNT];
 	tb_tensors(&d, p, NULL, w, NULL);
@@ -656,6 +673,8 @@ int tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 	int rc = tb_dims(&d, s, tp);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return tblock_sp_bwd(&d, n, p, saved, dy, dx, dp);
 	int64_t h = d.sp.h, sq = d.sp.s, fl = d.sp.fl, hl = d.sp.hl, sh = sq * h;
 	const float *w[TB__COUNT];
 	float *g[TB__COUNT];

@@ -131,6 +131,28 @@ rt_patch_bwd_fn_t patch_bwd;
 rt_tblock_fwd_fn_t tblock_fwd;
 rt_tblock_bwd_fn_t tblock_bwd;
 /*
+ * With tp->sp (t > 1; sp_ok: t divides seq; both hooks set; else
+ * SP_EINPUT) the split block is sequence parallel (layers_sp.c): x, y,
+ * dy, dx are whole or the member's token shard as tp->whole_in and
+ * tp->whole_out say (backend_ops.h), and the saved activations are
+ * op_saved_elems_sp(s, n, t, 1) floats per sample, laid out for the call's
+ * n samples together, each part for all of them: x [R,h], ln1 [n s,h],
+ * qkv [n s,3hl], cat [n s,hl], x_mid [R,h], ln2 [n s,h], mlp_pre [n s,fl],
+ * mlp_act [n s,fl], probs [n,al,s,s], ln1_mean, ln1_rstd, ln2_mean,
+ * ln2_rstd [R] (R = n s / t: the member's tokens). Collectives per call:
+ * forward all-gather of ln1 (none when whole_in: LN1 of every token is
+ * computed locally), reduce-scatter of the output projection, all-gather
+ * of ln2, reduce-scatter of the second MLP product, and with whole_out
+ * the all-gather of y; backward the mirror ones (all-gather of dy unless
+ * whole_out, reduce-scatter of d ln2, all-gather of d x_mid,
+ * reduce-scatter of d ln1, with whole_in the all-gather of dx) and the
+ * four LayerNorm gradients [4h] (each member's are over its tokens only)
+ * summed over the group: by one all-reduce per call, or with
+ * tp->ln_grads the caller's way, on the whole_in layer's all-gather of
+ * dx (backend_ops.h). The gradients of b_o and b_2 come from the gathered
+ * output gradients: every whole tensor's gradient is equal on every member.
+ */
+/*
  * One member's part of a split block, for both backends: t (1 for NULL
  * tp), its rank (0 unsplit), the shape's hidden h and seq s, its widths
  * hl = h/t, fl = f/t, al = a/t, the head width dh = h/a, the floats saved
@@ -140,6 +162,7 @@ rt_tblock_bwd_fn_t tblock_bwd;
  */
 typedef struct {
 	int t, rank;
+	int sp; /* sequence parallel (tp->sp, t > 1: layers_sp.c) */
 	int64_t h, s, hl, fl, al, dh, per;
 	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } tblock_split_t;

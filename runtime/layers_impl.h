@@ -39,6 +39,10 @@ void ly_ln_rows_bwd(float *dx, float *dg, float *db, const float *dy, const floa
 		    const float *mean, const float *rstd, const float *g, int64_t rows,
 		    int64_t h);
 
+/* GELU (tanh approximation) and its derivative, as the block uses them. */
+float ly_gelu(float x);
+float ly_gelu_grad(float x);
+
 /* ---- layers_attn.c: attention ---------------------------------------------- */
 
 /*
@@ -83,6 +87,15 @@ typedef struct {
 	const rt_tp_t *tp;
 } tb_dims_t;
 int tb_dims(tb_dims_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
+/* The member's tensors of p (and of dp when not NULL), layer_tensors_tp order. */
+void tb_tensors(const tb_dims_t *d, const float *p, float *dp, const float *w[TB__COUNT],
+		float *g[TB__COUNT]);
+/* The sequence-parallel block (layers_sp.c), called by tblock_fwd/bwd
+ * once tb_dims accepted a split with d->sp.sp set. */
+int tblock_sp_fwd(const tb_dims_t *d, int causal, int n, const float *p, const float *x,
+		  float *y, float *saved);
+int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
+		  const float *dy, float *dx, float *dp);
 
 /* Pointers into one sample's saved block, in the order of layers.h. */
 typedef struct {

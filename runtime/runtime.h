@@ -147,6 +147,10 @@ typedef struct rt_backend {
 	rt_embedding_fwd_tp_fn_t *embedding_fwd_tp;
 	rt_embedding_bwd_tp_fn_t *embedding_bwd_tp;
 	rt_lm_head_loss_tp_fn_t *lm_head_loss_tp;
+	/* 1 when tblock_fwd/tblock_bwd run the sequence-parallel block
+	 * (rt_tp_t.sp; the CPU's layers_sp.c); 0: rt_check_backend refuses a
+	 * plan with a sequence-parallel slice */
+	int seq_parallel;
 	/* waits for queued device work (no-op on the CPU) */
 	rt_sync_fn_t *sync;
 } rt_backend_t;

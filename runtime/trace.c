@@ -47,7 +47,9 @@ int trace_write_measured(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p,
 			const sp_ins_t *in = &p->ins[dv->first_ins + e[i].ins];
 			double dur = e[i].end_ms - e[i].start_ms;
 			trace_ins_name(name, sizeof name, p, in);
-			if ((in->op == INS_FWD || in->op == INS_BWD) && p->slices[in->slice].tp > 1)
+			/* a split layer's (an LM head's: its LOSS) collectives' time */
+			if ((in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) &&
+			    p->slices[in->slice].tp > 1)
 				trace_event_tp(f, r, name, e[i].start_ms, dur, e[i].tp_ms);
 			else
 				trace_event(f, r, e[i].comm, name, e[i].comm ? "comm" : "compute",

@@ -173,6 +173,34 @@ int64_t op_saved_elems_at(const sp_opshape_t *o, int64_t task_batch, int t)
 	return t > 1 ? op_saved_elems_tp(o, task_batch, t) : op_saved_elems(o, task_batch);
 }
 
+int sp_ok(const sp_opshape_t *s, int t)
+{
+	return t > 1 && s->type == COMP_TRANSFORMER && s->mem_seq == 0 && s->seq > 0 &&
+	       s->seq % t == 0 && tp_ok(s->type, s->heads, s->ffn, s->vocab, t);
+}
+
+/*
+ * A sequence-parallel member (layers_sp.c) saves the block's input and
+ * x_mid and the four norm statistics of its s/t tokens only, the gathered
+ * LayerNorm outputs ln1, ln2 whole (the column-parallel products' weight
+ * gradients read them), and the split parts as the plain shard does:
+ * 2 s h + (s/t) (2 h + 4) + s (4 h/t + 2 f/t) + (a/t) s^2.
+ */
+int64_t op_saved_elems_sp(const sp_opshape_t *o, int64_t task_batch, int t, int sp)
+{
+	if (!sp || !sp_ok(o, t))
+		return op_saved_elems_at(o, task_batch, t);
+	i128 h = o->hidden, s = o->seq, st = s / t;
+	return sat(2 * s * h + st * (2 * h + 4) + s * (4 * (h / t) + 2 * (o->ffn / t)) +
+		   (i128)(o->heads / t) * s * s);
+}
+
+int64_t op_kept_elems(const sp_opshape_t *o, int t, int sp)
+{
+	int64_t sq = sp && sp_ok(o, t) ? o->seq / t : o->seq;
+	return sat((i128)sq * o->hidden);
+}
+
 /*
  * A t-way shard of a transformer layer saves x, ln1, x_mid, ln2 whole
  * (4 s h), its heads' qkv and attention output (4 s h/t), its FFN columns

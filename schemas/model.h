@@ -249,6 +249,18 @@ int64_t op_saved_elems_tp(const sp_opshape_t *s, int64_t task_batch, int t);
  * (t > 1), else the whole layer's, a decoder's cross block included
  * (op_saved_elems_tp(.., 1) leaves it out; decoders are never split). */
 int64_t op_saved_elems_at(const sp_opshape_t *s, int64_t task_batch, int t);
+/*
+ * Sequence parallelism (runtime/layers_sp.c): 1 when a t-way split of a
+ * block of this shape can run its layer norms and residuals on sequence
+ * shards: a transformer (not a decoder: mem_seq 0) that tp_ok splits t > 1
+ * ways and whose seq t divides. op_saved_elems_sp: what one member saves
+ * per sample with it (sp != 0 and sp_ok), else op_saved_elems_at.
+ * op_kept_elems: what a recomputing slice keeps per sample and layer (its
+ * input: seq * hidden, or the member's seq / t tokens of it with sp).
+ */
+int sp_ok(const sp_opshape_t *s, int t);
+int64_t op_saved_elems_sp(const sp_opshape_t *s, int64_t task_batch, int t, int sp);
+int64_t op_kept_elems(const sp_opshape_t *s, int t, int sp);
 /* Width of a node's output activation (0 for sinks). */
 int64_t comp_out_width(const sp_component_t *c);
 /* Bytes of state per parameter: weights, grads, fp32 master, optimizer. */

@@ -139,6 +139,8 @@ typedef struct {
 	int32_t tp;        /* tensor-parallel degree t >= 1: devices are n_dev / t
 			    * groups of t consecutive entries, member j holds
 			    * shard j of each layer (PLAN-FORMAT.md) */
+	int32_t sp;        /* 1: sequence parallel (tp > 1 transformer whose seq
+			    * tp divides: layers_sp.c), 0: not */
 } sp_slice_t;
 
 typedef struct {

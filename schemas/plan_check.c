@@ -629,7 +629,7 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 		    pr_finite(d, "bwd_start_ms", x->bwd_start_ms) ||
 		    pr_finite(d, "bwd_ms", x->bwd_ms) ||
 		    pr_int(d, "recompute", x->recompute, 0, 1) ||
-		    pr_int(d, "tp", x->tp, 1, SP_MAX_TP))
+		    pr_int(d, "tp", x->tp, 1, SP_MAX_TP) || pr_int(d, "sp", x->sp, 0, 1))
 			return d->rc;
 		const sp_opshape_t *sh = &p->metaops[x->metaop].shape;
 		if (x->n_dev % x->tp != 0)
@@ -646,6 +646,11 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return pr_fail(d, "tp", "metaop '%s' is a cross-attention decoder: "
 						 "decoders are not split (tp 1, not %d)",
 				    p->metaops[x->metaop].name, x->tp);
+		if (x->sp && !sp_ok(sh, x->tp))
+			return pr_fail(d, "sp", "sequence parallelism on metaop '%s' split %d "
+						"ways (only a split transformer, not a decoder, "
+						"whose seq %lld the degree divides)",
+				    p->metaops[x->metaop].name, x->tp, (long long)sh->seq);
 		if (x->recompute && p->metaops[x->metaop].shape.type != COMP_TRANSFORMER)
 			return pr_fail(d, "recompute", "recomputation on metaop '%s', which is "
 						    "not a transformer (only transformer "

@@ -474,6 +474,7 @@ static void get_slice(dec_t *d, rcur_t *r, void *v)
 	s->bwd_ms = get_f64(r);
 	s->recompute = get_i32(r);
 	s->tp = get_i32(r);
+	s->sp = get_i32(r);
 }
 
 static void get_index(dec_t *d, rcur_t *r, void *v)

@@ -13,10 +13,11 @@
  *          (persistent) plus the full gradient while it is live, by the
  *          walk below (zero2_grad_bytes)
  *  acts    activations saved for backward: every FWD keeps
- *          op_saved_elems_at (the slice's tp: one shard's; a decoder's,
- *          never split, with its cross-attention part) *
- *          local batch * layers until its BWD, or under
- *          recompute only each layer's input (seq * hidden per sample); all
+ *          op_saved_elems_sp (the slice's tp: one shard's, with sp a
+ *          sequence-parallel one's; a decoder's, never split, with its
+ *          cross-attention part) * local batch * layers until its BWD, or
+ *          under recompute only each layer's input (op_kept_elems: seq *
+ *          hidden per sample, with sp the member's seq / tp tokens); all
  *          forward instructions precede all backward ones, so the peak is
  *          their sum
  *  comm    value buffers: each value (act or grad of a MetaOp boundary) the
@@ -93,7 +94,7 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
 		local = t->batch;
 	/* a decoder is never split (plan_check.c): all it saves, the
 	 * cross-attention's LN_c, Q, heads, residual, K and V, probabilities */
-	return op_saved_elems_at(&m->shape, t->batch, sl->tp) * local * db;
+	return op_saved_elems_sp(&m->shape, t->batch, sl->tp, sl->sp) * local * db;
 }
 
 /*
@@ -116,7 +117,15 @@ static int64_t saved_bytes(const sp_plan_t *p, const sp_ins_t *in, int db)
  * the memory in bf16) — but, like the unsplit transformer's, it chunks its
  * samples to the backend's workspace cap (cu_ws_cap, reserved whole at
  * start-up outside this count), so it adds nothing beyond that
- * reservation unless one sample alone exceeds the cap.
+ * reservation unless one sample alone exceeds the cap. A sequence-parallel
+ * block (runtime/layers_sp.c tblock_sp_bwd, CPU only) holds the gathered
+ * gradient and the partial sums [n s, h] each, one sample's dact [s, f/t],
+ * dcat [s, h/t], dqkv [s, 3h/t] and dP [s, s], its dx_mid shard [n s/t, h]
+ * and the LayerNorm gradients [4h], and at the slice's first layer the
+ * all-gather of dx with every layer's LayerNorm gradients (t blocks of
+ * [n s h / t + 4 h L]); the runtime's work buffer holds those gradients
+ * of the instruction's L layers (4 h L, interp.c), counted here too; its
+ * forward's workspace ([n s, h] and 2 n s statistics) is less.
  */
 static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 {
@@ -133,6 +142,16 @@ static int64_t bwd_ws_bytes(const sp_plan_t *p, const sp_ins_t *in)
 	int64_t n = in->s1 - in->s0, sq = s->seq, h = s->hidden;
 	int64_t fl = s->ffn / t, hl = h / t, f = (int64_t)sizeof(float);
 	int64_t cpu = (n * sq * h + sq * (h + fl + 4 * hl) + sq * sq) * f;
+	if (sl->sp && sp_ok(s, t)) { /* layers_sp.c: gathered and partial [n s, h], a
+				       * sample's gradients, dx_mid's shard, a layer's LN
+				       * gradients; the first layer's all-gather of dx with
+				       * every layer's E = 4 h L (t blocks [n s h / t + E]);
+				       * interp.c's E accumulated */
+		int64_t E = 4 * h * (sl->layer_to - sl->layer_from);
+		cpu = (2 * n * sq * h + sq * (fl + 4 * hl) + sq * sq + n * sq / t * h + 4 * h +
+		       n * sq * h + t * E + E) *
+		      f;
+	}
 	int64_t cuda = t > 1 ? 2 * n * sq * h * f : 0;
 	return SP_MAX(cpu, cuda);
 }
@@ -144,7 +163,7 @@ static int64_t kept_bytes(const sp_plan_t *p, const sp_ins_t *in, int db, int64_
 	const sp_opshape_t *s = &p->metaops[sl->metaop].shape;
 	if (!sl->recompute)
 		return saved;
-	return (int64_t)(in->s1 - in->s0) * s->seq * s->hidden * db;
+	return (int64_t)(in->s1 - in->s0) * op_kept_elems(s, sl->tp, sl->sp) * db;
 }
 
 /*

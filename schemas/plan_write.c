@@ -353,6 +353,7 @@ static void put_slice(enc_t *e, const void *v)
 	put_f64(e, s->bwd_ms);
 	put_i32(e, s->recompute);
 	put_i32(e, s->tp);
+	put_i32(e, s->sp);
 }
 
 static void put_index(enc_t *e, const void *v)

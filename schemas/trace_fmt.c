@@ -5,9 +5,11 @@
  * compute and thread 1 for communication, events named after the plan's
  * instructions ("task/node layers 0-12 fwd", "send act 1.5 KiB to 3", "recv
  * mem act 4.0 KiB from 0" for a decoder's memory). The
- * measured FWD/BWD of a tensor-parallel slice carry args splitting their
- * time into compute_ms and tp_allreduce_ms (the group's all-reduces inside
- * the layers); the predicted trace has no args.
+ * measured FWD/BWD of a tensor-parallel slice (and LOSS of a split LM
+ * head) carry args splitting their time into compute_ms and
+ * tp_allreduce_ms (the group's collectives inside the layers: all-reduces,
+ * and with sequence parallelism all-gathers and reduce-scatters); the
+ * predicted trace has no args.
  */
 #include "plan.h"
 #include "trace_fmt.h"

@@ -219,7 +219,7 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 			continue;
 		const sp_slice_t *x = &pa->slices[i], *z = &pb->slices[y];
 		if (x->layer_from != z->layer_from || x->layer_to != z->layer_to ||
-		    x->wave != z->wave || x->tp != z->tp || !same_devs(pa, x, pb, z) ||
+		    x->wave != z->wave || x->tp != z->tp || x->sp != z->sp || !same_devs(pa, x, pb, z) ||
 		    memory_differs(pa, x, pb, z))
 			changed++;
 		else if (!same_times(x, z))
@@ -244,7 +244,7 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 		const sp_slice_t *x = &pa->slices[s], *z = &pb->slices[y];
 		int lay = x->layer_from != z->layer_from || x->layer_to != z->layer_to;
 		int devs = !same_devs(pa, x, pb, z), mem = memory_differs(pa, x, pb, z);
-		if (!lay && !devs && !mem && x->wave == z->wave && x->tp == z->tp)
+		if (!lay && !devs && !mem && x->wave == z->wave && x->tp == z->tp && x->sp == z->sp)
 			continue;
 		printf("  ~ %s layers %d-%d:", mname(pa, s), x->layer_from, x->layer_to);
 		const char *sep = "";
@@ -265,6 +265,10 @@ static void diff_slices(dstate_t *st, const side_t *a, const side_t *b)
 		}
 		if (x->tp != z->tp) {
 			printf("%s tp %d -> %d", sep, x->tp, z->tp);
+			sep = ";";
+		}
+		if (x->sp != z->sp) {
+			printf("%s sp %d -> %d", sep, x->sp, z->sp);
 			sep = ";";
 		}
 		if (mem) {

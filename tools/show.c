@@ -268,11 +268,11 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 			wv->n_slices, used);
 		for (; k < p->n_slices && p->slices[v->order[k]].wave == w; k++) {
 			const sp_slice_t *s = &p->slices[v->order[k]];
-			char devs[512], lay[32], tp[16] = "", mem[2 * SP_NAME_MAX + 64];
+			char devs[512], lay[32], tp[24] = "", mem[2 * SP_NAME_MAX + 64];
 			tl_devlist(devs, sizeof devs, p->slice_devs + s->dev_off, s->n_dev);
 			snprintf(lay, sizeof lay, "%d-%d", s->layer_from, s->layer_to);
 			if (s->tp > 1)
-				snprintf(tp, sizeof tp, "  tp %d", s->tp);
+				snprintf(tp, sizeof tp, "  tp %d%s", s->tp, s->sp ? " sp" : "");
 			tl_memory_str(mem, sizeof mem, p, s->metaop);
 			fprintf(f, "  w%-3d %-32s layers %-7s x%-3d devices %-10s fwd %s +%s  bwd %s +%s%s%s%s%s\n",
 				w, p->metaops[s->metaop].name, lay, s->n_dev, devs, N2(s->start_ms),
@@ -550,9 +550,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 				s->layer_from, s->layer_to, s->n_dev);
 			json_devlist(f, p->slice_devs + s->dev_off, s->n_dev);
 			fprintf(f, ", \"device_list\": \"%s\", \"start_ms\": %s, \"fwd_ms\": %s, "
-				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d",
+				   "\"bwd_start_ms\": %s, \"bwd_ms\": %s, \"tp\": %d, \"sp\": %d",
 				devs, J2(s->start_ms), J2(s->fwd_ms), J2(s->bwd_start_ms),
-				J2(s->bwd_ms), s->tp);
+				J2(s->bwd_ms), s->tp, s->sp);
 			if (m->shape.mem_seq > 0) {
 				int src = tl_memory_src(p, s->metaop);
 				fprintf(f, ", \"memory\": {\"seq\": %lld, \"width\": %lld, \"from\": ",

@@ -131,6 +131,10 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	int rc = tblock_split(&d->sp, s, tp);
 	if (rc < 0)
 		return rc;
+	/* sequence parallelism is not built for CUDA yet: the table says so
+	 * (seq_parallel 0) and rt_check_backend refuses such plans first */
+	if (d->sp.sp)
+		return SP_EINPUT;
 	d->tp = d->sp.t > 1 ? tp : nullptr;
 	for (int i = 0; i < NT; i++)
 		d->off[i] = d->sp.tensors[i].offset;

@@ -177,16 +177,18 @@ def edit_instructions(src, dst, fn):
 
 
 def edit_slices(src, dst, fn):
-    """Slices: 64 bytes each; n_dev at 16, tp at 60."""
-    edit_records(src, dst, 12, 64, fn)
+    """Slices: 68 bytes each; n_dev at 16, tp at 60, sp at 64."""
+    edit_records(src, dst, 12, 68, fn)
 
 
 def split_none(b, ats):
     """Every split slice claims whole layers, while its devices hold shards:
-    the layers would read a shard as a whole layer (past its end)."""
+    the layers would read a shard as a whole layer (past its end). Sequence
+    parallelism, which needs a split, goes with it."""
     for at in ats:
         if struct.unpack_from("<i", b, at + 60)[0] > 1:
             struct.pack_into("<i", b, at + 60, 1)
+            struct.pack_into("<i", b, at + 64, 0)
 
 
 def split_first(src, dst):

@@ -100,6 +100,14 @@ def tp_slices(plan_path):
     return sum(s["tp"] > 1 for w in json.loads(v.stdout)["waves"] for s in w["slices"])
 
 
+def sp_slices(plan_path):
+    """The slices of a plan that run sequence parallelism (sp 1)."""
+    v = subprocess.run([os.environ["SPINDLE_SHOW"], plan_path, "--json"], capture_output=True,
+                       text=True, timeout=60, check=True)
+    import json
+    return sum(s["sp"] for w in json.loads(v.stdout)["waves"] for s in w["slices"])
+
+
 def vocab_slices(plan_path, model):
     """Split (tp > 1) slices of a plan's embedding and LM head MetaOps
     (vocabulary parallel): (embedding slices, LM head slices)."""
@@ -126,12 +134,13 @@ def memory_moves(plan_path):
 
 
 def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False, moves=False,
-                vocab=None):
+                vocab=None, seqpar=False):
     # ref_opts: planner options of the one-device reference; split: every
     # plan must split a slice (tensor parallelism), else the check is void;
     # moves: every plan must move a decoder's memory between devices;
     # vocab: (e, h), every plan must split at least e embedding and h LM
-    # head slices (vocabulary parallel)
+    # head slices (vocabulary parallel); seqpar: every plan must run a
+    # slice sequence parallel
     mpath = W.write_json(tmp, f"{name}.model.json", model)
     c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
     p1 = os.path.join(tmp, f"{name}.1.bin")
@@ -153,6 +162,11 @@ def check_model(model, tmp, name, configs, floor, ref_opts=(), split=False, move
             what += f", {ns} slices split"
             if ns == 0:
                 err = f"{name} on {ranks} ranks ({what}): the plan splits no slice"
+        if seqpar and not err:
+            ns = sp_slices(pp)
+            what += f", {ns} slices sequence parallel"
+            if ns == 0:
+                err = f"{name} on {ranks} ranks ({what}): no slice is sequence parallel"
         if vocab and not err:
             ne, nh = vocab_slices(pp, model)
             what += f", {ne} embedding and {nh} LM head slices split"
@@ -535,6 +549,103 @@ def tp(demo, tmp):
                                     split=True)
 
 
+SP = ("--sp", "on")
+
+
+def even_seqs(model):
+    """The model with every node's seq and every source's max_seq doubled
+    (concatenations stay sums): every transformer's seq is then even, as
+    a 2-way sequence split needs."""
+    import copy
+    m = copy.deepcopy(model)
+    for c in m["components"].values():
+        if "max_seq" in c:
+            c["max_seq"] *= 2
+    for t in m["tasks"]:
+        for n in t["graph"]:
+            if "seq" in n:
+                n["seq"] *= 2
+    return m
+
+
+def demo3(demo):
+    """The demo with widths 48, 6 heads and FFN 192 and image sequences of
+    6 and 12 tokens: every transformer splits 3 ways, heads, FFN and seq
+    (the vocabulary of 64 stays whole: --tp 3 names the LM head)."""
+    import copy
+    m = copy.deepcopy(demo)
+    for c in m["components"].values():
+        for k in ("hidden", "in", "out"):
+            if k in c:
+                c[k] = 48 if c[k] == 64 else c[k]
+        if c["type"] == "transformer":
+            c["heads"], c["ffn"] = 6, 192
+    for t in m["tasks"]:
+        for n in t["graph"]:
+            if n.get("seq") == 8:
+                n["seq"] = 6
+            if n.get("seq") == 20:
+                n["seq"] = 18
+    return m
+
+
+def seqpar(demo, tmp):
+    """Sequence parallelism (--sp on, issue #18): layer norms and residuals
+    on token shards, all-gathers and reduce-scatters in place of the split
+    block's all-reduces. Plans that really run it (sp_slices, asserted for
+    each) equal the one-device run on 2 and 4 ranks with --tp 2 (the demo,
+    AdamW and SGD; random workloads with their seqs made even), on 3 ranks
+    with --tp 3 (demo3), with recompute (the kept input is the member's
+    tokens) and with zero-1; and rank 0's measured memory of a --tp 2 --sp
+    on plan stays within the plan's prediction (the sequence-sharded saved
+    activations and the block's workspace, plan_mem.c)."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    cfg = [(2, 1, "sequential", TP2 + SP), (4, 1, "sequential", TP2 + SP),
+           (4, 1, "spindle", TP2 + SP), (4, 2, "sequential", TP2 + SP),
+           (4, 1, "sequential", TP2 + SP + RECOMPUTE),
+           (4, 1, "spindle", TP2 + SP + ("--zero", "1", "--recompute", "all"))]
+    failures = check_model(dict(demo, optimizer=adamw), tmp, "demo-adamw-sp", cfg,
+                           1e-2 * 0.01, seqpar=True)
+    failures += check_model(dict(demo, optimizer=sgd), tmp, "demo-sgd-sp", cfg[:3] + cfg[4:5],
+                            1e-7, seqpar=True)
+    three = [(3, 1, "sequential", ("--tp", "3") + SP),
+             (3, 1, "sequential", ("--tp", "3") + SP + RECOMPUTE)]
+    failures += check_model(dict(demo3(demo), optimizer=sgd), tmp, "demo3-sgd-sp", three, 1e-7,
+                            seqpar=True)
+    mixed = [(2, 1, "sequential", TP2 + SP), (4, 1, "distmm-mt", TP2 + SP),
+             (4, 1, "sequential", TP2 + SP)]
+    for seed, opt, floor in ((1, adamw, 1e-2 * 0.01), (2, sgd, 1e-7)):
+        m = even_seqs(W.random_workload(seed, optimizer=opt))
+        failures += check_model(m, tmp, f"random{seed}-{opt['type']}-sp", mixed, floor,
+                                seqpar=True)
+    failures += memory_within(dict(demo, optimizer=adamw), tmp, "tp 2 sp on sequential",
+                              "sequential", TP2 + SP, split=True)
+    return failures + cuda_refuses_sp(dict(demo, optimizer=adamw), tmp)
+
+
+def cuda_refuses_sp(demo, tmp):
+    """The CUDA backend has no sequence-parallel block (its table's
+    seq_parallel is 0): a --tp 2 --sp on plan with --backend cuda is
+    refused before the device, exit 2, with the plain "not built yet"
+    message (a build without CUDA: exit 2 either way)."""
+    mpath = W.write_json(tmp, "sp-cuda.model.json", demo)
+    pp = os.path.join(tmp, "sp-cuda.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1x2.json", W.cluster(2, 1)), pp, "sequential", TP2 + SP)
+    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1",
+                        "--backend", "cuda"],
+                       capture_output=True, text=True, timeout=120)
+    refusal = "sequence parallelism is not built for the cuda backend yet"
+    err = None
+    if p.returncode != 2:
+        err = f"--backend cuda on a sequence-parallel plan: exit {p.returncode}, expected 2"
+    elif os.environ.get("SPINDLE_CUDA", "1") == "1" and refusal not in p.stderr:
+        err = (f"--backend cuda on a sequence-parallel plan: no '{refusal}' in stderr: "
+               f"{p.stderr.strip()[:300]}")
+    print(("FAIL " + err) if err else "ok   --backend cuda refuses a sequence-parallel plan "
+          "(exit 2)", flush=True)
+    return [err] if err else []
+
+
 def vocab(demo, tmp):
     """Vocabulary-parallel embedding and LM head (issue #18): plans whose
     embedding and LM head slices really are split (vocab_slices, asserted
@@ -587,7 +698,10 @@ def cuda_vocab(demo, tmp):
     without CUDA (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
     mpath = W.write_json(tmp, "vocab-cuda.model.json", demo)
     pp = os.path.join(tmp, "vocab-cuda.bin")
-    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential", TP2)
+    # --sp off: auto takes sequence parallelism on these splits, which the
+    # cuda backend has not (cuda_refuses_sp)
+    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential",
+           TP2 + ("--sp", "off"))
     cmd = ["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1", "--backend",
            "cuda"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -772,6 +886,12 @@ def main():
             failures += vocab(demo, tmp)
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
+        # the sequence-parallel cases alone (meson's equivalence_seqpar passes it)
+        if os.environ.get("EQUIV_ONLY") == "seqpar" or sys.argv[1:] == ["seqpar"]:
+            demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
+            failures += seqpar(demo, tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         if os.environ.get("EQUIV_ONLY") == "combined":  # layouts and splits together
             demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
             failures += combined(demo, tmp)
@@ -827,6 +947,7 @@ def main():
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
         failures += vocab(demo, tmp)
+        # (sequence parallelism: its own test, equivalence_seqpar)
         # the layouts and splits together
         failures += combined(demo, tmp)
         # cross-attention decoders

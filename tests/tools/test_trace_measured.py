@@ -3,9 +3,9 @@
 --algo sequential --tp 2 on 2 CPU ranks (every transformer slice split in
 2, the others whole), trained 2 steps. Asserts: one process per rank with
 compute events; every FWD/BWD event of a split slice (tp > 1 in
-spindle-show --json) carries args {compute_ms, tp_allreduce_ms} with both
->= 0 and their sum its dur (to the printed precision), some all-reduce
-time > 0; no other event carries args. Skips (77) without MPI or mpirun.
+spindle-show --json), and the LOSS of a split LM head, carries args
+{compute_ms, tp_allreduce_ms} with both >= 0 and their sum its dur (to the
+printed precision), some all-reduce time > 0; no other event carries args. Skips (77) without MPI or mpirun.
 Environment: SPINDLE_PLAN, SPINDLE_RUN, SPINDLE_SHOW, SPINDLE_ROOT.
 """
 import json
@@ -49,9 +49,9 @@ def main(tmp):
     check({e["pid"] for e in ev if e["tid"] == 0} == {0, 1}, "compute events on both ranks")
     n_split, tp_total = 0, 0.0
     for e in ev:
-        m = re.match(r"(.*) (fwd|bwd)$", e["name"])
+        m = re.match(r"(.*) (fwd|bwd|loss)$", e["name"])
         if not (m and m.group(1) in split):
-            check("args" not in e, f"args on an event of no split FWD/BWD: {e}")
+            check("args" not in e, f"args on an event of no split FWD/BWD/LOSS: {e}")
             continue
         n_split += 1
         a = e.get("args", {})

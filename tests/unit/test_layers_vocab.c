@@ -142,27 +142,10 @@ static int run(vcase_t *k)
  * whose gradient differs from member 0's. */
 static int put_back(vcase_t *k, float *g)
 {
-	layer_tensor_t lt[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
-	int nt = layer_tensors(&k->c, lt), bad = 0;
-	layer_tensors_tp(&k->c, k->t, st);
-	float *g0 = falloc(k->np);
-	for (int j = 0; j < k->t; j++) {
-		layer_shard(&k->c, k->t, j, g, k->m[j].dp, 1);
-		if (j == 0)
-			memcpy(g0, g, sizeof(float) * (size_t)k->np);
-		for (int i = 0; i < nt; i++) {
-			int64_t o = lt[i].offset, n = lt[i].rows * lt[i].cols;
-			if (st[i].rows * st[i].cols == n &&
-			    memcmp(g + o, g0 + o, sizeof(float) * (size_t)n)) {
-				fprintf(stderr, "t %d member %d: gradient of whole %s differs "
-						"from member 0's\n",
-					k->t, j, lt[i].name);
-				bad++;
-			}
-		}
-	}
-	free(g0);
-	return bad;
+	float *dp[TMAX];
+	for (int j = 0; j < k->t; j++)
+		dp[j] = k->m[j].dp;
+	return tp_put_back(&k->c, k->t, dp, g, k->np);
 }
 
 /* ---- split against unsplit -------------------------------------------------- */

@@ -382,7 +382,7 @@ static void test_refusals(void **state)
 {
 	(void)state;
 	xcase_t k = xcase(0, 3);
-	rt_tp_t tp = {2, 0, NULL, refuse_ar};
+	rt_tp_t tp = {.t = 2, .rank = 0, .allreduce = refuse_ar};
 	float *dx = falloc(k.nx), *dmem = falloc(k.nm), *dp = falloc(k.np);
 	assert_int_equal(xblock_fwd(&k.s, &tp, N, k.p, k.x, k.mem, k.y, k.saved), SP_EINPUT);
 	assert_int_equal(xblock_bwd(&k.s, &tp, N, k.p, k.saved, k.mem, k.r, dx, dmem, dp),

@@ -989,7 +989,7 @@ static void test_sections(void **state)
 	t = entry_of(b, 12);
 	wr64(t + 24, rd64(t + 24) + 1);
 	fix_crc(b, f->len);
-	expect_reject(b, f->len, "records of 64 bytes");
+	expect_reject(b, f->len, "records of 68 bytes");
 	/* a section count larger than the table */
 	memcpy(b, f->bin, f->len);
 	wr32(b + 28, 22);
@@ -1288,8 +1288,8 @@ static void test_indices(void **state)
  * total of saved activations (each node within the limit, their sum past
  * it), which the reader once did not check.
  */
-/* Tensor parallelism: slice tp (slices, at 60); a param's tp and tp_rank
- * (bucket_params 16 and held 19, at 8 and 12). */
+/* Tensor parallelism: slice tp (slices, at 60) and sp (at 64); a param's
+ * tp and tp_rank (bucket_params 16 and held 19, at 8 and 12). */
 static void test_tp_fields(void **state)
 {
 	static const struct {
@@ -1308,6 +1308,14 @@ static void test_tp_fields(void **state)
 		/* an embedding splits by vocabulary: 64 rows, so 2 ways yes, 3 no */
 		{19, 0, 8, 3, "held[0].tp", "component 'tok' cannot be split 3 ways"},
 		{19, 1, 8, 3, "held[1].tp", "component 'body' cannot be split 3 ways"},
+		/* sequence parallelism (slice sp, at 64): a flag, only on a split
+		 * transformer whose seq the degree divides (clip/c: seq 5) */
+		{12, 0, 64, 2, "slices[0].sp", "2 is outside [0, 1]"},
+		{12, 0, 64, 1, "slices[0].sp",
+		 "sequence parallelism on metaop 'lm/t_in' split 1 ways"},
+		{12, 7, 64, 1, "slices[7].sp",
+		 "sequence parallelism on metaop 'clip/c' split 2 ways (only a split "
+		 "transformer, not a decoder, whose seq 5 the degree divides)"},
 	};
 	for (size_t i = 0; i < SP_ARRAY_LEN(cases); i++)
 		expect_patch_rejected(*state, cases[i].id, cases[i].rec, cases[i].at, cases[i].v,

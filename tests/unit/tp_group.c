@@ -58,6 +58,58 @@ static int group_allreduce(void *ctx, float *buf, int64_t n)
 	return 0;
 }
 
+/*
+ * The in-place halves (backend_ops.h): member i's shard of buf[0..n) is
+ * [n i/t, n (i+1)/t). reduce_scatter sums every member's shard in rank
+ * order into that member's shard; allgather copies each member's shard
+ * into every member's buffer. Both through barriers like the all-reduce.
+ */
+static void shard_of(int64_t n, int i, int t, int64_t *off, int64_t *cnt)
+{
+	*off = n * i / t;
+	*cnt = n * (i + 1) / t - *off;
+}
+
+static int group_reduce_scatter(void *ctx, float *buf, int64_t n)
+{
+	member_ctx_t *c = ctx;
+	group_t *g = c->g;
+	int64_t off, cnt;
+	shard_of(n, c->tp.rank, g->t, &off, &cnt);
+	float *sum = malloc(sizeof(float) * (size_t)(cnt > 0 ? cnt : 1));
+	g->bufs[c->tp.rank] = buf;
+	pthread_barrier_wait(&g->bar);
+	if (sum)
+		for (int64_t k = 0; k < cnt; k++) {
+			float v = 0.0f;
+			for (int r = 0; r < g->t; r++)
+				v += g->bufs[r][off + k];
+			sum[k] = v;
+		}
+	pthread_barrier_wait(&g->bar);
+	if (!sum)
+		return SP_ENOMEM;
+	memcpy(buf + off, sum, sizeof(float) * (size_t)cnt);
+	free(sum);
+	return 0;
+}
+
+static int group_allgather(void *ctx, float *buf, int64_t n)
+{
+	member_ctx_t *c = ctx;
+	group_t *g = c->g;
+	g->bufs[c->tp.rank] = buf;
+	pthread_barrier_wait(&g->bar);
+	for (int r = 0; r < g->t; r++) {
+		int64_t off, cnt;
+		shard_of(n, r, g->t, &off, &cnt);
+		if (r != c->tp.rank)
+			memcpy(buf + off, g->bufs[r] + off, sizeof(float) * (size_t)cnt);
+	}
+	pthread_barrier_wait(&g->bar);
+	return 0;
+}
+
 static void *member_main(void *arg)
 {
 	member_ctx_t *c = arg;
@@ -80,7 +132,9 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
 	int started = 0, rc = 0;
 	for (int j = 0; j < t; j++) {
 		ctx[j] = (member_ctx_t){.g = &g, .m = &members[j],
-					.tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+					.tp = {.t = t, .rank = j, .allreduce = group_allreduce,
+					       .reduce_scatter = group_reduce_scatter,
+					       .allgather = group_allgather}};
 		ctx[j].tp.ctx = &ctx[j];
 		members[j].n_sums = 0;
 		if (pthread_create(&th[j], NULL, member_main, &ctx[j]))
@@ -123,7 +177,9 @@ int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec)
 	for (int j = 0; j < t; j++) {
 		memset(&ctx[j], 0, sizeof ctx[j]);
 		ctx[j].c = (member_ctx_t){.g = &g, .m = rec ? &rec[j] : &ctx[j].none,
-					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce}};
+					  .tp = {.t = t, .rank = j, .allreduce = group_allreduce,
+						 .reduce_scatter = group_reduce_scatter,
+						 .allgather = group_allgather}};
 		if (rec)
 			rec[j].n_sums = 0;
 		ctx[j].c.tp.ctx = &ctx[j].c;
@@ -159,6 +215,33 @@ int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n
 			what, (long long)bad, (long long)n, rtol * mx, worst, (long long)at,
 			(double)got[at], (double)ref[at]);
 	return (int)bad;
+}
+
+int tp_put_back(const sp_component_t *c, int t, float *const *dp, float *g, int64_t np)
+{
+	layer_tensor_t lt[LAYER_TENSORS_MAX], st[LAYER_TENSORS_MAX];
+	int nt = layer_tensors(c, lt), bad = 0;
+	layer_tensors_tp(c, t, st);
+	float *g0 = malloc(sizeof(float) * (size_t)(np > 0 ? np : 1));
+	if (!g0)
+		return 1;
+	for (int j = 0; j < t; j++) {
+		layer_shard(c, t, j, g, dp[j], 1);
+		if (j == 0)
+			memcpy(g0, g, sizeof(float) * (size_t)np);
+		for (int i = 0; i < nt; i++) {
+			int64_t o = lt[i].offset, n = lt[i].rows * lt[i].cols;
+			if (st[i].rows * st[i].cols == n &&
+			    memcmp(g + o, g0 + o, sizeof(float) * (size_t)n)) {
+				fprintf(stderr, "t %d member %d: gradient of whole %s differs "
+						"from member 0's\n",
+					t, j, lt[i].name);
+				bad++;
+			}
+		}
+	}
+	free(g0);
+	return bad;
 }
 
 int tp_failing_allreduce(void *ctx, float *buf, int64_t n)

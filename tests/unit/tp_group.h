@@ -40,7 +40,9 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
 
 /*
  * Any split layer: fn(tp, args[j]) for member j = 0..t-1 in t threads, tp
- * carrying the same shared-memory all-reduce. rec (NULL: none): member j's
+ * carrying the same shared-memory all-reduce (and reduce-scatter and
+ * all-gather, in place on comm_shard's shards, for sequence parallelism;
+ * tp->sp is 0: a member sets it on its own copy). rec (NULL: none): member j's
  * all-reduce results are appended to rec[j].sums as tp_group_run does
  * (only sums, n_sums, cap_sums are used). Returns 0, or the first member's
  * nonzero return.
@@ -54,6 +56,14 @@ int tp_group_each(int t, tp_member_fn *fn, void **args, tp_member_t *rec);
  * how many are.
  */
 int tp_close_rel(const char *what, const float *got, const float *ref, int64_t n, double rtol);
+
+/*
+ * The t members' shard gradients dp[0..t) (layer_tensors_tp layout) put
+ * back whole into g [np] (layer_shard); returns how many (member, whole
+ * tensor) pairs have a gradient that differs from member 0's by a bit (a
+ * whole tensor's must be the same on every member), printing each.
+ */
+int tp_put_back(const sp_component_t *c, int t, float *const *dp, float *g, int64_t np);
 
 /* An all-reduce hook that fails (SP_EIO), counting its calls in *(int *)ctx. */
 int tp_failing_allreduce(void *ctx, float *buf, int64_t n);

@@ -109,10 +109,10 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		size_t n = strlen(out->options);
 		snprintf(out->options + n, sizeof out->options - n, " tp_vocab=whole");
 	}
-	if (pl->opts->sp >= 0) { /* likewise only when forced */
+	if (pl->opts->sp != 0) { /* likewise only when not the default, off */
 		size_t n = strlen(out->options);
 		snprintf(out->options + n, sizeof out->options - n, " sp=%s",
-			 pl->opts->sp ? "on" : "off");
+			 pl->opts->sp > 0 ? "on" : "auto");
 	}
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;

@@ -55,13 +55,17 @@ static void usage(FILE *f)
 		"                       divide every transformer's heads and ffn; each\n"
 		"                       transformer it leaves whole is named on stderr,\n"
 		"                       with why); auto (default) chooses per layer\n"
-		"  --sp on|off|auto     sequence parallelism of split transformer slices:\n"
+		"  --sp off|on|auto     sequence parallelism of split transformer slices:\n"
 		"                       layer norms and residuals on seq / t tokens per\n"
 		"                       member, all-gathers and reduce-scatters in place\n"
-		"                       of the all-reduces (on: every split transformer,\n"
-		"                       whose seq t must divide; auto (default): where the\n"
-		"                       seq allows it and the predicted layer time is not\n"
-		"                       worse, as it always saves activation memory)\n"
+		"                       of the all-reduces; off (default); on: every split\n"
+		"                       transformer, whose seq t must divide; auto: where\n"
+		"                       the seq allows it and the predicted layer time is\n"
+		"                       not worse (it saves activation memory). The cpu\n"
+		"                       backend runs it, the cuda backend not yet\n");
+	/* two parts: C17 promises string literals of 4095 characters only */
+	fprintf(f,
+
 		"  --tp-vocab split|whole\n"
 		"                       split (default): embeddings and LM heads split by\n"
 		"                       vocabulary like transformers where the degree\n"
@@ -246,7 +250,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->milp_nodes = 200;
 	o->zero = -1;
 	o->recompute = -1;
-	o->sp = -1;
+	o->sp = 0; /* off: the cuda backend does not run it yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	const char **pos[] = {&o->model_path, &o->cluster_path};
 	int n_pos = 0;

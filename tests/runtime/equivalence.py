@@ -698,8 +698,8 @@ def cuda_vocab(demo, tmp):
     without CUDA (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
     mpath = W.write_json(tmp, "vocab-cuda.model.json", demo)
     pp = os.path.join(tmp, "vocab-cuda.bin")
-    # --sp off: auto takes sequence parallelism on these splits, which the
-    # cuda backend has not (cuda_refuses_sp)
+    # --sp off (the default, said explicitly): the cuda backend has no
+    # sequence parallelism (cuda_refuses_sp)
     W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential",
            TP2 + ("--sp", "off"))
     cmd = ["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1", "--backend",

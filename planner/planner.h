@@ -574,6 +574,14 @@ int placer_free_count(const placer_t *P, double t);
 /* 1 when device d is free at t. */
 int placer_free_count_dev(const placer_t *P, int d, double t);
 
+/* ---- align.c: a node-aligned variant of a placement ------------------------- */
+
+/* Renumbers the devices of placement pc (schedule s, degrees set by
+ * tp_run) so that heavy components' replica groups cover whole nodes
+ * (align.c's header); *changed 0 when nothing moved (a tensor-parallel
+ * slice, one node, or already aligned). Work arrays in pl->scratch. */
+int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed);
+
 /* ---- lower.c: per-device programs -------------------------------------------- */
 
 /* Fills plan structure, programs, buckets and held params from s + placement

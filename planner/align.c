@@ -27,6 +27,19 @@
  * node on. So heavy components sit on whole nodes and the partial nodes
  * mix what is light.
  *
+ * Then a local search over swaps of two devices on different nodes. A
+ * class is a set of parameters with the same holders (one or more sync
+ * buckets); its price, as net.c's ring and tree see it, is W_c / u_c:
+ * W_c its parameter bytes, u_c = min over the nodes it touches of
+ * min(k_j, K), the NICs its k_j GPUs there offer (K per node), and 0 when
+ * it lies inside one node (NVLink). The class with the most to gain
+ * (W_c (1/u_c - 1/K)) looks at a node where it has the fewest GPUs and takes
+ * the swap of one of that node's devices with a device elsewhere, in or out
+ * of the class, that lowers the sum of all prices most; a class no swap
+ * helps is left as it is. This mends what blocks cannot see: the holders
+ * of a later layer are a subset of the block, and where that subset ends
+ * part-way into a node it would have one or two GPUs there.
+ *
  * It does not renumber plans with tensor-parallel slices (their groups of
  * t must stay inside nodes, which tp.c checked for the original numbers),
  * and it changes no times: the simulator prices the new groups.
@@ -56,6 +69,205 @@ static int cmp_adev(const void *a, const void *b)
 	if (c)
 		return c > 0 ? -1 : 1;
 	return (x->dev > y->dev) - (x->dev < y->dev);
+}
+
+/* The local search's state: per class its weight and per node its count
+ * of GPUs (cnt[c * nodes + q]), how many nodes have each count (hist[c *
+ * (G + 1) + k]) and how many it touches; per device its class set. */
+typedef struct {
+	int nc, nodes, G, K, N;
+	double *W;
+	int *cnt, *hist, *touch;
+	const uint8_t *mem; /* [dev][class] */
+	const int *sig;     /* per device: the first device with its class set */
+	int32_t *pos, *at;  /* device -> number, number -> device */
+} swp_t;
+
+static double class_price(const swp_t *S, int c)
+{
+	if (S->touch[c] < 2)
+		return 0;
+	const int *h = S->hist + (size_t)c * (S->G + 1);
+	int k = 1;
+	while (k < S->G && !h[k])
+		k++;
+	return S->W[c] / SP_MIN(k, S->K);
+}
+
+/* Class c gains d GPUs on node q. */
+static void class_move(swp_t *S, int c, int q, int d)
+{
+	int *n = &S->cnt[(size_t)c * S->nodes + q], *h = S->hist + (size_t)c * (S->G + 1);
+	if (*n)
+		h[*n]--;
+	else
+		S->touch[c]++;
+	*n += d;
+	if (*n)
+		h[*n]++;
+	else
+		S->touch[c]--;
+}
+
+/* Devices x and y trade places (apply) or the change in the sum of prices
+ * that trade would make (!apply: nothing changes). */
+static double swap_eval(swp_t *S, int x, int y, int apply)
+{
+	int qa = S->pos[x] / S->G, qb = S->pos[y] / S->G;
+	const uint8_t *mx = S->mem + (size_t)x * S->nc, *my = S->mem + (size_t)y * S->nc;
+	double before = 0, after = 0;
+	for (int c = 0; c < S->nc; c++) {
+		if (mx[c] == my[c])
+			continue;
+		int d = mx[c] ? 1 : -1; /* x's classes go to qb, y's to qa */
+		before += class_price(S, c);
+		class_move(S, c, qa, -d);
+		class_move(S, c, qb, d);
+		after += class_price(S, c);
+		if (!apply) {
+			class_move(S, c, qb, -d);
+			class_move(S, c, qa, d);
+		}
+	}
+	if (apply) {
+		int32_t px = S->pos[x];
+		S->pos[x] = S->pos[y];
+		S->pos[y] = px;
+		S->at[S->pos[x]] = x;
+		S->at[S->pos[y]] = y;
+	}
+	return after - before;
+}
+
+/* 1 when a device before position j on its node has the class set of the
+ * device there (trading either is the same). */
+static int seen_on_node(const swp_t *S, int j)
+{
+	for (int i = j / S->G * S->G; i < j; i++)
+		if (S->sig[S->at[i]] == S->sig[S->at[j]])
+			return 1;
+	return 0;
+}
+
+/* The swaps (align.c's header), at most `budget` of them. */
+static void swap_search(swp_t *S, int budget, uint8_t *stuck)
+{
+	int G = S->G;
+	for (int it = 0; it < budget; it++) {
+		int c = -1;
+		double gain = 0;
+		for (int k = 0; k < S->nc; k++) {
+			double p = class_price(S, k), g = p - (S->touch[k] < 2 ? 0 : S->W[k] / S->K);
+			if (!stuck[k] && g > gain * (1 + 1e-12))
+				c = k, gain = g;
+		}
+		if (c < 0)
+			break;
+		int qa = -1;
+		for (int q = 0; q < S->nodes; q++) {
+			int n = S->cnt[(size_t)c * S->nodes + q];
+			if (n && (qa < 0 || n < S->cnt[(size_t)c * S->nodes + qa]))
+				qa = q;
+		}
+		double best = -1e-9 * gain;
+		int bx = -1, by = -1;
+		for (int i = 0; i < G; i++) {
+			int x = S->at[qa * G + i];
+			if (seen_on_node(S, qa * G + i))
+				continue;
+			for (int j = 0; j < S->N; j++) {
+				int y = S->at[j];
+				if (j / G == qa || S->mem[(size_t)x * S->nc + c] ==
+							   S->mem[(size_t)y * S->nc + c] ||
+				    seen_on_node(S, j))
+					continue;
+				double d = swap_eval(S, x, y, 0);
+				if (d < best)
+					best = d, bx = x, by = y;
+			}
+		}
+		if (bx < 0)
+			stuck[c] = 1;
+		else
+			swap_eval(S, bx, by, 1);
+	}
+}
+
+/* The classes of the parameters (np of them, weights w, held per device
+ * in bits) and the swap search from numbering new_id; new_id updated. */
+static int align_swaps(planner_t *pl, const uint8_t *bits, const double *w, int np,
+		       int32_t *new_id)
+{
+	sp_arena_t *a = &pl->scratch;
+	int N = pl->N, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
+	int *cls = sp_arena_calloc(a, (size_t)np + 1, sizeof(int));
+	uint64_t *h = sp_arena_calloc(a, (size_t)np + 1, sizeof(uint64_t));
+	if (!cls || !h)
+		return SP_ENOMEM;
+	swp_t S = {.nodes = nodes, .G = G, .N = N,
+		   .K = pl->cluster->nics > 0 ? pl->cluster->nics : 1};
+	for (int p = 0; p < np; p++) { /* FNV-1a over the holders */
+		h[p] = 1469598103934665603ull;
+		for (int d = 0; d < N; d++)
+			if (bits[(size_t)d * np + p])
+				h[p] = (h[p] ^ (uint64_t)d) * 1099511628211ull;
+	}
+	for (int p = 0; p < np; p++) {
+		cls[p] = -1;
+		if (w[p] <= 0)
+			continue;
+		for (int q = 0; q < p && cls[p] < 0; q++) {
+			if (w[q] <= 0 || h[q] != h[p])
+				continue;
+			int same = 1;
+			for (int d = 0; d < N && same; d++)
+				same = bits[(size_t)d * np + p] == bits[(size_t)d * np + q];
+			if (same)
+				cls[p] = cls[q];
+		}
+		if (cls[p] < 0)
+			cls[p] = S.nc++;
+	}
+	S.W = sp_arena_calloc(a, (size_t)S.nc + 1, sizeof(double));
+	S.cnt = sp_arena_calloc(a, (size_t)S.nc * nodes + 1, sizeof(int));
+	S.hist = sp_arena_calloc(a, (size_t)S.nc * (G + 1) + 1, sizeof(int));
+	S.touch = sp_arena_calloc(a, (size_t)S.nc + 1, sizeof(int));
+	uint8_t *mem = sp_arena_calloc(a, (size_t)N * S.nc + 1, 1);
+	uint8_t *stuck = sp_arena_calloc(a, (size_t)S.nc + 1, 1);
+	S.pos = new_id;
+	S.at = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
+	if (!S.W || !S.cnt || !S.hist || !S.touch || !mem || !stuck || !S.at)
+		return SP_ENOMEM;
+	S.mem = mem;
+	int *sig = sp_arena_calloc(a, (size_t)N, sizeof(int));
+	uint64_t *dh = sp_arena_calloc(a, (size_t)N, sizeof(uint64_t));
+	if (!sig || !dh)
+		return SP_ENOMEM;
+	S.sig = sig;
+	for (int p = 0; p < np; p++)
+		if (cls[p] >= 0)
+			S.W[cls[p]] += w[p];
+	for (int d = 0; d < N; d++) {
+		S.at[new_id[d]] = d;
+		for (int p = 0; p < np; p++)
+			if (cls[p] >= 0 && bits[(size_t)d * np + p] && !mem[(size_t)d * S.nc + cls[p]]) {
+				mem[(size_t)d * S.nc + cls[p]] = 1;
+				class_move(&S, cls[p], new_id[d] / G, 1);
+			}
+	}
+	for (int d = 0; d < N; d++) { /* class sets: hashed, then compared */
+		const uint8_t *m = mem + (size_t)d * S.nc;
+		dh[d] = 1469598103934665603ull;
+		for (int c = 0; c < S.nc; c++)
+			dh[d] = (dh[d] ^ m[c]) * 1099511628211ull;
+		sig[d] = d;
+		for (int e = 0; e < d && sig[d] == d; e++)
+			if (sig[e] == e && dh[e] == dh[d] &&
+			    !memcmp(mem + (size_t)e * S.nc, m, (size_t)S.nc))
+				sig[d] = e;
+	}
+	swap_search(&S, 4 * S.nc, stuck);
+	return 0;
 }
 
 /* new_id[old] for the slices of s placed by pc; *changed 0 when it is
@@ -147,10 +359,11 @@ static int align_numbers(planner_t *pl, const sched_t *s, const place_t *pc, int
 		}
 		i = j;
 	}
+	int rc = align_swaps(pl, bits, w, np, new_id);
 	*changed = 0;
 	for (int d = 0; d < N; d++)
 		*changed |= new_id[d] != d;
-	return 0;
+	return rc;
 }
 
 int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed)

@@ -35,6 +35,11 @@ const sched_cand_t sched_cands[] = {
 	 * with McNaughton's wrap-around rule, three ways to split */
 	{.name = "lanes", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS}},
+	/* lanes with components apart: no device mixes two components'
+	 * gradients, so their syncs do not queue behind each other and
+	 * align.c can lay each on whole nodes (sync over compute) */
+	{.name = "lanes-apart", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}},
 	/* with an end game: lanes that outrun their windows go on wherever
 	 * devices are free (shorter compute, more replicas) */
 	{.name = "lanes-endgame", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,

@@ -323,7 +323,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 	for (int v = 0; v < nc; v++) {
 		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
 		int from_seq = c && c->reuses_baseline && seq_res, n_var = 0;
-		/* the candidate's plan, then (ours) its node-aligned variant */
+		/* the candidate's plan and (ours) its node-aligned variant */
 		held_t var[2] = {{.c = c, .from_seq = from_seq}, {.c = c}};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
@@ -349,6 +349,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			memset(pl->err, 0, sizeof *pl->err);
 			continue;
 		}
+		/* in table order, the original first: on a tie it stays */
 		for (int k = 0; k <= n_var; k++) {
 			held_t y = var[k];
 			memset(&var[k].p, 0, sizeof var[k].p);
@@ -360,13 +361,13 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			}
 			if (rc) {
 				plan_release(&y.p);
-				plan_release(&var[1].p);
+				held_release(var, 2);
 				goto fail;
 			}
 			if (!ours || w.found || pl->opts->simulate_all) {
 				if ((rc = walk_held(&w, pl, &y))) {
 					plan_release(&y.p);
-					plan_release(&var[1].p);
+					held_release(var, 2);
 					goto fail;
 				}
 				continue;
@@ -380,7 +381,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
 			    (rc = held_simulate(pl, &y))) {
 				plan_release(&y.p);
-				plan_release(&var[1].p);
+				held_release(var, 2);
 				goto fail;
 			}
 			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {

@@ -461,6 +461,10 @@ typedef struct {
 	int n_splits;
 	int endgame;              /* lanes that outrun their windows go on */
 	int rounds;               /* calibration rounds per try */
+	int apart;                /* components apart: each component's lanes get
+				   * whole devices of their own (no device, window
+				   * or end game shared with another component's
+				   * lanes), so align.c can give it whole nodes */
 } lanes_opts_t;
 
 /* Above this many devices the lanes calibrate less (each try costs more). */

@@ -25,7 +25,12 @@
  * go, heaviest block first, to the remaining nodes by best fit: the fullest
  * node that still has room for all of them, else spread from the emptiest
  * node on. So heavy components sit on whole nodes and the partial nodes
- * mix what is light.
+ * mix what is light. A second packing spreads a block with a small rest
+ * (r <= G/2) over one node more, G - r of them one GPU short, so none of
+ * its nodes has fewer than G - 1 of its GPUs (align_pack); of the two, after
+ * the swaps below, the one whose longest chain (the most the classes of one
+ * device cost together: its all-reduces queue one after another) is shorter
+ * is kept, ties to the first.
  *
  * Then a local search over swaps of two devices on different nodes. A
  * class is a set of parameters with the same holders (one or more sync
@@ -194,9 +199,11 @@ static void swap_search(swp_t *S, int budget, uint8_t *stuck)
 }
 
 /* The classes of the parameters (np of them, weights w, held per device
- * in bits) and the swap search from numbering new_id; new_id updated. */
+ * in bits) and the swap search from numbering new_id; new_id updated,
+ * *price the longest chain after: the most the classes of one device
+ * cost together. */
 static int align_swaps(planner_t *pl, const uint8_t *bits, const double *w, int np,
-		       int32_t *new_id)
+		       int32_t *new_id, double *price)
 {
 	sp_arena_t *a = &pl->scratch;
 	int N = pl->N, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
@@ -267,6 +274,84 @@ static int align_swaps(planner_t *pl, const uint8_t *bits, const double *w, int 
 				sig[d] = e;
 	}
 	swap_search(&S, 4 * S.nc, stuck);
+	/* the longest chain: the most any device's classes cost together
+	 * (their all-reduces queue on it one by one) */
+	double *pc = sp_arena_calloc(a, (size_t)S.nc + 1, sizeof(double));
+	if (!pc)
+		return SP_ENOMEM;
+	for (int c = 0; c < S.nc; c++)
+		pc[c] = class_price(&S, c);
+	*price = 0;
+	for (int d = 0; d < N; d++) {
+		double chain = 0;
+		if (sig[d] != d)
+			continue;
+		for (int c = 0; c < S.nc; c++)
+			chain += mem[(size_t)d * S.nc + c] ? pc[c] : 0;
+		*price = chain > *price ? chain : *price;
+	}
+	return 0;
+}
+
+/*
+ * The blocks on nodes (devices ad[] sorted by cmp_adev) into new_id: each
+ * block of n = q G + r devices fills q whole nodes, its last r devices
+ * wait; with spread, a block whose r is at most G/2 takes q + 1 nodes
+ * instead, G - r of them with one slot left (so each of its nodes has at
+ * least G - 1 of its GPUs, not r on the last), when it has that many.
+ * Then the waiting devices, heaviest block first, by best fit: the
+ * fullest node with room for all of the block's, else from the emptiest.
+ */
+static int align_pack(planner_t *pl, const adev_t *ad, int spread, int32_t *new_id)
+{
+	int N = pl->N, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
+	int node = 0, n_rest = 0, later = 0;
+	int *fill = sp_arena_calloc(&pl->scratch, (size_t)nodes + 1, sizeof(int));
+	const adev_t **rest = sp_arena_calloc(&pl->scratch, (size_t)N, sizeof *rest);
+	if (!fill || !rest)
+		return SP_ENOMEM;
+	for (int i = 0; i < N;) { /* later: whole nodes the blocks after need */
+		int j = i;
+		while (j < N && ad[j].block == ad[i].block)
+			j++;
+		later += (j - i) / G;
+		i = j;
+	}
+	for (int i = 0; i < N;) {
+		int j = i;
+		while (j < N && ad[j].block == ad[i].block)
+			j++;
+		int n = j - i, q = n / G, r = n % G, holes = 0;
+		later -= q;
+		/* a node more, while every block after still finds its whole nodes */
+		if (spread && r > 0 && 2 * r <= G && q >= G - r && node + q + 1 + later <= nodes)
+			holes = G - r, q++;
+		for (int t = 0, k = i; t < q; t++, node++)
+			for (int c = 0; c < G - (t < holes); c++, k++)
+				new_id[ad[k].dev] = node * G + fill[node]++;
+		for (int k = i + q * G - holes; k < j; k++)
+			rest[n_rest++] = &ad[k];
+		i = j;
+	}
+	for (int i = 0; i < n_rest;) {
+		int j = i;
+		while (j < n_rest && rest[j]->block == rest[i]->block)
+			j++;
+		int need = j - i, best = -1;
+		for (int q = 0; q < nodes; q++) /* best fit: fullest with room */
+			if (G - fill[q] >= need && (best < 0 || fill[q] > fill[best]))
+				best = q;
+		for (int k = i; k < j;) {
+			int q = best;
+			if (q < 0) /* no room for all: the emptiest first */
+				for (int t = 0; t < nodes; t++)
+					if (fill[t] < G && (q < 0 || fill[t] < fill[q]))
+						q = t;
+			for (; k < j && fill[q] < G; k++)
+				new_id[rest[k]->dev] = q * G + fill[q]++;
+		}
+		i = j;
+	}
 	return 0;
 }
 
@@ -276,7 +361,7 @@ static int align_numbers(planner_t *pl, const sched_t *s, const place_t *pc, int
 			 int *changed)
 {
 	const sp_model_t *md = pl->model;
-	int N = pl->N, G = pl->cluster->gpus_per_node, nc = md->n_comps, np = 0;
+	int N = pl->N, nc = md->n_comps, np = 0;
 	sp_arena_t *a = &pl->scratch;
 	int *base = sp_arena_calloc(a, (size_t)nc + 1, sizeof(int));
 	if (!base)
@@ -291,8 +376,7 @@ static int align_numbers(planner_t *pl, const sched_t *s, const place_t *pc, int
 	double *cw = sp_arena_calloc(a, (size_t)nc + 2, sizeof(double));
 	double *by = sp_arena_calloc(a, (size_t)nc + 1, sizeof(double));
 	adev_t *ad = sp_arena_calloc(a, (size_t)N, sizeof *ad);
-	int *fill = sp_arena_calloc(a, (size_t)pl->cluster->nodes + 1, sizeof(int));
-	if (!bits || !w || !pcomp || !cw || !by || !ad || !fill)
+	if (!bits || !w || !pcomp || !cw || !by || !ad)
 		return SP_ENOMEM;
 	for (int i = 0; i < s->n; i++) {
 		const sslice_t *x = &s->s[i];
@@ -323,47 +407,25 @@ static int align_numbers(planner_t *pl, const sched_t *s, const place_t *pc, int
 				 .held = dom < nc ? by[dom] : 0, .weight = cw[dom]};
 	}
 	qsort(ad, (size_t)N, sizeof *ad, cmp_adev);
-	/* whole nodes, block after block; the rests behind them */
-	int next = 0, n_rest = 0;
-	adev_t *rest = sp_arena_calloc(a, (size_t)N, sizeof *rest);
-	if (!rest)
+	/* both packings, each mended by swaps; the shorter longest chain wins
+	 * (ties: without spreading) */
+	int32_t *alt = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
+	double price[2];
+	int rc;
+	if (!alt)
 		return SP_ENOMEM;
-	for (int i = 0; i < N;) {
-		int j = i;
-		while (j < N && ad[j].block == ad[i].block)
-			j++;
-		int whole = (j - i) / G * G;
-		for (int k = i; k < i + whole; k++)
-			new_id[ad[k].dev] = next++;
-		for (int k = i + whole; k < j; k++)
-			rest[n_rest++] = ad[k];
-		i = j;
+	for (int spread = 0; spread < 2; spread++) {
+		int32_t *ids = spread ? alt : new_id;
+		if ((rc = align_pack(pl, ad, spread, ids)) ||
+		    (rc = align_swaps(pl, bits, w, np, ids, &price[spread])))
+			return rc;
 	}
-	int first = next / G, nodes = pl->cluster->nodes;
-	for (int i = 0; i < n_rest;) {
-		int j = i;
-		while (j < n_rest && rest[j].block == rest[i].block)
-			j++;
-		int need = j - i, best = -1;
-		for (int q = first; q < nodes; q++) /* best fit: fullest with room */
-			if (G - fill[q] >= need && (best < 0 || fill[q] > fill[best]))
-				best = q;
-		for (int k = i; k < j;) {
-			int q = best;
-			if (q < 0) /* no room for all: the emptiest first */
-				for (int r = first; r < nodes; r++)
-					if (fill[r] < G && (q < 0 || fill[r] < fill[q]))
-						q = r;
-			for (; k < j && fill[q] < G; k++)
-				new_id[rest[k].dev] = q * G + fill[q]++;
-		}
-		i = j;
-	}
-	int rc = align_swaps(pl, bits, w, np, new_id);
+	if (price[1] < price[0] * (1 - 1e-9))
+		memcpy(new_id, alt, sizeof(int32_t) * (size_t)N);
 	*changed = 0;
 	for (int d = 0; d < N; d++)
 		*changed |= new_id[d] != d;
-	return rc;
+	return 0;
 }
 
 int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed)

@@ -733,6 +733,10 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 		b->allot_ms += bj.allot_ms * (next - j);
 	}
 	pl.micro = 0;
+	if ((rc = bound_comm_any(&pl, &sum->bounds.comm_any_ms))) {
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;

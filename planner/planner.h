@@ -514,12 +514,22 @@ typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 	/* bound_comm of the chosen plan (plan.c fills it after placement) */
 	double comm_ms;
+	/* bound_comm_any: a communication bound of every plan */
+	double comm_any_ms;
 } bounds_t;
 /* Its work arrays come from pl->scratch and are given back on return. */
 void bound_compute(planner_t *pl, bounds_t *out);
 /* Communication lower bound on placed plan p's iteration (bound.c's
  * header); 0 or SP_ENOMEM. */
 int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
+/* Communication lower bound on every plan's iteration (bound.c's header:
+ * comm_any); 0 or SP_ENOMEM; scratch given back. */
+int bound_comm_any(planner_t *pl, double *out);
+/* Its core: the least T (ms) with E(T) <= T cap_ms, for the nw groups of
+ * work W[i] (device-ms) and gradient bytes S[i], G GPUs per node, cap_ms
+ * the cluster's NIC bytes per ms each way; at most max W[i] / G (every
+ * group inside one node). */
+double bound_comm_solve(const double *W, const double *S, int nw, int G, double cap_ms);
 /* Lower bound on the simulated iteration of lowered plan p from its
  * gradient sync alone (bound.c's header); any_layout: valid whatever
  * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */

@@ -45,13 +45,14 @@ static const char MODEL[] =
 	" {'id': 'enc', 'component': 'b', 'seq': 8, 'inputs': ['src']},"
 	" {'id': 'loss', 'component': 'cls', 'inputs': ['enc']}]}]}";
 
-static int mop_named(const planner_t *pl, const char *name)
+/* The index of the component named name. */
+static int comp_named(const sp_model_t *md, const char *name)
 {
-	for (int m = 0; m < pl->n_mops; m++)
-		if (!strcmp(pl->mops[m].name, name))
-			return m;
-	fail_msg("no MetaOp '%s'", name);
-	return -1;
+	int k = 0;
+	while (k < md->n_comps && strcmp(md->comps[k].name, name))
+		k++;
+	assert_true(k < md->n_comps);
+	return k;
 }
 
 /* GPUs of the devices holding component comp (by the slices) per node. */
@@ -104,23 +105,21 @@ static void test_align_whole_nodes(void **state)
 
 	/* each task's MetaOps on one device set */
 	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
-	static const char *names[] = {"t1/src", "t1/enc", "t1/loss", "t2/src", "t2/enc",
-				      "t2/loss", "t3/src", "t3/enc", "t3/loss"};
 	sched_t s;
 	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
 	place_t pc;
-	int32_t dv[36], off[9];
-	for (int i = 0; i < 9; i++) {
-		int m = mop_named(&pl, names[i]);
-		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 4, i % 3, 0, 1), 0);
-		memcpy(dv + 4 * i, tdevs[i / 3], sizeof tdevs[0]);
-		off[i] = 4 * i;
+	int32_t *dv = calloc(4 * (size_t)pl.n_mops, sizeof *dv), *off = calloc((size_t)pl.n_mops, sizeof *off);
+	assert_true(dv && off);
+	for (int m = 0; m < pl.n_mops; m++) {
+		int t = pl.mops[m].task;
+		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 4, pl.mops[m].level, 0, 1), 0);
+		memcpy(dv + 4 * m, tdevs[t], sizeof tdevs[0]);
+		off[m] = 4 * m;
 	}
 	pc.devs = dv;
 	pc.off = off;
 
-	int ca = mop_comp(&pl, mop_named(&pl, "t1/enc"), 0, &(int){0});
-	int cb = mop_comp(&pl, mop_named(&pl, "t3/enc"), 0, &(int){0});
+	int ca = comp_named(&model, "a"), cb = comp_named(&model, "b");
 	int cnt[3], n_a, n_b;
 	int32_t before[12], after[12], bdevs[12];
 	per_node(&pl, &s, &pc, ca, cnt, before, &n_a);
@@ -132,14 +131,17 @@ static void test_align_whole_nodes(void **state)
 	assert_int_equal(changed, 1);
 	/* a permutation: every slice keeps 4 distinct devices, each device
 	 * is used by exactly one task's slices, as before */
-	int used[12] = {0};
-	for (int i = 0; i < 9; i += 3) {
-		assert_memory_equal(dv + off[i], dv + off[i + 1], 4 * sizeof(int32_t));
-		assert_memory_equal(dv + off[i], dv + off[i + 2], 4 * sizeof(int32_t));
-		for (int j = 0; j < 4; j++) {
-			assert_true(dv[off[i] + j] >= 0 && dv[off[i] + j] < 12);
-			used[dv[off[i] + j]]++;
+	int used[12] = {0}, first[3] = {-1, -1, -1};
+	for (int m = 0; m < pl.n_mops; m++) {
+		int t = pl.mops[m].task;
+		if (first[t] < 0) {
+			first[t] = m;
+			for (int j = 0; j < 4; j++) {
+				assert_true(dv[off[m] + j] >= 0 && dv[off[m] + j] < 12);
+				used[dv[off[m] + j]]++;
+			}
 		}
+		assert_memory_equal(dv + off[first[t]], dv + off[m], 4 * sizeof(int32_t));
 	}
 	for (int d = 0; d < 12; d++)
 		assert_int_equal(used[d], 1);
@@ -161,6 +163,8 @@ static void test_align_whole_nodes(void **state)
 		      (long long)bytes, t0, t1);
 	assert_true(2 * t1 < t0);
 
+	free(dv);
+	free(off);
 	sp_arena_release(&pl.arena);
 	sp_arena_release(&pl.scratch);
 	model_release(&model);

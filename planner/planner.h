@@ -487,6 +487,7 @@ typedef struct {
 	double mem_frac;     /* CAND_LIST: a segment's layers within this of the cap */
 	lanes_opts_t lanes;  /* CAND_LANES */
 	int max_devices;     /* 0: any cluster; else skipped above this */
+	int min_nodes;       /* 0: any cluster; else skipped below this many nodes */
 	int reuses_baseline; /* the sequential plan: plan.c may reuse it */
 } sched_cand_t;
 

@@ -44,7 +44,24 @@
  *            cluster's link model, not for every plan (a placement that
  *            keeps a group inside one node has no such term); latencies and
  *            transfers between waves are left out, so it stays a bound.
- *            With the compute bounds it makes the report's lower bound.
+ *            The report gives it beside the lower bound, not in it.
+ *  comm_any  (bound_comm_any) a communication bound of every plan, part of
+ *            the report's lower bound. Parameter group p (a component's
+ *            layer) with S_p gradient bytes needs W_p = sum over the
+ *            MetaOp layers using it of min_n n T_m(n) device-ms of compute
+ *            (one micro-step's, so the bound stays below the iteration's
+ *            work). A plan whose iteration takes T runs all of it on the
+ *            devices holding p, so at least W_p / T of them, on at least
+ *            m_p(T) = ceil(W_p / (G T)) nodes. When m_p >= 2 each of those
+ *            nodes must carry S_p bytes over its NICs each way (the comm
+ *            argument below, for any collective and any layout whose
+ *            gathers run within the iteration), so the cluster's NICs carry
+ *            at least E(T) = sum over p with m_p(T) >= 2 of m_p(T) S_p
+ *            bytes each way, at most T x nodes x K B_x in T. E falls and
+ *            the capacity rises with T: the bound is the least T with
+ *            E(T) <= T nodes K B_x (bisection). It is weak where a group's
+ *            work fits in a node or two (a plan may keep it there), strong
+ *            where many nodes are needed for its work.
  *  sync      (bound_sync) max over devices d of sum over the sync buckets b
  *            that d belongs to of A_b, the time b's collective takes alone
  *            on the network: net_phases_ms of the very phases the
@@ -387,6 +404,75 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 	for (int d = 0; d < p->n_devices; d++)
 		*out = fmax(*out, sum[d]);
 	*out *= 1 - 1e-6;
+done:
+	sp_arena_reset(a, mark);
+	return rc;
+}
+
+double bound_comm_solve(const double *W, const double *S, int nw, int G, double cap_ms)
+{
+	double wmax = 0;
+	for (int i = 0; i < nw; i++)
+		wmax = fmax(wmax, W[i]);
+	if (wmax <= 0 || cap_ms <= 0)
+		return 0;
+	double lo = 0, hi = wmax / G; /* at hi every group fits one node: E = 0 */
+	for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; it++) {
+		double T = 0.5 * (lo + hi), E = 0;
+		for (int i = 0; i < nw; i++) {
+			double m = ceil(W[i] / (G * T) - 1e-12);
+			if (m >= 2)
+				E += m * S[i];
+		}
+		if (E <= T * cap_ms)
+			hi = T;
+		else
+			lo = T;
+	}
+	return hi;
+}
+
+int bound_comm_any(planner_t *pl, double *out)
+{
+	const sp_model_t *md = pl->model;
+	const sp_cluster_t *c = pl->cluster;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	int nc = md->n_comps, np = 0, rc = 0;
+	*out = 0;
+	int *base = sp_arena_calloc(a, (size_t)nc + 1, sizeof(int));
+	if (!base) {
+		rc = SP_ENOMEM;
+		goto done;
+	}
+	for (int k = 0; k < nc; k++) {
+		base[k] = np;
+		np += md->comps[k].type == COMP_TRANSFORMER ? (int)md->comps[k].layers : 1;
+	}
+	double *W = sp_arena_calloc(a, (size_t)np + 1, sizeof(double));
+	double *S = sp_arena_calloc(a, (size_t)np + 1, sizeof(double));
+	if (!W || !S) {
+		rc = SP_ENOMEM;
+		goto done;
+	}
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		if (!mo->scales || !mop_active(pl, m))
+			continue;
+		double least = HUGE_VAL; /* device-ms of one layer at its best width */
+		for (int n = 1; n <= mo->nmax; n++)
+			least = fmin(least, n * mop_t(mo, n));
+		for (int l = 0; l < mo->n_layers; l++) {
+			int layer, k = mop_comp(pl, m, l, &layer);
+			W[base[k] + layer] += least;
+			S[base[k] + layer] = (double)comp_layer_params(&md->comps[k]) *
+					     dtype_bytes(md->dtype);
+		}
+	}
+	/* bytes per ms over all NICs of the cluster, each way */
+	double cap = (double)c->nodes * (c->nics > 0 ? c->nics : 1) * c->inter_gbs * 1e6;
+	if (c->nodes >= 2)
+		*out = bound_comm_solve(W, S, np, c->gpus_per_node, cap);
 done:
 	sp_arena_reset(a, mark);
 	return rc;

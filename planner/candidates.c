@@ -35,6 +35,12 @@ const sched_cand_t sched_cands[] = {
 	 * with McNaughton's wrap-around rule, three ways to split */
 	{.name = "lanes", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS}},
+	/* lanes with components apart: no device mixes two components'
+	 * gradients, so their syncs do not queue behind each other and
+	 * align.c can lay each on whole nodes (sync over compute); on one
+	 * node every group is on NVLink anyway */
+	{.name = "lanes-apart", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2},
 	/* with an end game: lanes that outrun their windows go on wherever
 	 * devices are free (shorter compute, more replicas) */
 	{.name = "lanes-endgame", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
@@ -94,7 +100,8 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 {
 	const int *w = NULL;
 	int rc, mids = 0;
-	if (c->max_devices && pl->N > c->max_devices)
+	if ((c->max_devices && pl->N > c->max_devices) ||
+	    (c->min_nodes && pl->cluster->nodes < c->min_nodes))
 		return SCHED_NOTHING_NEW;
 	if (c->sched == CAND_BASELINE)
 		return sched_sequential(pl, out);

@@ -50,19 +50,51 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 
 /* schedule → placement → tensor-parallel degrees → programs → memory →
  * layouts that fit (the auto choices of zero-1 and recompute), for one
- * algorithm (ours: candidate c). Leaves the schedule and placement in
- * pl->scratch for the caller to reset; SCHED_NOTHING_NEW passed up. The
- * lowered plan needs nothing of them: plan_simulated may run later. */
+ * algorithm (ours: candidate c). With aligned (ours), also the same
+ * schedule on the node-aligned renumbering of its placement (align.c) into
+ * *aligned, *n_aligned 1, when that differs (0: none, or it did not lower
+ * within memory). Leaves the schedule and placement in pl->scratch for the
+ * caller to reset; SCHED_NOTHING_NEW passed up. The lowered plan needs
+ * nothing of them: plan_simulated may run later. */
 static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
-			place_kind_t kind, sp_plan_t *out)
+			place_kind_t kind, sp_plan_t *out, sp_plan_t *aligned, int *n_aligned)
 {
 	sched_t s;
-	place_t pc;
-	int rc;
+	place_t pc, pa;
+	int rc, changed = 0;
+	if (n_aligned)
+		*n_aligned = 0;
 	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
-	    (rc = tp_run(pl, &s, &pc)) || (rc = lower_run(pl, &s, &pc, out)) ||
-	    (rc = memplan_run(pl, out, 0)) || (rc = layout_fit(pl, out)))
+	    (rc = tp_run(pl, &s, &pc)))
 		return rc;
+	if (aligned && kind == PLACE_SPINDLE) {
+		size_t total = 0;
+		for (int i = 0; i < s.n; i++)
+			total += (size_t)s.s[i].n;
+		pa.devs = sp_arena_calloc(&pl->scratch, total + 1, sizeof(int32_t));
+		pa.off = sp_arena_calloc(&pl->scratch, (size_t)s.n + 1, sizeof(int32_t));
+		if (!pa.devs || !pa.off)
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		memcpy(pa.devs, pc.devs, sizeof(int32_t) * total);
+		memcpy(pa.off, pc.off, sizeof(int32_t) * (size_t)s.n);
+		if ((rc = place_align(pl, &s, &pa, &changed)))
+			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+	}
+	if ((rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
+	    (rc = layout_fit(pl, out)))
+		return rc;
+	if (changed) {
+		if ((rc = lower_run(pl, &s, &pa, aligned)) || (rc = memplan_run(pl, aligned, 0)) ||
+		    (rc = layout_fit(pl, aligned))) {
+			plan_release(aligned);
+			memset(aligned, 0, sizeof *aligned);
+			if (rc != SP_EINFEAS)
+				return rc;
+			memset(pl->err, 0, sizeof *pl->err);
+			return 0;
+		}
+		*n_aligned = 1;
+	}
 	return 0;
 }
 
@@ -274,7 +306,7 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 {
 	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
-	held_t *held = sp_arena_calloc(&pl->arena, (size_t)nc, sizeof *held);
+	held_t *held = sp_arena_calloc(&pl->arena, 2 * (size_t)nc, sizeof *held);
 	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
 	/* seq, when it fits and is the table's last candidate, beats every
 	 * held one slower than it by the slack */
@@ -291,65 +323,76 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int v = 0; v < nc; v++) {
 		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
-		int from_seq = c && c->reuses_baseline && seq_res;
-		held_t y = {.c = c, .from_seq = from_seq};
+		int from_seq = c && c->reuses_baseline && seq_res, n_var = 0;
+		/* the candidate's plan and (ours) its node-aligned variant */
+		held_t var[2] = {{.c = c, .from_seq = from_seq}, {.c = c}};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
 			rc = 0;
-			y.r = *seq_res;
-			y.f = seq_over;
-			y.simulated = 1;
+			var[0].r = *seq_res;
+			var[0].f = seq_over;
+			var[0].simulated = 1;
 		} else {
-			rc = plan_lowered(pl, a, st, c, kind, &y.p);
-			if (!rc && ours)
-				rc = bound_sync(pl, &y.p, trial, &y.lb);
+			rc = plan_lowered(pl, a, st, c, kind, &var[0].p, ours ? &var[1].p : NULL,
+					  &n_var);
+			for (int k = 0; !rc && ours && k <= n_var; k++)
+				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
 		/* a held plan would have been the record: the walk has found one */
 		if (rc == SCHED_NOTHING_NEW ||
 		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
 			/* nothing new, or no schedule in memory: others may have one */
-			plan_release(&y.p);
+			plan_release(&var[0].p);
+			plan_release(&var[1].p);
 			memset(pl->err, 0, sizeof *pl->err);
 			continue;
 		}
-		if (!rc && !ours) {
-			mark = sp_arena_mark(&pl->scratch);
-			rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
-			sp_arena_reset(&pl->scratch, mark);
-			y.simulated = 1;
-		}
-		if (rc) {
-			plan_release(&y.p);
-			goto fail;
-		}
-		if (!ours || w.found || pl->opts->simulate_all) {
-			if ((rc = walk_held(&w, pl, &y))) {
+		/* in table order, the original first: on a tie it stays */
+		for (int k = 0; k <= n_var; k++) {
+			held_t y = var[k];
+			memset(&var[k].p, 0, sizeof var[k].p);
+			if (!rc && !ours) {
+				mark = sp_arena_mark(&pl->scratch);
+				rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
+				sp_arena_reset(&pl->scratch, mark);
+				y.simulated = 1;
+			}
+			if (rc) {
 				plan_release(&y.p);
+				held_release(var, 2);
 				goto fail;
 			}
-			continue;
+			if (!ours || w.found || pl->opts->simulate_all) {
+				if ((rc = walk_held(&w, pl, &y))) {
+					plan_release(&y.p);
+					held_release(var, 2);
+					goto fail;
+				}
+				continue;
+			}
+			/* no record yet: the first is held; one that may beat every
+			 * held one is simulated, and if it does, it is the record; not
+			 * one that loses to seq coming last, or to the bar, anyway */
+			double floor = held_floor(held, n_held);
+			int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
+				     (bar && y.lb >= bar->iteration_ms * FASTER);
+			if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
+			    (rc = held_simulate(pl, &y))) {
+				plan_release(&y.p);
+				held_release(var, 2);
+				goto fail;
+			}
+			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
+				held_release(held, n_held);
+				n_held = 0;
+				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq);
+				continue;
+			}
+			held[n_held++] = y;
 		}
-		/* no record yet: the first is held; one that may beat every
-		 * held one is simulated, and if it does, it is the record; not
-		 * one that loses to seq coming last, or to the bar, anyway */
-		double floor = held_floor(held, n_held);
-		int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
-			     (bar && y.lb >= bar->iteration_ms * FASTER);
-		if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
-		    (rc = held_simulate(pl, &y))) {
-			plan_release(&y.p);
-			goto fail;
-		}
-		if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
-			held_release(held, n_held);
-			n_held = 0;
-			walk_judge(&w, c, &y.p, &y.r, y.f, from_seq);
-			continue;
-		}
-		held[n_held++] = y;
 	}
 	if (n_held && bar && held_lose_to(held, n_held, bar)) {
 		held_release(held, n_held);
@@ -622,7 +665,7 @@ static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t 
 	sim_result_t nr = {0};
 	/* its transfers do not depend on bucket layouts: no zero-1 trial, and
 	 * of the simulation only the passes that time compute and transfers */
-	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive);
+	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive, NULL, NULL);
 	if (!rc)
 		rc = sim_transfers(pl, &naive, &nr);
 	if (!rc) {
@@ -691,6 +734,10 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 		b->allot_ms += bj.allot_ms * (next - j);
 	}
 	pl.micro = 0;
+	if ((rc = bound_comm_any(&pl, &sum->bounds.comm_any_ms))) {
+		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto cleanup;
+	}
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;

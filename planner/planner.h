@@ -467,6 +467,10 @@ typedef struct {
 	int n_splits;
 	int endgame;              /* lanes that outrun their windows go on */
 	int rounds;               /* calibration rounds per try */
+	int apart;                /* components apart: each component's lanes get
+				   * whole devices of their own (no device, window
+				   * or end game shared with another component's
+				   * lanes), so align.c can give it whole nodes */
 } lanes_opts_t;
 
 /* Above this many devices the lanes calibrate less (each try costs more). */
@@ -489,6 +493,7 @@ typedef struct {
 	double mem_frac;     /* CAND_LIST: a segment's layers within this of the cap */
 	lanes_opts_t lanes;  /* CAND_LANES */
 	int max_devices;     /* 0: any cluster; else skipped above this */
+	int min_nodes;       /* 0: any cluster; else skipped below this many nodes */
 	int reuses_baseline; /* the sequential plan: plan.c may reuse it */
 } sched_cand_t;
 
@@ -516,12 +521,22 @@ typedef struct {
 	double area_ms, cp_ms, paper_ms, lower_ms, allot_ms;
 	/* bound_comm of the chosen plan (plan.c fills it after placement) */
 	double comm_ms;
+	/* bound_comm_any: a communication bound of every plan */
+	double comm_any_ms;
 } bounds_t;
 /* Its work arrays come from pl->scratch and are given back on return. */
 void bound_compute(planner_t *pl, bounds_t *out);
 /* Communication lower bound on placed plan p's iteration (bound.c's
  * header); 0 or SP_ENOMEM. */
 int bound_comm(double *out, const sp_plan_t *p, const sp_cluster_t *c);
+/* Communication lower bound on every plan's iteration (bound.c's header:
+ * comm_any); 0 or SP_ENOMEM; scratch given back. */
+int bound_comm_any(planner_t *pl, double *out);
+/* Its core: the least T (ms) with E(T) <= T cap_ms, for the nw groups of
+ * work W[i] (device-ms) and gradient bytes S[i], G GPUs per node, cap_ms
+ * the cluster's NIC bytes per ms each way; at most max W[i] / G (every
+ * group inside one node). */
+double bound_comm_solve(const double *W, const double *S, int nw, int G, double cap_ms);
 /* Lower bound on the simulated iteration of lowered plan p from its
  * gradient sync alone (bound.c's header); any_layout: valid whatever
  * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */
@@ -579,6 +594,14 @@ void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n
 int placer_free_count(const placer_t *P, double t);
 /* 1 when device d is free at t. */
 int placer_free_count_dev(const placer_t *P, int d, double t);
+
+/* ---- align.c: a node-aligned variant of a placement ------------------------- */
+
+/* Renumbers the devices of placement pc (schedule s, degrees set by
+ * tp_run) so that heavy components' replica groups cover whole nodes
+ * (align.c's header); *changed 0 when nothing moved (a tensor-parallel
+ * slice, one node, or already aligned). Work arrays in pl->scratch. */
+int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed);
 
 /* ---- lower.c: per-device programs -------------------------------------------- */
 

@@ -2,8 +2,9 @@
  * report.c — `--report` / `--compare` (text) and `--json`: per-algorithm
  * predicted iteration time with what transfers and sync add to it, speed-up
  * over sequential, utilisation and model FLOPs utilisation, bounds (the
- * lower bound: the max of the compute bounds and the communication bound)
- * and gap, planning time; the chosen schedule wave by wave; the cost model
+ * lower bound: the max of the compute bounds and the communication bound
+ * of every plan; beside it the communication bound of this plan's
+ * placement, which bounds this plan only) and gap, planning time; the chosen schedule wave by wave; the cost model
  * used per MetaOp; per-device memory and timeline.
  */
 #include "planner.h"
@@ -32,11 +33,11 @@ static void slice_devices(char *buf, size_t cap, const sp_plan_t *p, const sp_sl
 	}
 }
 
-/* The report's lower bound on the iteration: the compute bounds (the
- * certificate's) and the communication bound of this placement. */
+/* The report's lower bound on every plan's iteration: the compute bounds
+ * (the certificate's) and the communication bound of every plan. */
 static double lower_bound(const sp_plan_t *p, const plan_summary_t *s)
 {
-	return fmax(p->cert.lower_bound_ms, s->bounds.comm_ms);
+	return fmax(p->cert.lower_bound_ms, s->bounds.comm_any_ms);
 }
 
 void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
@@ -65,10 +66,13 @@ void report_print(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		   "iteration))\n");
 	fprintf(f, "\nlower bound %.3f ms = max(area %.3f, critical path %.3f, communication "
 		   "%.3f); paper's relaxed bound %.3f ms\n",
-		lower_bound(p, s), c->area_bound_ms, c->cp_bound_ms, s->bounds.comm_ms,
+		lower_bound(p, s), c->area_bound_ms, c->cp_bound_ms, s->bounds.comm_any_ms,
 		c->paper_bound_ms);
-	fprintf(f, "(communication: the gradient bytes each node's NICs must carry for this "
-		   "plan's placement)\n");
+	fprintf(f, "(communication: the gradient bytes the nodes a group's work needs must carry "
+		   "over their NICs, for any plan)\n");
+	fprintf(f, "this plan's placement: communication bound %.3f ms (the gradient bytes its "
+		   "busiest node's NICs carry; bounds this plan only)\n",
+		s->bounds.comm_ms);
 	fprintf(f, "compute schedule %.3f ms: gap %.1f%% to the compute bound %.3f ms, %.1f%% to "
 		   "the allotment bound %.3f ms\n",
 		c->compute_ms, 100 * c->gap, c->lower_bound_ms,
@@ -159,15 +163,15 @@ void report_json(FILE *f, const sp_plan_t *p, const plan_summary_t *s)
 		first = 0;
 	}
 	fprintf(f, "\n  },\n  \"lower_bound_ms\": %.6f,\n  \"comm_lower_bound_ms\": %.6f,\n"
-		   "  \"area_bound_ms\": %.6f,\n"
+		   "  \"placement_comm_bound_ms\": %.6f,\n  \"area_bound_ms\": %.6f,\n"
 		   "  \"critical_path_bound_ms\": %.6f,\n  \"paper_relaxed_bound_ms\": %.6f,\n"
 		   "  \"allotment_bound_ms\": %.6f,\n"
 		   "  \"gap\": %.6f,\n  \"transfer_ms\": %.6f,\n  \"sync_ms\": %.6f,\n"
 		   "  \"xnode_bytes\": %lld,\n  \"naive_xnode_bytes\": %lld,\n"
 		   "  \"naive_transfer_ms\": %.6f,\n  \"waves\": %d,\n  \"total_planning_ms\": %.3f,\n"
 		   "  \"chosen\": ",
-		lower_bound(p, s), s->bounds.comm_ms, c->area_bound_ms, c->cp_bound_ms,
-		c->paper_bound_ms, c->allot_bound_ms, c->gap,
+		lower_bound(p, s), s->bounds.comm_any_ms, s->bounds.comm_ms, c->area_bound_ms,
+		c->cp_bound_ms, c->paper_bound_ms, c->allot_bound_ms, c->gap,
 		c->transfer_ms, c->sync_ms, (long long)c->xnode_bytes,
 		(long long)c->naive_xnode_bytes, c->naive_xfer_pred_ms, p->n_waves, s->total_ms);
 	sp_json_str(f, algo_name(s->chosen));

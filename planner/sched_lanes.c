@@ -205,6 +205,7 @@ typedef struct {
 	lane_split_t split;
 	int endgame;
 	double cut;
+	int apart; /* lanes_opts_t's */
 } lane_try_t;
 
 /* The state of one try. A window is a device a lane may use from ws to
@@ -224,6 +225,9 @@ typedef struct {
 	int *comp_on;        /* per device: the key of the last lane on it */
 	double *free_from;   /* per device: where the lanes laid out so far leave it */
 	double *orph_from, *orph_to; /* per device: a window a lane left unused */
+	int *orph_key;       /* and the key of that lane */
+	int prev_key;        /* the key of the lane laid out last (-1: none) */
+	int block_end;       /* components apart: the lane is its block's last */
 	double *ws, *we;
 	int *wd, nw;
 	int *cand;           /* windows usable at a time */
@@ -244,7 +248,7 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	size_t n = (size_t)N + 2, m = (size_t)M + 1;
 	/* carved from three blocks: per device (n) and per lane or MetaOp (m) */
 	double *dbl = sp_arena_calloc(a, 6 * n + 3 * m, sizeof(double));
-	int *ints = sp_arena_calloc(a, 3 * n + 4 * m, sizeof(int));
+	int *ints = sp_arena_calloc(a, 4 * n + 4 * m, sizeof(int));
 	int32_t *ids = sp_arena_calloc(a, 2 * n, sizeof(int32_t));
 	R->byfree = sp_arena_calloc(a, n, sizeof(dev_key_t));
 	if (!dbl || !ints || !ids || !R->byfree)
@@ -255,6 +259,8 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	R->comp_on = ints, R->wd = ints + n, R->cand = ints + 2 * n;
 	R->ord = ints + 3 * n, R->eg_i = R->ord + m, R->eg_layer = R->ord + 2 * m;
 	R->eg_last = R->ord + 3 * m;
+	R->orph_key = R->eg_last + m;
+	R->prev_key = -1;
 	R->devs = ids, R->pd.devs = ids + n;
 	for (int m = 0; m < M; m++)
 		R->eg_i[m] = R->eg_last[m] = -1;
@@ -265,9 +271,69 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	return 0;
 }
 
+/*
+ * Components apart: the lanes of one component (a block, consecutive in
+ * layout order) get a whole number of devices together, the blocks' fluid
+ * totals X_b rounded by largest remainder (at least one device each while
+ * devices last) to integers summing to N, each lane's x scaled by
+ * D_b / X_b. Blocks then meet at device boundaries, and align.c can lay
+ * each on nodes of its own. (Rounding large blocks to whole nodes here
+ * instead was tried: on 32 tasks over 1024 H100 it cost more compute, in
+ * the lanes that wait for a shrunk block, than it saved in sync.)
+ */
+static int lanes_blocks_whole(lanes_run_t *R)
+{
+	lane_t *ln = R->L->ln;
+	int nl = R->L->nl, N = R->pl->N, *ord = R->ord, nb = 0, given = 0;
+	/* per block: first lane (layout position), total, devices */
+	sp_arena_t *a = &R->pl->scratch; /* the try's scope */
+	int *first = sp_arena_calloc(a, 2 * (size_t)nl + 2, sizeof(int)), *dev = first + nl + 1;
+	double *tot = sp_arena_calloc(a, 2 * (size_t)nl + 2, sizeof(double)), *frac = tot + nl + 1;
+	if (!first || !tot)
+		return SP_ENOMEM;
+	for (int o = 0; o < nl; o++)
+		if (o == 0 || ln[ord[o]].key != ln[ord[o - 1]].key) {
+			first[nb] = o;
+			tot[nb++] = 0;
+		}
+	first[nb] = nl;
+	for (int b = 0; b < nb; b++) {
+		for (int o = first[b]; o < first[b + 1]; o++)
+			tot[b] += ln[ord[o]].x;
+		dev[b] = SP_MAX(1, (int)floor(tot[b] + 1e-9));
+		frac[b] = tot[b] - dev[b];
+		given += dev[b];
+	}
+	while (given < N) { /* largest remainders first, ties by position */
+		int best = 0;
+		for (int b = 1; b < nb; b++)
+			if (frac[b] > frac[best])
+				best = b;
+		dev[best]++;
+		frac[best] -= 1;
+		given++;
+	}
+	while (given > N) { /* more blocks than devices: the least remainders give */
+		int best = -1;
+		for (int b = 0; b < nb; b++)
+			if (dev[b] > 1 && (best < 0 || frac[b] < frac[best]))
+				best = b;
+		if (best < 0)
+			break;
+		dev[best]--;
+		frac[best] += 1;
+		given--;
+	}
+	for (int b = 0; b < nb; b++)
+		for (int o = first[b]; o < first[b + 1] && tot[b] > 0; o++)
+			ln[ord[o]].x *= dev[b] / tot[b];
+	return 0;
+}
+
 /* Fluid widths x_j at H, each corrected by adj[j] (calibration), rescaled
- * to N; layout order: by component, then widest first, then id. */
-static void lanes_widths(lanes_run_t *R, const double *adj)
+ * to N; layout order: by component, then widest first, then id. Components
+ * apart: blocks of whole devices (lanes_blocks_whole). */
+static int lanes_widths(lanes_run_t *R, const double *adj)
 {
 	lane_t *ln = R->L->ln;
 	int nl = R->L->nl, N = R->pl->N, *ord = R->ord;
@@ -288,6 +354,7 @@ static void lanes_widths(lanes_run_t *R, const double *adj)
 			ord[b] = ord[b - 1];
 			ord[b - 1] = s;
 		}
+	return R->try_.apart ? lanes_blocks_whole(R) : 0;
 }
 
 static void add_window(lanes_run_t *R, int d, double from, double to)
@@ -328,7 +395,7 @@ static void lane_whole_and_share(lanes_run_t *R, const lane_t *l, double A)
 			hi++;
 	}
 	int whole = k, gang = 0;
-	if (hi - lo >= 2 && lo >= held && A - (lo - held) * H <= (hi - lo) * H &&
+	if (!R->block_end && hi - lo >= 2 && lo >= held && A - (lo - held) * H <= (hi - lo) * H &&
 	    A > (lo - held) * H && R->cur + (hi - held) <= N) {
 		whole = lo - held;
 		gang = hi - lo;
@@ -362,6 +429,10 @@ static void lane_windows(lanes_run_t *R, const lane_t *l)
 	int N = R->pl->N;
 	double H = R->H, A = l->x * H;
 	R->nw = 0;
+	if (R->try_.apart && R->prev_key != l->key) /* a new block: fresh devices */
+		while (R->cur < N && R->free_from[R->cur] > 0)
+			R->cur++;
+	R->prev_key = l->key;
 	while (R->cur < N && A > 1e-9 * H && R->free_from[R->cur] > 0) {
 		/* the rest of a device the lane before began */
 		int c = R->cur;
@@ -377,7 +448,7 @@ static void lane_windows(lanes_run_t *R, const lane_t *l)
 	/* windows lanes before left unused (a width between two fast ones
 	 * saves nothing): this lane may have them */
 	for (int d = 0; d < N; d++) {
-		if (R->orph_to[d] < 0)
+		if (R->orph_to[d] < 0 || (R->try_.apart && R->orph_key[d] != l->key))
 			continue;
 		int k = 0;
 		while (k < R->nw && R->wd[k] != d)
@@ -526,12 +597,13 @@ static int lane_run(lanes_run_t *R, int j)
 }
 
 /* The windows lane j left unused, for the lanes after it. */
-static void lane_orphans(lanes_run_t *R)
+static void lane_orphans(lanes_run_t *R, int key)
 {
 	for (int k = 0; k < R->nw; k++) {
 		int d = R->wd[k];
 		double from = fmax(R->ws[k], R->free_at[d]);
 		R->orph_from[d] = R->orph_to[d] = -1;
+		R->orph_key[d] = key;
 		if (from < R->we[k] - 1e-9) {
 			R->orph_from[d] = from;
 			R->orph_to[d] = R->we[k];
@@ -683,13 +755,16 @@ static int lanes_try(planner_t *pl, const int *w, lanes_t *L, const lane_try_t *
 	if ((rc = lanes_run_init(&R, pl)))
 		return rc;
 	R.H = *horizon = lanes_horizon(L, pl->N);
-	lanes_widths(&R, adj);
+	if ((rc = lanes_widths(&R, adj)))
+		return rc;
 	for (int oj = 0; oj < L->nl; oj++) {
 		int j = R.ord[oj];
+		R.block_end = R.try_.apart &&
+			      (oj + 1 == L->nl || L->ln[R.ord[oj + 1]].key != L->ln[j].key);
 		lane_windows(&R, &L->ln[j]);
 		if ((rc = lane_run(&R, j)))
 			return rc;
-		lane_orphans(&R);
+		lane_orphans(&R, L->ln[j].key);
 	}
 	if ((rc = lanes_endgame(&R)))
 		return rc;
@@ -726,7 +801,7 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 		goto done;
 	for (int k = 0; k < o->n_splits * n_cuts; k++) {
 		lane_try_t tr = {(lane_split_t)(o->first_split + k % o->n_splits), o->endgame,
-				 cuts[k / o->n_splits]};
+				 cuts[k / o->n_splits], o->apart};
 		for (int j = 0; j < L.nl; j++)
 			adj[j] = 1;
 		for (int round = 0; round < rounds; round++) {

@@ -71,14 +71,19 @@ def check_props(name, m, c, tmp, extra=()):
             fail(f"{name}: {a} compute {v['compute_ms']} below the compute bound {lb}")
         if v["iteration_ms"] < v["compute_ms"] * (1 - 1e-9):
             fail(f"{name}: {a} iteration below its compute time")
-    # the lower bound adds the chosen placement's communication bound: a
-    # bound on the chosen plan's iteration
+    # the lower bound adds the communication bound of every plan: it bounds
+    # every algorithm's iteration; the placement's communication bound
+    # bounds the chosen plan's
     chosen = r["algorithms"][r["chosen"]]
     if r["lower_bound_ms"] < max(lb, r["comm_lower_bound_ms"]) * (1 - 1e-9):
         fail(f"{name}: lower bound {r['lower_bound_ms']} is not the max of the bounds")
-    if chosen["iteration_ms"] < r["lower_bound_ms"] * (1 - 1e-9):
-        fail(f"{name}: {r['chosen']} iteration {chosen['iteration_ms']} below the lower "
-             f"bound {r['lower_bound_ms']} (communication {r['comm_lower_bound_ms']})")
+    for a, v in r["algorithms"].items():
+        if v["iteration_ms"] < r["lower_bound_ms"] * (1 - 1e-9):
+            fail(f"{name}: {a} iteration {v['iteration_ms']} below the lower bound "
+                 f"{r['lower_bound_ms']} (communication {r['comm_lower_bound_ms']})")
+    if chosen["iteration_ms"] < r["placement_comm_bound_ms"] * (1 - 1e-9):
+        fail(f"{name}: {r['chosen']} iteration {chosen['iteration_ms']} below its "
+             f"placement's communication bound {r['placement_comm_bound_ms']}")
     ours, seq = r["algorithms"]["spindle"], r["algorithms"]["sequential"]
     seqp = r["algorithms"]["sequential-paper"]
     if seqp["iteration_ms"] < seq["iteration_ms"] * (1 - 1e-9):

@@ -6,7 +6,8 @@
  * falling area, and hull_area(C) must equal a brute-force minimum over
  * every single width and every mix of two widths that finishes within C.
  * The communication bound on a hand-built placement against hand-computed
- * bytes over NIC bandwidth.
+ * bytes over NIC bandwidth; the communication bound of every plan
+ * (bound_comm_solve) against hand-solved cases.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,12 +144,35 @@ static void test_comm_bound(void **state)
 	assert_true(t == 0);
 }
 
+/* One group of 160 device-ms and 1e6 bytes, G = 8, the NICs carrying 1e6
+ * bytes per ms: in T it needs m = ceil(20 / T) nodes, so m 1e6 <= T 1e6,
+ * ceil(20 / T) <= T, first at T = 5 (4 nodes); at T in (sqrt 20, 5) it
+ * needs 5 nodes. A group whose spread costs more than its work on one node
+ * (64 device-ms, 1e9 bytes) stays there: T = 64 / 8. Two groups of 160
+ * add up: 2 ceil(20 / T) <= T first at T = 20/3 (3 nodes each: 6 <= 6.67;
+ * at T in (sqrt 40, 20/3) each needs 4, 8 > T). No group, no bound. */
+static void test_comm_any(void **state)
+{
+	(void)state;
+	double W1[] = {160}, S1[] = {1e6};
+	double t = bound_comm_solve(W1, S1, 1, 8, 1e6);
+	assert_true(fabs(t - 5.0) < 1e-6);
+	double W2[] = {64}, S2[] = {1e9};
+	t = bound_comm_solve(W2, S2, 1, 8, 1e6);
+	assert_true(fabs(t - 8.0) < 1e-6);
+	double W3[] = {160, 160}, S3[] = {1e6, 1e6};
+	t = bound_comm_solve(W3, S3, 2, 8, 1e6);
+	assert_true(fabs(t - 20.0 / 3) < 1e-6);
+	assert_true(bound_comm_solve(W1, S1, 0, 8, 1e6) == 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_curves),
 		cmocka_unit_test(test_equal_time_replaces),
 		cmocka_unit_test(test_comm_bound),
+		cmocka_unit_test(test_comm_any),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,180 @@
+/*
+ * test_align.c — the node-aligned renumbering of a placement
+ * (planner/align.c) on a hand-made case: 3 nodes of 4 GPUs with a NIC per
+ * GPU, two tasks sharing a large transformer 'a' and a third with a small
+ * one 'b', placed so that a's replica group (devices 1-8) has 3, 4 and 1
+ * GPUs on the three nodes and b's (0, 9-11) 1 and 3. Renumbered, each
+ * group must fill whole nodes, every slice keep its size and the slices
+ * together the same devices, and a's all-reduce, priced by net.c, must be
+ * faster by more than half: before, the node holding one of a's GPUs
+ * offers its ring one NIC; after, every node offers four.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "planner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char CLUSTER[] =
+	"{\"format\": \"spindle.cluster/1\", \"name\": \"three\", \"nodes\": 3,"
+	" \"gpus_per_node\": 4,"
+	" \"gpu\": {\"name\": \"g\", \"memory_gib\": 80, \"peak_tflops\": 100,"
+	" \"mem_bandwidth_gbs\": 2000},"
+	" \"links\": {\"intra_node_gbs\": 200, \"intra_node_latency_us\": 3,"
+	" \"inter_node_gbs\": 10, \"inter_node_latency_us\": 10, \"nics_per_node\": 4}}";
+
+static const char MODEL[] =
+	"{'format': 'spindle.model/1', 'name': 'align', 'components': {"
+	"'emb': {'type': 'embedding', 'vocab': 16, 'hidden': 1024, 'max_seq': 8},"
+	"'a': {'type': 'transformer', 'layers': 2, 'hidden': 1024, 'heads': 8, 'ffn': 4096},"
+	"'b': {'type': 'transformer', 'layers': 1, 'hidden': 1024, 'heads': 8, 'ffn': 64},"
+	"'cls': {'type': 'classifier', 'hidden': 1024, 'classes': 4}},"
+	"'tasks': ["
+	"{'name': 't1', 'batch': 8, 'graph': [{'id': 'src', 'component': 'emb', 'seq': 8},"
+	" {'id': 'enc', 'component': 'a', 'seq': 8, 'inputs': ['src']},"
+	" {'id': 'loss', 'component': 'cls', 'inputs': ['enc']}]},"
+	"{'name': 't2', 'batch': 8, 'graph': [{'id': 'src', 'component': 'emb', 'seq': 8},"
+	" {'id': 'enc', 'component': 'a', 'seq': 8, 'inputs': ['src']},"
+	" {'id': 'loss', 'component': 'cls', 'inputs': ['enc']}]},"
+	"{'name': 't3', 'batch': 8, 'graph': [{'id': 'src', 'component': 'emb', 'seq': 8},"
+	" {'id': 'enc', 'component': 'b', 'seq': 8, 'inputs': ['src']},"
+	" {'id': 'loss', 'component': 'cls', 'inputs': ['enc']}]}]}";
+
+/* The index of the component named name. */
+static int comp_named(const sp_model_t *md, const char *name)
+{
+	int k = 0;
+	while (k < md->n_comps && strcmp(md->comps[k].name, name))
+		k++;
+	assert_true(k < md->n_comps);
+	return k;
+}
+
+/* GPUs of the devices holding component comp (by the slices) per node. */
+static void per_node(const planner_t *pl, const sched_t *s, const place_t *pc, int comp,
+		     int *cnt, int32_t *devs, int *n)
+{
+	int seen[12] = {0};
+	memset(cnt, 0, 3 * sizeof *cnt);
+	*n = 0;
+	for (int i = 0; i < s->n; i++) {
+		int layer;
+		if (mop_comp(pl, s->s[i].metaop, 0, &layer) != comp)
+			continue;
+		for (int j = 0; j < s->s[i].n; j++) {
+			int d = pc->devs[pc->off[i] + j];
+			if (!seen[d]++) {
+				cnt[d / 4]++;
+				devs[(*n)++] = d;
+			}
+		}
+	}
+	devs_sort(devs, *n);
+}
+
+static void test_align_whole_nodes(void **state)
+{
+	(void)state;
+	sp_model_t model = {0};
+	sp_cluster_t cluster = {0};
+	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
+			    .mem_reserve_gib = 2, .milp_nodes = 200};
+	sp_err_t err = {0};
+	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err};
+	assert_int_equal(cluster_parse(&cluster, CLUSTER, strlen(CLUSTER), "c.json", &err), 0);
+	char *text = strdup(MODEL);
+	assert_non_null(text);
+	for (char *c = text; *c; c++)
+		if (*c == '\'')
+			*c = '"';
+	int rc = model_parse(&model, text, strlen(text), "m.json", &err);
+	free(text);
+	if (rc)
+		print_message("model_parse: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 12;
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+
+	/* each task's MetaOps on one device set */
+	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
+	sched_t s;
+	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	place_t pc;
+	int32_t *dv = calloc(4 * (size_t)pl.n_mops, sizeof *dv), *off = calloc((size_t)pl.n_mops, sizeof *off);
+	assert_true(dv && off);
+	for (int m = 0; m < pl.n_mops; m++) {
+		int t = pl.mops[m].task;
+		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 4, pl.mops[m].level, 0, 1), 0);
+		memcpy(dv + 4 * m, tdevs[t], sizeof tdevs[0]);
+		off[m] = 4 * m;
+	}
+	pc.devs = dv;
+	pc.off = off;
+
+	int ca = comp_named(&model, "a"), cb = comp_named(&model, "b");
+	int cnt[3], n_a, n_b;
+	int32_t before[12], after[12], bdevs[12];
+	per_node(&pl, &s, &pc, ca, cnt, before, &n_a);
+	assert_int_equal(n_a, 8);
+	assert_true(cnt[0] == 3 && cnt[1] == 4 && cnt[2] == 1);
+
+	int changed = 0;
+	assert_int_equal(place_align(&pl, &s, &pc, &changed), 0);
+	assert_int_equal(changed, 1);
+	/* a permutation: every slice keeps 4 distinct devices, each device
+	 * is used by exactly one task's slices, as before */
+	int used[12] = {0}, first[3] = {-1, -1, -1};
+	for (int m = 0; m < pl.n_mops; m++) {
+		int t = pl.mops[m].task;
+		if (first[t] < 0) {
+			first[t] = m;
+			for (int j = 0; j < 4; j++) {
+				assert_true(dv[off[m] + j] >= 0 && dv[off[m] + j] < 12);
+				used[dv[off[m] + j]]++;
+			}
+		}
+		assert_memory_equal(dv + off[first[t]], dv + off[m], 4 * sizeof(int32_t));
+	}
+	for (int d = 0; d < 12; d++)
+		assert_int_equal(used[d], 1);
+	/* whole nodes: a on two, b on one */
+	per_node(&pl, &s, &pc, ca, cnt, after, &n_a);
+	assert_int_equal(n_a, 8);
+	for (int q = 0; q < 3; q++)
+		assert_true(cnt[q] == 0 || cnt[q] == 4);
+	per_node(&pl, &s, &pc, cb, cnt, bdevs, &n_b);
+	assert_int_equal(n_b, 4);
+	for (int q = 0; q < 3; q++)
+		assert_true(cnt[q] == 0 || cnt[q] == 4);
+
+	/* a's gradients (2 layers) all-reduced: more than twice as fast */
+	int64_t bytes = 2 * comp_layer_params(&model.comps[ca]) * dtype_bytes(model.dtype);
+	double t0 = cost_allreduce_ms(&cluster, before, 8, bytes);
+	double t1 = cost_allreduce_ms(&cluster, after, 8, bytes);
+	print_message("a's all-reduce of %lld bytes: %.3f ms ragged, %.3f ms aligned\n",
+		      (long long)bytes, t0, t1);
+	assert_true(2 * t1 < t0);
+
+	free(dv);
+	free(off);
+	sp_arena_release(&pl.arena);
+	sp_arena_release(&pl.scratch);
+	model_release(&model);
+	cluster_release(&cluster);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_align_whole_nodes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

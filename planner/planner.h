@@ -291,6 +291,15 @@ typedef struct {
 	fl_ev_t *e;
 	int n, *pos;
 } fl_heap_t;
+/* heap.c: the operations (4-ary; keys never NaN, ids distinct). push adds
+ * x (room is the caller's), pop takes the least entry out, del entry k;
+ * set (indexed) gives id the key t, adding it when absent; build orders
+ * the n entries placed in e (and fills pos). */
+void heap_push(fl_heap_t *h, fl_ev_t x);
+fl_ev_t heap_pop(fl_heap_t *h);
+void heap_del(fl_heap_t *h, int k);
+void heap_set(fl_heap_t *h, int id, double t);
+void heap_build(fl_heap_t *h);
 
 typedef struct {
 	const sp_cluster_t *c;

@@ -361,6 +361,13 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			return rc;
 		}
 	}
+	/* a choice that loses to the bar is dropped by the caller as it is:
+	 * its other times are never read (plan_better reads the iteration
+	 * and the fit, which the partial result has) */
+	if (w.found && bar && !plan_better(1, res, *over, bar, 0)) {
+		plan_release(out);
+		return PLAN_NO_BETTER;
+	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		rc = sim_complete(pl, out, res);

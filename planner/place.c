@@ -319,8 +319,18 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	return fit;
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	return (x > y) - (x < y);
+}
+
 void devs_sort(int32_t *d, int n)
 {
+	if (n > 32) { /* long lists by qsort, short ones by insertion */
+		qsort(d, (size_t)n, sizeof *d, cmp_i32);
+		return;
+	}
 	for (int a = 1; a < n; a++)
 		for (int b = a; b > 0 && d[b] < d[b - 1]; b--) {
 			int32_t t = d[b];

@@ -418,12 +418,17 @@ void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs)
 		int32_t a0, a1;
 		slot_samples(&pl->mops[x->metaop], x, j, &a0, &a1);
 		memory_more(P, x, d, a0, a1, 1);
-		for (int l = x->lf; l < x->lt; l++) {
-			int pid = param_id(P, x->metaop, l);
-			P->held[(size_t)d * P->n_params + pid] = 1;
-			P->held_t[(size_t)pid * pl->N + d] = 1;
-			P->node_held[(size_t)dev_node(pl->cluster, d) * P->n_params + pid] = 1;
-			P->any_held[pid] = 1;
+		/* the rows once: the stores are bytes, which may alias anything */
+		uint8_t *held = P->held + (size_t)d * P->n_params, *held_t = P->held_t + d;
+		uint8_t *node_held = P->node_held + (size_t)dev_node(pl->cluster, d) * P->n_params;
+		const int *pid = P->op_pid + pl->mops[x->metaop].first_op;
+		size_t N = (size_t)pl->N;
+		for (int l = x->lf, lt = x->lt; l < lt; l++) {
+			int q = pid[l];
+			held[q] = 1;
+			held_t[(size_t)q * N] = 1;
+			node_held[q] = 1;
+			P->any_held[q] = 1;
 		}
 		P->busy_until[d] = x->t1;
 		P->last_devs[(size_t)x->metaop * pl->N + j] = d;

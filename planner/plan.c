@@ -130,8 +130,10 @@ static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_c
 		return SCHED_NOTHING_NEW;
 	if ((rc = place_run(pl, &s, kind, &pc)) || (rc = tp_run(pl, &s, &pc)) ||
 	    (rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = layout_fit(pl, out)) || (seen && (rc = seen_add(seen, &s))))
+	    (rc = layout_fit(pl, out)))
 		return rc;
+	if (seen && seen_add(seen, &s))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return 0;
 }
 

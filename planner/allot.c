@@ -92,15 +92,18 @@ int allot_separable(planner_t *pl, int *w)
 {
 	int M = pl->n_mops, nd = 0;
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	int *k = sp_arena_calloc(&pl->scratch, MAX_CAND, sizeof(int));
+	/* every MetaOp's candidate widths, once: k + m MAX_CAND, nks[m] of them */
+	int *ks = sp_arena_calloc(&pl->scratch, (size_t)(M * MAX_CAND + 1), sizeof(int));
+	int *nks = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(int));
 	double *dl = sp_arena_calloc(&pl->scratch, (size_t)(M * MAX_CAND + 1), sizeof(double));
 	int *cur = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(int));
 	double *scratch = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(double));
-	if (!k || !dl || !cur || !scratch)
+	if (!ks || !nks || !dl || !cur || !scratch)
 		return SP_ENOMEM;
 	for (int m = 0; m < M; m++) {
-		int nk = width_candidates(&pl->mops[m], pl->N, k);
-		for (int i = 0; i < nk; i++)
+		int *k = ks + (size_t)m * MAX_CAND;
+		nks[m] = width_candidates(&pl->mops[m], pl->N, k);
+		for (int i = 0; i < nks[m]; i++)
 			dl[nd++] = pl->mops[m].n_layers * mop_t(&pl->mops[m], k[i]);
 	}
 	qsort(dl, (size_t)nd, sizeof(double), cmp_double);
@@ -116,7 +119,8 @@ int allot_separable(planner_t *pl, int *w)
 			continue;
 		for (int m = 0; m < M; m++) {
 			const metaop_t *mo = &pl->mops[m];
-			int nk = width_candidates(mo, pl->N, k), pick = k[nk - 1];
+			const int *k = ks + (size_t)m * MAX_CAND;
+			int nk = nks[m], pick = k[nk - 1];
 			double area = HUGE_VAL;
 			for (int j = 0; j < nk; j++)
 				if (mo->n_layers * mop_t(mo, k[j]) <= D * (1 + 1e-12) &&

@@ -104,13 +104,14 @@ typedef struct {
 	int *tpn;        /* [nmax+1]: the t of tf/tb at n */
 	int *usen;       /* [nmax+1]: the width that makes tf/tb at n (n, or less
 			  * when n is no faster or no (d, t) makes it) */
+	int *wfloor;     /* [nmax+1]: width_floor(m, n), tabled */
 	/* the table sets cost_build made (COST_AUTO always, COST_WHOLE when
 	 * has_whole, COST_VOCAB_WHOLE when has_vocab_whole); the fields above
 	 * are a copy of the active one */
 	struct cost_tab {
 		int nmax;
 		double *tf, *tb;
-		int *tpn, *usen;
+		int *tpn, *usen, *wfloor;
 	} tabs[3];
 	int profiled;
 	int scales;      /* 0: every device of a slice does the whole work (contrastive) */

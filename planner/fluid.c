@@ -47,7 +47,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
 	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark,   &out->cnt,
 			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
-			    &out->lv.pos};
+			    &out->lv.pos,   &out->seeded};
 	int **per_job[] = {&out->comp, &out->jmark, &out->waiting, &out->ev.pos};
 	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
 		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
@@ -67,7 +67,11 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
 	out->sum = sp_arena_calloc(a, nr, sizeof(double));
+	out->cap = sp_arena_calloc(a, nr, sizeof(double));
+	for (size_t r = 0; out->cap && r + 1 < nr; r++)
+		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
 	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->left || !out->sum ||
+	    !out->cap ||
 	    !out->pending.e || !out->ev.e || !out->lv.e || !out->touched)
 		return SP_ENOMEM;
 	return 0;
@@ -135,11 +139,16 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 /* ---- links in use --------------------------------------------------------------- */
 
 /* Per link, the jobs draining through it; every link whose set changed is
- * a seed of the next sharing. */
+ * a seed of the next sharing (epoch + 1), once: sharing joins the seeds
+ * in the order of their first time. */
 static int seed(fl_net_t *n, int r)
 {
-	if (sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
+	if (n->seeded[r] == n->epoch + 1)
+		return 0;
+	if (n->n_seeds == n->cap_seeds &&
+	    sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
 		return SP_ENOMEM;
+	n->seeded[r] = n->epoch + 1;
 	n->seeds[n->n_seeds++] = r;
 	return 0;
 }
@@ -314,7 +323,7 @@ static void link_join(fl_net_t *n, int r, int *nl)
 {
 	n->lmark[r] = n->epoch;
 	n->links[(*nl)++] = r;
-	n->left[r] = net_res_gbs(n->c, r) * 1e6;
+	n->left[r] = n->cap[r];
 	n->sum[r] = 0;
 	n->cnt[r] = 0;
 }

@@ -316,6 +316,8 @@ typedef struct {
 	} **lj;
 	int *ln, *lcap;
 	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
+	int *seeded;             /* per link: the epoch it is a seed for */
+	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
 	char *touched;           /* per link: in changed[] (its level changed this round) */
 	/* while sharing: per link what is left, the unfrozen weight, its loads'

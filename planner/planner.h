@@ -613,6 +613,10 @@ typedef int (*progs_step_fn)(void *ctx, int d, int k, const sp_ins_t *in);
  * or the first negative code step returned.
  */
 int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
+/* The same, not visiting the devices d with skip[d] set (their steps
+ * would answer PROGS_WAIT); step may change skip as it runs. */
+int progs_run_skip(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx,
+		   const char *skip);
 
 /* ---- sim.c: the one evaluator --------------------------------------------------- */
 

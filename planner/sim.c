@@ -241,7 +241,7 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 
 /*
  * progs_run(p, st->pc, sim_step, st), the same steps in the same order,
- * without the visits that would only wait again. A device whose step
+ * without the visits that would only wait again (progs_run_skip). A device whose step
  * waited is blocked (skipped) until what it waits for may have come: its
  * RECV's SEND ran (that step unblocks it), its transfer arrived (checked
  * here after the network ran), or its STEP's first unissued bucket got
@@ -287,10 +287,20 @@ static void sim_unblock(sim_t *st, const sp_ins_t *in)
 	}
 }
 
+/* sim_step, blocking the device it waits on and unblocking those its
+ * step may move. */
+static int sim_step_tracked(void *ctx, int d, int k, const sp_ins_t *in)
+{
+	int rc = sim_step(ctx, d, k, in);
+	if (rc == PROGS_WAIT)
+		sim_block(ctx, d, in);
+	else if (rc == PROGS_RAN)
+		sim_unblock(ctx, in);
+	return rc;
+}
+
 static int sim_progs(sim_t *st)
 {
-	const sp_plan_t *p = st->p;
-	int N = p->n_devices, done = 0, *pc = st->pc;
 	for (int i = 0; i < st->n_netw;) { /* arrived since */
 		int d = st->netw[i];
 		if (fl_done(&st->net, st->xjob[st->wtag[d]]) >= 0) {
@@ -300,35 +310,7 @@ static int sim_progs(sim_t *st)
 			i++;
 		}
 	}
-	for (int d = 0; d < N; d++)
-		if (pc[d] >= p->devices[d].n_ins)
-			done++;
-	while (done < N) {
-		int progress = 0;
-		for (int d = 0; d < N; d++) {
-			const sp_device_t *dv = &p->devices[d];
-			if (st->blocked[d])
-				continue;
-			while (pc[d] < dv->n_ins) {
-				const sp_ins_t *in = &p->ins[dv->first_ins + pc[d]];
-				int rc = sim_step(st, d, pc[d], in);
-				if (rc < 0)
-					return rc;
-				if (rc == PROGS_WAIT) {
-					sim_block(st, d, in);
-					break;
-				}
-				sim_unblock(st, in);
-				pc[d]++;
-				progress = 1;
-				if (pc[d] == dv->n_ins)
-					done++;
-			}
-		}
-		if (!progress)
-			return PROGS_STUCK;
-	}
-	return 0;
+	return progs_run_skip(st->p, st->pc, sim_step_tracked, st, st->blocked);
 }
 
 /* Every device's optimizer step: it updates one bucket's parameters (or

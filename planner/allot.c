@@ -326,16 +326,18 @@ int allot_milp(planner_t *pl, int *w)
  * and deterministic.
  */
 /* The list schedule's makespan for widths w (HUGE_VAL if it finds none in
- * memory). */
-static int makespan(planner_t *pl, const int *w, double frac, double *out)
+ * memory, or when it reaches stop: then the makespan is stop or more). */
+static int makespan(planner_t *pl, const int *w, double frac, double stop, double *out)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	sched_t t;
 	sched_init(&t, ALGO_SPINDLE, &pl->scratch);
-	int rc = sched_list(pl, w, frac, &t);
+	int rc = sched_list_until(pl, w, frac, stop, &t);
 	*out = HUGE_VAL;
 	if (rc == 0) {
 		*out = sched_makespan(&t);
+	} else if (rc == SCHED_PAST) {
+		rc = 0;
 	} else if (rc == SP_EINFEAS) {
 		memset(pl->err, 0, sizeof *pl->err);
 		rc = 0;
@@ -353,7 +355,7 @@ int allot_search(planner_t *pl, int *w, double frac)
 	if (!order || !work)
 		return SP_ENOMEM;
 	double best;
-	if ((rc = makespan(pl, w, frac, &best)) || best == HUGE_VAL)
+	if ((rc = makespan(pl, w, frac, HUGE_VAL, &best)) || best == HUGE_VAL)
 		goto done;
 	for (int m = 0; m < M; m++) {
 		order[m] = m;
@@ -380,7 +382,9 @@ int allot_search(planner_t *pl, int *w, double frac)
 				int keep = w[m];
 				w[m] = k;
 				double ms;
-				if ((rc = makespan(pl, w, frac, &ms)))
+				/* a trial is kept only below the bar: one that
+				 * reaches it is stopped there */
+				if ((rc = makespan(pl, w, frac, best * (1 - 1e-6), &ms)))
 					goto done;
 				if (ms < best * (1 - 1e-6))
 					best = ms;

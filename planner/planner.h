@@ -457,6 +457,10 @@ int allot_search(planner_t *pl, int *w, double frac);
 /* Phase 2 at widths w, a segment's layers within frac of the cap;
  * SP_EINFEAS when some MetaOp finds no device with room. */
 int sched_list(planner_t *pl, const int *w, double frac, sched_t *out);
+/* The same, stopping with SCHED_PAST once a slice ends at or after stop
+ * (the makespan is then at least stop). */
+#define SCHED_PAST 2
+int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sched_t *out);
 
 /* ---- sched_lanes.c: lanes (fluid widths made integral) ---------------------- */
 

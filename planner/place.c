@@ -194,13 +194,11 @@ static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int32_t 
 	return more;
 }
 
-/* Memory slice x adds to device d (slot's samples): new state + activations,
- * as layout.c estimates them (zero-1 over the slice, input-only activations
- * where auto may shard or recompute), and a decoder's memory buffers. */
 /* slice_mem of slot samples [a0, a1) on device d, which does not hold
  * unheld of x's layers. Without memory buffers the sum is the same for
  * every device with as many layers to add (their state added one by one,
- * in order): kept for the next call on the same slice and samples. */
+ * in order): kept for the next call on the same slice and samples (the
+ * estimates it reads do not change while the placer lives). */
 static double slot_mem(placer_t *P, const sslice_t *x, int d, int32_t a0, int32_t a1,
 		       int unheld)
 {
@@ -226,6 +224,9 @@ static double slot_mem(placer_t *P, const sslice_t *x, int d, int32_t a0, int32_
 	return bytes;
 }
 
+/* Memory slice x adds to device d (slot's samples): new state + activations,
+ * as layout.c estimates them (zero-1 over the slice, input-only activations
+ * where auto may shard or recompute), and a decoder's memory buffers. */
 static double slice_mem(placer_t *P, const sslice_t *x, int d, int slot)
 {
 	int32_t a0, a1;

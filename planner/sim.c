@@ -177,7 +177,10 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	}
 }
 
-/* One instruction of device d under the cost model (the table at the top). */
+/* One instruction of device d under the cost model (the table at the top).
+ * It waits only where sim_block knows what moves the device on: a new
+ * reason to wait needs its wake-up there and in sim_unblock (a device
+ * waiting for anything else is visited every round, as by progs_run). */
 static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 {
 	sim_t *st = ctx;

@@ -58,7 +58,7 @@ struct placer {
 	int *mem_row;      /* [MetaOp]: its row in mem_span, or -1 */
 	double *on, *island, *node_score;
 	int *node_order, *node_cnt, *node_head, *cand_next;
-	cand_t *cand;
+	cand_t *cand, *node_cand;
 	/* slice_mem's sums for the last (MetaOp, layers, width, samples) it
 	 * priced without memory buffers: by_unheld[k] with k layers not held */
 	double *by_unheld;
@@ -130,6 +130,7 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->node_head = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
+	P->node_cand = sp_arena_calloc(a, (size_t)nodes, sizeof(cand_t));
 	int most = 0;
 	for (int m = 0; m < M; m++)
 		most = SP_MAX(most, pl->mops[m].n_layers);
@@ -140,7 +141,7 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	    !P->mem_row || !P->on ||
 	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
-	    !P->cand_next || !P->by_unheld || !P->held_t || !P->held_cnt)
+	    !P->cand_next || !P->by_unheld || !P->held_t || !P->held_cnt || !P->node_cand)
 		return SP_ENOMEM;
 	*out = P;
 	return 0;
@@ -365,16 +366,12 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 				head[node] = j;
 			}
 		}
+		/* by score, ties by node (a total order: cmp_cand) */
 		for (int q = 0; q < nn; q++)
-			P->node_order[q] = q;
-		for (int a = 1; a < nn; a++)
-			for (int b = a; b > 0 && P->node_score[P->node_order[b]] >
-							 P->node_score[P->node_order[b - 1]];
-			     b--) {
-				int t = P->node_order[b];
-				P->node_order[b] = P->node_order[b - 1];
-				P->node_order[b - 1] = t;
-			}
+			P->node_cand[q] = (cand_t){P->node_score[q], q};
+		qsort(P->node_cand, (size_t)nn, sizeof *P->node_cand, cmp_cand);
+		for (int q = 0; q < nn; q++)
+			P->node_order[q] = P->node_cand[q].dev;
 		/* a group that fits in one node goes to the best node that holds it */
 		int first = 0;
 		if (x->n <= G) {

@@ -54,6 +54,22 @@ def peaks(view):
     return [d["peak_gib"] for d in view["devices"]]
 
 
+def one_device_refused(tmp, level):
+    """--zero level on one device (no group to shard): exit 2 with the
+    message, no plan written."""
+    one = os.path.join(tmp, "one.json")
+    c = json.load(open(os.path.join(ROOT, "plans/demo/cluster.json")))
+    c["nodes"], c["gpus_per_node"] = 1, 1
+    json.dump(c, open(one, "w"))
+    out = os.path.join(tmp, "one.bin")
+    p = subprocess.run([PLAN, os.path.join(ROOT, "plans/demo/model.json"), one, "-o", out,
+                        "--zero", level], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 2 and f"--zero {level}: every sync group of the plan has a single "
+          "device" in p.stderr and not os.path.exists(out),
+          f"--zero {level} on one device: exit 2, no plan written",
+          f"exit {p.returncode}: {p.stderr.strip()}")
+
+
 def main():
     m7 = os.path.join(ROOT, "plans/qwen-val-7b/model.json")
     c7 = os.path.join(ROOT, "plans/qwen-val-7b/cluster.json")
@@ -90,18 +106,7 @@ def main():
         check("zero-2" not in lk and "zero-1" in lk,
               f"auto with 2 micro-batches keeps zero-1 ({lk.count('zero-1')} buckets), "
               "no zero-2", f"layouts {lk}")
-        # a single device: no group to shard
-        one = os.path.join(tmp, "one.json")
-        c = json.load(open(os.path.join(ROOT, "plans/demo/cluster.json")))
-        c["nodes"], c["gpus_per_node"] = 1, 1
-        json.dump(c, open(one, "w"))
-        out = os.path.join(tmp, "one.bin")
-        p = subprocess.run([PLAN, os.path.join(ROOT, "plans/demo/model.json"), one, "-o", out,
-                            "--zero", "2"], capture_output=True, text=True, timeout=120)
-        check(p.returncode == 2 and "--zero 2: every sync group of the plan has a single "
-              "device" in p.stderr and not os.path.exists(out),
-              "--zero 2 on one device: exit 2, no plan written",
-              f"exit {p.returncode}: {p.stderr.strip()}")
+        one_device_refused(tmp, "2")
         # the baselines get the same layout trial as ours
         mq = os.path.join(ROOT, "plans/qwen-val/model.json")
         cq = os.path.join(ROOT, "plans/clusters/a800-8x8.json")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import workloads as W  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zero2 import FAILS, PLAN, ROOT, SHOW, check, plan  # noqa: E402  the same helpers
+from zero2 import FAILS, PLAN, ROOT, SHOW, check, one_device_refused, plan  # noqa: E402
 
 
 def programs(path):
@@ -92,18 +92,7 @@ def main():
         check(p.returncode != 0 and "hint: fits with --zero 3" in p.stderr,
               "nothing fits: the advice names --zero 3", f"exit {p.returncode}: {p.stderr}")
 
-        # a single device: no group to shard
-        one = os.path.join(tmp, "one.json")
-        c = json.load(open(os.path.join(ROOT, "plans/demo/cluster.json")))
-        c["nodes"], c["gpus_per_node"] = 1, 1
-        json.dump(c, open(one, "w"))
-        out = os.path.join(tmp, "one.bin")
-        p = subprocess.run([PLAN, os.path.join(ROOT, "plans/demo/model.json"), one, "-o", out,
-                            "--zero", "3"], capture_output=True, text=True, timeout=120)
-        check(p.returncode == 2 and "--zero 3: every sync group of the plan has a single "
-              "device" in p.stderr and not os.path.exists(out),
-              "--zero 3 on one device: exit 2, no plan written",
-              f"exit {p.returncode}: {p.stderr.strip()}")
+        one_device_refused(tmp, "3")
     print(f"{len(FAILS)} failure(s)")
     return 1 if FAILS else 0
 

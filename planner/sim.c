@@ -30,7 +30,8 @@
  *   PGATHER       zero-3: a rendezvous of the bucket's members; from the
  *                 last arrival the span's layers are all-gathered one at
  *                 a time, serially (pg_span_ms: the sum of their
- *                 all-gathers, priced alone on the network), charged
+ *                 all-gathers, priced alone on the network; a span
+ *                 gathered whole: the bucket's gather_ms), charged
  *                 here; PFREE takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
  *                 member finished that bucket's update and takes the
@@ -183,7 +184,8 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 /* One instruction of device d under the cost model (the table at the top). */
 /* Device d's PGATHER k: its span's layers all-gathered one at a time,
  * each before its use (plan_z3_span), one after another: the sum of their
- * all-gathers over the bucket's group (priced alone on the network). */
+ * all-gathers over the bucket's group (priced alone on the network); a
+ * span gathered whole: the bucket's gather_ms. */
 static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 {
 	const sp_plan_t *p = st->p;
@@ -191,10 +193,10 @@ static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 	if (st->pg_ms[g] < 0) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		int32_t *seq = NULL;
-		int n = plan_z3_span(p, d, k, &seq);
+		int whole, n = plan_z3_span(p, d, k, &seq, &whole);
 		if (n < 0)
 			return n;
-		st->pg_ms[g] = 0;
+		st->pg_ms[g] = whole ? bk->gather_ms : 0;
 		for (int i = 0; i < n; i++)
 			st->pg_ms[g] += cost_all_gather_ms(
 				st->pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,

@@ -70,9 +70,11 @@
  * (z3pool, at the offset plan_z3_walk gives the PGATHER: nothing is
  * allocated mid-step): the PGATHER gathers the first, a use of the next
  * layer gathers it in place of the one before (z3_need), the PFREE the
- * ones its uses did not need (a member without uses there runs them all),
- * so every member runs the same all-gathers in the same order. The layers
- * read them there (rt_wptr). PGATHER and PFREE run in every micro-step.
+ * ones its uses did not need,
+ * so every member runs the same all-gathers in the same order; a span in
+ * which some member has no use is gathered whole at the PGATHER. The
+ * layers read them there (rt_wptr). PGATHER and PFREE run in every
+ * micro-step.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers
@@ -568,13 +570,18 @@ static int plan_zero3(rt_state_t *st)
 		st->z3_seqn = calloc((size_t)st->n_ins + 1, sizeof(int));
 		if (!st->z3_seq || !st->z3_seqn)
 			return SP_ENOMEM;
-		for (int k = 0; k < st->n_ins; k++)
-			if (st->prog[k].op == INS_PGATHER &&
-			    (st->z3_seqn[k] = plan_z3_span(st->p, st->rank, k, &st->z3_seq[k])) < 0)
-				return SP_ENOMEM;
+		for (int k = 0, whole; k < st->n_ins; k++)
+			if (st->prog[k].op == INS_PGATHER) {
+				st->z3_seqn[k] = plan_z3_span(st->p, st->rank, k, &st->z3_seq[k], &whole);
+				if (st->z3_seqn[k] < 0)
+					return SP_ENOMEM;
+				if (whole)
+					st->z3_seqn[k] = -1; /* gathered whole at the PGATHER */
+			}
 	}
 	st->z3_acct = wk.pool;
 	st->z3_peak = wk.peak;
+	st->z3_whole = wk.whole;
 	return 0;
 }
 
@@ -637,9 +644,10 @@ float *rt_wptr(const rt_state_t *st, int i)
 {
 	const mybucket_t *mb = &st->mb[st->pmb[i]];
 	int64_t rel = st->poff[i] - mb->off;
-	(void)rel;
 	if (mb->zero3)
-		return mb->wfull && mb->z3cur == i ? mb->wfull : NULL;
+		return !mb->wfull ? NULL
+		       : mb->z3cur == -2 ? mb->wfull + rel
+		       : mb->z3cur == i ? mb->wfull : NULL;
 	return st->w + mb->wc + rel;
 }
 
@@ -1596,7 +1604,7 @@ static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
 {
 	mybucket_t *mb = &st->mb[st->pmb[si]];
-	if (!mb->zero3 || mb->z3cur == si)
+	if (!mb->zero3 || mb->z3cur == si || (mb->wfull && mb->z3cur == -2))
 		return 0;
 	if (!mb->wfull)
 		return fail(st, err, k, "uses zero-3 weights that are not gathered");
@@ -1606,8 +1614,9 @@ static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
 }
 
 /* PGATHER: opens the span and gathers its first layer (a rendezvous of
- * the bucket's members, as the verifier models it). PFREE: gathers the
- * span's layers not yet gathered, then gives the room back. */
+ * the bucket's members, as the verifier models it), or the whole bucket
+ * (plan_z3_span's whole spans). PFREE: gathers the span's layers not yet
+ * gathered, then gives the room back. */
 static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
@@ -1635,6 +1644,24 @@ static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 	mb->z3seq = st->z3_seq[k];
 	mb->z3n = st->z3_seqn[k];
 	mb->z3pos = 0;
+	if (mb->z3n < 0) { /* whole: the shard into its place, the rest gathered */
+		if (st->z3_at[k] + mb->n > st->z3_acct)
+			return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
+		mb->z3cur = -2;
+		mb->z3have = mb->n;
+		st->z3_live += mb->n;
+		st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
+		if (st->z3_hwm > st->z3_peak)
+			return fail(st, err, k,
+				    "more zero-3 weights gathered at once than the walk's peak");
+		rt_req_t r = {0};
+		st->b->copy_rows(mb->wfull + (mb->soff - mb->off), mb->sn, st->ws + mb->wsoff,
+				 mb->sn, 1, mb->sn, 0);
+		st->b->sync();
+		if (st->c->ops->iallgather(st->c, mb->wfull, mb->n, mb->group, &r))
+			return fail(st, err, k, "starting the all-gather failed");
+		return wait_req(st, &r, k, err);
+	}
 	for (int i = 0; i < mb->z3n; i++)
 		if (st->z3_at[k] + st->pcount[mb->hfirst + mb->z3seq[i]] > st->z3_acct)
 			return fail(st, err, k, "gathers a zero-3 layer outside the walk's pool");
@@ -2010,8 +2037,10 @@ void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
 }
 
-int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
+int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool,
+		  int64_t *whole)
 {
+	*whole = st->z3_whole * (int64_t)sizeof(float);
 	*most = st->z3_hwm * (int64_t)sizeof(float);
 	*peak = st->z3_peak * (int64_t)sizeof(float);
 	*pool = st->z3_acct * (int64_t)sizeof(float);

@@ -78,6 +78,7 @@ struct rt_state {
 	int32_t **z3_seq; /* per instruction: a PGATHER's plan_z3_span, else NULL */
 	int *z3_seqn;
 	int64_t z3_live, z3_hwm, z3_peak, z3_acct; /* floats, as z2_* */
+	int64_t z3_whole; /* plan_z3_walk's whole: whole buckets gathered together */
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g
 	 * floats), gs the zero-2 buckets' shards (n_gs); a zero-2 bucket's full
 	 * gradient is its own allocation while live (mybucket_t full) */

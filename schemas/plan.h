@@ -364,14 +364,18 @@ void plan_z2_walk_release(plan_z2_walk_t *w);
  * Zero-3 gathers are layer by layer (plan_zero3.c): a PGATHER of bucket b
  * opens a span that ends at the next PFREE of b; in it the members
  * all-gather b's layers one at a time, in the order the uses of the span
- * run them (a FWD ascending, a BWD descending, a LOSS its one layer), each
- * replacing the one before; a member with no use there takes part in the
- * same gathers. plan_z3_span: that order for device d's PGATHER k (the
- * first member's, in bucket_devs order, whose matching span has uses), as
- * indices into b's params, in *out (malloc'd); its length, or SP_ENOMEM.
+ * run them (a FWD ascending, a BWD descending, a LOSS its one layer; a
+ * layer used twice in a row once), each replacing the one before: the
+ * PGATHER gathers the first (the members' rendezvous), the uses the
+ * others. A span in which some member has no use (it holds the layers for
+ * another slice) is gathered whole at the PGATHER instead (*whole = 1),
+ * so that every collective of such a member stays at the rendezvous.
+ * plan_z3_span: the order for device d's PGATHER k (the first member's,
+ * in bucket_devs order), as indices into b's params, in *out (malloc'd;
+ * NULL when whole); its length, or SP_ENOMEM.
  * plan_z3_param_elems: the elements of param q of bucket b.
  */
-int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out);
+int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole);
 int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
 
 /*
@@ -391,6 +395,8 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
 typedef struct {
 	int64_t *off;
 	int64_t pool, peak, shards, fulls;
+	int64_t whole; /* the most elements of whole buckets in open spans at
+			* once: what gathering a span's layers together holds */
 	int bad;
 	const char *why;
 } plan_z3_walk_t;

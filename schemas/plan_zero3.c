@@ -90,44 +90,62 @@ static int z3_own(const sp_plan_t *p, int d, int k, int b, int32_t **out)
 	return n;
 }
 
-int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out)
+int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
 {
 	const sp_device_t *dv = &p->devices[d];
-	int b = p->ins[dv->first_ins + k].peer, nth = 0;
+	int b = p->ins[dv->first_ins + k].peer, nth = 0, found = 0, n = 0;
 	const sp_bucket_t *bk = &p->buckets[b];
 	*out = NULL;
+	*whole = 0;
 	for (int j = 0; j <= k; j++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + j];
 		nth += in->op == INS_PGATHER && in->peer == b;
 	}
-	for (int q = 0; q < bk->n_dev; q++) {
-		int m = p->bucket_devs[bk->dev_off + q], seen = 0;
+	/* the first member's order; whole when a member has no use there */
+	for (int q = 0; q < bk->n_dev && !*whole; q++) {
+		int m = p->bucket_devs[bk->dev_off + q], seen = 0, used = 0;
 		const sp_device_t *mv = &p->devices[m];
-		for (int j = 0; j < mv->n_ins; j++) {
+		for (int j = 0; j < mv->n_ins && !used; j++) {
 			const sp_ins_t *in = &p->ins[mv->first_ins + j];
 			if (in->op != INS_PGATHER || in->peer != b || ++seen < nth)
 				continue;
-			int n = z3_own(p, m, j, b, out);
-			if (n != 0)
-				return n;
-			free(*out);
-			*out = NULL;
-			break;
+			int32_t *own = NULL;
+			used = z3_own(p, m, j, b, &own);
+			if (used < 0) {
+				free(*out);
+				*out = NULL;
+				return used;
+			}
+			if (!found && used) {
+				*out = own;
+				n = used;
+				found = 1;
+			} else {
+				free(own);
+			}
 		}
+		*whole = !used;
 	}
-	return 0;
+	if (*whole) {
+		free(*out);
+		*out = NULL;
+		n = 0;
+	}
+	return n;
 }
 
 /* The room device d's PGATHER k needs: the largest layer of the span's
- * gathers (plan_z3_span), one layer being full at a time. Names in out a
+ * gathers (plan_z3_span), one layer being full at a time (a whole span:
+ * the bucket). Names in out a
  * program whose own uses there run the bucket's layers in another order
  * than the members' common one. 0 or SP_ENOMEM. */
 static int z3_span_size(const sp_plan_t *p, int d, int k, int64_t *size, plan_z3_walk_t *out)
 {
 	int b = p->ins[p->devices[d].first_ins + k].peer;
 	int32_t *ref = NULL, *own = NULL;
-	int n = plan_z3_span(p, d, k, &ref), m = n < 0 ? 0 : z3_own(p, d, k, b, &own);
-	*size = 0;
+	int whole, n = plan_z3_span(p, d, k, &ref, &whole);
+	int m = n < 0 || whole ? 0 : z3_own(p, d, k, b, &own);
+	*size = whole ? p->buckets[b].elems : 0;
 	if (n < 0 || m < 0) {
 		free(ref);
 		free(own);
@@ -149,7 +167,7 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 {
 	const sp_device_t *dv = &p->devices[d];
 	sp_z2map_t m;
-	int64_t so, sn, live = 0;
+	int64_t so, sn, live = 0, lwhole = 0;
 	int rc = 0, cap = 2, any = 0;
 	memset(out, 0, sizeof *out);
 	out->bad = -1;
@@ -213,6 +231,7 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 			if (in->op == INS_PFREE) {
 				at[b] = -1;
 				live -= sz[b];
+				lwhole -= p->buckets[b].elems;
 				continue;
 			}
 			if ((rc = z3_span_size(p, d, k, &sz[b], out)) < 0)
@@ -221,6 +240,8 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 			at[b] = out->off[k] = z3_first_fit(p, at, sz, sz[b]);
 			out->pool = SP_MAX(out->pool, at[b] + sz[b]);
 			live += sz[b];
+			lwhole += p->buckets[b].elems;
+			out->whole = SP_MAX(out->whole, lwhole);
 			out->peak = SP_MAX(out->peak, live);
 			continue;
 		}

@@ -92,15 +92,18 @@ int allot_separable(planner_t *pl, int *w)
 {
 	int M = pl->n_mops, nd = 0;
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	int *k = sp_arena_calloc(&pl->scratch, MAX_CAND, sizeof(int));
+	/* every MetaOp's candidate widths, once: k + m MAX_CAND, nks[m] of them */
+	int *ks = sp_arena_calloc(&pl->scratch, (size_t)(M * MAX_CAND + 1), sizeof(int));
+	int *nks = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(int));
 	double *dl = sp_arena_calloc(&pl->scratch, (size_t)(M * MAX_CAND + 1), sizeof(double));
 	int *cur = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(int));
 	double *scratch = sp_arena_calloc(&pl->scratch, (size_t)(M + 1), sizeof(double));
-	if (!k || !dl || !cur || !scratch)
+	if (!ks || !nks || !dl || !cur || !scratch)
 		return SP_ENOMEM;
 	for (int m = 0; m < M; m++) {
-		int nk = width_candidates(&pl->mops[m], pl->N, k);
-		for (int i = 0; i < nk; i++)
+		int *k = ks + (size_t)m * MAX_CAND;
+		nks[m] = width_candidates(&pl->mops[m], pl->N, k);
+		for (int i = 0; i < nks[m]; i++)
 			dl[nd++] = pl->mops[m].n_layers * mop_t(&pl->mops[m], k[i]);
 	}
 	qsort(dl, (size_t)nd, sizeof(double), cmp_double);
@@ -116,7 +119,8 @@ int allot_separable(planner_t *pl, int *w)
 			continue;
 		for (int m = 0; m < M; m++) {
 			const metaop_t *mo = &pl->mops[m];
-			int nk = width_candidates(mo, pl->N, k), pick = k[nk - 1];
+			const int *k = ks + (size_t)m * MAX_CAND;
+			int nk = nks[m], pick = k[nk - 1];
 			double area = HUGE_VAL;
 			for (int j = 0; j < nk; j++)
 				if (mo->n_layers * mop_t(mo, k[j]) <= D * (1 + 1e-12) &&
@@ -322,16 +326,18 @@ int allot_milp(planner_t *pl, int *w)
  * and deterministic.
  */
 /* The list schedule's makespan for widths w (HUGE_VAL if it finds none in
- * memory). */
-static int makespan(planner_t *pl, const int *w, double frac, double *out)
+ * memory, or when it reaches stop: then the makespan is stop or more). */
+static int makespan(planner_t *pl, const int *w, double frac, double stop, double *out)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	sched_t t;
 	sched_init(&t, ALGO_SPINDLE, &pl->scratch);
-	int rc = sched_list(pl, w, frac, &t);
+	int rc = sched_list_until(pl, w, frac, stop, &t);
 	*out = HUGE_VAL;
 	if (rc == 0) {
 		*out = sched_makespan(&t);
+	} else if (rc == SCHED_PAST) {
+		rc = 0;
 	} else if (rc == SP_EINFEAS) {
 		memset(pl->err, 0, sizeof *pl->err);
 		rc = 0;
@@ -349,7 +355,7 @@ int allot_search(planner_t *pl, int *w, double frac)
 	if (!order || !work)
 		return SP_ENOMEM;
 	double best;
-	if ((rc = makespan(pl, w, frac, &best)) || best == HUGE_VAL)
+	if ((rc = makespan(pl, w, frac, HUGE_VAL, &best)) || best == HUGE_VAL)
 		goto done;
 	for (int m = 0; m < M; m++) {
 		order[m] = m;
@@ -376,7 +382,9 @@ int allot_search(planner_t *pl, int *w, double frac)
 				int keep = w[m];
 				w[m] = k;
 				double ms;
-				if ((rc = makespan(pl, w, frac, &ms)))
+				/* a trial is kept only below the bar: one that
+				 * reaches it is stopped there */
+				if ((rc = makespan(pl, w, frac, best * (1 - 1e-6), &ms)))
 					goto done;
 				if (ms < best * (1 - 1e-6))
 					best = ms;

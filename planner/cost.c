@@ -597,6 +597,12 @@ static int cost_tables(planner_t *pl, int k, int set)
 		m->tf[n] = n > 1 ? fmin(f, m->tf[n - 1]) : f;
 		m->tb[n] = n > 1 ? fmin(b, m->tb[n - 1]) : b;
 	}
+	/* width_floor's answers, from below: n when it gains, else n - 1's */
+	if (!(tab->wfloor = sp_arena_calloc(&pl->arena, sz, sizeof(int))))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int n = 1; n <= m->nmax; n++)
+		tab->wfloor[n] = n > 1 && !width_gains(m, n) ? tab->wfloor[n - 1] : n;
+	m->wfloor = tab->wfloor;
 	return 0;
 }
 
@@ -613,6 +619,7 @@ void cost_use(planner_t *pl, int set)
 		m->tb = tab->tb;
 		m->tpn = tab->tpn;
 		m->usen = tab->usen;
+		m->wfloor = tab->wfloor;
 	}
 }
 

@@ -47,7 +47,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
 	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark,   &out->cnt,
 			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
-			    &out->lv.pos};
+			    &out->lv.pos,   &out->seeded};
 	int **per_job[] = {&out->comp, &out->jmark, &out->waiting, &out->ev.pos};
 	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
 		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
@@ -67,75 +67,14 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
 	out->sum = sp_arena_calloc(a, nr, sizeof(double));
+	out->cap = sp_arena_calloc(a, nr, sizeof(double));
+	for (size_t r = 0; out->cap && r + 1 < nr; r++)
+		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
 	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->left || !out->sum ||
+	    !out->cap ||
 	    !out->pending.e || !out->ev.e || !out->lv.e || !out->touched)
 		return SP_ENOMEM;
 	return 0;
-}
-
-/* ---- heaps of (time or level, id), least first; ties by id ---------------- */
-
-static int hp_before(fl_ev_t a, fl_ev_t b)
-{
-	return a.t < b.t || (a.t == b.t && a.id < b.id);
-}
-
-static void hp_put(fl_heap_t *h, int k, fl_ev_t x)
-{
-	h->e[k] = x;
-	if (h->pos)
-		h->pos[x.id] = k;
-}
-
-/* Moves entry k up, then down, to its place. */
-static void hp_fix(fl_heap_t *h, int k)
-{
-	fl_ev_t x = h->e[k];
-	for (; k > 0 && hp_before(x, h->e[(k - 1) / 2]); k = (k - 1) / 2)
-		hp_put(h, k, h->e[(k - 1) / 2]);
-	for (int m; (m = 2 * k + 1) < h->n; k = m) {
-		if (m + 1 < h->n && hp_before(h->e[m + 1], h->e[m]))
-			m++;
-		if (!hp_before(h->e[m], x))
-			break;
-		hp_put(h, k, h->e[m]);
-	}
-	hp_put(h, k, x);
-}
-
-/* Room is the caller's: every heap holds at most one entry per id. */
-static void hp_push(fl_heap_t *h, fl_ev_t x)
-{
-	hp_put(h, h->n++, x);
-	hp_fix(h, h->n - 1);
-}
-
-static void hp_del(fl_heap_t *h, int k)
-{
-	if (h->pos)
-		h->pos[h->e[k].id] = -1;
-	if (k < --h->n) {
-		hp_put(h, k, h->e[h->n]);
-		hp_fix(h, k);
-	}
-}
-
-static fl_ev_t hp_pop(fl_heap_t *h)
-{
-	fl_ev_t top = h->e[0];
-	hp_del(h, 0);
-	return top;
-}
-
-/* Id's key becomes t (an indexed heap): added, or moved. */
-static void hp_set(fl_heap_t *h, int id, double t)
-{
-	if (h->pos[id] < 0) {
-		hp_push(h, (fl_ev_t){t, id});
-		return;
-	}
-	h->e[h->pos[id]].t = t;
-	hp_fix(h, h->pos[id]);
 }
 
 /* ---- adding jobs ------------------------------------------------------------ */
@@ -151,7 +90,7 @@ static int new_job(fl_net_t *n, double start)
 	jb->done = -1;
 	jb->state = J_PENDING;
 	n->ev.pos[j] = -1;
-	hp_push(&n->pending, (fl_ev_t){jb->start, j});
+	heap_push(&n->pending, (fl_ev_t){jb->start, j});
 	return j;
 }
 
@@ -200,11 +139,16 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 /* ---- links in use --------------------------------------------------------------- */
 
 /* Per link, the jobs draining through it; every link whose set changed is
- * a seed of the next sharing. */
+ * a seed of the next sharing (epoch + 1), once: sharing joins the seeds
+ * in the order of their first time. */
 static int seed(fl_net_t *n, int r)
 {
-	if (sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
+	if (n->seeded[r] == n->epoch + 1)
+		return 0;
+	if (n->n_seeds == n->cap_seeds &&
+	    sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
 		return SP_ENOMEM;
+	n->seeded[r] = n->epoch + 1;
 	n->seeds[n->n_seeds++] = r;
 	return 0;
 }
@@ -269,7 +213,7 @@ static int enter_phase(fl_net_t *n, int j)
 			return drain_begin(n, j);
 		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
 			jb->state = J_DELAY;
-			hp_set(&n->ev, j, n->now + ph->lat_ms);
+			heap_set(&n->ev, j, n->now + ph->lat_ms);
 			return 0;
 		}
 	}
@@ -345,23 +289,33 @@ static int start_waiting(fl_net_t *n)
  * unfrozen job's rate is the common level x; link r fills at
  *   x_r = left_r / sum_r,  left_r = cap_r - what frozen jobs use,
  *                          sum_r  = sum of unfrozen jobs' bytes_r / V;
- * the link with the least x_r fills first, its jobs freeze at x_r, and the
- * links they also cross lose their use. x_r only grows as jobs freeze, so
- * the links are taken from a heap, each link once with its current level,
- * moved once per round (a link filling) in which its level changed:
- * O(loads + links changed per round * log links) per event.
+ * the link with the least (x_r, r) fills first, its jobs freeze at x_r,
+ * and the links they also cross lose their use. A link takes part while an
+ * unfrozen job crosses it and its level is a number (0 / 0: it never
+ * fills, as no job's rate is bounded by it).
+ *
+ * The first SCAN_ROUNDS rounds find the least level by a scan of the
+ * links that take part (those without unfrozen jobs leave the scan for
+ * good): most sharings end within a few rounds (an all-reduce's phase
+ * crosses many links and freezes at the first of them to fill), and a
+ * scan costs no upkeep. Rounds after that take the links from a heap,
+ * each link once with its current level, moved once per round in which
+ * its level changed. Both take the same link each round (the least
+ * (level, id), levels computed alike), so the rates are the same as with
+ * either alone: O(loads + SCAN_ROUNDS * links + links changed per later
+ * round * log links) per event.
  */
+#define SCAN_ROUNDS 8
 
-/* Link r's level changed: moved in the heap; it leaves the heap when no
- * unfrozen job crosses it, or when its level is not a number (0 / 0: it
- * never fills, as no job's rate is bounded by it). */
+/* Link r's level changed: moved in the heap, or out of it when it no
+ * longer takes part. */
 static void lv_update(fl_net_t *n, int r)
 {
 	double t = n->left[r] / n->sum[r];
 	if (n->unfrozen[r] > 0 && !isnan(t))
-		hp_set(&n->lv, r, t);
+		heap_set(&n->lv, r, t);
 	else if (n->lv.pos[r] >= 0)
-		hp_del(&n->lv, n->lv.pos[r]);
+		heap_del(&n->lv, n->lv.pos[r]);
 }
 
 /* Link r joins the component: full capacity, nothing on it yet. */
@@ -369,9 +323,84 @@ static void link_join(fl_net_t *n, int r, int *nl)
 {
 	n->lmark[r] = n->epoch;
 	n->links[(*nl)++] = r;
-	n->left[r] = net_res_gbs(n->c, r) * 1e6;
+	n->left[r] = n->cap[r];
 	n->sum[r] = 0;
 	n->cnt[r] = 0;
+}
+
+/* The least (level, id) of the na links in act that take part, by scan;
+ * links without unfrozen jobs leave act. -1 when none. */
+static int lv_scan(fl_net_t *n, int *act, int *na, double *level)
+{
+	int best = -1;
+	for (int i = 0; i < *na;) {
+		int r = act[i];
+		if (n->unfrozen[r] == 0) {
+			act[i] = act[--*na];
+			continue;
+		}
+		double t = n->left[r] / n->sum[r];
+		if (!isnan(t) && (best < 0 || t < *level || (t == *level && r < best))) {
+			best = r;
+			*level = t;
+		}
+		i++;
+	}
+	return best;
+}
+
+/* The scan's links that take part into the heap (indexed: every link of
+ * act gets a position, -1 when out). */
+static void lv_build(fl_net_t *n, const int *act, int na)
+{
+	n->lv.n = 0;
+	for (int i = 0; i < na; i++) {
+		int r = act[i];
+		double t = n->left[r] / n->sum[r];
+		n->lv.pos[r] = -1;
+		if (n->unfrozen[r] > 0 && !isnan(t))
+			n->lv.e[n->lv.n++] = (fl_ev_t){t, r};
+	}
+	heap_build(&n->lv);
+}
+
+/* Link r fills at level x: its unfrozen jobs freeze at x. With the heap
+ * (heap), the links whose level changed are moved in it. */
+static void freeze_link(fl_net_t *n, int r, double x, int heap)
+{
+	int n_changed = 0;
+	for (int q = 0; q < n->cnt[r]; q++) {
+		int k = n->on[r][q];
+		if (n->frozen[k])
+			continue;
+		fl_job_t *jb = &n->jobs[n->comp[k]];
+		n->frozen[k] = 1;
+		/* what it drained at its old rate, then the new one; at the
+		 * same rate its end event stands */
+		if (x != jb->rate) {
+			jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
+			jb->t_ref = n->now;
+			jb->rate = x;
+			heap_set(&n->ev, n->comp[k], n->now + jb->rem / x);
+		}
+		const net_phase_t *ph = &jb->co.ph[jb->phase];
+		for (int i = 0; i < ph->n_load; i++) {
+			int r2 = ph->load[i].res;
+			double w = ph->load[i].bytes / jb->vol;
+			n->left[r2] -= x * w;
+			n->sum[r2] -= w;
+			n->unfrozen[r2]--;
+			if (heap && !n->touched[r2]) {
+				n->touched[r2] = 1;
+				n->changed[n_changed++] = r2;
+			}
+		}
+	}
+	n->unfrozen[r] = 0;
+	for (int i = 0; i < n_changed; i++) {
+		n->touched[n->changed[i]] = 0;
+		lv_update(n, n->changed[i]);
+	}
 }
 
 static int share(fl_net_t *n)
@@ -410,48 +439,25 @@ static int share(fl_net_t *n)
 	}
 	for (int i = 0; i < nl; i++)
 		n->unfrozen[n->links[i]] = n->cnt[n->links[i]];
-	n->lv.n = 0;
-	for (int i = 0; i < nl; i++)
-		n->lv.pos[n->links[i]] = -1;
-	for (int i = 0; i < nl; i++)
-		lv_update(n, n->links[i]);
+	/* n->links, the scan's links, loses those that leave it */
 	double x = 0;
-	while (n->lv.n > 0) {
-		fl_ev_t top = hp_pop(&n->lv);
-		int r = top.id, n_changed = 0;
-		x = fmax(top.t, x); /* levels only grow; keeps rounding from going back */
-		for (int q = 0; q < n->cnt[r]; q++) {
-			int k = n->on[r][q];
-			if (n->frozen[k])
-				continue;
-			fl_job_t *jb = &n->jobs[n->comp[k]];
-			n->frozen[k] = 1;
-			/* what it drained at its old rate, then the new one; at the
-			 * same rate its end event stands */
-			if (x != jb->rate) {
-				jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
-				jb->t_ref = n->now;
-				jb->rate = x;
-				hp_set(&n->ev, n->comp[k], n->now + jb->rem / x);
-			}
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			for (int i = 0; i < ph->n_load; i++) {
-				int r2 = ph->load[i].res;
-				double w = ph->load[i].bytes / jb->vol;
-				n->left[r2] -= x * w;
-				n->sum[r2] -= w;
-				n->unfrozen[r2]--;
-				if (!n->touched[r2]) {
-					n->touched[r2] = 1;
-					n->changed[n_changed++] = r2;
-				}
-			}
+	for (int round = 0, na = nl;; round++) {
+		double t = 0;
+		int r;
+		if (round == SCAN_ROUNDS)
+			lv_build(n, n->links, na);
+		if (round < SCAN_ROUNDS) {
+			if ((r = lv_scan(n, n->links, &na, &t)) < 0)
+				break;
+		} else {
+			if (n->lv.n == 0)
+				break;
+			fl_ev_t top = heap_pop(&n->lv);
+			r = top.id;
+			t = top.t;
 		}
-		n->unfrozen[r] = 0;
-		for (int i = 0; i < n_changed; i++) {
-			n->touched[n->changed[i]] = 0;
-			lv_update(n, n->changed[i]);
-		}
+		x = fmax(t, x); /* levels only grow; keeps rounding from going back */
+		freeze_link(n, r, x, round >= SCAN_ROUNDS);
 	}
 	return 0;
 }
@@ -462,7 +468,7 @@ static int step_to(fl_net_t *n, double t)
 	int rc = 0;
 	n->now = t;
 	while (!rc && ev_next(n) <= t * (1 + SAME_TIME)) {
-		int j = hp_pop(&n->ev).id;
+		int j = heap_pop(&n->ev).id;
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->state == J_DELAY) {
 			rc = next_phase(n, j);
@@ -476,11 +482,11 @@ static int step_to(fl_net_t *n, double t)
 			rc = next_phase(n, j);
 		} else {
 			jb->state = J_DELAY;
-			hp_set(&n->ev, j, t + lat);
+			heap_set(&n->ev, j, t + lat);
 		}
 	}
 	while (!rc && n->pending.n > 0 && n->pending.e[0].t <= t * (1 + SAME_TIME)) {
-		int j = hp_pop(&n->pending).id;
+		int j = heap_pop(&n->pending).id;
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {
 			jb->state = J_WAITING;

@@ -44,6 +44,8 @@ struct placer {
 	place_kind_t kind;
 	double *busy_until, *mem;
 	uint8_t *held;      /* [dev][param id] */
+	uint8_t *held_t;    /* the same, [param id][dev] */
+	uint16_t *held_cnt; /* [dev]: placer_fitting's count */
 	uint8_t *node_held; /* [node][param id] */
 	uint8_t *any_held;  /* [param id] */
 	int *param_base, n_params;
@@ -56,7 +58,11 @@ struct placer {
 	int *mem_row;      /* [MetaOp]: its row in mem_span, or -1 */
 	double *on, *island, *node_score;
 	int *node_order, *node_cnt, *node_head, *cand_next;
-	cand_t *cand;
+	cand_t *cand, *node_cand;
+	/* slice_mem's sums for the last (MetaOp, layers, width, samples) it
+	 * priced without memory buffers: by_unheld[k] with k layers not held */
+	double *by_unheld;
+	int key[5];
 };
 
 static int cmp_cand(const void *a, const void *b)
@@ -104,6 +110,8 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->busy_until = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->mem = sp_arena_calloc(a, (size_t)N, sizeof(double));
 	P->held = sp_arena_calloc(a, (size_t)N * (size_t)(P->n_params + 1), 1);
+	P->held_t = sp_arena_calloc(a, (size_t)N * (size_t)(P->n_params + 1), 1);
+	P->held_cnt = sp_arena_calloc(a, (size_t)N, sizeof(uint16_t));
 	P->node_held = sp_arena_calloc(a, (size_t)nodes * (size_t)(P->n_params + 1), 1);
 	P->any_held = sp_arena_calloc(a, (size_t)P->n_params + 1, 1);
 	P->last_devs = sp_arena_calloc(a, (size_t)M * (size_t)N + 1, sizeof(int32_t));
@@ -122,12 +130,18 @@ int placer_new(placer_t **out, planner_t *pl, place_kind_t kind)
 	P->node_head = sp_arena_calloc(a, (size_t)nodes, sizeof(int));
 	P->cand_next = sp_arena_calloc(a, (size_t)N, sizeof(int));
 	P->cand = sp_arena_calloc(a, (size_t)N, sizeof(cand_t));
+	P->node_cand = sp_arena_calloc(a, (size_t)nodes, sizeof(cand_t));
+	int most = 0;
+	for (int m = 0; m < M; m++)
+		most = SP_MAX(most, pl->mops[m].n_layers);
+	P->by_unheld = sp_arena_calloc(a, (size_t)most + 1, sizeof(double));
+	P->key[0] = -1;
 	if (!P->param_base || !P->op_pid || !P->busy_until || !P->mem || !P->held ||
 	    !P->node_held || !P->any_held || !P->last_devs || !P->last_n || !P->mem_span ||
 	    !P->mem_row || !P->on ||
 	    !P->island ||
 	    !P->node_score || !P->node_order || !P->cand || !P->node_cnt || !P->node_head ||
-	    !P->cand_next)
+	    !P->cand_next || !P->by_unheld || !P->held_t || !P->held_cnt || !P->node_cand)
 		return SP_ENOMEM;
 	*out = P;
 	return 0;
@@ -181,23 +195,49 @@ static int64_t memory_more(const placer_t *P, const sslice_t *x, int d, int32_t 
 	return more;
 }
 
-/* Memory slice x adds to device d (slot's samples): new state + activations,
- * as layout.c estimates them (zero-1 over the slice, input-only activations
- * where auto may shard or recompute), and a decoder's memory buffers. */
-static double slice_mem(const placer_t *P, const sslice_t *x, int d, int slot)
+/* slice_mem of slot samples [a0, a1) on device d, which does not hold
+ * unheld of x's layers. Without memory buffers the sum is the same for
+ * every device with as many layers to add (their state added one by one,
+ * in order): kept for the next call on the same slice and samples (the
+ * estimates it reads do not change while the placer lives). */
+static double slot_mem(placer_t *P, const sslice_t *x, int d, int32_t a0, int32_t a1,
+		       int unheld)
 {
 	const metaop_t *mo = &P->pl->mops[x->metaop];
-	int32_t a0, a1;
-	slot_samples(mo, x, slot, &a0, &a1);
 	int64_t local = a1 - a0;
+	int key[5] = {x->metaop, x->lf, x->lt, x->n, (int)local};
+	int buffers = P->mem_row[x->metaop] >= 0;
+	if (!buffers && !memcmp(key, P->key, sizeof key))
+		return P->by_unheld[unheld];
 	double bytes = (double)local * layout_saved_per_sample(P->pl, x->metaop) * (x->lt - x->lf);
 	bytes += 2.0 * (double)memory_more(P, x, d, a0, a1, 0) * (double)mo->shape.mem_seq *
 		 (double)mo->shape.mem_width * dtype_bytes(P->pl->model->dtype);
 	double state = layout_state_bytes(P->pl, x->metaop, x->n);
-	for (int l = x->lf; l < x->lt; l++)
-		if (!P->held[(size_t)d * P->n_params + param_id(P, x->metaop, l)])
-			bytes += state;
+	if (!buffers) {
+		P->by_unheld[0] = bytes;
+		for (int k = 1; k <= x->lt - x->lf; k++)
+			P->by_unheld[k] = P->by_unheld[k - 1] + state;
+		memcpy(P->key, key, sizeof key);
+		return P->by_unheld[unheld];
+	}
+	for (int k = 0; k < unheld; k++)
+		bytes += state;
 	return bytes;
+}
+
+/* Memory slice x adds to device d (slot's samples): new state + activations,
+ * as layout.c estimates them (zero-1 over the slice, input-only activations
+ * where auto may shard or recompute), and a decoder's memory buffers. */
+static double slice_mem(placer_t *P, const sslice_t *x, int d, int slot)
+{
+	int32_t a0, a1;
+	slot_samples(&P->pl->mops[x->metaop], x, slot, &a0, &a1);
+	const uint8_t *held = P->held + (size_t)d * P->n_params;
+	const int *pid = P->op_pid + P->pl->mops[x->metaop].first_op;
+	int unheld = 0;
+	for (int l = x->lf; l < x->lt; l++)
+		unheld += !held[pid[l]];
+	return slot_mem(P, x, d, a0, a1, unheld);
 }
 
 static double score(placer_t *P, const sslice_t *x, int d)
@@ -245,11 +285,32 @@ static int candidates(placer_t *P, const sslice_t *x)
 	return k;
 }
 
+/* cnt[d] += row[d], 16 at a time (vectorised) */
+static void add_row(uint16_t *restrict cnt, const uint8_t *restrict row, int n)
+{
+	int d = 0;
+	for (; d + 16 <= n; d += 16)
+		for (int i = 0; i < 16; i++)
+			cnt[d + i] += row[d + i];
+	for (; d < n; d++)
+		cnt[d] += row[d];
+}
+
 int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 {
-	int fit = 0, later = 0;
-	for (int d = 0; d < P->pl->N; d++) {
-		int ok = P->mem[d] + slice_mem(P, x, d, 0) <= P->pl->mem_cap;
+	int fit = 0, later = 0, N = P->pl->N;
+	/* slice_mem(P, x, d, 0) for every d: the layers each device holds
+	 * counted layer by layer, over the devices (held_t's rows) */
+	uint16_t *cnt = P->held_cnt;
+	const int *pid = P->op_pid + P->pl->mops[x->metaop].first_op;
+	int32_t a0, a1;
+	slot_samples(&P->pl->mops[x->metaop], x, 0, &a0, &a1);
+	memset(cnt, 0, sizeof *cnt * (size_t)N);
+	for (int l = x->lf; l < x->lt; l++)
+		add_row(cnt, P->held_t + (size_t)pid[l] * N, N);
+	for (int d = 0; d < N; d++) {
+		int ok = P->mem[d] + slot_mem(P, x, d, a0, a1, x->lt - x->lf - cnt[d]) <=
+			 P->pl->mem_cap;
 		if (P->busy_until[d] <= x->t0 + 1e-9)
 			fit += ok;
 		else
@@ -260,8 +321,18 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	return fit;
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	return (x > y) - (x < y);
+}
+
 void devs_sort(int32_t *d, int n)
 {
+	if (n > 32) { /* long lists by qsort, short ones by insertion */
+		qsort(d, (size_t)n, sizeof *d, cmp_i32);
+		return;
+	}
 	for (int a = 1; a < n; a++)
 		for (int b = a; b > 0 && d[b] < d[b - 1]; b--) {
 			int32_t t = d[b];
@@ -295,16 +366,12 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 				head[node] = j;
 			}
 		}
+		/* by score, ties by node (a total order: cmp_cand) */
 		for (int q = 0; q < nn; q++)
-			P->node_order[q] = q;
-		for (int a = 1; a < nn; a++)
-			for (int b = a; b > 0 && P->node_score[P->node_order[b]] >
-							 P->node_score[P->node_order[b - 1]];
-			     b--) {
-				int t = P->node_order[b];
-				P->node_order[b] = P->node_order[b - 1];
-				P->node_order[b - 1] = t;
-			}
+			P->node_cand[q] = (cand_t){P->node_score[q], q};
+		qsort(P->node_cand, (size_t)nn, sizeof *P->node_cand, cmp_cand);
+		for (int q = 0; q < nn; q++)
+			P->node_order[q] = P->node_cand[q].dev;
 		/* a group that fits in one node goes to the best node that holds it */
 		int first = 0;
 		if (x->n <= G) {
@@ -349,11 +416,17 @@ void placer_commit(placer_t *P, const sslice_t *x, const int32_t *devs)
 		int32_t a0, a1;
 		slot_samples(&pl->mops[x->metaop], x, j, &a0, &a1);
 		memory_more(P, x, d, a0, a1, 1);
-		for (int l = x->lf; l < x->lt; l++) {
-			int pid = param_id(P, x->metaop, l);
-			P->held[(size_t)d * P->n_params + pid] = 1;
-			P->node_held[(size_t)dev_node(pl->cluster, d) * P->n_params + pid] = 1;
-			P->any_held[pid] = 1;
+		/* the rows once: the stores are bytes, which may alias anything */
+		uint8_t *held = P->held + (size_t)d * P->n_params, *held_t = P->held_t + d;
+		uint8_t *node_held = P->node_held + (size_t)dev_node(pl->cluster, d) * P->n_params;
+		const int *pid = P->op_pid + pl->mops[x->metaop].first_op;
+		size_t N = (size_t)pl->N;
+		for (int l = x->lf, lt = x->lt; l < lt; l++) {
+			int q = pid[l];
+			held[q] = 1;
+			held_t[(size_t)q * N] = 1;
+			node_held[q] = 1;
+			P->any_held[q] = 1;
 		}
 		P->busy_until[d] = x->t1;
 		P->last_devs[(size_t)x->metaop * pl->N + j] = d;
@@ -371,6 +444,7 @@ void placer_reserve(placer_t *P, int comp, int layer, const int32_t *devs, int n
 		if (!P->held[(size_t)d * P->n_params + pid])
 			P->mem[d] += state;
 		P->held[(size_t)d * P->n_params + pid] = 1;
+		P->held_t[(size_t)pid * pl->N + d] = 1;
 		P->node_held[(size_t)dev_node(pl->cluster, d) * P->n_params + pid] = 1;
 		P->any_held[pid] = 1;
 	}

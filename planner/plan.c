@@ -48,6 +48,67 @@ static int64_t xnode_bytes(const sp_plan_t *p)
 	return total;
 }
 
+/* The schedules plan_one lowered (copies on the heap), to know a
+ * candidate that schedules what an earlier one did. */
+typedef struct {
+	sched_t *s;
+	int n, cap;
+} seen_t;
+
+static void seen_release(seen_t *v)
+{
+	for (int i = 0; v && i < v->n; i++) {
+		free(v->s[i].s);
+		free(v->s[i].devs);
+	}
+	if (v)
+		free(v->s);
+}
+
+/* 1 when a and b are the same schedule: slices (every field), devices. */
+static int sched_same(const sched_t *a, const sched_t *b)
+{
+	if (a->algo != b->algo || a->n != b->n || a->n_waves != b->n_waves ||
+	    a->n_devs != b->n_devs ||
+	    (a->n_devs && memcmp(a->devs, b->devs, sizeof *a->devs * (size_t)a->n_devs)))
+		return 0;
+	for (int i = 0; i < a->n; i++) {
+		const sslice_t *x = &a->s[i], *y = &b->s[i];
+		if (x->metaop != y->metaop || x->lf != y->lf || x->lt != y->lt || x->n != y->n ||
+		    x->wave != y->wave || x->t0 != y->t0 || x->t1 != y->t1 ||
+		    x->chunk != y->chunk || x->dev_off != y->dev_off || x->tp != y->tp)
+			return 0;
+	}
+	return 1;
+}
+
+static int seen_has(const seen_t *v, const sched_t *s)
+{
+	for (int i = 0; i < v->n; i++)
+		if (sched_same(&v->s[i], s))
+			return 1;
+	return 0;
+}
+
+static int seen_add(seen_t *v, const sched_t *s)
+{
+	sched_t c = *s;
+	c.arena = NULL;
+	c.s = malloc(sizeof *s->s * (size_t)s->n + 1);
+	c.devs = malloc(sizeof *s->devs * (size_t)s->n_devs + 1);
+	if (!c.s || !c.devs || sp_grow((void **)&v->s, &v->cap, v->n + 1, sizeof *v->s)) {
+		free(c.s);
+		free(c.devs);
+		return SP_ENOMEM;
+	}
+	if (s->n)
+		memcpy(c.s, s->s, sizeof *s->s * (size_t)s->n);
+	if (s->n_devs)
+		memcpy(c.devs, s->devs, sizeof *s->devs * (size_t)s->n_devs);
+	v->s[v->n++] = c;
+	return 0;
+}
+
 /* schedule → placement → tensor-parallel degrees → programs → memory →
  * layouts that fit (the auto choices of zero-1 and recompute), for one
  * algorithm (ours: candidate c). With aligned (ours), also the same
@@ -55,17 +116,25 @@ static int64_t xnode_bytes(const sp_plan_t *p)
  * *aligned, *n_aligned 1, when that differs (0: none, or it did not lower
  * within memory). Leaves the schedule and placement in pl->scratch for the
  * caller to reset; SCHED_NOTHING_NEW passed up. The lowered plan needs
- * nothing of them: plan_simulated may run later. */
+ * nothing of them: plan_simulated may run later. seen (NULL: none):
+ * SCHED_NOTHING_NEW for a schedule in it, and the schedule joins it when
+ * lowered. Every pass after the scheduler (the alignment included) reads
+ * only the schedule and the run's constants, so a schedule seen lowers to
+ * the plans lowered then. */
 static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
-			place_kind_t kind, sp_plan_t *out, sp_plan_t *aligned, int *n_aligned)
+			place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+			int *n_aligned)
 {
 	sched_t s;
 	place_t pc, pa;
 	int rc, changed = 0;
 	if (n_aligned)
 		*n_aligned = 0;
-	if ((rc = sched_run(pl, a, st, c, &s)) || (rc = place_run(pl, &s, kind, &pc)) ||
-	    (rc = tp_run(pl, &s, &pc)))
+	if ((rc = sched_run(pl, a, st, c, &s)))
+		return rc;
+	if (seen && seen_has(seen, &s))
+		return SCHED_NOTHING_NEW;
+	if ((rc = place_run(pl, &s, kind, &pc)) || (rc = tp_run(pl, &s, &pc)))
 		return rc;
 	if (aligned && kind == PLACE_SPINDLE) {
 		size_t total = 0;
@@ -91,10 +160,12 @@ static int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_c
 			if (rc != SP_EINFEAS)
 				return rc;
 			memset(pl->err, 0, sizeof *pl->err);
-			return 0;
+		} else {
+			*n_aligned = 1;
 		}
-		*n_aligned = 1;
 	}
+	if (seen && seen_add(seen, &s))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return 0;
 }
 
@@ -299,10 +370,10 @@ static void held_release(held_t *h, int n)
  * failure (out of memory, an internal error) of a plan that is never
  * simulated goes unseen.
  */
-static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
-		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
-		    const sim_result_t *seq_res, double seq_over, int *use_seq,
-		    const sim_result_t *bar)
+static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
+		     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
+		     const sim_result_t *seq_res, double seq_over, int *use_seq,
+		     const sim_result_t *bar, seen_t *seen)
 {
 	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
@@ -335,8 +406,8 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			var[0].f = seq_over;
 			var[0].simulated = 1;
 		} else {
-			rc = plan_lowered(pl, a, st, c, kind, &var[0].p, ours ? &var[1].p : NULL,
-					  &n_var);
+			rc = plan_lowered(pl, a, st, c, kind, seen, &var[0].p,
+					  ours ? &var[1].p : NULL, &n_var);
 			for (int k = 0; !rc && ours && k <= n_var; k++)
 				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
 		}
@@ -405,6 +476,13 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 			return rc;
 		}
 	}
+	/* a choice that loses to the bar is dropped by the caller as it is:
+	 * its other times are never read (plan_better reads the iteration
+	 * and the fit, which the partial result has) */
+	if (w.found && bar && !plan_better(1, res, *over, bar, 0)) {
+		plan_release(out);
+		return PLAN_NO_BETTER;
+	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		rc = sim_complete(pl, out, res);
@@ -421,6 +499,25 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 fail:
 	held_release(held, n_held);
 	plan_release(out);
+	return rc;
+}
+
+/* plan_walk, where ours skips a candidate that schedules what an earlier
+ * one did (plan_lowered's seen): it would lower and simulate to that one's
+ * plan and result, and so never be chosen (plan_better is strict, and the
+ * record only gets better: a plan no better than a record is no better
+ * than a later one); the walk goes on as without it, the earlier one
+ * standing for both. Not with --simulate-all, which simulates them all. */
+static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
+		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
+		    const sim_result_t *seq_res, double seq_over, int *use_seq,
+		    const sim_result_t *bar)
+{
+	seen_t seen = {0};
+	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
+	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
+			   bar, dedup ? &seen : NULL);
+	seen_release(&seen);
 	return rc;
 }
 
@@ -665,7 +762,8 @@ static int naive_compare(planner_t *pl, cand_state_t *cands, const sched_cand_t 
 	sim_result_t nr = {0};
 	/* its transfers do not depend on bucket layouts: no zero-1 trial, and
 	 * of the simulation only the passes that time compute and transfers */
-	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, &naive, NULL, NULL);
+	int rc = plan_lowered(pl, pl->opts->algo, cands, c, PLACE_NAIVE, NULL, &naive, NULL,
+			      NULL);
 	if (!rc)
 		rc = sim_transfers(pl, &naive, &nr);
 	if (!rc) {

@@ -106,13 +106,14 @@ typedef struct {
 	int *tpn;        /* [nmax+1]: the t of tf/tb at n */
 	int *usen;       /* [nmax+1]: the width that makes tf/tb at n (n, or less
 			  * when n is no faster or no (d, t) makes it) */
+	int *wfloor;     /* [nmax+1]: width_floor(m, n), tabled */
 	/* the table sets cost_build made (COST_AUTO always, COST_WHOLE when
 	 * has_whole, COST_VOCAB_WHOLE when has_vocab_whole); the fields above
 	 * are a copy of the active one */
 	struct cost_tab {
 		int nmax;
 		double *tf, *tb;
-		int *tpn, *usen;
+		int *tpn, *usen, *wfloor;
 	} tabs[3];
 	int profiled;
 	int scales;      /* 0: every device of a slice does the whole work (contrastive) */
@@ -297,6 +298,15 @@ typedef struct {
 	fl_ev_t *e;
 	int n, *pos;
 } fl_heap_t;
+/* heap.c: the operations (4-ary; keys never NaN, ids distinct). push adds
+ * x (room is the caller's), pop takes the least entry out, del entry k;
+ * set (indexed) gives id the key t, adding it when absent; build orders
+ * the n entries placed in e (and fills pos). */
+void heap_push(fl_heap_t *h, fl_ev_t x);
+fl_ev_t heap_pop(fl_heap_t *h);
+void heap_del(fl_heap_t *h, int k);
+void heap_set(fl_heap_t *h, int id, double t);
+void heap_build(fl_heap_t *h);
 
 typedef struct {
 	const sp_cluster_t *c;
@@ -312,6 +322,8 @@ typedef struct {
 	} **lj;
 	int *ln, *lcap;
 	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
+	int *seeded;             /* per link: the epoch it is a seed for */
+	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
 	char *touched;           /* per link: in changed[] (its level changed this round) */
 	/* while sharing: per link what is left, the unfrozen weight, its loads'
@@ -451,6 +463,10 @@ int allot_search(planner_t *pl, int *w, double frac);
 /* Phase 2 at widths w, a segment's layers within frac of the cap;
  * SP_EINFEAS when some MetaOp finds no device with room. */
 int sched_list(planner_t *pl, const int *w, double frac, sched_t *out);
+/* The same, stopping with SCHED_PAST once a slice ends at or after stop
+ * (the makespan is then at least stop). */
+#define SCHED_PAST 2
+int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sched_t *out);
 
 /* ---- sched_lanes.c: lanes (fluid widths made integral) ---------------------- */
 
@@ -630,6 +646,10 @@ typedef int (*progs_step_fn)(void *ctx, int d, int k, const sp_ins_t *in);
  * or the first negative code step returned.
  */
 int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx);
+/* The same, not visiting the devices d with skip[d] set (their steps
+ * would answer PROGS_WAIT); step may change skip as it runs. */
+int progs_run_skip(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx,
+		   const char *skip);
 
 /* ---- sim.c: the one evaluator --------------------------------------------------- */
 

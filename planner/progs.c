@@ -10,6 +10,12 @@
 
 int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx)
 {
+	return progs_run_skip(p, pc, step, ctx, NULL);
+}
+
+int progs_run_skip(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx,
+		   const char *skip)
+{
 	int N = p->n_devices, done = 0;
 	for (int d = 0; d < N; d++)
 		if (pc[d] >= p->devices[d].n_ins)
@@ -18,6 +24,8 @@ int progs_run(const sp_plan_t *p, int *pc, progs_step_fn step, void *ctx)
 		int progress = 0;
 		for (int d = 0; d < N; d++) {
 			const sp_device_t *dv = &p->devices[d];
+			if (skip && skip[d])
+				continue;
 			while (pc[d] < dv->n_ins) {
 				int rc = step(ctx, d, pc[d], &p->ins[dv->first_ins + pc[d]]);
 				if (rc < 0)

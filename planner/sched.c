@@ -135,6 +135,8 @@ int width_gains(const metaop_t *m, int c)
 
 int width_floor(const metaop_t *m, int n)
 {
+	if (m->wfloor && n >= 1 && n <= m->nmax)
+		return m->wfloor[n];
 	while (n > 1 && !width_gains(m, n))
 		n--;
 	return n;

@@ -504,7 +504,7 @@ static int next_event(list_t *s, int blocked)
  * the placement pass keeps these devices. Event by event: start ready
  * MetaOps, widen the slice that ends last, advance to the next end.
  */
-int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
+int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sched_t *out)
 {
 	list_t s;
 	int rc;
@@ -515,6 +515,13 @@ int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
 		if ((rc = start_ready(&s, &free_dev, &blocked)) || (rc = widen_last(&s, free_dev)) ||
 		    (rc = next_event(&s, blocked)))
 			return rc;
+		if (s.t >= stop) /* slices ended at s.t were pushed */
+			return SCHED_PAST;
 	}
 	return 0;
+}
+
+int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
+{
+	return sched_list_until(pl, w, frac, HUGE_VAL, out);
 }

@@ -101,6 +101,13 @@ typedef struct {
 					  * span priced (pg_span_ms), -1 not yet */
 	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
+	/* sim_progs: per device whether it waits where only a SEND of its
+	 * RECV's tag, its transfer's arrival or a SYNC completing its STEP's
+	 * bucket can move it; who waits on what */
+	char *blocked;
+	int *tag_waiter;           /* per tag: the device whose RECV waits for its SEND */
+	int *bk_head, *bk_next;    /* per bucket, linked through devices: STEP waiters */
+	int *netw, n_netw, *wtag;  /* devices whose RECV's transfer is in the network */
 } sim_t;
 
 static int sim_alloc(sim_t *st, sp_arena_t *a)
@@ -146,8 +153,21 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
 	    fl_init(&st->net, st->pl->cluster, a, n_xfer + p->n_buckets))
 		return SP_ENOMEM;
-	for (int t = 0; t <= st->max_tag; t++)
+	st->blocked = sp_arena_calloc(a, N + 1, 1);
+	st->tag_waiter = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
+	st->bk_head = sp_arena_calloc(a, nb, sizeof(int));
+	st->bk_next = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->netw = sp_arena_calloc(a, N + 1, sizeof(int));
+	st->wtag = sp_arena_calloc(a, N + 1, sizeof(int));
+	if (!st->blocked || !st->tag_waiter || !st->bk_head || !st->bk_next || !st->netw ||
+	    !st->wtag)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		st->bk_head[b] = -1;
+	for (int t = 0; t <= st->max_tag; t++) {
 		st->arrive[t] = -1;
+		st->tag_waiter[t] = -1;
+	}
 	if (!st->record)
 		return 0;
 	st->s_f0 = sp_arena_calloc(a, ns, sizeof(double));
@@ -181,7 +201,6 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	}
 }
 
-/* One instruction of device d under the cost model (the table at the top). */
 /* Device d's PGATHER k: its span's layers all-gathered one at a time,
  * each before its use (plan_z3_span), one after another: the sum of their
  * all-gathers over the bucket's group (priced alone on the network); a
@@ -207,6 +226,10 @@ static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 	return 0;
 }
 
+/* One instruction of device d under the cost model (the table at the top).
+ * It waits only where sim_block knows what moves the device on: a new
+ * reason to wait needs its wake-up there and in sim_unblock (a device
+ * waiting for anything else is visited every round, as by progs_run). */
 static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 {
 	sim_t *st = ctx;
@@ -295,6 +318,80 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	return PROGS_RAN;
 }
 
+/*
+ * progs_run(p, st->pc, sim_step, st), the same steps in the same order,
+ * without the visits that would only wait again (progs_run_skip). A device whose step
+ * waited is blocked (skipped) until what it waits for may have come: its
+ * RECV's SEND ran (that step unblocks it), its transfer arrived (checked
+ * here after the network ran), or its STEP's first unissued bucket got
+ * its last SYNC (that step unblocks the bucket's waiters). A blocked
+ * device's step would wait again (sim_step waits only in those cases,
+ * and its fl_await was made on the visit that blocked it), so skipping
+ * it changes nothing; an unblocked one is visited when progs_run would
+ * next visit it (in this round if after the device that unblocked it).
+ */
+static void sim_block(sim_t *st, int d, const sp_ins_t *in)
+{
+	const sp_plan_t *p = st->p;
+	if (in->op == INS_RECV) {
+		st->blocked[d] = 1;
+		if (in->tag < 0 || in->tag > st->max_tag)
+			return; /* never comes */
+		if (st->arrive[in->tag] == -1) {
+			st->tag_waiter[in->tag] = d;
+		} else {
+			st->wtag[d] = in->tag;
+			st->netw[st->n_netw++] = d;
+		}
+	} else if (in->op == INS_STEP) {
+		const sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *sy = &p->ins[dv->first_ins + st->scan[d]];
+		st->blocked[d] = 1;
+		st->bk_next[d] = st->bk_head[sy->peer];
+		st->bk_head[sy->peer] = d;
+	}
+}
+
+/* Step `in` ran: the devices it may move are unblocked. */
+static void sim_unblock(sim_t *st, const sp_ins_t *in)
+{
+	if (in->op == INS_SEND && in->tag >= 0 && in->tag <= st->max_tag &&
+	    st->tag_waiter[in->tag] >= 0) {
+		st->blocked[st->tag_waiter[in->tag]] = 0;
+		st->tag_waiter[in->tag] = -1;
+	} else if (in->op == INS_SYNC && st->issued[in->peer] >= st->p->buckets[in->peer].n_dev) {
+		for (int d = st->bk_head[in->peer]; d >= 0; d = st->bk_next[d])
+			st->blocked[d] = 0;
+		st->bk_head[in->peer] = -1;
+	}
+}
+
+/* sim_step, blocking the device it waits on and unblocking those its
+ * step may move. */
+static int sim_step_tracked(void *ctx, int d, int k, const sp_ins_t *in)
+{
+	int rc = sim_step(ctx, d, k, in);
+	if (rc == PROGS_WAIT)
+		sim_block(ctx, d, in);
+	else if (rc == PROGS_RAN)
+		sim_unblock(ctx, in);
+	return rc;
+}
+
+static int sim_progs(sim_t *st)
+{
+	for (int i = 0; i < st->n_netw;) { /* arrived since */
+		int d = st->netw[i];
+		if (fl_done(&st->net, st->xjob[st->wtag[d]]) >= 0) {
+			st->blocked[d] = 0;
+			st->netw[i] = st->netw[--st->n_netw];
+		} else {
+			i++;
+		}
+	}
+	return progs_run_skip(st->p, st->pc, sim_step_tracked, st, st->blocked);
+}
+
 /* Every device's optimizer step: it updates one bucket's parameters (or
  * its zero-1 shard) at a time, in program order, each as soon as its
  * collective is done; then the zero-1 all-gathers. */
@@ -378,7 +475,7 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 		return rc;
 	/* stuck: every device waits; the network delivers its next transfer */
 	int got = 1;
-	while ((rc = progs_run(p, st->pc, sim_step, st)) == PROGS_STUCK &&
+	while ((rc = sim_progs(st)) == PROGS_STUCK &&
 	       (got = fl_advance(&st->net, 1)) == 1)
 		;
 	if (got < 0)

@@ -1,0 +1,106 @@
+/*
+ * heap.c — the simulator's priority queues (fluid.c): entries (t, id),
+ * least t first, ties by least id, in a 4-ary heap. With pos (per id: its
+ * index, -1 when absent) it is indexed: an id has at most one entry, whose
+ * key can change or which can leave from the middle.
+ *
+ * Why 4-ary: the simulator's queues hold up to ~10^5 jobs and mostly pop
+ * and re-key; four children share a cache line (4 x 16 bytes), so a sift
+ * down touches half the lines of a binary heap's for the same comparisons
+ * per level. The order entries come out in is that of (t, id) alone, so
+ * it is the same for any correct heap: keys must be ordered (no NaN) and
+ * ids distinct within a heap. Room is the caller's: e holds every entry.
+ */
+#include "planner.h"
+
+#define ARITY 4
+
+static int before(fl_ev_t a, fl_ev_t b)
+{
+	return a.t < b.t || (a.t == b.t && a.id < b.id);
+}
+
+static void put(fl_heap_t *h, int k, fl_ev_t x)
+{
+	h->e[k] = x;
+	if (h->pos)
+		h->pos[x.id] = k;
+}
+
+/* Entry x, to go at k, moved down to its place. */
+static void down(fl_heap_t *h, int k, fl_ev_t x)
+{
+	for (;;) {
+		int c = ARITY * k + 1, end = c + ARITY, m = c;
+		if (c >= h->n)
+			break;
+		if (end > h->n)
+			end = h->n;
+		for (int i = c + 1; i < end; i++)
+			if (before(h->e[i], h->e[m]))
+				m = i;
+		if (!before(h->e[m], x))
+			break;
+		put(h, k, h->e[m]);
+		k = m;
+	}
+	put(h, k, x);
+}
+
+/* Entry k moved up, or else down, to its place. */
+static void fix(fl_heap_t *h, int k)
+{
+	fl_ev_t x = h->e[k];
+	if (k > 0 && before(x, h->e[(k - 1) / ARITY])) {
+		do {
+			int up = (k - 1) / ARITY;
+			put(h, k, h->e[up]);
+			k = up;
+		} while (k > 0 && before(x, h->e[(k - 1) / ARITY]));
+		put(h, k, x);
+		return;
+	}
+	down(h, k, x);
+}
+
+void heap_push(fl_heap_t *h, fl_ev_t x)
+{
+	put(h, h->n++, x);
+	fix(h, h->n - 1);
+}
+
+void heap_del(fl_heap_t *h, int k)
+{
+	if (h->pos)
+		h->pos[h->e[k].id] = -1;
+	if (k < --h->n) {
+		put(h, k, h->e[h->n]);
+		fix(h, k);
+	}
+}
+
+fl_ev_t heap_pop(fl_heap_t *h)
+{
+	fl_ev_t top = h->e[0];
+	heap_del(h, 0);
+	return top;
+}
+
+void heap_set(fl_heap_t *h, int id, double t)
+{
+	if (h->pos[id] < 0) {
+		heap_push(h, (fl_ev_t){t, id});
+		return;
+	}
+	h->e[h->pos[id]].t = t;
+	fix(h, h->pos[id]);
+}
+
+void heap_build(fl_heap_t *h)
+{
+	for (int k = 0; k < h->n; k++)
+		if (h->pos)
+			h->pos[h->e[k].id] = k;
+	for (int k = (h->n - 2) / ARITY; k >= 0 && h->n > 1; k--)
+		down(h, k, h->e[k]);
+}

@@ -18,7 +18,9 @@
  * deadlock; the verifier re-checks by simulation). A member frees the
  * full weights right after its last use in that gather, or right after
  * the PGATHER when it has none there (a member that uses the layers in
- * another slice only, sending its shard).
+ * another slice only, sending its shard). Inside a span the runtime
+ * gathers the layers one at a time as the uses reach them (plan_z3_span);
+ * the PGATHER is the rendezvous and the first layer's gather.
  */
 #include "lower.h"
 

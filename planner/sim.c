@@ -27,10 +27,12 @@
  *                 all-reduces, as the runtime does (steps are timed after
  *                 the programs ran, since only the final STEPs wait for
  *                 all-reduces)
- *   PGATHER       zero-3: a rendezvous of the bucket's members; the
- *                 all-gather starts at the last arrival and takes the
- *                 bucket's gather_ms (priced alone on the network); PFREE
- *                 takes no time
+ *   PGATHER       zero-3: a rendezvous of the bucket's members; from the
+ *                 last arrival the span's layers are all-gathered one at
+ *                 a time, serially (pg_span_ms: the sum of their
+ *                 all-gathers, priced alone on the network; a span
+ *                 gathered whole: the bucket's gather_ms), charged
+ *                 here; PFREE takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
  *                 member finished that bucket's update and takes the
  *                 bucket's gather_ms (priced alone on the network: the
@@ -59,6 +61,7 @@
 #include "planner.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { SIM_XFER = 1, SIM_SYNC = 2 };
@@ -94,6 +97,8 @@ typedef struct {
 	int *pg_n, *pg_round, *pg_wait;  /* zero-3 PGATHER: per bucket arrivals and
 					  * rounds done; per device its round, -1 */
 	double *pg_t, *pg_done;          /* per bucket: latest arrival, round's end */
+	double *pg_ms;                   /* per instruction of the plan: a PGATHER's
+					  * span priced (pg_span_ms), -1 not yet */
 	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
 	/* sim_progs: per device whether it waits where only a SEND of its
@@ -137,8 +142,11 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->pg_wait = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->pg_t = sp_arena_calloc(a, nb, sizeof(double));
 	st->pg_done = sp_arena_calloc(a, nb, sizeof(double));
-	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done)
+	st->pg_ms = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
+	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done || !st->pg_ms)
 		return SP_ENOMEM;
+	for (int i = 0; i < p->n_ins; i++)
+		st->pg_ms[i] = -1;
 	for (size_t d = 0; d < N; d++)
 		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
@@ -191,6 +199,31 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 		a[in->slice] = fmin(a[in->slice], t0);
 		z[in->slice] = fmax(z[in->slice], st->now[d]);
 	}
+}
+
+/* Device d's PGATHER k: its span's layers all-gathered one at a time,
+ * each before its use (plan_z3_span), one after another: the sum of their
+ * all-gathers over the bucket's group (priced alone on the network); a
+ * span gathered whole: the bucket's gather_ms. */
+static int pg_span_ms(sim_t *st, int d, int k, double *ms)
+{
+	const sp_plan_t *p = st->p;
+	int g = p->devices[d].first_ins + k, b = p->ins[g].peer;
+	if (st->pg_ms[g] < 0) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int32_t *seq = NULL;
+		int whole, n = plan_z3_span(p, d, k, &seq, &whole);
+		if (n < 0)
+			return n;
+		st->pg_ms[g] = whole ? bk->gather_ms : 0;
+		for (int i = 0; i < n; i++)
+			st->pg_ms[g] += cost_all_gather_ms(
+				st->pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,
+				plan_z3_param_elems(p, b, seq[i]) * st->db);
+		free(seq);
+	}
+	*ms = st->pg_ms[g];
+	return 0;
 }
 
 /* One instruction of device d under the cost model (the table at the top).
@@ -255,7 +288,11 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 			st->pg_wait[d] = st->pg_round[b];
 			st->pg_t[b] = fmax(st->pg_t[b], st->now[d]);
 			if (++st->pg_n[b] == bk->n_dev) {
-				st->pg_done[b] = st->pg_t[b] + (st->mode & SIM_SYNC ? bk->gather_ms : 0);
+				double ms = 0;
+				int rc = st->mode & SIM_SYNC ? pg_span_ms(st, d, k, &ms) : 0;
+				if (rc)
+					return rc;
+				st->pg_done[b] = st->pg_t[b] + ms;
 				st->pg_round[b]++;
 				st->pg_n[b] = 0;
 				st->pg_t[b] = 0;

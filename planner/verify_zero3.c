@@ -19,6 +19,15 @@
  *                       that gather in different orders deadlock here and
  *                       are named; members with different counts leave a
  *                       gather unmatched)
+ *   layer order         in a span the layers are all-gathered one at a
+ *                       time as the uses reach them (plan_z3_span): a
+ *                       member whose uses run them in another order than
+ *                       the others' is named (plan_z3_walk). This run
+ *                       models the PGATHER (the span's first layer) as the
+ *                       rendezvous; the later layers' gathers inside the
+ *                       uses are not modelled: the uses of one slice and
+ *                       direction follow each other in the lowering's
+ *                       sequence, as tensor-parallel FWD/BWD do
  * It does not price anything (sim.c does).
  */
 #include "verify.h"

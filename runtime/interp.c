@@ -64,11 +64,17 @@
  *
  * A zero-3 bucket: gradients and optimizer state as zero-2, and its
  * weights are not in w either: the rank keeps its shard of them (ws),
- * which STEP updates. A PGATHER places the full weights in one pool
- * (z3pool, at the offset plan_z3_walk gives that instruction: nothing is
- * allocated mid-step), copies the shard in and completes the all-gather of
- * the rest before the next instruction; the slice's layers read them there
- * (rt_wptr) until the PFREE. PGATHER and PFREE run in every micro-step.
+ * which STEP updates. A PGATHER opens a span to the next PFREE in which
+ * the bucket's layers are gathered one at a time, in the order of
+ * plan_z3_span (the members' common one), into one room of a pool
+ * (z3pool, at the offset plan_z3_walk gives the PGATHER: nothing is
+ * allocated mid-step): the PGATHER gathers the first, a use of the next
+ * layer gathers it in place of the one before (z3_need), the PFREE the
+ * ones its uses did not need,
+ * so every member runs the same all-gathers in the same order; a span in
+ * which some member has no use is gathered whole at the PGATHER. The
+ * layers read them there (rt_wptr). PGATHER and PFREE run in every
+ * micro-step.
  *
  * A tensor-parallel slice (tp = t > 1): the rank is member j of one of its
  * groups of t devices, holds shard j of each of the slice's layers
@@ -287,6 +293,8 @@ static int plan_params(rt_state_t *st)
 		mybucket_t *mb = &st->mb[st->n_mb++];
 		mb->bucket = b;
 		mb->off = st->n_w;
+		mb->hfirst = st->n_held;
+		mb->z3cur = -1;
 		for (int q = 0; q < bk->n_params; q++) {
 			sp_param_t pr = p->bucket_params[bk->param_off + q];
 			int id = st->param_base[pr.comp] + pr.layer;
@@ -557,8 +565,23 @@ static int plan_zero3(rt_state_t *st)
 		return SP_EINPUT;
 	}
 	st->z3_at = wk.off; /* NULL without zero-3 buckets */
+	if (wk.off) {
+		st->z3_seq = calloc((size_t)st->n_ins + 1, sizeof(int32_t *));
+		st->z3_seqn = calloc((size_t)st->n_ins + 1, sizeof(int));
+		if (!st->z3_seq || !st->z3_seqn)
+			return SP_ENOMEM;
+		for (int k = 0, whole; k < st->n_ins; k++)
+			if (st->prog[k].op == INS_PGATHER) {
+				st->z3_seqn[k] = plan_z3_span(st->p, st->rank, k, &st->z3_seq[k], &whole);
+				if (st->z3_seqn[k] < 0)
+					return SP_ENOMEM;
+				if (whole)
+					st->z3_seqn[k] = -1; /* gathered whole at the PGATHER */
+			}
+	}
 	st->z3_acct = wk.pool;
 	st->z3_peak = wk.peak;
+	st->z3_whole = wk.whole;
 	return 0;
 }
 
@@ -622,7 +645,9 @@ float *rt_wptr(const rt_state_t *st, int i)
 	const mybucket_t *mb = &st->mb[st->pmb[i]];
 	int64_t rel = st->poff[i] - mb->off;
 	if (mb->zero3)
-		return mb->wfull ? mb->wfull + rel : NULL;
+		return !mb->wfull ? NULL
+		       : mb->z3cur == -2 ? mb->wfull + rel
+		       : mb->z3cur == i ? mb->wfull : NULL;
 	return st->w + mb->wc + rel;
 }
 
@@ -1039,6 +1064,10 @@ void rt_free(rt_state_t *st)
 	b->release(st->ws);
 	b->release(st->z3pool);
 	free(st->z3_at);
+	for (int k = 0; st->z3_seq && k < st->n_ins; k++)
+		free(st->z3_seq[k]);
+	free(st->z3_seq);
+	free(st->z3_seqn);
 	b->release(st->g);
 	b->release(st->gs);
 	b->release(st->z2pool);
@@ -1219,6 +1248,8 @@ static int64_t sp_off(const rt_tp_t *tp, const sp_metaop_t *mo, int n)
 			    : 0;
 }
 
+static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
+
 /* 0, or the code of a layer that failed (a tensor-parallel all-reduce:
  * tp_allreduce named the instruction). */
 static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
@@ -1236,9 +1267,9 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
+		if (si >= 0 && (rc = z3_need(st, si, k, err)))
+			return rc;
 		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
-		if (si >= 0 && !pw)
-			return fail(st, err, k, "uses zero-3 weights that are not gathered");
 		float *y = l == r.sl->layer_to - 1 ? vptr(st, st->dst_vb[k], r.in->s0, 0)
 						   : ((l - r.sl->layer_from) % 2 ? pong : ping);
 		float *saved = layer_saved(st, &r, st->saved_off[k], l);
@@ -1414,9 +1445,9 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
+		if (si >= 0 && (rc = z3_need(st, si, k, err)))
+			return rc;
 		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
-		if (si >= 0 && !pw)
-			return fail(st, err, k, "uses zero-3 weights that are not gathered");
 		float *dp = si >= 0 ? grad_of(st, si) : NULL;
 		const float *saved = layer_saved(st, &r, fwd_off, l);
 		if (r.sl->recompute) {
@@ -1491,9 +1522,9 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	int n = in->s1 - in->s0;
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
+	if (si >= 0 && (rc = z3_need(st, si, k, err)))
+		return rc;
 	const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
-	if (si >= 0 && !pw)
-		return fail(st, err, k, "uses zero-3 weights that are not gathered");
 	float *dp = si >= 0 ? grad_of(st, si) : NULL;
 	float *scratch = st->work + 2 * st->ping_n;
 	int64_t so = sample_off(st, mo->task);
@@ -1540,15 +1571,57 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 }
 
 /*
- * PGATHER: the rank's shard into its place in the bucket's full weights
- * (at the pool offset of plan_z3_walk), then the all-gather of the rest
- * from the other members, waited for here (the next instruction uses
- * them). PFREE: the full weights are given back to the pool.
+ * Zero-3 spans (the header's): z3_fetch all-gathers the next layer of mb's
+ * span into its room: the part of the layer in the rank's shard copied in,
+ * zeros elsewhere, summed over the bucket's group (each element is owned by
+ * one member, so the sum adds zeros to it: exact), waited for here.
  */
+static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+{
+	const rt_backend_t *b = st->b;
+	int si = mb->hfirst + mb->z3seq[mb->z3pos++];
+	int64_t lo = st->poff[si], n = st->pcount[si];
+	int64_t a = SP_MAX(lo, mb->soff), z = SP_MIN(lo + n, mb->soff + mb->sn);
+	st->z3_live += n - mb->z3have;
+	mb->z3have = n;
+	mb->z3cur = si;
+	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
+	if (st->z3_hwm > st->z3_peak)
+		return fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
+	b->zero(mb->wfull, n);
+	if (z > a)
+		b->copy_rows(mb->wfull + (a - lo), z - a, st->ws + mb->wsoff + (a - mb->soff), z - a,
+			     1, z - a, 0);
+	b->sync();
+	rt_req_t r = {0};
+	if (st->c->ops->iallreduce(st->c, mb->wfull, n, mb->group, &r))
+		return fail(st, err, k, "starting the all-gather of a zero-3 layer failed");
+	return wait_req(st, &r, k, err);
+}
+
+/* Before instruction k runs held layer si: its weights in its bucket's
+ * room, gathered now when they are the span's next layer. */
+static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
+{
+	mybucket_t *mb = &st->mb[st->pmb[si]];
+	if (!mb->zero3 || mb->z3cur == si || (mb->wfull && mb->z3cur == -2))
+		return 0;
+	if (!mb->wfull)
+		return fail(st, err, k, "uses zero-3 weights that are not gathered");
+	if (mb->z3pos >= mb->z3n || mb->hfirst + mb->z3seq[mb->z3pos] != si)
+		return fail(st, err, k, "uses a zero-3 layer out of its span's gather order");
+	return z3_fetch(st, mb, k, err);
+}
+
+/* PGATHER: opens the span and gathers its first layer (a rendezvous of
+ * the bucket's members, as the verifier models it), or the whole bucket
+ * (plan_z3_span's whole spans). PFREE: gathers the span's layers not yet
+ * gathered, then gives the room back. */
 static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
 	mybucket_t *mb = NULL;
+	int rc = 0;
 	for (int i = 0; i < st->n_mb && !mb; i++)
 		if (st->mb[i].bucket == in->peer && st->mb[i].zero3)
 			mb = &st->mb[i];
@@ -1557,24 +1630,42 @@ static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 	if (in->op == INS_PFREE) {
 		if (!mb->wfull)
 			return fail(st, err, k, "frees zero-3 weights that are not gathered");
+		while (!rc && mb->z3pos < mb->z3n)
+			rc = z3_fetch(st, mb, k, err);
 		mb->wfull = NULL;
-		st->z3_live -= mb->n;
-		return 0;
+		mb->z3cur = -1;
+		st->z3_live -= mb->z3have;
+		mb->z3have = 0;
+		return rc;
 	}
-	if (mb->wfull || !st->z3_at || st->z3_at[k] < 0 || st->z3_at[k] + mb->n > st->z3_acct)
+	if (mb->wfull || !st->z3_at || st->z3_at[k] < 0 || st->z3_at[k] > st->z3_acct)
 		return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
 	mb->wfull = st->z3pool + st->z3_at[k];
-	st->z3_live += mb->n;
-	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
-	if (st->z3_hwm > st->z3_peak)
-		return fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
-	rt_req_t r = {0};
-	st->b->copy_rows(mb->wfull + (mb->soff - mb->off), mb->sn, st->ws + mb->wsoff, mb->sn, 1,
-			 mb->sn, 0);
-	st->b->sync();
-	if (st->c->ops->iallgather(st->c, mb->wfull, mb->n, mb->group, &r))
-		return fail(st, err, k, "starting the all-gather failed");
-	return wait_req(st, &r, k, err);
+	mb->z3seq = st->z3_seq[k];
+	mb->z3n = st->z3_seqn[k];
+	mb->z3pos = 0;
+	if (mb->z3n < 0) { /* whole: the shard into its place, the rest gathered */
+		if (st->z3_at[k] + mb->n > st->z3_acct)
+			return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
+		mb->z3cur = -2;
+		mb->z3have = mb->n;
+		st->z3_live += mb->n;
+		st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
+		if (st->z3_hwm > st->z3_peak)
+			return fail(st, err, k,
+				    "more zero-3 weights gathered at once than the walk's peak");
+		rt_req_t r = {0};
+		st->b->copy_rows(mb->wfull + (mb->soff - mb->off), mb->sn, st->ws + mb->wsoff,
+				 mb->sn, 1, mb->sn, 0);
+		st->b->sync();
+		if (st->c->ops->iallgather(st->c, mb->wfull, mb->n, mb->group, &r))
+			return fail(st, err, k, "starting the all-gather failed");
+		return wait_req(st, &r, k, err);
+	}
+	for (int i = 0; i < mb->z3n; i++)
+		if (st->z3_at[k] + st->pcount[mb->hfirst + mb->z3seq[i]] > st->z3_acct)
+			return fail(st, err, k, "gathers a zero-3 layer outside the walk's pool");
+	return mb->z3n ? z3_fetch(st, mb, k, err) : 0;
 }
 
 static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
@@ -1946,8 +2037,10 @@ void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
 }
 
-int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
+int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool,
+		  int64_t *whole)
 {
+	*whole = st->z3_whole * (int64_t)sizeof(float);
 	*most = st->z3_hwm * (int64_t)sizeof(float);
 	*peak = st->z3_peak * (int64_t)sizeof(float);
 	*pool = st->z3_acct * (int64_t)sizeof(float);

@@ -36,7 +36,15 @@ typedef struct {
 	int zero3;        /* zero-3: the weights sharded too (gradients as zero2) */
 	int64_t wc;       /* not zero3: where its weights start in w */
 	int64_t wsoff;    /* zero3: where its weight shard starts in ws */
-	float *wfull;     /* zero3: its full weights while gathered, else NULL */
+	float *wfull;     /* zero3: the room of its span's layer in the pool
+			   * from a PGATHER to its PFREE, else NULL */
+	int hfirst;       /* its first held layer (its params in order) */
+	const int32_t *z3seq; /* zero3, in a span: the layers it gathers one
+			       * at a time (plan_z3_span: indices into its
+			       * params), z3n of them, z3pos gathered so far */
+	int z3n, z3pos;
+	int z3cur;        /* zero3: the held layer in wfull, or -1 */
+	int64_t z3have;   /* zero3: its floats there */
 	rt_req_t req;
 } mybucket_t;
 
@@ -67,7 +75,10 @@ struct rt_state {
 	float *ws, *z3pool;
 	int64_t n_wc, n_ws;
 	int64_t *z3_at;
+	int32_t **z3_seq; /* per instruction: a PGATHER's plan_z3_span, else NULL */
+	int *z3_seqn;
 	int64_t z3_live, z3_hwm, z3_peak, z3_acct; /* floats, as z2_* */
+	int64_t z3_whole; /* plan_z3_walk's whole: whole buckets gathered together */
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g
 	 * floats), gs the zero-2 buckets' shards (n_gs); a zero-2 bucket's full
 	 * gradient is its own allocation while live (mybucket_t full) */

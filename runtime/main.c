@@ -874,17 +874,17 @@ static int report_end(run_t *r)
 	if (r->comm.rank == 0)
 		printf("spindle-run: %lld steps, %.2f ms per step measured, %.2f ms predicted\n",
 		       (long long)K, K ? r->total_ms / (double)K : 0, r->plan.cert.iteration_ms);
-	int64_t most, peak, pool;
+	int64_t most, peak, pool, whole;
 	if (r->comm.rank == 0 && rt_zero2_peak(r->st, &most, &peak, &pool))
 		printf("rank 0 zero-2 full gradients (MiB): most live %.2f, walk's peak %.2f, "
 		       "pool %.2f\n",
 		       (double)most / 1048576.0, (double)peak / 1048576.0,
 		       (double)pool / 1048576.0);
-	if (r->comm.rank == 0 && rt_zero3_peak(r->st, &most, &peak, &pool))
+	if (r->comm.rank == 0 && rt_zero3_peak(r->st, &most, &peak, &pool, &whole))
 		printf("rank 0 zero-3 full weights (MiB): most live %.2f, walk's peak %.2f, "
-		       "pool %.2f\n",
+		       "pool %.2f, whole buckets %.2f\n",
 		       (double)most / 1048576.0, (double)peak / 1048576.0,
-		       (double)pool / 1048576.0);
+		       (double)pool / 1048576.0, (double)whole / 1048576.0);
 	wd_arm(r->comm.rank, "gathering the trace");
 	if (r->o.trace_path &&
 	    trace_write_measured(r->st, &r->comm, &r->plan, r->o.trace_path, &r->err)) {

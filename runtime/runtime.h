@@ -289,9 +289,11 @@ void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT]);
  * pool they are placed in (in rt_memory's params). Returns 1 when the rank
  * has zero-2 buckets, else 0. */
 int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool);
-/* The same for zero-3 full weights (gathered by PGATHER, plan_z3_walk);
- * 1 when the rank has zero-3 buckets. */
-int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool);
+/* The same for zero-3 full weights (gathered layer by layer in the spans
+ * PGATHER opens, plan_z3_walk), and in whole the most the walk counts for
+ * whole buckets gathered together; 1 when the rank has zero-3 buckets. */
+int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool,
+		  int64_t *whole);
 /* Events of the last step (when recorded). */
 const rt_event_t *rt_events(const rt_state_t *st, int *n);
 

@@ -361,14 +361,33 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 void plan_z2_walk_release(plan_z2_walk_t *w);
 
 /*
+ * Zero-3 gathers are layer by layer (plan_zero3.c): a PGATHER of bucket b
+ * opens a span that ends at the next PFREE of b; in it the members
+ * all-gather b's layers one at a time, in the order the uses of the span
+ * run them (a FWD ascending, a BWD descending, a LOSS its one layer; a
+ * layer used twice in a row once), each replacing the one before: the
+ * PGATHER gathers the first (the members' rendezvous), the uses the
+ * others. A span in which some member has no use (it holds the layers for
+ * another slice) is gathered whole at the PGATHER instead (*whole = 1),
+ * so that every collective of such a member stays at the rendezvous.
+ * plan_z3_span: the order for device d's PGATHER k (the first member's,
+ * in bucket_devs order), as indices into b's params, in *out (malloc'd;
+ * NULL when whole); its length, or SP_ENOMEM.
+ * plan_z3_param_elems: the elements of param q of bucket b.
+ */
+int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole);
+int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
+
+/*
  * Device d's zero-3 full weights over one step (plan_zero3.c): a PGATHER
- * of bucket b places b's elems at the lowest offset of one pool where they
- * fit between the full weights live then (first fit), a PFREE gives them
- * back. In elements: off per instruction of d's program (the PGATHER's
+ * of bucket b places room for the largest layer of its span at the lowest
+ * offset of one pool where it fits between the rooms live then (first
+ * fit), a PFREE gives it back. In elements: off per instruction of d's program (the PGATHER's
  * place; -1 elsewhere; malloc'd), pool its size, peak the most live at
  * once, shards and fulls the sums of d's zero-3 weight shards and whole
  * buckets. bad: the first instruction that uses weights of a zero-3 bucket
- * not gathered then, gathers one already gathered or frees one that is
+ * outside a span, opens a span whose own uses run its layers in another
+ * order than the members' common one, gathers one already gathered or frees one that is
  * not, or gathers one after its SYNC (its reduce-scatter runs on the same
  * group: every member's collectives of a group in one order) (-1: none),
  * why says which. 0 or SP_ENOMEM.
@@ -376,6 +395,8 @@ void plan_z2_walk_release(plan_z2_walk_t *w);
 typedef struct {
 	int64_t *off;
 	int64_t pool, peak, shards, fulls;
+	int64_t whole; /* the most elements of whole buckets in open spans at
+			* once: what gathering a span's layers together holds */
 	int bad;
 	const char *why;
 } plan_z3_walk_t;

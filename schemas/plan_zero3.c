@@ -15,25 +15,159 @@
 
 /* First fit: the lowest offset where n elements fit between the live
  * buckets b (at[b] >= 0: elements [at[b], at[b] + elems)). */
-static int64_t z3_first_fit(const sp_plan_t *p, const int64_t *at, int64_t n)
+static int64_t z3_first_fit(const sp_plan_t *p, const int64_t *at, const int64_t *sz, int64_t n)
 {
 	int64_t x = 0;
 	for (int moved = 1; moved;) {
 		moved = 0;
 		for (int b = 0; b < p->n_buckets; b++)
-			if (at[b] >= 0 && at[b] < x + n && x < at[b] + p->buckets[b].elems) {
-				x = at[b] + p->buckets[b].elems;
+			if (at[b] >= 0 && at[b] < x + n && x < at[b] + sz[b]) {
+				x = at[b] + sz[b];
 				moved = 1;
 			}
 	}
 	return x;
 }
 
+
+/* Index in zero-3 bucket b's params of (comp, layer), or -1. */
+static int z3_param(const sp_plan_t *p, int b, int comp, int layer)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	for (int q = 0; q < bk->n_params; q++) {
+		const sp_param_t *pr = &p->bucket_params[bk->param_off + q];
+		if (pr->comp == comp && pr->layer == layer)
+			return q;
+	}
+	return -1;
+}
+
+int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q)
+{
+	const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
+	return comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
+}
+
+/* The layers of bucket b that device d's uses from instruction k + 1 to
+ * the next PFREE of b run, in their order (a FWD ascending, a BWD
+ * descending, a LOSS its one layer; a layer used twice in a row once):
+ * their count, in *out (malloc'd), or SP_ENOMEM. */
+static int z3_own(const sp_plan_t *p, int d, int k, int b, int32_t **out)
+{
+	const sp_device_t *dv = &p->devices[d];
+	int n = 0, cap = 1;
+	*out = NULL;
+	for (int j = k + 1; j < dv->n_ins; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		if (in->op == INS_PFREE && in->peer == b)
+			break;
+		if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS)
+			cap += p->slices[in->slice].layer_to - p->slices[in->slice].layer_from + 1;
+	}
+	int32_t *s = malloc(sizeof(int32_t) * (size_t)cap);
+	if (!s)
+		return SP_ENOMEM;
+	for (int j = k + 1; j < dv->n_ins; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		if (in->op == INS_PFREE && in->peer == b)
+			break;
+		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
+			continue;
+		const sp_slice_t *sl = &p->slices[in->slice];
+		const sp_metaop_t *mo = &p->metaops[sl->metaop];
+		const sp_task_t *t = &p->model.tasks[mo->task];
+		int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
+		int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
+		for (int i = 0; i < hi - lo; i++) {
+			int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
+			const sp_op_t *op = &p->ops[mo->first_op + l];
+			int q = z3_param(p, b, t->nodes[op->node].comp, op->layer);
+			if (q >= 0 && (n == 0 || s[n - 1] != q) && n < cap)
+				s[n++] = q;
+		}
+	}
+	*out = s;
+	return n;
+}
+
+int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
+{
+	const sp_device_t *dv = &p->devices[d];
+	int b = p->ins[dv->first_ins + k].peer, nth = 0, found = 0, n = 0;
+	const sp_bucket_t *bk = &p->buckets[b];
+	*out = NULL;
+	*whole = 0;
+	for (int j = 0; j <= k; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		nth += in->op == INS_PGATHER && in->peer == b;
+	}
+	/* the first member's order; whole when a member has no use there */
+	for (int q = 0; q < bk->n_dev && !*whole; q++) {
+		int m = p->bucket_devs[bk->dev_off + q], seen = 0, used = 0;
+		const sp_device_t *mv = &p->devices[m];
+		for (int j = 0; j < mv->n_ins && !used; j++) {
+			const sp_ins_t *in = &p->ins[mv->first_ins + j];
+			if (in->op != INS_PGATHER || in->peer != b || ++seen < nth)
+				continue;
+			int32_t *own = NULL;
+			used = z3_own(p, m, j, b, &own);
+			if (used < 0) {
+				free(*out);
+				*out = NULL;
+				return used;
+			}
+			if (!found && used) {
+				*out = own;
+				n = used;
+				found = 1;
+			} else {
+				free(own);
+			}
+		}
+		*whole = !used;
+	}
+	if (*whole) {
+		free(*out);
+		*out = NULL;
+		n = 0;
+	}
+	return n;
+}
+
+/* The room device d's PGATHER k needs: the largest layer of the span's
+ * gathers (plan_z3_span), one layer being full at a time (a whole span:
+ * the bucket). Names in out a
+ * program whose own uses there run the bucket's layers in another order
+ * than the members' common one. 0 or SP_ENOMEM. */
+static int z3_span_size(const sp_plan_t *p, int d, int k, int64_t *size, plan_z3_walk_t *out)
+{
+	int b = p->ins[p->devices[d].first_ins + k].peer;
+	int32_t *ref = NULL, *own = NULL;
+	int whole, n = plan_z3_span(p, d, k, &ref, &whole);
+	int m = n < 0 || whole ? 0 : z3_own(p, d, k, b, &own);
+	*size = whole ? p->buckets[b].elems : 0;
+	if (n < 0 || m < 0) {
+		free(ref);
+		free(own);
+		return SP_ENOMEM;
+	}
+	for (int i = 0; i < n; i++)
+		*size = SP_MAX(*size, plan_z3_param_elems(p, b, ref[i]));
+	if (m && (m != n || memcmp(own, ref, sizeof(int32_t) * (size_t)n)) && out->bad < 0) {
+		out->bad = k;
+		out->why = "opens weights whose layers its uses run in another order than the "
+			   "bucket's other members (the per-layer all-gathers must match)";
+	}
+	free(ref);
+	free(own);
+	return 0;
+}
+
 int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 {
 	const sp_device_t *dv = &p->devices[d];
 	sp_z2map_t m;
-	int64_t so, sn, live = 0;
+	int64_t so, sn, live = 0, lwhole = 0;
 	int rc = 0, cap = 2, any = 0;
 	memset(out, 0, sizeof *out);
 	out->bad = -1;
@@ -52,10 +186,11 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 						  p->slices[in->slice].layer_from + 1);
 	}
 	int64_t *at = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
+	int64_t *sz = calloc((size_t)p->n_buckets + 1, sizeof(int64_t));
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
 	uint8_t *synced = calloc((size_t)p->n_buckets + 1, 1);
 	out->off = malloc(sizeof(int64_t) * (size_t)(dv->n_ins + 1));
-	if (!at || !w || !synced || !out->off) {
+	if (!at || !sz || !w || !synced || !out->off) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -95,12 +230,18 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 			}
 			if (in->op == INS_PFREE) {
 				at[b] = -1;
-				live -= p->buckets[b].elems;
+				live -= sz[b];
+				lwhole -= p->buckets[b].elems;
 				continue;
 			}
-			at[b] = out->off[k] = z3_first_fit(p, at, p->buckets[b].elems);
-			out->pool = SP_MAX(out->pool, at[b] + p->buckets[b].elems);
-			live += p->buckets[b].elems;
+			if ((rc = z3_span_size(p, d, k, &sz[b], out)) < 0)
+				goto cleanup;
+			rc = 0;
+			at[b] = out->off[k] = z3_first_fit(p, at, sz, sz[b]);
+			out->pool = SP_MAX(out->pool, at[b] + sz[b]);
+			live += sz[b];
+			lwhole += p->buckets[b].elems;
+			out->whole = SP_MAX(out->whole, lwhole);
 			out->peak = SP_MAX(out->peak, live);
 			continue;
 		}
@@ -119,6 +260,7 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 		}
 cleanup:
 	free(at);
+	free(sz);
 	free(w);
 	free(synced);
 	z2map_release(&m);

@@ -23,6 +23,7 @@ absolute floor for elements near zero:
     caught by the SGD runs of the same kinds of plans with their 1e-7 floor.
 """
 import csv
+import json
 import os
 import re
 import struct
@@ -354,11 +355,13 @@ def saves_below(model, tmp, a, b):
     return failures + ([err] if err else [])
 
 
-def zero2_peak(model, tmp, what, opts, ranks=4, kind="zero-2"):
+def zero2_peak(model, tmp, what, opts, ranks=4, kind="zero-2", below_whole=False):
     """The zero-2 full gradients (kind "zero-3": the zero-3 full weights)
     rank 0 held at once over 2 steps (the runtime's high-water mark) equal
     the walk's peak (plan_z2_walk, plan_z3_walk), are not zero, and fit the
-    pool they are placed in (part of params+state)."""
+    pool they are placed in (part of params+state); below_whole (zero-3,
+    buckets of several layers): below the walk's count for whole buckets,
+    the weights being gathered layer by layer."""
     tag = what.replace(" ", "-")
     mpath = W.write_json(tmp, f"peak-{tag}.model.json", model)
     pp = os.path.join(tmp, f"peak-{tag}.bin")
@@ -372,11 +375,14 @@ def zero2_peak(model, tmp, what, opts, ranks=4, kind="zero-2"):
     if p.returncode != 0 or line is None:
         err = f"{what}: {' '.join(cmd)} -> {p.returncode}, no {kind} line\n{p.stderr}"
     else:
-        most, peak, pool = [float(x) for x in
-                            re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
+        most, peak, pool, *whole = [float(x) for x in
+                                    re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
         if most != peak or most <= 0 or pool < peak:
             err = f"{what}: {kind} most live {most} MiB, walk's peak {peak}, " \
                   f"pool {pool}"
+        elif below_whole and not (whole and most < whole[0]):
+            err = f"{what}: zero-3 most live {most} MiB, not below the whole " \
+                  f"buckets' {whole}"
     print(("FAIL " + err) if err else f"ok   {what} {kind} full buffers on {ranks} ranks: most live "
           f"= walk's peak <= pool ({line.split(':')[1].strip()})", flush=True)
     return [err] if err else []
@@ -417,6 +423,15 @@ def zero3(demo, tmp):
         failures += memory_within(demo, tmp, what, "spindle", opts)
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-3")
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-2")
+    # buckets of 2 layers (the demo's have 1): gathered layer by layer, the
+    # uses gather the bucket's second layer in place of its first
+    deep = json.loads(json.dumps(demo))
+    deep["components"]["img_enc"]["layers"] = 8
+    failures += check_model(deep, tmp, "deep-adamw-z3", [(2, 1, "spindle", ZERO3),
+                                                         (4, 1, "spindle", ZERO3),
+                                                         (3, 1, "spindle", ZERO3 + RECOMPUTE)],
+                            1e-2 * 0.01)
+    failures += zero2_peak(deep, tmp, "deep zero-3", ZERO3, kind="zero-3", below_whole=True)
     return failures + saves_below(demo, tmp, "2", "3")
 
 

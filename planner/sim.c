@@ -28,11 +28,12 @@
  *                 the programs ran, since only the final STEPs wait for
  *                 all-reduces)
  *   PGATHER       zero-3: a rendezvous of the bucket's members; from the
- *                 last arrival the span's layers are all-gathered one at
- *                 a time, serially (pg_span_ms: the sum of their
- *                 all-gathers, priced alone on the network; a span
- *                 gathered whole: the bucket's gather_ms), charged
- *                 here; PFREE takes no time
+ *                 last arrival the span's layers are gathered one at a
+ *                 time, serially (pg_span_ms: the sum of their
+ *                 collectives, priced alone on the network, each an
+ *                 all-reduce of the layer as the runtime gathers it; a
+ *                 span gathered whole: the bucket's gather_ms, an
+ *                 all-gather), charged here; PFREE takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
  *                 member finished that bucket's update and takes the
  *                 bucket's gather_ms (priced alone on the network: the
@@ -201,10 +202,13 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	}
 }
 
-/* Device d's PGATHER k: its span's layers all-gathered one at a time,
- * each before its use (plan_z3_span), one after another: the sum of their
- * all-gathers over the bucket's group (priced alone on the network); a
- * span gathered whole: the bucket's gather_ms. */
+/* Device d's PGATHER k: its span's layers gathered one at a time, each
+ * before its use (plan_z3_span), one after another: the sum of their
+ * collectives over the bucket's group (priced alone on the network). The
+ * runtime gathers a layer by a summing all-reduce (each member's part in
+ * place, zeros elsewhere: interp.c z3_fetch), so each is priced as that
+ * all-reduce, about twice an all-gather's bytes; a span gathered whole:
+ * the bucket's gather_ms (the runtime's all-gather). */
 static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 {
 	const sp_plan_t *p = st->p;
@@ -217,7 +221,7 @@ static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 			return n;
 		st->pg_ms[g] = whole ? bk->gather_ms : 0;
 		for (int i = 0; i < n; i++)
-			st->pg_ms[g] += cost_all_gather_ms(
+			st->pg_ms[g] += cost_allreduce_ms(
 				st->pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,
 				plan_z3_param_elems(p, b, seq[i]) * st->db);
 		free(seq);
@@ -279,9 +283,8 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 			     layout_sharded(bk->layout))) < 0)
 			return st->sjob[in->peer];
 	} else if (in->op == INS_PGATHER) {
-		/* a rendezvous of the bucket's members: the all-gather starts at
-		 * the last arrival and takes the bucket's gather_ms (priced alone
-		 * on the network) */
+		/* a rendezvous of the bucket's members: the span's gathers start
+		 * at the last arrival and take pg_span_ms */
 		const sp_bucket_t *bk = &p->buckets[in->peer];
 		int b = in->peer;
 		if (st->pg_wait[d] < 0) {

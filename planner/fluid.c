@@ -227,10 +227,9 @@ static int enter_phase(fl_net_t *n, int j)
 static void finish(fl_net_t *n, int j)
 {
 	fl_job_t *jb = &n->jobs[j];
-	if (!jb->coll) {
-		n->arrived |= jb->wake;
+	n->arrived |= jb->wake;
+	if (!jb->coll)
 		return;
-	}
 	for (int i = 0; i < jb->n_dev; i++)
 		n->busy[jb->devs[i]] = 0;
 	n->freed = 1;

@@ -33,8 +33,13 @@
  *     + shard step + all-gather against all-reduce + full step; only the
  *     sync pass is simulated again).
  *
- * Zero-2 (gradients sharded too) replaces zero-1 plan-wide where it saves
- * memory at the same communication (choose_zero2, after both steps above).
+ * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
+ * cap needs it (choose_zero2 in step 2, before recomputation; dropped again
+ * when the slices recomputed later make zero-1 fit: drop_zero2). It moves
+ * the bytes zero-1 moves, but the runtime completes each reduce-scatter
+ * before it places the next full gradient (plan_z2_walk's done), so the
+ * backward can wait for it (sim.c): memory bought with time, like
+ * recomputation.
  * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
  * lower_zero3.c): auto does not choose it; when nothing fits, the advice
  * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
@@ -279,8 +284,9 @@ static int regather(sp_plan_t *p)
 
 /*
  * --zero auto with one micro-batch: zero-2 instead of zero-1 where it
- * saves. Zero-2 costs the same communication (the same reduce-scatter and
- * all-gather) but its gradient memory is a walk over the program
+ * saves (fit_memory_at asks when the cap needs it). Zero-2 moves the bytes
+ * of zero-1 (the same reduce-scatter and all-gather; its waits are the
+ * simulator's) but its gradient memory is a walk over the program
  * (plan_mem.c): a device's full gradients count only while live, plus the
  * shards. A device in one sharded bucket only gains nothing (its full
  * gradient is live at some point anyway, and the shard is more); one whose
@@ -406,6 +412,50 @@ static int fit_memory_at(planner_t *pl, sp_plan_t *p, int32_t **safe)
 	return changes;
 }
 
+/* Under --zero auto, after fit_memory_at: the zero-2 buckets back in
+ * zero-1 when the plan still fits so (fit_memory_at takes zero-2 before
+ * recomputing; the slices it then made recompute can leave zero-2 with
+ * nothing to do). The plan is then the same but for its waits: zero-2's
+ * reduce-scatters complete before the next full gradient is placed
+ * (sim.c); layout_trial tries zero-2 again on time. 1 when it changed the
+ * plan, 0, or plan_memory's error. */
+static int drop_zero2(planner_t *pl, sp_plan_t *p)
+{
+	int n = 0, rc = 0;
+	for (int b = 0; b < p->n_buckets && pl->opts->zero < 0; b++)
+		n += p->buckets[b].layout == LAYOUT_ZERO2;
+	if (!n)
+		return 0;
+	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
+	int32_t *all = calloc((size_t)p->n_devices + 1, sizeof *all);
+	if (!was || !all) {
+		free(was);
+		free(all);
+		return SP_ENOMEM;
+	}
+	for (int d = 0; d < p->n_devices; d++)
+		all[d] = d;
+	for (int pass = 0; pass < 2; pass++) {
+		for (int b = 0; b < p->n_buckets; b++) {
+			int to = pass ? LAYOUT_ZERO2 : LAYOUT_ZERO1;
+			if (pass ? was[b] : p->buckets[b].layout == LAYOUT_ZERO2) {
+				was[b] = 1;
+				p->buckets[b].layout = to;
+				bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+			}
+		}
+		if ((rc = remem(p, all, p->n_devices, NULL)) || worst_device(pl, p) < 0)
+			break; /* fits in zero-1 (pass 0), or zero-2 as it was (pass 1) */
+	}
+	int fits = !rc && worst_device(pl, p) < 0;
+	int dropped = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		dropped |= was[b] && p->buckets[b].layout == LAYOUT_ZERO1;
+	free(was);
+	free(all);
+	return rc ? rc : fits && dropped;
+}
+
 static int fit_memory(planner_t *pl, sp_plan_t *p)
 {
 	/* the programs do not change here: zero-2's points once, when a
@@ -413,7 +463,55 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 	int32_t *safe = NULL;
 	int rc = fit_memory_at(pl, p, &safe);
 	free(safe);
-	return rc;
+	int dropped = rc >= 0 ? drop_zero2(pl, p) : 0;
+	return dropped < 0 ? dropped : rc | dropped;
+}
+
+/* What a layout trial may change and gives back when the simulator says
+ * no: the slices', waves' and devices' predicted times and memory, and
+ * each bucket's layout (saved in the candidate's scratch arena). */
+typedef struct {
+	uint8_t *layout;
+	sp_slice_t *sl;
+	sp_wave_t *wv;
+	sp_device_t *dv;
+} trial_save_t;
+
+static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
+{
+	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
+	t->sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *t->sl);
+	t->wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *t->wv);
+	t->dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *t->dv);
+	if (!t->layout || !t->sl || !t->wv || !t->dv)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		t->layout[b] = (uint8_t)p->buckets[b].layout;
+	memcpy(t->sl, p->slices, sizeof *t->sl * (size_t)p->n_slices);
+	memcpy(t->wv, p->waves, sizeof *t->wv * (size_t)p->n_waves);
+	memcpy(t->dv, p->devices, sizeof *t->dv * (size_t)p->n_devices);
+	return 0;
+}
+
+/* The plan as trial_save found it (the layouts, with their prices), but
+ * its programs' ranges as they are: regather rebuilt the instruction array
+ * (the saved ranges index the old one), and rebuilds it again here. */
+static int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout != t->layout[b]) {
+			p->buckets[b].layout = t->layout[b];
+			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+		}
+	memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
+	memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
+	for (int d = 0; d < p->n_devices; d++) {
+		int32_t first = p->devices[d].first_ins, n = p->devices[d].n_ins;
+		p->devices[d] = t->dv[d];
+		p->devices[d].first_ins = first;
+		p->devices[d].n_ins = n;
+	}
+	return regather(p);
 }
 
 /* Any algorithm's plan, in a model with a large component: every remaining bucket of 2+
@@ -426,47 +524,21 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	int tried = 0, rc = 0;
 	sp_arena_t *a = &pl->scratch; /* the candidate's: given back below */
 	sp_arena_mark_t mark = sp_arena_mark(a);
-	uint8_t *was = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
-	sp_slice_t *sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *sl);
-	sp_wave_t *wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *wv);
-	sp_device_t *dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *dv);
-	if (!was || !sl || !wv || !dv) {
-		rc = SP_ENOMEM;
+	trial_save_t t;
+	if ((rc = trial_save(a, p, &t)))
 		goto cleanup;
-	}
-	memcpy(sl, p->slices, sizeof *sl * (size_t)p->n_slices);
-	memcpy(wv, p->waves, sizeof *wv * (size_t)p->n_waves);
-	memcpy(dv, p->devices, sizeof *dv * (size_t)p->n_devices);
 	for (int b = 0; b < p->n_buckets; b++)
 		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2) {
-			was[b] = 1;
 			set_layout(pl, p, b, LAYOUT_ZERO1);
 			tried++;
 		}
 	sim_result_t r = *res;
 	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
-	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9)) {
-		*res = r; /* zero-2 moves no time (the same collectives) */
-		int kept = choose_zero2(pl, p);
-		rc = kept < 0 ? kept : kept ? regather(p) : 0;
-		goto cleanup;
-	}
-	for (int b = 0; b < p->n_buckets; b++)
-		if (was[b])
-			set_layout(pl, p, b, LAYOUT_REPLICATED);
-	memcpy(p->slices, sl, sizeof *sl * (size_t)p->n_slices);
-	memcpy(p->waves, wv, sizeof *wv * (size_t)p->n_waves);
-	/* the devices' memory and times as they were, but their programs'
-	 * ranges as they are: regather above rebuilt the instruction array
-	 * (the saved ranges index the old one) */
-	for (int d = 0; d < p->n_devices; d++) {
-		int32_t first = p->devices[d].first_ins, n = p->devices[d].n_ins;
-		p->devices[d] = dv[d];
-		p->devices[d].first_ins = first;
-		p->devices[d].n_ins = n;
-	}
-	rc = regather(p);
+	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9))
+		*res = r;
+	else
+		rc = trial_restore(pl, p, &t);
 cleanup:
 	sp_arena_reset(a, mark);
 	return rc;
@@ -486,10 +558,7 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
 	int changed = fit_memory(pl, p);
-	int kept = changed >= 0 ? choose_zero2(pl, p) : 0; /* where it saves, if not yet */
-	if (kept < 0)
-		return no_memory(pl, kept);
-	return no_memory(pl, changed > 0 || kept > 0 ? regather(p) : changed);
+	return no_memory(pl, changed > 0 ? regather(p) : changed);
 }
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
@@ -586,7 +655,7 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "%s %s %d x %lld", t ? "," : "", p->model.tasks[t].name,
 			plan_task_k(p, t), (long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
-	fprintf(f, "\nlayouts (zero-3 is not built yet)\n  %-4s %-22s %6s "
+	fprintf(f, "\nlayouts (zero-3 only when forced: --zero 3)\n  %-4s %-22s %6s "
 		   "%12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");

@@ -20,6 +20,12 @@
  *                 it starts when its members finished their earlier
  *                 all-reduces (one at a time per device) and shares links
  *                 like a transfer
+ *                 A zero-2/zero-3 bucket's reduce-scatter is waited for
+ *                 where the runtime completes it (plan_z2_walk's done: the
+ *                 first later instruction that places another full
+ *                 gradient, its safe point passed, else the STEP): before
+ *                 that instruction the device waits for the collective
+ *                 (in the passes with SIM_SYNC, where syncs cost)
  *   STEP          for each bucket the device belongs to, in the order of
  *                 its SYNCs: wait for the bucket's all-reduce, then
  *                 now += optimizer time of the bucket's parameters (zero-1:
@@ -109,7 +115,91 @@ typedef struct {
 	int *tag_waiter;           /* per tag: the device whose RECV waits for its SEND */
 	int *bk_head, *bk_next;    /* per bucket, linked through devices: STEP waiters */
 	int *netw, n_netw, *wtag;  /* devices whose RECV's transfer is in the network */
+	/* SIM_SYNC with zero-2/3 buckets: per device d, zw_k/zw_b[zw_at[d] ..
+	 * zw_at[d + 1]) the (instruction, bucket) pairs, ascending, before which d
+	 * waits for the bucket's reduce-scatter (plan_z2_walk's done, the STEP's
+	 * left to finish_steps); zw_pos[d] the next one */
+	int *zw_at, *zw_pos, *zw_k, *zw_b;
+	int zw_waits;              /* the last step waited in zw_wait (not blocked) */
 } sim_t;
+
+/* The zw_* lists (sim_t) for a SIM_SYNC pass: empty without zero-2/3
+ * buckets. */
+static int zw_alloc(sim_t *st, sp_arena_t *a)
+{
+	const sp_plan_t *p = st->p;
+	int N = p->n_devices, n = 0, has = 0, rc = 0;
+	st->zw_at = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
+	st->zw_pos = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
+	if (!st->zw_at || !st->zw_pos)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets && !has; b++)
+		has = layout_grads_sharded(p->buckets[b].layout);
+	if (!has || !(st->mode & SIM_SYNC))
+		return 0;
+	int32_t *safe = NULL;
+	if (plan_z2_safe(p, &safe))
+		return SP_ENOMEM;
+	int cap = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		cap += layout_grads_sharded(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
+	st->zw_k = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	st->zw_b = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	for (int d = 0; d < N && st->zw_k && st->zw_b && !rc; d++) {
+		plan_z2_walk_t w;
+		st->zw_at[d] = st->zw_pos[d] = n;
+		if (plan_z2_walk(p, d, safe, &w)) {
+			rc = SP_ENOMEM;
+			break;
+		}
+		const sp_device_t *dv = &p->devices[d];
+		int step = dv->n_ins; /* the STEP's index: finish_steps waits there */
+		for (int k = 0; k < dv->n_ins; k++)
+			if (p->ins[dv->first_ins + k].op == INS_STEP) {
+				step = k;
+				break;
+			}
+		int m = n;
+		for (int b = 0; w.done && b < p->n_buckets; b++)
+			if (w.done[b] >= 0 && w.done[b] < step && n < cap) {
+				int i = n++; /* insertion by instruction, then bucket */
+				while (i > m && st->zw_k[i - 1] > w.done[b]) {
+					st->zw_k[i] = st->zw_k[i - 1];
+					st->zw_b[i] = st->zw_b[i - 1];
+					i--;
+				}
+				st->zw_k[i] = w.done[b];
+				st->zw_b[i] = b;
+			}
+		plan_z2_walk_release(&w);
+	}
+	st->zw_at[N] = n;
+	free(safe);
+	return rc ? rc : (!st->zw_k || !st->zw_b) ? SP_ENOMEM : 0;
+}
+
+/* Before device d's instruction k: the reduce-scatters the runtime
+ * completes there (zw_* lists), waited for. PROGS_WAIT while one is not
+ * done (its members' SYNCs not all issued, or still in the network). */
+static int zw_wait(sim_t *st, int d, int k)
+{
+	const sp_plan_t *p = st->p;
+	for (int *i = &st->zw_pos[d]; *i < st->zw_at[d + 1] && st->zw_k[*i] <= k; ++*i) {
+		int b = st->zw_b[*i];
+		if (st->issued[b] < p->buckets[b].n_dev)
+			return PROGS_WAIT;
+		double t = fl_done(&st->net, st->sjob[b]);
+		if (t < 0) {
+			fl_await(&st->net, st->sjob[b]);
+			return PROGS_WAIT;
+		}
+		if (t > st->now[d]) {
+			st->wait[d] += t - st->now[d];
+			st->now[d] = t;
+		}
+	}
+	return PROGS_RAN;
+}
 
 static int sim_alloc(sim_t *st, sp_arena_t *a)
 {
@@ -165,6 +255,8 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		return SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++)
 		st->bk_head[b] = -1;
+	if (zw_alloc(st, a))
+		return SP_ENOMEM;
 	for (int t = 0; t <= st->max_tag; t++) {
 		st->arrive[t] = -1;
 		st->tag_waiter[t] = -1;
@@ -240,9 +332,11 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	const sp_plan_t *p = st->p;
 	const sp_cluster_t *cl = st->pl->cluster;
 	int xfer = st->mode & SIM_XFER;
-	(void)k;
 	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
+	st->zw_waits = st->zw_pos[d] < st->zw_at[d + 1] && zw_wait(st, d, k) == PROGS_WAIT;
+	if (st->zw_waits)
+		return PROGS_WAIT; /* visited every round: sim_block does not know it */
 	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
 		sim_compute(st, d, in);
 	} else if (in->op == INS_COPY) {
@@ -373,8 +467,10 @@ static void sim_unblock(sim_t *st, const sp_ins_t *in)
  * step may move. */
 static int sim_step_tracked(void *ctx, int d, int k, const sp_ins_t *in)
 {
+	sim_t *st = ctx;
+	st->zw_waits = 0;
 	int rc = sim_step(ctx, d, k, in);
-	if (rc == PROGS_WAIT)
+	if (rc == PROGS_WAIT && !st->zw_waits)
 		sim_block(ctx, d, in);
 	else if (rc == PROGS_RAN)
 		sim_unblock(ctx, in);

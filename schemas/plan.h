@@ -350,10 +350,15 @@ int plan_z2_safe(const sp_plan_t *p, int32_t **out);
  * live at once (pool >= peak: holes), shards and fulls the sums of d's
  * zero-2 shards and whole buckets; bad the first instruction writing a
  * gradient after its bucket's SYNC (-1: none; the verifier rejects such a
- * plan). safe: plan_z2_safe's points, or NULL (computed). 0 or SP_ENOMEM.
+ * plan); done per bucket the instruction of d's program before which its
+ * reduce-scatter completes (the runtime waits for it there; the STEP's
+ * index when it completes at the STEP; -1: none on d or never synced;
+ * malloc'd). safe: plan_z2_safe's points, or NULL (computed). 0 or
+ * SP_ENOMEM.
  */
 typedef struct {
 	int64_t *off;
+	int32_t *done;
 	int64_t pool, peak, shards, fulls;
 	int bad;
 } plan_z2_walk_t;

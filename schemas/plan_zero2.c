@@ -420,12 +420,13 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight */
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
 	out->off = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
-	if (!on || !w || !out->off) {
+	out->done = malloc(sizeof(int32_t) * (size_t)(p->n_buckets + 1));
+	if (!on || !w || !out->off || !out->done) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
 	for (int b = 0; b < p->n_buckets; b++) {
-		out->off[b] = -1;
+		out->off[b] = out->done[b] = -1;
 		if (m.mine[b] && bucket_shard(p, b, d, &so, &sn) >= 0) {
 			out->shards += sn;
 			out->fulls += p->buckets[b].elems;
@@ -450,6 +451,7 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 				    safe[p->buckets[b].dev_off + q] <= k) {
 					on[b] = 0;
 					live -= p->buckets[b].elems;
+					out->done[b] = k;
 				}
 			for (int j = 0; j <= nw; j++) {
 				int b = j < nw ? w[j] : sy;
@@ -469,6 +471,7 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 				if (on[b] == 2) {
 					on[b] = 0;
 					live -= p->buckets[b].elems;
+					out->done[b] = k;
 				}
 		}
 cleanup:
@@ -486,5 +489,7 @@ void plan_z2_walk_release(plan_z2_walk_t *w)
 	if (!w)
 		return;
 	free(w->off);
+	free(w->done);
 	w->off = NULL;
+	w->done = NULL;
 }

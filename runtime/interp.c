@@ -954,6 +954,7 @@ void rt_free(rt_state_t *st)
 		free(st->z3_seq[k]);
 	free(st->z3_seq);
 	free(st->z3_seqn);
+	free(st->z3_parts);
 	b->release(st->g);
 	b->release(st->gs);
 	b->release(st->z2pool);

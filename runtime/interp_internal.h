@@ -78,6 +78,8 @@ struct rt_state {
 	int64_t *z3_at;
 	int32_t **z3_seq; /* per instruction: a PGATHER's plan_z3_span, else NULL */
 	int *z3_seqn;
+	int64_t *z3_parts; /* a layer's all-gather: the members' counts, then
+			    * offsets (2 x the largest zero-3 group) */
 	int64_t z3_live, z3_hwm, z3_peak, z3_acct; /* floats, as z2_* */
 	int64_t z3_whole; /* plan_z3_walk's whole: whole buckets gathered together */
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g

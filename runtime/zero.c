@@ -131,6 +131,12 @@ int rt_zero3_setup(rt_state_t *st)
 					st->z3_seqn[k] = -1; /* gathered whole at the PGATHER */
 			}
 	}
+	int g = 1;
+	for (int i = 0; i < st->n_mb; i++)
+		g = SP_MAX(g, st->p->buckets[st->mb[i].bucket].n_dev);
+	st->z3_parts = malloc(sizeof(int64_t) * 2 * (size_t)g);
+	if (!st->z3_parts)
+		return SP_ENOMEM;
 	st->z3_acct = wk.pool;
 	st->z3_peak = wk.peak;
 	st->z3_whole = wk.whole;
@@ -208,29 +214,40 @@ void rt_z2_drop(rt_state_t *st)
 
 /*
  * Zero-3 spans (the header's): z3_fetch all-gathers the next layer of mb's
- * span into its room: the part of the layer in the rank's shard copied in,
- * zeros elsewhere, summed over the bucket's group (each element is owned by
- * one member, so the sum adds zeros to it: exact), waited for here.
+ * span into its room, waited for here. The layer [lo, lo + n) of the
+ * bucket straddles the members' shards (comm_shard of the bucket over its
+ * group): member i contributes its shard's intersection with the layer,
+ * at that part's place in the room (the rank copies its own there first),
+ * so every element of the layer crosses the network once (one all-gather
+ * with per-member parts: rt_comm_ops_t iallgatherv).
  */
 static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 {
 	const rt_backend_t *b = st->b;
 	int si = mb->hfirst + mb->z3seq[mb->z3pos++];
-	int64_t lo = st->poff[si], n = st->pcount[si];
-	int64_t a = SP_MAX(lo, mb->soff), z = SP_MIN(lo + n, mb->soff + mb->sn);
+	int g = st->p->buckets[mb->bucket].n_dev;
+	int64_t lo = st->poff[si] - mb->off, n = st->pcount[si];
+	int64_t *cnt = st->z3_parts, *off = st->z3_parts + g;
 	st->z3_live += n - mb->z3have;
 	mb->z3have = n;
 	mb->z3cur = si;
 	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
 	if (st->z3_hwm > st->z3_peak)
 		return rt_fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
-	b->zero(mb->wfull, n);
+	for (int i = 0; i < g; i++) {
+		int64_t so, sn;
+		comm_shard(mb->n, i, g, &so, &sn);
+		int64_t a = SP_MAX(lo, so), z = SP_MIN(lo + n, so + sn);
+		cnt[i] = z > a ? z - a : 0;
+		off[i] = z > a ? a - lo : 0;
+	}
+	int64_t a = SP_MAX(lo, mb->soff - mb->off), z = SP_MIN(lo + n, mb->soff - mb->off + mb->sn);
 	if (z > a)
-		b->copy_rows(mb->wfull + (a - lo), z - a, st->ws + mb->wsoff + (a - mb->soff), z - a,
-			     1, z - a, 0);
+		b->copy_rows(mb->wfull + (a - lo), z - a, st->ws + mb->wsoff + (a - (mb->soff - mb->off)),
+			     z - a, 1, z - a, 0);
 	b->sync();
 	rt_req_t r = {0};
-	if (st->c->ops->iallreduce(st->c, mb->wfull, n, mb->group, &r))
+	if (st->c->ops->iallgatherv(st->c, mb->wfull, g, cnt, off, mb->group, &r))
 		return rt_fail(st, err, k, "starting the all-gather of a zero-3 layer failed");
 	return rt_wait_req(st, &r, k, err);
 }

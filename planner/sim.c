@@ -37,7 +37,7 @@
  *                 last arrival the span's layers are gathered one at a
  *                 time, serially (pg_span_ms: the sum of their
  *                 collectives, priced alone on the network, each an
- *                 all-reduce of the layer as the runtime gathers it; a
+ *                 all-gather of the layer, as the runtime gathers it; a
  *                 span gathered whole: the bucket's gather_ms, an
  *                 all-gather), charged here; PFREE takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
@@ -297,10 +297,10 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 /* Device d's PGATHER k: its span's layers gathered one at a time, each
  * before its use (plan_z3_span), one after another: the sum of their
  * collectives over the bucket's group (priced alone on the network). The
- * runtime gathers a layer by a summing all-reduce (each member's part in
- * place, zeros elsewhere: interp.c z3_fetch), so each is priced as that
- * all-reduce, about twice an all-gather's bytes; a span gathered whole:
- * the bucket's gather_ms (the runtime's all-gather). */
+ * runtime gathers a layer by one all-gather in which each member gives its
+ * shard's part of the layer (runtime/zero.c z3_fetch), priced as the
+ * all-gather of the layer's bytes; a span gathered whole: the bucket's
+ * gather_ms (the same all-gather of the whole bucket). */
 static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 {
 	const sp_plan_t *p = st->p;
@@ -313,7 +313,7 @@ static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 			return n;
 		st->pg_ms[g] = whole ? bk->gather_ms : 0;
 		for (int i = 0; i < n; i++)
-			st->pg_ms[g] += cost_allreduce_ms(
+			st->pg_ms[g] += cost_all_gather_ms(
 				st->pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,
 				plan_z3_param_elems(p, b, seq[i]) * st->db);
 		free(seq);

@@ -1,7 +1,8 @@
 /*
  * comm_local.c — communication for a single rank without MPI: there is no
  * peer, every group is {0}, all-reduce, reduce-scatter and the gathers
- * are identities (a group of one owns the whole buffer). A plan
+ * are identities (a group of one owns the whole buffer; an all-gather with
+ * parts checks that it has one part, of a valid size). A plan
  * for more than one device never reaches this (main.c refuses it).
  */
 #include "runtime.h"
@@ -42,6 +43,15 @@ static int l_allreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t 
 	(void)group;
 	req->kind = 0;
 	return 0;
+}
+
+static int l_allgatherv(rt_comm_t *c, float *buf, int k, const int64_t *cnt,
+			const int64_t *off, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)buf;
+	*req = (rt_req_t){0, NULL, -1, group};
+	return group == 0 && k == 1 && cnt[0] >= 0 && off[0] >= 0 ? 0 : -1;
 }
 
 static int l_test(rt_comm_t *c, rt_req_t *req, int *done)
@@ -98,6 +108,7 @@ static void l_finalize(rt_comm_t *c)
 static const rt_comm_ops_t local_ops = {
 	.group_create = l_group, .isend = l_p2p, .irecv = l_recv,
 	.iallreduce = l_allreduce, .ireduce_scatter = l_allreduce, .iallgather = l_allreduce,
+	.iallgatherv = l_allgatherv,
 	.test = l_test, .allsum = l_allsum, .gather = l_gather,
 	.barrier = l_barrier, .abort = l_abort, .finalize = l_finalize,
 };

@@ -3,7 +3,8 @@
  * (polled by the interpreter with a timeout), one sub-communicator per
  * sync group (created collectively at start-up), in-place non-blocking
  * all-reduce, and for zero-1 buckets a non-blocking reduce-scatter and
- * all-gather with uneven shards (comm_shard). Errors return instead of
+ * all-gather with uneven shards (comm_shard), and an all-gather with the
+ * caller's parts (zero-3 layers). Errors return instead of
  * aborting so the caller can name the rank and instruction; the caller
  * then aborts (m_abort). The blocking
  * calls (allsum, gather, barrier) have no timeout of their own: main.c
@@ -140,6 +141,35 @@ static int m_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return m_coll(c, 5, buf, n, group, req);
 }
 
+static int m_iallgatherv(rt_comm_t *c, float *buf, int k, const int64_t *cnt,
+			 const int64_t *off, int group, rt_req_t *req)
+{
+	mpi_impl_t *im = c->impl;
+	int size = 0;
+	if (group < 0 || group >= im->n_groups ||
+	    MPI_Comm_size(im->groups[group], &size) != MPI_SUCCESS || size != k)
+		return -1;
+	for (int i = 0; i < k; i++)
+		if (cnt[i] < 0 || off[i] < 0 || cnt[i] > 2147483647 || off[i] > 2147483647)
+			return -1;
+	mcoll_t *m = malloc(sizeof *m + sizeof(int) * 2 * (size_t)k);
+	if (!m)
+		return -1;
+	for (int i = 0; i < k; i++) {
+		m->cnt[i] = (int)cnt[i];
+		m->cnt[k + i] = (int)off[i];
+	}
+	m->buf = m->shard = buf;
+	m->shard_n = 0;
+	if (MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, m->cnt, m->cnt + k, MPI_FLOAT,
+			    im->groups[group], &m->r) != MPI_SUCCESS) {
+		free(m);
+		return -1;
+	}
+	*req = (rt_req_t){5, m, -1, group};
+	return 0;
+}
+
 static int m_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	(void)c;
@@ -260,7 +290,7 @@ int comm_mpi_available(void)
 static const rt_comm_ops_t mpi_ops = {
 	.group_create = m_group, .isend = m_isend, .irecv = m_irecv,
 	.iallreduce = m_iallreduce, .ireduce_scatter = m_ireduce_scatter,
-	.iallgather = m_iallgather, .test = m_test, .allsum = m_allsum, .gather = m_gather,
+	.iallgather = m_iallgather, .iallgatherv = m_iallgatherv, .test = m_test, .allsum = m_allsum, .gather = m_gather,
 	.barrier = m_barrier, .abort = m_abort, .finalize = m_finalize,
 };
 

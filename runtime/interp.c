@@ -58,7 +58,7 @@
  * STEP updates the shard. A reduce-scatter started at SYNC completes at
  * the first later instruction that places another full gradient with the
  * bucket's safe point at or before it (plan_z2_safe: waiting there cannot
- * deadlock), else at STEP (plan_zero2 below; plan_mem.c counts the same).
+ * deadlock), else at STEP (zero.c rt_zero2_setup; plan_mem.c counts the same).
  * With k > 1 micro-batches the full gradients stay live across the
  * micro-steps.
  *
@@ -69,7 +69,7 @@
  * plan_z3_span (the members' common one), into one room of a pool
  * (z3pool, at the offset plan_z3_walk gives the PGATHER: nothing is
  * allocated mid-step): the PGATHER gathers the first, a use of the next
- * layer gathers it in place of the one before (z3_need), the PFREE the
+ * layer gathers it in place of the one before (rt_z3_need), the PFREE the
  * ones its uses did not need,
  * so every member runs the same all-gathers in the same order; a span in
  * which some member has no use is gathered whole at the PGATHER. The
@@ -230,6 +230,16 @@ static int wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
 		if (spin > 1000)
 			nanosleep(&nap, NULL);
 	}
+}
+
+int rt_fail(rt_state_t *st, sp_err_t *err, int k, const char *what)
+{
+	return fail(st, err, k, what);
+}
+
+int rt_wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err)
+{
+	return wait_req(st, req, k, err);
 }
 
 static int add_pending(rt_state_t *st, rt_req_t r, int k)
@@ -458,130 +468,6 @@ static int plan_buffers(rt_state_t *st)
 		st->vals_n += (int64_t)(st->vb[i].hi - st->vb[i].lo) * st->vb[i].seq * st->vb[i].width;
 	}
 	st->work_n = 2 * st->ping_n + st->loss_n + st->feat_n + st->redo_n + st->lnacc_n;
-	return 0;
-}
-
-/*
- * Zero-2 (set-up): which of the rank's zero-2 buckets each instruction
- * writes gradients into (z2map_writes: a BWD's layers, a LOSS's head), and
- * where each bucket's full gradient lives in the rank's one pool of them
- * (plan_z2_walk, the walk plan_mem.c counts): a full gradient is placed
- * (zeroed) at the first instruction writing into it (or at its SYNC if
- * none did) and given back once its reduce-scatter, started at the SYNC,
- * is complete: before the step places another, it completes the
- * reduce-scatters in flight whose safe point (plan_z2_safe: waiting there
- * cannot deadlock) is at or before that instruction, and at STEP all of
- * them. One pool allocated at start-up: no allocation mid-step (on CUDA a
- * cudaMalloc/cudaFree there would wait for an NCCL kernel that waits for
- * a peer). k > 1 micro-batches: the first k - 1 runs have no SYNC, so
- * every full gradient stays placed until the last run's SYNC (gradients
- * accumulate in it; plan_mem.c's header says why). A write after the
- * bucket's SYNC is refused (SP_EINPUT with st->why): the full gradient is
- * gone by then (the verifier rejects such a plan).
- */
-static int plan_zero2(rt_state_t *st)
-{
-	const sp_plan_t *p = st->p;
-	sp_z2map_t zm;
-	plan_z2_walk_t wk = {0};
-	int32_t *safe = NULL, *w = NULL;
-	int rc = z2map_init(&zm, p), cap = 2, n = 0, ncap = 16;
-	st->z2_off = calloc((size_t)st->n_ins + 2, sizeof(int));
-	if (rc || !st->z2_off) {
-		z2map_release(&zm);
-		return SP_ENOMEM;
-	}
-	if (!zm.n_z2)
-		return 0;
-	rc = SP_ENOMEM;
-	if (plan_z2_safe(p, &safe) || plan_z2_walk(p, st->rank, safe, &wk))
-		goto cleanup;
-	if (wk.bad >= 0) {
-		snprintf(st->why, sizeof st->why,
-			 "instruction %d writes gradients of a zero-2 bucket after its SYNC (its "
-			 "full gradient is freed there)",
-			 wk.bad);
-		rc = SP_EINPUT;
-		goto cleanup;
-	}
-	for (int i = 0; i < st->n_mb; i++)
-		if (st->mb[i].zero2) {
-			int64_t off, cnt;
-			const sp_bucket_t *bk = &p->buckets[st->mb[i].bucket];
-			int q = bucket_shard(p, st->mb[i].bucket, st->rank, &off, &cnt);
-			st->mb[i].safe = safe[bk->dev_off + q];
-			st->mb[i].zoff = wk.off[st->mb[i].bucket];
-		}
-	st->z2_acct = wk.pool;
-	st->z2_peak = wk.peak;
-	for (int k = 0; k < st->n_ins; k++)
-		if (st->prog[k].op == INS_BWD)
-			cap = SP_MAX(cap, p->slices[st->prog[k].slice].layer_to -
-						  p->slices[st->prog[k].slice].layer_from + 1);
-	w = malloc(sizeof(int32_t) * (size_t)cap);
-	st->z2_list = malloc(sizeof(int) * (size_t)ncap);
-	if (!w || !st->z2_list)
-		goto cleanup;
-	for (int k = 0; k < st->n_ins; k++) {
-		int nw = z2map_writes(&zm, p, st->rank, &st->prog[k], w, cap);
-		for (int j = 0; j < nw; j++) {
-			if (n == ncap) {
-				int *nl = realloc(st->z2_list, sizeof(int) * (size_t)(ncap *= 2));
-				if (!nl)
-					goto cleanup;
-				st->z2_list = nl;
-			}
-			int i = 0;
-			while (st->mb[i].bucket != w[j]) /* a member: z2map_writes checked */
-				i++;
-			st->z2_list[n++] = i;
-		}
-		st->z2_off[k + 1] = n;
-	}
-	rc = 0;
-cleanup:
-	free(w);
-	free(safe);
-	plan_z2_walk_release(&wk);
-	z2map_release(&zm);
-	return rc;
-}
-
-/*
- * Zero-3 (set-up): where each PGATHER places its bucket's full weights in
- * the rank's one pool of them (plan_z3_walk, the walk plan_mem.c counts),
- * so nothing is allocated mid-step. A program that uses zero-3 weights
- * outside a PGATHER .. PFREE span is refused (SP_EINPUT with st->why; the
- * verifier rejects such a plan).
- */
-static int plan_zero3(rt_state_t *st)
-{
-	plan_z3_walk_t wk;
-	if (plan_z3_walk(st->p, st->rank, &wk))
-		return SP_ENOMEM;
-	if (wk.bad >= 0) {
-		snprintf(st->why, sizeof st->why, "instruction %d %s", wk.bad, wk.why);
-		plan_z3_walk_release(&wk);
-		return SP_EINPUT;
-	}
-	st->z3_at = wk.off; /* NULL without zero-3 buckets */
-	if (wk.off) {
-		st->z3_seq = calloc((size_t)st->n_ins + 1, sizeof(int32_t *));
-		st->z3_seqn = calloc((size_t)st->n_ins + 1, sizeof(int));
-		if (!st->z3_seq || !st->z3_seqn)
-			return SP_ENOMEM;
-		for (int k = 0, whole; k < st->n_ins; k++)
-			if (st->prog[k].op == INS_PGATHER) {
-				st->z3_seqn[k] = plan_z3_span(st->p, st->rank, k, &st->z3_seq[k], &whole);
-				if (st->z3_seqn[k] < 0)
-					return SP_ENOMEM;
-				if (whole)
-					st->z3_seqn[k] = -1; /* gathered whole at the PGATHER */
-			}
-	}
-	st->z3_acct = wk.pool;
-	st->z3_peak = wk.peak;
-	st->z3_whole = wk.whole;
 	return 0;
 }
 
@@ -986,9 +872,9 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 	if (!rc)
 		rc = check_decoders(st);
 	if (!rc)
-		rc = plan_zero2(st);
+		rc = rt_zero2_setup(st);
 	if (!rc)
-		rc = plan_zero3(st);
+		rc = rt_zero3_setup(st);
 	sp_err_t lacks = {0};
 	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
 		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
@@ -1068,6 +954,7 @@ void rt_free(rt_state_t *st)
 		free(st->z3_seq[k]);
 	free(st->z3_seq);
 	free(st->z3_seqn);
+	free(st->z3_parts);
 	b->release(st->g);
 	b->release(st->gs);
 	b->release(st->z2pool);
@@ -1248,8 +1135,6 @@ static int64_t sp_off(const rt_tp_t *tp, const sp_metaop_t *mo, int n)
 			    : 0;
 }
 
-static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
-
 /* 0, or the code of a layer that failed (a tensor-parallel all-reduce:
  * tp_allreduce named the instruction). */
 static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
@@ -1267,7 +1152,7 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
-		if (si >= 0 && (rc = z3_need(st, si, k, err)))
+		if (si >= 0 && (rc = rt_z3_need(st, si, k, err)))
 			return rc;
 		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
 		float *y = l == r.sl->layer_to - 1 ? vptr(st, st->dst_vb[k], r.in->s0, 0)
@@ -1323,80 +1208,11 @@ static int exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 }
 
 /* The gradient of held layer si: in g, or in its zero-2 bucket's full
- * gradient (live: z2_touch ran for the instruction). */
+ * gradient (live: rt_z2_touch ran for the instruction). */
 static float *grad_of(const rt_state_t *st, int si)
 {
 	const mybucket_t *mb = &st->mb[st->pmb[si]];
 	return (mb->zero2 ? mb->full : st->g + mb->goff) + (st->poff[si] - mb->off);
-}
-
-/* A zero-2 bucket's reduce-scatter is complete: its shard's sum (at the
- * shard's place in the full gradient) to gs, and the full gradient freed. */
-static int z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
-{
-	int rc = wait_req(st, &mb->req, mb->sync, err);
-	if (rc)
-		return rc;
-	if (mb->sn > 0)
-		st->b->copy_rows(st->gs + mb->gsoff, mb->sn, mb->full + (mb->soff - mb->off), mb->sn,
-				 1, mb->sn, 0);
-	st->b->sync();
-	mb->full = NULL; /* its place in the pool is free */
-	mb->rs = 0;
-	st->z2_live -= mb->n;
-	return 0;
-}
-
-/* Zero-2 bucket mb's full gradient, at its place in the pool, zeroed,
- * after completing the reduce-scatters in flight whose safe point is at or
- * before instruction k (plan_zero2's rule). Checks what the walk promised:
- * the place is free (no live full gradient overlaps it), and the most live
- * at once stays the walk's peak. */
-static int z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
-{
-	for (int i = 0; i < st->n_mb; i++)
-		if (st->mb[i].rs && st->mb[i].safe <= k) {
-			int rc = z2_finish(st, &st->mb[i], err);
-			if (rc)
-				return rc;
-		}
-	for (int i = 0; i < st->n_mb; i++) {
-		const mybucket_t *o = &st->mb[i];
-		if (o->full && o->zoff < mb->zoff + mb->n && mb->zoff < o->zoff + o->n)
-			return fail(st, err, k, "a zero-2 full gradient's place is still in use");
-	}
-	if (mb->zoff < 0 || mb->zoff + mb->n > st->z2_acct)
-		return fail(st, err, k, "a zero-2 full gradient has no place in the pool");
-	mb->full = st->z2pool + mb->zoff;
-	st->b->zero(mb->full, mb->n);
-	st->z2_live += mb->n;
-	st->z2_hwm = SP_MAX(st->z2_hwm, st->z2_live);
-	if (st->z2_hwm > st->z2_peak)
-		return fail(st, err, k, "zero-2 full gradients exceed their accounted peak");
-	return 0;
-}
-
-/* Before instruction k writes gradients: the full gradients it writes into. */
-static int z2_touch(rt_state_t *st, int k, sp_err_t *err)
-{
-	for (int j = st->z2_off[k]; j < st->z2_off[k + 1]; j++) {
-		mybucket_t *mb = &st->mb[st->z2_list[j]];
-		int rc = mb->full ? 0 : z2_alloc(st, mb, k, err);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-/* Every full gradient freed without a reduce-scatter (after an evaluation,
- * whose losses write gradients nobody reads). */
-static void z2_drop(rt_state_t *st)
-{
-	for (int i = 0; i < st->n_mb; i++)
-		if (st->mb[i].full && !st->mb[i].rs) {
-			st->mb[i].full = NULL;
-			st->z2_live -= st->mb[i].n;
-		}
 }
 
 /* The summed LayerNorm gradients of a sequence-parallel BWD's layers
@@ -1445,7 +1261,7 @@ static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 	for (int l = r.sl->layer_to - 1, j = 0; l >= r.sl->layer_from; l--, j++) {
 		int comp;
 		int si = layer_slot(st, r.sl->metaop, l, &comp);
-		if (si >= 0 && (rc = z3_need(st, si, k, err)))
+		if (si >= 0 && (rc = rt_z3_need(st, si, k, err)))
 			return rc;
 		const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
 		float *dp = si >= 0 ? grad_of(st, si) : NULL;
@@ -1522,7 +1338,7 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	int n = in->s1 - in->s0;
 	int comp;
 	int si = layer_slot(st, sl->metaop, 0, &comp);
-	if (si >= 0 && (rc = z3_need(st, si, k, err)))
+	if (si >= 0 && (rc = rt_z3_need(st, si, k, err)))
 		return rc;
 	const float *pw = si >= 0 ? rt_wptr(st, si) : NULL;
 	float *dp = si >= 0 ? grad_of(st, si) : NULL;
@@ -1570,104 +1386,6 @@ static int exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 	return rc;
 }
 
-/*
- * Zero-3 spans (the header's): z3_fetch all-gathers the next layer of mb's
- * span into its room: the part of the layer in the rank's shard copied in,
- * zeros elsewhere, summed over the bucket's group (each element is owned by
- * one member, so the sum adds zeros to it: exact), waited for here.
- */
-static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
-{
-	const rt_backend_t *b = st->b;
-	int si = mb->hfirst + mb->z3seq[mb->z3pos++];
-	int64_t lo = st->poff[si], n = st->pcount[si];
-	int64_t a = SP_MAX(lo, mb->soff), z = SP_MIN(lo + n, mb->soff + mb->sn);
-	st->z3_live += n - mb->z3have;
-	mb->z3have = n;
-	mb->z3cur = si;
-	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
-	if (st->z3_hwm > st->z3_peak)
-		return fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
-	b->zero(mb->wfull, n);
-	if (z > a)
-		b->copy_rows(mb->wfull + (a - lo), z - a, st->ws + mb->wsoff + (a - mb->soff), z - a,
-			     1, z - a, 0);
-	b->sync();
-	rt_req_t r = {0};
-	if (st->c->ops->iallreduce(st->c, mb->wfull, n, mb->group, &r))
-		return fail(st, err, k, "starting the all-gather of a zero-3 layer failed");
-	return wait_req(st, &r, k, err);
-}
-
-/* Before instruction k runs held layer si: its weights in its bucket's
- * room, gathered now when they are the span's next layer. */
-static int z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
-{
-	mybucket_t *mb = &st->mb[st->pmb[si]];
-	if (!mb->zero3 || mb->z3cur == si || (mb->wfull && mb->z3cur == -2))
-		return 0;
-	if (!mb->wfull)
-		return fail(st, err, k, "uses zero-3 weights that are not gathered");
-	if (mb->z3pos >= mb->z3n || mb->hfirst + mb->z3seq[mb->z3pos] != si)
-		return fail(st, err, k, "uses a zero-3 layer out of its span's gather order");
-	return z3_fetch(st, mb, k, err);
-}
-
-/* PGATHER: opens the span and gathers its first layer (a rendezvous of
- * the bucket's members, as the verifier models it), or the whole bucket
- * (plan_z3_span's whole spans). PFREE: gathers the span's layers not yet
- * gathered, then gives the room back. */
-static int exec_zero3(rt_state_t *st, int k, sp_err_t *err)
-{
-	const sp_ins_t *in = &st->prog[k];
-	mybucket_t *mb = NULL;
-	int rc = 0;
-	for (int i = 0; i < st->n_mb && !mb; i++)
-		if (st->mb[i].bucket == in->peer && st->mb[i].zero3)
-			mb = &st->mb[i];
-	if (!mb)
-		return fail(st, err, k, "not a member of this zero-3 bucket");
-	if (in->op == INS_PFREE) {
-		if (!mb->wfull)
-			return fail(st, err, k, "frees zero-3 weights that are not gathered");
-		while (!rc && mb->z3pos < mb->z3n)
-			rc = z3_fetch(st, mb, k, err);
-		mb->wfull = NULL;
-		mb->z3cur = -1;
-		st->z3_live -= mb->z3have;
-		mb->z3have = 0;
-		return rc;
-	}
-	if (mb->wfull || !st->z3_at || st->z3_at[k] < 0 || st->z3_at[k] > st->z3_acct)
-		return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
-	mb->wfull = st->z3pool + st->z3_at[k];
-	mb->z3seq = st->z3_seq[k];
-	mb->z3n = st->z3_seqn[k];
-	mb->z3pos = 0;
-	if (mb->z3n < 0) { /* whole: the shard into its place, the rest gathered */
-		if (st->z3_at[k] + mb->n > st->z3_acct)
-			return fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
-		mb->z3cur = -2;
-		mb->z3have = mb->n;
-		st->z3_live += mb->n;
-		st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
-		if (st->z3_hwm > st->z3_peak)
-			return fail(st, err, k,
-				    "more zero-3 weights gathered at once than the walk's peak");
-		rt_req_t r = {0};
-		st->b->copy_rows(mb->wfull + (mb->soff - mb->off), mb->sn, st->ws + mb->wsoff,
-				 mb->sn, 1, mb->sn, 0);
-		st->b->sync();
-		if (st->c->ops->iallgather(st->c, mb->wfull, mb->n, mb->group, &r))
-			return fail(st, err, k, "starting the all-gather failed");
-		return wait_req(st, &r, k, err);
-	}
-	for (int i = 0; i < mb->z3n; i++)
-		if (st->z3_at[k] + st->pcount[mb->hfirst + mb->z3seq[i]] > st->z3_acct)
-			return fail(st, err, k, "gathers a zero-3 layer outside the walk's pool");
-	return mb->z3n ? z3_fetch(st, mb, k, err) : 0;
-}
-
 static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
@@ -1710,7 +1428,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 		return 0;
 	}
 	if (in->op == INS_PGATHER || in->op == INS_PFREE)
-		return exec_zero3(st, k, err);
+		return rt_exec_zero3(st, k, err);
 	if (in->op == INS_SYNC || in->op == INS_GATHER) {
 		for (int i = 0; i < st->n_mb; i++)
 			if (st->mb[i].bucket == in->peer) {
@@ -1718,7 +1436,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 				rt_req_t r = {0};
 				/* zero-2: a bucket nothing wrote reduce-scatters zeros */
 				int rc = in->op == INS_SYNC && mb->zero2 && !mb->full
-						 ? z2_alloc(st, mb, k, err)
+						 ? rt_z2_alloc(st, mb, k, err)
 						 : 0;
 				if (rc)
 					return rc;
@@ -1730,7 +1448,7 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 						      : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
 				if (bad)
 					return fail(st, err, k, "starting the collective failed");
-				if (in->op == INS_SYNC && mb->zero2) { /* completed by z2_finish */
+				if (in->op == INS_SYNC && mb->zero2) { /* completed by rt_z2_finish */
 					mb->req = r;
 					mb->rs = 1;
 					return 0;
@@ -1803,7 +1521,7 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
 	for (int q = 0; q < st->n_mb; q++) {
 		mybucket_t *mb = &st->mb[st->step_order[q]];
-		int rc = mb->rs ? z2_finish(st, mb, err) : 0; /* zero-2: into the shard */
+		int rc = mb->rs ? rt_z2_finish(st, mb, err) : 0; /* zero-2: into the shard */
 		if (rc)
 			return rc;
 		for (int j = 0; j < st->n_pending; j++)
@@ -1841,7 +1559,7 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 			continue;
 		if (!plan_ins_active(st->p, in, st->micro))
 			continue;
-		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = z2_touch(st, k, err)))
+		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = rt_z2_touch(st, k, err)))
 			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
@@ -1999,12 +1717,12 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, step, err); break;
 		case INS_LOSS:
-			if ((rc = z2_touch(st, k, err)))
+			if ((rc = rt_z2_touch(st, k, err)))
 				break;
 			rc = exec_loss(st, k, step, err);
 			if (!rc && score_loss(st, k, acc))
 				rc = fail(st, err, k, "out of memory");
-			z2_drop(st); /* nobody reads an evaluation's gradients */
+			rt_z2_drop(st); /* nobody reads an evaluation's gradients */
 			break;
 		case INS_SEND:
 		case INS_COPY:
@@ -2035,27 +1753,6 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 void rt_memory(const rt_state_t *st, int64_t out[MEM__COUNT])
 {
 	memcpy(out, st->mem, sizeof(int64_t) * MEM__COUNT);
-}
-
-int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool,
-		  int64_t *whole)
-{
-	*whole = st->z3_whole * (int64_t)sizeof(float);
-	*most = st->z3_hwm * (int64_t)sizeof(float);
-	*peak = st->z3_peak * (int64_t)sizeof(float);
-	*pool = st->z3_acct * (int64_t)sizeof(float);
-	return st->n_ws > 0;
-}
-
-int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool)
-{
-	int any = 0;
-	for (int i = 0; i < st->n_mb; i++)
-		any |= st->mb[i].zero2;
-	*most = st->z2_hwm * (int64_t)sizeof(float);
-	*peak = st->z2_peak * (int64_t)sizeof(float);
-	*pool = st->z2_acct * (int64_t)sizeof(float);
-	return any;
 }
 
 const rt_event_t *rt_events(const rt_state_t *st, int *n)

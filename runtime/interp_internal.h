@@ -1,7 +1,8 @@
 /*
- * interp_internal.h — what interp.c (executing programs) and pack.c
- * (parameters in and out of a rank's state) share: the rank's state and
- * its parts. Private to those two files; runtime.h is the interface.
+ * interp_internal.h — what interp.c (executing programs), zero.c (its
+ * zero-2 and zero-3 parts) and pack.c (parameters in and out of a rank's
+ * state) share: the rank's state and its parts. Private to those files;
+ * runtime.h is the interface.
  */
 #ifndef SPINDLE_INTERP_INTERNAL_H
 #define SPINDLE_INTERP_INTERNAL_H
@@ -77,6 +78,8 @@ struct rt_state {
 	int64_t *z3_at;
 	int32_t **z3_seq; /* per instruction: a PGATHER's plan_z3_span, else NULL */
 	int *z3_seqn;
+	int64_t *z3_parts; /* a layer's all-gather: the members' counts, then
+			    * offsets (2 x the largest zero-3 group) */
 	int64_t z3_live, z3_hwm, z3_peak, z3_acct; /* floats, as z2_* */
 	int64_t z3_whole; /* plan_z3_walk's whole: whole buckets gathered together */
 	/* gradients: g holds those of the buckets that are not zero-2 (n_g
@@ -149,10 +152,37 @@ void rt_put_weights(rt_state_t *st, int i, const float *host);
  * each zero-3 group, buckets in index order (collective). 0 or SP_EIO. */
 int rt_zero3_whole(const rt_state_t *st, float *hw);
 
+/* SP_EIO naming the rank and instruction k (-1: none) with what went
+ * wrong; returns its code. */
+int rt_fail(rt_state_t *st, sp_err_t *err, int k, const char *what);
+/* Polls req until done or the interpreter's timeout (then rt_fail naming
+ * who it waited for). */
+int rt_wait_req(rt_state_t *st, rt_req_t *req, int k, sp_err_t *err);
+
 /* Whole layer records of held layer i (nw floats: w, then m, v when
  * present) to the rank's part: its shard of a tensor-parallel layer (in
  * out), or the record itself. Returns what to copy from. */
 const float *rt_own_part(const rt_state_t *st, int i, const float *whole, int64_t nw, int parts,
 			 float *out);
+
+/* ---- zero.c ------------------------------------------------------------ */
+
+/* Set-up (rt_create): the zero-2 pool's places and each instruction's
+ * zero-2 writes; the zero-3 pool's places and spans. 0, SP_ENOMEM, or
+ * SP_EINPUT with st->why. */
+int rt_zero2_setup(rt_state_t *st);
+int rt_zero3_setup(rt_state_t *st);
+/* Zero-2: bucket mb's reduce-scatter completed into its shard and its
+ * full gradient given back; mb's full gradient placed (zeroed) before
+ * instruction k writes it; the full gradients instruction k writes placed;
+ * every full gradient without a reduce-scatter given back. */
+int rt_z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err);
+int rt_z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err);
+int rt_z2_touch(rt_state_t *st, int k, sp_err_t *err);
+void rt_z2_drop(rt_state_t *st);
+/* Zero-3: before instruction k runs held layer si, its weights gathered;
+ * instruction k a PGATHER or PFREE. */
+int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
+int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err);
 
 #endif

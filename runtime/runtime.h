@@ -46,6 +46,14 @@ typedef struct rt_comm_ops {
 	 * member contributes its shard, every member ends with all of buf. */
 	int (*ireduce_scatter)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
 	int (*iallgather)(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req);
+	/* All-gather with per-member parts, in place: member i of the group's
+	 * k contributes buf[off[i], off[i] + cnt[i]) (already at its place),
+	 * every member ends with all k parts (the rest of buf untouched). k,
+	 * cnt and off are the same on every member; the transport copies them
+	 * (the caller's may go at once). A k that is not the group's size, or
+	 * a negative count or offset, fails to start. */
+	int (*iallgatherv)(rt_comm_t *c, float *buf, int k, const int64_t *cnt, const int64_t *off,
+			   int group, rt_req_t *req);
 	/* *done = 1 when complete (req is then reset). */
 	int (*test)(rt_comm_t *c, rt_req_t *req, int *done);
 	/* Sum of doubles over all ranks (blocking; losses, norms). */

@@ -361,6 +361,24 @@ static int n_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return n_coll(c, ne_iallgather, buf, n, group, req);
 }
 
+/* The all-gather with parts (zero-3 layers): as n_iallgather, over the
+ * caller's parts (ne_iallgatherv: a broadcast per member with a part). */
+static int n_iallgatherv(rt_comm_t *c, float *buf, int k, const int64_t *cnt,
+			 const int64_t *off, int group, rt_req_t *req)
+{
+	nccl_impl_t *im = impl(c);
+	ne_op_t *op = NULL;
+	*req = (rt_req_t){0, NULL, -1, group};
+	cu_mark_written(buf);
+	if (c->nranks == 1)
+		return k == 1 && cnt[0] >= 0 && off[0] >= 0 ? 0 : -1;
+	if (!n_post_ok(im) || ne_iallgatherv(im->eng, buf, k, cnt, off, group, &op))
+		return -1;
+	if (op)
+		*req = (rt_req_t){REQ_NCCL, op, -1, group};
+	return 0;
+}
+
 static int n_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	nccl_impl_t *im = impl(c);
@@ -437,7 +455,8 @@ static void n_finalize(rt_comm_t *c)
 static const rt_comm_ops_t nccl_ops = {
 	.group_create = n_group, .isend = n_isend, .irecv = n_irecv,
 	.iallreduce = n_iallreduce, .ireduce_scatter = n_ireduce_scatter,
-	.iallgather = n_iallgather, .test = n_test, .allsum = n_allsum, .gather = n_gather,
+	.iallgather = n_iallgather, .iallgatherv = n_iallgatherv, .test = n_test,
+	.allsum = n_allsum, .gather = n_gather,
 	.barrier = n_barrier, .abort = n_abort, .finalize = n_finalize,
 };
 

@@ -41,6 +41,15 @@ static int none_iallreduce(rt_comm_t *c, float *buf, int64_t n, int group, rt_re
 	return 0;
 }
 
+static int none_iallgatherv(rt_comm_t *c, float *buf, int k, const int64_t *cnt,
+			    const int64_t *off, int group, rt_req_t *req)
+{
+	(void)c;
+	(void)buf;
+	*req = (rt_req_t){0, NULL, -1, group};
+	return k == 1 && cnt[0] >= 0 && off[0] >= 0 ? 0 : -1;
+}
+
 static int none_test(rt_comm_t *c, rt_req_t *req, int *done)
 {
 	return inner(c)->ops->test(inner(c), req, done);
@@ -77,7 +86,8 @@ static void none_finalize(rt_comm_t *c)
 static const rt_comm_ops_t none_ops = {
 	.group_create = none_group, .isend = none_isend, .irecv = none_irecv,
 	.iallreduce = none_iallreduce, .ireduce_scatter = none_iallreduce,
-	.iallgather = none_iallreduce, .test = none_test, .allsum = none_allsum,
+	.iallgather = none_iallreduce, .iallgatherv = none_iallgatherv, .test = none_test,
+	.allsum = none_allsum,
 	.gather = none_gather, .barrier = none_barrier, .abort = none_abort,
 	.finalize = none_finalize,
 };

@@ -168,6 +168,25 @@ static int s_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t
 	return s_coll(c, 2, buf, n, group, req);
 }
 
+/* The all-gather with parts: floats [0, the parts' end) staged as s_coll
+ * does, the wrapped comm's all-gather with parts on the copy. */
+static int s_iallgatherv(rt_comm_t *c, float *buf, int k, const int64_t *cnt,
+			 const int64_t *off, int group, rt_req_t *req)
+{
+	staged_impl_t *im = sim(c);
+	int64_t n = 0;
+	for (int i = 0; i < k; i++) {
+		if (cnt[i] < 0 || off[i] < 0)
+			return -1;
+		n = cnt[i] ? (off[i] + cnt[i] > n ? off[i] + cnt[i] : n) : n;
+	}
+	sreq_t *r = sreq_new(im, SOP_ALLREDUCE, buf, sizeof(float) * (size_t)n);
+	if (!r)
+		return -1;
+	int rc = im->inner.ops->iallgatherv(&im->inner, r->buf->p, k, cnt, off, group, &r->inner);
+	return started(im, r, rc, -1, group, req);
+}
+
 /* Done when the wrapped operation is; received and reduced data then goes
  * back to the device before *done is set. */
 static int s_test(rt_comm_t *c, rt_req_t *req, int *done)
@@ -243,7 +262,8 @@ static void s_finalize(rt_comm_t *c)
 static const rt_comm_ops_t staged_ops = {
 	.group_create = s_group, .isend = s_isend, .irecv = s_irecv,
 	.iallreduce = s_iallreduce, .ireduce_scatter = s_ireduce_scatter,
-	.iallgather = s_iallgather, .test = s_test, .allsum = s_allsum, .gather = s_gather,
+	.iallgather = s_iallgather, .iallgatherv = s_iallgatherv, .test = s_test,
+	.allsum = s_allsum, .gather = s_gather,
 	.barrier = s_barrier, .abort = s_abort, .finalize = s_finalize,
 };
 

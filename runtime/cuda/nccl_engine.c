@@ -33,7 +33,7 @@ typedef struct {
 
 /* The group collectives (all-reduce and the zero-1 halves) share one queue
  * per group, in posting order: every member issues them in one order. */
-enum { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_RSCATTER, OP_AGATHER };
+enum { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_RSCATTER, OP_AGATHER, OP_AGATHERV };
 enum { ST_WAIT_CTS, ST_READY, ST_ENQUEUING, ST_LAUNCHED, ST_DONE, ST_FAILED };
 
 /* A communicator with its stream; busy while an enqueue is pending. */
@@ -52,6 +52,7 @@ struct ne_op {
 	void *ev;
 	double t0;
 	ne_chan_t *ch;
+	int64_t *parts;  /* OP_AGATHERV: the members' counts, then offsets */
 	cts_t cts;       /* receives: the clear-to-send message */
 	rt_req_t cts_req; /* receives: its host send (kind 0 once complete) */
 	ne_op_t *next;
@@ -194,7 +195,8 @@ static const char *group_desc(const ne_engine_t *e, const ne_chan_t *ch, char *b
 /* "send to rank 3 (tag 17)", "all-reduce of sync group 2" */
 static const char *op_desc(const ne_engine_t *e, const ne_op_t *op, char *buf, size_t n)
 {
-	static const char *const coll[] = {"all-reduce", "reduce-scatter", "all-gather"};
+	static const char *const coll[] = {"all-reduce", "reduce-scatter", "all-gather",
+					   "all-gather of parts"};
 	char g[48];
 	if (op->kind >= OP_ALLREDUCE)
 		snprintf(buf, n, "%s of %s", coll[op->kind - OP_ALLREDUCE],
@@ -257,6 +259,7 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
 			break;
 		}
 	e->pr->event_free(e->ctx, op->ev);
+	free(op->parts);
 	free(op);
 }
 
@@ -266,7 +269,9 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
  * to j (reduce-scatter), broadcast from j (all-gather). ncclReduceScatter
  * and ncclAllGather take equal counts only; padding to them would need a
  * bucket-sized scratch buffer and copies in and out on every call, while
- * the rooted calls move each element once, with no extra memory.
+ * the rooted calls move each element once, with no extra memory. The
+ * all-gather with parts (zero-3 layers) is the same broadcasts over the
+ * caller's parts; a member whose part is empty makes no call.
  */
 static int shard_calls(ne_engine_t *e, ne_op_t *op)
 {
@@ -276,6 +281,12 @@ static int shard_calls(ne_engine_t *e, ne_op_t *op)
 	for (int j = 0; j < ch->size && r == NE_OK; j++) {
 		int64_t off, cnt;
 		comm_shard((int64_t)(op->bytes / sizeof(float)), j, ch->size, &off, &cnt);
+		if (op->parts) { /* the caller's parts (ne_iallgatherv) */
+			cnt = op->parts[j];
+			off = op->parts[ch->size + j];
+		}
+		if (!cnt)
+			continue;
 		float *at = (float *)op->buf + off;
 		r = op->kind == OP_RSCATTER
 			    ? pr->reduce(e->ctx, at, (size_t)cnt, j, ch->comm, ch->stream)
@@ -291,7 +302,7 @@ static int op_call(ne_engine_t *e, ne_op_t *op)
 	if (op->kind == OP_ALLREDUCE)
 		return pr->allreduce(e->ctx, op->buf, op->bytes / sizeof(float), ch->comm,
 				     ch->stream);
-	if (op->kind == OP_RSCATTER || op->kind == OP_AGATHER)
+	if (op->kind == OP_RSCATTER || op->kind == OP_AGATHER || op->kind == OP_AGATHERV)
 		return shard_calls(e, op);
 	/* two-rank channels: the sender is rank 0, the receiver rank 1 */
 	if (op->kind == OP_SEND)
@@ -606,6 +617,36 @@ int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **o
 int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out)
 {
 	return ne_coll(e, OP_AGATHER, buf, n, g, out);
+}
+
+int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const int64_t *off,
+		   int g, ne_op_t **out)
+{
+	int64_t n = 0;
+	*out = NULL;
+	if (g < 0 || g >= e->n_groups || k != e->groups[g].size)
+		return -1;
+	for (int i = 0; i < k; i++) {
+		if (cnt[i] < 0 || off[i] < 0)
+			return -1;
+		n = SP_MAX(n, cnt[i] ? off[i] + cnt[i] : 0);
+	}
+	if (!e->groups[g].comm)
+		return e->groups[g].failed ? -1 : 0;
+	int64_t *parts = malloc(sizeof(int64_t) * 2 * (size_t)k);
+	if (!parts)
+		return -1;
+	memcpy(parts, cnt, sizeof(int64_t) * (size_t)k);
+	memcpy(parts + k, off, sizeof(int64_t) * (size_t)k);
+	ne_op_t *op = op_new(e, OP_AGATHERV, -1, g, buf, sizeof(float) * (size_t)n, &e->groups[g]);
+	if (!op) {
+		free(parts);
+		return -1;
+	}
+	op->parts = parts;
+	op->state = ST_READY;
+	*out = op;
+	return ne_progress(e);
 }
 
 int ne_test(ne_engine_t *e, ne_op_t *op, int *done)

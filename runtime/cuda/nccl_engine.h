@@ -143,6 +143,11 @@ int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
  * member's shard in one NCCL group. */
 int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
+/* rt_comm_ops_t's iallgatherv over group g (k its size): one broadcast
+ * from each member with a part, of that part, in one NCCL group (NCCL has
+ * no all-gather with counts). */
+int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const int64_t *off,
+		   int g, ne_op_t **out);
 /* Moves every operation along; *done = 1 frees op. -1 when op failed. */
 int ne_test(ne_engine_t *e, ne_op_t *op, int *done);
 /* One pass over everything; -1 when the host comm fails. */

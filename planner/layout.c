@@ -162,6 +162,14 @@ static double shard_saving(const sp_plan_t *p, int b)
 
 static int remem(sp_plan_t *p, const int32_t *devs, int n, const int32_t *safe);
 
+/* A bucket's overlap under layout: --rs-overlap on sets it on every zero-2
+ * and zero-3 bucket; off and auto leave it 0 (auto tries it once the plan
+ * is simulated: try_overlap). */
+static int overlap_for(const planner_t *pl, int layout)
+{
+	return layout_grads_sharded(layout) && pl->opts->rs_overlap == 1;
+}
+
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
  * optimizer state of the elements a member owns), its members' memory:
  * between replicated and zero-1 by the difference in state, to or from
@@ -175,6 +183,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	int64_t E = bk->elems, n = bk->n_dev;
 	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
 		bk->layout = layout;
+		bk->overlap = overlap_for(pl, layout);
 		bucket_price(pl->cluster, p, bk, db);
 		return remem(p, p->bucket_devs + bk->dev_off, bk->n_dev, NULL);
 	}
@@ -341,6 +350,7 @@ static int choose_zero2(planner_t *pl, sp_plan_t *p)
 	for (int b = 0; b < p->n_buckets && !rc; b++)
 		if (p->buckets[b].layout == LAYOUT_ZERO1) {
 			p->buckets[b].layout = LAYOUT_ZERO2;
+			p->buckets[b].overlap = overlap_for(pl, LAYOUT_ZERO2);
 			fresh[b] = 1;
 			n++;
 		}
@@ -356,6 +366,7 @@ static int choose_zero2(planner_t *pl, sp_plan_t *p)
 	for (int b = 0; b < p->n_buckets; b++)
 		if (fresh && fresh[b]) {
 			p->buckets[b].layout = keep ? LAYOUT_ZERO2 : LAYOUT_ZERO1;
+			p->buckets[b].overlap = overlap_for(pl, p->buckets[b].layout);
 			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
 		}
 	/* kept: every device's memory again by plan_mem's formula (exact,
@@ -427,8 +438,8 @@ static int drop_zero2(planner_t *pl, sp_plan_t *p)
 	if (!n)
 		return 0;
 	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
-	int32_t *all = calloc((size_t)p->n_devices + 1, sizeof *all);
-	if (!was || !all) {
+	int32_t *all = calloc((size_t)p->n_devices + 1, sizeof *all), *safe = NULL;
+	if (!was || !all || plan_z2_safe(p, &safe)) { /* zero-2's points: once */
 		free(was);
 		free(all);
 		return SP_ENOMEM;
@@ -441,10 +452,11 @@ static int drop_zero2(planner_t *pl, sp_plan_t *p)
 			if (pass ? was[b] : p->buckets[b].layout == LAYOUT_ZERO2) {
 				was[b] = 1;
 				p->buckets[b].layout = to;
+				p->buckets[b].overlap = overlap_for(pl, to);
 				bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
 			}
 		}
-		if ((rc = remem(p, all, p->n_devices, NULL)) || worst_device(pl, p) < 0)
+		if ((rc = remem(p, all, p->n_devices, safe)) || worst_device(pl, p) < 0)
 			break; /* fits in zero-1 (pass 0), or zero-2 as it was (pass 1) */
 	}
 	int fits = !rc && worst_device(pl, p) < 0;
@@ -453,6 +465,7 @@ static int drop_zero2(planner_t *pl, sp_plan_t *p)
 		dropped |= was[b] && p->buckets[b].layout == LAYOUT_ZERO1;
 	free(was);
 	free(all);
+	free(safe);
 	return rc ? rc : fits && dropped;
 }
 
@@ -471,7 +484,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
  * no: the slices', waves' and devices' predicted times and memory, and
  * each bucket's layout (saved in the candidate's scratch arena). */
 typedef struct {
-	uint8_t *layout;
+	uint8_t *layout, *overlap;
 	sp_slice_t *sl;
 	sp_wave_t *wv;
 	sp_device_t *dv;
@@ -480,13 +493,16 @@ typedef struct {
 static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 {
 	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
+	t->overlap = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *t->sl);
 	t->wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *t->wv);
 	t->dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *t->dv);
-	if (!t->layout || !t->sl || !t->wv || !t->dv)
+	if (!t->layout || !t->overlap || !t->sl || !t->wv || !t->dv)
 		return SP_ENOMEM;
-	for (int b = 0; b < p->n_buckets; b++)
+	for (int b = 0; b < p->n_buckets; b++) {
 		t->layout[b] = (uint8_t)p->buckets[b].layout;
+		t->overlap[b] = (uint8_t)p->buckets[b].overlap;
+	}
 	memcpy(t->sl, p->slices, sizeof *t->sl * (size_t)p->n_slices);
 	memcpy(t->wv, p->waves, sizeof *t->wv * (size_t)p->n_waves);
 	memcpy(t->dv, p->devices, sizeof *t->dv * (size_t)p->n_devices);
@@ -498,11 +514,13 @@ static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
  * (the saved ranges index the old one), and rebuilds it again here. */
 static int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
 {
-	for (int b = 0; b < p->n_buckets; b++)
+	for (int b = 0; b < p->n_buckets; b++) {
+		p->buckets[b].overlap = t->overlap[b];
 		if (p->buckets[b].layout != t->layout[b]) {
 			p->buckets[b].layout = t->layout[b];
 			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
 		}
+	}
 	memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
 	memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
 	for (int d = 0; d < p->n_devices; d++) {
@@ -544,6 +562,48 @@ cleanup:
 	return rc;
 }
 
+/* --rs-overlap auto, a plan with zero-2 or zero-3 buckets: every one of
+ * them overlapped at once (its reduce-scatter completes one placement
+ * later, beside the next bucket's backward: plan_z2_walk), kept when every
+ * device still fits (one more full gradient can be live) and the simulator
+ * says the iteration is faster; else the plan as it was. One choice for
+ * the plan, as choose_zero2's. */
+static int try_overlap(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int n = 0, rc = 0;
+	for (int b = 0; b < p->n_buckets && pl->opts->rs_overlap < 0; b++)
+		n += layout_grads_sharded(p->buckets[b].layout) && !p->buckets[b].overlap;
+	if (!n)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	trial_save_t t;
+	int32_t *safe = NULL; /* the programs do not change: once */
+	int32_t *all = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *all);
+	if (!all || (rc = trial_save(a, p, &t)))
+		goto cleanup;
+	for (int d = 0; d < p->n_devices; d++)
+		all[d] = d;
+	for (int b = 0; b < p->n_buckets; b++)
+		p->buckets[b].overlap |= layout_grads_sharded(p->buckets[b].layout);
+	if (plan_z2_safe(p, &safe)) {
+		rc = SP_ENOMEM;
+		goto cleanup;
+	}
+	if ((rc = remem(p, all, p->n_devices, safe)))
+		goto cleanup;
+	sim_result_t r = *res;
+	if (worst_device(pl, p) < 0 && !(rc = sim_sync_again(pl, p, &r)) &&
+	    r.iteration_ms < res->iteration_ms * (1 - 1e-9))
+		*res = r;
+	else if (!rc)
+		rc = trial_restore(pl, p, &t);
+cleanup:
+	free(safe);
+	sp_arena_reset(a, mark);
+	return rc ? rc : !all ? SP_ENOMEM : 0;
+}
+
 /* rc, with a message when it is an allocation failure of this file (a
  * lower level's error, already in err, is kept). */
 static int no_memory(planner_t *pl, int rc)
@@ -563,9 +623,8 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
-	if (pl->opts->zero >= 0 || !pl->lay_large)
-		return 0;
-	return no_memory(pl, try_shard_all(pl, p, res));
+	int rc = pl->opts->zero < 0 && pl->lay_large ? try_shard_all(pl, p, res) : 0;
+	return no_memory(pl, rc ? rc : try_overlap(pl, p, res));
 }
 
 /* ---- the report ----------------------------------------------------------- */
@@ -663,10 +722,10 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		const sp_bucket_t *bk = &p->buckets[b];
 		char nm[SP_NAME_MAX + 32];
 		bucket_name(nm, sizeof nm, p, bk);
-		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s\n", b, nm,
+		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s%s\n", b, nm,
 			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
-			bk->gather_ms,
+			bk->gather_ms, bk->overlap ? "  overlapped" : "",
 			forced && bk->n_dev < 2 ? "  (--zero 1|2: a group of 1 stays replicated)"
 						: "");
 	}
@@ -701,10 +760,11 @@ void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
 		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
-			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f}",
+			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f, "
+			   "\"overlap\": %s}",
 			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
-			bk->gather_ms);
+			bk->gather_ms, bk->overlap ? "true" : "false");
 	}
 	fprintf(f, "\n  ]");
 	int zd;

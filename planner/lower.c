@@ -114,6 +114,11 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		snprintf(out->options + n, sizeof out->options - n, " sp=%s",
 			 pl->opts->sp > 0 ? "on" : "auto");
 	}
+	if (pl->opts->rs_overlap >= 0) { /* likewise only when not the default, auto */
+		size_t n = strlen(out->options);
+		snprintf(out->options + n, sizeof out->options - n, " rs_overlap=%s",
+			 pl->opts->rs_overlap ? "on" : "off");
+	}
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))

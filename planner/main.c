@@ -36,6 +36,11 @@ static void usage(FILE *f)
 		"                       sharded), 2 zero-2 (gradients sharded too), 3 zero-3\n"
 		"                       (weights too: gathered at each use); auto\n"
 		"                       (default) chooses per group\n"
+		"  --rs-overlap off|on|auto\n"
+		"                       zero-2/3 buckets: on completes a reduce-scatter one\n"
+		"                       full-gradient placement later, beside the next\n"
+		"                       bucket's backward (one more full gradient live);\n"
+		"                       auto (default) when it fits and is faster\n"
 		"  --recompute none|all|auto\n"
 		"                       transformer slices keep their activations or\n"
 		"                       recompute them in the backward; auto (default)\n"
@@ -89,7 +94,7 @@ static int takes_value(const char *a)
 {
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
-					    "--milp-nodes", "--zero",	   "--recompute",
+					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap",
 					    "--microbatches", "--tp", "--sp", "--tp-vocab",
 					    "--max-instructions"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
@@ -220,6 +225,9 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, 3, "use none, all or auto");
+	} else if (!strcmp(a, "--rs-overlap")) {
+		static const char *const w[3] = {"auto", "off", "on"};
+		return opt_word(&o->rs_overlap, a, val, w, 3, "use off, on or auto");
 	} else {
 		return -1;
 	}
@@ -250,6 +258,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->milp_nodes = 200;
 	o->zero = -1;
 	o->recompute = -1;
+	o->rs_overlap = -1;
 	o->sp = 0; /* off: the cuda backend does not run it yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	const char **pos[] = {&o->model_path, &o->cluster_path};

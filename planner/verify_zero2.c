@@ -18,8 +18,13 @@
  *                     way); the allocation waits here until every member
  *                     has issued them, which by construction of the safe
  *                     points never deadlocks (a deadlock would be named by
- *                     verify.c's report)
- * It does not price anything (sim.c prices zero-2 as zero-1).
+ *                     verify.c's report). An overlapped bucket (its flag)
+ *                     completes one placement later in the runtime
+ *                     (plan_z2_walk's done); the wait modelled here, at
+ *                     the first, is the earlier one: where it cannot
+ *                     deadlock, the later cannot either. The memory
+ *                     rule counts the overlapped walk (plan_mem.c).
+ * It does not price anything (sim.c waits where the runtime does).
  */
 #include "verify.h"
 

@@ -31,8 +31,10 @@ typedef struct {
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */
 	int rs;           /* zero2: its reduce-scatter is in flight (req) */
-	int safe;         /* zero2: from this instruction on, waiting for its
-			   * reduce-scatter cannot deadlock (plan_z2_safe) */
+	int done;         /* zero2: the placement (instruction) at which its
+			   * reduce-scatter completes (plan_z2_walk's done:
+			   * the first at or past its safe point, an overlapped
+			   * bucket's the second), INT_MAX: at the STEP */
 	int64_t zoff;     /* zero2: its full gradient's place in the pool */
 	int zero3;        /* zero-3: the weights sharded too (gradients as zero2) */
 	int64_t wc;       /* not zero3: where its weights start in w */

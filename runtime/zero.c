@@ -9,6 +9,7 @@
  */
 #include "interp_internal.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +22,10 @@
  * (zeroed) at the first instruction writing into it (or at its SYNC if
  * none did) and given back once its reduce-scatter, started at the SYNC,
  * is complete: before the step places another, it completes the
- * reduce-scatters in flight whose safe point (plan_z2_safe: waiting there
- * cannot deadlock) is at or before that instruction, and at STEP all of
- * them. One pool allocated at start-up: no allocation mid-step (on CUDA a
+ * reduce-scatters in flight whose completion point (plan_z2_walk's done:
+ * the first placement at or past the safe point of plan_z2_safe, where
+ * waiting cannot deadlock; an overlapped bucket's the next one) is at or
+ * before that instruction, and at STEP all of them. One pool allocated at start-up: no allocation mid-step (on CUDA a
  * cudaMalloc/cudaFree there would wait for an NCCL kernel that waits for
  * a peer). k > 1 micro-batches: the first k - 1 runs have no SYNC, so
  * every full gradient stays placed until the last run's SYNC (gradients
@@ -58,10 +60,8 @@ int rt_zero2_setup(rt_state_t *st)
 	}
 	for (int i = 0; i < st->n_mb; i++)
 		if (st->mb[i].zero2) {
-			int64_t off, cnt;
-			const sp_bucket_t *bk = &p->buckets[st->mb[i].bucket];
-			int q = bucket_shard(p, st->mb[i].bucket, st->rank, &off, &cnt);
-			st->mb[i].safe = safe[bk->dev_off + q];
+			int32_t done = wk.done[st->mb[i].bucket];
+			st->mb[i].done = done < 0 ? INT_MAX : done;
 			st->mb[i].zoff = wk.off[st->mb[i].bucket];
 		}
 	st->z2_acct = wk.pool;
@@ -161,14 +161,14 @@ int rt_z2_finish(rt_state_t *st, mybucket_t *mb, sp_err_t *err)
 }
 
 /* Zero-2 bucket mb's full gradient, at its place in the pool, zeroed,
- * after completing the reduce-scatters in flight whose safe point is at or
- * before instruction k (rt_zero2_setup's rule). Checks what the walk promised:
+ * after completing the reduce-scatters in flight whose completion point is
+ * at or before instruction k (rt_zero2_setup's rule). Checks what the walk promised:
  * the place is free (no live full gradient overlaps it), and the most live
  * at once stays the walk's peak. */
 int rt_z2_alloc(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_mb; i++)
-		if (st->mb[i].rs && st->mb[i].safe <= k) {
+		if (st->mb[i].rs && st->mb[i].done <= k) {
 			int rc = rt_z2_finish(st, &st->mb[i], err);
 			if (rc)
 				return rc;

@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 6
+#define PLAN_VERSION 7
 /* tensor-parallel degree of a slice or a shard: at most this */
 #define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
@@ -165,6 +165,10 @@ typedef struct {
 	double sync_ms;             /* predicted all-reduce (zero-1: reduce-scatter) time */
 	int32_t layout;             /* sp_layout_t */
 	double gather_ms;           /* zero-1: predicted all-gather time; else 0 */
+	int32_t overlap;            /* zero-2/3: 1 when a member completes the
+				     * reduce-scatter one full-gradient placement
+				     * later (plan_z2_walk), so it runs beside the
+				     * next bucket's backward; else 0 */
 } sp_bucket_t;
 
 /* Predicted memory of one device, in bytes. */

@@ -680,8 +680,13 @@ static int check_buckets(dec_t *d, const sp_plan_t *p)
 		    pr_int(d, "elems", x->elems, 0, INT64_MAX) ||
 		    pr_finite(d, "sync_ms", x->sync_ms) ||
 		    pr_int(d, "layout", x->layout, 0, LAYOUT__COUNT - 1) ||
-		    pr_finite(d, "gather_ms", x->gather_ms))
+		    pr_finite(d, "gather_ms", x->gather_ms) ||
+		    pr_int(d, "overlap", x->overlap, 0, 1))
 			return d->rc;
+		if (x->overlap && !layout_grads_sharded(x->layout))
+			return pr_fail(d, "overlap", "set on a %s bucket: only zero-2 and zero-3 "
+						   "reduce-scatters complete at a placement",
+				       layout_name(x->layout));
 		if (layout_sharded(x->layout) && x->n_dev < 2)
 			return pr_fail(d, "layout", "%s over a single device: there "
 						 "is nothing to shard", layout_name(x->layout));

@@ -372,6 +372,7 @@ static void put_bucket(enc_t *e, const void *v)
 	put_f64(e, b->sync_ms);
 	put_i32(e, b->layout);
 	put_f64(e, b->gather_ms);
+	put_i32(e, b->overlap);
 }
 
 static void put_param(enc_t *e, const void *v)

@@ -417,7 +417,8 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 			cap = SP_MAX(cap, p->slices[in->slice].layer_to -
 						  p->slices[in->slice].layer_from + 1);
 	}
-	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight */
+	uint8_t *on = calloc((size_t)p->n_buckets + 1, 1); /* 0, 1 live, 2 in flight,
+							       * 3 in flight, passed once */
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
 	out->off = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
 	out->done = malloc(sizeof(int32_t) * (size_t)(p->n_buckets + 1));
@@ -440,15 +441,21 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 			int sy = run == 1 && in->op == INS_SYNC && m.mine[in->peer] ? in->peer : -1;
 			for (int j = 0; j < nw; j++) {
 				alloc |= on[w[j]] == 0;
-				if (on[w[j]] == 2 && out->bad < 0)
+				if (on[w[j]] >= 2 && out->bad < 0)
 					out->bad = k; /* a write after the SYNC */
 			}
 			alloc |= sy >= 0 && on[sy] == 0;
 			/* before an allocation: the reduce-scatters in flight whose
-			 * safe point is here or before complete */
+			 * safe point is here or before complete; an overlapped
+			 * bucket's at the next such allocation (it stays live
+			 * beside the gradient placed here) */
 			for (int b = 0, q; alloc && b < p->n_buckets; b++)
-				if (on[b] == 2 && (q = bucket_shard(p, b, d, &so, &sn)) >= 0 &&
+				if (on[b] >= 2 && (q = bucket_shard(p, b, d, &so, &sn)) >= 0 &&
 				    safe[p->buckets[b].dev_off + q] <= k) {
+					if (on[b] == 2 && p->buckets[b].overlap) {
+						on[b] = 3;
+						continue;
+					}
 					on[b] = 0;
 					live -= p->buckets[b].elems;
 					out->done[b] = k;
@@ -468,7 +475,7 @@ int plan_z2_walk(const sp_plan_t *p, int d, const int32_t *safe, plan_z2_walk_t 
 			if (sy >= 0)
 				on[sy] = 2;
 			for (int b = 0; in->op == INS_STEP && b < p->n_buckets; b++)
-				if (on[b] == 2) {
+				if (on[b] >= 2) {
 					on[b] = 0;
 					live -= p->buckets[b].elems;
 					out->done[b] = k;

@@ -493,6 +493,7 @@ static int same_bucket(const sp_plan_t *pa, const sp_bucket_t *x, const sp_plan_
 		       const sp_bucket_t *y)
 {
 	if (x->n_dev != y->n_dev || x->n_params != y->n_params || x->elems != y->elems ||
+	    x->layout != y->layout || x->overlap != y->overlap ||
 	    tl_round(x->sync_ms, 2) != tl_round(y->sync_ms, 2) ||
 	    memcmp(pa->bucket_devs + x->dev_off, pb->bucket_devs + y->dev_off,
 		   sizeof(int32_t) * (size_t)x->n_dev))

@@ -9,6 +9,10 @@ completes (schemas/plan_mem.c's walk).
     completes each reduce-scatter before it places the next full gradient,
     so the backward waits for it (plan_z2_walk's done, sim.c); auto, which
     fits there without zero-2, keeps zero-1 and is no slower than either;
+  * --rs-overlap on (each reduce-scatter completes one full-gradient
+    placement later, beside the next bucket's backward) is faster than
+    --rs-overlap off there, at a peak no lower, and every zero-2 bucket
+    carries the flag; --zero 2 alone (overlap auto) takes it;
   * on 8x8 A800 (less memory) auto needs zero-2: it takes it (its report
     names each bucket's layout and the gradient bytes zero-2 saves beyond
     zero-1's, > 0), is faster than --zero 1 (which must recompute more),
@@ -79,7 +83,9 @@ def main():
     c7 = os.path.join(ROOT, "plans/qwen-val-7b/cluster.json")
     with tempfile.TemporaryDirectory() as tmp:
         _, r1, v1 = plan(tmp, "z1", m7, c7, "--zero", "1")
-        b2, r2, v2 = plan(tmp, "z2", m7, c7, "--zero", "2")
+        b2, r2, v2 = plan(tmp, "z2", m7, c7, "--zero", "2", "--rs-overlap", "off")
+        _, ro, vo = plan(tmp, "z2on", m7, c7, "--zero", "2", "--rs-overlap", "on")
+        _, rz, vz = plan(tmp, "z2auto", m7, c7, "--zero", "2")
         _, rh, vh = plan(tmp, "autoh", m7, c7)
         multi = [b for b in r2["buckets"] if b["devices"] >= 2]
         check(multi and all(b["layout"] == "zero-2" for b in multi) and
@@ -88,6 +94,14 @@ def main():
         it1, it2 = v1["predicted"]["iteration_ms"], v2["predicted"]["iteration_ms"]
         check(it2 > it1, f"--zero 2 waits for its reduce-scatters: {it2:.2f} ms against "
               f"--zero 1's {it1:.2f}", f"{it2} against {it1}")
+        ito, itz = vo["predicted"]["iteration_ms"], vz["predicted"]["iteration_ms"]
+        flags = [b["overlap"] for b in ro["buckets"] if b["layout"] == "zero-2"]
+        check(flags and all(flags) and ito < it2 and max(peaks(vo)) >= max(peaks(v2)),
+              f"--rs-overlap on: {ito:.2f} ms against off's {it2:.2f}, peak "
+              f"{max(peaks(vo)):.2f} against {max(peaks(v2)):.2f} GiB",
+              f"flags {flags}, {ito} against {it2}")
+        check(itz == ito and all(b["overlap"] for b in rz["buckets"] if b["layout"] == "zero-2"),
+              f"--zero 2 with overlap auto takes it ({itz:.2f} ms)", f"{itz} against {ito}")
         p1, p2 = peaks(v1), peaks(v2)
         check(len(p1) == len(p2) and all(b < a for a, b in zip(p1, p2)),
               f"--zero 2 lowers every device's peak (max {max(p1):.2f} -> {max(p2):.2f} GiB)",

@@ -264,9 +264,9 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	static const sp_param_t bparams[] = {{C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0}, {C_BODY, 2, 1, 0},
 					     {C_BODY, 3, 1, 0}, {C_IMG, 0, 1, 0},  {C_TOK, 0, 1, 0},
 					     {C_HEAD, 0, 1, 0}};
-	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5},
-					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0},
-					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0}};
+	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5, 0},
+					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0, 0},
+					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0, 0}};
 	p->n_bucket_devs = SP_ARRAY_LEN(bdevs);
 	p->n_bucket_params = SP_ARRAY_LEN(bparams);
 	p->n_buckets = SP_ARRAY_LEN(buckets);
@@ -682,7 +682,9 @@ static void expect_plan_equal(const sp_plan_t *a, const sp_plan_t *b)
 		const sp_bucket_t *x = &a->buckets[i], *y = &b->buckets[i];
 		assert_true(x->n_dev == y->n_dev && x->dev_off == y->dev_off &&
 			    x->n_params == y->n_params && x->param_off == y->param_off &&
-			    x->elems == y->elems && x->sync_ms == y->sync_ms);
+			    x->elems == y->elems && x->sync_ms == y->sync_ms &&
+			    x->layout == y->layout && x->gather_ms == y->gather_ms &&
+			    x->overlap == y->overlap);
 	}
 	assert_int_equal(a->n_devices, b->n_devices);
 	for (int i = 0; i < a->n_devices; i++) {
@@ -1101,6 +1103,7 @@ static void test_zero2_read(void **state)
 	assert_non_null(b);
 	memcpy(b, f->bin, f->len);
 	patch(b, f->len, 14, 0, 32, LAYOUT_ZERO2);
+	patch(b, f->len, 14, 0, 44, 1); /* overlapped (version 7) */
 	sp_plan_t out;
 	sp_err_t err = {0};
 	int rc = plan_decode(&out, b, f->len, "plan.bin", &err);
@@ -1108,6 +1111,7 @@ static void test_zero2_read(void **state)
 		print_message("zero-2 bucket refused: %s\n", err.msg);
 	assert_int_equal(rc, 0);
 	assert_int_equal(out.buckets[0].layout, LAYOUT_ZERO2);
+	assert_int_equal(out.buckets[0].overlap, 1);
 	assert_string_equal(layout_name(out.buckets[0].layout), "zero-2");
 	int64_t off, n;
 	assert_int_equal(bucket_shard(&out, 0, out.bucket_devs[out.buckets[0].dev_off + 1], &off,
@@ -1156,6 +1160,10 @@ static void test_indices(void **state)
 	expect_patch_rejected(f, 14, 1, 32, LAYOUT_ZERO3, "buckets[1].layout",
 			      "zero-3 over a single device");
 	expect_patch_rejected(f, 14, 0, 32, 4, "buckets[0].layout", "outside");
+	/* bucket record: overlap 44, 0 or 1, and 1 only on zero-2/3 (bucket 0
+	 * is zero-1) */
+	expect_patch_rejected(f, 14, 0, 44, 2, "buckets[0].overlap", "outside");
+	expect_patch_rejected(f, 14, 0, 44, 1, "buckets[0].overlap", "set on a zero-1 bucket");
 	/* a GATHER after the STEP names a zero-1 or zero-2 bucket, not zero-3:
 	 * bucket 0 (2 devices) made zero-3, instruction 16 a GATHER of it */
 	{

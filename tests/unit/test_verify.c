@@ -970,6 +970,103 @@ static void test_zero2_valid(void **state)
 	plan_release(&p);
 }
 
+/*
+ * Overlap (bucket flag, --rs-overlap on): a zero-2 reduce-scatter completes
+ * at the second placement of a full gradient at or past its safe point,
+ * not the first. Checked against the rule itself: for every device of the
+ * twin, the placements (instructions writing into a bucket with no full
+ * gradient yet, or syncing one nothing wrote) are listed here from
+ * z2map_writes alone; a bucket the plain walk completes at placement j
+ * (done) the overlapped walk completes at placement j + 1, or at the STEP
+ * when there is none. Some bucket completes before the STEP (else the
+ * check is void). The overlapped plan is valid, its peak (plan_memory) is
+ * at least the plain one's, and the verifier counts it: the plan is
+ * rejected at a cap one byte below its peak.
+ */
+static void test_zero2_overlap(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_z2plan(f, &p);
+	int32_t *safe = NULL, w[64];
+	assert_int_equal(plan_z2_safe(&p, &safe), 0);
+	sp_z2map_t m;
+	assert_int_equal(z2map_init(&m, &p), 0);
+	int mid = 0, later = 0;
+	int64_t peak0 = 0, peak1 = 0;
+	for (int d = 0; d < p.n_devices; d++) {
+		const sp_device_t *dv = &p.devices[d];
+		plan_z2_walk_t w0, w1;
+		for (int bk = 0; bk < p.n_buckets; bk++)
+			p.buckets[bk].overlap = 0;
+		assert_int_equal(plan_z2_walk(&p, d, safe, &w0), 0);
+		for (int bk = 0; bk < p.n_buckets; bk++)
+			p.buckets[bk].overlap = p.buckets[bk].layout == LAYOUT_ZERO2;
+		assert_int_equal(plan_z2_walk(&p, d, safe, &w1), 0);
+		/* the placements of d's program (one micro-batch: one run) */
+		assert_int_equal(z2map_for(&m, &p, d), 0);
+		int *place = calloc((size_t)dv->n_ins + 1, sizeof *place), np = 0, step = dv->n_ins;
+		char *seen = calloc((size_t)p.n_buckets + 1, 1);
+		assert_true(place && seen);
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p.ins[dv->first_ins + k];
+			int nw = z2map_writes(&m, &p, d, in, w, 64), any = 0;
+			for (int j = 0; j < nw; j++)
+				any |= !seen[w[j]]++;
+			if (in->op == INS_SYNC && p.buckets[in->peer].layout == LAYOUT_ZERO2 &&
+			    m.mine[in->peer])
+				any |= !seen[in->peer]++;
+			if (in->op == INS_STEP && step == dv->n_ins)
+				step = k;
+			if (any)
+				place[np++] = k;
+		}
+		for (int bk = 0; bk < p.n_buckets; bk++) {
+			if (w0.done[bk] < 0 || w0.done[bk] >= step) {
+				assert_int_equal(w1.done[bk], w0.done[bk]); /* at the STEP both */
+				continue;
+			}
+			int j = 0;
+			while (j < np && place[j] != w0.done[bk])
+				j++;
+			assert_true(j < np); /* the plain walk completes at a placement */
+			assert_int_equal(w1.done[bk], j + 1 < np ? place[j + 1] : step);
+			mid++;
+			later += w1.done[bk] > w0.done[bk];
+		}
+		peak0 = SP_MAX(peak0, w0.peak);
+		peak1 = SP_MAX(peak1, w1.peak);
+		free(place);
+		free(seen);
+		plan_z2_walk_release(&w0);
+		plan_z2_walk_release(&w1);
+	}
+	print_message("overlap: %d buckets completed before the STEP, %d later with overlap; "
+		      "full gradients at once %lld -> %lld elements\n",
+		      mid, later, (long long)peak0, (long long)peak1);
+	assert_true(mid > 0 && later > 0);
+	assert_true(peak1 >= peak0);
+	/* the overlapped plan: valid at its own peak, not a byte below */
+	int64_t top = 0;
+	for (int d = 0; d < p.n_devices; d++) {
+		int64_t mem[MEM__COUNT], tot = 0;
+		assert_int_equal(plan_memory(&p, d, mem), 0);
+		for (int c = 0; c < MEM__COUNT; c++)
+			tot += mem[c];
+		p.devices[d].mem_peak = tot;
+		for (int c = 0; c < MEM__COUNT; c++)
+			p.devices[d].mem[c] = mem[c];
+		top = SP_MAX(top, tot);
+	}
+	expect_valid(&p, (double)top);
+	sp_err_t err = {0};
+	assert_int_not_equal(verify_plan(&p, (double)top - 1, &err), 0);
+	assert_non_null(strstr(err.msg, "out of memory"));
+	z2map_release(&m);
+	free(safe);
+	plan_release(&p);
+}
+
 /* A zero-2 SYNC moved before the last instruction of its device that
  * writes into the bucket: that write would go to a full gradient the SYNC
  * has freed. */
@@ -1510,6 +1607,7 @@ int main(void)
 		cmocka_unit_test(test_gather_stranger),
 		cmocka_unit_test(test_zero1_memory),
 		cmocka_unit_test(test_zero2_valid),
+		cmocka_unit_test(test_zero2_overlap),
 		cmocka_unit_test(test_zero2_write_after_sync),
 		cmocka_unit_test(test_zero3_valid),
 		cmocka_unit_test(test_zero3_use_outside_gather),

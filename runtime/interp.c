@@ -304,7 +304,7 @@ static int plan_params(rt_state_t *st)
 		mb->bucket = b;
 		mb->off = st->n_w;
 		mb->hfirst = st->n_held;
-		mb->z3cur = -1;
+		mb->z3cur = mb->z3next = -1;
 		for (int q = 0; q < bk->n_params; q++) {
 			sp_param_t pr = p->bucket_params[bk->param_off + q];
 			int id = st->param_base[pr.comp] + pr.layer;
@@ -533,7 +533,7 @@ float *rt_wptr(const rt_state_t *st, int i)
 	if (mb->zero3)
 		return !mb->wfull ? NULL
 		       : mb->z3cur == -2 ? mb->wfull + rel
-		       : mb->z3cur == i ? mb->wfull : NULL;
+		       : mb->z3cur == i ? mb->z3w : NULL;
 	return st->w + mb->wc + rel;
 }
 

@@ -68,9 +68,11 @@
  * the bucket's layers are gathered one at a time, in the order of
  * plan_z3_span (the members' common one), into one room of a pool
  * (z3pool, at the offset plan_z3_walk gives the PGATHER: nothing is
- * allocated mid-step): the PGATHER gathers the first, a use of the next
- * layer gathers it in place of the one before (rt_z3_need), the PFREE the
- * ones its uses did not need,
+ * allocated mid-step), each by one all-gather of the members' parts of
+ * the layer: the PGATHER gathers the first; as a layer starts to run, the
+ * next one's gather starts into the room's other slot (plan_z3_room) and
+ * its use waits for it (rt_z3_need, zero.c); the PFREE gathers the ones
+ * its uses did not need,
  * so every member runs the same all-gathers in the same order; a span in
  * which some member has no use is gathered whole at the PGATHER. The
  * layers read them there (rt_wptr). PGATHER and PFREE run in every

@@ -264,23 +264,12 @@ static int pg_overlap(sim_t *st, int d, int k)
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
 		const sp_slice_t *sl = &p->slices[in->slice];
-		const sp_metaop_t *mo = &p->metaops[sl->metaop];
-		const sp_task_t *t = &p->model.tasks[mo->task];
 		double f, bw;
 		cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &bw);
 		double c = in->op == INS_BWD ? bw + (sl->recompute ? f : 0)
 			   : in->op == INS_LOSS ? f + bw
 						: f;
-		int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
-		int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
-		for (int i = 0; i < hi - lo && pos + 1 < n; i++) {
-			int l = in->op == INS_BWD ? hi - 1 - i : lo + i, q = -1;
-			const sp_op_t *op = &p->ops[mo->first_op + l];
-			for (int r = 0; r < bk->n_params && q < 0; r++) {
-				const sp_param_t *pr = &p->bucket_params[bk->param_off + r];
-				if (pr->comp == t->nodes[op->node].comp && pr->layer == op->layer)
-					q = r;
-			}
+		for (int i = 0, q; pos + 1 < n && (q = plan_z3_use(p, b, in, i)) != -2; i++) {
 			if (q < 0 || q == prev)
 				continue;
 			prev = q;

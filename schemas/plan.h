@@ -377,6 +377,9 @@ void plan_z2_walk_release(plan_z2_walk_t *w);
  */
 int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole);
 int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
+/* The i-th layer a use (FWD ascending, BWD descending, LOSS its one) runs:
+ * its index in bucket b's params, -1 when not b's, -2 past the last. */
+int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
 /*
  * The room of a span gathering bucket b's layers seq[0..n) in that order,
  * each prefetched while the one before runs (version 7): layer i goes to

@@ -48,6 +48,20 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q)
 	return comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
 }
 
+int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *mo = &p->metaops[sl->metaop];
+	const sp_task_t *t = &p->model.tasks[mo->task];
+	int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
+	int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
+	if (i >= hi - lo)
+		return -2;
+	int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
+	const sp_op_t *op = &p->ops[mo->first_op + l];
+	return z3_param(p, b, t->nodes[op->node].comp, op->layer);
+}
+
 /* The layers of bucket b that device d's uses from instruction k + 1 to
  * the next PFREE of b run, in their order (a FWD ascending, a BWD
  * descending, a LOSS its one layer; a layer used twice in a row once):
@@ -73,18 +87,9 @@ static int z3_own(const sp_plan_t *p, int d, int k, int b, int32_t **out)
 			break;
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
-		const sp_slice_t *sl = &p->slices[in->slice];
-		const sp_metaop_t *mo = &p->metaops[sl->metaop];
-		const sp_task_t *t = &p->model.tasks[mo->task];
-		int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
-		int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
-		for (int i = 0; i < hi - lo; i++) {
-			int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
-			const sp_op_t *op = &p->ops[mo->first_op + l];
-			int q = z3_param(p, b, t->nodes[op->node].comp, op->layer);
+		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
 			if (q >= 0 && (n == 0 || s[n - 1] != q) && n < cap)
 				s[n++] = q;
-		}
 	}
 	*out = s;
 	return n;

@@ -34,12 +34,14 @@
  *                 the programs ran, since only the final STEPs wait for
  *                 all-reduces)
  *   PGATHER       zero-3: a rendezvous of the bucket's members; from the
- *                 last arrival the span's layers are gathered one at a
- *                 time, serially (pg_span_ms: the sum of their
- *                 collectives, priced alone on the network, each an
- *                 all-gather of the layer, as the runtime gathers it; a
- *                 span gathered whole: the bucket's gather_ms, an
- *                 all-gather), charged here; PFREE takes no time
+ *                 last arrival the span's first layer is gathered (an
+ *                 all-gather of the layer, priced alone on the network;
+ *                 a span gathered whole: the bucket's gather_ms), charged
+ *                 here. Each later layer's all-gather runs while the
+ *                 layer before it computes (the runtime's prefetch): what
+ *                 it takes beyond that layer's compute is added to the
+ *                 FWD/BWD/LOSS running that layer (pg_overlap); PFREE
+ *                 takes no time
  *   GATHER        zero-1: the bucket's all-gather starts when its last
  *                 member finished that bucket's update and takes the
  *                 bucket's gather_ms (priced alone on the network: the
@@ -106,6 +108,9 @@ typedef struct {
 	double *pg_t, *pg_done;          /* per bucket: latest arrival, round's end */
 	double *pg_ms;                   /* per instruction of the plan: a PGATHER's
 					  * span priced (pg_span_ms), -1 not yet */
+	double *pg_x;                    /* per instruction: a use's exposed
+					  * zero-3 gathers (pg_overlap) */
+	char *pg_ov;                     /* per instruction: pg_overlap ran */
 	fl_net_t net;
 	double *s_f0, *s_f1, *s_b0, *s_b1; /* per slice, when recording: fwd/bwd span */
 	/* sim_progs: per device whether it waits where only a SEND of its
@@ -234,7 +239,10 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->pg_t = sp_arena_calloc(a, nb, sizeof(double));
 	st->pg_done = sp_arena_calloc(a, nb, sizeof(double));
 	st->pg_ms = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
-	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done || !st->pg_ms)
+	st->pg_x = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
+	st->pg_ov = sp_arena_calloc(a, (size_t)p->n_ins + 1, 1);
+	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done || !st->pg_ms ||
+	    !st->pg_x || !st->pg_ov)
 		return SP_ENOMEM;
 	for (int i = 0; i < p->n_ins; i++)
 		st->pg_ms[i] = -1;
@@ -284,6 +292,7 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
 	if (in->op == INS_LOSS)
 		dur = f + b;
+	dur += st->pg_x[in - st->p->ins];
 	st->now[d] += dur;
 	st->busy[d] += dur;
 	if (st->record) {
@@ -294,13 +303,13 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	}
 }
 
-/* Device d's PGATHER k: its span's layers gathered one at a time, each
- * before its use (plan_z3_span), one after another: the sum of their
- * collectives over the bucket's group (priced alone on the network). The
- * runtime gathers a layer by one all-gather in which each member gives its
- * shard's part of the layer (runtime/zero.c z3_fetch), priced as the
+/* Device d's PGATHER k: its span's first layer gathered (plan_z3_span)
+ * over the bucket's group (priced alone on the network). The runtime
+ * gathers a layer by one all-gather in which each member gives its
+ * shard's part of the layer (runtime/zero.c z3_start), priced as the
  * all-gather of the layer's bytes; a span gathered whole: the bucket's
- * gather_ms (the same all-gather of the whole bucket). */
+ * gather_ms (the same all-gather of the whole bucket). The later layers:
+ * pg_overlap. */
 static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 {
 	const sp_plan_t *p = st->p;
@@ -312,13 +321,61 @@ static int pg_span_ms(sim_t *st, int d, int k, double *ms)
 		if (n < 0)
 			return n;
 		st->pg_ms[g] = whole ? bk->gather_ms : 0;
-		for (int i = 0; i < n; i++)
+		if (n > 0)
 			st->pg_ms[g] += cost_all_gather_ms(
 				st->pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,
-				plan_z3_param_elems(p, b, seq[i]) * st->db);
+				plan_z3_param_elems(p, b, seq[0]) * st->db);
 		free(seq);
 	}
 	*ms = st->pg_ms[g];
+	return 0;
+}
+
+/*
+ * Device d's PGATHER k, prefetch (runtime/zero.c rt_z3_need): the gather of
+ * the span's layer i + 1 starts when layer i starts to compute, and layer
+ * i + 1 computes once both are done, so layer i takes max(its compute,
+ * the gather of layer i + 1): the excess is added to the use running
+ * layer i (pg_x). The uses are d's own, in the span's order (the walk
+ * checks that); a layer used again at once adds compute only.
+ */
+static int pg_overlap(sim_t *st, int d, int k)
+{
+	const sp_plan_t *p = st->p;
+	const sp_device_t *dv = &p->devices[d];
+	int b = p->ins[dv->first_ins + k].peer, whole, pos = -1, prev = -1;
+	const sp_bucket_t *bk = &p->buckets[b];
+	int32_t *seq = NULL;
+	int n = plan_z3_span(p, d, k, &seq, &whole);
+	if (n < 0)
+		return n;
+	for (int j = k + 1; j < dv->n_ins && !whole && pos + 1 < n; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		if (in->op == INS_PFREE && in->peer == b)
+			break;
+		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
+			continue;
+		const sp_slice_t *sl = &p->slices[in->slice];
+		double f, bw;
+		cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &bw);
+		double c = in->op == INS_BWD ? bw + (sl->recompute ? f : 0)
+			   : in->op == INS_LOSS ? f + bw
+						: f;
+		for (int i = 0, q; pos + 1 < n && (q = plan_z3_use(p, b, in, i)) != -2; i++) {
+			if (q < 0 || q == prev)
+				continue;
+			prev = q;
+			pos++;
+			if (pos + 1 < n)
+				st->pg_x[dv->first_ins + j] += fmax(
+					0, cost_all_gather_ms(st->pl->cluster, p->bucket_devs + bk->dev_off,
+							      bk->n_dev,
+							      plan_z3_param_elems(p, b, seq[pos + 1]) *
+								      st->db) -
+						   c);
+		}
+	}
+	free(seq);
 	return 0;
 }
 
@@ -381,6 +438,13 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		 * at the last arrival and take pg_span_ms */
 		const sp_bucket_t *bk = &p->buckets[in->peer];
 		int b = in->peer;
+		int gi = p->devices[d].first_ins + k;
+		if ((st->mode & SIM_SYNC) && !st->pg_ov[gi]) {
+			int rc = pg_overlap(st, d, k);
+			if (rc)
+				return rc;
+			st->pg_ov[gi] = 1;
+		}
 		if (st->pg_wait[d] < 0) {
 			st->pg_wait[d] = st->pg_round[b];
 			st->pg_t[b] = fmax(st->pg_t[b], st->now[d]);

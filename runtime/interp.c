@@ -68,9 +68,11 @@
  * the bucket's layers are gathered one at a time, in the order of
  * plan_z3_span (the members' common one), into one room of a pool
  * (z3pool, at the offset plan_z3_walk gives the PGATHER: nothing is
- * allocated mid-step): the PGATHER gathers the first, a use of the next
- * layer gathers it in place of the one before (rt_z3_need), the PFREE the
- * ones its uses did not need,
+ * allocated mid-step), each by one all-gather of the members' parts of
+ * the layer: the PGATHER gathers the first; as a layer starts to run, the
+ * next one's gather starts into the room's other slot (plan_z3_room) and
+ * its use waits for it (rt_z3_need, zero.c); the PFREE gathers the ones
+ * its uses did not need,
  * so every member runs the same all-gathers in the same order; a span in
  * which some member has no use is gathered whole at the PGATHER. The
  * layers read them there (rt_wptr). PGATHER and PFREE run in every
@@ -304,7 +306,7 @@ static int plan_params(rt_state_t *st)
 		mb->bucket = b;
 		mb->off = st->n_w;
 		mb->hfirst = st->n_held;
-		mb->z3cur = -1;
+		mb->z3cur = mb->z3next = -1;
 		for (int q = 0; q < bk->n_params; q++) {
 			sp_param_t pr = p->bucket_params[bk->param_off + q];
 			int id = st->param_base[pr.comp] + pr.layer;
@@ -533,7 +535,7 @@ float *rt_wptr(const rt_state_t *st, int i)
 	if (mb->zero3)
 		return !mb->wfull ? NULL
 		       : mb->z3cur == -2 ? mb->wfull + rel
-		       : mb->z3cur == i ? mb->wfull : NULL;
+		       : mb->z3cur == i ? mb->z3w : NULL;
 	return st->w + mb->wc + rel;
 }
 

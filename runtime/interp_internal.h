@@ -46,8 +46,17 @@ typedef struct {
 			       * at a time (plan_z3_span: indices into its
 			       * params), z3n of them, z3pos gathered so far */
 	int z3n, z3pos;
-	int z3cur;        /* zero3: the held layer in wfull, or -1 */
+	int z3cur;        /* zero3: the held layer gathered in wfull, or -1
+			   * (-2: the whole bucket is) */
+	float *z3w;       /* zero3: z3cur's weights (a slot of the room) */
 	int64_t z3have;   /* zero3: its floats there */
+	int z3next;       /* zero3: the layer whose gather is in flight (into
+			   * z3nw, z3nhave floats, z3req), or -1 */
+	float *z3nw;
+	int64_t z3nhave;
+	rt_req_t z3req;
+	int64_t z3slot1;  /* zero3: where the room's slot 1 starts
+			   * (plan_z3_room) */
 	rt_req_t req;
 } mybucket_t;
 

@@ -213,27 +213,35 @@ void rt_z2_drop(rt_state_t *st)
 }
 
 /*
- * Zero-3 spans (the header's): z3_fetch all-gathers the next layer of mb's
- * span into its room, waited for here. The layer [lo, lo + n) of the
- * bucket straddles the members' shards (comm_shard of the bucket over its
- * group): member i contributes its shard's intersection with the layer,
- * at that part's place in the room (the rank copies its own there first),
- * so every element of the layer crosses the network once (one all-gather
- * with per-member parts: rt_comm_ops_t iallgatherv).
+ * Zero-3 spans (the header's). z3_start starts the all-gather of the
+ * span's next layer (z3seq[z3pos]) into slot z3pos % 2 of mb's room
+ * (plan_z3_room): the layer [lo, lo + n) of the bucket straddles the
+ * members' shards (comm_shard of the bucket over its group), member i
+ * gives its shard's intersection with the layer at that part's place (the
+ * rank copies its own there first), so every element of the layer crosses
+ * the network once (one all-gather with per-member parts: rt_comm_ops_t
+ * iallgatherv). It is in flight (z3next) until z3_land waits for it and
+ * gives back the layer before it (z3cur), whose slot the layer after will
+ * take. rt_z3_need starts the next layer's gather as soon as a layer is
+ * about to run (prefetch one ahead): the gather overlaps the layer's
+ * compute, and each member starts the same gathers in the same order.
  */
-static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+static int z3_start(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 {
 	const rt_backend_t *b = st->b;
-	int si = mb->hfirst + mb->z3seq[mb->z3pos++];
+	int pos = mb->z3pos++;
+	int si = mb->hfirst + mb->z3seq[pos];
 	int g = st->p->buckets[mb->bucket].n_dev;
-	int64_t lo = st->poff[si] - mb->off, n = st->pcount[si];
+	int64_t lo = st->poff[si] - mb->off, n = st->pcount[si], mine = mb->soff - mb->off;
 	int64_t *cnt = st->z3_parts, *off = st->z3_parts + g;
-	st->z3_live += n - mb->z3have;
-	mb->z3have = n;
-	mb->z3cur = si;
+	float *room = mb->wfull + (pos % 2 ? mb->z3slot1 : 0);
+	st->z3_live += n;
 	st->z3_hwm = SP_MAX(st->z3_hwm, st->z3_live);
 	if (st->z3_hwm > st->z3_peak)
 		return rt_fail(st, err, k, "more zero-3 weights gathered at once than the walk's peak");
+	mb->z3next = si;
+	mb->z3nw = room;
+	mb->z3nhave = n;
 	for (int i = 0; i < g; i++) {
 		int64_t so, sn;
 		comm_shard(mb->n, i, g, &so, &sn);
@@ -241,35 +249,55 @@ static int z3_fetch(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 		cnt[i] = z > a ? z - a : 0;
 		off[i] = z > a ? a - lo : 0;
 	}
-	int64_t a = SP_MAX(lo, mb->soff - mb->off), z = SP_MIN(lo + n, mb->soff - mb->off + mb->sn);
+	int64_t a = SP_MAX(lo, mine), z = SP_MIN(lo + n, mine + mb->sn);
 	if (z > a)
-		b->copy_rows(mb->wfull + (a - lo), z - a, st->ws + mb->wsoff + (a - (mb->soff - mb->off)),
-			     z - a, 1, z - a, 0);
+		b->copy_rows(room + (a - lo), z - a, st->ws + mb->wsoff + (a - mine), z - a, 1, z - a,
+			     0);
 	b->sync();
-	rt_req_t r = {0};
-	if (st->c->ops->iallgatherv(st->c, mb->wfull, g, cnt, off, mb->group, &r))
+	if (st->c->ops->iallgatherv(st->c, room, g, cnt, off, mb->group, &mb->z3req))
 		return rt_fail(st, err, k, "starting the all-gather of a zero-3 layer failed");
-	return rt_wait_req(st, &r, k, err);
+	return 0;
+}
+
+static int z3_land(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+{
+	int rc = rt_wait_req(st, &mb->z3req, k, err);
+	if (rc)
+		return rc;
+	st->z3_live -= mb->z3have;
+	mb->z3cur = mb->z3next;
+	mb->z3w = mb->z3nw;
+	mb->z3have = mb->z3nhave;
+	mb->z3next = -1;
+	mb->z3nw = NULL;
+	mb->z3nhave = 0;
+	return 0;
 }
 
 /* Before instruction k runs held layer si: its weights in its bucket's
- * room, gathered now when they are the span's next layer. */
+ * room (the gather in flight waited for when it is si's), then the next
+ * layer's gather started. */
 int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
 {
 	mybucket_t *mb = &st->mb[st->pmb[si]];
-	if (!mb->zero3 || mb->z3cur == si || (mb->wfull && mb->z3cur == -2))
+	int rc = 0;
+	if (!mb->zero3 || (mb->wfull && mb->z3cur == -2))
 		return 0;
 	if (!mb->wfull)
 		return rt_fail(st, err, k, "uses zero-3 weights that are not gathered");
-	if (mb->z3pos >= mb->z3n || mb->hfirst + mb->z3seq[mb->z3pos] != si)
-		return rt_fail(st, err, k, "uses a zero-3 layer out of its span's gather order");
-	return z3_fetch(st, mb, k, err);
+	if (mb->z3cur != si) {
+		if (mb->z3next != si)
+			return rt_fail(st, err, k, "uses a zero-3 layer out of its span's gather order");
+		if ((rc = z3_land(st, mb, k, err)))
+			return rc;
+	}
+	return mb->z3next < 0 && mb->z3pos < mb->z3n ? z3_start(st, mb, k, err) : 0;
 }
 
 /* PGATHER: opens the span and gathers its first layer (a rendezvous of
  * the bucket's members, as the verifier models it), or the whole bucket
  * (plan_z3_span's whole spans). PFREE: gathers the span's layers not yet
- * gathered, then gives the room back. */
+ * gathered (the one in flight, then the rest), then gives the room back. */
 int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 {
 	const sp_ins_t *in = &st->prog[k];
@@ -283,9 +311,9 @@ int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 	if (in->op == INS_PFREE) {
 		if (!mb->wfull)
 			return rt_fail(st, err, k, "frees zero-3 weights that are not gathered");
-		while (!rc && mb->z3pos < mb->z3n)
-			rc = z3_fetch(st, mb, k, err);
-		mb->wfull = NULL;
+		while (!rc && (mb->z3next >= 0 || mb->z3pos < mb->z3n))
+			rc = mb->z3next >= 0 ? z3_land(st, mb, k, err) : z3_start(st, mb, k, err);
+		mb->wfull = mb->z3w = NULL;
 		mb->z3cur = -1;
 		st->z3_live -= mb->z3have;
 		mb->z3have = 0;
@@ -297,6 +325,8 @@ int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 	mb->z3seq = st->z3_seq[k];
 	mb->z3n = st->z3_seqn[k];
 	mb->z3pos = 0;
+	mb->z3cur = mb->z3next = -1;
+	mb->z3have = mb->z3nhave = 0;
 	if (mb->z3n < 0) { /* whole: the shard into its place, the rest gathered */
 		if (st->z3_at[k] + mb->n > st->z3_acct)
 			return rt_fail(st, err, k, "gathers zero-3 weights outside the walk's pool");
@@ -315,10 +345,14 @@ int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err)
 			return rt_fail(st, err, k, "starting the all-gather failed");
 		return rt_wait_req(st, &r, k, err);
 	}
-	for (int i = 0; i < mb->z3n; i++)
-		if (st->z3_at[k] + st->pcount[mb->hfirst + mb->z3seq[i]] > st->z3_acct)
-			return rt_fail(st, err, k, "gathers a zero-3 layer outside the walk's pool");
-	return mb->z3n ? z3_fetch(st, mb, k, err) : 0;
+	int64_t pair, room = plan_z3_room(st->p, mb->bucket, mb->z3seq, mb->z3n, &mb->z3slot1,
+					  &pair);
+	if (st->z3_at[k] + room > st->z3_acct)
+		return rt_fail(st, err, k, "gathers a zero-3 layer outside the walk's pool");
+	if (!mb->z3n)
+		return 0;
+	rc = z3_start(st, mb, k, err);
+	return rc ? rc : z3_land(st, mb, k, err);
 }
 
 int rt_zero3_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *pool,

@@ -386,14 +386,27 @@ void plan_z2_walk_release(plan_z2_walk_t *w);
  */
 int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole);
 int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
+/* The i-th layer a use (FWD ascending, BWD descending, LOSS its one) runs:
+ * its index in bucket b's params, -1 when not b's, -2 past the last. */
+int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
+/*
+ * The room of a span gathering bucket b's layers seq[0..n) in that order,
+ * each prefetched while the one before runs (version 7): layer i goes to
+ * slot i % 2, slot 0 at the room's start, slot 1 at *slot1 (slot 0's
+ * largest layer); returns the room's elements (both slots' largest), and
+ * in *pair the most full at once (two consecutive layers; one when n = 1).
+ */
+int64_t plan_z3_room(const sp_plan_t *p, int b, const int32_t *seq, int n, int64_t *slot1,
+		     int64_t *pair);
 
 /*
  * Device d's zero-3 full weights over one step (plan_zero3.c): a PGATHER
- * of bucket b places room for the largest layer of its span at the lowest
+ * of bucket b places its span's room (plan_z3_room: two slots, a layer
+ * and the next one prefetched; a whole span: the bucket) at the lowest
  * offset of one pool where it fits between the rooms live then (first
  * fit), a PFREE gives it back. In elements: off per instruction of d's program (the PGATHER's
- * place; -1 elsewhere; malloc'd), pool its size, peak the most live at
- * once, shards and fulls the sums of d's zero-3 weight shards and whole
+ * place; -1 elsewhere; malloc'd), pool its size, peak the most full at
+ * once (each open span counting its plan_z3_room pair), shards and fulls the sums of d's zero-3 weight shards and whole
  * buckets. bad: the first instruction that uses weights of a zero-3 bucket
  * outside a span, opens a span whose own uses run its layers in another
  * order than the members' common one, gathers one already gathered or frees one that is

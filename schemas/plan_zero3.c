@@ -48,6 +48,20 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q)
 	return comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
 }
 
+int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	const sp_metaop_t *mo = &p->metaops[sl->metaop];
+	const sp_task_t *t = &p->model.tasks[mo->task];
+	int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
+	int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
+	if (i >= hi - lo)
+		return -2;
+	int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
+	const sp_op_t *op = &p->ops[mo->first_op + l];
+	return z3_param(p, b, t->nodes[op->node].comp, op->layer);
+}
+
 /* The layers of bucket b that device d's uses from instruction k + 1 to
  * the next PFREE of b run, in their order (a FWD ascending, a BWD
  * descending, a LOSS its one layer; a layer used twice in a row once):
@@ -73,18 +87,9 @@ static int z3_own(const sp_plan_t *p, int d, int k, int b, int32_t **out)
 			break;
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
-		const sp_slice_t *sl = &p->slices[in->slice];
-		const sp_metaop_t *mo = &p->metaops[sl->metaop];
-		const sp_task_t *t = &p->model.tasks[mo->task];
-		int lo = in->op == INS_LOSS ? 0 : sl->layer_from;
-		int hi = in->op == INS_LOSS ? 1 : sl->layer_to;
-		for (int i = 0; i < hi - lo; i++) {
-			int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
-			const sp_op_t *op = &p->ops[mo->first_op + l];
-			int q = z3_param(p, b, t->nodes[op->node].comp, op->layer);
+		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
 			if (q >= 0 && (n == 0 || s[n - 1] != q) && n < cap)
 				s[n++] = q;
-		}
 	}
 	*out = s;
 	return n;
@@ -134,25 +139,41 @@ int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
 	return n;
 }
 
-/* The room device d's PGATHER k needs: the largest layer of the span's
- * gathers (plan_z3_span), one layer being full at a time (a whole span:
- * the bucket). Names in out a
- * program whose own uses there run the bucket's layers in another order
- * than the members' common one. 0 or SP_ENOMEM. */
-static int z3_span_size(const sp_plan_t *p, int d, int k, int64_t *size, plan_z3_walk_t *out)
+int64_t plan_z3_room(const sp_plan_t *p, int b, const int32_t *seq, int n, int64_t *slot1,
+		     int64_t *pair)
+{
+	int64_t m[2] = {0, 0};
+	*pair = 0;
+	for (int i = 0; i < n; i++) {
+		int64_t e = plan_z3_param_elems(p, b, seq[i]);
+		m[i % 2] = SP_MAX(m[i % 2], e);
+		*pair = SP_MAX(*pair, e + (i + 1 < n ? plan_z3_param_elems(p, b, seq[i + 1]) : 0));
+	}
+	*slot1 = m[0];
+	return m[0] + m[1];
+}
+
+/* The room device d's PGATHER k needs (plan_z3_room over the span's
+ * gathers, plan_z3_span; a whole span: the bucket) in *size, and in *live
+ * the most of it full at once. Names in out a program whose own uses
+ * there run the bucket's layers in another order than the members'
+ * common one. 0 or SP_ENOMEM. */
+static int z3_span_size(const sp_plan_t *p, int d, int k, int64_t *size, int64_t *live,
+			plan_z3_walk_t *out)
 {
 	int b = p->ins[p->devices[d].first_ins + k].peer;
 	int32_t *ref = NULL, *own = NULL;
 	int whole, n = plan_z3_span(p, d, k, &ref, &whole);
 	int m = n < 0 || whole ? 0 : z3_own(p, d, k, b, &own);
-	*size = whole ? p->buckets[b].elems : 0;
+	int64_t slot1;
+	*size = *live = whole ? p->buckets[b].elems : 0;
 	if (n < 0 || m < 0) {
 		free(ref);
 		free(own);
 		return SP_ENOMEM;
 	}
-	for (int i = 0; i < n; i++)
-		*size = SP_MAX(*size, plan_z3_param_elems(p, b, ref[i]));
+	if (!whole)
+		*size = plan_z3_room(p, b, ref, n, &slot1, live);
 	if (m && (m != n || memcmp(own, ref, sizeof(int32_t) * (size_t)n)) && out->bad < 0) {
 		out->bad = k;
 		out->why = "opens weights whose layers its uses run in another order than the "
@@ -187,10 +208,11 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 	}
 	int64_t *at = malloc(sizeof(int64_t) * (size_t)(p->n_buckets + 1));
 	int64_t *sz = calloc((size_t)p->n_buckets + 1, sizeof(int64_t));
+	int64_t *lv = calloc((size_t)p->n_buckets + 1, sizeof(int64_t));
 	int32_t *w = malloc(sizeof(int32_t) * (size_t)cap);
 	uint8_t *synced = calloc((size_t)p->n_buckets + 1, 1);
 	out->off = malloc(sizeof(int64_t) * (size_t)(dv->n_ins + 1));
-	if (!at || !sz || !w || !synced || !out->off) {
+	if (!at || !sz || !lv || !w || !synced || !out->off) {
 		rc = SP_ENOMEM;
 		goto cleanup;
 	}
@@ -230,16 +252,16 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 			}
 			if (in->op == INS_PFREE) {
 				at[b] = -1;
-				live -= sz[b];
+				live -= lv[b];
 				lwhole -= p->buckets[b].elems;
 				continue;
 			}
-			if ((rc = z3_span_size(p, d, k, &sz[b], out)) < 0)
+			if ((rc = z3_span_size(p, d, k, &sz[b], &lv[b], out)) < 0)
 				goto cleanup;
 			rc = 0;
 			at[b] = out->off[k] = z3_first_fit(p, at, sz, sz[b]);
 			out->pool = SP_MAX(out->pool, at[b] + sz[b]);
-			live += sz[b];
+			live += lv[b];
 			lwhole += p->buckets[b].elems;
 			out->whole = SP_MAX(out->whole, lwhole);
 			out->peak = SP_MAX(out->peak, live);
@@ -261,6 +283,7 @@ int plan_z3_walk(const sp_plan_t *p, int d, plan_z3_walk_t *out)
 cleanup:
 	free(at);
 	free(sz);
+	free(lv);
 	free(w);
 	free(synced);
 	z2map_release(&m);

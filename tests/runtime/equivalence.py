@@ -465,10 +465,12 @@ def zero3(demo, tmp):
         failures += memory_within(demo, tmp, what, "spindle", opts)
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-3")
         failures += zero2_peak(demo, tmp, what, opts, kind="zero-2")
-    # buckets of 2 layers (the demo's have 1): gathered layer by layer, the
-    # uses gather the bucket's second layer in place of its first
+    # buckets of 3 layers (the demo's have 1): gathered layer by layer, each
+    # layer's gather started while the one before runs (prefetch), so two
+    # of the three are full at once and the third takes the first's slot;
+    # the layers straddle the members' shards on 3 and 4 ranks
     deep = json.loads(json.dumps(demo))
-    deep["components"]["img_enc"]["layers"] = 8
+    deep["components"]["img_enc"]["layers"] = 12
     failures += check_model(deep, tmp, "deep-adamw-z3", [(2, 1, "spindle", ZERO3),
                                                          (4, 1, "spindle", ZERO3),
                                                          (3, 1, "spindle", ZERO3 + RECOMPUTE)],

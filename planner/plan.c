@@ -508,7 +508,7 @@ static int par_start(planner_t *pl, par_walk_t *w, cand_state_t *st, place_kind_
 		if ((pl->opts->exclude && !strcmp(c->name, pl->opts->exclude)) ||
 		    (c->reuses_baseline && seq_res))
 			continue; /* as plan_walk: left out, or seq's plan */
-		if (own != CAND_ALLOT_NONE && !w->widths[own] && !w->queued[own]) {
+		if (own != CAND_ALLOT_NONE && !st->widths[own] && !w->queued[own]) {
 			w->allot[own] = (sp_job_t){.run = par_allot_run, .arg = w, .prio = 4 * v};
 			if ((rc = jobs_add(w->jobs, &w->allot[own])))
 				return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
@@ -516,7 +516,7 @@ static int par_start(planner_t *pl, par_walk_t *w, cand_state_t *st, place_kind_
 		}
 		if (own != CAND_ALLOT_NONE)
 			need |= 1u << own;
-		pc->need = need;
+		pc->need = own != CAND_ALLOT_NONE ? need : 0; /* none read, none awaited */
 		pc->low = (sp_job_t){.run = par_lower_run, .arg = pc, .prio = 4 * v + 1};
 		for (int k = 0, n = 0; own != CAND_ALLOT_NONE && k < CAND_ALLOT__COUNT; k++)
 			if ((need & 1u << k) && w->queued[k])

@@ -3,9 +3,10 @@
  * pool of N threads in all, the caller's among them, running queued jobs
  * least priority first once the jobs each waits for are done. Each thread
  * plans with a planner of its own: a copy of the caller's (the model, the
- * cluster, the MetaOps and their active cost tables, the layout estimates:
- * read only while jobs run) with its own run and scratch arenas, error and
- * cost memo (cost.c writes its memo on reads). GLPK keeps its state per
+ * cluster, the cost tables, the layout estimates: read only while jobs
+ * run) with its own run and scratch arenas, error, cost memo (cost.c
+ * writes its memo on reads) and MetaOps (a job may make another table set
+ * active on its thread with cost_use). GLPK keeps its state per
  * thread (toolchain.md): a thread frees it before it ends.
  *
  * It does not know what a job does, nor decide anything a plan depends
@@ -19,7 +20,8 @@
 
 typedef struct {
 	struct jobs *pool;
-	planner_t pl; /* its arena, scratch, memo and err are its own */
+	planner_t pl; /* its arena, scratch, memo, err and MetaOps are its own */
+	metaop_t *mops; /* a copy of the caller's: cost_use may switch its tables */
 	sp_err_t err;
 	pthread_t tid;
 } jobs_thread_t;
@@ -97,6 +99,10 @@ static void thread_copy(jobs_thread_t *t, const planner_t *pl)
 	t->pl.memo = memo;
 	t->pl.err = &t->err;
 	t->pl.jobs = NULL;
+	if (t->mops) {
+		memcpy(t->mops, pl->mops, sizeof *t->mops * (size_t)pl->n_mops);
+		t->pl.mops = t->mops;
+	}
 }
 
 int jobs_start(jobs_t **out, const planner_t *pl, int n, sp_err_t *err)
@@ -116,9 +122,10 @@ int jobs_start(jobs_t **out, const planner_t *pl, int n, sp_err_t *err)
 		t->pool = j;
 		sp_arena_init(&t->pl.arena);
 		sp_arena_init(&t->pl.scratch);
-		thread_copy(t, pl);
-		if (cost_memo_copy(&t->pl, pl))
+		t->mops = sp_arena_calloc(&t->pl.arena, (size_t)pl->n_mops + 1, sizeof *t->mops);
+		if (!t->mops || cost_memo_copy(&t->pl, pl))
 			return sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		thread_copy(t, pl);
 	}
 	for (int i = 1; i < n; i++) {
 		int rc = pthread_create(&j->th[i].tid, NULL, jobs_main, &j->th[i]);
@@ -166,6 +173,22 @@ void jobs_wait(jobs_t *j, sp_job_t *job)
 		else
 			pthread_cond_wait(&j->cv, &j->mu);
 	}
+	pthread_mutex_unlock(&j->mu);
+}
+
+void jobs_drop(jobs_t *j, sp_job_t *job)
+{
+	pthread_mutex_lock(&j->mu);
+	if (job->state == JOB_PENDING)
+		job->state = JOB_DROPPED;
+	while (job->state == JOB_RUNNING)
+		pthread_cond_wait(&j->cv, &j->mu);
+	for (int i = 0; i < j->nq; i++)
+		if (j->q[i] == job) {
+			memmove(&j->q[i], &j->q[i + 1], sizeof *j->q * (size_t)(j->nq - i - 1));
+			j->nq--;
+			break;
+		}
 	pthread_mutex_unlock(&j->mu);
 }
 

@@ -6,7 +6,9 @@
  * Ours simulates only the candidates that can change its choice (plan_one:
  * a sync bound of each lowered plan, bound.c), and the same plan comes out
  * as simulating them all would make (--simulate-all; tests/planner/
- * prune_exact.py).
+ * prune_exact.py). With --jobs N, worker threads (jobs.c) lower and
+ * simulate ours' candidates ahead of the walk, which takes their results in
+ * table order (par_start): the same plan for every N.
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */
@@ -386,7 +388,7 @@ static const sim_result_t *seq_coming_last(const planner_t *pl, const sim_result
 typedef struct par_cand {
 	struct par_walk *w;
 	const sched_cand_t *c;
-	int v;
+	int v, prio;
 	unsigned need;   /* the allotments (bits) the walk holds at its turn */
 	cand_state_t st; /* their widths, for its job */
 	sp_job_t low, sim[2];
@@ -402,6 +404,7 @@ typedef struct par_cand {
 
 typedef struct par_walk {
 	jobs_t *jobs;
+	int set; /* its table set (cost.c), made active on a job's thread */
 	algo_t a;
 	place_kind_t kind;
 	int trial;
@@ -426,9 +429,17 @@ static void err_take(sp_err_t *dst, const sp_err_t *src)
 	dst->warn_ctx = keep.warn_ctx;
 }
 
+/* The walk's table set active on a job's thread (its MetaOps). */
+static void par_tables(planner_t *pl, const par_walk_t *w)
+{
+	if (pl->tables != w->set)
+		cost_use(pl, w->set);
+}
+
 static int par_allot_run(planner_t *pl, sp_job_t *job)
 {
 	par_walk_t *w = job->arg;
+	par_tables(pl, w);
 	cand_allot_t kind = (cand_allot_t)(job - w->allot);
 	cand_state_t st = {{0}};
 	int rc = cand_allot(pl, &st, kind);
@@ -442,6 +453,7 @@ static int par_sim_run(planner_t *pl, sp_job_t *job)
 	par_cand_t *pc = job->arg;
 	par_walk_t *w = pc->w;
 	int k = (int)(job - pc->sim), rc;
+	par_tables(pl, w);
 	jobs_lock(w->jobs);
 	double best = w->best;
 	jobs_unlock(w->jobs);
@@ -461,6 +473,7 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 {
 	par_cand_t *pc = job->arg;
 	par_walk_t *w = pc->w;
+	par_tables(pl, w);
 	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
 		if (pc->need & 1u << k)
 			pc->st.widths[k] = w->widths[k];
@@ -469,7 +482,7 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	for (int k = 0; !rc && k <= pc->n_var; k++)
 		rc = bound_sync(pl, &pc->p[k], w->trial, &pc->lb[k]);
 	for (int k = 0; !rc && k <= pc->n_var; k++) {
-		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = 4 * pc->v + 2 + k};
+		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k};
 		if (jobs_add(w->jobs, &pc->sim[k]))
 			break; /* no guess: the walk simulates it */
 		pc->n_sim = k + 1;
@@ -477,27 +490,27 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	return rc;
 }
 
-/* Queues the jobs of ours' walk over the table (st: its allotments so
- * far; seq_last and bar as plan_walk's): allotment, lowering and (queued
- * by the lowering) simulation jobs, in table order by priority. */
-static int par_start(planner_t *pl, par_walk_t *w, cand_state_t *st, place_kind_t kind,
-		     const sim_result_t *seq_res, const sim_result_t *seq_last,
-		     const sim_result_t *bar)
+/* Queues the jobs of ours' walk over the table on table set `set` (st:
+ * its allotments so far; seq_res as plan_walk's): allotment, lowering and
+ * (queued by the lowering) simulation jobs, in table order by priority,
+ * after those of earlier sets (prio0). */
+static int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
+		     place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0)
 {
+	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
 	unsigned need = 0;
 	int rc;
 	memset(w, 0, sizeof *w);
 	w->jobs = pl->jobs;
+	w->set = set;
 	w->a = ALGO_SPINDLE;
 	w->kind = kind;
 	w->trial = pl->opts->zero < 0 && pl->lay_large;
-	w->best = fmin(seq_last ? seq_last->iteration_ms : HUGE_VAL,
-		       bar ? bar->iteration_ms : HUGE_VAL);
+	w->best = seq_last ? seq_last->iteration_ms : HUGE_VAL;
 	if (!(w->pc = calloc((size_t)n_sched_cands, sizeof *w->pc)))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
 		w->widths[k] = st->widths[k];
-	jobs_sync(pl->jobs, pl);
 	for (int v = 0; v < n_sched_cands; v++) {
 		par_cand_t *pc = &w->pc[v];
 		const sched_cand_t *c = &sched_cands[v];
@@ -509,7 +522,8 @@ static int par_start(planner_t *pl, par_walk_t *w, cand_state_t *st, place_kind_
 		    (c->reuses_baseline && seq_res))
 			continue; /* as plan_walk: left out, or seq's plan */
 		if (own != CAND_ALLOT_NONE && !st->widths[own] && !w->queued[own]) {
-			w->allot[own] = (sp_job_t){.run = par_allot_run, .arg = w, .prio = 4 * v};
+			w->allot[own] =
+				(sp_job_t){.run = par_allot_run, .arg = w, .prio = prio0 + 4 * v};
 			if ((rc = jobs_add(w->jobs, &w->allot[own])))
 				return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
 			w->queued[own] = 1;
@@ -517,7 +531,8 @@ static int par_start(planner_t *pl, par_walk_t *w, cand_state_t *st, place_kind_
 		if (own != CAND_ALLOT_NONE)
 			need |= 1u << own;
 		pc->need = own != CAND_ALLOT_NONE ? need : 0; /* none read, none awaited */
-		pc->low = (sp_job_t){.run = par_lower_run, .arg = pc, .prio = 4 * v + 1};
+		pc->prio = prio0 + 4 * v;
+		pc->low = (sp_job_t){.run = par_lower_run, .arg = pc, .prio = pc->prio + 1};
 		for (int k = 0, n = 0; own != CAND_ALLOT_NONE && k < CAND_ALLOT__COUNT; k++)
 			if ((need & 1u << k) && w->queued[k])
 				pc->low.after[n++] = &w->allot[k];
@@ -556,6 +571,15 @@ static int par_take(planner_t *pl, par_walk_t *w, int v, seen_t *seen, held_t va
 	return 0;
 }
 
+/* A plan that fits, of iteration_ms, made already: the walk's jobs need
+ * not simulate what cannot beat it (a guess, as w->best). */
+static void par_bar(par_walk_t *w, double iteration_ms)
+{
+	jobs_lock(w->jobs);
+	w->best = fmin(w->best, iteration_ms);
+	jobs_unlock(w->jobs);
+}
+
 /* 1 when a job simulated h's plan: its result in h->r and h->f, its code
  * in *rc (its error into pl->err). */
 static int par_simulated(planner_t *pl, held_t *h, int *rc)
@@ -577,7 +601,13 @@ static void par_end(par_walk_t *w, cand_state_t *st)
 {
 	if (!w->pc)
 		return;
-	jobs_clear(w->jobs);
+	for (int v = 0; v < n_sched_cands; v++) {
+		jobs_drop(w->jobs, &w->pc[v].low); /* then no sim job is added */
+		for (int k = 0; k < w->pc[v].n_sim; k++)
+			jobs_drop(w->jobs, &w->pc[v].sim[k]);
+	}
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		jobs_drop(w->jobs, &w->allot[k]);
 	for (int v = 0; v < n_sched_cands; v++) {
 		plan_release(&w->pc[v].p[0]);
 		plan_release(&w->pc[v].p[1]);
@@ -764,18 +794,14 @@ fail:
 static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 		    const sim_result_t *seq_res, double seq_over, int *use_seq,
-		    const sim_result_t *bar)
+		    const sim_result_t *bar, par_walk_t *par)
 {
 	seen_t seen = {0};
-	par_walk_t par = {0};
-	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all, rc = 0;
-	if (pl->jobs && a == ALGO_SPINDLE)
-		rc = par_start(pl, &par, st, kind, seq_res, seq_coming_last(pl, seq_res, seq_over),
-			       bar);
-	if (!rc)
-		rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over,
-			       use_seq, bar, dedup ? &seen : NULL, par.pc ? &par : NULL);
-	par_end(&par, st);
+	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
+	if (bar && par && par->pc)
+		par_bar(par, bar->iteration_ms);
+	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
+			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL);
 	seen_release(&seen);
 	return rc;
 }
@@ -861,31 +887,31 @@ static int seq_same(planner_t *pl, int set, int *same)
  * table set. Whole layers are exactly what --tp 1 plans, the other set
  * what --tp-vocab whole plans, so auto never loses to them. The
  * data-parallel candidate reuses the sequential plan (seq_res, seq_over;
- * NULL: none) where seq_same says it is the one on `alt`, else plans
- * afresh. Leaves the auto tables active.
+ * NULL: none) where seq_same says it is the one on `alt` (same, the
+ * caller's), else plans afresh. par: the walk's jobs (NULL: none). Leaves
+ * the auto tables active.
  */
 static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_plan_t *p,
 		      sim_result_t *r, double *over, const sched_cand_t **chosen, int *use_seq,
-		      int *set, const sim_result_t *seq_res, double seq_over)
+		      int *set, const sim_result_t *seq_res, double seq_over, int same,
+		      par_walk_t *par)
 {
 	sp_plan_t w = {0};
 	sim_result_t wr = {0};
 	double wo = 0;
 	const sched_cand_t *wc = NULL;
 	sp_err_t keep = *pl->err;
-	int same = 0, wseq = 0;
+	int wseq = 0;
 	if (rc && rc != SP_EINFEAS)
 		return rc;
 	memset(pl->err, 0, sizeof *pl->err);
 	pl->err->warn = keep.warn;
 	pl->err->warn_ctx = keep.warn_ctx;
-	if (seq_res && (rc = seq_same(pl, alt, &same)))
-		return rc;
 	/* the plan so far, when it fits, is the bar the other one must beat */
 	cost_use(pl, alt);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[alt], pl->opts->placement, &w, &wr,
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
-			   !rc && *over <= 0 ? r : NULL);
+			   !rc && *over <= 0 ? r : NULL, par);
 	cost_use(pl, COST_AUTO);
 	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
 		plan_release(&w);
@@ -912,6 +938,43 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
 	*use_seq = wseq;
 	*set = alt;
 	return 0;
+}
+
+/*
+ * Ours: plan_one on the auto tables, then plan_whole on each other table
+ * set cost_build made. With pl->jobs, the jobs of every set's walk are
+ * queued at once (a later set's candidates start while an earlier walk
+ * still takes its results), and each walk takes its own.
+ */
+static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_result_t *r,
+		     double *over, const sched_cand_t **chosen, int *use_seq, int *set,
+		     const sim_result_t *seq_res, double seq_over)
+{
+	const int has[COST__SETS] = {[COST_AUTO] = 1,
+				     [COST_WHOLE] = pl->has_whole,
+				     [COST_VOCAB_WHOLE] = pl->has_vocab_whole};
+	int same[COST__SETS] = {0}, rc = 0;
+	par_walk_t par[COST__SETS] = {{0}};
+	for (int t = 0; t < COST__SETS; t++)
+		if (t != COST_AUTO && has[t] && seq_res && (rc = seq_same(pl, t, &same[t])))
+			return rc;
+	if (pl->jobs)
+		jobs_sync(pl->jobs, pl);
+	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
+		if (has[t])
+			rc = par_start(pl, &par[t], t, &cands[t], pl->opts->placement,
+				       t == COST_AUTO || same[t] ? seq_res : NULL, seq_over,
+				       1000 * t);
+	if (!rc)
+		rc = plan_one(pl, ALGO_SPINDLE, &cands[COST_AUTO], pl->opts->placement, p, r, over,
+			      chosen, seq_res, seq_over, use_seq, NULL, &par[COST_AUTO]);
+	for (int t = 0; t < COST__SETS; t++)
+		if (t != COST_AUTO && has[t])
+			rc = plan_whole(pl, cands, t, rc, p, r, over, chosen, use_seq, set, seq_res,
+					seq_over, same[t], &par[t]);
+	for (int t = 0; t < COST__SETS; t++)
+		par_end(&par[t], &cands[t]);
+	return rc;
 }
 
 /*
@@ -948,17 +1011,12 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		sim_result_t r = {0};
 		double over = 0, t0 = now_ms(o);
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
-		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
-				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-				  &use_seq, NULL);
-		if (a == ALGO_SPINDLE && pl->has_whole)
-			rc = plan_whole(pl, cands, COST_WHOLE, rc, &p, &r, &over,
-					mine ? chosen_cand : NULL, &use_seq, &set,
-					have_seq ? &seq_res : NULL, seq_over);
-		if (a == ALGO_SPINDLE && pl->has_vocab_whole)
-			rc = plan_whole(pl, cands, COST_VOCAB_WHOLE, rc, &p, &r, &over,
-					mine ? chosen_cand : NULL, &use_seq, &set,
-					have_seq ? &seq_res : NULL, seq_over);
+		int rc = a == ALGO_SPINDLE
+				 ? plan_ours(pl, cands, &p, &r, &over, mine ? chosen_cand : NULL,
+					     &use_seq, &set, have_seq ? &seq_res : NULL, seq_over)
+				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
+					    &over, mine ? chosen_cand : NULL,
+					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
 		double t1 = now_ms(o);
 		if (rc) {
 			plan_release(&p);

@@ -552,8 +552,8 @@ int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 
 /*
  * A job: run(pl, job) on some thread of the pool, pl that thread's planner
- * (jobs_sync's copy of the caller's, with its own arenas, error and cost
- * memo), job->err its error; it starts once the jobs in after[] (NULL:
+ * (jobs_sync's copy of the caller's, with its own arenas, error, cost memo
+ * and MetaOps: cost_use on it is the thread's alone), job->err its error; it starts once the jobs in after[] (NULL:
  * none) are done, least prio first. Results go where run writes them
  * (through arg); a job's caller reads them after jobs_wait.
  */
@@ -581,6 +581,9 @@ void jobs_sync(jobs_t *j, const planner_t *pl);
 int jobs_add(jobs_t *j, sp_job_t *job);
 /* Returns once job is done or dropped, running queued jobs meanwhile. */
 void jobs_wait(jobs_t *j, sp_job_t *job);
+/* Takes job out of the queue: not run if it has not started, else once it
+ * is done (never queued: nothing). */
+void jobs_drop(jobs_t *j, sp_job_t *job);
 /* Drops every queued job not started, waits for those running, and
  * empties the queue. */
 void jobs_clear(jobs_t *j);

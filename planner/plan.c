@@ -490,6 +490,10 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	return rc;
 }
 
+/* Priorities: a set's jobs at prio0 + 4 x its candidates' rows; every
+ * allotment job PAR_FIRST before any other. */
+enum { PAR_FIRST = 1 << 20 };
+
 /* Queues the jobs of ours' walk over the table on table set `set` (st:
  * its allotments so far; seq_res as plan_walk's): allotment, lowering and
  * (queued by the lowering) simulation jobs, in table order by priority,
@@ -522,8 +526,9 @@ static int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
 		    (c->reuses_baseline && seq_res))
 			continue; /* as plan_walk: left out, or seq's plan */
 		if (own != CAND_ALLOT_NONE && !st->widths[own] && !w->queued[own]) {
-			w->allot[own] =
-				(sp_job_t){.run = par_allot_run, .arg = w, .prio = prio0 + 4 * v};
+			/* every set's allotments first: the candidates wait for them */
+			w->allot[own] = (sp_job_t){
+				.run = par_allot_run, .arg = w, .prio = prio0 + 4 * v - PAR_FIRST};
 			if ((rc = jobs_add(w->jobs, &w->allot[own])))
 				return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
 			w->queued[own] = 1;

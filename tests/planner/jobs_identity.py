@@ -11,34 +11,14 @@ plan files equal byte for byte and the --json reports equal but for their
 planning times. Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
 """
-import importlib.machinery
-import importlib.util
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.environ["SPINDLE_ROOT"]
-PLAN = os.environ["SPINDLE_PLAN"]
-TIMING = {"planning_ms", "total_planning_ms"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prune_exact import ROOT, plan, synthetic  # noqa: E402 (same environment)
+
 JOBS = (1, 2, 3)
-
-
-def untimed(x):
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items() if k not in TIMING}
-    if isinstance(x, list):
-        return [untimed(v) for v in x]
-    return x
-
-
-def plan(model, cluster, out, extra):
-    p = subprocess.run([PLAN, model, cluster, "--json", "-o", out] + extra,
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        return p.returncode, p.stderr.strip(), None, None
-    return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read()
 
 
 def case(model, cluster, opts, tmp, tag):
@@ -60,23 +40,6 @@ def case(model, cluster, opts, tmp, tag):
     return True, f"same plan ({a[2]['algorithms']['spindle']['iteration_ms']:.3f} ms)"
 
 
-def synthetic(tmp):
-    """tools/bench-plan's generator: (model, cluster) paths, 128 GPUs."""
-    loader = importlib.machinery.SourceFileLoader(
-        "bench_plan", os.path.join(ROOT, "tools", "bench-plan"))
-    spec = importlib.util.spec_from_loader("bench_plan", loader)
-    bp = importlib.util.module_from_spec(spec)
-    loader.exec_module(bp)
-    out = []
-    for n_tasks, gpus in ((16, 128), (32, 128)):
-        m = os.path.join(tmp, f"syn{n_tasks}.json")
-        c = os.path.join(tmp, f"h100-{gpus}-8nic.json")
-        json.dump(bp.synthetic(n_tasks, n_tasks * 7 + gpus), open(m, "w"))
-        json.dump(bp.cluster(gpus, "h100-8x8-8nic"), open(c, "w"))
-        out.append((m, c, []))
-    return out
-
-
 def main():
     pl = os.path.join(ROOT, "plans")
     cl = os.path.join(pl, "clusters")
@@ -90,7 +53,8 @@ def main():
     ]
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
-        cases += synthetic(tmp)
+        cases += [(m, c, []) for m, c in synthetic(
+            tmp, ((16, 128, "h100-8x8-8nic"), (32, 128, "h100-8x8-8nic")))]
         for i, (m, c, opts) in enumerate(cases):
             ok, why = case(m, c, opts, tmp, str(i))
             fails += not ok

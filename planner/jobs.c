@@ -176,6 +176,14 @@ void jobs_wait(jobs_t *j, sp_job_t *job)
 	pthread_mutex_unlock(&j->mu);
 }
 
+void jobs_mark_done(jobs_t *j, sp_job_t *job)
+{
+	pthread_mutex_lock(&j->mu);
+	job->state = JOB_DONE;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
 void jobs_drop(jobs_t *j, sp_job_t *job)
 {
 	pthread_mutex_lock(&j->mu);

@@ -413,6 +413,11 @@ typedef struct par_walk {
 	int *widths[CAND_ALLOT__COUNT]; /* the allotment jobs' results */
 	par_cand_t *pc;
 	double best; /* under jobs_lock: the least fitting iteration simulated */
+	/* done: marked when this walk has chosen; gate (NULL: none): the
+	 * previous set's, which its simulations wait for (that walk's choice
+	 * is the bar this one's guesses then test against) */
+	sp_job_t done;
+	const sp_job_t *gate;
 } par_walk_t;
 
 _Static_assert(CAND_ALLOT__COUNT - 1 <= JOB_MAX_AFTER, "a candidate waits for every allotment");
@@ -482,7 +487,8 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	for (int k = 0; !rc && k <= pc->n_var; k++)
 		rc = bound_sync(pl, &pc->p[k], w->trial, &pc->lb[k]);
 	for (int k = 0; !rc && k <= pc->n_var; k++) {
-		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k};
+		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k,
+					.after = {w->gate}};
 		if (jobs_add(w->jobs, &pc->sim[k]))
 			break; /* no guess: the walk simulates it */
 		pc->n_sim = k + 1;
@@ -499,7 +505,8 @@ enum { PAR_FIRST = 1 << 20 };
  * (queued by the lowering) simulation jobs, in table order by priority,
  * after those of earlier sets (prio0). */
 static int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
-		     place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0)
+		     place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
+		     const sp_job_t *gate)
 {
 	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
 	unsigned need = 0;
@@ -507,6 +514,7 @@ static int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
 	memset(w, 0, sizeof *w);
 	w->jobs = pl->jobs;
 	w->set = set;
+	w->gate = gate;
 	w->a = ALGO_SPINDLE;
 	w->kind = kind;
 	w->trial = pl->opts->zero < 0 && pl->lay_large;
@@ -803,8 +811,6 @@ static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind
 {
 	seen_t seen = {0};
 	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
-	if (bar && par && par->pc)
-		par_bar(par, bar->iteration_ms);
 	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
 			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL);
 	seen_release(&seen);
@@ -958,7 +964,7 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	const int has[COST__SETS] = {[COST_AUTO] = 1,
 				     [COST_WHOLE] = pl->has_whole,
 				     [COST_VOCAB_WHOLE] = pl->has_vocab_whole};
-	int same[COST__SETS] = {0}, rc = 0;
+	int same[COST__SETS] = {0}, rc = 0, prev = -1;
 	par_walk_t par[COST__SETS] = {{0}};
 	for (int t = 0; t < COST__SETS; t++)
 		if (t != COST_AUTO && has[t] && seq_res && (rc = seq_same(pl, t, &same[t])))
@@ -966,17 +972,28 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	if (pl->jobs)
 		jobs_sync(pl->jobs, pl);
 	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
-		if (has[t])
+		if (has[t]) {
 			rc = par_start(pl, &par[t], t, &cands[t], pl->opts->placement,
 				       t == COST_AUTO || same[t] ? seq_res : NULL, seq_over,
-				       1000 * t);
-	if (!rc)
-		rc = plan_one(pl, ALGO_SPINDLE, &cands[COST_AUTO], pl->opts->placement, p, r, over,
-			      chosen, seq_res, seq_over, use_seq, NULL, &par[COST_AUTO]);
-	for (int t = 0; t < COST__SETS; t++)
-		if (t != COST_AUTO && has[t])
+				       1000 * t, prev < 0 ? NULL : &par[prev].done);
+			prev = t;
+		}
+	for (int t = 0; t < COST__SETS; t++) {
+		if (!has[t])
+			continue;
+		if (t == COST_AUTO && !rc)
+			rc = plan_one(pl, ALGO_SPINDLE, &cands[t], pl->opts->placement, p, r, over,
+				      chosen, seq_res, seq_over, use_seq, NULL, &par[t]);
+		else if (t != COST_AUTO)
 			rc = plan_whole(pl, cands, t, rc, p, r, over, chosen, use_seq, set, seq_res,
 					seq_over, same[t], &par[t]);
+		/* the plan so far is the later walks' bar: their guesses' too */
+		for (int u = t + 1; pl->jobs && !rc && *over <= 0 && u < COST__SETS; u++)
+			if (par[u].pc)
+				par_bar(&par[u], r->iteration_ms);
+		if (par[t].pc)
+			jobs_mark_done(pl->jobs, &par[t].done);
+	}
 	for (int t = 0; t < COST__SETS; t++)
 		par_end(&par[t], &cands[t]);
 	return rc;

@@ -581,6 +581,9 @@ void jobs_sync(jobs_t *j, const planner_t *pl);
 int jobs_add(jobs_t *j, sp_job_t *job);
 /* Returns once job is done or dropped, running queued jobs meanwhile. */
 void jobs_wait(jobs_t *j, sp_job_t *job);
+/* Marks job, never queued, done: a milestone other jobs wait for in after[]
+ * (until then it holds them back). */
+void jobs_mark_done(jobs_t *j, sp_job_t *job);
 /* Takes job out of the queue: not run if it has not started, else once it
  * is done (never queued: nothing). */
 void jobs_drop(jobs_t *j, sp_job_t *job);

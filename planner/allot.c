@@ -140,14 +140,23 @@ int allot_separable(planner_t *pl, int *w)
 	return 0;
 }
 
-static int milp_node_budget;
+/* The search's subproblems so far and its budget (no global: MILPs may
+ * run on several threads at once, each with GLPK state of its own). */
+typedef struct {
+	int nodes, budget;
+} milp_count_t;
 
-/* Stops the branch and bound after milp_node_budget subproblems. */
+/* Stops the branch and bound after the budget's subproblems. */
 static void milp_budget(glp_tree *T, void *info)
 {
-	int *nodes = info;
-	if (glp_ios_reason(T) == GLP_ISELECT && ++*nodes > milp_node_budget)
+	milp_count_t *n = info;
+	if (glp_ios_reason(T) == GLP_ISELECT && ++n->nodes > n->budget)
 		glp_ios_terminate(T);
+}
+
+void allot_thread_end(void)
+{
+	glp_free_env(); /* 1 (nothing done) when the thread never used GLPK */
 }
 
 /* The MILP's columns: x_mk at 1..nx (MetaOp by MetaOp), S_m at nx+1..nx+M,
@@ -260,7 +269,7 @@ static int milp_solve(const planner_t *pl, glp_prob *lp)
 	parm.msg_lev = GLP_MSG_OFF;
 	/* a node budget, not a time limit, ends the search: the same inputs must
 	 * give the same plan on any machine (no tm_lim: GLPK's default is none) */
-	int nodes = 0;
+	milp_count_t nodes = {0, pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200};
 	parm.cb_func = milp_budget;
 	parm.cb_info = &nodes;
 	parm.mip_gap = 1e-3;
@@ -274,7 +283,6 @@ static int milp_solve(const planner_t *pl, glp_prob *lp)
 	 * generator, seeds 0-89 on 8 and 16 devices) plans 1.1% faster in
 	 * geometric mean (13 faster, 9 slower, the rest the same) */
 	parm.br_tech = GLP_BR_FFV;
-	milp_node_budget = pl->opts->milp_nodes > 0 ? pl->opts->milp_nodes : 200;
 	int ret = glp_intopt(lp, &parm);
 	int st = glp_mip_status(lp);
 	return (ret == 0 || ret == GLP_ESTOP) && (st == GLP_OPT || st == GLP_FEAS);

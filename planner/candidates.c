@@ -85,6 +85,21 @@ static int cand_widths(planner_t *pl, cand_state_t *st, cand_allot_t kind, const
 	return 0;
 }
 
+cand_allot_t cand_allot_kind(const planner_t *pl, const sched_cand_t *c)
+{
+	if ((c->max_devices && pl->N > c->max_devices) ||
+	    (c->min_nodes && pl->cluster->nodes < c->min_nodes) ||
+	    (c->sched != CAND_LIST && c->sched != CAND_LANES))
+		return CAND_ALLOT_NONE;
+	return c->allot;
+}
+
+int cand_allot(planner_t *pl, cand_state_t *st, cand_allot_t kind)
+{
+	const int *w;
+	return cand_widths(pl, st, kind, &w);
+}
+
 /* 1 when widths w equal those of another allotment computed already. */
 static int widths_known(const planner_t *pl, const cand_state_t *st, cand_allot_t kind,
 			const int *w)

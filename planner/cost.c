@@ -78,6 +78,7 @@
 #include "planner.h"
 
 #include <math.h>
+#include <string.h>
 
 /*
  * The all-reduces of a t-way shard per layer and pass (tp-format.txt): a
@@ -508,6 +509,18 @@ void cost_layer_sp(const planner_t *pl, int mi, int64_t local, int t, int sp, do
 	}
 	*fwd = e->f;
 	*bwd = e->b;
+}
+
+int cost_memo_copy(planner_t *dst, const planner_t *src)
+{
+	dst->memo = NULL;
+	if (!src->memo)
+		return 0;
+	dst->memo = sp_arena_calloc(&dst->arena, MEMO_SLOTS, sizeof *dst->memo);
+	if (!dst->memo)
+		return SP_ENOMEM;
+	memcpy(dst->memo, src->memo, sizeof *dst->memo * MEMO_SLOTS);
+	return 0;
 }
 
 /*

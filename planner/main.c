@@ -8,6 +8,11 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* --jobs: at most JOBS_MAX; by default the online CPUs, at most
+ * JOBS_DEFAULT_MAX (ours has about 8 candidates to share out). */
+enum { JOBS_MAX = 64, JOBS_DEFAULT_MAX = 8 };
 
 static void usage(FILE *f)
 {
@@ -76,6 +81,10 @@ static void usage(FILE *f)
 		"                       vocabulary like transformers where the degree\n"
 		"                       divides the vocab (else they stay whole); whole:\n"
 		"                       they never split\n"
+		"  --jobs N             threads that evaluate our candidates (1 to %d;\n"
+		"                       default: the online CPUs, at most %d); the plan\n"
+		"                       is the same for every N. With 1 the planning times\n"
+		"                       are CPU time, else wall-clock time\n"
 		"  --simulate-all       ours simulates every candidate in full instead of\n"
 		"                       skipping those a lower bound shows cannot be chosen\n"
 		"                       (the same plan, more planning time: for tests)\n"
@@ -87,7 +96,7 @@ static void usage(FILE *f)
 		"\n"
 		"exit status: 0 planned, 1 no feasible plan, out of memory or internal error,\n"
 		"2 bad input (a plan over --max-instructions too)\n",
-		PLAN_BYTES_PER_INS, (long long)PLAN_MAX_INS_DEFAULT);
+		JOBS_MAX, JOBS_DEFAULT_MAX, PLAN_BYTES_PER_INS, (long long)PLAN_MAX_INS_DEFAULT);
 }
 
 static int takes_value(const char *a)
@@ -96,7 +105,7 @@ static int takes_value(const char *a)
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap",
 					    "--microbatches", "--tp", "--sp", "--tp-vocab",
-					    "--max-instructions"};
+					    "--max-instructions", "--jobs"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -222,6 +231,16 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 			return SP_EXIT_INPUT;
 		}
 		o->max_ins = n;
+	} else if (!strcmp(a, "--jobs")) {
+		char *end;
+		long n = strtol(val, &end, 10);
+		if (*end || end == val || n < 1 || n > JOBS_MAX) {
+			fprintf(stderr, "spindle-plan: --jobs: '%s' is not a thread count\n"
+					"hint: use a number from 1 to %d (1: no worker threads)\n",
+				val, JOBS_MAX);
+			return SP_EXIT_INPUT;
+		}
+		o->jobs = (int)n;
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, 3, "use none, all or auto");
@@ -261,6 +280,8 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->rs_overlap = -1;
 	o->sp = 0; /* off: the cuda backend does not run it yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	o->jobs = cpus < 1 ? 1 : cpus > JOBS_DEFAULT_MAX ? JOBS_DEFAULT_MAX : (int)cpus;
 	const char **pos[] = {&o->model_path, &o->cluster_path};
 	int n_pos = 0;
 	for (int i = 1; i < argc; i++) {

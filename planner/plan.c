@@ -6,7 +6,9 @@
  * Ours simulates only the candidates that can change its choice (plan_one:
  * a sync bound of each lowered plan, bound.c), and the same plan comes out
  * as simulating them all would make (--simulate-all; tests/planner/
- * prune_exact.py).
+ * prune_exact.py). With --jobs N, worker threads (jobs.c) lower and
+ * simulate ours' candidates ahead of the walk, which takes their results in
+ * table order (par_start): the same plan for every N.
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */
@@ -19,13 +21,13 @@
 #include <string.h>
 #include <time.h>
 
-/* Planning times are the process's CPU time: the planner is single-threaded,
- * so this is its wall time on an idle machine, and other load does not
- * inflate it. */
-static double now_ms(void)
+/* Planning times: with one thread (--jobs 1) the process's CPU time, its
+ * wall time on an idle machine that other load does not inflate; with
+ * more, the wall-clock time (CPU time would add the threads' up). */
+static double now_ms(const plan_opts_t *o)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	clock_gettime(o->jobs > 1 ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
@@ -234,6 +236,10 @@ typedef struct {
 	int simulated, from_seq; /* from_seq: seq's plan, r and f */
 	sim_result_t r;
 	double f;
+	/* --jobs: the candidate's jobs (NULL: none) and which variant p is:
+	 * held_simulate takes the simulation a job ran ahead */
+	struct par_cand *spec;
+	int k;
 } held_t;
 
 /* The record of plan_one's walk: the best plan so far (none: !found). */
@@ -265,9 +271,16 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 	memset(p, 0, sizeof *p);
 }
 
+static int par_simulated(planner_t *pl, held_t *h, int *rc);
+
 /* Simulates held candidate h (ours) in a scope of pl->scratch. */
 static int held_simulate(planner_t *pl, held_t *h)
 {
+	int spec_rc;
+	if (par_simulated(pl, h, &spec_rc)) { /* a job simulated it already */
+		h->simulated = !spec_rc;
+		return spec_rc;
+	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
 	sp_arena_reset(&pl->scratch, mark);
@@ -332,6 +345,294 @@ static void held_release(held_t *h, int n)
 		plan_release(&h[i].p);
 }
 
+/* seq, when it fits and is the table's last candidate (ours): it beats
+ * every held one slower than it by the slack. NULL otherwise. */
+static const sim_result_t *seq_coming_last(const planner_t *pl, const sim_result_t *seq_res,
+					   double seq_over)
+{
+	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
+	return seq_res && seq_over <= 0 && last->reuses_baseline &&
+			       !(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))
+		       ? seq_res
+		       : NULL;
+}
+
+/* ---- ours' candidates on worker threads (--jobs N > 1) ------------------- */
+
+/*
+ * With pl->jobs, ours' walk (plan_walk) lowers and simulates no candidate
+ * itself: jobs (jobs.c) do, ahead of it and on every thread, and the walk
+ * takes their results in table order where it would have computed them.
+ * So it makes every decision the sequential walk makes on the same
+ * numbers, and chooses the same plan, byte for byte, for any thread count:
+ *  - plan_lowered, bound_sync and plan_simulated read only their plan, the
+ *    schedule's allotments and the run's constants (a cost memo returns the
+ *    bits its caller would compute), so a job computes what the walk would;
+ *  - allotments: cand_schedule computes each on first use, and the
+ *    separable one is nothing new when it equals one computed before it
+ *    (widths_known). A candidate's job gets exactly those the sequential
+ *    walk holds at its turn (its own and those of the candidates before
+ *    it), each computed once by an allotment job;
+ *  - plan_lowered's seen: each job keeps its schedule, and the walk checks
+ *    it against seen in table order; a schedule lowers to the same plans
+ *    whenever it is lowered, so one seen already lowered as the earlier;
+ *  - simulations run ahead as a guess only: a job simulates a variant
+ *    unless its lb shows it cannot beat the best fitting plan simulated so
+ *    far by any job (or seq coming last, or the bar) — a weaker record than
+ *    the walk's, which holds the best in table order. The walk alone
+ *    decides which plans are simulated: held_simulate takes a job's result
+ *    where there is one and simulates the plan itself where there is none,
+ *    and a job's failure counts only where the walk simulates that plan.
+ * The allotments end in st as the sequential walk leaves them.
+ */
+typedef struct par_cand {
+	struct par_walk *w;
+	const sched_cand_t *c;
+	int v, prio;
+	unsigned need;   /* the allotments (bits) the walk holds at its turn */
+	cand_state_t st; /* their widths, for its job */
+	sp_job_t low, sim[2];
+	int n_sim;
+	seen_t sched;    /* its schedule, once lowered (plan_lowered's seen) */
+	sp_plan_t p[2];
+	int n_var;
+	double lb[2];
+	int ran[2];      /* sim[k] simulated p[k]: r[k], f[k], sim[k].rc */
+	sim_result_t r[2];
+	double f[2];
+} par_cand_t;
+
+typedef struct par_walk {
+	jobs_t *jobs;
+	int set; /* its table set (cost.c), made active on a job's thread */
+	algo_t a;
+	place_kind_t kind;
+	int trial;
+	sp_job_t allot[CAND_ALLOT__COUNT];
+	int queued[CAND_ALLOT__COUNT];
+	int *widths[CAND_ALLOT__COUNT]; /* the allotment jobs' results */
+	par_cand_t *pc;
+	double best; /* under jobs_lock: the least fitting iteration simulated */
+	/* done: marked when this walk has chosen; gate (NULL: none): the
+	 * previous set's, which its simulations wait for (that walk's choice
+	 * is the bar this one's guesses then test against) */
+	sp_job_t done;
+	const sp_job_t *gate;
+} par_walk_t;
+
+_Static_assert(CAND_ALLOT__COUNT - 1 <= JOB_MAX_AFTER, "a candidate waits for every allotment");
+
+/* The error of a job where the walk's would have been: into dst unless it
+ * holds one already (sp_err_set's rule); dst's warn function stays. */
+static void err_take(sp_err_t *dst, const sp_err_t *src)
+{
+	if (dst->code || !src->code)
+		return;
+	sp_err_t keep = *dst;
+	*dst = *src;
+	dst->warn = keep.warn;
+	dst->warn_ctx = keep.warn_ctx;
+}
+
+/* The walk's table set active on a job's thread (its MetaOps). */
+static void par_tables(planner_t *pl, const par_walk_t *w)
+{
+	if (pl->tables != w->set)
+		cost_use(pl, w->set);
+}
+
+static int par_allot_run(planner_t *pl, sp_job_t *job)
+{
+	par_walk_t *w = job->arg;
+	par_tables(pl, w);
+	cand_allot_t kind = (cand_allot_t)(job - w->allot);
+	cand_state_t st = {{0}};
+	int rc = cand_allot(pl, &st, kind);
+	w->widths[kind] = st.widths[kind]; /* NULL when it failed: each
+					    * candidate's job tries again */
+	return rc;
+}
+
+static int par_sim_run(planner_t *pl, sp_job_t *job)
+{
+	par_cand_t *pc = job->arg;
+	par_walk_t *w = pc->w;
+	int k = (int)(job - pc->sim), rc;
+	par_tables(pl, w);
+	jobs_lock(w->jobs);
+	double best = w->best;
+	jobs_unlock(w->jobs);
+	if (!pl->opts->simulate_all && pc->lb[k] >= best * FASTER)
+		return 0; /* the walk would hardly simulate it */
+	rc = plan_simulated(pl, 1, &pc->p[k], &pc->r[k], &pc->f[k]);
+	pc->ran[k] = 1;
+	if (!rc && pc->f[k] <= 0) {
+		jobs_lock(w->jobs);
+		w->best = fmin(w->best, pc->r[k].iteration_ms);
+		jobs_unlock(w->jobs);
+	}
+	return rc;
+}
+
+static int par_lower_run(planner_t *pl, sp_job_t *job)
+{
+	par_cand_t *pc = job->arg;
+	par_walk_t *w = pc->w;
+	par_tables(pl, w);
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		if (pc->need & 1u << k)
+			pc->st.widths[k] = w->widths[k];
+	int rc = plan_lowered(pl, w->a, &pc->st, pc->c, w->kind, &pc->sched, &pc->p[0],
+			      &pc->p[1], &pc->n_var);
+	for (int k = 0; !rc && k <= pc->n_var; k++)
+		rc = bound_sync(pl, &pc->p[k], w->trial, &pc->lb[k]);
+	for (int k = 0; !rc && k <= pc->n_var; k++) {
+		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k,
+					.after = {w->gate}};
+		if (jobs_add(w->jobs, &pc->sim[k]))
+			break; /* no guess: the walk simulates it */
+		pc->n_sim = k + 1;
+	}
+	return rc;
+}
+
+/* Priorities: a set's jobs at prio0 + 4 x its candidates' rows; every
+ * allotment job PAR_FIRST before any other. */
+enum { PAR_FIRST = 1 << 20 };
+
+/* Queues the jobs of ours' walk over the table on table set `set` (st:
+ * its allotments so far; seq_res as plan_walk's): allotment, lowering and
+ * (queued by the lowering) simulation jobs, in table order by priority,
+ * after those of earlier sets (prio0). */
+static int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
+		     place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
+		     const sp_job_t *gate)
+{
+	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
+	unsigned need = 0;
+	int rc;
+	memset(w, 0, sizeof *w);
+	w->jobs = pl->jobs;
+	w->set = set;
+	w->gate = gate;
+	w->a = ALGO_SPINDLE;
+	w->kind = kind;
+	w->trial = pl->opts->zero < 0 && pl->lay_large;
+	w->best = seq_last ? seq_last->iteration_ms : HUGE_VAL;
+	if (!(w->pc = calloc((size_t)n_sched_cands, sizeof *w->pc)))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		w->widths[k] = st->widths[k];
+	for (int v = 0; v < n_sched_cands; v++) {
+		par_cand_t *pc = &w->pc[v];
+		const sched_cand_t *c = &sched_cands[v];
+		cand_allot_t own = cand_allot_kind(pl, c);
+		pc->w = w;
+		pc->c = c;
+		pc->v = v;
+		if ((pl->opts->exclude && !strcmp(c->name, pl->opts->exclude)) ||
+		    (c->reuses_baseline && seq_res))
+			continue; /* as plan_walk: left out, or seq's plan */
+		if (own != CAND_ALLOT_NONE && !st->widths[own] && !w->queued[own]) {
+			/* every set's allotments first: the candidates wait for them */
+			w->allot[own] = (sp_job_t){
+				.run = par_allot_run, .arg = w, .prio = prio0 + 4 * v - PAR_FIRST};
+			if ((rc = jobs_add(w->jobs, &w->allot[own])))
+				return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+			w->queued[own] = 1;
+		}
+		if (own != CAND_ALLOT_NONE)
+			need |= 1u << own;
+		pc->need = own != CAND_ALLOT_NONE ? need : 0; /* none read, none awaited */
+		pc->prio = prio0 + 4 * v;
+		pc->low = (sp_job_t){.run = par_lower_run, .arg = pc, .prio = pc->prio + 1};
+		for (int k = 0, n = 0; own != CAND_ALLOT_NONE && k < CAND_ALLOT__COUNT; k++)
+			if ((need & 1u << k) && w->queued[k])
+				pc->low.after[n++] = &w->allot[k];
+		if ((rc = jobs_add(w->jobs, &pc->low)))
+			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* Candidate v's lowered plans into var (lb, and the job's guesses), as
+ * plan_lowered (seen) and bound_sync would have made them at the walk's
+ * turn: its code, its error into pl->err. */
+static int par_take(planner_t *pl, par_walk_t *w, int v, seen_t *seen, held_t var[2],
+		    int *n_var)
+{
+	par_cand_t *pc = &w->pc[v];
+	jobs_wait(w->jobs, &pc->low);
+	for (int k = 0; k < pc->n_sim; k++)
+		jobs_wait(w->jobs, &pc->sim[k]);
+	*n_var = pc->n_var;
+	for (int k = 0; k < 2; k++) {
+		var[k].p = pc->p[k];
+		memset(&pc->p[k], 0, sizeof pc->p[k]);
+		var[k].lb = pc->lb[k];
+		var[k].spec = pc;
+		var[k].k = k;
+	}
+	if (pc->low.rc) {
+		err_take(pl->err, &pc->low.err);
+		return pc->low.rc;
+	}
+	if (seen && seen_has(seen, pc->sched.s))
+		return SCHED_NOTHING_NEW;
+	if (seen && seen_add(seen, pc->sched.s))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
+/* A plan that fits, of iteration_ms, made already: the walk's jobs need
+ * not simulate what cannot beat it (a guess, as w->best). */
+static void par_bar(par_walk_t *w, double iteration_ms)
+{
+	jobs_lock(w->jobs);
+	w->best = fmin(w->best, iteration_ms);
+	jobs_unlock(w->jobs);
+}
+
+/* 1 when a job simulated h's plan: its result in h->r and h->f, its code
+ * in *rc (its error into pl->err). */
+static int par_simulated(planner_t *pl, held_t *h, int *rc)
+{
+	par_cand_t *pc = h->spec;
+	if (!pc || !pc->ran[h->k])
+		return 0;
+	h->r = pc->r[h->k];
+	h->f = pc->f[h->k];
+	*rc = pc->sim[h->k].rc;
+	if (*rc)
+		err_take(pl->err, &pc->sim[h->k].err);
+	return 1;
+}
+
+/* Stops the walk's jobs and frees what they hold; st gets the allotments
+ * they computed (those the sequential walk computes). */
+static void par_end(par_walk_t *w, cand_state_t *st)
+{
+	if (!w->pc)
+		return;
+	for (int v = 0; v < n_sched_cands; v++) {
+		jobs_drop(w->jobs, &w->pc[v].low); /* then no sim job is added */
+		for (int k = 0; k < w->pc[v].n_sim; k++)
+			jobs_drop(w->jobs, &w->pc[v].sim[k]);
+	}
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		jobs_drop(w->jobs, &w->allot[k]);
+	for (int v = 0; v < n_sched_cands; v++) {
+		plan_release(&w->pc[v].p[0]);
+		plan_release(&w->pc[v].p[1]);
+		seen_release(&w->pc[v].sched);
+	}
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		if (!st->widths[k])
+			st->widths[k] = w->widths[k];
+	free(w->pc);
+	w->pc = NULL;
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -373,20 +674,13 @@ static void held_release(held_t *h, int n)
 static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 		     const sim_result_t *seq_res, double seq_over, int *use_seq,
-		     const sim_result_t *bar, seen_t *seen)
+		     const sim_result_t *bar, seen_t *seen, par_walk_t *par)
 {
 	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
 	held_t *held = sp_arena_calloc(&pl->arena, 2 * (size_t)nc, sizeof *held);
 	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
-	/* seq, when it fits and is the table's last candidate, beats every
-	 * held one slower than it by the slack */
-	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
-	const sim_result_t *seq_last =
-		ours && seq_res && seq_over <= 0 && last->reuses_baseline &&
-				!(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))
-			? seq_res
-			: NULL;
+	const sim_result_t *seq_last = ours ? seq_coming_last(pl, seq_res, seq_over) : NULL;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
@@ -405,6 +699,8 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			var[0].r = *seq_res;
 			var[0].f = seq_over;
 			var[0].simulated = 1;
+		} else if (par) {
+			rc = par_take(pl, par, v, seen, var, &n_var);
 		} else {
 			rc = plan_lowered(pl, a, st, c, kind, seen, &var[0].p,
 					  ours ? &var[1].p : NULL, &n_var);
@@ -511,12 +807,12 @@ fail:
 static int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 		    const sim_result_t *seq_res, double seq_over, int *use_seq,
-		    const sim_result_t *bar)
+		    const sim_result_t *bar, par_walk_t *par)
 {
 	seen_t seen = {0};
 	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
 	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
-			   bar, dedup ? &seen : NULL);
+			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL);
 	seen_release(&seen);
 	return rc;
 }
@@ -602,31 +898,31 @@ static int seq_same(planner_t *pl, int set, int *same)
  * table set. Whole layers are exactly what --tp 1 plans, the other set
  * what --tp-vocab whole plans, so auto never loses to them. The
  * data-parallel candidate reuses the sequential plan (seq_res, seq_over;
- * NULL: none) where seq_same says it is the one on `alt`, else plans
- * afresh. Leaves the auto tables active.
+ * NULL: none) where seq_same says it is the one on `alt` (same, the
+ * caller's), else plans afresh. par: the walk's jobs (NULL: none). Leaves
+ * the auto tables active.
  */
 static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_plan_t *p,
 		      sim_result_t *r, double *over, const sched_cand_t **chosen, int *use_seq,
-		      int *set, const sim_result_t *seq_res, double seq_over)
+		      int *set, const sim_result_t *seq_res, double seq_over, int same,
+		      par_walk_t *par)
 {
 	sp_plan_t w = {0};
 	sim_result_t wr = {0};
 	double wo = 0;
 	const sched_cand_t *wc = NULL;
 	sp_err_t keep = *pl->err;
-	int same = 0, wseq = 0;
+	int wseq = 0;
 	if (rc && rc != SP_EINFEAS)
 		return rc;
 	memset(pl->err, 0, sizeof *pl->err);
 	pl->err->warn = keep.warn;
 	pl->err->warn_ctx = keep.warn_ctx;
-	if (seq_res && (rc = seq_same(pl, alt, &same)))
-		return rc;
 	/* the plan so far, when it fits, is the bar the other one must beat */
 	cost_use(pl, alt);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[alt], pl->opts->placement, &w, &wr,
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
-			   !rc && *over <= 0 ? r : NULL);
+			   !rc && *over <= 0 ? r : NULL, par);
 	cost_use(pl, COST_AUTO);
 	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
 		plan_release(&w);
@@ -653,6 +949,54 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
 	*use_seq = wseq;
 	*set = alt;
 	return 0;
+}
+
+/*
+ * Ours: plan_one on the auto tables, then plan_whole on each other table
+ * set cost_build made. With pl->jobs, the jobs of every set's walk are
+ * queued at once (a later set's candidates start while an earlier walk
+ * still takes its results), and each walk takes its own.
+ */
+static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_result_t *r,
+		     double *over, const sched_cand_t **chosen, int *use_seq, int *set,
+		     const sim_result_t *seq_res, double seq_over)
+{
+	const int has[COST__SETS] = {[COST_AUTO] = 1,
+				     [COST_WHOLE] = pl->has_whole,
+				     [COST_VOCAB_WHOLE] = pl->has_vocab_whole};
+	int same[COST__SETS] = {0}, rc = 0, prev = -1;
+	par_walk_t par[COST__SETS] = {{0}};
+	for (int t = 0; t < COST__SETS; t++)
+		if (t != COST_AUTO && has[t] && seq_res && (rc = seq_same(pl, t, &same[t])))
+			return rc;
+	if (pl->jobs)
+		jobs_sync(pl->jobs, pl);
+	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
+		if (has[t]) {
+			rc = par_start(pl, &par[t], t, &cands[t], pl->opts->placement,
+				       t == COST_AUTO || same[t] ? seq_res : NULL, seq_over,
+				       1000 * t, prev < 0 ? NULL : &par[prev].done);
+			prev = t;
+		}
+	for (int t = 0; t < COST__SETS; t++) {
+		if (!has[t])
+			continue;
+		if (t == COST_AUTO && !rc)
+			rc = plan_one(pl, ALGO_SPINDLE, &cands[t], pl->opts->placement, p, r, over,
+				      chosen, seq_res, seq_over, use_seq, NULL, &par[t]);
+		else if (t != COST_AUTO)
+			rc = plan_whole(pl, cands, t, rc, p, r, over, chosen, use_seq, set, seq_res,
+					seq_over, same[t], &par[t]);
+		/* the plan so far is the later walks' bar: their guesses' too */
+		for (int u = t + 1; pl->jobs && !rc && *over <= 0 && u < COST__SETS; u++)
+			if (par[u].pc)
+				par_bar(&par[u], r->iteration_ms);
+		if (par[t].pc)
+			jobs_mark_done(pl->jobs, &par[t].done);
+	}
+	for (int t = 0; t < COST__SETS; t++)
+		par_end(&par[t], &cands[t]);
+	return rc;
 }
 
 /*
@@ -687,20 +1031,15 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 			continue;
 		sp_plan_t p = {0};
 		sim_result_t r = {0};
-		double over = 0, t0 = now_ms();
+		double over = 0, t0 = now_ms(o);
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
-		int rc = plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r, &over,
-				  mine ? chosen_cand : NULL, have_seq ? &seq_res : NULL, seq_over,
-				  &use_seq, NULL);
-		if (a == ALGO_SPINDLE && pl->has_whole)
-			rc = plan_whole(pl, cands, COST_WHOLE, rc, &p, &r, &over,
-					mine ? chosen_cand : NULL, &use_seq, &set,
-					have_seq ? &seq_res : NULL, seq_over);
-		if (a == ALGO_SPINDLE && pl->has_vocab_whole)
-			rc = plan_whole(pl, cands, COST_VOCAB_WHOLE, rc, &p, &r, &over,
-					mine ? chosen_cand : NULL, &use_seq, &set,
-					have_seq ? &seq_res : NULL, seq_over);
-		double t1 = now_ms();
+		int rc = a == ALGO_SPINDLE
+				 ? plan_ours(pl, cands, &p, &r, &over, mine ? chosen_cand : NULL,
+					     &use_seq, &set, have_seq ? &seq_res : NULL, seq_over)
+				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
+					    &over, mine ? chosen_cand : NULL,
+					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
+		double t1 = now_ms(o);
 		if (rc) {
 			plan_release(&p);
 			plan_release(&seq_plan);
@@ -801,7 +1140,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	/* our allotments, shared by the candidates, per table set */
 	cand_state_t cands[COST__SETS] = {{{0}}};
 	int rc = 0, chosen_set = COST_AUTO;
-	double t_start = now_ms();
+	double t_start = now_ms(o);
 	memset(out, 0, sizeof *out);
 	memset(sum, 0, sizeof *sum);
 	sp_arena_init(&pl.arena);
@@ -836,6 +1175,10 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 		rc = sp_err_set(err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 		goto cleanup;
 	}
+	/* ours' candidates on o->jobs threads in all (jobs.c) */
+	if (o->jobs > 1 && (o->algo == ALGO_SPINDLE || o->compare) &&
+	    (rc = jobs_start(&pl.jobs, &pl, SP_MIN(o->jobs, n_sched_cands), err)))
+		goto cleanup;
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;
@@ -856,8 +1199,9 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	if ((rc = naive_compare(&pl, &cands[chosen_set], chosen_cand, &out->cert)) ||
 	    (rc = algo_table(out, sum, err)))
 		goto cleanup;
-	sum->total_ms = now_ms() - t_start;
+	sum->total_ms = now_ms(o) - t_start;
 cleanup:
+	jobs_free(pl.jobs); /* the allotments in its arenas are read last above */
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)
@@ -1171,7 +1515,7 @@ int mb_describe(char *buf, size_t cap, const sp_model_t *m, const int *k, int *u
 int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c,
 		sp_plan_t *out, plan_summary_t *sum, sp_err_t *err)
 {
-	double t_start = now_ms(); /* every planning run below, auto's tries too */
+	double t_start = now_ms(o); /* every planning run below, auto's tries too */
 	int64_t g = batch_gcd(m);
 	int K = o->microbatches, rc;
 	int *k = calloc((size_t)m->n_tasks + 1, sizeof *k);
@@ -1237,7 +1581,7 @@ int planner_run(const plan_opts_t *o, const sp_model_t *m, const sp_cluster_t *c
 	rc = plan_k(&q, m, k, c, out, sum, err);
 done:
 	if (!rc)
-		sum->total_ms = now_ms() - t_start;
+		sum->total_ms = now_ms(o) - t_start;
 	free(k);
 	return rc;
 }

@@ -72,6 +72,8 @@ typedef struct {
 				 * bound skips: the same plans, slower; tests) */
 	int64_t max_ins;        /* the lowering refuses a plan whose transfers
 				 * alone are more instructions (0: no limit) */
+	int jobs;               /* threads for ours' candidates (jobs.c); 0 or 1:
+				 * the walk runs on the caller's thread alone */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -155,6 +157,8 @@ typedef struct planner {
 	double *lay_saved; /* per MetaOp: layout_saved_per_sample */
 	double *lay_opt;   /* per MetaOp: a layer's state zero-1 shards (or 0) */
 	int lay_large;
+	/* jobs.c: worker threads for ours' walk (NULL: none, --jobs 1) */
+	struct jobs *jobs;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */
@@ -197,6 +201,10 @@ void cost_layer_tp(const planner_t *pl, int m, int64_t local, int t, double *fwd
  * its collectives and bytes); sp 0: cost_layer_tp. */
 void cost_layer_sp(const planner_t *pl, int m, int64_t local, int t, int sp, double *fwd,
 		   double *bwd);
+/* dst's memo of cost_layer_tp becomes a copy of src's (in dst->arena; none
+ * when src has none): a thread of its own writes only its memo (jobs.c).
+ * SP_ENOMEM. */
+int cost_memo_copy(planner_t *dst, const planner_t *src);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
 /* One matrix product of a layer: batch copies of M x N x K, issued calls times. */
@@ -455,6 +463,8 @@ double paper_cstar(const planner_t *pl, const int *mops, const double *rem, int 
 int allot_separable(planner_t *pl, int *w);
 /* The GLPK MILP; improves w (from allot_separable) if it can. */
 int allot_milp(planner_t *pl, int *w);
+/* Frees the calling thread's GLPK state (a worker thread, before it ends). */
+void allot_thread_end(void);
 /* Local search on w against the list schedule's makespan at memory
  * fraction frac. */
 int allot_search(planner_t *pl, int *w, double frac);
@@ -524,13 +534,68 @@ typedef struct {
 	int *widths[CAND_ALLOT__COUNT]; /* in pl->arena */
 } cand_state_t;
 
-/* Candidate c's schedule; SCHED_NOTHING_NEW when it would repeat another. */
+/* The allotment cand_schedule computes (on first use) for c: CAND_ALLOT_NONE
+ * when it computes none (the cluster is outside c's limits, or its
+ * scheduler reads no widths). */
+cand_allot_t cand_allot_kind(const planner_t *pl, const sched_cand_t *c);
+/* Computes allotment kind into st (in pl->arena) unless st has it. */
+int cand_allot(planner_t *pl, cand_state_t *st, cand_allot_t kind);
+/* Candidate c's schedule; SCHED_NOTHING_NEW when it would repeat another
+ * (its limits; or its widths equal another allotment st holds already). */
 int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_t *out);
 
 /* Algorithm a's schedule (ours: candidate c with state st), finished,
  * checked and chunked; SCHED_NOTHING_NEW passed up. */
 int sched_run(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 	      sched_t *out);
+
+/* ---- jobs.c: worker threads ------------------------------------------------ */
+
+/*
+ * A job: run(pl, job) on some thread of the pool, pl that thread's planner
+ * (jobs_sync's copy of the caller's, with its own arenas, error, cost memo
+ * and MetaOps: cost_use on it is the thread's alone), job->err its error; it starts once the jobs in after[] (NULL:
+ * none) are done, least prio first. Results go where run writes them
+ * (through arg); a job's caller reads them after jobs_wait.
+ */
+enum { JOB_IDLE, JOB_PENDING, JOB_RUNNING, JOB_DONE, JOB_DROPPED };
+#define JOB_MAX_AFTER 2
+typedef struct sp_job {
+	int (*run)(planner_t *pl, struct sp_job *job);
+	void *arg;
+	int prio;
+	const struct sp_job *after[JOB_MAX_AFTER];
+	int state, rc;
+	sp_err_t err;
+} sp_job_t;
+typedef struct jobs jobs_t;
+
+/* A pool of n threads in all: n - 1 started, the caller's the n-th (it
+ * runs jobs while it waits). SP_ENOMEM, or SP_EINTERNAL when a thread
+ * does not start (err says which). */
+int jobs_start(jobs_t **out, const planner_t *pl, int n, sp_err_t *err);
+/* Every thread's planner becomes a copy of pl's state (the active cost
+ * tables: call after cost_use), keeping its arenas, error and memo. Only
+ * while no job is queued. */
+void jobs_sync(jobs_t *j, const planner_t *pl);
+/* Queues job (state JOB_PENDING; rc and err cleared). */
+int jobs_add(jobs_t *j, sp_job_t *job);
+/* Returns once job is done or dropped, running queued jobs meanwhile. */
+void jobs_wait(jobs_t *j, sp_job_t *job);
+/* Marks job, never queued, done: a milestone other jobs wait for in after[]
+ * (until then it holds them back). */
+void jobs_mark_done(jobs_t *j, sp_job_t *job);
+/* Takes job out of the queue: not run if it has not started, else once it
+ * is done (never queued: nothing). */
+void jobs_drop(jobs_t *j, sp_job_t *job);
+/* Drops every queued job not started, waits for those running, and
+ * empties the queue. */
+void jobs_clear(jobs_t *j);
+/* The pool's lock, for what jobs share besides their results. */
+void jobs_lock(jobs_t *j);
+void jobs_unlock(jobs_t *j);
+/* Stops the threads and frees the pool (NULL: nothing). */
+void jobs_free(jobs_t *j);
 
 /* ---- bound.c: lower bounds -------------------------------------------------- */
 

@@ -57,15 +57,16 @@ def case(model, cluster, tmp, tag):
     return True, f"same plan ({a[2]['algorithms']['spindle']['iteration_ms']:.3f} ms)"
 
 
-def synthetic(tmp):
-    """tools/bench-plan's generator: (model, cluster) paths."""
+def synthetic(tmp, shapes=((8, 64, "h100-8x8-8nic"), (32, 256, "a800-8x8"))):
+    """tools/bench-plan's generator: (model, cluster) paths, one per
+    (tasks, GPUs, base cluster) of shapes."""
     loader = importlib.machinery.SourceFileLoader(
         "bench_plan", os.path.join(ROOT, "tools", "bench-plan"))
     spec = importlib.util.spec_from_loader("bench_plan", loader)
     bp = importlib.util.module_from_spec(spec)
     loader.exec_module(bp)
     out = []
-    for n_tasks, gpus, base in ((8, 64, "h100-8x8-8nic"), (32, 256, "a800-8x8")):
+    for n_tasks, gpus, base in shapes:
         m = os.path.join(tmp, f"syn{n_tasks}.json")
         c = os.path.join(tmp, f"{base}-{gpus}.json")
         json.dump(bp.synthetic(n_tasks, n_tasks * 7 + gpus), open(m, "w"))

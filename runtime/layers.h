@@ -167,6 +167,18 @@ typedef struct {
 	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } tblock_split_t;
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
+/*
+ * A sequence-parallel member's token rows (both backends, layers_sp.c and
+ * cuda/cu_sp.cu): of a call's T = n seq tokens, flattened sample after
+ * sample, it owns R = T / t from row o = rank R (comm_shard's shard of
+ * any [T, w] buffer). With tp->ln_grads its whole_in backward sends its
+ * dx rows and the ln_n LayerNorm gradients in one all-gather of t blocks
+ * of blk = R h + ln_n floats, its own at o_blk = rank blk.
+ */
+typedef struct {
+	int64_t T, R, o, blk, o_blk;
+} sp_rows_t;
+sp_rows_t sp_rows(const tblock_split_t *d, int n, int64_t ln_n);
 
 /*
  * Cross-attention decoder block (layers_xattn.c; the CPU backend's

@@ -355,4 +355,15 @@ void tb_attn_out_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp,
 void tb_ln1_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dxm,
 		const float *dln, float *dx);
 
+/* ---- cu_sp.cu: the sequence-parallel block ------------------------------------ */
+
+/*
+ * cu_tblock_fwd/_bwd on a split whose d.sp.sp is set (tb_begin on n
+ * samples: d.tp the hooks, whole_in and whole_out): layers_sp.c's
+ * algorithm and collectives; its saved layout is cu_sp.cu's.
+ */
+int cu_tblock_sp_fwd(const tb_dims &d, int n, const float *x, float *y, float *saved);
+int cu_tblock_sp_bwd(const tb_dims &d, int n, const float *saved, const float *dy, float *dx,
+		     float *dp);
+
 #endif

@@ -131,10 +131,6 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	int rc = tblock_split(&d->sp, s, tp);
 	if (rc < 0)
 		return rc;
-	/* sequence parallelism is not built for CUDA yet: the table says so
-	 * (seq_parallel 0) and rt_check_backend refuses such plans first */
-	if (d->sp.sp)
-		return SP_EINPUT;
 	d->tp = d->sp.t > 1 ? tp : nullptr;
 	for (int i = 0; i < NT; i++)
 		d->off[i] = d->sp.tensors[i].offset;
@@ -145,7 +141,7 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	/* the member's heads: Q, K, V at columns 0, hl, 2hl of qkv [., 3hl] */
 	d->attn = cu_attn{d->sp.al, d->sp.dh, d->sp.s, d->sp.s, 3 * hl, 3 * hl, 3 * hl, hl,
 			  s->causal, (float)(1.0 / sqrt((double)d->sp.dh))};
-	d->nc = tb_chunk(*d, n);
+	d->nc = d->sp.sp ? n : tb_chunk(*d, n); /* cu_sp.cu does not chunk */
 	return 0;
 }
 
@@ -273,6 +269,8 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return cu_tblock_sp_fwd(d, n, x, y, saved);
 	int64_t sq = d.sp.s, sh = sq * d.sp.h, nc = d.nc;
 	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
@@ -309,6 +307,8 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return cu_tblock_sp_bwd(d, n, saved, dy, dx, dp);
 	int64_t sh = d.sp.s * d.sp.h, nc = d.nc;
 	int64_t nf = d.tp ? n : nc; /* samples dln and dxm hold */
 	size_t full = 2 * sizeof(float) * (size_t)(nf * sh) + 256;

@@ -10,7 +10,9 @@
  * member alone, its hook handing back those sums in order and keeping its
  * own partial buffers: its y, dx and shard gradient against the CPU
  * member's, and the CUDA members' partials summed against the recorded
- * sums; the cross-attention decoder block (causal and not, memories
+ * sums; the sequence-parallel block (cu_sp.cu) the same way against
+ * layers_sp.c's, all three collectives replayed (test_tblock_sp); the
+ * cross-attention decoder block (causal and not, memories
  * shorter and longer than the sequence, of the hidden width and not,
  * chunked): y, dx, dmemory and every parameter gradient. A value passes
  * when |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
@@ -388,6 +390,180 @@ cleanup:
 	for (int j = 0; j < t; j++)
 		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
 			free(m[j].sums);
+	free(p), free(x), free(dy);
+}
+
+/* One CPU member of a sequence-parallel block (tp_group_each): its token
+ * shards or whole buffers as whole_in and whole_out say (layers_sp.c). */
+typedef struct {
+	const sp_opshape_t *s;
+	int n, whole_in, whole_out;
+	const float *x, *dy; /* what the member is given */
+	float *p, *saved, *y, *dx, *dp, *acc; /* acc: ln_grads [4h] or NULL */
+} spmember_t;
+
+static int spmember_run(const rt_tp_t *tp0, void *arg)
+{
+	spmember_t *m = arg;
+	rt_tp_t tp = *tp0;
+	tp.sp = 1, tp.whole_in = m->whole_in, tp.whole_out = m->whole_out;
+	if (m->acc)
+		tp.ln_grads = m->acc, tp.ln_n = 4 * m->s->hidden;
+	int rc = tblock_fwd(m->s, &tp, m->n, m->p, m->x, m->y, m->saved);
+	return rc ? rc : tblock_bwd(m->s, &tp, m->n, m->p, m->saved, m->dy, m->dx, m->dp);
+}
+
+/* A CUDA member's collectives (all three kinds): each hands back the CPU
+ * member's recorded result (its whole buffer) and keeps what the CUDA
+ * member put in, in call order. */
+typedef struct {
+	const float *rec;
+	float *mine;
+	int64_t pos, n_rec;
+	int calls, kind[16];
+	int64_t size[16];
+} sp_replay_t;
+
+static int sp_hook(sp_replay_t *r, float *buf, int64_t n, int kind)
+{
+	if (r->calls >= 16 || r->pos + n > r->n_rec)
+		return SP_EINTERNAL;
+	float *m = fetch(buf, n);
+	memcpy(r->mine + r->pos, m, sizeof(float) * (size_t)n);
+	free(m);
+	B->to_device(buf, r->rec + r->pos, sizeof(float) * (size_t)n);
+	r->kind[r->calls] = kind;
+	r->size[r->calls++] = n;
+	r->pos += n;
+	return 0;
+}
+static int sp_ar(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 0); }
+static int sp_rs(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 1); }
+static int sp_ag(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 2); }
+
+/*
+ * The sequence-parallel block (cu_sp.cu) against the CPU's (layers_sp.c):
+ * the CPU group of t members in threads records every collective's result;
+ * then each CUDA member alone, its collectives replaying its CPU twin's
+ * (sp_hook): its y, dx, shard gradient (and ln_grads when acc) against the
+ * twin's, and what the CUDA members put into each collective: an
+ * all-reduce's inputs summed against the result, a reduce-scatter's
+ * inputs summed on each member's shard against that member's result, an
+ * all-gather's own shard against the gathered one. The calls' kinds and
+ * sizes must be the CPU's.
+ */
+static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
+			   int causal, int n, int t, int whole_in, int whole_out, int acc)
+{
+	sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = h, .heads = a, .ffn = f,
+			  .seq = sq, .causal = causal};
+	sp_component_t c = layer_comp_of_shape(&s);
+	int64_t np, e = n * sq * h, nps = comp_layer_params_tp(&c, t);
+	int64_t ns = op_saved_elems_sp(&s, n, t, 1) * n, cap = 16 * e + 4 * h * 16;
+	int64_t ein = whole_in ? e : e / t, eout = whole_out ? e : e / t;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
+	spmember_t m[8];
+	tp_member_t rec[8];
+	void *args[8];
+	memset(m, 0, sizeof m);
+	memset(rec, 0, sizeof rec);
+	for (int j = 0; j < t; j++) {
+		m[j] = (spmember_t){.s = &s, .n = n, .whole_in = whole_in, .whole_out = whole_out,
+				    .x = whole_in ? x : x + j * (e / t),
+				    .dy = whole_out ? dy : dy + j * (e / t)};
+		m[j].p = malloc(sizeof(float) * (size_t)nps);
+		layer_shard(&c, t, j, p, m[j].p, 0);
+		m[j].saved = calloc((size_t)ns, 4);
+		m[j].y = calloc((size_t)eout, 4);
+		m[j].dx = calloc((size_t)ein, 4);
+		m[j].dp = calloc((size_t)nps, 4);
+		m[j].acc = acc ? calloc((size_t)(4 * h), 4) : NULL;
+		rec[j].cap_sums = cap;
+		rec[j].sums = malloc(sizeof(float) * (size_t)cap);
+		args[j] = &m[j];
+	}
+	float *mine[8] = {0};
+	sp_replay_t rp[8];
+	char what[160];
+	if (tp_group_each(t, spmember_run, args, rec)) {
+		printf("FAIL %s: the CPU group failed\n", name);
+		n_fail++, n_checks++;
+		goto cleanup;
+	}
+	for (int j = 0; j < t; j++) {
+		mine[j] = calloc((size_t)rec[j].n_sums, 4);
+		rp[j] = (sp_replay_t){.rec = rec[j].sums, .mine = mine[j], .n_rec = rec[j].n_sums};
+		rt_tp_t tp = {.t = t, .rank = j, .ctx = &rp[j], .allreduce = sp_ar,
+			      .reduce_scatter = sp_rs, .allgather = sp_ag, .sp = 1,
+			      .whole_in = whole_in, .whole_out = whole_out};
+		float *dP = dev(m[j].p, 4 * (size_t)nps), *dX = dev(m[j].x, 4 * (size_t)ein);
+		float *dY = dev(NULL, 4 * (size_t)eout), *dS = dev(NULL, 4 * (size_t)ns);
+		float *dDY = dev(m[j].dy, 4 * (size_t)eout), *dDX = dev(NULL, 4 * (size_t)ein);
+		float *dDP = dev(NULL, 4 * (size_t)nps), *dA = dev(NULL, 4 * (size_t)(4 * h));
+		B->zero(dDX, ein);
+		B->zero(dDP, nps);
+		B->zero(dA, 4 * h);
+		if (acc)
+			tp.ln_grads = dA, tp.ln_n = 4 * h;
+		int rf = B->tblock_fwd(&s, &tp, n, dP, dX, dY, dS);
+		int rb = rf ? rf : B->tblock_bwd(&s, &tp, n, dP, dS, dDY, dDX, dDP);
+		B->sync();
+		int same = rp[j].pos == rec[j].n_sums && rp[j].calls == rp[0].calls;
+		for (int i = 0; same && i < rp[j].calls; i++)
+			same = rp[j].kind[i] == rp[0].kind[i] && rp[j].size[i] == rp[0].size[i];
+		n_checks++;
+		if (rb || !same) {
+			printf("FAIL %s member %d: rc %d, %d collectives of %lld floats (the CPU's: "
+			       "%lld floats; member 0's calls: %d)\n",
+			       name, j, rb, rp[j].calls, (long long)rp[j].pos,
+			       (long long)rec[j].n_sums, rp[0].calls);
+			n_fail++;
+		}
+		float *gy = fetch(dY, eout), *gdx = fetch(dDX, ein), *gdp = fetch(dDP, nps);
+		snprintf(what, sizeof what, "%s m%d fwd y", name, j);
+		check(what, gy, m[j].y, eout, BF_TOL, BF_EPS);
+		snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
+		check(what, gdx, m[j].dx, ein, BF_TOL, BF_EPS);
+		snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
+		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		if (acc) {
+			float *ga = fetch(dA, 4 * h);
+			snprintf(what, sizeof what, "%s m%d ln_grads", name, j);
+			check(what, ga, m[j].acc, 4 * h, BF_TOL, BF_EPS);
+			free(ga);
+		}
+		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+			B->release(dDX), B->release(dDP), B->release(dA);
+		free(gy), free(gdx), free(gdp);
+	}
+	static const char *kind[3] = {"all-reduce", "reduce-scatter", "all-gather"};
+	for (int i = 0, pos = 0; i < rp[0].calls; pos += (int)rp[0].size[i], i++) {
+		int64_t nn = rp[0].size[i];
+		float *sum = calloc((size_t)nn, 4), *ref = malloc(sizeof(float) * (size_t)nn);
+		for (int j = 0; j < t; j++)
+			for (int64_t k = 0; k < nn; k++)
+				sum[k] += mine[j][pos + k];
+		memcpy(ref, rec[0].sums + pos, sizeof(float) * (size_t)nn);
+		const float *got = sum;
+		if (rp[0].kind[i] > 0) { /* shard j: member j's */
+			float *g = malloc(sizeof(float) * (size_t)nn);
+			for (int j = 0; j < t; j++) {
+				int64_t o = nn * j / t, cnt = nn * (j + 1) / t - o;
+				memcpy(ref + o, rec[j].sums + pos + o, sizeof(float) * (size_t)cnt);
+				memcpy(g + o, (rp[0].kind[i] == 1 ? sum : mine[j] + pos) + o,
+				       sizeof(float) * (size_t)cnt);
+			}
+			memcpy(sum, g, sizeof(float) * (size_t)nn);
+			free(g);
+		}
+		snprintf(what, sizeof what, "%s call %d %s", name, i, kind[rp[0].kind[i]]);
+		check(what, got, ref, nn, BF_TOL, BF_EPS);
+		free(sum), free(ref);
+	}
+cleanup:
+	for (int j = 0; j < t; j++)
+		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
+			free(m[j].acc), free(rec[j].sums), free(mine[j]);
 	free(p), free(x), free(dy);
 }
 
@@ -786,6 +962,11 @@ int main(void)
 	test_tblock_tp("tblock tp2", 32, 4, 48, 7, 0, 3, 2, 0);
 	test_tblock_tp("tblock tp4 causal", 64, 8, 128, 16, 1, 2, 4, 0);
 	test_tblock_tp("tblock tp2 chunked", 32, 4, 48, 7, 1, 3, 2, 1);
+	/* sequence parallel: whole or sharded ends, the caller's LayerNorm sums */
+	test_tblock_sp("tblock sp2 in", 32, 4, 48, 8, 1, 3, 2, 1, 0, 1);
+	test_tblock_sp("tblock sp2 whole", 32, 4, 48, 8, 0, 3, 2, 1, 1, 0);
+	test_tblock_sp("tblock sp3 out", 48, 6, 96, 6, 1, 2, 3, 0, 1, 0);
+	test_tblock_sp("tblock sp3 mid", 48, 6, 96, 6, 0, 2, 3, 0, 0, 1);
 	/* vocabulary parallel: t 2 and 4 of 12 and 64 ids */
 	test_vocab_tp("embedding tp2", COMP_EMBEDDING, 12, 16, 5, 3, 2);
 	test_vocab_tp("embedding tp4", COMP_EMBEDDING, 64, 32, 7, 2, 4);

@@ -419,7 +419,7 @@ int cu_embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const f
 		return 0;
 	}
 	int64_t h = s->hidden;
-	k_embed_fwd_tp(y, saved, p, p + v.vl * h, tokens, n, s->seq, h, s->vocab, v.v0, v.vl,
+	k_embed_fwd_tp(y, saved, p, p + v.vm * h, tokens, n, s->seq, h, s->vocab, v.v0, v.vl,
 		       v.rank == 0);
 	return tp->allreduce(tp->ctx, y, (int64_t)n * s->seq * h);
 }
@@ -437,7 +437,7 @@ int cu_embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const f
 	}
 	int64_t h = s->hidden, sq = s->seq;
 	k_embed_bwd_tp(dp, saved, dy, (int64_t)n * sq, h, v.v0, v.vl);
-	k_colsum(dp + v.vl * h, dy, n, sq * h, sq * h);
+	k_colsum(dp + v.vm * h, dy, n, sq * h, sq * h);
 	return 0;
 }
 

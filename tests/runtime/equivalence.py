@@ -586,7 +586,7 @@ def even_seqs(model):
 def demo3(demo):
     """The demo with widths 48, 6 heads and FFN 192 and image sequences of
     6 and 12 tokens: every transformer splits 3 ways, heads, FFN and seq
-    (the vocabulary of 64 stays whole: --tp 3 names the LM head)."""
+    (and the vocabulary of 64 unevenly: 22, 21, 21 ids)."""
     import copy
     m = copy.deepcopy(demo)
     for c in m["components"].values():
@@ -668,7 +668,39 @@ def vocab(demo, tmp):
         name = f"demo-{opt['type']}-vocab"
         failures += check_model(demo, tmp, name, both[:n], floor, vocab=(1, 1))
         failures += check_model(demo, tmp, name, three, floor, vocab=(0, 1))
+    failures += vocab_uneven(demo, tmp)
     return failures + cuda_vocab(demo, tmp)
+
+
+def with_vocab(model, v):
+    """The model with every embedding's and LM head's vocabulary v."""
+    import copy
+    m = copy.deepcopy(model)
+    for c in m["components"].values():
+        if "vocab" in c:
+            c["vocab"] = v
+    return m
+
+
+def vocab_uneven(demo, tmp):
+    """Vocabularies that t does not divide (vocab_shard: the first V % t
+    members one id more): the demo with vocabulary 11 on 2 ranks (--tp 2:
+    6 and 5 ids) and 4 ranks (--tp 4: 3, 3, 3, 2; and --tp 2 across two
+    nodes), demo3 (whose transformers split 3 ways) with vocabulary 7 and
+    11 on 3 ranks (--tp 3: 3, 2, 2 and 4, 4, 3), SGD (tight) and AdamW,
+    every plan splitting an embedding and an LM head slice."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    failures = []
+    cfg = [(2, 1, "sequential", TP2), (4, 1, "sequential", ("--tp", "4")),
+           (4, 2, "sequential", TP2)]
+    for opt, floor, n in ((sgd, 1e-7, len(cfg)), (adamw, 1e-2 * 0.01, 2)):
+        failures += check_model(with_vocab(dict(demo, optimizer=opt), 11), tmp,
+                                f"demo-{opt['type']}-v11", cfg[:n], floor, vocab=(1, 1))
+    for v in (7, 11):
+        failures += check_model(with_vocab(dict(demo3(demo), optimizer=sgd), v), tmp,
+                                f"demo3-sgd-v{v}", [(3, 1, "sequential", ("--tp", "3"))],
+                                1e-7, vocab=(1, 1))
+    return failures
 
 
 def combined(demo, tmp):

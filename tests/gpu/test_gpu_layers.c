@@ -972,6 +972,10 @@ int main(void)
 	test_vocab_tp("embedding tp4", COMP_EMBEDDING, 64, 32, 7, 2, 4);
 	test_vocab_tp("lm_head tp2", COMP_LM_HEAD, 50, 32, 6, 3, 2);
 	test_vocab_tp("lm_head tp4", COMP_LM_HEAD, 64, 32, 7, 3, 4);
+	/* uneven: 11 ids over 3 (4, 4, 3), 50 over 3 (17, 17, 16), 51 over 4 */
+	test_vocab_tp("embedding tp3 V11", COMP_EMBEDDING, 11, 16, 5, 3, 3);
+	test_vocab_tp("lm_head tp3 V50", COMP_LM_HEAD, 50, 32, 6, 3, 3);
+	test_vocab_tp("lm_head tp4 V51", COMP_LM_HEAD, 51, 32, 7, 2, 4);
 	/* decoders: m < s and m > s, W != h and W == h, batch > 1, chunked */
 	test_xblock("xblock", 32, 4, 48, 7, 5, 24, 0, 3, 0);
 	test_xblock("xblock causal m>s", 32, 4, 48, 6, 11, 40, 1, 2, 0);

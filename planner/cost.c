@@ -256,6 +256,12 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 	return layer_gemms(s, b, 1, bwd, out);
 }
 
+int cost_layer_gemms_tp(const sp_opshape_t *s, int64_t b, int t, int bwd,
+			cost_gemm_t out[COST_MAX_GEMMS])
+{
+	return layer_gemms(s, b, t, bwd, out);
+}
+
 /* The products of one t-way shard (t = 1: the whole layer). Megatron
  * splits (tp-format.txt): QKV and MLP up by output columns (N / t), the
  * output projection and MLP down by input rows (K / t), attention by heads

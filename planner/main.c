@@ -68,9 +68,9 @@ static void usage(FILE *f)
 
 		"  --tp-vocab split|whole\n"
 		"                       split (default): embeddings and LM heads split by\n"
-		"                       vocabulary like transformers where the degree\n"
-		"                       divides the vocab (else they stay whole); whole:\n"
-		"                       they never split\n"
+		"                       vocabulary like transformers (shards of V/t ids,\n"
+		"                       the first V%%t one more; fewer ids than the degree:\n"
+		"                       they stay whole); whole: they never split\n"
 		"  --simulate-all       ours simulates every candidate in full instead of\n"
 		"                       skipping those a lower bound shows cannot be chosen\n"
 		"                       (the same plan, more planning time: for tests)\n"

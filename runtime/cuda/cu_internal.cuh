@@ -308,6 +308,10 @@ struct tb_saved {
 /* The layout for the chunk of m samples from sample c0 of n, inside the
  * first n d.sp.per floats of base. */
 tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d);
+/* The tensors of that layout but xmid (NULL) carved from c in its order
+ * for m samples: x and the four statistics for `own` rows (the chunk's m
+ * s, or a sequence-parallel member's token shard), the rest for m s. */
+tb_saved tb_carve(cu_carve &c, const tb_dims &d, int64_t m, int64_t own);
 
 /* Backward scratch of one chunk, besides dln and dxm. */
 struct tb_scratch {

@@ -74,27 +74,35 @@ int64_t cu_chunk_samples(size_t per_sample, int n)
  * The layout above for the chunk of m samples from sample c0 of n, the
  * chunk's part 16-byte aligned where its budget allows, else 4.
  */
+tb_saved tb_carve(cu_carve &c, const tb_dims &d, int64_t m, int64_t own)
+{
+	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq;
+	tb_saved v;
+	v.xmid = nullptr;
+	v.x = c.take<float>(own * h);
+	v.ln1 = c.take<bf16>(R * h);
+	v.qkv = c.take<bf16>(R * 3 * hl);
+	v.cat = c.take<bf16>(R * hl);
+	v.ln2 = c.take<bf16>(R * h);
+	v.pre = c.take<float>(R * fl);
+	v.act = c.take<bf16>(R * fl);
+	v.p = c.take<float>(m * d.sp.al * sq * sq);
+	v.m1 = c.take<float>(own);
+	v.r1 = c.take<float>(own);
+	v.m2 = c.take<float>(own);
+	v.r2 = c.take<float>(own);
+	return v;
+}
+
 tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d)
 {
-	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq, rest = d.sp.per - sq * h;
+	int64_t h = d.sp.h, sq = d.sp.s, rest = d.sp.per - sq * h;
 	size_t budget = sizeof(float) * (size_t)(m * rest);
 	float *chunk = base + n * sq * h + c0 * rest;
 	return cu_layout(chunk, budget, "the transformer layout does not fit op_saved_elems_tp",
 			 [&](cu_carve &c) {
-				 tb_saved v;
+				 tb_saved v = tb_carve(c, d, m, m * sq);
 				 v.xmid = base + c0 * sq * h;
-				 v.x = c.take<float>(R * h);
-				 v.ln1 = c.take<bf16>(R * h);
-				 v.qkv = c.take<bf16>(R * 3 * hl);
-				 v.cat = c.take<bf16>(R * hl);
-				 v.ln2 = c.take<bf16>(R * h);
-				 v.pre = c.take<float>(R * fl);
-				 v.act = c.take<bf16>(R * fl);
-				 v.p = c.take<float>(m * d.sp.al * sq * sq);
-				 v.m1 = c.take<float>(R);
-				 v.r1 = c.take<float>(R);
-				 v.m2 = c.take<float>(R);
-				 v.r2 = c.take<float>(R);
 				 return v;
 			 });
 }

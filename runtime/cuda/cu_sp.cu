@@ -12,10 +12,11 @@
  * [n s, h] fp32 buffers, or the backward's two, its [R, h] and the
  * per-sample scratch of cu_layers.cu (tb_scratch) for all n samples.
  * Saved, a layout of ours inside op_saved_elems_sp(s, n, t, 1) floats per
- * sample (the CPU's, bf16 where only a product reads a tensor back):
+ * sample (cu_layers.cu's tb_carve, bf16 where only a product reads a
+ * tensor back, for all n samples at once):
  *   x fp32 [R,h]  ln1 bf16 [T,h]  qkv bf16 [T,3hl]  cat bf16 [T,hl]
- *   xmid fp32 [R,h]  ln2 bf16 [T,h]  pre fp32 [T,fl]  act bf16 [T,fl]
- *   P fp32 [n,al,s,s]  mean1, rstd1, mean2, rstd2 fp32 [R]
+ *   ln2 bf16 [T,h]  pre fp32 [T,fl]  act bf16 [T,fl]  P fp32 [n,al,s,s]
+ *   mean1, rstd1, mean2, rstd2 fp32 [R], then xmid fp32 [R,h]
  * (T = n s; R = T/t, the member's tokens). The LayerNorms' outputs are
  * all-gathered in fp32 and kept as bf16.
  * Never run on a GPU yet: tools/gpu-check runs its reference test
@@ -28,31 +29,15 @@ namespace {
 constexpr cudaDataType_t BF = CUDA_R_16BF, F32 = CUDA_R_32F;
 enum { LN1G, LN1B, WQKV, BQKV, WO, BO, LN2G, LN2B, W1, B1, W2, B2 };
 
-struct sp_saved {
-	float *x, *xmid, *pre, *p, *m1, *r1, *m2, *r2;
-	bf16 *ln1, *qkv, *cat, *ln2, *act;
-};
-
-sp_saved sp_layout(float *base, int n, const tb_dims &d, const sp_rows_t &r)
+/* tb_carve's tensors for all n samples, the member's R rows of x and the
+ * statistics, then xmid [R,h]. */
+tb_saved sp_layout(float *base, int n, const tb_dims &d, const sp_rows_t &r)
 {
-	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, T = r.T, R = r.R;
 	size_t budget = sizeof(float) * (size_t)(n * d.sp.per);
 	return cu_layout(base, budget, "the sequence-parallel layout does not fit op_saved_elems_sp",
 			 [&](cu_carve &c) {
-				 sp_saved v;
-				 v.x = c.take<float>(R * h);
-				 v.ln1 = c.take<bf16>(T * h);
-				 v.qkv = c.take<bf16>(T * 3 * hl);
-				 v.cat = c.take<bf16>(T * hl);
-				 v.xmid = c.take<float>(R * h);
-				 v.ln2 = c.take<bf16>(T * h);
-				 v.pre = c.take<float>(T * fl);
-				 v.act = c.take<bf16>(T * fl);
-				 v.p = c.take<float>(n * d.sp.al * d.sp.s * d.sp.s);
-				 v.m1 = c.take<float>(R);
-				 v.r1 = c.take<float>(R);
-				 v.m2 = c.take<float>(R);
-				 v.r2 = c.take<float>(R);
+				 tb_saved v = tb_carve(c, d, n, r.R);
+				 v.xmid = c.take<float>(r.R * d.sp.h);
 				 return v;
 			 });
 }
@@ -117,7 +102,7 @@ int cu_tblock_sp_fwd(const tb_dims &d, int n, const float *x, float *y, float *s
 	const float *p = d.p;
 	const bf16 *wb = d.wb;
 	const int64_t *off = d.off;
-	sp_saved v = sp_layout(saved, n, d, r);
+	tb_saved v = sp_layout(saved, n, d, r);
 	const float *xs = d.tp->whole_in ? x + o * h : x;
 	float *ys = d.tp->whole_out ? y + o * h : y;
 	int64_t pp = (int64_t)n * d.sp.al * sq * sq;
@@ -174,7 +159,7 @@ int cu_tblock_sp_bwd(const tb_dims &d, int n, const float *saved, const float *d
 	const float *p = d.p;
 	const bf16 *wb = d.wb;
 	const int64_t *off = d.off;
-	sp_saved v = sp_layout((float *)saved, n, d, r);
+	tb_saved v = sp_layout((float *)saved, n, d, r);
 	const float *dys = tp->whole_out ? dy + o * h : dy;
 	size_t full = sizeof(float) * (size_t)(2 * T * h + R * h + 4 * h + t * r.blk) + 5 * 256;
 	size_t chunk = tb_ws_bytes(d, n);

@@ -315,6 +315,43 @@ static int replay_allreduce(void *ctx, float *buf, int64_t n)
 	return 0;
 }
 
+/* Member j's host buffers: its shard of the whole layer p, saved [ns],
+ * y [ny], dx [nx], dp, zeroed, and room for cap recorded floats. */
+static void member_alloc(tp_member_t *m, const sp_component_t *c, int t, int j, float *p,
+			 int64_t nps, int64_t ns, int64_t ny, int64_t nx, int64_t cap)
+{
+	m->p = malloc(sizeof(float) * (size_t)nps);
+	layer_shard(c, t, j, p, m->p, 0);
+	m->saved = calloc((size_t)ns, 4);
+	m->y = calloc((size_t)ny, 4);
+	m->dx = calloc((size_t)nx, 4);
+	m->dp = calloc((size_t)nps, 4);
+	m->cap_sums = cap;
+	m->sums = malloc(sizeof(float) * (size_t)cap);
+}
+
+static void member_free(tp_member_t *m)
+{
+	free(m->p), free(m->saved), free(m->y), free(m->dx), free(m->dp), free(m->sums);
+}
+
+/* A CUDA member's y [ny], dx [nx] and shard gradient [np] (device) against
+ * its CPU twin's (bf16 tolerance). */
+static void check_member(const char *name, int j, const float *dY, const float *dDX,
+			 const float *dDP, const float *y, const float *dx, const float *dp,
+			 int64_t ny, int64_t nx, int64_t np)
+{
+	char what[160];
+	float *gy = fetch(dY, ny), *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	snprintf(what, sizeof what, "%s m%d fwd y", name, j);
+	check(what, gy, y, ny, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
+	check(what, gdx, dx, nx, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
+	check(what, gdp, dp, np, BF_TOL, BF_EPS);
+	free(gy), free(gdx), free(gdp);
+}
+
 static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
 			   int causal, int n, int t, size_t ws_cap)
 {
@@ -326,16 +363,8 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
 	tp_member_t m[8];
 	memset(m, 0, sizeof m);
-	for (int j = 0; j < t; j++) {
-		m[j].p = malloc(sizeof(float) * (size_t)nps);
-		layer_shard(&c, t, j, p, m[j].p, 0);
-		m[j].saved = calloc((size_t)ns, 4);
-		m[j].y = calloc((size_t)e, 4);
-		m[j].dx = calloc((size_t)e, 4);
-		m[j].dp = calloc((size_t)nps, 4);
-		m[j].cap_sums = 4 * e;
-		m[j].sums = malloc(sizeof(float) * (size_t)m[j].cap_sums);
-	}
+	for (int j = 0; j < t; j++)
+		member_alloc(&m[j], &c, t, j, p, nps, ns, e, e, 4 * e);
 	char what[128];
 	if (tp_group_run(&s, t, n, x, dy, m) || m[0].n_sums != 4 * e) {
 		printf("FAIL %s: the CPU group failed (rc %d, %lld sums)\n", name, m[0].rc,
@@ -367,16 +396,9 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 			       j, rb, r.calls, (long long)e);
 			n_fail++;
 		}
-		float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, nps);
-		snprintf(what, sizeof what, "%s m%d fwd y", name, j);
-		check(what, gy, m[j].y, e, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
-		check(what, gdx, m[j].dx, e, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
-		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		check_member(name, j, dY, dDX, dDP, m[j].y, m[j].dx, m[j].dp, e, e, nps);
 		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 			B->release(dDX), B->release(dDP);
-		free(gy), free(gdx), free(gdp);
 	}
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
@@ -388,8 +410,7 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 	free(part);
 cleanup:
 	for (int j = 0; j < t; j++)
-		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
-			free(m[j].sums);
+		member_free(&m[j]);
 	free(p), free(x), free(dy);
 }
 
@@ -399,18 +420,20 @@ typedef struct {
 	const sp_opshape_t *s;
 	int n, whole_in, whole_out;
 	const float *x, *dy; /* what the member is given */
-	float *p, *saved, *y, *dx, *dp, *acc; /* acc: ln_grads [4h] or NULL */
+	tp_member_t *b;      /* its buffers and record */
+	float *acc;          /* ln_grads [4h] or NULL */
 } spmember_t;
 
 static int spmember_run(const rt_tp_t *tp0, void *arg)
 {
 	spmember_t *m = arg;
+	tp_member_t *b = m->b;
 	rt_tp_t tp = *tp0;
 	tp.sp = 1, tp.whole_in = m->whole_in, tp.whole_out = m->whole_out;
 	if (m->acc)
 		tp.ln_grads = m->acc, tp.ln_n = 4 * m->s->hidden;
-	int rc = tblock_fwd(m->s, &tp, m->n, m->p, m->x, m->y, m->saved);
-	return rc ? rc : tblock_bwd(m->s, &tp, m->n, m->p, m->saved, m->dy, m->dx, m->dp);
+	int rc = tblock_fwd(m->s, &tp, m->n, b->p, m->x, b->y, b->saved);
+	return rc ? rc : tblock_bwd(m->s, &tp, m->n, b->p, b->saved, m->dy, b->dx, b->dp);
 }
 
 /* A CUDA member's collectives (all three kinds): each hands back the CPU
@@ -470,16 +493,9 @@ static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, in
 	for (int j = 0; j < t; j++) {
 		m[j] = (spmember_t){.s = &s, .n = n, .whole_in = whole_in, .whole_out = whole_out,
 				    .x = whole_in ? x : x + j * (e / t),
-				    .dy = whole_out ? dy : dy + j * (e / t)};
-		m[j].p = malloc(sizeof(float) * (size_t)nps);
-		layer_shard(&c, t, j, p, m[j].p, 0);
-		m[j].saved = calloc((size_t)ns, 4);
-		m[j].y = calloc((size_t)eout, 4);
-		m[j].dx = calloc((size_t)ein, 4);
-		m[j].dp = calloc((size_t)nps, 4);
-		m[j].acc = acc ? calloc((size_t)(4 * h), 4) : NULL;
-		rec[j].cap_sums = cap;
-		rec[j].sums = malloc(sizeof(float) * (size_t)cap);
+				    .dy = whole_out ? dy : dy + j * (e / t), .b = &rec[j],
+				    .acc = acc ? calloc((size_t)(4 * h), 4) : NULL};
+		member_alloc(&rec[j], &c, t, j, p, nps, ns, eout, ein, cap);
 		args[j] = &m[j];
 	}
 	float *mine[8] = {0};
@@ -496,7 +512,7 @@ static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, in
 		rt_tp_t tp = {.t = t, .rank = j, .ctx = &rp[j], .allreduce = sp_ar,
 			      .reduce_scatter = sp_rs, .allgather = sp_ag, .sp = 1,
 			      .whole_in = whole_in, .whole_out = whole_out};
-		float *dP = dev(m[j].p, 4 * (size_t)nps), *dX = dev(m[j].x, 4 * (size_t)ein);
+		float *dP = dev(rec[j].p, 4 * (size_t)nps), *dX = dev(m[j].x, 4 * (size_t)ein);
 		float *dY = dev(NULL, 4 * (size_t)eout), *dS = dev(NULL, 4 * (size_t)ns);
 		float *dDY = dev(m[j].dy, 4 * (size_t)eout), *dDX = dev(NULL, 4 * (size_t)ein);
 		float *dDP = dev(NULL, 4 * (size_t)nps), *dA = dev(NULL, 4 * (size_t)(4 * h));
@@ -519,13 +535,7 @@ static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, in
 			       (long long)rec[j].n_sums, rp[0].calls);
 			n_fail++;
 		}
-		float *gy = fetch(dY, eout), *gdx = fetch(dDX, ein), *gdp = fetch(dDP, nps);
-		snprintf(what, sizeof what, "%s m%d fwd y", name, j);
-		check(what, gy, m[j].y, eout, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
-		check(what, gdx, m[j].dx, ein, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
-		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		check_member(name, j, dY, dDX, dDP, rec[j].y, rec[j].dx, rec[j].dp, eout, ein, nps);
 		if (acc) {
 			float *ga = fetch(dA, 4 * h);
 			snprintf(what, sizeof what, "%s m%d ln_grads", name, j);
@@ -534,7 +544,6 @@ static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, in
 		}
 		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 			B->release(dDX), B->release(dDP), B->release(dA);
-		free(gy), free(gdx), free(gdp);
 	}
 	static const char *kind[3] = {"all-reduce", "reduce-scatter", "all-gather"};
 	for (int i = 0, pos = 0; i < rp[0].calls; pos += (int)rp[0].size[i], i++) {
@@ -562,8 +571,7 @@ static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, in
 	}
 cleanup:
 	for (int j = 0; j < t; j++)
-		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
-			free(m[j].acc), free(rec[j].sums), free(mine[j]);
+		member_free(&rec[j]), free(m[j].acc), free(mine[j]);
 	free(p), free(x), free(dy);
 }
 

@@ -672,16 +672,6 @@ def vocab(demo, tmp):
     return failures + cuda_vocab(demo, tmp)
 
 
-def with_vocab(model, v):
-    """The model with every embedding's and LM head's vocabulary v."""
-    import copy
-    m = copy.deepcopy(model)
-    for c in m["components"].values():
-        if "vocab" in c:
-            c["vocab"] = v
-    return m
-
-
 def vocab_uneven(demo, tmp):
     """Vocabularies that t does not divide (vocab_shard: the first V % t
     members one id more): the demo with vocabulary 11 on 2 ranks (--tp 2:
@@ -694,10 +684,10 @@ def vocab_uneven(demo, tmp):
     cfg = [(2, 1, "sequential", TP2), (4, 1, "sequential", ("--tp", "4")),
            (4, 2, "sequential", TP2)]
     for opt, floor, n in ((sgd, 1e-7, len(cfg)), (adamw, 1e-2 * 0.01, 2)):
-        failures += check_model(with_vocab(dict(demo, optimizer=opt), 11), tmp,
+        failures += check_model(W.with_vocab(dict(demo, optimizer=opt), 11), tmp,
                                 f"demo-{opt['type']}-v11", cfg[:n], floor, vocab=(1, 1))
     for v in (7, 11):
-        failures += check_model(with_vocab(dict(demo3(demo), optimizer=sgd), v), tmp,
+        failures += check_model(W.with_vocab(dict(demo3(demo), optimizer=sgd), v), tmp,
                                 f"demo3-sgd-v{v}", [(3, 1, "sequential", ("--tp", "3"))],
                                 1e-7, vocab=(1, 1))
     return failures

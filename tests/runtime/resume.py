@@ -132,16 +132,6 @@ def check_zero(F, tmp, z):
     across_plans(F, tmp, tag, p4, 4, p2, 2, {p4: f"zero-{z}", p2: "replicated"})
 
 
-def with_vocab(model, vocab):
-    """The model with every embedding's and LM head's vocabulary set."""
-    import copy
-    m = copy.deepcopy(model)
-    for c in m["components"].values():
-        if "vocab" in c:
-            c["vocab"] = vocab
-    return m
-
-
 def check_tp(F, tmp, vocab=None):
     """Checkpoints stay whole under tensor parallelism: saved under a 4-rank
     plan whose transformer slices are split 4 ways (--tp 4), resumed under
@@ -154,7 +144,7 @@ def check_tp(F, tmp, vocab=None):
     model = R.demo_model(R.ADAMW)
     tag = "tp"
     if vocab:
-        model, tag = with_vocab(model, vocab), f"tpv{vocab}"
+        model, tag = R.W.with_vocab(model, vocab), f"tpv{vocab}"
     # sequential: every slice on the 4 devices, so every transformer splits
     p4 = R.make_plan(tmp, model, tag, 4, "sequential", ("--tp", "4"))
     v = subprocess.run([os.environ["SPINDLE_SHOW"], p4, "--json"], capture_output=True,

@@ -257,11 +257,18 @@ int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[
 	return layer_gemms(s, b, 1, bwd, out);
 }
 
+int cost_layer_gemms_tp(const sp_opshape_t *s, int64_t b, int t, int bwd,
+			cost_gemm_t out[COST_MAX_GEMMS])
+{
+	return layer_gemms(s, b, t, bwd, out);
+}
+
 /* The products of one t-way shard (t = 1: the whole layer). Megatron
  * splits (tp-format.txt): QKV and MLP up by output columns (N / t), the
  * output projection and MLP down by input rows (K / t), attention by heads
  * (heads / t per member); the LM head's vocabulary projection by its
- * columns (V / t); only these split (tp_ok). */
+ * columns (vocab_shard: the first V % t members have one more than V / t,
+ * and the group waits for them); only these split (tp_ok). */
 static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 		       cost_gemm_t out[COST_MAX_GEMMS])
 {
@@ -282,7 +289,9 @@ static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
 	switch (s->type) {
 	case COMP_PATCH: PROD(T, h, (double)s->in, 0); break;
 	case COMP_LINEAR: PROD(T, (double)s->out, (double)s->in, 1); break;
-	case COMP_LM_HEAD: PROD(T, (double)s->vocab / t, h, 1); break;
+	case COMP_LM_HEAD: /* the largest member's columns: the slowest */
+		PROD(T, t > 1 ? (double)vocab_shard_max(s->vocab, t) : (double)s->vocab, h, 1);
+		break;
 	case COMP_CLASSIFIER: PROD((double)b, (double)s->classes, h, 1); break;
 	case COMP_CONTRASTIVE:
 		if (!bwd)

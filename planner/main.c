@@ -71,16 +71,17 @@ static void usage(FILE *f)
 		"                       of the all-reduces; off (default); on: every split\n"
 		"                       transformer, whose seq t must divide; auto: where\n"
 		"                       the seq allows it and the predicted layer time is\n"
-		"                       not worse (it saves activation memory). The cpu\n"
-		"                       backend runs it, the cuda backend not yet\n");
+		"                       not worse (it saves activation memory). Off by\n"
+		"                       default: the cuda backend's block is built but has\n"
+		"                       not run on a GPU yet\n");
 	/* two parts: C17 promises string literals of 4095 characters only */
 	fprintf(f,
 
 		"  --tp-vocab split|whole\n"
 		"                       split (default): embeddings and LM heads split by\n"
-		"                       vocabulary like transformers where the degree\n"
-		"                       divides the vocab (else they stay whole); whole:\n"
-		"                       they never split\n"
+		"                       vocabulary like transformers (shards of V/t ids,\n"
+		"                       the first V%%t one more; fewer ids than the degree:\n"
+		"                       they stay whole); whole: they never split\n"
 		"  --jobs N             threads that evaluate our candidates (1 to %d;\n"
 		"                       default: the online CPUs, at most %d); the plan\n"
 		"                       is the same for every N. With 1 the planning times\n"
@@ -278,7 +279,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->zero = -1;
 	o->recompute = -1;
 	o->rs_overlap = -1;
-	o->sp = 0; /* off: the cuda backend does not run it yet */
+	o->sp = 0; /* off: the cuda backend's block has not run on a GPU yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	o->jobs = cpus < 1 ? 1 : cpus > JOBS_DEFAULT_MAX ? JOBS_DEFAULT_MAX : (int)cpus;

@@ -215,6 +215,10 @@ typedef struct {
 /* The products of one layer of shape s at local batch b, forward or
  * backward, as the CUDA backend issues them; returns how many. */
 int cost_layer_gemms(const sp_opshape_t *s, int64_t b, int bwd, cost_gemm_t out[COST_MAX_GEMMS]);
+/* The same for one member of a t-way split (the slowest: an uneven
+ * vocabulary's largest shard, vocab_shard_max). */
+int cost_layer_gemms_tp(const sp_opshape_t *s, int64_t b, int t, int bwd,
+			cost_gemm_t out[COST_MAX_GEMMS]);
 /* ms of one product on sm_count SMs of peak_flops FLOP/s: tile and wave
  * quantised, the least over cuBLAS's tile sizes (cost.c's header). */
 double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops);

@@ -243,7 +243,7 @@ static void whole_line(FILE *f, const sp_plan_t *p, const int *cls, int c, int t
 	if (more)
 		fprintf(f, " and %d more", more);
 	if (cp->type != COMP_TRANSFORMER && !tp_ok(cp->type, 0, 0, cp->vocab, t))
-		snprintf(why, sizeof why, "its vocab (%lld) is not a multiple of %d",
+		snprintf(why, sizeof why, "its vocab (%lld) has fewer ids than %d members",
 			 (long long)cp->vocab, t);
 	for (int m = 0; m < p->n_metaops && !why[0]; m++)
 		if (cls[m] == c && p->metaops[m].shape.mem_seq > 0)

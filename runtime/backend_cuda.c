@@ -168,4 +168,6 @@ const rt_backend_t backend_cuda = {
 	/* vocabulary parallel (not yet run on a GPU: tools/gpu-check) */
 	.embedding_fwd_tp = cu_embedding_fwd_tp, .embedding_bwd_tp = cu_embedding_bwd_tp,
 	.lm_head_loss_tp = cu_lm_head_loss_tp,
+	/* sequence parallel (cuda/cu_sp.cu; not yet run on a GPU either) */
+	.seq_parallel = 1,
 };

@@ -222,7 +222,8 @@ int layer_tensors_tp(const sp_component_t *c, int tp, layer_tensor_t out[LAYER_T
 	if (!tp_ok(c->type, c->heads, c->ffn, c->vocab, tp))
 		tp = 1;
 	int64_t hl = h / tp, fl = f / tp; /* this shard's attention and FFN widths */
-	int64_t vl = c->vocab / tp;       /* its vocabulary rows / columns */
+	/* its vocabulary rows / columns: room for the largest member's */
+	int64_t vl = tp > 1 ? vocab_shard_max(c->vocab, tp) : c->vocab;
 	int nt = 0;
 	int64_t off = 0;
 #define T(nm, r, cl)                                                                     \
@@ -309,6 +310,27 @@ static void shard_cols(float *full, float *shard, int64_t rows, int parts, int64
 		}
 }
 
+/*
+ * rows x cols at full (row stride ldf) and shard (row stride lds): to_full
+ * copies shard -> full, else full -> shard, zeroing the shard's columns
+ * [cols, lds) of each row and its pad_rows rows after them.
+ */
+static void shard_block(float *full, int64_t ldf, float *shard, int64_t lds, int64_t rows,
+			int64_t cols, int64_t pad_rows, int to_full)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		float *fp = full + r * ldf, *sp = shard + r * lds;
+		if (to_full) {
+			memcpy(fp, sp, (size_t)cols * sizeof *fp);
+			continue;
+		}
+		memcpy(sp, fp, (size_t)cols * sizeof *sp);
+		memset(sp + cols, 0, (size_t)(lds - cols) * sizeof *sp);
+	}
+	if (!to_full)
+		memset(shard + rows * lds, 0, (size_t)(pad_rows * lds) * sizeof *shard);
+}
+
 void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *shard,
 		 int to_full)
 {
@@ -338,11 +360,17 @@ void layer_shard(const sp_component_t *c, int tp, int j, float *full, float *sha
 			default: break; /* whole on every member */
 			}
 		}
-		if (tp > 1 && c->type == COMP_EMBEDDING && i == 0)
-			f += (int64_t)j * n; /* token rows [j V/t, (j+1) V/t) */
-		if (tp > 1 && c->type == COMP_LM_HEAD && i == 2) {
-			/* logit columns [j V/t, (j+1) V/t) */
-			shard_cols(f, sh, ft[i].rows, 1, c->vocab, c->vocab / tp, j, to_full);
+		if (tp > 1 && ((c->type == COMP_EMBEDDING && i == 0) ||
+			       (c->type == COMP_LM_HEAD && i == 2))) {
+			/* token rows / logit columns [v0, v0 + vl) (vocab_shard), the
+			 * shard's rest zero */
+			int64_t v0, vl = vocab_shard(c->vocab, tp, j, &v0);
+			if (i == 0)
+				shard_block(f + v0 * c->hidden, c->hidden, sh, c->hidden, vl,
+					    c->hidden, st[i].rows - vl, to_full);
+			else
+				shard_block(f + v0, c->vocab, sh, st[i].cols, ft[i].rows, vl, 0,
+					    to_full);
 			continue;
 		}
 		if (to_full)

@@ -62,9 +62,14 @@ int layer_tensors(const sp_component_t *c, layer_tensor_t out[LAYER_TENSORS_MAX]
  * hl = h/t, fl = f/t: w_qkv [h,3hl] (columns q, k, v of heads
  * [j a/t, (j+1) a/t), b_qkv [3hl] likewise), w_o [hl,h] (its rows), w_1
  * [h,fl] and b_1 [fl] (FFN columns [j fl, (j+1) fl)), w_2 [fl,h] (rows);
- * ln1, ln2, b_o and b_2 are whole. Vocabulary-parallel shards, with
- * Vl = V/t: embedding tok [Vl,h] (token rows [j Vl, (j+1) Vl)), pos whole;
- * lm_head ln_g, ln_b whole, w [h,Vl] (logit columns [j Vl, (j+1) Vl)).
+ * ln1, ln2, b_o and b_2 are whole. Vocabulary-parallel shards, laid out
+ * for Vm = vocab_shard_max(V, t) ids (member j has vl = vocab_shard(V,
+ * t, j, &v0) of them, ids [v0, v0 + vl); t need not divide V): embedding
+ * tok [Vm,h] (its token rows first, then zero rows), pos whole; lm_head
+ * ln_g, ln_b whole, w [h,Vm] (its logit columns first in each row, then
+ * zeros). The zero padding stays zero: the layers neither read nor write
+ * it, and layer_shard writes zeros there and copies only the real part
+ * back.
  * Total comp_layer_params_tp(c, t).
  * Cross-attention layers are not split yet: with t > 1 their extra
  * tensors are left out, as comp_layer_params_tp leaves them out.
@@ -167,6 +172,18 @@ typedef struct {
 	layer_tensor_t tensors[LAYER_TENSORS_MAX];
 } tblock_split_t;
 int tblock_split(tblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
+/*
+ * A sequence-parallel member's token rows (both backends, layers_sp.c and
+ * cuda/cu_sp.cu): of a call's T = n seq tokens, flattened sample after
+ * sample, it owns R = T / t from row o = rank R (comm_shard's shard of
+ * any [T, w] buffer). With tp->ln_grads its whole_in backward sends its
+ * dx rows and the ln_n LayerNorm gradients in one all-gather of t blocks
+ * of blk = R h + ln_n floats, its own at o_blk = rank blk.
+ */
+typedef struct {
+	int64_t T, R, o, blk, o_blk;
+} sp_rows_t;
+sp_rows_t sp_rows(const tblock_split_t *d, int n, int64_t ln_n);
 
 /*
  * Cross-attention decoder block (layers_xattn.c; the CPU backend's
@@ -206,8 +223,9 @@ int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
 
 /*
  * Vocabulary-parallel embedding and LM head (layers_vocab.c), member
- * tp->rank of a tp->t-way split by vocabulary (t divides V, tp_ok; Vl =
- * V/t; NULL tp or t == 1: embedding_fwd/bwd and lm_head_loss, whole):
+ * tp->rank of a tp->t-way split by vocabulary (tp_ok: t <= V; its ids
+ * vocab_shard's; NULL tp or t == 1: embedding_fwd/bwd and lm_head_loss,
+ * whole):
  * parameters in layer_tensors_tp layout. Like the split block, x, y, dy,
  * dx are whole and identical on every member, so are the gradients of
  * the whole tensors (the position table, the LM head's LayerNorm), and
@@ -230,13 +248,15 @@ rt_embedding_bwd_tp_fn_t embedding_bwd_tp;
 rt_lm_head_loss_tp_fn_t lm_head_loss_tp;
 /*
  * The member's part of a vocabulary-parallel call, for both backends: t
- * (1 for NULL tp), its rank (0 unsplit), its vocabulary Vl = V/t and first
- * id v0 = rank Vl. Returns 0, or SP_EINPUT for a shape not of type `type`
- * or a split the functions above refuse.
+ * (1 for NULL tp), its rank (0 unsplit), its ids' count vl and first id
+ * v0 (vocab_shard), and vm, the ids its shard is laid out for (the token
+ * table's rows, the LM head's row stride: vocab_shard_max; V unsplit).
+ * Returns 0, or SP_EINPUT for a shape not of type `type` or a split the
+ * functions above refuse.
  */
 typedef struct {
 	int t, rank;
-	int64_t vl, v0;
+	int64_t vl, v0, vm;
 } vocab_split_t;
 int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
 		const rt_tp_t *tp);

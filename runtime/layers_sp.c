@@ -29,6 +29,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+sp_rows_t sp_rows(const tblock_split_t *d, int n, int64_t ln_n)
+{
+	sp_rows_t r;
+	r.T = (int64_t)n * d->s;
+	r.R = r.T / d->t;
+	r.o = d->rank * r.R;
+	r.blk = r.R * d->h + ln_n;
+	r.o_blk = d->rank * r.blk;
+	return r;
+}
+
 /* Pointers into a call's saved block (layers.h order, all n samples). */
 typedef struct {
 	float *x, *ln1, *qkv, *cat, *xmid, *ln2, *pre, *act, *probs;
@@ -104,7 +115,8 @@ int tblock_sp_fwd(const tb_dims_t *d, int causal, int n, const float *p, const f
 		  float *y, float *saved)
 {
 	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl, w3 = 3 * hl;
-	int64_t T = (int64_t)n * sq, R = T / d->sp.t, o = d->sp.rank * R;
+	sp_rows_t rows = sp_rows(&d->sp, n, 0);
+	int64_t T = rows.T, R = rows.R, o = rows.o;
 	const float *w[TB__COUNT];
 	tb_tensors(d, p, NULL, w, NULL);
 	sp_saved_t v = sp_saved(d, n, saved);
@@ -151,12 +163,12 @@ cleanup:
  * of t blocks [R h + E]; every member then adds all rows into dx and sums
  * the t partials of ln in rank order (the same bits on every member).
  */
-static int gather_dx_ln(const tb_dims_t *d, const float *mine, int64_t R, float *ln, int64_t E,
+static int gather_dx_ln(const tb_dims_t *d, const sp_rows_t *rows, const float *mine, float *ln,
 			float *dx)
 {
-	int64_t h = d->sp.h, t = d->sp.t, B = R * h + E;
+	int64_t h = d->sp.h, t = d->sp.t, B = rows->blk, R = rows->R, E = B - R * h;
 	float *blk = ly_xmalloc((size_t)(t * B) * sizeof(float));
-	float *me = blk + d->sp.rank * B;
+	float *me = blk + rows->o_blk;
 	memcpy(me, mine, (size_t)(R * h) * sizeof *me);
 	memcpy(me + R * h, ln, (size_t)E * sizeof *me);
 	int rc = gather(d, blk, t * B);
@@ -190,7 +202,8 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 		  const float *dy, float *dx, float *dp)
 {
 	int64_t h = d->sp.h, sq = d->sp.s, hl = d->sp.hl, fl = d->sp.fl, w3 = 3 * hl;
-	int64_t T = (int64_t)n * sq, R = T / d->sp.t, o = d->sp.rank * R;
+	sp_rows_t rows = sp_rows(&d->sp, n, d->tp->ln_grads ? d->tp->ln_n : 0);
+	int64_t T = rows.T, R = rows.R, o = rows.o;
 	const float *w[TB__COUNT];
 	float *g[TB__COUNT];
 	tb_tensors(d, p, dp, w, g);
@@ -259,7 +272,7 @@ int tblock_sp_bwd(const tb_dims_t *d, int n, const float *p, const float *saved,
 		if (acc) { /* this layer's part, then every layer's summed on dx's gather */
 			for (int64_t k = 0; k < 4 * h; k++)
 				acc[d->tp->ln_at + k] += lng[k];
-			rc = gather_dx_ln(d, mine, R, acc, d->tp->ln_n, dx);
+			rc = gather_dx_ln(d, &rows, mine, acc, dx);
 			goto cleanup;
 		}
 		if ((rc = gather(d, gat, T * h)) < 0)

@@ -1,7 +1,9 @@
 /*
  * layers_vocab.c — vocabulary-parallel embedding and LM head (CPU
  * reference): member j of a t-way group holds token rows / logit columns
- * [j V/t, (j+1) V/t) (tp_ok: t divides V) and calls the group's
+ * [v0, v0 + vl) (vocab_shard: V/t each, the first V%t members one more;
+ * its shard laid out for vm = vocab_shard_max of them, the rest zero,
+ * layers.h layer_tensors_tp) and calls the group's
  * all-reduce hook (rt_tp_t), once per call over all n samples, also when
  * n == 0. NULL tp or t == 1: the whole layers of layers.c, unchanged.
  *
@@ -43,37 +45,24 @@ int vocab_split(vocab_split_t *out, const sp_opshape_t *s, sp_comp_type_t type,
 		return SP_EINPUT;
 	out->t = t;
 	out->rank = t > 1 ? tp->rank : 0;
-	out->vl = s->vocab / t;
-	out->v0 = (int64_t)out->rank * out->vl;
-	return 0;
-}
-
-/* The fields of vocab_split for the functions below. */
-static int vocab_split_of(const sp_opshape_t *s, sp_comp_type_t type, const rt_tp_t *tp,
-			  int *t, int *rank, int64_t *vl)
-{
-	vocab_split_t v;
-	if (vocab_split(&v, s, type, tp))
-		return SP_EINPUT;
-	*t = v.t;
-	*rank = v.rank;
-	*vl = v.vl;
+	out->vl = vocab_shard(s->vocab, t, out->rank, &out->v0);
+	out->vm = vocab_shard_max(s->vocab, t);
 	return 0;
 }
 
 int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *p,
 		     const int32_t *tokens, float *y, float *saved)
 {
-	int t, j;
-	int64_t vl;
-	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+	vocab_split_t v;
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
 		return SP_EINPUT;
-	if (t == 1) {
+	if (v.t == 1) {
 		embedding_fwd(s, n, p, tokens, y, saved);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, v0 = (int64_t)j * vl;
-	const float *tok = p, *pos = p + vl * h;
+	int j = v.rank;
+	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
+	const float *tok = p, *pos = p + v.vm * h;
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t q = 0; q < sq; q++) {
 			int32_t id = tokens[i * sq + q];
@@ -91,16 +80,15 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *saved,
 		     const float *dy, float *dp)
 {
-	int t, j;
-	int64_t vl;
-	if (vocab_split_of(s, COMP_EMBEDDING, tp, &t, &j, &vl))
+	vocab_split_t v;
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
 		return SP_EINPUT;
-	if (t == 1) {
+	if (v.t == 1) {
 		embedding_bwd(s, n, saved, dy, dp);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, v0 = (int64_t)j * vl;
-	float *dtok = dp, *dpos = dp + vl * h;
+	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
+	float *dtok = dp, *dpos = dp + v.vm * h;
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t q = 0; q < sq; q++) {
 			int64_t id = (int64_t)saved[i * sq + q];
@@ -124,16 +112,17 @@ int lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float
 		    const float *x, const int32_t *targets, double scale, float *dx, float *dp,
 		    float *saved, double *loss)
 {
-	int t, j;
-	int64_t vl;
+	vocab_split_t v;
 	*loss = 0;
-	if (vocab_split_of(s, COMP_LM_HEAD, tp, &t, &j, &vl))
+	if (vocab_split(&v, s, COMP_LM_HEAD, tp))
 		return SP_EINPUT;
-	if (t == 1) {
+	if (v.t == 1) {
 		*loss = lm_head_loss(s, n, p, x, targets, scale, dx, dp, saved);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, V = s->vocab, v0 = (int64_t)j * vl;
+	int t = v.t, j = v.rank;
+	/* its logits z [rows, vl]; w and dw have row stride vm */
+	int64_t h = s->hidden, sq = s->seq, V = s->vocab, v0 = v.v0, vl = v.vl, vm = v.vm;
 	int64_t rows = (int64_t)n * sq, ns = 2 * (int64_t)t + 1;
 	const float *lng = p, *lnb = p + h, *w = p + 2 * h;
 	float *dg = dp, *db = dp + h, *dw = dp + 2 * h;
@@ -155,7 +144,7 @@ int lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float
 			continue;
 		}
 		ly_ln_rows(lni, mean + i * sq, rstd + i * sq, x + i * sq * h, sq, h, lng, lnb);
-		ly_gemm(0, 0, sq, vl, h, 1.0f, lni, h, w, vl, 0.0f, zi, vl);
+		ly_gemm(0, 0, sq, vl, h, 1.0f, lni, h, w, vm, 0.0f, zi, vl);
 		for (int64_t q = 0; q < sq; q++) {
 			const float *zq = zi + q * vl;
 			float *sr = st + (i * sq + q) * ns;
@@ -209,8 +198,8 @@ int lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float
 		total += li / (double)cnt;
 	}
 	/* dW_j += ln^T dz; dln = dz W_j^T, summed over the group */
-	ly_gemm(1, 0, h, vl, rows, 1.0f, ln, h, z, vl, 1.0f, dw, vl);
-	ly_gemm(0, 1, rows, h, vl, 1.0f, z, vl, w, vl, 0.0f, dln, h);
+	ly_gemm(1, 0, h, vl, rows, 1.0f, ln, h, z, vl, 1.0f, dw, vm);
+	ly_gemm(0, 1, rows, h, vl, 1.0f, z, vl, w, vm, 0.0f, dln, h);
 	if ((rc = tp->allreduce(tp->ctx, dln, rows * h)))
 		return rc;
 	for (int64_t i = 0; i < n; i++) {

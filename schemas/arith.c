@@ -97,9 +97,8 @@ int64_t comp_layer_params(const sp_component_t *c)
 	return 0;
 }
 
-/* Vocabulary-parallel embedding and LM head: t divides the vocabulary
- * (member j holds token rows / logit columns [j V/t, (j+1) V/t); no
- * uneven shards, so every member's shard has one size). */
+/* Vocabulary-parallel embedding and LM head: every member holds at least
+ * one id (vocab_shard: t need not divide the vocabulary). */
 int tp_ok(sp_comp_type_t type, int64_t heads, int64_t ffn, int64_t vocab, int t)
 {
 	if (t == 1)
@@ -107,24 +106,38 @@ int tp_ok(sp_comp_type_t type, int64_t heads, int64_t ffn, int64_t vocab, int t)
 	if (t < 1)
 		return 0;
 	if (type == COMP_EMBEDDING || type == COMP_LM_HEAD)
-		return vocab >= t && vocab % t == 0;
+		return vocab >= t;
 	return type == COMP_TRANSFORMER && heads % t == 0 && ffn % t == 0;
+}
+
+int64_t vocab_shard(int64_t vocab, int t, int j, int64_t *v0)
+{
+	int64_t q = vocab / t, r = vocab % t;
+	if (v0)
+		*v0 = (int64_t)j * q + (j < r ? j : r);
+	return q + (j < r);
+}
+
+int64_t vocab_shard_max(int64_t vocab, int t)
+{
+	return vocab_shard(vocab, t, 0, NULL);
 }
 
 /*
  * One t-way shard of a transformer layer (Megatron splits: w_qkv and w_1
  * by columns, w_o and w_2 by rows; layer norms and the biases added after
  * the all-reduce, b_o and b_2, whole on every member):
- * 4 h^2/t + 2 h f/t + 3h/t + f/t + 6h. An embedding's: its V/t token
- * rows and the whole position table, V h/t + max_seq h; an LM head's: the
- * whole LayerNorm and its V/t logit columns, 2h + h V/t. t = 1 gives
- * comp_layer_params.
+ * 4 h^2/t + 2 h f/t + 3h/t + f/t + 6h. An embedding's: room for the
+ * largest member's token rows (Vm = vocab_shard_max, ceil(V/t)) and the
+ * whole position table, Vm h + max_seq h; an LM head's: the whole
+ * LayerNorm and Vm logit columns, 2h + h Vm (a member with fewer ids
+ * leaves its last rows or columns zero). t = 1 gives comp_layer_params.
  */
 int64_t comp_layer_params_tp(const sp_component_t *c, int t)
 {
 	if (t == 1 || !tp_ok(c->type, c->heads, c->ffn, c->vocab, t))
 		return comp_layer_params(c);
-	i128 h = c->hidden, f = c->ffn, vl = c->vocab / t;
+	i128 h = c->hidden, f = c->ffn, vl = vocab_shard_max(c->vocab, t);
 	if (c->type == COMP_EMBEDDING)
 		return sat((vl + c->max_seq) * h);
 	if (c->type == COMP_LM_HEAD)
@@ -206,7 +219,8 @@ int64_t op_kept_elems(const sp_opshape_t *o, int t, int sp)
  * (4 s h), its heads' qkv and attention output (4 s h/t), its FFN columns
  * (2 s f/t), its heads' probabilities (a/t s^2) and the norm statistics.
  * A split embedding saves its token ids (s, as whole). A split LM head's
- * scratch: ln, dln, mean, rstd as whole, its V/t logit columns, and per
+ * scratch: ln, dln, mean, rstd as whole, its logit columns (the largest
+ * member's, vocab_shard_max), and per
  * position the all-reduced statistics of every member (its maximum and
  * sum of exponentials, 2t) and the target logit (1).
  */
@@ -224,7 +238,8 @@ int64_t op_saved_elems_tp(const sp_opshape_t *o, int64_t task_batch, int t)
 	case COMP_LINEAR: return sat(s * o->in);
 	case COMP_LM_HEAD:
 		if (t > 1)
-			return sat(2 * s * h + 2 * s + s * (o->vocab / t) + s * (2 * (i128)t + 1));
+			return sat(2 * s * h + 2 * s + s * (i128)vocab_shard_max(o->vocab, t) +
+				   s * (2 * (i128)t + 1));
 		return sat(2 * s * h + 2 * s + s * o->vocab);
 	case COMP_CLASSIFIER: return sat(2 * h + 2 + o->classes);
 	case COMP_CONTRASTIVE: return sat(2 * h + 2 + 2 * (i128)task_batch);

@@ -236,13 +236,22 @@ int64_t op_saved_elems(const sp_opshape_t *s, int64_t task_batch);
  * Tensor parallelism (t-way Megatron splits, design.md "Tensor
  * parallelism"): 1 when a layer of this type and shape can be split t ways
  * (t == 1 always; t > 1 transformers whose heads and FFN width t divides,
- * and embeddings and LM heads whose vocabulary t divides: vocabulary
- * parallel). A shard's parameter count, and the elements one shard saves
+ * and embeddings and LM heads of at least t ids: vocabulary parallel, in
+ * shards of vocab_shard's sizes). A shard's parameter count, and the elements one shard saves
  * per sample for backward (t == 1: the unsplit counts; a t that tp_ok
  * refuses also gives them). FLOPs per shard are op_*_flops / t: every
  * matrix product of a split layer is split.
  */
 int tp_ok(sp_comp_type_t type, int64_t heads, int64_t ffn, int64_t vocab, int t);
+/*
+ * Member j's ids of a t-way vocabulary split (t <= vocab): q = V/t each,
+ * the first V%t members one more; returns its count, its first id into
+ * *v0 (when not NULL). vocab_shard_max: the largest count (member 0's,
+ * ceil(V/t)), which every member's shard is laid out for
+ * (comp_layer_params_tp) and which the slowest member computes.
+ */
+int64_t vocab_shard(int64_t vocab, int t, int j, int64_t *v0);
+int64_t vocab_shard_max(int64_t vocab, int t);
 int64_t comp_layer_params_tp(const sp_component_t *c, int t);
 int64_t op_saved_elems_tp(const sp_opshape_t *s, int64_t task_batch, int t);
 /* What a slice of degree t saves per sample of a layer: one shard's

@@ -574,7 +574,7 @@ static int check_params(dec_t *d, const char *where, const sp_param_t *a, int n,
 			return pr_fail(d, "tp", "component '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
 						 "the degree divides, embeddings and LM "
-						 "heads whose vocab it divides)",
+						 "heads of at least that many ids)",
 				    c->name, a[i].tp);
 		if (a[i].tp > 1 && c->cross_attention)
 			return pr_fail(d, "tp", "component '%s' has cross-attention: "
@@ -640,7 +640,7 @@ static int check_waves_slices(dec_t *d, const sp_plan_t *p, int32_t *stamp)
 			return pr_fail(d, "tp", "metaop '%s' cannot be split %d ways "
 						 "(only transformers whose heads and ffn "
 						 "the degree divides, embeddings and LM "
-						 "heads whose vocab it divides)",
+						 "heads of at least that many ids)",
 				    p->metaops[x->metaop].name, x->tp);
 		if (x->tp > 1 && sh->mem_seq > 0)
 			return pr_fail(d, "tp", "metaop '%s' is a cross-attention decoder: "

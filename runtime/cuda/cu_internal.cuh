@@ -308,6 +308,10 @@ struct tb_saved {
 /* The layout for the chunk of m samples from sample c0 of n, inside the
  * first n d.sp.per floats of base. */
 tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d);
+/* The tensors of that layout but xmid (NULL) carved from c in its order
+ * for m samples: x and the four statistics for `own` rows (the chunk's m
+ * s, or a sequence-parallel member's token shard), the rest for m s. */
+tb_saved tb_carve(cu_carve &c, const tb_dims &d, int64_t m, int64_t own);
 
 /* Backward scratch of one chunk, besides dln and dxm. */
 struct tb_scratch {
@@ -354,5 +358,16 @@ void tb_attn_out_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp,
 		     const float *dxm, const tb_scratch &w, float *dln);
 void tb_ln1_bwd(const tb_dims &d, const tb_saved &v, int64_t m, float *dp, const float *dxm,
 		const float *dln, float *dx);
+
+/* ---- cu_sp.cu: the sequence-parallel block ------------------------------------ */
+
+/*
+ * cu_tblock_fwd/_bwd on a split whose d.sp.sp is set (tb_begin on n
+ * samples: d.tp the hooks, whole_in and whole_out): layers_sp.c's
+ * algorithm and collectives; its saved layout is cu_sp.cu's.
+ */
+int cu_tblock_sp_fwd(const tb_dims &d, int n, const float *x, float *y, float *saved);
+int cu_tblock_sp_bwd(const tb_dims &d, int n, const float *saved, const float *dy, float *dx,
+		     float *dp);
 
 #endif

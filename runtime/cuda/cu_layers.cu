@@ -74,27 +74,35 @@ int64_t cu_chunk_samples(size_t per_sample, int n)
  * The layout above for the chunk of m samples from sample c0 of n, the
  * chunk's part 16-byte aligned where its budget allows, else 4.
  */
+tb_saved tb_carve(cu_carve &c, const tb_dims &d, int64_t m, int64_t own)
+{
+	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq;
+	tb_saved v;
+	v.xmid = nullptr;
+	v.x = c.take<float>(own * h);
+	v.ln1 = c.take<bf16>(R * h);
+	v.qkv = c.take<bf16>(R * 3 * hl);
+	v.cat = c.take<bf16>(R * hl);
+	v.ln2 = c.take<bf16>(R * h);
+	v.pre = c.take<float>(R * fl);
+	v.act = c.take<bf16>(R * fl);
+	v.p = c.take<float>(m * d.sp.al * sq * sq);
+	v.m1 = c.take<float>(own);
+	v.r1 = c.take<float>(own);
+	v.m2 = c.take<float>(own);
+	v.r2 = c.take<float>(own);
+	return v;
+}
+
 tb_saved tb_layout(float *base, int64_t c0, int64_t m, int64_t n, const tb_dims &d)
 {
-	int64_t h = d.sp.h, hl = d.sp.hl, fl = d.sp.fl, sq = d.sp.s, R = m * sq, rest = d.sp.per - sq * h;
+	int64_t h = d.sp.h, sq = d.sp.s, rest = d.sp.per - sq * h;
 	size_t budget = sizeof(float) * (size_t)(m * rest);
 	float *chunk = base + n * sq * h + c0 * rest;
 	return cu_layout(chunk, budget, "the transformer layout does not fit op_saved_elems_tp",
 			 [&](cu_carve &c) {
-				 tb_saved v;
+				 tb_saved v = tb_carve(c, d, m, m * sq);
 				 v.xmid = base + c0 * sq * h;
-				 v.x = c.take<float>(R * h);
-				 v.ln1 = c.take<bf16>(R * h);
-				 v.qkv = c.take<bf16>(R * 3 * hl);
-				 v.cat = c.take<bf16>(R * hl);
-				 v.ln2 = c.take<bf16>(R * h);
-				 v.pre = c.take<float>(R * fl);
-				 v.act = c.take<bf16>(R * fl);
-				 v.p = c.take<float>(m * d.sp.al * sq * sq);
-				 v.m1 = c.take<float>(R);
-				 v.r1 = c.take<float>(R);
-				 v.m2 = c.take<float>(R);
-				 v.r2 = c.take<float>(R);
 				 return v;
 			 });
 }
@@ -131,10 +139,6 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	int rc = tblock_split(&d->sp, s, tp);
 	if (rc < 0)
 		return rc;
-	/* sequence parallelism is not built for CUDA yet: the table says so
-	 * (seq_parallel 0) and rt_check_backend refuses such plans first */
-	if (d->sp.sp)
-		return SP_EINPUT;
 	d->tp = d->sp.t > 1 ? tp : nullptr;
 	for (int i = 0; i < NT; i++)
 		d->off[i] = d->sp.tensors[i].offset;
@@ -145,7 +149,7 @@ int tb_begin(tb_dims *d, const sp_opshape_t *s, const rt_tp_t *tp, int n, const 
 	/* the member's heads: Q, K, V at columns 0, hl, 2hl of qkv [., 3hl] */
 	d->attn = cu_attn{d->sp.al, d->sp.dh, d->sp.s, d->sp.s, 3 * hl, 3 * hl, 3 * hl, hl,
 			  s->causal, (float)(1.0 / sqrt((double)d->sp.dh))};
-	d->nc = tb_chunk(*d, n);
+	d->nc = d->sp.sp ? n : tb_chunk(*d, n); /* cu_sp.cu does not chunk */
 	return 0;
 }
 
@@ -273,6 +277,8 @@ int cu_tblock_fwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return cu_tblock_sp_fwd(d, n, x, y, saved);
 	int64_t sq = d.sp.s, sh = sq * d.sp.h, nc = d.nc;
 	bf16 *pb = (bf16 *)cu_ws_get((size_t)(2 * nc * d.sp.al * sq * sq) + 256);
 	for (int64_t c0 = 0; c0 < n; c0 += nc) {
@@ -309,6 +315,8 @@ int cu_tblock_bwd(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *
 	int rc = tb_begin(&d, s, tp, n, p);
 	if (rc < 0)
 		return rc;
+	if (d.sp.sp)
+		return cu_tblock_sp_bwd(d, n, saved, dy, dx, dp);
 	int64_t sh = d.sp.s * d.sp.h, nc = d.nc;
 	int64_t nf = d.tp ? n : nc; /* samples dln and dxm hold */
 	size_t full = 2 * sizeof(float) * (size_t)(nf * sh) + 256;
@@ -419,7 +427,7 @@ int cu_embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const f
 		return 0;
 	}
 	int64_t h = s->hidden;
-	k_embed_fwd_tp(y, saved, p, p + v.vl * h, tokens, n, s->seq, h, s->vocab, v.v0, v.vl,
+	k_embed_fwd_tp(y, saved, p, p + v.vm * h, tokens, n, s->seq, h, s->vocab, v.v0, v.vl,
 		       v.rank == 0);
 	return tp->allreduce(tp->ctx, y, (int64_t)n * s->seq * h);
 }
@@ -437,7 +445,7 @@ int cu_embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const f
 	}
 	int64_t h = s->hidden, sq = s->seq;
 	k_embed_bwd_tp(dp, saved, dy, (int64_t)n * sq, h, v.v0, v.vl);
-	k_colsum(dp + v.vl * h, dy, n, sq * h, sq * h);
+	k_colsum(dp + v.vm * h, dy, n, sq * h, sq * h);
 	return 0;
 }
 

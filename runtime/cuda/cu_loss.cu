@@ -99,7 +99,8 @@ int cu_lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const fl
 		*loss = cu_lm_head_loss(s, n, p, x, targets, scale, dx, dp, saved);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, vl = v.vl, R = (int64_t)n * sq;
+	/* its vl logit columns; w and dW [h, vm] (layer_tensors_tp) */
+	int64_t h = s->hidden, sq = s->seq, vl = v.vl, vm = v.vm, R = (int64_t)n * sq;
 	int64_t ns = 2 * (int64_t)v.t + 1;
 	int rc;
 	if (R <= 0) { /* the members' calls still pair up */
@@ -108,7 +109,7 @@ int cu_lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const fl
 		return tp->allreduce(tp->ctx, saved, 0);
 	}
 	const float *lng = p, *lnb = p + h;
-	const bf16 *wb = cu_shadow(p, 2 * h + h * vl) + 2 * h;
+	const bf16 *wb = cu_shadow(p, 2 * h + h * vm) + 2 * h;
 	size_t budget = sizeof(float) * (size_t)(n * op_saved_elems_tp(s, 0, v.t));
 	float *z = nullptr, *dln = nullptr, *mean = nullptr, *rstd = nullptr, *st = nullptr;
 	bf16 *ln = nullptr;
@@ -133,15 +134,15 @@ int cu_lm_head_loss_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const fl
 
 	k_count_valid(cnt, targets, n, sq);
 	k_ln_fwd_bf16(ln, h, mean, rstd, 1, x, h, lng, lnb, R, h);
-	cu_gemm(false, false, R, vl, h, 1.0f, ln, BF, h, wb, BF, vl, 0.0f, z, F32, vl);
+	cu_gemm(false, false, R, vl, h, 1.0f, ln, BF, h, wb, BF, vm, 0.0f, z, F32, vl);
 	CUDA_CHECK(cudaMemsetAsync(st, 0, sizeof(float) * (size_t)(R * ns), cu_s()));
 	k_vocab_stats(st, z, vl, targets, cnt, sq, s->vocab, v.v0, v.t, v.rank, R);
 	if ((rc = tp->allreduce(tp->ctx, st, R * ns)))
 		return rc;
 	k_vocab_ce(z, vl, st, targets, cnt, sq, scale, v.v0, v.t, rowloss, R);
 	const bf16 *dz = (const bf16 *)z; /* leading dimension 2 vl */
-	cu_gemm(true, false, h, vl, R, 1.0f, ln, BF, h, dz, BF, 2 * vl, 1.0f, dp + 2 * h, F32, vl);
-	cu_gemm(false, true, R, h, vl, 1.0f, dz, BF, 2 * vl, wb, BF, vl, 0.0f, dln, F32, h);
+	cu_gemm(true, false, h, vl, R, 1.0f, ln, BF, h, dz, BF, 2 * vl, 1.0f, dp + 2 * h, F32, vm);
+	cu_gemm(false, true, R, h, vl, 1.0f, dz, BF, 2 * vl, wb, BF, vm, 0.0f, dln, F32, h);
 	if ((rc = tp->allreduce(tp->ctx, dln, R * h)))
 		return rc;
 	k_ln_bwd(dx, h, 1, nullptr, 0, dln, h, x, h, mean, rstd, 1, lng, dp, dp + h, R, h);

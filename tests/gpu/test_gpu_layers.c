@@ -10,7 +10,9 @@
  * member alone, its hook handing back those sums in order and keeping its
  * own partial buffers: its y, dx and shard gradient against the CPU
  * member's, and the CUDA members' partials summed against the recorded
- * sums; the cross-attention decoder block (causal and not, memories
+ * sums; the sequence-parallel block (cu_sp.cu) the same way against
+ * layers_sp.c's, all three collectives replayed (test_tblock_sp); the
+ * cross-attention decoder block (causal and not, memories
  * shorter and longer than the sequence, of the hidden width and not,
  * chunked): y, dx, dmemory and every parameter gradient. A value passes
  * when |gpu - ref| <= tol + eps |ref|, with tol a fraction of the largest
@@ -313,6 +315,43 @@ static int replay_allreduce(void *ctx, float *buf, int64_t n)
 	return 0;
 }
 
+/* Member j's host buffers: its shard of the whole layer p, saved [ns],
+ * y [ny], dx [nx], dp, zeroed, and room for cap recorded floats. */
+static void member_alloc(tp_member_t *m, const sp_component_t *c, int t, int j, float *p,
+			 int64_t nps, int64_t ns, int64_t ny, int64_t nx, int64_t cap)
+{
+	m->p = malloc(sizeof(float) * (size_t)nps);
+	layer_shard(c, t, j, p, m->p, 0);
+	m->saved = calloc((size_t)ns, 4);
+	m->y = calloc((size_t)ny, 4);
+	m->dx = calloc((size_t)nx, 4);
+	m->dp = calloc((size_t)nps, 4);
+	m->cap_sums = cap;
+	m->sums = malloc(sizeof(float) * (size_t)cap);
+}
+
+static void member_free(tp_member_t *m)
+{
+	free(m->p), free(m->saved), free(m->y), free(m->dx), free(m->dp), free(m->sums);
+}
+
+/* A CUDA member's y [ny], dx [nx] and shard gradient [np] (device) against
+ * its CPU twin's (bf16 tolerance). */
+static void check_member(const char *name, int j, const float *dY, const float *dDX,
+			 const float *dDP, const float *y, const float *dx, const float *dp,
+			 int64_t ny, int64_t nx, int64_t np)
+{
+	char what[160];
+	float *gy = fetch(dY, ny), *gdx = fetch(dDX, nx), *gdp = fetch(dDP, np);
+	snprintf(what, sizeof what, "%s m%d fwd y", name, j);
+	check(what, gy, y, ny, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
+	check(what, gdx, dx, nx, BF_TOL, BF_EPS);
+	snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
+	check(what, gdp, dp, np, BF_TOL, BF_EPS);
+	free(gy), free(gdx), free(gdp);
+}
+
 static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
 			   int causal, int n, int t, size_t ws_cap)
 {
@@ -324,16 +363,8 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
 	tp_member_t m[8];
 	memset(m, 0, sizeof m);
-	for (int j = 0; j < t; j++) {
-		m[j].p = malloc(sizeof(float) * (size_t)nps);
-		layer_shard(&c, t, j, p, m[j].p, 0);
-		m[j].saved = calloc((size_t)ns, 4);
-		m[j].y = calloc((size_t)e, 4);
-		m[j].dx = calloc((size_t)e, 4);
-		m[j].dp = calloc((size_t)nps, 4);
-		m[j].cap_sums = 4 * e;
-		m[j].sums = malloc(sizeof(float) * (size_t)m[j].cap_sums);
-	}
+	for (int j = 0; j < t; j++)
+		member_alloc(&m[j], &c, t, j, p, nps, ns, e, e, 4 * e);
 	char what[128];
 	if (tp_group_run(&s, t, n, x, dy, m) || m[0].n_sums != 4 * e) {
 		printf("FAIL %s: the CPU group failed (rc %d, %lld sums)\n", name, m[0].rc,
@@ -365,16 +396,9 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 			       j, rb, r.calls, (long long)e);
 			n_fail++;
 		}
-		float *gy = fetch(dY, e), *gdx = fetch(dDX, e), *gdp = fetch(dDP, nps);
-		snprintf(what, sizeof what, "%s m%d fwd y", name, j);
-		check(what, gy, m[j].y, e, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dx", name, j);
-		check(what, gdx, m[j].dx, e, BF_TOL, BF_EPS);
-		snprintf(what, sizeof what, "%s m%d bwd dp (shard)", name, j);
-		check(what, gdp, m[j].dp, nps, BF_TOL, BF_EPS);
+		check_member(name, j, dY, dDX, dDP, m[j].y, m[j].dx, m[j].dp, e, e, nps);
 		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
 			B->release(dDX), B->release(dDP);
-		free(gy), free(gdx), free(gdp);
 	}
 	if (ws_cap)
 		cu_set_workspace_cap((size_t)2 << 30);
@@ -386,8 +410,168 @@ static void test_tblock_tp(const char *name, int64_t h, int64_t a, int64_t f, in
 	free(part);
 cleanup:
 	for (int j = 0; j < t; j++)
-		free(m[j].p), free(m[j].saved), free(m[j].y), free(m[j].dx), free(m[j].dp),
-			free(m[j].sums);
+		member_free(&m[j]);
+	free(p), free(x), free(dy);
+}
+
+/* One CPU member of a sequence-parallel block (tp_group_each): its token
+ * shards or whole buffers as whole_in and whole_out say (layers_sp.c). */
+typedef struct {
+	const sp_opshape_t *s;
+	int n, whole_in, whole_out;
+	const float *x, *dy; /* what the member is given */
+	tp_member_t *b;      /* its buffers and record */
+	float *acc;          /* ln_grads [4h] or NULL */
+} spmember_t;
+
+static int spmember_run(const rt_tp_t *tp0, void *arg)
+{
+	spmember_t *m = arg;
+	tp_member_t *b = m->b;
+	rt_tp_t tp = *tp0;
+	tp.sp = 1, tp.whole_in = m->whole_in, tp.whole_out = m->whole_out;
+	if (m->acc)
+		tp.ln_grads = m->acc, tp.ln_n = 4 * m->s->hidden;
+	int rc = tblock_fwd(m->s, &tp, m->n, b->p, m->x, b->y, b->saved);
+	return rc ? rc : tblock_bwd(m->s, &tp, m->n, b->p, b->saved, m->dy, b->dx, b->dp);
+}
+
+/* A CUDA member's collectives (all three kinds): each hands back the CPU
+ * member's recorded result (its whole buffer) and keeps what the CUDA
+ * member put in, in call order. */
+typedef struct {
+	const float *rec;
+	float *mine;
+	int64_t pos, n_rec;
+	int calls, kind[16];
+	int64_t size[16];
+} sp_replay_t;
+
+static int sp_hook(sp_replay_t *r, float *buf, int64_t n, int kind)
+{
+	if (r->calls >= 16 || r->pos + n > r->n_rec)
+		return SP_EINTERNAL;
+	float *m = fetch(buf, n);
+	memcpy(r->mine + r->pos, m, sizeof(float) * (size_t)n);
+	free(m);
+	B->to_device(buf, r->rec + r->pos, sizeof(float) * (size_t)n);
+	r->kind[r->calls] = kind;
+	r->size[r->calls++] = n;
+	r->pos += n;
+	return 0;
+}
+static int sp_ar(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 0); }
+static int sp_rs(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 1); }
+static int sp_ag(void *c, float *b, int64_t n) { return sp_hook(c, b, n, 2); }
+
+/*
+ * The sequence-parallel block (cu_sp.cu) against the CPU's (layers_sp.c):
+ * the CPU group of t members in threads records every collective's result;
+ * then each CUDA member alone, its collectives replaying its CPU twin's
+ * (sp_hook): its y, dx, shard gradient (and ln_grads when acc) against the
+ * twin's, and what the CUDA members put into each collective: an
+ * all-reduce's inputs summed against the result, a reduce-scatter's
+ * inputs summed on each member's shard against that member's result, an
+ * all-gather's own shard against the gathered one. The calls' kinds and
+ * sizes must be the CPU's.
+ */
+static void test_tblock_sp(const char *name, int64_t h, int64_t a, int64_t f, int64_t sq,
+			   int causal, int n, int t, int whole_in, int whole_out, int acc)
+{
+	sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = h, .heads = a, .ffn = f,
+			  .seq = sq, .causal = causal};
+	sp_component_t c = layer_comp_of_shape(&s);
+	int64_t np, e = n * sq * h, nps = comp_layer_params_tp(&c, t);
+	int64_t ns = op_saved_elems_sp(&s, n, t, 1) * n, cap = 16 * e + 4 * h * 16;
+	int64_t ein = whole_in ? e : e / t, eout = whole_out ? e : e / t;
+	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
+	spmember_t m[8];
+	tp_member_t rec[8];
+	void *args[8];
+	memset(m, 0, sizeof m);
+	memset(rec, 0, sizeof rec);
+	for (int j = 0; j < t; j++) {
+		m[j] = (spmember_t){.s = &s, .n = n, .whole_in = whole_in, .whole_out = whole_out,
+				    .x = whole_in ? x : x + j * (e / t),
+				    .dy = whole_out ? dy : dy + j * (e / t), .b = &rec[j],
+				    .acc = acc ? calloc((size_t)(4 * h), 4) : NULL};
+		member_alloc(&rec[j], &c, t, j, p, nps, ns, eout, ein, cap);
+		args[j] = &m[j];
+	}
+	float *mine[8] = {0};
+	sp_replay_t rp[8];
+	char what[160];
+	if (tp_group_each(t, spmember_run, args, rec)) {
+		printf("FAIL %s: the CPU group failed\n", name);
+		n_fail++, n_checks++;
+		goto cleanup;
+	}
+	for (int j = 0; j < t; j++) {
+		mine[j] = calloc((size_t)rec[j].n_sums, 4);
+		rp[j] = (sp_replay_t){.rec = rec[j].sums, .mine = mine[j], .n_rec = rec[j].n_sums};
+		rt_tp_t tp = {.t = t, .rank = j, .ctx = &rp[j], .allreduce = sp_ar,
+			      .reduce_scatter = sp_rs, .allgather = sp_ag, .sp = 1,
+			      .whole_in = whole_in, .whole_out = whole_out};
+		float *dP = dev(rec[j].p, 4 * (size_t)nps), *dX = dev(m[j].x, 4 * (size_t)ein);
+		float *dY = dev(NULL, 4 * (size_t)eout), *dS = dev(NULL, 4 * (size_t)ns);
+		float *dDY = dev(m[j].dy, 4 * (size_t)eout), *dDX = dev(NULL, 4 * (size_t)ein);
+		float *dDP = dev(NULL, 4 * (size_t)nps), *dA = dev(NULL, 4 * (size_t)(4 * h));
+		B->zero(dDX, ein);
+		B->zero(dDP, nps);
+		B->zero(dA, 4 * h);
+		if (acc)
+			tp.ln_grads = dA, tp.ln_n = 4 * h;
+		int rf = B->tblock_fwd(&s, &tp, n, dP, dX, dY, dS);
+		int rb = rf ? rf : B->tblock_bwd(&s, &tp, n, dP, dS, dDY, dDX, dDP);
+		B->sync();
+		int same = rp[j].pos == rec[j].n_sums && rp[j].calls == rp[0].calls;
+		for (int i = 0; same && i < rp[j].calls; i++)
+			same = rp[j].kind[i] == rp[0].kind[i] && rp[j].size[i] == rp[0].size[i];
+		n_checks++;
+		if (rb || !same) {
+			printf("FAIL %s member %d: rc %d, %d collectives of %lld floats (the CPU's: "
+			       "%lld floats; member 0's calls: %d)\n",
+			       name, j, rb, rp[j].calls, (long long)rp[j].pos,
+			       (long long)rec[j].n_sums, rp[0].calls);
+			n_fail++;
+		}
+		check_member(name, j, dY, dDX, dDP, rec[j].y, rec[j].dx, rec[j].dp, eout, ein, nps);
+		if (acc) {
+			float *ga = fetch(dA, 4 * h);
+			snprintf(what, sizeof what, "%s m%d ln_grads", name, j);
+			check(what, ga, m[j].acc, 4 * h, BF_TOL, BF_EPS);
+			free(ga);
+		}
+		B->release(dP), B->release(dX), B->release(dY), B->release(dS), B->release(dDY),
+			B->release(dDX), B->release(dDP), B->release(dA);
+	}
+	static const char *kind[3] = {"all-reduce", "reduce-scatter", "all-gather"};
+	for (int i = 0, pos = 0; i < rp[0].calls; pos += (int)rp[0].size[i], i++) {
+		int64_t nn = rp[0].size[i];
+		float *sum = calloc((size_t)nn, 4), *ref = malloc(sizeof(float) * (size_t)nn);
+		for (int j = 0; j < t; j++)
+			for (int64_t k = 0; k < nn; k++)
+				sum[k] += mine[j][pos + k];
+		memcpy(ref, rec[0].sums + pos, sizeof(float) * (size_t)nn);
+		const float *got = sum;
+		if (rp[0].kind[i] > 0) { /* shard j: member j's */
+			float *g = malloc(sizeof(float) * (size_t)nn);
+			for (int j = 0; j < t; j++) {
+				int64_t o = nn * j / t, cnt = nn * (j + 1) / t - o;
+				memcpy(ref + o, rec[j].sums + pos + o, sizeof(float) * (size_t)cnt);
+				memcpy(g + o, (rp[0].kind[i] == 1 ? sum : mine[j] + pos) + o,
+				       sizeof(float) * (size_t)cnt);
+			}
+			memcpy(sum, g, sizeof(float) * (size_t)nn);
+			free(g);
+		}
+		snprintf(what, sizeof what, "%s call %d %s", name, i, kind[rp[0].kind[i]]);
+		check(what, got, ref, nn, BF_TOL, BF_EPS);
+		free(sum), free(ref);
+	}
+cleanup:
+	for (int j = 0; j < t; j++)
+		member_free(&rec[j]), free(m[j].acc), free(mine[j]);
 	free(p), free(x), free(dy);
 }
 
@@ -786,11 +970,20 @@ int main(void)
 	test_tblock_tp("tblock tp2", 32, 4, 48, 7, 0, 3, 2, 0);
 	test_tblock_tp("tblock tp4 causal", 64, 8, 128, 16, 1, 2, 4, 0);
 	test_tblock_tp("tblock tp2 chunked", 32, 4, 48, 7, 1, 3, 2, 1);
+	/* sequence parallel: whole or sharded ends, the caller's LayerNorm sums */
+	test_tblock_sp("tblock sp2 in", 32, 4, 48, 8, 1, 3, 2, 1, 0, 1);
+	test_tblock_sp("tblock sp2 whole", 32, 4, 48, 8, 0, 3, 2, 1, 1, 0);
+	test_tblock_sp("tblock sp3 out", 48, 6, 96, 6, 1, 2, 3, 0, 1, 0);
+	test_tblock_sp("tblock sp3 mid", 48, 6, 96, 6, 0, 2, 3, 0, 0, 1);
 	/* vocabulary parallel: t 2 and 4 of 12 and 64 ids */
 	test_vocab_tp("embedding tp2", COMP_EMBEDDING, 12, 16, 5, 3, 2);
 	test_vocab_tp("embedding tp4", COMP_EMBEDDING, 64, 32, 7, 2, 4);
 	test_vocab_tp("lm_head tp2", COMP_LM_HEAD, 50, 32, 6, 3, 2);
 	test_vocab_tp("lm_head tp4", COMP_LM_HEAD, 64, 32, 7, 3, 4);
+	/* uneven: 11 ids over 3 (4, 4, 3), 50 over 3 (17, 17, 16), 51 over 4 */
+	test_vocab_tp("embedding tp3 V11", COMP_EMBEDDING, 11, 16, 5, 3, 3);
+	test_vocab_tp("lm_head tp3 V50", COMP_LM_HEAD, 50, 32, 6, 3, 3);
+	test_vocab_tp("lm_head tp4 V51", COMP_LM_HEAD, 51, 32, 7, 2, 4);
 	/* decoders: m < s and m > s, W != h and W == h, batch > 1, chunked */
 	test_xblock("xblock", 32, 4, 48, 7, 5, 24, 0, 3, 0);
 	test_xblock("xblock causal m>s", 32, 4, 48, 6, 11, 40, 1, 2, 0);

@@ -135,3 +135,14 @@ def plan(model_path, cluster_path, out, algo="spindle", extra=()):
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stderr}")
     return p.stdout
+
+
+def with_vocab(model, vocab):
+    """A copy of the model with every embedding's and LM head's vocabulary
+    set to vocab."""
+    import copy
+    m = copy.deepcopy(model)
+    for c in m["components"].values():
+        if "vocab" in c:
+            c["vocab"] = vocab
+    return m

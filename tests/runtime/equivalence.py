@@ -630,7 +630,7 @@ def even_seqs(model):
 def demo3(demo):
     """The demo with widths 48, 6 heads and FFN 192 and image sequences of
     6 and 12 tokens: every transformer splits 3 ways, heads, FFN and seq
-    (the vocabulary of 64 stays whole: --tp 3 names the LM head)."""
+    (and the vocabulary of 64 unevenly: 22, 21, 21 ids)."""
     import copy
     m = copy.deepcopy(demo)
     for c in m["components"].values():
@@ -679,30 +679,14 @@ def seqpar(demo, tmp):
                                 seqpar=True)
     failures += memory_within(dict(demo, optimizer=adamw), tmp, "tp 2 sp on sequential",
                               "sequential", TP2 + SP, split=True)
-    return failures + cuda_refuses_sp(dict(demo, optimizer=adamw), tmp)
+    return failures + cuda_takes_sp(dict(demo, optimizer=adamw), tmp)
 
 
-def cuda_refuses_sp(demo, tmp):
-    """The CUDA backend has no sequence-parallel block (its table's
-    seq_parallel is 0): a --tp 2 --sp on plan with --backend cuda is
-    refused before the device, exit 2, with the plain "not built yet"
-    message (a build without CUDA: exit 2 either way)."""
-    mpath = W.write_json(tmp, "sp-cuda.model.json", demo)
-    pp = os.path.join(tmp, "sp-cuda.bin")
-    W.plan(mpath, W.write_json(tmp, "cpu-1x2.json", W.cluster(2, 1)), pp, "sequential", TP2 + SP)
-    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1",
-                        "--backend", "cuda"],
-                       capture_output=True, text=True, timeout=120)
-    refusal = "sequence parallelism is not built for the cuda backend yet"
-    err = None
-    if p.returncode != 2:
-        err = f"--backend cuda on a sequence-parallel plan: exit {p.returncode}, expected 2"
-    elif os.environ.get("SPINDLE_CUDA", "1") == "1" and refusal not in p.stderr:
-        err = (f"--backend cuda on a sequence-parallel plan: no '{refusal}' in stderr: "
-               f"{p.stderr.strip()[:300]}")
-    print(("FAIL " + err) if err else "ok   --backend cuda refuses a sequence-parallel plan "
-          "(exit 2)", flush=True)
-    return [err] if err else []
+def cuda_takes_sp(demo, tmp):
+    """The CUDA backend has the sequence-parallel block (cuda/cu_sp.cu):
+    a --tp 2 --sp on plan with --backend cuda passes the backend check
+    (cuda_takes)."""
+    return cuda_takes(demo, tmp, "sp-cuda", TP2 + SP, "a sequence-parallel plan")
 
 
 def vocab(demo, tmp):
@@ -728,7 +712,29 @@ def vocab(demo, tmp):
         name = f"demo-{opt['type']}-vocab"
         failures += check_model(demo, tmp, name, both[:n], floor, vocab=(1, 1))
         failures += check_model(demo, tmp, name, three, floor, vocab=(0, 1))
+    failures += vocab_uneven(demo, tmp)
     return failures + cuda_vocab(demo, tmp)
+
+
+def vocab_uneven(demo, tmp):
+    """Vocabularies that t does not divide (vocab_shard: the first V % t
+    members one id more): the demo with vocabulary 11 on 2 ranks (--tp 2:
+    6 and 5 ids) and 4 ranks (--tp 4: 3, 3, 3, 2; and --tp 2 across two
+    nodes), demo3 (whose transformers split 3 ways) with vocabulary 7 and
+    11 on 3 ranks (--tp 3: 3, 2, 2 and 4, 4, 3), SGD (tight) and AdamW,
+    every plan splitting an embedding and an LM head slice."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    failures = []
+    cfg = [(2, 1, "sequential", TP2), (4, 1, "sequential", ("--tp", "4")),
+           (4, 2, "sequential", TP2)]
+    for opt, floor, n in ((sgd, 1e-7, len(cfg)), (adamw, 1e-2 * 0.01, 2)):
+        failures += check_model(W.with_vocab(dict(demo, optimizer=opt), 11), tmp,
+                                f"demo-{opt['type']}-v11", cfg[:n], floor, vocab=(1, 1))
+    for v in (7, 11):
+        failures += check_model(W.with_vocab(dict(demo3(demo), optimizer=sgd), v), tmp,
+                                f"demo3-sgd-v{v}", [(3, 1, "sequential", ("--tp", "3"))],
+                                1e-7, vocab=(1, 1))
+    return failures
 
 
 def combined(demo, tmp):
@@ -750,17 +756,20 @@ def combined(demo, tmp):
 
 def cuda_vocab(demo, tmp):
     """The CUDA backend has the vocabulary-parallel layers (cu_layers.cu
-    cu_embedding_fwd_tp, cu_loss.cu cu_lm_head_loss_tp): a CUDA build takes
-    a plan that splits them past the backend check (rt_check_backend) to
-    the device (no GPU here: exit 1 with cu_init's "no usable CUDA device";
-    with one it trains, exit 0) and never prints the refusal. A build
-    without CUDA (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
-    mpath = W.write_json(tmp, "vocab-cuda.model.json", demo)
-    pp = os.path.join(tmp, "vocab-cuda.bin")
-    # --sp off (the default, said explicitly): the cuda backend has no
-    # sequence parallelism (cuda_refuses_sp)
-    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential",
-           TP2 + ("--sp", "off"))
+    cu_embedding_fwd_tp, cu_loss.cu cu_lm_head_loss_tp): cuda_takes."""
+    return cuda_takes(demo, tmp, "vocab-cuda", TP2 + ("--sp", "off"),
+                      "a vocabulary-parallel plan")
+
+
+def cuda_takes(demo, tmp, name, flags, plan_is):
+    """A CUDA build takes a 2-rank plan made with flags past the backend
+    check (rt_check_backend) to the device (no GPU here: exit 1 with
+    cu_init's "no usable CUDA device"; with one it trains, exit 0) and
+    never prints a "not built" refusal. A build without CUDA
+    (SPINDLE_CUDA=0) refuses it before the device, exit 2."""
+    mpath = W.write_json(tmp, name + ".model.json", demo)
+    pp = os.path.join(tmp, name + ".bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-2.json", W.cluster(2)), pp, "sequential", flags)
     cmd = ["mpirun", "--oversubscribe", "-np", "2", RUN, pp, "--steps", "1", "--backend",
            "cuda"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -768,14 +777,14 @@ def cuda_vocab(demo, tmp):
     if os.environ.get("SPINDLE_CUDA", "1") == "1":
         ok = refusal not in p.stderr and (p.returncode == 0 or
                                           "no usable CUDA device" in p.stderr)
-        what = "takes a vocabulary-parallel plan to the device"
+        what = f"takes {plan_is} to the device"
     else:
         ok = p.returncode == 2
-        what = "refuses a vocabulary-parallel plan in a build without CUDA (exit 2)"
+        what = f"refuses {plan_is} in a build without CUDA (exit 2)"
     if ok:
         print(f"ok   --backend cuda {what} (exit {p.returncode})", flush=True)
         return []
-    err = (f"--backend cuda on a vocabulary-parallel plan: exit {p.returncode}, expected: "
+    err = (f"--backend cuda on {plan_is}: exit {p.returncode}, expected: "
            f"{what}; stderr: {p.stderr.strip()[:300]}")
     print("FAIL " + err, flush=True)
     return [err]

@@ -132,17 +132,21 @@ def check_zero(F, tmp, z):
     across_plans(F, tmp, tag, p4, 4, p2, 2, {p4: f"zero-{z}", p2: "replicated"})
 
 
-def check_tp(F, tmp):
+def check_tp(F, tmp, vocab=None):
     """Checkpoints stay whole under tensor parallelism: saved under a 4-rank
     plan whose transformer slices are split 4 ways (--tp 4), resumed under
     the same plan (bit-identical) and under the 1-rank plan; saved under
     the 1-rank plan, resumed under the --tp 4 plan (within tolerance of the
     uninterrupted run of the saving plan). The --tp 4 plan also splits the
     embeddings and the LM head by vocabulary (asserted), so their shards
-    are joined into whole tables and cut again."""
+    are joined into whole tables and cut again. vocab (e.g. 11): that
+    vocabulary, split unevenly (vocab_shard: 3, 3, 3, 2 ids)."""
     model = R.demo_model(R.ADAMW)
+    tag = "tp"
+    if vocab:
+        model, tag = R.W.with_vocab(model, vocab), f"tpv{vocab}"
     # sequential: every slice on the 4 devices, so every transformer splits
-    p4 = R.make_plan(tmp, model, "tp", 4, "sequential", ("--tp", "4"))
+    p4 = R.make_plan(tmp, model, tag, 4, "sequential", ("--tp", "4"))
     v = subprocess.run([os.environ["SPINDLE_SHOW"], p4, "--json"], capture_output=True,
                        text=True, timeout=60, check=True)
     kinds = {f"{t['name']}/{n['id']}": model["components"][n["component"]]["type"]
@@ -150,9 +154,9 @@ def check_tp(F, tmp):
     split = {kinds[s["metaop"]] for w in json.loads(v.stdout)["waves"] for s in w["slices"]
              if s["tp"] == 4}
     F.check({"embedding", "lm_head"} <= split,
-            "tp: the --tp 4 plan splits an embedding and an LM head 4 ways", str(split))
-    p1 = R.make_plan(tmp, model, "tp", 1, "spindle")
-    across_plans(F, tmp, "tp", p4, 4, p1, 1, {p4: "--tp 4", p1: "one device"})
+            f"{tag}: the --tp 4 plan splits an embedding and an LM head 4 ways", str(split))
+    p1 = R.make_plan(tmp, model, tag, 1, "spindle")
+    across_plans(F, tmp, tag, p4, 4, p1, 1, {p4: "--tp 4", p1: "one device"})
 
 
 def check_save_every(F, tmp):
@@ -199,12 +203,17 @@ def main():
         if os.environ.get("RESUME_ONLY") == "zero3":  # the zero-3 case alone
             check_zero(F, tmp, 3)
             return F.exit()
+        if os.environ.get("RESUME_ONLY") == "tp":  # the tensor-parallel cases alone
+            check_tp(F, tmp)
+            check_tp(F, tmp, vocab=11)
+            return F.exit()
         check_optimizer(F, tmp, R.SGD)
         check_optimizer(F, tmp, R.ADAMW)
         check_zero(F, tmp, 1)
         check_zero(F, tmp, 2)
         check_zero(F, tmp, 3)
         check_tp(F, tmp)
+        check_tp(F, tmp, vocab=11)
         check_microtask(F, tmp)
         check_save_every(F, tmp)
         check_seed(F, tmp)

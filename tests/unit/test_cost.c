@@ -65,6 +65,30 @@ static void products_add_up_to_flops(void **state)
 			}
 }
 
+/* A vocabulary-parallel LM head member's products have the columns of the
+ * largest shard (vocab_shard_max: ceil(V/t)), evenly split or not; its
+ * memory is that shard's (comp_layer_params_tp). */
+static void tp_uneven_vocab(void **state)
+{
+	(void)state;
+	const int64_t vocabs[] = {7, 11, 12, 59457};
+	for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++)
+		for (int t = 2; t <= 4; t++)
+			for (int bwd = 0; bwd < 2; bwd++) {
+				sp_opshape_t s = {.type = COMP_LM_HEAD, .hidden = 16, .seq = 5,
+						  .vocab = vocabs[i]};
+				int64_t vm = (vocabs[i] + t - 1) / t;
+				cost_gemm_t g[COST_MAX_GEMMS];
+				int n = cost_layer_gemms_tp(&s, 3, t, bwd, g);
+				assert_int_equal(n, bwd ? 2 : 1);
+				/* forward z = ln W: [15, vm]; backward dW [16, vm], dln */
+				assert_true(bwd ? g[0].n == vm && g[1].k == vm : g[0].n == vm);
+				sp_component_t c = {.type = COMP_LM_HEAD, .hidden = 16,
+						    .vocab = vocabs[i]};
+				assert_int_equal(comp_layer_params_tp(&c, t), 2 * 16 + 16 * vm);
+			}
+}
+
 static void quantised_time(void **state)
 {
 	(void)state;
@@ -376,6 +400,7 @@ static const struct CMUnitTest cost_tests[] = {
 	cmocka_unit_test(tp_tables_valid),
 	cmocka_unit_test(tp_prices),
 	cmocka_unit_test(products_add_up_to_flops),
+	cmocka_unit_test(tp_uneven_vocab),
 	cmocka_unit_test(quantised_time),
 	cmocka_unit_test(kernels_follow_head_loops),
 };

@@ -8,7 +8,10 @@
  * (layer_shard) equal the unsplit gradients, the whole tensors' gradients
  * agree across members; finite differences of the split layers' own
  * objectives; layer_shard round trips and the shard sizes; refused splits
- * and a failing all-reduce. Vocabulary 12: t = 2, 3, 4 split, 5 is refused.
+ * and a failing all-reduce. Vocabularies 12 (t = 2, 3, 4 divide it), 7 and
+ * 11 (uneven shards: vocab_shard's, the first V % t members one more; the
+ * padding of a smaller member's shard stays zero); more members than ids
+ * are refused.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,7 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { V = 12, H = 8, S = 5, N = 3, TMAX = 4 };
+enum { H = 8, S = 5, N = 3, TMAX = 4 };
+
+/* The vocabulary of the shapes below (test_split and test_split_fd set it). */
+static int64_t V = 12;
+static const int64_t VOCABS[] = {12, 7, 11};
 
 /* Split against unsplit differ in the order fp32 partial sums are added
  * (t partial products), and the LM head's per-member sums of exponentials
@@ -148,6 +155,32 @@ static int put_back(vcase_t *k, float *g)
 	return tp_put_back(&k->c, k->t, dp, g, k->np);
 }
 
+/* Counts the members whose shard gradient has a nonzero past their ids
+ * (the token table's last rows, the LM head's last columns of each row:
+ * a member with fewer ids than vocab_shard_max leaves them alone). */
+static int padding_written(const vcase_t *k)
+{
+	int bad = 0;
+	int64_t vm = vocab_shard_max(V, k->t);
+	for (int j = 0; j < k->t; j++) {
+		int64_t vl = vocab_shard(V, k->t, j, NULL), nz = 0;
+		const float *g = k->m[j].dp;
+		if (k->s.type == COMP_EMBEDDING)
+			for (int64_t i = vl * H; i < vm * H; i++)
+				nz += g[i] != 0.0f;
+		else
+			for (int64_t r = 0; r < H; r++)
+				for (int64_t c = vl; c < vm; c++)
+					nz += g[2 * H + r * vm + c] != 0.0f;
+		if (nz) {
+			fprintf(stderr, "V %lld t %d member %d: %lld gradients in its padding\n",
+				(long long)V, k->t, j, (long long)nz);
+			bad++;
+		}
+	}
+	return bad;
+}
+
 /* ---- split against unsplit -------------------------------------------------- */
 
 static void check_embedding(int t)
@@ -167,7 +200,7 @@ static void check_embedding(int t)
 				t, j);
 			bad++;
 		}
-	bad += put_back(&k, g);
+	bad += put_back(&k, g) + padding_written(&k);
 	char what[64];
 	snprintf(what, sizeof what, "embedding t %d dparams (put back)", t);
 	bad += close_rel(what, g, dp, k.np);
@@ -201,7 +234,7 @@ static void check_head(int t)
 	}
 	snprintf(what, sizeof what, "lm head t %d dx", t);
 	bad += close_rel(what, k.m[0].dx, dx, k.nx);
-	bad += put_back(&k, g);
+	bad += put_back(&k, g) + padding_written(&k);
 	snprintf(what, sizeof what, "lm head t %d dparams (put back)", t);
 	bad += close_rel(what, g, dp, k.np);
 	free(dx), free(dp), free(g), free(sv);
@@ -212,10 +245,14 @@ static void check_head(int t)
 static void test_split(void **state)
 {
 	(void)state;
-	for (int t = 2; t <= TMAX; t++) {
-		check_embedding(t);
-		check_head(t);
+	for (int v = 0; v < 3; v++) {
+		V = VOCABS[v];
+		for (int t = 2; t <= TMAX; t++) {
+			check_embedding(t);
+			check_head(t);
+		}
 	}
+	V = 12;
 }
 
 /* ---- finite differences of the split layers' own objectives ------------------ */
@@ -263,50 +300,96 @@ static void check_fd_split(sp_comp_type_t type, int t)
 static void test_split_fd(void **state)
 {
 	(void)state;
-	for (int t = 2; t <= 3; t++) {
-		check_fd_split(COMP_EMBEDDING, t);
-		check_fd_split(COMP_LM_HEAD, t);
+	for (int v = 0; v < 3; v++) {
+		V = VOCABS[v];
+		for (int t = 2; t <= 3; t++) {
+			check_fd_split(COMP_EMBEDDING, t);
+			check_fd_split(COMP_LM_HEAD, t);
+		}
 	}
+	V = 12;
 }
 
 /* ---- shards, sizes, refusals, errors ---------------------------------------- */
+
+/* vocab_shard: the first V % t members have V / t + 1 ids, the rest V / t,
+ * in order and covering [0, V); the largest is member 0's. */
+static void check_vocab_shards(int64_t vocab, int t)
+{
+	int64_t next = 0, most = 0;
+	for (int j = 0; j < t; j++) {
+		int64_t v0, vl = vocab_shard(vocab, t, j, &v0);
+		assert_int_equal(v0, next);
+		assert_int_equal(vl, vocab / t + (j < vocab % t));
+		next += vl;
+		most = vl > most ? vl : most;
+	}
+	assert_int_equal(next, vocab);
+	assert_int_equal(vocab_shard_max(vocab, t), most);
+}
 
 static void test_shards(void **state)
 {
 	(void)state;
 	sp_comp_type_t types[] = {COMP_EMBEDDING, COMP_LM_HEAD};
-	for (int q = 0; q < 2; q++) {
-		sp_opshape_t s = shape(types[q]);
-		sp_component_t c = layer_comp_of_shape(&s);
-		int64_t np;
-		float *full = random_params(&c, &np), *back = falloc(np);
-		assert_true(tp_ok(s.type, 0, 0, V, 4) && !tp_ok(s.type, 0, 0, V, 5) &&
-			    !tp_ok(s.type, 0, 0, 3, 4));
-		for (int t = 1; t <= TMAX; t++) {
-			int64_t nps = comp_layer_params_tp(&c, t);
-			/* the shard: V/t rows or columns, the rest whole */
-			assert_int_equal(nps, types[q] == COMP_EMBEDDING ? (V / t + S) * H
-									: 2 * H + H * (V / t));
-			layer_tensor_t lt[LAYER_TENSORS_MAX];
-			int nt = layer_tensors_tp(&c, t, lt);
-			assert_int_equal(lt[nt - 1].offset + lt[nt - 1].rows * lt[nt - 1].cols, nps);
-			float *sh = falloc(nps);
-			for (int64_t i = 0; i < np; i++)
-				back[i] = NAN;
-			for (int j = 0; j < t; j++) {
-				layer_shard(&c, t, j, full, sh, 0);
-				layer_shard(&c, t, j, back, sh, 1);
+	for (int v = 0; v < 3; v++)
+		for (int q = 0; q < 2; q++) {
+			V = VOCABS[v];
+			sp_opshape_t s = shape(types[q]);
+			sp_component_t c = layer_comp_of_shape(&s);
+			int64_t np;
+			float *full = random_params(&c, &np), *back = falloc(np);
+			/* t up to V splits (uneven too), more members than ids not */
+			assert_true(tp_ok(s.type, 0, 0, V, 5) && tp_ok(s.type, 0, 0, V, (int)V) &&
+				    !tp_ok(s.type, 0, 0, V, (int)V + 1) && !tp_ok(s.type, 0, 0, 3, 4));
+			for (int t = 1; t <= TMAX; t++) {
+				check_vocab_shards(V, t);
+				int64_t nps = comp_layer_params_tp(&c, t), vm = (V + t - 1) / t;
+				/* the shard: ceil(V/t) rows or columns, the rest whole */
+				assert_int_equal(nps, types[q] == COMP_EMBEDDING ? (vm + S) * H
+										: 2 * H + H * vm);
+				layer_tensor_t lt[LAYER_TENSORS_MAX];
+				int nt = layer_tensors_tp(&c, t, lt);
+				assert_int_equal(lt[nt - 1].offset + lt[nt - 1].rows * lt[nt - 1].cols,
+						 nps);
+				float *sh = falloc(nps);
+				for (int64_t i = 0; i < np; i++)
+					back[i] = NAN;
+				for (int j = 0; j < t; j++) {
+					for (int64_t i = 0; i < nps; i++)
+						sh[i] = NAN;
+					layer_shard(&c, t, j, full, sh, 0);
+					/* the member's ids, then zeros where it has fewer */
+					int64_t v0, vl = vocab_shard(V, t, j, &v0), pad = 0, got = 0;
+					for (int64_t r = 0; r < (q == 0 ? vm : H); r++)
+						for (int64_t k = 0; k < (q == 0 ? H : vm); k++) {
+							int64_t id = q == 0 ? r : k;
+							float a = q == 0 ? sh[r * H + k]
+									 : sh[2 * H + r * vm + k];
+							float b = q == 0 ? full[(v0 + r) * H + k]
+									 : full[2 * H + r * V + v0 + k];
+							if (id >= vl)
+								pad += a != 0.0f;
+							else
+								got += t > 1 && a != b;
+						}
+					assert_int_equal(pad, 0);
+					assert_int_equal(got, 0);
+					layer_shard(&c, t, j, back, sh, 1);
+				}
+				assert_memory_equal(back, full, sizeof(float) * (size_t)np);
+				free(sh);
 			}
-			assert_memory_equal(back, full, sizeof(float) * (size_t)np);
-			free(sh);
+			free(full), free(back);
 		}
-		free(full), free(back);
-	}
+	V = 12;
 	/* the LM head's scratch gains the per-position statistics; t = 1 unchanged */
 	sp_opshape_t s = shape(COMP_LM_HEAD);
 	assert_int_equal(op_saved_elems_tp(&s, N, 1), op_saved_elems(&s, N));
 	assert_int_equal(op_saved_elems_tp(&s, N, 3),
 			 2 * S * H + 2 * S + S * (V / 3) + S * (2 * 3 + 1));
+	s.vocab = 11; /* the largest member's columns: 4 */
+	assert_int_equal(op_saved_elems_tp(&s, N, 3), 2 * S * H + 2 * S + S * 4 + S * (2 * 3 + 1));
 }
 
 static void test_refused_and_errors(void **state)
@@ -323,8 +406,8 @@ static void test_refused_and_errors(void **state)
 	make_ids(tok, tgt);
 	int calls = 0;
 	double loss = 1;
-	/* vocabulary 12: t 5 refused; rank outside [0, t); t 0; no hook */
-	rt_tp_t bad[] = {{.t = 5, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
+	/* vocabulary 12: t 13 refused; rank outside [0, t); t 0; no hook */
+	rt_tp_t bad[] = {{.t = 13, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},
 			 {.t = 2, .rank = 2, .ctx = &calls, .allreduce = tp_failing_allreduce},
 			 {.t = 2, .rank = -1, .ctx = &calls, .allreduce = tp_failing_allreduce},
 			 {.t = 0, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce},

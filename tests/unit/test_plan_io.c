@@ -1313,8 +1313,8 @@ static void test_tp_fields(void **state)
 		{16, 0, 8, 0, "bucket_params[0].tp", "0 is outside [1, 64]"},
 		{16, 0, 12, 1, "bucket_params[0].tp_rank", "shard 1 does not exist (there are 1)"},
 		{19, 1, 12, 2, "held[1].tp_rank", "shard 2 does not exist (there are 2)"},
-		/* an embedding splits by vocabulary: 64 rows, so 2 ways yes, 3 no */
-		{19, 0, 8, 3, "held[0].tp", "component 'tok' cannot be split 3 ways"},
+		/* 3 ways: not the transformer 'body' (4 heads); the embedding
+		 * 'tok' by vocabulary, unevenly: see below */
 		{19, 1, 8, 3, "held[1].tp", "component 'body' cannot be split 3 ways"},
 		/* sequence parallelism (slice sp, at 64): a flag, only on a split
 		 * transformer whose seq the degree divides (clip/c: seq 5) */
@@ -1328,6 +1328,24 @@ static void test_tp_fields(void **state)
 	for (size_t i = 0; i < SP_ARRAY_LEN(cases); i++)
 		expect_patch_rejected(*state, cases[i].id, cases[i].rec, cases[i].at, cases[i].v,
 				      cases[i].path, cases[i].msg);
+	/* an embedding splits by vocabulary unevenly (vocab_shard: 64 over 3
+	 * is 22, 21, 21): held 0, 'tok''s layer, 3 ways is no refusal of its
+	 * tp (other checks may still refuse the patched plan; fewer ids than
+	 * members: test_layers_vocab, tp_whole.py) */
+	const fix_t *f = *state;
+	uint8_t *b = malloc(f->len);
+	assert_non_null(b);
+	memcpy(b, f->bin, f->len);
+	patch(b, f->len, 19, 0, 8, 3);
+	sp_plan_t out;
+	sp_err_t err;
+	memset(&err, 0, sizeof err);
+	int rc = plan_decode(&out, b, f->len, "plan.bin", &err);
+	if (rc == SP_EINPUT && strcmp(err.path, "held[0].tp") == 0)
+		fail_msg("a 3-way shard of the 64-id embedding was refused: %s", err.msg);
+	if (rc == 0)
+		plan_release(&out);
+	free(b);
 }
 
 static void test_model_rules_shared(void **state)

@@ -29,6 +29,18 @@ typedef struct {
 	rt_tp_t tp;
 } member_ctx_t;
 
+/* A collective's result buf[0..n) appended to m's record (if it keeps one). */
+static int record(tp_member_t *m, const float *buf, int64_t n)
+{
+	if (!m->sums)
+		return 0;
+	if (m->n_sums + n > m->cap_sums)
+		return SP_EINTERNAL;
+	memcpy(m->sums + m->n_sums, buf, sizeof(float) * (size_t)n);
+	m->n_sums += n;
+	return 0;
+}
+
 static int group_allreduce(void *ctx, float *buf, int64_t n)
 {
 	member_ctx_t *c = ctx;
@@ -48,14 +60,7 @@ static int group_allreduce(void *ctx, float *buf, int64_t n)
 		return SP_ENOMEM;
 	memcpy(buf, sum, sizeof(float) * (size_t)n);
 	free(sum);
-	tp_member_t *m = c->m;
-	if (!m->sums)
-		return 0;
-	if (m->n_sums + n > m->cap_sums)
-		return SP_EINTERNAL;
-	memcpy(m->sums + m->n_sums, buf, sizeof(float) * (size_t)n);
-	m->n_sums += n;
-	return 0;
+	return record(c->m, buf, n);
 }
 
 /*
@@ -91,7 +96,7 @@ static int group_reduce_scatter(void *ctx, float *buf, int64_t n)
 		return SP_ENOMEM;
 	memcpy(buf + off, sum, sizeof(float) * (size_t)cnt);
 	free(sum);
-	return 0;
+	return record(c->m, buf, n);
 }
 
 static int group_allgather(void *ctx, float *buf, int64_t n)
@@ -107,7 +112,7 @@ static int group_allgather(void *ctx, float *buf, int64_t n)
 			memcpy(buf + off, g->bufs[r] + off, sizeof(float) * (size_t)cnt);
 	}
 	pthread_barrier_wait(&g->bar);
-	return 0;
+	return record(c->m, buf, n);
 }
 
 static void *member_main(void *arg)

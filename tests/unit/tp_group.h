@@ -43,7 +43,8 @@ int tp_group_run(const sp_opshape_t *s, int t, int n, const float *x, const floa
  * carrying the same shared-memory all-reduce (and reduce-scatter and
  * all-gather, in place on comm_shard's shards, for sequence parallelism;
  * tp->sp is 0: a member sets it on its own copy). rec (NULL: none): member j's
- * all-reduce results are appended to rec[j].sums as tp_group_run does
+ * all-reduce results are appended to rec[j].sums as tp_group_run does,
+ * and so are its whole buffers after each reduce-scatter and all-gather
  * (only sums, n_sums, cap_sums are used). Returns 0, or the first member's
  * nonzero return.
  */

@@ -95,6 +95,24 @@ static int z3_own(const sp_plan_t *p, int d, int k, int b, int32_t **out)
 	return n;
 }
 
+/* 1 when device d's uses from instruction k + 1 to the next PFREE of b
+ * run some layer of bucket b (z3_own's count > 0, without the list). */
+static int z3_has_use(const sp_plan_t *p, int d, int k, int b)
+{
+	const sp_device_t *dv = &p->devices[d];
+	for (int j = k + 1; j < dv->n_ins; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		if (in->op == INS_PFREE && in->peer == b)
+			return 0;
+		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
+			continue;
+		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
+			if (q >= 0)
+				return 1;
+	}
+	return 0;
+}
+
 int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
 {
 	const sp_device_t *dv = &p->devices[d];
@@ -110,10 +128,14 @@ int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
 	for (int q = 0; q < bk->n_dev && !*whole; q++) {
 		int m = p->bucket_devs[bk->dev_off + q], seen = 0, used = 0;
 		const sp_device_t *mv = &p->devices[m];
-		for (int j = 0; j < mv->n_ins && !used; j++) {
+		for (int j = 0; j < mv->n_ins && seen < nth; j++) {
 			const sp_ins_t *in = &p->ins[mv->first_ins + j];
 			if (in->op != INS_PGATHER || in->peer != b || ++seen < nth)
 				continue;
+			if (found) { /* the order is known: only whether m uses it */
+				used = z3_has_use(p, m, j, b);
+				continue;
+			}
 			int32_t *own = NULL;
 			used = z3_own(p, m, j, b, &own);
 			if (used < 0) {
@@ -121,7 +143,7 @@ int plan_z3_span(const sp_plan_t *p, int d, int k, int32_t **out, int *whole)
 				*out = NULL;
 				return used;
 			}
-			if (!found && used) {
+			if (used) {
 				*out = own;
 				n = used;
 				found = 1;

@@ -18,6 +18,7 @@
 
 #include "plan_verify.h"
 #include "planner.h"
+#include "hand_inputs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -82,17 +83,7 @@ static void test_eager_backward(void **state)
 			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = 0, .recompute = 0};
 	sp_err_t err = {0};
 	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err, .k = 1};
-	assert_int_equal(cluster_parse(&cluster, CLUSTER, strlen(CLUSTER), "c.json", &err), 0);
-	char *text = strdup(MODEL);
-	assert_non_null(text);
-	for (char *c = text; *c; c++)
-		if (*c == '\'')
-			*c = '"';
-	int rc = model_parse(&model, text, strlen(text), "m.json", &err);
-	free(text);
-	if (rc)
-		print_message("model_parse: %s\n", err.msg);
-	assert_int_equal(rc, 0);
+	hand_inputs(MODEL, CLUSTER, &model, &cluster, &err);
 	sp_arena_init(&pl.arena);
 	sp_arena_init(&pl.scratch);
 	pl.N = 2;
@@ -128,7 +119,7 @@ static void test_eager_backward(void **state)
 		}
 		s.n_waves = NS; /* a wave per slice */
 		s.bwd_eager = eager;
-		rc = lower_run(&pl, &s, &pc, &p);
+		int rc = lower_run(&pl, &s, &pc, &p);
 		if (!rc)
 			rc = memplan_run(&pl, &p, 0);
 		if (rc)
@@ -149,10 +140,7 @@ static void test_eager_backward(void **state)
 	assert_true(pos_x[0] < pos_e[0]);
 	assert_true(pos_e[1] < pos_x[1]);
 	assert_true(ms[1] < ms[0]);
-	sp_arena_release(&pl.arena);
-	sp_arena_release(&pl.scratch);
-	model_release(&model);
-	cluster_release(&cluster);
+	hand_release(&pl, &model, &cluster);
 }
 
 int main(void)

@@ -52,6 +52,13 @@ const sched_cand_t sched_cands[] = {
 	{.name = "lanes-midstep", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_MID_STEP, 1, 1, LANE_ROUNDS + 2},
 	 .max_devices = LANES_BIG_CLUSTER},
+	/* lanes apart with the backward in the eager order (lower_xfer.c): a
+	 * slice whose gradients are in starts when its devices are free, not
+	 * behind the slices the forward ran on them after it, so a component's
+	 * last backward and its sync can come earlier; last of the lanes, so
+	 * it changes a plan only where it is faster */
+	{.name = "lanes-apart-eager", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
+	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
 	/* data parallel on all devices: the sequential plan; when nothing
 	 * beats it, ours is that */
 	{.name = "data-parallel", .sched = CAND_BASELINE, .reuses_baseline = 1},
@@ -130,6 +137,7 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 		return sched_list(pl, w, c->mem_frac, out);
 	if ((rc = sched_lanes(pl, w, &c->lanes, &mids, out)))
 		return rc;
+	out->bwd_eager = c->bwd_eager;
 	/* middle steps asked for and none taken: the end-game lanes again */
 	return c->lanes.first_split == LANE_SPLIT_MID_STEP && !mids ? SCHED_NOTHING_NEW : 0;
 }

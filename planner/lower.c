@@ -26,7 +26,8 @@
  *
  * Order. All instructions are emitted into one global sequence: forward
  * slices in schedule order, for each device slot its RECVs, its FWD (or
- * LOSS), then its SENDs; then backward slices in reverse order, RECVs, BWD,
+ * LOSS), then its SENDs; then backward slices in reverse order (or, when
+ * the schedule asks for it, in the eager order: lower_xfer.c), RECVs, BWD,
  * SENDs (for sequential-paper, algo_task_by_task, that pass task by task:
  * each task's forward then its backward). Each device's program is its
  * subsequence. Every RECV comes after

@@ -30,6 +30,7 @@
  */
 #include "lower.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 static int slice_tp(const lstate_t *st, int slice)
@@ -359,8 +360,120 @@ static int emit_slice(lstate_t *st, int i, int grad)
 	return 0;
 }
 
+/* The latest free time of slice i's devices in free. */
+static double devs_free(const lstate_t *st, int i, const double *free)
+{
+	double t = 0;
+	for (int j = 0; j < st->s->s[i].n; j++)
+		t = fmax(t, free[lower_dev_of(st, i, j)]);
+	return t;
+}
+
+static void devs_take(const lstate_t *st, int i, double *free, double t)
+{
+	for (int j = 0; j < st->s->s[i].n; j++)
+		free[lower_dev_of(st, i, j)] = t;
+}
+
+/*
+ * The eager backward order: the backward slices in the order a list
+ * schedule of them starts them, each as early as its devices and its
+ * gradients allow (estimated from the cost tables, transfers left out):
+ * the forward as emitted, then, repeatedly, of the backward slices whose
+ * gradients are all in (every slice that sends it some has run), the one
+ * that can start first; on a tie the one the reverse order puts first.
+ * In the reverse order a device runs its slices last forwarded first, so
+ * a lane whose devices the end of another lane borrowed waits for that
+ * lane's backward; here it starts as soon as its own loss is done, and a
+ * component's last backward, and its sync, can come earlier (and the
+ * borrower's later: the simulator judges). A slice comes after every
+ * slice it receives gradients from (the next slice of its MetaOp, or the
+ * first slice of each consumer: the last one to run there), so every
+ * RECV still follows its SEND. out: the non-sink slices in that order.
+ */
+static int bwd_eager_order(lstate_t *st, int *out, int *n_out)
+{
+	const sched_t *s = st->s;
+	const planner_t *pl = st->pl;
+	int S = s->n, N = pl->N;
+	double *free = sp_arena_calloc(st->a, (size_t)N + 1, sizeof(double));
+	double *fin = sp_arena_calloc(st->a, (size_t)S + 1, sizeof(double));
+	double *dep = sp_arena_calloc(st->a, (size_t)S + 1, sizeof(double));
+	int *cnt = sp_arena_calloc(st->a, (size_t)S + 1, sizeof(int));
+	uint8_t *done = sp_arena_calloc(st->a, (size_t)S + 1, 1);
+	if (!free || !fin || !dep || !cnt || !done)
+		return SP_ENOMEM;
+	for (int i = 0; i < S; i++) { /* the forward, in order */
+		const sslice_t *x = &s->s[i];
+		const metaop_t *mo = &pl->mops[x->metaop];
+		double t = devs_free(st, i, free);
+		if (st->prev[i] >= 0)
+			t = fmax(t, fin[st->prev[i]]);
+		else
+			for (int k = 0; k < mo->n_pred; k++)
+				t = fmax(t, fin[st->last[pl->edges[mo->pred[k]].src]]);
+		fin[i] = t + (x->lt - x->lf) * (mo->tf[x->n] + (mo->sink ? mo->tb[x->n] : 0));
+		devs_take(st, i, free, fin[i]);
+	}
+	for (int i = 0; i < S; i++) {
+		const metaop_t *mo = &pl->mops[s->s[i].metaop];
+		done[i] = (uint8_t)mo->sink;
+		if (st->last[s->s[i].metaop] != i) {
+			cnt[i] = 1; /* the next slice of the MetaOp */
+			continue;
+		}
+		for (int k = 0; k < mo->n_succ; k++) {
+			int c = pl->edges[mo->succ[k]].dst;
+			if (pl->mops[c].sink)
+				dep[i] = fmax(dep[i], fin[st->last[c]]);
+			else
+				cnt[i]++; /* c's first slice, its backward's last */
+		}
+	}
+	*n_out = 0;
+	for (;;) {
+		int best = -1;
+		double bt = 0;
+		for (int i = S - 1; i >= 0; i--) {
+			if (done[i] || cnt[i])
+				continue;
+			double t = fmax(dep[i], devs_free(st, i, free));
+			if (best < 0 || t < bt) {
+				best = i;
+				bt = t;
+			}
+		}
+		if (best < 0)
+			break;
+		const sslice_t *x = &s->s[best];
+		const metaop_t *mo = &pl->mops[x->metaop];
+		double t1 = bt + (x->lt - x->lf) * mo->tb[x->n];
+		done[best] = 1;
+		out[(*n_out)++] = best;
+		devs_take(st, best, free, t1);
+		int pv = st->prev[best];
+		if (pv >= 0) {
+			cnt[pv]--;
+			dep[pv] = fmax(dep[pv], t1);
+			continue;
+		}
+		for (int k = 0; k < mo->n_pred; k++) {
+			int l = st->last[pl->edges[mo->pred[k]].src];
+			cnt[l]--;
+			dep[l] = fmax(dep[l], t1);
+		}
+	}
+	for (int i = 0; i < S; i++) /* a cycle: cannot happen on a DAG */
+		if (!done[i])
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "eager backward order: slice %d of '%s' never ready", i,
+					  pl->mops[s->s[i].metaop].name);
+	return 0;
+}
+
 /* The slices of task (all of them: -1): forward slices in schedule order,
- * then backward slices in reverse order (losses did theirs). */
+ * then backward slices in reverse order (losses did theirs), or in the
+ * eager order (bwd_eager_order) when the schedule asks for it. */
 static int emit_pass(lstate_t *st, int task)
 {
 	const sched_t *s = st->s;
@@ -369,6 +482,17 @@ static int emit_pass(lstate_t *st, int task)
 		int i = st->order[ii];
 		if ((task < 0 || mops[s->s[i].metaop].task == task) && emit_slice(st, i, 0))
 			return SP_ENOMEM;
+	}
+	if (task < 0 && s->bwd_eager) {
+		int n = 0, rc, *ord = sp_arena_calloc(st->a, (size_t)s->n + 1, sizeof(int));
+		if (!ord)
+			return SP_ENOMEM;
+		if ((rc = bwd_eager_order(st, ord, &n)))
+			return rc;
+		for (int k = 0; k < n; k++)
+			if (emit_slice(st, ord[k], 1))
+				return SP_ENOMEM;
+		return 0;
 	}
 	for (int ii = s->n - 1; ii >= 0; ii--) {
 		int i = st->order[ii];

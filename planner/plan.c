@@ -71,7 +71,7 @@ static void seen_release(seen_t *v)
 static int sched_same(const sched_t *a, const sched_t *b)
 {
 	if (a->algo != b->algo || a->n != b->n || a->n_waves != b->n_waves ||
-	    a->n_devs != b->n_devs ||
+	    a->n_devs != b->n_devs || a->bwd_eager != b->bwd_eager ||
 	    (a->n_devs && memcmp(a->devs, b->devs, sizeof *a->devs * (size_t)a->n_devs)))
 		return 0;
 	for (int i = 0; i < a->n; i++) {

@@ -388,6 +388,8 @@ typedef struct {
 	int32_t *devs; /* devices of slices placed while scheduling */
 	int n_devs, cap_devs;
 	sp_arena_t *arena;
+	int bwd_eager; /* the lowering's backward order: 0 the forward's reverse,
+			* 1 eager (lower_xfer.c) */
 } sched_t;
 
 /* An empty schedule of algorithm a growing in arena. */
@@ -526,6 +528,7 @@ typedef struct {
 	int max_devices;     /* 0: any cluster; else skipped above this */
 	int min_nodes;       /* 0: any cluster; else skipped below this many nodes */
 	int reuses_baseline; /* the sequential plan: plan.c may reuse it */
+	int bwd_eager;       /* its schedule's backward in the eager order */
 } sched_cand_t;
 
 extern const sched_cand_t sched_cands[];

@@ -117,6 +117,7 @@ int sched_copy(sched_t *out, const sched_t *s)
 	out->n = s->n;
 	out->n_waves = s->n_waves;
 	out->n_devs = s->n_devs;
+	out->bwd_eager = s->bwd_eager;
 	return 0;
 }
 

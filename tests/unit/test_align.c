@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "planner.h"
+#include "hand_inputs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,17 +87,7 @@ static void test_align_whole_nodes(void **state)
 			    .mem_reserve_gib = 2, .milp_nodes = 200};
 	sp_err_t err = {0};
 	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err};
-	assert_int_equal(cluster_parse(&cluster, CLUSTER, strlen(CLUSTER), "c.json", &err), 0);
-	char *text = strdup(MODEL);
-	assert_non_null(text);
-	for (char *c = text; *c; c++)
-		if (*c == '\'')
-			*c = '"';
-	int rc = model_parse(&model, text, strlen(text), "m.json", &err);
-	free(text);
-	if (rc)
-		print_message("model_parse: %s\n", err.msg);
-	assert_int_equal(rc, 0);
+	hand_inputs(MODEL, CLUSTER, &model, &cluster, &err);
 	sp_arena_init(&pl.arena);
 	sp_arena_init(&pl.scratch);
 	pl.N = 12;
@@ -165,10 +156,7 @@ static void test_align_whole_nodes(void **state)
 
 	free(dv);
 	free(off);
-	sp_arena_release(&pl.arena);
-	sp_arena_release(&pl.scratch);
-	model_release(&model);
-	cluster_release(&cluster);
+	hand_release(&pl, &model, &cluster);
 }
 
 int main(void)

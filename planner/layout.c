@@ -35,11 +35,13 @@
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
  * cap needs it (choose_zero2 in step 2, before recomputation; dropped again
- * when the slices recomputed later make zero-1 fit: drop_zero2). It moves
- * the bytes zero-1 moves, but the runtime completes each reduce-scatter
- * before it places the next full gradient (plan_z2_walk's done), so the
- * backward can wait for it (sim.c): memory bought with time, like
- * recomputation.
+ * when the slices recomputed later make zero-1 fit: drop_zero2; and
+ * once simulated, zero-1 with more slices recomputing is tried instead,
+ * kept when faster: try_zero1_recompute). It moves the bytes zero-1
+ * moves, but the runtime completes each reduce-scatter before it places
+ * the next full gradient (plan_z2_walk's done; one placement later when
+ * overlapped: try_overlap), so the backward can wait for it (sim.c):
+ * memory bought with time, like recomputation.
  * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
  * lower_zero3.c): auto does not choose it; when nothing fits, the advice
  * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
@@ -562,6 +564,58 @@ cleanup:
 	return rc;
 }
 
+/* --zero auto, a plan fitted with zero-2 (fit_memory_at takes it before
+ * recomputing): the other way to fit, every zero-2 bucket back in zero-1
+ * and more slices recomputing (best_slice, as fit_memory_at picks them),
+ * simulated in full (recomputation changes the compute) and kept when
+ * faster: zero-2's waits for its reduce-scatters can cost more than a
+ * forward re-run. Else the plan as it was. */
+static int try_zero1_recompute(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int n = 0, rc = 0, d;
+	for (int b = 0; b < p->n_buckets && pl->opts->zero < 0 && pl->opts->recompute < 0; b++)
+		n += p->buckets[b].layout == LAYOUT_ZERO2;
+	if (!n)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	trial_save_t t;
+	int32_t *all = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *all);
+	if (!all || (rc = trial_save(a, p, &t)))
+		goto cleanup;
+	for (int i = 0; i < p->n_devices; i++)
+		all[i] = i;
+	for (int b = 0; b < p->n_buckets; b++)
+		if (p->buckets[b].layout == LAYOUT_ZERO2) {
+			p->buckets[b].layout = LAYOUT_ZERO1;
+			p->buckets[b].overlap = 0;
+			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
+		}
+	if ((rc = remem(p, all, p->n_devices, NULL)))
+		goto cleanup;
+	int fits = 1;
+	while (fits && (d = worst_device(pl, p)) >= 0) {
+		int s = best_slice(pl, p, d);
+		if (s < 0) {
+			fits = 0;
+			break;
+		}
+		p->slices[s].recompute = 1;
+		if ((rc = remem(p, p->slice_devs + p->slices[s].dev_off, p->slices[s].n_dev, NULL)))
+			goto cleanup;
+	}
+	sim_result_t r;
+	if (fits && !(rc = regather(p)) &&
+	    !(rc = res->partial ? sim_iteration(pl, p, &r) : sim_run(pl, p, 1, &r)) &&
+	    r.iteration_ms < res->iteration_ms * (1 - 1e-9))
+		*res = r;
+	else if (!rc)
+		rc = trial_restore(pl, p, &t);
+cleanup:
+	sp_arena_reset(a, mark);
+	return rc ? rc : !all ? SP_ENOMEM : 0;
+}
+
 /* --rs-overlap auto, a plan with zero-2 or zero-3 buckets: every one of
  * them overlapped at once (its reduce-scatter completes one placement
  * later, beside the next bucket's backward: plan_z2_walk), kept when every
@@ -624,7 +678,9 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int rc = pl->opts->zero < 0 && pl->lay_large ? try_shard_all(pl, p, res) : 0;
-	return no_memory(pl, rc ? rc : try_overlap(pl, p, res));
+	if (!rc)
+		rc = try_overlap(pl, p, res);
+	return no_memory(pl, rc ? rc : try_zero1_recompute(pl, p, res));
 }
 
 /* ---- the report ----------------------------------------------------------- */

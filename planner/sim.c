@@ -42,11 +42,13 @@
  *                 it takes beyond that layer's compute is added to the
  *                 FWD/BWD/LOSS running that layer (pg_overlap); PFREE
  *                 takes no time
- *   GATHER        zero-1: the bucket's all-gather starts when its last
- *                 member finished that bucket's update and takes the
- *                 bucket's gather_ms (priced alone on the network: the
- *                 gathers run after every other collective); the device is
- *                 done when its gathers are
+ *   GATHER        zero-1/2: the bucket's all-gather starts when its last
+ *                 member has updated the bucket (the runtime starts it
+ *                 there, in the STEP) and takes the bucket's gather_ms
+ *                 (priced alone on the network: the gathers run after
+ *                 every other collective); a device's gathers add up
+ *                 (they share its links), and the device is done when
+ *                 they are
  * Devices run ahead of each other (progs.c); the network runs in time
  * order. When no device can proceed, the network runs to its next arrival:
  * every device is then waiting, so whatever it sends later leaves after
@@ -557,7 +559,10 @@ static int sim_progs(sim_t *st)
 
 /* Every device's optimizer step: it updates one bucket's parameters (or
  * its zero-1 shard) at a time, in program order, each as soon as its
- * collective is done; then the zero-1 all-gathers. */
+ * collective is done; and the zero-1 all-gathers as the runtime runs
+ * them (exec_step): a bucket's all-gather starts once every member has
+ * updated it, beside the later updates, and a device's all-gathers, in
+ * flight together on its links, take their times one after another. */
 static void finish_steps(sim_t *st)
 {
 	const sp_plan_t *p = st->p;
@@ -583,12 +588,13 @@ static void finish_steps(sim_t *st)
 	}
 	for (int d = 0; d < p->n_devices && (st->mode & SIM_SYNC); d++) {
 		const sp_device_t *dv = &p->devices[d];
-		double t = st->now[d];
+		double t = 0; /* the device's links: its all-gathers one after another */
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *ga = &p->ins[dv->first_ins + k];
 			if (ga->op == INS_GATHER)
-				t = fmax(t, st->gather_at[ga->peer] + p->buckets[ga->peer].gather_ms);
+				t = fmax(t, st->gather_at[ga->peer]) + p->buckets[ga->peer].gather_ms;
 		}
+		t = fmax(t, st->now[d]);
 		st->wait[d] += t - st->now[d];
 		st->now[d] = t;
 	}

@@ -595,6 +595,7 @@ static int check_step(rt_state_t *st)
 	for (int i = 0; i < st->n_mb; i++) {
 		mb_of[st->mb[i].bucket] = i;
 		st->mb[i].sync = st->mb[i].gather = -1;
+		st->mb[i].gstarted = 0;
 		zero1 += st->mb[i].zero1 && !st->mb[i].zero3;
 	}
 	for (int k = 0; k < st->n_ins && !rc; k++) {
@@ -1436,6 +1437,10 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			if (st->mb[i].bucket == in->peer) {
 				mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
+				if (in->op == INS_GATHER && mb->gstarted) { /* by exec_step */
+					mb->gstarted = 0;
+					return 0;
+				}
 				/* zero-2: a bucket nothing wrote reduce-scatters zeros */
 				int rc = in->op == INS_SYNC && mb->zero2 && !mb->full
 						 ? rt_z2_alloc(st, mb, k, err)
@@ -1517,7 +1522,11 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * all-reduce (zero-1: reduce-scatter), then update the parameters the rank
  * owns, so the updates of early buckets overlap the collectives of later
  * ones (the optimizer is elementwise, so this equals one update of
- * everything). Then the sends still in flight.
+ * everything); a zero-1/2 bucket's all-gather of its GATHER starts right
+ * after its update (its shard is final then), beside the later updates:
+ * the same all-gathers in the same order on every member as at the
+ * GATHERs (SYNC order both), which then have nothing left to do. Then the
+ * sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
@@ -1536,6 +1545,15 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 				break;
 			}
 		step_bucket(st, mb, t);
+		if (mb->gather >= 0) { /* its GATHER's all-gather, now (see above) */
+			rt_req_t r = {0};
+			st->b->sync();
+			if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &r))
+				return fail(st, err, mb->gather, "starting the all-gather failed");
+			if (add_pending(st, r, mb->gather))
+				return fail(st, err, mb->gather, "out of memory");
+			mb->gstarted = 1;
+		}
 		if (poll_pending(st, err))
 			return err->code;
 	}

@@ -27,6 +27,7 @@ typedef struct {
 	int64_t soff, sn; /* the owned range in them (the whole one unless zero1) */
 	int64_t moff;     /* where the owned range starts in m and v */
 	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
+	int gstarted;     /* zero1: exec_step started its GATHER's all-gather */
 	int64_t goff;     /* not zero2: where its gradients start in g */
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */

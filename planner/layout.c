@@ -65,9 +65,10 @@ int layout_prepare(planner_t *pl)
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	pl->lay_big = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_saved = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
 	pl->lay_opt = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
-	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved || !pl->lay_opt)
+	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_big || !pl->lay_saved || !pl->lay_opt)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int c = 0; c < md->n_comps; c++) {
 		const sp_component_t *cp = &md->comps[c];
@@ -77,6 +78,7 @@ int layout_prepare(planner_t *pl)
 		pl->lay_shard[c] = pl->opts->zero >= 1 || (pl->opts->zero < 0 && large);
 		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
 				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
+		pl->lay_big[c] = (uint8_t)large;
 		pl->lay_large |= large;
 	}
 	/* the placer asks for these per slice and device: computed once */
@@ -625,6 +627,78 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int rc = pl->opts->zero < 0 && pl->lay_large ? try_shard_all(pl, p, res) : 0;
 	return no_memory(pl, rc ? rc : try_overlap(pl, p, res));
+}
+
+/* ---- zero-3 under auto ------------------------------------------------------ */
+
+/* The schedule and placement plan p was lowered from, into *s and *pc (in
+ * pl->scratch): its slices' MetaOps, layers, widths, degrees, waves and
+ * devices. The nominal times are the simulator's (lowering only copies
+ * them; the simulator sets them again). */
+static int plan_schedule(planner_t *pl, const sp_plan_t *p, sched_t *s, place_t *pc)
+{
+	algo_t a;
+	if (algo_parse(p->algo, &a))
+		a = ALGO_SPINDLE;
+	sched_init(s, a, &pl->scratch);
+	s->s = sp_arena_calloc(&pl->scratch, (size_t)p->n_slices + 1, sizeof *s->s);
+	pc->off = sp_arena_calloc(&pl->scratch, (size_t)p->n_slices + 1, sizeof *pc->off);
+	if (!s->s || !pc->off)
+		return SP_ENOMEM;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *x = &p->slices[i];
+		s->s[i] = (sslice_t){.metaop = x->metaop, .lf = x->layer_from, .lt = x->layer_to,
+				     .n = x->n_dev, .wave = x->wave, .t0 = x->start_ms,
+				     .t1 = x->start_ms + x->fwd_ms, .dev_off = -1, .tp = x->tp};
+		pc->off[i] = x->dev_off;
+	}
+	s->n = s->cap = p->n_slices;
+	s->n_waves = p->n_waves;
+	pc->devs = p->slice_devs;
+	return 0;
+}
+
+/* The worst device's bytes over the cap (<= 0: p fits). */
+static double over_cap(const planner_t *pl, const sp_plan_t *p)
+{
+	double over = -HUGE_VAL;
+	for (int d = 0; d < p->n_devices; d++)
+		over = fmax(over, (double)p->devices[d].mem_peak - pl->mem_cap);
+	return over;
+}
+
+int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0 || !pl->lay_large || !p->n_slices || over_cap(pl, p) <= 0)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	sched_t s;
+	place_t pc;
+	sp_plan_t q = {0};
+	sim_result_t r = {0};
+	int rc = plan_schedule(pl, p, &s, &pc), any = 0;
+	if (rc)
+		rc = no_memory(pl, rc);
+	else
+		rc = lower_run_z3(pl, &s, &pc, pl->lay_big, &q);
+	for (int b = 0; !rc && b < q.n_buckets; b++)
+		any |= q.buckets[b].layout == LAYOUT_ZERO3;
+	if (!rc && any && !(rc = memplan_run(pl, &q, 0)) && !(rc = layout_fit(pl, &q)) &&
+	    !(rc = sim_run(pl, &q, 1, &r)))
+		rc = layout_trial(pl, &q, &r);
+	sp_arena_reset(a, mark);
+	int keep = 0;
+	if (!rc && any) /* p is over the cap: q is kept when it fits */
+		keep = over_cap(pl, &q) <= 0;
+	if (keep) {
+		plan_release(p);
+		*p = q;
+		*res = r;
+	} else {
+		plan_release(&q);
+	}
+	return rc ? rc : keep;
 }
 
 /* ---- the report ----------------------------------------------------------- */

@@ -154,11 +154,15 @@ static int worst_device(const planner_t *pl, const sp_plan_t *p)
 	return worst;
 }
 
-/* Bytes of optimizer state zero-1 frees on each member of bucket b. */
+/* Bytes of optimizer state zero-1 frees on each member of bucket b; of
+ * all its state (weights and gradients too: the full layers gathered at a
+ * use come on top) under zero-3. */
 static double shard_saving(const sp_plan_t *p, int b)
 {
 	const sp_bucket_t *bk = &p->buckets[b];
-	double opt = (double)opt_state_bytes(p->model.dtype, p->model.opt.kind);
+	double opt = (double)(bk->layout == LAYOUT_ZERO3
+				      ? param_state_bytes(p->model.dtype, p->model.opt.kind)
+				      : opt_state_bytes(p->model.dtype, p->model.opt.kind));
 	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
 }
 
@@ -788,8 +792,8 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "%s %s %d x %lld", t ? "," : "", p->model.tasks[t].name,
 			plan_task_k(p, t), (long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
-	fprintf(f, "\nlayouts (zero-3 only when forced: --zero 3)\n  %-4s %-22s %6s "
-		   "%12s %-10s %13s %12s %12s\n",
+	fprintf(f, "\nlayouts (zero-3 under auto: the large components' buckets when only "
+		   "it fits)\n  %-4s %-22s %6s %12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
 	for (int b = 0; b < p->n_buckets; b++) {
@@ -833,10 +837,14 @@ void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 	fprintf(f, "},\n  \"buckets\": [");
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
-		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
+		char nm[SP_NAME_MAX + 32];
+		bucket_name(nm, sizeof nm, p, bk);
+		fprintf(f, "%s\n    {\"parameters\": ", b ? "," : "");
+		sp_json_str(f, nm);
+		fprintf(f, ", \"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
 			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f, "
 			   "\"overlap\": %s}",
-			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
 			bk->gather_ms, bk->overlap ? "true" : "false");
 	}

@@ -40,9 +40,15 @@
  * before it places the next full gradient (plan_z2_walk's done), so the
  * backward can wait for it (sim.c): memory bought with time, like
  * recomputation.
- * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
- * lower_zero3.c): auto does not choose it; when nothing fits, the advice
- * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
+ * Zero-3 (weights sharded too: lower_sync.c and lower_zero3.c) is forced
+ * by --zero 3, or under auto taken for a chosen plan that does not fit
+ * (layout_zero3, plan.c after the algorithms ran): its schedule and
+ * placement lowered again with the large components' buckets in zero-3,
+ * then step 2 and the trials as above, kept when it fits. Not tried for a
+ * plan that fits: on the bundled workloads the chosen schedule in zero-3
+ * was slower and the try cost more planning time than the whole plan
+ * (README). When nothing fits, the advice names forced zero-3 if it would
+ * fit (layout_advise). Layouts do not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.

@@ -774,11 +774,11 @@ int layout_fit(planner_t *pl, sp_plan_t *p);
 /* Ours, once simulated (res): zero-1 for large components' other buckets
  * when not slower (p and res updated). */
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
-/* --zero auto, a model with a large component: the chosen plan p (res, its
- * complete simulation) lowered again on its own schedule and placement with
- * the large components' buckets in zero-3, fitted (layout_fit), simulated
- * and tried (layout_trial); it replaces p and res when it fits and p does
- * not, or when both fit and it is faster. 1 when it did, 0, or an error. */
+/* --zero auto, a model with a large component, the chosen plan p over the
+ * cap: p lowered again on its own schedule and placement with the large
+ * components' buckets of 2+ devices in zero-3, fitted (layout_fit),
+ * simulated and tried (layout_trial); it replaces p and res (p's complete
+ * simulation) when it fits. 1 when it did, 0, or an error. */
 int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* The report's layouts: each bucket's layout and each transformer MetaOp's
  * recomputing slices, with the bytes they free per device and the time they

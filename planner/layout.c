@@ -42,9 +42,15 @@
  * the next full gradient (plan_z2_walk's done; one placement later when
  * overlapped: try_overlap), so the backward can wait for it (sim.c):
  * memory bought with time, like recomputation.
- * Zero-3 (weights sharded too) is only forced (--zero 3, lower_sync.c and
- * lower_zero3.c): auto does not choose it; when nothing fits, the advice
- * names it if it would fit (layout_advise). It does not choose micro-batches (plan.c
+ * Zero-3 (weights sharded too: lower_sync.c and lower_zero3.c) is forced
+ * by --zero 3, or under auto taken for a chosen plan that does not fit
+ * (layout_zero3, plan.c after the algorithms ran): its schedule and
+ * placement lowered again with the large components' buckets in zero-3,
+ * then step 2 and the trials as above, kept when it fits. Not tried for a
+ * plan that fits: on the bundled workloads the chosen schedule in zero-3
+ * was slower and the try cost more planning time than the whole plan
+ * (README). When nothing fits, the advice names forced zero-3 if it would
+ * fit (layout_advise). Layouts do not choose micro-batches (plan.c
  * does: planner_run), and it does not reschedule: a candidate whose schedule cannot fit even with every
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
@@ -67,9 +73,10 @@ int layout_prepare(planner_t *pl)
 	int64_t psb = param_state_bytes(md->dtype, md->opt.kind);
 	pl->lay_shard = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_redo = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
+	pl->lay_big = sp_arena_calloc(&pl->arena, (size_t)md->n_comps + 1, 1);
 	pl->lay_saved = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
 	pl->lay_opt = sp_arena_calloc(&pl->arena, (size_t)pl->n_mops + 1, sizeof(double));
-	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_saved || !pl->lay_opt)
+	if (!pl->lay_shard || !pl->lay_redo || !pl->lay_big || !pl->lay_saved || !pl->lay_opt)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	for (int c = 0; c < md->n_comps; c++) {
 		const sp_component_t *cp = &md->comps[c];
@@ -79,6 +86,7 @@ int layout_prepare(planner_t *pl)
 		pl->lay_shard[c] = pl->opts->zero >= 1 || (pl->opts->zero < 0 && large);
 		pl->lay_redo[c] = cp->type == COMP_TRANSFORMER &&
 				  (pl->opts->recompute == 1 || (pl->opts->recompute < 0 && large));
+		pl->lay_big[c] = (uint8_t)large;
 		pl->lay_large |= large;
 	}
 	/* the placer asks for these per slice and device: computed once */
@@ -154,11 +162,15 @@ static int worst_device(const planner_t *pl, const sp_plan_t *p)
 	return worst;
 }
 
-/* Bytes of optimizer state zero-1 frees on each member of bucket b. */
+/* Bytes of optimizer state zero-1 frees on each member of bucket b; of
+ * all its state (weights and gradients too: the full layers gathered at a
+ * use come on top) under zero-3. */
 static double shard_saving(const sp_plan_t *p, int b)
 {
 	const sp_bucket_t *bk = &p->buckets[b];
-	double opt = (double)opt_state_bytes(p->model.dtype, p->model.opt.kind);
+	double opt = (double)(bk->layout == LAYOUT_ZERO3
+				      ? param_state_bytes(p->model.dtype, p->model.opt.kind)
+				      : opt_state_bytes(p->model.dtype, p->model.opt.kind));
 	return bk->n_dev < 2 ? 0 : (double)bk->elems * opt * (1.0 - 1.0 / bk->n_dev);
 }
 
@@ -683,6 +695,78 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	return no_memory(pl, rc ? rc : try_zero1_recompute(pl, p, res));
 }
 
+/* ---- zero-3 under auto ------------------------------------------------------ */
+
+/* The schedule and placement plan p was lowered from, into *s and *pc (in
+ * pl->scratch): its slices' MetaOps, layers, widths, degrees, waves and
+ * devices. The nominal times are the simulator's (lowering only copies
+ * them; the simulator sets them again). */
+static int plan_schedule(planner_t *pl, const sp_plan_t *p, sched_t *s, place_t *pc)
+{
+	algo_t a;
+	if (algo_parse(p->algo, &a))
+		a = ALGO_SPINDLE;
+	sched_init(s, a, &pl->scratch);
+	s->s = sp_arena_calloc(&pl->scratch, (size_t)p->n_slices + 1, sizeof *s->s);
+	pc->off = sp_arena_calloc(&pl->scratch, (size_t)p->n_slices + 1, sizeof *pc->off);
+	if (!s->s || !pc->off)
+		return SP_ENOMEM;
+	for (int i = 0; i < p->n_slices; i++) {
+		const sp_slice_t *x = &p->slices[i];
+		s->s[i] = (sslice_t){.metaop = x->metaop, .lf = x->layer_from, .lt = x->layer_to,
+				     .n = x->n_dev, .wave = x->wave, .t0 = x->start_ms,
+				     .t1 = x->start_ms + x->fwd_ms, .dev_off = -1, .tp = x->tp};
+		pc->off[i] = x->dev_off;
+	}
+	s->n = s->cap = p->n_slices;
+	s->n_waves = p->n_waves;
+	pc->devs = p->slice_devs;
+	return 0;
+}
+
+/* The worst device's bytes over the cap (<= 0: p fits). */
+static double over_cap(const planner_t *pl, const sp_plan_t *p)
+{
+	double over = -HUGE_VAL;
+	for (int d = 0; d < p->n_devices; d++)
+		over = fmax(over, (double)p->devices[d].mem_peak - pl->mem_cap);
+	return over;
+}
+
+int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0 || !pl->lay_large || !p->n_slices || over_cap(pl, p) <= 0)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	sched_t s;
+	place_t pc;
+	sp_plan_t q = {0};
+	sim_result_t r = {0};
+	int rc = plan_schedule(pl, p, &s, &pc), any = 0;
+	if (rc)
+		rc = no_memory(pl, rc);
+	else
+		rc = lower_run_z3(pl, &s, &pc, pl->lay_big, &q);
+	for (int b = 0; !rc && b < q.n_buckets; b++)
+		any |= q.buckets[b].layout == LAYOUT_ZERO3;
+	if (!rc && any && !(rc = memplan_run(pl, &q, 0)) && !(rc = layout_fit(pl, &q)) &&
+	    !(rc = sim_run(pl, &q, 1, &r)))
+		rc = layout_trial(pl, &q, &r);
+	sp_arena_reset(a, mark);
+	int keep = 0;
+	if (!rc && any) /* p is over the cap: q is kept when it fits */
+		keep = over_cap(pl, &q) <= 0;
+	if (keep) {
+		plan_release(p);
+		*p = q;
+		*res = r;
+	} else {
+		plan_release(&q);
+	}
+	return rc ? rc : keep;
+}
+
 /* ---- the report ----------------------------------------------------------- */
 
 /* Bytes slice s frees per device by recomputing: each layer keeps its input
@@ -770,8 +854,8 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "%s %s %d x %lld", t ? "," : "", p->model.tasks[t].name,
 			plan_task_k(p, t), (long long)p->model.tasks[t].batch);
 	fprintf(f, "\n");
-	fprintf(f, "\nlayouts (zero-3 only when forced: --zero 3)\n  %-4s %-22s %6s "
-		   "%12s %-10s %13s %12s %12s\n",
+	fprintf(f, "\nlayouts (zero-3 under auto: the large components' buckets when only "
+		   "it fits)\n  %-4s %-22s %6s %12s %-10s %13s %12s %12s\n",
 		"bkt", "parameters", "group", "elements", "layout", "saved GiB/dev", "sync ms",
 		"gather ms");
 	for (int b = 0; b < p->n_buckets; b++) {
@@ -815,10 +899,14 @@ void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 	fprintf(f, "},\n  \"buckets\": [");
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
-		fprintf(f, "%s\n    {\"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
+		char nm[SP_NAME_MAX + 32];
+		bucket_name(nm, sizeof nm, p, bk);
+		fprintf(f, "%s\n    {\"parameters\": ", b ? "," : "");
+		sp_json_str(f, nm);
+		fprintf(f, ", \"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
 			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f, "
 			   "\"overlap\": %s}",
-			b ? "," : "", bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
+			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
 			bk->gather_ms, bk->overlap ? "true" : "false");
 	}

@@ -225,7 +225,13 @@ static int lower_steps(lstate_t *st, sp_plan_t *out)
 
 int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out)
 {
-	lstate_t st = {.pl = pl, .s = s, .pc = pc, .a = &pl->scratch};
+	return lower_run_z3(pl, s, pc, NULL, out);
+}
+
+int lower_run_z3(planner_t *pl, const sched_t *s, const place_t *pc, const uint8_t *z3,
+		 sp_plan_t *out)
+{
+	lstate_t st = {.pl = pl, .s = s, .pc = pc, .a = &pl->scratch, .z3 = z3};
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	memset(out, 0, sizeof *out);
 	int rc = lower_steps(&st, out);

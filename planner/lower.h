@@ -31,6 +31,7 @@ typedef struct {
 	const sched_t *s;
 	const place_t *pc;
 	sp_arena_t *a;
+	const uint8_t *z3; /* per component: its buckets in zero-3 (NULL: none) */
 	int *order; /* slices in execution order */
 	int *prev;  /* per slice: the same MetaOp's previous slice, or -1 */
 	int *last;  /* per MetaOp: its last slice */

@@ -132,11 +132,17 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *fi
 		bk->elems += comp_layer_params_tp(&md->comps[pcomp[q]], st->ptp[q]);
 	}
 	bk->n_params = out->n_bucket_params - bk->param_off;
-	/* --zero 1|2|3 forces the layout on every group of 2 or more devices */
-	bk->layout = bk->n_dev < 2 || st->pl->opts->zero < 1 ? LAYOUT_REPLICATED
-		     : st->pl->opts->zero == 3		  ? LAYOUT_ZERO3
-		     : st->pl->opts->zero == 2		  ? LAYOUT_ZERO2
-							  : LAYOUT_ZERO1;
+	/* --zero 1|2|3 forces the layout on every group of 2 or more devices;
+	 * under auto, st->z3 (layout_zero3) the groups of its components */
+	int z3 = 0;
+	for (int k = 0; st->z3 && k < bk->n_params; k++)
+		z3 |= st->z3[out->bucket_params[bk->param_off + k].comp];
+	bk->layout = bk->n_dev < 2 ? LAYOUT_REPLICATED
+		     : z3 ? LAYOUT_ZERO3
+		     : st->pl->opts->zero < 1 ? LAYOUT_REPLICATED
+		     : st->pl->opts->zero == 3 ? LAYOUT_ZERO3
+		     : st->pl->opts->zero == 2 ? LAYOUT_ZERO2
+					       : LAYOUT_ZERO1;
 	bk->overlap = layout_grads_sharded(bk->layout) && st->pl->opts->rs_overlap == 1;
 	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
 }

@@ -1182,6 +1182,16 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	/* every algorithm asked for; the chosen plan's final memory, verified */
 	if ((rc = run_algos(&pl, cands, out, &chosen_res, &chosen_cand, &chosen_set, sum)))
 		goto cleanup;
+	/* --zero auto: the chosen schedule with its large components in zero-3,
+	 * kept when faster or when only it fits (the algorithm's row follows) */
+	if ((rc = layout_zero3(&pl, out, &chosen_res)) < 0)
+		goto cleanup;
+	if (rc) {
+		double over = -HUGE_VAL, ms = sum->algos[o->algo].planning_ms;
+		for (int d = 0; d < out->n_devices; d++)
+			over = fmax(over, (double)out->devices[d].mem_peak - pl.mem_cap);
+		record_algo(&pl, sum, o->algo, &chosen_res, over, ms);
+	}
 	if ((rc = memplan_run(&pl, out, 1))) {
 		if (rc == SP_EINFEAS) /* nothing fits: what would */
 			rc = layout_advise(&pl, out);

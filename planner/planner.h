@@ -154,6 +154,7 @@ typedef struct planner {
 	/* layout.c: per component, whether the estimates assume zero-1 state
 	 * and input-only activations; lay_large: some component is large */
 	uint8_t *lay_shard, *lay_redo;
+	uint8_t *lay_big;  /* per component: large (layout_zero3's candidates) */
 	double *lay_saved; /* per MetaOp: layout_saved_per_sample */
 	double *lay_opt;   /* per MetaOp: a layer's state zero-1 shards (or 0) */
 	int lay_large;
@@ -699,6 +700,10 @@ int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed);
  * buckets, SYNC and STEP; lower.h: their shared state). Work arrays come from
  * pl->scratch and are given back on return; out's arrays are on the heap. */
 int lower_run(planner_t *pl, const sched_t *s, const place_t *pc, sp_plan_t *out);
+/* lower_run, with the buckets of 2+ devices that hold a parameter of a
+ * component c with z3[c] in zero-3 (the others as lower_run makes them). */
+int lower_run_z3(planner_t *pl, const sched_t *s, const place_t *pc, const uint8_t *z3,
+		 sp_plan_t *out);
 
 /* ---- memplan.c: memory per device --------------------------------------------- */
 
@@ -772,6 +777,12 @@ int layout_fit(planner_t *pl, sp_plan_t *p);
 /* Ours, once simulated (res): zero-1 for large components' other buckets
  * when not slower (p and res updated). */
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* --zero auto, a model with a large component, the chosen plan p over the
+ * cap: p lowered again on its own schedule and placement with the large
+ * components' buckets of 2+ devices in zero-3, fitted (layout_fit),
+ * simulated and tried (layout_trial); it replaces p and res (p's complete
+ * simulation) when it fits. 1 when it did, 0, or an error. */
+int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* The report's layouts: each bucket's layout and each transformer MetaOp's
  * recomputing slices, with the bytes they free per device and the time they
  * add, as text or as the JSON members "buckets" and "metaops" (each after

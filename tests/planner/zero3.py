@@ -9,8 +9,14 @@
   * a chain of four large transformers on 4 CPU-like devices (each
     MetaOp's slice its own buckets, used one after another): the --zero 3
     peak is below the --zero 2 peak;
-  * when nothing fits and zero-3 would, the advice names --zero 3 (qwen-
-    val-7b on 4x8 H100 with one micro-batch and a 43 GiB reserve);
+  * --zero auto (layout.c layout_zero3): where only zero-3 fits, auto plans
+    it (qwen-val-7b on 4x8 H100 with one micro-batch and a 43 GiB reserve;
+    on its 8x8 cluster rewritten to 40 GiB devices), the report and JSON
+    name the zero-3 buckets (the large component's, 'llm'), and the plan is
+    byte-identical for --jobs 1 and 3; where auto fits without it (qwen-
+    val-7b and vit-bigg-4res on their clusters) no bucket is zero-3;
+  * when a forced layout does not fit and zero-3 would, the advice names
+    --zero 3 (the same case with --zero 2);
   * --zero 3 where every sync group has one device exits 2 and writes no
     plan.
 Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
@@ -84,13 +90,51 @@ def main():
         p2, pz = max_peak(v2), max_peak(vz)
         check(pz < p2, f"chain: --zero 3 peak {pz:.3f} GiB below --zero 2's {p2:.3f}")
 
-        # the advice names zero-3
+        # only zero-3 fits: auto plans it, on the large component's buckets
         c48 = os.path.join(ROOT, "plans/clusters/h100-4x8-8nic.json")
-        p = subprocess.run([PLAN, m7, c48, "-o", os.path.join(tmp, "no.bin"), "--microbatches",
-                            "1", "--mem-reserve", "43"], capture_output=True, text=True,
-                           timeout=300)
+        tight = ["--microbatches", "1", "--mem-reserve", "43"]
+        ba, ra, va = plan(tmp, "auto43", m7, c48, *tight)
+        z3 = [b["parameters"] for b in ra["buckets"] if b["layout"] == "zero-3"]
+        small = [b["parameters"] for b in ra["buckets"]
+                 if b["devices"] >= 2 and b["layout"] != "zero-3"]
+        # the large components (a quarter of the 36 GiB usable: llm, vision,
+        # audio, lm_head, text_embed) in zero-3; the adapters and patches not
+        check(any(n.startswith("llm ") for n in z3) and
+              all(n.split()[0] in ("llm", "vision", "audio", "lm_head", "text_embed")
+                  for n in z3) and
+              small and all("adapter" in n or "patch" in n for n in small) and
+              max_peak(va) <= 79 - 43,
+              f"only zero-3 fits: auto plans it on {len(z3)} buckets of the large "
+              f"components ({len(small)} others not), peak {max_peak(va):.2f} GiB within 36",
+              f"{z3} / {small}")
+        rep = subprocess.run([PLAN, m7, c48, "--report", *tight], capture_output=True,
+                             text=True, timeout=300).stdout
+        check(any(" zero-3 " in ln and " llm " in ln for ln in rep.splitlines()),
+              "only zero-3 fits: the report's layouts name the zero-3 buckets")
+        bj = os.path.join(tmp, "auto43-j3.bin")
+        subprocess.run([PLAN, m7, c48, "-o", bj, "--jobs", "3", *tight], capture_output=True,
+                       timeout=300)
+        check(open(ba, "rb").read() == open(bj, "rb").read(),
+              "only zero-3 fits: byte-identical plans for --jobs 1 and 3")
+        c40 = json.load(open(os.path.join(ROOT, "plans/clusters/h100-8x8-8nic.json")))
+        c40["gpu"]["memory_gib"] = 40
+        c40p = W.write_json(tmp, "h100-8x8-40g.json", c40)
+        _, r40, _ = plan(tmp, "auto40", m7, c40p)
+        check(any(b["layout"] == "zero-3" for b in r40["buckets"]) and
+              r40.get("microbatches") == 1,
+              "40 GiB H100s: auto plans zero-3 with one micro-batch (main: micro-batches)")
+        for mdl, cl in (("qwen-val-7b", "h100-8x8-8nic"), ("vit-bigg-4res", "h100-4x8-8nic")):
+            _, rf, _ = plan(tmp, "fit-" + mdl, os.path.join(ROOT, f"plans/{mdl}/model.json"),
+                            os.path.join(ROOT, f"plans/clusters/{cl}.json"))
+            check(not any(b["layout"] == "zero-3" for b in rf["buckets"]),
+                  f"{mdl} on {cl}: fits without zero-3, none chosen")
+
+        # a forced layout that does not fit: the advice names zero-3
+        p = subprocess.run([PLAN, m7, c48, "-o", os.path.join(tmp, "no.bin"), *tight,
+                            "--zero", "2"], capture_output=True, text=True, timeout=300)
         check(p.returncode != 0 and "hint: fits with --zero 3" in p.stderr,
-              "nothing fits: the advice names --zero 3", f"exit {p.returncode}: {p.stderr}")
+              "--zero 2 does not fit: the advice names --zero 3",
+              f"exit {p.returncode}: {p.stderr}")
 
         one_device_refused(tmp, "3")
     print(f"{len(FAILS)} failure(s)")

@@ -451,9 +451,15 @@ static int drop_zero2(planner_t *pl, sp_plan_t *p)
 		n += p->buckets[b].layout == LAYOUT_ZERO2;
 	if (!n)
 		return 0;
+	int z3 = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		z3 |= p->buckets[b].layout == LAYOUT_ZERO3;
+	/* zero-2's points once, as they are in both passes; with zero-3
+	 * buckets too they depend on which buckets are zero-2: each memory
+	 * walk makes its own (NULL) */
 	uint8_t *was = calloc((size_t)p->n_buckets + 1, 1);
 	int32_t *all = calloc((size_t)p->n_devices + 1, sizeof *all), *safe = NULL;
-	if (!was || !all || plan_z2_safe(p, &safe)) { /* zero-2's points: once */
+	if (!was || !all || (!z3 && plan_z2_safe(p, &safe))) {
 		free(was);
 		free(all);
 		return SP_ENOMEM;

@@ -730,18 +730,9 @@ static int plan_schedule(planner_t *pl, const sp_plan_t *p, sched_t *s, place_t 
 	return 0;
 }
 
-/* The worst device's bytes over the cap (<= 0: p fits). */
-static double over_cap(const planner_t *pl, const sp_plan_t *p)
-{
-	double over = -HUGE_VAL;
-	for (int d = 0; d < p->n_devices; d++)
-		over = fmax(over, (double)p->devices[d].mem_peak - pl->mem_cap);
-	return over;
-}
-
 int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
-	if (pl->opts->zero >= 0 || !pl->lay_large || !p->n_slices || over_cap(pl, p) <= 0)
+	if (pl->opts->zero >= 0 || !pl->lay_large || !p->n_slices || worst_device(pl, p) < 0)
 		return 0;
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
@@ -762,7 +753,7 @@ int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	sp_arena_reset(a, mark);
 	int keep = 0;
 	if (!rc && any) /* p is over the cap: q is kept when it fits */
-		keep = over_cap(pl, &q) <= 0;
+		keep = worst_device(pl, &q) < 0;
 	if (keep) {
 		plan_release(p);
 		*p = q;

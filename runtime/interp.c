@@ -1437,25 +1437,25 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
 			if (st->mb[i].bucket == in->peer) {
 				mybucket_t *mb = &st->mb[i];
 				rt_req_t r = {0};
-				if (in->op == INS_GATHER && mb->gstarted) { /* by exec_step */
+				if (in->op == INS_GATHER) { /* exec_step started it */
+					if (!mb->gstarted)
+						return fail(st, err, k, "a GATHER whose STEP did not run");
 					mb->gstarted = 0;
 					return 0;
 				}
 				/* zero-2: a bucket nothing wrote reduce-scatters zeros */
-				int rc = in->op == INS_SYNC && mb->zero2 && !mb->full
+				int rc = mb->zero2 && !mb->full
 						 ? rt_z2_alloc(st, mb, k, err)
 						 : 0;
 				if (rc)
 					return rc;
 				float *g = mb->zero2 ? mb->full : st->g + mb->goff;
 				b->sync();
-				int bad = in->op == INS_GATHER
-						  ? c->ops->iallgather(c, st->w + mb->wc, mb->n, mb->group, &r)
-					  : mb->zero1 ? c->ops->ireduce_scatter(c, g, mb->n, mb->group, &r)
-						      : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
+				int bad = mb->zero1 ? c->ops->ireduce_scatter(c, g, mb->n, mb->group, &r)
+						    : c->ops->iallreduce(c, g, mb->n, mb->group, &r);
 				if (bad)
 					return fail(st, err, k, "starting the collective failed");
-				if (in->op == INS_SYNC && mb->zero2) { /* completed by rt_z2_finish */
+				if (mb->zero2) { /* completed by rt_z2_finish */
 					mb->req = r;
 					mb->rs = 1;
 					return 0;

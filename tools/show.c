@@ -215,11 +215,11 @@ static void text_header(FILE *f, const sp_plan_t *p, const view_t *v)
 		(unsigned long long)p->model_hash, (unsigned long long)p->cluster_hash);
 	fprintf(f, "iteration    %s ms predicted\n", N2(c->iteration_ms));
 	fprintf(f, "compute      %s ms (forward and backward waves alone)\n", N2(c->compute_ms));
-	fprintf(f, "lower bound  %s ms = max(area %s, critical path %s); paper's relaxed bound %s\n",
+	fprintf(f, "lower bound  %s ms = max(area %s, critical path %s, allotment %s); paper's "
+		   "relaxed bound %s\n",
 		N2(c->lower_bound_ms), N2(c->area_bound_ms), N2(c->cp_bound_ms),
-		N2(c->paper_bound_ms));
-	fprintf(f, "gap          %s%% (compute over the lower bound); allotment bound %s ms\n",
-		N1(100 * c->gap), N2(c->allot_bound_ms));
+		N2(c->allot_bound_ms), N2(c->paper_bound_ms));
+	fprintf(f, "gap          %s%% (compute over the lower bound)\n", N1(100 * c->gap));
 	fprintf(f, "comm bound   %s ms (gradient bytes over the busiest node's NICs, this "
 		   "placement)\n",
 		N2(c->comm_lower_bound_ms));

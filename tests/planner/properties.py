@@ -4,7 +4,9 @@
   * the plan is written, so it passed the verifier (deadlock-free, every
     transfer matched, every parameter's gradient contributions add up to the
     full batch of every task using it, memory within the cap);
-  * simulated compute time >= the lower bound, iteration >= compute;
+  * simulated compute time >= the compute bound (max of the area, critical
+    path and allotment bounds: every algorithm's simulated schedule is one
+    the bound must not exceed), iteration >= compute;
   * ours without its data-parallel candidate (--exclude data-parallel: it
     reuses the sequential plan, so with it "ours >= sequential" would hold
     by construction) tests the scheduler itself: its compute time is no
@@ -65,7 +67,7 @@ def check_props(name, m, c, tmp, extra=()):
         fail(f"{name}: exit {rc}: {se.strip()}")
         return
     r = json.loads(so)
-    lb = max(r["area_bound_ms"], r["critical_path_bound_ms"])
+    lb = max(r["area_bound_ms"], r["critical_path_bound_ms"], r["allotment_bound_ms"])
     for a, v in r["algorithms"].items():
         if v["compute_ms"] < lb * (1 - 1e-9):
             fail(f"{name}: {a} compute {v['compute_ms']} below the compute bound {lb}")

@@ -1087,8 +1087,7 @@ static void test_fuzz_regressions(void **state)
 	static const struct {
 		const char *file, *msg;
 	} reg[] = {
-		{"send-dst-metaop-out-of-range", "(send): its destination names MetaOp 11, not one of "
-						 "the plan's 11"},
+		{"send-dst-metaop-out-of-range", "(send): its destination names MetaOp "},
 	};
 	const size_t n_reg = sizeof reg / sizeof *reg;
 	char dir[4096];

@@ -41,7 +41,8 @@
  *      errs on the fast side). t_c = sum of t_gemm; F is only a check
  *      (the products' 2 M N K batch calls add up to it);
  *      t_launch = launch_us * kernels(layer, b): the kernels, stream
- *      copies and memsets the backend issues for the layer (LAUNCHES).
+ *      copies and memsets the backend issues for the layer (LAUNCHES;
+ *      a sequence-parallel layer SP_LAUNCHES).
  *    A layer's kernels run one after another on one stream, so launches
  *    add to the roofline time (the authors' fitted Time = A FLOPs + D has
  *    the same form).

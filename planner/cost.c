@@ -41,7 +41,8 @@
  *      errs on the fast side). t_c = sum of t_gemm; F is only a check
  *      (the products' 2 M N K batch calls add up to it);
  *      t_launch = launch_us * kernels(layer, b): the kernels, stream
- *      copies and memsets the backend issues for the layer (LAUNCHES).
+ *      copies and memsets the backend issues for the layer (LAUNCHES;
+ *      a sequence-parallel layer SP_LAUNCHES).
  *    A layer's kernels run one after another on one stream, so launches
  *    add to the roofline time (the authors' fitted Time = A FLOPs + D has
  *    the same form).
@@ -202,6 +203,41 @@ static const launches_t LAUNCHES[COMP__COUNT] = {
  */
 static const launches_t XATTN_LAUNCHES = {9, 2, 20, 4};
 
+/*
+ * A sequence-parallel transformer layer (sp, where sp_ok) in place of the
+ * transformer's row: cu_tblock_fwd / cu_tblock_bwd hand the whole call to
+ * runtime/cuda/cu_sp.cu's cu_tblock_sp_fwd / cu_tblock_sp_bwd (not
+ * chunked), counted by the same rule along the path of a layer inside its
+ * slice (whole_in and whole_out 0; interp.c exec_bwd always sets
+ * ln_grads). Forward: copy of x, LN1 and its bf16 copy, QKV bias fill and
+ * product, attention (k_softmax_fwd, per head loop S and P V: 1 + 2), the
+ * output product, bias and residual adds (2), LN2 and its bf16 copy, MLP
+ * bias fill, product, GELU, product, adds (2): 17, 2 per head loop.
+ * Backward: the LayerNorm-gradient zero, dy's copy into the gather
+ * buffer, the MLP down and up linear backwards (5 + 4), GELU, LN2
+ * backward (4), dx_mid's copy, the output linear backward (5), attention
+ * backward (2, 4 per head loop), the QKV linear backward (4), LN1
+ * backward (4), the add of its LayerNorm gradients into ln_grads: 33, 4
+ * per head loop. Their collectives (one kernel each, as tp_allreduces'):
+ * SP_COLLECTIVES per pass, the all-gathers of ln1 and ln2 and the
+ * reduce-scatters of the two row-parallel products forward, the
+ * all-gathers of dy and d x_mid and the reduce-scatters of d ln2 and d ln1
+ * backward (layer_tp_priced prices each all-reduce of the plain split as
+ * one reduce-scatter and one all-gather: the same four). Besides the
+ * dx memset (interp_extra), exec_bwd's sp_ln_add adds each layer's four
+ * summed LayerNorm gradients into its own (copy_rows accumulating:
+ * k_add_2d each): SP_BWD_EXTRA. tests/planner/launch_counts.py
+ * recounts all three along that path. Per slice, not priced: its first
+ * layer computes LN1 of every token (2 more kernels, no ln1 gather) and
+ * in backward gathers dx with the summed LayerNorm gradients (6 more
+ * kernels, one all-gather), its last gathers y (one all-gather) and skips
+ * dy's copy and gather; exec_bwd zeroes ln_grads once; and interp.c's
+ * hooks wait for the stream (b->sync) before each collective.
+ */
+static const launches_t SP_LAUNCHES = {17, 2, 33, 4};
+#define SP_COLLECTIVES 4
+#define SP_BWD_EXTRA 4
+
 /* runtime/interp.c's launches beside the layer function (see above) */
 static int interp_extra(sp_comp_type_t t, int bwd)
 {
@@ -218,10 +254,17 @@ static int interp_extra(sp_comp_type_t t, int bwd)
 /* A t-way shard loops over heads / t heads; its all-reduces per pass
  * (tp_allreduces) are one kernel each (NCCL runs a collective as one kernel: "NCCL
  * implements each collective in a single kernel", NCCL User Guide,
- * "Overview of NCCL"). */
-static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
+ * "Overview of NCCL"). Sequence parallel (sp: the caller checked sp_ok):
+ * SP_LAUNCHES and SP_COLLECTIVES instead, and SP_BWD_EXTRA. */
+static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int sp, int bwd)
 {
 	const launches_t *l = &LAUNCHES[s->type], *x = &XATTN_LAUNCHES;
+	if (sp) {
+		int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1) / t);
+		return interp_extra(s->type, bwd) + SP_COLLECTIVES +
+		       (bwd ? SP_BWD_EXTRA + SP_LAUNCHES.bwd + heads * SP_LAUNCHES.bwd_per_head
+			    : SP_LAUNCHES.fwd + heads * SP_LAUNCHES.fwd_per_head);
+	}
 	int64_t heads = SP_MIN(b, SP_MAX(s->heads, 1) / t);
 	int64_t cross = s->type == COMP_TRANSFORMER && s->mem_seq > 0
 				? (bwd ? x->bwd + heads * x->bwd_per_head
@@ -238,7 +281,12 @@ static int64_t layer_kernels(const sp_opshape_t *s, int64_t b, int t, int bwd)
 
 int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd)
 {
-	return layer_kernels(s, b, 1, bwd);
+	return layer_kernels(s, b, 1, 0, bwd);
+}
+
+int64_t cost_layer_kernels_sp(const sp_opshape_t *s, int64_t b, int t, int sp, int bwd)
+{
+	return layer_kernels(s, b, t, sp && sp_ok(s, t), bwd);
 }
 
 static int layer_gemms(const sp_opshape_t *s, int64_t b, int t, int bwd,
@@ -377,7 +425,7 @@ static double analytic_sp(const planner_t *pl, const metaop_t *m, int64_t b, int
 		for (int i = 0; i < ng; i++)
 			t_c += cost_gemm_ms(&g[i], c->sm_count, peak);
 		return fmax(t_c, t_m) +
-		       c->launch_us * 1e-3 * (double)layer_kernels(&m->shape, b, t, bwd);
+		       c->launch_us * 1e-3 * (double)layer_kernels(&m->shape, b, t, sp, bwd);
 	}
 	double t_c = 0;
 	if (flops > 0) {
@@ -439,7 +487,8 @@ void cost_layer(const planner_t *pl, int mi, int64_t local, double *fwd, double 
  * that the slice's first layer does anyway: t 4 h L floats more on it,
  * kilobytes, not priced. A slice's first layer computes LN1 of all its
  * tokens instead of gathering it and its last gathers its output: the
- * count per layer is the same.
+ * count per layer is the same. Its kernels are the sequence-parallel
+ * block's (SP_LAUNCHES, layer_kernels), not the plain split's.
  */
 static void layer_tp_priced(const planner_t *pl, int mi, int64_t local, int t, int sp,
 			    double *fwd, double *bwd)

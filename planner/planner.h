@@ -225,6 +225,9 @@ int cost_layer_gemms_tp(const sp_opshape_t *s, int64_t b, int t, int bwd,
 double cost_gemm_ms(const cost_gemm_t *g, int sm_count, double peak_flops);
 /* Kernels (with stream copies and memsets) the CUDA backend issues for it. */
 int64_t cost_layer_kernels(const sp_opshape_t *s, int64_t b, int bwd);
+/* The same for one member of a t-way split (its collectives one kernel
+ * each), sequence parallel where sp and sp_ok (cost.c SP_LAUNCHES). */
+int64_t cost_layer_kernels_sp(const sp_opshape_t *s, int64_t b, int t, int sp, int bwd);
 static inline int dev_node(const sp_cluster_t *c, int d)
 {
 	return d / c->gpus_per_node;

@@ -24,9 +24,10 @@ void ly_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const
 double ly_logsumexp(const float *z, int64_t n);
 /* malloc that aborts with a message when memory runs out (workspace). */
 void *ly_xmalloc(size_t n);
-/* Each of `rows` rows (stride ld) gets the vector v added. */
+/* Each of `rows` rows (stride ld) gets the vector v added (v outside y's
+ * rows). */
 void ly_add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v);
-/* db += sum over rows of dy. */
+/* db += sum over rows of dy, row after row (db outside dy's rows). */
 void ly_sum_rows(float *db, const float *dy, int64_t rows, int64_t cols, int64_t ld);
 /* y (rows x cols) = bias row b + a W, a: rows x k, W: k x cols. */
 void ly_affine(float *y, const float *a, const float *w, const float *b, int64_t rows,

@@ -13,7 +13,10 @@
  * element of it has at most two nonzero terms (the token row's and the
  * position's), so it equals the unsplit layer's bit for bit. Backward: no
  * communication; each member scatters dy into its own rows and adds all
- * of dy into the position table's gradient (equal on every member).
+ * of dy into the position table's gradient (equal on every member): 1/t
+ * of the token rows' work but all of the position rows', so a member's
+ * backward takes more than the unsplit one's over t. Both passes add
+ * every row in the unsplit layer's order: the same bits.
  *
  * LM head: LayerNorm whole on every member, logits for its columns only;
  * the loss without gathering logits: per position each member writes its
@@ -62,7 +65,10 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 	}
 	int j = v.rank;
 	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
+	size_t row = sizeof(float) * (size_t)h;
 	const float *tok = p, *pos = p + v.vm * h;
+	/* per token one of four row operations (member 0 or not, own row or
+	 * not), chosen once per row rather than per element */
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t q = 0; q < sq; q++) {
 			int32_t id = tokens[i * sq + q];
@@ -70,8 +76,14 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 			float *o = y + (i * sq + q) * h;
 			int own = id >= v0 && id < v0 + vl;
 			const float *e = tok + (id - v0) * h, *ps = pos + q * h;
-			for (int64_t k = 0; k < h; k++)
-				o[k] = j == 0 ? (own ? e[k] + ps[k] : ps[k]) : (own ? e[k] : 0.0f);
+			if (own)
+				memcpy(o, e, row);
+			if (own && j == 0)
+				ly_add_rows(o, 1, h, h, ps); /* e + ps, as the unsplit layer */
+			else if (j == 0)
+				memcpy(o, ps, row);
+			else if (!own)
+				memset(o, 0, row); /* +0.0f */
 			saved[i * sq + q] = (float)id;
 		}
 	return tp->allreduce(tp->ctx, y, (int64_t)n * sq * h);
@@ -89,17 +101,16 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 	}
 	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
 	float *dtok = dp, *dpos = dp + v.vm * h;
+	/* the member's own token rows, then the position rows (whole on every
+	 * member), each in the unsplit layer's order (embedding_bwd) */
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t q = 0; q < sq; q++) {
 			int64_t id = (int64_t)saved[i * sq + q];
-			const float *g = dy + (i * sq + q) * h;
-			int own = id >= v0 && id < v0 + vl;
-			for (int64_t k = 0; k < h; k++) {
-				if (own)
-					dtok[(id - v0) * h + k] += g[k];
-				dpos[q * h + k] += g[k];
-			}
+			if (id >= v0 && id < v0 + vl)
+				ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + (i * sq + q) * h);
 		}
+	for (int64_t q = 0; q < sq; q++)
+		ly_sum_rows(dpos + q * h, dy + q * h, n, h, sq * h);
 	return 0;
 }
 

@@ -4,8 +4,10 @@
  * layer type, pass and batch; a product's tile- and wave-quantised time is
  * never below its FLOPs at E_MAX of peak and matches a hand-computed case;
  * kernel counts grow with the head loops as the backend issues them (a
- * decoder's with its cross block's; decoders never split). The
- * counts themselves are checked against the sources by
+ * decoder's with its cross block's; decoders never split); a
+ * sequence-parallel layer's are its own block's and priced as such (its
+ * launch time over the plain split's is launch_us times the difference).
+ * The counts themselves are checked against the sources by
  * tests/planner/launch_counts.py, not here. The tensor-parallel tables of
  * the bundled qwen-val on 64 A800 (heads 16, 20 and 32: t = 8 does not
  * divide the audio encoder's): non-increasing, every t valid where the
@@ -139,6 +141,34 @@ static void kernels_follow_head_loops(void **state)
 	assert_true(tp_ok(dec->type, dec->heads, dec->ffn, dec->vocab, 2));
 	assert_false(shape_tp_ok(dec, 2));
 	assert_true(shape_tp_ok(dec, 1) && shape_tp_ok(vit, 2));
+}
+
+/* A sequence-parallel layer (cost.c SP_LAUNCHES: cu_sp.cu's path of a
+ * layer inside its slice) issues its own kernels, not the plain split's:
+ * forward 17 + 2 per head loop and four collectives (all-gathers of ln1,
+ * ln2, reduce-scatters of the two row-parallel products); backward 33 + 4
+ * per head loop, four collectives, exec_bwd's dx memset and sp_ln_add's
+ * four LayerNorm-gradient adds. A shape sp_ok refuses keeps the plain
+ * split's count. */
+static void sp_kernels(void **state)
+{
+	(void)state;
+	const sp_opshape_t s = {.type = COMP_TRANSFORMER, .hidden = 1024, .heads = 16,
+				.ffn = 4096, .seq = 256};
+	for (int t = 2; t <= 8; t *= 2)
+		for (int64_t b = 1; b <= 64; b *= 4) {
+			int64_t h = SP_MIN(b, 16 / t);
+			assert_true(sp_ok(&s, t));
+			assert_int_equal(cost_layer_kernels_sp(&s, b, t, 1, 0), 17 + 2 * h + 4);
+			assert_int_equal(cost_layer_kernels_sp(&s, b, t, 1, 1), 33 + 4 * h + 4 + 1 + 4);
+			/* the plain split: the transformer's row and two all-reduces */
+			assert_int_equal(cost_layer_kernels_sp(&s, b, t, 0, 0), 13 + 2 * h + 2);
+			assert_int_equal(cost_layer_kernels_sp(&s, b, t, 0, 1), 29 + 4 * h + 2 + 1);
+		}
+	const sp_opshape_t *vit = &shapes[2]; /* seq 257: 2 does not divide it */
+	assert_false(sp_ok(vit, 2));
+	assert_int_equal(cost_layer_kernels_sp(vit, 4, 2, 1, 0), cost_layer_kernels_sp(vit, 4, 2, 0, 0));
+	assert_int_equal(cost_layer_kernels_sp(vit, 4, 1, 0, 1), cost_layer_kernels(vit, 4, 1));
 }
 
 /* The MetaOps and tables of plans/<w> on plans/clusters/<c> under --tp tp
@@ -288,6 +318,53 @@ static void tp_prices(void **state)
 	tfix_release(&f);
 }
 
+/* The launch time the planner charges a sequence-parallel layer over the
+ * plain split's is launch_us times their kernels' difference (sp_kernels),
+ * whatever else differs (bytes, collectives): priced at two values of
+ * gpu.launch_us on qwen-val's A800s (sm_count set), every transformer
+ * MetaOp sp_ok allows at t = 2 and 4. */
+static void sp_launch_priced(void **state)
+{
+	(void)state;
+	tfix_t f;
+	tfix_build(&f, "qwen-val", "a800-8x8", 0);
+	planner_t *pl = &f.pl;
+	assert_true(f.cluster.sm_count > 0);
+	pl->memo = NULL; /* price afresh at each launch_us */
+	int seen = 0;
+	for (int k = 0; k < pl->n_mops; k++) {
+		const metaop_t *m = &pl->mops[k];
+		for (int t = 2; t <= 4; t *= 2) {
+			if (!m->scales || !shape_tp_ok(&m->shape, t) || !sp_ok(&m->shape, t))
+				continue;
+			seen++;
+			const int64_t local = 2;
+			double p[2][2][2]; /* [launch_us][sp][pass] */
+			const double us[2] = {1.0, 11.0};
+			for (int u = 0; u < 2; u++) {
+				f.cluster.launch_us = us[u];
+				for (int sp = 0; sp < 2; sp++)
+					cost_layer_sp(pl, k, local, t, sp, &p[u][sp][0], &p[u][sp][1]);
+			}
+			for (int pass = 0; pass < 2; pass++) {
+				int64_t dk = cost_layer_kernels_sp(&m->shape, local, t, 1, pass) -
+					     cost_layer_kernels_sp(&m->shape, local, t, 0, pass);
+				assert_int_equal(dk, pass ? 10 : 6);
+				double got = (p[1][1][pass] - p[0][1][pass]) -
+					     (p[1][0][pass] - p[0][0][pass]);
+				double want = (us[1] - us[0]) * 1e-3 * (double)dk;
+				if (fabs(got - want) > 1e-9) {
+					print_error("%s t %d pass %d: %g ms more, want %g\n", m->name,
+						    t, pass, got, want);
+					fail();
+				}
+			}
+		}
+	}
+	assert_true(seen > 0);
+	tfix_release(&f);
+}
+
 static int mop_named(const planner_t *pl, const char *name)
 {
 	for (int k = 0; k < pl->n_mops; k++)
@@ -403,6 +480,8 @@ static const struct CMUnitTest cost_tests[] = {
 	cmocka_unit_test(tp_uneven_vocab),
 	cmocka_unit_test(quantised_time),
 	cmocka_unit_test(kernels_follow_head_loops),
+	cmocka_unit_test(sp_kernels),
+	cmocka_unit_test(sp_launch_priced),
 };
 
 int main(void)

@@ -17,8 +17,11 @@
  * samples to both members). Each must pass; each is then broken, one edit
  * at a time (plan_edit.c), in every way the rules cover, at every site,
  * and each break must be rejected with the rule's message at the expected
- * device and instruction. Every test prints its counts; the last prints
- * "N/N breaks rejected" over all of them.
+ * device and instruction (among them a memory SEND whose destination names
+ * a MetaOp the plan lacks, vmem_xfer's bounds check). Every test prints its
+ * counts; the last prints "N/N breaks rejected" over all of them. And the
+ * fuzzing regressions of tests/fuzz/regressions/plan/ decode and are
+ * refused by the checks they name (test_fuzz_regressions).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,6 +32,7 @@
 #include "planner.h"
 #include "plan_edit.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -794,6 +798,37 @@ static void test_memory_misdirected(void **state)
 	over_variants("memory from another value", pick_mem_in, wrong_mem_source, 1);
 }
 
+/* The SEND of a memory RECV saying it sends act(m, -1) of a MetaOp the plan
+ * does not have (the reader checks a SEND's source, not its destination;
+ * vmem_xfer's bounds check, before it indexes its decoder table with it:
+ * tests/fuzz/regressions/plan/send-dst-metaop-out-of-range): one past the
+ * last, far past, and negative. */
+static void send_dst_out_of_range(breaks_t *b, int d, int k)
+{
+	const sp_ins_t *in = at(&b->ref, d, k);
+	if (in->op != INS_RECV)
+		return;
+	int sd = d, sk = send_of(&b->ref, in, &sd);
+	const int bad[] = {b->ref.n_metaops, b->ref.n_metaops + 1000, -2};
+	for (size_t q = 0; q < sizeof bad / sizeof *bad; q++) {
+		plan_edit_retarget(break_copy(b), sd, sk, 1, act(bad[q], -1));
+		judge(b, "not one of the plan's",
+		      "device %d instruction %d (%s): its destination names MetaOp %d, not one of "
+		      "the plan's %d",
+		      sd, sk, ins_op_name(INS_SEND), bad[q], b->ref.n_metaops);
+	}
+}
+
+static void test_memory_send_dst_out_of_range(void **state)
+{
+	(void)state;
+	int before = total_made;
+	/* a plan whose memory arrives only by COPY has no site */
+	over_variants("memory SEND's destination past the MetaOps", pick_mem_in,
+		      send_dst_out_of_range, 0);
+	assert_true(total_made - before >= 3 * 3); /* "two", "three": 1 and 2 RECVs */
+}
+
 /* ---- (b) its gradient returned before a BWD that adds to it ------------------------- */
 
 /* The SEND or COPY of grad(c, -1) moved before the last BWD of c on its
@@ -1042,6 +1077,50 @@ static void test_every_deletion(void **state)
 	}
 }
 
+/* Every plan input of tests/fuzz/regressions/plan/ (made by
+ * tests/fuzz/make-regressions) is in the current format version, so it
+ * gets past the reader, and the verifier refuses it with the message of
+ * the check it was made for; every file there is listed here. */
+static void test_fuzz_regressions(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *file, *msg;
+	} reg[] = {
+		{"send-dst-metaop-out-of-range", "(send): its destination names MetaOp "},
+	};
+	const size_t n_reg = sizeof reg / sizeof *reg;
+	char dir[4096];
+	snprintf(dir, sizeof dir, "%s/tests/fuzz/regressions/plan", root_dir());
+	DIR *dh = opendir(dir);
+	assert_non_null(dh);
+	int files = 0;
+	for (struct dirent *e; (e = readdir(dh));) {
+		if (e->d_name[0] == '.')
+			continue;
+		files++;
+		size_t i = 0;
+		while (i < n_reg && strcmp(reg[i].file, e->d_name))
+			i++;
+		if (i == n_reg)
+			fail_msg("%s/%s: not listed in test_fuzz_regressions", dir, e->d_name);
+		char path[8192];
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		sp_plan_t p;
+		sp_err_t err = {0};
+		if (plan_read(&p, path, &err))
+			fail_msg("%s: %s (re-make it: tests/fuzz/make-regressions)", path, err.msg);
+		memset(&err, 0, sizeof err);
+		int rc = verify_plan(&p, 0, &err);
+		print_message("%s: %s\n", e->d_name, err.msg);
+		if (rc != SP_EINTERNAL || !strstr(err.msg, reg[i].msg))
+			fail_msg("%s: verifier rc %d '%s', expected '%s'", path, rc, err.msg, reg[i].msg);
+		plan_release(&p);
+	}
+	closedir(dh);
+	assert_int_equal(files, (int)n_reg);
+}
+
 static void test_summary(void **state)
 {
 	(void)state;
@@ -1058,6 +1137,7 @@ int main(void)
 		cmocka_unit_test(test_memory_late),
 		cmocka_unit_test(test_memory_short),
 		cmocka_unit_test(test_memory_misdirected),
+		cmocka_unit_test(test_memory_send_dst_out_of_range),
 		cmocka_unit_test(test_grad_early),
 		cmocka_unit_test(test_grad_never_sent),
 		cmocka_unit_test(test_grad_late),
@@ -1065,6 +1145,7 @@ int main(void)
 		cmocka_unit_test(test_grad_misdirected),
 		cmocka_unit_test(test_decoder_split),
 		cmocka_unit_test(test_every_deletion),
+		cmocka_unit_test(test_fuzz_regressions),
 		cmocka_unit_test(test_summary),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -33,6 +33,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import workloads as W  # noqa: E402
+import mixed as MX  # noqa: E402
 
 ROOT = os.environ["SPINDLE_ROOT"]
 RUN = os.environ["SPINDLE_RUN"]
@@ -477,6 +478,99 @@ def zero3(demo, tmp):
                             1e-2 * 0.01)
     failures += zero2_peak(deep, tmp, "deep zero-3", ZERO3, kind="zero-3", below_whole=True)
     return failures + saves_below(demo, tmp, "2", "3")
+
+
+def mixed(tmp):
+    """Plans that mix bucket layouts (tests/lib/mixed.py): at the smallest
+    device memory at which spindle-plan plans the mixed-layout workload,
+    --zero auto lowers its large encoder's buckets in zero-3 and leaves
+    the other buckets zero-0, 1 or 2 (planner/layout.c layout_zero3), so a
+    rank gathers one bucket's weights per use beside buckets whose weights
+    stay whole. Each plan must mix zero-3 with another layout on some
+    device (else the case is void), and on 2, 3 and 4 ranks, AdamW and
+    SGD, with several algorithms, with recompute and with 2 micro-batches,
+    it equals the one-device run (same micro-batches). Every rank's memory
+    (--memory-all): each category at or below the plan's prediction,
+    params+state, activations and buffers (what the runtime itself
+    allocates) within 5% of it, and the zero-2 full gradients and zero-3
+    full weights it placed at once equal to their walks' peaks."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    failures = []
+    for opt, floor, cfg in (
+            (adamw, 1e-2 * 0.01, [(2, "spindle", ()), (3, "spindle", ()), (4, "spindle", ()),
+                                  (3, "sequential", ()), (4, "spindle", RECOMPUTE)]),
+            (sgd, 1e-7, [(2, "spindle", ()), (3, "spindle", ()), (4, "spindle", ()),
+                         (2, "sequential", ()), (4, "sequential", ())])):
+        failures += check_mixed(MX.model(opt), tmp, f"mixed-{opt['type']}", cfg, floor)
+    m = MX.model(sgd)
+    failures += check_mixed(m, tmp, "mixed-sgd-mb2", [(3, "spindle", MICRO2)], 1e-7, MICRO2)
+    return failures
+
+
+def check_mixed(model, tmp, name, configs, floor, ref_opts=()):
+    """check_model for plans made at the smallest memory that fits
+    (MX.smallest_fit), each checked to mix zero-3 with another layout on
+    some device, and its every rank's memory (mixed_memory)."""
+    mpath = W.write_json(tmp, f"{name}.model.json", model)
+    p1 = os.path.join(tmp, f"{name}.1.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1.json", W.cluster(1)), p1, "spindle", ref_opts)
+    ref = run(p1, 1, tmp, f"{name}.1")
+    failures = []
+    for ranks, algo, opts in configs:
+        tag = f"{name}.{ranks}.{algo}" + "".join(o.strip("-") for o in opts)
+        mib, _, pp = MX.smallest_fit(mpath, tmp, tag, ranks, algo, opts)
+        what = f"{name} on {ranks} ranks of {mib} MiB ({' '.join((algo,) + opts)})"
+        mix = MX.mixing_devices(pp)
+        err = None if mix else f"{what}: the plan mixes no zero-3 bucket with another layout"
+        if not err:
+            err = compare(ref, run(pp, ranks, tmp, tag), floor, what)
+        if not err:
+            err = mixed_memory(pp, ranks, what)
+        print(("FAIL " + err) if err else f"ok   {what}, devices mixing layouts: {mix}",
+              flush=True)
+        if err:
+            failures.append(err)
+    return failures
+
+
+def mixed_memory(plan_path, ranks, what):
+    """Every rank's measured memory (spindle-run --memory-all, 2 steps)
+    against the plan's prediction: each category at or below it, params+
+    state, activations and buffers within 5% of it (printed MiB, to their
+    0.01 rounding; work's prediction also counts the libraries' workspace,
+    which the runtime does not allocate), and the zero-2 / zero-3 full
+    buffers most live at once equal to their walks' peaks and within their
+    pools. None, or what is wrong."""
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), RUN, plan_path, "--steps", "2",
+           "--timeout", "60", "--memory-all"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        return f"{what}: {' '.join(cmd)} -> {p.returncode}\n{p.stderr}"
+    mem, full = {}, {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"rank (\d+) (memory|zero-2|zero-3) ", line)
+        if m:
+            nums = [float(x) for x in re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
+            if m.group(2) == "memory":
+                mem[int(m.group(1))] = (nums[0:4], nums[4:8])
+            else:
+                full[(int(m.group(1)), m.group(2))] = nums
+    if sorted(mem) != list(range(ranks)):
+        return f"{what}: memory lines for ranks {sorted(mem)}, not 0-{ranks - 1}"
+    worst = 1.0
+    for r, (got, pred) in sorted(mem.items()):
+        if any(g > q for g, q in zip(got, pred)) or \
+                any(g < 0.95 * q - 0.005 for g, q in zip(got[:3], pred[:3])):
+            return f"{what}: rank {r} measured {got} MiB, predicted {pred}"
+        worst = min([worst] + [g / q for g, q in zip(got[:3], pred[:3]) if q > 0])
+    for (r, kind), (most, peak, pool, *_) in sorted(full.items()):
+        if most != peak or most <= 0 or pool < peak:
+            return f"{what}: rank {r} {kind} most live {most} MiB, walk's peak {peak}, pool {pool}"
+    if not any(k == "zero-3" for _, k in full):
+        return f"{what}: no rank printed a zero-3 line"
+    print(f"     {what}: every rank's memory within the prediction, params+state, "
+          f"activations, buffers at least {worst:.3f} of it; peaks {sorted(full)}", flush=True)
+    return None
 
 
 def even_batches(model):
@@ -960,6 +1054,11 @@ def main():
             failures += seqpar(demo, tmp)
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
+        # plans mixing zero-3 with other layouts (meson's equivalence_mixed passes it)
+        if os.environ.get("EQUIV_ONLY") == "mixed" or sys.argv[1:] == ["mixed"]:
+            failures += mixed(tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         if os.environ.get("EQUIV_ONLY") == "combined":  # layouts and splits together
             demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
             failures += combined(demo, tmp)
@@ -1015,7 +1114,8 @@ def main():
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
         failures += vocab(demo, tmp)
-        # (sequence parallelism: its own test, equivalence_seqpar)
+        # (sequence parallelism: its own test, equivalence_seqpar; plans
+        # mixing zero-3 with other layouts: equivalence_mixed)
         # the layouts and splits together
         failures += combined(demo, tmp)
         # cross-attention decoders

@@ -502,8 +502,14 @@ def mixed(tmp):
             (sgd, 1e-7, [(2, "spindle", ()), (3, "spindle", ()), (4, "spindle", ()),
                          (2, "sequential", ()), (4, "sequential", ())])):
         failures += check_mixed(MX.model(opt), tmp, f"mixed-{opt['type']}", cfg, floor)
-    m = MX.model(sgd)
-    failures += check_mixed(m, tmp, "mixed-sgd-mb2", [(3, "spindle", MICRO2)], 1e-7, MICRO2)
+    # micro-batches (the zero-3 gathers in every micro-step, full gradients
+    # live across them): 2 for every task, and 2 for the task whose encoder
+    # is zero-3 only, against the one-device run with the same counts
+    failures += check_mixed(MX.model(sgd), tmp, "mixed-sgd-mb2", [(4, "spindle", MICRO2)],
+                            1e-7, MICRO2)
+    mbt = ("--microbatches", "classify=2")
+    failures += check_mixed(MX.model(adamw), tmp, "mixed-adamw-mbt",
+                            [(3, "sequential", mbt)], 1e-2 * 0.01, mbt)
     return failures
 
 

@@ -107,3 +107,38 @@ def mixing_devices(plan_path):
         for d in b["devices"]:
             per.setdefault(d, set()).add(b["layout"])
     return {d: sorted(s) for d, s in sorted(per.items()) if "zero-3" in s and len(s) > 1}
+
+
+def main(argv):
+    """mixed.py PLANNER SHOW OUT_DIR sgd|adamw N...: writes OUT_DIR/mixed-OPT.json
+    (the model), mixed-OPT-1.bin (one device) and mixed-OPT-N.bin for each
+    N (the smallest memory that fits N devices, --zero auto); exit 1 when
+    one of them mixes no zero-3 bucket with another layout (tools/gpu-check
+    --pack makes its mixed-layout plans so)."""
+    import sys
+    if len(argv) < 6 or argv[4] not in ("sgd", "adamw"):
+        print("usage: mixed.py PLANNER SHOW OUT_DIR sgd|adamw N...", file=sys.stderr)
+        return 2
+    os.environ["SPINDLE_PLAN"], os.environ["SPINDLE_SHOW"] = argv[1], argv[2]
+    out, kind = argv[3], argv[4]
+    opt = {"type": "sgd", "lr": 0.05} if kind == "sgd" else \
+        {"type": "adamw", "lr": 0.01, "eps": 1e-5}
+    mpath = W.write_json(out, f"mixed-{kind}.json", model(opt))
+    one = os.path.join(out, f"mixed-{kind}-1.bin")
+    if not _plan(mpath, W.write_json(out, "mixed-cluster-1.json", W.cluster(1)), one,
+                 "spindle", ()):
+        print(f"mixed.py: no one-device plan of {mpath}", file=sys.stderr)
+        return 1
+    for n in map(int, argv[5:]):
+        mib, _, pp = smallest_fit(mpath, out, f"mixed-{kind}-{n}", n)
+        mix = mixing_devices(pp)
+        print(f"mixed.py: {pp}: {n} devices of {mib} MiB, mixing layouts {mix}")
+        if not mix:
+            print(f"mixed.py: {pp} mixes no zero-3 bucket with another layout", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv))

@@ -65,10 +65,11 @@ def _plan(model_path, cluster_path, out, algo, opts):
     return p.returncode == 0
 
 
-def smallest_fit(model_path, tmp, tag, ranks, algo="spindle", opts=(), lo=64.0, hi=512.0):
+def smallest_fit(model_path, tmp, tag, ranks, algo="spindle", opts=(), lo=64.0, hi=512.0,
+                 nodes=1):
     """The smallest device memory (MiB, to 1/4 MiB, bisected between lo,
     which must not fit, and hi) at which spindle-plan plans model_path on
-    `ranks` devices of one node with one micro-batch and opts (--zero
+    `ranks` devices of `nodes` nodes with one micro-batch and opts (--zero
     auto unless opts say otherwise): (MiB, cluster path, plan path)."""
     opts = ("--microbatches", "1") + tuple(opts)
     out = os.path.join(tmp, f"{tag}.bin")
@@ -76,7 +77,8 @@ def smallest_fit(model_path, tmp, tag, ranks, algo="spindle", opts=(), lo=64.0, 
 
     def fits(mib):
         W.write_json(tmp, os.path.basename(cpath),
-                     W.cluster(ranks, 1, name=f"cpu-{ranks}-{mib}MiB", memory_gib=mib / 1024))
+                     W.cluster(ranks, nodes, name=f"cpu-{nodes}x{ranks // nodes}-{mib}MiB",
+                               memory_gib=mib / 1024))
         return _plan(model_path, cpath, out, algo, opts)
 
     if not fits(hi):

@@ -545,27 +545,30 @@ def mixed(tmp):
     stay whole. Each plan must mix zero-3 with another layout on some
     device (else the case is void), and on 2, 3 and 4 ranks, AdamW and
     SGD, with several algorithms, with recompute and with 2 micro-batches,
-    it equals the one-device run (same micro-batches). Every rank's memory
-    (--memory-all): each category at or below the plan's prediction,
+    it equals the one-device run (same micro-batches), also across two
+    nodes. Every rank's memory (--memory-all): each category at or below
+    the plan's prediction,
     params+state, activations and buffers (what the runtime itself
     allocates) within 5% of it, and the zero-2 full gradients and zero-3
     full weights it placed at once equal to their walks' peaks."""
     adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
     failures = []
     for opt, floor, cfg in (
-            (adamw, 1e-2 * 0.01, [(2, "spindle", ()), (3, "spindle", ()), (4, "spindle", ()),
-                                  (3, "sequential", ()), (4, "spindle", RECOMPUTE)]),
-            (sgd, 1e-7, [(2, "spindle", ()), (3, "spindle", ()), (4, "spindle", ()),
-                         (2, "sequential", ()), (4, "sequential", ())])):
+            (adamw, 1e-2 * 0.01, [(2, 1, "spindle", ()), (3, 1, "spindle", ()),
+                                  (4, 1, "spindle", ()), (3, 1, "sequential", ()),
+                                  (4, 1, "spindle", RECOMPUTE), (4, 2, "sequential", ())]),
+            (sgd, 1e-7, [(2, 1, "spindle", ()), (3, 1, "spindle", ()), (4, 1, "spindle", ()),
+                         (2, 1, "sequential", ()), (4, 1, "sequential", ()),
+                         (4, 2, "spindle", ())])):
         failures += check_mixed(MX.model(opt), tmp, f"mixed-{opt['type']}", cfg, floor)
     # micro-batches (the zero-3 gathers in every micro-step, full gradients
     # live across them): 2 for every task, and 2 for the task whose encoder
     # is zero-3 only, against the one-device run with the same counts
-    failures += check_mixed(MX.model(sgd), tmp, "mixed-sgd-mb2", [(4, "spindle", MICRO2)],
+    failures += check_mixed(MX.model(sgd), tmp, "mixed-sgd-mb2", [(4, 1, "spindle", MICRO2)],
                             1e-7, MICRO2)
     mbt = ("--microbatches", "classify=2")
     failures += check_mixed(MX.model(adamw), tmp, "mixed-adamw-mbt",
-                            [(3, "sequential", mbt)], 1e-2 * 0.01, mbt)
+                            [(3, 1, "sequential", mbt)], 1e-2 * 0.01, mbt)
     return failures
 
 
@@ -578,10 +581,11 @@ def check_mixed(model, tmp, name, configs, floor, ref_opts=()):
     W.plan(mpath, W.write_json(tmp, "cpu-1.json", W.cluster(1)), p1, "spindle", ref_opts)
     ref = run(p1, 1, tmp, f"{name}.1")
     failures = []
-    for ranks, algo, opts in configs:
-        tag = f"{name}.{ranks}.{algo}" + "".join(o.strip("-") for o in opts)
-        mib, _, pp = MX.smallest_fit(mpath, tmp, tag, ranks, algo, opts)
-        what = f"{name} on {ranks} ranks of {mib} MiB ({' '.join((algo,) + opts)})"
+    for ranks, nodes, algo, opts in configs:
+        tag = f"{name}.{nodes}x{ranks}.{algo}" + "".join(o.strip("-") for o in opts)
+        mib, _, pp = MX.smallest_fit(mpath, tmp, tag, ranks, algo, opts, nodes=nodes)
+        where = f"{ranks} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+        what = f"{name} on {where} of {mib} MiB ({' '.join((algo,) + opts)})"
         mix = MX.mixing_devices(pp)
         err = None if mix else f"{what}: the plan mixes no zero-3 bucket with another layout"
         if not err:

@@ -60,7 +60,7 @@ typedef struct {
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
-	int seed_set, quiet, no_verify;
+	int seed_set, quiet, no_verify, memory_all;
 	double timeout_s;
 	fault_t fault; /* testing hooks */
 } run_opts_t;
@@ -189,6 +189,10 @@ static void usage(FILE *f)
 		"  --timeout S          seconds a rank waits for a peer before aborting (300);\n"
 		"                       also bounds each checkpoint write\n"
 		"  --quiet              print only the summary\n"
+		"  --memory-all         at the end, rank 0 also prints every other rank's\n"
+		"                       memory per category beside the plan's prediction\n"
+		"                       (and its zero-2 / zero-3 full-buffer lines), as it\n"
+		"                       prints its own\n"
 		"  --no-verify          skip the plan verifier (the planner's check that\n"
 		"                       every program's transfers match, nothing deadlocks\n"
 		"                       and every value is written before it is read), which\n"
@@ -271,6 +275,10 @@ static int parse(run_opts_t *o, int argc, char **argv)
 		}
 		if (!strcmp(a, "--no-verify")) {
 			o->no_verify = 1;
+			continue;
+		}
+		if (!strcmp(a, "--memory-all")) {
+			o->memory_all = 1;
 			continue;
 		}
 		if (a[0] == '-' && a[1] == '-') {
@@ -684,24 +692,35 @@ static int open_outputs(run_t *r)
 	return RUN_GO;
 }
 
+/* Rank R's memory line (MiB), its measured categories beside the plan's
+ * prediction for device R: print_start's for rank 0. */
+static void print_memory(const sp_plan_t *p, int rank, const double *act)
+{
+	int64_t pred[MEM__COUNT];
+	plan_memory(p, rank, pred);
+	printf("rank %d memory (MiB): params+state %.2f, activations %.2f, buffers %.2f, "
+	       "work %.2f; plan predicted %.2f, %.2f, %.2f, %.2f in %s\n",
+	       rank, act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0,
+	       act[3] / 1048576.0, pred[0] / 1048576.0, pred[1] / 1048576.0,
+	       pred[2] / 1048576.0, pred[3] / 1048576.0, dtype_name(p->model.dtype));
+}
+
 /* Rank 0: what runs where, and its memory next to the plan's prediction. */
 static void print_start(const run_t *r)
 {
 	const sp_plan_t *p = &r->plan;
-	int64_t act[MEM__COUNT], pred[MEM__COUNT];
+	int64_t act[MEM__COUNT];
+	double a[MEM__COUNT];
 	rt_memory(r->st, act);
-	plan_memory(p, 0, pred);
+	for (int c = 0; c < MEM__COUNT; c++)
+		a[c] = (double)act[c];
 	printf("spindle-run: plan '%s' (%s, %s) on %d rank%s, backend %s\n", r->o.plan_path,
 	       p->model.name, p->algo, r->comm.nranks, r->comm.nranks > 1 ? "s" : "",
 	       r->be->name);
 	if (r->o.load_dir)
 		printf("resuming after step %lld from '%s'\n", (long long)(r->first_step - 1),
 		       r->o.load_dir);
-	printf("rank 0 memory (MiB): params+state %.2f, activations %.2f, buffers %.2f, "
-	       "work %.2f; plan predicted %.2f, %.2f, %.2f, %.2f in %s\n",
-	       act[0] / 1048576.0, act[1] / 1048576.0, act[2] / 1048576.0, act[3] / 1048576.0,
-	       pred[0] / 1048576.0, pred[1] / 1048576.0, pred[2] / 1048576.0, pred[3] / 1048576.0,
-	       dtype_name(p->model.dtype));
+	print_memory(p, 0, a);
 	if (r->ds)
 		printf("rank 0 data: %lld bytes of rows resident (the rows it reads for two "
 		       "steps; a thread reads the next step's during each step)\n",
@@ -867,6 +886,71 @@ static int export_end(run_t *r)
 	return RUN_GO;
 }
 
+/* Rank R's zero-2 and zero-3 full-buffer lines from z (has zero-2, most,
+ * peak, pool; has zero-3, most, peak, pool, whole; bytes). */
+static void print_full_buffers(int rank, const double *z)
+{
+	const double M = 1048576.0;
+	if (z[0] > 0)
+		printf("rank %d zero-2 full gradients (MiB): most live %.2f, walk's peak %.2f, "
+		       "pool %.2f\n",
+		       rank, z[1] / M, z[2] / M, z[3] / M);
+	if (z[4] > 0)
+		printf("rank %d zero-3 full weights (MiB): most live %.2f, walk's peak %.2f, "
+		       "pool %.2f, whole buckets %.2f\n",
+		       rank, z[5] / M, z[6] / M, z[7] / M, z[8] / M);
+}
+
+/* The rank's figures print_full_buffers prints, into z[9]. */
+static void full_buffers(const rt_state_t *st, double *z)
+{
+	int64_t most, peak, pool, whole;
+	memset(z, 0, 9 * sizeof *z);
+	if (rt_zero2_peak(st, &most, &peak, &pool)) {
+		z[0] = 1;
+		z[1] = (double)most, z[2] = (double)peak, z[3] = (double)pool;
+	}
+	if (rt_zero3_peak(st, &most, &peak, &pool, &whole)) {
+		z[4] = 1;
+		z[5] = (double)most, z[6] = (double)peak, z[7] = (double)pool, z[8] = (double)whole;
+	}
+}
+
+/* Per rank: 4 categories, then print_full_buffers' 9 figures. */
+#define MEM_ALL_N (MEM__COUNT + 9)
+
+/* --memory-all: every rank's figures, summed into rank slots on every rank
+ * (collective), printed by rank 0 for the ranks after it. */
+static int memory_all(run_t *r)
+{
+	int n = r->comm.nranks, rank = r->comm.rank;
+	double *v = calloc((size_t)n * MEM_ALL_N, sizeof(double));
+	if (!v) {
+		sp_err_set(&r->err, SP_ENOMEM, NULL, 0, 0, NULL, "rank %d: out of memory", rank);
+		return RUN_LOST;
+	}
+	double *mine = v + (size_t)rank * MEM_ALL_N;
+	int64_t act[MEM__COUNT];
+	rt_memory(r->st, act);
+	for (int c = 0; c < MEM__COUNT; c++)
+		mine[c] = (double)act[c];
+	full_buffers(r->st, mine + MEM__COUNT);
+	wd_arm(rank, "gathering every rank's memory (--memory-all)");
+	if (r->comm.ops->allsum(&r->comm, v, n * MEM_ALL_N)) {
+		free(v);
+		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
+			   "rank %d: gathering every rank's memory failed", rank);
+		return RUN_LOST;
+	}
+	wd_disarm();
+	for (int q = 1; rank == 0 && q < n; q++) {
+		print_memory(&r->plan, q, v + (size_t)q * MEM_ALL_N);
+		print_full_buffers(q, v + (size_t)q * MEM_ALL_N + MEM__COUNT);
+	}
+	free(v);
+	return RUN_GO;
+}
+
 /* The summary line, and the measured trace of the last step. */
 static int report_end(run_t *r)
 {
@@ -874,17 +958,12 @@ static int report_end(run_t *r)
 	if (r->comm.rank == 0)
 		printf("spindle-run: %lld steps, %.2f ms per step measured, %.2f ms predicted\n",
 		       (long long)K, K ? r->total_ms / (double)K : 0, r->plan.cert.iteration_ms);
-	int64_t most, peak, pool, whole;
-	if (r->comm.rank == 0 && rt_zero2_peak(r->st, &most, &peak, &pool))
-		printf("rank 0 zero-2 full gradients (MiB): most live %.2f, walk's peak %.2f, "
-		       "pool %.2f\n",
-		       (double)most / 1048576.0, (double)peak / 1048576.0,
-		       (double)pool / 1048576.0);
-	if (r->comm.rank == 0 && rt_zero3_peak(r->st, &most, &peak, &pool, &whole))
-		printf("rank 0 zero-3 full weights (MiB): most live %.2f, walk's peak %.2f, "
-		       "pool %.2f, whole buckets %.2f\n",
-		       (double)most / 1048576.0, (double)peak / 1048576.0,
-		       (double)pool / 1048576.0, (double)whole / 1048576.0);
+	double z[9];
+	full_buffers(r->st, z);
+	if (r->comm.rank == 0)
+		print_full_buffers(0, z);
+	if (r->o.memory_all && r->comm.nranks > 1 && memory_all(r) != RUN_GO)
+		return RUN_LOST;
 	wd_arm(r->comm.rank, "gathering the trace");
 	if (r->o.trace_path &&
 	    trace_write_measured(r->st, &r->comm, &r->plan, r->o.trace_path, &r->err)) {

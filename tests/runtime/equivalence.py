@@ -33,6 +33,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import workloads as W  # noqa: E402
+import mixed as MX  # noqa: E402
 
 ROOT = os.environ["SPINDLE_ROOT"]
 RUN = os.environ["SPINDLE_RUN"]
@@ -252,6 +253,18 @@ def check_recompute(tmp):
     return failures
 
 
+def replicated_memory(demo, tmp):
+    """memory_within for the layout and policies the zero-k cases leave out:
+    replicated buckets on 4 ranks, alone, with recompute and with 2
+    micro-batches (the others: zero1, zero2, zero3, mixed, tp, encdec)."""
+    failures = []
+    for what, opts in (("replicated", ("--zero", "0")),
+                       ("replicated recompute", ("--zero", "0") + RECOMPUTE),
+                       ("replicated 2 micro-batches", ("--zero", "0") + MICRO2)):
+        failures += memory_within(demo, tmp, what, "spindle", opts)
+    return failures
+
+
 def zero1(demo, tmp):
     z = ("--zero", "1")
     adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
@@ -272,30 +285,74 @@ def zero1(demo, tmp):
 
 
 def zero1_memory(model, tmp):
-    """Rank 0's measured memory under a 4-rank zero-1 plan stays within the
+    """Every rank's measured memory under a 4-rank zero-1 plan stays within the
     plan's prediction in every category, and params+state (weights and
     gradients whole, AdamW m and v of the owned shards) equals it."""
     return memory_within(model, tmp, "zero-1", "spindle", ("--zero", "1"))
 
 
 def memory_within(model, tmp, what, algo, opts, split=False, ranks=4):
-    """Rank 0's measured memory of a plan (algo, opts) on `ranks` ranks
-    stays within the plan's prediction in every category, and params+state
-    equals it; split: the plan must split a slice (tensor parallelism)."""
+    """Every rank's measured memory of a plan (algo, opts) on `ranks` ranks
+    against the plan's prediction (ranks_within): each category at or
+    below it, params+state equal to it, params+state, activations and
+    buffers within 5% of it; split: the plan must split a slice (tensor
+    parallelism)."""
     tag = what.replace(" ", "-")
     mpath = W.write_json(tmp, f"mem-{tag}.model.json", model)
     pp = os.path.join(tmp, f"mem-{tag}.bin")
     cpath = W.write_json(tmp, f"cpu-1x{ranks}.json", W.cluster(ranks, 1))
     W.plan(mpath, cpath, pp, algo, opts)
-    got, pred = memory_line(pp, ranks)
-    err = None
-    if any(g > q for g, q in zip(got, pred)) or got[0] != pred[0]:
-        err = f"{what} memory: rank 0 measured {got} MiB, predicted {pred}"
-    elif split and tp_slices(pp) == 0:
+    mem, _ = ranks_memory(pp, ranks, 1)
+    err, worst = ranks_within(mem, ranks, f"{what} memory")
+    if not err and split and tp_slices(pp) == 0:
         err = f"{what} memory: the plan splits no slice"
-    print(("FAIL " + err) if err else f"ok   {what} memory on {ranks} ranks: measured {got} MiB "
-          f"within predicted {pred}", flush=True)
+    got, pred = mem.get(0, (None, None))
+    print(("FAIL " + err) if err else f"ok   {what} memory on {ranks} ranks: rank 0 measured "
+          f"{got} MiB within predicted {pred}; every rank's params+state, activations, "
+          f"buffers at least {worst:.3f} of it", flush=True)
     return [err] if err else []
+
+
+def ranks_memory(plan_path, ranks, steps):
+    """A run of plan_path (`steps` steps, spindle-run --memory-all): every
+    rank's measured and predicted MiB per category as printed ({rank:
+    (measured, predicted)}), and its zero-2 / zero-3 full-buffer lines
+    ({(rank, "zero-2" or "zero-3"): [most, peak, pool, ...]})."""
+    cmd = [RUN, plan_path, "--steps", str(steps), "--timeout", "60", "--memory-all"]
+    if ranks > 1:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    mem, full = {}, {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"rank (\d+) (memory|zero-2|zero-3) ", line)
+        if m:
+            nums = [float(x) for x in re.findall(r"\d+\.\d+", line.split("(MiB):")[1])]
+            if m.group(2) == "memory":
+                mem[int(m.group(1))] = (nums[0:4], nums[4:8])
+            else:
+                full[(int(m.group(1)), m.group(2))] = nums
+    return mem, full
+
+
+def ranks_within(mem, ranks, what):
+    """(None or what is wrong, the least measured / predicted ratio of
+    params+state, activations and buffers over the ranks) for ranks_memory's
+    figures: each category at or below the prediction, params+state equal
+    to it, and params+state, activations and buffers (what the runtime
+    allocates itself) within 5% of it, to the printed 0.01 MiB (work's
+    prediction also counts the libraries' workspace, which the runtime
+    does not allocate)."""
+    if sorted(mem) != list(range(ranks)):
+        return f"{what}: memory lines for ranks {sorted(mem)}, not 0-{ranks - 1}", 0
+    worst = 1.0
+    for r, (got, pred) in sorted(mem.items()):
+        if any(g > q for g, q in zip(got, pred)) or got[0] != pred[0] or \
+                any(g < 0.95 * q - 0.005 for g, q in zip(got[:3], pred[:3])):
+            return f"{what}: rank {r} measured {got} MiB, predicted {pred}", 0
+        worst = min([worst] + [g / q for g, q in zip(got[:3], pred[:3]) if q > 0])
+    return None, worst
 
 
 MICRO2 = ("--microbatches", "2")
@@ -477,6 +534,89 @@ def zero3(demo, tmp):
                             1e-2 * 0.01)
     failures += zero2_peak(deep, tmp, "deep zero-3", ZERO3, kind="zero-3", below_whole=True)
     return failures + saves_below(demo, tmp, "2", "3")
+
+
+def mixed(tmp):
+    """Plans that mix bucket layouts (tests/lib/mixed.py): at the smallest
+    device memory at which spindle-plan plans the mixed-layout workload,
+    --zero auto lowers its large encoder's buckets in zero-3 and leaves
+    the other buckets zero-0, 1 or 2 (planner/layout.c layout_zero3), so a
+    rank gathers one bucket's weights per use beside buckets whose weights
+    stay whole. Each plan must mix zero-3 with another layout on some
+    device (else the case is void), and on 2, 3 and 4 ranks, AdamW and
+    SGD, with several algorithms, with recompute and with 2 micro-batches,
+    it equals the one-device run (same micro-batches), also across two
+    nodes. Every rank's memory (--memory-all): each category at or below
+    the plan's prediction,
+    params+state, activations and buffers (what the runtime itself
+    allocates) within 5% of it, and the zero-2 full gradients and zero-3
+    full weights it placed at once equal to their walks' peaks."""
+    adamw, sgd = {"type": "adamw", "lr": 0.01, "eps": 1e-5}, {"type": "sgd", "lr": 0.05}
+    failures = []
+    for opt, floor, cfg in (
+            (adamw, 1e-2 * 0.01, [(2, 1, "spindle", ()), (3, 1, "spindle", ()),
+                                  (4, 1, "spindle", ()), (3, 1, "sequential", ()),
+                                  (4, 1, "spindle", RECOMPUTE), (4, 2, "sequential", ())]),
+            (sgd, 1e-7, [(2, 1, "spindle", ()), (3, 1, "spindle", ()), (4, 1, "spindle", ()),
+                         (2, 1, "sequential", ()), (4, 1, "sequential", ()),
+                         (4, 2, "spindle", ())])):
+        failures += check_mixed(MX.model(opt), tmp, f"mixed-{opt['type']}", cfg, floor)
+    # micro-batches (the zero-3 gathers in every micro-step, full gradients
+    # live across them): 2 for every task, and 2 for the task whose encoder
+    # is zero-3 only, against the one-device run with the same counts
+    failures += check_mixed(MX.model(sgd), tmp, "mixed-sgd-mb2", [(4, 1, "spindle", MICRO2)],
+                            1e-7, MICRO2)
+    mbt = ("--microbatches", "classify=2")
+    failures += check_mixed(MX.model(adamw), tmp, "mixed-adamw-mbt",
+                            [(3, 1, "sequential", mbt)], 1e-2 * 0.01, mbt)
+    return failures
+
+
+def check_mixed(model, tmp, name, configs, floor, ref_opts=()):
+    """check_model for plans made at the smallest memory that fits
+    (MX.smallest_fit), each checked to mix zero-3 with another layout on
+    some device, and its every rank's memory (mixed_memory)."""
+    mpath = W.write_json(tmp, f"{name}.model.json", model)
+    p1 = os.path.join(tmp, f"{name}.1.bin")
+    W.plan(mpath, W.write_json(tmp, "cpu-1.json", W.cluster(1)), p1, "spindle", ref_opts)
+    ref = run(p1, 1, tmp, f"{name}.1")
+    failures = []
+    for ranks, nodes, algo, opts in configs:
+        tag = f"{name}.{nodes}x{ranks}.{algo}" + "".join(o.strip("-") for o in opts)
+        mib, _, pp = MX.smallest_fit(mpath, tmp, tag, ranks, algo, opts, nodes=nodes)
+        where = f"{ranks} ranks" + (f" on {nodes} nodes" if nodes > 1 else "")
+        what = f"{name} on {where} of {mib} MiB ({' '.join((algo,) + opts)})"
+        mix = MX.mixing_devices(pp)
+        err = None if mix else f"{what}: the plan mixes no zero-3 bucket with another layout"
+        if not err:
+            err = compare(ref, run(pp, ranks, tmp, tag), floor, what)
+        if not err:
+            err = mixed_memory(pp, ranks, what)
+        print(("FAIL " + err) if err else f"ok   {what}, devices mixing layouts: {mix}",
+              flush=True)
+        if err:
+            failures.append(err)
+    return failures
+
+
+def mixed_memory(plan_path, ranks, what):
+    """Every rank's memory over 2 steps against the plan's prediction
+    (ranks_within), and the zero-2 / zero-3 full buffers most live at once
+    equal to their walks' peaks and within their pools, a zero-3 line
+    among them. None, or what is wrong."""
+    mem, full = ranks_memory(plan_path, ranks, 2)
+    err, worst = ranks_within(mem, ranks, what)
+    if err:
+        return err
+    for (r, kind), (most, peak, pool, *_) in sorted(full.items()):
+        if most != peak or most <= 0 or pool < peak:
+            return f"{what}: rank {r} {kind} most live {most} MiB, walk's peak {peak}, pool {pool}"
+    if not any(k == "zero-3" for _, k in full):
+        return f"{what}: no rank printed a zero-3 line"
+    print(f"     {what}: every rank's memory within the prediction, params+state, "
+          f"activations, buffers at least {worst:.3f} of it; full-buffer lines {sorted(full)}",
+          flush=True)
+    return None
 
 
 def even_batches(model):
@@ -960,6 +1100,11 @@ def main():
             failures += seqpar(demo, tmp)
             print(f"{len(failures)} failure(s)")
             return 1 if failures else 0
+        # plans mixing zero-3 with other layouts (meson's equivalence_mixed passes it)
+        if os.environ.get("EQUIV_ONLY") == "mixed" or sys.argv[1:] == ["mixed"]:
+            failures += mixed(tmp)
+            print(f"{len(failures)} failure(s)")
+            return 1 if failures else 0
         if os.environ.get("EQUIV_ONLY") == "combined":  # layouts and splits together
             demo = json.load(open(os.path.join(ROOT, "plans", "demo", "model.json")))
             failures += combined(demo, tmp)
@@ -1001,6 +1146,8 @@ def main():
             failures += check_model(m, tmp, f"random{seed}-lanes", [(2, 1, "spindle")], 1e-7)
         # recompute
         failures += check_recompute(tmp)
+        failures += replicated_memory(dict(demo, optimizer={"type": "adamw", "lr": 0.01,
+                                                            "eps": 1e-5}), tmp)
         # zero-1: every bucket's optimizer state sharded over its group (forced),
         # uneven shards included (buckets of 3 members)
         failures += zero1(demo, tmp)
@@ -1015,7 +1162,8 @@ def main():
         # tensor parallelism: split transformer layers, mixed with whole ones
         failures += tp(demo, tmp)
         failures += vocab(demo, tmp)
-        # (sequence parallelism: its own test, equivalence_seqpar)
+        # (sequence parallelism: its own test, equivalence_seqpar; plans
+        # mixing zero-3 with other layouts: equivalence_mixed)
         # the layouts and splits together
         failures += combined(demo, tmp)
         # cross-attention decoders

@@ -19,7 +19,9 @@ the same plan (bit-identical) and under a 2-rank replicated plan; saved
 under the 2-rank replicated plan, resumed under the 4-rank zero-1 plan
 (both within tolerance of the uninterrupted run of the saving plan); the
 same with zero-2 and with zero-3 (whose weights are sharded too: the
-checkpoint all-gathers them whole, a resume keeps each rank's shard).
+checkpoint all-gathers them whole, a resume keeps each rank's shard), and
+with a 4-rank plan that mixes zero-3 buckets with zero-0/1/2 ones
+(tests/lib/mixed.py).
 
 Checkpoints stay whole under tensor parallelism: saved under a 4-rank plan
 with --tp 4, resumed under it (bit-identical) and under the one-device
@@ -41,6 +43,7 @@ import tempfile
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(__file__))
 import rtlib as R  # noqa: E402
+import mixed as MX  # noqa: E402  (tests/lib, on rtlib's path)
 
 STEPS = 6
 HALF = 3
@@ -132,6 +135,24 @@ def check_zero(F, tmp, z):
     across_plans(F, tmp, tag, p4, 4, p2, 2, {p4: f"zero-{z}", p2: "replicated"})
 
 
+def check_mixed(F, tmp):
+    """A plan mixing zero-3 buckets with zero-0/1/2 ones (tests/lib/mixed.py:
+    --zero auto at the smallest memory that fits, 4 ranks) against the
+    2-rank replicated plan of the same model (--zero 0), both ways."""
+    model = MX.model({"type": "adamw", "lr": 0.01, "eps": 1e-5})  # equivalence.py's
+    mpath = R.W.write_json(tmp, "mixed.model.json", model)
+    mib, _, p4 = MX.smallest_fit(mpath, tmp, "mixed.4", 4)
+    mix = MX.mixing_devices(p4)
+    F.check(bool(mix), f"mixed: the 4-rank plan at {mib} MiB mixes zero-3 with other layouts",
+            "no device holds a zero-3 bucket and one of another layout")
+    if not mix:
+        return
+    p2 = os.path.join(tmp, "mixed.2.bin")
+    R.W.plan(mpath, R.W.write_json(tmp, "cpu-2.json", R.W.cluster(2)), p2, "spindle",
+             ("--zero", "0"))
+    across_plans(F, tmp, "mixed", p4, 4, p2, 2, {p4: "mixed zero-3", p2: "replicated"})
+
+
 def check_tp(F, tmp, vocab=None):
     """Checkpoints stay whole under tensor parallelism: saved under a 4-rank
     plan whose transformer slices are split 4 ways (--tp 4), resumed under
@@ -203,6 +224,9 @@ def main():
         if os.environ.get("RESUME_ONLY") == "zero3":  # the zero-3 case alone
             check_zero(F, tmp, 3)
             return F.exit()
+        if os.environ.get("RESUME_ONLY") == "mixed":  # the mixed-layout case alone
+            check_mixed(F, tmp)
+            return F.exit()
         if os.environ.get("RESUME_ONLY") == "tp":  # the tensor-parallel cases alone
             check_tp(F, tmp)
             check_tp(F, tmp, vocab=11)
@@ -212,6 +236,7 @@ def main():
         check_zero(F, tmp, 1)
         check_zero(F, tmp, 2)
         check_zero(F, tmp, 3)
+        check_mixed(F, tmp)
         check_tp(F, tmp)
         check_tp(F, tmp, vocab=11)
         check_microtask(F, tmp)

@@ -23,7 +23,8 @@ import tempfile
 
 REQUIRED = ["gpu_layers", "gpu_step_demo", "gpu_step_demo-sgd", "gpu_step_encdec-sgd",
             "demo_train", "equiv_1", "equiv_2", "equiv_4", "equiv_compare", "equiv_encdec_1",
-            "equiv_encdec_2", "equiv_encdec_seq-2", "equiv_encdec_compare"]
+            "equiv_encdec_2", "equiv_encdec_seq-2", "equiv_encdec_compare", "equiv_mixed_1",
+            "equiv_mixed_2", "equiv_mixed_4", "equiv_mixed_compare"]
 OPTIONAL = ["profile_clip-4", "profile_qwen-val", "bench_ours"]
 
 
@@ -66,6 +67,10 @@ def main():
             check(f"ok   demo-sgd-on-{n}-ranks" in summary, f"summary: {n} ranks equal 1")
             check(f"ok   demo-sgd-tp2-vocab-on-{n}-ranks" in summary,
                   f"summary: {n} ranks with the vocabulary split equal 1")
+            check(f"ok   mixed-sgd-on-{n}-ranks" in summary,
+                  f"summary: {n} ranks mixing zero-3 with other layouts equal 1")
+            check(f"  rank {n - 1} zero-3 full weights" in summary,
+                  f"summary: every rank's memory of the {n}-rank mixed plan (--memory-all)")
         for what in ("", "sequential-"):
             check(f"ok   encdec-sgd-{what}on-2-ranks" in summary,
                   f"summary: the decoder workload on 2 ranks ({what or 'as planned'}) equals 1")

@@ -937,12 +937,16 @@ static int memory_all(run_t *r)
 	full_buffers(r->st, mine + MEM__COUNT);
 	wd_arm(rank, "gathering every rank's memory (--memory-all)");
 	if (r->comm.ops->allsum(&r->comm, v, n * MEM_ALL_N)) {
+		wd_disarm();
 		free(v);
 		sp_err_set(&r->err, RUN_ECOMM, NULL, 0, 0, NULL,
 			   "rank %d: gathering every rank's memory failed", rank);
 		return RUN_LOST;
 	}
 	wd_disarm();
+	/* Under --quiet rank 0's own line (print_start's) was not printed. */
+	if (rank == 0 && r->o.quiet)
+		print_memory(&r->plan, 0, v);
 	for (int q = 1; rank == 0 && q < n; q++) {
 		print_memory(&r->plan, q, v + (size_t)q * MEM_ALL_N);
 		print_full_buffers(q, v + (size_t)q * MEM_ALL_N + MEM__COUNT);

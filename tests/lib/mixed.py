@@ -83,13 +83,17 @@ def smallest_fit(model_path, tmp, tag, ranks, algo="spindle", opts=(), lo=64.0, 
 
     if not fits(hi):
         raise RuntimeError(f"{tag}: no plan fits {ranks} devices of {hi} MiB")
+    if fits(lo):
+        raise RuntimeError(f"{tag}: a plan fits {ranks} devices of {lo} MiB already: "
+                           "the bisection needs a lower end that does not fit")
     while hi - lo > 0.25:
         mid = (lo + hi) / 2
         if fits(mid):
             hi = mid
         else:
             lo = mid
-    assert fits(hi)
+    if not fits(hi):  # re-plan at hi: the last try may have been a lower mid
+        raise RuntimeError(f"{tag}: the plan at {hi} MiB no longer fits")
     return hi, cpath, out
 
 

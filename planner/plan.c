@@ -1039,6 +1039,11 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
 					    &over, mine ? chosen_cand : NULL,
 					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
+		if (!rc && !use_seq) { /* ours adopting seq's: refined as seq's */
+			sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+			rc = layout_refine(pl, &p, &r);
+			sp_arena_reset(&pl->scratch, mark);
+		}
 		double t1 = now_ms(o);
 		if (rc) {
 			plan_release(&p);

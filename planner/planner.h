@@ -280,8 +280,8 @@ double net_res_gbs(const sp_cluster_t *c, int r);
 /* The two links a transfer from a to b crosses (out of a, into b); returns 2. */
 int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res);
 /* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM.
- * no_tree: ring or hierarchical only (a reduce-scatter priced as the
- * all-reduce of half its bytes; NCCL has no tree for it). */
+ * no_tree: ring or hierarchical only (net_reduce_scatter_phases starts
+ * from that choice; NCCL has no tree for a reduce-scatter). */
 int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
 			 int64_t bytes, int no_tree, sp_arena_t *a);
 /* cost_reduce_scatter_ms's choice as phases (a zero-1/2/3 bucket's

@@ -749,19 +749,17 @@ static int tail_init(planner_t *pl, const sp_plan_t *p, sp_arena_t *a, tail_t *t
 		for (int k = 0; k < p->devices[d].n_ins; k++)
 			n += p->ins[p->devices[d].first_ins + k].op == INS_SYNC;
 	t->bk = sp_arena_calloc(a, (size_t)n + 1, sizeof(int));
-	t->whole = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->shard = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->gather = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->upd = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->end = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double));
 	t->z1 = sp_arena_calloc(a, (size_t)nb + 1, 1);
-	t->ar = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->rs = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->issue = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->done = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	t->e = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double));
-	if (!t->off || !t->bk || !t->whole || !t->shard || !t->gather || !t->upd || !t->end ||
-	    !t->z1 || !t->ar || !t->rs || !t->issue || !t->done || !t->e)
+	double **per_bucket[] = {&t->whole, &t->shard, &t->gather, &t->ar,
+				 &t->rs,    &t->issue, &t->done,   &t->upd};
+	double **per_dev[] = {&t->e, &t->end};
+	for (size_t i = 0; i < sizeof per_bucket / sizeof *per_bucket; i++)
+		if (!(*per_bucket[i] = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double))))
+			return SP_ENOMEM;
+	for (size_t i = 0; i < sizeof per_dev / sizeof *per_dev; i++)
+		if (!(*per_dev[i] = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double))))
+			return SP_ENOMEM;
+	if (!t->off || !t->bk || !t->z1)
 		return SP_ENOMEM;
 	n = 0;
 	for (int d = 0; d < nd; d++) {

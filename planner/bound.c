@@ -80,8 +80,8 @@
  *  sync      (bound_sync) max over devices d of sum over the sync buckets b
  *            that d belongs to of A_b, the time b's collective takes alone
  *            on the network: net_phases_ms of the very phases the
- *            simulator runs it as (net_allreduce_phases at sim.c's bytes,
- *            elems x dtype bytes, half under zero-1). In the simulator
+ *            simulator runs it as (net_allreduce_phases, or under zero-1
+ *            net_reduce_scatter_phases, of elems x dtype bytes). In the simulator
  *            (fluid.c) a device takes part in one all-reduce at a time, and
  *            each phase of a job drains at a max-min fair rate x with
  *            x bytes_r / V <= cap_r on every link r it loads, so it takes
@@ -403,12 +403,16 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 		const int32_t *devs = p->bucket_devs + bk->dev_off;
 		int zero1 = layout_sharded(bk->layout);
 		double t = HUGE_VAL;
-		/* sim.c's bytes (zero-1: half); both layouts when it may change */
-		for (int half = any_layout ? 0 : zero1; half <= (any_layout ? 1 : zero1); half++) {
+		/* sim.c's collective (zero-1: the reduce-scatter); both layouts
+		 * when it may change */
+		for (int rs = any_layout ? 0 : zero1; rs <= (any_layout ? 1 : zero1); rs++) {
 			net_coll_t co;
 			sp_arena_mark_t m2 = sp_arena_mark(a);
-			if ((rc = net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
-						       bk->elems * db / (half ? 2 : 1), half, a)))
+			int64_t bytes = bk->elems * db;
+			if ((rc = rs ? net_reduce_scatter_phases(&co, pl->cluster, devs, bk->n_dev,
+								 bytes, a)
+				     : net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
+							    bytes, 0, a)))
 				goto done;
 			t = fmin(t, net_phases_ms(pl->cluster, &co));
 			sp_arena_reset(a, m2);

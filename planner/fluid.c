@@ -5,7 +5,8 @@
  * jobs as the devices issue them and asks when they finish).
  *
  * A job is a sequence of phases (a transfer: one; an all-reduce: one for a
- * ring, three for the hierarchical algorithm); a phase puts bytes_r on each
+ * ring, three for the hierarchical algorithm; a reduce-scatter: one, or
+ * two hierarchical); a phase puts bytes_r on each
  * link r it crosses, then waits its latency. The phase drains at a rate x
  * (bytes per ms on its most loaded link, V = max_r bytes_r), loading link r
  * with x * bytes_r / V; alone on the network it takes max_r bytes_r / cap_r,
@@ -117,7 +118,7 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 }
 
 int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
-		 int no_tree)
+		 int rs)
 {
 	int j = new_job(n, ready);
 	if (j < 0)
@@ -128,7 +129,9 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	jb->n_dev = nd;
 	if (bytes <= 0)
 		return j; /* nothing to move: done when ready */
-	int rc = net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, no_tree, n->a), most = 0;
+	int rc = rs ? net_reduce_scatter_phases(&jb->co, n->c, devs, nd, bytes, n->a)
+		    : net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, 0, n->a),
+	    most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);
 	if (!rc && !(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))))

@@ -33,6 +33,16 @@
  *     + shard step + all-gather against all-reduce + full step; only the
  *     sync pass is simulated again).
  *
+ *  3. Per algorithm, on its chosen plan (plan.c run_algos: every algorithm,
+ *     so comparisons stay fair), under --zero auto in any model
+ *     (layout_refine): the replicated buckets whose zero-1 shortens the
+ *     tail of the iteration — the optimizer step every member of a
+ *     replicated bucket runs whole after its program, against a shard's
+ *     step, a reduce-scatter and an all-gather — chosen greedily on an
+ *     estimate of that tail (tail_est, from the simulated plan's times),
+ *     then simulated and kept when faster. One simulation per algorithm,
+ *     none where no bucket would shorten the estimate.
+ *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
  * cap needs it (choose_zero2 in step 2, before recomputation; dropped again
  * when the slices recomputed later make zero-1 fit: drop_zero2; and
@@ -699,6 +709,208 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (!rc)
 		rc = try_overlap(pl, p, res);
 	return no_memory(pl, rc ? rc : try_zero1_recompute(pl, p, res));
+}
+
+/* ---- zero-1 against the optimizer step's tail (layout_refine) ------------ */
+
+/*
+ * After its program a device updates its buckets one after another (a
+ * replicated bucket whole, a zero-1 one its shard) and its zero-1 buckets'
+ * all-gathers run one after another on its links, each from when every
+ * member has updated the bucket (sim.c finish_steps). A replicated bucket
+ * shared by many devices costs each of them its whole step, which no
+ * collective hides; in zero-1 it costs a shard's step and an all-gather,
+ * which runs beside the other buckets' updates, and its reduce-scatter
+ * replaces the all-reduce. tail_t estimates the iteration for a choice of
+ * layouts from the simulated plan: each device's program ends with its
+ * last slice (e), a bucket's collective is ready when the last backward
+ * before its SYNC ends on every member (issue) and takes its price alone,
+ * a member's collectives one after another; then finish_steps.
+ */
+typedef struct {
+	int *off, *bk;  /* per device: its SYNCs' buckets in program order */
+	double *whole;  /* per bucket: the full step (ms) */
+	double *shard;  /* per bucket: a member's zero-1 shard step */
+	double *gather; /* per bucket: its zero-1 all-gather alone */
+	double *ar, *rs; /* per bucket: its all-reduce, reduce-scatter alone */
+	double *issue;  /* per bucket: its collective ready */
+	double *done;   /* per bucket: its collective done (scratch) */
+	double *e;      /* per device: its program's end */
+	double *upd;    /* per bucket: its last member's update (scratch) */
+	double *end;    /* per device: the estimated end (scratch) */
+	uint8_t *z1;    /* per bucket: zero-1 in this choice */
+} tail_t;
+
+static int tail_init(planner_t *pl, const sp_plan_t *p, sp_arena_t *a, tail_t *t)
+{
+	int nb = p->n_buckets, nd = p->n_devices, n = 0;
+	t->off = sp_arena_calloc(a, (size_t)nd + 1, sizeof(int));
+	for (int d = 0; t->off && d < nd; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++)
+			n += p->ins[p->devices[d].first_ins + k].op == INS_SYNC;
+	t->bk = sp_arena_calloc(a, (size_t)n + 1, sizeof(int));
+	t->z1 = sp_arena_calloc(a, (size_t)nb + 1, 1);
+	double **per_bucket[] = {&t->whole, &t->shard, &t->gather, &t->ar,
+				 &t->rs,    &t->issue, &t->done,   &t->upd};
+	double **per_dev[] = {&t->e, &t->end};
+	for (size_t i = 0; i < sizeof per_bucket / sizeof *per_bucket; i++)
+		if (!(*per_bucket[i] = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double))))
+			return SP_ENOMEM;
+	for (size_t i = 0; i < sizeof per_dev / sizeof *per_dev; i++)
+		if (!(*per_dev[i] = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double))))
+			return SP_ENOMEM;
+	if (!t->off || !t->bk || !t->z1)
+		return SP_ENOMEM;
+	n = 0;
+	for (int d = 0; d < nd; d++) {
+		double x = 0;
+		t->off[d] = n;
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op == INS_SYNC) {
+				t->bk[n++] = in->peer;
+				t->issue[in->peer] = fmax(t->issue[in->peer], x);
+			} else if (in->slice >= 0 && in->slice < p->n_slices &&
+				   (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS)) {
+				const sp_slice_t *sl = &p->slices[in->slice];
+				x = fmax(x, in->op == INS_FWD ? sl->start_ms + sl->fwd_ms
+							      : sl->bwd_start_ms + sl->bwd_ms);
+			}
+		}
+		t->e[d] = x;
+	}
+	t->off[nd] = n;
+	int db = dtype_bytes(p->model.dtype);
+	for (int b = 0; b < nb; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int64_t m = bk->n_dev > 1 ? (bk->elems + bk->n_dev - 1) / bk->n_dev : bk->elems;
+		t->whole[b] = cost_step_ms(pl, bk->elems);
+		t->shard[b] = cost_step_ms(pl, m);
+		/* zero-1 and zero-2 gather after the step; zero-3 at each use */
+		t->gather[b] = bk->layout == LAYOUT_ZERO1 || bk->layout == LAYOUT_ZERO2
+				       ? bk->gather_ms
+			       : bk->layout == LAYOUT_REPLICATED && bk->n_dev > 1
+				       ? cost_all_gather_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+							    bk->n_dev, bk->elems * db)
+				       : 0;
+		t->z1[b] = (uint8_t)layout_sharded(bk->layout);
+		t->ar[b] = bk->layout == LAYOUT_REPLICATED ? bk->sync_ms
+			   : cost_allreduce_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+					       bk->n_dev, bk->elems * db);
+		t->rs[b] = layout_sharded(bk->layout) ? bk->sync_ms
+			   : cost_reduce_scatter_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+						    bk->n_dev, bk->elems * db);
+	}
+	return 0;
+}
+
+/* The latest estimated end over the devices. */
+static double tail_est(const sp_plan_t *p, tail_t *t)
+{
+	double worst = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		t->upd[b] = t->done[b] = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		double c = 0;
+		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
+			int b = t->bk[i];
+			c = fmax(c, t->issue[b]) + (t->z1[b] ? t->rs[b] : t->ar[b]);
+			t->done[b] = fmax(t->done[b], c);
+		}
+	}
+	for (int d = 0; d < p->n_devices; d++) {
+		double x = t->e[d];
+		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
+			int b = t->bk[i];
+			x = fmax(x, t->done[b]) + (t->z1[b] ? t->shard[b] : t->whole[b]);
+			if (t->z1[b])
+				t->upd[b] = fmax(t->upd[b], x);
+		}
+		t->end[d] = x;
+	}
+	for (int d = 0; d < p->n_devices; d++) {
+		double g = 0;
+		for (int i = t->off[d]; i < t->off[d + 1]; i++)
+			if (t->z1[t->bk[i]])
+				g = fmax(g, t->upd[t->bk[i]]) + t->gather[t->bk[i]];
+		t->end[d] = fmax(t->end[d], g);
+		worst = fmax(worst, t->end[d]);
+	}
+	return worst;
+}
+
+/* The n candidates cand[] in the order the greedy tries them: the step a
+ * member saves per millisecond of all-gather, most first (ties: bucket
+ * order); key[] scratch. */
+static void by_saving(const tail_t *t, int *cand, double *key, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int b = cand[i];
+		key[i] = (t->whole[b] - t->shard[b]) / fmax(t->gather[b], 1e-12);
+	}
+	for (int i = 1; i < n; i++) { /* insertion sort: stable, few buckets */
+		int b = cand[i];
+		double k = key[i];
+		int j = i;
+		for (; j > 0 && key[j - 1] < k; j--) {
+			cand[j] = cand[j - 1];
+			key[j] = key[j - 1];
+		}
+		cand[j] = b;
+		key[j] = k;
+	}
+}
+
+int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	tail_t t;
+	trial_save_t sv;
+	int nb = p->n_buckets, n = 0, rc = tail_init(pl, p, a, &t);
+	int *cand = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	double *key = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
+	if (!rc && (!cand || !key))
+		rc = SP_ENOMEM;
+	if (rc)
+		goto done;
+	for (int b = 0; b < nb; b++)
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
+			cand[n++] = b;
+	if (!n)
+		goto done;
+	double best = tail_est(p, &t);
+	by_saving(&t, cand, key, n);
+	int picked = 0;
+	for (int i = 0; i < n; i++) {
+		t.z1[cand[i]] = 1;
+		double v = tail_est(p, &t);
+		if (v < best * (1 - 1e-9)) {
+			best = v;
+			picked++;
+		} else {
+			t.z1[cand[i]] = 0;
+		}
+	}
+	if (!picked)
+		goto done;
+	if ((rc = trial_save(a, p, &sv)))
+		goto done;
+	for (int i = 0; i < n; i++)
+		if (t.z1[cand[i]])
+			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
+	sim_result_t r = *res;
+	if ((rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
+		goto done;
+	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9))
+		*res = r;
+	else
+		rc = trial_restore(pl, p, &sv);
+done:
+	sp_arena_reset(a, mark);
+	return no_memory(pl, rc);
 }
 
 /* ---- zero-3 under auto ------------------------------------------------------ */

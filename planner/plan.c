@@ -1039,6 +1039,15 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
 					    &over, mine ? chosen_cand : NULL,
 					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
+		if (!rc && !use_seq) { /* ours adopting seq's: refined as seq's */
+			sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+			rc = layout_refine(pl, &p, &r);
+			sp_arena_reset(&pl->scratch, mark);
+			/* zero-1 only frees memory: the fit as plan_simulated takes it */
+			for (int d = 0; !rc && d < p.n_devices; d++)
+				over = d ? fmax(over, (double)p.devices[d].mem_peak - pl->mem_cap)
+					 : (double)p.devices[d].mem_peak - pl->mem_cap;
+		}
 		double t1 = now_ms(o);
 		if (rc) {
 			plan_release(&p);

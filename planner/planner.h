@@ -283,10 +283,15 @@ double net_res_gbs(const sp_cluster_t *c, int r);
 /* The two links a transfer from a to b crosses (out of a, into b); returns 2. */
 int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res);
 /* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM.
- * no_tree: ring or hierarchical only (a reduce-scatter priced as the
- * all-reduce of half its bytes; NCCL has no tree for it). */
+ * no_tree: ring or hierarchical only (net_reduce_scatter_phases starts
+ * from that choice; NCCL has no tree for a reduce-scatter). */
 int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
 			 int64_t bytes, int no_tree, sp_arena_t *a);
+/* cost_reduce_scatter_ms's choice as phases (a zero-1/2/3 bucket's
+ * reduce-scatter of all its bytes): the ring's or hierarchical all-reduce's
+ * first half, alone on the network exactly cost_reduce_scatter_ms. */
+int net_reduce_scatter_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs,
+			      int n, int64_t bytes, sp_arena_t *a);
 /* Time of the phases alone on the network (equals cost_allreduce_ms). */
 double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
@@ -356,11 +361,11 @@ typedef struct {
 int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs);
 /* A transfer of bytes from a to b leaving at start (>= the clock); its job. */
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes);
-/* An all-reduce of bytes over devs (kept, increasing ids) ready at ready;
- * bytes 0 takes no time; no_tree as net_allreduce_phases. Its job, or a
- * negative code. */
+/* An all-reduce of bytes over devs (kept, increasing ids) ready at ready,
+ * or with rs its reduce-scatter (net_reduce_scatter_phases); bytes 0 takes
+ * no time. Its job, or a negative code. */
 int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
-		 int no_tree);
+		 int rs);
 /* Marks transfer j as awaited: fl_advance(n, 1) stops when it arrives. */
 void fl_await(fl_net_t *n, int j);
 /* Runs events in time order: until an awaited transfer arrives (1) when
@@ -780,6 +785,11 @@ int layout_fit(planner_t *pl, sp_plan_t *p);
 /* Ours, once simulated (res): zero-1 for large components' other buckets
  * when not slower (p and res updated). */
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* --zero auto, an algorithm's chosen plan p once simulated (res): the
+ * replicated buckets whose zero-1 shortens the optimizer step's tail
+ * (layout.c's estimate, greedily) in zero-1, kept when the simulator says
+ * the iteration is faster (p and res updated). */
+int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* --zero auto, a model with a large component, the chosen plan p over the
  * cap: p lowered again on its own schedule and placement with the large
  * components' buckets of 2+ devices in zero-3, fitted (layout_fit),

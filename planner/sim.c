@@ -14,8 +14,9 @@
  *                 transfer and all-reduce in flight beside it
  *   RECV          blocks until the matching transfer has arrived
  *   SYNC          non-blocking; when the bucket's last member issued it,
- *                 its all-reduce (zero-1: reduce-scatter, priced as an
- *                 all-reduce of half the bytes) enters the network, ready
+ *                 its all-reduce (zero-1/2/3: reduce-scatter, the first
+ *                 half of the ring's or hierarchical all-reduce:
+ *                 net_reduce_scatter_phases) enters the network, ready
  *                 at that moment;
  *                 it starts when its members finished their earlier
  *                 all-reduces (one at a time per device) and shares links
@@ -430,9 +431,7 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		    (st->sjob[in->peer] = fl_allreduce(
 			     &st->net, st->last_issue[in->peer], p->bucket_devs + bk->dev_off,
 			     bk->n_dev,
-			     (st->mode & SIM_SYNC)
-				     ? bk->elems * st->db / (layout_sharded(bk->layout) ? 2 : 1)
-				     : 0,
+			     (st->mode & SIM_SYNC) ? bk->elems * st->db : 0,
 			     layout_sharded(bk->layout))) < 0)
 			return st->sjob[in->peer];
 	} else if (in->op == INS_PGATHER) {

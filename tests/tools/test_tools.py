@@ -93,7 +93,7 @@ def case_show_deterministic():
           "text and JSON disagree on the iteration time")
     # --programs: one line per instruction
     p, _ = show(a, "--programs")
-    ins = [l for l in p.decode().splitlines() if re.match(r"^ +\d+ (fwd|bwd|send|recv|copy|loss|sync|step)\b", l)]
+    ins = [l for l in p.decode().splitlines() if re.match(r"^ +\d+ (fwd|bwd|send|recv|copy|loss|sync|step|gather|pgather|pfree)\b", l)]
     check(len(ins) == j["size"]["instructions"],
           "%d instruction lines for %d instructions" % (len(ins), j["size"]["instructions"]))
     check(p.decode().startswith(text), "--programs does not extend the plain view")

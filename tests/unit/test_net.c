@@ -124,7 +124,8 @@ static void test_tree_and_ring_latency(void **state)
 	sp_arena_release(&a);
 }
 
-/* The phases the simulator drains take, alone, the price. */
+/* The phases the simulator drains take, alone, the price (all-reduce and
+ * reduce-scatter). */
 static void test_phases_price(void **state)
 {
 	(void)state;
@@ -144,7 +145,37 @@ static void test_phases_price(void **state)
 		net_coll_t co;
 		assert_int_equal(net_allreduce_phases(&co, &c, devs, n, S, 0, &a), 0);
 		near(net_phases_ms(&c, &co), cost_allreduce_ms(&c, devs, n, S), "phases");
+		assert_int_equal(net_reduce_scatter_phases(&co, &c, devs, n, S, &a), 0);
+		near(net_phases_ms(&c, &co), cost_reduce_scatter_ms(&c, devs, n, S),
+		     "reduce-scatter phases");
 	}
+	sp_arena_release(&a);
+}
+
+/* A reduce-scatter's phases (a zero-1 bucket's SYNC in the simulator)
+ * take, alone, its price: never the all-reduce of half the bytes, which
+ * pays the all-reduce's latency and an intra-node all-gather too. */
+static void test_reduce_scatter_phases(void **state)
+{
+	(void)state;
+	sp_arena_t a;
+	sp_arena_init(&a);
+	/* 16 GPUs on 2 nodes of 8, one NIC, S = 1 GB, a_n = 5, a_x = 10 us:
+	 * hierarchical (as test_ring_or_hierarchical, with latencies): intra
+	 * reduce-scatter 7/8 S at 200 + 7 a_n = 4.375 + 0.035 ms, inter 1/2 *
+	 * 8 * S/8 at 50 + 1 a_x = 10 + 0.01 ms: 14.42 ms in two phases */
+	int32_t devs[16];
+	for (int i = 0; i < 16; i++)
+		devs[i] = i;
+	sp_cluster_t c1 = cluster(2, 8, 1, 5);
+	net_coll_t co;
+	assert_int_equal(net_reduce_scatter_phases(&co, &c1, devs, 16, 1000000000, &a), 0);
+	assert_int_equal(co.n_phase, 2);
+	near(net_phases_ms(&c1, &co), 4.375 + 0.035 + 10 + 0.01, "hierarchical reduce-scatter");
+	near(cost_reduce_scatter_ms(&c1, devs, 16, 1000000000), 14.42, "its price");
+	net_coll_t half;
+	assert_int_equal(net_allreduce_phases(&half, &c1, devs, 16, 500000000, 1, &a), 0);
+	assert_true(net_phases_ms(&c1, &half) > net_phases_ms(&c1, &co) + 0.04);
 	sp_arena_release(&a);
 }
 
@@ -378,6 +409,7 @@ int main(void)
 		cmocka_unit_test(test_ring_or_hierarchical),
 		cmocka_unit_test(test_tree_and_ring_latency),
 		cmocka_unit_test(test_phases_price),
+		cmocka_unit_test(test_reduce_scatter_phases),
 		cmocka_unit_test_setup_teardown(test_two_flows_one_nic, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),

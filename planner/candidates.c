@@ -59,6 +59,15 @@ const sched_cand_t sched_cands[] = {
 	 * it changes a plan only where it is faster */
 	{.name = "lanes-apart-eager", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
+	/* sync homes (sched_list.c): the MILP widths listed with every
+	 * component wider than half of the nodes held on homes of half of
+	 * the nodes, its layers cut into segments over them (one held in a
+	 * single segment: a quarter of the nodes), so its gradients sync
+	 * across fewer NICs at the price of narrower slices; nothing new where
+	 * no component is that wide. (Homes of a half everywhere, or of a
+	 * quarter everywhere, won no bundled row and cost planning time.) */
+	{.name = "list-homes", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST,
+	 .mem_frac = 0.7, .min_nodes = 4, .home_share = 2, .home_share1 = 4},
 	/* data parallel on all devices: the sequential plan; when nothing
 	 * beats it, ours is that */
 	{.name = "data-parallel", .sched = CAND_BASELINE, .reuses_baseline = 1},
@@ -134,7 +143,9 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
 		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
 	if (c->sched == CAND_LIST)
-		return sched_list(pl, w, c->mem_frac, out);
+		return c->home_share ? sched_list_sync(pl, w, c->mem_frac, c->home_share,
+								 c->home_share1, out)
+				     : sched_list(pl, w, c->mem_frac, out);
 	if ((rc = sched_lanes(pl, w, &c->lanes, &mids, out)))
 		return rc;
 	out->bwd_eager = c->bwd_eager;

@@ -59,13 +59,14 @@ const sched_cand_t sched_cands[] = {
 	 * it changes a plan only where it is faster */
 	{.name = "lanes-apart-eager", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
-	/* sync homes (sched_list.c): the MILP widths listed with every
-	 * component wider than half of the nodes held on homes of half of
-	 * the nodes, its layers cut into segments over them (one held in a
-	 * single segment: a quarter of the nodes), so its gradients sync
-	 * across fewer NICs at the price of narrower slices; nothing new where
-	 * no component is that wide. (Homes of a half everywhere, or of a
-	 * quarter everywhere, won no bundled row and cost planning time.) */
+	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
+	 * every component spread over more than half of the nodes held on
+	 * homes of half of the nodes (a single MetaOp's in one segment: a
+	 * quarter), its layers cut into segments over them, so its gradients
+	 * sync across fewer NICs at the price of narrower slices; nothing new
+	 * where no component is spread that wide. (Halves everywhere or
+	 * quarters everywhere won no bundled row; on 2 nodes the homes, one
+	 * node each, won none either.) */
 	{.name = "list-homes", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST,
 	 .mem_frac = 0.7, .min_nodes = 4, .home_share = 2, .home_share1 = 4},
 	/* data parallel on all devices: the sequential plan; when nothing

@@ -119,19 +119,23 @@ static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int
 }
 
 /*
- * Sync homes (a candidate's home_share k >= 2, share1 k1, a cluster of at
- * least k and k1 nodes): a home is h = nodes / k whole nodes, g = h G
- * devices. A component that some MetaOp's allotted width makes wider than
- * g would sync its gradients across more nodes than a home has; instead
- * it is held on homes of g devices, so each of its layers syncs across h
- * nodes (with one NIC per node the gradient bytes a node's NIC carries
- * fall by the share of the layers it holds). Its layers are cut into S
- * segments, enough that a home's share of the component's work W_c
- * (device-ms at each MetaOp's most efficient width) is at most the area A
- * (all work / N): S = ceil(W_c / (g A)), at most nodes / h homes and its
- * layer count; one left in a single segment gets a home of nodes / k1
- * nodes when it was wider than that. Segments are laid out on whole nodes
- * one after another, wrapping around the cluster: homes of different
+ * Sync homes (a candidate's home_share k >= 2, share1 k1; a cluster of at
+ * least k nodes): a home is h = nodes / k whole nodes, g = h G devices.
+ * A component whose MetaOps' allotted widths add up to more devices than
+ * its home (its spread: the devices its gradients would otherwise sync
+ * across, at most N) is held on homes instead, so each of its layers
+ * syncs across the home's nodes only (with one NIC per node the gradient
+ * bytes a node's NIC carries fall by the share of the layers it holds).
+ * Its layers are cut into S segments, enough that a home's share of the
+ * component's work W_c (device-ms at each MetaOp's most efficient width)
+ * is at most the area A (all work / N): S = ceil(W_c / (g A)), at most
+ * nodes / h homes and its layer count. A component of one MetaOp left in
+ * one segment gets a home of nodes / k1 nodes (when the cluster has k1
+ * nodes): it runs alone there, while a shared one's MetaOps take the
+ * home one after another (start_on_home) and keep the wider one. A
+ * component with under 1% of the work is left where the allotment puts
+ * it (narrow slices already). Segments are laid out on whole nodes one
+ * after another, wrapping around the cluster: homes of different
  * components may share devices (a device then holds both), homes of one
  * component do not. Returns 1 when some component got sync homes, -1 out
  * of memory. The simulator judges the result against every other
@@ -142,33 +146,38 @@ static int homes_sync(planner_t *pl, const int *w, int share, int share1, int *S
 {
 	const sp_model_t *md = pl->model;
 	int C = md->n_comps, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
-	if (share < 2 || nodes < share || nodes < share1)
+	if (share < 2 || nodes < share)
 		return 0;
-	int h = nodes / share, gg = h * G, g1 = nodes / SP_MAX(share1, 1) * G, any = 0;
+	int h = nodes / share, gg = h * G, any = 0;
+	int g1 = nodes >= share1 && share1 > 0 ? nodes / share1 * G : gg;
 	double total = 0;
 	double *work = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(double));
-	int *wide = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(int));
-	if (!work || !wide)
+	int *spread = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(int));
+	int *uses = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(int));
+	if (!work || !spread || !uses)
 		return -1;
 	for (int m = 0; m < pl->n_mops; m++) {
 		const metaop_t *mo = &pl->mops[m];
 		double least = HUGE_VAL; /* device-ms of one layer at its best width */
 		for (int n = 1; n <= mo->nmax; n++)
 			least = fmin(least, n * mop_t(mo, n));
-		for (int l = 0; l < mo->n_layers; l++) {
-			int layer, c = mop_comp(pl, m, l, &layer);
-			work[c] += least;
-			wide[c] = SP_MAX(wide[c], w[m]);
-		}
+		int layer, c0 = mop_comp(pl, m, 0, &layer);
+		spread[c0] = SP_MIN(pl->N, spread[c0] + w[m]);
+		uses[c0]++;
+		for (int l = 0; l < mo->n_layers; l++)
+			work[mop_comp(pl, m, l, &layer)] += least;
 		total += least * mo->n_layers;
 	}
 	double area = total / pl->N;
 	for (int c = 0; c < C && area > 0; c++) {
-		if (wide[c] <= gg || md->comps[c].type == COMP_CONTRASTIVE)
-			continue;
 		int segs = (int)ceil(work[c] / (gg * area) - 1e-9);
-		S[c] = SP_MAX(1, SP_MIN(SP_MIN(segs, nodes / h), L[c]));
-		g[c] = S[c] == 1 && wide[c] > g1 ? g1 : gg;
+		segs = SP_MAX(1, SP_MIN(SP_MIN(segs, nodes / h), L[c]));
+		int home = segs == 1 && uses[c] == 1 ? SP_MIN(g1, gg) : gg;
+		if (spread[c] <= home || work[c] < 0.01 * total ||
+		    md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		S[c] = segs;
+		g[c] = home;
 		any = 1;
 	}
 	return any;

@@ -42,13 +42,14 @@
  *                 it takes beyond that layer's compute is added to the
  *                 FWD/BWD/LOSS running that layer (pg_overlap); PFREE
  *                 takes no time
- *   GATHER        zero-1/2: the bucket's all-gather starts when its last
- *                 member has updated the bucket (the runtime starts it
- *                 there, in the STEP) and takes the bucket's gather_ms
- *                 (priced alone on the network: the gathers run after
- *                 every other collective); a device's gathers add up
- *                 (they share its links), and the device is done when
- *                 they are
+ *   GATHER        zero-1/2: the bucket's all-gather is ready when its
+ *                 last member has updated the bucket (the runtime starts
+ *                 it there, in the STEP) and enters the network like an
+ *                 all-reduce (finish_steps_net: half its bytes, as the
+ *                 reduce-scatter; alone it takes the bucket's gather_ms):
+ *                 it shares links with the collectives in flight and
+ *                 starts once its members are through their earlier
+ *                 ones; the device is done when its gathers are
  * Devices run ahead of each other (progs.c); the network runs in time
  * order. When no device can proceed, the network runs to its next arrival:
  * every device is then waiting, so whatever it sends later leaves after

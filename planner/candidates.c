@@ -69,6 +69,10 @@ const sched_cand_t sched_cands[] = {
 	 * node each, won none either.) */
 	{.name = "list-homes", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST,
 	 .mem_frac = 0.7, .min_nodes = 4, .home_share = 2, .home_share1 = 4},
+	/* each task on devices of its own (the task-level baseline's
+	 * schedule, sched_task_level): its syncs stay inside its devices,
+	 * which one NIC per node can make the fastest */
+	{.name = "task-level", .sched = CAND_TASKS},
 	/* data parallel on all devices: the sequential plan; when nothing
 	 * beats it, ours is that */
 	{.name = "data-parallel", .sched = CAND_BASELINE, .reuses_baseline = 1},
@@ -139,6 +143,8 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 		return sched_sequential(pl, out);
 	if (c->sched == CAND_PAPER_DAG)
 		return sched_paper_dag(pl, out);
+	if (c->sched == CAND_TASKS)
+		return sched_task_level(pl, out);
 	if ((rc = cand_widths(pl, st, c->allot, &w)))
 		return rc;
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))

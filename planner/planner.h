@@ -524,7 +524,7 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 /* ---- candidates.c: our scheduling candidates, as data ---------------------- */
 
 typedef enum { CAND_ALLOT_NONE, CAND_ALLOT_SEPARABLE, CAND_ALLOT_MILP, CAND_ALLOT__COUNT } cand_allot_t;
-typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE } cand_sched_t;
+typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE, CAND_TASKS } cand_sched_t;
 
 typedef struct {
 	const char *name;

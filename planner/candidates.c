@@ -59,6 +59,20 @@ const sched_cand_t sched_cands[] = {
 	 * it changes a plan only where it is faster */
 	{.name = "lanes-apart-eager", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
+	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
+	 * every component spread over more than half of the nodes held on
+	 * homes of half of the nodes (a single MetaOp's in one segment: a
+	 * quarter), its layers cut into segments over them, so its gradients
+	 * sync across fewer NICs at the price of narrower slices; nothing new
+	 * where no component is spread that wide. (Halves everywhere or
+	 * quarters everywhere won no bundled row; on 2 nodes the homes, one
+	 * node each, won none either.) */
+	{.name = "list-homes", .allot = CAND_ALLOT_MILP, .sched = CAND_LIST,
+	 .mem_frac = 0.7, .min_nodes = 4, .home_share = 2, .home_share1 = 4},
+	/* each task on devices of its own (the task-level baseline's
+	 * schedule, sched_task_level): its syncs stay inside its devices,
+	 * which one NIC per node can make the fastest */
+	{.name = "task-level", .sched = CAND_TASKS},
 	/* data parallel on all devices: the sequential plan; when nothing
 	 * beats it, ours is that */
 	{.name = "data-parallel", .sched = CAND_BASELINE, .reuses_baseline = 1},
@@ -129,12 +143,16 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 		return sched_sequential(pl, out);
 	if (c->sched == CAND_PAPER_DAG)
 		return sched_paper_dag(pl, out);
+	if (c->sched == CAND_TASKS)
+		return sched_task_level(pl, out);
 	if ((rc = cand_widths(pl, st, c->allot, &w)))
 		return rc;
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
 		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
 	if (c->sched == CAND_LIST)
-		return sched_list(pl, w, c->mem_frac, out);
+		return c->home_share ? sched_list_sync(pl, w, c->mem_frac, c->home_share,
+								 c->home_share1, out)
+				     : sched_list(pl, w, c->mem_frac, out);
 	if ((rc = sched_lanes(pl, w, &c->lanes, &mids, out)))
 		return rc;
 	out->bwd_eager = c->bwd_eager;

@@ -489,6 +489,12 @@ int allot_search(planner_t *pl, int *w, double frac);
 /* Phase 2 at widths w, a segment's layers within frac of the cap;
  * SP_EINFEAS when some MetaOp finds no device with room. */
 int sched_list(planner_t *pl, const int *w, double frac, sched_t *out);
+/* The same with sync homes (sched_list.c): a component some MetaOp of
+ * which w makes wider than nodes / share whole nodes is held on homes of
+ * that many nodes, one cut into a single segment on homes of nodes /
+ * share1 nodes when that is narrower. */
+int sched_list_sync(planner_t *pl, const int *w, double frac, int share, int share1,
+		    sched_t *out);
 /* The same, stopping with SCHED_PAST once a slice ends at or after stop
  * (the makespan is then at least stop). */
 #define SCHED_PAST 2
@@ -526,7 +532,7 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 /* ---- candidates.c: our scheduling candidates, as data ---------------------- */
 
 typedef enum { CAND_ALLOT_NONE, CAND_ALLOT_SEPARABLE, CAND_ALLOT_MILP, CAND_ALLOT__COUNT } cand_allot_t;
-typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE } cand_sched_t;
+typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE, CAND_TASKS } cand_sched_t;
 
 typedef struct {
 	const char *name;
@@ -538,6 +544,9 @@ typedef struct {
 	int min_nodes;       /* 0: any cluster; else skipped below this many nodes */
 	int reuses_baseline; /* the sequential plan: plan.c may reuse it */
 	int bwd_eager;       /* its schedule's backward in the eager order */
+	int home_share;      /* CAND_LIST: sync homes of nodes / home_share
+			      * whole nodes (sched_list_sync); 0: none */
+	int home_share1;     /* the same for a component held in one segment */
 } sched_cand_t;
 
 extern const sched_cand_t sched_cands[];

@@ -9,7 +9,9 @@
  * (a new slice on a superset of its devices) if that ends it sooner. The
  * placer (place.c) chooses devices as slices start, so memory holds device
  * by device. It does not choose widths, and keeps nothing between calls:
- * its work arrays live in pl->scratch.
+ * its work arrays live in pl->scratch. With sync homes (sched_list_sync)
+ * it trades width for sync locality: wide components are held on a few
+ * whole nodes, so their gradients cross fewer NICs.
  */
 #include "planner.h"
 
@@ -116,10 +118,75 @@ static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int
 	}
 }
 
+/*
+ * Sync homes (a candidate's home_share k >= 2, share1 k1; a cluster of at
+ * least k nodes): a home is h = nodes / k whole nodes, g = h G devices.
+ * A component whose MetaOps' allotted widths add up to more devices than
+ * its home (its spread: the devices its gradients would otherwise sync
+ * across, at most N) is held on homes instead, so each of its layers
+ * syncs across the home's nodes only (with one NIC per node the gradient
+ * bytes a node's NIC carries fall by the share of the layers it holds).
+ * Its layers are cut into S segments, enough that a home's share of the
+ * component's work W_c (device-ms at each MetaOp's most efficient width)
+ * is at most the area A (all work / N): S = ceil(W_c / (g A)), at most
+ * nodes / h homes and its layer count. A component of one MetaOp left in
+ * one segment gets a home of nodes / k1 nodes (when the cluster has k1
+ * nodes): it runs alone there, while a shared one's MetaOps take the
+ * home one after another (start_on_home) and keep the wider one. A
+ * component with under 1% of the work is left where the allotment puts
+ * it (narrow slices already). Segments are laid out on whole nodes one
+ * after another, wrapping around the cluster: homes of different
+ * components may share devices (a device then holds both), homes of one
+ * component do not. Returns 1 when some component got sync homes, -1 out
+ * of memory. The simulator judges the result against every other
+ * candidate; narrower slices may cost compute.
+ */
+static int homes_sync(planner_t *pl, const int *w, int share, int share1, int *S, int *g,
+		      const int *L)
+{
+	const sp_model_t *md = pl->model;
+	int C = md->n_comps, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
+	if (share < 2 || nodes < share)
+		return 0;
+	int h = nodes / share, gg = h * G, any = 0;
+	int g1 = nodes >= share1 && share1 > 0 ? nodes / share1 * G : gg;
+	double total = 0;
+	double *work = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(double));
+	int *spread = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(int));
+	int *uses = sp_arena_calloc(&pl->scratch, (size_t)C + 1, sizeof(int));
+	if (!work || !spread || !uses)
+		return -1;
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		double least = HUGE_VAL; /* device-ms of one layer at its best width */
+		for (int n = 1; n <= mo->nmax; n++)
+			least = fmin(least, n * mop_t(mo, n));
+		int layer, c0 = mop_comp(pl, m, 0, &layer);
+		spread[c0] = SP_MIN(pl->N, spread[c0] + w[m]);
+		uses[c0]++;
+		for (int l = 0; l < mo->n_layers; l++)
+			work[mop_comp(pl, m, l, &layer)] += least;
+		total += least * mo->n_layers;
+	}
+	double area = total / pl->N;
+	for (int c = 0; c < C && area > 0; c++) {
+		int segs = (int)ceil(work[c] / (gg * area) - 1e-9);
+		segs = SP_MAX(1, SP_MIN(SP_MIN(segs, nodes / h), L[c]));
+		int home = segs == 1 && uses[c] == 1 ? SP_MIN(g1, gg) : gg;
+		if (spread[c] <= home || work[c] < 0.01 * total ||
+		    md->comps[c].type == COMP_CONTRASTIVE)
+			continue;
+		S[c] = segs;
+		g[c] = home;
+		any = 1;
+	}
+	return any;
+}
+
 /* Shrinks the widest homes until all of them fit on the devices, and
  * grows S[c] until a segment also holds the activations its MetaOps save
  * there; at most 64 rounds of both. */
-static void homes_fit(const planner_t *pl, int *S, int *g, const int *L)
+static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, int shrink)
 {
 	const sp_model_t *md = pl->model;
 	int C = md->n_comps;
@@ -128,7 +195,7 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L)
 		int need = 0, grown = 0;
 		for (int c = 0; c < C; c++)
 			need += S[c] * g[c];
-		while (need > pl->N) { /* shrink the widest homes */
+		while (shrink && need > pl->N) { /* shrink the widest homes */
 			int big = -1;
 			for (int c = 0; c < C; c++)
 				if (S[c] && g[c] > 1 && (big < 0 || g[c] > g[big]))
@@ -185,9 +252,12 @@ static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, 
 	int seg = 0, o = 0, dev = 0;
 	for (int c = 0; c < C; c++)
 		for (int k = 0; k < S[c]; k++, seg++) {
-			/* keep a home inside one node when it fits */
+			/* keep a home inside one node when it fits; one of whole
+			 * nodes (sync homes) starts on a node */
 			if (g[c] <= G && dev % G + g[c] > G && (dev / G + 1) * G + g[c] <= N)
 				dev = (dev / G + 1) * G;
+			else if (g[c] % G == 0 && dev % G)
+				dev = (dev / G + 1) * G % N;
 			h->first[seg] = o;
 			h->n[seg] = g[c];
 			for (int j = 0; j < g[c]; j++)
@@ -198,7 +268,7 @@ static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, 
 	return 0;
 }
 
-static int homes_build(planner_t *pl, const int *w, homes_t *h)
+static int homes_build(planner_t *pl, const int *w, int share, int share1, homes_t *h)
 {
 	int C = pl->model->n_comps;
 	sp_arena_t *a = &pl->scratch;
@@ -210,7 +280,11 @@ static int homes_build(planner_t *pl, const int *w, homes_t *h)
 	if (!h->param_base || !S || !g || !L)
 		return SP_ENOMEM;
 	homes_first_guess(pl, w, h, S, g, L);
-	homes_fit(pl, S, g, L);
+	/* sync homes wrap around the cluster: none is shrunk */
+	int sync = homes_sync(pl, w, share, share1, S, g, L);
+	if (sync < 0)
+		return SP_ENOMEM;
+	homes_fit(pl, S, g, L, !sync);
 	return homes_lay_out(pl, h, S, g, L);
 }
 
@@ -278,7 +352,8 @@ static void list_order(const planner_t *pl, const int *w, double *bl, int *order
 }
 
 /* The work arrays, the placer with every home reserved, and the order. */
-static int list_init(list_t *s, planner_t *pl, const int *w, double frac, sched_t *out)
+static int list_init(list_t *s, planner_t *pl, const int *w, double frac, int share,
+		     int share1, sched_t *out)
 {
 	int M = pl->n_mops, N = pl->N;
 	sp_arena_t *a = &pl->scratch; /* the candidate's (or the trial's) scope */
@@ -295,7 +370,7 @@ static int list_init(list_t *s, planner_t *pl, const int *w, double frac, sched_
 	s->devs = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
 	if (!bl || !s->done || !s->finished || !s->running || !s->order || !s->by_end ||
 	    !s->run || !rooms || !s->devs || placer_new(&s->P, pl, PLACE_SPINDLE) ||
-	    homes_build(pl, w, &s->H))
+	    homes_build(pl, w, share, share1, &s->H))
 		return SP_ENOMEM;
 	for (int m = 0; m <= M; m++)
 		s->run[m].devs = rooms + (size_t)m * (size_t)N;
@@ -504,11 +579,12 @@ static int next_event(list_t *s, int blocked)
  * the placement pass keeps these devices. Event by event: start ready
  * MetaOps, widen the slice that ends last, advance to the next end.
  */
-int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sched_t *out)
+static int list_run(planner_t *pl, const int *w, double frac, int share, int share1,
+		    double stop, sched_t *out)
 {
 	list_t s;
 	int rc;
-	if ((rc = list_init(&s, pl, w, frac, out)))
+	if ((rc = list_init(&s, pl, w, frac, share, share1, out)))
 		return rc;
 	while (s.n_fin < pl->n_mops) {
 		int free_dev = placer_free_count(s.P, s.t), blocked = 0;
@@ -521,7 +597,18 @@ int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sche
 	return 0;
 }
 
+int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sched_t *out)
+{
+	return list_run(pl, w, frac, 0, 0, stop, out);
+}
+
 int sched_list(planner_t *pl, const int *w, double frac, sched_t *out)
 {
-	return sched_list_until(pl, w, frac, HUGE_VAL, out);
+	return list_run(pl, w, frac, 0, 0, HUGE_VAL, out);
+}
+
+int sched_list_sync(planner_t *pl, const int *w, double frac, int share, int share1,
+		    sched_t *out)
+{
+	return list_run(pl, w, frac, share, share1, HUGE_VAL, out);
 }

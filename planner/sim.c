@@ -43,13 +43,14 @@
  *                 it takes beyond that layer's compute is added to the
  *                 FWD/BWD/LOSS running that layer (pg_overlap); PFREE
  *                 takes no time
- *   GATHER        zero-1/2: the bucket's all-gather starts when its last
- *                 member has updated the bucket (the runtime starts it
- *                 there, in the STEP) and takes the bucket's gather_ms
- *                 (priced alone on the network: the gathers run after
- *                 every other collective); a device's gathers add up
- *                 (they share its links), and the device is done when
- *                 they are
+ *   GATHER        zero-1/2: the bucket's all-gather is ready when its
+ *                 last member has updated the bucket (the runtime starts
+ *                 it there, in the STEP) and enters the network like an
+ *                 all-reduce (finish_steps_net: half its bytes, as the
+ *                 reduce-scatter; alone it takes the bucket's gather_ms):
+ *                 it shares links with the collectives in flight and
+ *                 starts once its members are through their earlier
+ *                 ones; the device is done when its gathers are
  * Devices run ahead of each other (progs.c); the network runs in time
  * order. When no device can proceed, the network runs to its next arrival:
  * every device is then waiting, so whatever it sends later leaves after
@@ -253,7 +254,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
-	    fl_init(&st->net, st->pl->cluster, a, n_xfer + p->n_buckets))
+	    fl_init(&st->net, st->pl->cluster, a, n_xfer + 2 * p->n_buckets))
 		return SP_ENOMEM;
 	st->blocked = sp_arena_calloc(a, N + 1, 1);
 	st->tag_waiter = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
@@ -558,10 +559,8 @@ static int sim_progs(sim_t *st)
 
 /* Every device's optimizer step: it updates one bucket's parameters (or
  * its zero-1 shard) at a time, in program order, each as soon as its
- * collective is done; and the zero-1 all-gathers as the runtime runs
- * them (exec_step): a bucket's all-gather starts once every member has
- * updated it, beside the later updates, and a device's all-gathers, in
- * flight together on its links, take their times one after another. */
+ * collective is done (sync_done, known: the network has run); without
+ * SIM_SYNC the steps and all-gathers cost nothing. */
 static void finish_steps(sim_t *st)
 {
 	const sp_plan_t *p = st->p;
@@ -585,18 +584,97 @@ static void finish_steps(sim_t *st)
 		st->wait[d] += waited;
 		st->now[d] = t;
 	}
-	for (int d = 0; d < p->n_devices && (st->mode & SIM_SYNC); d++) {
+}
+
+/* finish_steps in a SIM_SYNC pass, with the zero-1/2 all-gathers as the
+ * runtime runs them (exec_step): a bucket's all-gather starts once every
+ * member has updated it, beside the later updates, and it is a collective
+ * of the network like the others (fluid.c): it shares the NICs and ports
+ * it crosses with the reduce-scatters and all-reduces still in flight and
+ * with the other all-gathers, and waits, as they do, until its members
+ * are through their earlier collectives (one stream per device). Its
+ * bytes and phases are the zero-1 reduce-scatter's (half an all-reduce,
+ * no tree; net.c), alone its gather_ms. The steps run as the network
+ * delivers the collectives they wait for; a gather whose last member's
+ * update comes before the network's clock (that member finished its
+ * program early, while the network ran on for others) starts at the
+ * clock. A device is done when its steps and its all-gathers are. */
+static int finish_steps_net(sim_t *st)
+{
+	const sp_plan_t *p = st->p;
+	sp_arena_t *a = &st->pl->scratch;
+	int N = p->n_devices, nb = p->n_buckets, rc;
+	int *pos = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
+	int *stepped = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	int *gjob = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	char *gathered = sp_arena_calloc(a, (size_t)nb + 1, sizeof(char));
+	if (!pos || !stepped || !gjob || !gathered)
+		return SP_ENOMEM;
+	for (int d = 0; d < N; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op == INS_GATHER)
+				gathered[in->peer] = 1;
+		}
+	for (int b = 0; b < nb; b++) {
+		st->gather_at[b] = 0;
+		gjob[b] = -1;
+		fl_await(&st->net, st->sjob[b]);
+	}
+	for (;;) {
+		int left = 0;
+		for (int d = 0; d < N; d++) {
+			const sp_device_t *dv = &p->devices[d];
+			double t = st->now[d];
+			for (; pos[d] < dv->n_ins; pos[d]++) {
+				const sp_ins_t *sy = &p->ins[dv->first_ins + pos[d]];
+				if (sy->op != INS_SYNC)
+					continue;
+				int b = sy->peer;
+				double done = fl_done(&st->net, st->sjob[b]);
+				if (done < 0)
+					break;
+				st->wait[d] += fmax(0, done - t);
+				t = fmax(t, done);
+				int64_t off, n;
+				bucket_shard(p, b, d, &off, &n);
+				t += cost_step_ms(st->pl, n);
+				st->gather_at[b] = fmax(st->gather_at[b], t);
+				const sp_bucket_t *bk = &p->buckets[b];
+				if (++stepped[b] == bk->n_dev && gathered[b]) {
+					gjob[b] = fl_allreduce(&st->net, st->gather_at[b],
+							       p->bucket_devs + bk->dev_off, bk->n_dev,
+							       bk->elems * st->db / 2, 1);
+					if (gjob[b] < 0)
+						return gjob[b];
+				}
+			}
+			st->now[d] = t;
+			left |= pos[d] < dv->n_ins;
+		}
+		if (!left)
+			break;
+		if ((rc = fl_advance(&st->net, 1)) < 0)
+			return rc;
+		if (rc == 0)
+			return sp_err_set(st->pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "simulation: a step waits for a collective that "
+					  "never ends");
+	}
+	if ((rc = fl_advance(&st->net, 0)))
+		return rc;
+	for (int d = 0; d < N; d++) {
 		const sp_device_t *dv = &p->devices[d];
-		double t = 0; /* the device's links: its all-gathers one after another */
+		double t = st->now[d];
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *ga = &p->ins[dv->first_ins + k];
-			if (ga->op == INS_GATHER)
-				t = fmax(t, st->gather_at[ga->peer]) + p->buckets[ga->peer].gather_ms;
+			if (ga->op == INS_GATHER && gjob[ga->peer] >= 0)
+				t = fmax(t, fl_done(&st->net, gjob[ga->peer]));
 		}
-		t = fmax(t, st->now[d]);
 		st->wait[d] += t - st->now[d];
 		st->now[d] = t;
 	}
+	return 0;
 }
 
 /* Predicted times into the plan's devices, slices and waves. */
@@ -660,11 +738,18 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	}
 	if (rc)
 		return rc;
-	if ((rc = fl_advance(&st->net, 0)))
-		return rc;
-	for (int b = 0; b < p->n_buckets; b++)
-		st->sync_done[b] = fl_done(&st->net, st->sjob[b]);
-	finish_steps(st);
+	if (st->mode & SIM_SYNC) {
+		if ((rc = finish_steps_net(st)))
+			return rc;
+		for (int b = 0; b < p->n_buckets; b++)
+			st->sync_done[b] = fl_done(&st->net, st->sjob[b]);
+	} else {
+		if ((rc = fl_advance(&st->net, 0)))
+			return rc;
+		for (int b = 0; b < p->n_buckets; b++)
+			st->sync_done[b] = fl_done(&st->net, st->sjob[b]);
+		finish_steps(st);
+	}
 	res->iteration = 0;
 	res->busy_total = 0;
 	for (int d = 0; d < p->n_devices; d++) {

@@ -81,7 +81,7 @@
  *            that d belongs to of A_b, the time b's collective takes alone
  *            on the network: net_phases_ms of the very phases the
  *            simulator runs it as (net_allreduce_phases, or under zero-1
- *            net_reduce_scatter_phases, of elems x dtype bytes). In the simulator
+ *            net_half_phases' reduce-scatter, of elems x dtype bytes). In the simulator
  *            (fluid.c) a device takes part in one all-reduce at a time, and
  *            each phase of a job drains at a max-min fair rate x with
  *            x bytes_r / V <= cap_r on every link r it loads, so it takes
@@ -409,8 +409,8 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 			net_coll_t co;
 			sp_arena_mark_t m2 = sp_arena_mark(a);
 			int64_t bytes = bk->elems * db;
-			if ((rc = rs ? net_reduce_scatter_phases(&co, pl->cluster, devs, bk->n_dev,
-								 bytes, a)
+			if ((rc = rs ? net_half_phases(&co, pl->cluster, COLL_REDUCE_SCATTER, devs,
+						       bk->n_dev, bytes, a)
 				     : net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
 							    bytes, 0, a)))
 				goto done;

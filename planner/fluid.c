@@ -117,8 +117,8 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	return j;
 }
 
-int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
-		 int rs)
+int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
+	    sp_coll_op_t op)
 {
 	int j = new_job(n, ready);
 	if (j < 0)
@@ -129,8 +129,8 @@ int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t
 	jb->n_dev = nd;
 	if (bytes <= 0)
 		return j; /* nothing to move: done when ready */
-	int rc = rs ? net_reduce_scatter_phases(&jb->co, n->c, devs, nd, bytes, n->a)
-		    : net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, 0, n->a),
+	int rc = op == COLL_ALL_REDUCE ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, 0, n->a)
+				       : net_half_phases(&jb->co, n->c, op, devs, nd, bytes, n->a),
 	    most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);

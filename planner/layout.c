@@ -716,8 +716,9 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 /*
  * After its program a device updates its buckets one after another (a
  * replicated bucket whole, a zero-1 one its shard) and its zero-1 buckets'
- * all-gathers run one after another on its links, each from when every
- * member has updated the bucket (sim.c finish_steps). A replicated bucket
+ * all-gathers enter the network, each from when every member has updated
+ * the bucket (sim.c finish_steps_net: one after another per device, sharing
+ * links with the collectives in flight). A replicated bucket
  * shared by many devices costs each of them its whole step, which no
  * collective hides; in zero-1 it costs a shard's step and an all-gather,
  * which runs beside the other buckets' updates, and its reduce-scatter
@@ -725,7 +726,9 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
  * layouts from the simulated plan: each device's program ends with its
  * last slice (e), a bucket's collective is ready when the last backward
  * before its SYNC ends on every member (issue) and takes its price alone,
- * a member's collectives one after another; then finish_steps.
+ * a member's collectives one after another; then the updates and gathers
+ * (alone, one after another per device: an estimate that picks the
+ * buckets; the change is kept only if the simulator says it is faster).
  */
 typedef struct {
 	int *off, *bk;  /* per device: its SYNCs' buckets in program order */

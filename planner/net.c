@@ -443,36 +443,47 @@ int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *
 	return 0;
 }
 
-int net_reduce_scatter_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs,
-			      int n, int64_t bytes, sp_arena_t *a)
+int net_half_phases(net_coll_t *out, const sp_cluster_t *c, sp_coll_op_t op,
+		    const int32_t *devs, int n, int64_t bytes, sp_arena_t *a)
 {
 	memset(out, 0, sizeof *out);
 	if (n <= 1 || bytes <= 0)
 		return 0;
+	if (op != COLL_REDUCE_SCATTER && op != COLL_ALL_GATHER)
+		return SP_EINTERNAL;
 	group_t g;
 	group_shape(c, devs, n, &g);
 	int rc = analytic_phases(out, c, devs, n, &g, (double)bytes, 1, a);
 	if (rc)
 		return rc;
-	/* the all-reduce's first half: hierarchical, its intra-node
-	 * reduce-scatter whole and half the inter-node all-reduce (a ring's
-	 * reduce-scatter: half its bytes and steps), no all-gather; a single
-	 * phase (ring, or hierarchical with one GPU per node), half of it */
-	int first = out->n_phase == 3;
-	for (int p = first; p < out->n_phase; p++) {
+	/* A hierarchical all-reduce (three phases) is an intra-node
+	 * reduce-scatter, an inter-node all-reduce and an intra-node
+	 * all-gather: the reduce-scatter is its first phase whole and half the
+	 * second, the all-gather half the second and its third whole. A single
+	 * phase (ring, or hierarchical with one GPU per node): half of it, in
+	 * bytes and steps. */
+	int three = out->n_phase == 3;
+	int whole = op == COLL_REDUCE_SCATTER ? 0 : 2;
+	for (int p = 0; p < out->n_phase; p++) {
+		if (three && p == whole)
+			continue;
 		out->ph[p].lat_ms /= 2;
 		for (int i = 0; i < out->ph[p].n_load; i++)
 			out->ph[p].load[i].bytes /= 2;
 	}
-	if (first)
+	if (three && op == COLL_ALL_GATHER)
+		out->ph[0] = out->ph[1], out->ph[1] = out->ph[2];
+	if (three)
 		out->n_phase = 2;
 	double t;
-	if (!net_measured_ms(c, COLL_REDUCE_SCATTER, n, g.m, (double)bytes, &t) &&
+	if (!net_measured_ms(c, op, n, g.m, (double)bytes, &t) &&
 	    !net_measured_ms(c, COLL_ALL_REDUCE, n, g.m, (double)bytes, &t))
 		return 0;
 	/* measured: scaled as net_allreduce_phases does, to take
-	 * cost_reduce_scatter_ms's measured time alone */
-	double k = cost_reduce_scatter_ms(c, devs, n, bytes) / net_phases_ms(c, out);
+	 * cost_reduce_scatter_ms's or cost_all_gather_ms's measured time alone */
+	double k = (op == COLL_REDUCE_SCATTER ? cost_reduce_scatter_ms(c, devs, n, bytes)
+					      : cost_all_gather_ms(c, devs, n, bytes)) /
+		   net_phases_ms(c, out);
 	for (int p = 0; p < out->n_phase; p++) {
 		out->ph[p].lat_ms *= k;
 		for (int i = 0; i < out->ph[p].n_load; i++)

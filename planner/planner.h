@@ -283,15 +283,18 @@ double net_res_gbs(const sp_cluster_t *c, int r);
 /* The two links a transfer from a to b crosses (out of a, into b); returns 2. */
 int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res);
 /* cost_allreduce_ms's choice as phases of loads (arrays from a); SP_ENOMEM.
- * no_tree: ring or hierarchical only (net_reduce_scatter_phases starts
- * from that choice; NCCL has no tree for a reduce-scatter). */
+ * no_tree: ring or hierarchical only (net_half_phases starts from that
+ * choice; NCCL has no tree for a reduce-scatter or an all-gather). */
 int net_allreduce_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs, int n,
 			 int64_t bytes, int no_tree, sp_arena_t *a);
-/* cost_reduce_scatter_ms's choice as phases (a zero-1/2/3 bucket's
- * reduce-scatter of all its bytes): the ring's or hierarchical all-reduce's
- * first half, alone on the network exactly cost_reduce_scatter_ms. */
-int net_reduce_scatter_phases(net_coll_t *out, const sp_cluster_t *c, const int32_t *devs,
-			      int n, int64_t bytes, sp_arena_t *a);
+/* A half of the ring's or hierarchical all-reduce of bytes as phases:
+ * op COLL_REDUCE_SCATTER its first half (a zero-1/2/3 bucket's
+ * reduce-scatter of all its bytes; alone on the network exactly
+ * cost_reduce_scatter_ms), COLL_ALL_GATHER its second (a zero-1/2
+ * bucket's all-gather of all its bytes; alone exactly cost_all_gather_ms).
+ * SP_ENOMEM, SP_EINTERNAL for another op. */
+int net_half_phases(net_coll_t *out, const sp_cluster_t *c, sp_coll_op_t op,
+		    const int32_t *devs, int n, int64_t bytes, sp_arena_t *a);
 /* Time of the phases alone on the network (equals cost_allreduce_ms). */
 double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
@@ -361,11 +364,13 @@ typedef struct {
 int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs);
 /* A transfer of bytes from a to b leaving at start (>= the clock); its job. */
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes);
-/* An all-reduce of bytes over devs (kept, increasing ids) ready at ready,
- * or with rs its reduce-scatter (net_reduce_scatter_phases); bytes 0 takes
- * no time. Its job, or a negative code. */
-int fl_allreduce(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
-		 int rs);
+/* A collective over devs (kept, increasing ids) ready at ready: op
+ * COLL_ALL_REDUCE an all-reduce of bytes (net_allreduce_phases),
+ * COLL_REDUCE_SCATTER / COLL_ALL_GATHER the reduce-scatter / all-gather of
+ * a bucket of bytes (net_half_phases); bytes 0 takes no time. Its job, or a
+ * negative code. */
+int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
+	    sp_coll_op_t op);
 /* Marks transfer j as awaited: fl_advance(n, 1) stops when it arrives. */
 void fl_await(fl_net_t *n, int j);
 /* Runs events in time order: until an awaited transfer arrives (1) when

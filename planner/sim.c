@@ -16,7 +16,7 @@
  *   SYNC          non-blocking; when the bucket's last member issued it,
  *                 its all-reduce (zero-1/2/3: reduce-scatter, the first
  *                 half of the ring's or hierarchical all-reduce:
- *                 net_reduce_scatter_phases) enters the network, ready
+ *                 net_half_phases) enters the network, ready
  *                 at that moment;
  *                 it starts when its members finished their earlier
  *                 all-reduces (one at a time per device) and shares links
@@ -46,8 +46,9 @@
  *   GATHER        zero-1/2: the bucket's all-gather is ready when its
  *                 last member has updated the bucket (the runtime starts
  *                 it there, in the STEP) and enters the network like an
- *                 all-reduce (finish_steps_net: half its bytes, as the
- *                 reduce-scatter; alone it takes the bucket's gather_ms):
+ *                 all-reduce (finish_steps_net: the all-reduce's second
+ *                 half, net_half_phases; alone it takes the bucket's
+ *                 gather_ms):
  *                 it shares links with the collectives in flight and
  *                 starts once its members are through their earlier
  *                 ones; the device is done when its gathers are
@@ -429,11 +430,11 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 		const sp_bucket_t *bk = &p->buckets[in->peer];
 		st->last_issue[in->peer] = fmax(st->last_issue[in->peer], st->now[d]);
 		if (++st->issued[in->peer] == bk->n_dev &&
-		    (st->sjob[in->peer] = fl_allreduce(
+		    (st->sjob[in->peer] = fl_coll(
 			     &st->net, st->last_issue[in->peer], p->bucket_devs + bk->dev_off,
 			     bk->n_dev,
 			     (st->mode & SIM_SYNC) ? bk->elems * st->db : 0,
-			     layout_sharded(bk->layout))) < 0)
+			     layout_sharded(bk->layout) ? COLL_REDUCE_SCATTER : COLL_ALL_REDUCE)) < 0)
 			return st->sjob[in->peer];
 	} else if (in->op == INS_PGATHER) {
 		/* a rendezvous of the bucket's members: the span's gathers start
@@ -593,8 +594,8 @@ static void finish_steps(sim_t *st)
  * it crosses with the reduce-scatters and all-reduces still in flight and
  * with the other all-gathers, and waits, as they do, until its members
  * are through their earlier collectives (one stream per device). Its
- * bytes and phases are the zero-1 reduce-scatter's (half an all-reduce,
- * no tree; net.c), alone its gather_ms. The steps run as the network
+ * phases are the all-reduce's second half (no tree; net.c
+ * net_half_phases), alone its gather_ms. The steps run as the network
  * delivers the collectives they wait for; a gather whose last member's
  * update comes before the network's clock (that member finished its
  * program early, while the network ran on for others) starts at the
@@ -642,9 +643,9 @@ static int finish_steps_net(sim_t *st)
 				st->gather_at[b] = fmax(st->gather_at[b], t);
 				const sp_bucket_t *bk = &p->buckets[b];
 				if (++stepped[b] == bk->n_dev && gathered[b]) {
-					gjob[b] = fl_allreduce(&st->net, st->gather_at[b],
-							       p->bucket_devs + bk->dev_off, bk->n_dev,
-							       bk->elems * st->db / 2, 1);
+					gjob[b] = fl_coll(&st->net, st->gather_at[b],
+							  p->bucket_devs + bk->dev_off, bk->n_dev,
+							  bk->elems * st->db, COLL_ALL_GATHER);
 					if (gjob[b] < 0)
 						return gjob[b];
 				}

@@ -32,7 +32,7 @@ completes (schemas/plan_mem.c's walk).
     node the trial now keeps the buckets memory does not shard
     replicated: with the all-gathers sharing the NICs with the
     reduce-scatters, as the runtime runs them, all zero-1 is slower
-    there, 836.94 against 809.28 ms.)
+    there, 832.13 against 808.58 ms.)
 Environment: SPINDLE_PLAN, SPINDLE_SHOW, SPINDLE_ROOT (test_env). Exit 0
 pass, 1 fail.
 """

@@ -145,16 +145,23 @@ static void test_phases_price(void **state)
 		net_coll_t co;
 		assert_int_equal(net_allreduce_phases(&co, &c, devs, n, S, 0, &a), 0);
 		near(net_phases_ms(&c, &co), cost_allreduce_ms(&c, devs, n, S), "phases");
-		assert_int_equal(net_reduce_scatter_phases(&co, &c, devs, n, S, &a), 0);
+		assert_int_equal(net_half_phases(&co, &c, COLL_REDUCE_SCATTER, devs, n, S, &a), 0);
 		near(net_phases_ms(&c, &co), cost_reduce_scatter_ms(&c, devs, n, S),
 		     "reduce-scatter phases");
+		assert_int_equal(net_half_phases(&co, &c, COLL_ALL_GATHER, devs, n, S, &a), 0);
+		near(net_phases_ms(&c, &co), cost_all_gather_ms(&c, devs, n, S),
+		     "all-gather phases");
 	}
 	sp_arena_release(&a);
 }
 
 /* A reduce-scatter's phases (a zero-1 bucket's SYNC in the simulator)
  * take, alone, its price: never the all-reduce of half the bytes, which
- * pays the all-reduce's latency and an intra-node all-gather too. */
+ * pays the all-reduce's latency and an intra-node all-gather too. The
+ * all-gather's (a zero-1/2 bucket's GATHER) are the mirror: half the
+ * inter-node all-reduce first, then the intra-node all-gather whole; the
+ * same price, and never the reduce-scatter of half the bytes (a merge once
+ * priced every gather so: half its time). */
 static void test_reduce_scatter_phases(void **state)
 {
 	(void)state;
@@ -169,13 +176,28 @@ static void test_reduce_scatter_phases(void **state)
 		devs[i] = i;
 	sp_cluster_t c1 = cluster(2, 8, 1, 5);
 	net_coll_t co;
-	assert_int_equal(net_reduce_scatter_phases(&co, &c1, devs, 16, 1000000000, &a), 0);
+	assert_int_equal(net_half_phases(&co, &c1, COLL_REDUCE_SCATTER, devs, 16, 1000000000, &a),
+			 0);
 	assert_int_equal(co.n_phase, 2);
+	near(co.ph[0].lat_ms, 0.035, "intra-node first");
 	near(net_phases_ms(&c1, &co), 4.375 + 0.035 + 10 + 0.01, "hierarchical reduce-scatter");
 	near(cost_reduce_scatter_ms(&c1, devs, 16, 1000000000), 14.42, "its price");
 	net_coll_t half;
 	assert_int_equal(net_allreduce_phases(&half, &c1, devs, 16, 500000000, 1, &a), 0);
 	assert_true(net_phases_ms(&c1, &half) > net_phases_ms(&c1, &co) + 0.04);
+	net_coll_t ag;
+	assert_int_equal(net_half_phases(&ag, &c1, COLL_ALL_GATHER, devs, 16, 1000000000, &a), 0);
+	assert_int_equal(ag.n_phase, 2);
+	near(ag.ph[0].lat_ms, 0.01, "inter-node first");
+	near(ag.ph[1].lat_ms, 0.035, "intra-node all-gather last");
+	near(net_phases_ms(&c1, &ag), 14.42, "hierarchical all-gather");
+	near(cost_all_gather_ms(&c1, devs, 16, 1000000000), 14.42, "its price");
+	net_coll_t rs_half;
+	assert_int_equal(
+		net_half_phases(&rs_half, &c1, COLL_REDUCE_SCATTER, devs, 16, 500000000, &a), 0);
+	assert_true(net_phases_ms(&c1, &ag) > 1.9 * net_phases_ms(&c1, &rs_half));
+	assert_int_equal(net_half_phases(&ag, &c1, COLL_ALL_REDUCE, devs, 16, 1000, &a),
+			 SP_EINTERNAL);
 	sp_arena_release(&a);
 }
 
@@ -242,16 +264,36 @@ static void test_allreduce_beside_flow(void **state)
 	static const int32_t devs[2] = {0, 2};
 	near(cost_allreduce_ms(&c, devs, 2, S_BYTES), 2.0 + 0.02, "all-reduce alone");
 	fl_net_t *n = net_new(state, &c);
-	/* the transfer first: the all-reduce's job is not job 0 (fl_allreduce
+	/* the transfer first: the all-reduce's job is not job 0 (fl_coll
 	 * once returned 0 for every all-reduce, and the simulator then timed
 	 * each optimizer step by the network's first job) */
-	int x = fl_xfer(n, 0, 1, 3, S_BYTES), ar = fl_allreduce(n, 0, devs, 2, S_BYTES, 0);
+	int x = fl_xfer(n, 0, 1, 3, S_BYTES), ar = fl_coll(n, 0, devs, 2, S_BYTES, COLL_ALL_REDUCE);
 	assert_true(ar >= 0 && x >= 0);
 	assert_int_not_equal(ar, x);
 	fl_advance(n, 0);
 	near(fl_done(n, ar), 4.0 + 0.02, "all-reduce beside a transfer");
 	near(fl_done(n, x), 4.0 + 0.01, "transfer beside an all-reduce");
 
+}
+
+/* A zero-1 bucket's reduce-scatter and all-gather alone on the network end
+ * at their prices (the simulator's SYNC and GATHER jobs): over GPUs 0 and
+ * 2 of two nodes, half the all-reduce's 2 (2-1)/2 S bytes each, 1 ms, and
+ * half its latency, 0.01 ms. */
+static void test_half_jobs_alone(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	static const int32_t devs[2] = {0, 2};
+	for (int op = COLL_ALL_GATHER; op <= COLL_REDUCE_SCATTER; op++) {
+		fl_net_t *n = net_new(state, &c);
+		int j = fl_coll(n, 0, devs, 2, S_BYTES, (sp_coll_op_t)op);
+		assert_true(j >= 0);
+		fl_advance(n, 0);
+		double price = op == COLL_ALL_GATHER ? cost_all_gather_ms(&c, devs, 2, S_BYTES)
+						     : cost_reduce_scatter_ms(&c, devs, 2, S_BYTES);
+		near(price, 1.0 + 0.01, "its price");
+		near(fl_done(n, j), price, "alone on the network");
+	}
 }
 
 /* S and 2S on one NIC: both at 25 GB/s until the first is through (4 ms),
@@ -298,8 +340,8 @@ static void test_allreduce_order_per_device(void **state)
 	sp_cluster_t c = cluster(2, 2, 1, 5);
 	static const int32_t dx[2] = {1, 3}, da[2] = {0, 1}, db[2] = {0, 2};
 	fl_net_t *n = net_new(state, &c);
-	int x = fl_allreduce(n, 0, dx, 2, S_BYTES, 0), a = fl_allreduce(n, 0, da, 2, S_BYTES, 0),
-	    b = fl_allreduce(n, 0, db, 2, S_BYTES, 0);
+	int x = fl_coll(n, 0, dx, 2, S_BYTES, COLL_ALL_REDUCE), a = fl_coll(n, 0, da, 2, S_BYTES, COLL_ALL_REDUCE),
+	    b = fl_coll(n, 0, db, 2, S_BYTES, COLL_ALL_REDUCE);
 	assert_int_equal(fl_advance(n, 0), 0);
 	near(fl_done(n, x), 2.02, "first all-reduce");
 	near(fl_done(n, a), 2.02 + 0.51, "second, after the first on GPU 1");
@@ -366,7 +408,7 @@ static void test_measured_phases(void **state)
 	assert_int_equal(net_allreduce_phases(&co, &c, d4, 4, 16384, 0, *state), 0);
 	near(net_phases_ms(&c, &co), 0.3, "phases at the measured time");
 	fl_net_t *n = net_new(state, &c);
-	int j0 = fl_allreduce(n, 0, d4, 4, 16384, 0), j1 = fl_allreduce(n, 0, e4, 4, 16384, 0);
+	int j0 = fl_coll(n, 0, d4, 4, 16384, COLL_ALL_REDUCE), j1 = fl_coll(n, 0, e4, 4, 16384, COLL_ALL_REDUCE);
 	assert_int_equal(fl_advance(n, 0), 0);
 	near(fl_done(n, j0), 0.3, "measured all-reduce in the simulator");
 	near(fl_done(n, j1), 0.3, "beside one on other GPUs");
@@ -414,6 +456,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),

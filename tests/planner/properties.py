@@ -262,6 +262,45 @@ def micro_batches(tmp):
           f"halving a task's count does not fit")
 
 
+def bound_cases(tmp):
+    """Where the compute bound was beaten (review of bound.c at 4a09382):
+    a forced --tp F that gpus_per_node does not divide, or that the tables
+    priced at t = 1 while the slice ran at F (y64_8 --tp 2 on 2x8: bound
+    0.957 ms, ours 0.863; z1536_3 --tp 3 on 1x8: distmm-mt 1.507 under
+    1.533); sequence parallelism, which the tables left out; and batches
+    that split unevenly over a slice's groups under a profile convex in the
+    local batch (members with fewer samples move on early: the slice's
+    device-time is less than its width times the larger group's time)."""
+    d = os.path.join(ROOT, "tests", "planner", "bound")
+    y, z = os.path.join(d, "y64_8.json"), os.path.join(d, "z1536_3.json")
+    c2 = os.path.join(ROOT, "plans", "clusters", "a800-2x8.json")
+    c1 = os.path.join(ROOT, "plans", "clusters", "a800-1x8.json")
+    y8 = json.load(open(y))
+    y8["components"]["img_enc"]["heads"] = 8   # so that --tp 8 divides it
+    y8 = W.write_json(tmp, "y8.json", y8)
+    for tp in ("2", "4", "8", "auto"):
+        for sp in ("off", "on", "auto"):
+            check_props(f"y64_8 on a800-2x8 --tp {tp} --sp {sp}", y8 if tp == "8" else y,
+                        c2, tmp, ("--tp", tp, "--sp", sp))
+    for tp in ("2", "3", "auto"):
+        check_props(f"z1536_3 on a800-1x8 --tp {tp}", z, c1, tmp, ("--tp", tp))
+    check_props("z1536_3 on a800-1x8 --tp 2 --sp on --recompute all --zero 3", z, c1, tmp,
+                ("--tp", "2", "--sp", "on", "--recompute", "all", "--zero", "3"))
+    # uneven splits under a profile convex in the local batch: 1 sample
+    # takes 1 ms, 2 take 1.1 ms, 3 take 4 ms, 5 take 12 ms (per pass)
+    conv = json.load(open(y))
+    conv["tasks"][0]["batch"], conv["tasks"][1]["batch"] = 5, 3
+    cm = W.write_json(tmp, "conv.json", conv)
+    for devs, nodes in ((2, 1), (3, 1), (4, 1), (4, 2)):
+        cc = W.cluster(devs, nodes)
+        cc["profile"] = [{"op": sh, "points": [
+            {"batch": b, "fwd_ms": ms, "bwd_ms": ms}
+            for b, ms in ((1, 1.0), (2, 1.1), (3, 4.0), (5, 12.0))]}
+            for sh in W.op_shapes(conv)]
+        check_props(f"convex profile, batches 5 and 3, on {nodes}x{devs // nodes}", cm,
+                    W.write_json(tmp, "cc.json", cc), tmp)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         n = 0
@@ -296,6 +335,8 @@ def main():
             check_props(f"{wl} on {cl} {' '.join(extra)}",
                         os.path.join(ROOT, "plans", wl, "model.json"),
                         os.path.join(ROOT, "plans", "clusters", cl + ".json"), tmp, extra)
+
+        bound_cases(tmp)
 
         # degenerate inputs
         demo = json.load(open(os.path.join(ROOT, "plans/demo/model.json")))

@@ -2,36 +2,56 @@
  * bound.c — lower bounds on the compute time of one iteration (forward and
  * backward of every layer), for the plan's certificate:
  *
- *  area      sum_m L_m * min_n (n * T_m(n)) / N: the device-time every
- *            MetaOp needs at its most efficient width, spread perfectly.
- *  critical  the longest DAG path with every MetaOp at its fastest width:
- *            max over paths of sum L_m * T_m(nmax_m).
+ *  Configurations. The bounds below are not read off the cost tables
+ *  (the active set prices one degree per width, the one the schedulers
+ *  plan with) but off every configuration a slice of MetaOp m can run a
+ *  layer in, in any plan of these options (bound_points): n = d t
+ *  devices, t a degree the tp assignment can leave it at (1 always: a
+ *  class that cannot all run a degree, tp_run's fall-backs; under --tp F
+ *  also F, whether or not F divides gpus_per_node; under auto the
+ *  divisors of gpus_per_node, bound_degrees), d <= B data-parallel
+ *  groups, sequence parallel or not as --sp allows (off: never; on:
+ *  wherever sp_ok; auto: either). Group i holds b_i samples (sample_range:
+ *  floor or ceil of B / d) and each of its t members takes T_i =
+ *  cost_layer_sp(b_i, t, sp) for the layer's forward and backward, what
+ *  sim_compute charges it (recompute, zero-3 gathers only add; a member
+ *  with fewer samples moves on early). Configuration c of a layer has
+ *      device-time a_c = t sum_i T_i,   time tau_c = sum_i b_i T_i / B,
+ *  the mean over the B samples of the time of the group holding each. A
+ *  MetaOp that does not scale prices the whole batch on any width: one
+ *  configuration, a_c = tau_c = T(B) (wider only adds device-time).
+ *  Why a MetaOp of L layers run in configurations c_1..c_L spans at least
+ *  S' = sum_l tau_{c_l}: each sample s goes through the forward of layer
+ *  1..L and then the backward of layer L..1, each step after the one
+ *  before it, on the group of c_l that holds s, a whole block of T_i; so
+ *  the span is at least sum_l T_{c_l}(s) for every s, hence at least its
+ *  mean over s, which is S'. (The larger group's time per layer is not a
+ *  bound: slices of one MetaOp at different d put different samples in
+ *  their larger groups.) Its devices are busy for D = sum_l a_{c_l}.
+ *  Along a DAG path the same samples flow (edges join MetaOps of one
+ *  task), so the path's spans add up per sample and their means add.
+ *
+ *  area      sum_m L_m min_c a_c / N: the device-time every MetaOp needs
+ *            in its most efficient configuration, spread perfectly.
+ *  critical  the longest DAG path with every MetaOp at L_m min_c tau_c.
  *  allotment the smallest C at which every MetaOp can run within C (each
  *            alone) and all of them fit the devices' area N C: a MetaOp
  *            meeting a span C needs at least the area A_m(C) of the lower
- *            convex hull of its (L T(n), L n T(n)) points at C (layers may
- *            mix widths); sum_m A_m(C) <= N C. It dominates the area bound
- *            and is what a wide MetaOp on the critical path really costs.
- *            Why every compute schedule of C ms satisfies it: a MetaOp's L
- *            layers run one after another (each layer's forward after the
- *            one before it, the backward in reverse after the forward),
- *            layer l on n_l devices for T(n_l), so the MetaOp spans at
- *            least S = sum_l T(n_l) <= C and occupies its devices for
- *            D = sum_l n_l T(n_l) device-ms (n_l = 1 for one that does not
- *            scale: any wider only adds). (S, D) is the mean of L points
- *            (L T(n_l), L n_l T(n_l)), so it lies in their convex hull,
- *            on or above its lower boundary: D >= A_m(S) >= A_m(C), A_m
+ *            convex hull of its points (L tau_c, L a_c) at C (layers may
+ *            mix configurations); sum_m A_m(C) <= N C. It dominates the
+ *            area bound and is what a wide MetaOp on the critical path
+ *            really costs. Why every compute schedule of C ms satisfies
+ *            it: (S', D) above is the mean of the L points (L tau_{c_l},
+ *            L a_{c_l}), so it lies in their convex hull, on or above its
+ *            lower boundary, and S' <= C: D >= A_m(S') >= A_m(C), A_m
  *            being non-increasing. A device runs one slice at a time, so
  *            the MetaOps' D add up to at most N C. A_m non-increasing
  *            makes sum_m A_m(C) <= N C hold exactly from its least C on,
  *            which the bisection brackets; it returns the infeasible end,
  *            below that least C. tests/planner/properties.py checks it
- *            against every algorithm's simulated compute time.
- *  lower     max(area, critical, allotment) (the allotment bound is at
- *            least the others): no schedule under this cost model can
- *            beat it. On CLIP at 16-32 A800 the allotment bound is 4-18%
- *            above the area bound: the critical chain (the image encoder)
- *            must run wide, where a device-ms does less work.
+ *            against every algorithm's simulated compute time, with
+ *            forced degrees, --sp and uneven batches under a profile
+ *            convex in the local batch among its cases.
  *  paper     the paper's relaxed optimum: per level, the C* at which all
  *            the level's MetaOps finish together with real-valued widths
  *            summing to N; levels add up. Its inverse of T is the authors'
@@ -63,9 +83,9 @@
  *  comm_any  (bound_comm_any) a communication bound of every plan, part of
  *            the report's lower bound. Parameter group p (a component's
  *            layer) with S_p gradient bytes needs W_p = sum over the
- *            MetaOp layers using it of min_n n T_m(n) device-ms of compute
+ *            MetaOp layers using it of min_c a_c device-ms of compute
  *            (one micro-step's, so the bound stays below the iteration's
- *            work). A plan whose iteration takes T runs all of it on the
+ *            work; a_c of the configurations above). A plan whose iteration takes T runs all of it on the
  *            devices holding p, so at least W_p / T of them, on at least
  *            m_p(T) = ceil(W_p / (G T)) nodes. When m_p >= 2 each of those
  *            nodes must carry S_p bytes over its NICs each way (the comm

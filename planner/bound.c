@@ -15,21 +15,23 @@
  *  floor or ceil of B / d) and each of its t members takes T_i =
  *  cost_layer_sp(b_i, t, sp) for the layer's forward and backward, what
  *  sim_compute charges it (recompute, zero-3 gathers only add; a member
- *  with fewer samples moves on early). Configuration c of a layer has
- *      device-time a_c = t sum_i T_i,   time tau_c = sum_i b_i T_i / B,
- *  the mean over the B samples of the time of the group holding each. A
- *  MetaOp that does not scale prices the whole batch on any width: one
- *  configuration, a_c = tau_c = T(B) (wider only adds device-time).
+ *  with fewer samples moves on early, so the width's device-time is less
+ *  than n times the larger group's time). Configuration c of a layer has
+ *      device-time a_c = t sum_i T_i,   time tau_c = T_{d-1},
+ *  the time of the last group, [floor(B (d - 1) / d), B): it holds
+ *  ceil(B / d) samples, and sample B - 1 whatever d is. A MetaOp that does
+ *  not scale prices the whole batch on any width: one configuration,
+ *  a_c = tau_c = T(B) (wider only adds device-time).
  *  Why a MetaOp of L layers run in configurations c_1..c_L spans at least
- *  S' = sum_l tau_{c_l}: each sample s goes through the forward of layer
+ *  S' = sum_l tau_{c_l}: sample B - 1 goes through the forward of layer
  *  1..L and then the backward of layer L..1, each step after the one
- *  before it, on the group of c_l that holds s, a whole block of T_i; so
- *  the span is at least sum_l T_{c_l}(s) for every s, hence at least its
- *  mean over s, which is S'. (The larger group's time per layer is not a
- *  bound: slices of one MetaOp at different d put different samples in
- *  their larger groups.) Its devices are busy for D = sum_l a_{c_l}.
- *  Along a DAG path the same samples flow (edges join MetaOps of one
- *  task), so the path's spans add up per sample and their means add.
+ *  before it, each on the group of c_l that holds it, the last, a whole
+ *  block of T_{d-1}. (Any fixed sample would do; the last one is in a
+ *  largest group of every configuration. A "largest group" per layer
+ *  without a fixed sample would not: slices of one MetaOp at different d
+ *  could put different samples in their larger groups.) Its devices are
+ *  busy for D = sum_l a_{c_l}. Along a DAG path sample B - 1 of the same
+ *  task flows (edges join MetaOps of one task), so the path's spans add.
  *
  *  area      sum_m L_m min_c a_c / N: the device-time every MetaOp needs
  *            in its most efficient configuration, spread perfectly.
@@ -291,9 +293,9 @@ static double group_ms(const planner_t *pl, int mi, int64_t local, int t, int sp
  * b_i samples of sample_range (floor or ceil of B / d) and its t members
  * each take T_i = cost_layer_sp(b_i, t, sp), exactly what sim_compute
  * charges a member for the layer (recompute and gathers only add), so
- * the configuration's device-time is t sum_i T_i and its time the mean
- * over the B samples of the time of the group holding each, sum_i b_i T_i
- * / B (bound.c's header: why a span is at least that). One that does not
+ * the configuration's device-time is t sum_i T_i and its time that of
+ * the last group, which holds ceil(B / d) samples, sample B - 1 among
+ * them (bound.c's header: why a span is at least that). One that does not
  * scale: the single point (T(B), T(B)) (cost_layer prices the whole batch
  * on any width; more devices only add device-time).
  */
@@ -331,10 +333,8 @@ static int bound_points(planner_t *pl, int mi, sp_arena_t *a, hpt_t **pt, int *n
 				double *rw = row + (size_t)(2 * j + s) * (size_t)(B + 1);
 				double tl = group_ms(pl, mi, lo, t, s, rw);
 				double th = r ? group_ms(pl, mi, lo + 1, t, s, rw) : 0;
-				(*pt)[(*np)++] = (hpt_t){
-					((double)(d - r) * (double)lo * tl + (double)r * (double)(lo + 1) * th) /
-						(double)B,
-					t * ((double)(d - r) * tl + (double)r * th)};
+				(*pt)[(*np)++] = (hpt_t){r ? th : tl,
+							 t * ((double)(d - r) * tl + (double)r * th)};
 			}
 		}
 	return 0;

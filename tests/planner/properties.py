@@ -291,14 +291,57 @@ def bound_cases(tmp):
     conv = json.load(open(y))
     conv["tasks"][0]["batch"], conv["tasks"][1]["batch"] = 5, 3
     cm = W.write_json(tmp, "conv.json", conv)
+    prof = {1: 1.0, 2: 1.1, 3: 4.0, 5: 12.0}
     for devs, nodes in ((2, 1), (3, 1), (4, 1), (4, 2)):
         cc = W.cluster(devs, nodes)
         cc["profile"] = [{"op": sh, "points": [
-            {"batch": b, "fwd_ms": ms, "bwd_ms": ms}
-            for b, ms in ((1, 1.0), (2, 1.1), (3, 4.0), (5, 12.0))]}
+            {"batch": b, "fwd_ms": ms, "bwd_ms": ms} for b, ms in prof.items()]}
             for sh in W.op_shapes(conv)]
-        check_props(f"convex profile, batches 5 and 3, on {nodes}x{devs // nodes}", cm,
-                    W.write_json(tmp, "cc.json", cc), tmp)
+        cp = W.write_json(tmp, "cc.json", cc)
+        name = f"convex profile, batches 5 and 3, on {nodes}x{devs // nodes}"
+        check_props(name, cm, cp, tmp)
+        check_uneven_bounds(name, cm, cp, prof, devs, tmp)
+
+
+def check_uneven_bounds(name, m, c, prof, devs, tmp):
+    """Under --tp 1 the area and critical-path bounds by hand: a layer of a
+    MetaOp with batch B on d groups (sample_range: B * i // d) costs each
+    group's device T(b_i) = fwd + bwd of its own b_i samples (the
+    simulator's charge), so its device-time is sum_i T(b_i), and its time
+    that of the last group (ceil(B / d) samples, sample B - 1 among them);
+    area = sum L min_d device-time / devices, critical path = the longest
+    chain of L min_d time. (The old bound charged every member the largest
+    group's time: its area bound is above this one.)"""
+    p = subprocess.run([PLAN, m, c, "--tp", "1", "--costs"], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        fail(f"{name}: --costs exit {p.returncode}: {p.stderr.strip()}")
+        return
+    mops = json.loads(p.stdout)["metaops"]
+    area, fin = 0.0, {}
+    for mo in mops:  # predecessors come first
+        B, L = mo["batch"], mo["layers"]
+        if not mo["scales"]:
+            fail(f"{name}: {mo['name']} does not scale; the hand bound assumes it does")
+            return
+        best_a = best_t = math.inf
+        for d in range(1, min(devs, B) + 1):
+            b = [B * (i + 1) // d - B * i // d for i in range(d)]
+            T = [2 * prof[x] for x in b]
+            best_a = min(best_a, sum(T))
+            best_t = min(best_t, T[-1])
+        area += L * best_a
+        fin[mo["name"]] = max([fin[q] for q in mo["predecessors"]], default=0) + L * best_t
+    out = os.path.join(tmp, "u.bin")
+    rc, so, se = plan_json(m, c, out, ("--tp", "1"))
+    if rc != 0:
+        fail(f"{name}: exit {rc}: {se.strip()}")
+        return
+    r = json.loads(so)
+    for key, want in (("area_bound_ms", area / devs),
+                      ("critical_path_bound_ms", max(fin.values()))):
+        if abs(r[key] - want) > 1e-6 * want:
+            fail(f"{name}: {key} {r[key]}, by hand {want}")
 
 
 def main():

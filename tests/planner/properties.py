@@ -6,7 +6,10 @@
     full batch of every task using it, memory within the cap);
   * simulated compute time >= the compute bound (max of the area, critical
     path and allotment bounds: every algorithm's simulated schedule is one
-    the bound must not exceed), iteration >= compute;
+    the bound must not exceed), iteration >= compute; also on the models
+    that once beat it (tests/planner/bound/: forced --tp 2/3/4/8, --sp
+    off/on/auto) and on uneven batches under a convex profile, where the
+    area and critical-path bounds must equal their hand computation;
   * ours without its data-parallel candidate (--exclude data-parallel: it
     reuses the sequential plan, so with it "ours >= sequential" would hold
     by construction) tests the scheduler itself: its compute time is no

@@ -2,36 +2,58 @@
  * bound.c — lower bounds on the compute time of one iteration (forward and
  * backward of every layer), for the plan's certificate:
  *
- *  area      sum_m L_m * min_n (n * T_m(n)) / N: the device-time every
- *            MetaOp needs at its most efficient width, spread perfectly.
- *  critical  the longest DAG path with every MetaOp at its fastest width:
- *            max over paths of sum L_m * T_m(nmax_m).
+ *  Configurations. The bounds below are not read off the cost tables
+ *  (the active set prices one degree per width, the one the schedulers
+ *  plan with) but off every configuration a slice of MetaOp m can run a
+ *  layer in, in any plan of these options (bound_points): n = d t
+ *  devices, t a degree the tp assignment can leave it at (1 always: a
+ *  class that cannot all run a degree, tp_run's fall-backs; under --tp F
+ *  also F, whether or not F divides gpus_per_node; under auto the
+ *  divisors of gpus_per_node, bound_degrees), d <= B data-parallel
+ *  groups, sequence parallel or not as --sp allows (off: never; on:
+ *  wherever sp_ok; auto: either). Group i holds b_i samples (sample_range:
+ *  floor or ceil of B / d) and each of its t members takes T_i =
+ *  cost_layer_sp(b_i, t, sp) for the layer's forward and backward, what
+ *  sim_compute charges it (recompute, zero-3 gathers only add; a member
+ *  with fewer samples moves on early, so the width's device-time is less
+ *  than n times the larger group's time). Configuration c of a layer has
+ *      device-time a_c = t sum_i T_i,   time tau_c = T_{d-1},
+ *  the time of the last group, [floor(B (d - 1) / d), B): it holds
+ *  ceil(B / d) samples, and sample B - 1 whatever d is. A MetaOp that does
+ *  not scale prices the whole batch on any width: one configuration,
+ *  a_c = tau_c = T(B) (wider only adds device-time).
+ *  Why a MetaOp of L layers run in configurations c_1..c_L spans at least
+ *  S' = sum_l tau_{c_l}: sample B - 1 goes through the forward of layer
+ *  1..L and then the backward of layer L..1, each step after the one
+ *  before it, each on the group of c_l that holds it, the last, a whole
+ *  block of T_{d-1}. (Any fixed sample would do; the last one is in a
+ *  largest group of every configuration. A "largest group" per layer
+ *  without a fixed sample would not: slices of one MetaOp at different d
+ *  could put different samples in their larger groups.) Its devices are
+ *  busy for D = sum_l a_{c_l}. Along a DAG path sample B - 1 of the same
+ *  task flows (edges join MetaOps of one task), so the path's spans add.
+ *
+ *  area      sum_m L_m min_c a_c / N: the device-time every MetaOp needs
+ *            in its most efficient configuration, spread perfectly.
+ *  critical  the longest DAG path with every MetaOp at L_m min_c tau_c.
  *  allotment the smallest C at which every MetaOp can run within C (each
  *            alone) and all of them fit the devices' area N C: a MetaOp
  *            meeting a span C needs at least the area A_m(C) of the lower
- *            convex hull of its (L T(n), L n T(n)) points at C (layers may
- *            mix widths); sum_m A_m(C) <= N C. It dominates the area bound
- *            and is what a wide MetaOp on the critical path really costs.
- *            Why every compute schedule of C ms satisfies it: a MetaOp's L
- *            layers run one after another (each layer's forward after the
- *            one before it, the backward in reverse after the forward),
- *            layer l on n_l devices for T(n_l), so the MetaOp spans at
- *            least S = sum_l T(n_l) <= C and occupies its devices for
- *            D = sum_l n_l T(n_l) device-ms (n_l = 1 for one that does not
- *            scale: any wider only adds). (S, D) is the mean of L points
- *            (L T(n_l), L n_l T(n_l)), so it lies in their convex hull,
- *            on or above its lower boundary: D >= A_m(S) >= A_m(C), A_m
+ *            convex hull of its points (L tau_c, L a_c) at C (layers may
+ *            mix configurations); sum_m A_m(C) <= N C. It dominates the
+ *            area bound and is what a wide MetaOp on the critical path
+ *            really costs. Why every compute schedule of C ms satisfies
+ *            it: (S', D) above is the mean of the L points (L tau_{c_l},
+ *            L a_{c_l}), so it lies in their convex hull, on or above its
+ *            lower boundary, and S' <= C: D >= A_m(S') >= A_m(C), A_m
  *            being non-increasing. A device runs one slice at a time, so
  *            the MetaOps' D add up to at most N C. A_m non-increasing
  *            makes sum_m A_m(C) <= N C hold exactly from its least C on,
  *            which the bisection brackets; it returns the infeasible end,
  *            below that least C. tests/planner/properties.py checks it
- *            against every algorithm's simulated compute time.
- *  lower     max(area, critical, allotment) (the allotment bound is at
- *            least the others): no schedule under this cost model can
- *            beat it. On CLIP at 16-32 A800 the allotment bound is 4-18%
- *            above the area bound: the critical chain (the image encoder)
- *            must run wide, where a device-ms does less work.
+ *            against every algorithm's simulated compute time, with
+ *            forced degrees, --sp and uneven batches under a profile
+ *            convex in the local batch among its cases.
  *  paper     the paper's relaxed optimum: per level, the C* at which all
  *            the level's MetaOps finish together with real-valued widths
  *            summing to N; levels add up. Its inverse of T is the authors'
@@ -63,9 +85,9 @@
  *  comm_any  (bound_comm_any) a communication bound of every plan, part of
  *            the report's lower bound. Parameter group p (a component's
  *            layer) with S_p gradient bytes needs W_p = sum over the
- *            MetaOp layers using it of min_n n T_m(n) device-ms of compute
+ *            MetaOp layers using it of min_c a_c device-ms of compute
  *            (one micro-step's, so the bound stays below the iteration's
- *            work). A plan whose iteration takes T runs all of it on the
+ *            work; a_c of the configurations above). A plan whose iteration takes T runs all of it on the
  *            devices holding p, so at least W_p / T of them, on at least
  *            m_p(T) = ceil(W_p / (G T)) nodes. When m_p >= 2 each of those
  *            nodes must carry S_p bytes over its NICs each way (the comm
@@ -178,15 +200,13 @@ static int hpt_cmp(const void *x, const void *y)
 	return (p->a > q->a) - (p->a < q->a);
 }
 
-/* The hull of the points into h->t and h->a (nmax + 1 entries each),
- * sorting them in pt (as many). */
-static void hull_fill(const double *time, int nmax, int scales, hpt_t *pt, hull_t *h)
+/* The lower hull of the np points pt (sorted here) into h->t and h->a
+ * (np entries each). */
+static void hull_pts(hpt_t *pt, int np, hull_t *h)
 {
 	h->n = 0;
-	for (int k = 1; k <= nmax; k++)
-		pt[k - 1] = (hpt_t){time[k], time[k] * (scales ? k : 1)};
-	qsort(pt, (size_t)nmax, sizeof(hpt_t), hpt_cmp);
-	for (int i = 0; i < nmax; i++) {
+	qsort(pt, (size_t)np, sizeof(hpt_t), hpt_cmp);
+	for (int i = 0; i < np; i++) {
 		double t = pt[i].t, a = pt[i].a;
 		/* slower and no smaller: dominated (this covers equal times too) */
 		if (h->n && a >= h->a[h->n - 1] * (1 - 1e-15))
@@ -208,6 +228,15 @@ static void hull_fill(const double *time, int nmax, int scales, hpt_t *pt, hull_
 	}
 }
 
+/* The hull of the points into h->t and h->a (nmax + 1 entries each),
+ * sorting them in pt (as many). */
+static void hull_fill(const double *time, int nmax, int scales, hpt_t *pt, hull_t *h)
+{
+	for (int k = 1; k <= nmax; k++)
+		pt[k - 1] = (hpt_t){time[k], time[k] * (scales ? k : 1)};
+	hull_pts(pt, nmax, h);
+}
+
 int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h)
 {
 	h->n = 0;
@@ -220,15 +249,119 @@ int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hul
 	return 0;
 }
 
-/* MetaOp m's hull, in a. */
-static int hull_build(sp_arena_t *a, const metaop_t *m, hull_t *h)
+/*
+ * The degrees a slice of MetaOp m can run at in any plan of these options
+ * (ascending, returns how many): 1, and where m splits (pl_tp_ok with
+ * --tp-vocab's rule, not the active table set's) under --tp F only F
+ * (tp_assign's pick, even where F does not divide gpus_per_node), under
+ * --tp auto the divisors of gpus_per_node (cost.c's tp_degrees: an
+ * embedding only when forced), up to N.
+ */
+static int bound_degrees(const planner_t *pl, const metaop_t *m, int out[SP_TP_MAX + 1])
 {
-	double *time = sp_arena_calloc(a, (size_t)m->nmax + 1, sizeof(double));
-	if (!time)
+	int F = pl->opts ? pl->opts->tp : 0, G = pl->cluster->gpus_per_node, k = 0;
+	int vw = pl->opts && pl->opts->tp_vocab_whole;
+	out[k++] = 1;
+	if (!m->scales || F == 1 || (m->shape.type == COMP_EMBEDDING && F <= 1))
+		return k;
+	for (int t = 2; t <= SP_MIN(pl->N, SP_TP_MAX); t++)
+		if ((F > 1 ? t == F : G % t == 0) && shape_tp_ok(&m->shape, t) &&
+		    (m->shape.type == COMP_TRANSFORMER || !vw))
+			out[k++] = t;
+	return k;
+}
+
+/* Per-layer fwd + bwd ms of a group of t (sequence parallel: sp) holding
+ * `local` samples of MetaOp mi, memoised in row (local + 1 entries, < 0:
+ * not yet priced). */
+static double group_ms(const planner_t *pl, int mi, int64_t local, int t, int sp, double *row)
+{
+	if (row[local] < 0) {
+		double f, b;
+		cost_layer_sp(pl, mi, local, t, sp, &f, &b);
+		row[local] = f + b;
+	}
+	return row[local];
+}
+
+/*
+ * Every configuration a layer of MetaOp mi can run in, as per-layer points
+ * (time, device-time) into *pt (in a; *np of them): a slice of n = d t
+ * devices, t from bound_degrees, d <= B data-parallel groups, with and
+ * without sequence parallelism as --sp allows (off: without; on: with,
+ * cost.c falling back where sp_ok refuses; auto: both). Group i holds the
+ * b_i samples of sample_range (floor or ceil of B / d) and its t members
+ * each take T_i = cost_layer_sp(b_i, t, sp), exactly what sim_compute
+ * charges a member for the layer (recompute and gathers only add), so
+ * the configuration's device-time is t sum_i T_i and its time that of
+ * the last group, which holds ceil(B / d) samples, sample B - 1 among
+ * them (bound.c's header: why a span is at least that). One that does not
+ * scale: the single point (T(B), T(B)) (cost_layer prices the whole batch
+ * on any width; more devices only add device-time).
+ */
+static int bound_points(planner_t *pl, int mi, sp_arena_t *a, hpt_t **pt, int *np)
+{
+	const metaop_t *m = &pl->mops[mi];
+	int64_t B = m->batch;
+	int deg[SP_TP_MAX + 1], n_deg = bound_degrees(pl, m, deg);
+	int sp = pl->opts ? pl->opts->sp : 0;
+	int sp_lo = sp > 0 ? 1 : 0, sp_hi = sp != 0 ? 1 : 0;
+	*np = 0;
+	if (!m->scales || B < 1) {
+		double f, b;
+		cost_layer(pl, mi, B, &f, &b);
+		if (!(*pt = sp_arena_calloc(a, 1, sizeof(hpt_t))))
+			return SP_ENOMEM;
+		(*pt)[(*np)++] = (hpt_t){f + b, f + b};
+		return 0;
+	}
+	int nmax = (int)SP_MIN((int64_t)pl->N, B * deg[n_deg - 1]);
+	double *row = sp_arena_calloc(a, (size_t)(B + 1) * 2 * (size_t)n_deg, sizeof(double));
+	*pt = sp_arena_calloc(a, (size_t)nmax * 2 * (size_t)n_deg, sizeof(hpt_t));
+	if (!row || !*pt)
 		return SP_ENOMEM;
-	for (int k = 1; k <= m->nmax; k++)
-		time[k] = m->n_layers * mop_t(m, k);
-	return hull_from_times(a, time, m->nmax, m->scales, h);
+	for (size_t i = 0; i < (size_t)(B + 1) * 2 * (size_t)n_deg; i++)
+		row[i] = -1;
+	for (int n = 1; n <= nmax; n++)
+		for (int j = 0; j < n_deg; j++) {
+			int t = deg[j];
+			int64_t d = n / t;
+			if (n % t || d > B)
+				continue;
+			int64_t lo = B / d, r = B % d; /* r groups of lo + 1, d - r of lo */
+			for (int s = t > 1 ? sp_lo : 0; s <= (t > 1 ? sp_hi : 0); s++) {
+				double *rw = row + (size_t)(2 * j + s) * (size_t)(B + 1);
+				double tl = group_ms(pl, mi, lo, t, s, rw);
+				double th = r ? group_ms(pl, mi, lo + 1, t, s, rw) : 0;
+				(*pt)[(*np)++] = (hpt_t){r ? th : tl,
+							 t * ((double)(d - r) * tl + (double)r * th)};
+			}
+		}
+	return 0;
+}
+
+/* MetaOp mi's hull of L-layer points (L time, L device-time), in a; *cp:
+ * its least L time, *area: its least device-time of one layer. */
+static int hull_build(planner_t *pl, sp_arena_t *a, int mi, hull_t *h, double *cp, double *area)
+{
+	hpt_t *pt;
+	int np, rc;
+	double L = pl->mops[mi].n_layers;
+	if ((rc = bound_points(pl, mi, a, &pt, &np)))
+		return rc;
+	*cp = *area = HUGE_VAL;
+	for (int i = 0; i < np; i++) {
+		*area = fmin(*area, pt[i].a);
+		pt[i].t *= L;
+		pt[i].a *= L;
+		*cp = fmin(*cp, pt[i].t);
+	}
+	h->t = sp_arena_calloc(a, (size_t)np + 1, sizeof(double));
+	h->a = sp_arena_calloc(a, (size_t)np + 1, sizeof(double));
+	if (!h->t || !h->a)
+		return SP_ENOMEM;
+	hull_pts(pt, np, h);
+	return 0;
 }
 
 /* Least area within span C (HUGE_VAL if it cannot). */
@@ -266,15 +399,9 @@ static double hulls_area(const planner_t *pl, const hull_t *h, double C)
 	return need;
 }
 
-/* Hulls in pl->scratch (bound_compute's scope); lo on allocation failure. */
-static double allotment_bound(planner_t *pl, double lo)
+/* The least feasible C of the hulls h, from lo (the infeasible end). */
+static double allotment_bound(planner_t *pl, const hull_t *h, double lo)
 {
-	hull_t *h = sp_arena_calloc(&pl->scratch, (size_t)pl->n_mops + 1, sizeof *h);
-	if (!h)
-		return lo;
-	for (int m = 0; m < pl->n_mops; m++)
-		if (hull_build(&pl->scratch, &pl->mops[m], &h[m]))
-			return lo;
 	double hi = fmax(lo, 1e-9);
 	for (int it = 0; it < 200; it++) { /* find a feasible upper end */
 		if (hulls_area(pl, h, hi) <= pl->N * hi)
@@ -293,8 +420,8 @@ static double allotment_bound(planner_t *pl, double lo)
 	return lo; /* infeasible: below the least feasible C, so a bound */
 }
 
-/* The longest DAG path with every MetaOp at its fastest width. */
-static double critical_path(const planner_t *pl, double *finish)
+/* The longest DAG path with every MetaOp at its least time cpt[m]. */
+static double critical_path(const planner_t *pl, const double *cpt, double *finish)
 {
 	double cp = 0;
 	for (int k = 0; k < pl->n_mops; k++) {
@@ -303,7 +430,7 @@ static double critical_path(const planner_t *pl, double *finish)
 		double start = 0;
 		for (int q = 0; q < mo->n_pred; q++)
 			start = fmax(start, finish[pl->edges[mo->pred[q]].src]);
-		finish[m] = start + (mop_active(pl, m) ? mo->n_layers * mop_t(mo, mo->nmax) : 0);
+		finish[m] = start + (mop_active(pl, m) ? cpt[m] : 0);
 		cp = fmax(cp, finish[m]);
 	}
 	return cp;
@@ -314,21 +441,22 @@ static void bound_steps(planner_t *pl, bounds_t *out)
 	size_t nm = (size_t)pl->n_mops + 1;
 	double area = 0;
 	double *finish = sp_arena_calloc(&pl->scratch, nm, sizeof(double));
+	double *cpt = sp_arena_calloc(&pl->scratch, nm, sizeof(double));
 	int *ids = sp_arena_calloc(&pl->scratch, nm, sizeof(int));
 	double *rem = sp_arena_calloc(&pl->scratch, nm, sizeof(double));
-	out->area_ms = out->cp_ms = out->paper_ms = out->lower_ms = 0;
-	if (!finish || !ids || !rem)
+	hull_t *h = sp_arena_calloc(&pl->scratch, nm, sizeof *h);
+	out->area_ms = out->cp_ms = out->paper_ms = out->lower_ms = out->allot_ms = 0;
+	if (!finish || !cpt || !ids || !rem || !h)
 		return;
 	for (int m = 0; m < pl->n_mops; m++) {
-		const metaop_t *mo = &pl->mops[m];
-		double best = HUGE_VAL;
-		for (int n = 1; n <= mo->nmax; n++)
-			best = fmin(best, n * mop_t(mo, n));
+		double least;
+		if (hull_build(pl, &pl->scratch, m, &h[m], &cpt[m], &least))
+			return;
 		if (mop_active(pl, m))
-			area += mo->n_layers * best;
+			area += pl->mops[m].n_layers * least;
 	}
 	out->area_ms = area / pl->N;
-	out->cp_ms = critical_path(pl, finish);
+	out->cp_ms = critical_path(pl, cpt, finish);
 	for (int lv = 0; lv < pl->n_levels; lv++) {
 		int k = 0;
 		for (int m = 0; m < pl->n_mops; m++)
@@ -339,7 +467,7 @@ static void bound_steps(planner_t *pl, bounds_t *out)
 		if (k)
 			out->paper_ms += paper_cstar(pl, ids, rem, k, pl->N, NULL);
 	}
-	out->allot_ms = allotment_bound(pl, fmax(out->area_ms, out->cp_ms));
+	out->allot_ms = allotment_bound(pl, h, fmax(out->area_ms, out->cp_ms));
 	out->lower_ms = fmax(fmax(out->area_ms, out->cp_ms), out->allot_ms);
 }
 
@@ -478,9 +606,10 @@ int bound_comm_any(planner_t *pl, double *out)
 		const metaop_t *mo = &pl->mops[m];
 		if (!mo->scales || !mop_active(pl, m))
 			continue;
-		double least = HUGE_VAL; /* device-ms of one layer at its best width */
-		for (int n = 1; n <= mo->nmax; n++)
-			least = fmin(least, n * mop_t(mo, n));
+		hull_t h;
+		double least, cp; /* device-ms of one layer at its least */
+		if ((rc = hull_build(pl, a, m, &h, &cp, &least)))
+			goto done;
 		for (int l = 0; l < mo->n_layers; l++) {
 			int layer, k = mop_comp(pl, m, l, &layer);
 			W[base[k] + layer] += least;

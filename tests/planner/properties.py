@@ -6,7 +6,10 @@
     full batch of every task using it, memory within the cap);
   * simulated compute time >= the compute bound (max of the area, critical
     path and allotment bounds: every algorithm's simulated schedule is one
-    the bound must not exceed), iteration >= compute;
+    the bound must not exceed), iteration >= compute; also on the models
+    that once beat it (tests/planner/bound/: forced --tp 2/3/4/8, --sp
+    off/on/auto) and on uneven batches under a convex profile, where the
+    area and critical-path bounds must equal their hand computation;
   * ours without its data-parallel candidate (--exclude data-parallel: it
     reuses the sequential plan, so with it "ours >= sequential" would hold
     by construction) tests the scheduler itself: its compute time is no
@@ -262,6 +265,88 @@ def micro_batches(tmp):
           f"halving a task's count does not fit")
 
 
+def bound_cases(tmp):
+    """Where the compute bound was beaten (review of bound.c at 4a09382):
+    a forced --tp F that gpus_per_node does not divide, or that the tables
+    priced at t = 1 while the slice ran at F (y64_8 --tp 2 on 2x8: bound
+    0.957 ms, ours 0.863; z1536_3 --tp 3 on 1x8: distmm-mt 1.507 under
+    1.533); sequence parallelism, which the tables left out; and batches
+    that split unevenly over a slice's groups under a profile convex in the
+    local batch (members with fewer samples move on early: the slice's
+    device-time is less than its width times the larger group's time)."""
+    d = os.path.join(ROOT, "tests", "planner", "bound")
+    y, z = os.path.join(d, "y64_8.json"), os.path.join(d, "z1536_3.json")
+    c2 = os.path.join(ROOT, "plans", "clusters", "a800-2x8.json")
+    c1 = os.path.join(ROOT, "plans", "clusters", "a800-1x8.json")
+    y8 = json.load(open(y))
+    y8["components"]["img_enc"]["heads"] = 8   # so that --tp 8 divides it
+    y8 = W.write_json(tmp, "y8.json", y8)
+    for tp in ("2", "4", "8", "auto"):
+        for sp in ("off", "on", "auto"):
+            check_props(f"y64_8 on a800-2x8 --tp {tp} --sp {sp}", y8 if tp == "8" else y,
+                        c2, tmp, ("--tp", tp, "--sp", sp))
+    for tp in ("2", "3", "auto"):
+        check_props(f"z1536_3 on a800-1x8 --tp {tp}", z, c1, tmp, ("--tp", tp))
+    check_props("z1536_3 on a800-1x8 --tp 2 --sp on --recompute all --zero 3", z, c1, tmp,
+                ("--tp", "2", "--sp", "on", "--recompute", "all", "--zero", "3"))
+    # uneven splits under a profile convex in the local batch: 1 sample
+    # takes 1 ms, 2 take 1.1 ms, 3 take 4 ms, 5 take 12 ms (per pass)
+    conv = json.load(open(y))
+    conv["tasks"][0]["batch"], conv["tasks"][1]["batch"] = 5, 3
+    cm = W.write_json(tmp, "conv.json", conv)
+    prof = {1: 1.0, 2: 1.1, 3: 4.0, 5: 12.0}
+    for devs, nodes in ((2, 1), (3, 1), (4, 1), (4, 2)):
+        cc = W.cluster(devs, nodes)
+        cc["profile"] = [{"op": sh, "points": [
+            {"batch": b, "fwd_ms": ms, "bwd_ms": ms} for b, ms in prof.items()]}
+            for sh in W.op_shapes(conv)]
+        cp = W.write_json(tmp, "cc.json", cc)
+        name = f"convex profile, batches 5 and 3, on {nodes}x{devs // nodes}"
+        check_props(name, cm, cp, tmp)
+        check_uneven_bounds(name, cm, cp, prof, devs, tmp)
+
+
+def check_uneven_bounds(name, m, c, prof, devs, tmp):
+    """Under --tp 1 the area and critical-path bounds by hand: a layer of a
+    MetaOp with batch B on d groups (sample_range: B * i // d) costs each
+    group's device T(b_i) = fwd + bwd of its own b_i samples (the
+    simulator's charge), so its device-time is sum_i T(b_i), and its time
+    that of the last group (ceil(B / d) samples, sample B - 1 among them);
+    area = sum L min_d device-time / devices, critical path = the longest
+    chain of L min_d time. (The old bound charged every member the largest
+    group's time: its area bound is above this one.)"""
+    p = subprocess.run([PLAN, m, c, "--tp", "1", "--costs"], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        fail(f"{name}: --costs exit {p.returncode}: {p.stderr.strip()}")
+        return
+    mops = json.loads(p.stdout)["metaops"]
+    area, fin = 0.0, {}
+    for mo in mops:  # predecessors come first
+        B, L = mo["batch"], mo["layers"]
+        if not mo["scales"]:
+            fail(f"{name}: {mo['name']} does not scale; the hand bound assumes it does")
+            return
+        best_a = best_t = math.inf
+        for d in range(1, min(devs, B) + 1):
+            b = [B * (i + 1) // d - B * i // d for i in range(d)]
+            T = [2 * prof[x] for x in b]
+            best_a = min(best_a, sum(T))
+            best_t = min(best_t, T[-1])
+        area += L * best_a
+        fin[mo["name"]] = max([fin[q] for q in mo["predecessors"]], default=0) + L * best_t
+    out = os.path.join(tmp, "u.bin")
+    rc, so, se = plan_json(m, c, out, ("--tp", "1"))
+    if rc != 0:
+        fail(f"{name}: exit {rc}: {se.strip()}")
+        return
+    r = json.loads(so)
+    for key, want in (("area_bound_ms", area / devs),
+                      ("critical_path_bound_ms", max(fin.values()))):
+        if abs(r[key] - want) > 1e-6 * want:
+            fail(f"{name}: {key} {r[key]}, by hand {want}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         n = 0
@@ -296,6 +381,8 @@ def main():
             check_props(f"{wl} on {cl} {' '.join(extra)}",
                         os.path.join(ROOT, "plans", wl, "model.json"),
                         os.path.join(ROOT, "plans", "clusters", cl + ".json"), tmp, extra)
+
+        bound_cases(tmp)
 
         # degenerate inputs
         demo = json.load(open(os.path.join(ROOT, "plans/demo/model.json")))

@@ -633,6 +633,77 @@ static void par_end(par_walk_t *w, cand_state_t *st)
 	w->pc = NULL;
 }
 
+/* ---- the sequential plan's layout_refine beside ours' walk (--jobs) ------ */
+
+/*
+ * layout_refine on plan p (not ours adopting seq's: its caller skips
+ * that), then *over from p's devices: zero-1 only frees memory, so the fit
+ * as plan_simulated takes it.
+ */
+static int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = layout_refine(pl, p, r);
+	sp_arena_reset(&pl->scratch, mark);
+	for (int d = 0; !rc && d < p->n_devices; d++)
+		*over = d ? fmax(*over, (double)p->devices[d].mem_peak - pl->mem_cap)
+			  : (double)p->devices[d].mem_peak - pl->mem_cap;
+	return rc;
+}
+
+/*
+ * With --jobs, the sequential plan's refinement (one more simulation of a
+ * plan that puts every slice on every device: the largest of the run) is
+ * a job that runs beside ours' walk instead of before it. The walk reads
+ * the refined result (r, over) only where the data-parallel candidate
+ * takes seq's plan (seq_wait first); before that it reads the unrefined
+ * one, whose iteration and bytes over the cap are no less than the refined
+ * ones (layout_refine keeps a layout only when it is faster, and zero-1
+ * only frees memory). The walk uses seq's result before that only to skip
+ * work: seq_coming_last's doomed test (a candidate whose lb x FASTER
+ * exceeds seq's iteration) holds for the refined iteration whenever it
+ * holds for the larger one, and the jobs' w->best is a guess. So the walk
+ * chooses what it chooses with the refined result throughout, and the
+ * sequential plan, its row and its result are those of --jobs 1.
+ */
+typedef struct seq_refine {
+	sp_job_t job;
+	sp_plan_t *p;   /* seq's plan, refined in place: read by no one else
+			 * until seq_wait */
+	sim_result_t r; /* in: the unrefined result; out: the refined one */
+	double over, ms; /* ms: the job's wall-clock time (the report's) */
+	int taken;
+} seq_refine_t;
+
+static int seq_refine_run(planner_t *pl, sp_job_t *job)
+{
+	seq_refine_t *sr = job->arg;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	if (pl->tables != COST_AUTO) /* seq's plan was made on the auto tables */
+		cost_use(pl, COST_AUTO);
+	int rc = refine_over(pl, sr->p, &sr->r, &sr->over);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	sr->ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+	return rc;
+}
+
+/* The refined result in pl->seq_refine (NULL: nothing to wait for): once
+ * its job is done, or refined here when the job never ran. */
+static int seq_wait(planner_t *pl)
+{
+	seq_refine_t *sr = pl->seq_refine;
+	if (!sr || sr->taken)
+		return 0;
+	sr->taken = 1;
+	if (sr->job.state == JOB_PENDING || sr->job.state == JOB_RUNNING)
+		jobs_wait(pl->jobs, &sr->job);
+	if (sr->job.state != JOB_DONE) /* never queued, or dropped */
+		return refine_over(pl, sr->p, &sr->r, &sr->over);
+	err_take(pl->err, &sr->job.err);
+	return sr->job.rc;
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -695,9 +766,10 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
-			rc = 0;
-			var[0].r = *seq_res;
-			var[0].f = seq_over;
+			if ((rc = seq_wait(pl)))
+				goto fail;
+			var[0].r = pl->seq_refine ? pl->seq_refine->r : *seq_res;
+			var[0].f = pl->seq_refine ? pl->seq_refine->over : seq_over;
 			var[0].simulated = 1;
 		} else if (par) {
 			rc = par_take(pl, par, v, seen, var, &n_var);
@@ -971,6 +1043,12 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 			return rc;
 	if (pl->jobs)
 		jobs_sync(pl->jobs, pl);
+	if (pl->jobs && pl->seq_refine) { /* first: it takes longest */
+		pl->seq_refine->job = (sp_job_t){.run = seq_refine_run, .arg = pl->seq_refine,
+						 .prio = -2 * PAR_FIRST};
+		if (jobs_add(pl->jobs, &pl->seq_refine->job))
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
 	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
 		if (has[t]) {
 			rc = par_start(pl, &par[t], t, &cands[t], pl->opts->placement,
@@ -1023,8 +1101,10 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 						      ALGO_SEQUENTIAL_PAPER};
 	sp_plan_t seq_plan = {0};
 	sim_result_t seq_res = {0};
-	double seq_over = 0;
+	double seq_over = 0, seq_ms = 0;
 	int have_seq = 0;
+	seq_refine_t sr = {0};
+	pl->seq_refine = NULL;
 	for (int ai = 0; ai < ALGO__COUNT; ai++) {
 		int a = run_order[ai];
 		if (!want[a])
@@ -1039,14 +1119,20 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
 					    &over, mine ? chosen_cand : NULL,
 					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
-		if (!rc && !use_seq) { /* ours adopting seq's: refined as seq's */
-			sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-			rc = layout_refine(pl, &p, &r);
-			sp_arena_reset(&pl->scratch, mark);
-			/* zero-1 only frees memory: the fit as plan_simulated takes it */
-			for (int d = 0; !rc && d < p.n_devices; d++)
-				over = d ? fmax(over, (double)p.devices[d].mem_peak - pl->mem_cap)
-					 : (double)p.devices[d].mem_peak - pl->mem_cap;
+		/* seq's kept for ours, with threads: refined beside ours' walk */
+		int later = !rc && a == ALGO_SEQUENTIAL && a != (int)o->algo && pl->jobs &&
+			    want[ALGO_SPINDLE];
+		if (!rc && !use_seq && !later) /* ours adopting seq's: refined as seq's */
+			rc = refine_over(pl, &p, &r, &over);
+		if (a == ALGO_SPINDLE && pl->seq_refine) {
+			int wrc = seq_wait(pl); /* before anything reads seq's plan */
+			rc = rc ? rc : wrc;
+			seq_res = sr.r;
+			seq_over = sr.over;
+			pl->seq_refine = NULL;
+			if (!wrc)
+				record_algo(pl, sum, ALGO_SEQUENTIAL, &seq_res, seq_over,
+					    seq_ms + sr.ms);
 		}
 		double t1 = now_ms(o);
 		if (rc) {
@@ -1054,7 +1140,13 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 			plan_release(&seq_plan);
 			return rc;
 		}
-		record_algo(pl, sum, (algo_t)a, &r, over, t1 - t0);
+		if (later) {
+			seq_ms = t1 - t0;
+			sr.r = r;
+			sr.over = over;
+		} else {
+			record_algo(pl, sum, (algo_t)a, &r, over, t1 - t0);
+		}
 		if (use_seq) { /* ours is the sequential plan */
 			p = seq_plan;
 			memset(&seq_plan, 0, sizeof seq_plan);
@@ -1065,6 +1157,10 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 			seq_res = r;
 			seq_over = over;
 			have_seq = 1;
+			if (later) {
+				sr.p = &seq_plan;
+				pl->seq_refine = &sr;
+			}
 		} else if (mine) {
 			*out = p;
 			*chosen_res = r;

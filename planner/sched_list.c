@@ -142,7 +142,7 @@ static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int
  * candidate; narrower slices may cost compute.
  */
 static int homes_sync(planner_t *pl, const int *w, int share, int share1, int *S, int *g,
-		      const int *L)
+		      const int *L, unsigned char *sync)
 {
 	const sp_model_t *md = pl->model;
 	int C = md->n_comps, G = pl->cluster->gpus_per_node, nodes = pl->cluster->nodes;
@@ -178,15 +178,25 @@ static int homes_sync(planner_t *pl, const int *w, int share, int share1, int *S
 			continue;
 		S[c] = segs;
 		g[c] = home;
+		sync[c] = 1;
 		any = 1;
 	}
 	return any;
 }
 
-/* Shrinks the widest homes until all of them fit on the devices, and
- * grows S[c] until a segment also holds the activations its MetaOps save
- * there; at most 64 rounds of both. */
-static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, int shrink)
+/* Shrinks the widest memory homes until all of them fit on the devices,
+ * and grows S[c] until a segment also holds the activations its MetaOps
+ * save there; at most 64 rounds of both. Sync homes (sync[c]) wrap around
+ * the cluster over the memory homes: they are neither shrunk nor counted
+ * in the memory homes' room. homes_sync's segments can come out fewer
+ * than homes_first_guess's memory S (its S follows the work, not the
+ * state); the 0.75-of-the-cap check below grows them back where a segment
+ * would not hold its state and activations. A sync component grows to at
+ * most N / g[c] segments, so its homes never share a device; one that
+ * would need more goes back to its memory home (S0, g0) as a memory
+ * component. */
+static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, unsigned char *sync,
+		      const int *S0, const int *g0)
 {
 	const sp_model_t *md = pl->model;
 	int C = md->n_comps;
@@ -194,11 +204,11 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, int shr
 	for (int round = 0; round < 64; round++) {
 		int need = 0, grown = 0;
 		for (int c = 0; c < C; c++)
-			need += S[c] * g[c];
-		while (shrink && need > pl->N) { /* shrink the widest homes */
+			need += sync[c] ? 0 : S[c] * g[c];
+		while (need > pl->N) { /* shrink the widest memory homes */
 			int big = -1;
 			for (int c = 0; c < C; c++)
-				if (S[c] && g[c] > 1 && (big < 0 || g[c] > g[big]))
+				if (!sync[c] && S[c] && g[c] > 1 && (big < 0 || g[c] > g[big]))
 					big = c;
 			if (big < 0)
 				break;
@@ -219,10 +229,16 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, int shr
 				acts += layout_saved_per_sample(pl, m) * (double)((mo->batch + gg - 1) / gg);
 			}
 			double per = layout_comp_state(pl, c, g[c]) + acts;
-			if (per * ceil((double)L[c] / S[c]) > 0.75 * cap) {
+			if (per * ceil((double)L[c] / S[c]) <= 0.75 * cap)
+				continue;
+			if (sync[c] && (S[c] + 1) * g[c] > pl->N) {
+				sync[c] = 0; /* its homes would overlap: a memory home */
+				S[c] = S0[c];
+				g[c] = g0[c];
+			} else {
 				S[c]++;
-				grown = 1;
 			}
+			grown = 1;
 		}
 		if (!grown)
 			break;
@@ -250,6 +266,9 @@ static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, 
 	for (int q = 0; q < h->n_params; q++)
 		h->seg_of[q] = -1;
 	int seg = 0, o = 0, dev = 0;
+	int *owner = sp_arena_calloc(a, (size_t)N, sizeof(int)); /* comp + 1 */
+	if (!owner)
+		return SP_ENOMEM;
 	for (int c = 0; c < C; c++)
 		for (int k = 0; k < S[c]; k++, seg++) {
 			/* keep a home inside one node when it fits; one of whole
@@ -260,8 +279,20 @@ static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, 
 				dev = (dev / G + 1) * G % N;
 			h->first[seg] = o;
 			h->n[seg] = g[c];
-			for (int j = 0; j < g[c]; j++)
-				h->devs[o++] = (dev++) % N;
+			for (int j = 0; j < g[c]; j++) {
+				int d = (dev++) % N;
+				/* two segments of one component on a device would hold
+				 * both segments' state there; homes_fit keeps S g
+				 * within N, so this is a bug */
+				if (owner[d] == c + 1)
+					return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+							  "spindle schedule: homes of component %d "
+							  "share device %d (%d segments of %d devices "
+							  "on %d)",
+							  c, d, S[c], g[c], N);
+				owner[d] = c + 1;
+				h->devs[o++] = d;
+			}
 			for (int l = L[c] * k / S[c]; l < L[c] * (k + 1) / S[c]; l++)
 				h->seg_of[h->param_base[c] + l] = seg;
 		}
@@ -277,14 +308,19 @@ static int homes_build(planner_t *pl, const int *w, int share, int share1, homes
 	int *S = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
 	int *g = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
 	int *L = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
-	if (!h->param_base || !S || !g || !L)
+	int *S0 = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	int *g0 = sp_arena_calloc(a, (size_t)C + 1, sizeof(int));
+	unsigned char *sync = sp_arena_calloc(a, (size_t)C + 1, 1);
+	if (!h->param_base || !S || !g || !L || !S0 || !g0 || !sync)
 		return SP_ENOMEM;
 	homes_first_guess(pl, w, h, S, g, L);
-	/* sync homes wrap around the cluster: none is shrunk */
-	int sync = homes_sync(pl, w, share, share1, S, g, L);
-	if (sync < 0)
+	memcpy(S0, S, sizeof(int) * (size_t)C);
+	memcpy(g0, g, sizeof(int) * (size_t)C);
+	/* sync homes wrap around the cluster: those are not shrunk */
+	int any = homes_sync(pl, w, share, share1, S, g, L, sync);
+	if (any < 0)
 		return SP_ENOMEM;
-	homes_fit(pl, S, g, L, !sync);
+	homes_fit(pl, S, g, L, sync, S0, g0);
 	return homes_lay_out(pl, h, S, g, L);
 }
 
@@ -369,9 +405,11 @@ static int list_init(list_t *s, planner_t *pl, const int *w, double frac, int sh
 	int32_t *rooms = sp_arena_calloc(a, (size_t)(M + 1) * (size_t)N, sizeof(int32_t));
 	s->devs = sp_arena_calloc(a, (size_t)N, sizeof(int32_t));
 	if (!bl || !s->done || !s->finished || !s->running || !s->order || !s->by_end ||
-	    !s->run || !rooms || !s->devs || placer_new(&s->P, pl, PLACE_SPINDLE) ||
-	    homes_build(pl, w, share, share1, &s->H))
+	    !s->run || !rooms || !s->devs || placer_new(&s->P, pl, PLACE_SPINDLE))
 		return SP_ENOMEM;
+	int rc = homes_build(pl, w, share, share1, &s->H);
+	if (rc)
+		return rc;
 	for (int m = 0; m <= M; m++)
 		s->run[m].devs = rooms + (size_t)m * (size_t)N;
 	const homes_t *H = &s->H;

@@ -500,7 +500,8 @@ int sched_list(planner_t *pl, const int *w, double frac, sched_t *out);
 /* The same with sync homes (sched_list.c): a component some MetaOp of
  * which w makes wider than nodes / share whole nodes is held on homes of
  * that many nodes, one cut into a single segment on homes of nodes /
- * share1 nodes when that is narrower. */
+ * share1 nodes when that is narrower; SCHED_NOTHING_NEW when no
+ * component is (sched_list's schedule). */
 int sched_list_sync(planner_t *pl, const int *w, double frac, int share, int share1,
 		    sched_t *out);
 /* The same, stopping with SCHED_PAST once a slice ends at or after stop

@@ -320,6 +320,8 @@ static int homes_build(planner_t *pl, const int *w, int share, int share1, homes
 	int any = homes_sync(pl, w, share, share1, S, g, L, sync);
 	if (any < 0)
 		return SP_ENOMEM;
+	if (share && !any)
+		return SCHED_NOTHING_NEW; /* the plain list schedule's homes */
 	homes_fit(pl, S, g, L, sync, S0, g0);
 	return homes_lay_out(pl, h, S, g, L);
 }

@@ -137,9 +137,10 @@ static void homes_first_guess(const planner_t *pl, const int *w, homes_t *h, int
  * it (narrow slices already). Segments are laid out on whole nodes one
  * after another, wrapping around the cluster: homes of different
  * components may share devices (a device then holds both), homes of one
- * component do not. Returns 1 when some component got sync homes, -1 out
- * of memory. The simulator judges the result against every other
- * candidate; narrower slices may cost compute.
+ * component do not (homes_fit caps S, homes_lay_out checks). Returns 1
+ * when some component got sync homes (marked in sync), -1 out of memory.
+ * The simulator judges the result against every other candidate;
+ * narrower slices may cost compute.
  */
 static int homes_sync(planner_t *pl, const int *w, int share, int share1, int *S, int *g,
 		      const int *L, unsigned char *sync)
@@ -248,7 +249,8 @@ static void homes_fit(const planner_t *pl, int *S, int *g, const int *L, unsigne
 /* Lays the homes out on the devices, segment after segment (each inside
  * one node when it fits), and maps every (comp, layer) slot to its
  * segment. */
-static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, const int *L)
+static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, const int *L,
+			 const unsigned char *sync)
 {
 	int C = pl->model->n_comps, N = pl->N, G = pl->cluster->gpus_per_node;
 	sp_arena_t *a = &pl->scratch;
@@ -281,12 +283,12 @@ static int homes_lay_out(planner_t *pl, homes_t *h, const int *S, const int *g, 
 			h->n[seg] = g[c];
 			for (int j = 0; j < g[c]; j++) {
 				int d = (dev++) % N;
-				/* two segments of one component on a device would hold
-				 * both segments' state there; homes_fit keeps S g
-				 * within N, so this is a bug */
-				if (owner[d] == c + 1)
+				/* memory homes may wrap (a device then holds several
+				 * segments, each within the cap); sync homes must not:
+				 * homes_fit keeps their S g within N */
+				if (sync[c] && owner[d] == c + 1)
 					return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-							  "spindle schedule: homes of component %d "
+							  "spindle schedule: sync homes of component %d "
 							  "share device %d (%d segments of %d devices "
 							  "on %d)",
 							  c, d, S[c], g[c], N);
@@ -323,7 +325,7 @@ static int homes_build(planner_t *pl, const int *w, int share, int share1, homes
 	if (share && !any)
 		return SCHED_NOTHING_NEW; /* the plain list schedule's homes */
 	homes_fit(pl, S, g, L, sync, S0, g0);
-	return homes_lay_out(pl, h, S, g, L);
+	return homes_lay_out(pl, h, S, g, L, sync);
 }
 
 /* Home segment of MetaOp m's layer l, or -1. */

@@ -71,7 +71,15 @@ const sched_cand_t sched_cands[] = {
 	 .mem_frac = 0.7, .min_nodes = 4, .home_share = 2, .home_share1 = 4},
 	/* each task on devices of its own (the task-level baseline's
 	 * schedule, sched_task_level): its syncs stay inside its devices,
-	 * which one NIC per node can make the fastest */
+	 * which one NIC per node can make the fastest. Not gated by nodes or
+	 * tasks: on one node with several tasks it is its own schedule
+	 * (disjoint groups), and with one task it is not provably
+	 * data-parallel's: sched_task_level widens the task only while a
+	 * device more shortens it (it stops at the first step that does not,
+	 * which can be below a MetaOp's nmax), where
+	 * sched_sequential runs every MetaOp at nmax; and data-parallel is
+	 * seq's refined plan, taken without lowering. Its cost is one
+	 * lowering and simulation */
 	{.name = "task-level", .sched = CAND_TASKS},
 	/* data parallel on all devices: the sequential plan; when nothing
 	 * beats it, ours is that */

@@ -12,7 +12,13 @@ without the candidate (--exclude list-homes):
   * the iteration is not slower (the walk keeps the fastest), and faster
     here (the simulator judges it so on this row);
   * on one node (a800-1x8) the candidate is not run: the plan is the same
-    with and without it (min_nodes).
+    with and without it (min_nodes);
+  * with 65 and 70 GiB of each A800 reserved, a sync segment of the LLM
+    no longer holds its state and activations, and homes_fit would grow it
+    to 3 and 4 segments of 16 devices on 32, two of them on the same
+    devices: it gives the LLM back to its memory home instead, and the
+    plan is made (homes_lay_out refuses overlapping sync homes of one
+    component with an internal error, which fails the run).
 Needs SPINDLE_PLAN and SPINDLE_ROOT (test_env); exits 0 on pass, 1 on
 failure.
 """
@@ -60,6 +66,12 @@ def main():
     one_x = ours(plan("a800-1x8.json", "--exclude", "list-homes"))["iteration_ms"]
     if one != one_x:
         fails.append(f"one node: {one} ms with list-homes, {one_x} without: it ran")
+    for reserve in ("65", "70"):
+        r = subprocess.run([PLAN, MODEL, os.path.join(ROOT, "plans", "clusters", "a800-4x8.json"),
+                            "--jobs", "1", "--mem-reserve", reserve],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            fails.append(f"--mem-reserve {reserve}: exit {r.returncode}, {r.stderr.strip()!r}")
     for f in fails:
         print("FAIL:", f)
     print(f"sync-homes: llm groups {sorted(set(gw))} vs {sorted(set(go))}, comm bound "

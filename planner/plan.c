@@ -1027,7 +1027,8 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
  * Ours: plan_one on the auto tables, then plan_whole on each other table
  * set cost_build made. With pl->jobs, the jobs of every set's walk are
  * queued at once (a later set's candidates start while an earlier walk
- * still takes its results), and each walk takes its own.
+ * still takes its results), and each walk takes its own; par (the
+ * caller's): the walks, the auto set's maybe queued already (early_start).
  */
 static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_result_t *r,
 		     double *over, const sched_cand_t **chosen, int *use_seq, int *set,

@@ -1035,21 +1035,21 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
  * Ours: plan_one on the auto tables, then plan_whole on each other table
  * set cost_build made. With pl->jobs, the jobs of every set's walk are
  * queued at once (a later set's candidates start while an earlier walk
- * still takes its results), and each walk takes its own.
+ * still takes its results), and each walk takes its own; par (the
+ * caller's): the walks, the auto set's maybe queued already (early_start).
  */
 static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_result_t *r,
 		     double *over, const sched_cand_t **chosen, int *use_seq, int *set,
-		     const sim_result_t *seq_res, double seq_over)
+		     const sim_result_t *seq_res, double seq_over, par_walk_t par[COST__SETS])
 {
 	const int has[COST__SETS] = {[COST_AUTO] = 1,
 				     [COST_WHOLE] = pl->has_whole,
 				     [COST_VOCAB_WHOLE] = pl->has_vocab_whole};
 	int same[COST__SETS] = {0}, rc = 0, prev = -1;
-	par_walk_t par[COST__SETS] = {{0}};
 	for (int t = 0; t < COST__SETS; t++)
 		if (t != COST_AUTO && has[t] && seq_res && (rc = seq_same(pl, t, &same[t])))
 			return rc;
-	if (pl->jobs)
+	if (pl->jobs && !par[COST_AUTO].pc) /* else synced before seq's plan (run_algos) */
 		jobs_sync(pl->jobs, pl);
 	if (pl->jobs && pl->seq_refine) { /* first: it takes longest */
 		pl->seq_refine->job = (sp_job_t){.run = seq_refine_run, .arg = pl->seq_refine,
@@ -1058,7 +1058,9 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	}
 	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
-		if (has[t]) {
+		if (has[t] && par[t].pc) { /* started early (run_algos) */
+			prev = t;
+		} else if (has[t]) {
 			rc = par_start(pl, &par[t], t, &cands[t], pl->opts->placement,
 				       t == COST_AUTO || same[t] ? seq_res : NULL, seq_over,
 				       1000 * t, prev < 0 ? NULL : &par[prev].done);
@@ -1083,6 +1085,40 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	for (int t = 0; t < COST__SETS; t++)
 		par_end(&par[t], &cands[t]);
 	return rc;
+}
+
+/*
+ * With threads (and seq's plan kept for ours: o->algo is not sequential),
+ * the jobs of ours' walk on the auto tables are queued before seq's plan is
+ * made, so its allotments and lowerings run beside it. They read nothing
+ * of seq's: par_start reads seq's result only for whether the data-parallel
+ * candidate takes seq's plan (it does: seq_res is set whenever ours runs,
+ * or the run has failed) and for the jobs' first guess of the record
+ * (w->best, HUGE_VAL here until early_seq_made); the walk itself starts
+ * after seq's plan, as without this. The simulation jobs wait for
+ * seq_made, marked once seq's plan is made, so they skip what seq dooms as
+ * before. The threads' planners are synced here, before anything is
+ * queued: seq's plan changes none of the state thread_copy takes (its
+ * tables stay the auto ones; a job makes its own set active), so
+ * plan_ours' sync is skipped then.
+ */
+static int early_start(planner_t *pl, par_walk_t par[COST__SETS], cand_state_t *st,
+		       const sim_result_t *seq_res, sp_job_t *seq_made)
+{
+	jobs_sync(pl->jobs, pl);
+	return par_start(pl, &par[COST_AUTO], COST_AUTO, st, pl->opts->placement, seq_res,
+			 HUGE_VAL, 0, seq_made);
+}
+
+/* Seq's plan is made: the early walk's first guess as par_start would have
+ * set it, then its simulations may start. */
+static void early_seq_made(planner_t *pl, par_walk_t *w, const sim_result_t *seq_res,
+			   double seq_over, sp_job_t *seq_made)
+{
+	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
+	if (seq_last)
+		par_bar(w, seq_last->iteration_ms);
+	jobs_mark_done(pl->jobs, seq_made);
 }
 
 /*
@@ -1112,7 +1148,18 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 	double seq_over = 0, seq_ms = 0;
 	int have_seq = 0;
 	seq_refine_t sr = {0};
+	par_walk_t par[COST__SETS] = {{0}};
+	sp_job_t seq_made = {0};
 	pl->seq_refine = NULL;
+	/* with threads, ours' walk on the auto tables starts before seq's plan
+	 * is made (see early_start) */
+	if (pl->jobs && want[ALGO_SPINDLE] && o->algo != ALGO_SEQUENTIAL) {
+		int rc = early_start(pl, par, &cands[COST_AUTO], &seq_res, &seq_made);
+		if (rc) {
+			par_end(&par[COST_AUTO], &cands[COST_AUTO]);
+			return rc;
+		}
+	}
 	for (int ai = 0; ai < ALGO__COUNT; ai++) {
 		int a = run_order[ai];
 		if (!want[a])
@@ -1123,7 +1170,7 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		int use_seq = 0, mine = a == (int)o->algo, set = COST_AUTO;
 		int rc = a == ALGO_SPINDLE
 				 ? plan_ours(pl, cands, &p, &r, &over, mine ? chosen_cand : NULL,
-					     &use_seq, &set, have_seq ? &seq_res : NULL, seq_over)
+					     &use_seq, &set, have_seq ? &seq_res : NULL, seq_over, par)
 				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
 					    &over, mine ? chosen_cand : NULL,
 					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
@@ -1144,6 +1191,8 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		}
 		double t1 = now_ms(o);
 		if (rc) {
+			for (int t = 0; t < COST__SETS; t++)
+				par_end(&par[t], &cands[t]);
 			plan_release(&p);
 			plan_release(&seq_plan);
 			return rc;
@@ -1169,6 +1218,8 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 				sr.p = &seq_plan;
 				pl->seq_refine = &sr;
 			}
+			if (par[COST_AUTO].pc)
+				early_seq_made(pl, &par[COST_AUTO], &seq_res, seq_over, &seq_made);
 		} else if (mine) {
 			*out = p;
 			*chosen_res = r;

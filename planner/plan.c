@@ -672,7 +672,7 @@ typedef struct seq_refine {
 			 * until seq_wait */
 	sim_result_t r; /* in: the unrefined result; out: the refined one */
 	double over, ms; /* ms: the job's wall-clock time (the report's) */
-	int taken;
+	int taken, rc;   /* rc: what seq_wait returned first, returned again */
 } seq_refine_t;
 
 static int seq_refine_run(planner_t *pl, sp_job_t *job)
@@ -693,15 +693,25 @@ static int seq_refine_run(planner_t *pl, sp_job_t *job)
 static int seq_wait(planner_t *pl)
 {
 	seq_refine_t *sr = pl->seq_refine;
-	if (!sr || sr->taken)
+	if (!sr)
 		return 0;
+	if (sr->taken)
+		return sr->rc;
 	sr->taken = 1;
 	if (sr->job.state == JOB_PENDING || sr->job.state == JOB_RUNNING)
 		jobs_wait(pl->jobs, &sr->job);
-	if (sr->job.state != JOB_DONE) /* never queued, or dropped */
-		return refine_over(pl, sr->p, &sr->r, &sr->over);
-	err_take(pl->err, &sr->job.err);
-	return sr->job.rc;
+	int done = sr->job.state == JOB_DONE;
+	/* off the queue: sr lives in run_algos' frame, and jobs_clear (at
+	 * jobs_free) reads every job still queued */
+	if (pl->jobs)
+		jobs_drop(pl->jobs, &sr->job);
+	if (!done) { /* never queued, or dropped */
+		sr->rc = refine_over(pl, sr->p, &sr->r, &sr->over);
+	} else {
+		err_take(pl->err, &sr->job.err);
+		sr->rc = sr->job.rc;
+	}
+	return sr->rc;
 }
 
 /*

@@ -664,7 +664,10 @@ static int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *ove
  * exceeds seq's iteration) holds for the refined iteration whenever it
  * holds for the larger one, and the jobs' w->best is a guess. So the walk
  * chooses what it chooses with the refined result throughout, and the
- * sequential plan, its row and its result are those of --jobs 1.
+ * sequential plan, its row and its result are those of --jobs 1, for runs
+ * that succeed: before seq_wait the doomed test may skip fewer candidates
+ * than --jobs 1 does, so an error inside one of those extra simulations
+ * would fail only with --jobs.
  */
 typedef struct seq_refine {
 	sp_job_t job;

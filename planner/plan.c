@@ -228,11 +228,13 @@ static int plan_better(int found, const sim_result_t *r, double f, const sim_res
 #define FASTER (1 - 1e-9)
 
 /* A candidate lowered and held back (plan_one): lb bounds its simulated
- * iteration (bound_sync); once simulated, r and f are its result. */
+ * iteration (bound_sync); lbr, set where the walk has a bar (see
+ * plan_walk), bounds its iteration once refined too (layout_refine); once
+ * simulated, r and f are its result. */
 typedef struct {
 	const sched_cand_t *c;
 	sp_plan_t p;
-	double lb;
+	double lb, lbr;
 	int simulated, from_seq; /* from_seq: seq's plan, r and f */
 	sim_result_t r;
 	double f;
@@ -328,15 +330,34 @@ static double held_floor(const held_t *h, int n)
 	return m;
 }
 
-/* 1 when no held plan beats bar (a result that fits): each is known not
- * to fit, or to take at least bar x FASTER (lb bounds the unsimulated). */
+/* 1 when no held plan, once refined, beats bar (a refined result that
+ * fits): each takes at least bar x FASTER refined (lbr), or is seq's
+ * plan, refined already, and does not beat it. */
 static int held_lose_to(const held_t *h, int n, const sim_result_t *bar)
 {
 	for (int i = 0; i < n; i++)
-		if (h[i].simulated ? plan_better(1, &h[i].r, h[i].f, bar, 0)
-				   : h[i].lb < bar->iteration_ms * FASTER)
+		if (h[i].from_seq ? plan_better(1, &h[i].r, h[i].f, bar, 0)
+				  : h[i].lbr < bar->iteration_ms * FASTER)
 			return 0;
 	return 1;
+}
+
+/*
+ * *out, a lower bound of plan p's iteration after layout_refine (where
+ * the walk has a bar: it is compared with the bar refined). layout_refine
+ * turns replicated buckets into zero-1 and simulates the sync pass again;
+ * bound_sync with any_layout bounds every simulated iteration of p with
+ * its buckets in either layout (bound.c), so it bounds the refined one.
+ * lb is bound_sync's in the walk's own terms (any_layout: trial): the same
+ * figure when the walk's lb already takes either layout, or when zero is
+ * forced (layout_refine then changes nothing).
+ */
+static int refined_bound(planner_t *pl, const sp_plan_t *p, int trial, double lb, double *out)
+{
+	*out = lb;
+	if (trial || pl->opts->zero >= 0)
+		return 0;
+	return bound_sync(pl, p, 1, out);
 }
 
 static void held_release(held_t *h, int n)
@@ -652,6 +673,27 @@ static int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *ove
 }
 
 /*
+ * refine_over on a choice of ours' walk (plan_ours refines each table
+ * set's choice before comparing them). With --simulate-all, also checks
+ * the bound plan_walk prunes on against the bar (refined_bound: bound_sync
+ * with either layout) against the refined iteration.
+ */
+static int refine_checked(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+{
+	double lbr = 0;
+	int rc = refine_over(pl, p, r, over);
+	if (rc || !pl->opts->simulate_all || pl->opts->zero >= 0)
+		return rc;
+	if ((rc = bound_sync(pl, p, 1, &lbr)))
+		return rc;
+	if (lbr > r->iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "sync bound %.6f ms above the refined iteration %.6f ms", lbr,
+				  r->iteration_ms);
+	return 0;
+}
+
+/*
  * With --jobs, the sequential plan's refinement (one more simulation of a
  * plan that puts every slice on every device: the largest of the run) is
  * a job that runs beside ours' walk instead of before it. The walk reads
@@ -726,9 +768,14 @@ static int seq_wait(planner_t *pl)
  * wins, *use_seq is set and out is left empty for the caller to take seq.
  * *over is the chosen plan's worst device's bytes over the memory cap
  * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
- * reset) once it is judged. bar (NULL: none), a result that fits: the
- * caller keeps its own plan unless plan_better says this one's choice
- * beats bar; PLAN_NO_BETTER when that is known not to happen.
+ * reset) once it is judged. bar (NULL: none), a refined result
+ * (layout_refine) that fits: the caller refines this walk's choice and
+ * keeps its own plan unless plan_better says the refined choice beats
+ * bar; PLAN_NO_BETTER when that is known not to happen. The walk chooses
+ * on unrefined results (as without a bar), so a candidate whose unrefined
+ * iteration is above the bar may still refine to below it: the bar prunes
+ * only on lbr (refined_bound), which bounds the refined iteration, never
+ * on an unrefined result (but seq's, which is refined).
  *
  * Ours simulates only what can change the choice, and chooses what
  * simulating every candidate and judging them in table order would (the
@@ -801,6 +848,8 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
+		for (int k = 0; !rc && ours && bar && !from_seq && k <= n_var; k++)
+			rc = refined_bound(pl, &var[k].p, trial, var[k].lb, &var[k].lbr);
 		/* a held plan would have been the record: the walk has found one */
 		if (rc == SCHED_NOTHING_NEW ||
 		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
@@ -838,7 +887,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			 * one that loses to seq coming last, or to the bar, anyway */
 			double floor = held_floor(held, n_held);
 			int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
-				     (bar && y.lb >= bar->iteration_ms * FASTER);
+				     (bar && y.lbr >= bar->iteration_ms * FASTER);
 			if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
 			    (rc = held_simulate(pl, &y))) {
 				plan_release(&y.p);
@@ -865,12 +914,21 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			return rc;
 		}
 	}
-	/* a choice that loses to the bar is dropped by the caller as it is:
-	 * its other times are never read (plan_better reads the iteration
-	 * and the fit, which the partial result has) */
-	if (w.found && bar && !plan_better(1, res, *over, bar, 0)) {
-		plan_release(out);
-		return PLAN_NO_BETTER;
+	/* a choice that cannot beat the bar even refined is dropped by the
+	 * caller as it is: its other times are never read (seq's is refined:
+	 * plan_better reads the iteration and the fit, which it has) */
+	if (w.found && bar) {
+		double lbr = 0;
+		if ((use_seq && *use_seq) || pl->opts->zero >= 0) /* refined as it is */
+			lbr = plan_better(1, res, *over, bar, 0) ? 0 : HUGE_VAL;
+		else if ((rc = refined_bound(pl, out, 0, 0, &lbr))) {
+			plan_release(out);
+			return rc;
+		}
+		if (lbr >= bar->iteration_ms * FASTER) {
+			plan_release(out);
+			return PLAN_NO_BETTER;
+		}
 	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
@@ -986,10 +1044,13 @@ static int seq_same(planner_t *pl, int set, int *same)
  * Ours on table set `alt` (COST_WHOLE: pl->has_whole, --tp auto and the
  * whole-layer tables differ from the auto ones; COST_VOCAB_WHOLE:
  * pl->has_vocab_whole, the same with embeddings and LM heads whole),
- * after its plan p so far (rc its code): the better of the two by
- * plan_one's judge goes to p, r, over, *chosen and *use_seq, *set its
- * table set. Whole layers are exactly what --tp 1 plans, the other set
- * what --tp-vocab whole plans, so auto never loses to them. The
+ * after its plan p so far (rc its code; refined: layout_refine), refined
+ * too: the better of the two refined plans by plan_one's judge goes to p,
+ * r, over, *chosen and *use_seq, *set its table set. Whole layers are
+ * exactly what --tp 1 plans (its walk, then layout_refine on its choice,
+ * as run_algos refines every algorithm's), the other set what --tp-vocab
+ * whole plans, so auto never loses to them: the walk prunes against the
+ * refined bar only what cannot beat it refined (plan_walk). The
  * data-parallel candidate reuses the sequential plan (seq_res, seq_over;
  * NULL: none) where seq_same says it is the one on `alt` (same, the
  * caller's), else plans afresh. par: the walk's jobs (NULL: none). Leaves
@@ -1017,6 +1078,8 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
 			   !rc && *over <= 0 ? r : NULL, par);
 	cost_use(pl, COST_AUTO);
+	if (!wrc && !wseq) /* seq's is refined already */
+		wrc = refine_checked(pl, &w, &wr, &wo);
 	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
 		plan_release(&w);
 		*pl->err = keep;
@@ -1082,9 +1145,12 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	for (int t = 0; t < COST__SETS; t++) {
 		if (!has[t])
 			continue;
-		if (t == COST_AUTO && !rc)
+		if (t == COST_AUTO && !rc) {
 			rc = plan_one(pl, ALGO_SPINDLE, &cands[t], pl->opts->placement, p, r, over,
 				      chosen, seq_res, seq_over, use_seq, NULL, &par[t]);
+			if (!rc && !*use_seq) /* seq's is refined already */
+				rc = refine_checked(pl, p, r, over);
+		}
 		else if (t != COST_AUTO)
 			rc = plan_whole(pl, cands, t, rc, p, r, over, chosen, use_seq, set, seq_res,
 					seq_over, same[t], &par[t]);
@@ -1190,7 +1256,8 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		/* seq's kept for ours, with threads: refined beside ours' walk */
 		int later = !rc && a == ALGO_SEQUENTIAL && a != (int)o->algo && pl->jobs &&
 			    want[ALGO_SPINDLE];
-		if (!rc && !use_seq && !later) /* ours adopting seq's: refined as seq's */
+		/* ours adopting seq's: refined as seq's; ours' refined by plan_ours */
+		if (!rc && !use_seq && !later && a != ALGO_SPINDLE)
 			rc = refine_over(pl, &p, &r, &over);
 		if (a == ALGO_SPINDLE && pl->seq_refine) {
 			int wrc = seq_wait(pl); /* before anything reads seq's plan */

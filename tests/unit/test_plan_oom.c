@@ -135,6 +135,7 @@ static void test_planner(void **state)
 static int fail_add = 0, min_prio = 0, n_min_prio = 0;
 static long n_refines;
 
+#ifdef HAVE_WRAP
 int __real_jobs_add(jobs_t *j, sp_job_t *job);
 int __wrap_jobs_add(jobs_t *j, sp_job_t *job);
 int __real_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
@@ -159,6 +160,7 @@ int __wrap_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	__atomic_fetch_add(&n_refines, 1, __ATOMIC_RELAXED);
 	return __real_layout_refine(pl, p, res);
 }
+#endif
 
 static void test_refine_cancelled(void **state)
 {

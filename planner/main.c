@@ -377,7 +377,8 @@ int main(int argc, char **argv)
 			status = fail(&err);
 		goto cleanup;
 	}
-	if (planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
+	if ((o.out_path && sp_output_check(o.out_path, &err)) ||
+	    planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
 		status = fail(&err);
 		goto cleanup;
 	}

@@ -759,6 +759,21 @@ static int seq_wait(planner_t *pl)
 	return sr->rc;
 }
 
+/* Ours failed: the refinement in pl->seq_refine (NULL: none) is not
+ * wanted. Taken off the queue without running it, here or on the caller's
+ * thread (jobs_wait would run it, and other queued jobs, while it waits);
+ * waited for only when a thread runs it already (it writes into sr, in
+ * run_algos' frame). Its result and error are left unread. */
+static void seq_cancel(planner_t *pl)
+{
+	seq_refine_t *sr = pl->seq_refine;
+	if (!sr || sr->taken)
+		return;
+	sr->taken = 1;
+	if (pl->jobs)
+		jobs_drop(pl->jobs, &sr->job);
+}
+
 /*
  * One algorithm; for ours, every candidate of the table (but the one
  * o->exclude names), judged by the simulator: the fastest plan that fits
@@ -1259,7 +1274,10 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 		/* ours adopting seq's: refined as seq's; ours' refined by plan_ours */
 		if (!rc && !use_seq && !later && a != ALGO_SPINDLE)
 			rc = refine_over(pl, &p, &r, &over);
-		if (a == ALGO_SPINDLE && pl->seq_refine) {
+		if (a == ALGO_SPINDLE && pl->seq_refine && rc) {
+			seq_cancel(pl); /* the run fails: seq's plan is not read */
+			pl->seq_refine = NULL;
+		} else if (a == ALGO_SPINDLE && pl->seq_refine) {
 			int wrc = seq_wait(pl); /* before anything reads seq's plan */
 			rc = rc ? rc : wrc;
 			seq_res = sr.r;

@@ -325,6 +325,13 @@ static int homes_build(planner_t *pl, const int *w, int share, int share1, homes
 	if (share && !any)
 		return SCHED_NOTHING_NEW; /* the plain list schedule's homes */
 	homes_fit(pl, S, g, L, sync, S0, g0);
+	/* homes_fit may send every sync component back to its memory home:
+	 * then nothing is homed, as above */
+	any = 0;
+	for (int c = 0; c < C; c++)
+		any |= sync[c];
+	if (share && !any)
+		return SCHED_NOTHING_NEW;
 	return homes_lay_out(pl, h, S, g, L, sync);
 }
 

@@ -169,5 +169,10 @@ int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err)
  * fsync, rename. On failure nothing is left at path or at the temp name.
  */
 int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err);
+/* SP_EINPUT (err set) when path cannot name a file to write: empty, a
+ * directory (it exists as one, or ends in '/'), or in a directory that
+ * does not exist; SP_ENOMEM. sp_write_atomic checks it
+ * first; a program checks it before long work that ends in a write. */
+int sp_output_check(const char *path, sp_err_t *err);
 
 #endif

@@ -195,8 +195,39 @@ int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err)
 	return rc;
 }
 
+int sp_output_check(const char *path, sp_err_t *err)
+{
+	struct stat st;
+	size_t pl = strlen(path);
+	if (!pl) {
+		sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "the output file name is empty");
+		sp_err_hint(err, "name the file to write");
+		return SP_EINPUT;
+	}
+	if (path[pl - 1] == '/' || (stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: is a directory");
+		sp_err_hint(err, "name a file inside it");
+		return SP_EINPUT;
+	}
+	/* its directory: the part before the last '/' (none: ".") */
+	const char *slash = strrchr(path, '/');
+	char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : NULL;
+	if (slash && !dir)
+		return sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
+	int bad = stat(dir ? dir : ".", &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+	free(dir);
+	if (bad) {
+		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: %s", strerror(bad));
+		sp_err_hint(err, "check that the directory exists and is writable");
+		return SP_EINPUT;
+	}
+	return 0;
+}
+
 int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err)
 {
+	if (sp_output_check(path, err))
+		return SP_EINPUT;
 	size_t pl = strlen(path);
 	char *tmp = malloc(pl + 32);
 	if (!tmp)

@@ -6,7 +6,9 @@
  * in turn (the planning run: every one up to 300, then an even spread of
  * 300 more), and each run must end with SP_ENOMEM and "out of memory" in
  * err (what spindle-plan prints, exit status 1), an emptied plan, no crash
- * and, under ASan, no leak. GLPK's own allocations are not ours to fail
+ * and, under ASan, no leak; and with --jobs 2, a failed queueing of the
+ * sequential plan's refinement, which must not run the refinement anyway.
+ * GLPK's own allocations are not ours to fail
  * (it aborts on them by design); jansson is done before the count.
  */
 #include <stdarg.h>
@@ -122,6 +124,79 @@ static void test_planner(void **state)
 		      tried, total);
 }
 
+/*
+ * The sequential plan's refinement with --jobs (plan.c's seq_refine_t, a
+ * job queued with the least prio of the run, to start first): when its
+ * jobs_add fails, ours fails with SP_ENOMEM, and the refinement, no
+ * longer wanted, must not then run on the caller's thread (it once did,
+ * from seq_wait on the failure path). layout_refine and jobs_add are
+ * wrapped (-Wl,--wrap) to count the first and fail the second.
+ */
+static int fail_add = 0, min_prio = 0, n_min_prio = 0;
+static long n_refines;
+
+#ifdef HAVE_WRAP
+int __real_jobs_add(jobs_t *j, sp_job_t *job);
+int __wrap_jobs_add(jobs_t *j, sp_job_t *job);
+int __real_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int __wrap_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
+int __wrap_jobs_add(jobs_t *j, sp_job_t *job)
+{
+	/* jobs_add runs on the planning thread only */
+	if (fail_add && job->prio == min_prio)
+		return SP_ENOMEM;
+	if (!n_min_prio || job->prio < min_prio) {
+		min_prio = job->prio;
+		n_min_prio = 1;
+	} else if (job->prio == min_prio) {
+		n_min_prio++;
+	}
+	return __real_jobs_add(j, job);
+}
+
+int __wrap_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	__atomic_fetch_add(&n_refines, 1, __ATOMIC_RELAXED);
+	return __real_layout_refine(pl, p, res);
+}
+#endif
+
+static void test_refine_cancelled(void **state)
+{
+#ifndef HAVE_WRAP
+	skip();
+#endif
+	inputs_t *in = *state;
+	sp_plan_t p = {0};
+	sp_err_t err;
+	plan_summary_t sum;
+	in->o.jobs = 2;
+	n_refines = 0;
+	assert_int_equal(planner_run(&in->o, &in->m, &in->c, &p, &sum, &err), 0);
+	plan_release(&p);
+	if (n_refines < 2 || n_min_prio != 1)
+		fail_msg("clean run with --jobs 2: %ld layout_refine calls (want 2 or more: seq's "
+			 "and ours'), %d jobs with the least prio %d (want 1: seq's refinement)",
+			 n_refines, n_min_prio, min_prio);
+	memset(&err, 0, sizeof err);
+	fail_add = 1;
+	n_refines = 0;
+	int rc = planner_run(&in->o, &in->m, &in->c, &p, &sum, &err);
+	fail_add = 0;
+	in->o.jobs = 0;
+	if (rc != SP_ENOMEM || !strstr(err.msg, "out of memory"))
+		fail_msg("refinement's jobs_add failed: rc %d, '%s' (want SP_ENOMEM, out of memory)",
+			 rc, err.msg);
+	if (n_refines)
+		fail_msg("refinement's jobs_add failed: layout_refine ran %ld times after it "
+			 "(want 0: the run fails, its result is never read)",
+			 n_refines);
+	if (p.ins || p.devices || p.metaops || p.n_ins)
+		fail_msg("refinement's jobs_add failed: the plan was not emptied");
+	plan_release(&p);
+}
+
 static void test_verifier(void **state)
 {
 #ifndef HAVE_WRAP
@@ -161,6 +236,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_planner, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_verifier, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refine_cancelled, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

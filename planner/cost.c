@@ -85,7 +85,8 @@
  * The all-reduces of a t-way shard per layer and pass (tp-format.txt): a
  * transformer's two of its group's activations each pass; a
  * vocabulary-parallel embedding's one of its output forward, none
- * backward; an LM head's one of its per-position statistics (2t + 1 fp32
+ * backward (the CUDA backend's; the CPU backend's also all-gathers the
+ * position gradient backward, layers_vocab.c); an LM head's one of its per-position statistics (2t + 1 fp32
  * per token, runtime/layers_vocab.c) forward and one of the LayerNorm
  * output's gradient backward. *elems: the elements of each, per token
  * (activations in the model's dtype, statistics in fp32: *fp32 set).

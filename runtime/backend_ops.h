@@ -91,7 +91,9 @@ typedef int rt_tblock_bwd_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 /*
  * Vocabulary parallelism: the embedding and the LM head on member `rank`
  * of a t-way split by vocabulary (layer_tensors_tp layout); the same tp
- * argument, the same all-reduce rules. The LM head's loss goes to *loss.
+ * argument, the same all-reduce rules (the CPU embedding's backward also
+ * all-gathers its position gradient: layers.h). The LM head's loss goes
+ * to *loss.
  */
 typedef int rt_embedding_fwd_tp_fn_t(const sp_opshape_t *s, const rt_tp_t *tp, int n,
 				     const float *p, const int32_t *tokens, float *y,

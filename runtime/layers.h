@@ -230,10 +230,12 @@ int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
  * dx are whole and identical on every member, so are the gradients of
  * the whole tensors (the position table, the LM head's LayerNorm), and
  * every member calls tp->allreduce the same times over all n samples.
- *  embedding_fwd_tp: its rows' lookups, member 0 adds the positions, one
- *    all-reduce of y [n,s,h] (y equals embedding_fwd's bit for bit);
- *    saved as embedding_fwd. embedding_bwd_tp: no all-reduce; dy into its
- *    rows and into the whole position table.
+ *  embedding_fwd_tp: its rows' lookups and the positions of its share of
+ *    the n s rows, one all-reduce of y [n,s,h] (y equals embedding_fwd's
+ *    bit for bit); saved as embedding_fwd. embedding_bwd_tp: dy into its
+ *    rows and into its share of the position table's elements, one
+ *    all-gather (tp->allgather, needed by both passes) of that table's
+ *    gradient [s,h] (equal to embedding_bwd's bit for bit).
  *  lm_head_loss_tp: lm_head_loss's loss (into *loss, identical on every
  *    member) and gradients, without gathering logits: one all-reduce of
  *    each position's per-member (max, sum of exponentials) and target
@@ -241,7 +243,7 @@ int xblock_split(xblock_split_t *out, const sp_opshape_t *s, const rt_tp_t *tp);
  *    op_saved_elems_tp(s, n, t) floats per sample.
  * Return 0, SP_EINPUT for a split the shape refuses (tp_ok, rank outside
  * [0, t), no hook, another type) with nothing written, or the
- * all-reduce's negative code at once.
+ * collective's negative code at once.
  */
 rt_embedding_fwd_tp_fn_t embedding_fwd_tp;
 rt_embedding_bwd_tp_fn_t embedding_bwd_tp;

@@ -4,19 +4,27 @@
  * [v0, v0 + vl) (vocab_shard: V/t each, the first V%t members one more;
  * its shard laid out for vm = vocab_shard_max of them, the rest zero,
  * layers.h layer_tensors_tp) and calls the group's
- * all-reduce hook (rt_tp_t), once per call over all n samples, also when
- * n == 0. NULL tp or t == 1: the whole layers of layers.c, unchanged.
+ * all-reduce hook (rt_tp_t; the embedding's backward its all-gather), once
+ * per call over all n samples, also when n == 0. NULL tp or t == 1: the whole layers of layers.c, unchanged.
  *
  * Embedding: each member looks up the tokens of its rows (zero for the
- * others), member 0 adds the position table (whole on every member), and
- * one all-reduce of [n, s, h] gives every member the whole output. Each
- * element of it has at most two nonzero terms (the token row's and the
- * position's), so it equals the unsplit layer's bit for bit. Backward: no
- * communication; each member scatters dy into its own rows and adds all
- * of dy into the position table's gradient (equal on every member): 1/t
- * of the token rows' work but all of the position rows', so a member's
- * backward takes more than the unsplit one's over t. Both passes add
- * every row in the unsplit layer's order: the same bits.
+ * others) and adds the position rows of its share of the n s (sample,
+ * position) rows, [n s j/t, n s (j+1)/t) for member j; one all-reduce of
+ * [n, s, h] gives every member the whole output. Each element of it has
+ * at most two nonzero terms (the token row's and the position's), so it
+ * equals the unsplit layer's bit for bit. Backward: each member scatters
+ * dy into its own rows and sums dy into its share of the position table's
+ * gradient, the elements [S j/t, S (j+1)/t) of its S = s h (comm_shard's
+ * shard, rows cut anywhere); one all-gather of the S elements gives every
+ * member the whole gradient (equal on every member, as it was before the
+ * call). So a member does 1/t of the token rows' and of the position
+ * rows' work in both passes. Every gradient element sums its terms in the
+ * unsplit layer's order (samples in turn): the same bits. The CUDA
+ * backend (cu_layers.cu) keeps the older split: member 0 adds the whole
+ * position table forward, every member sums all of dy into the position
+ * gradient backward, no all-gather (on a GPU that column sum is one
+ * bandwidth-bound kernel, cheaper than a collective and its wait; the
+ * planner's cost.c prices that one).
  *
  * LM head: LayerNorm whole on every member, logits for its columns only;
  * the loss without gathering logits: per position each member writes its
@@ -57,61 +65,61 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 		     const int32_t *tokens, float *y, float *saved)
 {
 	vocab_split_t v;
-	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp) || (v.t > 1 && !tp->allgather))
 		return SP_EINPUT;
 	if (v.t == 1) {
 		embedding_fwd(s, n, p, tokens, y, saved);
 		return 0;
 	}
-	int j = v.rank;
-	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
+	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl, rows = (int64_t)n * sq;
+	/* the (sample, position) rows whose position row this member adds */
+	int64_t r0 = rows * v.rank / v.t, r1 = rows * (v.rank + 1) / v.t;
 	size_t row = sizeof(float) * (size_t)h;
 	const float *tok = p, *pos = p + v.vm * h;
-	/* per token one of four row operations (member 0 or not, own row or
-	 * not), chosen once per row rather than per element */
-	for (int64_t i = 0; i < n; i++)
-		for (int64_t q = 0; q < sq; q++) {
-			int32_t id = tokens[i * sq + q];
-			assert(id >= 0 && id < s->vocab);
-			float *o = y + (i * sq + q) * h;
-			int own = id >= v0 && id < v0 + vl;
-			const float *e = tok + (id - v0) * h, *ps = pos + q * h;
-			if (own)
-				memcpy(o, e, row);
-			if (own && j == 0)
-				ly_add_rows(o, 1, h, h, ps); /* e + ps, as the unsplit layer */
-			else if (j == 0)
-				memcpy(o, ps, row);
-			else if (!own)
-				memset(o, 0, row); /* +0.0f */
-			saved[i * sq + q] = (float)id;
-		}
-	return tp->allreduce(tp->ctx, y, (int64_t)n * sq * h);
+	/* per row one of four row operations (own token or not, own position
+	 * or not), chosen once per row rather than per element */
+	for (int64_t r = 0; r < rows; r++) {
+		int32_t id = tokens[r];
+		assert(id >= 0 && id < s->vocab);
+		float *o = y + r * h;
+		int own = id >= v0 && id < v0 + vl, at = r >= r0 && r < r1;
+		const float *e = tok + (id - v0) * h, *ps = pos + (r % sq) * h;
+		if (own)
+			memcpy(o, e, row);
+		if (own && at)
+			ly_add_rows(o, 1, h, h, ps); /* e + ps, as the unsplit layer */
+		else if (at)
+			memcpy(o, ps, row);
+		else if (!own)
+			memset(o, 0, row); /* +0.0f */
+		saved[r] = (float)id;
+	}
+	return tp->allreduce(tp->ctx, y, rows * h);
 }
 
 int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *saved,
 		     const float *dy, float *dp)
 {
 	vocab_split_t v;
-	if (vocab_split(&v, s, COMP_EMBEDDING, tp))
+	if (vocab_split(&v, s, COMP_EMBEDDING, tp) || (v.t > 1 && !tp->allgather))
 		return SP_EINPUT;
 	if (v.t == 1) {
 		embedding_bwd(s, n, saved, dy, dp);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl;
+	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl, ps = sq * h;
 	float *dtok = dp, *dpos = dp + v.vm * h;
-	/* the member's own token rows, then the position rows (whole on every
-	 * member), each in the unsplit layer's order (embedding_bwd) */
-	for (int64_t i = 0; i < n; i++)
-		for (int64_t q = 0; q < sq; q++) {
-			int64_t id = (int64_t)saved[i * sq + q];
-			if (id >= v0 && id < v0 + vl)
-				ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + (i * sq + q) * h);
-		}
-	for (int64_t q = 0; q < sq; q++)
-		ly_sum_rows(dpos + q * h, dy + q * h, n, h, sq * h);
-	return 0;
+	/* the member's own token rows, then its shard of the position table's
+	 * elements, each in the unsplit layer's order (embedding_bwd: per
+	 * element the samples in turn) */
+	for (int64_t r = 0; r < (int64_t)n * sq; r++) {
+		int64_t id = (int64_t)saved[r];
+		if (id >= v0 && id < v0 + vl)
+			ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + r * h);
+	}
+	int64_t e0 = ps * v.rank / v.t, e1 = ps * (v.rank + 1) / v.t;
+	ly_sum_rows(dpos + e0, dy + e0, n, e1 - e0, ps);
+	return tp->allgather(tp->ctx, dpos, ps);
 }
 
 /*

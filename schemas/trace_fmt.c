@@ -8,7 +8,8 @@
  * measured FWD/BWD of a tensor-parallel slice (and LOSS of a split LM
  * head) carry args splitting their time into compute_ms and
  * tp_allreduce_ms (the group's collectives inside the layers: all-reduces,
- * and with sequence parallelism all-gathers and reduce-scatters); the
+ * and with sequence parallelism all-gathers and reduce-scatters, and the
+ * CPU embedding backward's all-gather of its position gradient); the
  * predicted trace has no args.
  */
 #include "plan.h"

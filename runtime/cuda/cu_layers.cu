@@ -432,7 +432,9 @@ int cu_embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const f
 	return tp->allreduce(tp->ctx, y, (int64_t)n * s->seq * h);
 }
 
-/* dy into its own rows (atomic scatter) and into the whole position table */
+/* dy into its own rows (atomic scatter) and into the whole position table
+ * (the CPU layer sums its share and all-gathers: layers_vocab.c says why
+ * this one does not) */
 int cu_embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const float *saved,
 			const float *dy, float *dp)
 {

@@ -604,8 +604,10 @@ static int vmember_run(const rt_tp_t *tp, void *arg)
  * (LM head) and shard gradient against its CPU twin, and the CUDA
  * members' partials, summed, against the CPU group's all-reduce inputs
  * (their sums): the embedding 1 call of [n s h], the LM head 2 ([n s,
- * 2t + 1] statistics, then [n s h]). Targets include ignored positions
- * and a sample with none.
+ * 2t + 1] statistics, then [n s h]). The CPU embedding's backward also
+ * all-gathers its position gradient [s h] (layers_vocab.c; recorded after
+ * the sums, not replayed: the CUDA one sums all of it on every member).
+ * Targets include ignored positions and a sample with none.
  */
 static void test_vocab_tp(const char *name, sp_comp_type_t type, int64_t V, int64_t h,
 			  int64_t sq, int n, int t)
@@ -617,6 +619,7 @@ static void test_vocab_tp(const char *name, sp_comp_type_t type, int64_t V, int6
 	int64_t calls = type == COMP_EMBEDDING ? 1 : 2;
 	int64_t sizes[2] = {type == COMP_EMBEDDING ? e : rows * (2 * t + 1), e};
 	int64_t nsum = sizes[0] + (calls > 1 ? sizes[1] : 0);
+	int64_t gathered = type == COMP_EMBEDDING ? sq * h : 0;
 	float *p = params(&s, &np), *x = hrand(e, 1.0), *dy = hrand(e, 1.0);
 	int32_t *ids = malloc(sizeof(int32_t) * (size_t)rows);
 	for (int64_t i = 0; i < rows; i++) {
@@ -636,12 +639,12 @@ static void test_vocab_tp(const char *name, sp_comp_type_t type, int64_t V, int6
 		m[j].y = calloc((size_t)e, 4);
 		m[j].dx = calloc((size_t)e, 4);
 		m[j].dp = calloc((size_t)nps, 4);
-		rec[j].cap_sums = nsum;
+		rec[j].cap_sums = nsum + gathered;
 		rec[j].sums = malloc(sizeof(float) * (size_t)nsum);
 		args[j] = &m[j];
 	}
 	char what[128];
-	if (tp_group_each(t, vmember_run, args, rec) || rec[0].n_sums != nsum) {
+	if (tp_group_each(t, vmember_run, args, rec) || rec[0].n_sums != nsum + gathered) {
 		printf("FAIL %s: the CPU group failed (%lld sums)\n", name,
 		       (long long)rec[0].n_sums);
 		n_fail++, n_checks++;

@@ -9,7 +9,13 @@
  * (layer_shard) equal the unsplit gradients, the whole tensors' gradients
  * agree across members; finite differences of the split layers' own
  * objectives; layer_shard round trips and the shard sizes; refused splits
- * and a failing all-reduce. Vocabularies 12 (t = 2, 3, 4 divide it), 7 and
+ * and a failing all-reduce or all-gather. The split embedding shares the
+ * position rows among the members (forward: the (sample, position) rows,
+ * backward: the position gradient's elements, all-gathered), cut where
+ * seq 5 and its 40 elements do not divide by t; it also adds into
+ * gradients that already hold a value (as over micro-batches), with n 0
+ * (collectives only) and 1 (fewer rows than some shares need).
+ * Vocabularies 12 (t = 2, 3, 4 divide it), 7 and
  * 11 (uneven shards: vocab_shard's, the first V % t members one more; the
  * padding of a smaller member's shard stays zero); more members than ids
  * are refused.
@@ -68,6 +74,7 @@ static void make_ids(int32_t *tok, int32_t *tgt)
 
 typedef struct {
 	const sp_opshape_t *s;
+	int n; /* the embedding's samples (N unless a test sets fewer) */
 	const int32_t *ids; /* tokens or targets */
 	const float *x, *dy;
 	double scale;
@@ -78,9 +85,9 @@ typedef struct {
 static int embed_member(const rt_tp_t *tp, void *arg)
 {
 	member_t *m = arg;
-	int rc = embedding_fwd_tp(m->s, tp, N, m->p, m->ids, m->y, m->saved);
+	int rc = embedding_fwd_tp(m->s, tp, m->n, m->p, m->ids, m->y, m->saved);
 	if (!rc && m->dy)
-		rc = embedding_bwd_tp(m->s, tp, N, m->saved, m->dy, m->dp);
+		rc = embedding_bwd_tp(m->s, tp, m->n, m->saved, m->dy, m->dp);
 	return rc;
 }
 
@@ -116,7 +123,7 @@ static void vcase_init(vcase_t *k, sp_comp_type_t type, int t)
 	make_ids(k->tok, k->tgt);
 	for (int j = 0; j < t; j++) {
 		member_t *m = &k->m[j];
-		*m = (member_t){.s = &k->s, .ids = type == COMP_EMBEDDING ? k->tok : k->tgt,
+		*m = (member_t){.s = &k->s, .n = N, .ids = type == COMP_EMBEDDING ? k->tok : k->tgt,
 				.x = k->x, .dy = k->dy, .scale = 0.7};
 		m->p = falloc(k->nps);
 		layer_shard(&k->c, t, j, k->p, m->p, 0);
@@ -214,6 +221,45 @@ static void check_embedding(int t)
 	assert_int_equal(bad, 0);
 }
 
+/*
+ * The split embedding adds into gradients that hold a value already (the
+ * same whole one sharded on every member, as after an earlier
+ * micro-batch) with n samples (0: only the collectives, which must still
+ * meet): y and the gradients put back equal the unsplit layer's bits from
+ * the same start.
+ */
+static void check_embedding_acc(int t, int n)
+{
+	vcase_t k;
+	vcase_init(&k, COMP_EMBEDDING, t);
+	float *y = falloc(k.nx), *g = falloc(k.np);
+	float *dp = fill(falloc(k.np), k.np, -1.0, 1.0);
+	float *sv = falloc(N * op_saved_elems(&k.s, N));
+	for (int j = 0; j < t; j++) {
+		k.m[j].n = n;
+		layer_shard(&k.c, t, j, dp, k.m[j].dp, 0);
+	}
+	embedding_fwd(&k.s, n, k.p, k.tok, y, sv);
+	embedding_bwd(&k.s, n, sv, k.dy, dp);
+	assert_int_equal(tp_group_each(t, embed_member, k.args, NULL), 0);
+	int bad = 0;
+	for (int j = 0; j < t; j++)
+		if (memcmp(k.m[j].y, y, sizeof(float) * (size_t)n * S * H)) {
+			fprintf(stderr, "embedding t %d n %d member %d: y differs\n", t, n, j);
+			bad++;
+		}
+	bad += put_back(&k, g) + padding_written(&k);
+	if (memcmp(g, dp, sizeof(float) * (size_t)k.np)) {
+		fprintf(stderr, "embedding V %lld t %d n %d: accumulated dparams differ from the "
+				"unsplit layer's bits\n",
+			(long long)V, t, n);
+		bad++;
+	}
+	free(y), free(g), free(dp), free(sv);
+	vcase_free(&k);
+	assert_int_equal(bad, 0);
+}
+
 static void check_head(int t)
 {
 	vcase_t k;
@@ -254,6 +300,8 @@ static void test_split(void **state)
 		V = VOCABS[v];
 		for (int t = 2; t <= TMAX; t++) {
 			check_embedding(t);
+			for (int n = 0; n <= N; n += 1 + (n > 0))
+				check_embedding_acc(t, n);
 			check_head(t);
 		}
 	}
@@ -425,6 +473,17 @@ static void test_refused_and_errors(void **state)
 				 SP_EINPUT);
 		assert_true(loss == 0);
 	}
+	/* the embedding's backward all-gathers: without that hook both of its
+	 * passes refuse, the LM head (all-reduces only) does not */
+	rt_tp_t nogather = {.t = 2, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce};
+	assert_int_equal(embedding_fwd_tp(&se, &nogather, N, pe, tok, y, sv), SP_EINPUT);
+	assert_int_equal(embedding_bwd_tp(&se, &nogather, N, sv, x, dp), SP_EINPUT);
+	assert_int_equal(calls, 0);
+	assert_int_equal(lm_head_loss_tp(&sh, &nogather, N, ph, x, tgt, 1, dx, dp, sv, &loss),
+			 SP_EIO);
+	assert_int_equal(calls, 1);
+	calls = 0;
+	memset(dx, 0, sizeof(float) * (size_t)nx);
 	/* another type through these entries */
 	sp_opshape_t lin = {.type = COMP_LINEAR, .in = H, .out = H, .seq = S};
 	assert_int_equal(embedding_fwd_tp(&lin, NULL, N, pe, tok, y, sv), SP_EINPUT);
@@ -435,7 +494,8 @@ static void test_refused_and_errors(void **state)
 	for (int64_t i = 0; i < nx; i++)
 		assert_true(y[i] == 0.0f && dx[i] == 0.0f);
 	/* the hook's code comes back at once; the calls happen with no samples too */
-	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = tp_failing_allreduce};
+	rt_tp_t fails = {.t = 2, .rank = 1, .ctx = &calls, .allreduce = tp_failing_allreduce,
+			 .allgather = tp_failing_allreduce};
 	assert_int_equal(embedding_fwd_tp(&se, &fails, N, pe, tok, y, sv), SP_EIO);
 	assert_int_equal(calls, 1);
 	assert_int_equal(lm_head_loss_tp(&sh, &fails, N, ph, x, tgt, 1, dx, dp, sv, &loss),
@@ -447,13 +507,17 @@ static void test_refused_and_errors(void **state)
 	assert_int_equal(lm_head_loss_tp(&sh, &fails, 0, ph, x, tgt, 1, dx, dp, sv, &loss),
 			 SP_EIO);
 	assert_int_equal(calls, 4);
+	/* the embedding's backward: its all-gather's code, with samples or none */
+	assert_int_equal(embedding_bwd_tp(&se, &fails, N, sv, x, dp), SP_EIO);
+	assert_int_equal(embedding_bwd_tp(&se, &fails, 0, sv, x, dp), SP_EIO);
+	assert_int_equal(calls, 6);
 	/* t == 1 through a hook: the unsplit layers, no call */
 	rt_tp_t one = {.t = 1, .rank = 0, .ctx = &calls, .allreduce = tp_failing_allreduce};
 	assert_int_equal(embedding_fwd_tp(&se, &one, N, pe, tok, y, sv), 0);
 	assert_int_equal(embedding_bwd_tp(&se, &one, N, sv, x, dp), 0);
 	assert_int_equal(lm_head_loss_tp(&sh, &one, N, ph, x, tgt, 1, dx, dp, sv, &loss), 0);
 	assert_true(loss > 0);
-	assert_int_equal(calls, 4);
+	assert_int_equal(calls, 6);
 	free(pe), free(ph), free(x), free(y), free(dx), free(dp), free(sv);
 }
 

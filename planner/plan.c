@@ -2,7 +2,8 @@
  * plan.c — the planner pipeline: every pass in order, for every algorithm
  * asked for, then the certificate of the chosen plan and its verification.
  * Under --tp auto ours plans on two table sets (cost.c: the auto one and
- * whole layers, where they differ) and keeps the better plan (plan_whole).
+ * whole layers, where they differ) and keeps the better plan, each set's
+ * refined (layout_refine) before they are compared (plan_whole).
  * Ours simulates only the candidates that can change its choice (plan_one:
  * a sync bound of each lowered plan, bound.c), and the same plan comes out
  * as simulating them all would make (--simulate-all; tests/planner/
@@ -843,7 +844,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		if (from_seq) {
 			/* seq's result is refined (layout_refine, seq_refine_t),
 			 * ours' other candidates are not until one is chosen
-			 * (run_algos refines the choice): the walk weighs
+			 * (plan_ours refines the choice): the walk weighs
 			 * unrefined plans against refined seq, so it may adopt
 			 * seq where a refined candidate of ours would have won.
 			 * A bias against ours, never a wrong result: each plan

@@ -6,6 +6,7 @@
 #include "planner.h"
 #include "tp.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -225,8 +226,9 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 		o->tp_vocab_whole = !strcmp(val, "whole");
 	} else if (!strcmp(a, "--max-instructions")) {
 		char *end;
+		errno = 0;
 		long long n = strtoll(val, &end, 10);
-		if (*end || end == val || n < 0) {
+		if (*end || end == val || n < 0 || errno == ERANGE) {
 			fprintf(stderr, "spindle-plan: --max-instructions: invalid number '%s'\n"
 					"hint: a count of instructions (0: no limit)\n",
 				val);

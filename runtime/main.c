@@ -656,7 +656,8 @@ static int build_state(run_t *r)
 	return RUN_GO;
 }
 
-/* Rank 0's outputs (checkpoint directory, export path, CSV log), agreed by
+/* Rank 0's outputs (checkpoint directory, export path, CSV log; the trace,
+ * parameter dump and scores it writes at the end checked), agreed by
  * every rank. */
 static int open_outputs(run_t *r)
 {
@@ -667,6 +668,11 @@ static int open_outputs(run_t *r)
 		bad = 1;
 	if (c->rank == 0 && !bad && o->export_path && weights_check_path(o->export_path, &r->err))
 		bad = 1;
+	/* the files rank 0 writes after the last step: refused now, not then */
+	const char *late[] = {o->trace_path, o->dump_path, o->eval_json};
+	for (int i = 0; c->rank == 0 && !bad && i < 3; i++)
+		if (late[i] && sp_output_check(late[i], &r->err))
+			bad = 1;
 	if (c->rank == 0 && !bad && o->log_path) {
 		r->log = fopen(o->log_path, "w");
 		if (!r->log) {

@@ -215,26 +215,9 @@ int weights_init(rt_state_t *st, rt_comm_t *c, const sp_plan_t *p, const char *p
 
 int weights_check_path(const char *path, sp_err_t *err)
 {
-	char probe[4200];
-	struct stat sb;
-	if (!*path || strlen(path) > 4000)
-		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "--export path is %s",
-				  *path ? "too long" : "empty");
-	/* the file is renamed onto path at the end: a directory there (or a
-	 * path ending in '/') would fail only after the last step */
-	if (path[strlen(path) - 1] == '/' || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
-		return sp_err_set(err, SP_EINPUT, path, 0, 0, NULL,
-				  "--export names a directory; give a file name");
-	snprintf(probe, sizeof probe, "%s.probe.%ld", path, (long)getpid());
-	FILE *f = fopen(probe, "wx");
-	if (!f || fclose(f) != 0) {
-		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: %s",
-			   strerror(errno));
-		sp_err_hint(err, "check that the directory exists and is writable");
-		return err->code;
-	}
-	unlink(probe);
-	return 0;
+	if (strlen(path) > 4000)
+		return sp_err_set(err, SP_EINPUT, NULL, 0, 0, NULL, "--export path is too long");
+	return sp_output_check(path, err);
 }
 /* What export_gathered needs beside the records. */
 typedef struct {

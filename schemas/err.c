@@ -204,18 +204,24 @@ int sp_output_check(const char *path, sp_err_t *err)
 		sp_err_hint(err, "name the file to write");
 		return SP_EINPUT;
 	}
+	/* the file is renamed onto path at the end: a directory there would
+	 * fail only then */
 	if (path[pl - 1] == '/' || (stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
 		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: is a directory");
 		sp_err_hint(err, "name a file inside it");
 		return SP_EINPUT;
 	}
-	/* its directory: the part before the last '/' (none: ".") */
-	const char *slash = strrchr(path, '/');
-	char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : NULL;
-	if (slash && !dir)
+	/* a file beside it can be made (the directory exists, is writable) */
+	char *probe = malloc(pl + 32);
+	if (!probe)
 		return sp_err_set(err, SP_ENOMEM, path, 0, 0, NULL, "out of memory");
-	int bad = stat(dir ? dir : ".", &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
-	free(dir);
+	snprintf(probe, pl + 32, "%s.probe.%ld", path, (long)getpid());
+	int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644), bad = fd < 0 ? errno : 0;
+	if (fd >= 0) {
+		close(fd);
+		unlink(probe);
+	}
+	free(probe);
 	if (bad) {
 		sp_err_set(err, SP_EINPUT, path, 0, 0, NULL, "cannot write here: %s", strerror(bad));
 		sp_err_hint(err, "check that the directory exists and is writable");

@@ -122,6 +122,29 @@ def bad_save_dirs(F, tmp, p1, p4):
             "4 ranks: refused at start-up, reported once", r.describe())
 
 
+def bad_late_outputs(F, tmp, p1, p4):
+    # files written after the last step (trace, parameter dump, export):
+    # a directory, an empty name or a missing directory is refused before
+    # step 1 (the trace and dump once failed at the end with exit 1)
+    d = os.path.join(tmp, "a-dir")
+    os.makedirs(d, exist_ok=True)
+    log = os.path.join(tmp, "late.csv")
+    for opt in ("--trace", "--dump-params", "--export"):
+        for what, path, text in ((f"{opt} naming a directory", d, "is a directory"),
+                                 (f"{opt} ''", "", "the output file name is empty"),
+                                 (f"{opt} in a missing directory",
+                                  os.path.join(tmp, "no", "x"), "No such file or directory")):
+            r = R.run(p1, 1, "--steps", 2, opt, path, "--log", log)
+            expect(F, r, 2, [text], what)
+            F.check("step " not in r.out and not os.path.exists(log),
+                    f"{what}: refused at start-up, before any step", r.describe())
+    r = R.run(p4, 4, "--steps", 2, "--timeout", 20, "--trace", d)
+    expect(F, r, 2, ["is a directory"], "4 ranks: --trace naming a directory")
+    F.check("step " not in r.out and r.err.count("is a directory") == 1,
+            "4 ranks: --trace naming a directory refused at start-up, reported once",
+            r.describe())
+
+
 def full_disk(F, tmp, p4, good):
     snap = R.latest_snapshot(good)
     files = sorted(os.listdir(snap))
@@ -417,6 +440,7 @@ def main():
         wrong_np(F, p4)
         other_checkpoints(F, tmp, p1, good)
         bad_save_dirs(F, tmp, p1, p4)
+        bad_late_outputs(F, tmp, p1, p4)
         full_disk(F, tmp, p4, good)
         misc(F, tmp, p1)
         bad = p4 + ".short-recv.bin"

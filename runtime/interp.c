@@ -1077,7 +1077,9 @@ static int tp_allreduce(void *ctx, float *buf, int64_t n)
 }
 
 /* The sequence-parallel halves (layers_sp.c), as tp_allreduce: in place,
- * the member's shard comm_shard's, which is its token rows. */
+ * the member's shard comm_shard's, which is its token rows. The split
+ * embedding's backward all-gathers its position gradient here too
+ * (layers_vocab.c). */
 static int tp_half(tp_call_t *tc, float *buf, int64_t n, int gather)
 {
 	rt_state_t *st = tc->st;
@@ -1088,7 +1090,7 @@ static int tp_half(tp_call_t *tc, float *buf, int64_t n, int gather)
 			 : st->c->ops->ireduce_scatter(st->c, buf, n, tc->group, &r);
 	if (bad)
 		return fail(st, tc->err, tc->k,
-			    gather ? "starting the sequence-parallel all-gather failed"
+			    gather ? "starting the tensor-parallel all-gather failed"
 				   : "starting the sequence-parallel reduce-scatter failed");
 	int rc = wait_req(st, &r, tc->k, tc->err);
 	st->tp_ms += wall_ms() - t0;

@@ -5,7 +5,8 @@
  * its shard laid out for vm = vocab_shard_max of them, the rest zero,
  * layers.h layer_tensors_tp) and calls the group's
  * all-reduce hook (rt_tp_t; the embedding's backward its all-gather), once
- * per call over all n samples, also when n == 0. NULL tp or t == 1: the whole layers of layers.c, unchanged.
+ * per call over all n samples, also when n == 0. NULL tp or t == 1: the
+ * whole layers of layers.c, unchanged.
  *
  * Embedding: each member looks up the tokens of its rows (zero for the
  * others) and adds the position rows of its share of the n s (sample,
@@ -22,9 +23,10 @@
  * unsplit layer's order (samples in turn): the same bits. The CUDA
  * backend (cu_layers.cu) keeps the older split: member 0 adds the whole
  * position table forward, every member sums all of dy into the position
- * gradient backward, no all-gather (on a GPU that column sum is one
- * bandwidth-bound kernel, cheaper than a collective and its wait; the
- * planner's cost.c prices that one).
+ * gradient backward, no all-gather: there the position sum is one
+ * bandwidth-bound kernel reading dy once, and saving (t - 1)/t of it would
+ * cost an all-gather of s h floats, its launch and the stream sync before
+ * it (not measured on a device); the planner's cost.c prices that split.
  *
  * LM head: LayerNorm whole on every member, logits for its columns only;
  * the loss without gathering logits: per position each member writes its
@@ -107,7 +109,7 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 		embedding_bwd(s, n, saved, dy, dp);
 		return 0;
 	}
-	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl, ps = sq * h;
+	int64_t h = s->hidden, sq = s->seq, v0 = v.v0, vl = v.vl, pn = sq * h;
 	float *dtok = dp, *dpos = dp + v.vm * h;
 	/* the member's own token rows, then its shard of the position table's
 	 * elements, each in the unsplit layer's order (embedding_bwd: per
@@ -117,9 +119,9 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 		if (id >= v0 && id < v0 + vl)
 			ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + r * h);
 	}
-	int64_t e0 = ps * v.rank / v.t, e1 = ps * (v.rank + 1) / v.t;
-	ly_sum_rows(dpos + e0, dy + e0, n, e1 - e0, ps);
-	return tp->allgather(tp->ctx, dpos, ps);
+	int64_t e0 = pn * v.rank / v.t, e1 = pn * (v.rank + 1) / v.t;
+	ly_sum_rows(dpos + e0, dy + e0, n, e1 - e0, pn);
+	return tp->allgather(tp->ctx, dpos, pn);
 }
 
 /*

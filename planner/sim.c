@@ -229,7 +229,12 @@ static int deferred(const sp_bucket_t *bk)
 }
 
 /* The dw_* lists and the time-0 gathers (sim_t) for a SIM_SYNC pass: empty
- * without deferred buckets. The gathers enter the network in bucket order. */
+ * without deferred buckets. The runtime starts a device's deferred gathers
+ * after its last update, in the reverse order of its SYNCs (the backward's
+ * reverse: the forward's order); here they enter the network by how close
+ * to its members' last SYNC a bucket's SYNC is (the least over members of
+ * the SYNCs after it; ties: bucket order), the same order on every device
+ * whose SYNC orders agree. */
 static int dw_alloc(sim_t *st, sp_arena_t *a)
 {
 	const sp_plan_t *p = st->p;
@@ -247,11 +252,38 @@ static int dw_alloc(sim_t *st, sp_arena_t *a)
 	st->dw_b = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
 	if (!st->djob || !st->dw_k || !st->dw_b)
 		return SP_ENOMEM;
-	for (int b = 0; b < p->n_buckets; b++) {
-		const sp_bucket_t *bk = &p->buckets[b];
+	int nb = p->n_buckets, no = 0;
+	int *key = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	int *ord = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	if (!key || !ord)
+		return SP_ENOMEM;
+	for (int b = 0; b < nb; b++) {
+		key[b] = INT32_MAX;
 		st->djob[b] = -1;
-		if (deferred(bk) &&
-		    (st->djob[b] = fl_coll(&st->net, 0, p->bucket_devs + bk->dev_off, bk->n_dev,
+	}
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		int after = 0;
+		for (int k = dv->n_ins - 1; k >= 0; k--) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			if (in->op == INS_SYNC) {
+				key[in->peer] = SP_MIN(key[in->peer], after);
+				after++;
+			}
+		}
+	}
+	for (int b = 0; b < nb; b++) {
+		if (!deferred(&p->buckets[b]))
+			continue;
+		int i = no++;
+		for (; i > 0 && key[ord[i - 1]] > key[b]; i--)
+			ord[i] = ord[i - 1];
+		ord[i] = b;
+	}
+	for (int i = 0; i < no; i++) {
+		int b = ord[i];
+		const sp_bucket_t *bk = &p->buckets[b];
+		if ((st->djob[b] = fl_coll(&st->net, 0, p->bucket_devs + bk->dev_off, bk->n_dev,
 					   bk->elems * st->db, COLL_ALL_GATHER)) < 0)
 			return st->djob[b];
 	}

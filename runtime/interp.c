@@ -1525,9 +1525,10 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 		b->sgd_step(w, g, n, o);
 }
 
-/* Waits for the deferred all-gathers in flight that instruction k (of the
- * next step) may not run before: those whose dwait is k or earlier (all of
- * them at k = INT_MAX). later: counted as waited for in a later step. */
+/* Waits for the deferred all-gathers in flight that instruction k (a FWD,
+ * BWD or LOSS of the next step, or its STEP) may not run before: those
+ * whose dwait is k or earlier (all of them at k = INT_MAX). later: counted
+ * as completed in a later step (when it is one), else by rt_settle. */
 static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
@@ -1539,7 +1540,10 @@ static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
 			return rc;
 		mb->dpend = 0;
 		st->n_dpend--;
-		*(later ? &st->d_later : &st->d_settled) += 1;
+		if (!later)
+			st->d_settled++;
+		else if (st->n_steps > mb->dstep)
+			st->d_later++;
 	}
 	return 0;
 }
@@ -1579,8 +1583,11 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * everything); a zero-1/2 bucket's all-gather of its GATHER starts right
  * after its update (its shard is final then), beside the later updates:
  * the same all-gathers in the same order on every member as at the
- * GATHERs (SYNC order both), which then have nothing left to do. Then the
- * sends and all-gathers still in flight.
+ * GATHERs (SYNC order both), which then have nothing left to do. A
+ * deferred bucket's all-gather (bucket defer) starts after the last
+ * update instead, the deferred ones in the reverse order of the SYNCs (on
+ * every member the same order: the SYNC order reversed), and the step does
+ * not wait for them. Then the sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
@@ -1602,23 +1609,33 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 				break;
 			}
 		step_bucket(st, mb, t);
-		if (mb->gather >= 0) { /* its GATHER's all-gather, now (see above) */
+		if (mb->gather >= 0 && !mb->defer) { /* its GATHER's all-gather, now */
 			rt_req_t r = {0};
 			st->b->sync();
 			if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &r))
 				return fail(st, err, mb->gather, "starting the all-gather failed");
-			if (mb->defer) { /* the next step waits, before its first use */
-				mb->dreq = r;
-				mb->dpend = 1;
-				mb->dstep = st->n_steps;
-				st->n_dpend++;
-			} else if (add_pending(st, r, mb->gather)) {
+			if (add_pending(st, r, mb->gather))
 				return fail(st, err, mb->gather, "out of memory");
-			}
 			mb->gstarted = 1;
 		}
 		if (poll_pending(st, err))
 			return err->code;
+	}
+	/* the deferred ones after the last update, in the reverse order of the
+	 * SYNCs (the next forward's order); the next step waits for each
+	 * before its first use of the bucket (defer_wait) */
+	if (st->n_mb)
+		st->b->sync();
+	for (int q = st->n_mb - 1; q >= 0; q--) {
+		mybucket_t *mb = &st->mb[st->step_order[q]];
+		if (mb->gather < 0 || !mb->defer)
+			continue;
+		if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &mb->dreq))
+			return fail(st, err, mb->gather, "starting the all-gather failed");
+		mb->dpend = 1;
+		mb->dstep = st->n_steps;
+		st->n_dpend++;
+		mb->gstarted = 1;
 	}
 	return drain(st, err);
 }
@@ -1644,7 +1661,8 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 			continue;
 		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = rt_z2_touch(st, k, err)))
 			return rc;
-		if (st->n_dpend && (rc = defer_wait(st, k, 1, err)))
+		if (st->n_dpend && (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) &&
+		    (rc = defer_wait(st, k, 1, err)))
 			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;

@@ -41,7 +41,11 @@
  *     step, a reduce-scatter and an all-gather — chosen greedily on an
  *     estimate of that tail (tail_est, from the simulated plan's times),
  *     then simulated and kept when faster. One simulation per algorithm,
- *     none where no bucket would shorten the estimate.
+ *     none where no bucket would shorten the estimate. Then, under
+ *     --defer-gather auto (any --zero), the zero-1/2 all-gathers deferred
+ *     (try_defer), and under --zero auto every replicated bucket of 2+
+ *     devices in zero-1 with deferred all-gathers: at most two more
+ *     simulations, each kept when faster.
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
  * cap needs it (choose_zero2 in step 2, before recomputation; dropped again
@@ -884,15 +888,19 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
  * flight at the step's end, waited for before the next step's first use of
  * the bucket: sim.c models it from the iteration's start, sharing the
  * network with the forward's transfers), kept when the simulator says the
- * iteration is faster; else the plan as it was. Memory does not change (a
- * zero-1/2 member holds the whole weights either way). One choice for the
- * plan, as try_overlap's.
+ * iteration is faster; else the plan as it was. With shard (--zero auto,
+ * tried second), every replicated bucket of 2+ devices in zero-1 too and
+ * deferred with them: the zero-1 choice above prices the all-gather in the
+ * tail, where a deferred one is not. Memory does not grow (a zero-1/2
+ * member holds the whole weights either way; zero-1 shards the state).
+ * One choice for the plan, as try_overlap's.
  */
-static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 {
 	int n = 0, rc = 0;
 	for (int b = 0; b < p->n_buckets && pl->opts->defer_gather < 0; b++)
-		n += layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer;
+		n += (layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer) ||
+		     (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2);
 	if (!n)
 		return 0;
 	sp_arena_t *a = &pl->scratch;
@@ -900,10 +908,13 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	trial_save_t t;
 	if ((rc = trial_save(a, p, &t)))
 		goto cleanup;
-	for (int b = 0; b < p->n_buckets; b++)
+	for (int b = 0; b < p->n_buckets; b++) {
+		if (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
+			set_layout(pl, p, b, LAYOUT_ZERO1);
 		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
+	}
 	sim_result_t r = *res;
-	if ((rc = sim_sync_again(pl, p, &r)))
+	if ((shard && (rc = regather(p))) || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
 	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9))
 		*res = r;
@@ -919,7 +930,11 @@ static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
-	return no_memory(pl, rc ? rc : try_defer(pl, p, res));
+	if (!rc)
+		rc = try_defer(pl, p, res, 0);
+	if (!rc && pl->opts->zero < 0)
+		rc = try_defer(pl, p, res, 1);
+	return no_memory(pl, rc);
 }
 
 /* layout_refine's zero-1 choice (the header's step 3). */

@@ -895,6 +895,23 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
  * member holds the whole weights either way; zero-1 shards the state).
  * One choice for the plan, as try_overlap's.
  */
+/* Bucket layouts changed since t was saved: the programs' tails rebuilt,
+ * the sync pass simulated again, the change kept when the iteration is
+ * faster than res (res then the new one), else the plan as t saved it. */
+static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
+			  const trial_save_t *t)
+{
+	sim_result_t r = *res;
+	int rc = regather(p);
+	if (rc || (rc = sim_sync_again(pl, p, &r)))
+		return rc;
+	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
+		*res = r;
+		return 0;
+	}
+	return trial_restore(pl, p, t);
+}
+
 static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 {
 	int n = 0, rc = 0;
@@ -913,13 +930,7 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 			set_layout(pl, p, b, LAYOUT_ZERO1);
 		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
 	}
-	sim_result_t r = *res;
-	if ((shard && (rc = regather(p))) || (rc = sim_sync_again(pl, p, &r)))
-		goto cleanup;
-	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9))
-		*res = r;
-	else
-		rc = trial_restore(pl, p, &t);
+	rc = keep_if_faster(pl, p, res, &t);
 cleanup:
 	sp_arena_reset(a, mark);
 	return rc;
@@ -976,13 +987,7 @@ static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	for (int i = 0; i < n; i++)
 		if (t.z1[cand[i]])
 			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
-	sim_result_t r = *res;
-	if ((rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
-		goto done;
-	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9))
-		*res = r;
-	else
-		rc = trial_restore(pl, p, &sv);
+	rc = keep_if_faster(pl, p, res, &sv);
 done:
 	sp_arena_reset(a, mark);
 	return rc;

@@ -55,8 +55,9 @@
  *                 for its deferred buckets' (defer 1, below)
  *
  * Deferred all-gathers (a zero-1/2 bucket with defer 1): the runtime starts
- * the all-gather after the bucket's update as above, but the step does not
- * wait for it; the next step waits for it before its first instruction
+ * the all-gather in the STEP, after the device's last update (its deferred
+ * ones in the reverse order of its SYNCs), but the step does not wait for
+ * it; the next step waits for it before its first instruction
  * reading the bucket's weights (plan_defer_wait: a FWD, BWD or LOSS of one
  * of its layers, else the STEP). One iteration in the steady state is
  * modelled conservatively, never earlier than the runtime could be:
@@ -68,8 +69,10 @@
  *    its members' one stream each, delaying their later collectives; each
  *    member waits for it before plan_defer_wait's instruction (dw_wait);
  *  - this iteration's own deferred gathers still enter the network in its
- *    tail (finish_steps_net), where they share links with the collectives
- *    still in flight there and delay those, but no device waits for them:
+ *    tail (finish_steps_net, once every member updated the bucket: no
+ *    later than the runtime starts them), where they share links with the
+ *    collectives still in flight there and delay those, but no device
+ *    waits for them:
  *    the iteration ends when the last step (and non-deferred gather) is
  *    done. So each deferred gather loads the network twice in the model
  *    (at the start and in the tail), once in the runtime.

@@ -41,7 +41,11 @@
  *     step, a reduce-scatter and an all-gather — chosen greedily on an
  *     estimate of that tail (tail_est, from the simulated plan's times),
  *     then simulated and kept when faster. One simulation per algorithm,
- *     none where no bucket would shorten the estimate.
+ *     none where no bucket would shorten the estimate. Then, under
+ *     --defer-gather auto (any --zero), the zero-1/2 all-gathers deferred
+ *     (try_defer), and under --zero auto every replicated bucket of 2+
+ *     devices in zero-1 with deferred all-gathers: at most two more
+ *     simulations, each kept when faster.
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
  * cap needs it (choose_zero2 in step 2, before recomputation; dropped again
@@ -194,6 +198,15 @@ static int overlap_for(const planner_t *pl, int layout)
 	return layout_grads_sharded(layout) && pl->opts->rs_overlap == 1;
 }
 
+/* Bucket bk's deferred all-gather under layout: only zero-1/2 gather after
+ * the STEP; --defer-gather on defers every one, auto keeps what
+ * try_defer chose (while the layout still gathers). */
+static int defer_for(const planner_t *pl, const sp_bucket_t *bk, int layout)
+{
+	return layout_gathers_after_step(layout) &&
+	       (pl->opts->defer_gather == 1 || (pl->opts->defer_gather < 0 && bk->defer));
+}
+
 /* Bucket b in layout; its prices and, exactly (plan_mem.c's formula: the
  * optimizer state of the elements a member owns), its members' memory:
  * between replicated and zero-1 by the difference in state, to or from
@@ -206,6 +219,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	int64_t opt = opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	int64_t E = bk->elems, n = bk->n_dev;
 	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
+		bk->defer = defer_for(pl, bk, layout);
 		bk->layout = layout;
 		bk->overlap = overlap_for(pl, layout);
 		bucket_price(pl->cluster, p, bk, db);
@@ -219,6 +233,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 		dv->mem[MEM_PARAMS] += delta;
 		dv->mem_peak += delta;
 	}
+	bk->defer = defer_for(pl, bk, layout);
 	bk->layout = layout;
 	bucket_price(pl->cluster, p, bk, db);
 	return 0;
@@ -514,7 +529,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
  * no: the slices', waves' and devices' predicted times and memory, and
  * each bucket's layout (saved in the candidate's scratch arena). */
 typedef struct {
-	uint8_t *layout, *overlap;
+	uint8_t *layout, *overlap, *defer;
 	sp_slice_t *sl;
 	sp_wave_t *wv;
 	sp_device_t *dv;
@@ -524,14 +539,16 @@ static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 {
 	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->overlap = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
+	t->defer = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->sl = sp_arena_calloc(a, (size_t)p->n_slices + 1, sizeof *t->sl);
 	t->wv = sp_arena_calloc(a, (size_t)p->n_waves + 1, sizeof *t->wv);
 	t->dv = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *t->dv);
-	if (!t->layout || !t->overlap || !t->sl || !t->wv || !t->dv)
+	if (!t->layout || !t->overlap || !t->defer || !t->sl || !t->wv || !t->dv)
 		return SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++) {
 		t->layout[b] = (uint8_t)p->buckets[b].layout;
 		t->overlap[b] = (uint8_t)p->buckets[b].overlap;
+		t->defer[b] = (uint8_t)p->buckets[b].defer;
 	}
 	memcpy(t->sl, p->slices, sizeof *t->sl * (size_t)p->n_slices);
 	memcpy(t->wv, p->waves, sizeof *t->wv * (size_t)p->n_waves);
@@ -546,6 +563,7 @@ static int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
 {
 	for (int b = 0; b < p->n_buckets; b++) {
 		p->buckets[b].overlap = t->overlap[b];
+		p->buckets[b].defer = t->defer[b];
 		if (p->buckets[b].layout != t->layout[b]) {
 			p->buckets[b].layout = t->layout[b];
 			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
@@ -864,10 +882,75 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
 	}
 }
 
+/*
+ * --defer-gather auto, a plan with zero-1/2 buckets (after the zero-1
+ * choice below): every one of their all-gathers deferred at once (left in
+ * flight at the step's end, waited for before the next step's first use of
+ * the bucket: sim.c models it from the iteration's start, sharing the
+ * network with the forward's transfers), kept when the simulator says the
+ * iteration is faster; else the plan as it was. With shard (--zero auto,
+ * tried second), every replicated bucket of 2+ devices in zero-1 too and
+ * deferred with them: the zero-1 choice above prices the all-gather in the
+ * tail, where a deferred one is not. Memory does not grow (a zero-1/2
+ * member holds the whole weights either way; zero-1 shards the state).
+ * One choice for the plan, as try_overlap's.
+ */
+/* Bucket layouts changed since t was saved: the programs' tails rebuilt,
+ * the sync pass simulated again, the change kept when the iteration is
+ * faster than res (res then the new one), else the plan as t saved it. */
+static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
+			  const trial_save_t *t)
+{
+	sim_result_t r = *res;
+	int rc = regather(p);
+	if (rc || (rc = sim_sync_again(pl, p, &r)))
+		return rc;
+	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
+		*res = r;
+		return 0;
+	}
+	return trial_restore(pl, p, t);
+}
+
+static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
+{
+	int n = 0, rc = 0;
+	for (int b = 0; b < p->n_buckets && pl->opts->defer_gather < 0; b++)
+		n += (layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer) ||
+		     (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2);
+	if (!n)
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	trial_save_t t;
+	if ((rc = trial_save(a, p, &t)))
+		goto cleanup;
+	for (int b = 0; b < p->n_buckets; b++) {
+		if (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
+	}
+	rc = keep_if_faster(pl, p, res, &t);
+cleanup:
+	sp_arena_reset(a, mark);
+	return rc;
+}
+
+static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
 int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
-	if (pl->opts->zero >= 0)
-		return 0;
+	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
+	if (!rc)
+		rc = try_defer(pl, p, res, 0);
+	if (!rc && pl->opts->zero < 0)
+		rc = try_defer(pl, p, res, 1);
+	return no_memory(pl, rc);
+}
+
+/* layout_refine's zero-1 choice (the header's step 3). */
+static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
 	tail_t t;
@@ -904,16 +987,10 @@ int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	for (int i = 0; i < n; i++)
 		if (t.z1[cand[i]])
 			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
-	sim_result_t r = *res;
-	if ((rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
-		goto done;
-	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9))
-		*res = r;
-	else
-		rc = trial_restore(pl, p, &sv);
+	rc = keep_if_faster(pl, p, res, &sv);
 done:
 	sp_arena_reset(a, mark);
-	return no_memory(pl, rc);
+	return rc;
 }
 
 /* ---- zero-3 under auto ------------------------------------------------------ */
@@ -1077,7 +1154,7 @@ void layout_report(FILE *f, const sp_plan_t *p, double earlier_ms)
 		fprintf(f, "  %-4d %-22s %6d %12lld %-10s %13.3f %12.3f %12.3f%s%s\n", b, nm,
 			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) / gib : 0.0, bk->sync_ms,
-			bk->gather_ms, bk->overlap ? "  overlapped" : "",
+			bk->gather_ms, bk->overlap ? "  overlapped" : bk->defer ? "  deferred" : "",
 			forced && bk->n_dev < 2 ? "  (--zero 1|2: a group of 1 stays replicated)"
 						: "");
 	}
@@ -1117,10 +1194,10 @@ void layout_json(FILE *f, const sp_plan_t *p, double earlier_ms)
 		sp_json_str(f, nm);
 		fprintf(f, ", \"devices\": %d, \"elements\": %lld, \"layout\": \"%s\", "
 			   "\"saved_bytes_per_device\": %.0f, \"sync_ms\": %.6f, \"gather_ms\": %.6f, "
-			   "\"overlap\": %s}",
+			   "\"overlap\": %s, \"defer\": %s}",
 			bk->n_dev, (long long)bk->elems, layout_name(bk->layout),
 			layout_sharded(bk->layout) ? shard_saving(p, b) : 0.0, bk->sync_ms,
-			bk->gather_ms, bk->overlap ? "true" : "false");
+			bk->gather_ms, bk->overlap ? "true" : "false", bk->defer ? "true" : "false");
 	}
 	fprintf(f, "\n  ]");
 	int zd;

@@ -120,6 +120,11 @@ static int lower_header(const planner_t *pl, algo_t algo, sp_plan_t *out)
 		snprintf(out->options + n, sizeof out->options - n, " rs_overlap=%s",
 			 pl->opts->rs_overlap ? "on" : "off");
 	}
+	if (pl->opts->defer_gather >= 0) { /* likewise only when not the default, auto */
+		size_t n = strlen(out->options);
+		snprintf(out->options + n, sizeof out->options - n, " defer_gather=%s",
+			 pl->opts->defer_gather ? "on" : "off");
+	}
 	out->model_hash = md->hash;
 	out->cluster_hash = cl->hash;
 	if (model_copy(&out->model, md))

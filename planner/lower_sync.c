@@ -144,6 +144,7 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *fi
 		     : st->pl->opts->zero == 2 ? LAYOUT_ZERO2
 					       : LAYOUT_ZERO1;
 	bk->overlap = layout_grads_sharded(bk->layout) && st->pl->opts->rs_overlap == 1;
+	bk->defer = layout_gathers_after_step(bk->layout) && st->pl->opts->defer_gather == 1;
 	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
 }
 

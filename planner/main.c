@@ -48,6 +48,11 @@ static void usage(FILE *f)
 		"                       full-gradient placement later, beside the next\n"
 		"                       bucket's backward (one more full gradient live);\n"
 		"                       auto (default) when it fits and is faster\n"
+		"  --defer-gather off|on|auto\n"
+		"                       zero-1/2 buckets: on leaves the all-gather after the\n"
+		"                       step in flight, waited for by the next step before\n"
+		"                       its first use of the weights; auto (default) when\n"
+		"                       the simulated iteration is faster\n"
 		"  --recompute none|all|auto\n"
 		"                       transformer slices keep their activations or\n"
 		"                       recompute them in the backward; auto (default)\n"
@@ -106,7 +111,7 @@ static int takes_value(const char *a)
 {
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
 					    "--exclude",   "--placement",  "--mem-reserve",
-					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap",
+					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap", "--defer-gather",
 					    "--microbatches", "--tp", "--sp", "--tp-vocab",
 					    "--max-instructions", "--jobs"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
@@ -251,6 +256,9 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 	} else if (!strcmp(a, "--rs-overlap")) {
 		static const char *const w[3] = {"auto", "off", "on"};
 		return opt_word(&o->rs_overlap, a, val, w, 3, "use off, on or auto");
+	} else if (!strcmp(a, "--defer-gather")) {
+		static const char *const w[3] = {"auto", "off", "on"};
+		return opt_word(&o->defer_gather, a, val, w, 3, "use off, on or auto");
 	} else {
 		return -1;
 	}
@@ -282,6 +290,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->zero = -1;
 	o->recompute = -1;
 	o->rs_overlap = -1;
+	o->defer_gather = -1;
 	o->sp = 0; /* off: the cuda backend's block has not run on a GPU yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);

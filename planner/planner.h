@@ -57,6 +57,8 @@ typedef struct {
 				 * -1 auto, 0 replicated, 1 zero-1 */
 	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */
 	int rs_overlap;         /* zero-2/3 buckets' overlap: -1 auto, 0 off, 1 on */
+	int defer_gather;       /* zero-1/2 buckets' deferred all-gather: -1 auto,
+				 * 0 off, 1 on */
 	int no_advice;          /* 1: no re-planning for a hint when nothing fits */
 	int microbatches;       /* k micro-batches per step, the same for every
 				 * task (0: auto, the smallest that fits) */

@@ -51,7 +51,39 @@
  *                 gather_ms):
  *                 it shares links with the collectives in flight and
  *                 starts once its members are through their earlier
- *                 ones; the device is done when its gathers are
+ *                 ones; the device is done when its gathers are, but
+ *                 for its deferred buckets' (defer 1, below)
+ *
+ * Deferred all-gathers (a zero-1/2 bucket with defer 1): the runtime starts
+ * the all-gather in the STEP, after the device's last update (its deferred
+ * ones in the reverse order of its SYNCs), but the step does not wait for
+ * it; the next step waits for it before its first instruction
+ * reading the bucket's weights (plan_defer_wait: a FWD, BWD or LOSS of one
+ * of its layers, else the STEP). One iteration in the steady state is
+ * modelled conservatively, never earlier than the runtime could be:
+ *  - the gather left in flight by the step before is a collective that
+ *    enters the network at time 0 of the iteration (dw_alloc; in the
+ *    runtime it started in the step before's tail, earlier, so it is done
+ *    no later than modelled), runs through the fluid network like the
+ *    others, sharing NICs and ports with the forward's transfers and, on
+ *    its members' one stream each, delaying their later collectives; each
+ *    member waits for it before plan_defer_wait's instruction (dw_wait);
+ *  - this iteration's own deferred gathers still enter the network in its
+ *    tail (finish_steps_net, once every member updated the bucket: no
+ *    later than the runtime starts them), where they share links with the
+ *    collectives still in flight there and delay those, but no device
+ *    waits for them:
+ *    the iteration ends when the last step (and non-deferred gather) is
+ *    done. So each deferred gather loads the network twice in the model
+ *    (at the start and in the tail), once in the runtime.
+ * The bounds (bound.c) still hold: the sync bound counts only the
+ * reduce-scatters and all-reduces the STEP waits for (deferral adds to a
+ * device's stream, never removes), the communication bound's bytes are
+ * all moved within the modelled iteration (the time-0 gathers are waited
+ * for at the latest at the STEP), and the compute bounds ignore the
+ * network. With K micro-steps the time-0 gathers are in the full pass (the
+ * last micro-step's; the runtime waits in the first, where nothing else
+ * loads the network with syncs yet).
  * Devices run ahead of each other (progs.c); the network runs in time
  * order. When no device can proceed, the network runs to its next arrival:
  * every device is then waiting, so whatever it sends later leaves after
@@ -130,6 +162,11 @@ typedef struct {
 	 * waits for the bucket's reduce-scatter (plan_z2_walk's done, the STEP's
 	 * left to finish_steps); zw_pos[d] the next one */
 	int *zw_at, *zw_pos, *zw_k, *zw_b;
+	/* SIM_SYNC with deferred buckets: per device d, dw_k/dw_b[dw_at[d] ..
+	 * dw_at[d + 1]) the (instruction, bucket) pairs, ascending, before which
+	 * d waits for the bucket's gather left by the step before (djob[b],
+	 * entered at time 0); dw_pos[d] the next one */
+	int *dw_at, *dw_pos, *dw_k, *dw_b, *djob;
 	int zw_waits;              /* the last step waited in zw_wait (not blocked) */
 } sim_t;
 
@@ -186,6 +223,111 @@ static int zw_alloc(sim_t *st, sp_arena_t *a)
 	st->zw_at[N] = n;
 	free(safe);
 	return rc ? rc : (!st->zw_k || !st->zw_b) ? SP_ENOMEM : 0;
+}
+
+/* 1 when bucket b's all-gather after the STEP is deferred. */
+static int deferred(const sp_bucket_t *bk)
+{
+	return bk->defer && layout_gathers_after_step(bk->layout);
+}
+
+/* The dw_* lists and the time-0 gathers (sim_t) for a SIM_SYNC pass: empty
+ * without deferred buckets. The runtime starts a device's deferred gathers
+ * after its last update, in the reverse order of its SYNCs (the backward's
+ * reverse: the forward's order); here they enter the network by how close
+ * to its members' last SYNC a bucket's SYNC is (the least over members of
+ * the SYNCs after it; ties: bucket order), the same order on every device
+ * whose SYNC orders agree. */
+static int dw_alloc(sim_t *st, sp_arena_t *a)
+{
+	const sp_plan_t *p = st->p;
+	int N = p->n_devices, n = 0, cap = 0;
+	st->dw_at = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
+	st->dw_pos = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
+	if (!st->dw_at || !st->dw_pos)
+		return SP_ENOMEM;
+	for (int b = 0; b < p->n_buckets; b++)
+		cap += deferred(&p->buckets[b]) ? p->buckets[b].n_dev : 0;
+	if (!cap || !(st->mode & SIM_SYNC))
+		return 0;
+	st->djob = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
+	st->dw_k = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	st->dw_b = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	if (!st->djob || !st->dw_k || !st->dw_b)
+		return SP_ENOMEM;
+	int nb = p->n_buckets, no = 0;
+	int *key = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	int *ord = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	if (!key || !ord)
+		return SP_ENOMEM;
+	for (int b = 0; b < nb; b++) {
+		key[b] = INT32_MAX;
+		st->djob[b] = -1;
+	}
+	for (int d = 0; d < N; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		int after = 0;
+		for (int k = dv->n_ins - 1; k >= 0; k--) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			if (in->op == INS_SYNC) {
+				key[in->peer] = SP_MIN(key[in->peer], after);
+				after++;
+			}
+		}
+	}
+	for (int b = 0; b < nb; b++) {
+		if (!deferred(&p->buckets[b]))
+			continue;
+		int i = no++;
+		for (; i > 0 && key[ord[i - 1]] > key[b]; i--)
+			ord[i] = ord[i - 1];
+		ord[i] = b;
+	}
+	for (int i = 0; i < no; i++) {
+		int b = ord[i];
+		const sp_bucket_t *bk = &p->buckets[b];
+		if ((st->djob[b] = fl_coll(&st->net, 0, p->bucket_devs + bk->dev_off, bk->n_dev,
+					   bk->elems * st->db, COLL_ALL_GATHER)) < 0)
+			return st->djob[b];
+	}
+	for (int d = 0; d < N; d++) {
+		int m = n;
+		int64_t so, sn;
+		st->dw_at[d] = st->dw_pos[d] = n;
+		for (int b = 0; b < p->n_buckets; b++) {
+			if (st->djob[b] < 0 || bucket_shard(p, b, d, &so, &sn) < 0 || n >= cap)
+				continue;
+			int k = plan_defer_wait(p, d, b), i = n++;
+			while (i > m && st->dw_k[i - 1] > k) { /* by instruction, then bucket */
+				st->dw_k[i] = st->dw_k[i - 1];
+				st->dw_b[i] = st->dw_b[i - 1];
+				i--;
+			}
+			st->dw_k[i] = k;
+			st->dw_b[i] = b;
+		}
+	}
+	st->dw_at[N] = n;
+	return 0;
+}
+
+/* Before device d's instruction k: the deferred gathers it reads there
+ * (dw_* lists), waited for; PROGS_WAIT while one is in the network. */
+static int dw_wait(sim_t *st, int d, int k)
+{
+	for (int *i = &st->dw_pos[d]; *i < st->dw_at[d + 1] && st->dw_k[*i] <= k; ++*i) {
+		int j = st->djob[st->dw_b[*i]];
+		double t = fl_done(&st->net, j);
+		if (t < 0) {
+			fl_await(&st->net, j);
+			return PROGS_WAIT;
+		}
+		if (t > st->now[d]) {
+			st->wait[d] += t - st->now[d];
+			st->now[d] = t;
+		}
+	}
+	return PROGS_RAN;
 }
 
 /* Before device d's instruction k: the reduce-scatters the runtime
@@ -255,7 +397,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
-	    fl_init(&st->net, st->pl->cluster, a, n_xfer + 2 * p->n_buckets))
+	    fl_init(&st->net, st->pl->cluster, a, n_xfer + 3 * p->n_buckets))
 		return SP_ENOMEM;
 	st->blocked = sp_arena_calloc(a, N + 1, 1);
 	st->tag_waiter = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
@@ -270,6 +412,9 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		st->bk_head[b] = -1;
 	if (zw_alloc(st, a))
 		return SP_ENOMEM;
+	int rc = dw_alloc(st, a);
+	if (rc)
+		return rc;
 	for (int t = 0; t <= st->max_tag; t++) {
 		st->arrive[t] = -1;
 		st->tag_waiter[t] = -1;
@@ -396,7 +541,8 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	int xfer = st->mode & SIM_XFER;
 	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
-	st->zw_waits = st->zw_pos[d] < st->zw_at[d + 1] && zw_wait(st, d, k) == PROGS_WAIT;
+	st->zw_waits = (st->zw_pos[d] < st->zw_at[d + 1] && zw_wait(st, d, k) == PROGS_WAIT) ||
+		       (st->dw_pos[d] < st->dw_at[d + 1] && dw_wait(st, d, k) == PROGS_WAIT);
 	if (st->zw_waits)
 		return PROGS_WAIT; /* visited every round: sim_block does not know it */
 	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {
@@ -669,7 +815,8 @@ static int finish_steps_net(sim_t *st)
 		double t = st->now[d];
 		for (int k = 0; k < dv->n_ins; k++) {
 			const sp_ins_t *ga = &p->ins[dv->first_ins + k];
-			if (ga->op == INS_GATHER && gjob[ga->peer] >= 0)
+			if (ga->op == INS_GATHER && gjob[ga->peer] >= 0 &&
+			    !deferred(&p->buckets[ga->peer])) /* the next step waits */
 				t = fmax(t, fl_done(&st->net, gjob[ga->peer]));
 		}
 		st->wait[d] += t - st->now[d];

@@ -31,6 +31,10 @@
  *   zero-2                a gradient written after its bucket's SYNC freed
  *                         it; an allocation waits for the device's zero-2
  *                         reduce-scatters in flight (verify_zero2.c)
+ *   deferred all-gather   a bucket's defer flag set where no all-gather
+ *                         follows the STEP (not zero-1/2); a deferred
+ *                         bucket keeps its GATHER after the STEP like any
+ *                         zero-1/2 bucket (check_step_tail)
  *   zero-3                weights of a zero-3 bucket used before their
  *                         PGATHER or after their PFREE; a PGATHER is a
  *                         rendezvous of the bucket's group (verify_zero3.c)
@@ -479,6 +483,12 @@ static int check_steps(vstate_t *st)
 	if (!seen)
 		return SP_ENOMEM;
 	int rc = 0;
+	for (int b = 0; b < p->n_buckets && !rc; b++)
+		if (p->buckets[b].defer && !layout_gathers_after_step(p->buckets[b].layout))
+			rc = verify_fail(st, -1, -1,
+					 "deferred all-gather: bucket %d is %s, and only zero-1 "
+					 "and zero-2 buckets all-gather after the optimizer step",
+					 b, layout_name(p->buckets[b].layout));
 	for (int d = 0; d < p->n_devices && !rc; d++)
 		rc = check_step_tail(st, d, seen);
 	return rc;

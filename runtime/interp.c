@@ -89,6 +89,7 @@
  */
 #include "interp_internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -626,6 +627,13 @@ static int check_step(rt_state_t *st)
 	}
 	if (steps != 1 || last != st->n_ins - 1 || n != st->n_mb || gathers != zero1)
 		rc = SP_EINPUT;
+	for (int i = 0; i < st->n_mb && !rc; i++) {
+		mybucket_t *mb = &st->mb[i];
+		mb->defer = mb->gather >= 0 && p->buckets[mb->bucket].defer;
+		mb->dpend = 0;
+		mb->dwait = mb->defer ? plan_defer_wait(p, st->rank, mb->bucket) : INT_MAX;
+	}
+	st->n_dpend = 0;
 	free(mb_of);
 	return rc;
 }
@@ -1476,6 +1484,19 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
  */
 static int poll_pending(rt_state_t *st, sp_err_t *err)
 {
+	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
+		mybucket_t *mb = &st->mb[i];
+		int done = 0;
+		if (!mb->dpend)
+			continue;
+		if (st->c->ops->test(st->c, &mb->dreq, &done))
+			return fail(st, err, mb->gather, "communication failed");
+		if (done) {
+			mb->dpend = 0;
+			st->n_dpend--;
+			st->d_later += st->n_steps > mb->dstep;
+		}
+	}
 	for (int i = 0; i < st->n_pending;) {
 		int done = 0;
 		if (st->c->ops->test(st->c, &st->pending[i], &done))
@@ -1506,6 +1527,43 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 		b->sgd_step(w, g, n, o);
 }
 
+/* Waits for the deferred all-gathers in flight that instruction k (a FWD,
+ * BWD or LOSS of the next step, or its STEP) may not run before: those
+ * whose dwait is k or earlier (all of them at k = INT_MAX). later: counted
+ * as completed in a later step (when it is one), else by rt_settle. */
+static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
+		mybucket_t *mb = &st->mb[i];
+		if (!mb->dpend || mb->dwait > k)
+			continue;
+		int rc = wait_req(st, &mb->dreq, mb->gather, err);
+		if (rc)
+			return rc;
+		mb->dpend = 0;
+		st->n_dpend--;
+		if (!later)
+			st->d_settled++;
+		else if (st->n_steps > mb->dstep)
+			st->d_later++;
+	}
+	return 0;
+}
+
+int rt_settle(rt_state_t *st, sp_err_t *err)
+{
+	int rc = st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
+	if (!rc)
+		st->b->sync();
+	return rc;
+}
+
+void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
+{
+	*later = st->d_later;
+	*settled = st->d_settled;
+}
+
 /* Waits for every operation still in flight. */
 static int drain(rt_state_t *st, sp_err_t *err)
 {
@@ -1527,11 +1585,17 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * everything); a zero-1/2 bucket's all-gather of its GATHER starts right
  * after its update (its shard is final then), beside the later updates:
  * the same all-gathers in the same order on every member as at the
- * GATHERs (SYNC order both), which then have nothing left to do. Then the
- * sends and all-gathers still in flight.
+ * GATHERs (SYNC order both), which then have nothing left to do. A
+ * deferred bucket's all-gather (bucket defer) starts after the last
+ * update instead, the deferred ones in the reverse order of the SYNCs (on
+ * every member the same order: the SYNC order reversed), and the step does
+ * not wait for them. Then the sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
+	int rc0 = st->n_dpend ? defer_wait(st, INT_MAX, 1, err) : 0; /* no use before */
+	if (rc0)
+		return rc0;
 	for (int q = 0; q < st->n_mb; q++) {
 		mybucket_t *mb = &st->mb[st->step_order[q]];
 		int rc = mb->rs ? rt_z2_finish(st, mb, err) : 0; /* zero-2: into the shard */
@@ -1547,7 +1611,7 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 				break;
 			}
 		step_bucket(st, mb, t);
-		if (mb->gather >= 0) { /* its GATHER's all-gather, now (see above) */
+		if (mb->gather >= 0 && !mb->defer) { /* its GATHER's all-gather, now */
 			rt_req_t r = {0};
 			st->b->sync();
 			if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &r))
@@ -1558,6 +1622,22 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 		}
 		if (poll_pending(st, err))
 			return err->code;
+	}
+	/* the deferred ones after the last update, in the reverse order of the
+	 * SYNCs (the next forward's order); the next step waits for each
+	 * before its first use of the bucket (defer_wait) */
+	if (st->n_mb)
+		st->b->sync();
+	for (int q = st->n_mb - 1; q >= 0; q--) {
+		mybucket_t *mb = &st->mb[st->step_order[q]];
+		if (mb->gather < 0 || !mb->defer)
+			continue;
+		if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &mb->dreq))
+			return fail(st, err, mb->gather, "starting the all-gather failed");
+		mb->dpend = 1;
+		mb->dstep = st->n_steps;
+		st->n_dpend++;
+		mb->gstarted = 1;
 	}
 	return drain(st, err);
 }
@@ -1582,6 +1662,9 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		if (!plan_ins_active(st->p, in, st->micro))
 			continue;
 		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = rt_z2_touch(st, k, err)))
+			return rc;
+		if (st->n_dpend && (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) &&
+		    (rc = defer_wait(st, k, 1, err)))
 			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;
@@ -1610,6 +1693,7 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err)
 {
 	int k = st->p->microbatches, rc = 0;
+	st->n_steps++;
 	st->n_ev = 0;
 	st->t_origin = wall_ms();
 	st->b->zero(st->g, SP_MAX(st->n_g, 1));
@@ -1730,6 +1814,8 @@ int rt_eval(rt_state_t *st, const rt_dataset_t *ds, int64_t step, double *acc, s
 	memset(acc, 0, sizeof(double) * (size_t)T * EV__COUNT);
 	for (int i = 0; i < T; i++)
 		st->loss[i] = 0;
+	if ((rc = rt_settle(st, err))) /* the weights read: whole */
+		return rc;
 	st->o.data = ds;
 	int micro = (int)((step - 1) % SP_MAX(st->p->microbatches, 1));
 	for (int k = 0; k < st->n_ins && !rc; k++) {

@@ -28,6 +28,13 @@ typedef struct {
 	int64_t moff;     /* where the owned range starts in m and v */
 	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
 	int gstarted;     /* zero1: exec_step started its GATHER's all-gather */
+	int defer;        /* zero1: its all-gather is deferred (bucket defer):
+			   * in flight (dpend, dreq) past the step's end until
+			   * the next step's instruction dwait (plan_defer_wait)
+			   * or rt_settle */
+	int dpend, dwait;
+	int64_t dstep;    /* the rt_step (st->n_steps) that started it */
+	rt_req_t dreq;
 	int64_t goff;     /* not zero2: where its gradients start in g */
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */
@@ -133,6 +140,10 @@ struct rt_state {
 	rt_req_t *pending;
 	int *pending_ins;
 	int n_pending, cap_pending;
+	int n_dpend;      /* deferred all-gathers in flight (mybucket_t dpend) */
+	int64_t d_later, d_settled; /* deferred all-gathers completed in a
+				     * later step, and by rt_settle */
+	int64_t n_steps;  /* rt_step calls so far */
 	double *loss;
 	rt_event_t *ev;
 	int n_ev, cap_ev;

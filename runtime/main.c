@@ -796,6 +796,9 @@ static void print_step(const run_t *r, int64_t t, double ms, double l2, uint64_t
 static int save_step(run_t *r, int64_t t)
 {
 	int rank = r->comm.rank;
+	wd_arm(rank, "step %lld: completing the deferred all-gathers", (long long)t);
+	if (rt_settle(r->st, &r->err))
+		return RUN_LOST;
 	wd_arm(rank, "step %lld: writing the checkpoint to '%s'", (long long)t, r->o.save_dir);
 	if (ckpt_save(r->st, &r->comm, &r->plan, r->o.save_dir, t, r->ro.seed, &r->o.fault.ckpt,
 		      &r->err)) {
@@ -849,6 +852,8 @@ static int train_step(run_t *r, int64_t t)
 	uint64_t h = 0;
 	int last = t == r->first_step + o->steps - 1;
 	wd_arm(rank, "step %lld: gathering the parameters", (long long)t);
+	if ((o->log_path || (last && o->dump_path)) && rt_settle(r->st, &r->err))
+		return RUN_LOST; /* the deferred all-gathers: the weights whole */
 	if ((o->log_path || (last && o->dump_path)) &&
 	    param_digest(r->st, c, &l2, &h, last ? o->dump_path : NULL, &r->err)) {
 		return gather_failed(r);
@@ -874,6 +879,11 @@ static int train(run_t *r)
 	int out = RUN_GO;
 	for (int64_t t = r->first_step; out == RUN_GO && t < r->first_step + r->o.steps; t++)
 		out = train_step(r, t);
+	/* the last step's deferred all-gathers, before the export and the end */
+	wd_arm(r->comm.rank, "completing the deferred all-gathers");
+	if (out == RUN_GO && rt_settle(r->st, &r->err))
+		return RUN_LOST;
+	wd_disarm();
 	return out;
 }
 
@@ -972,6 +982,12 @@ static int report_end(run_t *r)
 	full_buffers(r->st, z);
 	if (r->comm.rank == 0)
 		print_full_buffers(0, z);
+	int64_t later, settled;
+	rt_deferred(r->st, &later, &settled);
+	if (r->comm.rank == 0 && later + settled > 0)
+		printf("rank 0 deferred all-gathers: %lld completed in the next step, %lld "
+		       "before a digest, a checkpoint or the end\n",
+		       (long long)later, (long long)settled);
 	if (r->o.memory_all && r->comm.nranks > 1 && memory_all(r) != RUN_GO)
 		return RUN_LOST;
 	wd_arm(r->comm.rank, "gathering the trace");

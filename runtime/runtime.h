@@ -281,6 +281,14 @@ void rt_free(rt_state_t *st);
 /* One training step (1-based t); adds per-task loss sums into loss[] (this
  * rank's samples only). */
 int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err);
+/* Completes the deferred all-gathers (bucket defer) the last step left in
+ * flight, so that every weight is whole: before a checkpoint, an export,
+ * a parameter digest and at the end (rt_step and rt_eval wait by
+ * themselves). rt_deferred: how many such all-gathers completed in a later
+ * step (the step after theirs, before its first use of the weights, or
+ * polled) and how many here. */
+int rt_settle(rt_state_t *st, sp_err_t *err);
+void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled);
 /*
  * Held-out evaluation: the forward part of the program (no update) on step
  * `step` of dataset ds. Sets acc[task * EV__COUNT + EV_*] to this rank's

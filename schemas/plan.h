@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 7
+#define PLAN_VERSION 8
 /* tensor-parallel degree of a slice or a shard: at most this */
 #define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
@@ -169,6 +169,10 @@ typedef struct {
 				     * reduce-scatter one full-gradient placement
 				     * later (plan_z2_walk), so it runs beside the
 				     * next bucket's backward; else 0 */
+	int32_t defer;              /* zero-1/2: 1 when the iteration does not wait
+				     * for the all-gather after the STEP; the next
+				     * one waits before its first use of the
+				     * bucket's weights (version 8); else 0 */
 } sp_bucket_t;
 
 /* Predicted memory of one device, in bytes. */
@@ -389,6 +393,12 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
 /* The i-th layer a use (FWD ascending, BWD descending, LOSS its one) runs:
  * its index in bucket b's params, -1 when not b's, -2 past the last. */
 int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
+
+/* Where member d of a deferred (defer 1) zero-1/2 bucket b waits for the
+ * all-gather the previous step left in flight: the index in d's program of
+ * its first FWD, BWD or LOSS that reads a layer of b (plan_z3_use), else
+ * of its STEP, else n_ins. Runtime, simulator and verifier share it. */
+int plan_defer_wait(const sp_plan_t *p, int d, int b);
 /*
  * The room of a span gathering bucket b's layers seq[0..n) in that order,
  * each prefetched while the one before runs (version 7): layer i goes to

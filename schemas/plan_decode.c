@@ -496,6 +496,7 @@ static void get_bucket(dec_t *d, rcur_t *r, void *v)
 	b->layout = get_i32(r);
 	b->gather_ms = get_f64(r);
 	b->overlap = get_i32(r);
+	b->defer = get_i32(r);
 }
 
 static void get_param(dec_t *d, rcur_t *r, void *v)

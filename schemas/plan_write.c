@@ -373,6 +373,7 @@ static void put_bucket(enc_t *e, const void *v)
 	put_i32(e, b->layout);
 	put_f64(e, b->gather_ms);
 	put_i32(e, b->overlap);
+	put_i32(e, b->defer);
 }
 
 static void put_param(enc_t *e, const void *v)

@@ -493,7 +493,7 @@ static int same_bucket(const sp_plan_t *pa, const sp_bucket_t *x, const sp_plan_
 		       const sp_bucket_t *y)
 {
 	if (x->n_dev != y->n_dev || x->n_params != y->n_params || x->elems != y->elems ||
-	    x->layout != y->layout || x->overlap != y->overlap ||
+	    x->layout != y->layout || x->overlap != y->overlap || x->defer != y->defer ||
 	    tl_round(x->sync_ms, 2) != tl_round(y->sync_ms, 2) ||
 	    memcmp(pa->bucket_devs + x->dev_off, pb->bucket_devs + y->dev_off,
 		   sizeof(int32_t) * (size_t)x->n_dev))
@@ -510,7 +510,7 @@ static int same_bucket(const sp_plan_t *pa, const sp_bucket_t *x, const sp_plan_
 
 static void diff_buckets(dstate_t *st, const sp_plan_t *pa, const sp_plan_t *pb)
 {
-	int n = SP_MAX(pa->n_buckets, pb->n_buckets), changed = 0;
+	int n = SP_MAX(pa->n_buckets, pb->n_buckets), changed = 0, da = 0, db = 0;
 	double ta = 0, tb = 0;
 	for (int b = 0; b < n; b++)
 		changed += b >= pa->n_buckets || b >= pb->n_buckets ||
@@ -519,12 +519,18 @@ static void diff_buckets(dstate_t *st, const sp_plan_t *pa, const sp_plan_t *pb)
 		ta += pa->buckets[b].sync_ms;
 	for (int b = 0; b < pb->n_buckets; b++)
 		tb += pb->buckets[b].sync_ms;
+	for (int b = 0; b < pa->n_buckets; b++)
+		da += pa->buckets[b].defer;
+	for (int b = 0; b < pb->n_buckets; b++)
+		db += pb->buckets[b].defer;
 	st->n += changed;
 	if (!changed)
 		return;
 	printf("\nsync buckets: %d -> %d; %d changed, removed or added; all-reduce ms in all %s "
 	       "-> %s\n",
 	       pa->n_buckets, pb->n_buckets, changed, F2(st, ta), F2(st, tb));
+	if (da != db)
+		printf("deferred all-gathers: %d -> %d buckets\n", da, db);
 }
 
 /* One instruction as text, by names (indices differ between plans). */

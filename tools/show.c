@@ -296,9 +296,10 @@ static void text_buckets(FILE *f, const sp_plan_t *p)
 			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s ms\n", b, devs,
 				params, (long long)x->elems, N2(x->sync_ms));
 		else
-			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s%s, %s + %s ms\n",
+			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s%s%s, %s + %s ms\n",
 				b, devs, params, (long long)x->elems, layout_name(x->layout),
-				x->overlap ? " overlapped" : "", N2(x->sync_ms), N2(x->gather_ms));
+				x->overlap ? " overlapped" : "", x->defer ? " deferred" : "",
+				N2(x->sync_ms), N2(x->gather_ms));
 	}
 }
 
@@ -571,9 +572,11 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 		json_devlist(f, p->bucket_devs + x->dev_off, x->n_dev);
 		fprintf(f, ", \"params\": ");
 		json_params(f, p, p->bucket_params + x->param_off, x->n_params);
-		fprintf(f, ", \"elems\": %lld, \"sync_ms\": %s, \"layout\": \"%s\", \"overlap\": %s}",
+		fprintf(f,
+			", \"elems\": %lld, \"sync_ms\": %s, \"layout\": \"%s\", \"overlap\": %s, "
+			"\"defer\": %s}",
 			(long long)x->elems, J2(x->sync_ms), layout_name(x->layout),
-			x->overlap ? "true" : "false");
+			x->overlap ? "true" : "false", x->defer ? "true" : "false");
 	}
 	fprintf(f, "%s],\n  \"devices\": [", p->n_buckets ? "\n  " : "");
 	for (int d = 0; d < p->n_devices; d++) {

@@ -25,7 +25,9 @@ import sys
 import tempfile
 
 PLAN, SHOW, ROOT = (os.environ[k] for k in ("SPINDLE_PLAN", "SPINDLE_SHOW", "SPINDLE_ROOT"))
-BUCKET = re.compile(r"^bucket \d+\s+devices (\S+)\s.*?; (\d+) elements, (\S+),")
+# the layout, then its flags (" overlapped", " deferred": deferred all-gathers
+# run in the iteration too, from its start: sim.c)
+BUCKET = re.compile(r"^bucket \d+\s+devices (\S+)\s.*?; (\d+) elements, (\S+)[^,]*,")
 
 
 def devices(spec):

@@ -336,10 +336,10 @@ def swap_first(src, dst, pair):
 
 def sync_before_bwd(src, dst):
     """A zero-2 plan whose first BWD followed by the SYNC of a zero-2 bucket
-    (layout 2: bucket records of 44 bytes, layout at 32) runs the SYNC
+    (layout 2: bucket records of 52 bytes, layout at 32) runs the SYNC
     first: the BWD would write into a full gradient the SYNC has freed."""
     z2 = []
-    edit_records(src, dst, 14, 48, lambda b, ats: z2.extend(
+    edit_records(src, dst, 14, 52, lambda b, ats: z2.extend(
         struct.unpack_from("<I", b, a + 32)[0] == 2 for a in ats))
     swap_first(src, dst, lambda b, ats, k, op: op[k - 1] == 2 and op[k] == 7 and
                z2[struct.unpack_from("<i", b, ats[k] + 52)[0]])

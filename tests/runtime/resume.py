@@ -21,7 +21,9 @@ under the 2-rank replicated plan, resumed under the 4-rank zero-1 plan
 same with zero-2 and with zero-3 (whose weights are sharded too: the
 checkpoint all-gathers them whole, a resume keeps each rank's shard), and
 with a 4-rank plan that mixes zero-3 buckets with zero-0/1/2 ones
-(tests/lib/mixed.py).
+(tests/lib/mixed.py). A 4-rank zero-1 plan with deferred all-gathers
+saves with its last step's gathers in flight; resumed on 2 replicated
+ranks it continues the uninterrupted run.
 
 Checkpoints stay whole under tensor parallelism: saved under a 4-rank plan
 with --tp 4, resumed under it (bit-identical) and under the one-device
@@ -135,6 +137,36 @@ def check_zero(F, tmp, z):
     across_plans(F, tmp, tag, p4, 4, p2, 2, {p4: f"zero-{z}", p2: "replicated"})
 
 
+def check_defer(F, tmp):
+    """A checkpoint saved by a 4-rank zero-1 plan with deferred all-gathers
+    (--defer-gather on), the saving run unlogged (no per-step digest, so
+    the last step's all-gathers are still in flight when the save starts
+    and the save must complete them), resumed under the 2-rank replicated
+    plan: within tolerance of the uninterrupted 4-rank run."""
+    model = R.demo_model(R.ADAMW)
+    mpath = R.W.write_json(tmp, "defer.model.json", model)
+    p4 = os.path.join(tmp, "defer.4.bin")
+    R.W.plan(mpath, R.W.write_json(tmp, "cpu-4.json", R.W.cluster(4)), p4, "spindle",
+             ("--zero", "1", "--defer-gather", "on"))
+    view = subprocess.run([os.environ["SPINDLE_SHOW"], p4, "--json"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    nd = sum(b["defer"] for b in json.loads(view.stdout)["buckets"])
+    F.check(nd > 0, f"defer: the 4-rank plan defers {nd} buckets' all-gathers",
+            "no bucket is deferred")
+    p2 = R.make_plan(tmp, model, "defer", 2, "spindle")
+    ref_log, _ = train(p4, 4, tmp, "defer-ref", "--steps", STEPS)
+    ck = os.path.join(tmp, "ck-defer")
+    R.must(R.run(p4, 4, "--quiet", "--timeout", "60", "--steps", HALF, "--save", ck),
+           "defer-first")
+    log, dump = train(p2, 2, tmp, "defer-resumed", "--steps", STEPS - HALF, "--load", ck)
+    what = "adamw: saved on 4 ranks (zero-1, deferred all-gathers), resumed on 2 (replicated)"
+    tail = [r for r in ref_log if int(r["step"]) > HALF]
+    ref = (R.load_dump(outputs(tmp, "defer-ref")[1]), tail)
+    err = R.compare(ref, (R.load_dump(outputs(tmp, "defer-resumed")[1]), log),
+                    R.FLOOR["adamw"], what)
+    F.check(err is None, what + " within tolerance", err or "")
+
+
 def check_mixed(F, tmp):
     """A plan mixing zero-3 buckets with zero-0/1/2 ones (tests/lib/mixed.py:
     --zero auto at the smallest memory that fits, 4 ranks) against the
@@ -224,6 +256,9 @@ def main():
         if os.environ.get("RESUME_ONLY") == "zero3":  # the zero-3 case alone
             check_zero(F, tmp, 3)
             return F.exit()
+        if os.environ.get("RESUME_ONLY") == "defer":  # the deferred all-gathers alone
+            check_defer(F, tmp)
+            return F.exit()
         if os.environ.get("RESUME_ONLY") == "mixed":  # the mixed-layout case alone
             check_mixed(F, tmp)
             return F.exit()
@@ -236,6 +271,7 @@ def main():
         check_zero(F, tmp, 1)
         check_zero(F, tmp, 2)
         check_zero(F, tmp, 3)
+        check_defer(F, tmp)
         check_mixed(F, tmp)
         check_tp(F, tmp)
         check_tp(F, tmp, vocab=11)

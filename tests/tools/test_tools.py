@@ -165,6 +165,37 @@ def case_diff_self():
         check(out == out2, "spindle-diff is not deterministic")
 
 
+def case_defer():
+    """The deferred all-gather flag (plan format 8) in every view: the demo
+    on its cluster with --zero 1, --defer-gather off and on: the text view
+    marks each zero-1 bucket "deferred" only when on, the JSON view's
+    defer is true on exactly the zero-1/2 buckets, the report's layout
+    table says it, and spindle-diff names the change."""
+    d = os.path.join(ROOT, "plans", "demo")
+    plans, reports = {}, {}
+    for v in ("off", "on"):
+        plans[v] = os.path.join(TMP, "demo-defer-%s.plan.bin" % v)
+        rc, out, err = run([PLAN, os.path.join(d, "model.json"), os.path.join(d, "cluster.json"),
+                            "--zero", "1", "--defer-gather", v, "--report", "-o", plans[v]])
+        check(rc == 0, "spindle-plan --defer-gather %s failed (%d): %s" % (v, rc, err))
+        reports[v] = out.decode()
+    views = {v: view_json(p) for v, p in plans.items()}
+    z = [b["layout"] in ("zero-1", "zero-2") for b in views["on"]["buckets"]]
+    check(any(z), "the demo plan with --zero 1 has no zero-1 bucket")
+    check([b["defer"] for b in views["on"]["buckets"]] == z,
+          "--defer-gather on: defer is not set on exactly the zero-1/2 buckets")
+    check(not any(b["defer"] for b in views["off"]["buckets"]), "--defer-gather off defers")
+    text = {v: show(p)[0].decode() for v, p in plans.items()}
+    n = sum(1 for x in text["on"].splitlines() if x.startswith("bucket") and "deferred" in x)
+    check(n == sum(z), "text view: %d buckets marked deferred, %d expected" % (n, sum(z)))
+    check("deferred" not in text["off"], "text view of the plan without deferral says deferred")
+    check("deferred" in reports["on"] and "deferred" not in reports["off"],
+          "the report's layout table does not show the deferred all-gathers")
+    rc, out, err = run([DIFF, plans["off"], plans["on"]])
+    check("deferred all-gathers: 0 -> %d buckets" % sum(z) in out.decode(),
+          "spindle-diff does not name the deferred all-gathers: %s" % out.decode())
+
+
 def case_diff_algos():
     a = make_plan("clip-4", "spindle")
     b = make_plan("clip-4", "sequential")
@@ -398,6 +429,7 @@ CASES = {
     "show-json": case_show_json,
     "diff-self": case_diff_self,
     "diff-algos": case_diff_algos,
+    "defer": case_defer,
     "trace": case_trace,
     "gantt": case_gantt,
     "corrupt": case_corrupt,

@@ -585,8 +585,8 @@ static void make_xattn_plan(sp_plan_t *p, int with_xfers)
 	p->n_buckets = 2;
 	XNEW(p->buckets, 2);
 	int64_t e = comp_layer_params(&p->model.comps[XC_DEC]);
-	p->buckets[0] = (sp_bucket_t){2, 0, 1, 0, e, 0, LAYOUT_REPLICATED, 0, 0};
-	p->buckets[1] = (sp_bucket_t){1, 2, 1, 1, e, 0, LAYOUT_REPLICATED, 0, 0};
+	p->buckets[0] = (sp_bucket_t){2, 0, 1, 0, e, 0, LAYOUT_REPLICATED, 0, 0, 0};
+	p->buckets[1] = (sp_bucket_t){1, 2, 1, 1, e, 0, LAYOUT_REPLICATED, 0, 0, 0};
 
 	sp_ins_t d0[16], d1[16];
 	int n0 = 0, n1 = 0;

@@ -264,9 +264,9 @@ static void make_plan(sp_plan_t *p, const char *model_json)
 	static const sp_param_t bparams[] = {{C_BODY, 0, 1, 0}, {C_BODY, 1, 1, 0}, {C_BODY, 2, 1, 0},
 					     {C_BODY, 3, 1, 0}, {C_IMG, 0, 1, 0},  {C_TOK, 0, 1, 0},
 					     {C_HEAD, 0, 1, 0}};
-	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5, 0},
-					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0, 0},
-					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0, 0}};
+	static const sp_bucket_t buckets[] = {{2, 0, 4, 0, 4 * 2416, 0.75, LAYOUT_ZERO1, 0.5, 0, 0},
+					      {1, 2, 1, 4, 304, 0.01, LAYOUT_REPLICATED, 0, 0, 0},
+					      {1, 3, 2, 5, 1152 + 1056, 0.02, LAYOUT_REPLICATED, 0, 0, 0}};
 	p->n_bucket_devs = SP_ARRAY_LEN(bdevs);
 	p->n_bucket_params = SP_ARRAY_LEN(bparams);
 	p->n_buckets = SP_ARRAY_LEN(buckets);
@@ -684,7 +684,7 @@ static void expect_plan_equal(const sp_plan_t *a, const sp_plan_t *b)
 			    x->n_params == y->n_params && x->param_off == y->param_off &&
 			    x->elems == y->elems && x->sync_ms == y->sync_ms &&
 			    x->layout == y->layout && x->gather_ms == y->gather_ms &&
-			    x->overlap == y->overlap);
+			    x->overlap == y->overlap && x->defer == y->defer);
 	}
 	assert_int_equal(a->n_devices, b->n_devices);
 	for (int i = 0; i < a->n_devices; i++) {
@@ -1104,6 +1104,7 @@ static void test_zero2_read(void **state)
 	memcpy(b, f->bin, f->len);
 	patch(b, f->len, 14, 0, 32, LAYOUT_ZERO2);
 	patch(b, f->len, 14, 0, 44, 1); /* overlapped (version 7) */
+	patch(b, f->len, 14, 0, 48, 1); /* deferred all-gather (version 8) */
 	sp_plan_t out;
 	sp_err_t err = {0};
 	int rc = plan_decode(&out, b, f->len, "plan.bin", &err);
@@ -1112,6 +1113,7 @@ static void test_zero2_read(void **state)
 	assert_int_equal(rc, 0);
 	assert_int_equal(out.buckets[0].layout, LAYOUT_ZERO2);
 	assert_int_equal(out.buckets[0].overlap, 1);
+	assert_int_equal(out.buckets[0].defer, 1);
 	assert_string_equal(layout_name(out.buckets[0].layout), "zero-2");
 	int64_t off, n;
 	assert_int_equal(bucket_shard(&out, 0, out.bucket_devs[out.buckets[0].dev_off + 1], &off,
@@ -1164,6 +1166,19 @@ static void test_indices(void **state)
 	 * is zero-1) */
 	expect_patch_rejected(f, 14, 0, 44, 2, "buckets[0].overlap", "outside");
 	expect_patch_rejected(f, 14, 0, 44, 1, "buckets[0].overlap", "set on a zero-1 bucket");
+	/* bucket record: defer 48 (version 8), 0 or 1, and 1 only on zero-1/2
+	 * (bucket 1 is replicated; bucket 0 made zero-3 below) */
+	expect_patch_rejected(f, 14, 0, 48, 2, "buckets[0].defer", "outside");
+	expect_patch_rejected(f, 14, 1, 48, 1, "buckets[1].defer", "set on a replicated bucket");
+	{
+		uint8_t *b = malloc(f->len);
+		assert_non_null(b);
+		memcpy(b, f->bin, f->len);
+		patch(b, f->len, 14, 0, 32, LAYOUT_ZERO3);
+		patch(b, f->len, 14, 0, 48, 1);
+		expect_rejected_at(b, f->len, "buckets[0].defer", "set on a zero-3 bucket");
+		free(b);
+	}
 	/* a GATHER after the STEP names a zero-1 or zero-2 bucket, not zero-3:
 	 * bucket 0 (2 devices) made zero-3, instruction 16 a GATHER of it */
 	{

@@ -951,6 +951,37 @@ static void test_gather_stranger(void **state)
 	breaks_each_bucket(state, 2, "all-gathers by non-members (zero-2)", 0, gather_stranger, 1);
 }
 
+/* Deferred all-gathers: every zero-1 bucket of the forced plan deferred is
+ * valid (the programs do not change); the flag on a bucket that does not
+ * all-gather after the step (a replicated one, or zero-1 made zero-3) is
+ * refused, by name. */
+static void test_defer(void **state)
+{
+	const vfix_t *f = *state;
+	sp_plan_t p;
+	copy_zplan(f, &p);
+	int n = 0, rep = -1;
+	for (int bk = 0; bk < p.n_buckets; bk++) {
+		p.buckets[bk].defer = layout_gathers_after_step(p.buckets[bk].layout);
+		n += p.buckets[bk].defer;
+		if (p.buckets[bk].layout == LAYOUT_REPLICATED && rep < 0)
+			rep = bk;
+	}
+	assert_true(n > 0);
+	expect_valid(&p, f->cap);
+	assert_true(rep >= 0);
+	p.buckets[rep].defer = 1;
+	sp_err_t err = {0};
+	assert_int_equal(verify_plan(&p, f->cap, &err), SP_EINTERNAL);
+	char want[160];
+	snprintf(want, sizeof want, "deferred all-gather: bucket %d is replicated", rep);
+	if (!strstr(err.msg, want))
+		fail_msg("expected '%s', got: %s", want, err.msg);
+	print_message("defer: %d zero-1 buckets deferred valid; on a replicated one: %s\n", n,
+		      err.msg);
+	plan_release(&p);
+}
+
 /* ---- (l) zero-2 buckets (the zero-1 plan's twin) ---------------------------------- */
 
 /* The twin is valid, and has zero-2 buckets whose gradients are written
@@ -1606,6 +1637,7 @@ int main(void)
 		cmocka_unit_test(test_gather_before_step),
 		cmocka_unit_test(test_gather_stranger),
 		cmocka_unit_test(test_zero1_memory),
+		cmocka_unit_test(test_defer),
 		cmocka_unit_test(test_zero2_valid),
 		cmocka_unit_test(test_zero2_overlap),
 		cmocka_unit_test(test_zero2_write_after_sync),

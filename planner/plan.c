@@ -68,8 +68,9 @@ static void seen_release(seen_t *v)
 		free(v->s);
 }
 
-/* 1 when a and b are the same schedule: slices (every field), devices. */
-static int sched_same(const sched_t *a, const sched_t *b)
+/* 1 when a and b are the same schedule: slices (every field), devices
+ * (planner.h; plan.c's candidate dedup uses it). */
+int sched_same(const sched_t *a, const sched_t *b)
 {
 	if (a->algo != b->algo || a->n != b->n || a->n_waves != b->n_waves ||
 	    a->n_devs != b->n_devs || a->bwd_eager != b->bwd_eager ||

@@ -444,6 +444,9 @@ void tp_report(FILE *f, const sp_plan_t *p);
 void tp_json(FILE *f, const sp_plan_t *p);
 /* Checks coverage, precedence and device counts; an internal error if broken. */
 int sched_check(const planner_t *pl, const sched_t *s);
+/* 1 when a and b are the same schedule: slices (every field), devices
+ * (plan.c). */
+int sched_same(const sched_t *a, const sched_t *b);
 /* qsort order by a double key, then an int id (ascending both). */
 static inline int sched_cmp_key_id(double ka, int ia, double kb, int ib)
 {

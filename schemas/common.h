@@ -171,8 +171,9 @@ int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err)
 int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err);
 /* SP_EINPUT (err set) when path cannot name a file to write: empty, a
  * directory (it exists as one, or ends in '/'), or where no file can be
- * made (a probe file beside it, removed at once); SP_ENOMEM. sp_write_atomic checks it
- * first; a program checks it before long work that ends in a write. */
+ * made (a probe file beside it, removed at once); SP_ENOMEM. A program
+ * checks it before long work that ends in a write; sp_write_atomic
+ * refuses the first two itself. */
 int sp_output_check(const char *path, sp_err_t *err);
 
 #endif

@@ -195,7 +195,8 @@ int sp_parse_file(void *out, sp_parse_fn parse, const char *path, sp_err_t *err)
 	return rc;
 }
 
-int sp_output_check(const char *path, sp_err_t *err)
+/* SP_EINPUT when path names no file: empty, or a directory */
+static int output_named(const char *path, sp_err_t *err)
 {
 	struct stat st;
 	size_t pl = strlen(path);
@@ -211,6 +212,14 @@ int sp_output_check(const char *path, sp_err_t *err)
 		sp_err_hint(err, "name a file inside it");
 		return SP_EINPUT;
 	}
+	return 0;
+}
+
+int sp_output_check(const char *path, sp_err_t *err)
+{
+	size_t pl = strlen(path);
+	if (output_named(path, err))
+		return SP_EINPUT;
 	/* a file beside it can be made (the directory exists, is writable) */
 	char *probe = malloc(pl + 32);
 	if (!probe)
@@ -232,7 +241,7 @@ int sp_output_check(const char *path, sp_err_t *err)
 
 int sp_write_atomic(const char *path, const void *data, size_t n, sp_err_t *err)
 {
-	if (sp_output_check(path, err))
+	if (output_named(path, err)) /* else the rename fails, after the write */
 		return SP_EINPUT;
 	size_t pl = strlen(path);
 	char *tmp = malloc(pl + 32);

@@ -29,21 +29,6 @@
 
 static long n_sched, n_same, n_nothing;
 
-static int same_sched(const sched_t *a, const sched_t *b)
-{
-	if (a->n != b->n || a->n_waves != b->n_waves || a->n_devs != b->n_devs ||
-	    (a->n_devs && memcmp(a->devs, b->devs, sizeof *a->devs * (size_t)a->n_devs)))
-		return 0;
-	for (int i = 0; i < a->n; i++) {
-		const sslice_t *x = &a->s[i], *y = &b->s[i];
-		if (x->metaop != y->metaop || x->lf != y->lf || x->lt != y->lt || x->n != y->n ||
-		    x->wave != y->wave || x->t0 != y->t0 || x->t1 != y->t1 ||
-		    x->chunk != y->chunk || x->dev_off != y->dev_off || x->tp != y->tp)
-			return 0;
-	}
-	return 1;
-}
-
 int __real_sched_list_sync(planner_t *pl, const int *w, double frac, int share, int share1,
 			   sched_t *out);
 int __wrap_sched_list_sync(planner_t *pl, const int *w, double frac, int share, int share1,
@@ -58,7 +43,7 @@ int __wrap_sched_list_sync(planner_t *pl, const int *w, double frac, int share, 
 	} else if (!rc) {
 		sched_t plain;
 		sched_init(&plain, out->algo, out->arena);
-		if (sched_list(pl, w, frac, &plain) == 0 && same_sched(out, &plain))
+		if (sched_list(pl, w, frac, &plain) == 0 && sched_same(out, &plain))
 			n_same++;
 		n_sched++;
 	}

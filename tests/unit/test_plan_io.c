@@ -1496,10 +1496,12 @@ static void test_files(void **state)
 	assert_int_equal(stat(missing, &st), -1);
 	assert_int_equal(count_entries(tmpdir), 1);
 
-	/* the rename fails (a directory is in the way): the temp file is gone */
+	/* a directory in the way: a user error found before any file is made
+	 * (sp_output_check; it once failed only at the rename, SP_EIO) */
 	assert_int_equal(mkdir(sub, 0755), 0);
 	memset(&err, 0, sizeof err);
-	assert_int_equal(plan_write(&f->plan, sub, &err), SP_EIO);
+	assert_int_equal(plan_write(&f->plan, sub, &err), SP_EINPUT);
+	assert_string_equal(err.file, sub);
 	assert_int_equal(count_entries(tmpdir), 2);
 	assert_int_equal(count_entries(sub), 0);
 	assert_int_equal(rmdir(sub), 0);

@@ -640,7 +640,7 @@ static void test_vocab_tp(const char *name, sp_comp_type_t type, int64_t V, int6
 		m[j].dx = calloc((size_t)e, 4);
 		m[j].dp = calloc((size_t)nps, 4);
 		rec[j].cap_sums = nsum + gathered;
-		rec[j].sums = malloc(sizeof(float) * (size_t)nsum);
+		rec[j].sums = malloc(sizeof(float) * (size_t)(nsum + gathered));
 		args[j] = &m[j];
 	}
 	char what[128];

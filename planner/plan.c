@@ -234,6 +234,7 @@ typedef struct {
 	sp_plan_t p;
 	double lb;
 	int simulated, from_seq; /* from_seq: seq's plan, r and f */
+	int memo; /* r and f from sim_memo: p is the lowered plan, not simulated */
 	sim_result_t r;
 	double f;
 	/* --jobs: the candidate's jobs (NULL: none) and which variant p is:
@@ -249,11 +250,12 @@ typedef struct {
 	double *over;
 	const sched_cand_t **chosen;
 	int *use_seq, found;
+	int memo; /* the record's result came from sim_memo (held_t's memo) */
 } walk_t;
 
 /* Candidate c's simulated plan p (r, f) judged against the record. */
 static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
-		       double f, int from_seq)
+		       double f, int from_seq, int memo)
 {
 	if (plan_better(w->found, r, f, w->res, *w->over)) {
 		plan_release(w->out);
@@ -261,6 +263,7 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 		*w->res = *r;
 		*w->over = f;
 		w->found = 1;
+		w->memo = memo;
 		if (w->chosen)
 			*w->chosen = c;
 		if (w->use_seq)
@@ -273,17 +276,26 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 
 static int par_simulated(planner_t *pl, held_t *h, int *rc);
 
-/* Simulates held candidate h (ours) in a scope of pl->scratch. */
+/* Simulates held candidate h (ours) in a scope of pl->scratch, or takes
+ * the result of a plan equal to it simulated before (sim_memo.c; not with
+ * --simulate-all, which simulates every candidate). */
 static int held_simulate(planner_t *pl, held_t *h)
 {
-	int spec_rc;
+	int spec_rc, memo = !pl->opts->simulate_all;
+	sim_memo_key_t key = {0};
 	if (par_simulated(pl, h, &spec_rc)) { /* a job simulated it already */
 		h->simulated = !spec_rc;
 		return spec_rc;
 	}
+	if (memo && sim_memo_find(pl, &h->p, &key, &h->r, &h->f)) {
+		h->simulated = h->memo = 1; if (getenv("QS_DEBUG")) fprintf(stderr, "HIT %s\n", h->c ? h->c->name : "-");
+		return 0;
+	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
 	sp_arena_reset(&pl->scratch, mark);
+	if (memo)
+		sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f);
 	h->simulated = !rc;
 	return rc;
 }
@@ -311,7 +323,7 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 				  "candidate '%s': sync bound %.6f ms above its simulated "
 				  "iteration %.6f ms",
 				  h->c->name, h->lb, h->r.iteration_ms);
-	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq);
+	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq, h->memo);
 	return 0;
 }
 
@@ -848,7 +860,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
 				held_release(held, n_held);
 				n_held = 0;
-				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq);
+				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq, y.memo);
 				continue;
 			}
 			held[n_held++] = y;
@@ -871,6 +883,23 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 	if (w.found && bar && !plan_better(1, res, *over, bar, 0)) {
 		plan_release(out);
 		return PLAN_NO_BETTER;
+	}
+	if (w.found && w.memo) { /* the chosen plan as its simulation leaves it */
+		sim_result_t r;
+		double f;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = plan_simulated(pl, 1, out, &r, &f);
+		sp_arena_reset(&pl->scratch, mark);
+		if (!rc && (r.iteration_ms != res->iteration_ms || f != *over))
+			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					"the chosen plan simulates to %.6f ms, its equal "
+					"simulated earlier to %.6f ms",
+					r.iteration_ms, res->iteration_ms);
+		if (rc) {
+			plan_release(out);
+			return rc;
+		}
+		*res = r;
 	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);

@@ -163,6 +163,8 @@ typedef struct planner {
 	/* plan.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
+	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
+	struct sim_memo *sim_memo;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */
@@ -785,6 +787,22 @@ int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* The compute and transfer passes alone: res's compute_ms, transfer_ms
  * and xfer_iteration_ms as sim_run sets them (nothing else). */
 int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
+/* ---- sim_memo.c: ours' simulations, once per lowered plan --------------------- */
+
+typedef struct {
+	uint64_t hash;
+	size_t len;
+	unsigned char *blob; /* the plan's bytes, in pl->arena (NULL: not kept) */
+} sim_memo_key_t;
+/* 1 when a plan equal to p (lowered, not yet simulated) was simulated
+ * earlier in this run (sim_memo_add): its result into *r and *f. Else 0,
+ * and key holds p's bytes (when there is room) for sim_memo_add. */
+int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_result_t *r,
+		  double *f);
+/* key's plan simulated to r and f (plan.c plan_simulated); r NULL: it
+ * failed, nothing is recorded. */
+void sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

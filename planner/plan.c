@@ -288,7 +288,7 @@ static int held_simulate(planner_t *pl, held_t *h)
 		return spec_rc;
 	}
 	if (memo && sim_memo_find(pl, &h->p, &key, &h->r, &h->f)) {
-		h->simulated = h->memo = 1; if (getenv("QS_DEBUG")) fprintf(stderr, "HIT %s\n", h->c ? h->c->name : "-");
+		h->simulated = h->memo = 1;
 		return 0;
 	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);

@@ -314,6 +314,8 @@ typedef struct {
 	int xslot[2];              /* a transfer's slots */
 	int *slot;                 /* per load of the draining phase: its index in
 				    * its link's list */
+	double *w, xw[2];          /* per load of the draining phase: bytes_r / vol
+				    * (xw: a transfer's) */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
@@ -793,7 +795,7 @@ int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 typedef struct {
 	uint64_t hash;
 	size_t len;
-	unsigned char *blob; /* the plan's bytes, in pl->arena (NULL: not kept) */
+	unsigned char *blob; /* the plan's bytes, malloc'd (NULL: not kept) */
 } sim_memo_key_t;
 /* 1 when a plan equal to p (lowered, not yet simulated) was simulated
  * earlier in this run (sim_memo_add): its result into *r and *f. Else 0,
@@ -801,8 +803,10 @@ typedef struct {
 int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_result_t *r,
 		  double *f);
 /* key's plan simulated to r and f (plan.c plan_simulated); r NULL: it
- * failed, nothing is recorded. */
+ * failed, nothing is recorded (key's bytes are freed either way). */
 void sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
+/* Frees the recorded plans' bytes (before pl->arena goes). */
+void sim_memo_release(planner_t *pl);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

@@ -1418,6 +1418,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	sum->total_ms = now_ms(o) - t_start;
 cleanup:
 	jobs_free(pl.jobs); /* the allotments in its arenas are read last above */
+	sim_memo_release(&pl);
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)

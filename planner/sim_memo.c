@@ -19,12 +19,14 @@
  * its times recorded) is not kept: plan.c simulates the walk's choice
  * again when it came from here.
  *
- * Memory: each entry holds a copy of its plan's arrays in pl->arena, at
- * most SIM_MEMO_BYTES in all per run (past it, plans are simulated and
- * not recorded).
+ * Memory: each entry holds a copy of its plan's arrays (malloc: written
+ * once, never zeroed), at most SIM_MEMO_BYTES in all per run (past it,
+ * plans are simulated and not recorded); the entries in pl->arena,
+ * sim_memo_release frees the copies.
  */
 #include "planner.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define SIM_MEMO_BYTES ((size_t)64 << 20)
@@ -45,20 +47,9 @@ typedef struct {
 
 static void plan_segs(const sp_plan_t *p, counts_t *c, seg_t s[SEG__COUNT])
 {
-	memset(c, 0, sizeof *c);
-	c->n[0] = p->microbatches;
-	c->n[1] = p->n_metaops;
-	c->n[2] = p->n_ops;
-	c->n[3] = p->n_edges;
-	c->n[4] = p->n_waves;
-	c->n[5] = p->n_slices;
-	c->n[6] = p->n_slice_devs;
-	c->n[7] = p->n_buckets;
-	c->n[8] = p->n_bucket_devs;
-	c->n[9] = p->n_bucket_params;
-	c->n[10] = p->n_devices;
-	c->n[11] = p->n_ins;
-	c->n[12] = p->n_held;
+	*c = (counts_t){{p->microbatches, p->n_metaops, p->n_ops, p->n_edges, p->n_waves,
+			 p->n_slices, p->n_slice_devs, p->n_buckets, p->n_bucket_devs,
+			 p->n_bucket_params, p->n_devices, p->n_ins, p->n_held}};
 	int i = 0;
 	s[i++] = (seg_t){c, sizeof *c};
 	s[i++] = (seg_t){p->metaops, sizeof *p->metaops * (size_t)p->n_metaops};
@@ -150,8 +141,7 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
 	/* not seen: its bytes, for sim_memo_add once it is simulated */
 	if (!m && !(m = pl->sim_memo = sp_arena_calloc(&pl->arena, 1, sizeof *m)))
 		return 0;
-	if (m->bytes + key->len > SIM_MEMO_BYTES ||
-	    !(key->blob = sp_arena_alloc(&pl->arena, key->len)))
+	if (m->bytes + key->len > SIM_MEMO_BYTES || !(key->blob = malloc(key->len + 1)))
 		return 0;
 	size_t off = 0;
 	for (int i = 0; i < SEG__COUNT; i++) {
@@ -168,8 +158,22 @@ void sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, dou
 	struct sim_memo *m = pl->sim_memo;
 	if (!key->blob || !r || !m ||
 	    (m->n == m->cap &&
-	     sp_arena_grow(&pl->arena, (void **)&m->e, &m->cap, m->n + 1, sizeof *m->e)))
-		return; /* not recorded: only simulated again if it comes again */
+	     sp_arena_grow(&pl->arena, (void **)&m->e, &m->cap, m->n + 1, sizeof *m->e))) {
+		/* not recorded: only simulated again if it comes again */
+		if (m && key->blob)
+			m->bytes -= key->len;
+		free(key->blob);
+		key->blob = NULL;
+		return;
+	}
 	m->e[m->n++] = (memo_entry_t){key->hash, key->len, key->blob, *r, f};
 	key->blob = NULL;
+}
+
+void sim_memo_release(planner_t *pl)
+{
+	struct sim_memo *m = pl->sim_memo;
+	for (int i = 0; m && i < m->n; i++)
+		free(m->e[i].blob);
+	pl->sim_memo = NULL; /* the entries were in pl->arena */
 }

@@ -287,15 +287,19 @@ static int held_simulate(planner_t *pl, held_t *h)
 		h->simulated = !spec_rc;
 		return spec_rc;
 	}
-	if (memo && sim_memo_find(pl, &h->p, &key, &h->r, &h->f)) {
+	int found = memo ? sim_memo_find(pl, &h->p, &key, &h->r, &h->f) : 0;
+	if (found < 0)
+		return sp_err_set(pl->err, found, NULL, 0, 0, NULL, "out of memory");
+	if (found) {
 		h->simulated = h->memo = 1;
 		return 0;
 	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
 	sp_arena_reset(&pl->scratch, mark);
-	if (memo)
-		sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f);
+	int mrc = memo ? sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f) : 0;
+	if (!rc && mrc)
+		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
 	h->simulated = !rc;
 	return rc;
 }

@@ -799,12 +799,14 @@ typedef struct {
 } sim_memo_key_t;
 /* 1 when a plan equal to p (lowered, not yet simulated) was simulated
  * earlier in this run (sim_memo_add): its result into *r and *f. Else 0,
- * and key holds p's bytes (when there is room) for sim_memo_add. */
+ * and key holds p's bytes (when there is room) for sim_memo_add; or
+ * SP_ENOMEM. */
 int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_result_t *r,
 		  double *f);
 /* key's plan simulated to r and f (plan.c plan_simulated); r NULL: it
- * failed, nothing is recorded (key's bytes are freed either way). */
-void sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
+ * failed, nothing is recorded (key's bytes are freed either way). 0 or
+ * SP_ENOMEM. */
+int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
 /* Frees the recorded plans' bytes (before pl->arena goes). */
 void sim_memo_release(planner_t *pl);
 

@@ -140,9 +140,11 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
 		}
 	/* not seen: its bytes, for sim_memo_add once it is simulated */
 	if (!m && !(m = pl->sim_memo = sp_arena_calloc(&pl->arena, 1, sizeof *m)))
+		return SP_ENOMEM;
+	if (m->bytes + key->len > SIM_MEMO_BYTES)
 		return 0;
-	if (m->bytes + key->len > SIM_MEMO_BYTES || !(key->blob = malloc(key->len + 1)))
-		return 0;
+	if (!(key->blob = malloc(key->len + 1)))
+		return SP_ENOMEM;
 	size_t off = 0;
 	for (int i = 0; i < SEG__COUNT; i++) {
 		if (s[i].n)
@@ -153,21 +155,23 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
 	return 0;
 }
 
-void sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f)
+int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f)
 {
 	struct sim_memo *m = pl->sim_memo;
-	if (!key->blob || !r || !m ||
-	    (m->n == m->cap &&
-	     sp_arena_grow(&pl->arena, (void **)&m->e, &m->cap, m->n + 1, sizeof *m->e))) {
-		/* not recorded: only simulated again if it comes again */
-		if (m && key->blob)
-			m->bytes -= key->len;
+	int rc = 0;
+	if (!key->blob)
+		return 0; /* no room: not recorded */
+	if (r && m->n == m->cap)
+		rc = sp_arena_grow(&pl->arena, (void **)&m->e, &m->cap, m->n + 1, sizeof *m->e);
+	if (!r || rc) {
+		m->bytes -= key->len;
 		free(key->blob);
 		key->blob = NULL;
-		return;
+		return rc;
 	}
 	m->e[m->n++] = (memo_entry_t){key->hash, key->len, key->blob, *r, f};
 	key->blob = NULL;
+	return 0;
 }
 
 void sim_memo_release(planner_t *pl)

@@ -110,6 +110,7 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	jb->xl[1] = (net_load_t){res[1], (double)bytes * scale};
 	jb->co.n_phase = 1;
 	jb->slot = jb->xslot;
+	jb->w = jb->xw;
 	jb->co.ph[0] = (net_phase_t){.lat_ms = scale * (dev_node(n->c, a) == dev_node(n->c, b)
 								? n->c->intra_lat_us * 1e-3
 								: n->c->inter_lat_us * 1e-3),
@@ -134,7 +135,8 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 	    most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);
-	if (!rc && !(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))))
+	if (!rc && (!(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))) ||
+		    !(jb->w = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(double)))))
 		rc = SP_ENOMEM;
 	return rc ? rc : j;
 }
@@ -212,6 +214,8 @@ static int enter_phase(fl_net_t *n, int j)
 		for (int i = 0; i < ph->n_load; i++)
 			v = fmax(v, ph->load[i].bytes);
 		jb->vol = jb->rem = v;
+		for (int i = 0; v > 0 && i < ph->n_load; i++)
+			jb->w[i] = ph->load[i].bytes / v; /* sharing's weights, once */
 		if (v > 0)
 			return drain_begin(n, j);
 		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
@@ -388,7 +392,7 @@ static void freeze_link(fl_net_t *n, int r, double x, int heap)
 		const net_phase_t *ph = &jb->co.ph[jb->phase];
 		for (int i = 0; i < ph->n_load; i++) {
 			int r2 = ph->load[i].res;
-			double w = ph->load[i].bytes / jb->vol;
+			double w = jb->w[i];
 			n->left[r2] -= x * w;
 			n->sum[r2] -= w;
 			n->unfrozen[r2]--;
@@ -435,7 +439,7 @@ static int share(fl_net_t *n)
 						  n->cnt[r2] + 1, sizeof(int)))
 					return SP_ENOMEM;
 				n->on[r2][n->cnt[r2]++] = k;
-				n->sum[r2] += ph->load[i].bytes / jb->vol;
+				n->sum[r2] += jb->w[i];
 			}
 		}
 	}

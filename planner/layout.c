@@ -304,7 +304,8 @@ static int regather(sp_plan_t *p)
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
 		extra += layout_gathers_after_step(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
-	sp_ins_t *ins = calloc((size_t)(p->n_ins + extra) + 1, sizeof *ins);
+	/* every entry below n is written: no zeroing (the spare one is) */
+	sp_ins_t *ins = malloc(((size_t)(p->n_ins + extra) + 1) * sizeof *ins);
 	if (!ins)
 		return SP_ENOMEM;
 	int n = 0;
@@ -324,6 +325,7 @@ static int regather(sp_plan_t *p)
 		dv->first_ins = first;
 		dv->n_ins = n - first;
 	}
+	memset(&ins[n], 0, sizeof *ins * (size_t)(p->n_ins + extra + 1 - n));
 	free(p->ins);
 	p->ins = ins;
 	p->n_ins = n;

@@ -27,6 +27,7 @@
  */
 #include "planner.h"
 #include "tp.h"
+#include "sort.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -65,13 +66,9 @@ struct placer {
 	int key[5];
 };
 
-static int cmp_cand(const void *a, const void *b)
-{
-	const cand_t *x = a, *y = b;
-	if (x->score != y->score)
-		return x->score > y->score ? -1 : 1;
-	return x->dev - y->dev;
-}
+/* Best score first, ties by device: a total order (sort.h). */
+#define CAND_BEFORE(x, y) ((x).score > (y).score || ((x).score == (y).score && (x).dev < (y).dev))
+SP_SORT_DEFINE(cand_sort, cand_t, CAND_BEFORE)
 
 /* The (component, layer) slot of MetaOp m's layer l. */
 static int param_id_of(const placer_t *P, int m, int l)
@@ -281,7 +278,7 @@ static int candidates(placer_t *P, const sslice_t *x)
 	for (int d = 0; d < pl->N; d++)
 		if (P->busy_until[d] <= x->t0 + 1e-9)
 			P->cand[k++] = (cand_t){score(P, x, d), d};
-	qsort(P->cand, (size_t)k, sizeof *P->cand, cmp_cand);
+	cand_sort(P->cand, k);
 	return k;
 }
 
@@ -321,24 +318,12 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	return fit;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-	return (x > y) - (x < y);
-}
+#define I32_BEFORE(x, y) ((x) < (y))
+SP_SORT_DEFINE(i32_sort, int32_t, I32_BEFORE)
 
 void devs_sort(int32_t *d, int n)
 {
-	if (n > 32) { /* long lists by qsort, short ones by insertion */
-		qsort(d, (size_t)n, sizeof *d, cmp_i32);
-		return;
-	}
-	for (int a = 1; a < n; a++)
-		for (int b = a; b > 0 && d[b] < d[b - 1]; b--) {
-			int32_t t = d[b];
-			d[b] = d[b - 1];
-			d[b - 1] = t;
-		}
+	i32_sort(d, n);
 }
 
 int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
@@ -366,10 +351,10 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 				head[node] = j;
 			}
 		}
-		/* by score, ties by node (a total order: cmp_cand) */
+		/* by score, ties by node (a total order: CAND_BEFORE) */
 		for (int q = 0; q < nn; q++)
 			P->node_cand[q] = (cand_t){P->node_score[q], q};
-		qsort(P->node_cand, (size_t)nn, sizeof *P->node_cand, cmp_cand);
+		cand_sort(P->node_cand, nn);
 		for (int q = 0; q < nn; q++)
 			P->node_order[q] = P->node_cand[q].dev;
 		/* a group that fits in one node goes to the best node that holds it */

@@ -238,6 +238,7 @@ typedef struct {
 	sp_plan_t p;
 	double lb, lbr;
 	int simulated, from_seq; /* from_seq: seq's plan, r and f */
+	int memo; /* r and f from sim_memo: p is the lowered plan, not simulated */
 	sim_result_t r;
 	double f;
 	/* --jobs: the candidate's jobs (NULL: none) and which variant p is:
@@ -253,11 +254,12 @@ typedef struct {
 	double *over;
 	const sched_cand_t **chosen;
 	int *use_seq, found;
+	int memo; /* the record's result came from sim_memo (held_t's memo) */
 } walk_t;
 
 /* Candidate c's simulated plan p (r, f) judged against the record. */
 static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
-		       double f, int from_seq)
+		       double f, int from_seq, int memo)
 {
 	if (plan_better(w->found, r, f, w->res, *w->over)) {
 		plan_release(w->out);
@@ -265,6 +267,7 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 		*w->res = *r;
 		*w->over = f;
 		w->found = 1;
+		w->memo = memo;
 		if (w->chosen)
 			*w->chosen = c;
 		if (w->use_seq)
@@ -277,17 +280,30 @@ static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim
 
 static int par_simulated(planner_t *pl, held_t *h, int *rc);
 
-/* Simulates held candidate h (ours) in a scope of pl->scratch. */
+/* Simulates held candidate h (ours) in a scope of pl->scratch, or takes
+ * the result of a plan equal to it simulated before (sim_memo.c; not with
+ * --simulate-all, which simulates every candidate). */
 static int held_simulate(planner_t *pl, held_t *h)
 {
-	int spec_rc;
+	int spec_rc, memo = !pl->opts->simulate_all;
+	sim_memo_key_t key = {0};
 	if (par_simulated(pl, h, &spec_rc)) { /* a job simulated it already */
 		h->simulated = !spec_rc;
 		return spec_rc;
 	}
+	int found = memo ? sim_memo_find(pl, &h->p, &key, &h->r, &h->f) : 0;
+	if (found < 0)
+		return sp_err_set(pl->err, found, NULL, 0, 0, NULL, "out of memory");
+	if (found) {
+		h->simulated = h->memo = 1;
+		return 0;
+	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
 	sp_arena_reset(&pl->scratch, mark);
+	int mrc = memo ? sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f) : 0;
+	if (!rc && mrc)
+		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
 	h->simulated = !rc;
 	return rc;
 }
@@ -315,7 +331,7 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 				  "candidate '%s': sync bound %.6f ms above its simulated "
 				  "iteration %.6f ms",
 				  h->c->name, h->lb, h->r.iteration_ms);
-	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq);
+	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq, h->memo);
 	return 0;
 }
 
@@ -914,7 +930,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
 				held_release(held, n_held);
 				n_held = 0;
-				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq);
+				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq, y.memo);
 				continue;
 			}
 			held[n_held++] = y;
@@ -946,6 +962,23 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			plan_release(out);
 			return PLAN_NO_BETTER;
 		}
+	}
+	if (w.found && w.memo) { /* the chosen plan as its simulation leaves it */
+		sim_result_t r;
+		double f;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = plan_simulated(pl, 1, out, &r, &f);
+		sp_arena_reset(&pl->scratch, mark);
+		if (!rc && (r.iteration_ms != res->iteration_ms || f != *over))
+			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					"the chosen plan simulates to %.6f ms, its equal "
+					"simulated earlier to %.6f ms",
+					r.iteration_ms, res->iteration_ms);
+		if (rc) {
+			plan_release(out);
+			return rc;
+		}
+		*res = r;
 	}
 	if (w.found && res->partial) { /* the chosen plan's other times */
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
@@ -1476,6 +1509,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 	sum->total_ms = now_ms(o) - t_start;
 cleanup:
 	jobs_free(pl.jobs); /* the allotments in its arenas are read last above */
+	sim_memo_release(&pl);
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)

@@ -165,6 +165,8 @@ typedef struct planner {
 	/* plan.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
+	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
+	struct sim_memo *sim_memo;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */
@@ -314,6 +316,8 @@ typedef struct {
 	int xslot[2];              /* a transfer's slots */
 	int *slot;                 /* per load of the draining phase: its index in
 				    * its link's list */
+	double *w, xw[2];          /* per load of the draining phase: bytes_r / vol
+				    * (xw: a transfer's) */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
@@ -790,6 +794,26 @@ int sim_complete(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* The compute and transfer passes alone: res's compute_ms, transfer_ms
  * and xfer_iteration_ms as sim_run sets them (nothing else). */
 int sim_transfers(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
+/* ---- sim_memo.c: ours' simulations, once per lowered plan --------------------- */
+
+typedef struct {
+	uint64_t hash;
+	size_t len;
+	unsigned char *blob; /* the plan's bytes, malloc'd (NULL: not kept) */
+} sim_memo_key_t;
+/* 1 when a plan equal to p (lowered, not yet simulated) was simulated
+ * earlier in this run (sim_memo_add): its result into *r and *f. Else 0,
+ * and key holds p's bytes (when there is room) for sim_memo_add; or
+ * SP_ENOMEM. */
+int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_result_t *r,
+		  double *f);
+/* key's plan simulated to r and f (plan.c plan_simulated); r NULL: it
+ * failed, nothing is recorded (key's bytes are freed either way). 0 or
+ * SP_ENOMEM. */
+int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
+/* Frees the recorded plans' bytes (before pl->arena goes). */
+void sim_memo_release(planner_t *pl);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

@@ -7,6 +7,7 @@
  * otherwise; it keeps nothing between calls.
  */
 #include "planner.h"
+#include "sort.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -46,12 +47,9 @@ typedef struct {
 	int id;
 } dev_key_t;
 
-/* By key, then id. */
-static int cmp_dev_key(const void *a, const void *b)
-{
-	const dev_key_t *x = a, *y = b;
-	return sched_cmp_key_id(x->key, x->id, y->key, y->id);
-}
+/* By key, then id (distinct: a total order, sort.h). */
+#define DEV_KEY_BEFORE(x, y) ((x).key < (y).key || ((x).key == (y).key && (x).id < (y).id))
+SP_SORT_DEFINE(dev_key_sort, dev_key_t, DEV_KEY_BEFORE)
 
 /* Devices a MetaOp of a lane uses when the lane has n. */
 static int lane_width(const metaop_t *mo, int n)
@@ -671,7 +669,7 @@ static int lanes_endgame(lanes_run_t *R)
 			R->eg_t[j] = soonest;
 			continue;
 		}
-		qsort(R->byfree, (size_t)na, sizeof *R->byfree, cmp_dev_key);
+		dev_key_sort(R->byfree, na);
 		int cap = SP_MAX(1, (int)ceil(N * R->eg_rem[j] / tot - 1e-9));
 		int k = lane_width(mo, SP_MIN(na, cap)), r = mo->sink ? mo->n_layers - layer : 1;
 		for (int q = 0; q < k; q++)
@@ -723,7 +721,7 @@ static int lanes_joins(lanes_run_t *R)
 		int k = lane_width(mo, R->w[m]);
 		for (int d = 0; d < N; d++)
 			R->byfree[d] = (dev_key_t){fmax(R->free_at[d], ready), d};
-		qsort(R->byfree, (size_t)N, sizeof *R->byfree, cmp_dev_key);
+		dev_key_sort(R->byfree, N);
 		double t0 = ready;
 		for (int i = 0; i < k; i++) {
 			R->devs[i] = R->byfree[i].id;

@@ -227,17 +227,30 @@ int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[M
 	plan_z3_walk_release(&z3);
 	int64_t work = 0, redo = 0, bwd_ws = 0;
 	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
-	 * table (at most four values per instruction: a decoder's BWD touches
-	 * its memory and the memory's gradient too) */
+	 * table at most half full: room for twice the references the loop
+	 * makes (a FWD, BWD or LOSS up to four: a decoder's BWD touches its
+	 * memory and the memory's gradient too; a COPY two; a SEND or RECV
+	 * one), the slots taken listed in `taken` */
 	typedef struct {
 		int32_t m, l, g, lo, hi, used;
 	} vslot_t;
-	size_t cap = 16;
-	while (cap < (size_t)dv->n_ins * 8 + 16)
+	size_t refs = 0, cap = 16, n_taken = 0;
+	for (int k = 0; k < dv->n_ins; k++) {
+		int op = p->ins[dv->first_ins + k].op;
+		refs += op == INS_FWD || op == INS_BWD || op == INS_LOSS ? 4
+			: op == INS_COPY				       ? 2
+			: op == INS_SEND || op == INS_RECV		       ? 1
+									       : 0;
+	}
+	while (cap < refs * 2 + 16)
 		cap *= 2;
 	vslot_t *v = calloc(cap, sizeof *v);
-	if (!v)
+	size_t *taken = malloc(sizeof *taken * (refs + 1));
+	if (!v || !taken) {
+		free(v);
+		free(taken);
 		return -1;
+	}
 	int64_t send_stage = 0, recv_stage = 0;
 	for (int k = 0; k < dv->n_ins; k++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + k];
@@ -307,20 +320,21 @@ int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[M
 				h = (h + 1) & (cap - 1);
 			if (!v[h].used) {
 				v[h] = (vslot_t){r->metaop, r->layer, r->grad, r0, r1, 1};
+				taken[n_taken++] = h;
 				continue;
 			}
 			v[h].lo = SP_MIN(v[h].lo, r0);
 			v[h].hi = SP_MAX(v[h].hi, r1);
 		}
 	}
-	for (size_t i = 0; i < cap; i++) {
-		if (!v[i].used)
-			continue;
+	for (size_t j = 0; j < n_taken; j++) {
+		const vslot_t *x = &v[taken[j]];
 		int32_t seq, width;
-		plan_value_shape(p, v[i].m, v[i].l, &seq, &width);
-		out[MEM_COMM] += (int64_t)(v[i].hi - v[i].lo) * seq * width * db;
+		plan_value_shape(p, x->m, x->l, &seq, &width);
+		out[MEM_COMM] += (int64_t)(x->hi - x->lo) * seq * width * db;
 	}
 	free(v);
+	free(taken);
 	out[MEM_COMM] += send_stage + recv_stage;
 	out[MEM_WORK] = work + redo + bwd_ws + WORK_FIXED;
 	return 0;

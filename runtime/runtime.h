@@ -264,6 +264,10 @@ typedef struct {
 	double timeout_s;
 	int record_events;
 	const rt_dataset_t *data; /* NULL: synthetic data */
+	/* test mode (--check-deferred, cpu backend only): a deferred
+	 * all-gather lands in a staging buffer and the bucket's weights
+	 * outside the rank's shard are NaN until the gather is waited for */
+	int check_deferred;
 } rt_opts_t;
 
 /*

@@ -197,14 +197,18 @@ static void usage(FILE *f)
 		"                       every program's transfers match, nothing deadlocks\n"
 		"                       and every value is written before it is read), which\n"
 		"                       every rank otherwise runs before step 1; the\n"
-		"                       reader's checks of the file still run\n"
+		"                       reader's checks of the file still run\n");
+	/* two strings: one would pass the 4095 characters C17 compilers need
+	 * to support (-Woverlength-strings) */
+	fprintf(f,
 		"  --check-deferred     test mode (cpu backend only): each deferred\n"
 		"                       all-gather (plan bucket flag defer) lands in a\n"
 		"                       staging buffer, and the bucket's weights outside\n"
 		"                       the rank's shard are NaN until the runtime waits\n"
 		"                       for the gather (first use, STEP, before a digest,\n"
 		"                       checkpoint, export or the end): a missing wait\n"
-		"                       gives NaN losses and parameters. Slower; the\n"
+		"                       gives NaN losses and parameters. Two copies of\n"
+		"                       each deferred bucket a step more; the\n"
 		"                       numbers are otherwise those of a normal run\n"
 		"\n"
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"

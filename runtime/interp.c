@@ -1593,6 +1593,11 @@ int rt_settle(rt_state_t *st, sp_err_t *err)
 	return rc;
 }
 
+int rt_settle_pending(rt_state_t *st, sp_err_t *err)
+{
+	return st && st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
+}
+
 void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
 {
 	*later = st->d_later;

@@ -1072,6 +1072,15 @@ static int finish(run_t *r, int out)
 	if (r->log)
 		fclose(r->log);
 	free(r->loss);
+	if (out == RUN_FAIL) {
+		/* deferred all-gathers still in flight (a step failed after the
+		 * one that started them; every rank knows and comes here): they
+		 * complete before their buffers go; lost ranks abort instead */
+		sp_err_t e = {0};
+		wd_arm(rank, "finishing (deferred all-gathers in flight)");
+		rt_settle_pending(r->st, &e);
+		wd_disarm();
+	}
 	rt_free(r->st);
 	dataset_free(r->ds);
 	heldout_free(r->heldout);

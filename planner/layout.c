@@ -45,7 +45,9 @@
  *     --defer-gather auto (any --zero), the zero-1/2 all-gathers deferred
  *     (try_defer), and under --zero auto every replicated bucket of 2+
  *     devices in zero-1 with deferred all-gathers: at most two more
- *     simulations, each kept when faster.
+ *     simulations, each kept when faster. (The zero-3 replacement plan
+ *     of step 2, layout_zero3's, is not refined: its zero-1/2 buckets'
+ *     gathers stay at the step's end, a missed option, not a wrong time.)
  *
  * Zero-2 (gradients sharded too) replaces zero-1 plan-wide only where the
  * cap needs it (choose_zero2 in step 2, before recomputation; dropped again

@@ -851,6 +851,20 @@ static int tp_groups(rt_state_t *st)
 	return rc;
 }
 
+/* The staging buffers of the deferred buckets (--check-deferred). */
+static int check_deferred_setup(rt_state_t *st)
+{
+	for (int i = 0; i < st->n_mb; i++) {
+		mybucket_t *mb = &st->mb[i];
+		if (!mb->defer)
+			continue;
+		mb->dstage = malloc(sizeof(float) * (size_t)SP_MAX(mb->n, 1));
+		if (!mb->dstage)
+			return SP_ENOMEM;
+	}
+	return 0;
+}
+
 int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
 	      const rt_opts_t *o, sp_err_t *err)
 {
@@ -895,6 +909,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
+	if (!rc && st->o.check_deferred)
+		rc = check_deferred_setup(st);
 	/* every rank learns whether all could set up before any collective that
 	 * a failed rank would never join */
 	double bad[2] = {rc != 0, rc == SP_EINPUT};
@@ -957,6 +973,8 @@ void rt_free(rt_state_t *st)
 	if (!st)
 		return;
 	const rt_backend_t *b = st->b;
+	for (int i = 0; st->mb && i < st->n_mb; i++)
+		free(st->mb[i].dstage);
 	b->release(st->w);
 	b->release(st->ws);
 	b->release(st->z3pool);
@@ -1487,7 +1505,7 @@ static int poll_pending(rt_state_t *st, sp_err_t *err)
 	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
 		mybucket_t *mb = &st->mb[i];
 		int done = 0;
-		if (!mb->dpend)
+		if (!mb->dpend || mb->dstage) /* --check-deferred: lands at the wait */
 			continue;
 		if (st->c->ops->test(st->c, &mb->dreq, &done))
 			return fail(st, err, mb->gather, "communication failed");
@@ -1527,6 +1545,21 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 		b->sgd_step(w, g, n, o);
 }
 
+/* --check-deferred: the all-gather of deferred bucket mb starts from a copy
+ * of its weights in its staging buffer, and its weights outside the rank's
+ * shard become NaN, so any read of them before defer_wait lands the
+ * gathered values (the copy back) spoils the losses and the parameters. The
+ * cpu backend only: w is host memory. */
+static void check_deferred_issue(rt_state_t *st, const mybucket_t *mb)
+{
+	float *w = st->w + mb->wc;
+	int64_t lo = mb->soff - mb->off, hi = lo + SP_MAX(mb->sn, 0);
+	memcpy(mb->dstage, w, sizeof(float) * (size_t)mb->n);
+	for (int64_t i = 0; i < mb->n; i++)
+		if (i < lo || i >= hi)
+			w[i] = NAN;
+}
+
 /* Waits for the deferred all-gathers in flight that instruction k (a FWD,
  * BWD or LOSS of the next step, or its STEP) may not run before: those
  * whose dwait is k or earlier (all of them at k = INT_MAX). later: counted
@@ -1540,6 +1573,8 @@ static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
 		int rc = wait_req(st, &mb->dreq, mb->gather, err);
 		if (rc)
 			return rc;
+		if (mb->dstage) /* --check-deferred: the gathered weights land now */
+			memcpy(st->w + mb->wc, mb->dstage, sizeof(float) * (size_t)mb->n);
 		mb->dpend = 0;
 		st->n_dpend--;
 		if (!later)
@@ -1556,6 +1591,11 @@ int rt_settle(rt_state_t *st, sp_err_t *err)
 	if (!rc)
 		st->b->sync();
 	return rc;
+}
+
+int rt_settle_pending(rt_state_t *st, sp_err_t *err)
+{
+	return st && st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
 }
 
 void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
@@ -1632,7 +1672,10 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 		mybucket_t *mb = &st->mb[st->step_order[q]];
 		if (mb->gather < 0 || !mb->defer)
 			continue;
-		if (st->c->ops->iallgather(st->c, st->w + mb->wc, mb->n, mb->group, &mb->dreq))
+		if (mb->dstage)
+			check_deferred_issue(st, mb);
+		if (st->c->ops->iallgather(st->c, mb->dstage ? mb->dstage : st->w + mb->wc, mb->n,
+					   mb->group, &mb->dreq))
 			return fail(st, err, mb->gather, "starting the all-gather failed");
 		mb->dpend = 1;
 		mb->dstep = st->n_steps;

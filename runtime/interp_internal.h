@@ -35,6 +35,8 @@ typedef struct {
 	int dpend, dwait;
 	int64_t dstep;    /* the rt_step (st->n_steps) that started it */
 	rt_req_t dreq;
+	float *dstage;    /* defer, --check-deferred: its all-gather's buffer
+			   * (n floats), copied into the weights at the wait */
 	int64_t goff;     /* not zero2: where its gradients start in g */
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */

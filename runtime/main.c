@@ -60,7 +60,7 @@ typedef struct {
 	st_dtype_t export_dtype;
 	int64_t steps, save_every;
 	uint64_t seed;
-	int seed_set, quiet, no_verify, memory_all;
+	int seed_set, quiet, no_verify, memory_all, check_deferred;
 	double timeout_s;
 	fault_t fault; /* testing hooks */
 } run_opts_t;
@@ -197,7 +197,19 @@ static void usage(FILE *f)
 		"                       every program's transfers match, nothing deadlocks\n"
 		"                       and every value is written before it is read), which\n"
 		"                       every rank otherwise runs before step 1; the\n"
-		"                       reader's checks of the file still run\n"
+		"                       reader's checks of the file still run\n");
+	/* two strings: one would pass the 4095 characters C17 compilers need
+	 * to support (-Woverlength-strings) */
+	fprintf(f,
+		"  --check-deferred     test mode (cpu backend only): each deferred\n"
+		"                       all-gather (plan bucket flag defer) lands in a\n"
+		"                       staging buffer, and the bucket's weights outside\n"
+		"                       the rank's shard are NaN until the runtime waits\n"
+		"                       for the gather (first use, STEP, before a digest,\n"
+		"                       checkpoint, export or the end): a missing wait\n"
+		"                       gives NaN losses and parameters. Two copies of\n"
+		"                       each deferred bucket a step more; the\n"
+		"                       numbers are otherwise those of a normal run\n"
 		"\n"
 		"exit status: 0 ok, 1 failure while running (a peer died or timed out, a\n"
 		"checkpoint could not be written), 2 bad input (plan, options, launch,\n"
@@ -279,6 +291,10 @@ static int parse(run_opts_t *o, int argc, char **argv)
 		}
 		if (!strcmp(a, "--memory-all")) {
 			o->memory_all = 1;
+			continue;
+		}
+		if (!strcmp(a, "--check-deferred")) {
+			o->check_deferred = 1;
 			continue;
 		}
 		if (a[0] == '-' && a[1] == '-') {
@@ -377,6 +393,11 @@ static int parse(run_opts_t *o, int argc, char **argv)
 	if (!backend_find(o->backend)) {
 		fprintf(stderr, "spindle-run: unknown backend '%s'\nhint: use cpu or cuda\n",
 			o->backend);
+		return 2;
+	}
+	if (o->check_deferred && backend_find(o->backend) != &backend_cpu) {
+		fprintf(stderr, "spindle-run: --check-deferred is only built for the cpu "
+				"backend\nhint: omit --check-deferred, or use --backend cpu\n");
 		return 2;
 	}
 	return check_comm(o);
@@ -527,7 +548,7 @@ static int check_alone(run_t *r)
 {
 	const run_opts_t *o = &r->o;
 	rt_comm_t *c = &r->comm;
-	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL};
+	r->ro = (rt_opts_t){0, o->timeout_s, o->trace_path != NULL, NULL, o->check_deferred};
 	int pre;
 	if (plan_read(&r->plan, o->plan_path, &r->err))
 		return 2;
@@ -1051,6 +1072,15 @@ static int finish(run_t *r, int out)
 	if (r->log)
 		fclose(r->log);
 	free(r->loss);
+	if (out == RUN_FAIL) {
+		/* deferred all-gathers still in flight (a step failed after the
+		 * one that started them; every rank knows and comes here): they
+		 * complete before their buffers go; lost ranks abort instead */
+		sp_err_t e = {0};
+		wd_arm(rank, "finishing (deferred all-gathers in flight)");
+		rt_settle_pending(r->st, &e);
+		wd_disarm();
+	}
 	rt_free(r->st);
 	dataset_free(r->ds);
 	heldout_free(r->heldout);

@@ -264,6 +264,10 @@ typedef struct {
 	double timeout_s;
 	int record_events;
 	const rt_dataset_t *data; /* NULL: synthetic data */
+	/* test mode (--check-deferred, cpu backend only): a deferred
+	 * all-gather lands in a staging buffer and the bucket's weights
+	 * outside the rank's shard are NaN until the gather is waited for */
+	int check_deferred;
 } rt_opts_t;
 
 /*
@@ -289,6 +293,9 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err);
  * polled) and how many here. */
 int rt_settle(rt_state_t *st, sp_err_t *err);
 void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled);
+/* The deferred all-gathers still in flight completed (nothing else; NULL
+ * st or none: 0), before a failed run frees the buffers they write. */
+int rt_settle_pending(rt_state_t *st, sp_err_t *err);
 /*
  * Held-out evaluation: the forward part of the program (no update) on step
  * `step` of dataset ds. Sets acc[task * EV__COUNT + EV_*] to this rank's

@@ -398,6 +398,9 @@ def misc(F, tmp, p1):
     r = R.run(p1, 1, "--steps", 1, env={"SPINDLE_FAULT": "kill-everything"})
     expect(F, r, 2, ["SPINDLE_FAULT: invalid fault 'kill-everything'"],
            "an unknown SPINDLE_FAULT")
+    r = R.run(p1, 1, "--steps", 1, "--backend", "cuda", "--check-deferred")
+    expect(F, r, 2, ["--check-deferred is only built for the cpu backend"],
+           "--check-deferred with the cuda backend")
 
 
 def small_gpu(b, ats):

@@ -24,6 +24,7 @@ absolute floor for elements near zero:
 """
 import csv
 import json
+import math
 import os
 import re
 import struct
@@ -79,15 +80,15 @@ def compare(ref, got, floor, what):
         for i, (x, y) in enumerate(zip(pa[k], pb[k])):
             tol = 1e-4 * abs(x) + floor
             excess = abs(x - y) / tol
-            if excess > worst:
-                worst, where = excess, (k, i, x, y)
+            if not excess <= worst:  # NaN too (--check-deferred's poison)
+                worst, where = (excess if excess == excess else math.inf), (k, i, x, y)
     if worst > 1:
         return f"{what}: parameter {where[0]}[{where[1]}] {where[2]:.9g} vs {where[3]:.9g}"
     if len(la) != len(lb) or len(la) != STEPS * len({r["task"] for r in la}):
         return f"{what}: the logs hold {len(la)} and {len(lb)} rows"
     for ra, rb in zip(la, lb):
         x, y = float(ra["loss"]), float(rb["loss"])
-        if abs(x - y) > 1e-4 * abs(x) + 1e-6:
+        if not abs(x - y) <= 1e-4 * abs(x) + 1e-6:  # NaN too
             return f"{what}: step {ra['step']} task {ra['task']} loss {x:.9g} vs {y:.9g}"
         if ra["task"] != rb["task"] or ra["step"] != rb["step"]:
             return f"{what}: log rows differ"
@@ -488,15 +489,18 @@ def zero2_peak(model, tmp, what, opts, ranks=4, kind="zero-2", below_whole=False
 
 
 DEFER = ("--defer-gather", "on")
+CHECK_DEFER = ("--check-deferred",)  # spindle-run's test mode for the waits
 
 
-def run_unlogged(plan_path, ranks, tmp, tag):
+def run_unlogged(plan_path, ranks, tmp, tag, extra=()):
     """run() without --log (whose per-step parameter digest completes the
-    deferred all-gathers before the next step): the parameters dumped after
-    the last step, the per-task losses as printed (4 decimals) and rank 0's
-    count of deferred all-gathers completed in the step after theirs."""
+    deferred all-gathers before the next step), with spindle-run options
+    extra: the parameters dumped after the last step, the per-task losses
+    as printed (4 decimals) and rank 0's count of deferred all-gathers
+    completed in the step after theirs."""
     dump = os.path.join(tmp, f"{tag}.dump")
-    cmd = [RUN, plan_path, "--steps", str(STEPS), "--dump-params", dump, "--timeout", "60"]
+    cmd = [RUN, plan_path, "--steps", str(STEPS), "--dump-params", dump, "--timeout", "60",
+           *extra]
     if ranks > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -525,9 +529,14 @@ def defer(demo, tmp):
     bucket): on 2, 3 and 4 ranks with AdamW and 2 micro-batches, the same
     parameters after 3 steps and the same per-step losses as the one-device
     run, with the runs unlogged so that the gathers really cross into the
-    next step (rank 0 counts those that completed there: at least one); one
-    logged run (the digest completes them every step) as check_model does;
-    the memory check (every category within 5% of the prediction)."""
+    next step (rank 0 counts those that completed there: at least one).
+    Each runs with --check-deferred (the weights outside the rank's shard
+    NaN until the wait: a missing wait before a use, the STEP or the final
+    dump gives NaN, which compare counts as a failure); zero-1 on 4 ranks
+    and zero-2 on 3 also without it (the normal path: the parameters
+    bit-identical to the checked run's). One logged run (the digest
+    completes them every step) as check_model does; the memory check
+    (every category within 5% of the prediction)."""
     demo = dict(demo, optimizer={"type": "adamw", "lr": 0.01, "eps": 1e-5})
     floor = 1e-2 * 0.01
     mpath = W.write_json(tmp, "defer.model.json", demo)
@@ -544,14 +553,23 @@ def defer(demo, tmp):
             pp = os.path.join(tmp, f"defer.z{z}.{ranks}.bin")
             W.plan(mpath, cpath, pp, "spindle", opts)
             nd = deferred_buckets(pp)
-            got_p, got_l, later = run_unlogged(pp, ranks, tmp, f"defer.z{z}.{ranks}")
+            got_p, got_l, later = run_unlogged(pp, ranks, tmp, f"defer.z{z}.{ranks}",
+                                               CHECK_DEFER)
             err = compare((ref_p, []), (got_p, []), floor, what) if nd else \
                 f"{what}: the plan defers no all-gather"
+            if not err and (z, ranks) in (("1", 4), ("2", 3)):
+                plain = run_unlogged(pp, ranks, tmp, f"defer.z{z}.{ranks}.plain")
+                if (plain[0], plain[1]) != (got_p, got_l):
+                    err = f"{what}: the run without {CHECK_DEFER[0]} differs from the one with it"
+                elif plain[2] < 1:
+                    err = f"{what}, without {CHECK_DEFER[0]}: no deferred all-gather completed " \
+                          "in the step after its own"
+                what += f" (also without {CHECK_DEFER[0]})"
             if not err and len(got_l) != STEPS:
                 err = f"{what}: {len(got_l)} steps printed, not {STEPS}"
             for s, (a, b) in enumerate(zip(ref_l, got_l)):
                 bad = [(t, x, y) for (t, x), (_, y) in zip(a, b)
-                       if abs(float(x) - float(y)) > 1.5e-4]
+                       if not abs(float(x) - float(y)) <= 1.5e-4]
                 if not err and (len(a) != len(b) or bad):
                     err = f"{what}: step {s + 1} losses {b} vs {a}"
             if not err and later < 1:

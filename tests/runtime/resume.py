@@ -142,7 +142,11 @@ def check_defer(F, tmp):
     (--defer-gather on), the saving run unlogged (no per-step digest, so
     the last step's all-gathers are still in flight when the save starts
     and the save must complete them), resumed under the 2-rank replicated
-    plan: within tolerance of the uninterrupted 4-rank run."""
+    plan: within tolerance of the uninterrupted 4-rank run. The saving run
+    and the uninterrupted one run with --check-deferred (the weights
+    outside a rank's shard NaN until their gather is waited for: a save or
+    a use before the wait spoils the result); the saving run also without
+    it, whose checkpoint must be byte-identical (the normal path)."""
     model = R.demo_model(R.ADAMW)
     mpath = R.W.write_json(tmp, "defer.model.json", model)
     p4 = os.path.join(tmp, "defer.4.bin")
@@ -154,10 +158,15 @@ def check_defer(F, tmp):
     F.check(nd > 0, f"defer: the 4-rank plan defers {nd} buckets' all-gathers",
             "no bucket is deferred")
     p2 = R.make_plan(tmp, model, "defer", 2, "spindle")
-    ref_log, _ = train(p4, 4, tmp, "defer-ref", "--steps", STEPS)
-    ck = os.path.join(tmp, "ck-defer")
-    R.must(R.run(p4, 4, "--quiet", "--timeout", "60", "--steps", HALF, "--save", ck),
-           "defer-first")
+    ref_log, _ = train(p4, 4, tmp, "defer-ref", "--steps", STEPS, "--check-deferred")
+    ck, plain = os.path.join(tmp, "ck-defer"), os.path.join(tmp, "ck-defer-plain")
+    R.must(R.run(p4, 4, "--quiet", "--timeout", "60", "--steps", HALF, "--save", ck,
+                 "--check-deferred"), "defer-first")
+    R.must(R.run(p4, 4, "--quiet", "--timeout", "60", "--steps", HALF, "--save", plain),
+           "defer-first-plain")
+    F.check(R.snapshot_listing(ck) == R.snapshot_listing(plain),
+            "defer: the checkpoint saved with --check-deferred equals the one saved without",
+            "they differ")
     log, dump = train(p2, 2, tmp, "defer-resumed", "--steps", STEPS - HALF, "--load", ck)
     what = "adamw: saved on 4 ranks (zero-1, deferred all-gathers), resumed on 2 (replicated)"
     tail = [r for r in ref_log if int(r["step"]) > HALF]

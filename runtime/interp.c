@@ -1585,17 +1585,17 @@ static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
 	return 0;
 }
 
-int rt_settle(rt_state_t *st, sp_err_t *err)
-{
-	int rc = st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
-	if (!rc)
-		st->b->sync();
-	return rc;
-}
-
 int rt_settle_pending(rt_state_t *st, sp_err_t *err)
 {
 	return st && st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
+}
+
+int rt_settle(rt_state_t *st, sp_err_t *err)
+{
+	int rc = rt_settle_pending(st, err);
+	if (!rc)
+		st->b->sync();
+	return rc;
 }
 
 void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)

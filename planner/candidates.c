@@ -5,7 +5,7 @@
  * with the simulator and keeping the fastest that fits memory. This file
  * also holds the walk's per-run state (each allotment, computed once). It
  * does not judge plans (plan.c does) and holds no algorithm itself: those
- * are allot.c, sched_list.c, sched_lanes.c and sched_paper.c.
+ * are allot.c, sched_list.c, sched_lanes.c, sched_pack.c and sched_paper.c.
  *
  * Adding a candidate is one row here plus its code.
  */
@@ -59,6 +59,11 @@ const sched_cand_t sched_cands[] = {
 	 * it changes a plan only where it is faster */
 	{.name = "lanes-apart-eager", .allot = CAND_ALLOT_MILP, .sched = CAND_LANES,
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
+	/* packed lanes (sched_pack.c): two widths a lane, switching at its
+	 * own layer boundaries, devices packed as intervals; the fluid
+	 * lanes' hand-overs fall inside layers */
+	{.name = "lanes-packed", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
+	 .max_devices = LANES_BIG_CLUSTER},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a
@@ -118,7 +123,7 @@ cand_allot_t cand_allot_kind(const planner_t *pl, const sched_cand_t *c)
 {
 	if ((c->max_devices && pl->N > c->max_devices) ||
 	    (c->min_nodes && pl->cluster->nodes < c->min_nodes) ||
-	    (c->sched != CAND_LIST && c->sched != CAND_LANES))
+	    (c->sched != CAND_LIST && c->sched != CAND_LANES && c->sched != CAND_PACK))
 		return CAND_ALLOT_NONE;
 	return c->allot;
 }
@@ -157,6 +162,8 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 		return rc;
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
 		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
+	if (c->sched == CAND_PACK)
+		return sched_pack(pl, w, out);
 	if (c->sched == CAND_LIST)
 		return c->home_share ? sched_list_sync(pl, w, c->mem_frac, c->home_share,
 								 c->home_share1, out)

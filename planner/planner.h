@@ -520,6 +520,14 @@ int sched_list_until(planner_t *pl, const int *w, double frac, double stop, sche
 
 /* ---- sched_lanes.c: lanes (fluid widths made integral) ---------------------- */
 
+/* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
+ * time[k] if !scales), by time ascending: the least device-time to finish
+ * within a span, mixing widths over layers (bound.c). */
+typedef struct {
+	int n;
+	double *t, *a;
+} hull_t;
+
 /* How a lane splits its last devices between two widths. */
 typedef enum {
 	LANE_SPLIT_HULL,      /* the two widths of the lane's hull at H */
@@ -542,6 +550,45 @@ typedef struct {
 /* Above this many devices the lanes calibrate less (each try costs more). */
 #define LANES_BIG_CLUSTER 256
 
+/* A lane: a chain of MetaOps from a source (sched_lanes.c's header). */
+typedef struct {
+	int first, n; /* its MetaOps: lm[first .. first + n) */
+	hull_t hull;  /* of its time at each width */
+	double tail;  /* bottom level after its last MetaOp */
+	int key;      /* component of its heaviest MetaOp */
+	int heavy;    /* that MetaOp */
+	double x;     /* fluid width */
+} lane_t;
+
+/* The lanes of the DAG at widths w; they depend on w only, so every try
+ * of one sched_lanes call shares them. In pl->scratch. */
+typedef struct {
+	lane_t *ln;
+	int nl;
+	int *lm;      /* the lanes' MetaOps, lane after lane */
+	int *in_lane; /* per MetaOp */
+} lanes_t;
+int lanes_build(planner_t *pl, const int *w, lanes_t *L);
+/* The horizon: the shortest H with sum of fluid widths <= N (bisection). */
+double lanes_horizon(const lanes_t *L, int N);
+/* MetaOps outside lanes (the joins), in topological order, each at its
+ * allotted width w on the devices free first (free_at, per device) once
+ * its inputs are done (finish, per MetaOp); both are updated. */
+int lanes_joins(planner_t *pl, const int *w, const int *in_lane, double *finish,
+		double *free_at, sched_t *out);
+/* Devices a MetaOp of a lane uses when the lane has n. */
+static inline int lane_width(const metaop_t *mo, int n)
+{
+	return mo->scales ? width_floor(mo, SP_MIN(n, mo->nmax)) : 1;
+}
+
+/* ---- sched_pack.c: packed lanes (two widths each, devices as intervals) ----- */
+
+/* The lanes at two widths each, switching at layer boundaries, packed on
+ * the least horizon that fits (sched_pack.c's header); the joins at widths
+ * w. SCHED_NOTHING_NEW when the DAG has no lanes that pack. */
+int sched_pack(planner_t *pl, const int *w, sched_t *out);
+
 /* The shortest lanes schedule over the tries of o; *mids counts the middle
  * steps taken. */
 int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
@@ -550,7 +597,7 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 /* ---- candidates.c: our scheduling candidates, as data ---------------------- */
 
 typedef enum { CAND_ALLOT_NONE, CAND_ALLOT_SEPARABLE, CAND_ALLOT_MILP, CAND_ALLOT__COUNT } cand_allot_t;
-typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE, CAND_TASKS } cand_sched_t;
+typedef enum { CAND_LIST, CAND_LANES, CAND_PAPER_DAG, CAND_BASELINE, CAND_TASKS, CAND_PACK } cand_sched_t;
 
 typedef struct {
 	const char *name;
@@ -666,14 +713,7 @@ double bound_comm_solve(const double *W, const double *S, int nw, int G, double 
  * gradient sync alone (bound.c's header); any_layout: valid whatever
  * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */
 int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out);
-/* Lower convex hull of the points (time[k], k time[k]), k = 1..nmax (area
- * time[k] if !scales), by time ascending: the least device-time to finish
- * within a span, mixing widths over layers. */
-typedef struct {
-	int n;
-	double *t, *a;
-} hull_t;
-/* The hull's arrays live in a. */
+/* hull_t (sched_lanes.c's section): its arrays live in a. */
 int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */
 double hull_area(const hull_t *h, double C);

@@ -34,15 +34,6 @@
  * topological order, each at its allotted width on the devices free first.
  */
 typedef struct {
-	int first, n; /* its MetaOps: lm[first .. first + n) */
-	hull_t hull;  /* of its time at each width */
-	double tail;  /* bottom level after its last MetaOp */
-	int key;      /* component of its heaviest MetaOp */
-	int heavy;    /* that MetaOp */
-	double x;     /* fluid width */
-} lane_t;
-
-typedef struct {
 	double key;
 	int id;
 } dev_key_t;
@@ -50,12 +41,6 @@ typedef struct {
 /* By key, then id (distinct: a total order, sort.h). */
 #define DEV_KEY_BEFORE(x, y) ((x).key < (y).key || ((x).key == (y).key && (x).id < (y).id))
 SP_SORT_DEFINE(dev_key_sort, dev_key_t, DEV_KEY_BEFORE)
-
-/* Devices a MetaOp of a lane uses when the lane has n. */
-static int lane_width(const metaop_t *mo, int n)
-{
-	return mo->scales ? width_floor(mo, SP_MIN(n, mo->nmax)) : 1;
-}
 
 static double lanes_need(const lane_t *ln, int nl, double H)
 {
@@ -117,16 +102,7 @@ static int mid_step(const planner_t *pl, const int *chain, int n, int heavy, int
 }
 
 
-/* The lanes of the DAG at widths w; they depend on w only, so every try
- * of one sched_lanes call shares them. */
-typedef struct {
-	lane_t *ln;
-	int nl;
-	int *lm;      /* the lanes' MetaOps, lane after lane */
-	int *in_lane; /* per MetaOp */
-} lanes_t;
-
-static int lanes_build(planner_t *pl, const int *w, lanes_t *L)
+int lanes_build(planner_t *pl, const int *w, lanes_t *L)
 {
 	int M = pl->n_mops, N = pl->N, nm = 0;
 	sp_arena_t *a = &pl->scratch;
@@ -176,8 +152,7 @@ static int lanes_build(planner_t *pl, const int *w, lanes_t *L)
 	return 0;
 }
 
-/* The horizon: the shortest H with sum of fluid widths <= N (bisection). */
-static double lanes_horizon(const lanes_t *L, int N)
+double lanes_horizon(const lanes_t *L, int N)
 {
 	double lo = 0, hi;
 	for (int j = 0; j < L->nl; j++)
@@ -704,36 +679,38 @@ static int lanes_endgame(lanes_run_t *R)
 	}
 }
 
-/* MetaOps outside lanes (the joins), in topological order, each at its
- * allotted width on the devices free first. */
-static int lanes_joins(lanes_run_t *R)
+int lanes_joins(planner_t *pl, const int *w, const int *in_lane, double *finish,
+		double *free_at, sched_t *out)
 {
-	const planner_t *pl = R->pl;
 	int N = pl->N, rc;
+	dev_key_t *byfree = sp_arena_calloc(&pl->scratch, (size_t)N + 1, sizeof *byfree);
+	int32_t *devs = sp_arena_calloc(&pl->scratch, (size_t)N + 1, sizeof *devs);
+	if (!byfree || !devs)
+		return SP_ENOMEM;
 	for (int q = 0; q < pl->n_mops; q++) {
 		int m = pl->topo[q];
 		const metaop_t *mo = &pl->mops[m];
-		if (R->L->in_lane[m])
+		if (in_lane[m])
 			continue;
 		double ready = 0;
 		for (int p = 0; p < mo->n_pred; p++)
-			ready = fmax(ready, R->finish[pl->edges[mo->pred[p]].src]);
-		int k = lane_width(mo, R->w[m]);
+			ready = fmax(ready, finish[pl->edges[mo->pred[p]].src]);
+		int k = lane_width(mo, w[m]);
 		for (int d = 0; d < N; d++)
-			R->byfree[d] = (dev_key_t){fmax(R->free_at[d], ready), d};
-		dev_key_sort(R->byfree, N);
+			byfree[d] = (dev_key_t){fmax(free_at[d], ready), d};
+		dev_key_sort(byfree, N);
 		double t0 = ready;
 		for (int i = 0; i < k; i++) {
-			R->devs[i] = R->byfree[i].id;
-			t0 = fmax(t0, R->free_at[R->devs[i]]);
+			devs[i] = byfree[i].id;
+			t0 = fmax(t0, free_at[devs[i]]);
 		}
-		devs_sort(R->devs, k);
+		devs_sort(devs, k);
 		double t1 = t0 + mo->n_layers * mop_t(mo, k);
-		if ((rc = sched_push_devs(R->out, m, 0, mo->n_layers, k, t0, t1, R->devs)))
+		if ((rc = sched_push_devs(out, m, 0, mo->n_layers, k, t0, t1, devs)))
 			return rc;
 		for (int i = 0; i < k; i++)
-			R->free_at[R->devs[i]] = t1;
-		R->finish[m] = t1;
+			free_at[devs[i]] = t1;
+		finish[m] = t1;
 	}
 	return 0;
 }
@@ -766,7 +743,7 @@ static int lanes_try(planner_t *pl, const int *w, lanes_t *L, const lane_try_t *
 	}
 	if ((rc = lanes_endgame(&R)))
 		return rc;
-	return lanes_joins(&R);
+	return lanes_joins(pl, w, L->in_lane, R.finish, R.free_at, out);
 }
 
 /*

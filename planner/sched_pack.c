@@ -1,0 +1,571 @@
+/*
+ * sched_pack.c — packed lanes: the lanes of sched_lanes.c (independent
+ * chains, CLIP-style) each at two widths at most, switching only at its
+ * own layer boundaries, and the devices they hold packed as intervals
+ * (sched_pack). It chooses the lanes' widths itself; the MetaOps outside
+ * lanes (the joins) keep the widths allot.c chose. It keeps nothing
+ * between calls.
+ *
+ * Why: the fluid lanes of sched_lanes.c hand devices over at fluid
+ * times, which fall inside layers, so a lane either overruns its window
+ * (the next lane starts late) or leaves the device idle, and the
+ * calibration rounds chase that raggedness without settling. Here every
+ * hand-over is at a layer boundary of the lane that gives the device up.
+ *
+ *  step    one layer of a lane's MetaOp (a sink: all its layers), in chain
+ *          order; on a lane holding n devices it takes mop_t at
+ *          lane_width(m, n).
+ *  plan    lo devices for the whole lane, and hi - lo more for its hi
+ *          phase: its first l steps (descending) or its last l
+ *          (ascending); lo = 0: every step at hi, from 0 (descending) or
+ *          ending at the budget (ascending). lo and hi are widths of the
+ *          lane's hull (the widths worth mixing). Of the plans that end
+ *          within the lane's budget T - tail, the one of least held
+ *          device-time (hi over the hi phase plus lo over the rest).
+ *  pack    a plan is a set of unit intervals, each one device held from
+ *          one time to another: lo over the lane, hi - lo over its hi
+ *          phase. Intervals are coloured with as many devices as most of
+ *          them overlap at one time (interval graphs are perfect: first
+ *          fit in order of start attains it), so the plans fit N devices
+ *          exactly when no time has more than N intervals open. The
+ *          direction of each lane is chosen greedily, the largest hi phase
+ *          (held devices x time) first, each the way that keeps the peak
+ *          lower (descending on ties).
+ *  horizon the least T, by bisection from the fluid horizon
+ *          (lanes_horizon), at which the plans fit.
+ *
+ * Devices: each interval, in order of start, takes a free device that
+ * last ran the lane's component, else one on a node the lane holds
+ * already, else the lowest free one (fewer nodes per component: its
+ * gradients cross fewer NICs). The joins follow as in sched_lanes.c.
+ */
+#include "planner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bisection steps on the horizon (each halves the bracket: 2^-30 of it). */
+#define PACK_ITERS 20
+/* Widths whose device-time is this much above the lane's hull still
+ * count (a flatter plan can pack where the hull's widths do not). */
+#define NEAR_HULL 0.03
+/* Packs only DAGs whose lanes hold at least this share of the work (at
+ * one device). */
+#define PACK_LANES_SHARE 0.9
+/* Relative tolerance of times compared (sums of the same step times). */
+#define PACK_EPS 1e-9
+
+typedef struct {
+	int lo, hi, l, desc; /* l: steps in the hi phase */
+	double time, hi_time, area;
+	double start; /* lo = 0: when it starts (else desc: 0, asc: at the budget) */
+} pack_plan_t;
+
+typedef struct {
+	planner_t *pl;
+	const lanes_t *L;
+	int *s_first;          /* per lane: its first step (s_first[nl]: all) */
+	int *s_m, *s_lf, *s_lt; /* per step: MetaOp and layers */
+	int *wid, *w_first;    /* per lane: its widths wid[w_first[j] .. w_first[j + 1]) */
+	double *pre;           /* per lane and width: prefix times of its steps */
+	int *pre_off;          /* per lane: where its widths' prefixes begin */
+	pack_plan_t *plan;     /* per lane, at the horizon tried last */
+	pack_plan_t *cand;     /* one lane's plans (lane_plans) */
+	double delta;          /* plans within 1 + delta of a lane's least area
+				* count as least, the narrowest of them first */
+	double *budget;        /* per lane */
+	int *order;            /* lanes by hi-phase weight */
+	double *iv_s, *iv_e;   /* per lane: its core and hi-phase intervals */
+	double *hs, *he;
+} pack_t;
+
+static int lane_steps(const pack_t *P, int j)
+{
+	return P->s_first[j + 1] - P->s_first[j];
+}
+
+/* Prefix time of lane j's first s steps at its width index c. */
+static double pre_at(const pack_t *P, int j, int c, int s)
+{
+	return P->pre[P->pre_off[j] + (c - P->w_first[j]) * (lane_steps(P, j) + 1) + s];
+}
+
+static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
+{
+	sp_arena_t *a = &pl->scratch;
+	int nl = L->nl, ns = 0, nw = 0, npre = 0, N = pl->N;
+	P->pl = pl;
+	P->L = L;
+	for (int j = 0; j < nl; j++)
+		for (int i = L->ln[j].first; i < L->ln[j].first + L->ln[j].n; i++) {
+			const metaop_t *mo = &pl->mops[L->lm[i]];
+			ns += mo->sink ? 1 : mo->n_layers;
+		}
+	nw = nl * N;
+	P->s_first = sp_arena_calloc(a, (size_t)nl + 1, sizeof(int));
+	P->w_first = sp_arena_calloc(a, (size_t)nl + 1, sizeof(int));
+	P->pre_off = sp_arena_calloc(a, (size_t)nl + 1, sizeof(int));
+	P->order = sp_arena_calloc(a, (size_t)nl + 1, sizeof(int));
+	P->s_m = sp_arena_calloc(a, 3 * (size_t)ns + 3, sizeof(int));
+	P->wid = sp_arena_calloc(a, (size_t)nw + 1, sizeof(int));
+	P->plan = sp_arena_calloc(a, (size_t)nl + 1, sizeof *P->plan);
+	P->budget = sp_arena_calloc(a, 5 * (size_t)nl + 5, sizeof(double));
+	if (!P->s_first || !P->w_first || !P->pre_off || !P->order || !P->s_m || !P->wid ||
+	    !P->plan || !P->budget)
+		return SP_ENOMEM;
+	P->s_lf = P->s_m + ns + 1;
+	P->s_lt = P->s_lf + ns + 1;
+	P->iv_s = P->budget + nl + 1;
+	P->iv_e = P->iv_s + nl + 1;
+	P->hs = P->iv_e + nl + 1;
+	P->he = P->hs + nl + 1;
+	ns = nw = 0;
+	for (int j = 0; j < nl; j++) {
+		const lane_t *l = &L->ln[j];
+		P->s_first[j] = ns;
+		for (int i = l->first; i < l->first + l->n; i++) {
+			const metaop_t *mo = &pl->mops[L->lm[i]];
+			for (int y = 0; y < mo->n_layers; y += mo->sink ? mo->n_layers : 1) {
+				P->s_m[ns] = L->lm[i];
+				P->s_lf[ns] = y;
+				P->s_lt[ns++] = mo->sink ? mo->n_layers : y + 1;
+			}
+		}
+		/* the widths that gain whose device-time is within NEAR_HULL of
+		 * the hull's at their time, widest first */
+		P->w_first[j] = nw;
+		double prev = HUGE_VAL;
+		for (int k = 1; k <= N; k++) {
+			double t = 0;
+			for (int i = l->first; i < l->first + l->n; i++) {
+				const metaop_t *mo = &pl->mops[L->lm[i]];
+				t += mo->n_layers * mop_t(mo, lane_width(mo, k));
+			}
+			if (t < prev * (1 - PACK_EPS) && k * t <= hull_area(&l->hull, t) * (1 + NEAR_HULL))
+				P->wid[nw++] = k;
+			prev = fmin(prev, t);
+		}
+		for (int a = P->w_first[j], b = nw - 1; a < b; a++, b--) {
+			int x = P->wid[a];
+			P->wid[a] = P->wid[b];
+			P->wid[b] = x;
+		}
+		P->pre_off[j] = npre;
+		npre += (nw - P->w_first[j]) * (ns - P->s_first[j] + 1);
+	}
+	P->s_first[nl] = ns;
+	P->w_first[nl] = nw;
+	int most = 0;
+	for (int j = 0; j < nl; j++) {
+		int w = P->w_first[j + 1] - P->w_first[j];
+		most = SP_MAX(most, 2 * w * w + 2 * w);
+	}
+	if (!(P->pre = sp_arena_calloc(a, (size_t)npre + 1, sizeof(double))) ||
+	    !(P->cand = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->cand)))
+		return SP_ENOMEM;
+	for (int j = 0; j < nl; j++)
+		for (int c = P->w_first[j]; c < P->w_first[j + 1]; c++) {
+			double *p = P->pre + P->pre_off[j] +
+				    (c - P->w_first[j]) * (lane_steps(P, j) + 1);
+			p[0] = 0;
+			for (int s = 0; s < lane_steps(P, j); s++) {
+				int x = P->s_first[j] + s;
+				const metaop_t *mo = &pl->mops[P->s_m[x]];
+				p[s + 1] = p[s] + (P->s_lt[x] - P->s_lf[x]) *
+							  mop_t(mo, lane_width(mo, P->wid[c]));
+			}
+		}
+	return 0;
+}
+
+/* Lane j's plans within budget B into out (at most 2 w^2 + 2 w of them, w
+ * its widths): every width alone, both ways; every pair lo < hi, both
+ * ways, with the fewest steps at hi that meet B (more cost more area).
+ * Returns how many. */
+static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
+{
+	int n = lane_steps(P, j), np = 0;
+	double lim = B * (1 + PACK_EPS);
+	for (int ch = P->w_first[j]; ch < P->w_first[j + 1]; ch++) {
+		int hi = P->wid[ch];
+		double all = pre_at(P, j, ch, n);
+		for (int desc = 1; desc >= 0 && all <= lim; desc--)
+			out[np++] = (pack_plan_t){0, hi, n, desc, all, all, hi * all,
+						  desc ? 0 : fmax(0, B - all)};
+		for (int cl = P->w_first[j]; cl < P->w_first[j + 1]; cl++) {
+			int lo = P->wid[cl];
+			if (lo >= hi)
+				continue;
+			double lo_all = pre_at(P, j, cl, n);
+			for (int desc = 1; desc >= 0; desc--)
+				for (int l = 1; l < n; l++) {
+					/* desc: steps [0, l) at hi; asc: steps [n - l, n) */
+					double ht = desc ? pre_at(P, j, ch, l)
+							 : all - pre_at(P, j, ch, n - l);
+					double lt = desc ? lo_all - pre_at(P, j, cl, l)
+							 : pre_at(P, j, cl, n - l);
+					if (ht + lt > lim)
+						continue;
+					out[np++] = (pack_plan_t){lo, hi, l, desc, ht + lt, ht,
+								  hi * ht + lo * lt, 0};
+					break;
+				}
+		}
+	}
+	return np;
+}
+
+/* Lane j's intervals under plan p: core [iv_s, iv_e) of p.lo devices and
+ * hi phase [hs, he) of p.hi - p.lo. */
+static void lane_intervals(pack_t *P, int j, const pack_plan_t *p)
+{
+	double s0 = !p->lo ? p->start : p->desc ? 0 : P->budget[j] - p->time;
+	P->iv_s[j] = s0;
+	P->iv_e[j] = s0 + p->time;
+	P->hs[j] = p->desc ? s0 : s0 + p->time - p->hi_time;
+	P->he[j] = p->desc ? s0 + p->hi_time : s0 + p->time;
+}
+
+/* Devices lane j holds at t. */
+static int lane_held(const pack_t *P, int j, double t)
+{
+	const pack_plan_t *p = &P->plan[j];
+	double eps = PACK_EPS * fmax(1, t);
+	int held = 0;
+	if (p->lo && P->iv_s[j] <= t + eps && P->iv_e[j] > t + eps)
+		held += p->lo;
+	if (P->hs[j] <= t + eps && P->he[j] > t + eps)
+		held += p->hi - p->lo;
+	return held;
+}
+
+/* Most devices held at one time by the first k lanes of P->order, at the
+ * times lane P->order[k - 1] starts an interval or another starts one
+ * inside it (the first k - 1 fit already: the peak can only rise there). */
+static int pack_peak(const pack_t *P, int k)
+{
+	int peak = 0, jn = P->order[k - 1];
+	for (int a = 0; a < 2 * k; a++) {
+		int ja = P->order[a / 2];
+		double t = a % 2 ? P->hs[ja] : P->iv_s[ja];
+		if (t < P->iv_s[jn] - PACK_EPS * fmax(1, t) || t >= P->iv_e[jn])
+			continue;
+		int held = 0;
+		for (int b = 0; b < k; b++)
+			held += lane_held(P, P->order[b], t);
+		peak = SP_MAX(peak, held);
+	}
+	return peak;
+}
+
+/* Most devices held at one time by the first k lanes of P->order. */
+static int pack_peak_all(const pack_t *P, int k)
+{
+	int peak = 0;
+	for (int a = 0; a < 2 * k; a++) {
+		int ja = P->order[a / 2], held = 0;
+		double t = a % 2 ? P->hs[ja] : P->iv_s[ja];
+		for (int b = 0; b < k; b++)
+			held += lane_held(P, P->order[b], t);
+		peak = SP_MAX(peak, held);
+	}
+	return peak;
+}
+
+/* 1 when plan c of lane P->order[k] fits beside the lanes before it: at
+ * its start, or (lo = 0: the lane at one width, anywhere within its
+ * budget) at the earliest time some device is freed from which it fits;
+ * c->start set to it. */
+static int pack_place(pack_t *P, int k, pack_plan_t *c)
+{
+	int j = P->order[k], N = P->pl->N;
+	double latest = P->budget[j] - c->time;
+	P->plan[j] = *c;
+	lane_intervals(P, j, c);
+	if (pack_peak(P, k + 1) <= N)
+		return 1;
+	if (c->lo || !c->desc)
+		return 0;
+	for (;;) {
+		/* the next time after start at which a lane before frees devices */
+		double next = latest;
+		for (int b = 0; b < k; b++) {
+			int jb = P->order[b];
+			if (P->iv_e[jb] > c->start && P->iv_e[jb] < next)
+				next = P->iv_e[jb];
+			if (P->he[jb] > c->start && P->he[jb] < next)
+				next = P->he[jb];
+		}
+		if (next <= c->start || next > latest * (1 + PACK_EPS))
+			return 0;
+		c->start = next;
+		P->plan[j] = *c;
+		lane_intervals(P, j, c);
+		if (pack_peak(P, k + 1) <= N)
+			return 1;
+		if (next >= latest)
+			return 0;
+	}
+}
+
+/* Plans and directions at horizon T, lane by lane from the least area up,
+ * each the plan of least area that keeps the devices held within N (ties:
+ * the lower peak, then the first); 1 when every lane has one. */
+static int pack_fits(pack_t *P, double T)
+{
+	const lanes_t *L = P->L;
+	int nl = L->nl;
+	for (int j = 0; j < nl; j++) {
+		P->budget[j] = T - L->ln[j].tail;
+		int np = lane_plans(P, j, P->budget[j], P->cand);
+		P->plan[j].area = HUGE_VAL;
+		for (int q = 0; q < np; q++)
+			P->plan[j].area = fmin(P->plan[j].area, P->cand[q].area);
+		if (np == 0)
+			return 0;
+		P->order[j] = j;
+	}
+	for (int a = 1; a < nl; a++)
+		for (int b = a; b > 0; b--) {
+			if (P->plan[P->order[b]].area <= P->plan[P->order[b - 1]].area)
+				break;
+			int s = P->order[b];
+			P->order[b] = P->order[b - 1];
+			P->order[b - 1] = s;
+		}
+	for (int k = 0; k < nl; k++) {
+		int j = P->order[k], np = lane_plans(P, j, P->budget[j], P->cand), best = -1;
+		double flat = P->plan[j].area * (1 + P->delta);
+		int best_peak = 0;
+		for (int q = 0; q < np; q++) {
+			pack_plan_t *c = &P->cand[q];
+			if (!pack_place(P, k, c))
+				continue;
+			int peak = pack_peak_all(P, k + 1);
+			const pack_plan_t *b = best >= 0 ? &P->cand[best] : NULL;
+			int cf = c->area <= flat, bf = b && b->area <= flat;
+			if (!b || (cf != bf ? cf
+				   : cf && peak != best_peak ? peak < best_peak
+				   : cf && c->hi != b->hi ? c->hi < b->hi
+							  : c->area < b->area * (1 - PACK_EPS))) {
+				best = q;
+				best_peak = peak;
+			}
+		}
+		if (best < 0)
+			return 0;
+		P->plan[j] = P->cand[best];
+		lane_intervals(P, j, &P->cand[best]);
+	}
+	return 1;
+}
+
+/* Lane j's steps on its devices (core: its lo, then its hi-phase ones);
+ * finish and free_at as lanes_joins reads them. */
+static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase, double *finish,
+		     double *free_at, int32_t *devs, sched_t *out)
+{
+	const pack_plan_t *p = &P->plan[j];
+	int n = lane_steps(P, j), rc;
+	double t = P->iv_s[j];
+	for (int s = 0; s < n;) {
+		int x = P->s_first[j] + s, m = P->s_m[x];
+		int in_hi = !p->lo || (p->desc ? s < p->l : s >= n - p->l);
+		const metaop_t *mo = &P->pl->mops[m];
+		int held = in_hi ? p->hi : p->lo, k = lane_width(mo, held), e = s + 1;
+		/* the steps after it of the same MetaOp in the same phase */
+		while (e < n && P->s_m[P->s_first[j] + e] == m &&
+		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi))
+			e++;
+		for (int q = 0; q < p->lo; q++)
+			devs[q] = core[q];
+		for (int q = 0; in_hi && q < p->hi - p->lo; q++)
+			devs[p->lo + q] = phase[q];
+		devs_sort(devs, held);
+		double t1 = t;
+		for (int y = s; y < e; y++) {
+			int z = P->s_first[j] + y;
+			t1 += (P->s_lt[z] - P->s_lf[z]) * mop_t(mo, k);
+		}
+		if ((rc = sched_push_devs(out, m, P->s_lf[x], P->s_lt[P->s_first[j] + e - 1], k, t,
+					  t1, devs)))
+			return rc;
+		for (int q = 0; q < k; q++)
+			free_at[devs[q]] = fmax(free_at[devs[q]], t1);
+		t = t1;
+		if (P->s_lt[P->s_first[j] + e - 1] == mo->n_layers)
+			finish[m] = t1;
+		s = e;
+	}
+	return 0;
+}
+
+/* Devices for every lane's intervals (first fit in order of start), then
+ * every lane's slices and the joins. */
+static int pack_emit(pack_t *P, const int *w, sched_t *out)
+{
+	planner_t *pl = P->pl;
+	const lanes_t *L = P->L;
+	int nl = L->nl, N = pl->N, G = pl->cluster->gpus_per_node, rc;
+	sp_arena_t *a = &pl->scratch;
+	int n_units = 0;
+	for (int j = 0; j < nl; j++)
+		n_units += P->plan[j].hi;
+	int *uj = sp_arena_calloc(a, 2 * (size_t)n_units + 2, sizeof(int)), *uk = uj + n_units + 1;
+	int32_t *dev = sp_arena_calloc(a, (size_t)n_units + (size_t)N + 2, sizeof(int32_t));
+	int32_t *devs = dev + n_units + 1;
+	int *node_of = sp_arena_calloc(a, (size_t)(N / SP_MAX(G, 1)) + 2, sizeof(int));
+	double *busy = sp_arena_calloc(a, 2 * (size_t)N + 2, sizeof(double)), *free_at = busy + N + 1;
+	double *finish = sp_arena_calloc(a, (size_t)pl->n_mops + 1, sizeof(double));
+	int *first_u = sp_arena_calloc(a, (size_t)nl + 1, sizeof(int));
+	if (!uj || !dev || !node_of || !busy || !finish || !first_u)
+		return SP_ENOMEM;
+	/* units: lane j's core (kind 0) then its hi phase (kind 1) */
+	n_units = 0;
+	for (int j = 0; j < nl; j++) {
+		first_u[j] = n_units;
+		for (int q = 0; q < P->plan[j].hi; q++) {
+			uj[n_units] = j;
+			uk[n_units++] = q >= P->plan[j].lo;
+		}
+	}
+	/* by start, then lane, then kind, then index: insertion sort over a
+	 * permutation (a total order) */
+	int *perm = sp_arena_calloc(a, (size_t)n_units + 1, sizeof(int));
+	if (!perm)
+		return SP_ENOMEM;
+	for (int u = 0; u < n_units; u++) {
+		double su = uk[u] ? P->hs[uj[u]] : P->iv_s[uj[u]];
+		int b = u;
+		for (; b > 0; b--) {
+			int v = perm[b - 1];
+			double sv = uk[v] ? P->hs[uj[v]] : P->iv_s[uj[v]];
+			if (sv < su || (sv == su && (uj[v] < uj[u] || (uj[v] == uj[u] && uk[v] <= uk[u]))))
+				break;
+			perm[b] = v;
+		}
+		perm[b] = u;
+	}
+	int nn = N / SP_MAX(G, 1) + 1, nk = 1;
+	for (int j = 0; j < nl; j++)
+		nk = SP_MAX(nk, L->ln[j].key + 1);
+	/* per component: the devices and nodes that hold it so far */
+	char *held = sp_arena_calloc(a, (size_t)nk * (size_t)(N + nn) + 1, 1);
+	if (!held)
+		return SP_ENOMEM;
+	for (int i = 0; i < n_units; i++) {
+		int u = perm[i], j = uj[u], key = L->ln[j].key;
+		double s = uk[u] ? P->hs[j] : P->iv_s[j], e = uk[u] ? P->he[j] : P->iv_e[j];
+		double eps = PACK_EPS * fmax(1, s);
+		char *kd = held + (size_t)key * (size_t)(N + nn), *kn = kd + N;
+		/* nodes the lane holds so far */
+		for (int x = 0; x < nn; x++)
+			node_of[x] = 0;
+		for (int v = first_u[j]; v < first_u[j] + P->plan[j].hi; v++)
+			if (v != u && dev[v] > 0)
+				node_of[(dev[v] - 1) / SP_MAX(G, 1)] = 1;
+		/* a device holding the component adds no replica; then its
+		 * nodes, then the lane's */
+		int pick = -1, score = -1;
+		for (int d = 0; d < N; d++) {
+			if (busy[d] > s + eps)
+				continue;
+			int x = d / SP_MAX(G, 1), sc = 4 * kd[d] + 2 * kn[x] + node_of[x];
+			if (sc > score) {
+				score = sc;
+				pick = d;
+			}
+		}
+		if (pick < 0)
+			return SCHED_NOTHING_NEW; /* cannot happen when the peak fits */
+		kd[pick] = 1;
+		kn[pick / SP_MAX(G, 1)] = 1;
+		dev[u] = pick + 1; /* 0: none yet */
+		busy[pick] = e;
+	}
+	for (int d = 0; d < N; d++)
+		free_at[d] = 0;
+	int32_t *core = sp_arena_calloc(a, 2 * (size_t)N + 2, sizeof(int32_t)), *phase = core + N + 1;
+	if (!core)
+		return SP_ENOMEM;
+	for (int j = 0; j < nl; j++) {
+		const pack_plan_t *p = &P->plan[j];
+		for (int q = 0; q < p->hi; q++)
+			*(q < p->lo ? &core[q] : &phase[q - p->lo]) = dev[first_u[j] + q] - 1;
+		if ((rc = lane_emit(P, j, core, phase, finish, free_at, devs, out)))
+			return rc;
+	}
+	return lanes_joins(pl, w, L->in_lane, finish, free_at, out);
+}
+
+/* The least horizon at which the plans fit (P->delta's), or HUGE_VAL. */
+static double pack_horizon(pack_t *P, double fluid)
+{
+	double lo = fluid, hi = fluid * 1.01;
+	for (int it = 0; !pack_fits(P, hi); it++) {
+		if (it == 8)
+			return HUGE_VAL; /* no fit within 2.5 times the fluid */
+		lo = hi;
+		hi *= 1.12;
+	}
+	for (int it = 0; it < PACK_ITERS; it++) {
+		double mid = 0.5 * (lo + hi);
+		if (pack_fits(P, mid))
+			hi = mid;
+		else
+			lo = mid;
+	}
+	return pack_fits(P, hi) ? hi : HUGE_VAL;
+}
+
+int sched_pack(planner_t *pl, const int *w, sched_t *out)
+{
+	static const double deltas[] = {0.01, 0.02, 0.03};
+	lanes_t L = {0};
+	pack_t P = {0};
+	sp_arena_t trial;
+	sp_arena_init(&trial);
+	double best_ms = HUGE_VAL;
+	int rc;
+	if ((rc = lanes_build(pl, w, &L)))
+		return rc;
+	/* for DAGs whose lanes are the work: the joins at their allotted
+	 * widths after every lane would be the schedule's tail */
+	double lanes_work = 0, all_work = 0;
+	for (int m = 0; m < pl->n_mops; m++) {
+		double t1 = pl->mops[m].n_layers * mop_t(&pl->mops[m], 1);
+		all_work += t1;
+		lanes_work += L.in_lane[m] ? t1 : 0;
+	}
+	if (L.nl < 2 || lanes_work < PACK_LANES_SHARE * all_work)
+		return SCHED_NOTHING_NEW;
+	if ((rc = pack_init(&P, pl, &L)))
+		return rc;
+	double fluid = lanes_horizon(&L, pl->N);
+	for (size_t i = 0; i < sizeof deltas / sizeof *deltas; i++) {
+		P.delta = deltas[i];
+		double T = pack_horizon(&P, fluid);
+		if (T == HUGE_VAL)
+			continue;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		sched_t t;
+		sched_init(&t, out->algo, &trial);
+		rc = pack_emit(&P, w, &t);
+		sp_arena_reset(&pl->scratch, mark);
+		double ms = sched_makespan(&t);
+		if (!rc && ms < best_ms * (1 - 1e-9)) {
+			rc = sched_copy(out, &t);
+			best_ms = ms;
+		}
+		sp_arena_release(&trial);
+		if (rc == SCHED_NOTHING_NEW)
+			rc = 0;
+		if (rc)
+			break;
+	}
+	sp_arena_release(&trial);
+	if (!rc && best_ms == HUGE_VAL)
+		return SCHED_NOTHING_NEW;
+	return rc;
+}

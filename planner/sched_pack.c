@@ -40,13 +40,14 @@
  * gradients cross fewer NICs). The joins follow as in sched_lanes.c.
  */
 #include "planner.h"
+#include "sort.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Bisection steps on the horizon (each halves the bracket: 2^-30 of it). */
-#define PACK_ITERS 20
+/* Bisection steps on the horizon (each halves the bracket: 2^-12 of it). */
+#define PACK_ITERS 12
 /* Widths whose device-time is this much above the lane's hull still
  * count (a flatter plan can pack where the hull's widths do not). */
 #define NEAR_HULL 0.03
@@ -63,6 +64,15 @@ typedef struct {
 } pack_plan_t;
 
 typedef struct {
+	double area;
+	int q;
+} plan_key_t;
+
+/* By area, then index (distinct: a total order, sort.h). */
+#define PLAN_KEY_BEFORE(x, y) ((x).area < (y).area || ((x).area == (y).area && (x).q < (y).q))
+SP_SORT_DEFINE(plan_key_sort, plan_key_t, PLAN_KEY_BEFORE)
+
+typedef struct {
 	planner_t *pl;
 	const lanes_t *L;
 	int *s_first;          /* per lane: its first step (s_first[nl]: all) */
@@ -72,6 +82,7 @@ typedef struct {
 	int *pre_off;          /* per lane: where its widths' prefixes begin */
 	pack_plan_t *plan;     /* per lane, at the horizon tried last */
 	pack_plan_t *cand;     /* one lane's plans (lane_plans) */
+	plan_key_t *rest;      /* those not flat, to sort */
 	double delta;          /* plans within 1 + delta of a lane's least area
 				* count as least, the narrowest of them first */
 	double *budget;        /* per lane */
@@ -162,7 +173,8 @@ static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
 		most = SP_MAX(most, 2 * w * w + 2 * w);
 	}
 	if (!(P->pre = sp_arena_calloc(a, (size_t)npre + 1, sizeof(double))) ||
-	    !(P->cand = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->cand)))
+	    !(P->cand = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->cand)) ||
+	    !(P->rest = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->rest)))
 		return SP_ENOMEM;
 	for (int j = 0; j < nl; j++)
 		for (int c = P->w_first[j]; c < P->w_first[j + 1]; c++) {
@@ -259,34 +271,21 @@ static int pack_peak(const pack_t *P, int k)
 	return peak;
 }
 
-/* Most devices held at one time by the first k lanes of P->order. */
-static int pack_peak_all(const pack_t *P, int k)
-{
-	int peak = 0;
-	for (int a = 0; a < 2 * k; a++) {
-		int ja = P->order[a / 2], held = 0;
-		double t = a % 2 ? P->hs[ja] : P->iv_s[ja];
-		for (int b = 0; b < k; b++)
-			held += lane_held(P, P->order[b], t);
-		peak = SP_MAX(peak, held);
-	}
-	return peak;
-}
-
-/* 1 when plan c of lane P->order[k] fits beside the lanes before it: at
+/* Whether plan c of lane P->order[k] fits beside the lanes before it: at
  * its start, or (lo = 0: the lane at one width, anywhere within its
  * budget) at the earliest time some device is freed from which it fits;
- * c->start set to it. */
+ * c->start set to it. Returns the most devices held at once within its
+ * span (<= N), or -1 when it fits nowhere. */
 static int pack_place(pack_t *P, int k, pack_plan_t *c)
 {
-	int j = P->order[k], N = P->pl->N;
+	int j = P->order[k], N = P->pl->N, peak;
 	double latest = P->budget[j] - c->time;
 	P->plan[j] = *c;
 	lane_intervals(P, j, c);
-	if (pack_peak(P, k + 1) <= N)
-		return 1;
+	if ((peak = pack_peak(P, k + 1)) <= N)
+		return peak;
 	if (c->lo || !c->desc)
-		return 0;
+		return -1;
 	for (;;) {
 		/* the next time after start at which a lane before frees devices */
 		double next = latest;
@@ -298,14 +297,14 @@ static int pack_place(pack_t *P, int k, pack_plan_t *c)
 				next = P->he[jb];
 		}
 		if (next <= c->start || next > latest * (1 + PACK_EPS))
-			return 0;
+			return -1;
 		c->start = next;
 		P->plan[j] = *c;
 		lane_intervals(P, j, c);
-		if (pack_peak(P, k + 1) <= N)
-			return 1;
+		if ((peak = pack_peak(P, k + 1)) <= N)
+			return peak;
 		if (next >= latest)
-			return 0;
+			return -1;
 	}
 }
 
@@ -334,29 +333,42 @@ static int pack_fits(pack_t *P, double T)
 			P->order[b] = P->order[b - 1];
 			P->order[b - 1] = s;
 		}
+	int so_far = 0; /* most devices held at once by the lanes placed */
 	for (int k = 0; k < nl; k++) {
 		int j = P->order[k], np = lane_plans(P, j, P->budget[j], P->cand), best = -1;
 		double flat = P->plan[j].area * (1 + P->delta);
-		int best_peak = 0;
+		int best_peak = 0, nrest = 0;
+		/* the flat plans (least area within delta): the lowest peak, the
+		 * narrowest, the least area */
 		for (int q = 0; q < np; q++) {
 			pack_plan_t *c = &P->cand[q];
-			if (!pack_place(P, k, c))
+			if (c->area > flat) {
+				P->rest[nrest++] = (plan_key_t){c->area, q};
 				continue;
-			int peak = pack_peak_all(P, k + 1);
+			}
+			int peak = pack_place(P, k, c);
+			if (peak < 0)
+				continue;
+			peak = SP_MAX(peak, so_far);
 			const pack_plan_t *b = best >= 0 ? &P->cand[best] : NULL;
-			int cf = c->area <= flat, bf = b && b->area <= flat;
-			if (!b || (cf != bf ? cf
-				   : cf && peak != best_peak ? peak < best_peak
-				   : cf && c->hi != b->hi ? c->hi < b->hi
-							  : c->area < b->area * (1 - PACK_EPS))) {
+			if (!b || (peak != best_peak ? peak < best_peak
+				   : c->hi != b->hi ? c->hi < b->hi
+						    : c->area < b->area * (1 - PACK_EPS))) {
 				best = q;
 				best_peak = peak;
 			}
 		}
+		/* else the first of the others, by least area, that fits */
+		if (best < 0)
+			plan_key_sort(P->rest, nrest);
+		for (int i = 0; best < 0 && i < nrest; i++)
+			if ((best_peak = pack_place(P, k, &P->cand[P->rest[i].q])) >= 0)
+				best = P->rest[i].q;
 		if (best < 0)
 			return 0;
 		P->plan[j] = P->cand[best];
 		lane_intervals(P, j, &P->cand[best]);
+		so_far = SP_MAX(so_far, best_peak);
 	}
 	return 1;
 }

@@ -426,6 +426,9 @@ int sched_push_devs(sched_t *s, int metaop, int lf, int lt, int n, double t0, do
 int sched_copy(sched_t *out, const sched_t *s);
 /* The latest nominal end of a slice. */
 double sched_makespan(const sched_t *s);
+/* out becomes a copy of trial t when t (rc 0) ends sooner than *best_ms
+ * by a relative 1e-9 (*best_ms updated); rc, or SP_ENOMEM. */
+int sched_keep_shorter(sched_t *out, const sched_t *t, int rc, double *best_ms);
 /* Sorts slices by (t0, wave, creation), renumbers waves by distinct t0. */
 int sched_finish(sched_t *s);
 /*

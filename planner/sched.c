@@ -121,6 +121,15 @@ int sched_copy(sched_t *out, const sched_t *s)
 	return 0;
 }
 
+int sched_keep_shorter(sched_t *out, const sched_t *t, int rc, double *best_ms)
+{
+	double ms = sched_makespan(t);
+	if (rc || ms >= *best_ms * (1 - 1e-9))
+		return rc;
+	*best_ms = ms;
+	return sched_copy(out, t);
+}
+
 double sched_makespan(const sched_t *s)
 {
 	double ms = 0;

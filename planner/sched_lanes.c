@@ -786,11 +786,7 @@ int sched_lanes(planner_t *pl, const int *w, const lanes_opts_t *o, int *mids,
 			sched_init(&t, out->algo, &trial);
 			rc = lanes_try(pl, w, &L, &tr, adj, end, &H, mids, &t);
 			sp_arena_reset(&pl->scratch, mark);
-			double ms = sched_makespan(&t);
-			if (!rc && ms < best_ms * (1 - 1e-9)) {
-				rc = sched_copy(out, &t);
-				best_ms = ms;
-			}
+			rc = sched_keep_shorter(out, &t, rc, &best_ms);
 			sp_arena_release(&trial);
 			if (rc)
 				goto done;

@@ -565,13 +565,9 @@ int sched_pack(planner_t *pl, const int *w, sched_t *out)
 		sched_init(&t, out->algo, &trial);
 		rc = pack_emit(&P, w, &t);
 		sp_arena_reset(&pl->scratch, mark);
-		double ms = sched_makespan(&t);
-		if (!rc && ms < best_ms * (1 - 1e-9)) {
-			rc = sched_copy(out, &t);
-			best_ms = ms;
-		}
+		rc = sched_keep_shorter(out, &t, rc, &best_ms);
 		sp_arena_release(&trial);
-		if (rc == SCHED_NOTHING_NEW)
+		if (rc == SCHED_NOTHING_NEW) /* no device free: not this try */
 			rc = 0;
 		if (rc)
 			break;

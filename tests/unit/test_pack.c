@@ -1,0 +1,148 @@
+/*
+ * test_pack.c — the lanes-packed candidate (sched_pack). sched_pack is
+ * wrapped (-Wl,--wrap) and every schedule it returns over whole planning
+ * runs (clip-4 on 16 A800s, clip-10 on 32) is checked:
+ *  - each lane's heaviest MetaOp runs at two device counts at most (a
+ *    plan is lo devices and hi during its hi phase);
+ *  - no device runs two slices at once, and every slice's devices are
+ *    its width, distinct;
+ *  - its makespan is at least the fluid lanes' horizon (lanes_horizon:
+ *    the lanes' least device-time at every horizon is what the fluid
+ *    spreads, so no packing of whole layers ends sooner);
+ *  - at least one schedule comes back per run (the candidate is not dead).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef SPINDLE_ROOT
+#define SPINDLE_ROOT "."
+#endif
+
+static long n_sched, n_bad;
+
+int __real_sched_pack(planner_t *pl, const int *w, sched_t *out);
+int __wrap_sched_pack(planner_t *pl, const int *w, sched_t *out);
+
+static void bad(const char *what, const char *name)
+{
+	print_message("sched_pack: %s (%s)\n", what, name);
+	n_bad++;
+}
+
+static void check(planner_t *pl, const int *w, const sched_t *s)
+{
+	lanes_t L = {0};
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	if (lanes_build(pl, w, &L)) {
+		bad("lanes_build failed", "");
+		return;
+	}
+	for (int j = 0; j < L.nl; j++) {
+		int m = L.ln[j].heavy, a = 0, b = 0;
+		for (int i = 0; i < s->n; i++) {
+			if (s->s[i].metaop != m)
+				continue;
+			int n = s->s[i].n;
+			if (!a || a == n)
+				a = n;
+			else if (!b || b == n)
+				b = n;
+			else
+				bad("a lane's heaviest MetaOp at three widths", pl->mops[m].name);
+		}
+	}
+	for (int i = 0; i < s->n; i++) {
+		const sslice_t *x = &s->s[i];
+		if (x->dev_off < 0) {
+			bad("a slice without devices", pl->mops[x->metaop].name);
+			continue;
+		}
+		for (int q = 0; q < x->n; q++)
+			for (int r = q + 1; r < x->n; r++)
+				if (s->devs[x->dev_off + q] == s->devs[x->dev_off + r])
+					bad("a device twice in one slice", pl->mops[x->metaop].name);
+		for (int k = i + 1; k < s->n; k++) {
+			const sslice_t *y = &s->s[k];
+			if (y->t0 >= x->t1 - 1e-6 || x->t0 >= y->t1 - 1e-6 || y->dev_off < 0)
+				continue;
+			for (int q = 0; q < x->n; q++)
+				for (int r = 0; r < y->n; r++)
+					if (s->devs[x->dev_off + q] == s->devs[y->dev_off + r])
+						bad("a device in two slices at once",
+						    pl->mops[x->metaop].name);
+		}
+	}
+	double fluid = lanes_horizon(&L, pl->N);
+	if (sched_makespan(s) < fluid * (1 - 1e-9))
+		bad("makespan below the fluid horizon", "");
+	sp_arena_reset(&pl->scratch, mark);
+}
+
+int __wrap_sched_pack(planner_t *pl, const int *w, sched_t *out)
+{
+	int rc = __real_sched_pack(pl, w, out);
+	if (!rc) {
+		n_sched++;
+		check(pl, w, out);
+	}
+	return rc;
+}
+
+static void plan_one(const char *model, const char *cluster)
+{
+	char mp[512], cp[512];
+	snprintf(mp, sizeof mp, "%s/plans/%s/model.json", SPINDLE_ROOT, model);
+	snprintf(cp, sizeof cp, "%s/plans/clusters/%s.json", SPINDLE_ROOT, cluster);
+	sp_model_t m = {0};
+	sp_cluster_t c = {0};
+	sp_err_t err = {0};
+	sp_plan_t p = {0};
+	plan_summary_t sum;
+	if (model_load(&m, mp, &err) || cluster_load(&c, cp, &err))
+		fail_msg("loading %s on %s: %s", model, cluster, err.msg);
+	plan_opts_t o = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
+			 .mem_reserve_gib = 2.0, .milp_nodes = 200, .zero = -1,
+			 .recompute = -1, .max_ins = PLAN_MAX_INS_DEFAULT, .jobs = 1};
+	n_sched = n_bad = 0;
+	int rc = planner_run(&o, &m, &c, &p, &sum, &err);
+	plan_release(&p);
+	model_release(&m);
+	cluster_release(&c);
+	if (rc)
+		fail_msg("planning %s on %s: rc %d, '%s'", model, cluster, rc, err.msg);
+	print_message("%s on %s: %ld packed schedules, %ld faults\n", model, cluster, n_sched,
+		      n_bad);
+	assert_true(n_sched > 0);
+	assert_int_equal(n_bad, 0);
+}
+
+static void test_clip4_16(void **state)
+{
+	(void)state;
+	plan_one("clip-4", "a800-2x8");
+}
+
+static void test_clip10_32(void **state)
+{
+	(void)state;
+	plan_one("clip-10", "a800-4x8");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_clip4_16),
+		cmocka_unit_test(test_clip10_32),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

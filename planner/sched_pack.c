@@ -81,7 +81,8 @@ typedef struct {
 	double *pre;           /* per lane and width: prefix times of its steps */
 	int *pre_off;          /* per lane: where its widths' prefixes begin */
 	pack_plan_t *plan;     /* per lane, at the horizon tried last */
-	pack_plan_t *cand;     /* one lane's plans (lane_plans) */
+	pack_plan_t *cand;     /* every lane's plans (lane_plans) at cand_off */
+	int *cand_off, *n_cand;
 	plan_key_t *rest;      /* those not flat, to sort */
 	double delta;          /* plans within 1 + delta of a lane's least area
 				* count as least, the narrowest of them first */
@@ -167,13 +168,19 @@ static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
 	}
 	P->s_first[nl] = ns;
 	P->w_first[nl] = nw;
-	int most = 0;
+	int most = 0, all = 0;
+	P->cand_off = sp_arena_calloc(a, 2 * (size_t)nl + 2, sizeof(int));
+	if (!P->cand_off)
+		return SP_ENOMEM;
+	P->n_cand = P->cand_off + nl + 1;
 	for (int j = 0; j < nl; j++) {
 		int w = P->w_first[j + 1] - P->w_first[j];
 		most = SP_MAX(most, 2 * w * w + 2 * w);
+		P->cand_off[j] = all;
+		all += 2 * w * w + 2 * w;
 	}
 	if (!(P->pre = sp_arena_calloc(a, (size_t)npre + 1, sizeof(double))) ||
-	    !(P->cand = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->cand)) ||
+	    !(P->cand = sp_arena_calloc(a, (size_t)all + 1, sizeof *P->cand)) ||
 	    !(P->rest = sp_arena_calloc(a, (size_t)most + 1, sizeof *P->rest)))
 		return SP_ENOMEM;
 	for (int j = 0; j < nl; j++)
@@ -189,6 +196,16 @@ static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
 			}
 		}
 	return 0;
+}
+
+/* Lane j's time with l steps at width index ch (its first l: desc; its
+ * last l: asc) and the others at cl. */
+static double plan_time(const pack_t *P, int j, int ch, int cl, int desc, int l)
+{
+	int n = lane_steps(P, j);
+	if (desc)
+		return pre_at(P, j, ch, l) + pre_at(P, j, cl, n) - pre_at(P, j, cl, l);
+	return pre_at(P, j, cl, n - l) + pre_at(P, j, ch, n) - pre_at(P, j, ch, n - l);
 }
 
 /* Lane j's plans within budget B into out (at most 2 w^2 + 2 w of them, w
@@ -210,19 +227,23 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 			if (lo >= hi)
 				continue;
 			double lo_all = pre_at(P, j, cl, n);
-			for (int desc = 1; desc >= 0; desc--)
-				for (int l = 1; l < n; l++) {
-					/* desc: steps [0, l) at hi; asc: steps [n - l, n) */
-					double ht = desc ? pre_at(P, j, ch, l)
-							 : all - pre_at(P, j, ch, n - l);
-					double lt = desc ? lo_all - pre_at(P, j, cl, l)
-							 : pre_at(P, j, cl, n - l);
-					if (ht + lt > lim)
-						continue;
-					out[np++] = (pack_plan_t){lo, hi, l, desc, ht + lt, ht,
-								  hi * ht + lo * lt, 0};
-					break;
+			for (int desc = 1; desc >= 0; desc--) {
+				/* the fewest steps at hi, l in [1, n): time falls with l
+				 * (each step at hi is no slower), so bisect */
+				int a = 1, b = n; /* b: fits (n: none known) */
+				while (a < b) {
+					int l = a + (b - a) / 2;
+					if (plan_time(P, j, ch, cl, desc, l) <= lim)
+						b = l;
+					else
+						a = l + 1;
 				}
+				if (b >= n)
+					continue;
+				double ht = desc ? pre_at(P, j, ch, b) : all - pre_at(P, j, ch, n - b);
+				double lt = desc ? lo_all - pre_at(P, j, cl, b) : pre_at(P, j, cl, n - b);
+				out[np++] = (pack_plan_t){lo, hi, b, desc, ht + lt, ht, hi * ht + lo * lt, 0};
+			}
 		}
 	}
 	return np;
@@ -317,11 +338,12 @@ static int pack_fits(pack_t *P, double T)
 	int nl = L->nl;
 	for (int j = 0; j < nl; j++) {
 		P->budget[j] = T - L->ln[j].tail;
-		int np = lane_plans(P, j, P->budget[j], P->cand);
+		pack_plan_t *c = P->cand + P->cand_off[j];
+		P->n_cand[j] = lane_plans(P, j, P->budget[j], c);
 		P->plan[j].area = HUGE_VAL;
-		for (int q = 0; q < np; q++)
-			P->plan[j].area = fmin(P->plan[j].area, P->cand[q].area);
-		if (np == 0)
+		for (int q = 0; q < P->n_cand[j]; q++)
+			P->plan[j].area = fmin(P->plan[j].area, c[q].area);
+		if (P->n_cand[j] == 0)
 			return 0;
 		P->order[j] = j;
 	}
@@ -335,13 +357,14 @@ static int pack_fits(pack_t *P, double T)
 		}
 	int so_far = 0; /* most devices held at once by the lanes placed */
 	for (int k = 0; k < nl; k++) {
-		int j = P->order[k], np = lane_plans(P, j, P->budget[j], P->cand), best = -1;
+		int j = P->order[k], np = P->n_cand[j], best = -1;
+		pack_plan_t *cand = P->cand + P->cand_off[j];
 		double flat = P->plan[j].area * (1 + P->delta);
 		int best_peak = 0, nrest = 0;
 		/* the flat plans (least area within delta): the lowest peak, the
 		 * narrowest, the least area */
 		for (int q = 0; q < np; q++) {
-			pack_plan_t *c = &P->cand[q];
+			pack_plan_t *c = &cand[q];
 			if (c->area > flat) {
 				P->rest[nrest++] = (plan_key_t){c->area, q};
 				continue;
@@ -350,7 +373,7 @@ static int pack_fits(pack_t *P, double T)
 			if (peak < 0)
 				continue;
 			peak = SP_MAX(peak, so_far);
-			const pack_plan_t *b = best >= 0 ? &P->cand[best] : NULL;
+			const pack_plan_t *b = best >= 0 ? &cand[best] : NULL;
 			if (!b || (peak != best_peak ? peak < best_peak
 				   : c->hi != b->hi ? c->hi < b->hi
 						    : c->area < b->area * (1 - PACK_EPS))) {
@@ -362,12 +385,12 @@ static int pack_fits(pack_t *P, double T)
 		if (best < 0)
 			plan_key_sort(P->rest, nrest);
 		for (int i = 0; best < 0 && i < nrest; i++)
-			if ((best_peak = pack_place(P, k, &P->cand[P->rest[i].q])) >= 0)
+			if ((best_peak = pack_place(P, k, &cand[P->rest[i].q])) >= 0)
 				best = P->rest[i].q;
 		if (best < 0)
 			return 0;
-		P->plan[j] = P->cand[best];
-		lane_intervals(P, j, &P->cand[best]);
+		P->plan[j] = cand[best];
+		lane_intervals(P, j, &cand[best]);
 		so_far = SP_MAX(so_far, best_peak);
 	}
 	return 1;

@@ -17,27 +17,34 @@
  *          lane_width(m, n).
  *  plan    lo devices for the whole lane, and hi - lo more for its hi
  *          phase: its first l steps (descending) or its last l
- *          (ascending); lo = 0: every step at hi, from 0 (descending) or
- *          ending at the budget (ascending). lo and hi are widths of the
- *          lane's hull (the widths worth mixing). Of the plans that end
- *          within the lane's budget T - tail, the one of least held
- *          device-time (hi over the hi phase plus lo over the rest).
+ *          (ascending), l the fewest that end within the lane's budget
+ *          T - tail; lo = 0: every step at hi, anywhere within the
+ *          budget. lo and hi are widths that gain whose device-time is
+ *          within NEAR_HULL of the lane's hull (a flatter pair than the
+ *          hull's can pack where the hull's cannot).
  *  pack    a plan is a set of unit intervals, each one device held from
  *          one time to another: lo over the lane, hi - lo over its hi
  *          phase. Intervals are coloured with as many devices as most of
  *          them overlap at one time (interval graphs are perfect: first
  *          fit in order of start attains it), so the plans fit N devices
- *          exactly when no time has more than N intervals open. The
- *          direction of each lane is chosen greedily, the largest hi phase
- *          (held devices x time) first, each the way that keeps the peak
- *          lower (descending on ties).
+ *          exactly when no time has more than N intervals open. Lanes are
+ *          placed greedily, the largest least device-time first (the
+ *          small ones fill the holes the large ones leave): of its plans
+ *          that keep the devices held within N, the flat ones (device-time
+ *          within 1 + delta of its least) by the lowest peak so far, then
+ *          the fewest devices, then the least device-time; if none is
+ *          flat, the least device-time. A plan at one width starts at 0,
+ *          else at the earliest time another lane frees devices from which
+ *          it fits, else ends at its budget.
  *  horizon the least T, by bisection from the fluid horizon
- *          (lanes_horizon), at which the plans fit.
+ *          (lanes_horizon), at which every lane is placed; for each delta
+ *          of a few, the shortest schedule kept.
  *
  * Devices: each interval, in order of start, takes a free device that
- * last ran the lane's component, else one on a node the lane holds
- * already, else the lowest free one (fewer nodes per component: its
- * gradients cross fewer NICs). The joins follow as in sched_lanes.c.
+ * holds the lane's component already (no new replica), else one on a
+ * node that does, else one on a node the lane holds, else the lowest free
+ * one (fewer nodes per component: its gradients cross fewer NICs). The
+ * joins follow as in sched_lanes.c.
  */
 #include "planner.h"
 #include "sort.h"
@@ -329,9 +336,8 @@ static int pack_place(pack_t *P, int k, pack_plan_t *c)
 	}
 }
 
-/* Plans and directions at horizon T, lane by lane from the least area up,
- * each the plan of least area that keeps the devices held within N (ties:
- * the lower peak, then the first); 1 when every lane has one. */
+/* Every lane's plan at horizon T, placed greedily as the header says;
+ * 1 when every lane has one that keeps the devices held within N. */
 static int pack_fits(pack_t *P, double T)
 {
 	const lanes_t *L = P->L;

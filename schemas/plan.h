@@ -400,6 +400,32 @@ int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
  * of its STEP, else n_ins. Runtime, simulator and verifier share it. */
 int plan_defer_wait(const sp_plan_t *p, int d, int b);
 /*
+ * A deferred bucket's all-gather runs in pieces, each waited for just
+ * before the first layer that reads it (the next forward pipelined with
+ * the gathers). Pieces: bucket b's params in bucket_params order cut into
+ * runs of consecutive params, a run closed as soon as it holds
+ * PLAN_DEFER_PIECE_ELEMS elements or more (the last run takes what is
+ * left, however small): a piece is an element range of the bucket
+ * (bucket_params order flattened, as the shards are). 2^20 elements are
+ * 2 MiB in bf16 (4 MiB in fp32): at the 12.5-50 GB/s a GPU gets from a
+ * NIC that is 40-320 us of transfer against the 8-30 us an all-gather
+ * step costs in latency, and a real transformer layer (>= 12 hidden^2
+ * elements: 12 M at hidden 1024) is one piece of its own.
+ * plan_defer_pieces: their count n; first[j] the first param of piece j
+ * (first[n] = n_params; first has n_params + 1 entries); order[0..n) the
+ * pieces in the order every member starts their all-gathers: by the first
+ * use on the bucket's first member (bucket_devs order; plan_defer_use),
+ * ties (never read before its STEP) in param order; order may be NULL.
+ * SP_ENOMEM. plan_defer_use: member d's first use of each param q of b,
+ * the index in its program of its first FWD, BWD or LOSS running a layer
+ * of q in k[q] and the layer's position in that use (plan_z3_use's i) in
+ * pos[q]; else its STEP's index and 0, else n_ins and 0. A piece's wait:
+ * the least (k, pos) of its params; plan_defer_wait is the least of all.
+ */
+#define PLAN_DEFER_PIECE_ELEMS ((int64_t)1 << 20)
+int plan_defer_pieces(const sp_plan_t *p, int b, int32_t *first, int32_t *order);
+void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos);
+/*
  * The room of a span gathering bucket b's layers seq[0..n) in that order,
  * each prefetched while the one before runs (version 7): layer i goes to
  * slot i % 2, slot 0 at the room's start, slot 1 at *slot1 (slot 0's

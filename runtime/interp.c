@@ -1574,6 +1574,15 @@ void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
 	*settled = st->d_settled;
 }
 
+void rt_defer_shape(const rt_state_t *st, int *buckets, int *pieces)
+{
+	*buckets = *pieces = 0;
+	for (int i = 0; i < st->n_mb; i++) {
+		*buckets += st->mb[i].defer;
+		*pieces += st->mb[i].defer ? st->mb[i].dn : 0;
+	}
+}
+
 /* Waits for every operation still in flight. */
 static int drain(rt_state_t *st, sp_err_t *err)
 {

@@ -1004,11 +1004,14 @@ static int report_end(run_t *r)
 	if (r->comm.rank == 0)
 		print_full_buffers(0, z);
 	int64_t later, settled;
+	int dbk, dpc;
 	rt_deferred(r->st, &later, &settled);
+	rt_defer_shape(r->st, &dbk, &dpc);
 	if (r->comm.rank == 0 && later + settled > 0)
 		printf("rank 0 deferred all-gathers: %lld completed in the next step, %lld "
-		       "before a digest, a checkpoint or the end\n",
-		       (long long)later, (long long)settled);
+		       "before a digest, a checkpoint or the end (pieces; %d buckets in %d "
+		       "pieces)\n",
+		       (long long)later, (long long)settled, dbk, dpc);
 	if (r->o.memory_all && r->comm.nranks > 1 && memory_all(r) != RUN_GO)
 		return RUN_LOST;
 	wd_arm(r->comm.rank, "gathering the trace");

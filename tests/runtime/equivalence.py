@@ -513,7 +513,20 @@ def run_unlogged(plan_path, ranks, tmp, tag, extra=()):
         m = re.match(r"rank 0 deferred all-gathers: (\d+) completed in the next step", line)
         if m:
             later = int(m.group(1))
+        m = re.search(r"\(pieces; (\d+) buckets in (\d+) pieces\)", line)
+        if m:
+            PIECES[tag] = (int(m.group(1)), int(m.group(2)))
     return load_dump(dump), losses, later
+
+
+def run_pieces(plan_path, ranks, tmp, tag, extra=()):
+    """run_unlogged(), and rank 0's deferred buckets and pieces (the
+    runtime's count, plan_defer_pieces)."""
+    got_p, got_l, later = run_unlogged(plan_path, ranks, tmp, tag, extra)
+    return got_p, got_l, later, PIECES.get(tag)
+
+
+PIECES = {}
 
 
 def deferred_buckets(plan_path):
@@ -579,10 +592,66 @@ def defer(demo, tmp):
                   f"completed in the next step)", flush=True)
             if err:
                 failures.append(err)
+    failures += defer_pieces(demo, tmp, floor)
     failures += check_model(demo, tmp, "demo-adamw-z1-defer",
                             [(3, 1, "spindle", ("--zero", "1") + DEFER)], floor)
     return failures + memory_within(demo, tmp, "zero-1 deferred", "spindle",
                                     ("--zero", "1") + DEFER)
+
+
+def defer_pieces(demo, tmp, floor):
+    """Deferred all-gathers in several pieces per bucket (plan_defer_pieces:
+    runs of a bucket's params of >= 2^20 elements each, each waited for
+    before the first layer reading it): the demo with a 16-layer image
+    encoder of 0.55 M elements a layer (a piece: two layers) and small
+    batches, zero-1 on 2 and 4 ranks and zero-2 on 3, 2 micro-batches,
+    with --check-deferred (each piece's range NaN until its own wait: a
+    layer read before its piece's wait spoils the run), the same
+    parameters and losses as the one-device run; rank 0 holds more
+    pieces than deferred buckets (some bucket has several), and pieces
+    completed in the next step."""
+    import copy
+    m = copy.deepcopy(demo)
+    m["components"]["img_enc"].update(layers=16, ffn=4096)
+    for t, b in zip(m["tasks"], (8, 4, 4)):
+        t["batch"] = b
+    mpath = W.write_json(tmp, "pieces.model.json", m)
+    c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
+    p1 = os.path.join(tmp, "pieces.1.bin")
+    W.plan(mpath, c1, p1, "spindle", MICRO2)
+    (ref_p, ref_l, _) = run_unlogged(p1, 1, tmp, "pieces.1")
+    failures = []
+    for z, ranks in (("1", 2), ("2", 3), ("1", 4)):
+        what = f"pieces: zero-{z} deferred gathers in pieces, 2 micro-batches, on {ranks} ranks"
+        cpath = W.write_json(tmp, f"cpu-1x{ranks}.json", W.cluster(ranks))
+        pp = os.path.join(tmp, f"pieces.z{z}.{ranks}.bin")
+        W.plan(mpath, cpath, pp, "spindle", ("--zero", z) + DEFER + MICRO2)
+        got_p, got_l, later, shape = run_pieces(pp, ranks, tmp, f"pieces.z{z}.{ranks}",
+                                                CHECK_DEFER)
+        err = compare((ref_p, []), (got_p, []), floor, what)
+        if not err and ranks == 4:  # the normal path: bit-identical to the checked run
+            plain = run_unlogged(pp, ranks, tmp, f"pieces.z{z}.{ranks}.plain")
+            if (plain[0], plain[1]) != (got_p, got_l):
+                err = f"{what}: the run without {CHECK_DEFER[0]} differs from the one with it"
+            what += f" (also without {CHECK_DEFER[0]})"
+        if not err and (shape is None or shape[1] <= shape[0]):
+            err = f"{what}: rank 0's deferred buckets and pieces {shape}: no bucket in " \
+                  "several pieces"
+        if not err and later < 1:
+            err = f"{what}: no deferred piece completed in the step after its own"
+        for s, (a, b) in enumerate(zip(ref_l, got_l)):
+            bad = [(t, x, y) for (t, x), (_, y) in zip(a, b)
+                   if not abs(float(x) - float(y)) <= 1.5e-4]
+            if not err and (len(a) != len(b) or bad):
+                err = f"{what}: step {s + 1} losses {b} vs {a}"
+        if not err and len(got_l) != STEPS:
+            err = f"{what}: {len(got_l)} steps printed, not {STEPS}"
+        print(("FAIL " + err) if err else
+              f"ok   {what} (rank 0: {shape[0]} buckets in {shape[1]} pieces, {later} "
+              f"pieces completed in the next step)", flush=True)
+        if err:
+            failures.append(err)
+    return failures
 
 
 ZERO3 = ("--zero", "3")

@@ -293,7 +293,7 @@ static int dw_alloc(sim_t *st, sp_arena_t *a)
 		if (!deferred(&p->buckets[b]))
 			continue;
 		pc0[b] = at;
-		if ((npc[b] = plan_defer_pieces(p, b, pfirst + at, pord + at)) < 0)
+		if ((npc[b] = plan_defer_pieces(p, b, p->buckets[b].defer, pfirst + at, pord + at)) < 0)
 			return npc[b];
 		at += npc[b] + 1;
 		int i = no++;

@@ -1606,9 +1606,10 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * the same all-gathers in the same order on every member as at the
  * GATHERs (SYNC order both), which then have nothing left to do. A
  * deferred bucket's all-gather (bucket defer) starts after the last
- * update instead, the deferred ones in the reverse order of the SYNCs (on
- * every member the same order: the SYNC order reversed), and the step does
- * not wait for them. Then the sends and all-gathers still in flight.
+ * update instead, in pieces (zero.c rt_defer_start), the deferred buckets
+ * in the reverse order of the SYNCs (on every member the same order: the
+ * SYNC order reversed), and the step does not wait for them. Then the
+ * sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
@@ -1644,7 +1645,7 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 	}
 	/* the deferred ones after the last update, in the reverse order of the
 	 * SYNCs (the next forward's order); the next step waits for each
-	 * before its first use of the bucket (defer_wait) */
+	 * piece before the first layer reading it (rt_z3_need) */
 	if (st->n_mb)
 		st->b->sync();
 	for (int q = st->n_mb - 1; q >= 0; q--) {

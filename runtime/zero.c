@@ -410,7 +410,8 @@ int rt_defer_setup(rt_state_t *st)
 			return SP_ENOMEM;
 		mb->dord = mb->dfirst + np + 1;
 		mb->dpiece = mb->dord + np + 1;
-		if ((mb->dn = plan_defer_pieces(st->p, mb->bucket, mb->dfirst, mb->dord)) < 0)
+		if ((mb->dn = plan_defer_pieces(st->p, mb->bucket, st->p->buckets[mb->bucket].defer,
+						   mb->dfirst, mb->dord)) < 0)
 			return mb->dn;
 		for (int j = 0; j < mb->dn; j++)
 			for (int q = mb->dfirst[j]; q < mb->dfirst[j + 1]; q++)

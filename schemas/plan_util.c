@@ -182,6 +182,8 @@ int plan_defer_wait(const sp_plan_t *p, int d, int b)
 	return dv->n_ins;
 }
 
+__extension__ typedef __int128 i128;
+
 void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)
 {
 	const sp_device_t *dv = &p->devices[d];
@@ -210,32 +212,33 @@ void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)
 		}
 }
 
-int plan_defer_pieces(const sp_plan_t *p, int b, int32_t *first, int32_t *order)
+int plan_defer_pieces(const sp_plan_t *p, int b, int k, int32_t *first, int32_t *order)
 {
 	const sp_bucket_t *bk = &p->buckets[b];
 	int n = 0, np = bk->n_params;
-	int64_t run = 0;
-	for (int q = 0; q < np; q++) {
-		if (run == 0)
+	int64_t at = 0, E = SP_MAX(bk->elems, 1), last = -1;
+	k = SP_MAX(k, 1);
+	for (int q = 0; q < np; q++) { /* piece floor(k S_q / E), S_q = at */
+		int64_t j = (int64_t)((i128)k * at / E);
+		if (j != last)
 			first[n++] = q;
-		run += plan_z3_param_elems(p, b, q);
-		if (run >= PLAN_DEFER_PIECE_ELEMS)
-			run = 0;
+		last = j;
+		at += plan_z3_param_elems(p, b, q);
 	}
 	first[n] = np;
 	if (!order)
 		return n;
-	int32_t *k = malloc(sizeof(int32_t) * (size_t)(2 * np + 2 * n + 2));
-	if (!k)
+	int32_t *uk = malloc(sizeof(int32_t) * (size_t)(2 * np + 2 * n + 2));
+	if (!uk)
 		return SP_ENOMEM;
-	int32_t *pos = k + np, *pk = pos + np, *pp = pk + n + 1;
-	plan_defer_use(p, p->bucket_devs[bk->dev_off], b, k, pos);
+	int32_t *pos = uk + np, *pk = pos + np, *pp = pk + n + 1;
+	plan_defer_use(p, p->bucket_devs[bk->dev_off], b, uk, pos);
 	for (int j = 0; j < n; j++) {
 		pk[j] = INT32_MAX;
 		pp[j] = 0;
 		for (int q = first[j]; q < first[j + 1]; q++)
-			if (k[q] < pk[j] || (k[q] == pk[j] && pos[q] < pp[j])) {
-				pk[j] = k[q];
+			if (uk[q] < pk[j] || (uk[q] == pk[j] && pos[q] < pp[j])) {
+				pk[j] = uk[q];
 				pp[j] = pos[q];
 			}
 		int i = j; /* insertion, stable: ties keep param order */
@@ -245,6 +248,6 @@ int plan_defer_pieces(const sp_plan_t *p, int b, int32_t *first, int32_t *order)
 			order[i] = order[i - 1];
 		order[i] = j;
 	}
-	free(k);
+	free(uk);
 	return n;
 }

@@ -600,11 +600,12 @@ def defer(demo, tmp):
 
 
 def defer_pieces(demo, tmp, floor):
-    """Deferred all-gathers in several pieces per bucket (plan_defer_pieces:
-    runs of a bucket's params of >= 2^20 elements each, each waited for
-    before the first layer reading it): the demo with a 16-layer image
-    encoder of 0.55 M elements a layer (a piece: two layers) and small
-    batches, zero-1 on 2 and 4 ranks and zero-2 on 3, 2 micro-batches,
+    """Deferred all-gathers in several pieces per bucket (plan format 9,
+    bucket defer = k: plan_defer_pieces, each piece waited for before the
+    first layer reading it): the demo with a 16-layer image encoder of
+    0.55 M elements a layer (its buckets hold several layers, which the
+    planner cuts into pieces) and small batches, zero-1 on 2 and 4 ranks
+    and zero-2 on 3, 2 micro-batches,
     with --check-deferred (each piece's range NaN until its own wait: a
     layer read before its piece's wait spoils the run), the same
     parameters and losses as the one-device run; rank 0 holds more

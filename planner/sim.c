@@ -54,23 +54,30 @@
  *                 ones; the device is done when its gathers are, but
  *                 for its deferred buckets' (defer 1, below)
  *
- * Deferred all-gathers (a zero-1/2 bucket with defer 1): the runtime starts
- * the all-gather in the STEP, after the device's last update (its deferred
- * ones in the reverse order of its SYNCs), but the step does not wait for
- * it; the next step waits for it before its first instruction
- * reading the bucket's weights (plan_defer_wait: a FWD, BWD or LOSS of one
- * of its layers, else the STEP). One iteration in the steady state is
+ * Deferred all-gathers (a zero-1/2 bucket with defer k >= 1): the runtime
+ * starts the all-gather in the STEP, after the device's last update (its
+ * deferred ones in the reverse order of its SYNCs), in pieces
+ * (plan_defer_pieces for k), but the step does not wait for it; the next
+ * step waits for each piece before the first layer that reads it
+ * (plan_defer_use: inside the first FWD, BWD or LOSS running one of its
+ * layers, else at the STEP). One iteration in the steady state is
  * modelled conservatively, never earlier than the runtime could be:
- *  - the gather left in flight by the step before is a collective that
- *    enters the network at time 0 of the iteration (dw_alloc; in the
- *    runtime it started in the step before's tail, earlier, so it is done
- *    no later than modelled), runs through the fluid network like the
- *    others, sharing NICs and ports with the forward's transfers and, on
- *    its members' one stream each, delaying their later collectives; each
- *    member waits for it before plan_defer_wait's instruction (dw_wait);
+ *  - each piece of a gather left in flight by the step before is a
+ *    collective that enters the network at time 0 of the iteration
+ *    (dw_alloc; in the runtime it started in the step before's tail,
+ *    earlier, so it is done no later than modelled), the pieces in the
+ *    runtime's order, one after another on the members' one stream each
+ *    (each paying its latency), running through the fluid network like
+ *    the others, sharing NICs and ports with the forward's transfers and
+ *    delaying the members' later collectives; a member's use waits for a
+ *    piece before the layer that first reads it: layer i of the use
+ *    starts no earlier than that piece is done, the layers before it
+ *    taking the use's per-layer compute each (dw_wait);
  *  - this iteration's own deferred gathers still enter the network in its
  *    tail (finish_steps_net, once every member updated the bucket: no
- *    later than the runtime starts them), where they share links with the
+ *    later than the runtime starts them; one collective of the bucket's
+ *    bytes, its pieces' extra latency not counted where no device waits),
+ *    where they share links with the
  *    collectives still in flight there and delay those, but no device
  *    waits for them:
  *    the iteration ends when the last step (and non-deferred gather) is

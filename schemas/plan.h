@@ -395,11 +395,6 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
  * its index in bucket b's params, -1 when not b's, -2 past the last. */
 int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
 
-/* Where member d of a deferred (defer 1) zero-1/2 bucket b waits for the
- * all-gather the previous step left in flight: the index in d's program of
- * its first FWD, BWD or LOSS that reads a layer of b (plan_z3_use), else
- * of its STEP, else n_ins. Runtime, simulator and verifier share it. */
-int plan_defer_wait(const sp_plan_t *p, int d, int b);
 /*
  * A deferred bucket's all-gather runs in pieces (version 9), each waited
  * for just before the first layer that reads it, so the next forward runs
@@ -420,7 +415,7 @@ int plan_defer_wait(const sp_plan_t *p, int d, int b);
  * first FWD, BWD or LOSS running a layer of q in k[q] and the layer's
  * position in that use (plan_z3_use's i) in pos[q]; else its STEP's index
  * and 0, else n_ins and 0. A piece's wait: the least (k, pos) of its
- * params; plan_defer_wait is the least of all.
+ * params (version 8 waited for the whole bucket at the least of all).
  */
 int plan_defer_pieces(const sp_plan_t *p, int b, int k, int32_t *first, int32_t *order);
 void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos);

@@ -166,22 +166,6 @@ int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp)
 	return -1;
 }
 
-int plan_defer_wait(const sp_plan_t *p, int d, int b)
-{
-	const sp_device_t *dv = &p->devices[d];
-	for (int k = 0; k < dv->n_ins; k++) {
-		const sp_ins_t *in = &p->ins[dv->first_ins + k];
-		if (in->op == INS_STEP)
-			return k;
-		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
-			continue;
-		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
-			if (q >= 0)
-				return k;
-	}
-	return dv->n_ins;
-}
-
 __extension__ typedef __int128 i128;
 
 void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)

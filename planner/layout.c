@@ -221,7 +221,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	int64_t opt = opt_state_bytes(p->model.dtype, p->model.opt.kind);
 	int64_t E = bk->elems, n = bk->n_dev;
 	if (layout != bk->layout && (layout == LAYOUT_ZERO2 || bk->layout == LAYOUT_ZERO2)) {
-		bk->defer = defer_for(pl, bk, layout);
+		bk->defer = defer_for(pl, bk, layout) ? bucket_defer_pieces(pl->cluster, p, b, db) : 0;
 		bk->layout = layout;
 		bk->overlap = overlap_for(pl, layout);
 		bucket_price(pl->cluster, p, bk, db);
@@ -235,7 +235,7 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 		dv->mem[MEM_PARAMS] += delta;
 		dv->mem_peak += delta;
 	}
-	bk->defer = defer_for(pl, bk, layout);
+	bk->defer = defer_for(pl, bk, layout) ? bucket_defer_pieces(pl->cluster, p, b, db) : 0;
 	bk->layout = layout;
 	bucket_price(pl->cluster, p, bk, db);
 	return 0;
@@ -932,7 +932,9 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 	for (int b = 0; b < p->n_buckets; b++) {
 		if (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
 			set_layout(pl, p, b, LAYOUT_ZERO1);
-		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
+		if (!p->buckets[b].defer && layout_gathers_after_step(p->buckets[b].layout))
+			p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b,
+								  dtype_bytes(p->model.dtype));
 	}
 	rc = keep_if_faster(pl, p, res, &t);
 cleanup:

@@ -144,8 +144,47 @@ static void add_bucket(lstate_t *st, sp_plan_t *out, int p, int r, const int *fi
 		     : st->pl->opts->zero == 2 ? LAYOUT_ZERO2
 					       : LAYOUT_ZERO1;
 	bk->overlap = layout_grads_sharded(bk->layout) && st->pl->opts->rs_overlap == 1;
-	bk->defer = layout_gathers_after_step(bk->layout) && st->pl->opts->defer_gather == 1;
 	bucket_price(st->pl->cluster, out, bk, dtype_bytes(md->dtype));
+	bk->defer = layout_gathers_after_step(bk->layout) && st->pl->opts->defer_gather == 1
+			    ? bucket_defer_pieces(st->pl->cluster, out, b, dtype_bytes(md->dtype))
+			    : 0;
+}
+
+/*
+ * The k that bucket b's deferred all-gather is cut for (plan_defer_pieces,
+ * bucket defer): the largest of m = min(n_params, 64), m / 2, m / 4, ..., 1 whose
+ * pieces, all-gathered one after another (cost_all_gather_ms each: its
+ * latency steps plus its bytes), take at most 5% more than one all-gather
+ * of the whole bucket. Smaller pieces let the next forward start sooner
+ * (its first layer waits for one piece) but pay the collective's latency
+ * once each: a real transformer layer (tens to hundreds of MB) is far
+ * above where that matters on 8-64 GPUs, a 1024-GPU group's ring of small
+ * layers is not.
+ */
+int bucket_defer_pieces(const sp_cluster_t *c, const sp_plan_t *p, int b, int db)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	const int32_t *devs = p->bucket_devs + bk->dev_off;
+	int np = bk->n_params;
+	int32_t *first = malloc(sizeof(int32_t) * (size_t)(np + 1));
+	if (!first)
+		return 1;
+	double whole = cost_all_gather_ms(c, devs, bk->n_dev, bk->elems * db);
+	int k = SP_MIN(np, 64); /* a piece is a collective, a request, a wait */
+	for (; k > 1; k /= 2) {
+		int n = plan_defer_pieces(p, b, k, first, NULL);
+		double sum = 0;
+		for (int j = 0; j < n; j++) {
+			int64_t e = 0;
+			for (int q = first[j]; q < first[j + 1]; q++)
+				e += plan_z3_param_elems(p, b, q);
+			sum += cost_all_gather_ms(c, devs, bk->n_dev, e * db);
+		}
+		if (sum <= 1.05 * whole)
+			break;
+	}
+	free(first);
+	return SP_MAX(k, 1);
 }
 
 void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db)

@@ -266,6 +266,8 @@ int net_measured_ms(const sp_cluster_t *c, sp_coll_op_t op, int n, int m, double
 /* lower_sync.c: bk's sync_ms and gather_ms under its layout, alone on the
  * network (db: bytes per parameter). */
 void bucket_price(const sp_cluster_t *c, const sp_plan_t *p, sp_bucket_t *bk, int db);
+/* The k bucket b's deferred all-gather is cut for (bucket defer). */
+int bucket_defer_pieces(const sp_cluster_t *c, const sp_plan_t *p, int b, int db);
 
 /* Links that can be shared: every GPU's intra-node port and every NIC, each
  * direction apart; ids 0..net_n_res-1. */

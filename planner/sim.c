@@ -54,23 +54,30 @@
  *                 ones; the device is done when its gathers are, but
  *                 for its deferred buckets' (defer 1, below)
  *
- * Deferred all-gathers (a zero-1/2 bucket with defer 1): the runtime starts
- * the all-gather in the STEP, after the device's last update (its deferred
- * ones in the reverse order of its SYNCs), but the step does not wait for
- * it; the next step waits for it before its first instruction
- * reading the bucket's weights (plan_defer_wait: a FWD, BWD or LOSS of one
- * of its layers, else the STEP). One iteration in the steady state is
+ * Deferred all-gathers (a zero-1/2 bucket with defer k >= 1): the runtime
+ * starts the all-gather in the STEP, after the device's last update (its
+ * deferred ones in the reverse order of its SYNCs), in pieces
+ * (plan_defer_pieces for k), but the step does not wait for it; the next
+ * step waits for each piece before the first layer that reads it
+ * (plan_defer_use: inside the first FWD, BWD or LOSS running one of its
+ * layers, else at the STEP). One iteration in the steady state is
  * modelled conservatively, never earlier than the runtime could be:
- *  - the gather left in flight by the step before is a collective that
- *    enters the network at time 0 of the iteration (dw_alloc; in the
- *    runtime it started in the step before's tail, earlier, so it is done
- *    no later than modelled), runs through the fluid network like the
- *    others, sharing NICs and ports with the forward's transfers and, on
- *    its members' one stream each, delaying their later collectives; each
- *    member waits for it before plan_defer_wait's instruction (dw_wait);
+ *  - each piece of a gather left in flight by the step before is a
+ *    collective that enters the network at time 0 of the iteration
+ *    (dw_alloc; in the runtime it started in the step before's tail,
+ *    earlier, so it is done no later than modelled), the pieces in the
+ *    runtime's order, one after another on the members' one stream each
+ *    (each paying its latency), running through the fluid network like
+ *    the others, sharing NICs and ports with the forward's transfers and
+ *    delaying the members' later collectives; a member's use waits for a
+ *    piece before the layer that first reads it: layer i of the use
+ *    starts no earlier than that piece is done, the layers before it
+ *    taking the use's per-layer compute each (dw_wait);
  *  - this iteration's own deferred gathers still enter the network in its
  *    tail (finish_steps_net, once every member updated the bucket: no
- *    later than the runtime starts them), where they share links with the
+ *    later than the runtime starts them; one collective of the bucket's
+ *    bytes, its pieces' extra latency not counted where no device waits),
+ *    where they share links with the
  *    collectives still in flight there and delay those, but no device
  *    waits for them:
  *    the iteration ends when the last step (and non-deferred gather) is
@@ -162,11 +169,11 @@ typedef struct {
 	 * waits for the bucket's reduce-scatter (plan_z2_walk's done, the STEP's
 	 * left to finish_steps); zw_pos[d] the next one */
 	int *zw_at, *zw_pos, *zw_k, *zw_b;
-	/* SIM_SYNC with deferred buckets: per device d, dw_k/dw_b[dw_at[d] ..
-	 * dw_at[d + 1]) the (instruction, bucket) pairs, ascending, before which
-	 * d waits for the bucket's gather left by the step before (djob[b],
-	 * entered at time 0); dw_pos[d] the next one */
-	int *dw_at, *dw_pos, *dw_k, *dw_b, *djob;
+	/* SIM_SYNC with deferred buckets: per device d, dw_k/dw_i/dw_j[dw_at[d]
+	 * .. dw_at[d + 1]) the (instruction, layer position, job) of each piece
+	 * of a gather left by the step before (entered at time 0), ascending,
+	 * before which d waits for it; dw_pos[d] the next one */
+	int *dw_at, *dw_pos, *dw_k, *dw_i, *dw_j;
 	int zw_waits;              /* the last step waited in zw_wait (not blocked) */
 } sim_t;
 
@@ -234,36 +241,50 @@ static int deferred(const sp_bucket_t *bk)
 /* The dw_* lists and the time-0 gathers (sim_t) for a SIM_SYNC pass: empty
  * without deferred buckets. The runtime starts a device's deferred gathers
  * after its last update, in the reverse order of its SYNCs (the backward's
- * reverse: the forward's order); here they enter the network by how close
- * to its members' last SYNC a bucket's SYNC is (the least over members of
- * the SYNCs after it; ties: bucket order), the same order on every device
- * whose SYNC orders agree. */
+ * reverse: the forward's order), each bucket's in pieces
+ * (plan_defer_pieces: in the order of their first use); here the buckets
+ * enter the network by how close to its members' last SYNC a bucket's
+ * SYNC is (the least over members of the SYNCs after it; ties: bucket
+ * order), the same order on every device whose SYNC orders agree, each
+ * bucket's pieces one collective each in the pieces' order (on a member's
+ * stream one after another). A member waits for a piece before the layer
+ * of its first use that first reads the piece (plan_defer_use). */
 static int dw_alloc(sim_t *st, sp_arena_t *a)
 {
 	const sp_plan_t *p = st->p;
-	int N = p->n_devices, n = 0, cap = 0;
+	int N = p->n_devices, n = 0, cap = 0, npar = 0, most = 0;
 	st->dw_at = sp_arena_calloc(a, (size_t)N + 2, sizeof(int));
 	st->dw_pos = sp_arena_calloc(a, (size_t)N + 1, sizeof(int));
 	if (!st->dw_at || !st->dw_pos)
 		return SP_ENOMEM;
 	for (int b = 0; b < p->n_buckets; b++)
-		cap += deferred(&p->buckets[b]) ? p->buckets[b].n_dev : 0;
+		if (deferred(&p->buckets[b])) {
+			cap += p->buckets[b].n_dev * p->buckets[b].n_params;
+			npar += p->buckets[b].n_params + 1;
+			most = SP_MAX(most, p->buckets[b].n_params);
+		}
 	if (!cap || !(st->mode & SIM_SYNC))
 		return 0;
-	st->djob = sp_arena_calloc(a, (size_t)p->n_buckets + 1, sizeof(int));
-	st->dw_k = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
-	st->dw_b = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
-	if (!st->djob || !st->dw_k || !st->dw_b)
-		return SP_ENOMEM;
 	int nb = p->n_buckets, no = 0;
+	/* per deferred bucket b, its pieces at pc0[b]: first param (pfirst),
+	 * job (pjob); npc[b] of them */
+	int *pc0 = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	int *npc = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	int32_t *pfirst = sp_arena_calloc(a, (size_t)npar + 1, sizeof(int32_t));
+	int32_t *pord = sp_arena_calloc(a, (size_t)npar + 1, sizeof(int32_t));
+	int *pjob = sp_arena_calloc(a, (size_t)npar + 1, sizeof(int));
+	int32_t *uk = sp_arena_calloc(a, (size_t)most + 1, sizeof(int32_t));
+	int32_t *upos = sp_arena_calloc(a, (size_t)most + 1, sizeof(int32_t));
+	st->dw_k = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	st->dw_i = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
+	st->dw_j = sp_arena_calloc(a, (size_t)cap + 1, sizeof(int));
 	int *key = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
 	int *ord = sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
-	if (!key || !ord)
+	if (!pc0 || !npc || !pfirst || !pord || !pjob || !uk || !upos || !st->dw_k || !st->dw_i ||
+	    !st->dw_j || !key || !ord)
 		return SP_ENOMEM;
-	for (int b = 0; b < nb; b++) {
+	for (int b = 0; b < nb; b++)
 		key[b] = INT32_MAX;
-		st->djob[b] = -1;
-	}
 	for (int d = 0; d < N; d++) {
 		const sp_device_t *dv = &p->devices[d];
 		int after = 0;
@@ -275,9 +296,13 @@ static int dw_alloc(sim_t *st, sp_arena_t *a)
 			}
 		}
 	}
-	for (int b = 0; b < nb; b++) {
+	for (int b = 0, at = 0; b < nb; b++) {
 		if (!deferred(&p->buckets[b]))
 			continue;
+		pc0[b] = at;
+		if ((npc[b] = plan_defer_pieces(p, b, p->buckets[b].defer, pfirst + at, pord + at)) < 0)
+			return npc[b];
+		at += npc[b] + 1;
 		int i = no++;
 		for (; i > 0 && key[ord[i - 1]] > key[b]; i--)
 			ord[i] = ord[i - 1];
@@ -286,47 +311,80 @@ static int dw_alloc(sim_t *st, sp_arena_t *a)
 	for (int i = 0; i < no; i++) {
 		int b = ord[i];
 		const sp_bucket_t *bk = &p->buckets[b];
-		if ((st->djob[b] = fl_coll(&st->net, 0, p->bucket_devs + bk->dev_off, bk->n_dev,
-					   bk->elems * st->db, COLL_ALL_GATHER)) < 0)
-			return st->djob[b];
+		for (int j = 0; j < npc[b]; j++) {
+			int q = pc0[b] + pord[pc0[b] + j];
+			int64_t e = 0;
+			for (int r = pfirst[q]; r < pfirst[q + 1]; r++)
+				e += plan_z3_param_elems(p, b, r);
+			if ((pjob[q] = fl_coll(&st->net, 0, p->bucket_devs + bk->dev_off, bk->n_dev,
+					       e * st->db, COLL_ALL_GATHER)) < 0)
+				return pjob[q];
+		}
 	}
 	for (int d = 0; d < N; d++) {
 		int m = n;
 		int64_t so, sn;
 		st->dw_at[d] = st->dw_pos[d] = n;
-		for (int b = 0; b < p->n_buckets; b++) {
-			if (st->djob[b] < 0 || bucket_shard(p, b, d, &so, &sn) < 0 || n >= cap)
+		for (int b = 0; b < nb; b++) {
+			if (!deferred(&p->buckets[b]) || bucket_shard(p, b, d, &so, &sn) < 0)
 				continue;
-			int k = plan_defer_wait(p, d, b), i = n++;
-			while (i > m && st->dw_k[i - 1] > k) { /* by instruction, then bucket */
-				st->dw_k[i] = st->dw_k[i - 1];
-				st->dw_b[i] = st->dw_b[i - 1];
-				i--;
+			plan_defer_use(p, d, b, uk, upos);
+			for (int j = 0; j < npc[b] && n < cap; j++) {
+				const int32_t *f = pfirst + pc0[b] + j;
+				int k = INT32_MAX, ps = 0, i = n++;
+				for (int r = f[0]; r < f[1]; r++)
+					if (uk[r] < k || (uk[r] == k && upos[r] < ps)) {
+						k = uk[r];
+						ps = upos[r];
+					}
+				/* by instruction, then position, then bucket and piece */
+				while (i > m && (st->dw_k[i - 1] > k ||
+						 (st->dw_k[i - 1] == k && st->dw_i[i - 1] > ps))) {
+					st->dw_k[i] = st->dw_k[i - 1];
+					st->dw_i[i] = st->dw_i[i - 1];
+					st->dw_j[i] = st->dw_j[i - 1];
+					i--;
+				}
+				st->dw_k[i] = k;
+				st->dw_i[i] = ps;
+				st->dw_j[i] = pjob[pc0[b] + j];
 			}
-			st->dw_k[i] = k;
-			st->dw_b[i] = b;
 		}
 	}
 	st->dw_at[N] = n;
 	return 0;
 }
 
-/* Before device d's instruction k: the deferred gathers it reads there
- * (dw_* lists), waited for; PROGS_WAIT while one is in the network. */
-static int dw_wait(sim_t *st, int d, int k)
+/* Before device d's instruction k (in): the deferred pieces it reads there
+ * (dw_* lists), each waited for before the layer that first reads it: its
+ * position i in the use, layers taking c each (the use's per-layer
+ * compute), so the use is held back by the most any piece is late for
+ * its layer; pieces of an earlier instruction (one a micro-step left
+ * out) or of the STEP at its start. PROGS_WAIT while one is in the
+ * network. */
+static int dw_wait(sim_t *st, int d, int k, const sp_ins_t *in)
 {
-	for (int *i = &st->dw_pos[d]; *i < st->dw_at[d + 1] && st->dw_k[*i] <= k; ++*i) {
-		int j = st->djob[st->dw_b[*i]];
-		double t = fl_done(&st->net, j);
-		if (t < 0) {
-			fl_await(&st->net, j);
+	int e = st->dw_pos[d];
+	for (; e < st->dw_at[d + 1] && st->dw_k[e] <= k; e++)
+		if (fl_done(&st->net, st->dw_j[e]) < 0) {
+			fl_await(&st->net, st->dw_j[e]);
 			return PROGS_WAIT;
 		}
-		if (t > st->now[d]) {
-			st->wait[d] += t - st->now[d];
-			st->now[d] = t;
-		}
+	double c = 0, f, bw, stall = 0;
+	if (in->op == INS_FWD || in->op == INS_BWD) {
+		const sp_slice_t *sl = &st->p->slices[in->slice];
+		cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &bw);
+		c = in->op == INS_BWD ? bw + (sl->recompute ? f : 0) : f;
 	}
+	for (int i = st->dw_pos[d]; i < e; i++) {
+		double t = fl_done(&st->net, st->dw_j[i]);
+		double at = st->now[d] + stall + (st->dw_k[i] == k ? st->dw_i[i] * c : 0);
+		if (t > at)
+			stall += t - at;
+	}
+	st->dw_pos[d] = e;
+	st->wait[d] += stall;
+	st->now[d] += stall;
 	return PROGS_RAN;
 }
 
@@ -397,7 +455,8 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
-	    fl_init(&st->net, st->pl->cluster, a, n_xfer + 3 * p->n_buckets))
+	    fl_init(&st->net, st->pl->cluster, a,
+		    n_xfer + 3 * p->n_buckets + p->n_bucket_params))
 		return SP_ENOMEM;
 	st->blocked = sp_arena_calloc(a, N + 1, 1);
 	st->tag_waiter = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
@@ -542,7 +601,7 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	if (st->micro && !plan_ins_active(p, in, st->micro)) /* micro-step 0 runs all */
 		return PROGS_RAN;
 	st->zw_waits = (st->zw_pos[d] < st->zw_at[d + 1] && zw_wait(st, d, k) == PROGS_WAIT) ||
-		       (st->dw_pos[d] < st->dw_at[d + 1] && dw_wait(st, d, k) == PROGS_WAIT);
+		       (st->dw_pos[d] < st->dw_at[d + 1] && dw_wait(st, d, k, in) == PROGS_WAIT);
 	if (st->zw_waits)
 		return PROGS_WAIT; /* visited every round: sim_block does not know it */
 	if (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) {

@@ -631,7 +631,6 @@ static int check_step(rt_state_t *st)
 		mybucket_t *mb = &st->mb[i];
 		mb->defer = mb->gather >= 0 && p->buckets[mb->bucket].defer;
 		mb->dpend = 0;
-		mb->dwait = mb->defer ? plan_defer_wait(p, st->rank, mb->bucket) : INT_MAX;
 	}
 	st->n_dpend = 0;
 	free(mb_of);
@@ -900,6 +899,8 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = rt_zero2_setup(st);
 	if (!rc)
 		rc = rt_zero3_setup(st);
+	if (!rc)
+		rc = rt_defer_setup(st);
 	sp_err_t lacks = {0};
 	if (!rc && rt_check_backend(p, b, NULL, &lacks)) {
 		snprintf(st->why, sizeof st->why, "%.300s", lacks.msg);
@@ -973,8 +974,12 @@ void rt_free(rt_state_t *st)
 	if (!st)
 		return;
 	const rt_backend_t *b = st->b;
-	for (int i = 0; st->mb && i < st->n_mb; i++)
+	for (int i = 0; st->mb && i < st->n_mb; i++) {
 		free(st->mb[i].dstage);
+		free(st->mb[i].dfirst);
+		free(st->mb[i].dreq);
+		free(st->mb[i].dbusy);
+	}
 	b->release(st->w);
 	b->release(st->ws);
 	b->release(st->z3pool);
@@ -1502,19 +1507,8 @@ static int exec_comm(rt_state_t *st, int k, sp_err_t *err)
  */
 static int poll_pending(rt_state_t *st, sp_err_t *err)
 {
-	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
-		mybucket_t *mb = &st->mb[i];
-		int done = 0;
-		if (!mb->dpend || mb->dstage) /* --check-deferred: lands at the wait */
-			continue;
-		if (st->c->ops->test(st->c, &mb->dreq, &done))
-			return fail(st, err, mb->gather, "communication failed");
-		if (done) {
-			mb->dpend = 0;
-			st->n_dpend--;
-			st->d_later += st->n_steps > mb->dstep;
-		}
-	}
+	if (st->n_dpend && rt_defer_poll(st, err))
+		return err->code;
 	for (int i = 0; i < st->n_pending;) {
 		int done = 0;
 		if (st->c->ops->test(st->c, &st->pending[i], &done))
@@ -1545,49 +1539,25 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 		b->sgd_step(w, g, n, o);
 }
 
-/* --check-deferred: the all-gather of deferred bucket mb starts from a copy
- * of its weights in its staging buffer, and its weights outside the rank's
- * shard become NaN, so any read of them before defer_wait lands the
- * gathered values (the copy back) spoils the losses and the parameters. The
- * cpu backend only: w is host memory. */
-static void check_deferred_issue(rt_state_t *st, const mybucket_t *mb)
-{
-	float *w = st->w + mb->wc;
-	int64_t lo = mb->soff - mb->off, hi = lo + SP_MAX(mb->sn, 0);
-	memcpy(mb->dstage, w, sizeof(float) * (size_t)mb->n);
-	for (int64_t i = 0; i < mb->n; i++)
-		if (i < lo || i >= hi)
-			w[i] = NAN;
-}
-
-/* Waits for the deferred all-gathers in flight that instruction k (a FWD,
- * BWD or LOSS of the next step, or its STEP) may not run before: those
- * whose dwait is k or earlier (all of them at k = INT_MAX). later: counted
- * as completed in a later step (when it is one), else by rt_settle. */
-static int defer_wait(rt_state_t *st, int k, int later, sp_err_t *err)
+/* Waits for every piece of the deferred all-gathers still in flight (the
+ * STEP's: no use read them; rt_settle's). later: counted as completed in a
+ * later step (when it is one), else by rt_settle. */
+static int defer_wait(rt_state_t *st, int later, sp_err_t *err)
 {
 	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
 		mybucket_t *mb = &st->mb[i];
-		if (!mb->dpend || mb->dwait > k)
-			continue;
-		int rc = wait_req(st, &mb->dreq, mb->gather, err);
-		if (rc)
-			return rc;
-		if (mb->dstage) /* --check-deferred: the gathered weights land now */
-			memcpy(st->w + mb->wc, mb->dstage, sizeof(float) * (size_t)mb->n);
-		mb->dpend = 0;
-		st->n_dpend--;
-		if (!later)
-			st->d_settled++;
-		else if (st->n_steps > mb->dstep)
-			st->d_later++;
+		for (int j = 0; j < mb->dn && mb->dpend; j++) {
+			int rc = rt_defer_land(st, mb, j, mb->gather, later, err);
+			if (rc)
+				return rc;
+		}
 	}
 	return 0;
 }
 
 int rt_settle_pending(rt_state_t *st, sp_err_t *err)
 {
-	return st && st->n_dpend ? defer_wait(st, INT_MAX, 0, err) : 0;
+	return st && st->n_dpend ? defer_wait(st, 0, err) : 0;
 }
 
 int rt_settle(rt_state_t *st, sp_err_t *err)
@@ -1602,6 +1572,15 @@ void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
 {
 	*later = st->d_later;
 	*settled = st->d_settled;
+}
+
+void rt_defer_shape(const rt_state_t *st, int *buckets, int *pieces)
+{
+	*buckets = *pieces = 0;
+	for (int i = 0; i < st->n_mb; i++) {
+		*buckets += st->mb[i].defer;
+		*pieces += st->mb[i].defer ? st->mb[i].dn : 0;
+	}
 }
 
 /* Waits for every operation still in flight. */
@@ -1627,13 +1606,14 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * the same all-gathers in the same order on every member as at the
  * GATHERs (SYNC order both), which then have nothing left to do. A
  * deferred bucket's all-gather (bucket defer) starts after the last
- * update instead, the deferred ones in the reverse order of the SYNCs (on
- * every member the same order: the SYNC order reversed), and the step does
- * not wait for them. Then the sends and all-gathers still in flight.
+ * update instead, in pieces (zero.c rt_defer_start), the deferred buckets
+ * in the reverse order of the SYNCs (on every member the same order: the
+ * SYNC order reversed), and the step does not wait for them. Then the
+ * sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
-	int rc0 = st->n_dpend ? defer_wait(st, INT_MAX, 1, err) : 0; /* no use before */
+	int rc0 = st->n_dpend ? defer_wait(st, 1, err) : 0; /* no use before */
 	if (rc0)
 		return rc0;
 	for (int q = 0; q < st->n_mb; q++) {
@@ -1665,21 +1645,15 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 	}
 	/* the deferred ones after the last update, in the reverse order of the
 	 * SYNCs (the next forward's order); the next step waits for each
-	 * before its first use of the bucket (defer_wait) */
+	 * piece before the first layer reading it (rt_z3_need) */
 	if (st->n_mb)
 		st->b->sync();
 	for (int q = st->n_mb - 1; q >= 0; q--) {
 		mybucket_t *mb = &st->mb[st->step_order[q]];
 		if (mb->gather < 0 || !mb->defer)
 			continue;
-		if (mb->dstage)
-			check_deferred_issue(st, mb);
-		if (st->c->ops->iallgather(st->c, mb->dstage ? mb->dstage : st->w + mb->wc, mb->n,
-					   mb->group, &mb->dreq))
-			return fail(st, err, mb->gather, "starting the all-gather failed");
-		mb->dpend = 1;
-		mb->dstep = st->n_steps;
-		st->n_dpend++;
+		if (rt_defer_start(st, mb, mb->gather, err))
+			return err->code;
 		mb->gstarted = 1;
 	}
 	return drain(st, err);
@@ -1705,9 +1679,6 @@ static int micro_step(rt_state_t *st, int64_t t, int64_t ds, int last, sp_err_t 
 		if (!plan_ins_active(st->p, in, st->micro))
 			continue;
 		if ((in->op == INS_BWD || in->op == INS_LOSS) && (rc = rt_z2_touch(st, k, err)))
-			return rc;
-		if (st->n_dpend && (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS) &&
-		    (rc = defer_wait(st, k, 1, err)))
 			return rc;
 		switch (in->op) {
 		case INS_FWD: rc = exec_fwd(st, k, ds, err); break;

@@ -29,14 +29,21 @@ typedef struct {
 	int sync, gather; /* its SYNC and GATHER (zero1) instructions */
 	int gstarted;     /* zero1: exec_step started its GATHER's all-gather */
 	int defer;        /* zero1: its all-gather is deferred (bucket defer):
-			   * in flight (dpend, dreq) past the step's end until
-			   * the next step's instruction dwait (plan_defer_wait)
+			   * in pieces (plan_defer_pieces), each in flight
+			   * past the step's end until the next step's first
+			   * use of one of its layers (rt_z3_need), the STEP
 			   * or rt_settle */
-	int dpend, dwait;
-	int64_t dstep;    /* the rt_step (st->n_steps) that started it */
-	rt_req_t dreq;
+	int dn;           /* defer: its pieces; dfirst[0..dn] each one's first
+			   * param, dord[0..dn) the order they start in,
+			   * dpiece[q] param q's piece */
+	int32_t *dfirst, *dord, *dpiece;
+	rt_req_t *dreq;   /* per piece: its all-gather while dbusy */
+	char *dbusy;
+	int dpend;        /* its pieces in flight */
+	int64_t dstep;    /* the rt_step (st->n_steps) that started them */
 	float *dstage;    /* defer, --check-deferred: its all-gather's buffer
-			   * (n floats), copied into the weights at the wait */
+			   * (n floats), each piece's range copied into the
+			   * weights at the piece's wait */
 	int64_t goff;     /* not zero2: where its gradients start in g */
 	int64_t gsoff;    /* zero2: where its gradient shard starts in gs */
 	float *full;      /* zero2: its full gradient while live, else NULL */
@@ -142,7 +149,7 @@ struct rt_state {
 	rt_req_t *pending;
 	int *pending_ins;
 	int n_pending, cap_pending;
-	int n_dpend;      /* deferred all-gathers in flight (mybucket_t dpend) */
+	int n_dpend;      /* pieces of deferred all-gathers in flight (mybucket_t dpend) */
 	int64_t d_later, d_settled; /* deferred all-gathers completed in a
 				     * later step, and by rt_settle */
 	int64_t n_steps;  /* rt_step calls so far */
@@ -209,5 +216,14 @@ void rt_z2_drop(rt_state_t *st);
  * instruction k a PGATHER or PFREE. */
 int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
 int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err);
+/* Deferred all-gathers in pieces: set-up (each deferred bucket's pieces,
+ * rt_create); the pieces of bucket mb started (in the STEP k, after the
+ * last update); piece j waited for and landed (later: in a step after its
+ * own, else by rt_settle; k the instruction that waits); every piece in
+ * flight polled (landed when done). */
+int rt_defer_setup(rt_state_t *st);
+int rt_defer_start(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err);
+int rt_defer_land(rt_state_t *st, mybucket_t *mb, int j, int k, int later, sp_err_t *err);
+int rt_defer_poll(rt_state_t *st, sp_err_t *err);
 
 #endif

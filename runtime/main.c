@@ -205,8 +205,9 @@ static void usage(FILE *f)
 		"                       all-gather (plan bucket flag defer) lands in a\n"
 		"                       staging buffer, and the bucket's weights outside\n"
 		"                       the rank's shard are NaN until the runtime waits\n"
-		"                       for the gather (first use, STEP, before a digest,\n"
-		"                       checkpoint, export or the end): a missing wait\n"
+		"                       for the gather, piece by piece (a piece's first\n"
+		"                       layer use, STEP, before a digest, checkpoint,\n"
+		"                       export or the end): a missing wait\n"
 		"                       gives NaN losses and parameters. Two copies of\n"
 		"                       each deferred bucket a step more; the\n"
 		"                       numbers are otherwise those of a normal run\n"
@@ -1004,11 +1005,14 @@ static int report_end(run_t *r)
 	if (r->comm.rank == 0)
 		print_full_buffers(0, z);
 	int64_t later, settled;
+	int dbk, dpc;
 	rt_deferred(r->st, &later, &settled);
+	rt_defer_shape(r->st, &dbk, &dpc);
 	if (r->comm.rank == 0 && later + settled > 0)
 		printf("rank 0 deferred all-gathers: %lld completed in the next step, %lld "
-		       "before a digest, a checkpoint or the end\n",
-		       (long long)later, (long long)settled);
+		       "before a digest, a checkpoint or the end (pieces; %d buckets in %d "
+		       "pieces)\n",
+		       (long long)later, (long long)settled, dbk, dpc);
 	if (r->o.memory_all && r->comm.nranks > 1 && memory_all(r) != RUN_GO)
 		return RUN_LOST;
 	wd_arm(r->comm.rank, "gathering the trace");

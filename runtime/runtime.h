@@ -266,7 +266,8 @@ typedef struct {
 	const rt_dataset_t *data; /* NULL: synthetic data */
 	/* test mode (--check-deferred, cpu backend only): a deferred
 	 * all-gather lands in a staging buffer and the bucket's weights
-	 * outside the rank's shard are NaN until the gather is waited for */
+	 * outside the rank's shard are NaN until the gather is waited for,
+	 * each piece's range at its own wait (plan_defer_pieces) */
 	int check_deferred;
 } rt_opts_t;
 
@@ -288,11 +289,13 @@ int rt_step(rt_state_t *st, int64_t t, double *loss, sp_err_t *err);
 /* Completes the deferred all-gathers (bucket defer) the last step left in
  * flight, so that every weight is whole: before a checkpoint, an export,
  * a parameter digest and at the end (rt_step and rt_eval wait by
- * themselves). rt_deferred: how many such all-gathers completed in a later
- * step (the step after theirs, before its first use of the weights, or
- * polled) and how many here. */
+ * themselves). rt_deferred: how many pieces of such all-gathers
+ * (plan_defer_pieces) completed in a later step (the step after theirs,
+ * before the first layer reading the piece, or polled) and how many here;
+ * rt_defer_shape: the rank's deferred buckets and their pieces. */
 int rt_settle(rt_state_t *st, sp_err_t *err);
 void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled);
+void rt_defer_shape(const rt_state_t *st, int *buckets, int *pieces);
 /* The deferred all-gathers still in flight completed (nothing else; NULL
  * st or none: 0), before a failed run frees the buffers they write. */
 int rt_settle_pending(rt_state_t *st, sp_err_t *err);

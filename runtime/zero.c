@@ -10,6 +10,7 @@
 #include "interp_internal.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,11 +277,13 @@ static int z3_land(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 
 /* Before instruction k runs held layer si: its weights in its bucket's
  * room (the gather in flight waited for when it is si's), then the next
- * layer's gather started. */
+ * layer's gather started; a deferred bucket's: the piece of si landed. */
 int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err)
 {
 	mybucket_t *mb = &st->mb[st->pmb[si]];
 	int rc = 0;
+	if (mb->dpend) /* deferred: si's piece waited for (rt_defer_start) */
+		return rt_defer_land(st, mb, mb->dpiece[si - mb->hfirst], k, 1, err);
 	if (!mb->zero3 || (mb->wfull && mb->z3cur == -2))
 		return 0;
 	if (!mb->wfull)
@@ -374,4 +377,133 @@ int rt_zero2_peak(const rt_state_t *st, int64_t *most, int64_t *peak, int64_t *p
 	*peak = st->z2_peak * (int64_t)sizeof(float);
 	*pool = st->z2_acct * (int64_t)sizeof(float);
 	return any;
+}
+
+/*
+ * Deferred all-gathers in pieces (bucket defer; plan_defer_pieces). A
+ * deferred zero-1/2 bucket's all-gather is started after the STEP's last
+ * update as one all-gather per piece, in dord order (the same on every
+ * member: the first member's first uses), each of the members' parts of
+ * the piece's element range [lo, hi) (member i's shard intersected with
+ * it, at its place; the rank's own part is there already: STEP updated
+ * it), so every element crosses the network once, as in the one
+ * all-gather of the whole bucket. The next step waits for a piece just
+ * before the first layer that reads one of its params (rt_z3_need), so
+ * the forward runs its first layers while the later pieces still move;
+ * pieces no layer read are waited for at the STEP, and all of them by
+ * rt_settle. --check-deferred gathers into dstage instead and NaNs the
+ * weights outside the rank's shard: a piece's range lands (is copied into
+ * the weights) at its wait, so a layer that ran before its piece's wait
+ * reads NaN.
+ */
+int rt_defer_setup(rt_state_t *st)
+{
+	for (int i = 0; i < st->n_mb; i++) {
+		mybucket_t *mb = &st->mb[i];
+		if (!mb->defer)
+			continue;
+		int np = st->p->buckets[mb->bucket].n_params;
+		mb->dfirst = malloc(sizeof(int32_t) * (size_t)(3 * np + 2));
+		mb->dreq = calloc((size_t)np + 1, sizeof(rt_req_t));
+		mb->dbusy = calloc((size_t)np + 1, 1);
+		if (!mb->dfirst || !mb->dreq || !mb->dbusy)
+			return SP_ENOMEM;
+		mb->dord = mb->dfirst + np + 1;
+		mb->dpiece = mb->dord + np + 1;
+		if ((mb->dn = plan_defer_pieces(st->p, mb->bucket, st->p->buckets[mb->bucket].defer,
+						   mb->dfirst, mb->dord)) < 0)
+			return mb->dn;
+		for (int j = 0; j < mb->dn; j++)
+			for (int q = mb->dfirst[j]; q < mb->dfirst[j + 1]; q++)
+				mb->dpiece[q] = j;
+	}
+	return 0;
+}
+
+/* Piece j of deferred bucket mb: its element range [lo, hi) in the bucket. */
+static void defer_range(const rt_state_t *st, const mybucket_t *mb, int j, int64_t *lo,
+			int64_t *hi)
+{
+	int a = mb->hfirst + mb->dfirst[j], z = mb->hfirst + mb->dfirst[j + 1] - 1;
+	*lo = st->poff[a] - mb->off;
+	*hi = st->poff[z] + st->pcount[z] - mb->off;
+}
+
+int rt_defer_start(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
+{
+	int g = st->p->buckets[mb->bucket].n_dev;
+	int64_t *cnt = st->z3_parts, *off = st->z3_parts + g;
+	float *w = st->w + mb->wc, *buf = mb->dstage ? mb->dstage : w;
+	if (mb->dstage) { /* --check-deferred: the rest of the weights NaN */
+		int64_t lo = mb->soff - mb->off, hi = lo + SP_MAX(mb->sn, 0);
+		memcpy(mb->dstage, w, sizeof(float) * (size_t)mb->n);
+		for (int64_t i = 0; i < mb->n; i++)
+			if (i < lo || i >= hi)
+				w[i] = NAN;
+	}
+	for (int x = 0; x < mb->dn; x++) {
+		int j = mb->dord[x];
+		int64_t lo, hi;
+		defer_range(st, mb, j, &lo, &hi);
+		for (int i = 0; i < g; i++) {
+			int64_t so, sn;
+			comm_shard(mb->n, i, g, &so, &sn);
+			int64_t a = SP_MAX(lo, so), z = SP_MIN(hi, so + sn);
+			cnt[i] = z > a ? z - a : 0;
+			off[i] = z > a ? a - lo : 0;
+		}
+		if (st->c->ops->iallgatherv(st->c, buf + lo, g, cnt, off, mb->group, &mb->dreq[j]))
+			return rt_fail(st, err, k, "starting the all-gather of a deferred piece failed");
+		mb->dbusy[j] = 1;
+		mb->dpend++;
+		st->n_dpend++;
+	}
+	mb->dstep = st->n_steps;
+	return 0;
+}
+
+/* Piece j done: its range landed (--check-deferred: copied in), counted. */
+static void defer_done(rt_state_t *st, mybucket_t *mb, int j, int later)
+{
+	if (mb->dstage) {
+		int64_t lo, hi;
+		defer_range(st, mb, j, &lo, &hi);
+		memcpy(st->w + mb->wc + lo, mb->dstage + lo, sizeof(float) * (size_t)(hi - lo));
+	}
+	mb->dbusy[j] = 0;
+	mb->dpend--;
+	st->n_dpend--;
+	if (!later)
+		st->d_settled++;
+	else if (st->n_steps > mb->dstep)
+		st->d_later++;
+}
+
+int rt_defer_land(rt_state_t *st, mybucket_t *mb, int j, int k, int later, sp_err_t *err)
+{
+	if (!mb->dbusy[j])
+		return 0;
+	int rc = rt_wait_req(st, &mb->dreq[j], k, err);
+	if (!rc)
+		defer_done(st, mb, j, later);
+	return rc;
+}
+
+int rt_defer_poll(rt_state_t *st, sp_err_t *err)
+{
+	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
+		mybucket_t *mb = &st->mb[i];
+		if (!mb->dpend || mb->dstage) /* --check-deferred: lands at the wait */
+			continue;
+		for (int j = 0; j < mb->dn; j++) {
+			int done = 0;
+			if (!mb->dbusy[j])
+				continue;
+			if (st->c->ops->test(st->c, &mb->dreq[j], &done))
+				return rt_fail(st, err, mb->gather, "communication failed");
+			if (done)
+				defer_done(st, mb, j, 1);
+		}
+	}
+	return 0;
 }

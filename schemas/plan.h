@@ -19,7 +19,7 @@
 
 #define PLAN_MAGIC "SPINDLE\0PLAN"
 #define PLAN_MAGIC_LEN 12
-#define PLAN_VERSION 8
+#define PLAN_VERSION 9
 /* tensor-parallel degree of a slice or a shard: at most this */
 #define SP_MAX_TP 64
 /* micro-batches per step (provenance microbatches): at most this many */
@@ -169,10 +169,11 @@ typedef struct {
 				     * reduce-scatter one full-gradient placement
 				     * later (plan_z2_walk), so it runs beside the
 				     * next bucket's backward; else 0 */
-	int32_t defer;              /* zero-1/2: 1 when the iteration does not wait
-				     * for the all-gather after the STEP; the next
-				     * one waits before its first use of the
-				     * bucket's weights (version 8); else 0 */
+	int32_t defer;              /* zero-1/2: k >= 1 when the iteration does not
+				     * wait for the all-gather after the STEP; the
+				     * next one waits for each of its pieces
+				     * (plan_defer_pieces for k, version 9) before
+				     * the first layer reading it; else 0 */
 } sp_bucket_t;
 
 /* Predicted memory of one device, in bytes. */
@@ -394,11 +395,30 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
  * its index in bucket b's params, -1 when not b's, -2 past the last. */
 int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
 
-/* Where member d of a deferred (defer 1) zero-1/2 bucket b waits for the
- * all-gather the previous step left in flight: the index in d's program of
- * its first FWD, BWD or LOSS that reads a layer of b (plan_z3_use), else
- * of its STEP, else n_ins. Runtime, simulator and verifier share it. */
-int plan_defer_wait(const sp_plan_t *p, int d, int b);
+/*
+ * A deferred bucket's all-gather runs in pieces (version 9), each waited
+ * for just before the first layer that reads it, so the next forward runs
+ * its first layers while the later pieces still move. With defer = k
+ * (1 <= k <= n_params) param q of bucket b, whose elements start at S_q
+ * in the bucket's E (bucket_params order flattened, as the shards are),
+ * is in piece floor(k S_q / E): the pieces are the runs of consecutive
+ * params with the same such index (at most k; k equal layers, k dividing
+ * their count: n / k layers each), each an element range of the bucket.
+ * The planner picks k (lower_sync.c bucket_defer_pieces).
+ * plan_defer_pieces: the count n of bucket b's pieces cut for k; first[j]
+ * the first param of piece j (first[n] = n_params; first has n_params + 1
+ * entries); order[0..n) the pieces in the order every member starts their
+ * all-gathers: by the first use on the bucket's first member
+ * (bucket_devs order; plan_defer_use), ties (never read before its STEP)
+ * in param order; order may be NULL. SP_ENOMEM. plan_defer_use: member
+ * d's first use of each param q of b, the index in its program of its
+ * first FWD, BWD or LOSS running a layer of q in k[q] and the layer's
+ * position in that use (plan_z3_use's i) in pos[q]; else its STEP's index
+ * and 0, else n_ins and 0. A piece's wait: the least (k, pos) of its
+ * params (version 8 waited for the whole bucket at the least of all).
+ */
+int plan_defer_pieces(const sp_plan_t *p, int b, int k, int32_t *first, int32_t *order);
+void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos);
 /*
  * The room of a span gathering bucket b's layers seq[0..n) in that order,
  * each prefetched while the one before runs (version 7): layer i goes to

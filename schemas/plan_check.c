@@ -682,7 +682,7 @@ static int check_buckets(dec_t *d, const sp_plan_t *p)
 		    pr_int(d, "layout", x->layout, 0, LAYOUT__COUNT - 1) ||
 		    pr_finite(d, "gather_ms", x->gather_ms) ||
 		    pr_int(d, "overlap", x->overlap, 0, 1) ||
-		    pr_int(d, "defer", x->defer, 0, 1))
+		    pr_int(d, "defer", x->defer, 0, SP_MAX(x->n_params, 1)))
 			return d->rc;
 		if (x->defer && !layout_gathers_after_step(x->layout))
 			return pr_fail(d, "defer", "set on a %s bucket: only zero-1 and zero-2 "

@@ -166,18 +166,72 @@ int plan_shard_owner(const sp_plan_t *p, int comp, int layer, int j, int *tp)
 	return -1;
 }
 
-int plan_defer_wait(const sp_plan_t *p, int d, int b)
+__extension__ typedef __int128 i128;
+
+void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)
 {
 	const sp_device_t *dv = &p->devices[d];
-	for (int k = 0; k < dv->n_ins; k++) {
-		const sp_ins_t *in = &p->ins[dv->first_ins + k];
-		if (in->op == INS_STEP)
-			return k;
+	int n = p->buckets[b].n_params, left = n, step = dv->n_ins;
+	for (int q = 0; q < n; q++)
+		k[q] = -1;
+	for (int j = 0; j < dv->n_ins && left; j++) {
+		const sp_ins_t *in = &p->ins[dv->first_ins + j];
+		if (in->op == INS_STEP) {
+			step = j;
+			break;
+		}
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
 		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
-			if (q >= 0)
-				return k;
+			if (q >= 0 && k[q] < 0) {
+				k[q] = j;
+				pos[q] = i;
+				left--;
+			}
 	}
-	return dv->n_ins;
+	for (int q = 0; q < n; q++)
+		if (k[q] < 0) {
+			k[q] = step;
+			pos[q] = 0;
+		}
+}
+
+int plan_defer_pieces(const sp_plan_t *p, int b, int k, int32_t *first, int32_t *order)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	int n = 0, np = bk->n_params;
+	int64_t at = 0, E = SP_MAX(bk->elems, 1), last = -1;
+	k = SP_MAX(k, 1);
+	for (int q = 0; q < np; q++) { /* piece floor(k S_q / E), S_q = at */
+		int64_t j = (int64_t)((i128)k * at / E);
+		if (j != last)
+			first[n++] = q;
+		last = j;
+		at += plan_z3_param_elems(p, b, q);
+	}
+	first[n] = np;
+	if (!order)
+		return n;
+	int32_t *uk = malloc(sizeof(int32_t) * (size_t)(2 * np + 2 * n + 2));
+	if (!uk)
+		return SP_ENOMEM;
+	int32_t *pos = uk + np, *pk = pos + np, *pp = pk + n + 1;
+	plan_defer_use(p, p->bucket_devs[bk->dev_off], b, uk, pos);
+	for (int j = 0; j < n; j++) {
+		pk[j] = INT32_MAX;
+		pp[j] = 0;
+		for (int q = first[j]; q < first[j + 1]; q++)
+			if (uk[q] < pk[j] || (uk[q] == pk[j] && pos[q] < pp[j])) {
+				pk[j] = uk[q];
+				pp[j] = pos[q];
+			}
+		int i = j; /* insertion, stable: ties keep param order */
+		for (; i > 0 && (pk[order[i - 1]] > pk[j] ||
+				 (pk[order[i - 1]] == pk[j] && pp[order[i - 1]] > pp[j]));
+		     i--)
+			order[i] = order[i - 1];
+		order[i] = j;
+	}
+	free(uk);
+	return n;
 }

@@ -520,9 +520,9 @@ static void diff_buckets(dstate_t *st, const sp_plan_t *pa, const sp_plan_t *pb)
 	for (int b = 0; b < pb->n_buckets; b++)
 		tb += pb->buckets[b].sync_ms;
 	for (int b = 0; b < pa->n_buckets; b++)
-		da += pa->buckets[b].defer;
+		da += pa->buckets[b].defer != 0;
 	for (int b = 0; b < pb->n_buckets; b++)
-		db += pb->buckets[b].defer;
+		db += pb->buckets[b].defer != 0;
 	st->n += changed;
 	if (!changed)
 		return;

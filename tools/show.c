@@ -282,6 +282,18 @@ static void text_waves(FILE *f, const sp_plan_t *p, const view_t *v)
 	}
 }
 
+/* " in n pieces" of deferred bucket b when its all-gather runs in n > 1
+ * (plan_defer_pieces); a static buffer, one call per line. */
+static const char *pieces_note(const sp_plan_t *p, int b)
+{
+	static char s[32];
+	int32_t *first = malloc(sizeof(int32_t) * (size_t)(p->buckets[b].n_params + 1));
+	int n = first ? plan_defer_pieces(p, b, p->buckets[b].defer, first, NULL) : 0;
+	free(first);
+	snprintf(s, sizeof s, n > 1 ? " in %d pieces" : "", n);
+	return s;
+}
+
 static void text_buckets(FILE *f, const sp_plan_t *p)
 {
 	tl_ring_t nr = {0};
@@ -296,10 +308,11 @@ static void text_buckets(FILE *f, const sp_plan_t *p)
 			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s ms\n", b, devs,
 				params, (long long)x->elems, N2(x->sync_ms));
 		else
-			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s%s%s, %s + %s ms\n",
+			fprintf(f, "bucket %-3d devices %-10s %s; %lld elements, %s%s%s%s, %s + %s ms\n",
 				b, devs, params, (long long)x->elems, layout_name(x->layout),
 				x->overlap ? " overlapped" : "", x->defer ? " deferred" : "",
-				N2(x->sync_ms), N2(x->gather_ms));
+				x->defer > 1 ? pieces_note(p, b) : "", N2(x->sync_ms),
+				N2(x->gather_ms));
 	}
 }
 
@@ -574,9 +587,9 @@ static void json_view(FILE *f, const sp_plan_t *p, const view_t *v, int programs
 		json_params(f, p, p->bucket_params + x->param_off, x->n_params);
 		fprintf(f,
 			", \"elems\": %lld, \"sync_ms\": %s, \"layout\": \"%s\", \"overlap\": %s, "
-			"\"defer\": %s}",
+			"\"defer\": %s, \"pieces\": %d}",
 			(long long)x->elems, J2(x->sync_ms), layout_name(x->layout),
-			x->overlap ? "true" : "false", x->defer ? "true" : "false");
+			x->overlap ? "true" : "false", x->defer ? "true" : "false", (int)x->defer);
 	}
 	fprintf(f, "%s],\n  \"devices\": [", p->n_buckets ? "\n  " : "");
 	for (int d = 0; d < p->n_devices; d++) {

@@ -513,7 +513,14 @@ def run_unlogged(plan_path, ranks, tmp, tag, extra=()):
         m = re.match(r"rank 0 deferred all-gathers: (\d+) completed in the next step", line)
         if m:
             later = int(m.group(1))
+        m = re.search(r"\(pieces; (\d+) buckets in (\d+) pieces\)", line)
+        if m:
+            PIECES[tag] = (int(m.group(1)), int(m.group(2)))
     return load_dump(dump), losses, later
+
+
+# per run tag: rank 0's deferred buckets and pieces, as spindle-run printed them
+PIECES = {}
 
 
 def deferred_buckets(plan_path):
@@ -523,66 +530,105 @@ def deferred_buckets(plan_path):
     return sum(b["defer"] for b in json.loads(v.stdout)["buckets"])
 
 
+def defer_runs(model, tmp, name, cases, floor):
+    """Each case (zero, ranks, plain): the model planned with --zero and
+    --defer-gather on, 2 micro-batches, run unlogged with --check-deferred
+    against the one-device run (parameters within floor, losses within
+    1.5e-4, STEPS steps, at least one deferred gather completed in the
+    step after its own); plain: also without it, bit-identical. Prints a
+    line per case; the failures and rank 0's (buckets, pieces) per case."""
+    mpath = W.write_json(tmp, f"{name}.model.json", model)
+    c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
+    p1 = os.path.join(tmp, f"{name}.1.bin")
+    W.plan(mpath, c1, p1, "spindle", MICRO2)
+    (ref_p, ref_l, _) = run_unlogged(p1, 1, tmp, f"{name}.1")
+    failures, shapes = [], []
+    for z, ranks, plain in cases:
+        what = f"{name} zero-{z} deferred gathers, 2 micro-batches, on {ranks} ranks"
+        cpath = W.write_json(tmp, f"cpu-1x{ranks}.json", W.cluster(ranks))
+        tag = f"{name}.z{z}.{ranks}"
+        pp = os.path.join(tmp, f"{tag}.bin")
+        W.plan(mpath, cpath, pp, "spindle", ("--zero", z) + DEFER + MICRO2)
+        nd = deferred_buckets(pp)
+        got_p, got_l, later = run_unlogged(pp, ranks, tmp, tag, CHECK_DEFER)
+        shapes.append(PIECES.get(tag))
+        err = compare((ref_p, []), (got_p, []), floor, what) if nd else \
+            f"{what}: the plan defers no all-gather"
+        if not err and plain:
+            again = run_unlogged(pp, ranks, tmp, f"{tag}.plain")
+            if (again[0], again[1]) != (got_p, got_l):
+                err = f"{what}: the run without {CHECK_DEFER[0]} differs from the one with it"
+            elif again[2] < 1:
+                err = f"{what}, without {CHECK_DEFER[0]}: no deferred all-gather completed " \
+                      "in the step after its own"
+            what += f" (also without {CHECK_DEFER[0]})"
+        if not err and len(got_l) != STEPS:
+            err = f"{what}: {len(got_l)} steps printed, not {STEPS}"
+        for s, (a, b) in enumerate(zip(ref_l, got_l)):
+            bad = [(t, x, y) for (t, x), (_, y) in zip(a, b)
+                   if not abs(float(x) - float(y)) <= 1.5e-4]
+            if not err and (len(a) != len(b) or bad):
+                err = f"{what}: step {s + 1} losses {b} vs {a}"
+        if not err and later < 1:
+            err = f"{what}: no deferred all-gather completed in the step after its own"
+        print(("FAIL " + err) if err else
+              f"ok   {what} ({nd} buckets deferred; rank 0: {shapes[-1]} (buckets, pieces), "
+              f"{later} pieces completed in the next step)", flush=True)
+        if err:
+            failures.append(err)
+    return failures, shapes
+
+
 def defer(demo, tmp):
     """--defer-gather on (zero-1/2 buckets' all-gathers left in flight at the
-    step's end, waited for before the next step's first use of the
-    bucket): on 2, 3 and 4 ranks with AdamW and 2 micro-batches, the same
-    parameters after 3 steps and the same per-step losses as the one-device
-    run, with the runs unlogged so that the gathers really cross into the
-    next step (rank 0 counts those that completed there: at least one).
-    Each runs with --check-deferred (the weights outside the rank's shard
-    NaN until the wait: a missing wait before a use, the STEP or the final
-    dump gives NaN, which compare counts as a failure); zero-1 on 4 ranks
-    and zero-2 on 3 also without it (the normal path: the parameters
-    bit-identical to the checked run's). One logged run (the digest
-    completes them every step) as check_model does; the memory check
-    (every category within 5% of the prediction)."""
+    step's end, each piece waited for before the next step's first layer
+    reading it): on 2, 3 and 4 ranks with AdamW and 2 micro-batches, the
+    same parameters after 3 steps and the same per-step losses as the
+    one-device run, with the runs unlogged so that the gathers really
+    cross into the next step (rank 0 counts those that completed there: at
+    least one). Each runs with --check-deferred (the weights outside the
+    rank's shard NaN until the wait: a missing wait before a use, the STEP
+    or the final dump gives NaN, which compare counts as a failure); zero-1
+    on 4 ranks and zero-2 on 3 also without it (the normal path: the
+    parameters bit-identical to the checked run's). Then defer_pieces; one
+    logged run (the digest completes them every step) as check_model does;
+    the memory check (every category within 5% of the prediction)."""
     demo = dict(demo, optimizer={"type": "adamw", "lr": 0.01, "eps": 1e-5})
     floor = 1e-2 * 0.01
-    mpath = W.write_json(tmp, "defer.model.json", demo)
-    c1 = W.write_json(tmp, "cpu-1.json", W.cluster(1))
-    p1 = os.path.join(tmp, "defer.1.bin")
-    W.plan(mpath, c1, p1, "spindle", MICRO2)
-    (ref_p, ref_l, _) = run_unlogged(p1, 1, tmp, "defer.1")
-    failures = []
-    for z in ("1", "2"):
-        for ranks in (2, 3, 4):
-            opts = ("--zero", z) + DEFER + MICRO2
-            what = f"demo zero-{z} deferred gathers, 2 micro-batches, on {ranks} ranks"
-            cpath = W.write_json(tmp, f"cpu-1x{ranks}.json", W.cluster(ranks))
-            pp = os.path.join(tmp, f"defer.z{z}.{ranks}.bin")
-            W.plan(mpath, cpath, pp, "spindle", opts)
-            nd = deferred_buckets(pp)
-            got_p, got_l, later = run_unlogged(pp, ranks, tmp, f"defer.z{z}.{ranks}",
-                                               CHECK_DEFER)
-            err = compare((ref_p, []), (got_p, []), floor, what) if nd else \
-                f"{what}: the plan defers no all-gather"
-            if not err and (z, ranks) in (("1", 4), ("2", 3)):
-                plain = run_unlogged(pp, ranks, tmp, f"defer.z{z}.{ranks}.plain")
-                if (plain[0], plain[1]) != (got_p, got_l):
-                    err = f"{what}: the run without {CHECK_DEFER[0]} differs from the one with it"
-                elif plain[2] < 1:
-                    err = f"{what}, without {CHECK_DEFER[0]}: no deferred all-gather completed " \
-                          "in the step after its own"
-                what += f" (also without {CHECK_DEFER[0]})"
-            if not err and len(got_l) != STEPS:
-                err = f"{what}: {len(got_l)} steps printed, not {STEPS}"
-            for s, (a, b) in enumerate(zip(ref_l, got_l)):
-                bad = [(t, x, y) for (t, x), (_, y) in zip(a, b)
-                       if not abs(float(x) - float(y)) <= 1.5e-4]
-                if not err and (len(a) != len(b) or bad):
-                    err = f"{what}: step {s + 1} losses {b} vs {a}"
-            if not err and later < 1:
-                err = f"{what}: no deferred all-gather completed in the step after its own"
-            print(("FAIL " + err) if err else
-                  f"ok   {what} ({nd} buckets deferred, {later} gathers of rank 0 "
-                  f"completed in the next step)", flush=True)
-            if err:
-                failures.append(err)
+    cases = [(z, r, (z, r) in (("1", 4), ("2", 3))) for z in ("1", "2") for r in (2, 3, 4)]
+    failures, _ = defer_runs(demo, tmp, "demo", cases, floor)
+    failures += defer_pieces(demo, tmp, floor)
     failures += check_model(demo, tmp, "demo-adamw-z1-defer",
                             [(3, 1, "spindle", ("--zero", "1") + DEFER)], floor)
     return failures + memory_within(demo, tmp, "zero-1 deferred", "spindle",
                                     ("--zero", "1") + DEFER)
+
+
+def defer_pieces(demo, tmp, floor):
+    """Deferred all-gathers in several pieces per bucket (plan format 9,
+    bucket defer = k: plan_defer_pieces, each piece waited for before the
+    first layer reading it): the demo with a 16-layer image encoder of
+    0.55 M elements a layer (its buckets hold several layers, which the
+    planner cuts into pieces) and small batches, zero-1 on 2 and 4 ranks
+    (4 also without --check-deferred) and zero-2 on 3, as defer_runs (with
+    --check-deferred each piece's range is NaN until its own wait: a layer
+    read before its piece's wait spoils the run); and on each, rank 0
+    holds more pieces than deferred buckets (some bucket has several)."""
+    import copy
+    m = copy.deepcopy(demo)
+    m["components"]["img_enc"].update(layers=16, ffn=4096)
+    for t, b in zip(m["tasks"], (8, 4, 4)):
+        t["batch"] = b
+    failures, shapes = defer_runs(m, tmp, "pieces", [("1", 2, False), ("2", 3, False),
+                                                     ("1", 4, True)], floor)
+    for (z, ranks), shape in zip((("1", 2), ("2", 3), ("1", 4)), shapes):
+        ok = shape is not None and shape[1] > shape[0]
+        what = f"pieces zero-{z} on {ranks} ranks: rank 0's deferred (buckets, pieces) {shape}"
+        print(("ok   " if ok else "FAIL ") + what + ("" if ok else ": no bucket in several pieces"),
+              flush=True)
+        if not ok:
+            failures.append(what)
+    return failures
 
 
 ZERO3 = ("--zero", "3")

@@ -1166,9 +1166,10 @@ static void test_indices(void **state)
 	 * is zero-1) */
 	expect_patch_rejected(f, 14, 0, 44, 2, "buckets[0].overlap", "outside");
 	expect_patch_rejected(f, 14, 0, 44, 1, "buckets[0].overlap", "set on a zero-1 bucket");
-	/* bucket record: defer 48 (version 8), 0 or 1, and 1 only on zero-1/2
-	 * (bucket 1 is replicated; bucket 0 made zero-3 below) */
-	expect_patch_rejected(f, 14, 0, 48, 2, "buckets[0].defer", "outside");
+	/* bucket record: defer 48 (version 8; since 9 the k of its pieces), 0
+	 * to n_params, and nonzero only on zero-1/2 (bucket 1 is replicated;
+	 * bucket 0 made zero-3 below) */
+	expect_patch_rejected(f, 14, 0, 48, 100000, "buckets[0].defer", "outside");
 	expect_patch_rejected(f, 14, 1, 48, 1, "buckets[1].defer", "set on a replicated bucket");
 	{
 		uint8_t *b = malloc(f->len);

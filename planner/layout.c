@@ -916,24 +916,45 @@ static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
 	return trial_restore(pl, p, t);
 }
 
-static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
+/* 1 when bucket b is replicated over 2+ devices (try_defer's shard and
+ * refine_zero1's candidates). */
+static int replicated2(const sp_plan_t *p, int b)
 {
-	int n = 0, rc = 0;
+	return p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2;
+}
+
+/* The number of buckets try_defer would change on p (0: it tries nothing). */
+static int defer_count(const planner_t *pl, const sp_plan_t *p, int shard)
+{
+	int n = 0;
 	for (int b = 0; b < p->n_buckets && pl->opts->defer_gather < 0; b++)
 		n += (layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer) ||
-		     (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2);
-	if (!n)
+		     (shard && replicated2(p, b));
+	return n;
+}
+
+/* try_defer's change to p, not yet simulated (the programs' tails not yet
+ * rebuilt). */
+static void defer_apply(planner_t *pl, sp_plan_t *p, int shard)
+{
+	for (int b = 0; b < p->n_buckets; b++) {
+		if (shard && replicated2(p, b))
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
+	}
+}
+
+static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
+{
+	int rc = 0;
+	if (!defer_count(pl, p, shard))
 		return 0;
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
 	trial_save_t t;
 	if ((rc = trial_save(a, p, &t)))
 		goto cleanup;
-	for (int b = 0; b < p->n_buckets; b++) {
-		if (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
-			set_layout(pl, p, b, LAYOUT_ZERO1);
-		p->buckets[b].defer |= layout_gathers_after_step(p->buckets[b].layout);
-	}
+	defer_apply(pl, p, shard);
 	rc = keep_if_faster(pl, p, res, &t);
 cleanup:
 	sp_arena_reset(a, mark);
@@ -942,14 +963,132 @@ cleanup:
 
 static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
-int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+/* 1 when some bucket is replicated over 2+ devices. */
+static int any_replicated2(const sp_plan_t *p)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		if (replicated2(p, b))
+			return 1;
+	return 0;
+}
+
+int layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
 	if (!rc)
 		rc = try_defer(pl, p, res, 0);
-	if (!rc && pl->opts->zero < 0)
+	return no_memory(pl, rc);
+}
+
+/*
+ * The last trial, try_defer with shard, is skipped where p has no
+ * replicated bucket of 2+ devices: it would then only defer the gathers
+ * the trial before (shard 0) deferred, from the same plan (that one kept
+ * leaves none to defer; rejected, it restored p): the same plan simulated
+ * again to the same iteration, which was not faster.
+ */
+int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int rc = layout_refine_head(pl, p, res);
+	if (!rc && pl->opts->zero < 0 && any_replicated2(p))
 		rc = try_defer(pl, p, res, 1);
 	return no_memory(pl, rc);
+}
+
+/* ---- layout_refine's last trial beside the others (plan.c, --jobs) ------- */
+
+/*
+ * The last trial's plan does not depend on what the trials before it kept:
+ * refine_zero1 turns replicated buckets of 2+ devices into zero-1 (the
+ * last trial turns them all), try_defer without shard defers the zero-1/2
+ * gathers (the last defers them all), each kept or restored exactly
+ * (trial_restore; memory moves by the same integer deltas either way), and
+ * the sync pass (sim_sync_again) overwrites every time the plan records
+ * and every field of the result it changes. So the last trial is
+ * simulated on a copy of p taken before the others (layout_last_init,
+ * layout_last_run: on any thread) and judged after them (layout_last_join)
+ * exactly as layout_refine judges it: the same plan and result.
+ */
+int layout_last_init(planner_t *pl, layout_last_t *t, const sp_plan_t *p,
+		     const sim_result_t *res)
+{
+	memset(t, 0, sizeof *t);
+	t->r = *res;
+	if (pl->opts->zero >= 0 || !defer_count(pl, p, 1) || !any_replicated2(p))
+		return 0; /* layout_refine tries nothing last (see layout_last_join) */
+	sp_plan_t *q = &t->q;
+	*q = *p; /* the rest (model, structure, devices' sets) read only, p's */
+	q->buckets = malloc(sizeof *q->buckets * (size_t)p->n_buckets + 1);
+	q->devices = malloc(sizeof *q->devices * (size_t)p->n_devices + 1);
+	q->slices = malloc(sizeof *q->slices * (size_t)p->n_slices + 1);
+	q->waves = malloc(sizeof *q->waves * (size_t)p->n_waves + 1);
+	q->ins = malloc(sizeof *q->ins * (size_t)p->n_ins + 1);
+	t->tried = 1;
+	if (!q->buckets || !q->devices || !q->slices || !q->waves || !q->ins) {
+		layout_last_release(t);
+		return no_memory(pl, SP_ENOMEM);
+	}
+	memcpy(q->buckets, p->buckets, sizeof *q->buckets * (size_t)p->n_buckets);
+	memcpy(q->devices, p->devices, sizeof *q->devices * (size_t)p->n_devices);
+	memcpy(q->slices, p->slices, sizeof *q->slices * (size_t)p->n_slices);
+	memcpy(q->waves, p->waves, sizeof *q->waves * (size_t)p->n_waves);
+	memcpy(q->ins, p->ins, sizeof *q->ins * (size_t)p->n_ins);
+	return 0;
+}
+
+int layout_last_run(planner_t *pl, layout_last_t *t)
+{
+	if (!t->tried)
+		return 0;
+	defer_apply(pl, &t->q, 1);
+	int rc = regather(&t->q);
+	if (!rc)
+		rc = sim_sync_again(pl, &t->q, &t->r);
+	return t->rc = no_memory(pl, rc);
+}
+
+/*
+ * After layout_refine_head on p (res): what layout_refine's last trial
+ * does there. Where layout_refine skips it, so does this: with nothing to
+ * change (defer_count) or no replicated bucket of 2+ devices left, and
+ * where layout_last_init took no copy (zero forced, nothing to change, or
+ * no such bucket at first: the head's trials add none). Else its result
+ * (rc: the caller takes its error), kept as keep_if_faster keeps it: p
+ * takes the copy's buckets, devices, slices, waves and programs; rejected,
+ * p's programs are rebuilt as trial_restore rebuilds them.
+ */
+int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t *res)
+{
+	if (!t->tried || !defer_count(pl, p, 1) || !any_replicated2(p))
+		return 0;
+	if (t->rc)
+		return t->rc;
+	if (!(t->r.iteration_ms < res->iteration_ms * (1 - 1e-9)))
+		return no_memory(pl, regather(p));
+	sp_plan_t *q = &t->q;
+#define LAST_SWAP(T, a, b) do { T x_ = (a); (a) = (b); (b) = x_; } while (0)
+	LAST_SWAP(sp_bucket_t *, p->buckets, q->buckets);
+	LAST_SWAP(sp_device_t *, p->devices, q->devices);
+	LAST_SWAP(sp_slice_t *, p->slices, q->slices);
+	LAST_SWAP(sp_wave_t *, p->waves, q->waves);
+	LAST_SWAP(sp_ins_t *, p->ins, q->ins);
+	LAST_SWAP(int32_t, p->n_ins, q->n_ins);
+#undef LAST_SWAP
+	*res = t->r;
+	return 0;
+}
+
+void layout_last_release(layout_last_t *t)
+{
+	if (!t || !t->tried)
+		return;
+	free(t->q.buckets);
+	free(t->q.devices);
+	free(t->q.slices);
+	free(t->q.waves);
+	free(t->q.ins);
+	memset(&t->q, 0, sizeof t->q);
+	t->tried = 0;
 }
 
 /* layout_refine's zero-1 choice (the header's step 3). */

@@ -672,21 +672,127 @@ static void par_end(par_walk_t *w, cand_state_t *st)
 	w->pc = NULL;
 }
 
+/* ---- layout_refine's last trial as a job (--jobs) ------------------------- */
+
+/*
+ * With pl->jobs, layout_refine's last trial (layout_last_*: simulated on a
+ * copy of the plan taken first) is a job that runs beside the trials
+ * before it, and is judged after them as layout_refine judges it: the same
+ * plan and result for every thread count.
+ */
+typedef struct {
+	sp_job_t job;
+	layout_last_t t;
+	int tables; /* the table set it simulates on: its caller's */
+	double ms;  /* the job's wall-clock time (the report's) */
+} refine_last_t;
+
+static int last_run(planner_t *pl, sp_job_t *job)
+{
+	refine_last_t *lt = job->arg;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	if (pl->tables != lt->tables)
+		cost_use(pl, lt->tables);
+	int rc = layout_last_run(pl, &lt->t);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	lt->ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+	return rc;
+}
+
+/* lt's copy of plan p (result r, on table set `tables`) and, when
+ * layout_refine tries a last trial on it, its job queued (prio). */
+static int last_start(planner_t *pl, refine_last_t *lt, const sp_plan_t *p,
+		      const sim_result_t *r, int tables, int prio)
+{
+	int rc = layout_last_init(pl, &lt->t, p, r);
+	lt->tables = tables;
+	if (rc || !lt->t.tried)
+		return rc;
+	lt->job = (sp_job_t){.run = last_run, .arg = lt, .prio = prio};
+	if (jobs_add(pl->jobs, &lt->job)) {
+		layout_last_release(&lt->t);
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* lt's job off the queue (waited for when a thread runs it: it writes
+ * into lt) and its copy freed, its result unread. */
+static void last_cancel(planner_t *pl, refine_last_t *lt)
+{
+	if (lt->t.tried)
+		jobs_drop(pl->jobs, &lt->job);
+	layout_last_release(&lt->t);
+}
+
+/* After layout_refine_head on p (r): the last trial's result joined
+ * (layout_last_join), its job waited for, or run here (on its tables)
+ * when it never ran. */
+static int last_join(planner_t *pl, refine_last_t *lt, sp_plan_t *p, sim_result_t *r)
+{
+	int done = 0;
+	if (lt->t.tried) {
+		if (lt->job.state == JOB_PENDING || lt->job.state == JOB_RUNNING)
+			jobs_wait(pl->jobs, &lt->job);
+		done = lt->job.state == JOB_DONE;
+		jobs_drop(pl->jobs, &lt->job);
+		if (!done) {
+			int was = pl->tables;
+			if (was != lt->tables)
+				cost_use(pl, lt->tables);
+			sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+			layout_last_run(pl, &lt->t);
+			sp_arena_reset(&pl->scratch, mark);
+			if (was != lt->tables)
+				cost_use(pl, was);
+		}
+	}
+	int rc = layout_last_join(pl, &lt->t, p, r);
+	if (rc && done && rc == lt->t.rc) /* the job's error */
+		err_take(pl->err, &lt->job.err);
+	layout_last_release(&lt->t);
+	return rc;
+}
+
+/* layout_refine on p (r), its last trial a job beside the others. */
+static int refine_par(planner_t *pl, sp_plan_t *p, sim_result_t *r)
+{
+	refine_last_t lt = {0};
+	int rc = last_start(pl, &lt, p, r, pl->tables, -3 * PAR_FIRST);
+	if (!rc)
+		rc = layout_refine_head(pl, p, r);
+	if (rc) {
+		last_cancel(pl, &lt);
+		return rc;
+	}
+	return last_join(pl, &lt, p, r);
+}
+
+/* The worst device's bytes over the memory cap. */
+static double plan_over(const planner_t *pl, const sp_plan_t *p)
+{
+	double over = -HUGE_VAL;
+	for (int d = 0; d < p->n_devices; d++)
+		over = d ? fmax(over, (double)p->devices[d].mem_peak - pl->mem_cap)
+			 : (double)p->devices[d].mem_peak - pl->mem_cap;
+	return over;
+}
+
 /* ---- the sequential plan's layout_refine beside ours' walk (--jobs) ------ */
 
 /*
  * layout_refine on plan p (not ours adopting seq's: its caller skips
- * that), then *over from p's devices: zero-1 only frees memory, so the fit
- * as plan_simulated takes it.
+ * that; with pl->jobs, refine_par), then *over from p's devices: zero-1
+ * only frees memory, so the fit as plan_simulated takes it.
  */
 static int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	int rc = layout_refine(pl, p, r);
+	int rc = pl->jobs ? refine_par(pl, p, r) : layout_refine(pl, p, r);
 	sp_arena_reset(&pl->scratch, mark);
-	for (int d = 0; !rc && d < p->n_devices; d++)
-		*over = d ? fmax(*over, (double)p->devices[d].mem_peak - pl->mem_cap)
-			  : (double)p->devices[d].mem_peak - pl->mem_cap;
+	if (!rc && p->n_devices)
+		*over = plan_over(pl, p);
 	return rc;
 }
 
@@ -730,11 +836,12 @@ static int refine_checked(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *
  * would fail only with --jobs.
  */
 typedef struct seq_refine {
-	sp_job_t job;
+	sp_job_t job;   /* layout_refine_head; its last trial: last's job */
+	refine_last_t last;
 	sp_plan_t *p;   /* seq's plan, refined in place: read by no one else
 			 * until seq_wait */
 	sim_result_t r; /* in: the unrefined result; out: the refined one */
-	double over, ms; /* ms: the job's wall-clock time (the report's) */
+	double over, ms; /* ms: the jobs' wall-clock times (the report's) */
 	int taken, rc;   /* rc: what seq_wait returned first, returned again */
 } seq_refine_t;
 
@@ -745,10 +852,25 @@ static int seq_refine_run(planner_t *pl, sp_job_t *job)
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	if (pl->tables != COST_AUTO) /* seq's plan was made on the auto tables */
 		cost_use(pl, COST_AUTO);
-	int rc = refine_over(pl, sr->p, &sr->r, &sr->over);
+	int rc = layout_refine_head(pl, sr->p, &sr->r);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	sr->ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
 	return rc;
+}
+
+/* seq's refinement queued: its last trial's job (on a copy of seq's plan
+ * taken now), then the rest's, both first (they take longest). */
+static int seq_start(planner_t *pl, seq_refine_t *sr)
+{
+	int rc = last_start(pl, &sr->last, sr->p, &sr->r, COST_AUTO, -3 * PAR_FIRST);
+	if (rc)
+		return rc;
+	sr->job = (sp_job_t){.run = seq_refine_run, .arg = sr, .prio = -2 * PAR_FIRST};
+	if (jobs_add(pl->jobs, &sr->job)) {
+		last_cancel(pl, &sr->last);
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
 }
 
 /* The refined result in pl->seq_refine (NULL: nothing to wait for): once
@@ -768,12 +890,27 @@ static int seq_wait(planner_t *pl)
 	 * jobs_free) reads every job still queued */
 	if (pl->jobs)
 		jobs_drop(pl->jobs, &sr->job);
-	if (!done) { /* never queued, or dropped */
-		sr->rc = refine_over(pl, sr->p, &sr->r, &sr->over);
+	if (!done) { /* never queued, or dropped: here, on the auto tables */
+		int was = pl->tables;
+		if (was != COST_AUTO)
+			cost_use(pl, COST_AUTO);
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		sr->rc = layout_refine_head(pl, sr->p, &sr->r);
+		sp_arena_reset(&pl->scratch, mark);
+		if (was != COST_AUTO)
+			cost_use(pl, was);
 	} else {
 		err_take(pl->err, &sr->job.err);
 		sr->rc = sr->job.rc;
 	}
+	if (sr->rc) {
+		last_cancel(pl, &sr->last);
+	} else {
+		sr->rc = last_join(pl, &sr->last, sr->p, &sr->r);
+		sr->ms += sr->last.ms;
+	}
+	if (!sr->rc && sr->p->n_devices)
+		sr->over = plan_over(pl, sr->p);
 	return sr->rc;
 }
 
@@ -788,8 +925,10 @@ static void seq_cancel(planner_t *pl)
 	if (!sr || sr->taken)
 		return;
 	sr->taken = 1;
-	if (pl->jobs)
+	if (pl->jobs) {
 		jobs_drop(pl->jobs, &sr->job);
+		last_cancel(pl, &sr->last);
+	}
 }
 
 /*
@@ -1177,12 +1316,8 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 			return rc;
 	if (pl->jobs && !par[COST_AUTO].pc) /* else synced before seq's plan (run_algos) */
 		jobs_sync(pl->jobs, pl);
-	if (pl->jobs && pl->seq_refine) { /* first: it takes longest */
-		pl->seq_refine->job = (sp_job_t){.run = seq_refine_run, .arg = pl->seq_refine,
-						 .prio = -2 * PAR_FIRST};
-		if (jobs_add(pl->jobs, &pl->seq_refine->job))
-			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	}
+	if (pl->jobs && pl->seq_refine && (rc = seq_start(pl, pl->seq_refine)))
+		return rc; /* first: it takes longest */
 	for (int t = 0; pl->jobs && t < COST__SETS && !rc; t++)
 		if (has[t] && par[t].pc) { /* started early (run_algos) */
 			prev = t;

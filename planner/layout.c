@@ -35,7 +35,7 @@
  *
  *  3. Per algorithm, on its chosen plan (plan.c run_algos: every algorithm,
  *     so comparisons stay fair), under --zero auto in any model
- *     (layout_refine): the replicated buckets whose zero-1 shortens the
+ *     (layout_refine, in layout_refine.c; layout.h): the replicated buckets whose zero-1 shortens the
  *     tail of the iteration — the optimizer step every member of a
  *     replicated bucket runs whole after its program, against a shard's
  *     step, a reduce-scatter and an all-gather — chosen greedily on an

@@ -3,7 +3,7 @@
  * algorithm's chosen plan, the replicated buckets whose zero-1 shortens
  * the optimizer step's tail (refine_zero1), then the deferred all-gathers
  * (try_defer), and the last of those trials split off to run beside the
- * others (layout_last_*, plan.c's jobs). The estimates, the fit and the
+ * others (layout_last_*, walk_jobs.c's jobs). The estimates, the fit and the
  * trials on every candidate are layout.c's (layout.h).
  */
 #include "layout.h"
@@ -274,7 +274,7 @@ int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	return no_memory(pl, rc);
 }
 
-/* ---- layout_refine's last trial beside the others (plan.c, --jobs) ------- */
+/* ---- layout_refine's last trial beside the others (walk_jobs.c, --jobs) -- */
 
 /*
  * The last trial's plan does not depend on what the trials before it kept:

@@ -4,12 +4,15 @@
  * Under --tp auto ours plans on two table sets (cost.c: the auto one and
  * whole layers, where they differ) and keeps the better plan, each set's
  * refined (layout_refine) before they are compared (plan_whole).
- * Ours simulates only the candidates that can change its choice (plan_one:
- * a sync bound of each lowered plan, bound.c), and the same plan comes out
- * as simulating them all would make (--simulate-all; tests/planner/
- * prune_exact.py). With --jobs N, worker threads (jobs.c) lower and
- * simulate ours' candidates ahead of the walk, which takes their results in
- * table order (par_start): the same plan for every N.
+ * Ours simulates only the candidates that can change its choice (plan_one,
+ * walk.c: a sync bound of each lowered plan, bound.c), and the same plan
+ * comes out as simulating them all would make (--simulate-all;
+ * tests/planner/prune_exact.py). With --jobs N, worker threads (jobs.c)
+ * lower and simulate ours' candidates ahead of the walk, which takes their
+ * results in table order (walk_jobs.c, par_start): the same plan for every
+ * N; the sequential plan's layout_refine and every refine's last trial
+ * run there as jobs too (seq_start, refine_par). What lives where:
+ * walk.h.
  * Wall-clock planning times go to the report only, never into the plan
  * (same inputs and options must give the same bytes).
  */

@@ -162,7 +162,7 @@ typedef struct planner {
 	int lay_large;
 	/* jobs.c: worker threads for ours' walk (NULL: none, --jobs 1) */
 	struct jobs *jobs;
-	/* plan.c: the sequential plan's layout_refine as a job running beside
+	/* walk_jobs.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */

@@ -80,8 +80,8 @@ int seen_add(seen_t *v, const sched_t *s)
  * only the schedule and the run's constants, so a schedule seen lowers to
  * the plans lowered then. */
 int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
-			place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
-			int *n_aligned)
+		 place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+		 int *n_aligned)
 {
 	sched_t s;
 	place_t pc, pa;
@@ -134,7 +134,7 @@ int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *
  * constants (the cost model, the cluster), so it gives the same result
  * whenever it runs. */
 int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
-			  double *over)
+		   double *over)
 {
 	int rc;
 	/* ours judges many: the rest of the times only for the chosen one
@@ -153,7 +153,7 @@ int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
  * best so far (res, over; none when !found): fitting beats not fitting;
  * then faster, or closer to fitting. */
 int plan_better(int found, const sim_result_t *r, double f, const sim_result_t *res,
-		       double over)
+		double over)
 {
 	int fits = f <= 0;
 	if (!found)
@@ -524,9 +524,9 @@ fail:
  * than a later one); the walk goes on as without it, the earlier one
  * standing for both. Not with --simulate-all, which simulates them all. */
 int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
-		    sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
-		    const sim_result_t *seq_res, double seq_over, int *use_seq,
-		    const sim_result_t *bar, par_walk_t *par)
+	     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
+	     const sim_result_t *seq_res, double seq_over, int *use_seq,
+	     const sim_result_t *bar, par_walk_t *par)
 {
 	seen_t seen = {0};
 	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;

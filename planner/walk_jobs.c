@@ -120,8 +120,8 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
  * (queued by the lowering) simulation jobs, in table order by priority,
  * after those of earlier sets (prio0). */
 int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
-		     place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
-		     const sp_job_t *gate)
+	      place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
+	      const sp_job_t *gate)
 {
 	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
 	unsigned need = 0;
@@ -174,7 +174,7 @@ int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
  * plan_lowered (seen) and bound_sync would have made them at the walk's
  * turn: its code, its error into pl->err. */
 int par_take(planner_t *pl, par_walk_t *w, int v, seen_t *seen, held_t var[2],
-		    int *n_var)
+	     int *n_var)
 {
 	par_cand_t *pc = &w->pc[v];
 	jobs_wait(w->jobs, &pc->low);
@@ -329,7 +329,7 @@ static int last_join(planner_t *pl, refine_last_t *lt, sp_plan_t *p, sim_result_
 static int refine_par(planner_t *pl, sp_plan_t *p, sim_result_t *r)
 {
 	refine_last_t lt = {0};
-	int rc = last_start(pl, &lt, p, r, pl->tables, -3 * PAR_FIRST);
+	int rc = last_start(pl, &lt, p, r, pl->tables, -3 * PAR_FIRST + 2);
 	if (!rc)
 		rc = layout_refine_head(pl, p, r);
 	if (rc) {
@@ -420,13 +420,14 @@ static int seq_refine_run(planner_t *pl, sp_job_t *job)
 }
 
 /* seq's refinement queued: its last trial's job (on a copy of seq's plan
- * taken now), then the rest's, both first (they take longest). */
+ * taken now), then the rest's, both first (they take longest; the rest's
+ * job alone with the least prio of the run). */
 int seq_start(planner_t *pl, seq_refine_t *sr)
 {
-	int rc = last_start(pl, &sr->last, sr->p, &sr->r, COST_AUTO, -3 * PAR_FIRST);
+	int rc = last_start(pl, &sr->last, sr->p, &sr->r, COST_AUTO, -3 * PAR_FIRST + 1);
 	if (rc)
 		return rc;
-	sr->job = (sp_job_t){.run = seq_refine_run, .arg = sr, .prio = -2 * PAR_FIRST};
+	sr->job = (sp_job_t){.run = seq_refine_run, .arg = sr, .prio = -3 * PAR_FIRST};
 	if (jobs_add(pl->jobs, &sr->job)) {
 		last_cancel(pl, &sr->last);
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");

@@ -837,7 +837,7 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
  * (layout.c's estimate, greedily) in zero-1, kept when the simulator says
  * the iteration is faster (p and res updated). */
 int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
-/* layout_refine in two parts that may run at once (plan.c, --jobs):
+/* layout_refine in two parts that may run at once (walk_jobs.c, --jobs):
  * layout_last_init copies p (before anything else changes it) for the
  * last trial, layout_last_run simulates it on any thread, beside
  * layout_refine_head (every trial but the last) on p; layout_last_join

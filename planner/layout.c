@@ -35,7 +35,7 @@
  *
  *  3. Per algorithm, on its chosen plan (plan.c run_algos: every algorithm,
  *     so comparisons stay fair), under --zero auto in any model
- *     (layout_refine): the replicated buckets whose zero-1 shortens the
+ *     (layout_refine, in layout_refine.c; layout.h): the replicated buckets whose zero-1 shortens the
  *     tail of the iteration — the optimizer step every member of a
  *     replicated bucket runs whole after its program, against a shard's
  *     step, a reduce-scatter and an all-gather — chosen greedily on an
@@ -71,7 +71,7 @@
  * bucket sharded and every slice recomputing stays over the cap, and
  * plan.c picks another candidate or reports (layout_advise) what would fit.
  */
-#include "lower.h"
+#include "layout.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -214,7 +214,7 @@ static int defer_for(const planner_t *pl, const sp_bucket_t *bk, int layout)
  * between replicated and zero-1 by the difference in state, to or from
  * zero-2 by plan_memory again (its gradients depend on the program). 0 or
  * plan_memory's error. */
-static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
+int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 {
 	sp_bucket_t *bk = &p->buckets[b];
 	int db = dtype_bytes(p->model.dtype);
@@ -240,7 +240,6 @@ static int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout)
 	bucket_price(pl->cluster, p, bk, db);
 	return 0;
 }
-
 
 /* The replicated bucket of 2+ devices with d as a member that frees the
  * most on d, or -1. */
@@ -301,7 +300,7 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
  * STEP, one GATHER per zero-1 bucket of the device, in the order of its
  * SYNCs (as lower_sync.c emits them). Returns SP_ENOMEM or 0.
  */
-static int regather(sp_plan_t *p)
+int regather(sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
@@ -529,17 +528,7 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 	return dropped < 0 ? dropped : rc | dropped;
 }
 
-/* What a layout trial may change and gives back when the simulator says
- * no: the slices', waves' and devices' predicted times and memory, and
- * each bucket's layout (saved in the candidate's scratch arena). */
-typedef struct {
-	uint8_t *layout, *overlap, *defer;
-	sp_slice_t *sl;
-	sp_wave_t *wv;
-	sp_device_t *dv;
-} trial_save_t;
-
-static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
+int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 {
 	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->overlap = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
@@ -563,7 +552,7 @@ static int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 /* The plan as trial_save found it (the layouts, with their prices), but
  * its programs' ranges as they are: regather rebuilt the instruction array
  * (the saved ranges index the old one), and rebuilds it again here. */
-static int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
+int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
 {
 	for (int b = 0; b < p->n_buckets; b++) {
 		p->buckets[b].overlap = t->overlap[b];
@@ -710,7 +699,7 @@ cleanup:
 
 /* rc, with a message when it is an allocation failure of this file (a
  * lower level's error, already in err, is kept). */
-static int no_memory(planner_t *pl, int rc)
+int no_memory(planner_t *pl, int rc)
 {
 	if (rc == SP_ENOMEM && !pl->err->code)
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
@@ -731,272 +720,6 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (!rc)
 		rc = try_overlap(pl, p, res);
 	return no_memory(pl, rc ? rc : try_zero1_recompute(pl, p, res));
-}
-
-/* ---- zero-1 against the optimizer step's tail (layout_refine) ------------ */
-
-/*
- * After its program a device updates its buckets one after another (a
- * replicated bucket whole, a zero-1 one its shard) and its zero-1 buckets'
- * all-gathers enter the network, each from when every member has updated
- * the bucket (sim.c finish_steps_net: one after another per device, sharing
- * links with the collectives in flight). A replicated bucket
- * shared by many devices costs each of them its whole step, which no
- * collective hides; in zero-1 it costs a shard's step and an all-gather,
- * which runs beside the other buckets' updates, and its reduce-scatter
- * replaces the all-reduce. tail_t estimates the iteration for a choice of
- * layouts from the simulated plan: each device's program ends with its
- * last slice (e), a bucket's collective is ready when the last backward
- * before its SYNC ends on every member (issue) and takes its price alone,
- * a member's collectives one after another; then the updates and gathers
- * (alone, one after another per device: an estimate that picks the
- * buckets; the change is kept only if the simulator says it is faster).
- */
-typedef struct {
-	int *off, *bk;  /* per device: its SYNCs' buckets in program order */
-	double *whole;  /* per bucket: the full step (ms) */
-	double *shard;  /* per bucket: a member's zero-1 shard step */
-	double *gather; /* per bucket: its zero-1 all-gather alone */
-	double *ar, *rs; /* per bucket: its all-reduce, reduce-scatter alone */
-	double *issue;  /* per bucket: its collective ready */
-	double *done;   /* per bucket: its collective done (scratch) */
-	double *e;      /* per device: its program's end */
-	double *upd;    /* per bucket: its last member's update (scratch) */
-	double *end;    /* per device: the estimated end (scratch) */
-	uint8_t *z1;    /* per bucket: zero-1 in this choice */
-} tail_t;
-
-static int tail_init(planner_t *pl, const sp_plan_t *p, sp_arena_t *a, tail_t *t)
-{
-	int nb = p->n_buckets, nd = p->n_devices, n = 0;
-	t->off = sp_arena_calloc(a, (size_t)nd + 1, sizeof(int));
-	for (int d = 0; t->off && d < nd; d++)
-		for (int k = 0; k < p->devices[d].n_ins; k++)
-			n += p->ins[p->devices[d].first_ins + k].op == INS_SYNC;
-	t->bk = sp_arena_calloc(a, (size_t)n + 1, sizeof(int));
-	t->z1 = sp_arena_calloc(a, (size_t)nb + 1, 1);
-	double **per_bucket[] = {&t->whole, &t->shard, &t->gather, &t->ar,
-				 &t->rs,    &t->issue, &t->done,   &t->upd};
-	double **per_dev[] = {&t->e, &t->end};
-	for (size_t i = 0; i < sizeof per_bucket / sizeof *per_bucket; i++)
-		if (!(*per_bucket[i] = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double))))
-			return SP_ENOMEM;
-	for (size_t i = 0; i < sizeof per_dev / sizeof *per_dev; i++)
-		if (!(*per_dev[i] = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double))))
-			return SP_ENOMEM;
-	if (!t->off || !t->bk || !t->z1)
-		return SP_ENOMEM;
-	n = 0;
-	for (int d = 0; d < nd; d++) {
-		double x = 0;
-		t->off[d] = n;
-		for (int k = 0; k < p->devices[d].n_ins; k++) {
-			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
-			if (in->op == INS_SYNC) {
-				t->bk[n++] = in->peer;
-				t->issue[in->peer] = fmax(t->issue[in->peer], x);
-			} else if (in->slice >= 0 && in->slice < p->n_slices &&
-				   (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS)) {
-				const sp_slice_t *sl = &p->slices[in->slice];
-				x = fmax(x, in->op == INS_FWD ? sl->start_ms + sl->fwd_ms
-							      : sl->bwd_start_ms + sl->bwd_ms);
-			}
-		}
-		t->e[d] = x;
-	}
-	t->off[nd] = n;
-	int db = dtype_bytes(p->model.dtype);
-	for (int b = 0; b < nb; b++) {
-		const sp_bucket_t *bk = &p->buckets[b];
-		int64_t m = bk->n_dev > 1 ? (bk->elems + bk->n_dev - 1) / bk->n_dev : bk->elems;
-		t->whole[b] = cost_step_ms(pl, bk->elems);
-		t->shard[b] = cost_step_ms(pl, m);
-		/* zero-1 and zero-2 gather after the step; zero-3 at each use */
-		t->gather[b] = bk->layout == LAYOUT_ZERO1 || bk->layout == LAYOUT_ZERO2
-				       ? bk->gather_ms
-			       : bk->layout == LAYOUT_REPLICATED && bk->n_dev > 1
-				       ? cost_all_gather_ms(pl->cluster, p->bucket_devs + bk->dev_off,
-							    bk->n_dev, bk->elems * db)
-				       : 0;
-		t->z1[b] = (uint8_t)layout_sharded(bk->layout);
-		t->ar[b] = bk->layout == LAYOUT_REPLICATED ? bk->sync_ms
-			   : cost_allreduce_ms(pl->cluster, p->bucket_devs + bk->dev_off,
-					       bk->n_dev, bk->elems * db);
-		t->rs[b] = layout_sharded(bk->layout) ? bk->sync_ms
-			   : cost_reduce_scatter_ms(pl->cluster, p->bucket_devs + bk->dev_off,
-						    bk->n_dev, bk->elems * db);
-	}
-	return 0;
-}
-
-/* The latest estimated end over the devices. */
-static double tail_est(const sp_plan_t *p, tail_t *t)
-{
-	double worst = 0;
-	for (int b = 0; b < p->n_buckets; b++)
-		t->upd[b] = t->done[b] = 0;
-	for (int d = 0; d < p->n_devices; d++) {
-		double c = 0;
-		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
-			int b = t->bk[i];
-			c = fmax(c, t->issue[b]) + (t->z1[b] ? t->rs[b] : t->ar[b]);
-			t->done[b] = fmax(t->done[b], c);
-		}
-	}
-	for (int d = 0; d < p->n_devices; d++) {
-		double x = t->e[d];
-		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
-			int b = t->bk[i];
-			x = fmax(x, t->done[b]) + (t->z1[b] ? t->shard[b] : t->whole[b]);
-			if (t->z1[b])
-				t->upd[b] = fmax(t->upd[b], x);
-		}
-		t->end[d] = x;
-	}
-	for (int d = 0; d < p->n_devices; d++) {
-		double g = 0;
-		for (int i = t->off[d]; i < t->off[d + 1]; i++)
-			if (t->z1[t->bk[i]])
-				g = fmax(g, t->upd[t->bk[i]]) + t->gather[t->bk[i]];
-		t->end[d] = fmax(t->end[d], g);
-		worst = fmax(worst, t->end[d]);
-	}
-	return worst;
-}
-
-/* The n candidates cand[] in the order the greedy tries them: the step a
- * member saves per millisecond of all-gather, most first (ties: bucket
- * order); key[] scratch. */
-static void by_saving(const tail_t *t, int *cand, double *key, int n)
-{
-	for (int i = 0; i < n; i++) {
-		int b = cand[i];
-		key[i] = (t->whole[b] - t->shard[b]) / fmax(t->gather[b], 1e-12);
-	}
-	for (int i = 1; i < n; i++) { /* insertion sort: stable, few buckets */
-		int b = cand[i];
-		double k = key[i];
-		int j = i;
-		for (; j > 0 && key[j - 1] < k; j--) {
-			cand[j] = cand[j - 1];
-			key[j] = key[j - 1];
-		}
-		cand[j] = b;
-		key[j] = k;
-	}
-}
-
-/*
- * --defer-gather auto, a plan with zero-1/2 buckets (after the zero-1
- * choice below): every one of their all-gathers deferred at once (left in
- * flight at the step's end, waited for before the next step's first use of
- * the bucket: sim.c models it from the iteration's start, sharing the
- * network with the forward's transfers), kept when the simulator says the
- * iteration is faster; else the plan as it was. With shard (--zero auto,
- * tried second), every replicated bucket of 2+ devices in zero-1 too and
- * deferred with them: the zero-1 choice above prices the all-gather in the
- * tail, where a deferred one is not. Memory does not grow (a zero-1/2
- * member holds the whole weights either way; zero-1 shards the state).
- * One choice for the plan, as try_overlap's.
- */
-/* Bucket layouts changed since t was saved: the programs' tails rebuilt,
- * the sync pass simulated again, the change kept when the iteration is
- * faster than res (res then the new one), else the plan as t saved it. */
-static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
-			  const trial_save_t *t)
-{
-	sim_result_t r = *res;
-	int rc = regather(p);
-	if (rc || (rc = sim_sync_again(pl, p, &r)))
-		return rc;
-	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
-		*res = r;
-		return 0;
-	}
-	return trial_restore(pl, p, t);
-}
-
-static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
-{
-	int n = 0, rc = 0;
-	for (int b = 0; b < p->n_buckets && pl->opts->defer_gather < 0; b++)
-		n += (layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer) ||
-		     (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2);
-	if (!n)
-		return 0;
-	sp_arena_t *a = &pl->scratch;
-	sp_arena_mark_t mark = sp_arena_mark(a);
-	trial_save_t t;
-	if ((rc = trial_save(a, p, &t)))
-		goto cleanup;
-	for (int b = 0; b < p->n_buckets; b++) {
-		if (shard && p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
-			set_layout(pl, p, b, LAYOUT_ZERO1);
-		if (!p->buckets[b].defer && layout_gathers_after_step(p->buckets[b].layout))
-			p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b,
-								  dtype_bytes(p->model.dtype));
-	}
-	rc = keep_if_faster(pl, p, res, &t);
-cleanup:
-	sp_arena_reset(a, mark);
-	return rc;
-}
-
-static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
-
-int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
-{
-	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
-	if (!rc)
-		rc = try_defer(pl, p, res, 0);
-	if (!rc && pl->opts->zero < 0)
-		rc = try_defer(pl, p, res, 1);
-	return no_memory(pl, rc);
-}
-
-/* layout_refine's zero-1 choice (the header's step 3). */
-static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
-{
-	sp_arena_t *a = &pl->scratch;
-	sp_arena_mark_t mark = sp_arena_mark(a);
-	tail_t t;
-	trial_save_t sv;
-	int nb = p->n_buckets, n = 0, rc = tail_init(pl, p, a, &t);
-	int *cand = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
-	double *key = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
-	if (!rc && (!cand || !key))
-		rc = SP_ENOMEM;
-	if (rc)
-		goto done;
-	for (int b = 0; b < nb; b++)
-		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
-			cand[n++] = b;
-	if (!n)
-		goto done;
-	double best = tail_est(p, &t);
-	by_saving(&t, cand, key, n);
-	int picked = 0;
-	for (int i = 0; i < n; i++) {
-		t.z1[cand[i]] = 1;
-		double v = tail_est(p, &t);
-		if (v < best * (1 - 1e-9)) {
-			best = v;
-			picked++;
-		} else {
-			t.z1[cand[i]] = 0;
-		}
-	}
-	if (!picked)
-		goto done;
-	if ((rc = trial_save(a, p, &sv)))
-		goto done;
-	for (int i = 0; i < n; i++)
-		if (t.z1[cand[i]])
-			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
-	rc = keep_if_faster(pl, p, res, &sv);
-done:
-	sp_arena_reset(a, mark);
-	return rc;
 }
 
 /* ---- zero-3 under auto ------------------------------------------------------ */

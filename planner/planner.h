@@ -162,7 +162,7 @@ typedef struct planner {
 	int lay_large;
 	/* jobs.c: worker threads for ours' walk (NULL: none, --jobs 1) */
 	struct jobs *jobs;
-	/* plan.c: the sequential plan's layout_refine as a job running beside
+	/* walk_jobs.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
@@ -882,6 +882,24 @@ int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res);
  * (layout.c's estimate, greedily) in zero-1, kept when the simulator says
  * the iteration is faster (p and res updated). */
 int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+/* layout_refine in two parts that may run at once (walk_jobs.c, --jobs):
+ * layout_last_init copies p (before anything else changes it) for the
+ * last trial, layout_last_run simulates it on any thread, beside
+ * layout_refine_head (every trial but the last) on p; layout_last_join
+ * then leaves p and res as layout_refine would have, or returns the last
+ * trial's error. layout_last_release frees the copy (NULL: nothing). */
+typedef struct {
+	sp_plan_t q; /* p's buckets, devices, slices, waves and programs
+		      * copied; the rest p's, read only */
+	sim_result_t r;
+	int tried, rc;
+} layout_last_t;
+int layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int layout_last_init(planner_t *pl, layout_last_t *t, const sp_plan_t *p,
+		     const sim_result_t *res);
+int layout_last_run(planner_t *pl, layout_last_t *t);
+int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t *res);
+void layout_last_release(layout_last_t *t);
 /* --zero auto, a model with a large component, the chosen plan p over the
  * cap: p lowered again on its own schedule and placement with the large
  * components' buckets of 2+ devices in zero-3, fitted (layout_fit),

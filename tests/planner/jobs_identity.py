@@ -6,7 +6,9 @@ a candidate left out (--exclude milp-list: the separable allotment then
 comes before the MILP's, which the jobs must reproduce), under
 --simulate-all, and two of tools/bench-plan's synthetic CLIP-like
 workloads at 128 GPUs with 8 NICs per node (the generator of the 1024-GPU
-scaling inputs, made smaller to run fast), with --jobs 1, 2 and 3: the
+scaling inputs, made smaller to run fast), with --jobs 1, 2 and 3 (with
+more than one, layout_refine's last trial runs as a job beside the
+others, judged after them: layout_last_*): the
 plan files equal byte for byte and the --json reports equal but for their
 planning times. Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
@@ -46,6 +48,9 @@ def main():
     cases = [
         (f"{pl}/clip-10/model.json", f"{pl}/clip-10/cluster.json", []),
         (f"{pl}/clip-10/model.json", f"{cl}/h100-8x8-8nic.json", ["--compare"]),
+        # layout_refine's last trial kept: by the sequential plan (a job
+        # beside ours' walk with --jobs) and by spindle-paper's (refine_par)
+        (f"{pl}/clip-10/model.json", f"{cl}/a800-4x8.json", ["--compare"]),
         (f"{pl}/qwen-val/model.json", f"{cl}/a800-8x8.json", []),
         (f"{pl}/vit-bigg-4res/model.json", f"{cl}/a800-8x8-4nic.json", []),
         (f"{pl}/clip-7/model.json", f"{cl}/a800-8x8.json", ["--exclude", "milp-list"]),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Ours skips simulating candidates that a lower bound shows cannot be
-chosen (plan.c plan_one, bound.c bound_sync) and simulates the chosen one's
+chosen (walk.c plan_one, bound.c bound_sync) and simulates the chosen one's
 compute and transfer passes last (sim.c sim_complete): the plan must be
 the one simulating every candidate in full makes (--simulate-all). For
 every bundled workload (plans/*/model.json) on its own cluster, on

@@ -125,11 +125,12 @@ static void test_planner(void **state)
 }
 
 /*
- * The sequential plan's refinement with --jobs (plan.c's seq_refine_t, a
+ * The sequential plan's refinement with --jobs (walk.h's seq_refine_t, a
  * job queued with the least prio of the run, to start first): when its
  * jobs_add fails, ours fails with SP_ENOMEM, and the refinement, no
  * longer wanted, must not then run on the caller's thread (it once did,
- * from seq_wait on the failure path). layout_refine and jobs_add are
+ * from seq_wait on the failure path). layout_refine_head (every
+ * refinement's, with --jobs: walk_jobs.c calls it) and jobs_add are
  * wrapped (-Wl,--wrap) to count the first and fail the second.
  */
 static int fail_add = 0, min_prio = 0, n_min_prio = 0;
@@ -138,8 +139,8 @@ static long n_refines;
 #ifdef HAVE_WRAP
 int __real_jobs_add(jobs_t *j, sp_job_t *job);
 int __wrap_jobs_add(jobs_t *j, sp_job_t *job);
-int __real_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
-int __wrap_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int __real_layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+int __wrap_layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 
 int __wrap_jobs_add(jobs_t *j, sp_job_t *job)
 {
@@ -155,10 +156,10 @@ int __wrap_jobs_add(jobs_t *j, sp_job_t *job)
 	return __real_jobs_add(j, job);
 }
 
-int __wrap_layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+int __wrap_layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 {
 	__atomic_fetch_add(&n_refines, 1, __ATOMIC_RELAXED);
-	return __real_layout_refine(pl, p, res);
+	return __real_layout_refine_head(pl, p, res);
 }
 #endif
 
@@ -176,7 +177,7 @@ static void test_refine_cancelled(void **state)
 	assert_int_equal(planner_run(&in->o, &in->m, &in->c, &p, &sum, &err), 0);
 	plan_release(&p);
 	if (n_refines < 2 || n_min_prio != 1)
-		fail_msg("clean run with --jobs 2: %ld layout_refine calls (want 2 or more: seq's "
+		fail_msg("clean run with --jobs 2: %ld layout_refine_head calls (want 2 or more: seq's "
 			 "and ours'), %d jobs with the least prio %d (want 1: seq's refinement)",
 			 n_refines, n_min_prio, min_prio);
 	memset(&err, 0, sizeof err);
@@ -189,7 +190,7 @@ static void test_refine_cancelled(void **state)
 		fail_msg("refinement's jobs_add failed: rc %d, '%s' (want SP_ENOMEM, out of memory)",
 			 rc, err.msg);
 	if (n_refines)
-		fail_msg("refinement's jobs_add failed: layout_refine ran %ld times after it "
+		fail_msg("refinement's jobs_add failed: layout_refine_head ran %ld times after it "
 			 "(want 0: the run fails, its result is never read)",
 			 n_refines);
 	if (p.ins || p.devices || p.metaops || p.n_ins)

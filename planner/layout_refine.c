@@ -1,0 +1,419 @@
+/*
+ * layout_refine.c — layout_refine, step 3 of layout.c's header: on an
+ * algorithm's chosen plan, the replicated buckets whose zero-1 shortens
+ * the optimizer step's tail (refine_zero1), then the deferred all-gathers
+ * (try_defer), and the last of those trials split off to run beside the
+ * others (layout_last_*, walk_jobs.c's jobs). The estimates, the fit and the
+ * trials on every candidate are layout.c's (layout.h).
+ */
+#include "layout.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- zero-1 against the optimizer step's tail (layout_refine) ------------ */
+
+/*
+ * After its program a device updates its buckets one after another (a
+ * replicated bucket whole, a zero-1 one its shard) and its zero-1 buckets'
+ * all-gathers enter the network, each from when every member has updated
+ * the bucket (sim.c finish_steps_net: one after another per device, sharing
+ * links with the collectives in flight). A replicated bucket
+ * shared by many devices costs each of them its whole step, which no
+ * collective hides; in zero-1 it costs a shard's step and an all-gather,
+ * which runs beside the other buckets' updates, and its reduce-scatter
+ * replaces the all-reduce. tail_t estimates the iteration for a choice of
+ * layouts from the simulated plan: each device's program ends with its
+ * last slice (e), a bucket's collective is ready when the last backward
+ * before its SYNC ends on every member (issue) and takes its price alone,
+ * a member's collectives one after another; then the updates and gathers
+ * (alone, one after another per device: an estimate that picks the
+ * buckets; the change is kept only if the simulator says it is faster).
+ */
+typedef struct {
+	int *off, *bk;  /* per device: its SYNCs' buckets in program order */
+	double *whole;  /* per bucket: the full step (ms) */
+	double *shard;  /* per bucket: a member's zero-1 shard step */
+	double *gather; /* per bucket: its zero-1 all-gather alone */
+	double *ar, *rs; /* per bucket: its all-reduce, reduce-scatter alone */
+	double *issue;  /* per bucket: its collective ready */
+	double *done;   /* per bucket: its collective done (scratch) */
+	double *e;      /* per device: its program's end */
+	double *upd;    /* per bucket: its last member's update (scratch) */
+	double *end;    /* per device: the estimated end (scratch) */
+	uint8_t *z1;    /* per bucket: zero-1 in this choice */
+} tail_t;
+
+static int tail_init(planner_t *pl, const sp_plan_t *p, sp_arena_t *a, tail_t *t)
+{
+	int nb = p->n_buckets, nd = p->n_devices, n = 0;
+	t->off = sp_arena_calloc(a, (size_t)nd + 1, sizeof(int));
+	for (int d = 0; t->off && d < nd; d++)
+		for (int k = 0; k < p->devices[d].n_ins; k++)
+			n += p->ins[p->devices[d].first_ins + k].op == INS_SYNC;
+	t->bk = sp_arena_calloc(a, (size_t)n + 1, sizeof(int));
+	t->z1 = sp_arena_calloc(a, (size_t)nb + 1, 1);
+	double **per_bucket[] = {&t->whole, &t->shard, &t->gather, &t->ar,
+				 &t->rs,    &t->issue, &t->done,   &t->upd};
+	double **per_dev[] = {&t->e, &t->end};
+	for (size_t i = 0; i < sizeof per_bucket / sizeof *per_bucket; i++)
+		if (!(*per_bucket[i] = sp_arena_calloc(a, (size_t)nb + 1, sizeof(double))))
+			return SP_ENOMEM;
+	for (size_t i = 0; i < sizeof per_dev / sizeof *per_dev; i++)
+		if (!(*per_dev[i] = sp_arena_calloc(a, (size_t)nd + 1, sizeof(double))))
+			return SP_ENOMEM;
+	if (!t->off || !t->bk || !t->z1)
+		return SP_ENOMEM;
+	n = 0;
+	for (int d = 0; d < nd; d++) {
+		double x = 0;
+		t->off[d] = n;
+		for (int k = 0; k < p->devices[d].n_ins; k++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			if (in->op == INS_SYNC) {
+				t->bk[n++] = in->peer;
+				t->issue[in->peer] = fmax(t->issue[in->peer], x);
+			} else if (in->slice >= 0 && in->slice < p->n_slices &&
+				   (in->op == INS_FWD || in->op == INS_BWD || in->op == INS_LOSS)) {
+				const sp_slice_t *sl = &p->slices[in->slice];
+				x = fmax(x, in->op == INS_FWD ? sl->start_ms + sl->fwd_ms
+							      : sl->bwd_start_ms + sl->bwd_ms);
+			}
+		}
+		t->e[d] = x;
+	}
+	t->off[nd] = n;
+	int db = dtype_bytes(p->model.dtype);
+	for (int b = 0; b < nb; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		int64_t m = bk->n_dev > 1 ? (bk->elems + bk->n_dev - 1) / bk->n_dev : bk->elems;
+		t->whole[b] = cost_step_ms(pl, bk->elems);
+		t->shard[b] = cost_step_ms(pl, m);
+		/* zero-1 and zero-2 gather after the step; zero-3 at each use */
+		t->gather[b] = bk->layout == LAYOUT_ZERO1 || bk->layout == LAYOUT_ZERO2
+				       ? bk->gather_ms
+			       : bk->layout == LAYOUT_REPLICATED && bk->n_dev > 1
+				       ? cost_all_gather_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+							    bk->n_dev, bk->elems * db)
+				       : 0;
+		t->z1[b] = (uint8_t)layout_sharded(bk->layout);
+		t->ar[b] = bk->layout == LAYOUT_REPLICATED ? bk->sync_ms
+			   : cost_allreduce_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+					       bk->n_dev, bk->elems * db);
+		t->rs[b] = layout_sharded(bk->layout) ? bk->sync_ms
+			   : cost_reduce_scatter_ms(pl->cluster, p->bucket_devs + bk->dev_off,
+						    bk->n_dev, bk->elems * db);
+	}
+	return 0;
+}
+
+/* The latest estimated end over the devices. */
+static double tail_est(const sp_plan_t *p, tail_t *t)
+{
+	double worst = 0;
+	for (int b = 0; b < p->n_buckets; b++)
+		t->upd[b] = t->done[b] = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		double c = 0;
+		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
+			int b = t->bk[i];
+			c = fmax(c, t->issue[b]) + (t->z1[b] ? t->rs[b] : t->ar[b]);
+			t->done[b] = fmax(t->done[b], c);
+		}
+	}
+	for (int d = 0; d < p->n_devices; d++) {
+		double x = t->e[d];
+		for (int i = t->off[d]; i < t->off[d + 1]; i++) {
+			int b = t->bk[i];
+			x = fmax(x, t->done[b]) + (t->z1[b] ? t->shard[b] : t->whole[b]);
+			if (t->z1[b])
+				t->upd[b] = fmax(t->upd[b], x);
+		}
+		t->end[d] = x;
+	}
+	for (int d = 0; d < p->n_devices; d++) {
+		double g = 0;
+		for (int i = t->off[d]; i < t->off[d + 1]; i++)
+			if (t->z1[t->bk[i]])
+				g = fmax(g, t->upd[t->bk[i]]) + t->gather[t->bk[i]];
+		t->end[d] = fmax(t->end[d], g);
+		worst = fmax(worst, t->end[d]);
+	}
+	return worst;
+}
+
+/* The n candidates cand[] in the order the greedy tries them: the step a
+ * member saves per millisecond of all-gather, most first (ties: bucket
+ * order); key[] scratch. */
+static void by_saving(const tail_t *t, int *cand, double *key, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int b = cand[i];
+		key[i] = (t->whole[b] - t->shard[b]) / fmax(t->gather[b], 1e-12);
+	}
+	for (int i = 1; i < n; i++) { /* insertion sort: stable, few buckets */
+		int b = cand[i];
+		double k = key[i];
+		int j = i;
+		for (; j > 0 && key[j - 1] < k; j--) {
+			cand[j] = cand[j - 1];
+			key[j] = key[j - 1];
+		}
+		cand[j] = b;
+		key[j] = k;
+	}
+}
+
+/*
+ * --defer-gather auto, a plan with zero-1/2 buckets (after the zero-1
+ * choice below): every one of their all-gathers deferred at once (left in
+ * flight at the step's end, waited for before the next step's first use of
+ * the bucket: sim.c models it from the iteration's start, sharing the
+ * network with the forward's transfers), kept when the simulator says the
+ * iteration is faster; else the plan as it was. With shard (--zero auto,
+ * tried second), every replicated bucket of 2+ devices in zero-1 too and
+ * deferred with them: the zero-1 choice above prices the all-gather in the
+ * tail, where a deferred one is not. Memory does not grow (a zero-1/2
+ * member holds the whole weights either way; zero-1 shards the state).
+ * One choice for the plan, as try_overlap's.
+ */
+/* Bucket layouts changed since t was saved: the programs' tails rebuilt,
+ * the sync pass simulated again, the change kept when the iteration is
+ * faster than res (res then the new one), else the plan as t saved it. */
+static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
+			  const trial_save_t *t)
+{
+	sim_result_t r = *res;
+	int rc = regather(p);
+	if (rc || (rc = sim_sync_again(pl, p, &r)))
+		return rc;
+	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
+		*res = r;
+		return 0;
+	}
+	return trial_restore(pl, p, t);
+}
+
+/* 1 when bucket b is replicated over 2+ devices (try_defer's shard and
+ * refine_zero1's candidates). */
+static int replicated2(const sp_plan_t *p, int b)
+{
+	return p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2;
+}
+
+/* The number of buckets try_defer would change on p (0: it tries nothing). */
+static int defer_count(const planner_t *pl, const sp_plan_t *p, int shard)
+{
+	int n = 0;
+	for (int b = 0; b < p->n_buckets && pl->opts->defer_gather < 0; b++)
+		n += (layout_gathers_after_step(p->buckets[b].layout) && !p->buckets[b].defer) ||
+		     (shard && replicated2(p, b));
+	return n;
+}
+
+/* try_defer's change to p, not yet simulated (the programs' tails not yet
+ * rebuilt). */
+static void defer_apply(planner_t *pl, sp_plan_t *p, int shard)
+{
+	for (int b = 0; b < p->n_buckets; b++) {
+		if (shard && replicated2(p, b))
+			set_layout(pl, p, b, LAYOUT_ZERO1);
+		if (!p->buckets[b].defer && layout_gathers_after_step(p->buckets[b].layout))
+			p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b,
+								  dtype_bytes(p->model.dtype));
+	}
+}
+
+static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
+{
+	int rc = 0;
+	if (!defer_count(pl, p, shard))
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	trial_save_t t;
+	if ((rc = trial_save(a, p, &t)))
+		goto cleanup;
+	defer_apply(pl, p, shard);
+	rc = keep_if_faster(pl, p, res, &t);
+cleanup:
+	sp_arena_reset(a, mark);
+	return rc;
+}
+
+static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+
+/* 1 when some bucket is replicated over 2+ devices. */
+static int any_replicated2(const sp_plan_t *p)
+{
+	for (int b = 0; b < p->n_buckets; b++)
+		if (replicated2(p, b))
+			return 1;
+	return 0;
+}
+
+int layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
+	if (!rc)
+		rc = try_defer(pl, p, res, 0);
+	return no_memory(pl, rc);
+}
+
+/*
+ * The last trial, try_defer with shard, is skipped where p has no
+ * replicated bucket of 2+ devices: it would then only defer the gathers
+ * the trial before (shard 0) deferred, from the same plan (that one kept
+ * leaves none to defer; rejected, it restored p): the same plan simulated
+ * again to the same iteration, which was not faster.
+ */
+int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	int rc = layout_refine_head(pl, p, res);
+	if (!rc && pl->opts->zero < 0 && any_replicated2(p))
+		rc = try_defer(pl, p, res, 1);
+	return no_memory(pl, rc);
+}
+
+/* ---- layout_refine's last trial beside the others (walk_jobs.c, --jobs) -- */
+
+/*
+ * The last trial's plan does not depend on what the trials before it kept:
+ * refine_zero1 turns replicated buckets of 2+ devices into zero-1 (the
+ * last trial turns them all), try_defer without shard defers the zero-1/2
+ * gathers (the last defers them all), each kept or restored exactly
+ * (trial_restore; memory moves by the same integer deltas either way), and
+ * the sync pass (sim_sync_again) overwrites every time the plan records
+ * and every field of the result it changes. So the last trial is
+ * simulated on a copy of p taken before the others (layout_last_init,
+ * layout_last_run: on any thread) and judged after them (layout_last_join)
+ * exactly as layout_refine judges it: the same plan and result.
+ */
+int layout_last_init(planner_t *pl, layout_last_t *t, const sp_plan_t *p,
+		     const sim_result_t *res)
+{
+	memset(t, 0, sizeof *t);
+	t->r = *res;
+	if (pl->opts->zero >= 0 || !defer_count(pl, p, 1) || !any_replicated2(p))
+		return 0; /* layout_refine tries nothing last (see layout_last_join) */
+	sp_plan_t *q = &t->q;
+	*q = *p; /* the rest (model, structure, devices' sets) read only, p's */
+	q->buckets = malloc(sizeof *q->buckets * (size_t)p->n_buckets + 1);
+	q->devices = malloc(sizeof *q->devices * (size_t)p->n_devices + 1);
+	q->slices = malloc(sizeof *q->slices * (size_t)p->n_slices + 1);
+	q->waves = malloc(sizeof *q->waves * (size_t)p->n_waves + 1);
+	q->ins = malloc(sizeof *q->ins * (size_t)p->n_ins + 1);
+	t->tried = 1;
+	if (!q->buckets || !q->devices || !q->slices || !q->waves || !q->ins) {
+		layout_last_release(t);
+		return no_memory(pl, SP_ENOMEM);
+	}
+	memcpy(q->buckets, p->buckets, sizeof *q->buckets * (size_t)p->n_buckets);
+	memcpy(q->devices, p->devices, sizeof *q->devices * (size_t)p->n_devices);
+	memcpy(q->slices, p->slices, sizeof *q->slices * (size_t)p->n_slices);
+	memcpy(q->waves, p->waves, sizeof *q->waves * (size_t)p->n_waves);
+	memcpy(q->ins, p->ins, sizeof *q->ins * (size_t)p->n_ins);
+	return 0;
+}
+
+int layout_last_run(planner_t *pl, layout_last_t *t)
+{
+	if (!t->tried)
+		return 0;
+	defer_apply(pl, &t->q, 1);
+	int rc = regather(&t->q);
+	if (!rc)
+		rc = sim_sync_again(pl, &t->q, &t->r);
+	return t->rc = no_memory(pl, rc);
+}
+
+/*
+ * After layout_refine_head on p (res): what layout_refine's last trial
+ * does there. Where layout_refine skips it, so does this: with nothing to
+ * change (defer_count) or no replicated bucket of 2+ devices left, and
+ * where layout_last_init took no copy (zero forced, nothing to change, or
+ * no such bucket at first: the head's trials add none). Else its result
+ * (rc: the caller takes its error), kept as keep_if_faster keeps it: p
+ * takes the copy's buckets, devices, slices, waves and programs; rejected,
+ * p's programs are rebuilt as trial_restore rebuilds them.
+ */
+int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t *res)
+{
+	if (!t->tried || !defer_count(pl, p, 1) || !any_replicated2(p))
+		return 0;
+	if (t->rc)
+		return t->rc;
+	if (!(t->r.iteration_ms < res->iteration_ms * (1 - 1e-9)))
+		return no_memory(pl, regather(p));
+	sp_plan_t *q = &t->q;
+#define LAST_SWAP(T, a, b) do { T x_ = (a); (a) = (b); (b) = x_; } while (0)
+	LAST_SWAP(sp_bucket_t *, p->buckets, q->buckets);
+	LAST_SWAP(sp_device_t *, p->devices, q->devices);
+	LAST_SWAP(sp_slice_t *, p->slices, q->slices);
+	LAST_SWAP(sp_wave_t *, p->waves, q->waves);
+	LAST_SWAP(sp_ins_t *, p->ins, q->ins);
+	LAST_SWAP(int32_t, p->n_ins, q->n_ins);
+#undef LAST_SWAP
+	*res = t->r;
+	return 0;
+}
+
+void layout_last_release(layout_last_t *t)
+{
+	if (!t || !t->tried)
+		return;
+	free(t->q.buckets);
+	free(t->q.devices);
+	free(t->q.slices);
+	free(t->q.waves);
+	free(t->q.ins);
+	memset(&t->q, 0, sizeof t->q);
+	t->tried = 0;
+}
+
+/* layout_refine's zero-1 choice (the header's step 3). */
+static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	tail_t t;
+	trial_save_t sv;
+	int nb = p->n_buckets, n = 0, rc = tail_init(pl, p, a, &t);
+	int *cand = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(int));
+	double *key = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof(double));
+	if (!rc && (!cand || !key))
+		rc = SP_ENOMEM;
+	if (rc)
+		goto done;
+	for (int b = 0; b < nb; b++)
+		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2)
+			cand[n++] = b;
+	if (!n)
+		goto done;
+	double best = tail_est(p, &t);
+	by_saving(&t, cand, key, n);
+	int picked = 0;
+	for (int i = 0; i < n; i++) {
+		t.z1[cand[i]] = 1;
+		double v = tail_est(p, &t);
+		if (v < best * (1 - 1e-9)) {
+			best = v;
+			picked++;
+		} else {
+			t.z1[cand[i]] = 0;
+		}
+	}
+	if (!picked)
+		goto done;
+	if ((rc = trial_save(a, p, &sv)))
+		goto done;
+	for (int i = 0; i < n; i++)
+		if (t.z1[cand[i]])
+			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
+	rc = keep_if_faster(pl, p, res, &sv);
+done:
+	sp_arena_reset(a, mark);
+	return rc;
+}
+

@@ -1,0 +1,538 @@
+/*
+ * walk.c — one algorithm's walk over its candidates (plan_one; plan.c
+ * calls it per algorithm and table set): each lowered (plan_lowered),
+ * bounded (bound_sync) and simulated only where it can change the choice,
+ * judged in table order (plan_better). The jobs that lower and simulate
+ * ahead of it with --jobs are in walk_jobs.c (walk.h).
+ */
+#include "tp.h"
+#include "walk.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void seen_release(seen_t *v)
+{
+	for (int i = 0; v && i < v->n; i++) {
+		free(v->s[i].s);
+		free(v->s[i].devs);
+	}
+	if (v)
+		free(v->s);
+}
+
+/* 1 when a and b are the same schedule: slices (every field), devices
+ * (planner.h; plan.c's candidate dedup uses it). */
+int sched_same(const sched_t *a, const sched_t *b)
+{
+	if (a->algo != b->algo || a->n != b->n || a->n_waves != b->n_waves ||
+	    a->n_devs != b->n_devs || a->bwd_eager != b->bwd_eager ||
+	    (a->n_devs && memcmp(a->devs, b->devs, sizeof *a->devs * (size_t)a->n_devs)))
+		return 0;
+	for (int i = 0; i < a->n; i++) {
+		const sslice_t *x = &a->s[i], *y = &b->s[i];
+		if (x->metaop != y->metaop || x->lf != y->lf || x->lt != y->lt || x->n != y->n ||
+		    x->wave != y->wave || x->t0 != y->t0 || x->t1 != y->t1 ||
+		    x->chunk != y->chunk || x->dev_off != y->dev_off || x->tp != y->tp)
+			return 0;
+	}
+	return 1;
+}
+
+int seen_has(const seen_t *v, const sched_t *s)
+{
+	for (int i = 0; i < v->n; i++)
+		if (sched_same(&v->s[i], s))
+			return 1;
+	return 0;
+}
+
+int seen_add(seen_t *v, const sched_t *s)
+{
+	sched_t c = *s;
+	c.arena = NULL;
+	c.s = malloc(sizeof *s->s * (size_t)s->n + 1);
+	c.devs = malloc(sizeof *s->devs * (size_t)s->n_devs + 1);
+	if (!c.s || !c.devs || sp_grow((void **)&v->s, &v->cap, v->n + 1, sizeof *v->s)) {
+		free(c.s);
+		free(c.devs);
+		return SP_ENOMEM;
+	}
+	if (s->n)
+		memcpy(c.s, s->s, sizeof *s->s * (size_t)s->n);
+	if (s->n_devs)
+		memcpy(c.devs, s->devs, sizeof *s->devs * (size_t)s->n_devs);
+	v->s[v->n++] = c;
+	return 0;
+}
+
+/* schedule → placement → tensor-parallel degrees → programs → memory →
+ * layouts that fit (the auto choices of zero-1 and recompute), for one
+ * algorithm (ours: candidate c). With aligned (ours), also the same
+ * schedule on the node-aligned renumbering of its placement (align.c) into
+ * *aligned, *n_aligned 1, when that differs (0: none, or it did not lower
+ * within memory). Leaves the schedule and placement in pl->scratch for the
+ * caller to reset; SCHED_NOTHING_NEW passed up. The lowered plan needs
+ * nothing of them: plan_simulated may run later. seen (NULL: none):
+ * SCHED_NOTHING_NEW for a schedule in it, and the schedule joins it when
+ * lowered. Every pass after the scheduler (the alignment included) reads
+ * only the schedule and the run's constants, so a schedule seen lowers to
+ * the plans lowered then. */
+int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+		 place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+		 int *n_aligned)
+{
+	sched_t s;
+	place_t pc, pa;
+	int rc, changed = 0;
+	if (n_aligned)
+		*n_aligned = 0;
+	if ((rc = sched_run(pl, a, st, c, &s)))
+		return rc;
+	if (seen && seen_has(seen, &s))
+		return SCHED_NOTHING_NEW;
+	if ((rc = place_run(pl, &s, kind, &pc)) || (rc = tp_run(pl, &s, &pc)))
+		return rc;
+	if (aligned && kind == PLACE_SPINDLE) {
+		size_t total = 0;
+		for (int i = 0; i < s.n; i++)
+			total += (size_t)s.s[i].n;
+		pa.devs = sp_arena_calloc(&pl->scratch, total + 1, sizeof(int32_t));
+		pa.off = sp_arena_calloc(&pl->scratch, (size_t)s.n + 1, sizeof(int32_t));
+		if (!pa.devs || !pa.off)
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		memcpy(pa.devs, pc.devs, sizeof(int32_t) * total);
+		memcpy(pa.off, pc.off, sizeof(int32_t) * (size_t)s.n);
+		if ((rc = place_align(pl, &s, &pa, &changed)))
+			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+	}
+	if ((rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
+	    (rc = layout_fit(pl, out)))
+		return rc;
+	if (changed) {
+		if ((rc = lower_run(pl, &s, &pa, aligned)) || (rc = memplan_run(pl, aligned, 0)) ||
+		    (rc = layout_fit(pl, aligned))) {
+			plan_release(aligned);
+			memset(aligned, 0, sizeof *aligned);
+			if (rc != SP_EINFEAS)
+				return rc;
+			memset(pl->err, 0, sizeof *pl->err);
+		} else {
+			*n_aligned = 1;
+		}
+	}
+	if (seen && seen_add(seen, &s))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
+/* Lowered plan out → simulation (ours: sim_iteration) → zero-1 where not
+ * slower (layout_trial: every algorithm's plan, so that a comparison
+ * measures the schedules, not a layout only ours may choose); *over: the worst device's bytes over the cap
+ * (<= 0 when the plan fits). Reads only out and the planning run's
+ * constants (the cost model, the cluster), so it gives the same result
+ * whenever it runs. */
+int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
+		   double *over)
+{
+	int rc;
+	/* ours judges many: the rest of the times only for the chosen one
+	 * (plan_one's sim_complete) */
+	if ((rc = ours && !pl->opts->simulate_all ? sim_iteration(pl, out, res)
+						  : sim_run(pl, out, 1, res)) ||
+	    (rc = layout_trial(pl, out, res)))
+		return rc;
+	*over = -HUGE_VAL;
+	for (int d = 0; d < out->n_devices; d++)
+		*over = fmax(*over, (double)out->devices[d].mem_peak - pl->mem_cap);
+	return 0;
+}
+
+/* Judges a plan (its result r, worst bytes over the cap f) against the
+ * best so far (res, over; none when !found): fitting beats not fitting;
+ * then faster, or closer to fitting. */
+int plan_better(int found, const sim_result_t *r, double f, const sim_result_t *res,
+		double over)
+{
+	int fits = f <= 0;
+	if (!found)
+		return 1;
+	if (fits != (over <= 0))
+		return fits;
+	return fits ? r->iteration_ms < res->iteration_ms * (1 - 1e-9) : f < over;
+}
+
+/* The record of plan_one's walk: the best plan so far (none: !found). */
+typedef struct {
+	sp_plan_t *out;
+	sim_result_t *res;
+	double *over;
+	const sched_cand_t **chosen;
+	int *use_seq, found;
+	int memo; /* the record's result came from sim_memo (held_t's memo) */
+} walk_t;
+
+/* Candidate c's simulated plan p (r, f) judged against the record. */
+static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
+		       double f, int from_seq, int memo)
+{
+	if (plan_better(w->found, r, f, w->res, *w->over)) {
+		plan_release(w->out);
+		*w->out = *p;
+		*w->res = *r;
+		*w->over = f;
+		w->found = 1;
+		w->memo = memo;
+		if (w->chosen)
+			*w->chosen = c;
+		if (w->use_seq)
+			*w->use_seq = from_seq;
+	} else {
+		plan_release(p);
+	}
+	memset(p, 0, sizeof *p);
+}
+
+/* Simulates held candidate h (ours) in a scope of pl->scratch, or takes
+ * the result of a plan equal to it simulated before (sim_memo.c; not with
+ * --simulate-all, which simulates every candidate). */
+static int held_simulate(planner_t *pl, held_t *h)
+{
+	int spec_rc, memo = !pl->opts->simulate_all;
+	sim_memo_key_t key = {0};
+	if (par_simulated(pl, h, &spec_rc)) { /* a job simulated it already */
+		h->simulated = !spec_rc;
+		return spec_rc;
+	}
+	int found = memo ? sim_memo_find(pl, &h->p, &key, &h->r, &h->f) : 0;
+	if (found < 0)
+		return sp_err_set(pl->err, found, NULL, 0, 0, NULL, "out of memory");
+	if (found) {
+		h->simulated = h->memo = 1;
+		return 0;
+	}
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
+	sp_arena_reset(&pl->scratch, mark);
+	int mrc = memo ? sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f) : 0;
+	if (!rc && mrc)
+		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
+	h->simulated = !rc;
+	return rc;
+}
+
+/*
+ * Held candidate h judged against the record (ours), simulated first
+ * unless it is already, or unless the record fits and h's lb >= its
+ * iteration x FASTER: then so is the simulated iteration, and plan_better
+ * says no whether h fits or not (a plan that does not fit never beats one
+ * that does), so the record stays as the simulation would leave it.
+ */
+static int walk_held(walk_t *w, planner_t *pl, held_t *h)
+{
+	int rc;
+	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
+	    h->lb >= w->res->iteration_ms * FASTER) {
+		plan_release(&h->p);
+		return 0;
+	}
+	if (!h->simulated && (rc = held_simulate(pl, h)))
+		return rc;
+	/* the bound the skips rest on, checked where every plan is simulated */
+	if (pl->opts->simulate_all && h->c && !h->from_seq && h->lb > h->r.iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "candidate '%s': sync bound %.6f ms above its simulated "
+				  "iteration %.6f ms",
+				  h->c->name, h->lb, h->r.iteration_ms);
+	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq, h->memo);
+	return 0;
+}
+
+/* The least iteration any held plan that fits may have: a simulated one's
+ * own (those that do not fit left out), else its lb; HUGE_VAL if none. */
+static double held_floor(const held_t *h, int n)
+{
+	double m = HUGE_VAL;
+	for (int i = 0; i < n; i++)
+		if (!h[i].simulated)
+			m = fmin(m, h[i].lb);
+		else if (h[i].f <= 0)
+			m = fmin(m, h[i].r.iteration_ms);
+	return m;
+}
+
+/* 1 when no held plan, once refined, beats bar (a refined result that
+ * fits): each takes at least bar x FASTER refined (lbr), or is seq's
+ * plan, refined already, and does not beat it. */
+static int held_lose_to(const held_t *h, int n, const sim_result_t *bar)
+{
+	for (int i = 0; i < n; i++)
+		if (h[i].from_seq ? plan_better(1, &h[i].r, h[i].f, bar, 0)
+				  : h[i].lbr < bar->iteration_ms * FASTER)
+			return 0;
+	return 1;
+}
+
+/*
+ * *out, a lower bound of plan p's iteration after layout_refine (where
+ * the walk has a bar: it is compared with the bar refined). layout_refine
+ * turns replicated buckets into zero-1 and simulates the sync pass again;
+ * bound_sync with any_layout bounds every simulated iteration of p with
+ * its buckets in either layout (bound.c), so it bounds the refined one.
+ * lb is bound_sync's in the walk's own terms (any_layout: trial): the same
+ * figure when the walk's lb already takes either layout, or when zero is
+ * forced (layout_refine then changes nothing).
+ */
+int refined_bound(planner_t *pl, const sp_plan_t *p, int trial, double lb, double *out)
+{
+	*out = lb;
+	if (trial || pl->opts->zero >= 0)
+		return 0;
+	return bound_sync(pl, p, 1, out);
+}
+
+static void held_release(held_t *h, int n)
+{
+	for (int i = 0; i < n; i++)
+		plan_release(&h[i].p);
+}
+
+/* seq, when it fits and is the table's last candidate (ours): it beats
+ * every held one slower than it by the slack. NULL otherwise. */
+const sim_result_t *seq_coming_last(const planner_t *pl, const sim_result_t *seq_res,
+					   double seq_over)
+{
+	const sched_cand_t *last = &sched_cands[n_sched_cands - 1];
+	return seq_res && seq_over <= 0 && last->reuses_baseline &&
+			       !(pl->opts->exclude && !strcmp(last->name, pl->opts->exclude))
+		       ? seq_res
+		       : NULL;
+}
+
+/*
+ * One algorithm; for ours, every candidate of the table (but the one
+ * o->exclude names), judged by the simulator: the fastest plan that fits
+ * memory, or if none fits the one that comes closest (the error message
+ * then says what that one lacks). A candidate that reuses the sequential
+ * plan takes the one made already (seq) when there is one: when that one
+ * wins, *use_seq is set and out is left empty for the caller to take seq.
+ * *over is the chosen plan's worst device's bytes over the memory cap
+ * (<= 0: it fits). Each candidate's temporaries are freed (pl->scratch
+ * reset) once it is judged. bar (NULL: none), a refined result
+ * (layout_refine) that fits: the caller refines this walk's choice and
+ * keeps its own plan unless plan_better says the refined choice beats
+ * bar; PLAN_NO_BETTER when that is known not to happen. The walk chooses
+ * on unrefined results (as without a bar), so a candidate whose unrefined
+ * iteration is above the bar may still refine to below it: the bar prunes
+ * only on lbr (refined_bound), which bounds the refined iteration, never
+ * on an unrefined result (but seq's, which is refined).
+ *
+ * Ours simulates only what can change the choice, and chooses what
+ * simulating every candidate and judging them in table order would (the
+ * walk). plan_simulated reads only the lowered plan and the run's
+ * constants, so a plan simulated later, or never, is what it would have
+ * been at its turn. Every lowered plan gets lb, a lower bound of its
+ * simulated iteration (bound_sync). Once the walk has a record, a
+ * candidate is simulated unless lb shows it cannot beat it (walk_held).
+ * Before that (the first candidates) they are held: the walk's record is
+ * then one of the held ones, unknown, and each of them, if it fits, takes
+ * at least held_floor. A candidate that fits and is faster than the floor
+ * by plan_better's slack beats whichever one that is (and one that does
+ * not fit loses to it): it becomes the record and the held ones never
+ * matter again. Only a candidate whose lb leaves that possible is
+ * simulated to find out, and not one that is doomed anyway: one that seq,
+ * when it fits and comes last, beats (lb x FASTER > seq's iteration), or
+ * that cannot beat the bar (lb >= bar x FASTER); the others are held too.
+ * So when seq comes and beats them all it is the record (as above); with a bar, if the held
+ * ones are left at the end and none can beat it (held_lose_to), neither
+ * can the record among them: PLAN_NO_BETTER, as the caller would have
+ * concluded from the walk. Otherwise the held ones are judged in table
+ * order as the walk would have (walk_held). The sequential plan (seq, the
+ * last candidate) is one more candidate, simulated already. A simulator
+ * failure (out of memory, an internal error) of a plan that is never
+ * simulated goes unseen.
+ */
+static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
+		     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
+		     const sim_result_t *seq_res, double seq_over, int *use_seq,
+		     const sim_result_t *bar, seen_t *seen, par_walk_t *par)
+{
+	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
+	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
+	held_t *held = sp_arena_calloc(&pl->arena, 2 * (size_t)nc, sizeof *held);
+	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
+	const sim_result_t *seq_last = ours ? seq_coming_last(pl, seq_res, seq_over) : NULL;
+	memset(out, 0, sizeof *out);
+	if (use_seq)
+		*use_seq = 0;
+	if (!held)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int v = 0; v < nc; v++) {
+		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
+		int from_seq = c && c->reuses_baseline && seq_res, n_var = 0;
+		/* the candidate's plan and (ours) its node-aligned variant */
+		held_t var[2] = {{.c = c, .from_seq = from_seq}, {.c = c}};
+		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
+			continue;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		if (from_seq) {
+			/* seq's result is refined (layout_refine, seq_refine_t),
+			 * ours' other candidates are not until one is chosen
+			 * (plan_ours refines the choice): the walk weighs
+			 * unrefined plans against refined seq, so it may adopt
+			 * seq where a refined candidate of ours would have won.
+			 * A bias against ours, never a wrong result: each plan
+			 * is judged by its own simulation. Kept: refining
+			 * every candidate costs a simulation per layout tried */
+			if ((rc = seq_wait(pl)))
+				goto fail;
+			var[0].r = pl->seq_refine ? pl->seq_refine->r : *seq_res;
+			var[0].f = pl->seq_refine ? pl->seq_refine->over : seq_over;
+			var[0].simulated = 1;
+		} else if (par) {
+			rc = par_take(pl, par, v, seen, var, &n_var);
+		} else {
+			rc = plan_lowered(pl, a, st, c, kind, seen, &var[0].p,
+					  ours ? &var[1].p : NULL, &n_var);
+			for (int k = 0; !rc && ours && k <= n_var; k++)
+				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
+		}
+		sp_arena_reset(&pl->scratch, mark);
+		for (int k = 0; !rc && ours && bar && !from_seq && k <= n_var; k++)
+			rc = refined_bound(pl, &var[k].p, trial, var[k].lb, &var[k].lbr);
+		/* a held plan would have been the record: the walk has found one */
+		if (rc == SCHED_NOTHING_NEW ||
+		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
+			/* nothing new, or no schedule in memory: others may have one */
+			plan_release(&var[0].p);
+			plan_release(&var[1].p);
+			memset(pl->err, 0, sizeof *pl->err);
+			continue;
+		}
+		/* in table order, the original first: on a tie it stays */
+		for (int k = 0; k <= n_var; k++) {
+			held_t y = var[k];
+			memset(&var[k].p, 0, sizeof var[k].p);
+			if (!rc && !ours) {
+				mark = sp_arena_mark(&pl->scratch);
+				rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
+				sp_arena_reset(&pl->scratch, mark);
+				y.simulated = 1;
+			}
+			if (rc) {
+				plan_release(&y.p);
+				held_release(var, 2);
+				goto fail;
+			}
+			if (!ours || w.found || pl->opts->simulate_all) {
+				if ((rc = walk_held(&w, pl, &y))) {
+					plan_release(&y.p);
+					held_release(var, 2);
+					goto fail;
+				}
+				continue;
+			}
+			/* no record yet: the first is held; one that may beat every
+			 * held one is simulated, and if it does, it is the record; not
+			 * one that loses to seq coming last, or to the bar, anyway */
+			double floor = held_floor(held, n_held);
+			int doomed = (seq_last && y.lb * FASTER > seq_last->iteration_ms) ||
+				     (bar && y.lbr >= bar->iteration_ms * FASTER);
+			if (n_held && !y.simulated && !doomed && y.lb < floor * FASTER &&
+			    (rc = held_simulate(pl, &y))) {
+				plan_release(&y.p);
+				held_release(var, 2);
+				goto fail;
+			}
+			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
+				held_release(held, n_held);
+				n_held = 0;
+				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq, y.memo);
+				continue;
+			}
+			held[n_held++] = y;
+		}
+	}
+	if (n_held && bar && held_lose_to(held, n_held, bar)) {
+		held_release(held, n_held);
+		return PLAN_NO_BETTER; /* every candidate loses to the bar */
+	}
+	for (int h = 0; h < n_held; h++) {
+		if ((rc = walk_held(&w, pl, &held[h]))) {
+			held_release(held + h, n_held - h);
+			plan_release(out);
+			return rc;
+		}
+	}
+	/* a choice that cannot beat the bar even refined is dropped by the
+	 * caller as it is: its other times are never read (seq's is refined:
+	 * plan_better reads the iteration and the fit, which it has) */
+	if (w.found && bar) {
+		double lbr = 0;
+		if ((use_seq && *use_seq) || pl->opts->zero >= 0) /* refined as it is */
+			lbr = plan_better(1, res, *over, bar, 0) ? 0 : HUGE_VAL;
+		else if ((rc = refined_bound(pl, out, 0, 0, &lbr))) {
+			plan_release(out);
+			return rc;
+		}
+		if (lbr >= bar->iteration_ms * FASTER) {
+			plan_release(out);
+			return PLAN_NO_BETTER;
+		}
+	}
+	if (w.found && w.memo) { /* the chosen plan as its simulation leaves it */
+		sim_result_t r;
+		double f;
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = plan_simulated(pl, 1, out, &r, &f);
+		sp_arena_reset(&pl->scratch, mark);
+		if (!rc && (r.iteration_ms != res->iteration_ms || f != *over))
+			rc = sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					"the chosen plan simulates to %.6f ms, its equal "
+					"simulated earlier to %.6f ms",
+					r.iteration_ms, res->iteration_ms);
+		if (rc) {
+			plan_release(out);
+			return rc;
+		}
+		*res = r;
+	}
+	if (w.found && res->partial) { /* the chosen plan's other times */
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		rc = sim_complete(pl, out, res);
+		sp_arena_reset(&pl->scratch, mark);
+		if (rc) {
+			plan_release(out);
+			return rc;
+		}
+	}
+	if (!w.found) /* every candidate left out or adding nothing */
+		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
+				  "%s: no candidate made a schedule", algo_name(a));
+	return 0;
+fail:
+	held_release(held, n_held);
+	plan_release(out);
+	return rc;
+}
+
+/* plan_walk, where ours skips a candidate that schedules what an earlier
+ * one did (plan_lowered's seen): it would lower and simulate to that one's
+ * plan and result, and so never be chosen (plan_better is strict, and the
+ * record only gets better: a plan no better than a record is no better
+ * than a later one); the walk goes on as without it, the earlier one
+ * standing for both. Not with --simulate-all, which simulates them all. */
+int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
+	     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
+	     const sim_result_t *seq_res, double seq_over, int *use_seq,
+	     const sim_result_t *bar, par_walk_t *par)
+{
+	seen_t seen = {0};
+	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
+	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
+			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL);
+	seen_release(&seen);
+	return rc;
+}
+

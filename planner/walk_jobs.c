@@ -1,0 +1,495 @@
+/*
+ * walk_jobs.c — with --jobs, the walk's work on worker threads (jobs.c):
+ * ours' candidates lowered and simulated ahead of the walk (par_*), and
+ * layout_refine as jobs: its last trial beside the others (refine_par)
+ * and the sequential plan's refinement beside ours' walk (seq_*). The walk
+ * itself is walk.c's, the pipeline plan.c's (walk.h).
+ */
+#include "walk.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- ours' candidates on worker threads (--jobs N > 1) ------------------- */
+
+/*
+ * With pl->jobs, ours' walk (plan_walk) lowers and simulates no candidate
+ * itself: jobs (jobs.c) do, ahead of it and on every thread, and the walk
+ * takes their results in table order where it would have computed them.
+ * So it makes every decision the sequential walk makes on the same
+ * numbers, and chooses the same plan, byte for byte, for any thread count:
+ *  - plan_lowered, bound_sync and plan_simulated read only their plan, the
+ *    schedule's allotments and the run's constants (a cost memo returns the
+ *    bits its caller would compute), so a job computes what the walk would;
+ *  - allotments: cand_schedule computes each on first use, and the
+ *    separable one is nothing new when it equals one computed before it
+ *    (widths_known). A candidate's job gets exactly those the sequential
+ *    walk holds at its turn (its own and those of the candidates before
+ *    it), each computed once by an allotment job;
+ *  - plan_lowered's seen: each job keeps its schedule, and the walk checks
+ *    it against seen in table order; a schedule lowers to the same plans
+ *    whenever it is lowered, so one seen already lowered as the earlier;
+ *  - simulations run ahead as a guess only: a job simulates a variant
+ *    unless its lb shows it cannot beat the best fitting plan simulated so
+ *    far by any job (or seq coming last, or the bar) — a weaker record than
+ *    the walk's, which holds the best in table order. The walk alone
+ *    decides which plans are simulated: held_simulate takes a job's result
+ *    where there is one and simulates the plan itself where there is none,
+ *    and a job's failure counts only where the walk simulates that plan.
+ * The allotments end in st as the sequential walk leaves them.
+ */
+
+/* The error of a job where the walk's would have been: into dst unless it
+ * holds one already (sp_err_set's rule); dst's warn function stays. */
+static void err_take(sp_err_t *dst, const sp_err_t *src)
+{
+	if (dst->code || !src->code)
+		return;
+	sp_err_t keep = *dst;
+	*dst = *src;
+	dst->warn = keep.warn;
+	dst->warn_ctx = keep.warn_ctx;
+}
+
+/* The walk's table set active on a job's thread (its MetaOps). */
+static void par_tables(planner_t *pl, const par_walk_t *w)
+{
+	if (pl->tables != w->set)
+		cost_use(pl, w->set);
+}
+
+static int par_allot_run(planner_t *pl, sp_job_t *job)
+{
+	par_walk_t *w = job->arg;
+	par_tables(pl, w);
+	cand_allot_t kind = (cand_allot_t)(job - w->allot);
+	cand_state_t st = {{0}};
+	int rc = cand_allot(pl, &st, kind);
+	w->widths[kind] = st.widths[kind]; /* NULL when it failed: each
+					    * candidate's job tries again */
+	return rc;
+}
+
+static int par_sim_run(planner_t *pl, sp_job_t *job)
+{
+	par_cand_t *pc = job->arg;
+	par_walk_t *w = pc->w;
+	int k = (int)(job - pc->sim), rc;
+	par_tables(pl, w);
+	jobs_lock(w->jobs);
+	double best = w->best;
+	jobs_unlock(w->jobs);
+	if (!pl->opts->simulate_all && pc->lb[k] >= best * FASTER)
+		return 0; /* the walk would hardly simulate it */
+	rc = plan_simulated(pl, 1, &pc->p[k], &pc->r[k], &pc->f[k]);
+	pc->ran[k] = 1;
+	if (!rc && pc->f[k] <= 0) {
+		jobs_lock(w->jobs);
+		w->best = fmin(w->best, pc->r[k].iteration_ms);
+		jobs_unlock(w->jobs);
+	}
+	return rc;
+}
+
+static int par_lower_run(planner_t *pl, sp_job_t *job)
+{
+	par_cand_t *pc = job->arg;
+	par_walk_t *w = pc->w;
+	par_tables(pl, w);
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		if (pc->need & 1u << k)
+			pc->st.widths[k] = w->widths[k];
+	int rc = plan_lowered(pl, w->a, &pc->st, pc->c, w->kind, &pc->sched, &pc->p[0],
+			      &pc->p[1], &pc->n_var);
+	for (int k = 0; !rc && k <= pc->n_var; k++)
+		rc = bound_sync(pl, &pc->p[k], w->trial, &pc->lb[k]);
+	for (int k = 0; !rc && k <= pc->n_var; k++) {
+		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k,
+					.after = {w->gate}};
+		if (jobs_add(w->jobs, &pc->sim[k]))
+			break; /* no guess: the walk simulates it */
+		pc->n_sim = k + 1;
+	}
+	return rc;
+}
+
+/* Queues the jobs of ours' walk over the table on table set `set` (st:
+ * its allotments so far; seq_res as plan_walk's): allotment, lowering and
+ * (queued by the lowering) simulation jobs, in table order by priority,
+ * after those of earlier sets (prio0). */
+int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
+	      place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
+	      const sp_job_t *gate)
+{
+	const sim_result_t *seq_last = seq_coming_last(pl, seq_res, seq_over);
+	unsigned need = 0;
+	int rc;
+	memset(w, 0, sizeof *w);
+	w->jobs = pl->jobs;
+	w->set = set;
+	w->gate = gate;
+	w->a = ALGO_SPINDLE;
+	w->kind = kind;
+	w->trial = pl->opts->zero < 0 && pl->lay_large;
+	w->best = seq_last ? seq_last->iteration_ms : HUGE_VAL;
+	if (!(w->pc = calloc((size_t)n_sched_cands, sizeof *w->pc)))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		w->widths[k] = st->widths[k];
+	for (int v = 0; v < n_sched_cands; v++) {
+		par_cand_t *pc = &w->pc[v];
+		const sched_cand_t *c = &sched_cands[v];
+		cand_allot_t own = cand_allot_kind(pl, c);
+		pc->w = w;
+		pc->c = c;
+		pc->v = v;
+		if ((pl->opts->exclude && !strcmp(c->name, pl->opts->exclude)) ||
+		    (c->reuses_baseline && seq_res))
+			continue; /* as plan_walk: left out, or seq's plan */
+		if (own != CAND_ALLOT_NONE && !st->widths[own] && !w->queued[own]) {
+			/* every set's allotments first: the candidates wait for them */
+			w->allot[own] = (sp_job_t){
+				.run = par_allot_run, .arg = w, .prio = prio0 + 4 * v - PAR_FIRST};
+			if ((rc = jobs_add(w->jobs, &w->allot[own])))
+				return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+			w->queued[own] = 1;
+		}
+		if (own != CAND_ALLOT_NONE)
+			need |= 1u << own;
+		pc->need = own != CAND_ALLOT_NONE ? need : 0; /* none read, none awaited */
+		pc->prio = prio0 + 4 * v;
+		pc->low = (sp_job_t){.run = par_lower_run, .arg = pc, .prio = pc->prio + 1};
+		for (int k = 0, n = 0; own != CAND_ALLOT_NONE && k < CAND_ALLOT__COUNT; k++)
+			if ((need & 1u << k) && w->queued[k])
+				pc->low.after[n++] = &w->allot[k];
+		if ((rc = jobs_add(w->jobs, &pc->low)))
+			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* Candidate v's lowered plans into var (lb, and the job's guesses), as
+ * plan_lowered (seen) and bound_sync would have made them at the walk's
+ * turn: its code, its error into pl->err. */
+int par_take(planner_t *pl, par_walk_t *w, int v, seen_t *seen, held_t var[2],
+	     int *n_var)
+{
+	par_cand_t *pc = &w->pc[v];
+	jobs_wait(w->jobs, &pc->low);
+	for (int k = 0; k < pc->n_sim; k++)
+		jobs_wait(w->jobs, &pc->sim[k]);
+	*n_var = pc->n_var;
+	for (int k = 0; k < 2; k++) {
+		var[k].p = pc->p[k];
+		memset(&pc->p[k], 0, sizeof pc->p[k]);
+		var[k].lb = pc->lb[k];
+		var[k].spec = pc;
+		var[k].k = k;
+	}
+	if (pc->low.rc) {
+		err_take(pl->err, &pc->low.err);
+		return pc->low.rc;
+	}
+	if (seen && seen_has(seen, pc->sched.s))
+		return SCHED_NOTHING_NEW;
+	if (seen && seen_add(seen, pc->sched.s))
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return 0;
+}
+
+/* A plan that fits, of iteration_ms, made already: the walk's jobs need
+ * not simulate what cannot beat it (a guess, as w->best). */
+void par_bar(par_walk_t *w, double iteration_ms)
+{
+	jobs_lock(w->jobs);
+	w->best = fmin(w->best, iteration_ms);
+	jobs_unlock(w->jobs);
+}
+
+/* 1 when a job simulated h's plan: its result in h->r and h->f, its code
+ * in *rc (its error into pl->err). */
+int par_simulated(planner_t *pl, held_t *h, int *rc)
+{
+	par_cand_t *pc = h->spec;
+	if (!pc || !pc->ran[h->k])
+		return 0;
+	h->r = pc->r[h->k];
+	h->f = pc->f[h->k];
+	*rc = pc->sim[h->k].rc;
+	if (*rc)
+		err_take(pl->err, &pc->sim[h->k].err);
+	return 1;
+}
+
+/* Stops the walk's jobs and frees what they hold; st gets the allotments
+ * they computed (those the sequential walk computes). */
+void par_end(par_walk_t *w, cand_state_t *st)
+{
+	if (!w->pc)
+		return;
+	for (int v = 0; v < n_sched_cands; v++) {
+		jobs_drop(w->jobs, &w->pc[v].low); /* then no sim job is added */
+		for (int k = 0; k < w->pc[v].n_sim; k++)
+			jobs_drop(w->jobs, &w->pc[v].sim[k]);
+	}
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		jobs_drop(w->jobs, &w->allot[k]);
+	for (int v = 0; v < n_sched_cands; v++) {
+		plan_release(&w->pc[v].p[0]);
+		plan_release(&w->pc[v].p[1]);
+		seen_release(&w->pc[v].sched);
+	}
+	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
+		if (!st->widths[k])
+			st->widths[k] = w->widths[k];
+	free(w->pc);
+	w->pc = NULL;
+}
+
+/* ---- layout_refine's last trial as a job (--jobs) ------------------------- */
+
+/*
+ * With pl->jobs, layout_refine's last trial (layout_last_*: simulated on a
+ * copy of the plan taken first) is a job that runs beside the trials
+ * before it, and is judged after them as layout_refine judges it: the same
+ * plan and result for every thread count.
+ */
+
+static int last_run(planner_t *pl, sp_job_t *job)
+{
+	refine_last_t *lt = job->arg;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	if (pl->tables != lt->tables)
+		cost_use(pl, lt->tables);
+	int rc = layout_last_run(pl, &lt->t);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	lt->ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+	return rc;
+}
+
+/* lt's copy of plan p (result r, on table set `tables`) and, when
+ * layout_refine tries a last trial on it, its job queued (prio). */
+static int last_start(planner_t *pl, refine_last_t *lt, const sp_plan_t *p,
+		      const sim_result_t *r, int tables, int prio)
+{
+	int rc = layout_last_init(pl, &lt->t, p, r);
+	lt->tables = tables;
+	if (rc || !lt->t.tried)
+		return rc;
+	lt->job = (sp_job_t){.run = last_run, .arg = lt, .prio = prio};
+	if (jobs_add(pl->jobs, &lt->job)) {
+		layout_last_release(&lt->t);
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* lt's job off the queue (waited for when a thread runs it: it writes
+ * into lt) and its copy freed, its result unread. */
+static void last_cancel(planner_t *pl, refine_last_t *lt)
+{
+	if (lt->t.tried)
+		jobs_drop(pl->jobs, &lt->job);
+	layout_last_release(&lt->t);
+}
+
+/* After layout_refine_head on p (r): the last trial's result joined
+ * (layout_last_join), its job waited for, or run here (on its tables)
+ * when it never ran. */
+static int last_join(planner_t *pl, refine_last_t *lt, sp_plan_t *p, sim_result_t *r)
+{
+	int done = 0;
+	if (lt->t.tried) {
+		if (lt->job.state == JOB_PENDING || lt->job.state == JOB_RUNNING)
+			jobs_wait(pl->jobs, &lt->job);
+		done = lt->job.state == JOB_DONE;
+		jobs_drop(pl->jobs, &lt->job);
+		if (!done) {
+			int was = pl->tables;
+			if (was != lt->tables)
+				cost_use(pl, lt->tables);
+			sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+			layout_last_run(pl, &lt->t);
+			sp_arena_reset(&pl->scratch, mark);
+			if (was != lt->tables)
+				cost_use(pl, was);
+		}
+	}
+	int rc = layout_last_join(pl, &lt->t, p, r);
+	if (rc && done && rc == lt->t.rc) /* the job's error */
+		err_take(pl->err, &lt->job.err);
+	layout_last_release(&lt->t);
+	return rc;
+}
+
+/* layout_refine on p (r), its last trial a job beside the others. */
+static int refine_par(planner_t *pl, sp_plan_t *p, sim_result_t *r)
+{
+	refine_last_t lt = {0};
+	int rc = last_start(pl, &lt, p, r, pl->tables, -3 * PAR_FIRST + 2);
+	if (!rc)
+		rc = layout_refine_head(pl, p, r);
+	if (rc) {
+		last_cancel(pl, &lt);
+		return rc;
+	}
+	return last_join(pl, &lt, p, r);
+}
+
+/* The worst device's bytes over the memory cap. */
+static double plan_over(const planner_t *pl, const sp_plan_t *p)
+{
+	double over = -HUGE_VAL;
+	for (int d = 0; d < p->n_devices; d++)
+		over = d ? fmax(over, (double)p->devices[d].mem_peak - pl->mem_cap)
+			 : (double)p->devices[d].mem_peak - pl->mem_cap;
+	return over;
+}
+
+/* ---- the sequential plan's layout_refine beside ours' walk (--jobs) ------ */
+
+/*
+ * layout_refine on plan p (not ours adopting seq's: its caller skips
+ * that; with pl->jobs, refine_par), then *over from p's devices: zero-1
+ * only frees memory, so the fit as plan_simulated takes it.
+ */
+int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	int rc = pl->jobs ? refine_par(pl, p, r) : layout_refine(pl, p, r);
+	sp_arena_reset(&pl->scratch, mark);
+	if (!rc && p->n_devices)
+		*over = plan_over(pl, p);
+	return rc;
+}
+
+/*
+ * refine_over on a choice of ours' walk (plan_ours refines each table
+ * set's choice before comparing them). With --simulate-all, also checks
+ * the bound plan_walk prunes on against the bar (refined_bound: bound_sync
+ * with either layout) against the refined iteration.
+ */
+int refine_checked(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+{
+	double lbr = 0;
+	int rc = refine_over(pl, p, r, over);
+	if (rc || !pl->opts->simulate_all || pl->opts->zero >= 0)
+		return rc;
+	if ((rc = bound_sync(pl, p, 1, &lbr)))
+		return rc;
+	if (lbr > r->iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "sync bound %.6f ms above the refined iteration %.6f ms", lbr,
+				  r->iteration_ms);
+	return 0;
+}
+
+/*
+ * With --jobs, the sequential plan's refinement (one more simulation of a
+ * plan that puts every slice on every device: the largest of the run) is
+ * a job that runs beside ours' walk instead of before it. The walk reads
+ * the refined result (r, over) only where the data-parallel candidate
+ * takes seq's plan (seq_wait first); before that it reads the unrefined
+ * one, whose iteration and bytes over the cap are no less than the refined
+ * ones (layout_refine keeps a layout only when it is faster, and zero-1
+ * only frees memory). The walk uses seq's result before that only to skip
+ * work: seq_coming_last's doomed test (a candidate whose lb x FASTER
+ * exceeds seq's iteration) holds for the refined iteration whenever it
+ * holds for the larger one, and the jobs' w->best is a guess. So the walk
+ * chooses what it chooses with the refined result throughout, and the
+ * sequential plan, its row and its result are those of --jobs 1, for runs
+ * that succeed: before seq_wait the doomed test may skip fewer candidates
+ * than --jobs 1 does, so an error inside one of those extra simulations
+ * would fail only with --jobs.
+ */
+
+static int seq_refine_run(planner_t *pl, sp_job_t *job)
+{
+	seq_refine_t *sr = job->arg;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	if (pl->tables != COST_AUTO) /* seq's plan was made on the auto tables */
+		cost_use(pl, COST_AUTO);
+	int rc = layout_refine_head(pl, sr->p, &sr->r);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	sr->ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+	return rc;
+}
+
+/* seq's refinement queued: its last trial's job (on a copy of seq's plan
+ * taken now), then the rest's, both first (they take longest; the rest's
+ * job alone with the least prio of the run). */
+int seq_start(planner_t *pl, seq_refine_t *sr)
+{
+	int rc = last_start(pl, &sr->last, sr->p, &sr->r, COST_AUTO, -3 * PAR_FIRST + 1);
+	if (rc)
+		return rc;
+	sr->job = (sp_job_t){.run = seq_refine_run, .arg = sr, .prio = -3 * PAR_FIRST};
+	if (jobs_add(pl->jobs, &sr->job)) {
+		last_cancel(pl, &sr->last);
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* The refined result in pl->seq_refine (NULL: nothing to wait for): once
+ * its job is done, or refined here when the job never ran. */
+int seq_wait(planner_t *pl)
+{
+	seq_refine_t *sr = pl->seq_refine;
+	if (!sr)
+		return 0;
+	if (sr->taken)
+		return sr->rc;
+	sr->taken = 1;
+	if (sr->job.state == JOB_PENDING || sr->job.state == JOB_RUNNING)
+		jobs_wait(pl->jobs, &sr->job);
+	int done = sr->job.state == JOB_DONE;
+	/* off the queue: sr lives in run_algos' frame, and jobs_clear (at
+	 * jobs_free) reads every job still queued */
+	if (pl->jobs)
+		jobs_drop(pl->jobs, &sr->job);
+	if (!done) { /* never queued, or dropped: here, on the auto tables */
+		int was = pl->tables;
+		if (was != COST_AUTO)
+			cost_use(pl, COST_AUTO);
+		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		sr->rc = layout_refine_head(pl, sr->p, &sr->r);
+		sp_arena_reset(&pl->scratch, mark);
+		if (was != COST_AUTO)
+			cost_use(pl, was);
+	} else {
+		err_take(pl->err, &sr->job.err);
+		sr->rc = sr->job.rc;
+	}
+	if (sr->rc) {
+		last_cancel(pl, &sr->last);
+	} else {
+		sr->rc = last_join(pl, &sr->last, sr->p, &sr->r);
+		sr->ms += sr->last.ms;
+	}
+	if (!sr->rc && sr->p->n_devices)
+		sr->over = plan_over(pl, sr->p);
+	return sr->rc;
+}
+
+/* Ours failed: the refinement in pl->seq_refine (NULL: none) is not
+ * wanted. Taken off the queue without running it, here or on the caller's
+ * thread (jobs_wait would run it, and other queued jobs, while it waits);
+ * waited for only when a thread runs it already (it writes into sr, in
+ * run_algos' frame). Its result and error are left unread. */
+void seq_cancel(planner_t *pl)
+{
+	seq_refine_t *sr = pl->seq_refine;
+	if (!sr || sr->taken)
+		return;
+	sr->taken = 1;
+	if (pl->jobs) {
+		jobs_drop(pl->jobs, &sr->job);
+		last_cancel(pl, &sr->last);
+	}
+}
+

@@ -79,20 +79,20 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 	size_t row = sizeof(float) * (size_t)h;
 	const float *tok = p, *pos = p + v.vm * h;
 	/* per row one of four row operations (own token or not, own position
-	 * or not), chosen once per row rather than per element */
+	 * or not), chosen once per row, each one pass writing the row once */
 	for (int64_t r = 0; r < rows; r++) {
 		int32_t id = tokens[r];
 		assert(id >= 0 && id < s->vocab);
 		float *o = y + r * h;
 		int own = id >= v0 && id < v0 + vl, at = r >= r0 && r < r1;
 		const float *e = tok + (id - v0) * h, *ps = pos + (r % sq) * h;
-		if (own)
-			memcpy(o, e, row);
 		if (own && at)
-			ly_add_rows(o, 1, h, h, ps); /* e + ps, as the unsplit layer */
+			ly_sum2(o, e, ps, h); /* e + ps, as the unsplit layer */
+		else if (own)
+			memcpy(o, e, row);
 		else if (at)
 			memcpy(o, ps, row);
-		else if (!own)
+		else
 			memset(o, 0, row); /* +0.0f */
 		saved[r] = (float)id;
 	}

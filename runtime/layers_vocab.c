@@ -119,8 +119,15 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 		if (id >= v0 && id < v0 + vl)
 			ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + r * h);
 	}
+	/* its elements [e0, e1) a position row's part at a time, the n
+	 * samples' dy added into it while it sits in L1 (embedding_bwd's
+	 * loop, cut at the share's ends) */
 	int64_t e0 = pn * v.rank / v.t, e1 = pn * (v.rank + 1) / v.t;
-	ly_sum_rows(dpos + e0, dy + e0, n, e1 - e0, pn);
+	for (int64_t e = e0; e < e1;) {
+		int64_t end = SP_MIN(e1, (e / h + 1) * h);
+		ly_sum_rows(dpos + e, dy + e, n, end - e, pn);
+		e = end;
+	}
 	return tp->allgather(tp->ctx, dpos, pn);
 }
 

@@ -75,6 +75,19 @@ static void add_vec(float *restrict d, const float *restrict a, int64_t n)
 		d[c] += a[c];
 }
 
+/* o[c] = a[c] + b[c] for c < n, in one pass (o disjoint from a and b):
+ * the same one addition per element as a copy of a followed by add_vec
+ * of b, without reading o back */
+void ly_sum2(float *restrict o, const float *restrict a, const float *restrict b, int64_t n)
+{
+	int64_t c = 0;
+	for (; c + 8 <= n; c += 8)
+		for (int j = 0; j < 8; j++)
+			o[c + j] = a[c + j] + b[c + j];
+	for (; c < n; c++)
+		o[c] = a[c] + b[c];
+}
+
 /* Each of `rows` rows (stride ld) gets the vector v added. */
 void ly_add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v)
 {
@@ -435,9 +448,8 @@ void embedding_fwd(const sp_opshape_t *s, int n, const float *p, const int32_t *
 		for (int64_t t = 0; t < sq; t++) {
 			int32_t id = tokens[i * sq + t];
 			assert(id >= 0 && id < s->vocab);
-			float *o = y + (i * sq + t) * h;
-			memcpy(o, tok + (int64_t)id * h, sizeof(float) * (size_t)h);
-			ly_add_rows(o, 1, h, h, pos + t * h); /* token row + position row */
+			/* token row + position row */
+			ly_sum2(y + (i * sq + t) * h, tok + (int64_t)id * h, pos + t * h, h);
 			saved[i * sq + t] = (float)id;
 		}
 }

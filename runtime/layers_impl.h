@@ -27,6 +27,8 @@ void *ly_xmalloc(size_t n);
 /* Each of `rows` rows (stride ld) gets the vector v added (v outside y's
  * rows). */
 void ly_add_rows(float *y, int64_t rows, int64_t cols, int64_t ld, const float *v);
+/* o = a + b over n floats in one pass (o disjoint from a and b). */
+void ly_sum2(float *restrict o, const float *restrict a, const float *restrict b, int64_t n);
 /* db += sum over rows of dy, row after row (db outside dy's rows). */
 void ly_sum_rows(float *db, const float *dy, int64_t rows, int64_t cols, int64_t ld);
 /* y (rows x cols) = bias row b + a W, a: rows x k, W: k x cols. */

@@ -79,20 +79,20 @@ int embedding_fwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 	size_t row = sizeof(float) * (size_t)h;
 	const float *tok = p, *pos = p + v.vm * h;
 	/* per row one of four row operations (own token or not, own position
-	 * or not), chosen once per row rather than per element */
+	 * or not), chosen once per row, each one pass writing the row once */
 	for (int64_t r = 0; r < rows; r++) {
 		int32_t id = tokens[r];
 		assert(id >= 0 && id < s->vocab);
 		float *o = y + r * h;
 		int own = id >= v0 && id < v0 + vl, at = r >= r0 && r < r1;
 		const float *e = tok + (id - v0) * h, *ps = pos + (r % sq) * h;
-		if (own)
-			memcpy(o, e, row);
 		if (own && at)
-			ly_add_rows(o, 1, h, h, ps); /* e + ps, as the unsplit layer */
+			ly_sum2(o, e, ps, h); /* e + ps, as the unsplit layer */
+		else if (own)
+			memcpy(o, e, row);
 		else if (at)
 			memcpy(o, ps, row);
-		else if (!own)
+		else
 			memset(o, 0, row); /* +0.0f */
 		saved[r] = (float)id;
 	}
@@ -119,8 +119,15 @@ int embedding_bwd_tp(const sp_opshape_t *s, const rt_tp_t *tp, int n, const floa
 		if (id >= v0 && id < v0 + vl)
 			ly_add_rows(dtok + (id - v0) * h, 1, h, h, dy + r * h);
 	}
+	/* its elements [e0, e1) a position row's part at a time, the n
+	 * samples' dy added into it while it sits in L1 (embedding_bwd's
+	 * loop, cut at the share's ends) */
 	int64_t e0 = pn * v.rank / v.t, e1 = pn * (v.rank + 1) / v.t;
-	ly_sum_rows(dpos + e0, dy + e0, n, e1 - e0, pn);
+	for (int64_t e = e0; e < e1;) {
+		int64_t end = SP_MIN(e1, (e / h + 1) * h);
+		ly_sum_rows(dpos + e, dy + e, n, end - e, pn);
+		e = end;
+	}
 	return tp->allgather(tp->ctx, dpos, pn);
 }
 

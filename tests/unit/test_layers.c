@@ -201,6 +201,32 @@ static void test_grad_embedding(void **state)
 	check_fwd_layer(COMP_EMBEDDING, 0, "embedding");
 }
 
+/* embedding_fwd's row is the token row plus the position row, each
+ * element one float addition (the split layer's all-reduce relies on
+ * it), also where the width is no multiple of the 8-float blocks. */
+static void test_embedding_sum(void **state)
+{
+	(void)state;
+	enum { EH = 13, ES = 3, EV = 5, EN = 2 };
+	sp_opshape_t s = {.type = COMP_EMBEDDING, .hidden = EH, .seq = ES, .vocab = EV};
+	float p[(EV + ES) * EH], y[EN * ES * EH], saved[EN * ES];
+	int32_t tok[EN * ES] = {4, 0, 2, 2, 3, 4};
+	for (int i = 0; i < (EV + ES) * EH; i++)
+		p[i] = (float)urand(-1, 1);
+	embedding_fwd(&s, EN, p, tok, y, saved);
+	int bad = 0;
+	for (int r = 0; r < EN * ES; r++)
+		for (int k = 0; k < EH; k++) {
+			float want = p[tok[r] * EH + k] + p[(EV + r % ES) * EH + k];
+			if (memcmp(&want, &y[r * EH + k], sizeof want) != 0 && bad++ < 3)
+				print_message("row %d element %d: got %.9g, want %.9g\n", r, k,
+					      (double)y[r * EH + k], (double)want);
+		}
+	assert_int_equal(bad, 0);
+	for (int r = 0; r < EN * ES; r++)
+		assert_true(saved[r] == (float)tok[r]);
+}
+
 static void test_grad_patch(void **state)
 {
 	(void)state;
@@ -843,6 +869,7 @@ int main(void)
 		cmocka_unit_test(test_saved_sizes),
 		cmocka_unit_test(test_checker_rejects_wrong_gradient),
 		cmocka_unit_test(test_grad_embedding),
+		cmocka_unit_test(test_embedding_sum),
 		cmocka_unit_test(test_grad_patch),
 		cmocka_unit_test(test_grad_tblock),
 		cmocka_unit_test(test_grad_tblock_causal),

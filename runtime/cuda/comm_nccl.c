@@ -353,8 +353,11 @@ static int n_ireduce_scatter(rt_comm_t *c, float *buf, int64_t n, int group, rt_
 }
 
 /* The all-gather writes weights behind the backend's back: their bf16
- * shadow must be re-made (the next use comes after the interpreter has
- * waited for the all-gather). */
+ * shadow must be re-made, marked so when it starts and again when it
+ * completes (n_test): a layer that runs between the two, on weights an
+ * earlier deferred piece or zero-3 gather brought, re-makes the shadow of
+ * the whole allocation while this gather still writes into it, and would
+ * otherwise leave it marked clean with this gather's range stale. */
 static int n_iallgather(rt_comm_t *c, float *buf, int64_t n, int group, rt_req_t *req)
 {
 	cu_mark_written(buf);
@@ -388,10 +391,14 @@ static int n_test(rt_comm_t *c, rt_req_t *req, int *done)
 		req->kind = 0;
 		return 0;
 	}
+	void *wrote = ne_op_gathers(req->impl); /* before ne_test frees it */
 	if (ne_test(im->eng, req->impl, done))
 		return -1;
-	if (*done)
+	if (*done) {
+		if (wrote) /* see n_iallgather */
+			cu_mark_written(wrote);
 		*req = (rt_req_t){0, NULL, -1, -1};
+	}
 	return 0;
 }
 

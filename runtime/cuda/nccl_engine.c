@@ -667,6 +667,11 @@ int ne_test(ne_engine_t *e, ne_op_t *op, int *done)
 	return 0;
 }
 
+void *ne_op_gathers(const ne_op_t *op)
+{
+	return op && (op->kind == OP_AGATHER || op->kind == OP_AGATHERV) ? op->buf : NULL;
+}
+
 int ne_live(const ne_engine_t *e)
 {
 	int n = 0;

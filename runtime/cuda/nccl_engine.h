@@ -150,6 +150,9 @@ int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const 
 		   int g, ne_op_t **out);
 /* Moves every operation along; *done = 1 frees op. -1 when op failed. */
 int ne_test(ne_engine_t *e, ne_op_t *op, int *done);
+/* The buffer an all-gather op writes (NULL for the other kinds, and for
+ * NULL: a group of one); read it before ne_test frees op. */
+void *ne_op_gathers(const ne_op_t *op);
 /* One pass over everything; -1 when the host comm fails. */
 int ne_progress(ne_engine_t *e);
 /* Operations not yet completed. */

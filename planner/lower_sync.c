@@ -166,9 +166,8 @@ int bucket_defer_pieces(const sp_cluster_t *c, const sp_plan_t *p, int b, int db
 	const sp_bucket_t *bk = &p->buckets[b];
 	const int32_t *devs = p->bucket_devs + bk->dev_off;
 	int np = bk->n_params;
-	int32_t *first = malloc(sizeof(int32_t) * (size_t)(np + 1));
-	if (!first)
-		return 1;
+	/* piece floor(k S_q / E) is 0..k: at most k + 1 pieces, k + 2 bounds */
+	int32_t first[64 + 2];
 	double whole = cost_all_gather_ms(c, devs, bk->n_dev, bk->elems * db);
 	int k = SP_MIN(np, 64); /* a piece is a collective, a request, a wait */
 	for (; k > 1; k /= 2) {
@@ -183,7 +182,6 @@ int bucket_defer_pieces(const sp_cluster_t *c, const sp_plan_t *p, int b, int db
 		if (sum <= 1.05 * whole)
 			break;
 	}
-	free(first);
 	return SP_MAX(k, 1);
 }
 

@@ -303,8 +303,9 @@ static int last_join(planner_t *pl, refine_last_t *lt, sp_plan_t *p, sim_result_
 {
 	int done = 0;
 	if (lt->t.tried) {
-		if (lt->job.state == JOB_PENDING || lt->job.state == JOB_RUNNING)
-			jobs_wait(pl->jobs, &lt->job);
+		/* jobs_wait reads the state under the jobs' lock (a worker writes
+		 * it there); after it the job is done or was never picked */
+		jobs_wait(pl->jobs, &lt->job);
 		done = lt->job.state == JOB_DONE;
 		jobs_drop(pl->jobs, &lt->job);
 		if (!done) {
@@ -445,7 +446,7 @@ int seq_wait(planner_t *pl)
 	if (sr->taken)
 		return sr->rc;
 	sr->taken = 1;
-	if (sr->job.state == JOB_PENDING || sr->job.state == JOB_RUNNING)
+	if (pl->jobs) /* under the jobs' lock, as in last_join */
 		jobs_wait(pl->jobs, &sr->job);
 	int done = sr->job.state == JOB_DONE;
 	/* off the queue: sr lives in run_algos' frame, and jobs_clear (at

@@ -165,6 +165,9 @@ typedef struct planner {
 	/* walk_jobs.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
+	/* walk_jobs.c top_choose, over every walk of the run: the most plans
+	 * one walk kept at once, and how many it refined (SPINDLE_TOP_STATS) */
+	int top_peak, top_refined;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
 } planner_t;

@@ -76,6 +76,11 @@ typedef struct {
 				 * alone are more instructions (0: no limit) */
 	int jobs;               /* threads for ours' candidates (jobs.c); 0 or 1:
 				 * the walk runs on the caller's thread alone */
+	double refine_within;   /* --refine-within: top_choose refines only the
+				 * candidates whose unrefined iteration is within
+				 * this fraction of the walk's choice's (0: the
+				 * default, 0.10); < 0: every one refined_bound
+				 * leaves (exact) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);

@@ -210,7 +210,7 @@ static int top_keep(walk_t *w, const held_t *h, sp_plan_t *p, int ready, double 
 		memset(p, 0, sizeof *p);
 		return rc ? SP_ENOMEM : 0;
 	}
-	t->e[t->n++] = (top_ent_t){.c = h ? h->c : *w->chosen, .p = *p, .lbr = lbr, .idx = idx,
+	t->e[t->n++] = (top_ent_t){.c = h ? h->c : *w->chosen, .p = *p, .lb = h ? h->lb : 0, .lbr = lbr, .idx = idx,
 				   .ready = ready, .r = h ? h->r : *w->res,
 				   .f = h ? h->f : *w->over};
 	t->peak = t->n + 1 > t->peak ? t->n + 1 : t->peak;
@@ -606,6 +606,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 	if (top) {
 		top->idx = w.idx;
 		top->set = pl->tables;
+		top->unref = res->iteration_ms;
 	}
 	return 0;
 fail:

@@ -110,7 +110,7 @@ typedef struct seq_refine {
 typedef struct {
 	const sched_cand_t *c;
 	sp_plan_t p;
-	double lbr;
+	double lb, lbr;
 	int idx, ready;
 	sim_result_t r;
 	double f;
@@ -123,6 +123,7 @@ typedef struct {
 	top_ent_t *e;
 	int n, cap, peak, refined;
 	int idx, set;
+	double unref; /* the choice's unrefined iteration (--refine-within) */
 } top_t;
 
 /* ---- walk.c ---------------------------------------------------------------- */

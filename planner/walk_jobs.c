@@ -540,6 +540,8 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 	       const sched_cand_t **chosen, int *use_seq)
 {
 	int rc = 0, best = t->idx;
+	double within = pl->opts->refine_within ? pl->opts->refine_within : 0.10;
+	double limit = within < 0 ? HUGE_VAL : t->unref * (1 + within);
 	if (!*use_seq && (rc = refine_checked(pl, p, r, over)))
 		goto done;
 	t->refined = !*use_seq;
@@ -549,7 +551,13 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 		top_ent_t *e = &t->e[i];
 		if (*over <= 0 && r->iteration_ms < e->lbr * FASTER)
 			break; /* and every later one, of lbr no less */
-		if ((rc = top_ready(pl, t, e)) || (rc = refine_checked(pl, &e->p, &e->r, &e->f)))
+		if (e->lb > limit) /* and its unrefined iteration, no less */
+			continue;
+		if ((rc = top_ready(pl, t, e)))
+			goto done;
+		if (e->r.iteration_ms > limit)
+			continue;
+		if ((rc = refine_checked(pl, &e->p, &e->r, &e->f)))
 			goto done;
 		t->refined++;
 		int tie = e->f <= 0 && *over <= 0 && e->r.iteration_ms == r->iteration_ms &&

@@ -461,13 +461,11 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
 			/* seq's result is refined (layout_refine, seq_refine_t),
-			 * ours' other candidates are not until one is chosen
-			 * (plan_ours refines the choice): the walk weighs
-			 * unrefined plans against refined seq, so it may adopt
-			 * seq where a refined candidate of ours would have won.
-			 * A bias against ours, never a wrong result: each plan
-			 * is judged by its own simulation. Kept: refining
-			 * every candidate costs a simulation per layout tried */
+			 * ours' other candidates are not until the walk has
+			 * chosen: the walk weighs unrefined plans against
+			 * refined seq, so it may adopt seq where a refined
+			 * candidate of ours would win; top_choose then refines
+			 * the plans the walk kept and takes such a one */
 			if ((rc = seq_wait(pl)))
 				goto fail;
 			var[0].r = pl->seq_refine ? pl->seq_refine->r : *seq_res;

@@ -5,7 +5,8 @@
  * candidates: lowering, the bounds that skip simulations, the judge) and
  * walk_jobs.c (the walk's jobs on worker threads with --jobs, and
  * layout_refine as jobs: the sequential plan's beside ours' walk, a last
- * trial beside the others). Nothing outside them includes it; the entry
+ * trial beside the others; top_choose: ours' choice among the walk's
+ * candidates on refined iterations). Nothing outside them includes it; the entry
  * point is planner_run in planner.h.
  */
 #ifndef SPINDLE_WALK_H

@@ -172,10 +172,13 @@ typedef struct {
 	int *use_seq, found;
 	int memo; /* the record's result came from sim_memo (held_t's memo) */
 	int idx, ready; /* the record's row (held_t's idx); ready: top_ent_t's */
-	double lbr;     /* the record's lbr */
+	double lb, lbr; /* the record's lb and lbr (0: not computed) */
 	top_t *top;     /* NULL: the plans that lose are released */
 	const sim_result_t *bar;
 	sp_err_t *err;
+	planner_t *pl;
+	int trial;      /* plan_walk's: bound_sync's any_layout */
+	double within;  /* --refine-within (< 0: all) */
 } walk_t;
 
 /* ---- the plans kept for top_choose ---------------------------------------- */
@@ -199,20 +202,33 @@ static int top_drops(const walk_t *w, double lbr)
 	return w->found && *w->over <= 0 && w->res->iteration_ms < lbr * FASTER;
 }
 
-/* Keeps plan p of held h (w->top), or releases it; p is left empty. */
+/* With --refine-within, top_choose skips a plan whose lb is above the
+ * choice's unrefined iteration x (1 + within): that iteration is no more
+ * than a record's that fits (records only get faster), so such a plan is
+ * dropped at once, before its lbr is computed. */
+static int top_outside(const walk_t *w, double lb)
+{
+	return w->within >= 0 && w->found && *w->over <= 0 &&
+	       lb > w->res->iteration_ms * (1 + w->within);
+}
+
+/* Keeps plan p of held h (w->top), or releases it; p is left empty. lbr
+ * <= 0: not computed yet (refined_bound here, where it is needed). */
 static int top_keep(walk_t *w, const held_t *h, sp_plan_t *p, int ready, double lbr, int idx)
 {
 	top_t *t = w->top;
-	int rc = 0;
-	if (!t || !p->n_devices || top_drops(w, lbr) ||
-	    (rc = sp_grow((void **)&t->e, &t->cap, t->n + 1, sizeof *t->e))) {
+	int rc = 0, keep = t && p->n_devices && !top_outside(w, h->lb);
+	if (keep && lbr <= 0 && (rc = refined_bound(w->pl, p, w->trial, h->lb, &lbr)))
+		keep = 0;
+	if (keep && !top_drops(w, lbr) && sp_grow((void **)&t->e, &t->cap, t->n + 1, sizeof *t->e))
+		rc = sp_err_set(w->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	if (!keep || rc || top_drops(w, lbr)) {
 		plan_release(p);
 		memset(p, 0, sizeof *p);
-		return rc ? SP_ENOMEM : 0;
+		return rc;
 	}
-	t->e[t->n++] = (top_ent_t){.c = h ? h->c : *w->chosen, .p = *p, .lb = h ? h->lb : 0, .lbr = lbr, .idx = idx,
-				   .ready = ready, .r = h ? h->r : *w->res,
-				   .f = h ? h->f : *w->over};
+	t->e[t->n++] = (top_ent_t){.c = h->c, .p = *p, .lb = h->lb, .lbr = lbr, .idx = idx,
+				   .ready = ready, .r = h->r, .f = h->f};
 	t->peak = t->n + 1 > t->peak ? t->n + 1 : t->peak;
 	memset(p, 0, sizeof *p);
 	return 0;
@@ -224,7 +240,7 @@ static void top_trim(walk_t *w)
 	top_t *t = w->top;
 	int n = 0;
 	for (int i = 0; t && i < t->n; i++)
-		if (top_drops(w, t->e[i].lbr))
+		if (top_drops(w, t->e[i].lbr) || top_outside(w, t->e[i].lb))
 			plan_release(&t->e[i].p);
 		else
 			t->e[n++] = t->e[i];
@@ -251,7 +267,7 @@ static int walk_judge(walk_t *w, held_t *h)
 	if (plan_better(w->found, &h->r, h->f, w->res, *w->over)) {
 		const sched_cand_t *was = w->chosen ? *w->chosen : NULL;
 		sp_plan_t old = *w->out;
-		held_t prev = {.c = was, .r = *w->res, .f = *w->over};
+		held_t prev = {.c = was, .r = *w->res, .f = *w->over, .lb = w->lb};
 		int old_ready = w->ready, old_idx = w->idx, had = w->found;
 		double old_lbr = w->lbr;
 		*w->out = h->p;
@@ -261,6 +277,7 @@ static int walk_judge(walk_t *w, held_t *h)
 		w->memo = h->memo;
 		w->ready = !h->memo;
 		w->idx = h->idx;
+		w->lb = h->lb;
 		w->lbr = h->lbr;
 		if (w->chosen)
 			*w->chosen = h->c;
@@ -273,7 +290,7 @@ static int walk_judge(walk_t *w, held_t *h)
 		rc = top_keep(w, h, &h->p, !h->memo, h->lbr, h->idx);
 	}
 	memset(&h->p, 0, sizeof h->p);
-	return rc ? sp_err_set(w->err, rc, NULL, 0, 0, NULL, "out of memory") : 0;
+	return rc; /* its error set */
 }
 
 /* Simulates held candidate h (ours) in a scope of pl->scratch, or takes
@@ -316,9 +333,7 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 	int rc;
 	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
 	    h->lb >= w->res->iteration_ms * FASTER)
-		return top_keep(w, h, &h->p, 0, h->lbr, h->idx) /* top_choose may refine it */
-			       ? sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory")
-			       : 0;
+		return top_keep(w, h, &h->p, 0, h->lbr, h->idx); /* top_choose may refine it */
 	if (!h->simulated && (rc = held_simulate(pl, h)))
 		return rc;
 	/* the bound the skips rest on, checked where every plan is simulated */
@@ -443,7 +458,9 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
 	held_t *held = sp_arena_calloc(&pl->arena, 2 * (size_t)nc, sizeof *held);
 	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq,
-		    .top = ours && pl->opts->zero < 0 ? top : NULL, .bar = bar, .err = pl->err};
+		    .top = ours && pl->opts->zero < 0 ? top : NULL, .bar = bar, .err = pl->err,
+		    .pl = pl, .trial = trial,
+		    .within = pl->opts->refine_within ? pl->opts->refine_within : 0.10};
 	const sim_result_t *seq_last = ours ? seq_coming_last(pl, seq_res, seq_over) : NULL;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
@@ -480,7 +497,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
-		for (int k = 0; !rc && ours && (bar || w.top) && !from_seq && k <= n_var; k++)
+		for (int k = 0; !rc && ours && bar && !from_seq && k <= n_var; k++)
 			rc = refined_bound(pl, &var[k].p, trial, var[k].lb, &var[k].lbr);
 		/* a held plan would have been the record: the walk has found one */
 		if (rc == SCHED_NOTHING_NEW ||
@@ -536,7 +553,6 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 				held_release(held, n_held);
 				n_held = 0;
 				if (rc) {
-					rc = sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
 					held_release(var, 2);
 					goto fail;
 				}

@@ -61,12 +61,12 @@ const sched_cand_t sched_cands[] = {
 	 .lanes = {LANE_SPLIT_HULL, 3, 0, LANE_ROUNDS, 1}, .min_nodes = 2, .bwd_eager = 1},
 	/* packed lanes (sched_pack.c): two widths a lane, switching at its
 	 * own layer boundaries, devices packed as intervals; the fluid
-	 * lanes' hand-overs fall inside layers. Up to 32 devices: on 64 it
-	 * also wins on clip-4/7/10 with one or four NICs per node, but on
-	 * clip-4 over h100-8x8-8nic it is chosen on its iteration before
-	 * layout_refine (30.79 ms refined) where lanes refines to 27.95 */
-	{.name = "lanes-packed", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
-	 .max_devices = 32},
+	 * lanes' hand-overs fall inside layers. On any cluster since ours
+	 * chooses on refined iterations (top_choose): on clip-4 over
+	 * h100-8x8-8nic it was chosen on its iteration before layout_refine
+	 * (30.79 ms refined) where lanes refines to 27.95, so it was capped
+	 * at 32 devices */
+	{.name = "lanes-packed", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a

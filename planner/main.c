@@ -93,6 +93,13 @@ static void usage(FILE *f)
 		"                       default: the online CPUs, at most %d); the plan\n"
 		"                       is the same for every N. With 1 the planning times\n"
 		"                       are CPU time, else wall-clock time\n"
+		"  --refine-within PCT|all\n"
+		"                       ours chooses on refined iterations (layout_refine):\n"
+		"                       besides the walk's choice it refines the\n"
+		"                       candidates whose unrefined iteration is within\n"
+		"                       PCT%% of the choice's (default 10); all: every\n"
+		"                       one whose bound of its refined iteration may\n"
+		"                       beat it (exact, slower)\n"
 		"  --simulate-all       ours simulates every candidate in full instead of\n"
 		"                       skipping those a lower bound shows cannot be chosen\n"
 		"                       (the same plan, more planning time: for tests)\n"
@@ -113,7 +120,7 @@ static int takes_value(const char *a)
 					    "--exclude",   "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap", "--defer-gather",
 					    "--microbatches", "--tp", "--sp", "--tp-vocab",
-					    "--max-instructions", "--jobs"};
+					    "--max-instructions", "--jobs", "--refine-within"};
 	for (size_t i = 0; i < sizeof names / sizeof *names; i++)
 		if (!strcmp(a, names[i]))
 			return 1;
@@ -250,6 +257,19 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 			return SP_EXIT_INPUT;
 		}
 		o->jobs = (int)n;
+	} else if (!strcmp(a, "--refine-within")) {
+		char *end;
+		double x = strtod(val, &end);
+		if (!strcmp(val, "all")) {
+			o->refine_within = -1;
+		} else if (*end || end == val || !(x > 0 && x <= 1000)) {
+			fprintf(stderr, "spindle-plan: --refine-within: invalid percentage '%s'\n"
+					"hint: a number above 0, at most 1000, or all\n",
+				val);
+			return SP_EXIT_INPUT;
+		} else {
+			o->refine_within = x / 100;
+		}
 	} else if (!strcmp(a, "--recompute")) {
 		static const char *const w[3] = {"auto", "none", "all"};
 		return opt_word(&o->recompute, a, val, w, 3, "use none, all or auto");
@@ -293,6 +313,7 @@ static int parse_args(plan_opts_t *o, int argc, char **argv)
 	o->defer_gather = -1;
 	o->sp = 0; /* off: the cuda backend's block has not run on a GPU yet */
 	o->max_ins = PLAN_MAX_INS_DEFAULT;
+	o->refine_within = 0.10;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	o->jobs = cpus < 1 ? 1 : cpus > JOBS_DEFAULT_MAX ? JOBS_DEFAULT_MAX : (int)cpus;
 	const char **pos[] = {&o->model_path, &o->cluster_path};

@@ -165,6 +165,7 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
 	double wo = 0;
 	const sched_cand_t *wc = NULL;
 	sp_err_t keep = *pl->err;
+	top_t top = {0};
 	int wseq = 0;
 	if (rc && rc != SP_EINFEAS)
 		return rc;
@@ -175,10 +176,12 @@ static int plan_whole(planner_t *pl, cand_state_t *cands, int alt, int rc, sp_pl
 	cost_use(pl, alt);
 	int wrc = plan_one(pl, ALGO_SPINDLE, &cands[alt], pl->opts->placement, &w, &wr,
 			   &wo, &wc, same ? seq_res : NULL, seq_over, &wseq,
-			   !rc && *over <= 0 ? r : NULL, par);
+			   !rc && *over <= 0 ? r : NULL, par, &top);
 	cost_use(pl, COST_AUTO);
-	if (!wrc && !wseq) /* seq's is refined already */
-		wrc = refine_checked(pl, &w, &wr, &wo);
+	if (!wrc) /* refined, and the kept candidates that may refine faster */
+		wrc = top_choose(pl, &top, &w, &wr, &wo, &wc, &wseq);
+	top_release(&top);
+	planner_note_top(pl, &top);
 	if (wrc == PLAN_NO_BETTER) { /* as when the whole-layer plan loses below */
 		plan_release(&w);
 		*pl->err = keep;
@@ -241,10 +244,13 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 		if (!has[t])
 			continue;
 		if (t == COST_AUTO && !rc) {
+			top_t top = {0};
 			rc = plan_one(pl, ALGO_SPINDLE, &cands[t], pl->opts->placement, p, r, over,
-				      chosen, seq_res, seq_over, use_seq, NULL, &par[t]);
-			if (!rc && !*use_seq) /* seq's is refined already */
-				rc = refine_checked(pl, p, r, over);
+				      chosen, seq_res, seq_over, use_seq, NULL, &par[t], &top);
+			if (!rc) /* refined, and the kept candidates that may refine faster */
+				rc = top_choose(pl, &top, p, r, over, chosen, use_seq);
+			top_release(&top);
+			planner_note_top(pl, &top);
 		}
 		else if (t != COST_AUTO)
 			rc = plan_whole(pl, cands, t, rc, p, r, over, chosen, use_seq, set, seq_res,
@@ -258,6 +264,9 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	}
 	for (int t = 0; t < COST__SETS; t++)
 		par_end(&par[t], &cands[t]);
+	if (getenv("SPINDLE_TOP_STATS")) /* a diagnostic for benchmarks */
+		fprintf(stderr, "top_choose: at most %d plans kept, %d refined (one walk)\n",
+			pl->top_peak, pl->top_refined);
 	return rc;
 }
 
@@ -347,7 +356,8 @@ static int run_algos(planner_t *pl, cand_state_t *cands, sp_plan_t *out,
 					     &use_seq, &set, have_seq ? &seq_res : NULL, seq_over, par)
 				 : plan_one(pl, (algo_t)a, &cands[COST_AUTO], o->placement, &p, &r,
 					    &over, mine ? chosen_cand : NULL,
-					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL);
+					    have_seq ? &seq_res : NULL, seq_over, &use_seq, NULL, NULL,
+					    NULL);
 		/* seq's kept for ours, with threads: refined beside ours' walk */
 		int later = !rc && a == ALGO_SEQUENTIAL && a != (int)o->algo && pl->jobs &&
 			    want[ALGO_SPINDLE];

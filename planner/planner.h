@@ -76,6 +76,11 @@ typedef struct {
 				 * alone are more instructions (0: no limit) */
 	int jobs;               /* threads for ours' candidates (jobs.c); 0 or 1:
 				 * the walk runs on the caller's thread alone */
+	double refine_within;   /* --refine-within: top_choose refines only the
+				 * candidates whose unrefined iteration is within
+				 * this fraction of the walk's choice's (0: the
+				 * default, 0.10); < 0: every one refined_bound
+				 * leaves (exact) */
 } plan_opts_t;
 
 const char *algo_name(algo_t a);
@@ -165,6 +170,9 @@ typedef struct planner {
 	/* walk_jobs.c: the sequential plan's layout_refine as a job running beside
 	 * ours' walk (NULL: none; only the caller's planner reads it) */
 	struct seq_refine *seq_refine;
+	/* walk_jobs.c top_choose, over every walk of the run: the most plans
+	 * one walk kept at once, and how many it refined (SPINDLE_TOP_STATS) */
+	int top_peak, top_refined;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
 } planner_t;

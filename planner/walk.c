@@ -171,27 +171,126 @@ typedef struct {
 	const sched_cand_t **chosen;
 	int *use_seq, found;
 	int memo; /* the record's result came from sim_memo (held_t's memo) */
+	int idx, ready; /* the record's row (held_t's idx); ready: top_ent_t's */
+	double lb, lbr; /* the record's lb and lbr (0: not computed) */
+	top_t *top;     /* NULL: the plans that lose are released */
+	const sim_result_t *bar;
+	sp_err_t *err;
+	planner_t *pl;
+	int trial;      /* plan_walk's: bound_sync's any_layout */
+	double within;  /* --refine-within (< 0: all) */
 } walk_t;
 
-/* Candidate c's simulated plan p (r, f) judged against the record. */
-static void walk_judge(walk_t *w, const sched_cand_t *c, sp_plan_t *p, const sim_result_t *r,
-		       double f, int from_seq, int memo)
+/* ---- the plans kept for top_choose ---------------------------------------- */
+
+/*
+ * top_choose takes the least refined iteration among the candidates; the
+ * walk chooses on unrefined ones, so it keeps every plan that might refine
+ * to that: those whose lbr (refined_bound) leaves them able to beat or
+ * equal the record's iteration, which bounds the refined choice's (the
+ * record's refined iteration is no more than its unrefined one, and
+ * top_choose replaces its choice only by a faster plan or an equal one of
+ * an earlier row). So a plan dropped here is one top_choose would skip,
+ * and what it refines does not depend on when the walk dropped it. With a
+ * bar, a plan that cannot beat it refined is dropped too (the caller keeps
+ * its own plan then, whatever this walk chooses).
+ */
+static int top_drops(const walk_t *w, double lbr)
 {
-	if (plan_better(w->found, r, f, w->res, *w->over)) {
-		plan_release(w->out);
-		*w->out = *p;
-		*w->res = *r;
-		*w->over = f;
-		w->found = 1;
-		w->memo = memo;
-		if (w->chosen)
-			*w->chosen = c;
-		if (w->use_seq)
-			*w->use_seq = from_seq;
-	} else {
+	if (w->bar && lbr >= w->bar->iteration_ms * FASTER)
+		return 1;
+	return w->found && *w->over <= 0 && w->res->iteration_ms < lbr * FASTER;
+}
+
+/* With --refine-within, top_choose skips a plan whose lb is above the
+ * choice's unrefined iteration x (1 + within): that iteration is no more
+ * than a record's that fits (records only get faster), so such a plan is
+ * dropped at once, before its lbr is computed. */
+static int top_outside(const walk_t *w, double lb)
+{
+	return w->within >= 0 && w->found && *w->over <= 0 &&
+	       lb > w->res->iteration_ms * (1 + w->within);
+}
+
+/* Keeps plan p of held h (w->top), or releases it; p is left empty. lbr
+ * <= 0: not computed yet (refined_bound here, where it is needed). */
+static int top_keep(walk_t *w, const held_t *h, sp_plan_t *p, int ready, double lbr, int idx)
+{
+	top_t *t = w->top;
+	int rc = 0, keep = t && p->n_devices && !top_outside(w, h->lb);
+	if (keep && lbr <= 0 && (rc = refined_bound(w->pl, p, w->trial, h->lb, &lbr)))
+		keep = 0;
+	if (keep && !top_drops(w, lbr) && sp_grow((void **)&t->e, &t->cap, t->n + 1, sizeof *t->e))
+		rc = sp_err_set(w->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	if (!keep || rc || top_drops(w, lbr)) {
 		plan_release(p);
+		memset(p, 0, sizeof *p);
+		return rc;
 	}
+	t->e[t->n++] = (top_ent_t){.c = h->c, .p = *p, .lb = h->lb, .lbr = lbr, .idx = idx,
+				   .ready = ready, .r = h->r, .f = h->f};
+	t->peak = t->n + 1 > t->peak ? t->n + 1 : t->peak;
 	memset(p, 0, sizeof *p);
+	return 0;
+}
+
+/* Drops the kept plans the record now rules out (top_drops). */
+static void top_trim(walk_t *w)
+{
+	top_t *t = w->top;
+	int n = 0;
+	for (int i = 0; t && i < t->n; i++)
+		if (top_drops(w, t->e[i].lbr) || top_outside(w, t->e[i].lb))
+			plan_release(&t->e[i].p);
+		else
+			t->e[n++] = t->e[i];
+	if (t)
+		t->n = n;
+}
+
+void top_release(top_t *t)
+{
+	for (int i = 0; t && i < t->n; i++)
+		plan_release(&t->e[i].p);
+	if (t) {
+		free(t->e);
+		t->e = NULL;
+		t->n = t->cap = 0;
+	}
+}
+
+/* Candidate h's simulated plan judged against the record; the one that
+ * loses is kept for top_choose or released. */
+static int walk_judge(walk_t *w, held_t *h)
+{
+	int rc = 0;
+	if (plan_better(w->found, &h->r, h->f, w->res, *w->over)) {
+		const sched_cand_t *was = w->chosen ? *w->chosen : NULL;
+		sp_plan_t old = *w->out;
+		held_t prev = {.c = was, .r = *w->res, .f = *w->over, .lb = w->lb};
+		int old_ready = w->ready, old_idx = w->idx, had = w->found;
+		double old_lbr = w->lbr;
+		*w->out = h->p;
+		*w->res = h->r;
+		*w->over = h->f;
+		w->found = 1;
+		w->memo = h->memo;
+		w->ready = !h->memo;
+		w->idx = h->idx;
+		w->lb = h->lb;
+		w->lbr = h->lbr;
+		if (w->chosen)
+			*w->chosen = h->c;
+		if (w->use_seq)
+			*w->use_seq = h->from_seq;
+		if (had)
+			rc = top_keep(w, &prev, &old, old_ready, old_lbr, old_idx);
+		top_trim(w);
+	} else {
+		rc = top_keep(w, h, &h->p, !h->memo, h->lbr, h->idx);
+	}
+	memset(&h->p, 0, sizeof h->p);
+	return rc; /* its error set */
 }
 
 /* Simulates held candidate h (ours) in a scope of pl->scratch, or takes
@@ -233,10 +332,8 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 {
 	int rc;
 	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
-	    h->lb >= w->res->iteration_ms * FASTER) {
-		plan_release(&h->p);
-		return 0;
-	}
+	    h->lb >= w->res->iteration_ms * FASTER)
+		return top_keep(w, h, &h->p, 0, h->lbr, h->idx); /* top_choose may refine it */
 	if (!h->simulated && (rc = held_simulate(pl, h)))
 		return rc;
 	/* the bound the skips rest on, checked where every plan is simulated */
@@ -245,8 +342,7 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 				  "candidate '%s': sync bound %.6f ms above its simulated "
 				  "iteration %.6f ms",
 				  h->c->name, h->lb, h->r.iteration_ms);
-	walk_judge(w, h->c, &h->p, &h->r, h->f, h->from_seq, h->memo);
-	return 0;
+	return walk_judge(w, h);
 }
 
 /* The least iteration any held plan that fits may have: a simulated one's
@@ -356,12 +452,15 @@ const sim_result_t *seq_coming_last(const planner_t *pl, const sim_result_t *seq
 static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 		     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 		     const sim_result_t *seq_res, double seq_over, int *use_seq,
-		     const sim_result_t *bar, seen_t *seen, par_walk_t *par)
+		     const sim_result_t *bar, seen_t *seen, par_walk_t *par, top_t *top)
 {
 	int nc = a == ALGO_SPINDLE ? n_sched_cands : 1, rc = 0, n_held = 0;
 	int ours = a == ALGO_SPINDLE, trial = pl->opts->zero < 0 && pl->lay_large;
 	held_t *held = sp_arena_calloc(&pl->arena, 2 * (size_t)nc, sizeof *held);
-	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq};
+	walk_t w = {.out = out, .res = res, .over = over, .chosen = chosen, .use_seq = use_seq,
+		    .top = ours && pl->opts->zero < 0 ? top : NULL, .bar = bar, .err = pl->err,
+		    .pl = pl, .trial = trial,
+		    .within = pl->opts->refine_within ? pl->opts->refine_within : 0.10};
 	const sim_result_t *seq_last = ours ? seq_coming_last(pl, seq_res, seq_over) : NULL;
 	memset(out, 0, sizeof *out);
 	if (use_seq)
@@ -372,19 +471,18 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		const sched_cand_t *c = ours ? &sched_cands[v] : NULL;
 		int from_seq = c && c->reuses_baseline && seq_res, n_var = 0;
 		/* the candidate's plan and (ours) its node-aligned variant */
-		held_t var[2] = {{.c = c, .from_seq = from_seq}, {.c = c}};
+		held_t var[2] = {{.c = c, .from_seq = from_seq, .idx = 2 * v},
+				 {.c = c, .idx = 2 * v + 1}};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 		if (from_seq) {
 			/* seq's result is refined (layout_refine, seq_refine_t),
-			 * ours' other candidates are not until one is chosen
-			 * (plan_ours refines the choice): the walk weighs
-			 * unrefined plans against refined seq, so it may adopt
-			 * seq where a refined candidate of ours would have won.
-			 * A bias against ours, never a wrong result: each plan
-			 * is judged by its own simulation. Kept: refining
-			 * every candidate costs a simulation per layout tried */
+			 * ours' other candidates are not until the walk has
+			 * chosen: the walk weighs unrefined plans against
+			 * refined seq, so it may adopt seq where a refined
+			 * candidate of ours would win; top_choose then refines
+			 * the plans the walk kept and takes such a one */
 			if ((rc = seq_wait(pl)))
 				goto fail;
 			var[0].r = pl->seq_refine ? pl->seq_refine->r : *seq_res;
@@ -446,9 +544,18 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 				goto fail;
 			}
 			if (n_held && y.simulated && y.f <= 0 && y.r.iteration_ms < floor * FASTER) {
+				rc = walk_judge(&w, &y);
+				for (int h = 0; h < n_held; h++) /* top_choose may refine them */
+					if (!rc)
+						rc = top_keep(&w, &held[h], &held[h].p,
+							      held[h].simulated && !held[h].memo,
+							      held[h].lbr, held[h].idx);
 				held_release(held, n_held);
 				n_held = 0;
-				walk_judge(&w, c, &y.p, &y.r, y.f, y.from_seq, y.memo);
+				if (rc) {
+					held_release(var, 2);
+					goto fail;
+				}
 				continue;
 			}
 			held[n_held++] = y;
@@ -476,9 +583,9 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			plan_release(out);
 			return rc;
 		}
-		if (lbr >= bar->iteration_ms * FASTER) {
+		if (lbr >= bar->iteration_ms * FASTER && !(w.top && w.top->n)) {
 			plan_release(out);
-			return PLAN_NO_BETTER;
+			return PLAN_NO_BETTER; /* and no kept plan can (top_drops) */
 		}
 	}
 	if (w.found && w.memo) { /* the chosen plan as its simulation leaves it */
@@ -510,6 +617,11 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 	if (!w.found) /* every candidate left out or adding nothing */
 		return sp_err_set(pl->err, SP_EINFEAS, NULL, 0, 0, NULL,
 				  "%s: no candidate made a schedule", algo_name(a));
+	if (top) {
+		top->idx = w.idx;
+		top->set = pl->tables;
+		top->unref = res->iteration_ms;
+	}
 	return 0;
 fail:
 	held_release(held, n_held);
@@ -526,12 +638,12 @@ fail:
 int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 	     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 	     const sim_result_t *seq_res, double seq_over, int *use_seq,
-	     const sim_result_t *bar, par_walk_t *par)
+	     const sim_result_t *bar, par_walk_t *par, top_t *top)
 {
 	seen_t seen = {0};
 	int dedup = a == ALGO_SPINDLE && !pl->opts->simulate_all;
 	int rc = plan_walk(pl, a, st, kind, out, res, over, chosen, seq_res, seq_over, use_seq,
-			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL);
+			   bar, dedup ? &seen : NULL, par && par->pc ? par : NULL, top);
 	seen_release(&seen);
 	return rc;
 }

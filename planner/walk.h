@@ -5,7 +5,8 @@
  * candidates: lowering, the bounds that skip simulations, the judge) and
  * walk_jobs.c (the walk's jobs on worker threads with --jobs, and
  * layout_refine as jobs: the sequential plan's beside ours' walk, a last
- * trial beside the others). Nothing outside them includes it; the entry
+ * trial beside the others; top_choose: ours' choice among the walk's
+ * candidates on refined iterations). Nothing outside them includes it; the entry
  * point is planner_run in planner.h.
  */
 #ifndef SPINDLE_WALK_H
@@ -37,6 +38,7 @@ typedef struct {
 	double lb, lbr;
 	int simulated, from_seq; /* from_seq: seq's plan, r and f */
 	int memo; /* r and f from sim_memo: p is the lowered plan, not simulated */
+	int idx;  /* 2 x its table row + variant: the order of ties */
 	sim_result_t r;
 	double f;
 	/* --jobs: the candidate's jobs (NULL: none) and which variant p is:
@@ -103,6 +105,28 @@ typedef struct seq_refine {
 	int taken, rc;   /* rc: what seq_wait returned first, returned again */
 } seq_refine_t;
 
+/* A candidate's lowered plan kept by the walk for top_choose (ours): lbr
+ * bounds its refined iteration; ready: p is as plan_simulated leaves it
+ * and r, f its result (else p is the lowered plan, simulated there). */
+typedef struct {
+	const sched_cand_t *c;
+	sp_plan_t p;
+	double lb, lbr;
+	int idx, ready;
+	sim_result_t r;
+	double f;
+} top_ent_t;
+
+/* The walk's kept plans (top_ent_t) and its choice's row (idx), for
+ * top_choose; peak: the most plans held at once (the choice's included),
+ * refined: how many top_choose refined (the choice's included). */
+typedef struct {
+	top_ent_t *e;
+	int n, cap, peak, refined;
+	int idx, set;
+	double unref; /* the choice's unrefined iteration (--refine-within) */
+} top_t;
+
 /* ---- walk.c ---------------------------------------------------------------- */
 
 void seen_release(seen_t *v);
@@ -121,7 +145,11 @@ const sim_result_t *seq_coming_last(const planner_t *pl, const sim_result_t *seq
 int plan_one(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kind,
 	     sp_plan_t *out, sim_result_t *res, double *over, const sched_cand_t **chosen,
 	     const sim_result_t *seq_res, double seq_over, int *use_seq,
-	     const sim_result_t *bar, par_walk_t *par);
+	     const sim_result_t *bar, par_walk_t *par, top_t *top);
+int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *over,
+	       const sched_cand_t **chosen, int *use_seq);
+void top_release(top_t *t);
+void planner_note_top(planner_t *pl, const top_t *t);
 
 /* ---- walk_jobs.c ----------------------------------------------------------- */
 

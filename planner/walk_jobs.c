@@ -494,3 +494,95 @@ void seq_cancel(planner_t *pl)
 	}
 }
 
+
+/* ---- ours' choice on refined iterations (top_choose) --------------------- */
+
+static int top_before(const void *a, const void *b)
+{
+	const top_ent_t *x = a, *y = b;
+	if (x->lbr != y->lbr)
+		return x->lbr < y->lbr ? -1 : 1;
+	return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+/* Kept plan e as the walk's choice is before refine_checked: simulated on
+ * the walk's tables (t->set) unless it is already, its other times too. */
+static int top_ready(planner_t *pl, const top_t *t, top_ent_t *e)
+{
+	int rc = 0, was = pl->tables;
+	if (was != t->set)
+		cost_use(pl, t->set);
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	if (!e->ready)
+		rc = plan_simulated(pl, 1, &e->p, &e->r, &e->f);
+	sp_arena_reset(&pl->scratch, mark);
+	if (!rc && e->r.partial) {
+		rc = sim_complete(pl, &e->p, &e->r);
+		sp_arena_reset(&pl->scratch, mark);
+	}
+	if (was != t->set)
+		cost_use(pl, was);
+	return rc;
+}
+
+/*
+ * Ours' choice on refined iterations: the walk's choice p (r, over; seq's
+ * when *use_seq, refined already) refined (refine_checked), then each plan
+ * the walk kept (t) in the order of lbr (ties by row) while its lbr leaves
+ * it able to beat or equal the choice so far: simulated (top_ready) and
+ * refined as the choice was; it replaces the choice when plan_better says
+ * it is better, or when it fits with the same iteration and an earlier row.
+ * So the choice is the least refined iteration of all candidates, ties to
+ * the earlier (a plan the walk dropped, or one skipped here, has lbr above
+ * the choice's refined iteration by the slack), and the order is fixed by
+ * the lowered plans alone: the same for any --jobs. Frees t's plans.
+ */
+int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *over,
+	       const sched_cand_t **chosen, int *use_seq)
+{
+	int rc = 0, best = t->idx;
+	double within = pl->opts->refine_within ? pl->opts->refine_within : 0.10;
+	double limit = within < 0 ? HUGE_VAL : t->unref * (1 + within);
+	if (!*use_seq && (rc = refine_checked(pl, p, r, over)))
+		goto done;
+	t->refined = !*use_seq;
+	if (t->n > 1)
+		qsort(t->e, (size_t)t->n, sizeof *t->e, top_before);
+	for (int i = 0; i < t->n; i++) {
+		top_ent_t *e = &t->e[i];
+		if (*over <= 0 && r->iteration_ms < e->lbr * FASTER)
+			break; /* and every later one, of lbr no less */
+		if (e->lb > limit) /* and its unrefined iteration, no less */
+			continue;
+		if ((rc = top_ready(pl, t, e)))
+			goto done;
+		if (e->r.iteration_ms > limit)
+			continue;
+		if ((rc = refine_checked(pl, &e->p, &e->r, &e->f)))
+			goto done;
+		t->refined++;
+		int tie = e->f <= 0 && *over <= 0 && e->r.iteration_ms == r->iteration_ms &&
+			  e->idx < best;
+		if (!tie && !plan_better(1, &e->r, e->f, r, *over))
+			continue;
+		plan_release(p);
+		*p = e->p;
+		memset(&e->p, 0, sizeof e->p);
+		*r = e->r;
+		*over = e->f;
+		best = e->idx;
+		*use_seq = 0;
+		if (chosen)
+			*chosen = e->c;
+	}
+done:
+	top_release(t);
+	return rc;
+}
+
+/* The run's top_choose figures (planner_t): the largest of each walk's. */
+void planner_note_top(planner_t *pl, const top_t *t)
+{
+	pl->top_peak = t->peak > pl->top_peak ? t->peak : pl->top_peak;
+	pl->top_refined = t->refined > pl->top_refined ? t->refined : pl->top_refined;
+}

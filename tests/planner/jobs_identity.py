@@ -10,15 +10,23 @@ scaling inputs, made smaller to run fast), with --jobs 1, 2 and 3 (with
 more than one, layout_refine's last trial runs as a job beside the
 others, judged after them: layout_last_*): the
 plan files equal byte for byte and the --json reports equal but for their
-planning times. Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
+planning times. Ours chooses on refined iterations (walk_jobs.c
+top_choose): one case, clip-4 on 64 A800s, where a candidate other than
+the walk's unrefined choice wins once refined, plans alike with
+--refine-within all too, and there ours must be no slower than ours
+without any one candidate (--exclude each in turn): an exact minimum over
+all candidates is no more than one over fewer. A walk that refined only
+its choice fails that (SPINDLE_TEST_REFINE=0.000001, near none beside the
+choice, shows it). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
 """
 import os
+import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prune_exact import ROOT, plan, synthetic  # noqa: E402 (same environment)
+from prune_exact import PLAN, ROOT, plan, synthetic  # noqa: E402 (same environment)
 
 JOBS = (1, 2, 3)
 
@@ -40,6 +48,27 @@ def case(model, cluster, opts, tmp, tag):
     if a[0]:
         return True, f"exit {a[0]} with every --jobs"
     return True, f"same plan ({a[2]['algorithms']['spindle']['iteration_ms']:.3f} ms)"
+
+
+def fewer_never_faster(model, cluster, opts, tmp):
+    """Ours with every candidate against ours without each one."""
+    full = plan(model, cluster, os.path.join(tmp, "all"), opts)
+    if full[0]:
+        return False, f"exit {full[0]}: {full[1]}"
+    best = full[2]["algorithms"]["spindle"]["iteration_ms"]
+    names = subprocess.run([PLAN, model, cluster, "--candidates"], capture_output=True,
+                           text=True, timeout=60).stdout.split()
+    if len(names) < 2:
+        return False, f"--candidates listed {names}"
+    for n in names:
+        r = plan(model, cluster, os.path.join(tmp, "ex"), opts + ["--exclude", n])
+        if r[0]:
+            continue  # nothing planned without it: nothing to compare
+        it = r[2]["algorithms"]["spindle"]["iteration_ms"]
+        if it < best * (1 - 1e-6):
+            return False, (f"without '{n}' ours plans {it:.3f} ms, with every candidate "
+                           f"{best:.3f} ms: the choice is not the least refined iteration")
+    return True, f"{best:.3f} ms, no faster without any of {len(names)} candidates"
 
 
 def main():
@@ -67,6 +96,16 @@ def main():
                 os.path.basename(m)
             print(f"{'ok  ' if ok else 'FAIL'} {name} on {os.path.basename(c)} "
                   f"{' '.join(opts)}: {why}", flush=True)
+        # a candidate beside the walk's choice wins once refined (top_choose)
+        m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"
+        refine = ["--refine-within", os.environ.get("SPINDLE_TEST_REFINE", "all")]
+        ok, why = case(m, c, refine, tmp, "refine")
+        if ok:
+            ok, why = fewer_never_faster(m, c, refine + ["--jobs", "2"], tmp)
+        fails += not ok
+        cases.append((m, c, refine))
+        print(f"{'ok  ' if ok else 'FAIL'} clip-4 on a800-8x8.json {' '.join(refine)}: {why}",
+              flush=True)
     print(f"{len(cases) - fails} of {len(cases)} cases plan alike with --jobs "
           f"{', '.join(map(str, JOBS))}")
     return 1 if fails else 0

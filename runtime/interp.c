@@ -49,7 +49,11 @@
  * leaves the sum over the rank's shard at the shard's own place in the
  * gradients (the rest of the bucket's gradients is then undefined); STEP
  * updates the shard's weights with the shard's m and v; GATHER starts the
- * all-gather of the weights, which rt_step completes before it returns.
+ * all-gather of the weights, which rt_step completes before it returns,
+ * unless the bucket is deferred (bucket defer): then it is started in
+ * pieces after the STEP's last update and waited for in the next step
+ * (defer.c owns the pieces; this file calls it at set-up, STEP, each
+ * layer's use through rt_z3_need, and between instructions).
  *
  * A zero-2 bucket is not in the gradients allocation: its full gradient is
  * placed (zeroed) at its offset in the pool before the first instruction
@@ -627,12 +631,6 @@ static int check_step(rt_state_t *st)
 	}
 	if (steps != 1 || last != st->n_ins - 1 || n != st->n_mb || gathers != zero1)
 		rc = SP_EINPUT;
-	for (int i = 0; i < st->n_mb && !rc; i++) {
-		mybucket_t *mb = &st->mb[i];
-		mb->defer = mb->gather >= 0 && p->buckets[mb->bucket].defer;
-		mb->dpend = 0;
-	}
-	st->n_dpend = 0;
 	free(mb_of);
 	return rc;
 }
@@ -850,20 +848,6 @@ static int tp_groups(rt_state_t *st)
 	return rc;
 }
 
-/* The staging buffers of the deferred buckets (--check-deferred). */
-static int check_deferred_setup(rt_state_t *st)
-{
-	for (int i = 0; i < st->n_mb; i++) {
-		mybucket_t *mb = &st->mb[i];
-		if (!mb->defer)
-			continue;
-		mb->dstage = malloc(sizeof(float) * (size_t)SP_MAX(mb->n, 1));
-		if (!mb->dstage)
-			return SP_ENOMEM;
-	}
-	return 0;
-}
-
 int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_comm_t *c,
 	      const rt_opts_t *o, sp_err_t *err)
 {
@@ -910,8 +894,6 @@ int rt_create(rt_state_t **out, const sp_plan_t *p, const rt_backend_t *b, rt_co
 		rc = alloc_all(st);
 	if (!rc)
 		rc = init_params(st);
-	if (!rc && st->o.check_deferred)
-		rc = check_deferred_setup(st);
 	/* every rank learns whether all could set up before any collective that
 	 * a failed rank would never join */
 	double bad[2] = {rc != 0, rc == SP_EINPUT};
@@ -974,12 +956,7 @@ void rt_free(rt_state_t *st)
 	if (!st)
 		return;
 	const rt_backend_t *b = st->b;
-	for (int i = 0; st->mb && i < st->n_mb; i++) {
-		free(st->mb[i].dstage);
-		free(st->mb[i].dfirst);
-		free(st->mb[i].dreq);
-		free(st->mb[i].dbusy);
-	}
+	rt_defer_release(st);
 	b->release(st->w);
 	b->release(st->ws);
 	b->release(st->z3pool);
@@ -1539,50 +1516,6 @@ static void step_bucket(rt_state_t *st, const mybucket_t *mb, int64_t t)
 		b->sgd_step(w, g, n, o);
 }
 
-/* Waits for every piece of the deferred all-gathers still in flight (the
- * STEP's: no use read them; rt_settle's). later: counted as completed in a
- * later step (when it is one), else by rt_settle. */
-static int defer_wait(rt_state_t *st, int later, sp_err_t *err)
-{
-	for (int i = 0; i < st->n_mb && st->n_dpend; i++) {
-		mybucket_t *mb = &st->mb[i];
-		for (int j = 0; j < mb->dn && mb->dpend; j++) {
-			int rc = rt_defer_land(st, mb, j, mb->gather, later, err);
-			if (rc)
-				return rc;
-		}
-	}
-	return 0;
-}
-
-int rt_settle_pending(rt_state_t *st, sp_err_t *err)
-{
-	return st && st->n_dpend ? defer_wait(st, 0, err) : 0;
-}
-
-int rt_settle(rt_state_t *st, sp_err_t *err)
-{
-	int rc = rt_settle_pending(st, err);
-	if (!rc)
-		st->b->sync();
-	return rc;
-}
-
-void rt_deferred(const rt_state_t *st, int64_t *later, int64_t *settled)
-{
-	*later = st->d_later;
-	*settled = st->d_settled;
-}
-
-void rt_defer_shape(const rt_state_t *st, int *buckets, int *pieces)
-{
-	*buckets = *pieces = 0;
-	for (int i = 0; i < st->n_mb; i++) {
-		*buckets += st->mb[i].defer;
-		*pieces += st->mb[i].defer ? st->mb[i].dn : 0;
-	}
-}
-
 /* Waits for every operation still in flight. */
 static int drain(rt_state_t *st, sp_err_t *err)
 {
@@ -1606,14 +1539,14 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * the same all-gathers in the same order on every member as at the
  * GATHERs (SYNC order both), which then have nothing left to do. A
  * deferred bucket's all-gather (bucket defer) starts after the last
- * update instead, in pieces (zero.c rt_defer_start), the deferred buckets
+ * update instead, in pieces (defer.c rt_defer_start_all), the deferred buckets
  * in the reverse order of the SYNCs (on every member the same order: the
  * SYNC order reversed), and the step does not wait for them. Then the
  * sends and all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {
-	int rc0 = st->n_dpend ? defer_wait(st, 1, err) : 0; /* no use before */
+	int rc0 = rt_defer_step_wait(st, err); /* pieces no use read */
 	if (rc0)
 		return rc0;
 	for (int q = 0; q < st->n_mb; q++) {
@@ -1643,19 +1576,8 @@ static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 		if (poll_pending(st, err))
 			return err->code;
 	}
-	/* the deferred ones after the last update, in the reverse order of the
-	 * SYNCs (the next forward's order); the next step waits for each
-	 * piece before the first layer reading it (rt_z3_need) */
-	if (st->n_mb)
-		st->b->sync();
-	for (int q = st->n_mb - 1; q >= 0; q--) {
-		mybucket_t *mb = &st->mb[st->step_order[q]];
-		if (mb->gather < 0 || !mb->defer)
-			continue;
-		if (rt_defer_start(st, mb, mb->gather, err))
-			return err->code;
-		mb->gstarted = 1;
-	}
+	if (rt_defer_start_all(st, err)) /* the deferred ones, after the last update */
+		return err->code;
 	return drain(st, err);
 }
 

@@ -1,7 +1,7 @@
 /*
  * interp_internal.h — what interp.c (executing programs), zero.c (its
- * zero-2 and zero-3 parts) and pack.c (parameters in and out of a rank's
- * state) share: the rank's state and its parts. Private to those files;
+ * zero-2 and zero-3 parts), defer.c (its deferred zero-1/2 all-gathers)
+ * and pack.c (parameters in and out of a rank's state) share: the rank's state and its parts. Private to those files;
  * runtime.h is the interface.
  */
 #ifndef SPINDLE_INTERP_INTERNAL_H
@@ -216,13 +216,21 @@ void rt_z2_drop(rt_state_t *st);
  * instruction k a PGATHER or PFREE. */
 int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
 int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err);
-/* Deferred all-gathers in pieces: set-up (each deferred bucket's pieces,
- * rt_create); the pieces of bucket mb started (in the STEP k, after the
- * last update); piece j waited for and landed (later: in a step after its
- * own, else by rt_settle; k the instruction that waits); every piece in
- * flight polled (landed when done). */
+
+/* ---- defer.c ----------------------------------------------------------- */
+
+/* Deferred all-gathers in pieces: set-up (rt_create, after check_step:
+ * which buckets are deferred, their pieces, --check-deferred's staging;
+ * 0 or SP_ENOMEM), what it allocated freed (rt_free); in the STEP, every
+ * piece still in flight landed before the first update (no use read it),
+ * and every deferred bucket's pieces started after the last update; piece
+ * j of bucket mb waited for and landed (later: in a step after its own,
+ * else by rt_settle; k the instruction that waits); every piece in flight
+ * polled (landed when done). */
 int rt_defer_setup(rt_state_t *st);
-int rt_defer_start(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err);
+void rt_defer_release(rt_state_t *st);
+int rt_defer_step_wait(rt_state_t *st, sp_err_t *err);
+int rt_defer_start_all(rt_state_t *st, sp_err_t *err);
 int rt_defer_land(rt_state_t *st, mybucket_t *mb, int j, int k, int later, sp_err_t *err);
 int rt_defer_poll(rt_state_t *st, sp_err_t *err);
 

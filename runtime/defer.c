@@ -25,9 +25,13 @@
  * (before its updates: an update must not write the rank's part of a
  * piece still in flight, nor start its next all-gather over it), and all
  * of them by rt_settle. --check-deferred gathers into dstage instead and
- * NaNs the weights outside the rank's shard: a piece's range lands (is
- * copied into the weights) at its wait, so a layer that ran before its
- * piece's wait reads NaN.
+ * NaNs the bucket's weights, the rank's own part too (in flight it is the
+ * all-gather's send buffer, which nothing may write: an update of it
+ * before its piece's wait, as a STEP without its wait would make, reads
+ * NaN): a piece's range lands (is copied into the weights) at its wait,
+ * so a layer that ran before its piece's wait reads NaN. Starting a
+ * piece whose last all-gather is still in flight is refused (its request
+ * would be lost, its landing never counted).
  */
 #include "interp_internal.h"
 
@@ -96,12 +100,15 @@ static int defer_start(rt_state_t *st, mybucket_t *mb, int k, sp_err_t *err)
 	int g = st->p->buckets[mb->bucket].n_dev;
 	int64_t *cnt = st->z3_parts, *off = st->z3_parts + g;
 	float *w = st->w + mb->wc, *buf = mb->dstage ? mb->dstage : w;
-	if (mb->dstage) { /* --check-deferred: the rest of the weights NaN */
-		int64_t lo = mb->soff - mb->off, hi = lo + SP_MAX(mb->sn, 0);
+	for (int j = 0; j < mb->dn; j++)
+		if (mb->dbusy[j]) /* its request would be lost */
+			return rt_fail(st, err, k, "starts a deferred piece whose last all-gather "
+						   "is still in flight");
+	if (mb->dstage) { /* --check-deferred: the rank's part to the staging
+			   * buffer, the whole bucket NaN in the weights */
 		memcpy(mb->dstage, w, sizeof(float) * (size_t)mb->n);
 		for (int64_t i = 0; i < mb->n; i++)
-			if (i < lo || i >= hi)
-				w[i] = NAN;
+			w[i] = NAN;
 	}
 	for (int x = 0; x < mb->dn; x++) {
 		int j = mb->dord[x];

@@ -203,8 +203,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"  --check-deferred     test mode (cpu backend only): each deferred\n"
 		"                       all-gather (plan bucket flag defer) lands in a\n"
-		"                       staging buffer, and the bucket's weights outside\n"
-		"                       the rank's shard are NaN until the runtime waits\n"
+		"                       staging buffer, and the bucket's weights (the\n"
+		"                       rank's shard too) are NaN until the runtime waits\n"
 		"                       for the gather, piece by piece (a piece's first\n"
 		"                       layer use, STEP, before a digest, checkpoint,\n"
 		"                       export or the end): a missing wait\n"

@@ -266,8 +266,9 @@ typedef struct {
 	const rt_dataset_t *data; /* NULL: synthetic data */
 	/* test mode (--check-deferred, cpu backend only): a deferred
 	 * all-gather lands in a staging buffer and the bucket's weights
-	 * outside the rank's shard are NaN until the gather is waited for,
-	 * each piece's range at its own wait (plan_defer_pieces) */
+	 * (the rank's shard too: its part is the gather's send buffer) are
+	 * NaN until the gather is waited for, each piece's range at its own
+	 * wait (plan_defer_pieces) */
 	int check_deferred;
 } rt_opts_t;
 

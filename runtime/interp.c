@@ -1539,10 +1539,12 @@ static int drain(rt_state_t *st, sp_err_t *err)
  * the same all-gathers in the same order on every member as at the
  * GATHERs (SYNC order both), which then have nothing left to do. A
  * deferred bucket's all-gather (bucket defer) starts after the last
- * update instead, in pieces (defer.c rt_defer_start_all), the deferred buckets
- * in the reverse order of the SYNCs (on every member the same order: the
- * SYNC order reversed), and the step does not wait for them. Then the
- * sends and all-gathers still in flight.
+ * update instead, in pieces (defer.c rt_defer_start_all), the deferred
+ * buckets in the reverse order of the SYNCs (on every member the same
+ * order: the SYNC order reversed), and the step does not wait for them;
+ * before its first update it waits for the pieces of the last step's
+ * that no layer read (rt_defer_step_wait). Then the sends and
+ * all-gathers still in flight.
  */
 static int exec_step(rt_state_t *st, int64_t t, sp_err_t *err)
 {

@@ -24,7 +24,10 @@
  * pieces still move; pieces no layer read are waited for at the STEP
  * (before its updates: an update must not write the rank's part of a
  * piece still in flight, nor start its next all-gather over it), and all
- * of them by rt_settle. --check-deferred gathers into dstage instead and
+ * of them by rt_settle. Only a member that runs none of a piece's layers
+ * leaves it to the STEP, which no planned plan has (the planner's
+ * members run every layer of their buckets each step; defer_step.py in
+ * tests/runtime makes one). --check-deferred gathers into dstage instead and
  * NaNs the bucket's weights, the rank's own part too (in flight it is the
  * all-gather's send buffer, which nothing may write: an update of it
  * before its piece's wait, as a STEP without its wait would make, reads

@@ -634,6 +634,9 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 		for (int j = 0; j < i && tj[i].dup < 0; j++)
 			if (t->e[j].idx < t->e[i].idx && top_same(&t->e[j], &t->e[i]))
 				tj[i].dup = j;
+	}
+	/* then the jobs (they write into the plans top_same reads) */
+	for (int i = 0; i < t->n; i++) {
 		if (!pl->jobs || t->e[i].lb > limit || tj[i].dup >= 0)
 			continue;
 		tj[i].job = (sp_job_t){.run = top_run, .arg = &tj[i], .prio = -2 * PAR_FIRST + i};

@@ -19,9 +19,10 @@ all candidates is no more than one over fewer. A walk that refined only
 its choice fails that (SPINDLE_TEST_REFINE=0.000001, near none beside the
 choice, shows it). With --jobs 2+, top_choose readies and refines the
 kept candidates as jobs beside the choice's refinement and each other:
-clip-10 on 32 A800s refines several (SPINDLE_TOP_STATS says how many; the
-case asks for 3 or more, so that it keeps exercising those jobs) and plans
-alike with --jobs 1, 2 and 3. Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
+clip-4 on 64 A800s under the default --refine-within refines several
+(SPINDLE_TOP_STATS says how many; the case asks for 3 or more, so that it
+keeps exercising those jobs), one of which wins, and plans alike with
+--jobs 1, 2 and 3 (jobs that skipped their refinement fail it). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
 """
 import os
@@ -116,14 +117,14 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {name} on {os.path.basename(c)} "
                   f"{' '.join(opts)}: {why}", flush=True)
         # several kept candidates refined as jobs beside each other
-        m, c = f"{pl}/clip-10/model.json", f"{cl}/a800-4x8.json"
+        m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"
         ok, why = refined_many(m, c, [])
         if ok:
             ok2, why2 = case(m, c, [], tmp, "beside")
             ok, why = ok2, f"{why}; {why2}"
         fails += not ok
         cases.append((m, c, []))
-        print(f"{'ok  ' if ok else 'FAIL'} clip-10 on a800-4x8.json (refinements as jobs): "
+        print(f"{'ok  ' if ok else 'FAIL'} clip-4 on a800-8x8.json (refinements as jobs): "
               f"{why}", flush=True)
         # a candidate beside the walk's choice wins once refined (top_choose)
         m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"

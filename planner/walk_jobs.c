@@ -2,8 +2,10 @@
  * walk_jobs.c — with --jobs, the walk's work on worker threads (jobs.c):
  * ours' candidates lowered and simulated ahead of the walk (par_*), and
  * layout_refine as jobs: its last trial beside the others (refine_par)
- * and the sequential plan's refinement beside ours' walk (seq_*). The walk
- * itself is walk.c's, the pipeline plan.c's (walk.h).
+ * and the sequential plan's refinement beside ours' walk (seq_*); and
+ * top_choose, ours' choice on refined iterations, whose kept candidates
+ * are refined as jobs beside each other. The walk itself is walk.c's, the
+ * pipeline plan.c's (walk.h).
  */
 #include "walk.h"
 

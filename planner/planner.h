@@ -867,6 +867,9 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
 int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
 /* Frees the recorded plans' bytes (before pl->arena goes). */
 void sim_memo_release(planner_t *pl);
+/* 1 when plans a and b are equal in every array the memo keys on (those
+ * the simulator and the layout trials read), else 0. */
+int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

@@ -181,3 +181,15 @@ void sim_memo_release(planner_t *pl)
 		free(m->e[i].blob);
 	pl->sim_memo = NULL; /* the entries were in pl->arena */
 }
+
+int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b)
+{
+	counts_t ca, cb;
+	seg_t sa[SEG__COUNT], sb[SEG__COUNT];
+	plan_segs(a, &ca, sa);
+	plan_segs(b, &cb, sb);
+	for (int i = 0; i < SEG__COUNT; i++)
+		if (sa[i].n != sb[i].n || (sa[i].n && memcmp(sa[i].p, sb[i].p, sa[i].n)))
+			return 0;
+	return 1;
+}

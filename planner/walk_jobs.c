@@ -2,8 +2,10 @@
  * walk_jobs.c — with --jobs, the walk's work on worker threads (jobs.c):
  * ours' candidates lowered and simulated ahead of the walk (par_*), and
  * layout_refine as jobs: its last trial beside the others (refine_par)
- * and the sequential plan's refinement beside ours' walk (seq_*). The walk
- * itself is walk.c's, the pipeline plan.c's (walk.h).
+ * and the sequential plan's refinement beside ours' walk (seq_*); and
+ * top_choose, ours' choice on refined iterations, whose kept candidates
+ * are refined as jobs beside each other. The walk itself is walk.c's, the
+ * pipeline plan.c's (walk.h).
  */
 #include "walk.h"
 
@@ -357,14 +359,36 @@ static double plan_over(const planner_t *pl, const sp_plan_t *p)
  * that; with pl->jobs, refine_par), then *over from p's devices: zero-1
  * only frees memory, so the fit as plan_simulated takes it.
  */
-int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+static int refine_here(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over, int par)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	int rc = pl->jobs ? refine_par(pl, p, r) : layout_refine(pl, p, r);
+	int rc = par ? refine_par(pl, p, r) : layout_refine(pl, p, r);
 	sp_arena_reset(&pl->scratch, mark);
 	if (!rc && p->n_devices)
 		*over = plan_over(pl, p);
 	return rc;
+}
+
+int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
+{
+	return refine_here(pl, p, r, over, pl->jobs != NULL);
+}
+
+/* refine_checked's check of p refined (r): bound_sync with either layout
+ * no more than the refined iteration (--simulate-all only). */
+static int refine_check(planner_t *pl, const sp_plan_t *p, const sim_result_t *r)
+{
+	double lbr = 0;
+	int rc;
+	if (!pl->opts->simulate_all || pl->opts->zero >= 0)
+		return 0;
+	if ((rc = bound_sync(pl, p, 1, &lbr)))
+		return rc;
+	if (lbr > r->iteration_ms)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "sync bound %.6f ms above the refined iteration %.6f ms", lbr,
+				  r->iteration_ms);
+	return 0;
 }
 
 /*
@@ -375,17 +399,8 @@ int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
  */
 int refine_checked(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
 {
-	double lbr = 0;
 	int rc = refine_over(pl, p, r, over);
-	if (rc || !pl->opts->simulate_all || pl->opts->zero >= 0)
-		return rc;
-	if ((rc = bound_sync(pl, p, 1, &lbr)))
-		return rc;
-	if (lbr > r->iteration_ms)
-		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
-				  "sync bound %.6f ms above the refined iteration %.6f ms", lbr,
-				  r->iteration_ms);
-	return 0;
+	return rc ? rc : refine_check(pl, p, r);
 }
 
 /*
@@ -506,12 +521,12 @@ static int top_before(const void *a, const void *b)
 }
 
 /* Kept plan e as the walk's choice is before refine_checked: simulated on
- * the walk's tables (t->set) unless it is already, its other times too. */
-static int top_ready(planner_t *pl, const top_t *t, top_ent_t *e)
+ * the walk's tables (set) unless it is already, its other times too. */
+static int top_ready(planner_t *pl, int set, top_ent_t *e)
 {
 	int rc = 0, was = pl->tables;
-	if (was != t->set)
-		cost_use(pl, t->set);
+	if (was != set)
+		cost_use(pl, set);
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	if (!e->ready)
 		rc = plan_simulated(pl, 1, &e->p, &e->r, &e->f);
@@ -520,9 +535,64 @@ static int top_ready(planner_t *pl, const top_t *t, top_ent_t *e)
 		rc = sim_complete(pl, &e->p, &e->r);
 		sp_arena_reset(&pl->scratch, mark);
 	}
-	if (was != t->set)
+	if (was != set)
 		cost_use(pl, was);
 	return rc;
+}
+
+/* One kept plan's work in top_choose: readied (top_ready) and, when its
+ * iteration is within the limit, refined on the caller's tables. With
+ * --jobs, a job on any thread (then its last trial is not a job of its
+ * own: layout_refine gives the same plan and result either way). */
+typedef struct {
+	sp_job_t job;
+	top_ent_t *e;
+	int set, tables; /* e's walk's tables (top_ready); the caller's */
+	double limit;
+	int dup;     /* an earlier kept plan equal to e (top_same), or -1 */
+	int queued;  /* job queued (--jobs) */
+	int refined; /* e refined: readied within the limit, no error */
+} top_job_t;
+
+static int top_step(planner_t *pl, top_job_t *tj, int par)
+{
+	top_ent_t *e = tj->e;
+	int rc = top_ready(pl, tj->set, e), was = pl->tables;
+	if (rc || e->r.iteration_ms > tj->limit)
+		return rc;
+	if (was != tj->tables)
+		cost_use(pl, tj->tables);
+	rc = refine_here(pl, &e->p, &e->r, &e->f, par);
+	if (was != tj->tables)
+		cost_use(pl, was);
+	tj->refined = !rc;
+	return rc;
+}
+
+static int top_run(planner_t *pl, sp_job_t *job)
+{
+	return top_step(pl, job->arg, 0);
+}
+
+/* 1 when kept plans a and b refine to the same plan and result: equal in
+ * every array the simulator and layout_refine read (sim_memo_same), in
+ * their results and in being simulated already (top_ready then does the
+ * same to both). */
+static int top_same(const top_ent_t *a, const top_ent_t *b)
+{
+	return a->ready == b->ready && a->f == b->f && !memcmp(&a->r, &b->r, sizeof a->r) &&
+	       sim_memo_same(&a->p, &b->p);
+}
+
+/* The queued jobs of tj[from..n) off the queue (waited for where a thread
+ * runs one: it writes into t's plans), their results unread. */
+static void top_drop(planner_t *pl, top_job_t *tj, int from, int n)
+{
+	for (int i = from; tj && i < n; i++)
+		if (tj[i].queued) {
+			jobs_drop(pl->jobs, &tj[i].job);
+			tj[i].queued = 0;
+		}
 }
 
 /*
@@ -536,6 +606,16 @@ static int top_ready(planner_t *pl, const top_t *t, top_ent_t *e)
  * the earlier (a plan the walk dropped, or one skipped here, has lbr above
  * the choice's refined iteration by the slack), and the order is fixed by
  * the lowered plans alone: the same for any --jobs. Frees t's plans.
+ *
+ * Two exact savings: a kept plan equal to an earlier one of an earlier
+ * row that was refined here (top_same) is skipped, as it refines to that
+ * one's result, which did not replace the choice or did with its earlier
+ * row: it cannot beat or tie-break it. With --jobs, every kept plan that
+ * may be refined (lb within the limit, no equal one before it) is readied
+ * and refined as a job, queued before the choice is refined, so they run
+ * beside it and beside each other; the loop takes their results in its
+ * order where it would have computed them, and drops the jobs it never
+ * reaches (a job's error counts only where the loop takes it).
  */
 int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *over,
 	       const sched_cand_t **chosen, int *use_seq)
@@ -543,22 +623,58 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 	int rc = 0, best = t->idx;
 	double within = pl->opts->refine_within ? pl->opts->refine_within : 0.10;
 	double limit = within < 0 ? HUGE_VAL : t->unref * (1 + within);
+	top_job_t *tj = NULL;
+	if (t->n > 1)
+		qsort(t->e, (size_t)t->n, sizeof *t->e, top_before);
+	if (t->n && !(tj = calloc((size_t)t->n, sizeof *tj))) {
+		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		goto done;
+	}
+	for (int i = 0; i < t->n; i++) {
+		tj[i] = (top_job_t){.e = &t->e[i], .set = t->set, .tables = pl->tables,
+				    .limit = limit, .dup = -1};
+		for (int j = 0; j < i && tj[i].dup < 0; j++)
+			if (t->e[j].idx < t->e[i].idx && top_same(&t->e[j], &t->e[i]))
+				tj[i].dup = j;
+	}
+	/* then the jobs (they write into the plans top_same reads) */
+	for (int i = 0; i < t->n; i++) {
+		if (!pl->jobs || t->e[i].lb > limit || tj[i].dup >= 0)
+			continue;
+		tj[i].job = (sp_job_t){.run = top_run, .arg = &tj[i], .prio = -2 * PAR_FIRST + i};
+		if (jobs_add(pl->jobs, &tj[i].job)) {
+			rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+			goto done;
+		}
+		tj[i].queued = 1;
+	}
 	if (!*use_seq && (rc = refine_checked(pl, p, r, over)))
 		goto done;
 	t->refined = !*use_seq;
-	if (t->n > 1)
-		qsort(t->e, (size_t)t->n, sizeof *t->e, top_before);
 	for (int i = 0; i < t->n; i++) {
 		top_ent_t *e = &t->e[i];
 		if (*over <= 0 && r->iteration_ms < e->lbr * FASTER)
 			break; /* and every later one, of lbr no less */
 		if (e->lb > limit) /* and its unrefined iteration, no less */
 			continue;
-		if ((rc = top_ready(pl, t, e)))
-			goto done;
-		if (e->r.iteration_ms > limit)
+		if (tj[i].dup >= 0 && tj[tj[i].dup].refined)
 			continue;
-		if ((rc = refine_checked(pl, &e->p, &e->r, &e->f)))
+		int done = 0;
+		if (tj[i].queued) { /* under the jobs' lock, as in last_join */
+			jobs_wait(pl->jobs, &tj[i].job);
+			done = tj[i].job.state == JOB_DONE;
+			jobs_drop(pl->jobs, &tj[i].job);
+			tj[i].queued = 0;
+			if (done && (rc = tj[i].job.rc)) {
+				err_take(pl->err, &tj[i].job.err);
+				goto done;
+			}
+		}
+		if (!done && (rc = top_step(pl, &tj[i], pl->jobs != NULL)))
+			goto done;
+		if (!tj[i].refined) /* its iteration above the limit */
+			continue;
+		if ((rc = refine_check(pl, &e->p, &e->r)))
 			goto done;
 		t->refined++;
 		int tie = e->f <= 0 && *over <= 0 && e->r.iteration_ms == r->iteration_ms &&
@@ -576,6 +692,8 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 			*chosen = e->c;
 	}
 done:
+	top_drop(pl, tj, 0, t->n);
+	free(tj);
 	top_release(t);
 	return rc;
 }

@@ -17,7 +17,12 @@ the walk's unrefined choice wins once refined, plans alike with
 without any one candidate (--exclude each in turn): an exact minimum over
 all candidates is no more than one over fewer. A walk that refined only
 its choice fails that (SPINDLE_TEST_REFINE=0.000001, near none beside the
-choice, shows it). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
+choice, shows it). With --jobs 2+, top_choose readies and refines the
+kept candidates as jobs beside the choice's refinement and each other:
+clip-4 on 64 A800s under the default --refine-within refines several
+(SPINDLE_TOP_STATS says how many; the case asks for 3 or more, so that it
+keeps exercising those jobs), one of which wins, and plans alike with
+--jobs 1, 2 and 3 (jobs that skipped their refinement fail it). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
 """
 import os
@@ -48,6 +53,21 @@ def case(model, cluster, opts, tmp, tag):
     if a[0]:
         return True, f"exit {a[0]} with every --jobs"
     return True, f"same plan ({a[2]['algorithms']['spindle']['iteration_ms']:.3f} ms)"
+
+
+def refined_many(model, cluster, opts, least=3):
+    """How many plans top_choose refined with --jobs 3 (SPINDLE_TOP_STATS):
+    at least `least`, so that their jobs ran beside each other."""
+    env = dict(os.environ, SPINDLE_TOP_STATS="1")
+    p = subprocess.run([PLAN, model, cluster, "-o", os.devnull, "--jobs", "3"] + opts,
+                       capture_output=True, text=True, timeout=600, env=env)
+    line = [x for x in p.stderr.splitlines() if x.startswith("top_choose:")]
+    if p.returncode or not line:
+        return False, f"exit {p.returncode}, no top_choose figures: {p.stderr.strip()}"
+    n = int(line[-1].split(",")[1].split()[0])
+    if n < least:
+        return False, f"{n} plans refined, expected {least} or more (no refinement jobs)"
+    return True, f"{n} plans refined"
 
 
 def fewer_never_faster(model, cluster, opts, tmp):
@@ -96,6 +116,16 @@ def main():
                 os.path.basename(m)
             print(f"{'ok  ' if ok else 'FAIL'} {name} on {os.path.basename(c)} "
                   f"{' '.join(opts)}: {why}", flush=True)
+        # several kept candidates refined as jobs beside each other
+        m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"
+        ok, why = refined_many(m, c, [])
+        if ok:
+            ok2, why2 = case(m, c, [], tmp, "beside")
+            ok, why = ok2, f"{why}; {why2}"
+        fails += not ok
+        cases.append((m, c, []))
+        print(f"{'ok  ' if ok else 'FAIL'} clip-4 on a800-8x8.json (refinements as jobs): "
+              f"{why}", flush=True)
         # a candidate beside the walk's choice wins once refined (top_choose)
         m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"
         refine = ["--refine-within", os.environ.get("SPINDLE_TEST_REFINE", "all")]

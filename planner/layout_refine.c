@@ -264,10 +264,12 @@ static int any_replicated2(const sp_plan_t *p);
  * and no deferred gather's load on the network, so estimates a few tenths
  * of a millisecond apart do not rank the trials (32 tasks on 1024 H100s:
  * vision 24-30 estimated 17.62 ms, simulated 17.49; vision 16-23
- * estimated 17.74, simulated 16.63). The fastest is kept when faster than
- * the plan; each trial alone, the plan restored between them.
+ * estimated 17.74, simulated 16.63); two, as each is a simulation of the
+ * whole plan. The fastest is kept when faster than the plan (each trial
+ * alone, the plan restored between them; the last one, if fastest, kept
+ * as simulated).
  */
-#define DEFER_ONE_TRIES 3
+#define DEFER_ONE_TRIES 2
 
 static double first_use_ms(const sp_plan_t *p, int b, int32_t *k, int32_t *pos)
 {
@@ -290,18 +292,14 @@ static double first_use_ms(const sp_plan_t *p, int b, int32_t *k, int32_t *pos)
 	return t == HUGE_VAL ? 0 : t;
 }
 
-/* Bucket b in zero-1 with its gather deferred, simulated; the plan as sv
- * saved it again after. *out: the iteration. */
-static int defer_one_sim(planner_t *pl, sp_plan_t *p, const sim_result_t *res, int b,
-			 const trial_save_t *sv, double *out)
+/* Bucket b in zero-1 with its gather deferred, simulated into r. */
+static int defer_one_sim(planner_t *pl, sp_plan_t *p, int b, sim_result_t *r)
 {
-	sim_result_t r = *res;
 	int rc = set_layout(pl, p, b, LAYOUT_ZERO1);
 	p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b, dtype_bytes(p->model.dtype));
-	if (!rc && !(rc = regather(p)) && !(rc = sim_sync_again(pl, p, &r)))
-		*out = r.iteration_ms;
-	int rc2 = trial_restore(pl, p, sv);
-	return rc ? rc : rc2;
+	if (!rc && !(rc = regather(p)))
+		rc = sim_sync_again(pl, p, r);
+	return rc;
 }
 
 static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
@@ -353,18 +351,26 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	}
 	if (!n || (rc = trial_save(a, p, &sv)))
 		goto cleanup;
-	int best = -1;
-	double best_ms = res->iteration_ms * (1 - 1e-9);
+	/* on: the trial p holds (-1: the plan as sv saved it) */
+	int best = -1, on = -1;
+	sim_result_t best_r = *res;
 	for (int i = 0; i < SP_MIN(n, DEFER_ONE_TRIES); i++) {
-		double it = HUGE_VAL;
-		if ((rc = defer_one_sim(pl, p, res, cand[i], &sv, &it)))
+		sim_result_t r = *res;
+		if (on >= 0 && (rc = trial_restore(pl, p, &sv)))
 			goto cleanup;
-		if (it < best_ms) {
-			best_ms = it;
+		on = cand[i];
+		if ((rc = defer_one_sim(pl, p, cand[i], &r)))
+			goto cleanup;
+		if (r.iteration_ms < best_r.iteration_ms * (1 - 1e-9)) {
+			best_r = r;
 			best = cand[i];
 		}
 	}
-	if (best < 0)
+	if (best == on) { /* p holds the fastest, simulated: kept */
+		*res = best_r;
+		goto cleanup;
+	}
+	if ((rc = trial_restore(pl, p, &sv)) || best < 0)
 		goto cleanup;
 	if ((rc = set_layout(pl, p, best, LAYOUT_ZERO1)))
 		goto cleanup;

@@ -2,7 +2,8 @@
  * layout_refine.c — layout_refine, step 3 of layout.c's header: on an
  * algorithm's chosen plan, the replicated buckets whose zero-1 shortens
  * the optimizer step's tail (refine_zero1), then the deferred all-gathers
- * (try_defer), and the last of those trials split off to run beside the
+ * (try_defer), then one more bucket in zero-1 with its all-gather deferred
+ * (try_defer_one), and the last of those trials split off to run beside the
  * others (layout_last_*, walk_jobs.c's jobs). The estimates, the fit and the
  * trials on every candidate are layout.c's (layout.h).
  */

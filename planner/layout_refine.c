@@ -422,7 +422,8 @@ int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
  * The last trial's plan does not depend on what the trials before it kept:
  * refine_zero1 turns replicated buckets of 2+ devices into zero-1 (the
  * last trial turns them all), try_defer without shard defers the zero-1/2
- * gathers (the last defers them all), each kept or restored exactly
+ * gathers (the last defers them all), try_defer_one turns one into zero-1
+ * with its gather deferred (as the last does), each kept or restored exactly
  * (trial_restore; memory moves by the same integer deltas either way), and
  * the sync pass (sim_sync_again) overwrites every time the plan records
  * and every field of the result it changes. So the last trial is

@@ -2,7 +2,8 @@
  * layout_refine.c — layout_refine, step 3 of layout.c's header: on an
  * algorithm's chosen plan, the replicated buckets whose zero-1 shortens
  * the optimizer step's tail (refine_zero1), then the deferred all-gathers
- * (try_defer), and the last of those trials split off to run beside the
+ * (try_defer), then one more bucket in zero-1 with its all-gather deferred
+ * (try_defer_one), and the last of those trials split off to run beside the
  * others (layout_last_*, walk_jobs.c's jobs). The estimates, the fit and the
  * trials on every candidate are layout.c's (layout.h).
  */
@@ -243,6 +244,143 @@ cleanup:
 }
 
 static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res);
+static int any_replicated2(const sp_plan_t *p);
+
+/*
+ * --zero auto and --defer-gather auto, after the trials above: one more
+ * replicated bucket of 2+ devices in zero-1 with its all-gather deferred.
+ * refine_zero1 prices a zero-1 all-gather in the tail, where a deferred
+ * one is not, and the last trial shards every bucket at once; a large
+ * bucket whose gather the next forward hides pays between the two (a
+ * shared encoder's middle layers: its members' step shrinks to a shard's,
+ * its reduce-scatter replaces its all-reduce in the sync chain, its gather
+ * runs from the iteration's start while the forward runs the layers
+ * before it). Estimate per bucket: tail_est with the bucket in zero-1 and
+ * its gather out of the tail, plus what its all-gather alone takes beyond
+ * the start of its earliest first use (sim.c: deferred gathers enter the
+ * network at time 0; plan_defer_use: a member's first FWD, BWD or LOSS
+ * reading it, at its slice's recorded start). The bucket with the least
+ * estimate below the plan's own are simulated, at most DEFER_ONE_TRIES
+ * of them, least estimate first: tail_est charges each collective alone
+ * and no deferred gather's load on the network, so estimates a few tenths
+ * of a millisecond apart do not rank the trials (32 tasks on 1024 H100s:
+ * vision 24-30 estimated 17.62 ms, simulated 17.49; vision 16-23
+ * estimated 17.74, simulated 16.63); two, as each is a simulation of the
+ * whole plan. The fastest is kept when faster than the plan (each trial
+ * alone, the plan restored between them; the last one, if fastest, kept
+ * as simulated).
+ */
+#define DEFER_ONE_TRIES 2
+
+static double first_use_ms(const sp_plan_t *p, int b, int32_t *k, int32_t *pos)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	double t = HUGE_VAL;
+	for (int q = 0; q < bk->n_dev; q++) {
+		int d = p->bucket_devs[bk->dev_off + q];
+		const sp_device_t *dv = &p->devices[d];
+		plan_defer_use(p, d, b, k, pos);
+		for (int j = 0; j < bk->n_params; j++) {
+			if (k[j] >= dv->n_ins)
+				continue;
+			const sp_ins_t *in = &p->ins[dv->first_ins + k[j]];
+			if (in->slice < 0 || in->slice >= p->n_slices)
+				return 0; /* its STEP: nothing hides the gather */
+			const sp_slice_t *sl = &p->slices[in->slice];
+			t = fmin(t, in->op == INS_BWD ? sl->bwd_start_ms : sl->start_ms);
+		}
+	}
+	return t == HUGE_VAL ? 0 : t;
+}
+
+/* Bucket b in zero-1 with its gather deferred, simulated into r. */
+static int defer_one_sim(planner_t *pl, sp_plan_t *p, int b, sim_result_t *r)
+{
+	int rc = set_layout(pl, p, b, LAYOUT_ZERO1);
+	p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b, dtype_bytes(p->model.dtype));
+	if (!rc && !(rc = regather(p)))
+		rc = sim_sync_again(pl, p, r);
+	return rc;
+}
+
+static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
+{
+	if (pl->opts->zero >= 0 || pl->opts->defer_gather >= 0 || !any_replicated2(p))
+		return 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	tail_t t;
+	trial_save_t sv;
+	int nb = p->n_buckets, db = dtype_bytes(p->model.dtype), np = 0, n = 0;
+	int rc = tail_init(pl, p, a, &t);
+	for (int b = 0; b < nb; b++)
+		np = SP_MAX(np, p->buckets[b].n_params);
+	int32_t *k = rc ? NULL : sp_arena_calloc(a, (size_t)np + 1, sizeof *k);
+	int32_t *pos = rc ? NULL : sp_arena_calloc(a, (size_t)np + 1, sizeof *pos);
+	int *cand = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof *cand);
+	double *key = rc ? NULL : sp_arena_calloc(a, (size_t)nb + 1, sizeof *key);
+	if (!rc && (!k || !pos || !cand || !key))
+		rc = SP_ENOMEM;
+	if (rc)
+		goto cleanup;
+	double est = tail_est(p, &t);
+	for (int b = 0; b < nb; b++) {
+		if (!replicated2(p, b))
+			continue;
+		const sp_bucket_t *bk = &p->buckets[b];
+		double g = t.gather[b];
+		t.z1[b] = 1;
+		t.gather[b] = 0;
+		double v = tail_est(p, &t);
+		t.z1[b] = 0;
+		t.gather[b] = g;
+		if (v >= est * (1 - 1e-9)) /* not better even with its gather hidden */
+			continue;
+		v += fmax(0, cost_all_gather_ms(pl->cluster, p->bucket_devs + bk->dev_off, bk->n_dev,
+						bk->elems * db) -
+				     first_use_ms(p, b, k, pos));
+		if (v >= est * (1 - 1e-9))
+			continue;
+		/* insertion by estimate, least first (ties: bucket order) */
+		int j = n++;
+		for (; j > 0 && key[j - 1] > v; j--) {
+			cand[j] = cand[j - 1];
+			key[j] = key[j - 1];
+		}
+		cand[j] = b;
+		key[j] = v;
+	}
+	if (!n || (rc = trial_save(a, p, &sv)))
+		goto cleanup;
+	/* on: the trial p holds (-1: the plan as sv saved it) */
+	int best = -1, on = -1;
+	sim_result_t best_r = *res;
+	for (int i = 0; i < SP_MIN(n, DEFER_ONE_TRIES); i++) {
+		sim_result_t r = *res;
+		if (on >= 0 && (rc = trial_restore(pl, p, &sv)))
+			goto cleanup;
+		on = cand[i];
+		if ((rc = defer_one_sim(pl, p, cand[i], &r)))
+			goto cleanup;
+		if (r.iteration_ms < best_r.iteration_ms * (1 - 1e-9)) {
+			best_r = r;
+			best = cand[i];
+		}
+	}
+	if (best == on) { /* p holds the fastest, simulated: kept */
+		*res = best_r;
+		goto cleanup;
+	}
+	if ((rc = trial_restore(pl, p, &sv)) || best < 0)
+		goto cleanup;
+	if ((rc = set_layout(pl, p, best, LAYOUT_ZERO1)))
+		goto cleanup;
+	p->buckets[best].defer = bucket_defer_pieces(pl->cluster, p, best, db);
+	rc = keep_if_faster(pl, p, res, &sv);
+cleanup:
+	sp_arena_reset(a, mark);
+	return rc;
+}
 
 /* 1 when some bucket is replicated over 2+ devices. */
 static int any_replicated2(const sp_plan_t *p)
@@ -258,6 +396,8 @@ int layout_refine_head(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	int rc = pl->opts->zero >= 0 ? 0 : refine_zero1(pl, p, res);
 	if (!rc)
 		rc = try_defer(pl, p, res, 0);
+	if (!rc)
+		rc = try_defer_one(pl, p, res);
 	return no_memory(pl, rc);
 }
 
@@ -282,7 +422,8 @@ int layout_refine(planner_t *pl, sp_plan_t *p, sim_result_t *res)
  * The last trial's plan does not depend on what the trials before it kept:
  * refine_zero1 turns replicated buckets of 2+ devices into zero-1 (the
  * last trial turns them all), try_defer without shard defers the zero-1/2
- * gathers (the last defers them all), each kept or restored exactly
+ * gathers (the last defers them all), try_defer_one turns one into zero-1
+ * with its gather deferred (as the last does), each kept or restored exactly
  * (trial_restore; memory moves by the same integer deltas either way), and
  * the sync pass (sim_sync_again) overwrites every time the plan records
  * and every field of the result it changes. So the last trial is

@@ -865,6 +865,15 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
  * failed, nothing is recorded (key's bytes are freed either way). 0 or
  * SP_ENOMEM. */
 int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
+/* sim.c's full pass of p in the state it is in now, passed earlier in
+ * this run (sim_pass_add): 1, its iteration and busy time into out[0..1]
+ * and the times it recorded into p's slices, devices and waves. Else 0,
+ * and key holds p's bytes (when there is room) for sim_pass_add; or
+ * SP_ENOMEM. */
+int sim_pass_find(planner_t *pl, sp_plan_t *p, sim_memo_key_t *key, double out[2]);
+/* key's plan passed to out[0..1], its times recorded in p; out NULL: the
+ * pass failed, nothing is recorded. 0 or SP_ENOMEM. */
+int sim_pass_add(planner_t *pl, sim_memo_key_t *key, const sp_plan_t *p, const double *out);
 /* Frees the recorded plans' bytes (before pl->arena goes). */
 void sim_memo_release(planner_t *pl);
 

@@ -968,7 +968,8 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	return 0;
 }
 
-static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim_out_t *res)
+static int run_pass(planner_t *pl, sp_plan_t *p, int mode, int record, int micro,
+		    sim_out_t *res)
 {
 	sim_t st = {.pl = pl, .p = p, .mode = mode, .record = record, .micro = micro,
 		    .db = dtype_bytes(pl->model->dtype)};
@@ -977,6 +978,37 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim
 	sp_arena_reset(&pl->scratch, mark);
 	if (rc == SP_ENOMEM)
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return rc;
+}
+
+/* run_pass, or for a pass with sync (the costly one; the compute and
+ * transfer passes of a plan run again are too few to pay for the memo's
+ * copies), the result and times of the same pass (mode, record, micro) of
+ * the same plan state run before in this run (sim_memo.c: a rejected
+ * trial tried again, a plan simulated again). SPINDLE_NO_PASS_MEMO set:
+ * every pass runs (a check of the memo's exactness,
+ * tests/planner/pass_memo.py). */
+static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim_out_t *res)
+{
+	sim_memo_key_t key;
+	double o[2];
+	int32_t tag[3] = {mode, record, micro};
+	if (!(mode & SIM_SYNC) || getenv("SPINDLE_NO_PASS_MEMO"))
+		return run_pass(pl, p, mode, record, micro, res);
+	int rc = sim_pass_find(pl, p, tag, &key, o);
+	if (rc == 1) {
+		res->iteration = o[0];
+		res->busy_total = o[1];
+		return 0;
+	}
+	if (rc)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	rc = run_pass(pl, p, mode, record, micro, res);
+	o[0] = res->iteration;
+	o[1] = res->busy_total;
+	int mrc = sim_pass_add(pl, &key, p, rc ? NULL : o);
+	if (!rc && mrc)
+		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
 	return rc;
 }
 
@@ -1021,40 +1053,13 @@ static void sync_result(const planner_t *pl, const sp_plan_t *p, const sim_out_t
 
 /* The full pass of the last micro-step into f; when it leaves tasks out,
  * the plan's times come from a pass with every task active. */
-static int full_pass_run(planner_t *pl, sp_plan_t *p, sim_out_t *f)
+static int full_pass(planner_t *pl, sp_plan_t *p, sim_out_t *f)
 {
 	sim_out_t all;
 	if (uniform(p))
 		return run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, f);
 	int rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, &all);
 	return rc ? rc : run(pl, p, SIM_XFER | SIM_SYNC, 0, last_set(p), f);
-}
-
-/* full_pass_run, or the result and times of the same plan state passed
- * before in this run (sim_memo.c: a trial tried again, a plan simulated
- * again). SPINDLE_NO_PASS_MEMO set: every pass runs (a check of the
- * memo's exactness, tests/planner/pass_memo.py). */
-static int full_pass(planner_t *pl, sp_plan_t *p, sim_out_t *f)
-{
-	sim_memo_key_t key;
-	double o[2];
-	if (getenv("SPINDLE_NO_PASS_MEMO"))
-		return full_pass_run(pl, p, f);
-	int rc = sim_pass_find(pl, p, &key, o);
-	if (rc == 1) {
-		f->iteration = o[0];
-		f->busy_total = o[1];
-		return 0;
-	}
-	if (rc)
-		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
-	rc = full_pass_run(pl, p, f);
-	o[0] = f->iteration;
-	o[1] = f->busy_total;
-	int mrc = sim_pass_add(pl, &key, p, rc ? NULL : o);
-	if (!rc && mrc)
-		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
-	return rc;
 }
 
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out)
@@ -1104,8 +1109,7 @@ int sim_iteration(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if (pl->k != 1)
 		return sim_run(pl, p, 1, res);
 	memset(res, 0, sizeof *res);
-	/* with k = 1 every task is active: full_pass is one run */
-	if ((rc = uniform(p) ? full_pass(pl, p, &f) : run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, &f)))
+	if ((rc = run(pl, p, SIM_XFER | SIM_SYNC, 1, 0, &f)))
 		return rc;
 	sync_result(pl, p, &f, res);
 	res->partial = 1;

@@ -24,18 +24,18 @@
  * plans are simulated and not recorded); the entries in pl->arena,
  * sim_memo_release frees the copies.
  *
- * The full pass (sim_pass_*, sim.c's full_pass: the pass with transfers,
- * sync and steps that the layout trials run again) is recorded the same
- * way, one level down: the same plan state (every array above, the
- * layouts and the times the last pass left included) passed again, as
- * when a rejected trial is tried again on the same plan or plan.c
- * simulates the walk's memo'd choice again, takes the recorded iteration
- * and busy time and the times the pass wrote into the plan (its slices,
- * devices and waves) instead of a pass. Exact for the reason above: the
- * pass reads only those arrays and the run's constants. Only the
- * planner that made the memo uses it: a worker thread's copy of the
- * planner (jobs.c) sees its pointer but not as its own, and makes none
- * (see memo_of).
+ * Each pass of the simulator (sim_pass_*, sim.c's run: the compute, the
+ * transfer and the full pass, by mode, recording and micro-step) is
+ * recorded the same way, one level down: the same pass of the same plan
+ * state (every array above, the layouts and the times the last pass left
+ * included) run again, as when a rejected trial is tried again on the same
+ * plan or plan.c simulates the walk's memo'd choice again, takes the
+ * recorded iteration and busy time and the times the pass wrote into the
+ * plan (its slices, devices and waves) instead of a run. Exact for the
+ * reason above: a pass reads only those arrays and the run's constants.
+ * Only the planner that made the memo uses it: a worker thread's copy of
+ * the planner (jobs.c) sees its pointer but not as its own, and makes
+ * none (see memo_of).
  */
 #include "planner.h"
 
@@ -109,6 +109,7 @@ typedef struct {
 	uint64_t hash;
 	size_t len;
 	unsigned char *blob;
+	int32_t tag[3];
 	double iteration, busy_total;
 } pass_entry_t;
 
@@ -210,7 +211,7 @@ void sim_memo_release(planner_t *pl)
 	pl->sim_memo = NULL; /* the entries were in pl->arena */
 }
 
-/* ---- the full pass (sim.c full_pass) --------------------------------------- */
+/* ---- one pass of the simulator (sim.c run) ----------------------------------- */
 
 /* pl's own memo, made on first use (NULL: none for pl). A worker thread's
  * planner is a copy of the walk's (jobs.c): it finds the walk's memo, not
@@ -241,7 +242,8 @@ static void pass_outs(const sp_plan_t *p, seg_t o[3])
 	o[2] = (seg_t){p->waves, sizeof *p->waves * (size_t)p->n_waves};
 }
 
-int sim_pass_find(planner_t *pl, sp_plan_t *p, sim_memo_key_t *key, double out[2])
+int sim_pass_find(planner_t *pl, sp_plan_t *p, const int32_t tag[3], sim_memo_key_t *key,
+		  double out[2])
 {
 	counts_t c;
 	seg_t s[SEG__COUNT], o[3];
@@ -257,8 +259,8 @@ int sim_pass_find(planner_t *pl, sp_plan_t *p, sim_memo_key_t *key, double out[2
 		key->len += s[i].n;
 	for (int i = 0; i < m->n_pass; i++) {
 		const pass_entry_t *e = &m->pe[i];
-		if (e->hash != key->hash || e->len != key->len + o[0].n + o[1].n + o[2].n ||
-		    !blob_equal(e->blob, key->len, s))
+		if (e->hash != key->hash || memcmp(e->tag, tag, sizeof e->tag) ||
+		    e->len != key->len + o[0].n + o[1].n + o[2].n || !blob_equal(e->blob, key->len, s))
 			continue;
 		const unsigned char *b = e->blob + key->len;
 		for (int k = 0; k < 3; k++) { /* the times the pass wrote */
@@ -274,8 +276,9 @@ int sim_pass_find(planner_t *pl, sp_plan_t *p, sim_memo_key_t *key, double out[2
 	size_t all = key->len + o[0].n + o[1].n + o[2].n;
 	if (m->bytes + all > SIM_MEMO_BYTES)
 		return 0;
-	if (!(key->blob = malloc(all + 1)))
+	if (!(key->blob = malloc(all + sizeof key->tag + 1)))
 		return SP_ENOMEM;
+	memcpy(key->tag, tag, sizeof key->tag);
 	size_t off = 0;
 	for (int i = 0; i < SEG__COUNT; i++) {
 		if (s[i].n)
@@ -310,7 +313,9 @@ int sim_pass_add(planner_t *pl, sim_memo_key_t *key, const sp_plan_t *p, const d
 			memcpy(b, o[k].p, o[k].n);
 		b += o[k].n;
 	}
-	m->pe[m->n_pass++] = (pass_entry_t){key->hash, all, key->blob, out[0], out[1]};
+	pass_entry_t *e = &m->pe[m->n_pass++];
+	*e = (pass_entry_t){key->hash, all, key->blob, {0}, out[0], out[1]};
+	memcpy(e->tag, key->tag, sizeof e->tag);
 	key->blob = NULL;
 	return 0;
 }

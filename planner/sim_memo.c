@@ -39,6 +39,7 @@
  */
 #include "planner.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +120,7 @@ struct sim_memo {
 	int n, cap;
 	pass_entry_t *pe;
 	int n_pass, cap_pass;
+	long pass_hits, pass_runs; /* SPINDLE_PASS_MEMO_STATS */
 	size_t bytes;
 };
 
@@ -204,6 +206,9 @@ int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, doub
 void sim_memo_release(planner_t *pl)
 {
 	struct sim_memo *m = pl->sim_memo;
+	if (m && getenv("SPINDLE_PASS_MEMO_STATS")) /* a diagnostic for tests */
+		fprintf(stderr, "pass memo: %ld of %ld passes with sync taken from it\n",
+			m->pass_hits, m->pass_hits + m->pass_runs);
 	for (int i = 0; m && i < m->n; i++)
 		free(m->e[i].blob);
 	for (int i = 0; m && i < m->n_pass; i++)
@@ -271,9 +276,11 @@ int sim_pass_find(planner_t *pl, sp_plan_t *p, const int32_t tag[3], sim_memo_ke
 		out[0] = e->iteration;
 		out[1] = e->busy_total;
 		key->len = 0;
+		m->pass_hits++;
 		return 1;
 	}
 	size_t all = key->len + o[0].n + o[1].n + o[2].n;
+	m->pass_runs++;
 	if (m->bytes + all > SIM_MEMO_BYTES)
 		return 0;
 	if (!(key->blob = malloc(all + sizeof key->tag + 1)))

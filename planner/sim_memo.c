@@ -24,9 +24,10 @@
  * plans are simulated and not recorded); the entries in pl->arena,
  * sim_memo_release frees the copies.
  *
- * Each pass of the simulator (sim_pass_*, sim.c's run: the compute, the
- * transfer and the full pass, by mode, recording and micro-step) is
- * recorded the same way, one level down: the same pass of the same plan
+ * Each pass of the simulator with sync (sim_pass_*, sim.c's run: the full
+ * pass, by mode, recording and micro-step; the compute and transfer
+ * passes are cheap and seldom repeated) is recorded the same way, one
+ * level down: the same pass of the same plan
  * state (every array above, the layouts and the times the last pass left
  * included) run again, as when a rejected trial is tried again on the same
  * plan or plan.c simulates the walk's memo'd choice again, takes the
@@ -104,8 +105,8 @@ typedef struct {
 	double f;
 } memo_entry_t;
 
-/* A full pass: the key's segments, then the slices, devices and waves
- * it left. */
+/* A pass: the key's segments, then the slices, devices and waves it
+ * left. */
 typedef struct {
 	uint64_t hash;
 	size_t len;

@@ -66,12 +66,14 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->on = sp_arena_calloc(a, nr, sizeof *out->on);
 	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
+	out->claim = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(int));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
 	out->sum = sp_arena_calloc(a, nr, sizeof(double));
 	out->cap = sp_arena_calloc(a, nr, sizeof(double));
 	for (size_t r = 0; out->cap && r + 1 < nr; r++)
 		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
-	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->left || !out->sum ||
+	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->claim ||
+	    !out->left || !out->sum ||
 	    !out->cap ||
 	    !out->pending.e || !out->ev.e || !out->lv.e || !out->touched)
 		return SP_ENOMEM;
@@ -167,8 +169,9 @@ static int drain_begin(fl_net_t *n, int j)
 	jb->t_ref = n->now;
 	for (int i = 0; i < ph->n_load; i++) {
 		int r = ph->load[i].res;
-		if (sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
-				  sizeof(struct fl_on)) ||
+		if ((n->ln[r] >= n->lcap[r] &&
+		     sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
+				   sizeof(struct fl_on))) ||
 		    seed(n, r))
 			return SP_ENOMEM;
 		jb->slot[i] = n->ln[r];
@@ -253,23 +256,24 @@ static int next_phase(fl_net_t *n, int j)
 }
 
 /* Waiting all-reduces whose members are all free start, in order; one that
- * waits holds its members for the later ones (busy bit 2, for this scan:
- * a device runs its all-reduces in the order they became ready); one that
- * finishes at once frees its members for the rest. */
+ * waits holds its members for the later ones (claim: this scan's number,
+ * so a device runs its all-reduces in the order they became ready; the
+ * next scan's number lets them go); one that finishes at once frees its
+ * members for the rest. */
 static int start_waiting(fl_net_t *n)
 {
 	while (n->freed) {
 		n->freed = 0;
-		int kept = 0, rc = 0;
+		int kept = 0, rc = 0, scan = ++n->scan;
 		for (int w = 0; w < n->n_waiting; w++) {
 			int j = n->waiting[w];
 			fl_job_t *jb = &n->jobs[j];
 			int free = 1;
 			for (int i = 0; i < jb->n_dev && free; i++)
-				free = !n->busy[jb->devs[i]];
+				free = !n->busy[jb->devs[i]] && n->claim[jb->devs[i]] != scan;
 			if (!free || rc < 0) {
 				for (int i = 0; i < jb->n_dev; i++)
-					n->busy[jb->devs[i]] |= 2;
+					n->claim[jb->devs[i]] = scan;
 				n->waiting[kept++] = j;
 				continue;
 			}
@@ -279,9 +283,6 @@ static int start_waiting(fl_net_t *n)
 				finish(n, j);
 		}
 		n->n_waiting = kept;
-		for (int w = 0; w < kept; w++)
-			for (int i = 0; i < n->jobs[n->waiting[w]].n_dev; i++)
-				n->busy[n->jobs[n->waiting[w]].devs[i]] &= 1;
 		if (rc < 0)
 			return rc;
 	}
@@ -435,7 +436,8 @@ static int share(fl_net_t *n)
 				int r2 = ph->load[i].res;
 				if (n->lmark[r2] != ep)
 					link_join(n, r2, &nl);
-				if (sp_arena_grow(n->a, (void **)&n->on[r2], &n->oncap[r2],
+				if (n->cnt[r2] >= n->oncap[r2] &&
+				    sp_arena_grow(n->a, (void **)&n->on[r2], &n->oncap[r2],
 						  n->cnt[r2] + 1, sizeof(int)))
 					return SP_ENOMEM;
 				n->on[r2][n->cnt[r2]++] = k;

@@ -369,6 +369,7 @@ typedef struct {
 	int *seeded;             /* per link: the epoch it is a seed for */
 	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
+	int *claim, scan;        /* per device: the start_waiting scan holding it */
 	char *touched;           /* per link: in changed[] (its level changed this round) */
 	/* while sharing: per link what is left, the unfrozen weight, its loads'
 	 * jobs (component slots on[r][0..cnt), unfrozen of them); the
@@ -854,6 +855,7 @@ typedef struct {
 	uint64_t hash;
 	size_t len;
 	unsigned char *blob; /* the plan's bytes, malloc'd (NULL: not kept) */
+	int32_t tag[3];      /* sim_pass_*: the pass */
 } sim_memo_key_t;
 /* 1 when a plan equal to p (lowered, not yet simulated) was simulated
  * earlier in this run (sim_memo_add): its result into *r and *f. Else 0,
@@ -865,6 +867,16 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
  * failed, nothing is recorded (key's bytes are freed either way). 0 or
  * SP_ENOMEM. */
 int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, double f);
+/* sim.c's pass tag (mode, record, micro-step; a pass with sync) of p in
+ * the state it is in now, run earlier in this run (sim_pass_add): 1, its
+ * iteration and busy time into out[0..1] and the times it recorded into
+ * p's slices, devices and waves. Else 0, and key holds p's bytes (when
+ * there is room) for sim_pass_add; or SP_ENOMEM. */
+int sim_pass_find(planner_t *pl, sp_plan_t *p, const int32_t tag[3], sim_memo_key_t *key,
+		  double out[2]);
+/* key's plan passed to out[0..1], its times recorded in p; out NULL: the
+ * pass failed, nothing is recorded. 0 or SP_ENOMEM. */
+int sim_pass_add(planner_t *pl, sim_memo_key_t *key, const sp_plan_t *p, const double *out);
 /* Frees the recorded plans' bytes (before pl->arena goes). */
 void sim_memo_release(planner_t *pl);
 /* 1 when plans a and b are equal in every array the memo keys on (those

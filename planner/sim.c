@@ -968,7 +968,8 @@ static int run_scoped(sim_t *st, sim_out_t *res)
 	return 0;
 }
 
-static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim_out_t *res)
+static int run_pass(planner_t *pl, sp_plan_t *p, int mode, int record, int micro,
+		    sim_out_t *res)
 {
 	sim_t st = {.pl = pl, .p = p, .mode = mode, .record = record, .micro = micro,
 		    .db = dtype_bytes(pl->model->dtype)};
@@ -977,6 +978,37 @@ static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim
 	sp_arena_reset(&pl->scratch, mark);
 	if (rc == SP_ENOMEM)
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	return rc;
+}
+
+/* run_pass, or for a pass with sync (the costly one; the compute and
+ * transfer passes of a plan run again are too few to pay for the memo's
+ * copies), the result and times of the same pass (mode, record, micro) of
+ * the same plan state run before in this run (sim_memo.c: a rejected
+ * trial tried again, a plan simulated again). SPINDLE_NO_PASS_MEMO set:
+ * every pass runs (a check of the memo's exactness,
+ * tests/planner/pass_memo.py). */
+static int run(planner_t *pl, sp_plan_t *p, int mode, int record, int micro, sim_out_t *res)
+{
+	sim_memo_key_t key;
+	double o[2];
+	int32_t tag[3] = {mode, record, micro};
+	if (!(mode & SIM_SYNC) || getenv("SPINDLE_NO_PASS_MEMO"))
+		return run_pass(pl, p, mode, record, micro, res);
+	int rc = sim_pass_find(pl, p, tag, &key, o);
+	if (rc == 1) {
+		res->iteration = o[0];
+		res->busy_total = o[1];
+		return 0;
+	}
+	if (rc)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	rc = run_pass(pl, p, mode, record, micro, res);
+	o[0] = res->iteration;
+	o[1] = res->busy_total;
+	int mrc = sim_pass_add(pl, &key, p, rc ? NULL : o);
+	if (!rc && mrc)
+		rc = sp_err_set(pl->err, mrc, NULL, 0, 0, NULL, "out of memory");
 	return rc;
 }
 

@@ -23,9 +23,24 @@
  * once, never zeroed), at most SIM_MEMO_BYTES in all per run (past it,
  * plans are simulated and not recorded); the entries in pl->arena,
  * sim_memo_release frees the copies.
+ *
+ * Each pass of the simulator with sync (sim_pass_*, sim.c's run: the full
+ * pass, by mode, recording and micro-step; the compute and transfer
+ * passes are cheap and seldom repeated) is recorded the same way, one
+ * level down: the same pass of the same plan
+ * state (every array above, the layouts and the times the last pass left
+ * included) run again, as when a rejected trial is tried again on the same
+ * plan or plan.c simulates the walk's memo'd choice again, takes the
+ * recorded iteration and busy time and the times the pass wrote into the
+ * plan (its slices, devices and waves) instead of a run. Exact for the
+ * reason above: a pass reads only those arrays and the run's constants.
+ * Only the planner that made the memo uses it: a worker thread's copy of
+ * the planner (jobs.c) sees its pointer but not as its own, and makes
+ * none (see memo_of).
  */
 #include "planner.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,9 +105,23 @@ typedef struct {
 	double f;
 } memo_entry_t;
 
+/* A pass: the key's segments, then the slices, devices and waves it
+ * left. */
+typedef struct {
+	uint64_t hash;
+	size_t len;
+	unsigned char *blob;
+	int32_t tag[3];
+	double iteration, busy_total;
+} pass_entry_t;
+
 struct sim_memo {
+	const planner_t *owner; /* the planner whose memo it is */
 	memo_entry_t *e;
 	int n, cap;
+	pass_entry_t *pe;
+	int n_pass, cap_pass;
+	long pass_hits, pass_runs; /* SPINDLE_PASS_MEMO_STATS */
 	size_t bytes;
 };
 
@@ -141,6 +170,7 @@ int sim_memo_find(planner_t *pl, const sp_plan_t *p, sim_memo_key_t *key, sim_re
 	/* not seen: its bytes, for sim_memo_add once it is simulated */
 	if (!m && !(m = pl->sim_memo = sp_arena_calloc(&pl->arena, 1, sizeof *m)))
 		return SP_ENOMEM;
+	m->owner = m->owner ? m->owner : pl;
 	if (m->bytes + key->len > SIM_MEMO_BYTES)
 		return 0;
 	if (!(key->blob = malloc(key->len + 1)))
@@ -177,8 +207,13 @@ int sim_memo_add(planner_t *pl, sim_memo_key_t *key, const sim_result_t *r, doub
 void sim_memo_release(planner_t *pl)
 {
 	struct sim_memo *m = pl->sim_memo;
+	if (m && getenv("SPINDLE_PASS_MEMO_STATS")) /* a diagnostic for tests */
+		fprintf(stderr, "pass memo: %ld of %ld passes with sync taken from it\n",
+			m->pass_hits, m->pass_hits + m->pass_runs);
 	for (int i = 0; m && i < m->n; i++)
 		free(m->e[i].blob);
+	for (int i = 0; m && i < m->n_pass; i++)
+		free(m->pe[i].blob);
 	pl->sim_memo = NULL; /* the entries were in pl->arena */
 }
 
@@ -192,4 +227,115 @@ int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b)
 		if (sa[i].n != sb[i].n || (sa[i].n && memcmp(sa[i].p, sb[i].p, sa[i].n)))
 			return 0;
 	return 1;
+}
+
+/* ---- one pass of the simulator (sim.c run) ----------------------------------- */
+
+/* pl's own memo, made on first use (NULL: none for pl). A worker thread's
+ * planner is a copy of the walk's (jobs.c): it finds the walk's memo, not
+ * its own, and while the walk's planner has no workers (pl->jobs NULL
+ * under --jobs 2+) nothing tells a copy from the walk's own, so no memo is
+ * made then. */
+static struct sim_memo *memo_of(planner_t *pl, int *rc)
+{
+	struct sim_memo *m = pl->sim_memo;
+	*rc = 0;
+	if (m)
+		return m->owner == pl ? m : NULL;
+	if (pl->opts->jobs > 1 && !pl->jobs)
+		return NULL;
+	if (!(m = pl->sim_memo = sp_arena_calloc(&pl->arena, 1, sizeof *m))) {
+		*rc = SP_ENOMEM;
+		return NULL;
+	}
+	m->owner = pl;
+	return m;
+}
+
+/* The outputs of a full pass: what record_times writes. */
+static void pass_outs(const sp_plan_t *p, seg_t o[3])
+{
+	o[0] = (seg_t){p->slices, sizeof *p->slices * (size_t)p->n_slices};
+	o[1] = (seg_t){p->devices, sizeof *p->devices * (size_t)p->n_devices};
+	o[2] = (seg_t){p->waves, sizeof *p->waves * (size_t)p->n_waves};
+}
+
+int sim_pass_find(planner_t *pl, sp_plan_t *p, const int32_t tag[3], sim_memo_key_t *key,
+		  double out[2])
+{
+	counts_t c;
+	seg_t s[SEG__COUNT], o[3];
+	int rc;
+	struct sim_memo *m = memo_of(pl, &rc);
+	memset(key, 0, sizeof *key);
+	if (!m)
+		return rc;
+	plan_segs(p, &c, s);
+	pass_outs(p, o);
+	key->hash = plan_hash(s);
+	for (int i = 0; i < SEG__COUNT; i++)
+		key->len += s[i].n;
+	for (int i = 0; i < m->n_pass; i++) {
+		const pass_entry_t *e = &m->pe[i];
+		if (e->hash != key->hash || memcmp(e->tag, tag, sizeof e->tag) ||
+		    e->len != key->len + o[0].n + o[1].n + o[2].n || !blob_equal(e->blob, key->len, s))
+			continue;
+		const unsigned char *b = e->blob + key->len;
+		for (int k = 0; k < 3; k++) { /* the times the pass wrote */
+			if (o[k].n)
+				memcpy((void *)o[k].p, b, o[k].n);
+			b += o[k].n;
+		}
+		out[0] = e->iteration;
+		out[1] = e->busy_total;
+		key->len = 0;
+		m->pass_hits++;
+		return 1;
+	}
+	size_t all = key->len + o[0].n + o[1].n + o[2].n;
+	m->pass_runs++;
+	if (m->bytes + all > SIM_MEMO_BYTES)
+		return 0;
+	if (!(key->blob = malloc(all + sizeof key->tag + 1)))
+		return SP_ENOMEM;
+	memcpy(key->tag, tag, sizeof key->tag);
+	size_t off = 0;
+	for (int i = 0; i < SEG__COUNT; i++) {
+		if (s[i].n)
+			memcpy(key->blob + off, s[i].p, s[i].n);
+		off += s[i].n;
+	}
+	m->bytes += all;
+	return 0;
+}
+
+int sim_pass_add(planner_t *pl, sim_memo_key_t *key, const sp_plan_t *p, const double *out)
+{
+	struct sim_memo *m = pl->sim_memo;
+	seg_t o[3];
+	int rc = 0;
+	if (!key->blob)
+		return 0; /* no room, or not pl's memo: not recorded */
+	pass_outs(p, o);
+	size_t all = key->len + o[0].n + o[1].n + o[2].n;
+	if (out && m->n_pass == m->cap_pass)
+		rc = sp_arena_grow(&pl->arena, (void **)&m->pe, &m->cap_pass, m->n_pass + 1,
+				   sizeof *m->pe);
+	if (!out || rc) {
+		m->bytes -= all;
+		free(key->blob);
+		key->blob = NULL;
+		return rc;
+	}
+	unsigned char *b = key->blob + key->len;
+	for (int k = 0; k < 3; k++) {
+		if (o[k].n)
+			memcpy(b, o[k].p, o[k].n);
+		b += o[k].n;
+	}
+	pass_entry_t *e = &m->pe[m->n_pass++];
+	*e = (pass_entry_t){key->hash, all, key->blob, {0}, out[0], out[1]};
+	memcpy(e->tag, key->tag, sizeof e->tag);
+	key->blob = NULL;
+	return 0;
 }

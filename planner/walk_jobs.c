@@ -578,9 +578,23 @@ static int top_run(planner_t *pl, sp_job_t *job)
  * every array the simulator and layout_refine read (sim_memo_same), in
  * their results and in being simulated already (top_ready then does the
  * same to both). */
+/* Field by field: memcmp would read the struct's padding. A field added
+ * to sim_result_t must be added here (the assertion notices). */
+_Static_assert(sizeof(sim_result_t) == 9 * sizeof(double) + 2 * sizeof(int),
+	       "result_same compares every field of sim_result_t");
+static int result_same(const sim_result_t *a, const sim_result_t *b)
+{
+	return a->iteration_ms == b->iteration_ms && a->compute_ms == b->compute_ms &&
+	       a->utilisation == b->utilisation && a->transfer_ms == b->transfer_ms &&
+	       a->sync_ms == b->sync_ms && a->step_ms == b->step_ms &&
+	       a->xfer_iteration_ms == b->xfer_iteration_ms &&
+	       a->xfer_last_ms == b->xfer_last_ms && a->busy_before == b->busy_before &&
+	       a->partial == b->partial;
+}
+
 static int top_same(const top_ent_t *a, const top_ent_t *b)
 {
-	return a->ready == b->ready && a->f == b->f && !memcmp(&a->r, &b->r, sizeof a->r) &&
+	return a->ready == b->ready && a->f == b->f && result_same(&a->r, &b->r) &&
 	       sim_memo_same(&a->p, &b->p);
 }
 

@@ -59,6 +59,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
 	/* at most one entry per job or link: the heaps never grow */
 	out->pending.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
+	out->in_order = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
 	out->ev.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
 	out->lv.e = sp_arena_calloc(a, nr, sizeof(fl_ev_t));
 	out->touched = sp_arena_calloc(a, nr, sizeof(char));
@@ -75,7 +76,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->claim ||
 	    !out->left || !out->sum ||
 	    !out->cap ||
-	    !out->pending.e || !out->ev.e || !out->lv.e || !out->touched)
+	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched)
 		return SP_ENOMEM;
 	return 0;
 }
@@ -93,8 +94,41 @@ static int new_job(fl_net_t *n, double start)
 	jb->done = -1;
 	jb->state = J_PENDING;
 	n->ev.pos[j] = -1;
-	heap_push(&n->pending, (fl_ev_t){jb->start, j});
+	/* j exceeds every job's id: after the list's last when it starts no
+	 * earlier */
+	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t)
+		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
+	else
+		heap_push(&n->pending, (fl_ev_t){jb->start, j});
 	return j;
+}
+
+/* 1 when the next job to start, the least (start, job) of the in-order
+ * list and the pending heap, is the list's first. */
+static int pend_from_list(const fl_net_t *n)
+{
+	if (n->in_head == n->in_n)
+		return 0;
+	if (n->pending.n == 0)
+		return 1;
+	fl_ev_t a = n->in_order[n->in_head], b = n->pending.e[0];
+	return a.t < b.t || (a.t == b.t && a.id < b.id);
+}
+
+/* When the next job starts; HUGE_VAL when none waits to. */
+static double pend_next(const fl_net_t *n)
+{
+	if (pend_from_list(n))
+		return n->in_order[n->in_head].t;
+	return n->pending.n > 0 ? n->pending.e[0].t : HUGE_VAL;
+}
+
+/* The next job to start, taken out (one must wait to). */
+static int pend_pop(fl_net_t *n)
+{
+	if (pend_from_list(n))
+		return n->in_order[n->in_head++].id;
+	return heap_pop(&n->pending).id;
 }
 
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
@@ -493,8 +527,9 @@ static int step_to(fl_net_t *n, double t)
 			heap_set(&n->ev, j, t + lat);
 		}
 	}
-	while (!rc && n->pending.n > 0 && n->pending.e[0].t <= t * (1 + SAME_TIME)) {
-		int j = heap_pop(&n->pending).id;
+	while (!rc && (n->pending.n > 0 || n->in_head < n->in_n) &&
+	       pend_next(n) <= t * (1 + SAME_TIME)) {
+		int j = pend_pop(n);
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {
 			jb->state = J_WAITING;
@@ -514,7 +549,7 @@ int fl_advance(fl_net_t *n, int until_arrival)
 	for (;;) {
 		if (n->n_seeds > 0 && (rc = share(n)))
 			return rc;
-		double t = n->pending.n > 0 ? n->pending.e[0].t : HUGE_VAL;
+		double t = pend_next(n);
 		t = fmin(t, ev_next(n));
 		if (t == HUGE_VAL)
 			return 0;

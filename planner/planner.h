@@ -360,6 +360,11 @@ typedef struct {
 	fl_job_t *jobs;
 	int *waiting;            /* ready all-reduces */
 	fl_heap_t pending, ev, lv; /* jobs by start; phase ends; links by level */
+	/* jobs by start too: those added in (start, job) order after the
+	 * last one here, in that order at [in_head, in_n); the pending heap
+	 * holds the others (most jobs come in order) */
+	fl_ev_t *in_order;
+	int in_head, in_n;
 	/* per link: the loads draining through it (job, index of the load) */
 	struct fl_on {
 		int job, load;

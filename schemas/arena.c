@@ -87,7 +87,9 @@ static sp_arena_block_t *new_block(sp_arena_t *a, size_t n)
 	return b;
 }
 
-void *sp_arena_alloc(sp_arena_t *a, size_t n)
+/* n bytes as sp_arena_alloc gives them, not zeroed yet (the caller
+ * writes every byte before any is read). */
+static void *arena_take(sp_arena_t *a, size_t n)
 {
 	if (n > ((size_t)1 << 40))
 		return NULL;
@@ -108,7 +110,14 @@ void *sp_arena_alloc(sp_arena_t *a, size_t n)
 	b->used += n;
 	a->used_total += n;
 	UNPOISON(p, asked);
-	memset(p, 0, asked);
+	return p;
+}
+
+void *sp_arena_alloc(sp_arena_t *a, size_t n)
+{
+	void *p = arena_take(a, n);
+	if (p)
+		memset(p, 0, n);
 	return p;
 }
 
@@ -158,11 +167,14 @@ int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
 	if (need <= *cap)
 		return 0;
 	int nc = grown_cap(*cap, need);
-	void *np = nc < 0 ? NULL : sp_arena_calloc(a, (size_t)nc, sz);
+	/* the old elements copied, only the new room zeroed */
+	void *np = nc < 0 || (sz && (size_t)nc > SIZE_MAX / sz) ? NULL
+								: arena_take(a, (size_t)nc * sz);
 	if (!np)
 		return SP_ENOMEM;
 	if (*cap)
 		memcpy(np, *p, (size_t)*cap * sz);
+	memset((char *)np + (size_t)*cap * sz, 0, (size_t)(nc - *cap) * sz);
 	*p = np;
 	*cap = nc;
 	return 0;

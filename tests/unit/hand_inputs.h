@@ -27,9 +27,11 @@ static inline void hand_inputs(const char *model, const char *cluster, sp_model_
 	assert_int_equal(rc, 0);
 }
 
-/* Frees what a test built on hand_inputs holds: pl's arenas, m and c. */
+/* Frees what a test built on hand_inputs holds: pl's simulator memo (its
+ * copies are on the heap), its arenas, m and c. */
 static inline void hand_release(planner_t *pl, sp_model_t *m, sp_cluster_t *c)
 {
+	sim_memo_release(pl);
 	sp_arena_release(&pl->arena);
 	sp_arena_release(&pl->scratch);
 	model_release(m);

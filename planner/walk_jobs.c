@@ -574,10 +574,6 @@ static int top_run(planner_t *pl, sp_job_t *job)
 	return top_step(pl, job->arg, 0);
 }
 
-/* 1 when kept plans a and b refine to the same plan and result: equal in
- * every array the simulator and layout_refine read (sim_memo_same), in
- * their results and in being simulated already (top_ready then does the
- * same to both). */
 /* Field by field: memcmp would read the struct's padding. A field added
  * to sim_result_t must be added here (the assertion notices). */
 _Static_assert(sizeof(sim_result_t) == 9 * sizeof(double) + 2 * sizeof(int),
@@ -592,6 +588,10 @@ static int result_same(const sim_result_t *a, const sim_result_t *b)
 	       a->partial == b->partial;
 }
 
+/* 1 when kept plans a and b refine to the same plan and result: equal in
+ * every array the simulator and layout_refine read (sim_memo_same), in
+ * their results and in being simulated already (top_ready then does the
+ * same to both). */
 static int top_same(const top_ent_t *a, const top_ent_t *b)
 {
 	return a->ready == b->ready && a->f == b->f && result_same(&a->r, &b->r) &&

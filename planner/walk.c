@@ -228,7 +228,7 @@ static int top_keep(walk_t *w, const held_t *h, sp_plan_t *p, int ready, double 
 		return rc;
 	}
 	t->e[t->n++] = (top_ent_t){.c = h->c, .p = *p, .lb = h->lb, .lbr = lbr, .idx = idx,
-				   .ready = ready, .r = h->r, .f = h->f};
+				   .ready = ready, .known = h->simulated, .r = h->r, .f = h->f};
 	t->peak = t->n + 1 > t->peak ? t->n + 1 : t->peak;
 	memset(p, 0, sizeof *p);
 	return 0;
@@ -267,7 +267,8 @@ static int walk_judge(walk_t *w, held_t *h)
 	if (plan_better(w->found, &h->r, h->f, w->res, *w->over)) {
 		const sched_cand_t *was = w->chosen ? *w->chosen : NULL;
 		sp_plan_t old = *w->out;
-		held_t prev = {.c = was, .r = *w->res, .f = *w->over, .lb = w->lb};
+		held_t prev = {.c = was, .r = *w->res, .f = *w->over, .lb = w->lb,
+			       .simulated = 1};
 		int old_ready = w->ready, old_idx = w->idx, had = w->found;
 		double old_lbr = w->lbr;
 		*w->out = h->p;

@@ -107,12 +107,14 @@ typedef struct seq_refine {
 
 /* A candidate's lowered plan kept by the walk for top_choose (ours): lbr
  * bounds its refined iteration; ready: p is as plan_simulated leaves it
- * and r, f its result (else p is the lowered plan, simulated there). */
+ * and r, f its result (else p is the lowered plan, simulated there);
+ * known: r, f are its result even where not ready (sim_memo's: an equal
+ * plan simulated). */
 typedef struct {
 	const sched_cand_t *c;
 	sp_plan_t p;
 	double lb, lbr;
-	int idx, ready;
+	int idx, ready, known;
 	sim_result_t r;
 	double f;
 } top_ent_t;

@@ -520,18 +520,29 @@ static int top_before(const void *a, const void *b)
 	return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
-/* Kept plan e as the walk's choice is before refine_checked: simulated on
- * the walk's tables (set) unless it is already, its other times too. */
-static int top_ready(planner_t *pl, int set, top_ent_t *e)
+/*
+ * Kept plan e as the walk's choice is before refine_checked: simulated on
+ * the walk's tables (set) unless it is already, its other times too, where
+ * top_step refines it: its iteration within limit. Above it, e is never
+ * read again (top_choose skips a plan top_step did not refine), so its
+ * other times are left (sim_complete leaves the iteration as it is), and
+ * so is its simulation where its result is known (e->known: sim_memo's,
+ * which the simulation gives again, bit for bit). all (the debug env
+ * SPINDLE_TOP_READY_ALL, for the test that the plans are the same): every
+ * plan readied in full, as before these two shortcuts.
+ */
+static int top_ready(planner_t *pl, int set, top_ent_t *e, double limit, int all)
 {
 	int rc = 0, was = pl->tables;
+	if (!all && !e->ready && e->known && e->r.iteration_ms > limit)
+		return 0;
 	if (was != set)
 		cost_use(pl, set);
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	if (!e->ready)
 		rc = plan_simulated(pl, 1, &e->p, &e->r, &e->f);
 	sp_arena_reset(&pl->scratch, mark);
-	if (!rc && e->r.partial) {
+	if (!rc && e->r.partial && (all || e->r.iteration_ms <= limit)) {
 		rc = sim_complete(pl, &e->p, &e->r);
 		sp_arena_reset(&pl->scratch, mark);
 	}
@@ -549,6 +560,7 @@ typedef struct {
 	top_ent_t *e;
 	int set, tables; /* e's walk's tables (top_ready); the caller's */
 	double limit;
+	int all;     /* top_ready's */
 	int dup;     /* an earlier kept plan equal to e (top_same), or -1 */
 	int queued;  /* job queued (--jobs) */
 	int refined; /* e refined: readied within the limit, no error */
@@ -557,7 +569,7 @@ typedef struct {
 static int top_step(planner_t *pl, top_job_t *tj, int par)
 {
 	top_ent_t *e = tj->e;
-	int rc = top_ready(pl, tj->set, e), was = pl->tables;
+	int rc = top_ready(pl, tj->set, e, tj->limit, tj->all), was = pl->tables;
 	if (rc || e->r.iteration_ms > tj->limit)
 		return rc;
 	if (was != tj->tables)
@@ -637,6 +649,7 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 	int rc = 0, best = t->idx;
 	double within = pl->opts->refine_within ? pl->opts->refine_within : 0.10;
 	double limit = within < 0 ? HUGE_VAL : t->unref * (1 + within);
+	int all = getenv("SPINDLE_TOP_READY_ALL") != NULL; /* top_ready's */
 	top_job_t *tj = NULL;
 	if (t->n > 1)
 		qsort(t->e, (size_t)t->n, sizeof *t->e, top_before);
@@ -646,7 +659,7 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 	}
 	for (int i = 0; i < t->n; i++) {
 		tj[i] = (top_job_t){.e = &t->e[i], .set = t->set, .tables = pl->tables,
-				    .limit = limit, .dup = -1};
+				    .limit = limit, .all = all, .dup = -1};
 		for (int j = 0; j < i && tj[i].dup < 0; j++)
 			if (t->e[j].idx < t->e[i].idx && top_same(&t->e[j], &t->e[i]))
 				tj[i].dup = j;

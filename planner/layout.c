@@ -592,7 +592,9 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			tried++;
 		}
 	sim_result_t r = *res;
-	if (!tried || (rc = regather(p)) || (rc = sim_sync_again(pl, p, &r)))
+	if (tried && !(rc = regather(p)))
+		sim_stats_note("trial shard_all", p);
+	if (!tried || rc || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
 	if (r.iteration_ms <= res->iteration_ms * (1 + 1e-9))
 		*res = r;
@@ -644,7 +646,9 @@ static int try_zero1_recompute(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			goto cleanup;
 	}
 	sim_result_t r;
-	if (fits && !(rc = regather(p)) &&
+	if (fits && !(rc = regather(p)))
+		sim_stats_note("trial zero1_recompute", p);
+	if (fits && !rc &&
 	    !(rc = res->partial ? sim_iteration(pl, p, &r) : sim_run(pl, p, 1, &r)) &&
 	    r.iteration_ms < res->iteration_ms * (1 - 1e-9))
 		*res = r;
@@ -686,7 +690,10 @@ static int try_overlap(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	if ((rc = remem(p, all, p->n_devices, safe)))
 		goto cleanup;
 	sim_result_t r = *res;
-	if (worst_device(pl, p) < 0 && !(rc = sim_sync_again(pl, p, &r)) &&
+	int fits = worst_device(pl, p) < 0;
+	if (fits)
+		sim_stats_note("trial overlap", p);
+	if (fits && !(rc = sim_sync_again(pl, p, &r)) &&
 	    r.iteration_ms < res->iteration_ms * (1 - 1e-9))
 		*res = r;
 	else if (!rc)
@@ -768,8 +775,9 @@ int layout_zero3(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		rc = lower_run_z3(pl, &s, &pc, pl->lay_big, &q);
 	for (int b = 0; !rc && b < q.n_buckets; b++)
 		any |= q.buckets[b].layout == LAYOUT_ZERO3;
-	if (!rc && any && !(rc = memplan_run(pl, &q, 0)) && !(rc = layout_fit(pl, &q)) &&
-	    !(rc = sim_run(pl, &q, 1, &r)))
+	if (!rc && any && !(rc = memplan_run(pl, &q, 0)) && !(rc = layout_fit(pl, &q)))
+		sim_stats_note("zero3", &q);
+	if (!rc && any && !(rc = sim_run(pl, &q, 1, &r)))
 		rc = layout_trial(pl, &q, &r);
 	sp_arena_reset(a, mark);
 	int keep = 0;

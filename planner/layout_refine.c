@@ -183,10 +183,12 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
  * the sync pass simulated again, the change kept when the iteration is
  * faster than res (res then the new one), else the plan as t saved it. */
 static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
-			  const trial_save_t *t)
+			  const trial_save_t *t, const char *site)
 {
 	sim_result_t r = *res;
 	int rc = regather(p);
+	if (!rc)
+		sim_stats_note(site, p);
 	if (rc || (rc = sim_sync_again(pl, p, &r)))
 		return rc;
 	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
@@ -237,7 +239,7 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 	if ((rc = trial_save(a, p, &t)))
 		goto cleanup;
 	defer_apply(pl, p, shard);
-	rc = keep_if_faster(pl, p, res, &t);
+	rc = keep_if_faster(pl, p, res, &t, shard ? "refine defer (shard)" : "refine defer");
 cleanup:
 	sp_arena_reset(a, mark);
 	return rc;
@@ -299,8 +301,10 @@ static int defer_one_sim(planner_t *pl, sp_plan_t *p, int b, sim_result_t *r)
 {
 	int rc = set_layout(pl, p, b, LAYOUT_ZERO1);
 	p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b, dtype_bytes(p->model.dtype));
-	if (!rc && !(rc = regather(p)))
+	if (!rc && !(rc = regather(p))) {
+		sim_stats_note("refine defer_one", p);
 		rc = sim_sync_again(pl, p, r);
+	}
 	return rc;
 }
 
@@ -512,8 +516,10 @@ int layout_last_run(planner_t *pl, layout_last_t *t)
 		return 0;
 	defer_apply(pl, &t->q, 1);
 	int rc = regather(&t->q);
-	if (!rc)
+	if (!rc) {
+		sim_stats_note("refine defer (shard)", &t->q);
 		rc = sim_sync_again(pl, &t->q, &t->r);
+	}
 	return t->rc = no_memory(pl, rc);
 }
 
@@ -600,7 +606,7 @@ static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	for (int i = 0; i < n; i++)
 		if (t.z1[cand[i]])
 			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
-	rc = keep_if_faster(pl, p, res, &sv);
+	rc = keep_if_faster(pl, p, res, &sv, "refine zero1");
 done:
 	sp_arena_reset(a, mark);
 	return rc;

@@ -565,6 +565,7 @@ static int plan_micro(const plan_opts_t *o, const sp_model_t *m, int k, const sp
 cleanup:
 	jobs_free(pl.jobs); /* the allotments in its arenas are read last above */
 	sim_memo_release(&pl);
+	sim_stats_print(); /* SPINDLE_SIM_STATS */
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)

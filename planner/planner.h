@@ -888,6 +888,17 @@ void sim_memo_release(planner_t *pl);
  * the simulator and the layout trials read), else 0. */
 int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b);
 
+/* ---- sim_stats.c: the debug env SPINDLE_SIM_STATS ------------------------------ */
+
+/* Before a whole-plan simulation of p at site (a string literal): counted,
+ * with whether p's state was simulated before (every whole-plan
+ * simulation runs the same full pass with sync on it: sim_iteration,
+ * sim_run, sim_sync_again). sim_stats_print prints the counts on stderr
+ * (plan.c, at the end of a run). Both do nothing unless SPINDLE_SIM_STATS
+ * is set. */
+void sim_stats_note(const char *site, const sp_plan_t *p);
+void sim_stats_print(void);
+
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 
 /* Which components the estimates price with zero-1 state and recomputed

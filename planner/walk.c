@@ -313,6 +313,7 @@ static int held_simulate(planner_t *pl, held_t *h)
 		return 0;
 	}
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	sim_stats_note("walk", &h->p);
 	int rc = plan_simulated(pl, 1, &h->p, &h->r, &h->f);
 	sp_arena_reset(&pl->scratch, mark);
 	int mrc = memo ? sim_memo_add(pl, &key, rc ? NULL : &h->r, h->f) : 0;
@@ -515,6 +516,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			memset(&var[k].p, 0, sizeof var[k].p);
 			if (!rc && !ours) {
 				mark = sp_arena_mark(&pl->scratch);
+				sim_stats_note("walk (not ours)", &y.p);
 				rc = plan_simulated(pl, 0, &y.p, &y.r, &y.f);
 				sp_arena_reset(&pl->scratch, mark);
 				y.simulated = 1;
@@ -593,6 +595,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		sim_result_t r;
 		double f;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+		sim_stats_note("walk's memo'd choice", out);
 		rc = plan_simulated(pl, 1, out, &r, &f);
 		sp_arena_reset(&pl->scratch, mark);
 		if (!rc && (r.iteration_ms != res->iteration_ms || f != *over))

@@ -85,6 +85,7 @@ static int par_sim_run(planner_t *pl, sp_job_t *job)
 	jobs_unlock(w->jobs);
 	if (!pl->opts->simulate_all && pc->lb[k] >= best * FASTER)
 		return 0; /* the walk would hardly simulate it */
+	sim_stats_note("walk job", &pc->p[k]);
 	rc = plan_simulated(pl, 1, &pc->p[k], &pc->r[k], &pc->f[k]);
 	pc->ran[k] = 1;
 	if (!rc && pc->f[k] <= 0) {
@@ -539,8 +540,10 @@ static int top_ready(planner_t *pl, int set, top_ent_t *e, double limit, int all
 	if (was != set)
 		cost_use(pl, set);
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-	if (!e->ready)
+	if (!e->ready) {
+		sim_stats_note("top_ready", &e->p);
 		rc = plan_simulated(pl, 1, &e->p, &e->r, &e->f);
+	}
 	sp_arena_reset(&pl->scratch, mark);
 	if (!rc && e->r.partial && (all || e->r.iteration_ms <= limit)) {
 		rc = sim_complete(pl, &e->p, &e->r);

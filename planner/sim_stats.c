@@ -1,0 +1,92 @@
+/*
+ * sim_stats.c — a diagnostic (the debug env SPINDLE_SIM_STATS): how many
+ * whole-plan simulations each site of the walk and of the layout trials
+ * asks for, and how many of them start from a plan state one before
+ * started from, so would give the same result again (sim_memo.c's pass
+ * memo takes those it holds: every whole-plan simulation runs the same
+ * full pass with sync on the state). A state is the arrays the simulator
+ * and the trials read and write (buckets, devices, slices, waves,
+ * programs), known by a 64-bit hash of them: a count, not a proof. Off
+ * (the default) it costs one branch per simulation; it never changes what
+ * the planner does. Counts over all threads (one lock).
+ */
+#include "planner.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STATS_SITES 16
+
+static struct {
+	pthread_mutex_t lock;
+	int on; /* -1: env not read yet */
+	const char *site[STATS_SITES];
+	long calls[STATS_SITES], again[STATS_SITES];
+	uint64_t *seen;
+	int n, cap;
+} st = {PTHREAD_MUTEX_INITIALIZER, -1, {0}, {0}, {0}, NULL, 0, 0};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static int stats_on(void)
+{
+	if (st.on < 0)
+		st.on = getenv("SPINDLE_SIM_STATS") != NULL;
+	return st.on;
+}
+
+void sim_stats_note(const char *site, const sp_plan_t *p)
+{
+	if (!stats_on())
+		return;
+	uint64_t h = fnv(0xcbf29ce484222325ull, p->buckets, sizeof *p->buckets * (size_t)p->n_buckets);
+	h = fnv(h, p->devices, sizeof *p->devices * (size_t)p->n_devices);
+	h = fnv(h, p->slices, sizeof *p->slices * (size_t)p->n_slices);
+	h = fnv(h, p->waves, sizeof *p->waves * (size_t)p->n_waves);
+	h = fnv(h, p->ins, sizeof *p->ins * (size_t)p->n_ins);
+	pthread_mutex_lock(&st.lock);
+	int s = 0;
+	while (s < STATS_SITES && st.site[s] && strcmp(st.site[s], site))
+		s++;
+	if (s < STATS_SITES) {
+		st.site[s] = site;
+		st.calls[s]++;
+		int i = 0;
+		while (i < st.n && st.seen[i] != h)
+			i++;
+		if (i < st.n)
+			st.again[s]++;
+		else if (!sp_grow((void **)&st.seen, &st.cap, st.n + 1, sizeof *st.seen))
+			st.seen[st.n++] = h;
+	}
+	pthread_mutex_unlock(&st.lock);
+}
+
+void sim_stats_print(void)
+{
+	if (!stats_on())
+		return;
+	long calls = 0, again = 0;
+	for (int s = 0; s < STATS_SITES && st.site[s]; s++) {
+		fprintf(stderr, "sim stats: %-22s %4ld simulations, %4ld of a state simulated before\n",
+			st.site[s], st.calls[s], st.again[s]);
+		calls += st.calls[s];
+		again += st.again[s];
+	}
+	fprintf(stderr, "sim stats: %-22s %4ld simulations, %4ld of a state simulated before\n",
+		"all", calls, again);
+	free(st.seen);
+	memset(st.calls, 0, sizeof st.calls);
+	memset(st.again, 0, sizeof st.again);
+	memset(st.site, 0, sizeof st.site);
+	st.seen = NULL;
+	st.n = st.cap = 0;
+}

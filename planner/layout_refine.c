@@ -270,8 +270,9 @@ static int any_replicated2(const sp_plan_t *p);
  * estimated 17.74, simulated 16.63); two, as each is a simulation of the
  * whole plan. The fastest is kept when faster than the plan (each trial
  * alone, the plan restored between them), as simulated: the last one as p
- * holds it, an earlier one from a copy taken after its simulation
- * (trial_snap_t; simulating it again would give the same bytes).
+ * holds it, an earlier one restored as trial_save found it after its
+ * simulation (the simulator writes the slices', waves' and devices' times,
+ * trial_save's; simulating it again would give the same bytes).
  */
 #define DEFER_ONE_TRIES 2
 
@@ -306,53 +307,6 @@ static int defer_one_sim(planner_t *pl, sp_plan_t *p, int b, sim_result_t *r)
 		rc = sim_sync_again(pl, p, r);
 	}
 	return rc;
-}
-
-/* A trial's plan as simulated: every array a trial and its simulation
- * write (the buckets' layouts and prices, the devices' memory and
- * programs' ranges, the slices' and waves' times, the programs), as
- * layout_last_init copies them; in the arena a. */
-typedef struct {
-	sp_bucket_t *bk;
-	sp_device_t *dv;
-	sp_slice_t *sl;
-	sp_wave_t *wv;
-	sp_ins_t *ins;
-	int32_t n_ins;
-} trial_snap_t;
-
-#define SNAP_ARRAYS(X)                                                        \
-	X(bk, buckets, n_buckets) X(dv, devices, n_devices) X(sl, slices, n_slices) \
-	X(wv, waves, n_waves) X(ins, ins, n_ins)
-
-static int snap_take(sp_arena_t *a, const sp_plan_t *p, trial_snap_t *s)
-{
-#define SNAP_TAKE(f, arr, n)                                                         \
-	if (!(s->f = sp_arena_calloc(a, (size_t)p->n + 1, sizeof *s->f)))            \
-		return SP_ENOMEM;                                                    \
-	memcpy(s->f, p->arr, sizeof *s->f * (size_t)p->n);
-	SNAP_ARRAYS(SNAP_TAKE)
-#undef SNAP_TAKE
-	s->n_ins = p->n_ins;
-	return 0;
-}
-
-/* p as snap_take found it: the same bytes (its programs in a new array, as
- * regather leaves them: the spare entry zero). */
-static int snap_put(sp_plan_t *p, const trial_snap_t *s)
-{
-	sp_ins_t *ins = malloc(sizeof *ins * ((size_t)s->n_ins + 1));
-	if (!ins)
-		return SP_ENOMEM;
-	memcpy(ins, s->ins, sizeof *ins * (size_t)s->n_ins);
-	memset(&ins[s->n_ins], 0, sizeof *ins);
-	free(p->ins);
-	p->ins = ins;
-	p->n_ins = s->n_ins;
-#define SNAP_PUT(f, arr, n) memcpy(p->arr, s->f, sizeof *s->f * (size_t)p->n);
-	SNAP_ARRAYS(SNAP_PUT)
-#undef SNAP_PUT
-	return 0;
 }
 
 static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
@@ -404,11 +358,11 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	}
 	if (!n || (rc = trial_save(a, p, &sv)))
 		goto cleanup;
-	/* on: the trial p holds (-1: the plan as sv saved it); snap: the
+	/* on: the trial p holds (-1: the plan as sv saved it); fast: the
 	 * fastest so far as simulated, when a trial follows it */
 	int best = -1, on = -1, tries = SP_MIN(n, DEFER_ONE_TRIES);
 	sim_result_t best_r = *res;
-	trial_snap_t snap = {0};
+	trial_save_t fast = {0};
 	for (int i = 0; i < tries; i++) {
 		sim_result_t r = *res;
 		if (on >= 0 && (rc = trial_restore(pl, p, &sv)))
@@ -419,7 +373,7 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		if (r.iteration_ms < best_r.iteration_ms * (1 - 1e-9)) {
 			best_r = r;
 			best = cand[i];
-			if (i + 1 < tries && (rc = snap_take(a, p, &snap)))
+			if (i + 1 < tries && (rc = trial_save(a, p, &fast)))
 				goto cleanup;
 		}
 	}
@@ -427,7 +381,7 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		*res = best_r;
 	else if (best < 0) /* none faster than the plan */
 		rc = trial_restore(pl, p, &sv);
-	else if (!(rc = snap_put(p, &snap))) /* the fastest as it was simulated */
+	else if (!(rc = trial_restore(pl, p, &fast))) /* the fastest as simulated */
 		*res = best_r;
 cleanup:
 	sp_arena_reset(a, mark);

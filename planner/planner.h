@@ -898,6 +898,9 @@ int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b);
  * is set. */
 void sim_stats_note(const char *site, const sp_plan_t *p);
 void sim_stats_print(void);
+/* top_choose's kept plan of row idx refined to r, f: printed at once
+ * (the test that top_ready's shortcuts change nothing compares them). */
+void sim_stats_refined(int idx, const sim_result_t *r, double f);
 
 /* ---- layout.c: zero-1 buckets and recomputing slices ------------------------- */
 

@@ -90,3 +90,12 @@ void sim_stats_print(void)
 	st.seen = NULL;
 	st.n = st.cap = 0;
 }
+
+void sim_stats_refined(int idx, const sim_result_t *r, double f)
+{
+	if (stats_on())
+		fprintf(stderr,
+			"sim stats: top_choose row %d refined: iteration %.9f ms, sync %.9f, "
+			"transfer %.9f, partial %d, over %.0f bytes\n",
+			idx, r->iteration_ms, r->sync_ms, r->transfer_ms, r->partial, f);
+}

@@ -706,6 +706,7 @@ int top_choose(planner_t *pl, top_t *t, sp_plan_t *p, sim_result_t *r, double *o
 			continue;
 		if ((rc = refine_check(pl, &e->p, &e->r)))
 			goto done;
+		sim_stats_refined(e->idx, &e->r, e->f);
 		t->refined++;
 		int tie = e->f <= 0 && *over <= 0 && e->r.iteration_ms == r->iteration_ms &&
 			  e->idx < best;

@@ -8,7 +8,8 @@ bundled workload (plans/*/model.json) on its own cluster, on a800-4x8 and
 on a800-8x8, with --compare, with one thread and with two, the plan files
 and the --json reports (but for their planning times) equal those made
 with the shortcuts off (SPINDLE_TOP_READY_ALL=1: every plan top_choose
-reaches readied in full). They must also be taken: SPINDLE_SIM_STATS=1
+reaches readied in full), and so do the results each kept plan top_choose
+refines (SPINDLE_SIM_STATS=1 prints them). They must also be taken: SPINDLE_SIM_STATS=1
 makes the planner print how many plans top_ready simulated, and some case
 must simulate fewer with the shortcuts on (else the comparison tests
 nothing). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0
@@ -39,9 +40,10 @@ def plan(model, cluster, out, jobs, shortcuts):
                         "-o", out], capture_output=True, text=True, timeout=600, env=env)
     sims = sum(int(n) for n in re.findall(r"sim stats: top_ready +(\d+) simulations",
                                           p.stderr))
+    refined = re.findall(r"sim stats: top_choose row .*", p.stderr)
     if p.returncode != 0:
-        return p.returncode, p.stderr.strip()[-300:], None, None, sims
-    return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read(), sims
+        return p.returncode, p.stderr.strip()[-300:], None, None, sims, refined
+    return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read(), sims, refined
 
 
 def case(model, cluster, jobs, tmp, tag):
@@ -56,7 +58,10 @@ def case(model, cluster, jobs, tmp, tag):
         keys = [k for k in set(a[2]) | set(b[2]) if a[2].get(k) != b[2].get(k)]
         return False, f"reports differ from those with the shortcuts off in {sorted(keys)}", \
             saved
-    return True, f"same plan, top_ready simulated {a[4]} plans ({b[4]} with them off)", saved
+    if a[5] != b[5]:
+        return False, "kept plans refine to other results than with the shortcuts off", saved
+    return True, (f"same plan, {len(a[5])} kept plans refined alike, top_ready simulated "
+                  f"{a[4]} plans ({b[4]} with them off)"), saved
 
 
 def main():

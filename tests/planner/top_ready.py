@@ -29,66 +29,65 @@ from prune_exact import untimed  # noqa: E402  (the report without its timings)
 
 PLAN = os.environ["SPINDLE_PLAN"]
 ROOT = os.environ["SPINDLE_ROOT"]
+CLUSTERS = [os.path.join(ROOT, "plans", "clusters", n + ".json") for n in ("a800-4x8", "a800-8x8")]
 
 
-def plan(model, cluster, out, jobs, shortcuts):
-    env = dict(os.environ, SPINDLE_SIM_STATS="1")
-    env.pop("SPINDLE_TOP_READY_ALL", None)
-    if not shortcuts:
-        env["SPINDLE_TOP_READY_ALL"] = "1"
-    p = subprocess.run([PLAN, model, cluster, "--compare", "--json", "--jobs", str(jobs),
-                        "-o", out], capture_output=True, text=True, timeout=600, env=env)
-    sims = sum(int(n) for n in re.findall(r"sim stats: top_ready +(\d+) simulations",
-                                          p.stderr))
-    refined = re.findall(r"sim stats: top_choose row .*", p.stderr)
-    if p.returncode != 0:
-        return p.returncode, p.stderr.strip()[-300:], None, None, sims, refined
-    return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read(), sims, refined
+def run(model, cluster, jobs, off, out):
+    """One planning run, the shortcuts on or off: what the test compares."""
+    env = {k: v for k, v in os.environ.items() if k != "SPINDLE_TOP_READY_ALL"}
+    env.update({"SPINDLE_SIM_STATS": "1"}, **({"SPINDLE_TOP_READY_ALL": "1"} if off else {}))
+    argv = [PLAN, model, cluster, "--compare", "--json", "--jobs", str(jobs), "-o", out]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    err = done.stderr
+    got = {"exit": done.returncode,
+           "top_ready": sum(map(int, re.findall(r"top_ready +(\d+) simulations", err))),
+           "refined": re.findall(r"sim stats: top_choose row .*", err)}
+    if done.returncode:
+        got["error"] = err.strip()[-300:]
+    else:
+        got["report"] = untimed(json.loads(done.stdout))
+        with open(out, "rb") as fh:
+            got["plan"] = fh.read()
+    return got
+
+
+WHAT = [("exit", "exit statuses"), ("error", "errors"), ("plan", "plan files"),
+        ("report", "reports"), ("refined", "results of the kept plans top_choose refines")]
 
 
 def case(model, cluster, jobs, tmp, tag):
-    a = plan(model, cluster, os.path.join(tmp, tag + ".a"), jobs, True)
-    b = plan(model, cluster, os.path.join(tmp, tag + ".b"), jobs, False)
-    saved = b[4] - a[4]
-    if a[0] or b[0]:
-        return a[:2] == b[:2], f"exit {a[0]} / {b[0]}: {a[1] or b[1]}", saved
-    if a[3] != b[3]:
-        return False, "plan files differ from those with the shortcuts off", saved
-    if a[2] != b[2]:
-        keys = [k for k in set(a[2]) | set(b[2]) if a[2].get(k) != b[2].get(k)]
-        return False, f"reports differ from those with the shortcuts off in {sorted(keys)}", \
-            saved
-    if a[5] != b[5]:
-        return False, "kept plans refine to other results than with the shortcuts off", saved
-    return True, (f"same plan, {len(a[5])} kept plans refined alike, top_ready simulated "
-                  f"{a[4]} plans ({b[4]} with them off)"), saved
+    on = run(model, cluster, jobs, False, os.path.join(tmp, tag + ".on"))
+    off = run(model, cluster, jobs, True, os.path.join(tmp, tag + ".off"))
+    saved = off["top_ready"] - on["top_ready"]
+    bad = [name for key, name in WHAT if on.get(key) != off.get(key)]
+    if bad:
+        return False, "differ from the shortcuts off: " + ", ".join(bad), saved
+    return True, (f"same plan, {len(on['refined'])} kept plans refined alike, top_ready "
+                  f"simulated {on['top_ready']} plans ({off['top_ready']} with them off)"), saved
 
 
 def main():
-    jobs = []
+    todo = []
     for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
         own = os.path.join(os.path.dirname(m), "cluster.json")
-        for c in ([own] if os.path.exists(own) else []) + \
-                [os.path.join(ROOT, "plans", "clusters", n + ".json")
-                 for n in ("a800-4x8", "a800-8x8")]:
-            for j in (1, 2):
-                jobs.append((m, c, j))
+        todo += [(m, c, j) for c in ([own] if os.path.exists(own) else []) + CLUSTERS
+                 for j in (1, 2)]
     fails = saved = 0
     with tempfile.TemporaryDirectory() as tmp, \
             concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-        futs = [ex.submit(case, m, c, j, tmp, str(i)) for i, (m, c, j) in enumerate(jobs)]
-        for (m, c, j), f in zip(jobs, futs):
-            ok, why, s = f.result()
-            fails += not ok
-            saved += max(s, 0)
+        futs = [ex.submit(case, *t, tmp, str(i)) for i, t in enumerate(todo)]
+        for (m, c, j), fut in zip(todo, futs):
+            ok, why, n = fut.result()
+            fails, saved = fails + (not ok), saved + max(n, 0)
             print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(os.path.dirname(m))} on "
                   f"{os.path.basename(c)} --jobs {j}: {why}")
-    print(f"{len(jobs) - fails} of {len(jobs)} cases plan as with the shortcuts off; "
-          f"{saved} top_ready simulations saved in all")
+    verdict = 1 if fails else 0
     if not saved:
         print("FAIL no case skipped a simulation in top_ready: the comparison tested nothing")
-        return 1
-    return 1 if fails else 0
+        verdict = 1
+    print(f"{len(todo) - fails} of {len(todo)} cases plan as with the shortcuts off; "
+          f"{saved} top_ready simulations saved in all")
+    return verdict
 
 
 if __name__ == "__main__":

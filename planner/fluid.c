@@ -56,7 +56,10 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	for (size_t i = 0; i < sizeof per_job / sizeof *per_job; i++)
 		if (!(*per_job[i] = sp_arena_calloc(a, nj, sizeof(int))))
 			return SP_ENOMEM;
-	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
+	/* new_job writes each job whole; job 0 zeroed, as the index a caller's
+	 * zeroed job array holds before it names a job (fl_done reads it) */
+	if ((out->jobs = sp_arena_array(a, nj, sizeof *out->jobs)))
+		memset(out->jobs, 0, sizeof *out->jobs);
 	/* at most one entry per job or link: the heaps never grow */
 	out->pending.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
 	out->in_order = sp_arena_calloc(a, nj, sizeof(fl_ev_t));

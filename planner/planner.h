@@ -319,6 +319,8 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
 typedef struct {
 	int state, coll, phase, n_dev, wake;
+	int src, fnext;            /* a transfer in its sender's queue: the sender, the
+				    * next job there (-1: none, or not queued) */
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
 	net_coll_t co;
@@ -351,6 +353,8 @@ fl_ev_t heap_pop(fl_heap_t *h);
 void heap_del(fl_heap_t *h, int k);
 void heap_set(fl_heap_t *h, int id, double t);
 void heap_build(fl_heap_t *h);
+/* The least entry (h->n > 0) replaced by x, moved to its place. */
+void heap_replace_top(fl_heap_t *h, fl_ev_t x);
 
 typedef struct {
 	const sp_cluster_t *c;
@@ -365,6 +369,12 @@ typedef struct {
 	 * holds the others (most jobs come in order) */
 	fl_ev_t *in_order;
 	int in_head, in_n;
+	/* transfers by start too: per sender, its jobs in (start, job) order
+	 * (a device's clock never goes back) from fhead through fnext to
+	 * ftail, -1 when none; the heap src holds each sender's first (one
+	 * not in order goes to the others) */
+	int *fhead, *ftail;
+	fl_heap_t src;
 	/* per link: the loads draining through it (job, index of the load) */
 	struct fl_on {
 		int job, load;

@@ -107,43 +107,47 @@ static int new_job(fl_net_t *n, double start, int src)
 	jb->src = src;
 	jb->fnext = -1;
 	n->ev.pos[j] = -1;
-	/* j exceeds every job's id: after its sender's last, or the list's,
-	 * when it starts no earlier */
-	if (src >= 0 && n->fhead[src] < 0) {
+	/* j exceeds every job's id: after the list's last, else its sender's
+	 * last, when it starts no earlier */
+	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
+		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
+	} else if (src >= 0 && n->fhead[src] < 0) {
 		n->fhead[src] = n->ftail[src] = j;
 		heap_push(&n->src, (fl_ev_t){jb->start, j});
 	} else if (src >= 0 && jb->start >= n->jobs[n->ftail[src]].start) {
 		n->jobs[n->ftail[src]].fnext = j;
 		n->ftail[src] = j;
-	} else if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t)
-		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
-	else
+	} else {
 		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+	}
 	return j;
 }
 
 enum { PEND_NONE, PEND_LIST, PEND_HEAP, PEND_SRC };
 
+static int ev_before(fl_ev_t a, fl_ev_t b)
+{
+	return a.t < b.t || (a.t == b.t && a.id < b.id);
+}
+
 /* Where the next job to start is, the least (start, job) of the in-order
  * list, the pending heap and the senders' queues (by the heap of their
  * firsts). */
-static int pend_least(const fl_net_t *n, fl_ev_t *out)
+static inline int pend_least(const fl_net_t *n, fl_ev_t *out)
 {
 	int from = PEND_NONE;
-	fl_ev_t c[3] = {{0, 0}, {0, 0}, {0, 0}};
-	int has[3] = {n->in_head < n->in_n, n->pending.n > 0, n->src.n > 0};
-	if (has[0])
-		c[0] = n->in_order[n->in_head];
-	if (has[1])
-		c[1] = n->pending.e[0];
-	if (has[2])
-		c[2] = n->src.e[0];
-	for (int i = 0; i < 3; i++)
-		if (has[i] && (from == PEND_NONE || c[i].t < out->t ||
-			       (c[i].t == out->t && c[i].id < out->id))) {
-			from = PEND_LIST + i;
-			*out = c[i];
-		}
+	if (n->in_head < n->in_n) {
+		*out = n->in_order[n->in_head];
+		from = PEND_LIST;
+	}
+	if (n->pending.n > 0 && (from == PEND_NONE || ev_before(n->pending.e[0], *out))) {
+		*out = n->pending.e[0];
+		from = PEND_HEAP;
+	}
+	if (n->src.n > 0 && (from == PEND_NONE || ev_before(n->src.e[0], *out))) {
+		*out = n->src.e[0];
+		from = PEND_SRC;
+	}
 	return from;
 }
 

@@ -317,19 +317,23 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
 /* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
 
+/* What the sharing reads per job and load comes first, together (a
+ * transfer's loads, weights and slots, its phase, the collective's
+ * phases), the rest after: a job's sharing touches fewer cache lines. */
 typedef struct {
-	int state, coll, phase, n_dev, wake;
+	net_load_t xl[2];          /* a transfer's loads */
+	double xw[2];              /* a transfer's weights (w) */
+	int xslot[2];              /* a transfer's slots */
+	int phase, state;
+	net_coll_t co;
+	int *slot;                 /* per load of the draining phase: its index in
+				    * its link's list */
+	double *w;                 /* per load of the draining phase: bytes_r / vol */
+	double rate, rem, t_ref, vol; /* current phase: rem bytes at t_ref */
+	int coll, n_dev, wake;
 	int src, fnext;            /* a transfer in its sender's queue: the sender, the
 				    * next job there (-1: none, or not queued) */
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
-	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
-	net_coll_t co;
-	net_load_t xl[2];          /* a transfer's loads */
-	int xslot[2];              /* a transfer's slots */
-	int *slot;                 /* per load of the draining phase: its index in
-				    * its link's list */
-	double *w, xw[2];          /* per load of the draining phase: bytes_r / vol
-				    * (xw: a transfer's) */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 

@@ -154,14 +154,14 @@ static inline int pend_least(const fl_net_t *n, fl_ev_t *out)
 /* When the next job starts; HUGE_VAL when none waits to. */
 static double pend_next(const fl_net_t *n)
 {
-	fl_ev_t x;
+	fl_ev_t x = {0, 0};
 	return pend_least(n, &x) == PEND_NONE ? HUGE_VAL : x.t;
 }
 
 /* The next job to start, taken out (one must wait to). */
 static int pend_pop(fl_net_t *n)
 {
-	fl_ev_t x;
+	fl_ev_t x = {0, 0};
 	int from = pend_least(n, &x);
 	if (from == PEND_LIST)
 		return n->in_order[n->in_head++].id;

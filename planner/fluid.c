@@ -75,6 +75,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->ftail = sp_arena_array(a, nd, sizeof(int));
 	for (size_t d = 0; out->fhead && out->ftail && d < nd; d++)
 		out->fhead[d] = out->ftail[d] = -1;
+	out->queues = 1;
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
 	out->claim = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(int));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
@@ -111,10 +112,12 @@ static int new_job(fl_net_t *n, double start, int src)
 	 * last, when it starts no earlier */
 	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
 		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
-	} else if (src >= 0 && n->fhead[src] < 0) {
+	} else if (src < 0 || !n->queues) {
+		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+	} else if (n->fhead[src] < 0) {
 		n->fhead[src] = n->ftail[src] = j;
 		heap_push(&n->src, (fl_ev_t){jb->start, j});
-	} else if (src >= 0 && jb->start >= n->jobs[n->ftail[src]].start) {
+	} else if (jb->start >= n->jobs[n->ftail[src]].start) {
 		n->jobs[n->ftail[src]].fnext = j;
 		n->ftail[src] = j;
 	} else {

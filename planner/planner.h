@@ -379,6 +379,8 @@ typedef struct {
 	 * not in order goes to the others) */
 	int *fhead, *ftail;
 	fl_heap_t src;
+	int queues;              /* 1 (fl_init): the senders' queues in use; 0 (a
+				  * test's check of their exactness): not */
 	/* per link: the loads draining through it (job, index of the load) */
 	struct fl_on {
 		int job, load;

@@ -28,6 +28,12 @@
  * All-reduces run one at a time per device (the runtime issues them on one
  * stream): one that is ready waits until none of its members is in another;
  * waiting ones start in the order they became ready (ties: first added).
+ *
+ * Jobs start in (start, job) order, taken from three places, each in that
+ * order: a list (jobs added in order), one queue per sender (transfers
+ * added out of the list's order, most of m32's: a device's clock never
+ * goes back) and a heap (the rest); where a job waits never changes when
+ * it starts (tests/unit/test_net send_queues_exact).
  */
 #include "planner.h"
 

@@ -28,6 +28,12 @@
  * All-reduces run one at a time per device (the runtime issues them on one
  * stream): one that is ready waits until none of its members is in another;
  * waiting ones start in the order they became ready (ties: first added).
+ *
+ * Jobs start in (start, job) order, taken from three places, each in that
+ * order: a list (jobs added in order), one queue per sender (transfers
+ * added out of the list's order, most of m32's: a device's clock never
+ * goes back) and a heap (the rest); where a job waits never changes when
+ * it starts (tests/unit/test_net send_queues_exact).
  */
 #include "planner.h"
 
@@ -56,7 +62,10 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	for (size_t i = 0; i < sizeof per_job / sizeof *per_job; i++)
 		if (!(*per_job[i] = sp_arena_calloc(a, nj, sizeof(int))))
 			return SP_ENOMEM;
-	out->jobs = sp_arena_calloc(a, nj, sizeof *out->jobs);
+	/* new_job writes each job whole; job 0 zeroed, as the index a caller's
+	 * zeroed job array holds before it names a job (fl_done reads it) */
+	if ((out->jobs = sp_arena_array(a, nj, sizeof *out->jobs)))
+		memset(out->jobs, 0, sizeof *out->jobs);
 	/* at most one entry per job or link: the heaps never grow */
 	out->pending.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
 	out->in_order = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
@@ -66,6 +75,13 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->lj = sp_arena_calloc(a, nr, sizeof *out->lj);
 	out->on = sp_arena_calloc(a, nr, sizeof *out->on);
 	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
+	size_t nd = (size_t)c->nodes * c->gpus_per_node + 1;
+	out->src.e = sp_arena_array(a, nd, sizeof(fl_ev_t));
+	out->fhead = sp_arena_array(a, nd, sizeof(int));
+	out->ftail = sp_arena_array(a, nd, sizeof(int));
+	for (size_t d = 0; out->fhead && out->ftail && d < nd; d++)
+		out->fhead[d] = out->ftail[d] = -1;
+	out->queues = 1;
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
 	out->claim = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(int));
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
@@ -76,14 +92,16 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->claim ||
 	    !out->left || !out->sum ||
 	    !out->cap ||
-	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched)
+	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched ||
+	    !out->src.e || !out->fhead || !out->ftail)
 		return SP_ENOMEM;
 	return 0;
 }
 
 /* ---- adding jobs ------------------------------------------------------------ */
 
-static int new_job(fl_net_t *n, double start)
+/* A job that starts at start (a transfer: sent by device src, else -1). */
+static int new_job(fl_net_t *n, double start, int src)
 {
 	if (n->n_jobs >= n->cap_jobs)
 		return SP_EINTERNAL;
@@ -93,47 +111,84 @@ static int new_job(fl_net_t *n, double start)
 	jb->start = fmax(start, n->now); /* sim.c never adds one in the past */
 	jb->done = -1;
 	jb->state = J_PENDING;
+	jb->src = src;
+	jb->fnext = -1;
 	n->ev.pos[j] = -1;
-	/* j exceeds every job's id: after the list's last when it starts no
-	 * earlier */
-	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t)
+	/* j exceeds every job's id: after the list's last, else its sender's
+	 * last, when it starts no earlier */
+	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
 		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
-	else
+	} else if (src < 0 || !n->queues) {
 		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+	} else if (n->fhead[src] < 0) {
+		n->fhead[src] = n->ftail[src] = j;
+		heap_push(&n->src, (fl_ev_t){jb->start, j});
+	} else if (jb->start >= n->jobs[n->ftail[src]].start) {
+		n->jobs[n->ftail[src]].fnext = j;
+		n->ftail[src] = j;
+	} else {
+		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+	}
 	return j;
 }
 
-/* 1 when the next job to start, the least (start, job) of the in-order
- * list and the pending heap, is the list's first. */
-static int pend_from_list(const fl_net_t *n)
+enum { PEND_NONE, PEND_LIST, PEND_HEAP, PEND_SRC };
+
+static int ev_before(fl_ev_t a, fl_ev_t b)
 {
-	if (n->in_head == n->in_n)
-		return 0;
-	if (n->pending.n == 0)
-		return 1;
-	fl_ev_t a = n->in_order[n->in_head], b = n->pending.e[0];
 	return a.t < b.t || (a.t == b.t && a.id < b.id);
+}
+
+/* Where the next job to start is, the least (start, job) of the in-order
+ * list, the pending heap and the senders' queues (by the heap of their
+ * firsts). */
+static inline int pend_least(const fl_net_t *n, fl_ev_t *out)
+{
+	int from = PEND_NONE;
+	if (n->in_head < n->in_n) {
+		*out = n->in_order[n->in_head];
+		from = PEND_LIST;
+	}
+	if (n->pending.n > 0 && (from == PEND_NONE || ev_before(n->pending.e[0], *out))) {
+		*out = n->pending.e[0];
+		from = PEND_HEAP;
+	}
+	if (n->src.n > 0 && (from == PEND_NONE || ev_before(n->src.e[0], *out))) {
+		*out = n->src.e[0];
+		from = PEND_SRC;
+	}
+	return from;
 }
 
 /* When the next job starts; HUGE_VAL when none waits to. */
 static double pend_next(const fl_net_t *n)
 {
-	if (pend_from_list(n))
-		return n->in_order[n->in_head].t;
-	return n->pending.n > 0 ? n->pending.e[0].t : HUGE_VAL;
+	fl_ev_t x = {0, 0};
+	return pend_least(n, &x) == PEND_NONE ? HUGE_VAL : x.t;
 }
 
 /* The next job to start, taken out (one must wait to). */
 static int pend_pop(fl_net_t *n)
 {
-	if (pend_from_list(n))
+	fl_ev_t x = {0, 0};
+	int from = pend_least(n, &x);
+	if (from == PEND_LIST)
 		return n->in_order[n->in_head++].id;
-	return heap_pop(&n->pending).id;
+	if (from == PEND_HEAP)
+		return heap_pop(&n->pending).id;
+	/* its sender's next takes its place */
+	fl_job_t *jb = &n->jobs[x.id];
+	n->fhead[jb->src] = jb->fnext;
+	if (jb->fnext >= 0)
+		heap_replace_top(&n->src, (fl_ev_t){n->jobs[jb->fnext].start, jb->fnext});
+	else
+		heap_pop(&n->src);
+	return x.id;
 }
 
 int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 {
-	int j = new_job(n, start);
+	int j = new_job(n, start, a);
 	if (j < 0)
 		return j;
 	fl_job_t *jb = &n->jobs[j];
@@ -157,7 +212,7 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t bytes,
 	    sp_coll_op_t op)
 {
-	int j = new_job(n, ready);
+	int j = new_job(n, ready, -1);
 	if (j < 0)
 		return j;
 	fl_job_t *jb = &n->jobs[j];
@@ -527,8 +582,7 @@ static int step_to(fl_net_t *n, double t)
 			heap_set(&n->ev, j, t + lat);
 		}
 	}
-	while (!rc && (n->pending.n > 0 || n->in_head < n->in_n) &&
-	       pend_next(n) <= t * (1 + SAME_TIME)) {
+	while (!rc && pend_next(n) <= t * (1 + SAME_TIME)) {
 		int j = pend_pop(n);
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {

@@ -104,3 +104,10 @@ void heap_build(fl_heap_t *h)
 	for (int k = (h->n - 2) / ARITY; k >= 0 && h->n > 1; k--)
 		down(h, k, h->e[k]);
 }
+
+void heap_replace_top(fl_heap_t *h, fl_ev_t x)
+{
+	if (h->pos)
+		h->pos[h->e[0].id] = -1;
+	down(h, 0, x);
+}

@@ -317,17 +317,23 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
 /* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
 
+/* What the sharing reads per job and load comes first, together (a
+ * transfer's loads, weights and slots, its phase, the collective's
+ * phases), the rest after: a job's sharing touches fewer cache lines. */
 typedef struct {
-	int state, coll, phase, n_dev, wake;
-	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
-	double vol, rem, rate, t_ref; /* current phase: rem bytes at t_ref */
-	net_coll_t co;
 	net_load_t xl[2];          /* a transfer's loads */
+	double xw[2];              /* a transfer's weights (w) */
 	int xslot[2];              /* a transfer's slots */
+	int phase, state;
+	net_coll_t co;
 	int *slot;                 /* per load of the draining phase: its index in
 				    * its link's list */
-	double *w, xw[2];          /* per load of the draining phase: bytes_r / vol
-				    * (xw: a transfer's) */
+	double *w;                 /* per load of the draining phase: bytes_r / vol */
+	double rate, rem, t_ref, vol; /* current phase: rem bytes at t_ref */
+	int coll, n_dev, wake;
+	int src, fnext;            /* a transfer in its sender's queue: the sender, the
+				    * next job there (-1: none, or not queued) */
+	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
 
@@ -351,6 +357,8 @@ fl_ev_t heap_pop(fl_heap_t *h);
 void heap_del(fl_heap_t *h, int k);
 void heap_set(fl_heap_t *h, int id, double t);
 void heap_build(fl_heap_t *h);
+/* The least entry (h->n > 0) replaced by x, moved to its place. */
+void heap_replace_top(fl_heap_t *h, fl_ev_t x);
 
 typedef struct {
 	const sp_cluster_t *c;
@@ -365,6 +373,14 @@ typedef struct {
 	 * holds the others (most jobs come in order) */
 	fl_ev_t *in_order;
 	int in_head, in_n;
+	/* transfers by start too: per sender, its jobs in (start, job) order
+	 * (a device's clock never goes back) from fhead through fnext to
+	 * ftail, -1 when none; the heap src holds each sender's first (one
+	 * not in order goes to the others) */
+	int *fhead, *ftail;
+	fl_heap_t src;
+	int queues;              /* 1 (fl_init): the senders' queues in use; 0 (a
+				  * test's check of their exactness): not */
 	/* per link: the loads draining through it (job, index of the load) */
 	struct fl_on {
 		int job, load;

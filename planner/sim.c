@@ -416,11 +416,12 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	const sp_plan_t *p = st->p;
 	size_t N = (size_t)p->n_devices, nb = (size_t)p->n_buckets + 1;
 	size_t ns = (size_t)p->n_slices + 1;
-	int n_xfer = 0; /* transfers that may enter the network */
+	int n_xfer = 0, n_pg = 0; /* transfers that may enter the network; PGATHERs */
 	st->max_tag = 0;
 	for (int d = 0; d < p->n_devices; d++)
 		for (int k = 0; k < p->devices[d].n_ins; k++) {
 			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+			n_pg += in->op == INS_PGATHER;
 			if (in->op != INS_SEND)
 				continue;
 			st->max_tag = SP_MAX(st->max_tag, in->tag + 1);
@@ -443,14 +444,19 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->pg_wait = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->pg_t = sp_arena_calloc(a, nb, sizeof(double));
 	st->pg_done = sp_arena_calloc(a, nb, sizeof(double));
-	st->pg_ms = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
-	st->pg_x = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
-	st->pg_ov = sp_arena_calloc(a, (size_t)p->n_ins + 1, 1);
-	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done || !st->pg_ms ||
-	    !st->pg_x || !st->pg_ov)
+	if (!st->pg_n || !st->pg_round || !st->pg_wait || !st->pg_t || !st->pg_done)
 		return SP_ENOMEM;
-	for (int i = 0; i < p->n_ins; i++)
-		st->pg_ms[i] = -1;
+	/* per instruction, only where a PGATHER reads and writes them (a
+	 * plan without one: NULL, its uses add nothing) */
+	if (n_pg) {
+		st->pg_ms = sp_arena_array(a, (size_t)p->n_ins + 1, sizeof(double));
+		st->pg_x = sp_arena_calloc(a, (size_t)p->n_ins + 1, sizeof(double));
+		st->pg_ov = sp_arena_calloc(a, (size_t)p->n_ins + 1, 1);
+		if (!st->pg_ms || !st->pg_x || !st->pg_ov)
+			return SP_ENOMEM;
+		for (int i = 0; i < p->n_ins; i++)
+			st->pg_ms[i] = -1;
+	}
 	for (size_t d = 0; d < N; d++)
 		st->pg_wait[d] = -1;
 	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
@@ -501,7 +507,8 @@ static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
 	if (in->op == INS_LOSS)
 		dur = f + b;
-	dur += st->pg_x[in - st->p->ins];
+	if (st->pg_x)
+		dur += st->pg_x[in - st->p->ins];
 	st->now[d] += dur;
 	st->busy[d] += dur;
 	if (st->record) {

@@ -128,6 +128,13 @@ void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size)
 	return sp_arena_alloc(a, count * size);
 }
 
+void *sp_arena_array(sp_arena_t *a, size_t count, size_t size)
+{
+	if (size && count > SIZE_MAX / size)
+		return NULL;
+	return arena_take(a, count * size);
+}
+
 sp_arena_mark_t sp_arena_mark(const sp_arena_t *a)
 {
 	sp_arena_mark_t m = {a->head, a->head ? a->head->used : 0, a->used_total};

@@ -90,6 +90,9 @@ void sp_arena_release(sp_arena_t *a);
 /* Zeroed memory, aligned to 16; NULL on overflow or allocation failure. */
 void *sp_arena_alloc(sp_arena_t *a, size_t n);
 void *sp_arena_calloc(sp_arena_t *a, size_t count, size_t size);
+/* count elements of size, not zeroed: for arrays the caller writes before
+ * it reads (NULL as sp_arena_calloc). */
+void *sp_arena_array(sp_arena_t *a, size_t count, size_t size);
 sp_arena_mark_t sp_arena_mark(const sp_arena_t *a);
 /* Frees everything allocated after m was taken (m must be still live);
  * its blocks stay with the arena for later allocations (already mapped:

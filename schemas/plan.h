@@ -394,6 +394,9 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q);
 /* The i-th layer a use (FWD ascending, BWD descending, LOSS its one) runs:
  * its index in bucket b's params, -1 when not b's, -2 past the last. */
 int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i);
+/* plan_z3_use's i-th layer of a use as (component, layer): 0, -2 past the
+ * last. */
+int plan_z3_layer(const sp_plan_t *p, const sp_ins_t *in, int i, int32_t *comp, int32_t *layer);
 
 /*
  * A deferred bucket's all-gather runs in pieces (version 9), each waited

@@ -172,8 +172,17 @@ void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)
 {
 	const sp_device_t *dv = &p->devices[d];
 	int n = p->buckets[b].n_params, left = n, step = dv->n_ins;
-	for (int q = 0; q < n; q++)
+	/* the least box of (component, layer) holding b's params: a layer
+	 * outside it is none of them (the same answer as plan_z3_use's scan) */
+	int32_t c0 = INT32_MAX, c1 = INT32_MIN, l0 = INT32_MAX, l1 = INT32_MIN, c, l;
+	for (int q = 0; q < n; q++) {
+		const sp_param_t *pr = &p->bucket_params[p->buckets[b].param_off + q];
 		k[q] = -1;
+		c0 = SP_MIN(c0, pr->comp);
+		c1 = SP_MAX(c1, pr->comp);
+		l0 = SP_MIN(l0, pr->layer);
+		l1 = SP_MAX(l1, pr->layer);
+	}
 	for (int j = 0; j < dv->n_ins && left; j++) {
 		const sp_ins_t *in = &p->ins[dv->first_ins + j];
 		if (in->op == INS_STEP) {
@@ -182,8 +191,9 @@ void plan_defer_use(const sp_plan_t *p, int d, int b, int32_t *k, int32_t *pos)
 		}
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
-		for (int i = 0, q; (q = plan_z3_use(p, b, in, i)) != -2; i++)
-			if (q >= 0 && k[q] < 0) {
+		for (int i = 0, q; plan_z3_layer(p, in, i, &c, &l) == 0; i++)
+			if (c >= c0 && c <= c1 && l >= l0 && l <= l1 &&
+			    (q = plan_z3_use(p, b, in, i)) >= 0 && k[q] < 0) {
 				k[q] = j;
 				pos[q] = i;
 				left--;

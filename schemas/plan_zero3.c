@@ -48,7 +48,7 @@ int64_t plan_z3_param_elems(const sp_plan_t *p, int b, int q)
 	return comp_layer_params_tp(&p->model.comps[pr->comp], pr->tp);
 }
 
-int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i)
+int plan_z3_layer(const sp_plan_t *p, const sp_ins_t *in, int i, int32_t *comp, int32_t *layer)
 {
 	const sp_slice_t *sl = &p->slices[in->slice];
 	const sp_metaop_t *mo = &p->metaops[sl->metaop];
@@ -59,7 +59,17 @@ int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i)
 		return -2;
 	int l = in->op == INS_BWD ? hi - 1 - i : lo + i;
 	const sp_op_t *op = &p->ops[mo->first_op + l];
-	return z3_param(p, b, t->nodes[op->node].comp, op->layer);
+	*comp = t->nodes[op->node].comp;
+	*layer = op->layer;
+	return 0;
+}
+
+int plan_z3_use(const sp_plan_t *p, int b, const sp_ins_t *in, int i)
+{
+	int32_t comp, layer;
+	if (plan_z3_layer(p, in, i, &comp, &layer))
+		return -2;
+	return z3_param(p, b, comp, layer);
 }
 
 /* The layers of bucket b that device d's uses from instruction k + 1 to

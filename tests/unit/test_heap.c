@@ -174,12 +174,47 @@ static void test_plain(void **state)
 	assert_int_equal(h.n, 0);
 }
 
+/* heap_replace_top (fluid.c's senders' queues: a sender's first leaves,
+ * its next takes its place), indexed and plain: the least entry out, an
+ * absent id in with a random key, against the model. */
+static void test_replace_top(void **state)
+{
+	(void)state;
+	for (int indexed = 0; indexed < 2; indexed++) {
+		fl_ev_t e[IDS];
+		int pos[IDS], in[IDS] = {0};
+		double key[IDS];
+		fl_heap_t h = {.e = e, .pos = indexed ? pos : NULL};
+		for (int id = 0; id < IDS; id++)
+			pos[id] = -1;
+		for (int id = 0; id < IDS / 3; id++) {
+			key[id] = rand_key();
+			heap_push(&h, (fl_ev_t){key[id], id});
+			in[id] = 1;
+		}
+		for (int step = 0; step < 20000; step++) {
+			int want = least(in, key, IDS), id = (int)(next_rand() % IDS);
+			assert_int_equal(h.e[0].id, want);
+			while (in[id] && id != want)
+				id = (id + 1) % IDS;
+			in[want] = 0;
+			key[id] = rand_key();
+			heap_replace_top(&h, (fl_ev_t){key[id], id});
+			in[id] = 1;
+			if (indexed && id != want)
+				assert_int_equal(pos[want], -1);
+			check(&h, in, key, IDS);
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_indexed_random),
 		cmocka_unit_test(test_build),
 		cmocka_unit_test(test_plain),
+		cmocka_unit_test(test_replace_top),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Bandwidths in GB/s = 1e6 bytes/ms; latencies in us = 1e-3 ms. */
 static sp_cluster_t cluster(int nodes, int gpn, int nics, double lat_us)
@@ -443,6 +444,67 @@ static void test_measured_loaded(void **state)
 	cluster_release(&c);
 }
 
+/* The network's senders' queues (fluid.c new_job, pend_pop) change only
+ * where jobs wait to start, never when: random transfers between 16 GPUs
+ * of 4 nodes with 2 NICs each, added in rounds as the simulator adds
+ * them (each sender's clock mostly going on, sometimes back, so a job
+ * also takes the list and the heap), with all-reduces beside them, and
+ * the network run to an awaited arrival between rounds, end at the same
+ * bits with the queues as without (queues 0). The queues must be used. */
+static void send_queue_run(sp_arena_t *a, int queues, double *done, int *used)
+{
+	enum { N = 16, ROUNDS = 40, PER = 12 };
+	static const int32_t devs[4] = {0, 5, 10, 15};
+	sp_cluster_t c = cluster(4, 4, 2, 5);
+	fl_net_t *n = sp_arena_calloc(a, 1, sizeof *n);
+	assert_non_null(n);
+	assert_int_equal(fl_init(n, &c, a, ROUNDS * (PER + 1)), 0);
+	n->queues = queues;
+	double clock[N] = {0};
+	unsigned r = 12345;
+	int nj = 0;
+	*used = 0;
+	for (int round = 0; round < ROUNDS; round++) {
+		for (int i = 0; i < PER; i++) {
+			r = r * 1103515245u + 12345u;
+			int d = (int)(r >> 8) % N, peer = (d + 1 + (int)(r >> 16) % (N - 1)) % N;
+			/* mostly on, one in eight back (not before the network) */
+			double step = ((r >> 4) % 8 == 0 ? -0.5 : 0.25) * (double)((r >> 12) % 5);
+			clock[d] = fmax(n->now, clock[d] + step);
+			int j = fl_xfer(n, clock[d], d, peer, (int64_t)(1 + (r >> 20) % 4) * S_BYTES / 4);
+			assert_int_equal(j, nj++);
+			fl_await(n, j);
+		}
+		*used |= n->src.n > 0;
+		if (round % 5 == 0)
+			assert_int_equal(fl_coll(n, n->now + 0.1, devs, 4, S_BYTES, COLL_ALL_REDUCE),
+					 nj++);
+		assert_true(fl_advance(n, 1) >= 0);
+	}
+	assert_int_equal(fl_advance(n, 0), 0);
+	for (int j = 0; j < nj; j++)
+		done[j] = fl_done(n, j);
+	done[nj] = -2;
+}
+
+static void test_send_queues_exact(void **state)
+{
+	static double on[600], off[600];
+	int used_on, used_off;
+	send_queue_run(*state, 1, on, &used_on);
+	send_queue_run(*state, 0, off, &used_off);
+	assert_true(used_on);
+	assert_false(used_off);
+	for (int j = 0; on[j] != -2 || off[j] != -2; j++) {
+		if (memcmp(&on[j], &off[j], sizeof on[j])) {
+			fprintf(stderr, "job %d: done at %.17g ms with the queues, %.17g without\n",
+				j, on[j], off[j]);
+			fail();
+		}
+		assert_true(on[j] >= 0);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -460,6 +522,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),
+		cmocka_unit_test_setup_teardown(test_send_queues_exact, arena_setup, arena_teardown),
 		cmocka_unit_test(test_measured_interp),
 		cmocka_unit_test(test_measured_loaded),
 		cmocka_unit_test_setup_teardown(test_measured_phases, arena_setup, arena_teardown),

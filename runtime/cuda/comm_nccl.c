@@ -207,6 +207,54 @@ static int p_bcast(void *ctx, float *buf, size_t n, int root, void *comm, void *
 				  (cudaStream_t)s));
 }
 
+static int p_reduce_scatter(void *ctx, float *buf, size_t c, int me, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclReduceScatter(buf, buf + (size_t)me * c, c, ncclFloat, ncclSum,
+				      (ncclComm_t)comm, (cudaStream_t)s));
+}
+
+static int p_allgather(void *ctx, float *buf, size_t c, int me, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclAllGather(buf + (size_t)me * c, buf, c, ncclFloat, (ncclComm_t)comm,
+				  (cudaStream_t)s));
+}
+
+/* The padded halves' scratch: stream-ordered, so a later half on the same
+ * stream reuses the pool's bytes without a device-wide synchronisation. */
+static int p_scratch(void *ctx, size_t bytes, void *s, float **out)
+{
+	nccl_impl_t *im = ctx;
+	*out = NULL;
+	if (cudaMallocAsync((void **)out, bytes ? bytes : sizeof(float), (cudaStream_t)s) !=
+	    cudaSuccess) {
+		report(im, "allocating the padded scratch of a sharded collective",
+		       cudaGetErrorString(cudaGetLastError()));
+		*out = NULL;
+		return NE_ERR;
+	}
+	return NE_OK;
+}
+
+static void p_scratch_free(void *ctx, float *p, void *s)
+{
+	(void)ctx;
+	cudaFreeAsync(p, (cudaStream_t)s);
+}
+
+static int p_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t c,
+		    int to_padded, int who, void *s)
+{
+	nccl_impl_t *im = ctx;
+	if (cu_shard_repack(dst, src, n, k, c, to_padded, who, s)) {
+		report(im, "repacking a sharded collective's padded scratch",
+		       cudaGetErrorString(cudaGetLastError()));
+		return NE_ERR;
+	}
+	return NE_OK;
+}
+
 static int p_stream_new(void *ctx, void **out)
 {
 	(void)ctx;
@@ -267,6 +315,8 @@ static const ne_prims_t nccl_prims = {
 	.finalize = p_finalize, .destroy = p_destroy, .why = p_why,
 	.group_start = p_group_start, .group_end = p_group_end, .send = p_send, .recv = p_recv,
 	.allreduce = p_allreduce, .reduce = p_reduce, .bcast = p_bcast,
+	.reduce_scatter = p_reduce_scatter, .allgather = p_allgather, .scratch = p_scratch,
+	.scratch_free = p_scratch_free, .repack = p_repack,
 	.stream_new = p_stream_new, .stream_free = p_stream_free,
 	.event_new = p_event_new, .event_free = p_event_free, .after_compute = p_after_compute,
 	.record = p_record, .query = p_query,
@@ -449,9 +499,28 @@ static void n_abort(rt_comm_t *c, int code)
 	im->inner.ops->abort(&im->inner, code);
 }
 
+/* How the sharded halves ran (ne_stats): which NCCL collective, and the
+ * padded scratch's peak, which the plan's memory does not count. */
+static void print_shard_stats(nccl_impl_t *im)
+{
+	ne_stats_t st;
+	if (!im->eng)
+		return;
+	ne_stats(im->eng, &st);
+	if (!st.direct && !st.padded && !st.rooted)
+		return;
+	printf("rank %d nccl sharded halves: %ld ncclReduceScatter/ncclAllGather in place, "
+	       "%ld padded (scratch peak %.2f MiB, not in the plan's memory), %ld rooted "
+	       "ncclReduce/ncclBroadcast\n",
+	       im->inner.rank, st.direct, st.padded, (double)st.scratch_peak / 1048576.0,
+	       st.rooted);
+	fflush(stdout);
+}
+
 static void n_finalize(rt_comm_t *c)
 {
 	nccl_impl_t *im = impl(c);
+	print_shard_stats(im);
 	teardown(im, 0);
 	rt_comm_t inner = im->inner;
 	free(im);

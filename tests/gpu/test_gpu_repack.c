@@ -1,0 +1,124 @@
+/*
+ * test_gpu_repack.c — cu_shard_repack (cuda/cu_comm.cu), the kernel the
+ * NCCL data plane's padded reduce-scatters and all-gathers run on the
+ * group's stream (nccl_engine.c stage_in / stage_out), against a host
+ * reference of the same layouts: member i's comm_shard of n elements at
+ * its place, and at i c in the padded scratch with its pad elements 0.
+ * Every direction, all members (who = -1) and one (who = j: nothing
+ * outside j's chunk or shard written), for even and uneven shards, shards
+ * empty (n < k) and 672 members. Exits 77 (skip) without a usable GPU.
+ * NCCL itself is not here: one GPU cannot hold two NCCL ranks.
+ */
+#include "cuda/cuda_backend.h"
+#include "runtime.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define SENT (-3.5f)
+
+static int fails;
+
+static void check(const char *what, int64_t n, int k, int who, const float *got,
+		  const float *want, int64_t len)
+{
+	for (int64_t i = 0; i < len; i++)
+		if (got[i] != want[i]) {
+			printf("FAIL %s n=%lld k=%d who=%d: element %lld is %g, want %g\n", what,
+			       (long long)n, k, who, (long long)i, got[i], want[i]);
+			fails++;
+			return;
+		}
+}
+
+/* One (n, k, who) case, both directions, through device buffers. */
+static void one(int64_t n, int k, int who, cudaStream_t st)
+{
+	int64_t c = (n + k - 1) / k, pn = (int64_t)k * c;
+	size_t nb = sizeof(float) * (size_t)(n ? n : 1), pb = sizeof(float) * (size_t)(pn ? pn : 1);
+	float *x = malloc(nb), *p = malloc(pb), *want = malloc(pb > nb ? pb : nb);
+	float *dx, *dp;
+	if (!x || !p || !want || cudaMalloc((void **)&dx, nb) != cudaSuccess ||
+	    cudaMalloc((void **)&dp, pb) != cudaSuccess) {
+		printf("FAIL out of memory at n=%lld\n", (long long)n);
+		exit(1);
+	}
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)(i % 9973) + 0.25f;
+	/* bucket -> padded: chunk i holds shard i then zeros; who >= 0 writes
+	 * only its chunk */
+	for (int64_t i = 0; i < pn; i++)
+		want[i] = SENT;
+	for (int i = 0; i < k; i++) {
+		int64_t off, cnt;
+		comm_shard(n, i, k, &off, &cnt);
+		for (int64_t r = 0; r < c && (who < 0 || who == i); r++)
+			want[i * c + r] = r < cnt ? x[off + r] : 0.0f;
+	}
+	for (int64_t i = 0; i < pn; i++)
+		p[i] = SENT;
+	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
+	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
+	if (cu_shard_repack(dp, dx, n, k, c, 1, who, st) || cudaStreamSynchronize(st)) {
+		printf("FAIL launch (to padded) n=%lld k=%d\n", (long long)n, k);
+		fails++;
+	}
+	cudaMemcpy(p, dp, pb, cudaMemcpyDeviceToHost);
+	check("to padded", n, k, who, p, want, pn);
+	/* padded -> bucket: from a scratch of distinct values; who >= 0 writes
+	 * only its shard */
+	for (int64_t i = 0; i < pn; i++)
+		p[i] = (float)(i % 7919) - 0.5f;
+	for (int64_t i = 0; i < n; i++)
+		want[i] = SENT;
+	for (int i = 0; i < k; i++) {
+		int64_t off, cnt;
+		comm_shard(n, i, k, &off, &cnt);
+		for (int64_t r = 0; r < cnt && (who < 0 || who == i); r++)
+			want[off + r] = p[i * c + r];
+	}
+	for (int64_t i = 0; i < n; i++)
+		x[i] = SENT;
+	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
+	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
+	if (cu_shard_repack(dx, dp, n, k, c, 0, who, st) || cudaStreamSynchronize(st)) {
+		printf("FAIL launch (from padded) n=%lld k=%d\n", (long long)n, k);
+		fails++;
+	}
+	cudaMemcpy(x, dx, nb, cudaMemcpyDeviceToHost);
+	check("from padded", n, k, who, x, want, n);
+	cudaFree(dx);
+	cudaFree(dp);
+	free(x);
+	free(p);
+	free(want);
+}
+
+int main(void)
+{
+	if (cu_device_count() <= 0) {
+		printf("test_gpu_repack: no usable CUDA device, skipping\n");
+		return 77;
+	}
+	cudaStream_t st;
+	if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+		printf("FAIL creating a stream: %s\n", cudaGetErrorString(cudaGetLastError()));
+		return 1;
+	}
+	static const struct {
+		int64_t n;
+		int k;
+	} cases[] = {{7, 3}, {8, 4}, {5, 8}, {1, 2}, {1000003, 7}, {4096, 4}, {672 * 37 + 5, 672}};
+	int runs = 0;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int k = cases[i].k;
+		int whos[4] = {-1, 0, k / 2, k - 1};
+		for (int w = 0; w < 4; w++, runs++)
+			one(cases[i].n, k, whos[w], st);
+	}
+	cudaStreamDestroy(st);
+	printf("%s: %d cases, %d failed\n", fails ? "FAIL" : "PASS", runs, fails);
+	return fails ? 1 : 0;
+}

@@ -243,11 +243,11 @@ static void p_scratch_free(void *ctx, float *p, void *s)
 	cudaFreeAsync(p, (cudaStream_t)s);
 }
 
-static int p_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t c,
-		    int to_padded, int who, void *s)
+static int p_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		    int64_t m, int to_padded, int who, void *s)
 {
 	nccl_impl_t *im = ctx;
-	if (cu_shard_repack(dst, src, n, k, c, to_padded, who, s)) {
+	if (cu_shard_repack(dst, src, n, k, r0, m, to_padded, who, s)) {
 		report(im, "repacking a sharded collective's padded scratch",
 		       cudaGetErrorString(cudaGetLastError()));
 		return NE_ERR;

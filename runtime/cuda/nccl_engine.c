@@ -57,10 +57,12 @@ struct ne_op {
 	int64_t *parts;  /* OP_AGATHERV: the members' counts, then offsets */
 	/* the sharded halves (how_shard): HOW_DIRECT or HOW_PADDED, over
 	 * base[0..n) in comm_shard's layout, chunks of c; HOW_ROOTED: one
-	 * call per member. pad: the padded scratch while it is held. */
-	int how;
+	 * call per member. HOW_PADDED runs in rounds (round of rounds), each
+	 * over the window [round m, round m + m) of every chunk; pad: the
+	 * round's scratch (held bytes) while it is held. */
+	int how, round, rounds;
 	float *base, *pad;
-	int64_t n, c;
+	int64_t n, c, m, held;
 	cts_t cts;       /* receives: the clear-to-send message */
 	rt_req_t cts_req; /* receives: its host send (kind 0 once complete) */
 	ne_op_t *next;
@@ -94,6 +96,7 @@ struct ne_engine {
 	ne_op_t *ops; /* live operations, in posting order */
 	ne_stats_t stats;
 	int64_t scratch_live; /* bytes of padded scratch held */
+	int64_t pad_cap;      /* a padded round's scratch at most (bytes) */
 	/* start-up: item prep_at of the global order, its sub-state */
 	int prep_at, prep_sub, prepared;
 	void *prep_comm;
@@ -271,7 +274,7 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
 	e->pr->event_free(e->ctx, op->ev);
 	if (op->pad) { /* failed before its copy out */
 		e->pr->scratch_free(e->ctx, op->pad, op->ch->stream);
-		e->scratch_live -= (int64_t)sizeof(float) * op->ch->size * op->c;
+		e->scratch_live -= op->held;
 	}
 	free(op->parts);
 	free(op);
@@ -283,13 +286,15 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
  * half; an all-gather with parts when they tile a range that way), a true
  * ncclReduceScatter / ncclAllGather of chunk c = n / k in place where k
  * divides n (HOW_DIRECT), else of chunk ceil(n / k) over a padded scratch
- * (HOW_PADDED: k c floats, the bucket repacked in before the call and the
- * result out after it, on the group's stream). Parts in any other layout
+ * (HOW_PADDED: the bucket repacked in before the call and the result out
+ * after it, on the group's stream; in rounds of at most pad_cap bytes of
+ * scratch, each over the same window of every member's chunk, so the
+ * scratch stays bounded however large the bucket). Parts in any other layout
  * (a zero-3 layer or deferred piece that only some members hold a part
  * of: padding it to k times the largest part would move that many more
  * bytes) stay rooted (HOW_ROOTED, shard_calls).
  */
-static void how_shard(ne_op_t *op)
+static void how_shard(const ne_engine_t *e, ne_op_t *op)
 {
 	int k = op->ch->size;
 	int64_t n = (int64_t)(op->bytes / sizeof(float));
@@ -311,6 +316,16 @@ static void how_shard(ne_op_t *op)
 	}
 	op->how = n % k ? HOW_PADDED : HOW_DIRECT;
 	op->c = (n + k - 1) / k;
+	op->m = SP_MAX(SP_MIN(op->c, e->pad_cap / (int64_t)sizeof(float) / k), 1);
+	op->rounds = op->how == HOW_PADDED ? (int)((op->c + op->m - 1) / op->m) : 1;
+}
+
+/* HOW_PADDED: this round's window [r0, r0 + *m) of each chunk. */
+static int64_t window(const ne_op_t *op, int64_t *m)
+{
+	int64_t r0 = (int64_t)op->round * op->m;
+	*m = SP_MIN(op->m, op->c - r0);
+	return r0;
 }
 
 /* The rooted fallback: one call per member j on j's part, in place, all
@@ -344,12 +359,14 @@ static int shard_calls(ne_engine_t *e, ne_op_t *op)
 static int stage_in(ne_engine_t *e, ne_op_t *op)
 {
 	ne_chan_t *ch = op->ch;
-	size_t bytes = sizeof(float) * (size_t)ch->size * (size_t)op->c;
+	int64_t m, r0 = window(op, &m);
+	size_t bytes = sizeof(float) * (size_t)ch->size * (size_t)m;
 	if (e->pr->scratch(e->ctx, bytes, ch->stream, &op->pad))
 		return NE_ERR;
-	e->scratch_live += (int64_t)bytes;
+	op->held = (int64_t)bytes;
+	e->scratch_live += op->held;
 	e->stats.scratch_peak = SP_MAX(e->stats.scratch_peak, e->scratch_live);
-	return e->pr->repack(e->ctx, op->pad, op->base, op->n, ch->size, op->c, 1,
+	return e->pr->repack(e->ctx, op->pad, op->base, op->n, ch->size, r0, m, 1,
 			     op->kind == OP_RSCATTER ? -1 : ch->me, ch->stream);
 }
 
@@ -359,11 +376,13 @@ static int stage_in(ne_engine_t *e, ne_op_t *op)
 static int stage_out(ne_engine_t *e, ne_op_t *op)
 {
 	ne_chan_t *ch = op->ch;
-	int r = e->pr->repack(e->ctx, op->base, op->pad, op->n, ch->size, op->c, 0,
+	int64_t m, r0 = window(op, &m);
+	int r = e->pr->repack(e->ctx, op->base, op->pad, op->n, ch->size, r0, m, 0,
 			      op->kind == OP_RSCATTER ? ch->me : -1, ch->stream);
 	e->pr->scratch_free(e->ctx, op->pad, ch->stream);
-	e->scratch_live -= (int64_t)sizeof(float) * ch->size * op->c;
+	e->scratch_live -= op->held;
 	op->pad = NULL;
+	op->held = 0;
 	return r;
 }
 
@@ -373,11 +392,13 @@ static int shard_call(ne_engine_t *e, ne_op_t *op)
 	if (op->how == HOW_ROOTED)
 		return shard_calls(e, op);
 	float *at = op->how == HOW_PADDED ? op->pad : op->base;
+	int64_t m = op->c;
+	if (op->how == HOW_PADDED)
+		window(op, &m);
 	*(op->how == HOW_PADDED ? &e->stats.padded : &e->stats.direct) += 1;
 	return op->kind == OP_RSCATTER
-		       ? e->pr->reduce_scatter(e->ctx, at, (size_t)op->c, ch->me, ch->comm,
-					       ch->stream)
-		       : e->pr->allgather(e->ctx, at, (size_t)op->c, ch->me, ch->comm, ch->stream);
+		       ? e->pr->reduce_scatter(e->ctx, at, (size_t)m, ch->me, ch->comm, ch->stream)
+		       : e->pr->allgather(e->ctx, at, (size_t)m, ch->me, ch->comm, ch->stream);
 }
 
 static int op_call(ne_engine_t *e, ne_op_t *op)
@@ -406,6 +427,10 @@ static void launched(ne_engine_t *e, ne_chan_t *ch)
 			report(e, op_desc(e, op, desc, sizeof desc), -1,
 			       "copying out of the padded scratch failed");
 			op->state = ST_FAILED;
+			continue;
+		}
+		if (op->how == HOW_PADDED && op->kind >= OP_RSCATTER && ++op->round < op->rounds) {
+			op->state = ST_READY; /* its next round, before anything after it */
 			continue;
 		}
 		if (e->pr->record(e->ctx, op->ev, ch->stream)) {
@@ -548,6 +573,10 @@ static int ready_batch(ne_engine_t *e, ne_chan_t *ch, int kind, ne_op_t **batch)
 			break;
 		first->state = ST_ENQUEUING; /* taken */
 		batch[nb++] = first;
+		/* a padded round ends its group: its copy out must follow its
+		 * call, and the next round's copy in reuses the stream's pool */
+		if (first->kind >= OP_RSCATTER && first->how == HOW_PADDED)
+			break;
 	}
 	return nb;
 }
@@ -641,6 +670,7 @@ ne_engine_t *ne_new(const ne_prims_t *pr, void *ctx, rt_comm_t *host, void *worl
 	e->world = world;
 	e->warm = warm;
 	e->timeout_s = timeout_s;
+	e->pad_cap = NE_PAD_CAP_DEFAULT;
 	snprintf(e->hostname, sizeof e->hostname, "%s", hostname ? hostname : "?");
 	return e;
 }
@@ -697,7 +727,7 @@ static int ne_coll(ne_engine_t *e, int kind, float *buf, int64_t n, int g, ne_op
 	if (!op)
 		return -1;
 	if (kind != OP_ALLREDUCE)
-		how_shard(op);
+		how_shard(e, op);
 	op->state = ST_READY;
 	*out = op;
 	return ne_progress(e);
@@ -743,7 +773,7 @@ int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const 
 		return -1;
 	}
 	op->parts = parts;
-	how_shard(op);
+	how_shard(e, op);
 	op->state = ST_READY;
 	*out = op;
 	return ne_progress(e);
@@ -770,6 +800,11 @@ int ne_test(ne_engine_t *e, ne_op_t *op, int *done)
 void *ne_op_gathers(const ne_op_t *op)
 {
 	return op && (op->kind == OP_AGATHER || op->kind == OP_AGATHERV) ? op->buf : NULL;
+}
+
+void ne_set_pad_cap(ne_engine_t *e, int64_t bytes)
+{
+	e->pad_cap = SP_MAX(bytes, (int64_t)sizeof(float));
 }
 
 void ne_stats(const ne_engine_t *e, ne_stats_t *out)

@@ -80,11 +80,12 @@ typedef struct ne_prims {
 	int (*scratch)(void *ctx, size_t bytes, void *stream, float **out);
 	void (*scratch_free)(void *ctx, float *p, void *stream);
 	/* Stream-ordered copy between the shard layout of n elements over k
-	 * members (member i's comm_shard at its offset) and the padded one
-	 * (member i's at i c, c >= its count; the pad elements written 0).
-	 * to_padded: bucket -> padded. who >= 0: only member who's shard. */
-	int (*repack)(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t c,
-		      int to_padded, int who, void *stream);
+	 * members (member i's comm_shard at its offset) and a window of the
+	 * padded one: elements [r0, r0 + m) of member i's shard at [i m,
+	 * (i + 1) m) of the scratch (those past the shard's end written 0).
+	 * to_padded: bucket -> scratch. who >= 0: only member who's. */
+	int (*repack)(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		      int64_t m, int to_padded, int who, void *stream);
 	/* streams and events */
 	int (*stream_new)(void *ctx, void **out);
 	void (*stream_free)(void *ctx, void *s);
@@ -156,8 +157,10 @@ int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
  * iallgather (shards: comm_shard; member j is the group's rank j, the
  * bucket's devices ascending). Shards of one size (k divides n): one
  * in-place reduce-scatter / all-gather. Uneven ones: the same over a
- * padded scratch of k ceil(n/k) floats (repacked in and out on the
- * group's stream, freed after; its bytes count in ne_stats). */
+ * padded scratch, chunks of c = ceil(n/k) (repacked in and out on the
+ * group's stream, freed after; its bytes count in ne_stats), in rounds
+ * over windows of each chunk so that a round's scratch stays within the
+ * engine's cap (ne_set_pad_cap). */
 int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 /* rt_comm_ops_t's iallgatherv over group g (k its size). Parts that tile
@@ -186,9 +189,13 @@ int ne_live(const ne_engine_t *e);
  * (one per member's part); the padded scratch's bytes live at once at
  * most (outside the plan's memory, which counts no staging). */
 typedef struct {
-	long direct, padded, rooted;
+	long direct, padded, rooted; /* NCCL calls (a padded half: one per round) */
 	int64_t scratch_peak;
 } ne_stats_t;
 void ne_stats(const ne_engine_t *e, ne_stats_t *out);
+/* The most scratch bytes one padded round takes (default
+ * NE_PAD_CAP_DEFAULT; at least one float per member always). */
+#define NE_PAD_CAP_DEFAULT ((int64_t)64 << 20)
+void ne_set_pad_cap(ne_engine_t *e, int64_t bytes);
 
 #endif

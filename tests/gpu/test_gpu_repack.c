@@ -3,10 +3,12 @@
  * NCCL data plane's padded reduce-scatters and all-gathers run on the
  * group's stream (nccl_engine.c stage_in / stage_out), against a host
  * reference of the same layouts: member i's comm_shard of n elements at
- * its place, and at i c in the padded scratch with its pad elements 0.
- * Every direction, all members (who = -1) and one (who = j: nothing
- * outside j's chunk or shard written), for even and uneven shards, shards
- * empty (n < k) and 672 members. Exits 77 (skip) without a usable GPU.
+ * its place, and a window [r0, r0 + m) of each padded chunk (c = ceil(n /
+ * k)) at i m in the scratch, elements past the shard's end 0. Every
+ * direction, all members (who = -1) and one (who = j: nothing outside
+ * j's chunk or shard written), the whole chunk and the first, a middle
+ * and the last (short) window of rounds, for even and uneven shards,
+ * shards empty (n < k) and 672 members. Exits 77 (skip) without a usable GPU.
  * NCCL itself is not here: one GPU cannot hold two NCCL ranks.
  */
 #include "cuda/cuda_backend.h"
@@ -21,22 +23,23 @@
 
 static int fails;
 
-static void check(const char *what, int64_t n, int k, int who, const float *got,
+static void check(const char *what, int64_t n, int k, int who, int64_t r0, const float *got,
 		  const float *want, int64_t len)
 {
 	for (int64_t i = 0; i < len; i++)
 		if (got[i] != want[i]) {
-			printf("FAIL %s n=%lld k=%d who=%d: element %lld is %g, want %g\n", what,
-			       (long long)n, k, who, (long long)i, got[i], want[i]);
+			printf("FAIL %s n=%lld k=%d who=%d r0=%lld: element %lld is %g, want %g\n",
+			       what, (long long)n, k, who, (long long)r0, (long long)i, got[i],
+			       want[i]);
 			fails++;
 			return;
 		}
 }
 
-/* One (n, k, who) case, both directions, through device buffers. */
-static void one(int64_t n, int k, int who, cudaStream_t st)
+/* One (n, k, who, window) case, both directions, through device buffers. */
+static void one(int64_t n, int k, int who, int64_t r0, int64_t m, cudaStream_t st)
 {
-	int64_t c = (n + k - 1) / k, pn = (int64_t)k * c;
+	int64_t pn = (int64_t)k * m;
 	size_t nb = sizeof(float) * (size_t)(n ? n : 1), pb = sizeof(float) * (size_t)(pn ? pn : 1);
 	float *x = malloc(nb), *p = malloc(pb), *want = malloc(pb > nb ? pb : nb);
 	float *dx, *dp;
@@ -54,19 +57,19 @@ static void one(int64_t n, int k, int who, cudaStream_t st)
 	for (int i = 0; i < k; i++) {
 		int64_t off, cnt;
 		comm_shard(n, i, k, &off, &cnt);
-		for (int64_t r = 0; r < c && (who < 0 || who == i); r++)
-			want[i * c + r] = r < cnt ? x[off + r] : 0.0f;
+		for (int64_t t = 0; t < m && (who < 0 || who == i); t++)
+			want[i * m + t] = r0 + t < cnt ? x[off + r0 + t] : 0.0f;
 	}
 	for (int64_t i = 0; i < pn; i++)
 		p[i] = SENT;
 	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
 	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
-	if (cu_shard_repack(dp, dx, n, k, c, 1, who, st) || cudaStreamSynchronize(st)) {
+	if (cu_shard_repack(dp, dx, n, k, r0, m, 1, who, st) || cudaStreamSynchronize(st)) {
 		printf("FAIL launch (to padded) n=%lld k=%d\n", (long long)n, k);
 		fails++;
 	}
 	cudaMemcpy(p, dp, pb, cudaMemcpyDeviceToHost);
-	check("to padded", n, k, who, p, want, pn);
+	check("to padded", n, k, who, r0, p, want, pn);
 	/* padded -> bucket: from a scratch of distinct values; who >= 0 writes
 	 * only its shard */
 	for (int64_t i = 0; i < pn; i++)
@@ -76,19 +79,19 @@ static void one(int64_t n, int k, int who, cudaStream_t st)
 	for (int i = 0; i < k; i++) {
 		int64_t off, cnt;
 		comm_shard(n, i, k, &off, &cnt);
-		for (int64_t r = 0; r < cnt && (who < 0 || who == i); r++)
-			want[off + r] = p[i * c + r];
+		for (int64_t t = 0; t < m && r0 + t < cnt && (who < 0 || who == i); t++)
+			want[off + r0 + t] = p[i * m + t];
 	}
 	for (int64_t i = 0; i < n; i++)
 		x[i] = SENT;
 	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
 	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
-	if (cu_shard_repack(dx, dp, n, k, c, 0, who, st) || cudaStreamSynchronize(st)) {
+	if (cu_shard_repack(dx, dp, n, k, r0, m, 0, who, st) || cudaStreamSynchronize(st)) {
 		printf("FAIL launch (from padded) n=%lld k=%d\n", (long long)n, k);
 		fails++;
 	}
 	cudaMemcpy(x, dx, nb, cudaMemcpyDeviceToHost);
-	check("from padded", n, k, who, x, want, n);
+	check("from padded", n, k, who, r0, x, want, n);
 	cudaFree(dx);
 	cudaFree(dp);
 	free(x);
@@ -114,9 +117,17 @@ int main(void)
 	int runs = 0;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		int k = cases[i].k;
+		int64_t c = (cases[i].n + k - 1) / k, m = c > 3 ? c / 3 : 1;
 		int whos[4] = {-1, 0, k / 2, k - 1};
-		for (int w = 0; w < 4; w++, runs++)
-			one(cases[i].n, k, whos[w], st);
+		for (int w = 0; w < 4; w++) {
+			one(cases[i].n, k, whos[w], 0, c, st); /* the whole chunk */
+			runs++;
+			/* rounds of m: the first, a middle one, the last (short) */
+			int64_t last = (c - 1) / m * m;
+			int64_t r0s[3] = {0, c / m / 2 * m, last};
+			for (int q = 0; q < 3; q++, runs++)
+				one(cases[i].n, k, whos[w], r0s[q], SP_MIN(m, c - r0s[q]), st);
+		}
 	}
 	cudaStreamDestroy(st);
 	printf("%s: %d cases, %d failed\n", fails ? "FAIL" : "PASS", runs, fails);

@@ -93,7 +93,7 @@ struct sop {
 	int root; /* K_REDUCE, K_BCAST; K_RSC, K_AGA: the rank the engine gave */
 	/* K_COPY: the repack's arguments; all: its stream and place there */
 	const float *src;
-	int64_t n, c;
+	int64_t n, r0, m;
 	int k, to_padded, who;
 	struct stream *st;
 	int pos;
@@ -169,6 +169,7 @@ typedef struct sim {
 	/* the engines' ne_stats summed at the end of a run; scratch calls */
 	ne_stats_t stats;
 	int scratch_made, scratch_freed;
+	int64_t pad_cap; /* ne_set_pad_cap's bytes when nonzero */
 } sim_t;
 
 /* per rank context: which sim and which rank */
@@ -229,12 +230,13 @@ static void run_copy(sop_t *op)
 	for (int i = op->who >= 0 ? op->who : 0; i < (op->who >= 0 ? op->who + 1 : op->k); i++) {
 		int64_t off, cnt;
 		comm_shard(op->n, i, op->k, &off, &cnt);
-		assert_true(cnt <= op->c);
-		for (int64_t r = 0; r < op->c; r++)
+		for (int64_t t = 0; t < op->m; t++) {
+			int64_t r = op->r0 + t;
 			if (op->to_padded)
-				op->buf[i * op->c + r] = r < cnt ? op->src[off + r] : 0.0f;
+				op->buf[i * op->m + t] = r < cnt ? op->src[off + r] : 0.0f;
 			else if (r < cnt)
-				op->buf[off + r] = op->src[i * op->c + r];
+				op->buf[off + r] = op->src[i * op->m + t];
+		}
 	}
 	op->done = 1;
 }
@@ -529,13 +531,15 @@ static void d_scratch_free(void *ctx, float *p, void *st)
 }
 
 /* Posted on the stream, run in its order (copies_before, d_query). */
-static int d_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t c,
-		    int to_padded, int who, void *st)
+static int d_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		    int64_t m, int to_padded, int who, void *st)
 {
 	sim_t *s = ((ctx_t *)ctx)->s;
 	stream_t *sm = st;
 	sop_t *op = keep(s, calloc(1, sizeof *op));
-	*op = (sop_t){.kind = K_COPY, .buf = dst, .src = src, .n = n, .c = c, .k = k,
+	/* the window within the padded chunk c = ceil(n / k) */
+	assert_true(r0 >= 0 && m >= 1 && r0 + m <= (n + k - 1) / k);
+	*op = (sop_t){.kind = K_COPY, .buf = dst, .src = src, .n = n, .r0 = r0, .m = m, .k = k,
 		      .to_padded = to_padded, .who = who, .st = sm, .pos = sm->n};
 	assert_true(sm->n < MAXOPS && who < k);
 	sm->ops[sm->n++] = op;
@@ -1058,6 +1062,8 @@ static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 		s->eng[r] = ne_new(&double_prims, &ctxs[r], &s->host[r], s->world_h[r], s->warm[r],
 				   s->timeout, "sim");
 		assert_non_null(s->eng[r]);
+		if (s->pad_cap)
+			ne_set_pad_cap(s->eng[r], s->pad_cap);
 	}
 	int result = 2, order[MAXR];
 	srand(seed);
@@ -1279,6 +1285,9 @@ static void test_random_plans(void **state)
 	for (unsigned seed = 1; seed <= 60; seed++)
 		for (int mode = STRICT; mode <= CONNECT; mode++) {
 			random_plan(s, seed, mode);
+			/* every third seed: padded halves in rounds of one element
+			 * per member */
+			s->pad_cap = seed % 3 ? 0 : 1;
 			run_clean(s, seed * 7 + (unsigned)mode, NULL, "random plan");
 			assert_int_equal(s->stats.rooted, 0);
 			direct += s->stats.direct;
@@ -1353,6 +1362,37 @@ static void test_sharded_even(void **state)
  * hold stay one broadcast per part. Every member ends with every part
  * and nothing else written.
  */
+/*
+ * Padded halves in rounds (the scratch capped at one or two elements per
+ * member): 7 over 3 (chunks of 3) runs 3 or 2 rounds of each half on each
+ * rank, a round's scratch at most the cap, with a transfer between them;
+ * the results are those of one round.
+ */
+static void test_padded_rounds(void **state)
+{
+	sim_t *s = *state;
+	for (int per = 1; per <= 2; per++)
+		for (int mode = STRICT; mode <= CONNECT; mode++) {
+			sim_init(s, 3, mode);
+			s->pad_cap = per * 3 * (int64_t)sizeof(float);
+			add_bucket(s, (int[]){0, 1, 2}, 3);
+			for (int r = 0; r < 3; r++)
+				add_act(s, r, K_REDUCE, 0, 0, 7);
+			add_act(s, 1, K_SEND, 0, 9, 3);
+			add_act(s, 0, K_RECV, 1, 9, 3);
+			for (int r = 0; r < 3; r++)
+				add_act(s, r, K_BCAST, 0, 0, 7);
+			for (int r = 0; r < 3; r++) /* a layer [1, 6) of it, tiled evenly */
+				add_act_w(s, r, K_AGV, 0, 1 * 16 + 5, 7, 1);
+			run_clean(s, 21 + (unsigned)(per * 2 + mode), NULL, "padded rounds");
+			/* rounds of chunk 3 (halves) and of chunk 2 (the layer's) */
+			int rounds = (3 + per - 1) / per, lrounds = (2 + per - 1) / per;
+			assert_int_equal(s->stats.padded, 3 * (2 * rounds + lrounds));
+			assert_int_equal(s->stats.direct + s->stats.rooted, 0);
+			assert_int_equal(s->stats.scratch_peak, s->pad_cap);
+		}
+}
+
 static void test_allgatherv_parts(void **state)
 {
 	sim_t *s = *state;
@@ -1751,6 +1791,7 @@ int main(void)
 		cmocka_unit_test(test_zero1_halves),
 		cmocka_unit_test(test_sharded_even),
 		cmocka_unit_test(test_allgatherv_parts),
+		cmocka_unit_test(test_padded_rounds),
 		cmocka_unit_test(test_layout_tp_groups),
 		cmocka_unit_test(test_tp_mixed),
 		cmocka_unit_test(test_tp_planned),

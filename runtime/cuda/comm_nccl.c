@@ -8,6 +8,14 @@
  * and never touches the interpreter's buffers beyond the pointers it is
  * given.
  *
+ * A bucket's zero-1/2/3 halves run as ncclReduceScatter / ncclAllGather
+ * (nccl_engine.c how_shard: in place where the members' shards have one
+ * size, else over a padded scratch from cudaMallocAsync on the group's
+ * stream, in rounds of at most SPINDLE_NCCL_PAD_MB, default 64 MiB, that
+ * cu_comm.cu's kernel repacks); parts only some members hold (zero-3
+ * layers, deferred pieces) stay rooted broadcasts. finalize prints each
+ * rank's counts and the scratch's peak (outside the plan's memory).
+ *
  * Communicators are all non-blocking (config.blocking = 0): no NCCL call
  * here waits for a peer. Start-up (the only loops that wait, each polling
  * with SPINDLE_NCCL_TIMEOUT, default 300 s, and aborting with a message
@@ -669,6 +677,10 @@ int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 	im->max_ctas = ctas_for(mine);
 	im->eng = ne_new(&nccl_prims, im, &im->inner, im->world, im->warm, im->timeout_s,
 			 im->host);
+	/* a padded sharded half's scratch per round (SPINDLE_NCCL_PAD_MB) */
+	const char *pad = getenv("SPINDLE_NCCL_PAD_MB");
+	if (im->eng && pad && atof(pad) > 0)
+		ne_set_pad_cap(im->eng, (int64_t)(atof(pad) * 1048576.0));
 	int r = im->eng ? NE_PENDING : NE_ERR;
 	struct timespec nap = {0, 100000};
 	/* every rank walks the same global order; ne_prepare bounds each wait */

@@ -283,7 +283,7 @@ static void sp_ln_add(rt_state_t *st, const slice_run_t *r, const rt_tp_t *tp)
 	}
 }
 
-/* 0, or the code of a layer that failed (as exec_fwd). */
+/* 0, or the code of a layer that failed (as rt_exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
 	const slice_run_t r = slice_run(st, k);

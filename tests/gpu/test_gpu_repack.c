@@ -36,6 +36,26 @@ static void check(const char *what, int64_t n, int k, int who, int64_t r0, const
 		}
 }
 
+/* Both device buffers from the host ones, one repack (to_padded: dx ->
+ * dp, else dp -> dx), its destination back to the host. */
+static void repack(float *dx, float *x, size_t nb, float *dp, float *p, size_t pb, int64_t n,
+		   int k, int who, int64_t r0, int64_t m, int to_padded, cudaStream_t st)
+{
+	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
+	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
+	if (cu_shard_repack(to_padded ? dp : dx, to_padded ? dx : dp, n, k, r0, m, to_padded, who,
+			    st) ||
+	    cudaStreamSynchronize(st)) {
+		printf("FAIL launch (%s) n=%lld k=%d\n", to_padded ? "to padded" : "from padded",
+		       (long long)n, k);
+		fails++;
+	}
+	if (to_padded)
+		cudaMemcpy(p, dp, pb, cudaMemcpyDeviceToHost);
+	else
+		cudaMemcpy(x, dx, nb, cudaMemcpyDeviceToHost);
+}
+
 /* One (n, k, who, window) case, both directions, through device buffers. */
 static void one(int64_t n, int k, int who, int64_t r0, int64_t m, cudaStream_t st)
 {
@@ -62,13 +82,7 @@ static void one(int64_t n, int k, int who, int64_t r0, int64_t m, cudaStream_t s
 	}
 	for (int64_t i = 0; i < pn; i++)
 		p[i] = SENT;
-	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
-	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
-	if (cu_shard_repack(dp, dx, n, k, r0, m, 1, who, st) || cudaStreamSynchronize(st)) {
-		printf("FAIL launch (to padded) n=%lld k=%d\n", (long long)n, k);
-		fails++;
-	}
-	cudaMemcpy(p, dp, pb, cudaMemcpyDeviceToHost);
+	repack(dx, x, nb, dp, p, pb, n, k, who, r0, m, 1, st);
 	check("to padded", n, k, who, r0, p, want, pn);
 	/* padded -> bucket: from a scratch of distinct values; who >= 0 writes
 	 * only its shard */
@@ -84,13 +98,7 @@ static void one(int64_t n, int k, int who, int64_t r0, int64_t m, cudaStream_t s
 	}
 	for (int64_t i = 0; i < n; i++)
 		x[i] = SENT;
-	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
-	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
-	if (cu_shard_repack(dx, dp, n, k, r0, m, 0, who, st) || cudaStreamSynchronize(st)) {
-		printf("FAIL launch (from padded) n=%lld k=%d\n", (long long)n, k);
-		fails++;
-	}
-	cudaMemcpy(x, dx, nb, cudaMemcpyDeviceToHost);
+	repack(dx, x, nb, dp, p, pb, n, k, who, r0, m, 0, st);
 	check("from padded", n, k, who, r0, x, want, n);
 	cudaFree(dx);
 	cudaFree(dp);

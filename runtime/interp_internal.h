@@ -1,7 +1,8 @@
 /*
- * interp_internal.h — what interp.c (executing programs), zero.c (its
- * zero-2 and zero-3 parts), defer.c (its deferred zero-1/2 all-gathers)
- * and pack.c (parameters in and out of a rank's state) share: the rank's state and its parts. Private to those files;
+ * interp_internal.h — what interp.c (executing programs), exec.c (its
+ * instructions), zero.c (its zero-2 and zero-3 parts), defer.c (its
+ * deferred zero-1/2 all-gathers) and pack.c (parameters in and out of a
+ * rank's state) share: the rank's state and its parts. Private to those files;
  * runtime.h is the interface.
  */
 #ifndef SPINDLE_INTERP_INTERNAL_H
@@ -9,6 +10,8 @@
 
 #include "layers.h"
 #include "runtime.h"
+
+#include <time.h>
 
 /* A value buffer: act or grad (g) of MetaOp m at boundary l (-1: the
  * memory of a cross-attention MetaOp), rows [lo, hi) of the task's batch,
@@ -216,6 +219,76 @@ void rt_z2_drop(rt_state_t *st);
  * instruction k a PGATHER or PFREE. */
 int rt_z3_need(rt_state_t *st, int si, int k, sp_err_t *err);
 int rt_exec_zero3(rt_state_t *st, int k, sp_err_t *err);
+
+/* ---- interp.c's small helpers, shared with exec.c ------------------------ */
+
+static inline double wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static inline const sp_metaop_t *mop(const rt_state_t *st, int m)
+{
+	return &st->p->metaops[m];
+}
+
+static inline const sp_task_t *task_of(const rt_state_t *st, int m)
+{
+	return &st->p->model.tasks[mop(st, m)->task];
+}
+
+/* Floats a layer of slice s's MetaOp saves per sample: a shard's (tp > 1;
+ * a sequence-parallel one's with sp), else the whole layer's, a decoder's
+ * cross-attention included (layers.h). */
+static inline int64_t saved_pp(const rt_state_t *st, const sp_slice_t *s)
+{
+	const sp_metaop_t *mo = mop(st, s->metaop);
+	int64_t B = task_of(st, s->metaop)->batch;
+	return op_saved_elems_sp(&mo->shape, B, s->tp, s->sp);
+}
+
+/* Whether MetaOp m is a decoder: its layers attend to a memory act(m, -1). */
+static inline int is_decoder(const rt_state_t *st, int m)
+{
+	return mop(st, m)->shape.type == COMP_TRANSFORMER && mop(st, m)->shape.mem_seq > 0;
+}
+
+/* Floats a FWD of slice s keeps per sample and layer until its BWD: all the
+ * layer saves, or under recompute its input [seq, hidden] (plan_mem.c's
+ * kept_bytes; the reader allows recompute on transformers only, whose input
+ * is [seq, hidden]; sequence parallel: the member's seq / tp tokens of it). */
+static inline int64_t kept_pp(const rt_state_t *st, const sp_slice_t *s)
+{
+	const sp_opshape_t *sh = &mop(st, s->metaop)->shape;
+	return s->recompute ? op_kept_elems(sh, s->tp, s->sp) : saved_pp(st, s);
+}
+
+/* The parameter slot of MetaOp m's layer l; -1 for parameter-free layers. */
+static inline int layer_slot(const rt_state_t *st, int m, int l, int *comp)
+{
+	const sp_metaop_t *mo = mop(st, m);
+	const sp_op_t *op = &st->p->ops[mo->first_op + l];
+	*comp = task_of(st, m)->nodes[op->node].comp;
+	if (st->p->model.comps[*comp].type == COMP_CONTRASTIVE)
+		return -1;
+	return st->slot[st->param_base[*comp] + op->layer];
+}
+
+static inline float *vptr(const rt_state_t *st, int vi, int32_t s, int32_t q)
+{
+	const vbuf_t *v = &st->vb[vi];
+	return st->vals + v->off + ((int64_t)(s - v->lo) * v->seq + q) * v->width;
+}
+
+/* ---- exec.c: the instructions (rt_eval runs the forward part) ----------- */
+
+int rt_exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err);
+int rt_exec_loss(rt_state_t *st, int k, int64_t step, sp_err_t *err);
+int rt_exec_comm(rt_state_t *st, int k, sp_err_t *err);
+int rt_poll_pending(rt_state_t *st, sp_err_t *err);
+int rt_drain(rt_state_t *st, sp_err_t *err);
 
 /* ---- defer.c ----------------------------------------------------------- */
 

@@ -8,6 +8,14 @@
  * and never touches the interpreter's buffers beyond the pointers it is
  * given.
  *
+ * A bucket's zero-1/2/3 halves run as ncclReduceScatter / ncclAllGather
+ * (nccl_engine.c how_shard: in place where the members' shards have one
+ * size, else over a padded scratch from cudaMallocAsync on the group's
+ * stream, in rounds of at most SPINDLE_NCCL_PAD_MB, default 64 MiB, that
+ * cu_comm.cu's kernel repacks); parts only some members hold (zero-3
+ * layers, deferred pieces) stay rooted broadcasts. finalize prints each
+ * rank's counts and the scratch's peak (outside the plan's memory).
+ *
  * Communicators are all non-blocking (config.blocking = 0): no NCCL call
  * here waits for a peer. Start-up (the only loops that wait, each polling
  * with SPINDLE_NCCL_TIMEOUT, default 300 s, and aborting with a message
@@ -207,6 +215,54 @@ static int p_bcast(void *ctx, float *buf, size_t n, int root, void *comm, void *
 				  (cudaStream_t)s));
 }
 
+static int p_reduce_scatter(void *ctx, float *buf, size_t c, int me, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclReduceScatter(buf, buf + (size_t)me * c, c, ncclFloat, ncclSum,
+				      (ncclComm_t)comm, (cudaStream_t)s));
+}
+
+static int p_allgather(void *ctx, float *buf, size_t c, int me, void *comm, void *s)
+{
+	(void)ctx;
+	return nres(ncclAllGather(buf + (size_t)me * c, buf, c, ncclFloat, (ncclComm_t)comm,
+				  (cudaStream_t)s));
+}
+
+/* The padded halves' scratch: stream-ordered, so a later half on the same
+ * stream reuses the pool's bytes without a device-wide synchronisation. */
+static int p_scratch(void *ctx, size_t bytes, void *s, float **out)
+{
+	nccl_impl_t *im = ctx;
+	*out = NULL;
+	if (cudaMallocAsync((void **)out, bytes ? bytes : sizeof(float), (cudaStream_t)s) !=
+	    cudaSuccess) {
+		report(im, "allocating the padded scratch of a sharded collective",
+		       cudaGetErrorString(cudaGetLastError()));
+		*out = NULL;
+		return NE_ERR;
+	}
+	return NE_OK;
+}
+
+static void p_scratch_free(void *ctx, float *p, void *s)
+{
+	(void)ctx;
+	cudaFreeAsync(p, (cudaStream_t)s);
+}
+
+static int p_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		    int64_t m, int to_padded, int who, void *s)
+{
+	nccl_impl_t *im = ctx;
+	if (cu_shard_repack(dst, src, n, k, r0, m, to_padded, who, s)) {
+		report(im, "repacking a sharded collective's padded scratch",
+		       cudaGetErrorString(cudaGetLastError()));
+		return NE_ERR;
+	}
+	return NE_OK;
+}
+
 static int p_stream_new(void *ctx, void **out)
 {
 	(void)ctx;
@@ -267,6 +323,8 @@ static const ne_prims_t nccl_prims = {
 	.finalize = p_finalize, .destroy = p_destroy, .why = p_why,
 	.group_start = p_group_start, .group_end = p_group_end, .send = p_send, .recv = p_recv,
 	.allreduce = p_allreduce, .reduce = p_reduce, .bcast = p_bcast,
+	.reduce_scatter = p_reduce_scatter, .allgather = p_allgather, .scratch = p_scratch,
+	.scratch_free = p_scratch_free, .repack = p_repack,
 	.stream_new = p_stream_new, .stream_free = p_stream_free,
 	.event_new = p_event_new, .event_free = p_event_free, .after_compute = p_after_compute,
 	.record = p_record, .query = p_query,
@@ -449,9 +507,28 @@ static void n_abort(rt_comm_t *c, int code)
 	im->inner.ops->abort(&im->inner, code);
 }
 
+/* How the sharded halves ran (ne_stats): which NCCL collective, and the
+ * padded scratch's peak, which the plan's memory does not count. */
+static void print_shard_stats(nccl_impl_t *im)
+{
+	ne_stats_t st;
+	if (!im->eng)
+		return;
+	ne_stats(im->eng, &st);
+	if (!st.direct && !st.padded && !st.rooted)
+		return;
+	printf("rank %d nccl sharded halves: %ld ncclReduceScatter/ncclAllGather in place, "
+	       "%ld padded (scratch peak %.2f MiB, not in the plan's memory), %ld rooted "
+	       "ncclReduce/ncclBroadcast\n",
+	       im->inner.rank, st.direct, st.padded, (double)st.scratch_peak / 1048576.0,
+	       st.rooted);
+	fflush(stdout);
+}
+
 static void n_finalize(rt_comm_t *c)
 {
 	nccl_impl_t *im = impl(c);
+	print_shard_stats(im);
 	teardown(im, 0);
 	rt_comm_t inner = im->inner;
 	free(im);
@@ -600,6 +677,10 @@ int comm_nccl_prepare(rt_comm_t *c, const sp_plan_t *p, sp_err_t *err)
 	im->max_ctas = ctas_for(mine);
 	im->eng = ne_new(&nccl_prims, im, &im->inner, im->world, im->warm, im->timeout_s,
 			 im->host);
+	/* a padded sharded half's scratch per round (SPINDLE_NCCL_PAD_MB) */
+	const char *pad = getenv("SPINDLE_NCCL_PAD_MB");
+	if (im->eng && pad && atof(pad) > 0)
+		ne_set_pad_cap(im->eng, (int64_t)(atof(pad) * 1048576.0));
 	int r = im->eng ? NE_PENDING : NE_ERR;
 	struct timespec nap = {0, 100000};
 	/* every rank walks the same global order; ne_prepare bounds each wait */

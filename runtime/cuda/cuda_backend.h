@@ -82,6 +82,15 @@ void cu_set_workspace_cap(size_t bytes);
 void cu_memory_extra(size_t *workspace, size_t *shadows);
 /* The compute stream (cudaStream_t) for comm_nccl.c. */
 void *cu_stream(void);
+/* cu_comm.cu, for comm_nccl.c's padded sharded collectives: on stream
+ * (cudaStream_t), the shards of n elements over k members (member i's
+ * comm_shard) between their places and a window of a padded layout
+ * (elements [r0, r0 + m) of member i's shard at [i m, (i + 1) m), those
+ * past the shard's end 0): to_padded from the shard layout src to the
+ * padded dst, else back; who >= 0: only member who's. 0, or -1 when the
+ * launch fails. */
+int cu_shard_repack(float *dst, const float *src, int64_t n, int k, int64_t r0, int64_t m,
+		    int to_padded, int who, void *stream);
 
 rt_alloc_fn_t cu_alloc;
 rt_release_fn_t cu_release;

@@ -70,6 +70,22 @@ typedef struct ne_prims {
 	 * buf[0..n) to the members (ncclReduce, ncclBroadcast) */
 	int (*reduce)(void *ctx, float *buf, size_t n, int root, void *comm, void *stream);
 	int (*bcast)(void *ctx, float *buf, size_t n, int root, void *comm, void *stream);
+	/* in place over the comm's k members, `me` this rank's rank in it:
+	 * buf[0..k c) summed, member me's chunk [me c, (me + 1) c) left at
+	 * its place (ncclReduceScatter); each member's chunk [me c, (me + 1)
+	 * c) to every member's buf[0..k c) (ncclAllGather) */
+	int (*reduce_scatter)(void *ctx, float *buf, size_t c, int me, void *comm, void *stream);
+	int (*allgather)(void *ctx, float *buf, size_t c, int me, void *comm, void *stream);
+	/* stream-ordered device scratch (cudaMallocAsync / cudaFreeAsync) */
+	int (*scratch)(void *ctx, size_t bytes, void *stream, float **out);
+	void (*scratch_free)(void *ctx, float *p, void *stream);
+	/* Stream-ordered copy between the shard layout of n elements over k
+	 * members (member i's comm_shard at its offset) and a window of the
+	 * padded one: elements [r0, r0 + m) of member i's shard at [i m,
+	 * (i + 1) m) of the scratch (those past the shard's end written 0).
+	 * to_padded: bucket -> scratch. who >= 0: only member who's. */
+	int (*repack)(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		      int64_t m, int to_padded, int who, void *stream);
 	/* streams and events */
 	int (*stream_new)(void *ctx, void **out);
 	void (*stream_free)(void *ctx, void *s);
@@ -138,14 +154,23 @@ int ne_irecv(ne_engine_t *e, void *buf, size_t bytes, int peer, int tag, ne_op_t
  * (a group of one: *out = NULL, done at once). */
 int ne_iallreduce(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 /* The zero-1 halves over group g, as rt_comm_ops_t's ireduce_scatter and
- * iallgather (uneven shards: comm_shard; member j is the group's rank j,
- * the bucket's devices ascending), one rooted reduce or broadcast per
- * member's shard in one NCCL group. */
+ * iallgather (shards: comm_shard; member j is the group's rank j, the
+ * bucket's devices ascending). Shards of one size (k divides n): one
+ * in-place reduce-scatter / all-gather. Uneven ones: the same over a
+ * padded scratch, chunks of c = ceil(n/k) (repacked in and out on the
+ * group's stream, freed after; its bytes count in ne_stats), in rounds
+ * over windows of each chunk so that a round's scratch stays within the
+ * engine's cap (ne_set_pad_cap). */
 int ne_ireduce_scatter(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
 int ne_iallgather(ne_engine_t *e, float *buf, int64_t n, int g, ne_op_t **out);
-/* rt_comm_ops_t's iallgatherv over group g (k its size): one broadcast
- * from each member with a part, of that part, in one NCCL group (NCCL has
- * no all-gather with counts). */
+/* rt_comm_ops_t's iallgatherv over group g (k its size). Parts that tile
+ * one range in member order as comm_shard does (a whole bucket's, or a
+ * piece or layer every member holds a part of, one size or differing by
+ * one): one all-gather, padded as above where uneven. Any other parts
+ * (a layer or piece only some members hold a part of, where padding to
+ * k times the largest part would move far more than the parts): one
+ * broadcast from each member with a part, of that part, in one NCCL
+ * group (NCCL has no all-gather with counts). */
 int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const int64_t *off,
 		   int g, ne_op_t **out);
 /* Moves every operation along; *done = 1 frees op. -1 when op failed. */
@@ -157,5 +182,20 @@ void *ne_op_gathers(const ne_op_t *op);
 int ne_progress(ne_engine_t *e);
 /* Operations not yet completed. */
 int ne_live(const ne_engine_t *e);
+
+/* How the sharded halves ran so far on this rank: NCCL calls made as
+ * true reduce-scatters / all-gathers (direct: in place on the caller's
+ * buffer; padded: over a scratch) and as rooted reduces / broadcasts
+ * (one per member's part); the padded scratch's bytes live at once at
+ * most (outside the plan's memory, which counts no staging). */
+typedef struct {
+	long direct, padded, rooted; /* NCCL calls (a padded half: one per round) */
+	int64_t scratch_peak;
+} ne_stats_t;
+void ne_stats(const ne_engine_t *e, ne_stats_t *out);
+/* The most scratch bytes one padded round takes (default
+ * NE_PAD_CAP_DEFAULT; at least one float per member always). */
+#define NE_PAD_CAP_DEFAULT ((int64_t)64 << 20)
+void ne_set_pad_cap(ne_engine_t *e, int64_t bytes);
 
 #endif

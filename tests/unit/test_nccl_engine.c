@@ -16,7 +16,12 @@
  *     member has (the i-th of each kind matches; sizes and roots must
  *     agree; the sum or copy is computed and the result checked). The
  *     zero-1 halves (ne_ireduce_scatter, ne_iallgather) are the engine's
- *     rooted reduces and broadcasts, one per member's shard.
+ *     in-place reduce-scatters and all-gathers (each member's rank in the
+ *     communicator checked), over a padded scratch whose repacks run in
+ *     stream order where the shards are uneven; ne_iallgatherv's parts
+ *     that only some members hold stay rooted broadcasts. Each run sums
+ *     the engines' ne_stats, which the tests check (which way each half
+ *     ran), and every scratch must be given back.
  * The scheduler runs each rank's program like interp.c does (sends and
  * syncs post and go on, a receive, a tensor-parallel layer's all-reduce
  * and a step wait, the end waits for everything). Tensor-parallel groups
@@ -56,11 +61,17 @@
 
 enum { STRICT, CONNECT };
 /* K_REDUCE and K_BCAST: the double's rooted calls, and as actions the
- * zero-1 halves that issue them (reduce-scatter, all-gather). Actions only:
+ * zero-1 halves (reduce-scatter, all-gather), which the engine issues as
+ * K_RSC / K_AGA (ncclReduceScatter / ncclAllGather, in place or over a
+ * padded scratch). K_COPY: a repack of that scratch, a stream operation
+ * of no communicator, run when everything before it on its stream is
+ * done. Actions only: K_AGV, an all-gather with parts (ne_iallgatherv:
+ * `tag` picks the parts, agv_parts);
  * K_TP, an in-layer all-reduce over tensor-parallel group `peer` (waited
  * for, like interp.c's tp_allreduce); K_STEP, wait for everything posted
  * (interp.c's exec_step drains its collectives and sends). */
-enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K__COUNT, K_TP = K__COUNT, K_STEP };
+enum { K_SEND, K_RECV, K_ALLREDUCE, K_REDUCE, K_BCAST, K_RSC, K_AGA, K__COUNT,
+       K_TP = K__COUNT, K_STEP, K_AGV, K_COPY };
 
 typedef struct sop sop_t;
 typedef struct scomm scomm_t;
@@ -79,7 +90,13 @@ struct sop {
 	handle_t *h;
 	float *buf;
 	size_t bytes;
-	int root; /* K_REDUCE, K_BCAST */
+	int root; /* K_REDUCE, K_BCAST; K_RSC, K_AGA: the rank the engine gave */
+	/* K_COPY: the repack's arguments; all: its stream and place there */
+	const float *src;
+	int64_t n, r0, m;
+	int k, to_padded, who;
+	struct stream *st;
+	int pos;
 };
 
 struct scomm {
@@ -91,7 +108,7 @@ struct scomm {
 
 /* A stream runs its operations in order: an event recorded on it is done
  * when everything posted on the stream before the record is. */
-typedef struct {
+typedef struct stream {
 	sop_t *ops[MAXOPS];
 	int n;
 } stream_t;
@@ -149,6 +166,10 @@ typedef struct sim {
 	const int32_t *slice_devs;
 	int prepared[MAXR];
 	float warm[MAXR][4];
+	/* the engines' ne_stats summed at the end of a run; scratch calls */
+	ne_stats_t stats;
+	int scratch_made, scratch_freed;
+	int64_t pad_cap; /* ne_set_pad_cap's bytes when nonzero */
 } sim_t;
 
 /* per rank context: which sim and which rank */
@@ -203,6 +224,41 @@ static sop_t *find_op(scomm_t *c, int r, int kind, int idx)
 	return NULL;
 }
 
+/* A K_COPY run: the repack nccl_engine.h describes. */
+static void run_copy(sop_t *op)
+{
+	for (int i = op->who >= 0 ? op->who : 0; i < (op->who >= 0 ? op->who + 1 : op->k); i++) {
+		int64_t off, cnt;
+		comm_shard(op->n, i, op->k, &off, &cnt);
+		for (int64_t t = 0; t < op->m; t++) {
+			int64_t r = op->r0 + t;
+			if (op->to_padded)
+				op->buf[i * op->m + t] = r < cnt ? op->src[off + r] : 0.0f;
+			else if (r < cnt)
+				op->buf[off + r] = op->src[i * op->m + t];
+		}
+	}
+	op->done = 1;
+}
+
+/* Whether the copies before op on its stream are done: runs each whose
+ * predecessors there are all done (a stream runs in order; the other
+ * operations before op keep the double's order-free matching). */
+static int copies_before(sop_t *op)
+{
+	int all_done = 1;
+	for (int i = 0; op->st && i < op->pos; i++) {
+		sop_t *o = op->st->ops[i];
+		if (o->kind == K_COPY && !o->done) {
+			if (!all_done)
+				return 0;
+			run_copy(o);
+		}
+		all_done &= o->done;
+	}
+	return 1;
+}
+
 /* Completes op (and its counterparts) when everything is posted and enqueued. */
 static int try_complete(sim_t *s, sop_t *op)
 {
@@ -215,14 +271,36 @@ static int try_complete(sim_t *s, sop_t *op)
 		sop_t *all[MAXR];
 		for (int r = 0; r < c->n; r++) {
 			all[r] = find_op(c, r, op->kind, op->idx);
-			if (all[r]->h->busy)
+			if (all[r]->h->busy || !copies_before(all[r]))
 				return 0;
 			assert_int_equal(all[r]->bytes, op->bytes);
-			assert_int_equal(all[r]->root, op->root);
+			if (op->kind == K_RSC || op->kind == K_AGA) /* in-place chunks */
+				assert_int_equal(all[r]->root, r);
+			else
+				assert_int_equal(all[r]->root, op->root);
 		}
-		float sum[8] = {0};
+		float sum[64] = {0};
 		size_t nf = op->bytes / sizeof(float);
-		assert_true(nf <= 8);
+		assert_true(nf <= 64);
+		if (op->kind == K_RSC || op->kind == K_AGA) {
+			size_t cc = nf / (size_t)c->n;
+			assert_int_equal(cc * (size_t)c->n, nf);
+			for (int r = 0; r < c->n; r++)
+				for (size_t i = 0; i < nf; i++)
+					sum[i] += all[r]->buf[i];
+			/* reduce-scatter: member r's chunk of the sum; all-gather:
+			 * member q's chunk from q, everywhere */
+			for (int r = 0; r < c->n; r++)
+				for (size_t i = 0; i < nf; i++)
+					if (op->kind == K_RSC && i / cc == (size_t)r)
+						all[r]->buf[i] = sum[i];
+					else if (op->kind == K_AGA && i / cc != (size_t)r)
+						all[r]->buf[i] = all[i / cc]->buf[i];
+			for (int r = 0; r < c->n; r++)
+				all[r]->done = 1;
+			s->changes++;
+			return 1;
+		}
 		for (int r = 0; r < c->n; r++)
 			for (size_t i = 0; i < nf; i++)
 				sum[i] += all[r]->buf[i];
@@ -387,10 +465,12 @@ static int d_post(ctx_t *x, int kind, void *buf, size_t bytes, int peer, void *c
 	for (int i = 0; i < s->n_grp[x->rank]; i++)
 		idx += s->grp[x->rank][i]->h == h && s->grp[x->rank][i]->kind == kind;
 	sop_t *op = keep(s, calloc(1, sizeof *op));
-	*op = (sop_t){kind, idx, 0, h, buf, bytes, peer};
+	*op = (sop_t){.kind = kind, .idx = idx, .h = h, .buf = buf, .bytes = bytes, .root = peer};
 	s->grp[x->rank][s->n_grp[x->rank]++] = op;
 	stream_t *sm = st;
 	assert_true(sm->n < MAXOPS);
+	op->st = sm;
+	op->pos = sm->n;
 	sm->ops[sm->n++] = op;
 	return NE_OK;
 }
@@ -418,6 +498,52 @@ static int d_reduce(void *ctx, float *buf, size_t n, int root, void *comm, void 
 static int d_bcast(void *ctx, float *buf, size_t n, int root, void *comm, void *st)
 {
 	return d_post(ctx, K_BCAST, buf, n * sizeof(float), root, comm, st);
+}
+
+static int d_reduce_scatter(void *ctx, float *buf, size_t c, int me, void *comm, void *st)
+{
+	handle_t *h = comm;
+	return d_post(ctx, K_RSC, buf, c * sizeof(float) * (size_t)(h && h->c ? h->c->n : 1), me,
+		      comm, st);
+}
+
+static int d_allgather(void *ctx, float *buf, size_t c, int me, void *comm, void *st)
+{
+	handle_t *h = comm;
+	return d_post(ctx, K_AGA, buf, c * sizeof(float) * (size_t)(h && h->c ? h->c->n : 1), me,
+		      comm, st);
+}
+
+static int d_scratch(void *ctx, size_t bytes, void *st, float **out)
+{
+	sim_t *s = ((ctx_t *)ctx)->s;
+	(void)st;
+	*out = keep(s, calloc(1, bytes ? bytes : 1));
+	s->scratch_made++;
+	return NE_OK;
+}
+
+static void d_scratch_free(void *ctx, float *p, void *st)
+{
+	(void)p;
+	(void)st;
+	((ctx_t *)ctx)->s->scratch_freed++;
+}
+
+/* Posted on the stream, run in its order (copies_before, d_query). */
+static int d_repack(void *ctx, float *dst, const float *src, int64_t n, int k, int64_t r0,
+		    int64_t m, int to_padded, int who, void *st)
+{
+	sim_t *s = ((ctx_t *)ctx)->s;
+	stream_t *sm = st;
+	sop_t *op = keep(s, calloc(1, sizeof *op));
+	/* the window within the padded chunk c = ceil(n / k) */
+	assert_true(r0 >= 0 && m >= 1 && r0 + m <= (n + k - 1) / k);
+	*op = (sop_t){.kind = K_COPY, .buf = dst, .src = src, .n = n, .r0 = r0, .m = m, .k = k,
+		      .to_padded = to_padded, .who = who, .st = sm, .pos = sm->n};
+	assert_true(sm->n < MAXOPS && who < k);
+	sm->ops[sm->n++] = op;
+	return NE_OK;
 }
 
 static int d_group_end(void *ctx)
@@ -507,6 +633,11 @@ static int d_query(void *ctx, void *ev)
 	event_t *e = ev;
 	for (int i = 0; e->st && i < e->upto; i++) {
 		sop_t *op = e->st->ops[i];
+		if (op->kind == K_COPY) { /* everything before it is done */
+			if (!op->done)
+				run_copy(op);
+			continue;
+		}
 		if (op->h->c->aborted)
 			return NE_ERR;
 		if (!try_complete(((ctx_t *)ctx)->s, op))
@@ -520,6 +651,8 @@ static const ne_prims_t double_prims = {
 	.finalize = d_finalize, .destroy = d_destroy, .why = d_why,
 	.group_start = d_group_start, .group_end = d_group_end, .send = d_send,
 	.recv = d_recv, .allreduce = d_allreduce, .reduce = d_reduce, .bcast = d_bcast,
+	.reduce_scatter = d_reduce_scatter, .allgather = d_allgather, .scratch = d_scratch,
+	.scratch_free = d_scratch_free, .repack = d_repack,
 	.stream_new = d_stream_new,
 	.stream_free = d_stream_free, .event_new = d_event_new, .event_free = d_stream_free,
 	.after_compute = d_after_compute, .record = d_record, .query = d_query,
@@ -619,6 +752,39 @@ static void member_shard(const sim_t *s, int b, int r, int n, int64_t *off, int6
 
 #define SENTINEL (-7.0f)
 
+/* K_AGV's parts over bucket b's members (n elements): the range [lo, lo +
+ * len), tag = 16 lo + len, cut at the members' shards as zero.c and
+ * defer.c cut a layer or a deferred piece (offsets from buf's start). */
+static void agv_parts(const sim_t *s, int b, int tag, int n, int64_t *cnt, int64_t *off)
+{
+	int k = s->buckets[b].n_dev, lo = tag / 16, hi = lo + tag % 16;
+	assert_true(hi <= n);
+	for (int q = 0; q < k; q++) {
+		int64_t so, sn;
+		comm_shard(n, q, k, &so, &sn);
+		int64_t a = SP_MAX(lo, so), z = SP_MIN(hi, so + sn);
+		cnt[q] = z > a ? z - a : 0;
+		off[q] = z > a ? a : 0;
+	}
+}
+
+/* Whether element i is in member q's K_AGV part; q: the member's place. */
+static int agv_in(const sim_t *s, const act_t *a, int q, int i)
+{
+	int64_t cnt[MAXR], off[MAXR];
+	agv_parts(s, a->peer, a->tag, a->n, cnt, off);
+	return i >= off[q] && i < off[q] + cnt[q];
+}
+
+/* Rank r's place among bucket b's members. */
+static int member_place(const sim_t *s, int b, int r)
+{
+	for (int q = 0; q < s->buckets[b].n_dev; q++)
+		if (s->bucket_devs[s->buckets[b].dev_off + q] == r)
+			return q;
+	return -1;
+}
+
 /* Rank r's next action; a receive, an in-layer all-reduce and a step
  * always wait, others when `wait` says. n: floats moved (at most 8). */
 static void add_act_w(sim_t *s, int r, int kind, int peer, int tag, int n, int wait)
@@ -631,13 +797,21 @@ static void add_act_w(sim_t *s, int r, int kind, int peer, int tag, int n, int w
 	int64_t off = 0, cnt = 0;
 	if (kind == K_BCAST)
 		member_shard(s, peer, r, n, &off, &cnt);
+	if (kind == K_AGV) { /* its own part: [off, off + cnt) */
+		int64_t c[MAXR], o[MAXR];
+		int q = member_place(s, peer, r);
+		agv_parts(s, peer, tag, n, c, o);
+		off = o[q];
+		cnt = c[q];
+	}
 	/* a tensor-parallel member contributes 2^r: the sum names the members */
 	for (int i = 0; i < 8; i++)
 		a->buf[i] = i >= n					 ? SENTINEL
 			    : kind == K_SEND			 ? (float)(tag * 10 + i)
 			    : kind == K_ALLREDUCE || kind == K_REDUCE ? (float)(r + 1)
 			    : kind == K_TP				 ? (float)(1 << r)
-			    : kind == K_BCAST && i >= off && i < off + cnt ? (float)(100 * r + i)
+			    : (kind == K_BCAST || kind == K_AGV) && i >= off && i < off + cnt
+				? (float)(100 * r + i)
 									: -1.0f;
 }
 
@@ -673,6 +847,15 @@ static void check_act(const sim_t *s, int r, const act_t *a)
 		for (int i = 0; i < a->n; i++)
 			assert_true(a->buf[i] == want);
 	}
+	if (a->kind == K_AGV) /* every part from its member, nothing else written */
+		for (int i = 0; i < a->n; i++) {
+			float want = -1.0f;
+			for (int q = 0; q < s->buckets[a->peer].n_dev; q++)
+				if (agv_in(s, a, q, i))
+					want = (float)(100 * s->bucket_devs[s->buckets[a->peer].dev_off + q] +
+						       i);
+			assert_true(a->buf[i] == want);
+		}
 	if (a->kind >= K__COUNT || a->kind < K_ALLREDUCE)
 		return;
 	const sp_bucket_t *b = &s->buckets[a->peer];
@@ -761,9 +944,16 @@ static int turn(sim_t *s, int r, const ne_layout_t *lay)
 		int g = -1, item = a->kind == K_TP ? s->buckets_n + a->peer : a->peer;
 		assert_int_equal(ne_group_id(e, item, &g), 0);
 		assert_true(g >= 0);
-		rc = (a->kind == K_ALLREDUCE || a->kind == K_TP ? ne_iallreduce
-		      : a->kind == K_REDUCE			  ? ne_ireduce_scatter
-								  : ne_iallgather)(e, a->buf, a->n, g, &a->op);
+		if (a->kind == K_AGV) {
+			int64_t cnt[MAXR], off[MAXR];
+			agv_parts(s, a->peer, a->tag, a->n, cnt, off);
+			rc = ne_iallgatherv(e, a->buf, s->buckets[a->peer].n_dev, cnt, off, g,
+					    &a->op);
+		} else {
+			rc = (a->kind == K_ALLREDUCE || a->kind == K_TP ? ne_iallreduce
+			      : a->kind == K_REDUCE ? ne_ireduce_scatter
+						    : ne_iallgather)(e, a->buf, a->n, g, &a->op);
+		}
 		if (!rc && !a->op)
 			check_act(s, r, a); /* a group of one: nothing to move */
 	}
@@ -872,6 +1062,8 @@ static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 		s->eng[r] = ne_new(&double_prims, &ctxs[r], &s->host[r], s->world_h[r], s->warm[r],
 				   s->timeout, "sim");
 		assert_non_null(s->eng[r]);
+		if (s->pad_cap)
+			ne_set_pad_cap(s->eng[r], s->pad_cap);
 	}
 	int result = 2, order[MAXR];
 	srand(seed);
@@ -901,8 +1093,18 @@ static int sim_run_layout(sim_t *s, unsigned seed, const ne_layout_t *given)
 			break; /* nothing can move any more */
 	}
 out:
-	for (int r = 0; r < s->n; r++)
+	memset(&s->stats, 0, sizeof s->stats);
+	for (int r = 0; r < s->n; r++) {
+		ne_stats_t st;
+		ne_stats(s->eng[r], &st);
+		s->stats.direct += st.direct;
+		s->stats.padded += st.padded;
+		s->stats.rooted += st.rooted;
+		s->stats.scratch_peak = SP_MAX(s->stats.scratch_peak, st.scratch_peak);
 		ne_free(s->eng[r], result != 0);
+	}
+	/* every padded scratch given back (a failed run frees in ne_free) */
+	assert_int_equal(s->scratch_made, s->scratch_freed);
 	drop_kept(s);
 	if (!result)
 		check_creation(s, &lay);
@@ -1063,25 +1265,35 @@ static void random_plan(sim_t *s, unsigned seed, int mode)
 	}
 	/* syncs in bucket order on every member (like the plan's SYNCs); every
 	 * other bucket is zero-1: a reduce-scatter, and after every sync an
-	 * all-gather (like STEP's GATHERs), 7 elements for uneven shards */
+	 * all-gather (like STEP's GATHERs), 7 elements for uneven shards
+	 * (padded), 8 for even ones over 2 or 4 members (in place) */
+	int zn = 7 + (int)(seed / 2 % 2);
 	for (int b = 0; b < nb; b++)
 		for (int q = 0; q < s->buckets[b].n_dev; q++)
 			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q],
 				(seed + (unsigned)b) % 2 ? K_REDUCE : K_ALLREDUCE, b, 0,
-				(seed + (unsigned)b) % 2 ? 7 : 3);
+				(seed + (unsigned)b) % 2 ? zn : 3);
 	for (int b = 0; b < nb; b++)
 		for (int q = 0; q < s->buckets[b].n_dev && (seed + (unsigned)b) % 2; q++)
-			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_BCAST, b, 0, 7);
+			add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_BCAST, b, 0, zn);
 }
 
 static void test_random_plans(void **state)
 {
 	sim_t *s = *state;
+	long direct = 0, padded = 0;
 	for (unsigned seed = 1; seed <= 60; seed++)
 		for (int mode = STRICT; mode <= CONNECT; mode++) {
 			random_plan(s, seed, mode);
+			/* every third seed: padded halves in rounds of one element
+			 * per member */
+			s->pad_cap = seed % 3 ? 0 : 1;
 			run_clean(s, seed * 7 + (unsigned)mode, NULL, "random plan");
+			assert_int_equal(s->stats.rooted, 0);
+			direct += s->stats.direct;
+			padded += s->stats.padded;
 		}
+	assert_true(direct > 0 && padded > 0); /* both ways ran */
 }
 
 /*
@@ -1103,6 +1315,111 @@ static void test_zero1_halves(void **state)
 		add_act(s, r, K_BCAST, 0, 0, 7);
 	assert_int_equal(sim_run(s, 5), 0);
 	assert_int_equal(s->violations, 0);
+	/* uneven: ncclReduceScatter / ncclAllGather over a padded scratch of
+	 * 3 x 3 floats on each rank, none rooted */
+	assert_int_equal(s->stats.padded, 6);
+	assert_int_equal(s->stats.direct, 0);
+	assert_int_equal(s->stats.rooted, 0);
+	assert_int_equal(s->stats.scratch_peak, 9 * (int64_t)sizeof(float));
+	assert_int_equal(s->scratch_made, 6);
+}
+
+/*
+ * Even shards run in place (8 over 4 members and 6 over 2: no scratch),
+ * beside an uneven bucket (8 over 3: padded) on the same ranks; the engine
+ * gives each member its rank in the bucket's communicator (the double
+ * checks it against the split's order, members ascending).
+ */
+static void test_sharded_even(void **state)
+{
+	sim_t *s = *state;
+	for (int mode = STRICT; mode <= CONNECT; mode++) {
+		sim_init(s, 4, mode);
+		add_bucket(s, (int[]){0, 1, 2, 3}, 4);
+		add_bucket(s, (int[]){1, 3}, 2);
+		add_bucket(s, (int[]){0, 2, 3}, 3);
+		static const int size[3] = {8, 6, 8};
+		for (int b = 0; b < 3; b++)
+			for (int q = 0; q < s->buckets[b].n_dev; q++)
+				add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_REDUCE, b, 0,
+					size[b]);
+		for (int b = 2; b >= 0; b--)
+			for (int q = 0; q < s->buckets[b].n_dev; q++)
+				add_act(s, s->bucket_devs[s->buckets[b].dev_off + q], K_BCAST, b, 0,
+					size[b]);
+		run_clean(s, 11 + (unsigned)mode, NULL, "even shards");
+		assert_int_equal(s->stats.direct, 2 * (4 + 2));
+		assert_int_equal(s->stats.padded, 2 * 3);
+		assert_int_equal(s->stats.rooted, 0);
+		assert_int_equal(s->stats.scratch_peak, 3 * 3 * (int64_t)sizeof(float));
+	}
+}
+
+/*
+ * All-gathers with parts (zero-3 layers, deferred pieces: agv_parts):
+ * parts that tile their range as comm_shard does run as one all-gather
+ * (in place when equal, padded when not); parts that only some members
+ * hold stay one broadcast per part. Every member ends with every part
+ * and nothing else written.
+ */
+/*
+ * Padded halves in rounds (the scratch capped at one or two elements per
+ * member): 7 over 3 (chunks of 3) runs 3 or 2 rounds of each half on each
+ * rank, a round's scratch at most the cap, with a transfer between them;
+ * the results are those of one round.
+ */
+static void test_padded_rounds(void **state)
+{
+	sim_t *s = *state;
+	for (int per = 1; per <= 2; per++)
+		for (int mode = STRICT; mode <= CONNECT; mode++) {
+			sim_init(s, 3, mode);
+			s->pad_cap = per * 3 * (int64_t)sizeof(float);
+			add_bucket(s, (int[]){0, 1, 2}, 3);
+			for (int r = 0; r < 3; r++)
+				add_act(s, r, K_REDUCE, 0, 0, 7);
+			add_act(s, 1, K_SEND, 0, 9, 3);
+			add_act(s, 0, K_RECV, 1, 9, 3);
+			for (int r = 0; r < 3; r++)
+				add_act(s, r, K_BCAST, 0, 0, 7);
+			for (int r = 0; r < 3; r++) /* a layer [1, 6) of it, tiled evenly */
+				add_act_w(s, r, K_AGV, 0, 1 * 16 + 5, 7, 1);
+			run_clean(s, 21 + (unsigned)(per * 2 + mode), NULL, "padded rounds");
+			/* rounds of chunk 3 (halves) and of chunk 2 (the layer's) */
+			int rounds = (3 + per - 1) / per, lrounds = (2 + per - 1) / per;
+			assert_int_equal(s->stats.padded, 3 * (2 * rounds + lrounds));
+			assert_int_equal(s->stats.direct + s->stats.rooted, 0);
+			assert_int_equal(s->stats.scratch_peak, s->pad_cap);
+		}
+}
+
+static void test_allgatherv_parts(void **state)
+{
+	sim_t *s = *state;
+	static const struct {
+		int ranks, n, tag;
+		long direct, padded, rooted;
+	} cases[] = {
+		{3, 7, 0 * 16 + 7, 0, 3, 0}, /* a whole bucket, shards 2, 2, 3 */
+		{4, 8, 0 * 16 + 8, 4, 0, 0}, /* a whole bucket, shards of 2 */
+		{2, 8, 1 * 16 + 6, 2, 0, 0}, /* [1, 7) over [0, 4), [4, 8): 3 and 3 */
+		{3, 7, 1 * 16 + 5, 0, 3, 0}, /* [1, 6): 1, 2, 2, comm_shard of 5 */
+		{3, 7, 2 * 16 + 3, 0, 0, 6}, /* [2, 5): member 0 has none: 2 calls */
+		{4, 8, 5 * 16 + 1, 0, 0, 4}, /* [5, 6): member 2's only: 1 call */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		sim_init(s, cases[i].ranks, i % 2 ? CONNECT : STRICT);
+		int all[MAXR];
+		for (int r = 0; r < cases[i].ranks; r++)
+			all[r] = r;
+		add_bucket(s, all, cases[i].ranks);
+		for (int r = 0; r < cases[i].ranks; r++)
+			add_act_w(s, r, K_AGV, 0, cases[i].tag, cases[i].n, 1);
+		run_clean(s, 3 + (unsigned)i, NULL, "all-gather with parts");
+		assert_int_equal(s->stats.direct, cases[i].direct);
+		assert_int_equal(s->stats.padded, cases[i].padded);
+		assert_int_equal(s->stats.rooted, cases[i].rooted);
+	}
 }
 
 /* ne_layout_init: every SEND's pair, sorted and unique. */
@@ -1472,6 +1789,9 @@ int main(void)
 		cmocka_unit_test(test_detects_no_progress),
 		cmocka_unit_test(test_random_plans),
 		cmocka_unit_test(test_zero1_halves),
+		cmocka_unit_test(test_sharded_even),
+		cmocka_unit_test(test_allgatherv_parts),
+		cmocka_unit_test(test_padded_rounds),
 		cmocka_unit_test(test_layout_tp_groups),
 		cmocka_unit_test(test_tp_mixed),
 		cmocka_unit_test(test_tp_planned),

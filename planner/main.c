@@ -420,12 +420,22 @@ int main(int argc, char **argv)
 			status = fail(&err);
 		goto cleanup;
 	}
+	/* --only: cand_schedule leaves the others out; data-parallel's plan is
+	 * seq's, taken by the walk without cand_schedule, so it is left out
+	 * here unless it is the one (any --exclude is moot beside --only) */
+	if (o.only)
+		o.exclude = strcmp(o.only, "data-parallel") ? "data-parallel" : NULL;
 	if ((o.out_path && sp_output_check(o.out_path, &err)) ||
 	    planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
-		if (o.only && !err.msg[0]) { /* the walk found no schedule to keep */
-			sp_err_set(&err, SP_EINFEAS, NULL, 0, 0, NULL,
-				   "candidate '%s' makes no plan for these inputs", o.only);
-			sp_err_hint(&err, "without --only ours plans with every candidate");
+		if (o.only && (!err.msg[0] || err.code == SP_EINFEAS)) {
+			/* the walk kept no schedule: say whose */
+			if (!err.msg[0])
+				sp_err_set(&err, SP_EINFEAS, NULL, 0, 0, NULL, "no plan");
+			if (!err.hint[0])
+				sp_err_hint(&err, "candidate '%s' makes no plan for these inputs "
+						  "alone (--only); without --only ours plans with "
+						  "every candidate",
+					    o.only);
 		}
 		status = fail(&err);
 		goto cleanup;

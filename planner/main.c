@@ -195,22 +195,14 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 				val);
 			return SP_EXIT_INPUT;
 		}
-	} else if (!strcmp(a, "--exclude")) {
+	} else if (!strcmp(a, "--exclude") || !strcmp(a, "--only")) {
 		if (!cand_find(val)) {
 			fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
 					"spindle-plan --candidates lists them\n",
 				val);
 			return SP_EXIT_INPUT;
 		}
-		o->exclude = val;
-	} else if (!strcmp(a, "--only")) {
-		if (!cand_find(val)) {
-			fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
-					"spindle-plan --candidates lists them\n",
-				val);
-			return SP_EXIT_INPUT;
-		}
-		o->only = val;
+		*(!strcmp(a, "--only") ? &o->only : &o->exclude) = val;
 	} else if (!strcmp(a, "--placement")) {
 		if (!strcmp(val, "spindle") || !strcmp(val, "naive")) {
 			o->placement = !strcmp(val, "spindle") ? PLACE_SPINDLE : PLACE_NAIVE;

@@ -7,6 +7,7 @@
     --only that candidate;
   * every --only plan has a compute time at least the compute bound and an
     iteration at least ours';
+  * the best candidate's plan alone is the same with --jobs 2;
   * no candidate's plan alone is data-parallel's (seq's plan, which the
     walk takes without scheduling: left out under --only), though on 8
     A800 some candidates alone are slower than it;
@@ -94,6 +95,12 @@ def one_cluster(cluster):
         elif open(os.path.join(tmp, "all.bin"), "rb").read() != \
                 open(os.path.join(tmp, best[1] + ".bin"), "rb").read():
             fail(f"ours' plan differs from --only {best[1]}'s")
+        j2 = os.path.join(tmp, "jobs2.bin")
+        p = run(["-o", j2, "--refine-within", "all", "--jobs", "2", "--only", best[1]],
+                cluster)
+        if p.returncode or open(j2, "rb").read() != \
+                open(os.path.join(tmp, best[1] + ".bin"), "rb").read():
+            fail(f"--only {best[1]} --jobs 2: exit {p.returncode}, not the --jobs 1 plan")
         dp = open(os.path.join(tmp, "data-parallel.bin"), "rb").read()
         for n in names:
             f = os.path.join(tmp, n + ".bin")

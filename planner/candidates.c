@@ -153,7 +153,8 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 	const int *w = NULL;
 	int rc, mids = 0;
 	if ((c->max_devices && pl->N > c->max_devices) ||
-	    (c->min_nodes && pl->cluster->nodes < c->min_nodes))
+	    (c->min_nodes && pl->cluster->nodes < c->min_nodes) ||
+	    (pl->opts && pl->opts->only && strcmp(pl->opts->only, c->name)))
 		return SCHED_NOTHING_NEW;
 	if (c->sched == CAND_BASELINE)
 		return sched_sequential(pl, out);

@@ -37,6 +37,9 @@ static void usage(FILE *f)
 		"  --candidates         list our scheduling candidates and stop\n"
 		"  --exclude NAME       plan ours without candidate NAME (e.g. data-parallel:\n"
 		"                       ours without reusing the sequential plan)\n"
+		"  --only NAME          plan ours with candidate NAME alone (what its plan\n"
+		"                       costs; no plan when it has none for these inputs)\n");
+	fprintf(f,
 		"  --zero 0|1|2|3|auto  parameter state layout of every sync group of 2 or\n"
 		"                       more devices: 0 replicated, 1 zero-1 (optimizer state\n"
 		"                       sharded), 2 zero-2 (gradients sharded too), 3 zero-3\n"
@@ -81,7 +84,7 @@ static void usage(FILE *f)
 		"                       not worse (it saves activation memory). Off by\n"
 		"                       default: the cuda backend's block is built but has\n"
 		"                       not run on a GPU yet\n");
-	/* two parts: C17 promises string literals of 4095 characters only */
+	/* in parts: C17 promises string literals of 4095 characters only */
 	fprintf(f,
 
 		"  --tp-vocab split|whole\n"
@@ -117,7 +120,7 @@ static void usage(FILE *f)
 static int takes_value(const char *a)
 {
 	static const char *const names[] = {"-o",	   "--output",	   "--algo",
-					    "--exclude",   "--placement",  "--mem-reserve",
+					    "--exclude",   "--only",      "--placement",  "--mem-reserve",
 					    "--milp-nodes", "--zero",	   "--recompute", "--rs-overlap", "--defer-gather",
 					    "--microbatches", "--tp", "--sp", "--tp-vocab",
 					    "--max-instructions", "--jobs", "--refine-within"};
@@ -192,14 +195,14 @@ static int opt_value(plan_opts_t *o, const char *a, const char *val)
 				val);
 			return SP_EXIT_INPUT;
 		}
-	} else if (!strcmp(a, "--exclude")) {
+	} else if (!strcmp(a, "--exclude") || !strcmp(a, "--only")) {
 		if (!cand_find(val)) {
 			fprintf(stderr, "spindle-plan: unknown candidate '%s'\nhint: "
 					"spindle-plan --candidates lists them\n",
 				val);
 			return SP_EXIT_INPUT;
 		}
-		o->exclude = val;
+		*(!strcmp(a, "--only") ? &o->only : &o->exclude) = val;
 	} else if (!strcmp(a, "--placement")) {
 		if (!strcmp(val, "spindle") || !strcmp(val, "naive")) {
 			o->placement = !strcmp(val, "spindle") ? PLACE_SPINDLE : PLACE_NAIVE;
@@ -409,8 +412,23 @@ int main(int argc, char **argv)
 			status = fail(&err);
 		goto cleanup;
 	}
+	/* --only: cand_schedule leaves the others out; data-parallel's plan is
+	 * seq's, taken by the walk without cand_schedule, so it is left out
+	 * here unless it is the one (any --exclude is moot beside --only) */
+	if (o.only)
+		o.exclude = strcmp(o.only, "data-parallel") ? "data-parallel" : NULL;
 	if ((o.out_path && sp_output_check(o.out_path, &err)) ||
 	    planner_run(&o, &model, &cluster, &plan, &sum, &err)) {
+		if (o.only && (!err.msg[0] || err.code == SP_EINFEAS)) {
+			/* the walk kept no schedule: say whose */
+			if (!err.msg[0])
+				sp_err_set(&err, SP_EINFEAS, NULL, 0, 0, NULL, "no plan");
+			if (!err.hint[0])
+				sp_err_hint(&err, "candidate '%s' makes no plan for these inputs "
+						  "alone (--only); without --only ours plans with "
+						  "every candidate",
+					    o.only);
+		}
 		status = fail(&err);
 		goto cleanup;
 	}

@@ -53,6 +53,7 @@ typedef struct {
 	double mem_reserve_gib; /* kept free on every device */
 	int milp_nodes;         /* branch-and-bound node budget per MILP */
 	const char *exclude;    /* one of our candidates left out (NULL: none) */
+	const char *only;       /* the one candidate ours plans with (NULL: all) */
 	int zero;               /* state layout of every bucket over 2+ devices:
 				 * -1 auto, 0 replicated, 1 zero-1 */
 	int recompute;          /* transformer slices: -1 auto, 0 keep, 1 recompute */

@@ -222,6 +222,9 @@ void cost_layer_sp(const planner_t *pl, int m, int64_t local, int t, int sp, dou
  * when src has none): a thread of its own writes only its memo (jobs.c).
  * SP_ENOMEM. */
 int cost_memo_copy(planner_t *dst, const planner_t *src);
+/* Bytes the optimizer step reads and writes per parameter in dtype dt
+ * (cost.c: 28 for AdamW, 12 for SGD). */
+int64_t cost_step_bytes(sp_dtype_t dt, sp_opt_kind_t opt);
 /* Optimizer step over elems parameters on one device. */
 double cost_step_ms(const planner_t *pl, int64_t elems);
 /* One matrix product of a layer: batch copies of M x N x K, issued calls times. */

@@ -390,6 +390,12 @@ int main(int argc, char **argv)
 	int rc = parse_args(&o, argc, argv);
 	if (rc)
 		return rc;
+	if (o.only && (o.exclude || o.algo != ALGO_SPINDLE)) {
+		fprintf(stderr, "spindle-plan: --only cannot be combined with %s\nhint: --only "
+				"NAME plans ours (--algo spindle) with candidate NAME alone\n",
+			o.exclude ? "--exclude" : "--algo other than spindle");
+		return SP_EXIT_INPUT;
+	}
 	sp_err_t err = {.warn = warn, .warn_ctx = stderr};
 	sp_model_t model = {0};
 	sp_cluster_t cluster = {0};
@@ -414,7 +420,7 @@ int main(int argc, char **argv)
 	}
 	/* --only: cand_schedule leaves the others out; data-parallel's plan is
 	 * seq's, taken by the walk without cand_schedule, so it is left out
-	 * here unless it is the one (any --exclude is moot beside --only) */
+	 * here unless it is the one (--exclude beside --only is refused above) */
 	if (o.only)
 		o.exclude = strcmp(o.only, "data-parallel") ? "data-parallel" : NULL;
 	if ((o.out_path && sp_output_check(o.out_path, &err)) ||

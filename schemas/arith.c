@@ -292,8 +292,19 @@ int comp_is_sink(sp_comp_type_t t)
 sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *n)
 {
 	const sp_component_t *c = &m->comps[n->comp];
-	sp_opshape_t s = {c->type, c->hidden, c->heads, c->ffn, n->seq, c->in, c->out,
-			  c->vocab, c->classes, c->causal, 0, 0};
+	sp_opshape_t s;
+	/* padding too: plans and the simulator's memos compare shapes bytewise */
+	memset(&s, 0, sizeof s);
+	s.type = c->type;
+	s.hidden = c->hidden;
+	s.heads = c->heads;
+	s.ffn = c->ffn;
+	s.seq = n->seq;
+	s.in = c->in;
+	s.out = c->out;
+	s.vocab = c->vocab;
+	s.classes = c->classes;
+	s.causal = c->causal;
 	if (c->cross_attention) {
 		s.mem_seq = t->nodes[n->memory].seq;
 		s.mem_width = c->memory_width;

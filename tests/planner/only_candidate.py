@@ -13,6 +13,7 @@
     A800 some candidates alone are slower than it;
   * an unknown name exits 2 naming it; a candidate that makes no plan for
     the inputs (list-homes needs 4 nodes) exits 1 naming it, no plan file.
+  * --only beside --exclude or beside --algo other than spindle exits 2.
 """
 import json
 import os
@@ -55,6 +56,11 @@ def main():
     p = run(["--only", "list-homes"])
     if p.returncode != 1 or "'list-homes' makes no plan" not in p.stderr:
         fail(f"--only list-homes on 2 nodes: exit {p.returncode}, {p.stderr!r}")
+    for extra in (["--exclude", "lanes"], ["--exclude", "data-parallel"],
+                  ["--algo", "sequential"]):
+        p = run(["--only", "lanes", *extra])
+        if p.returncode != 2 or "--only cannot be combined with " + extra[0] not in p.stderr:
+            fail(f"--only lanes {' '.join(extra)}: exit {p.returncode}, {p.stderr!r}")
 
 
 def one_cluster(cluster):

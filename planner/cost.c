@@ -85,10 +85,10 @@
  * written, 28 B; fp32 AdamW 4 + 4 + 8 + 4 + 8 = 28; SGD 12. That is the
  * runtime's step (runtime/cuda/cu_kernels.cu adamw_kernel, sgd_kernel;
  * layers.c adamw_step): it reads p, g, m, v and writes p, m, v and the bf16
- * shadow of p, except that its gradients are fp32 (30 B a parameter), as
- * are its all-reduces, which net.c prices at the dtype too. Before, every
- * byte of parameter state was read and written (2 * param_state_bytes,
- * 32 B for bf16 AdamW).
+ * shadow of p, except that its gradients are fp32 (AdamW 30 B, SGD 14 B a
+ * parameter), as are its all-reduces, which net.c prices at the dtype
+ * too. Before, every byte of parameter state was read and written
+ * (2 * param_state_bytes, 32 B for bf16 AdamW).
  */
 #include "planner.h"
 

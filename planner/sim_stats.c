@@ -21,7 +21,7 @@
 
 static struct {
 	pthread_mutex_t lock;
-	int on; /* -1: env not read yet */
+	int on; /* set once by stats_read_env */
 	const char *site[STATS_SITES];
 	long calls[STATS_SITES], again[STATS_SITES];
 	uint64_t *seen;
@@ -36,10 +36,16 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
+static void stats_read_env(void)
+{
+	st.on = getenv("SPINDLE_SIM_STATS") != NULL;
+}
+
+/* The env read once for all threads (worker threads ask too). */
 static int stats_on(void)
 {
-	if (st.on < 0)
-		st.on = getenv("SPINDLE_SIM_STATS") != NULL;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, stats_read_env);
 	return st.on;
 }
 

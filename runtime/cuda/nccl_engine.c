@@ -451,7 +451,14 @@ static void enqueue(ne_engine_t *e, ne_chan_t *ch, ne_op_t **ops, int n)
 {
 	const ne_prims_t *pr = e->pr;
 	char desc[96];
-	int r = pr->after_compute(e->ctx, ch->stream) ? NE_ERR : NE_OK;
+	/* a padded op's later round follows its first on ch's stream, which
+	 * waited for the compute before it: waiting again would put the round
+	 * behind compute queued since (later backward layers) */
+	int first = 0;
+	for (int i = 0; i < n; i++)
+		first |= !(ops[i]->how == HOW_PADDED && ops[i]->kind >= OP_RSCATTER &&
+			   ops[i]->round > 0);
+	int r = first && pr->after_compute(e->ctx, ch->stream) ? NE_ERR : NE_OK;
 	for (int i = 0; i < n && r == NE_OK; i++)
 		if (ops[i]->kind >= OP_RSCATTER && ops[i]->how == HOW_PADDED)
 			r = stage_in(e, ops[i]) ? NE_ERR : NE_OK;

@@ -43,7 +43,10 @@ static void repack(float *dx, float *x, size_t nb, float *dp, float *p, size_t p
 {
 	cudaMemcpy(dx, x, nb, cudaMemcpyHostToDevice);
 	cudaMemcpy(dp, p, pb, cudaMemcpyHostToDevice);
-	if (cu_shard_repack(to_padded ? dp : dx, to_padded ? dx : dp, n, k, r0, m, to_padded, who,
+	/* a copy from pageable memory may return before its DMA lands, and st
+	 * (non-blocking) does not wait for the default stream */
+	if (cudaDeviceSynchronize() ||
+	    cu_shard_repack(to_padded ? dp : dx, to_padded ? dx : dp, n, k, r0, m, to_padded, who,
 			    st) ||
 	    cudaStreamSynchronize(st)) {
 		printf("FAIL launch (%s) n=%lld k=%d\n", to_padded ? "to padded" : "from padded",

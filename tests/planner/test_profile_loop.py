@@ -27,6 +27,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mpi_session  # noqa: E402
+
+mpi_session.private()
+
 ROOT = os.environ["SPINDLE_ROOT"]
 PROFILE = os.environ["SPINDLE_PROFILE"]
 PLAN = os.environ["SPINDLE_PLAN"]

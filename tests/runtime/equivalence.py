@@ -35,6 +35,9 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import workloads as W  # noqa: E402
 import mixed as MX  # noqa: E402
+import mpi_session  # noqa: E402
+
+mpi_session.private()  # rtlib's tests import this module: theirs too
 
 ROOT = os.environ["SPINDLE_ROOT"]
 RUN = os.environ["SPINDLE_RUN"]

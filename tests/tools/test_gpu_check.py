@@ -21,6 +21,11 @@ import sys
 import tarfile
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mpi_session  # noqa: E402
+
+mpi_session.private()
+
 REQUIRED = ["gpu_layers", "gpu_step_demo", "gpu_step_demo-sgd", "gpu_step_encdec-sgd",
             "demo_train", "equiv_1", "equiv_2", "equiv_4", "equiv_compare", "equiv_encdec_1",
             "equiv_encdec_2", "equiv_encdec_seq-2", "equiv_encdec_compare", "equiv_mixed_1",

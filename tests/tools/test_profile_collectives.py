@@ -19,6 +19,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import mpi_session  # noqa: E402
+
+mpi_session.private()
+
 PROFILE = os.environ["SPINDLE_PROFILE"]
 PLAN = os.environ["SPINDLE_PLAN"]
 ROOT = os.environ.get("SPINDLE_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))

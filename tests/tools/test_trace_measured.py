@@ -19,6 +19,9 @@ import tempfile
 ROOT = os.environ.get("SPINDLE_ROOT", os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 import workloads as W  # noqa: E402
+import mpi_session  # noqa: E402
+
+mpi_session.private()
 
 
 def check(cond, what):

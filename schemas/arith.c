@@ -293,7 +293,8 @@ sp_opshape_t op_shape(const sp_model_t *m, const sp_task_t *t, const sp_node_t *
 {
 	const sp_component_t *c = &m->comps[n->comp];
 	sp_opshape_t s;
-	/* padding too: plans and the simulator's memos compare shapes bytewise */
+	/* padding too: sim_memo.c compares the plan's metaops, shapes
+	 * included, byte for byte */
 	memset(&s, 0, sizeof s);
 	s.type = c->type;
 	s.hidden = c->hidden;

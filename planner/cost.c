@@ -179,7 +179,7 @@ static double interp(const sp_prof_entry_t *e, double b, int bwd)
  *               exec_loss), so all their launches count as forward.
  * Not counted: the bf16 weight shadow (cu_shadow converts once per step
  * after the optimizer touched the weights, not per layer and pass).
- * Besides, runtime/interp.c adds per layer (interp_extra): a host-to-device
+ * Besides, runtime/exec.c adds per layer (interp_extra): a host-to-device
  * copy of the tokens, features, targets or labels (embedding, patch
  * forward; lm_head, classifier), and a memset of dx before every
  * transformer backward but the first of a slice (exec_bwd; counted for

@@ -16,10 +16,10 @@ per step, not per layer). Every statement counts once: branches as taken
 with all arguments present, loops as one pass. The sequence-parallel
 block (APART: cu_sp.cu), which branches on the layer's place in its
 slice, is counted along the path of a layer inside its slice instead
-(sp_counts below), with its collectives, and with runtime/interp.c's
+(sp_counts below), with its collectives, and with runtime/exec.c's
 sp_ln_add, and checked against cost.c's SP_LAUNCHES, SP_COLLECTIVES and
 SP_BWD_EXTRA. It does not run anything and does not check
-runtime/interp.c's other extras (interp_extra).
+the runtime's other extras (cost.c's interp_extra).
 """
 import os
 import re
@@ -95,9 +95,9 @@ def count(defs, name, stack=()):
 #
 # cu_tblock_sp_fwd / cu_tblock_sp_bwd branch on the layer's place in its
 # slice (rt_tp_t.whole_in: the slice's first layer, whole_out: its last)
-# and on ln_grads (set by runtime/interp.c exec_bwd for every sequence-
+# and on ln_grads (set by runtime/exec.c exec_bwd for every sequence-
 # parallel BWD), so they are counted along one path: the statements of
-# cu_sp.cu's functions (and of runtime/interp.c's sp_ln_add, the per-layer
+# cu_sp.cu's functions (and of runtime/exec.c's sp_ln_add, the per-layer
 # extra of a sequence-parallel BWD) are executed symbolically with those
 # flags, everything else they call counted by count() above. Conditions:
 # an error check (rc < 0, a workspace overflow, a call's return) is false;
@@ -331,13 +331,13 @@ def backend_table():
 
 def sp_counts(defs, flags):
     """(fwd, bwd, bwd_extra) launches [kernels, per_head, collectives] of a
-    sequence-parallel layer with these flags; bwd_extra: interp.c's sp_ln_add
+    sequence-parallel layer with these flags; bwd_extra: exec.c's sp_ln_add
     per layer"""
     local = local_functions(os.path.join(CUDA, SP_FILE))
-    interp = local_functions(os.path.join(ROOT, "runtime", "interp.c"))
+    execf = local_functions(os.path.join(ROOT, "runtime", "exec.c"))
     for name in ("cu_copy_rows",):
         local[name] = local_functions(os.path.join(CUDA, "cu_runtime.cu"))[name]
-    local["sp_ln_add"] = interp["sp_ln_add"]
+    local["sp_ln_add"] = execf["sp_ln_add"]
     p = Path(defs, local, flags, backend_table())
     fwd = p.run_func(APART[0], [1] * len(local[APART[0]][0]))
     bwd = p.run_func(APART[1], [1] * len(local[APART[1]][0]))

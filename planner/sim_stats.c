@@ -26,15 +26,7 @@ static struct {
 	long calls[STATS_SITES], again[STATS_SITES];
 	uint64_t *seen;
 	int n, cap;
-} st = {PTHREAD_MUTEX_INITIALIZER, -1, {0}, {0}, {0}, NULL, 0, 0};
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
-	return h;
-}
+} st = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, NULL, 0, 0};
 
 static void stats_read_env(void)
 {
@@ -53,11 +45,11 @@ void sim_stats_note(const char *site, const sp_plan_t *p)
 {
 	if (!stats_on())
 		return;
-	uint64_t h = fnv(0xcbf29ce484222325ull, p->buckets, sizeof *p->buckets * (size_t)p->n_buckets);
-	h = fnv(h, p->devices, sizeof *p->devices * (size_t)p->n_devices);
-	h = fnv(h, p->slices, sizeof *p->slices * (size_t)p->n_slices);
-	h = fnv(h, p->waves, sizeof *p->waves * (size_t)p->n_waves);
-	h = fnv(h, p->ins, sizeof *p->ins * (size_t)p->n_ins);
+	uint64_t h = sp_fnv1a(SP_FNV_INIT, p->buckets, sizeof *p->buckets * (size_t)p->n_buckets);
+	h = sp_fnv1a(h, p->devices, sizeof *p->devices * (size_t)p->n_devices);
+	h = sp_fnv1a(h, p->slices, sizeof *p->slices * (size_t)p->n_slices);
+	h = sp_fnv1a(h, p->waves, sizeof *p->waves * (size_t)p->n_waves);
+	h = sp_fnv1a(h, p->ins, sizeof *p->ins * (size_t)p->n_ins);
 	pthread_mutex_lock(&st.lock);
 	int s = 0;
 	while (s < STATS_SITES && st.site[s] && strcmp(st.site[s], site))

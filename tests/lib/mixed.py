@@ -128,7 +128,7 @@ def main(argv):
     os.environ["SPINDLE_PLAN"], os.environ["SPINDLE_SHOW"] = argv[1], argv[2]
     out, kind = argv[3], argv[4]
     opt = {"type": "sgd", "lr": 0.05} if kind == "sgd" else \
-        {"type": "adamw", "lr": 0.01, "eps": 1e-5}
+        dict(W.ADAMW)
     mpath = W.write_json(out, f"mixed-{kind}.json", model(opt))
     one = os.path.join(out, f"mixed-{kind}-1.bin")
     if not _plan(mpath, W.write_json(out, "mixed-cluster-1.json", W.cluster(1)), one,

@@ -12,6 +12,12 @@ import random
 import subprocess
 import tempfile
 
+# AdamW for runs compared element by element with the one-device run
+# (tests/runtime/equivalence.py explains the floor): an element whose
+# gradient is below eps in size moves by lr * g / eps per step, so eps sets
+# how much the rounding noise of another summation order is amplified.
+ADAMW = {"type": "adamw", "lr": 0.01, "eps": 1e-4}
+
 
 def cluster(n_devices, nodes=1, name=None, memory_gib=2.0):
     """A CPU-like cluster of n_devices processes on `nodes` machines."""

@@ -180,7 +180,7 @@ def check_mixed(F, tmp):
     """A plan mixing zero-3 buckets with zero-0/1/2 ones (tests/lib/mixed.py:
     --zero auto at the smallest memory that fits, 4 ranks) against the
     2-rank replicated plan of the same model (--zero 0), both ways."""
-    model = MX.model({"type": "adamw", "lr": 0.01, "eps": 1e-5})  # equivalence.py's
+    model = MX.model(dict(R.W.ADAMW))  # equivalence.py's
     mpath = R.W.write_json(tmp, "mixed.model.json", model)
     mib, _, p4 = MX.smallest_fit(mpath, tmp, "mixed.4", 4)
     mix = MX.mixing_devices(p4)

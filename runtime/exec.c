@@ -43,15 +43,28 @@ static void event(rt_state_t *st, double t0, int k, int comm)
 	SP_PUSH(st->ev, st->n_ev, st->cap_ev, e);
 }
 
+/* What the split block's all-reduce needs: instruction k of the rank's
+ * program runs it, over comm group `group`. */
+typedef struct {
+	rt_state_t *st;
+	int k, group;
+	sp_err_t *err;
+} tp_call_t;
+
 /* What a forward or backward instruction k runs: its slice's layers of one
  * MetaOp on n samples, each layer keeping kpp floats per sample from its
- * FWD to its BWD (kept_pp). */
+ * FWD to its BWD (kept_pp); the layers' tensor-parallel split (tp: NULL
+ * for whole layers, else &tps, so a slice_run_t stays where
+ * slice_run_init filled it) and a decoder's memory (mem: NULL without). */
 typedef struct {
 	const sp_ins_t *in;
 	const sp_slice_t *sl;
 	const sp_metaop_t *mo;
 	int n;
 	int64_t kpp;
+	tp_call_t tc;
+	rt_tp_t tps, *tp;
+	const float *mem;
 } slice_run_t;
 
 /* The first sample of micro-step st->micro in task's synthetic batch; a
@@ -59,17 +72,6 @@ typedef struct {
 static int64_t sample_off(const rt_state_t *st, int task)
 {
 	return st->o.data ? 0 : (int64_t)st->micro * st->p->model.tasks[task].batch;
-}
-
-static slice_run_t slice_run(const rt_state_t *st, int k)
-{
-	slice_run_t r;
-	r.in = &st->prog[k];
-	r.sl = &st->p->slices[r.in->slice];
-	r.mo = mop(st, r.sl->metaop);
-	r.n = r.in->s1 - r.in->s0;
-	r.kpp = kept_pp(st, r.sl);
-	return r;
 }
 
 /* What the FWD kept of layer l of a run whose block starts at off: its
@@ -92,14 +94,6 @@ static float *lnacc_buf(const rt_state_t *st)
 {
 	return redo_buf(st) + st->redo_n;
 }
-
-/* What the split block's all-reduce needs: instruction k of the rank's
- * program runs it, over comm group `group`. */
-typedef struct {
-	rt_state_t *st;
-	int k, group;
-	sp_err_t *err;
-} tp_call_t;
 
 /* rt_tp_t.allreduce: the layer's kernels so far finish (b->sync), then the
  * group's all-reduce, waited for against the timeout like a RECV. The
@@ -164,6 +158,17 @@ static rt_tp_t *tp_of(rt_state_t *st, int k, sp_err_t *err, tp_call_t *tc, rt_tp
 	return tp;
 }
 
+static void slice_run_init(slice_run_t *out, rt_state_t *st, int k, sp_err_t *err)
+{
+	out->in = &st->prog[k];
+	out->sl = &st->p->slices[out->in->slice];
+	out->mo = mop(st, out->sl->metaop);
+	out->n = out->in->s1 - out->in->s0;
+	out->kpp = kept_pp(st, out->sl);
+	out->tp = tp_of(st, k, err, &out->tc, &out->tps);
+	out->mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], out->in->s0, 0) : NULL;
+}
+
 /* A sequence-parallel slice's layer l reads its whole input when it is
  * the slice's first and puts out its whole output when it is the last
  * (values stay whole); in between it passes token shards. */
@@ -187,15 +192,14 @@ static int64_t sp_off(const rt_tp_t *tp, const sp_metaop_t *mo, int n)
  * tp_allreduce named the instruction). */
 int rt_exec_fwd(rt_state_t *st, int k, int64_t step, sp_err_t *err)
 {
-	const slice_run_t r = slice_run(st, k);
-	tp_call_t tc;
-	rt_tp_t tps;
-	rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	slice_run_t r;
+	slice_run_init(&r, st, k, err);
+	rt_tp_t *tp = r.tp;
+	const float *mem = r.mem;
 	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *ping = st->work, *pong = st->work + st->ping_n;
 	const float *x = NULL;
-	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
 	int64_t so = sample_off(st, r.mo->task);
 	for (int l = r.sl->layer_from; l < r.sl->layer_to; l++) {
 		int comp;
@@ -286,18 +290,17 @@ static void sp_ln_add(rt_state_t *st, const slice_run_t *r, const rt_tp_t *tp)
 /* 0, or the code of a layer that failed (as rt_exec_fwd). */
 static int exec_bwd(rt_state_t *st, int k, sp_err_t *err)
 {
-	const slice_run_t r = slice_run(st, k);
-	tp_call_t tc;
-	rt_tp_t tps;
-	rt_tp_t *tp = tp_of(st, k, err, &tc, &tps);
+	slice_run_t r;
+	slice_run_init(&r, st, k, err);
+	rt_tp_t *tp = r.tp;
+	/* a decoder: its memory, and the memory's gradient every layer adds to */
+	const float *mem = r.mem;
+	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
 	int rc = 0;
 	const rt_backend_t *b = st->b;
 	float *bufs[2] = {st->work, st->work + st->ping_n};
 	const float *dy = vptr(st, st->src_vb[k], r.in->s0, 0);
 	int64_t fwd_off = st->saved_off[st->fwd_of[k]];
-	/* a decoder: its memory, and the memory's gradient every layer adds to */
-	const float *mem = st->mem_vb[k] >= 0 ? vptr(st, st->mem_vb[k], r.in->s0, 0) : NULL;
-	float *dmem = st->dmem_vb[k] >= 0 ? vptr(st, st->dmem_vb[k], r.in->s0, 0) : NULL;
 	/* sequence parallel: the layers' LayerNorm gradients gathered once, on
 	 * the first layer's all-gather of dx, and added into them at the end */
 	int64_t lnh = 4 * r.mo->shape.hidden;

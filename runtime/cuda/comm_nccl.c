@@ -9,7 +9,7 @@
  * given.
  *
  * A bucket's zero-1/2/3 halves run as ncclReduceScatter / ncclAllGather
- * (nccl_engine.c how_shard: in place where the members' shards have one
+ * (nccl_pad.c ne_how_shard: in place where the members' shards have one
  * size, else over a padded scratch from cudaMallocAsync on the group's
  * stream, in rounds of at most SPINDLE_NCCL_PAD_MB, default 64 MiB, that
  * cu_comm.cu's kernel repacks); parts only some members hold (zero-3

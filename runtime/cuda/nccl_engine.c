@@ -17,7 +17,7 @@
  * → DONE, or FAILED. Every state is left by ne_progress only; nothing
  * here loops waiting for anything but the start-up helper in comm_nccl.c.
  */
-#include "nccl_engine.h"
+#include "nccl_engine_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,84 +25,6 @@
 
 #define NE_CTRL_TAG 32767
 #define NE_BATCH 64
-
-typedef struct {
-	int32_t tag, pad;
-	int64_t bytes;
-} cts_t;
-
-/* The group collectives (all-reduce and the zero-1 halves) share one queue
- * per group, in posting order: every member issues them in one order. */
-enum { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_RSCATTER, OP_AGATHER, OP_AGATHERV };
-enum { ST_WAIT_CTS, ST_READY, ST_ENQUEUING, ST_LAUNCHED, ST_DONE, ST_FAILED };
-enum { HOW_ROOTED, HOW_DIRECT, HOW_PADDED };
-
-/* A communicator with its stream; busy while an enqueue is pending. */
-typedef struct {
-	void *comm, *stream;
-	int busy, failed;
-	int size; /* groups: members */
-	int me;   /* groups: this rank's rank in the communicator */
-	double t_busy;
-} ne_chan_t;
-
-struct ne_op {
-	int kind, state, peer, tag;
-	long seq; /* sends: order of their clear-to-send */
-	void *buf;
-	size_t bytes;
-	void *ev;
-	double t0;
-	ne_chan_t *ch;
-	int64_t *parts;  /* OP_AGATHERV: the members' counts, then offsets */
-	/* the sharded halves (how_shard): HOW_DIRECT or HOW_PADDED, over
-	 * base[0..n) in comm_shard's layout, chunks of c; HOW_ROOTED: one
-	 * call per member. HOW_PADDED runs in rounds (round of rounds), each
-	 * over the window [round m, round m + m) of every chunk; pad: the
-	 * round's scratch (held bytes) while it is held. */
-	int how, round, rounds;
-	float *base, *pad;
-	int64_t n, c, m, held;
-	cts_t cts;       /* receives: the clear-to-send message */
-	rt_req_t cts_req; /* receives: its host send (kind 0 once complete) */
-	ne_op_t *next;
-};
-
-typedef struct {
-	ne_chan_t out, in;
-	cts_t *fifo; /* clear-to-send messages not yet matched, in arrival order */
-	int n_fifo, cap_fifo;
-	cts_t ctrl_buf;
-	rt_req_t ctrl_req;
-	int ctrl_posted;
-	long seq;
-} ne_peer_t;
-
-struct ne_engine {
-	const ne_prims_t *pr;
-	void *ctx;
-	rt_comm_t *host;
-	int rank, nranks;
-	double timeout_s;
-	char hostname[64];
-	void *world, *warm;
-	ne_peer_t *peers;
-	/* one per bucket this rank is in (comm NULL: alone), then one per
-	 * tensor-parallel group it is in (from n_sync on) */
-	ne_chan_t *groups;
-	int n_groups, n_sync;
-	int *item_group; /* layout item (buckets, then TP groups) -> group id, or -1 */
-	int n_items;
-	ne_op_t *ops; /* live operations, in posting order */
-	ne_stats_t stats;
-	int64_t scratch_live; /* bytes of padded scratch held */
-	int64_t pad_cap;      /* a padded round's scratch at most (bytes) */
-	/* start-up: item prep_at of the global order, its sub-state */
-	int prep_at, prep_sub, prepared;
-	void *prep_comm;
-	ne_op_t *prep_op;
-	double prep_t0;
-};
 
 /* ---- layout: what a plan needs ---- */
 
@@ -272,134 +194,11 @@ static void op_free(ne_engine_t *e, ne_op_t *op)
 			break;
 		}
 	e->pr->event_free(e->ctx, op->ev);
-	if (op->pad) { /* failed before its copy out */
-		e->pr->scratch_free(e->ctx, op->pad, op->ch->stream);
-		e->scratch_live -= op->held;
-	}
+	ne_pad_drop(e, op);
 	free(op->parts);
 	free(op);
 }
 
-/*
- * How a sharded half runs (op->how), decided when it is posted: over the
- * members' parts in comm_shard's layout of one range (every zero-1/2
- * half; an all-gather with parts when they tile a range that way), a true
- * ncclReduceScatter / ncclAllGather of chunk c = n / k in place where k
- * divides n (HOW_DIRECT), else of chunk ceil(n / k) over a padded scratch
- * (HOW_PADDED: the bucket repacked in before the call and the result out
- * after it, on the group's stream; in rounds of at most pad_cap bytes of
- * scratch, each over the same window of every member's chunk, so the
- * scratch stays bounded however large the bucket). Parts in any other layout
- * (a zero-3 layer or deferred piece that only some members hold a part
- * of: padding it to k times the largest part would move that many more
- * bytes) stay rooted (HOW_ROOTED, shard_calls).
- */
-static void how_shard(const ne_engine_t *e, ne_op_t *op)
-{
-	int k = op->ch->size;
-	int64_t n = (int64_t)(op->bytes / sizeof(float));
-	op->base = op->buf;
-	op->n = n;
-	if (op->parts) { /* the parts must be comm_shard's of their sum */
-		int64_t *cnt = op->parts, *off = op->parts + k, sum = 0;
-		for (int j = 0; j < k; j++)
-			sum += cnt[j];
-		op->how = HOW_ROOTED;
-		for (int j = 0; j < k; j++) {
-			int64_t so, sn;
-			comm_shard(sum, j, k, &so, &sn);
-			if (!cnt[j] || cnt[j] != sn || off[j] != off[0] + so)
-				return;
-		}
-		op->base = (float *)op->buf + off[0];
-		op->n = n = sum;
-	}
-	op->how = n % k ? HOW_PADDED : HOW_DIRECT;
-	op->c = (n + k - 1) / k;
-	op->m = SP_MAX(SP_MIN(op->c, e->pad_cap / (int64_t)sizeof(float) / k), 1);
-	op->rounds = op->how == HOW_PADDED ? (int)((op->c + op->m - 1) / op->m) : 1;
-}
-
-/* HOW_PADDED: this round's window [r0, r0 + *m) of each chunk. */
-static int64_t window(const ne_op_t *op, int64_t *m)
-{
-	int64_t r0 = (int64_t)op->round * op->m;
-	*m = SP_MIN(op->m, op->c - r0);
-	return r0;
-}
-
-/* The rooted fallback: one call per member j on j's part, in place, all
- * in the caller's NCCL group: reduce to j (reduce-scatter), broadcast
- * from j (all-gather); a member whose part is empty makes no call. */
-static int shard_calls(ne_engine_t *e, ne_op_t *op)
-{
-	const ne_prims_t *pr = e->pr;
-	ne_chan_t *ch = op->ch;
-	int r = NE_OK;
-	for (int j = 0; j < ch->size && r == NE_OK; j++) {
-		int64_t off, cnt;
-		comm_shard((int64_t)(op->bytes / sizeof(float)), j, ch->size, &off, &cnt);
-		if (op->parts) { /* the caller's parts (ne_iallgatherv) */
-			cnt = op->parts[j];
-			off = op->parts[ch->size + j];
-		}
-		if (!cnt)
-			continue;
-		float *at = (float *)op->buf + off;
-		r = op->kind == OP_RSCATTER
-			    ? pr->reduce(e->ctx, at, (size_t)cnt, j, ch->comm, ch->stream)
-			    : pr->bcast(e->ctx, at, (size_t)cnt, j, ch->comm, ch->stream);
-		e->stats.rooted++;
-	}
-	return r;
-}
-
-/* HOW_PADDED, before its group: the scratch, and what goes into it (a
- * reduce-scatter's whole bucket, an all-gather's own shard). */
-static int stage_in(ne_engine_t *e, ne_op_t *op)
-{
-	ne_chan_t *ch = op->ch;
-	int64_t m, r0 = window(op, &m);
-	size_t bytes = sizeof(float) * (size_t)ch->size * (size_t)m;
-	if (e->pr->scratch(e->ctx, bytes, ch->stream, &op->pad))
-		return NE_ERR;
-	op->held = (int64_t)bytes;
-	e->scratch_live += op->held;
-	e->stats.scratch_peak = SP_MAX(e->stats.scratch_peak, e->scratch_live);
-	return e->pr->repack(e->ctx, op->pad, op->base, op->n, ch->size, r0, m, 1,
-			     op->kind == OP_RSCATTER ? -1 : ch->me, ch->stream);
-}
-
-/* HOW_PADDED, once its call is on the stream: the result back (a
- * reduce-scatter's own shard, an all-gather's every shard), the scratch
- * freed behind it. */
-static int stage_out(ne_engine_t *e, ne_op_t *op)
-{
-	ne_chan_t *ch = op->ch;
-	int64_t m, r0 = window(op, &m);
-	int r = e->pr->repack(e->ctx, op->base, op->pad, op->n, ch->size, r0, m, 0,
-			      op->kind == OP_RSCATTER ? ch->me : -1, ch->stream);
-	e->pr->scratch_free(e->ctx, op->pad, ch->stream);
-	e->scratch_live -= op->held;
-	op->pad = NULL;
-	op->held = 0;
-	return r;
-}
-
-static int shard_call(ne_engine_t *e, ne_op_t *op)
-{
-	ne_chan_t *ch = op->ch;
-	if (op->how == HOW_ROOTED)
-		return shard_calls(e, op);
-	float *at = op->how == HOW_PADDED ? op->pad : op->base;
-	int64_t m = op->c;
-	if (op->how == HOW_PADDED)
-		window(op, &m);
-	*(op->how == HOW_PADDED ? &e->stats.padded : &e->stats.direct) += 1;
-	return op->kind == OP_RSCATTER
-		       ? e->pr->reduce_scatter(e->ctx, at, (size_t)m, ch->me, ch->comm, ch->stream)
-		       : e->pr->allgather(e->ctx, at, (size_t)m, ch->me, ch->comm, ch->stream);
-}
 
 static int op_call(ne_engine_t *e, ne_op_t *op)
 {
@@ -409,7 +208,7 @@ static int op_call(ne_engine_t *e, ne_op_t *op)
 		return pr->allreduce(e->ctx, op->buf, op->bytes / sizeof(float), ch->comm,
 				     ch->stream);
 	if (op->kind == OP_RSCATTER || op->kind == OP_AGATHER || op->kind == OP_AGATHERV)
-		return shard_call(e, op);
+		return ne_shard_call(e, op);
 	/* two-rank channels: the sender is rank 0, the receiver rank 1 */
 	if (op->kind == OP_SEND)
 		return pr->send(e->ctx, op->buf, op->bytes, 1, ch->comm, ch->stream);
@@ -422,14 +221,14 @@ static void launched(ne_engine_t *e, ne_chan_t *ch)
 	for (ne_op_t *op = e->ops; op; op = op->next) {
 		if (op->ch != ch || op->state != ST_ENQUEUING)
 			continue;
-		if (op->pad && stage_out(e, op)) {
+		if (op->pad && ne_stage_out(e, op)) {
 			char desc[96];
 			report(e, op_desc(e, op, desc, sizeof desc), -1,
 			       "copying out of the padded scratch failed");
 			op->state = ST_FAILED;
 			continue;
 		}
-		if (op->how == HOW_PADDED && op->kind >= OP_RSCATTER && ++op->round < op->rounds) {
+		if (ne_padded(op) && ++op->round < op->rounds) {
 			op->state = ST_READY; /* its next round, before anything after it */
 			continue;
 		}
@@ -456,12 +255,11 @@ static void enqueue(ne_engine_t *e, ne_chan_t *ch, ne_op_t **ops, int n)
 	 * behind compute queued since (later backward layers) */
 	int first = 0;
 	for (int i = 0; i < n; i++)
-		first |= !(ops[i]->how == HOW_PADDED && ops[i]->kind >= OP_RSCATTER &&
-			   ops[i]->round > 0);
+		first |= !(ne_padded(ops[i]) && ops[i]->round > 0);
 	int r = first && pr->after_compute(e->ctx, ch->stream) ? NE_ERR : NE_OK;
 	for (int i = 0; i < n && r == NE_OK; i++)
-		if (ops[i]->kind >= OP_RSCATTER && ops[i]->how == HOW_PADDED)
-			r = stage_in(e, ops[i]) ? NE_ERR : NE_OK;
+		if (ne_padded(ops[i]))
+			r = ne_stage_in(e, ops[i]) ? NE_ERR : NE_OK;
 	if (r == NE_OK)
 		r = pr->group_start(e->ctx);
 	if (r == NE_OK) {
@@ -582,7 +380,7 @@ static int ready_batch(ne_engine_t *e, ne_chan_t *ch, int kind, ne_op_t **batch)
 		batch[nb++] = first;
 		/* a padded round ends its group: its copy out must follow its
 		 * call, and the next round's copy in reuses the stream's pool */
-		if (first->kind >= OP_RSCATTER && first->how == HOW_PADDED)
+		if (ne_padded(first))
 			break;
 	}
 	return nb;
@@ -734,7 +532,7 @@ static int ne_coll(ne_engine_t *e, int kind, float *buf, int64_t n, int g, ne_op
 	if (!op)
 		return -1;
 	if (kind != OP_ALLREDUCE)
-		how_shard(e, op);
+		ne_how_shard(e, op);
 	op->state = ST_READY;
 	*out = op;
 	return ne_progress(e);
@@ -780,7 +578,7 @@ int ne_iallgatherv(ne_engine_t *e, float *buf, int k, const int64_t *cnt, const 
 		return -1;
 	}
 	op->parts = parts;
-	how_shard(e, op);
+	ne_how_shard(e, op);
 	op->state = ST_READY;
 	*out = op;
 	return ne_progress(e);
@@ -807,11 +605,6 @@ int ne_test(ne_engine_t *e, ne_op_t *op, int *done)
 void *ne_op_gathers(const ne_op_t *op)
 {
 	return op && (op->kind == OP_AGATHER || op->kind == OP_AGATHERV) ? op->buf : NULL;
-}
-
-void ne_set_pad_cap(ne_engine_t *e, int64_t bytes)
-{
-	e->pad_cap = SP_MAX(bytes, (int64_t)sizeof(float));
 }
 
 void ne_stats(const ne_engine_t *e, ne_stats_t *out)

@@ -1,7 +1,7 @@
 /*
  * test_gpu_repack.c — cu_shard_repack (cuda/cu_comm.cu), the kernel the
  * NCCL data plane's padded reduce-scatters and all-gathers run on the
- * group's stream (nccl_engine.c stage_in / stage_out), against a host
+ * group's stream (nccl_pad.c ne_stage_in / ne_stage_out), against a host
  * reference of the same layouts: member i's comm_shard of n elements at
  * its place, and a window [r0, r0 + m) of each padded chunk (c = ceil(n /
  * k)) at i m in the scratch, elements past the shard's end 0. Every

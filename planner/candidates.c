@@ -67,6 +67,11 @@ const sched_cand_t sched_cands[] = {
 	 * (30.79 ms refined) where lanes refines to 27.95, so it was capped
 	 * at 32 devices */
 	{.name = "lanes-packed", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK},
+	/* the same with the ascending plans first: where a lane's two orders
+	 * tie on device-time and peak, its wide phase comes last, so its
+	 * backward starts wide and its last gradients come from few devices
+	 * (clip-7 on a800-4x8: iteration 142.53 ms against lanes' 143.18) */
+	{.name = "lanes-packed-asc", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK, .pack_asc = 1},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a
@@ -167,7 +172,7 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
 		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
 	if (c->sched == CAND_PACK)
-		return sched_pack(pl, w, out);
+		return sched_pack(pl, w, c->pack_asc, out);
 	if (c->sched == CAND_LIST)
 		return c->home_share ? sched_list_sync(pl, w, c->mem_frac, c->home_share,
 								 c->home_share1, out)

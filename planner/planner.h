@@ -625,8 +625,10 @@ static inline int lane_width(const metaop_t *mo, int n)
 
 /* The lanes at two widths each, switching at layer boundaries, packed on
  * the least horizon that fits (sched_pack.c's header); the joins at widths
- * w. SCHED_NOTHING_NEW when the DAG has no lanes that pack. */
-int sched_pack(planner_t *pl, const int *w, sched_t *out);
+ * w. asc: a lane's plans that tie take the ascending order (its wide phase
+ * last) before the descending one. SCHED_NOTHING_NEW when the DAG has no
+ * lanes that pack. */
+int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out);
 
 /* The shortest lanes schedule over the tries of o; *mids counts the middle
  * steps taken. */
@@ -651,6 +653,7 @@ typedef struct {
 	int home_share;      /* CAND_LIST: sync homes of nodes / home_share
 			      * whole nodes (sched_list_sync); 0: none */
 	int home_share1;     /* the same for a component held in one segment */
+	int pack_asc;        /* CAND_PACK: ties to ascending plans (sched_pack) */
 } sched_cand_t;
 
 extern const sched_cand_t sched_cands[];

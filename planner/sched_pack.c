@@ -97,6 +97,7 @@ typedef struct {
 	int *order;            /* lanes by hi-phase weight */
 	double *iv_s, *iv_e;   /* per lane: its core and hi-phase intervals */
 	double *hs, *he;
+	int asc; /* ascending plans before descending ones (ties go to them) */
 } pack_t;
 
 static int lane_steps(const pack_t *P, int j)
@@ -226,15 +227,18 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 	for (int ch = P->w_first[j]; ch < P->w_first[j + 1]; ch++) {
 		int hi = P->wid[ch];
 		double all = pre_at(P, j, ch, n);
-		for (int desc = 1; desc >= 0 && all <= lim; desc--)
+		for (int k = 0; k < 2 && all <= lim; k++) {
+			int desc = P->asc ? k : !k;
 			out[np++] = (pack_plan_t){0, hi, n, desc, all, all, hi * all,
 						  desc ? 0 : fmax(0, B - all)};
+		}
 		for (int cl = P->w_first[j]; cl < P->w_first[j + 1]; cl++) {
 			int lo = P->wid[cl];
 			if (lo >= hi)
 				continue;
 			double lo_all = pre_at(P, j, cl, n);
-			for (int desc = 1; desc >= 0; desc--) {
+			for (int k = 0; k < 2; k++) {
+				int desc = P->asc ? k : !k;
 				/* the fewest steps at hi, l in [1, n): time falls with l
 				 * (each step at hi is no slower), so bisect */
 				int a = 1, b = n; /* b: fits (n: none known) */
@@ -402,6 +406,19 @@ static int pack_fits(pack_t *P, double T)
 	return 1;
 }
 
+/* 1 when a slice of MetaOp mo ends before its layer y: its first layers
+ * run as slices of 1 and 2 layers (cut at layers 1 and 3), the rest as
+ * long as the phase. The lowering buckets a gradient with the others of
+ * the first slice that uses it (each slice cut into up to SYNC_CHUNKS
+ * chunks), and a lane's first layers are the last of its backward: in one
+ * slice of a whole phase they would all-reduce in a bucket of several
+ * layers after the last backward, none of it overlapped. (Cuts at 1 only,
+ * or at 1, 3 and 7, made slower plans of the CLIP rows than 1 and 3.) */
+static int head_cut(const metaop_t *mo, int y)
+{
+	return !mo->sink && (y == 1 || y == 3);
+}
+
 /* Lane j's steps on its devices (core: its lo, then its hi-phase ones);
  * finish and free_at as lanes_joins reads them. */
 static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase, double *finish,
@@ -415,9 +432,11 @@ static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase
 		int in_hi = !p->lo || (p->desc ? s < p->l : s >= n - p->l);
 		const metaop_t *mo = &P->pl->mops[m];
 		int held = in_hi ? p->hi : p->lo, k = lane_width(mo, held), e = s + 1;
-		/* the steps after it of the same MetaOp in the same phase */
+		/* the steps after it of the same MetaOp in the same phase, up
+		 * to a head cut */
 		while (e < n && P->s_m[P->s_first[j] + e] == m &&
-		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi))
+		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi) &&
+		       !head_cut(mo, P->s_lf[P->s_first[j] + e]))
 			e++;
 		for (int q = 0; q < p->lo; q++)
 			devs[q] = core[q];
@@ -560,7 +579,7 @@ static double pack_horizon(pack_t *P, double fluid)
 	return pack_fits(P, hi) ? hi : HUGE_VAL;
 }
 
-int sched_pack(planner_t *pl, const int *w, sched_t *out)
+int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 {
 	static const double deltas[] = {0.01, 0.02, 0.03};
 	lanes_t L = {0};
@@ -583,6 +602,7 @@ int sched_pack(planner_t *pl, const int *w, sched_t *out)
 		return SCHED_NOTHING_NEW;
 	if ((rc = pack_init(&P, pl, &L)))
 		return rc;
+	P.asc = asc;
 	double fluid = lanes_horizon(&L, pl->N);
 	for (size_t i = 0; i < sizeof deltas / sizeof *deltas; i++) {
 		P.delta = deltas[i];

@@ -242,16 +242,21 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 /* Per link, the jobs draining through it; every link whose set changed is
  * a seed of the next sharing (epoch + 1), once: sharing joins the seeds
  * in the order of their first time. */
-static int seed(fl_net_t *n, int r)
+static int seed_new(fl_net_t *n, int r)
 {
-	if (n->seeded[r] == n->epoch + 1)
-		return 0;
 	if (n->n_seeds == n->cap_seeds &&
 	    sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
 		return SP_ENOMEM;
 	n->seeded[r] = n->epoch + 1;
 	n->seeds[n->n_seeds++] = r;
 	return 0;
+}
+
+/* seed_new unless r is a seed already (most calls: every load of a phase
+ * that starts or ends seeds its link, and links carry many): inlined */
+static inline int seed(fl_net_t *n, int r)
+{
+	return n->seeded[r] == n->epoch + 1 ? 0 : seed_new(n, r);
 }
 
 static int drain_begin(fl_net_t *n, int j)
@@ -420,7 +425,7 @@ static void lv_update(fl_net_t *n, int r)
 }
 
 /* Link r joins the component: full capacity, nothing on it yet. */
-static void link_join(fl_net_t *n, int r, int *nl)
+static inline void link_join(fl_net_t *n, int r, int *nl)
 {
 	n->lmark[r] = n->epoch;
 	n->links[(*nl)++] = r;

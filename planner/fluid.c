@@ -55,26 +55,30 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark,   &out->cnt,
 			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
 			    &out->lv.pos,   &out->seeded};
+	/* per job (or component slot), written before read: new_job sets a
+	 * job's jmark and ev.pos, share a slot's comp and frozen, the heaps and
+	 * lists their entries below their counts. Not zeroed: a simulation
+	 * sized for every transfer of m32 touches only the pages its jobs use */
 	int **per_job[] = {&out->comp, &out->jmark, &out->waiting, &out->ev.pos};
 	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
 		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
 			return SP_ENOMEM;
 	for (size_t i = 0; i < sizeof per_job / sizeof *per_job; i++)
-		if (!(*per_job[i] = sp_arena_calloc(a, nj, sizeof(int))))
+		if (!(*per_job[i] = sp_arena_array(a, nj, sizeof(int))))
 			return SP_ENOMEM;
 	/* new_job writes each job whole; job 0 zeroed, as the index a caller's
 	 * zeroed job array holds before it names a job (fl_done reads it) */
 	if ((out->jobs = sp_arena_array(a, nj, sizeof *out->jobs)))
 		memset(out->jobs, 0, sizeof *out->jobs);
 	/* at most one entry per job or link: the heaps never grow */
-	out->pending.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
-	out->in_order = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
-	out->ev.e = sp_arena_calloc(a, nj, sizeof(fl_ev_t));
+	out->pending.e = sp_arena_array(a, nj, sizeof(fl_ev_t));
+	out->in_order = sp_arena_array(a, nj, sizeof(fl_ev_t));
+	out->ev.e = sp_arena_array(a, nj, sizeof(fl_ev_t));
 	out->lv.e = sp_arena_calloc(a, nr, sizeof(fl_ev_t));
 	out->touched = sp_arena_calloc(a, nr, sizeof(char));
 	out->lj = sp_arena_calloc(a, nr, sizeof *out->lj);
 	out->on = sp_arena_calloc(a, nr, sizeof *out->on);
-	out->frozen = sp_arena_calloc(a, nj, sizeof(char));
+	out->frozen = sp_arena_array(a, nj, sizeof(char));
 	size_t nd = (size_t)c->nodes * c->gpus_per_node + 1;
 	out->src.e = sp_arena_array(a, nd, sizeof(fl_ev_t));
 	out->fhead = sp_arena_array(a, nd, sizeof(int));
@@ -114,6 +118,7 @@ static int new_job(fl_net_t *n, double start, int src)
 	jb->src = src;
 	jb->fnext = -1;
 	n->ev.pos[j] = -1;
+	n->jmark[j] = 0; /* below every sharing's epoch */
 	/* j exceeds every job's id: after the list's last, else its sender's
 	 * last, when it starts no earlier */
 	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
@@ -237,16 +242,21 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 /* Per link, the jobs draining through it; every link whose set changed is
  * a seed of the next sharing (epoch + 1), once: sharing joins the seeds
  * in the order of their first time. */
-static int seed(fl_net_t *n, int r)
+static int seed_new(fl_net_t *n, int r)
 {
-	if (n->seeded[r] == n->epoch + 1)
-		return 0;
 	if (n->n_seeds == n->cap_seeds &&
 	    sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
 		return SP_ENOMEM;
 	n->seeded[r] = n->epoch + 1;
 	n->seeds[n->n_seeds++] = r;
 	return 0;
+}
+
+/* seed_new unless r is a seed already (most calls: every load of a phase
+ * that starts or ends seeds its link, and links carry many): inlined */
+static inline int seed(fl_net_t *n, int r)
+{
+	return n->seeded[r] == n->epoch + 1 ? 0 : seed_new(n, r);
 }
 
 static int drain_begin(fl_net_t *n, int j)
@@ -415,7 +425,7 @@ static void lv_update(fl_net_t *n, int r)
 }
 
 /* Link r joins the component: full capacity, nothing on it yet. */
-static void link_join(fl_net_t *n, int r, int *nl)
+static inline void link_join(fl_net_t *n, int r, int *nl)
 {
 	n->lmark[r] = n->epoch;
 	n->links[(*nl)++] = r;

@@ -94,10 +94,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-int dev_nic(const sp_cluster_t *c, int d)
+/* dev_nic, inlined in this file's loops over a group's devices */
+static inline int nic_of(const sp_cluster_t *c, int d)
 {
 	int g = d % c->gpus_per_node, k = c->nics > 0 ? c->nics : 1;
 	return dev_node(c, d) * k + g * k / c->gpus_per_node;
+}
+
+int dev_nic(const sp_cluster_t *c, int d)
+{
+	return nic_of(c, d);
 }
 
 int net_n_res(const sp_cluster_t *c)
@@ -197,8 +203,8 @@ int net_xfer_loads(const sp_cluster_t *c, int a, int b, int *out_res)
 		out_res[0] = res_port(c, a, 0);
 		out_res[1] = res_port(c, b, 1);
 	} else {
-		out_res[0] = res_nic(c, dev_nic(c, a), 0);
-		out_res[1] = res_nic(c, dev_nic(c, b), 1);
+		out_res[0] = res_nic(c, nic_of(c, a), 0);
+		out_res[1] = res_nic(c, nic_of(c, b), 1);
 	}
 	return 2;
 }
@@ -214,11 +220,11 @@ static void group_shape(const sp_cluster_t *c, const int32_t *devs, int n, group
 	memset(g, 0, sizeof *g);
 	g->n = n;
 	g->kmin = g->umin = n + 1;
-	int k = 0, u = 0, cnic = 0;
-	for (int i = 0; i < n; i++) {
+	int k = 0, u = 0, cnic = 0, last_nic = -1;
+	for (int i = 0, last_node = -1; i < n; i++) {
 		assert(i == 0 || devs[i] > devs[i - 1]);
-		int node = dev_node(c, devs[i]), nic = dev_nic(c, devs[i]);
-		if (i == 0 || node != dev_node(c, devs[i - 1])) {
+		int node = dev_node(c, devs[i]), nic = nic_of(c, devs[i]);
+		if (i == 0 || node != last_node) {
 			if (i > 0) {
 				g->kmin = SP_MIN(g->kmin, k);
 				g->kmax = SP_MAX(g->kmax, k);
@@ -227,10 +233,12 @@ static void group_shape(const sp_cluster_t *c, const int32_t *devs, int n, group
 			g->m++;
 			k = u = 0;
 		}
-		if (i == 0 || nic != dev_nic(c, devs[i - 1])) {
+		if (i == 0 || nic != last_nic) {
 			u++;
 			cnic = 0;
 		}
+		last_node = node;
+		last_nic = nic;
 		k++;
 		cnic++;
 		g->cmax = SP_MAX(g->cmax, cnic);
@@ -354,13 +362,13 @@ static void nic_loads(const sp_cluster_t *c, net_phase_t *ph, const int32_t *dev
 	for (int i0 = 0, i1; i0 < n; i0 = i1) {
 		int u = 0;
 		for (i1 = i0; i1 < n && dev_node(c, devs[i1]) == dev_node(c, devs[i0]); i1++)
-			u += i1 == i0 || dev_nic(c, devs[i1]) != dev_nic(c, devs[i1 - 1]);
+			u += i1 == i0 || nic_of(c, devs[i1]) != nic_of(c, devs[i1 - 1]);
 		for (int a = i0, b; a < i1; a = b) {
-			for (b = a; b < i1 && dev_nic(c, devs[b]) == dev_nic(c, devs[a]); b++)
+			for (b = a; b < i1 && nic_of(c, devs[b]) == nic_of(c, devs[a]); b++)
 				;
 			double x = per_gpu > 0 ? per_gpu * (b - a) : vol / u;
-			put(ph, res_nic(c, dev_nic(c, devs[a]), 0), x);
-			put(ph, res_nic(c, dev_nic(c, devs[a]), 1), x);
+			put(ph, res_nic(c, nic_of(c, devs[a]), 0), x);
+			put(ph, res_nic(c, nic_of(c, devs[a]), 1), x);
 		}
 	}
 }

@@ -432,8 +432,10 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->busy = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->wait = sp_arena_calloc(a, N + 1, sizeof(double));
-	st->arrive = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(double));
-	st->xjob = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
+	/* per tag, written before read: arrive and tag_waiter below, a tag's
+	 * xjob when its arrive becomes -2 */
+	st->arrive = sp_arena_array(a, (size_t)st->max_tag + 1, sizeof(double));
+	st->xjob = sp_arena_array(a, (size_t)st->max_tag + 1, sizeof(int));
 	st->issued = sp_arena_calloc(a, nb, sizeof(int));
 	st->sjob = sp_arena_calloc(a, nb, sizeof(int));
 	st->last_issue = sp_arena_calloc(a, nb, sizeof(double));
@@ -465,7 +467,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 		    n_xfer + 3 * p->n_buckets + p->n_bucket_params))
 		return SP_ENOMEM;
 	st->blocked = sp_arena_calloc(a, N + 1, 1);
-	st->tag_waiter = sp_arena_calloc(a, (size_t)st->max_tag + 1, sizeof(int));
+	st->tag_waiter = sp_arena_array(a, (size_t)st->max_tag + 1, sizeof(int));
 	st->bk_head = sp_arena_calloc(a, nb, sizeof(int));
 	st->bk_next = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->netw = sp_arena_calloc(a, N + 1, sizeof(int));

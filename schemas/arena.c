@@ -68,8 +68,8 @@ void sp_arena_release(sp_arena_t *a)
 
 /* A block with room for n bytes: the smallest spare one that has it (a
  * large block is not spent on a small need), else a new one of at least
- * 1 MiB. */
-static sp_arena_block_t *new_block(sp_arena_t *a, size_t n)
+ * 1 MiB, or of room (>= n) when that is more. */
+static sp_arena_block_t *new_block(sp_arena_t *a, size_t n, size_t room)
 {
 	sp_arena_block_t **best = NULL;
 	for (sp_arena_block_t **pp = &a->spare; *pp; pp = &(*pp)->next)
@@ -80,26 +80,32 @@ static sp_arena_block_t *new_block(sp_arena_t *a, size_t n)
 		*best = b->next;
 		return b;
 	}
-	size_t cap = n > (1u << 20) ? n : (1u << 20);
+	size_t cap = room > (1u << 20) ? room : (1u << 20);
 	sp_arena_block_t *b = malloc(sizeof *b + cap);
 	if (b)
 		b->cap = cap;
 	return b;
 }
 
+/* What an allocation of n bytes takes from its block: rounded up to 16,
+ * plus the red zone. */
+static size_t taken(size_t n)
+{
+	n = ((n + 15) & ~(size_t)15) + REDZONE;
+	return n ? n : 16;
+}
+
 /* n bytes as sp_arena_alloc gives them, not zeroed yet (the caller
  * writes every byte before any is read). */
-static void *arena_take(sp_arena_t *a, size_t n)
+static void *arena_take(sp_arena_t *a, size_t n, size_t room)
 {
 	if (n > ((size_t)1 << 40))
 		return NULL;
 	size_t asked = n;
-	n = ((n + 15) & ~(size_t)15) + REDZONE;
-	if (n == 0)
-		n = 16;
+	n = taken(n);
 	sp_arena_block_t *b = a->head;
 	if (!b || b->cap - b->used < n) {
-		if (!(b = new_block(a, n)))
+		if (!(b = new_block(a, n, room > n ? room : n)))
 			return NULL;
 		b->used = 0;
 		b->next = a->head;
@@ -115,7 +121,7 @@ static void *arena_take(sp_arena_t *a, size_t n)
 
 void *sp_arena_alloc(sp_arena_t *a, size_t n)
 {
-	void *p = arena_take(a, n);
+	void *p = arena_take(a, n, 0);
 	if (p)
 		memset(p, 0, n);
 	return p;
@@ -132,7 +138,7 @@ void *sp_arena_array(sp_arena_t *a, size_t count, size_t size)
 {
 	if (size && count > SIZE_MAX / size)
 		return NULL;
-	return arena_take(a, count * size);
+	return arena_take(a, count * size, 0);
 }
 
 sp_arena_mark_t sp_arena_mark(const sp_arena_t *a)
@@ -169,20 +175,39 @@ static int grown_cap(int cap, int need)
 	return nc;
 }
 
+/*
+ * An array that is the head block's last allocation grows in place while
+ * the block has room: no copy, and no page touched but the new room's. One
+ * that moves to a new block gets one with room for it grown twice more
+ * (4x; pages past what is used are never touched), so a large array that
+ * grows alone is copied once per three doublings instead of at each.
+ */
 int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
 {
 	if (need <= *cap)
 		return 0;
 	int nc = grown_cap(*cap, need);
-	/* the old elements copied, only the new room zeroed */
-	void *np = nc < 0 || (sz && (size_t)nc > SIZE_MAX / sz) ? NULL
-								: arena_take(a, (size_t)nc * sz);
-	if (!np)
+	if (nc < 0 || (sz && (size_t)nc > SIZE_MAX / sz) || (size_t)nc * sz > ((size_t)1 << 40))
 		return SP_ENOMEM;
-	if (*cap)
-		memcpy(np, *p, (size_t)*cap * sz);
-	memset((char *)np + (size_t)*cap * sz, 0, (size_t)(nc - *cap) * sz);
-	*p = np;
+	size_t had = (size_t)*cap * sz, want = (size_t)nc * sz;
+	sp_arena_block_t *b = a->head;
+	if (*cap && b && (char *)*p + taken(had) == (char *)b->data + b->used &&
+	    taken(want) - taken(had) <= b->cap - b->used) {
+		size_t more = taken(want) - taken(had);
+		b->used += more;
+		a->used_total += more;
+		UNPOISON(*p, want);
+	} else {
+		/* the old elements copied */
+		void *np = arena_take(a, want, taken(4 * want)); /* want <= 2^40 */
+		if (!np)
+			return SP_ENOMEM;
+		if (*cap)
+			memcpy(np, *p, had);
+		*p = np;
+	}
+	/* only the new room zeroed */
+	memset((char *)*p + had, 0, want - had);
 	*cap = nc;
 	return 0;
 }

@@ -89,11 +89,74 @@ static void test_grow(void **state)
 	sp_arena_release(&a);
 }
 
+/* A grown array that is its block's last allocation stays where it is
+ * (contents, zeroed new room); one that is not moves and keeps its
+ * contents, the allocation after it untouched; a large one moves to a
+ * block with room for two more doublings in place. */
+static void test_grow_in_place(void **state)
+{
+	(void)state;
+	sp_arena_t a;
+	sp_arena_init(&a);
+	sp_arena_mark_t empty = sp_arena_mark(&a);
+	/* junk where the arrays will be: growth must zero the new room */
+	char *junk = sp_arena_alloc(&a, 4096);
+	assert_non_null(junk);
+	memset(junk, 0xab, 4096);
+	sp_arena_reset(&a, empty);
+	int *v = NULL, cap = 0;
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, 8, sizeof *v), 0);
+	for (int i = 0; i < 8; i++)
+		v[i] = i + 1;
+	int *first = v;
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, 9, sizeof *v), 0);
+	assert_ptr_equal(v, first);
+	assert_int_equal(cap, 16);
+	for (int i = 0; i < 16; i++)
+		assert_int_equal(v[i], i < 8 ? i + 1 : 0);
+#ifdef ARENA_TEST_ASAN
+	assert_false(__asan_address_is_poisoned(v + 15));
+	assert_true(__asan_address_is_poisoned(v + 16));
+#endif
+	/* another allocation after it: the next growth copies */
+	char *other = sp_arena_alloc(&a, 40);
+	assert_non_null(other);
+	memset(other, 5, 40);
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, 17, sizeof *v), 0);
+	assert_ptr_not_equal(v, first);
+	assert_int_equal(cap, 32);
+	for (int i = 0; i < 32; i++)
+		assert_int_equal(v[i], i < 8 ? i + 1 : 0);
+	for (int i = 0; i < 40; i++)
+		assert_int_equal(other[i], 5);
+	/* used_total counts what in-place growth took: a reset to before
+	 * everything gives it all back */
+	assert_true(a.used_total >= 32 * sizeof *v + 16 * sizeof *v + 40);
+	sp_arena_reset(&a, empty);
+	assert_int_equal(a.used_total, 0);
+	/* large: moved once into a block with room, then in place twice */
+	double *w = NULL;
+	int wcap = 0;
+	assert_int_equal(sp_arena_grow(&a, (void **)&w, &wcap, 1 << 18, sizeof *w), 0);
+	double *big = w;
+	for (int i = 0; i < wcap; i++)
+		w[i] = i;
+	assert_int_equal(sp_arena_grow(&a, (void **)&w, &wcap, (1 << 18) + 1, sizeof *w), 0);
+	assert_ptr_equal(w, big);
+	assert_int_equal(sp_arena_grow(&a, (void **)&w, &wcap, (1 << 19) + 1, sizeof *w), 0);
+	assert_ptr_equal(w, big);
+	assert_int_equal(wcap, 1 << 20);
+	for (int i = 0; i < wcap; i++)
+		assert_true(w[i] == (i < (1 << 18) ? i : 0));
+	sp_arena_release(&a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mark_reset),
 		cmocka_unit_test(test_grow),
+		cmocka_unit_test(test_grow_in_place),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,7 +93,9 @@ static void thread_copy(jobs_thread_t *t, const planner_t *pl)
 {
 	sp_arena_t arena = t->pl.arena, scratch = t->pl.scratch;
 	struct cost_memo *memo = t->pl.memo;
+	sp_ins_t *ins_spare = t->pl.ins_spare;
 	t->pl = *pl;
+	t->pl.ins_spare = ins_spare;
 	t->pl.arena = arena;
 	t->pl.scratch = scratch;
 	t->pl.memo = memo;
@@ -235,6 +237,7 @@ void jobs_free(jobs_t *j)
 	for (int i = 1; i <= j->started; i++)
 		pthread_join(j->th[i].tid, NULL);
 	for (int i = 0; i < j->n; i++) {
+		free(j->th[i].pl.ins_spare);
 		sp_arena_release(&j->th[i].pl.scratch);
 		sp_arena_release(&j->th[i].pl.arena);
 	}

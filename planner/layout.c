@@ -74,6 +74,7 @@
 #include "layout.h"
 
 #include <math.h>
+#include <malloc.h> /* malloc_usable_size (glibc) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -299,16 +300,31 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
  * Rewrites every program's tail for the buckets' current layouts: after
  * STEP, one GATHER per zero-1 bucket of the device, in the order of its
  * SYNCs (as lower_sync.c emits them). Returns SP_ENOMEM or 0.
+ *
+ * The new array is written into pl->ins_spare, the array an earlier call
+ * replaced, when that one is large enough, and the replaced array becomes
+ * the spare: a run calls this a few times per refinement on arrays of
+ * ~120 MB (m32), and a fresh malloc of that size is a fresh mmap whose
+ * every page faults on first touch and is unmapped again on free.
+ * malloc_usable_size gives the spare's capacity whoever allocated it
+ * (lower_sync.c, layout_last_init, this). The entries from n up to the
+ * size a fresh array would have (the spare one included) are zeroed as
+ * before; the rest of a larger spare is never read.
  */
-int regather(sp_plan_t *p)
+int regather(planner_t *pl, sp_plan_t *p)
 {
 	int extra = 0;
 	for (int b = 0; b < p->n_buckets; b++)
 		extra += layout_gathers_after_step(p->buckets[b].layout) ? p->buckets[b].n_dev : 0;
-	/* every entry below n is written: no zeroing (the spare one is) */
-	sp_ins_t *ins = malloc(((size_t)(p->n_ins + extra) + 1) * sizeof *ins);
-	if (!ins)
-		return SP_ENOMEM;
+	size_t need = (size_t)(p->n_ins + extra) + 1;
+	sp_ins_t *ins = pl->ins_spare;
+	if (!ins || malloc_usable_size(ins) / sizeof *ins < need) {
+		free(ins);
+		pl->ins_spare = NULL;
+		/* every entry below n is written: no zeroing (the spare one is) */
+		if (!(ins = malloc(need * sizeof *ins)))
+			return SP_ENOMEM;
+	}
 	int n = 0;
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
@@ -326,8 +342,8 @@ int regather(sp_plan_t *p)
 		dv->first_ins = first;
 		dv->n_ins = n - first;
 	}
-	memset(&ins[n], 0, sizeof *ins * (size_t)(p->n_ins + extra + 1 - n));
-	free(p->ins);
+	memset(&ins[n], 0, sizeof *ins * (need - (size_t)n));
+	pl->ins_spare = p->ins;
 	p->ins = ins;
 	p->n_ins = n;
 	return 0;
@@ -570,7 +586,7 @@ int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
 		p->devices[d].first_ins = first;
 		p->devices[d].n_ins = n;
 	}
-	return regather(p);
+	return regather(pl, p);
 }
 
 /* Any algorithm's plan, in a model with a large component: every remaining bucket of 2+
@@ -592,7 +608,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			tried++;
 		}
 	sim_result_t r = *res;
-	if (tried && !(rc = regather(p)))
+	if (tried && !(rc = regather(pl, p)))
 		sim_stats_note("trial shard_all", p);
 	if (!tried || rc || (rc = sim_sync_again(pl, p, &r)))
 		goto cleanup;
@@ -646,7 +662,7 @@ static int try_zero1_recompute(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 			goto cleanup;
 	}
 	sim_result_t r;
-	if (fits && !(rc = regather(p)))
+	if (fits && !(rc = regather(pl, p)))
 		sim_stats_note("trial zero1_recompute", p);
 	if (fits && !rc &&
 	    !(rc = res->partial ? sim_iteration(pl, p, &r) : sim_run(pl, p, 1, &r)) &&
@@ -718,7 +734,7 @@ int layout_fit(planner_t *pl, sp_plan_t *p)
 	if (pl->opts->zero >= 0 && pl->opts->recompute >= 0)
 		return 0; /* both forced: lowering chose */
 	int changed = fit_memory(pl, p);
-	return no_memory(pl, changed > 0 ? regather(p) : changed);
+	return no_memory(pl, changed > 0 ? regather(pl, p) : changed);
 }
 
 int layout_trial(planner_t *pl, sp_plan_t *p, sim_result_t *res)

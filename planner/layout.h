@@ -22,7 +22,7 @@ typedef struct {
 } trial_save_t;
 
 int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout);
-int regather(sp_plan_t *p);
+int regather(planner_t *pl, sp_plan_t *p);
 int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t);
 int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t);
 int no_memory(planner_t *pl, int rc);

@@ -186,7 +186,7 @@ static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
 			  const trial_save_t *t, const char *site)
 {
 	sim_result_t r = *res;
-	int rc = regather(p);
+	int rc = regather(pl, p);
 	if (!rc)
 		sim_stats_note(site, p);
 	if (rc || (rc = sim_sync_again(pl, p, &r)))
@@ -306,7 +306,7 @@ static int defer_one_sim(planner_t *pl, sp_plan_t *p, int b, sim_result_t *r)
 {
 	int rc = set_layout(pl, p, b, LAYOUT_ZERO1);
 	p->buckets[b].defer = bucket_defer_pieces(pl->cluster, p, b, dtype_bytes(p->model.dtype));
-	if (!rc && !(rc = regather(p))) {
+	if (!rc && !(rc = regather(pl, p))) {
 		sim_stats_note("refine defer_one", p);
 		rc = sim_sync_again(pl, p, r);
 	}
@@ -473,7 +473,7 @@ int layout_last_run(planner_t *pl, layout_last_t *t)
 	if (!t->tried)
 		return 0;
 	defer_apply(pl, &t->q, 1);
-	int rc = regather(&t->q);
+	int rc = regather(pl, &t->q);
 	if (!rc) {
 		sim_stats_note("refine defer (shard)", &t->q);
 		rc = sim_sync_again(pl, &t->q, &t->r);
@@ -498,7 +498,7 @@ int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t
 	if (t->rc)
 		return t->rc;
 	if (!(t->r.iteration_ms < res->iteration_ms * (1 - 1e-9)))
-		return no_memory(pl, regather(p));
+		return no_memory(pl, regather(pl, p));
 	sp_plan_t *q = &t->q;
 #define LAST_SWAP(T, a, b) do { T x_ = (a); (a) = (b); (b) = x_; } while (0)
 	LAST_SWAP(sp_bucket_t *, p->buckets, q->buckets);

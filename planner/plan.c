@@ -566,6 +566,7 @@ cleanup:
 	jobs_free(pl.jobs); /* the allotments in its arenas are read last above */
 	sim_memo_release(&pl);
 	sim_stats_print(); /* SPINDLE_SIM_STATS */
+	free(pl.ins_spare);
 	sp_arena_release(&pl.scratch);
 	sp_arena_release(&pl.arena);
 	if (rc)

@@ -176,6 +176,10 @@ typedef struct planner {
 	int top_peak, top_refined;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
+	/* layout.c regather: the instruction array it last replaced, written
+	 * by its next call instead of a fresh one (NULL: none); each planner
+	 * (thread) its own, freed with its arenas */
+	sp_ins_t *ins_spare;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */

@@ -11,7 +11,10 @@ A800s:
   * the plan is the same with --jobs 1 and --jobs 2 (byte-identical);
   * the candidate is listed, and ours with it differs from ours without it
     (--exclude lanes-packed) on at least one of the workloads, so it is
-    exercised and chosen somewhere, not dead code.
+    exercised and chosen somewhere, not dead code (--exclude takes one
+    name: lanes-packed-asc stays in those runs);
+  * lanes-packed-asc (ties to ascending plans) is chosen somewhere too:
+    bundled clip-7 on a800-4x8 plans differently without it.
 """
 import json
 import os
@@ -91,6 +94,23 @@ def main():
                   flush=True)
     if not differs:
         fail("ours never changes with lanes-packed: the candidate is never chosen")
+    with tempfile.TemporaryDirectory() as tmp:
+        m = os.path.join(ROOT, "plans", "clip-7", "model.json")
+        c = os.path.join(ROOT, "plans", "clusters", "a800-4x8.json")
+        got = []
+        for extra in ([], ["--exclude", "lanes-packed-asc"]):
+            out = os.path.join(tmp, f"asc{len(got)}.bin")
+            r = run([m, c, "-o", out, *extra])
+            if r.returncode:
+                fail(f"clip-7 on a800-4x8 {extra}: exit {r.returncode}: {r.stderr.strip()}")
+                break
+            got.append(open(out, "rb").read())
+        if len(got) == 2:
+            if got[0] == got[1]:
+                fail("clip-7 on a800-4x8: the same plan without lanes-packed-asc: "
+                     "the candidate is never chosen")
+            else:
+                print("ok clip-7 on a800-4x8: lanes-packed-asc changes ours", flush=True)
     print(f"{len(failures)} failures")
     return 1 if failures else 0
 

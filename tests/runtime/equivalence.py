@@ -19,10 +19,13 @@ absolute floor for elements near zero:
     2.2e-2 * lr on one element (46,797 elements above 1e-6), failing the
     floor, while the same plans with SGD (floor 1e-7) matched; with eps
     1e-4 the largest difference there fell to 1.3e-3 * lr (2,033
-    elements above 1e-6), 17 times less, as this explanation predicts.
-    A real error moves elements by whole steps (~lr), 100x above the
-    floor; and a wrong gradient scale, which AdamW normalises away, is
-    caught by the SGD runs of the same kinds of plans with their 1e-7 floor.
+    elements above 1e-6), 17 times less (the explanation predicts about
+    10 times: same direction and size, not the same number). A real error
+    in an element whose gradient is above eps moves it by whole steps
+    (~lr), 100x above the floor; below eps the AdamW runs are about ten
+    times less sensitive than with eps 1e-5, and a wrong gradient there,
+    or a wrong gradient scale, which AdamW normalises away, is caught by
+    the SGD runs of the same kinds of plans with their 1e-7 floor.
 """
 import csv
 import json

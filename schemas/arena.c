@@ -180,8 +180,13 @@ static int grown_cap(int cap, int need)
  * the block has room: no copy, and no page touched but the new room's. One
  * that moves to a new block gets one with room for it grown twice more
  * (4x; pages past what is used are never touched), so a large array that
- * grows alone is copied once per three doublings instead of at each.
+ * grows alone is copied once per three doublings instead of at each. The
+ * room beyond the new size is capped at GROW_ROOM_MAX: an array of
+ * hundreds of MiB does not ask malloc for 4x its size, which a strict
+ * overcommit policy could refuse where the array itself would fit.
  */
+#define GROW_ROOM_MAX ((size_t)64 << 20)
+
 int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
 {
 	if (need <= *cap)
@@ -198,8 +203,12 @@ int sp_arena_grow(sp_arena_t *a, void **p, int *cap, int need, size_t sz)
 		a->used_total += more;
 		UNPOISON(*p, want);
 	} else {
-		/* the old elements copied */
-		void *np = arena_take(a, want, taken(4 * want)); /* want <= 2^40 */
+		/* the old elements copied, into a block with room to grow in
+		 * place: 4x, but at most GROW_ROOM_MAX beyond want, so that a
+		 * large array's growth does not ask malloc for 4x its size
+		 * (a refused room is a refused growth: SP_ENOMEM) */
+		size_t room = want <= GROW_ROOM_MAX / 3 ? 4 * want : want + GROW_ROOM_MAX;
+		void *np = arena_take(a, want, taken(room)); /* want <= 2^40 */
 		if (!np)
 			return SP_ENOMEM;
 		if (*cap)

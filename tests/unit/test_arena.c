@@ -151,12 +151,38 @@ static void test_grow_in_place(void **state)
 	sp_arena_release(&a);
 }
 
+/* A large array's growth asks for at most 64 MiB of room beyond its new
+ * size (not 4x): 32 MiB moves into a block of 96 MiB, so it grows in place
+ * to 64 MiB and moves again at 128 MiB (with 4x room it would not). */
+static void test_grow_room_capped(void **state)
+{
+	(void)state;
+	sp_arena_t a;
+	sp_arena_init(&a);
+	char *v = NULL;
+	int cap = 0;
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, 32 << 20, 1), 0);
+	assert_int_equal(cap, 32 << 20);
+	char *at32 = v;
+	v[0] = 7;
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, (32 << 20) + 1, 1), 0);
+	assert_int_equal(cap, 64 << 20);
+	assert_ptr_equal(v, at32);
+	assert_int_equal(sp_arena_grow(&a, (void **)&v, &cap, (64 << 20) + 1, 1), 0);
+	assert_int_equal(cap, 128 << 20);
+	assert_ptr_not_equal(v, at32);
+	assert_int_equal(v[0], 7);
+	assert_int_equal(v[(128 << 20) - 1], 0);
+	sp_arena_release(&a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mark_reset),
 		cmocka_unit_test(test_grow),
 		cmocka_unit_test(test_grow_in_place),
+		cmocka_unit_test(test_grow_room_capped),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

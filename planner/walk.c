@@ -301,7 +301,8 @@ static int held_simulate(planner_t *pl, held_t *h)
 {
 	int spec_rc, memo = !pl->opts->simulate_all;
 	sim_memo_key_t key = {0};
-	if (par_simulated(pl, h, &spec_rc)) { /* a job simulated it already */
+	if (par_simulated(pl, h, &spec_rc) || held_ahead_take(pl, h, &spec_rc)) {
+		/* a job simulated it already */
 		h->simulated = !spec_rc;
 		return spec_rc;
 	}
@@ -334,8 +335,10 @@ static int walk_held(walk_t *w, planner_t *pl, held_t *h)
 {
 	int rc;
 	if (!h->simulated && w->found && *w->over <= 0 && !pl->opts->simulate_all &&
-	    h->lb >= w->res->iteration_ms * FASTER)
+	    h->lb >= w->res->iteration_ms * FASTER) {
+		held_ahead_drop(h, 1); /* its job's result unread */
 		return top_keep(w, h, &h->p, 0, h->lbr, h->idx); /* top_choose may refine it */
+	}
 	if (!h->simulated && (rc = held_simulate(pl, h)))
 		return rc;
 	/* the bound the skips rest on, checked where every plan is simulated */
@@ -568,8 +571,20 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		held_release(held, n_held);
 		return PLAN_NO_BETTER; /* every candidate loses to the bar */
 	}
+	/* with --jobs, the next held plans' simulations run as jobs meanwhile
+	 * (held_ahead_next): the loop takes their results in its order where
+	 * it simulates them */
+	if (par && n_held > 1 && (rc = held_ahead_start(pl, par, held, n_held))) {
+		held_release(held, n_held);
+		return rc;
+	}
 	for (int h = 0; h < n_held; h++) {
-		if ((rc = walk_held(&w, pl, &held[h]))) {
+		double limit = w.found && *w.over <= 0 && !pl->opts->simulate_all
+				       ? w.res->iteration_ms * FASTER
+				       : HUGE_VAL;
+		if ((par && (rc = held_ahead_next(pl, held + h, n_held - h, limit))) ||
+		    (rc = walk_held(&w, pl, &held[h]))) {
+			held_ahead_drop(held + h, n_held - h);
 			held_release(held + h, n_held - h);
 			plan_release(out);
 			return rc;

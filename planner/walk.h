@@ -45,7 +45,19 @@ typedef struct {
 	 * held_simulate takes the simulation a job ran ahead */
 	struct par_cand *spec;
 	int k;
+	struct held_ahead *ahead; /* its simulation queued by held_ahead_start */
 } held_t;
+
+/* A held plan's simulation run as a job ahead of plan_walk's last loop
+ * (--jobs): held_ahead_*, walk_jobs.c. */
+typedef struct held_ahead {
+	sp_job_t job;
+	held_t *h;
+	struct par_walk *w;
+	int queued, ran; /* ran: the job simulated h->p into r, f */
+	sim_result_t r;
+	double f;
+} held_ahead_t;
 
 typedef struct par_cand {
 	struct par_walk *w;
@@ -162,6 +174,10 @@ int par_start(planner_t *pl, par_walk_t *w, int set, cand_state_t *st,
 	      place_kind_t kind, const sim_result_t *seq_res, double seq_over, int prio0,
 	      const sp_job_t *gate);
 void par_bar(par_walk_t *w, double iteration_ms);
+int held_ahead_start(planner_t *pl, par_walk_t *w, held_t *h, int n);
+int held_ahead_next(planner_t *pl, held_t *h, int n, double limit);
+int held_ahead_take(planner_t *pl, held_t *h, int *rc);
+void held_ahead_drop(held_t *h, int n);
 void par_end(par_walk_t *w, cand_state_t *st);
 int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over);
 int refine_checked(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over);

@@ -211,6 +211,111 @@ void par_bar(par_walk_t *w, double iteration_ms)
 	jobs_unlock(w->jobs);
 }
 
+/* ---- the held plans simulated ahead of the walk's last loop (--jobs) ----- */
+
+/*
+ * plan_walk's last loop judges the held plans in table order (walk_held),
+ * simulating each one unless the record by then shows it cannot win; the
+ * walk's jobs skipped them on their guess of the record (w->best, which
+ * the bar lowers: held plans are judged unrefined, against a record among
+ * them), so the loop simulated them one after another on one thread. Now
+ * the next ones it may simulate are simulated as jobs meanwhile
+ * (held_ahead_next, prio: their candidates' simulation jobs'); the loop
+ * takes a job's result where walk_held simulates (held_ahead_take, waited
+ * for, as par_simulated's) and drops the job unread where it does not
+ * (held_ahead_drop). A job simulates the plan the loop would
+ * (plan_simulated reads only the plan and the run's constants), so the
+ * loop decides and chooses what it does without them. The loop touches a
+ * held plan only after its job is taken or dropped.
+ */
+static int held_ahead_run(planner_t *pl, sp_job_t *job)
+{
+	held_ahead_t *a = job->arg;
+	par_tables(pl, a->w);
+	sim_stats_note("walk ahead", &a->h->p);
+	int rc = plan_simulated(pl, 1, &a->h->p, &a->r, &a->f);
+	a->ran = 1;
+	return rc;
+}
+
+int held_ahead_start(planner_t *pl, par_walk_t *w, held_t *h, int n)
+{
+	held_ahead_t *a = sp_arena_calloc(&pl->arena, (size_t)n, sizeof *a);
+	if (!a)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	for (int i = 0; i < n; i++) {
+		if (h[i].simulated || h[i].from_seq || !h[i].spec || h[i].spec->ran[h[i].k])
+			continue; /* simulated, or a walk job's simulation (par_simulated) */
+		a[i] = (held_ahead_t){.h = &h[i], .w = w};
+		a[i].job = (sp_job_t){.run = held_ahead_run, .arg = &a[i],
+				      .prio = h[i].spec->prio + 2 + h[i].k};
+		h[i].ahead = &a[i];
+	}
+	return 0;
+}
+
+/*
+ * Before the loop judges h[0] (the next held plan): the jobs of the next
+ * held plans it may still simulate, those with lb below limit (the
+ * record's iteration x FASTER once it has one that fits: walk_held skips
+ * the others, and the record only gets faster), queued until as many are
+ * queued as the worker threads (pl->opts->jobs - 1), h[0]'s not counted:
+ * the loop simulates that one itself unless its job is queued already.
+ */
+int held_ahead_next(planner_t *pl, held_t *h, int n, double limit)
+{
+	int want = SP_MIN(pl->opts->jobs, n_sched_cands) - 1, have = 0;
+	for (int i = 1; i < n && have < want; i++) {
+		held_ahead_t *a = h[i].ahead;
+		if (!a || h[i].lb >= limit)
+			continue;
+		have++;
+		if (a->queued)
+			continue;
+		if (jobs_add(a->w->jobs, &a->job))
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+		a->queued = 1;
+	}
+	return 0;
+}
+
+/* 1 when h's job simulated its plan (waited for here, or run here when no
+ * thread took it): its result in h->r and h->f, its code in *rc (its
+ * error into pl->err). */
+int held_ahead_take(planner_t *pl, held_t *h, int *rc)
+{
+	held_ahead_t *a = h->ahead;
+	h->ahead = NULL;
+	if (!a || !a->queued)
+		return 0;
+	jobs_wait(a->w->jobs, &a->job); /* under the jobs' lock, as in last_join */
+	int done = a->job.state == JOB_DONE;
+	jobs_drop(a->w->jobs, &a->job);
+	a->queued = 0;
+	if (!done || !a->ran)
+		return 0;
+	h->r = a->r;
+	h->f = a->f;
+	*rc = a->job.rc;
+	if (*rc)
+		err_take(pl->err, &a->job.err);
+	return 1;
+}
+
+/* The jobs of h[0..n) off the queue (waited for where a thread runs one:
+ * it writes into the plan), their results unread. */
+void held_ahead_drop(held_t *h, int n)
+{
+	for (int i = 0; i < n; i++) {
+		held_ahead_t *a = h[i].ahead;
+		if (a && a->queued) {
+			jobs_drop(a->w->jobs, &a->job);
+			a->queued = 0;
+		}
+		h[i].ahead = NULL;
+	}
+}
+
 /* 1 when a job simulated h's plan: its result in h->r and h->f, its code
  * in *rc (its error into pl->err). */
 int par_simulated(planner_t *pl, held_t *h, int *rc)

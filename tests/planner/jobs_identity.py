@@ -22,7 +22,10 @@ kept candidates as jobs beside the choice's refinement and each other:
 clip-4 on 64 A800s under the default --refine-within refines several
 (SPINDLE_TOP_STATS says how many; the case asks for 3 or more, so that it
 keeps exercising those jobs), one of which wins, and plans alike with
---jobs 1, 2 and 3 (jobs that skipped their refinement fail it). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
+--jobs 1, 2 and 3 (jobs that skipped their refinement fail it). The same
+case has the walk's last loop simulate a held plan as a job ahead of it
+(walk.c held_ahead_*: SPINDLE_SIM_STATS' "walk ahead", asked for once or
+more) and take its result. Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env).
 Exit 0 pass, 1 fail.
 """
 import os
@@ -68,6 +71,22 @@ def refined_many(model, cluster, opts, least=3):
     if n < least:
         return False, f"{n} plans refined, expected {least} or more (no refinement jobs)"
     return True, f"{n} plans refined"
+
+
+def walked_ahead(model, cluster, opts, least=1):
+    """How many held plans plan_walk's last loop had simulated as jobs
+    (held_ahead_*, SPINDLE_SIM_STATS' "walk ahead") with --jobs 2: at least
+    `least`, so that the case keeps exercising them."""
+    env = dict(os.environ, SPINDLE_SIM_STATS="1")
+    p = subprocess.run([PLAN, model, cluster, "-o", os.devnull, "--jobs", "2"] + opts,
+                       capture_output=True, text=True, timeout=600, env=env)
+    line = [x for x in p.stderr.splitlines() if x.startswith("sim stats: walk ahead ")]
+    if p.returncode:
+        return False, f"exit {p.returncode}: {p.stderr.strip()}"
+    n = int(line[0].split()[4]) if line else 0
+    if n < least:
+        return False, f"{n} held plans simulated ahead, expected {least} or more"
+    return True, f"{n} held plans simulated ahead"
 
 
 def fewer_never_faster(model, cluster, opts, tmp):
@@ -119,6 +138,9 @@ def main():
         # several kept candidates refined as jobs beside each other
         m, c = f"{pl}/clip-4/model.json", f"{cl}/a800-8x8.json"
         ok, why = refined_many(m, c, [])
+        if ok:
+            ok, why3 = walked_ahead(m, c, [])
+            why = f"{why}; {why3}"
         if ok:
             ok2, why2 = case(m, c, [], tmp, "beside")
             ok, why = ok2, f"{why}; {why2}"

@@ -142,5 +142,5 @@ void heap_replace_top(fl_heap_t *h, fl_ev_t x)
 {
 	if (h->pos)
 		h->pos[h->e[0].id] = -1;
-	refill_root(h, x);
+	down(h, 0, x);
 }

@@ -438,20 +438,27 @@ static inline void link_join(fl_net_t *n, int r, int *nl)
  * links without unfrozen jobs leave act. -1 when none. */
 static int lv_scan(fl_net_t *n, int *act, int *na, double *level)
 {
-	int best = -1;
-	for (int i = 0; i < *na;) {
+	/* locals: the stores to act do not make the compiler reload them */
+	const int *unfrozen = n->unfrozen;
+	const double *left = n->left, *sum = n->sum;
+	int best = -1, m = *na;
+	double lv = 0;
+	for (int i = 0; i < m;) {
 		int r = act[i];
-		if (n->unfrozen[r] == 0) {
-			act[i] = act[--*na];
+		if (unfrozen[r] == 0) {
+			act[i] = act[--m];
 			continue;
 		}
-		double t = n->left[r] / n->sum[r];
-		if (!isnan(t) && (best < 0 || t < *level || (t == *level && r < best))) {
+		double t = left[r] / sum[r];
+		if (!isnan(t) && (best < 0 || t < lv || (t == lv && r < best))) {
 			best = r;
-			*level = t;
+			lv = t;
 		}
 		i++;
 	}
+	*na = m;
+	if (best >= 0)
+		*level = lv;
 	return best;
 }
 

@@ -46,6 +46,7 @@
  * one (fewer nodes per component: its gradients cross fewer NICs). The
  * joins follow as in sched_lanes.c.
  */
+#include "iv_peak.h"
 #include "planner.h"
 #include "sort.h"
 
@@ -97,6 +98,8 @@ typedef struct {
 	int *order;            /* lanes by hi-phase weight */
 	double *iv_s, *iv_e;   /* per lane: its core and hi-phase intervals */
 	double *hs, *he;
+	iv_end_t *pk_open, *pk_close; /* pack_peak's: up to 2 per lane */
+	double *pk_u;
 	int asc; /* ascending plans before descending ones (ties go to them) */
 } pack_t;
 
@@ -131,9 +134,12 @@ static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
 	P->wid = sp_arena_calloc(a, (size_t)nw + 1, sizeof(int));
 	P->plan = sp_arena_calloc(a, (size_t)nl + 1, sizeof *P->plan);
 	P->budget = sp_arena_calloc(a, 5 * (size_t)nl + 5, sizeof(double));
+	P->pk_open = sp_arena_calloc(a, 4 * (size_t)nl + 2, sizeof(iv_end_t));
+	P->pk_u = sp_arena_calloc(a, 2 * (size_t)nl + 1, sizeof(double));
 	if (!P->s_first || !P->w_first || !P->pre_off || !P->order || !P->s_m || !P->wid ||
-	    !P->plan || !P->budget)
+	    !P->plan || !P->budget || !P->pk_open || !P->pk_u)
 		return SP_ENOMEM;
+	P->pk_close = P->pk_open + 2 * nl + 1;
 	P->s_lf = P->s_m + ns + 1;
 	P->s_lt = P->s_lf + ns + 1;
 	P->iv_s = P->budget + nl + 1;
@@ -271,36 +277,37 @@ static void lane_intervals(pack_t *P, int j, const pack_plan_t *p)
 	P->he[j] = p->desc ? s0 + p->hi_time : s0 + p->time;
 }
 
-/* Devices lane j holds at t. */
-static int lane_held(const pack_t *P, int j, double t)
-{
-	const pack_plan_t *p = &P->plan[j];
-	double eps = PACK_EPS * fmax(1, t);
-	int held = 0;
-	if (p->lo && P->iv_s[j] <= t + eps && P->iv_e[j] > t + eps)
-		held += p->lo;
-	if (P->hs[j] <= t + eps && P->he[j] > t + eps)
-		held += p->hi - p->lo;
-	return held;
-}
-
 /* Most devices held at one time by the first k lanes of P->order, at the
  * times lane P->order[k - 1] starts an interval or another starts one
- * inside it (the first k - 1 fit already: the peak can only rise there). */
+ * inside it (the first k - 1 fit already: the peak can only rise there).
+ * Lane j holds p.lo devices at t when iv_s <= t + eps < iv_e (p.lo > 0),
+ * and p.hi - p.lo more when hs <= t + eps < he, eps = PACK_EPS * max(1, t):
+ * intervals at the points t + eps, summed by one sweep (iv_peak.h). */
 static int pack_peak(const pack_t *P, int k)
 {
-	int peak = 0, jn = P->order[k - 1];
+	int jn = P->order[k - 1], n = 0, m = 0;
 	for (int a = 0; a < 2 * k; a++) {
 		int ja = P->order[a / 2];
 		double t = a % 2 ? P->hs[ja] : P->iv_s[ja];
 		if (t < P->iv_s[jn] - PACK_EPS * fmax(1, t) || t >= P->iv_e[jn])
 			continue;
-		int held = 0;
-		for (int b = 0; b < k; b++)
-			held += lane_held(P, P->order[b], t);
-		peak = SP_MAX(peak, held);
+		double u = t + PACK_EPS * fmax(1, t);
+		if (!isnan(u)) /* (no interval holds NaN) */
+			P->pk_u[m++] = u;
 	}
-	return peak;
+	for (int b = 0; b < k; b++) {
+		int j = P->order[b];
+		const pack_plan_t *p = &P->plan[j];
+		if (p->lo && P->iv_s[j] < P->iv_e[j]) {
+			P->pk_open[n] = (iv_end_t){P->iv_s[j], p->lo};
+			P->pk_close[n++] = (iv_end_t){P->iv_e[j], p->lo};
+		}
+		if (P->hs[j] < P->he[j]) {
+			P->pk_open[n] = (iv_end_t){P->hs[j], p->hi - p->lo};
+			P->pk_close[n++] = (iv_end_t){P->he[j], p->hi - p->lo};
+		}
+	}
+	return iv_peak(P->pk_open, P->pk_close, n, P->pk_u, m);
 }
 
 /* Whether plan c of lane P->order[k] fits beside the lanes before it: at

@@ -35,7 +35,11 @@
  *          the fewest devices, then the least device-time; if none is
  *          flat, the least device-time. A plan at one width starts at 0,
  *          else at the earliest time another lane frees devices from which
- *          it fits, else ends at its budget.
+ *          it fits, else ends at its budget. With SCHED_PACK_REORDER
+ *          (the row lanes-packed-reorder), a lane that finds no room
+ *          goes first and the placement starts again, at most once per
+ *          lane (a first-fit order that packs where the largest-first
+ *          one does not).
  *  horizon the least T, by bisection from the fluid horizon
  *          (lanes_horizon), at which every lane is placed; for each delta
  *          of a few, the shortest schedule kept.
@@ -98,6 +102,8 @@ typedef struct {
 	double *iv_s, *iv_e;   /* per lane: its core and hi-phase intervals */
 	double *hs, *he;
 	int asc; /* ascending plans before descending ones (ties go to them) */
+	int bumps;    /* retries of the greedy placement (pack_fits) */
+	int reordered; /* a placement fitted on a retry */
 } pack_t;
 
 static int lane_steps(const pack_t *P, int j)
@@ -342,6 +348,8 @@ static int pack_place(pack_t *P, int k, pack_plan_t *c)
 
 /* Every lane's plan at horizon T, placed greedily as the header says;
  * 1 when every lane has one that keeps the devices held within N. */
+static int pack_greedy(pack_t *P);
+
 static int pack_fits(pack_t *P, double T)
 {
 	const lanes_t *L = P->L;
@@ -365,6 +373,32 @@ static int pack_fits(pack_t *P, double T)
 			P->order[b] = P->order[b - 1];
 			P->order[b - 1] = s;
 		}
+	for (int tries = 0;; tries++) {
+		int k = pack_greedy(P);
+		if (k < 0) {
+			P->reordered |= tries > 0;
+			return 1;
+		}
+		if (k == 0 || tries >= P->bumps)
+			return 0;
+		/* the lane that found no room goes first and the rest keep their order */
+		int j = P->order[k];
+		memmove(P->order + 1, P->order, (size_t)k * sizeof *P->order);
+		P->order[0] = j;
+	}
+}
+
+/* The lanes placed greedily in P->order; -1 when every one fits, else the
+ * position of the first that does not. */
+static int pack_greedy(pack_t *P)
+{
+	int nl = P->L->nl;
+	for (int j = 0; j < nl; j++) { /* least areas again: a try before set plans */
+		const pack_plan_t *c = P->cand + P->cand_off[j];
+		P->plan[j].area = HUGE_VAL;
+		for (int q = 0; q < P->n_cand[j]; q++)
+			P->plan[j].area = fmin(P->plan[j].area, c[q].area);
+	}
 	int so_far = 0; /* most devices held at once by the lanes placed */
 	for (int k = 0; k < nl; k++) {
 		int j = P->order[k], np = P->n_cand[j], best = -1;
@@ -398,12 +432,12 @@ static int pack_fits(pack_t *P, double T)
 			if ((best_peak = pack_place(P, k, &cand[P->rest[i].q])) >= 0)
 				best = P->rest[i].q;
 		if (best < 0)
-			return 0;
+			return k;
 		P->plan[j] = cand[best];
 		lane_intervals(P, j, &cand[best]);
 		so_far = SP_MAX(so_far, best_peak);
 	}
-	return 1;
+	return -1;
 }
 
 /* 1 when a slice of MetaOp mo ends before its layer y: its first layers
@@ -579,7 +613,7 @@ static double pack_horizon(pack_t *P, double fluid)
 	return pack_fits(P, hi) ? hi : HUGE_VAL;
 }
 
-int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
+int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 {
 	static const double deltas[] = {0.01, 0.02, 0.03};
 	lanes_t L = {0};
@@ -602,7 +636,8 @@ int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 		return SCHED_NOTHING_NEW;
 	if ((rc = pack_init(&P, pl, &L)))
 		return rc;
-	P.asc = asc;
+	P.asc = flags & SCHED_PACK_ASC;
+	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
 	for (size_t i = 0; i < sizeof deltas / sizeof *deltas; i++) {
 		P.delta = deltas[i];
@@ -622,7 +657,7 @@ int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 			break;
 	}
 	sp_arena_release(&trial);
-	if (!rc && best_ms == HUGE_VAL)
-		return SCHED_NOTHING_NEW;
+	if (!rc && (best_ms == HUGE_VAL || (P.bumps && !P.reordered)))
+		return SCHED_NOTHING_NEW; /* reorder: the same schedule as without */
 	return rc;
 }

@@ -39,7 +39,11 @@
  *          (the row lanes-packed-reorder), a lane that finds no room
  *          goes first and the placement starts again, at most once per
  *          lane (a first-fit order that packs where the largest-first
- *          one does not).
+ *          one does not); its horizons are searched twice, the second
+ *          time with keep: on a retry a lane's flat plans are those
+ *          within 1 + delta of the plan it took in the try before (the
+ *          lane that found no room: the last it tried), so a lane
+ *          squeezed once may take as costly a plan again.
  *  horizon the least T, by bisection from the fluid horizon
  *          (lanes_horizon), at which every lane is placed; for each delta
  *          of a few, the shortest schedule kept.
@@ -104,6 +108,10 @@ typedef struct {
 	int asc; /* ascending plans before descending ones (ties go to them) */
 	int bumps;    /* retries of the greedy placement (pack_fits) */
 	int reordered; /* a placement fitted on a retry */
+	int keep;      /* a retry's flat plans are within 1 + delta of the plan
+			* each lane took in the try before (the lane that
+			* found no room: the last it tried), not of its least
+			* area */
 } pack_t;
 
 static int lane_steps(const pack_t *P, int j)
@@ -393,7 +401,8 @@ static int pack_fits(pack_t *P, double T)
 static int pack_greedy(pack_t *P)
 {
 	int nl = P->L->nl;
-	for (int j = 0; j < nl; j++) { /* least areas again: a try before set plans */
+	/* the least areas again (a try before set plans), unless keep */
+	for (int j = 0; j < nl && !P->keep; j++) {
 		const pack_plan_t *c = P->cand + P->cand_off[j];
 		P->plan[j].area = HUGE_VAL;
 		for (int q = 0; q < P->n_cand[j]; q++)
@@ -639,8 +648,11 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 	P.asc = flags & SCHED_PACK_ASC;
 	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
-	for (size_t i = 0; i < sizeof deltas / sizeof *deltas; i++) {
-		P.delta = deltas[i];
+	/* reorder: every delta with the least areas, then with keep */
+	size_t nd = sizeof deltas / sizeof *deltas, nk = P.bumps ? 2 : 1;
+	for (size_t i = 0; i < nk * nd; i++) {
+		P.delta = deltas[i % nd];
+		P.keep = i >= nd;
 		double T = pack_horizon(&P, fluid);
 		if (T == HUGE_VAL)
 			continue;

@@ -39,9 +39,11 @@
  *          (the row lanes-packed-reorder), a lane that finds no room
  *          goes first and the placement starts again, at most once per
  *          lane (a first-fit order that packs where the largest-first
- *          one does not); its horizons are searched twice, the second
- *          time with keep: on a retry a lane's flat plans are those
- *          within 1 + delta of the plan it took in the try before (the
+ *          one does not; with at most PACK_REORDER_LANES lanes); its
+ *          horizons are searched twice, the second time (for a delta
+ *          whose first search fitted on a retry) with keep: on a retry
+ *          a lane's flat plans are those within 1 + delta of the plan
+ *          it took in the try before (the
  *          lane that found no room: the last it tried), so a lane
  *          squeezed once may take as costly a plan again.
  *  horizon the least T, by bisection from the fluid horizon
@@ -71,6 +73,11 @@
 #define PACK_LANES_SHARE 0.9
 /* Relative tolerance of times compared (sums of the same step times). */
 #define PACK_EPS 1e-9
+/* SCHED_PACK_REORDER retries only with at most this many lanes: a failed
+ * placement costs up to one greedy placement per lane, each one over
+ * every lane (64 lanes, 32 tasks on 1024 H100s: 8 s of planning for no
+ * shorter plan; the rows it shortened have 8 to 32). */
+#define PACK_REORDER_LANES 32
 
 typedef struct {
 	int lo, hi, l, desc; /* l: steps in the hi phase */
@@ -602,8 +609,10 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out)
 	return lanes_joins(pl, w, L->in_lane, finish, free_at, out);
 }
 
-/* The least horizon at which the plans fit (P->delta's), or HUGE_VAL. */
-static double pack_horizon(pack_t *P, double fluid)
+/* The least horizon at which the plans fit (P->delta's), or HUGE_VAL;
+ * *lo (when not NULL) the greatest horizon below it at which they did
+ * not (or the fluid horizon, untried). */
+static double pack_horizon(pack_t *P, double fluid, double *lo_out)
 {
 	double lo = fluid, hi = fluid * 1.01;
 	for (int it = 0; !pack_fits(P, hi); it++) {
@@ -619,7 +628,28 @@ static double pack_horizon(pack_t *P, double fluid)
 		else
 			lo = mid;
 	}
+	if (lo_out)
+		*lo_out = lo;
 	return pack_fits(P, hi) ? hi : HUGE_VAL;
+}
+
+/* SCHED_PACK_REORDER's horizon at P->delta (and P->keep): its bisection
+ * takes the plain one's path (a retry only changes a placement that
+ * failed) until a horizon where the plain placement fails and a retry
+ * fits, so it is searched only where a retry fits at the plain search's
+ * last failed horizon; else the plain horizon (*lo, *plain: that search,
+ * done when *plain is 0). */
+static double pack_horizon_reorder(pack_t *P, double fluid, double *lo, double *plain)
+{
+	int bumps = P->bumps;
+	if (*plain == 0) {
+		P->bumps = 0;
+		*plain = pack_horizon(P, fluid, lo);
+		P->bumps = bumps;
+	}
+	if (*plain == HUGE_VAL || pack_fits(P, *lo))
+		return pack_horizon(P, fluid, NULL);
+	return pack_fits(P, *plain) ? *plain : HUGE_VAL; /* the plans at it */
 }
 
 int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
@@ -643,17 +673,29 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 	}
 	if (L.nl < 2 || lanes_work < PACK_LANES_SHARE * all_work)
 		return SCHED_NOTHING_NEW;
+	if ((flags & SCHED_PACK_REORDER) && L.nl > PACK_REORDER_LANES)
+		return SCHED_NOTHING_NEW;
 	if ((rc = pack_init(&P, pl, &L)))
 		return rc;
 	P.asc = flags & SCHED_PACK_ASC;
 	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
-	/* reorder: every delta with the least areas, then with keep */
+	/* reorder: every delta with the least areas, then with keep those
+	 * whose first search fitted on a retry */
 	size_t nd = sizeof deltas / sizeof *deltas, nk = P.bumps ? 2 : 1;
+	unsigned retried = 0; /* per delta: the first search fitted on a retry */
+	double lo[sizeof deltas / sizeof *deltas], plain[sizeof deltas / sizeof *deltas] = {0};
 	for (size_t i = 0; i < nk * nd; i++) {
 		P.delta = deltas[i % nd];
 		P.keep = i >= nd;
-		double T = pack_horizon(&P, fluid);
+		if (P.keep && !(retried >> (i % nd) & 1))
+			continue;
+		int before = P.reordered;
+		P.reordered = 0;
+		double T = P.bumps ? pack_horizon_reorder(&P, fluid, &lo[i % nd], &plain[i % nd])
+				   : pack_horizon(&P, fluid, NULL);
+		retried |= P.keep ? 0 : (unsigned)P.reordered << i;
+		P.reordered |= before;
 		if (T == HUGE_VAL)
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);

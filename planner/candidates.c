@@ -71,7 +71,16 @@ const sched_cand_t sched_cands[] = {
 	 * tie on device-time and peak, its wide phase comes last, so its
 	 * backward starts wide and its last gradients come from few devices
 	 * (clip-7 on a800-4x8: iteration 142.53 ms against lanes' 143.18) */
-	{.name = "lanes-packed-asc", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK, .pack_asc = 1},
+	{.name = "lanes-packed-asc", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
+	 .pack_flags = SCHED_PACK_ASC},
+	/* lanes-packed whose greedy placement, where it finds no room for a
+	 * lane, tries again with that lane first: other packings, some
+	 * shorter (clip-7 on a800-8x8: iteration 94.90 -> 86.35 ms); nothing
+	 * new where no horizon fits only that way. A row of its own: in
+	 * lanes-packed it made clip-10 on a800-8x8-4nic slower (82.43 ->
+	 * 84.26 ms), as a shorter packing can sync worse */
+	{.name = "lanes-packed-reorder", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
+	 .pack_flags = SCHED_PACK_REORDER},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a
@@ -172,7 +181,7 @@ int cand_schedule(planner_t *pl, cand_state_t *st, const sched_cand_t *c, sched_
 	if (c->allot == CAND_ALLOT_SEPARABLE && widths_known(pl, st, c->allot, w))
 		return SCHED_NOTHING_NEW; /* the same widths as a candidate before */
 	if (c->sched == CAND_PACK)
-		return sched_pack(pl, w, c->pack_asc, out);
+		return sched_pack(pl, w, c->pack_flags, out);
 	if (c->sched == CAND_LIST)
 		return c->home_share ? sched_list_sync(pl, w, c->mem_frac, c->home_share,
 								 c->home_share1, out)

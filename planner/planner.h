@@ -629,10 +629,15 @@ static inline int lane_width(const metaop_t *mo, int n)
 
 /* The lanes at two widths each, switching at layer boundaries, packed on
  * the least horizon that fits (sched_pack.c's header); the joins at widths
- * w. asc: a lane's plans that tie take the ascending order (its wide phase
- * last) before the descending one. SCHED_NOTHING_NEW when the DAG has no
- * lanes that pack. */
-int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out);
+ * w. flags: SCHED_PACK_ASC, a lane's plans that tie take the ascending
+ * order (its wide phase last) before the descending one;
+ * SCHED_PACK_REORDER, a greedy placement that fails is tried again with
+ * the lane that found no room first (once per lane), and nothing new
+ * where no horizon fitted that way. SCHED_NOTHING_NEW when the DAG has
+ * no lanes that pack. */
+#define SCHED_PACK_ASC 1
+#define SCHED_PACK_REORDER 2
+int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
 
 /* The shortest lanes schedule over the tries of o; *mids counts the middle
  * steps taken. */
@@ -657,7 +662,7 @@ typedef struct {
 	int home_share;      /* CAND_LIST: sync homes of nodes / home_share
 			      * whole nodes (sched_list_sync); 0: none */
 	int home_share1;     /* the same for a component held in one segment */
-	int pack_asc;        /* CAND_PACK: ties to ascending plans (sched_pack) */
+	int pack_flags;      /* CAND_PACK: SCHED_PACK_* (sched_pack) */
 } sched_cand_t;
 
 extern const sched_cand_t sched_cands[];

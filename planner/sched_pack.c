@@ -35,7 +35,17 @@
  *          the fewest devices, then the least device-time; if none is
  *          flat, the least device-time. A plan at one width starts at 0,
  *          else at the earliest time another lane frees devices from which
- *          it fits, else ends at its budget.
+ *          it fits, else ends at its budget. With SCHED_PACK_REORDER
+ *          (the row lanes-packed-reorder), a lane that finds no room
+ *          goes first and the placement starts again, at most once per
+ *          lane (a first-fit order that packs where the largest-first
+ *          one does not; with at most PACK_REORDER_LANES lanes); its
+ *          horizons are searched twice, the second time (for a delta
+ *          whose first search fitted on a retry) with keep: on a retry
+ *          a lane's flat plans are those within 1 + delta of the plan
+ *          it took in the try before (the
+ *          lane that found no room: the last it tried), so a lane
+ *          squeezed once may take as costly a plan again.
  *  horizon the least T, by bisection from the fluid horizon
  *          (lanes_horizon), at which every lane is placed; for each delta
  *          of a few, the shortest schedule kept.
@@ -64,6 +74,11 @@
 #define PACK_LANES_SHARE 0.9
 /* Relative tolerance of times compared (sums of the same step times). */
 #define PACK_EPS 1e-9
+/* SCHED_PACK_REORDER retries only with at most this many lanes: a failed
+ * placement costs up to one greedy placement per lane, each one over
+ * every lane (64 lanes, 32 tasks on 1024 H100s: 8 s of planning for no
+ * shorter plan; the rows it shortened have 8 to 32). */
+#define PACK_REORDER_LANES 32
 
 typedef struct {
 	int lo, hi, l, desc; /* l: steps in the hi phase */
@@ -101,6 +116,12 @@ typedef struct {
 	iv_end_t *pk_open, *pk_close; /* pack_peak's: up to 2 per lane */
 	double *pk_u;
 	int asc; /* ascending plans before descending ones (ties go to them) */
+	int bumps;    /* retries of the greedy placement (pack_fits) */
+	int reordered; /* a placement fitted on a retry */
+	int keep;      /* a retry's flat plans are within 1 + delta of the plan
+			* each lane took in the try before (the lane that
+			* found no room: the last it tried), not of its least
+			* area */
 } pack_t;
 
 static int lane_steps(const pack_t *P, int j)
@@ -349,6 +370,8 @@ static int pack_place(pack_t *P, int k, pack_plan_t *c)
 
 /* Every lane's plan at horizon T, placed greedily as the header says;
  * 1 when every lane has one that keeps the devices held within N. */
+static int pack_greedy(pack_t *P);
+
 static int pack_fits(pack_t *P, double T)
 {
 	const lanes_t *L = P->L;
@@ -372,6 +395,33 @@ static int pack_fits(pack_t *P, double T)
 			P->order[b] = P->order[b - 1];
 			P->order[b - 1] = s;
 		}
+	for (int tries = 0;; tries++) {
+		int k = pack_greedy(P);
+		if (k < 0) {
+			P->reordered |= tries > 0;
+			return 1;
+		}
+		if (k == 0 || tries >= P->bumps)
+			return 0;
+		/* the lane that found no room goes first and the rest keep their order */
+		int j = P->order[k];
+		memmove(P->order + 1, P->order, (size_t)k * sizeof *P->order);
+		P->order[0] = j;
+	}
+}
+
+/* The lanes placed greedily in P->order; -1 when every one fits, else the
+ * position of the first that does not. */
+static int pack_greedy(pack_t *P)
+{
+	int nl = P->L->nl;
+	/* the least areas again (a try before set plans), unless keep */
+	for (int j = 0; j < nl && !P->keep; j++) {
+		const pack_plan_t *c = P->cand + P->cand_off[j];
+		P->plan[j].area = HUGE_VAL;
+		for (int q = 0; q < P->n_cand[j]; q++)
+			P->plan[j].area = fmin(P->plan[j].area, c[q].area);
+	}
 	int so_far = 0; /* most devices held at once by the lanes placed */
 	for (int k = 0; k < nl; k++) {
 		int j = P->order[k], np = P->n_cand[j], best = -1;
@@ -405,12 +455,12 @@ static int pack_fits(pack_t *P, double T)
 			if ((best_peak = pack_place(P, k, &cand[P->rest[i].q])) >= 0)
 				best = P->rest[i].q;
 		if (best < 0)
-			return 0;
+			return k;
 		P->plan[j] = cand[best];
 		lane_intervals(P, j, &cand[best]);
 		so_far = SP_MAX(so_far, best_peak);
 	}
-	return 1;
+	return -1;
 }
 
 /* 1 when a slice of MetaOp mo ends before its layer y: its first layers
@@ -566,8 +616,10 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out)
 	return lanes_joins(pl, w, L->in_lane, finish, free_at, out);
 }
 
-/* The least horizon at which the plans fit (P->delta's), or HUGE_VAL. */
-static double pack_horizon(pack_t *P, double fluid)
+/* The least horizon at which the plans fit (P->delta's), or HUGE_VAL;
+ * *lo (when not NULL) the greatest horizon below it at which they did
+ * not (or the fluid horizon, untried). */
+static double pack_horizon(pack_t *P, double fluid, double *lo_out)
 {
 	double lo = fluid, hi = fluid * 1.01;
 	for (int it = 0; !pack_fits(P, hi); it++) {
@@ -583,10 +635,31 @@ static double pack_horizon(pack_t *P, double fluid)
 		else
 			lo = mid;
 	}
+	if (lo_out)
+		*lo_out = lo;
 	return pack_fits(P, hi) ? hi : HUGE_VAL;
 }
 
-int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
+/* SCHED_PACK_REORDER's horizon at P->delta (and P->keep): its bisection
+ * takes the plain one's path (a retry only changes a placement that
+ * failed) until a horizon where the plain placement fails and a retry
+ * fits, so it is searched only where a retry fits at the plain search's
+ * last failed horizon; else the plain horizon (*lo, *plain: that search,
+ * done when *plain is 0). */
+static double pack_horizon_reorder(pack_t *P, double fluid, double *lo, double *plain)
+{
+	int bumps = P->bumps;
+	if (*plain == 0) {
+		P->bumps = 0;
+		*plain = pack_horizon(P, fluid, lo);
+		P->bumps = bumps;
+	}
+	if (*plain == HUGE_VAL || pack_fits(P, *lo))
+		return pack_horizon(P, fluid, NULL);
+	return pack_fits(P, *plain) ? *plain : HUGE_VAL; /* the plans at it */
+}
+
+int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 {
 	static const double deltas[] = {0.01, 0.02, 0.03};
 	lanes_t L = {0};
@@ -607,13 +680,29 @@ int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 	}
 	if (L.nl < 2 || lanes_work < PACK_LANES_SHARE * all_work)
 		return SCHED_NOTHING_NEW;
+	if ((flags & SCHED_PACK_REORDER) && L.nl > PACK_REORDER_LANES)
+		return SCHED_NOTHING_NEW;
 	if ((rc = pack_init(&P, pl, &L)))
 		return rc;
-	P.asc = asc;
+	P.asc = flags & SCHED_PACK_ASC;
+	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
-	for (size_t i = 0; i < sizeof deltas / sizeof *deltas; i++) {
-		P.delta = deltas[i];
-		double T = pack_horizon(&P, fluid);
+	/* reorder: every delta with the least areas, then with keep those
+	 * whose first search fitted on a retry */
+	size_t nd = sizeof deltas / sizeof *deltas, nk = P.bumps ? 2 : 1;
+	unsigned retried = 0; /* per delta: the first search fitted on a retry */
+	double lo[sizeof deltas / sizeof *deltas], plain[sizeof deltas / sizeof *deltas] = {0};
+	for (size_t i = 0; i < nk * nd; i++) {
+		P.delta = deltas[i % nd];
+		P.keep = i >= nd;
+		if (P.keep && !(retried >> (i % nd) & 1))
+			continue;
+		int before = P.reordered;
+		P.reordered = 0;
+		double T = P.bumps ? pack_horizon_reorder(&P, fluid, &lo[i % nd], &plain[i % nd])
+				   : pack_horizon(&P, fluid, NULL);
+		retried |= P.keep ? 0 : (unsigned)P.reordered << i;
+		P.reordered |= before;
 		if (T == HUGE_VAL)
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
@@ -629,7 +718,7 @@ int sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 			break;
 	}
 	sp_arena_release(&trial);
-	if (!rc && best_ms == HUGE_VAL)
-		return SCHED_NOTHING_NEW;
+	if (!rc && (best_ms == HUGE_VAL || (P.bumps && !P.reordered)))
+		return SCHED_NOTHING_NEW; /* reorder: the same schedule as without */
 	return rc;
 }

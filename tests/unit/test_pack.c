@@ -14,7 +14,11 @@
  *    their gradients sync in small buckets at the backward's end);
  *  - at least one schedule comes back per run (the candidate is not dead),
  *    and the ascending one (lanes-packed-asc) differs from the other on
- *    clip-10 at 32 (its flag is read).
+ *    clip-10 at 32 (its flag is read);
+ *  - on clip-4 at 32 the reordering one (lanes-packed-reorder: a greedy
+ *    placement that fails tried again with the failing lane first) comes
+ *    back and ends sooner than the plain one (its greedy fails where the
+ *    plain bisection stopped).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,10 +38,12 @@
 #endif
 
 static long n_sched, n_bad, n_asc;
-static uint64_t fp[2]; /* per asc: the last schedule's fingerprint */
+static uint64_t fp[4];   /* per flags: the last schedule's fingerprint */
+static double span[4];   /* per flags: the last schedule's makespan */
+static long n_reorder;
 
-int __real_sched_pack(planner_t *pl, const int *w, int asc, sched_t *out);
-int __wrap_sched_pack(planner_t *pl, const int *w, int asc, sched_t *out);
+int __real_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
+int __wrap_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
 
 static void bad(const char *what, const char *name)
 {
@@ -97,12 +103,14 @@ static void check(planner_t *pl, const int *w, const sched_t *s)
 	sp_arena_reset(&pl->scratch, mark);
 }
 
-int __wrap_sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
+int __wrap_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 {
-	int rc = __real_sched_pack(pl, w, asc, out);
+	int rc = __real_sched_pack(pl, w, flags, out);
 	if (!rc) {
 		n_sched++;
-		n_asc += asc != 0;
+		n_asc += (flags & SCHED_PACK_ASC) != 0;
+		n_reorder += (flags & SCHED_PACK_REORDER) != 0;
+		span[flags & 3] = sched_makespan(out);
 		check(pl, w, out);
 		uint64_t h = 1469598103934665603ull;
 		for (int i = 0; i < out->n; i++) {
@@ -110,7 +118,7 @@ int __wrap_sched_pack(planner_t *pl, const int *w, int asc, sched_t *out)
 			h = (h ^ (uint64_t)(x->metaop * 131 + x->lf * 7 + x->n)) * 1099511628211ull;
 			h = (h ^ (uint64_t)llround(x->t0 * 1e3)) * 1099511628211ull;
 		}
-		fp[asc != 0] = h;
+		fp[flags & 3] = h;
 	}
 	return rc;
 }
@@ -130,8 +138,9 @@ static void plan_one(const char *model, const char *cluster)
 	plan_opts_t o = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
 			 .mem_reserve_gib = 2.0, .milp_nodes = 200, .zero = -1,
 			 .recompute = -1, .max_ins = PLAN_MAX_INS_DEFAULT, .jobs = 1};
-	n_sched = n_bad = n_asc = 0;
-	fp[0] = fp[1] = 0;
+	n_sched = n_bad = n_asc = n_reorder = 0;
+	memset(fp, 0, sizeof fp);
+	memset(span, 0, sizeof span);
 	int rc = planner_run(&o, &m, &c, &p, &sum, &err);
 	plan_release(&p);
 	model_release(&m);
@@ -158,11 +167,22 @@ static void test_clip10_32(void **state)
 	assert_true(fp[0] != fp[1]);
 }
 
+static void test_clip4_32(void **state)
+{
+	(void)state;
+	plan_one("clip-4", "a800-4x8");
+	print_message("makespan: plain %.3f ms, reorder %.3f ms\n", span[0],
+		      span[SCHED_PACK_REORDER]);
+	assert_true(n_reorder > 0);
+	assert_true(span[0] > 0 && span[SCHED_PACK_REORDER] < span[0] * (1 - 1e-6));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_clip4_16),
 		cmocka_unit_test(test_clip10_32),
+		cmocka_unit_test(test_clip4_32),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

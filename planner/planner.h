@@ -632,7 +632,8 @@ static inline int lane_width(const metaop_t *mo, int n)
  * w. flags: SCHED_PACK_ASC, a lane's plans that tie take the ascending
  * order (its wide phase last) before the descending one;
  * SCHED_PACK_REORDER, a greedy placement that fails is tried again with
- * the lane that found no room first (once per lane), and nothing new
+ * the lane that found no room first (at most as many times as there
+ * are lanes), and nothing new
  * where no horizon fitted that way. SCHED_NOTHING_NEW when the DAG has
  * no lanes that pack. */
 #define SCHED_PACK_ASC 1
@@ -929,6 +930,9 @@ int sim_memo_same(const sp_plan_t *a, const sp_plan_t *b);
  * (plan.c, at the end of a run). Both do nothing unless SPINDLE_SIM_STATS
  * is set. */
 void sim_stats_note(const char *site, const sp_plan_t *p);
+/* Something that is not a simulation happened (what: a string literal):
+ * counted, printed by sim_stats_print as "event" lines. */
+void sim_stats_event(const char *what);
 void sim_stats_print(void);
 /* top_choose's kept plan of row idx refined to r, f: printed at once
  * (the test that top_ready's shortcuts change nothing compares them). */

@@ -37,8 +37,10 @@
  *          else at the earliest time another lane frees devices from which
  *          it fits, else ends at its budget. With SCHED_PACK_REORDER
  *          (the row lanes-packed-reorder), a lane that finds no room
- *          goes first and the placement starts again, at most once per
- *          lane (a first-fit order that packs where the largest-first
+ *          goes first and the placement starts again, at most as many
+ *          times as there are lanes (a lane may go first more than once,
+ *          and a try may repeat an order tried before: counted, not
+ *          checked; a first-fit order that packs where the largest-first
  *          one does not; with at most PACK_REORDER_LANES lanes); its
  *          horizons are searched twice, the second time (for a delta
  *          whose first search fitted on a retry) with keep: on a retry
@@ -77,7 +79,8 @@
 /* SCHED_PACK_REORDER retries only with at most this many lanes: a failed
  * placement costs up to one greedy placement per lane, each one over
  * every lane (64 lanes, 32 tasks on 1024 H100s: 8 s of planning for no
- * shorter plan; the rows it shortened have 8 to 32). */
+ * shorter plan; the rows it shortened have 8 to 20). A cut-off between
+ * the measured rows, not a budget. */
 #define PACK_REORDER_LANES 32
 
 typedef struct {
@@ -643,9 +646,11 @@ static double pack_horizon(pack_t *P, double fluid, double *lo_out)
 /* SCHED_PACK_REORDER's horizon at P->delta (and P->keep): its bisection
  * takes the plain one's path (a retry only changes a placement that
  * failed) until a horizon where the plain placement fails and a retry
- * fits, so it is searched only where a retry fits at the plain search's
- * last failed horizon; else the plain horizon (*lo, *plain: that search,
- * done when *plain is 0). */
+ * fits. A bound on its cost, not an equivalence: it is searched only where
+ * a retry fits at the plain search's last failed horizon, else the plain
+ * horizon is taken (*lo, *plain: that search, done when *plain is 0), so
+ * a retry that fits only at a lower failed horizon is missed (none of the
+ * bundled rows lost its gain by it). */
 static double pack_horizon_reorder(pack_t *P, double fluid, double *lo, double *plain)
 {
 	int bumps = P->bumps;

@@ -26,7 +26,9 @@ static struct {
 	long calls[STATS_SITES], again[STATS_SITES];
 	uint64_t *seen;
 	int n, cap;
-} st = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, NULL, 0, 0};
+	const char *event[STATS_SITES]; /* sim_stats_event's, not simulations */
+	long events[STATS_SITES];
+} st = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, NULL, 0, 0, {0}, {0}};
 
 static void stats_read_env(void)
 {
@@ -68,6 +70,21 @@ void sim_stats_note(const char *site, const sp_plan_t *p)
 	pthread_mutex_unlock(&st.lock);
 }
 
+void sim_stats_event(const char *what)
+{
+	if (!stats_on())
+		return;
+	pthread_mutex_lock(&st.lock);
+	int s = 0;
+	while (s < STATS_SITES && st.event[s] && strcmp(st.event[s], what))
+		s++;
+	if (s < STATS_SITES) {
+		st.event[s] = what;
+		st.events[s]++;
+	}
+	pthread_mutex_unlock(&st.lock);
+}
+
 void sim_stats_print(void)
 {
 	if (!stats_on())
@@ -81,10 +98,14 @@ void sim_stats_print(void)
 	}
 	fprintf(stderr, "sim stats: %-22s %4ld simulations, %4ld of a state simulated before\n",
 		"all", calls, again);
+	for (int s = 0; s < STATS_SITES && st.event[s]; s++)
+		fprintf(stderr, "sim stats: event %-16s %4ld times\n", st.event[s], st.events[s]);
 	free(st.seen);
 	memset(st.calls, 0, sizeof st.calls);
 	memset(st.again, 0, sizeof st.again);
 	memset(st.site, 0, sizeof st.site);
+	memset(st.event, 0, sizeof st.event);
+	memset(st.events, 0, sizeof st.events);
 	st.seen = NULL;
 	st.n = st.cap = 0;
 }

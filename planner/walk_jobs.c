@@ -299,6 +299,7 @@ int held_ahead_take(planner_t *pl, held_t *h, int *rc)
 	*rc = a->job.rc;
 	if (*rc)
 		err_take(pl->err, &a->job.err);
+	sim_stats_event("walk ahead taken");
 	return 1;
 }
 

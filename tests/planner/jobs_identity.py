@@ -75,8 +75,10 @@ def refined_many(model, cluster, opts, least=3):
 
 def walked_ahead(model, cluster, opts, least=1):
     """How many held plans plan_walk's last loop had simulated as jobs
-    (held_ahead_*, SPINDLE_SIM_STATS' "walk ahead") with --jobs 2: at least
-    `least`, so that the case keeps exercising them."""
+    (held_ahead_*, SPINDLE_SIM_STATS' "walk ahead") with --jobs 2, and how
+    many of those results it took (the event "walk ahead taken"; a job
+    whose result were thrown away would leave the plans the same): at
+    least `least` of each, so that the case keeps exercising them."""
     env = dict(os.environ, SPINDLE_SIM_STATS="1")
     p = subprocess.run([PLAN, model, cluster, "-o", os.devnull, "--jobs", "2"] + opts,
                        capture_output=True, text=True, timeout=600, env=env)
@@ -86,7 +88,11 @@ def walked_ahead(model, cluster, opts, least=1):
     n = int(line[0].split()[4]) if line else 0
     if n < least:
         return False, f"{n} held plans simulated ahead, expected {least} or more"
-    return True, f"{n} held plans simulated ahead"
+    taken = [x for x in p.stderr.splitlines() if x.startswith("sim stats: event walk ahead taken ")]
+    k = int(taken[0].split()[-2]) if taken else 0
+    if k < least:
+        return False, f"{k} of {n} results simulated ahead taken, expected {least} or more"
+    return True, f"{n} held plans simulated ahead, {k} taken"
 
 
 def fewer_never_faster(model, cluster, opts, tmp):

@@ -97,6 +97,8 @@ typedef struct {
 /* By area, then index (distinct: a total order, sort.h). */
 #define PLAN_KEY_BEFORE(x, y) ((x).area < (y).area || ((x).area == (y).area && (x).q < (y).q))
 SP_SORT_DEFINE(plan_key_sort, plan_key_t, PLAN_KEY_BEFORE)
+#define PEAK_T_BEFORE(x, y) ((x) < (y))
+SP_SORT_DEFINE(peak_t_sort, double, PEAK_T_BEFORE) /* pack_fix's starts */
 
 typedef struct {
 	planner_t *pl;
@@ -116,8 +118,11 @@ typedef struct {
 	int *order;            /* lanes by hi-phase weight */
 	double *iv_s, *iv_e;   /* per lane: its core and hi-phase intervals */
 	double *hs, *he;
-	iv_end_t *pk_open, *pk_close; /* pack_peak's: up to 2 per lane */
-	double *pk_u;
+	/* pack_peak's view of the lanes placed before the one it places
+	 * (pack_fix): their intervals, and the times they start intervals,
+	 * sorted (pk_t; pk_fix.u their points) */
+	iv_fixed_t pk_fix;
+	double *pk_t;
 	int asc; /* ascending plans before descending ones (ties go to them) */
 	int bumps;    /* retries of the greedy placement (pack_fits) */
 	int reordered; /* a placement fitted on a retry */
@@ -158,12 +163,18 @@ static int pack_init(pack_t *P, planner_t *pl, const lanes_t *L)
 	P->wid = sp_arena_calloc(a, (size_t)nw + 1, sizeof(int));
 	P->plan = sp_arena_calloc(a, (size_t)nl + 1, sizeof *P->plan);
 	P->budget = sp_arena_calloc(a, 5 * (size_t)nl + 5, sizeof(double));
-	P->pk_open = sp_arena_calloc(a, 4 * (size_t)nl + 2, sizeof(iv_end_t));
-	P->pk_u = sp_arena_calloc(a, 2 * (size_t)nl + 1, sizeof(double));
+	int mp = 2 * nl + 1; /* pack_fix's points: 2 per lane */
+	iv_fixed_t *F = &P->pk_fix;
+	F->open = sp_arena_calloc(a, 2 * (size_t)mp, sizeof(iv_end_t));
+	F->open_sum = sp_arena_calloc(a, (2 + (size_t)iv_fixed_levels(mp)) * mp, sizeof(int));
+	P->pk_t = sp_arena_calloc(a, 2 * (size_t)mp, sizeof(double));
 	if (!P->s_first || !P->w_first || !P->pre_off || !P->order || !P->s_m || !P->wid ||
-	    !P->plan || !P->budget || !P->pk_open || !P->pk_u)
+	    !P->plan || !P->budget || !F->open || !F->open_sum || !P->pk_t)
 		return SP_ENOMEM;
-	P->pk_close = P->pk_open + 2 * nl + 1;
+	F->close = F->open + mp;
+	F->close_sum = F->open_sum + mp;
+	F->held = F->close_sum + mp;
+	F->u = P->pk_t + mp;
 	P->s_lf = P->s_m + ns + 1;
 	P->s_lt = P->s_lf + ns + 1;
 	P->iv_s = P->budget + nl + 1;
@@ -301,37 +312,97 @@ static void lane_intervals(pack_t *P, int j, const pack_plan_t *p)
 	P->he[j] = p->desc ? s0 + p->hi_time : s0 + p->time;
 }
 
-/* Most devices held at one time by the first k lanes of P->order, at the
- * times lane P->order[k - 1] starts an interval or another starts one
- * inside it (the first k - 1 fit already: the peak can only rise there).
- * Lane j holds p.lo devices at t when iv_s <= t + eps < iv_e (p.lo > 0),
- * and p.hi - p.lo more when hs <= t + eps < he, eps = PACK_EPS * max(1, t):
- * intervals at the points t + eps, summed by one sweep (iv_peak.h). */
-static int pack_peak(const pack_t *P, int k)
+/* Where lane j's interval starts count (pack_peak): t + eps, eps =
+ * PACK_EPS * max(1, t), rising with t. */
+static double peak_point(double t)
 {
-	int jn = P->order[k - 1], n = 0, m = 0;
-	for (int a = 0; a < 2 * k; a++) {
-		int ja = P->order[a / 2];
-		double t = a % 2 ? P->hs[ja] : P->iv_s[ja];
-		if (t < P->iv_s[jn] - PACK_EPS * fmax(1, t) || t >= P->iv_e[jn])
-			continue;
-		double u = t + PACK_EPS * fmax(1, t);
-		if (!isnan(u)) /* (no interval holds NaN) */
-			P->pk_u[m++] = u;
+	return t + PACK_EPS * fmax(1, t);
+}
+
+/* 1 when a start at t lies before the span [s, e) that pack_peak looks
+ * at (true for every t below some point: t rises, s - eps falls). */
+static int peak_before(double t, double s)
+{
+	return t < s - PACK_EPS * fmax(1, t);
+}
+
+/* Lane j's intervals (iv_peak.h's), those not empty: its core [iv_s,
+ * iv_e) of p.lo devices (p.lo > 0) and its hi phase [hs, he) of p.hi -
+ * p.lo more. Returns how many. */
+static int lane_ends(const pack_t *P, int j, iv_end_t *open, iv_end_t *close)
+{
+	const pack_plan_t *p = &P->plan[j];
+	int n = 0;
+	if (p->lo && P->iv_s[j] < P->iv_e[j]) {
+		open[n] = (iv_end_t){P->iv_s[j], p->lo};
+		close[n++] = (iv_end_t){P->iv_e[j], p->lo};
 	}
+	if (P->hs[j] < P->he[j]) {
+		open[n] = (iv_end_t){P->hs[j], p->hi - p->lo};
+		close[n++] = (iv_end_t){P->he[j], p->hi - p->lo};
+	}
+	return n;
+}
+
+/* pack_peak's view of the first k lanes of P->order, which stay where
+ * they are while lane P->order[k] tries its plans: their intervals, and
+ * the times they start one (iv_s and hs, empty or not) with the weight
+ * they hold just after each. */
+static void pack_fix(pack_t *P, int k)
+{
+	iv_fixed_t *F = &P->pk_fix;
+	int n = 0, m = 0;
 	for (int b = 0; b < k; b++) {
 		int j = P->order[b];
-		const pack_plan_t *p = &P->plan[j];
-		if (p->lo && P->iv_s[j] < P->iv_e[j]) {
-			P->pk_open[n] = (iv_end_t){P->iv_s[j], p->lo};
-			P->pk_close[n++] = (iv_end_t){P->iv_e[j], p->lo};
-		}
-		if (P->hs[j] < P->he[j]) {
-			P->pk_open[n] = (iv_end_t){P->hs[j], p->hi - p->lo};
-			P->pk_close[n++] = (iv_end_t){P->he[j], p->hi - p->lo};
-		}
+		n += lane_ends(P, j, F->open + n, F->close + n);
+		double t[2] = {P->iv_s[j], P->hs[j]};
+		for (int a = 0; a < 2; a++)
+			if (!isnan(peak_point(t[a]))) /* (no interval holds NaN) */
+				P->pk_t[m++] = t[a];
 	}
-	return iv_peak(P->pk_open, P->pk_close, n, P->pk_u, m);
+	peak_t_sort(P->pk_t, m);
+	for (int i = 0; i < m; i++)
+		F->u[i] = peak_point(P->pk_t[i]);
+	F->n = n;
+	F->m = m;
+	iv_fixed_build(F);
+}
+
+/* Most devices held at one time by the first k lanes of P->order, at the
+ * times lane P->order[k - 1] starts an interval or another starts one
+ * inside it (the first k - 1 fit already: the peak can only rise there;
+ * pack_fix(P, k - 1) holds them): at t + eps (peak_point) for the starts
+ * t with s - eps <= t < e, [s, e) the lane's core (iv_peak.h). */
+static int pack_peak(const pack_t *P, int k)
+{
+	const iv_fixed_t *F = &P->pk_fix;
+	int jn = P->order[k - 1], nx = 0;
+	double s = P->iv_s[jn], e = P->iv_e[jn], x[2];
+	double own[2] = {P->iv_s[jn], P->hs[jn]};
+	for (int a = 0; a < 2; a++) {
+		double t = own[a], u = peak_point(t);
+		if (!peak_before(t, s) && t < e && !isnan(u))
+			x[nx++] = u;
+	}
+	int a = 0, z = F->m;
+	while (a < z) { /* the fixed starts before the span: [0, a) */
+		int c = a + (z - a) / 2;
+		if (peak_before(P->pk_t[c], s))
+			a = c + 1;
+		else
+			z = c;
+	}
+	for (int b = F->m; z < b;) { /* those in it: [a, z) */
+		int c = z + (b - z) / 2;
+		if (P->pk_t[c] < e)
+			z = c + 1;
+		else
+			b = c;
+	}
+	iv_end_t open[IV_OWN], close[IV_OWN];
+	int no = lane_ends(P, jn, open, close);
+	int peak = iv_fixed_peak(F, a, z, open, close, no, x, nx);
+	return peak;
 }
 
 /* Whether plan c of lane P->order[k] fits beside the lanes before it: at
@@ -427,6 +498,7 @@ static int pack_greedy(pack_t *P)
 	}
 	int so_far = 0; /* most devices held at once by the lanes placed */
 	for (int k = 0; k < nl; k++) {
+		pack_fix(P, k);
 		int j = P->order[k], np = P->n_cand[j], best = -1;
 		pack_plan_t *cand = P->cand + P->cand_off[j];
 		double flat = P->plan[j].area * (1 + P->delta);

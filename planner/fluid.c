@@ -37,6 +37,7 @@
  */
 #include "planner.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -458,8 +459,11 @@ static inline int lv_scan(fl_net_t *n, int *act, int *na, double *level, int fir
 	int *unfrozen = n->unfrozen;
 	const int *cnt = n->cnt;
 	const double *left = n->left, *sum = n->sum;
-	int best = -1, m = *na;
-	double lv = 0;
+	/* (HUGE_VAL, INT_MAX) after every (level, link): the least (t, r)
+	 * without a test for none yet; a NaN level compares false, so it
+	 * never takes part */
+	int best = INT_MAX, m = *na;
+	double lv = HUGE_VAL;
 	for (int i = 0; i < m;) {
 		int r = act[i];
 		if (first)
@@ -469,15 +473,16 @@ static inline int lv_scan(fl_net_t *n, int *act, int *na, double *level, int fir
 			continue;
 		}
 		double t = left[r] / sum[r];
-		if (!isnan(t) && (best < 0 || t < lv || (t == lv && r < best))) {
+		if (t < lv || (t == lv && r < best)) {
 			best = r;
 			lv = t;
 		}
 		i++;
 	}
 	*na = m;
-	if (best >= 0)
-		*level = lv;
+	if (best == INT_MAX)
+		return -1;
+	*level = lv;
 	return best;
 }
 

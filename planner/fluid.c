@@ -37,6 +37,7 @@
  */
 #include "planner.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -44,6 +45,20 @@ enum { J_PENDING, J_WAITING, J_DRAIN, J_DELAY, J_DONE };
 
 /* Relative tolerance under which two event times are one event. */
 #define SAME_TIME 1e-12
+
+/* fmax and fmin as glibc's x86-64 libm computes them (maxsd / minsd: the
+ * second argument when they compare equal, so +0 and -0 come out alike;
+ * the other one when an argument is NaN), inline: the libm call cost more
+ * than the comparison on the simulator's paths (enter_phase per load). */
+static inline double max2(double a, double b)
+{
+	return a > b || isnan(b) ? a : b;
+}
+
+static inline double min2(double a, double b)
+{
+	return a < b || isnan(b) ? a : b;
+}
 
 int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 {
@@ -112,7 +127,7 @@ static int new_job(fl_net_t *n, double start, int src)
 	int j = n->n_jobs++;
 	fl_job_t *jb = &n->jobs[j];
 	memset(jb, 0, sizeof *jb);
-	jb->start = fmax(start, n->now); /* sim.c never adds one in the past */
+	jb->start = max2(start, n->now); /* sim.c never adds one in the past */
 	jb->done = -1;
 	jb->state = J_PENDING;
 	jb->src = src;
@@ -314,7 +329,7 @@ static int enter_phase(fl_net_t *n, int j)
 		const net_phase_t *ph = &jb->co.ph[jb->phase];
 		double v = 0;
 		for (int i = 0; i < ph->n_load; i++)
-			v = fmax(v, ph->load[i].bytes);
+			v = max2(v, ph->load[i].bytes);
 		jb->vol = jb->rem = v;
 		for (int i = 0; v > 0 && i < ph->n_load; i++)
 			jb->w[i] = ph->load[i].bytes / v; /* sharing's weights, once */
@@ -363,15 +378,16 @@ static int start_waiting(fl_net_t *n)
 {
 	while (n->freed) {
 		n->freed = 0;
-		int kept = 0, rc = 0, scan = ++n->scan;
-		for (int w = 0; w < n->n_waiting; w++) {
+		int kept = 0, rc = 0, scan = ++n->scan, n_waiting = n->n_waiting;
+		for (int w = 0; w < n_waiting; w++) {
 			int j = n->waiting[w];
 			fl_job_t *jb = &n->jobs[j];
 			int free = 1;
 			for (int i = 0; i < jb->n_dev && free; i++)
 				free = !n->busy[jb->devs[i]] && n->claim[jb->devs[i]] != scan;
 			if (!free || rc < 0) {
-				for (int i = 0; i < jb->n_dev; i++)
+				/* the last one holds no one: no later one reads it */
+				for (int i = 0; w + 1 < n_waiting && i < jb->n_dev; i++)
 					n->claim[jb->devs[i]] = scan;
 				n->waiting[kept++] = j;
 				continue;
@@ -435,30 +451,38 @@ static inline void link_join(fl_net_t *n, int r, int *nl)
 }
 
 /* The least (level, id) of the na links in act that take part, by scan;
- * links without unfrozen jobs leave act. -1 when none. */
-static int lv_scan(fl_net_t *n, int *act, int *na, double *level)
+ * links without unfrozen jobs leave act. -1 when none. The first scan
+ * (first) sets each link's unfrozen count: all its loads' jobs. */
+static inline int lv_scan(fl_net_t *n, int *act, int *na, double *level, int first)
 {
 	/* locals: the stores to act do not make the compiler reload them */
-	const int *unfrozen = n->unfrozen;
+	int *unfrozen = n->unfrozen;
+	const int *cnt = n->cnt;
 	const double *left = n->left, *sum = n->sum;
-	int best = -1, m = *na;
-	double lv = 0;
+	/* (HUGE_VAL, INT_MAX) after every (level, link): the least (t, r)
+	 * without a test for none yet; a NaN level compares false, so it
+	 * never takes part */
+	int best = INT_MAX, m = *na;
+	double lv = HUGE_VAL;
 	for (int i = 0; i < m;) {
 		int r = act[i];
+		if (first)
+			unfrozen[r] = cnt[r];
 		if (unfrozen[r] == 0) {
 			act[i] = act[--m];
 			continue;
 		}
 		double t = left[r] / sum[r];
-		if (!isnan(t) && (best < 0 || t < lv || (t == lv && r < best))) {
+		if (t < lv || (t == lv && r < best)) {
 			best = r;
 			lv = t;
 		}
 		i++;
 	}
 	*na = m;
-	if (best >= 0)
-		*level = lv;
+	if (best == INT_MAX)
+		return -1;
+	*level = lv;
 	return best;
 }
 
@@ -491,7 +515,7 @@ static void freeze_link(fl_net_t *n, int r, double x, int heap)
 		/* what it drained at its old rate, then the new one; at the
 		 * same rate its end event stands */
 		if (x != jb->rate) {
-			jb->rem = fmax(0, jb->rem - jb->rate * (n->now - jb->t_ref));
+			jb->rem = max2(0, jb->rem - jb->rate * (n->now - jb->t_ref));
 			jb->t_ref = n->now;
 			jb->rate = x;
 			heap_set(&n->ev, n->comp[k], n->now + jb->rem / x);
@@ -551,9 +575,8 @@ static int share(fl_net_t *n)
 			}
 		}
 	}
-	for (int i = 0; i < nl; i++)
-		n->unfrozen[n->links[i]] = n->cnt[n->links[i]];
-	/* n->links, the scan's links, loses those that leave it */
+	/* n->links, the scan's links, loses those that leave it; the first
+	 * scan sets every link's unfrozen count before any freezes */
 	double x = 0;
 	for (int round = 0, na = nl;; round++) {
 		double t = 0;
@@ -561,7 +584,10 @@ static int share(fl_net_t *n)
 		if (round == SCAN_ROUNDS)
 			lv_build(n, n->links, na);
 		if (round < SCAN_ROUNDS) {
-			if ((r = lv_scan(n, n->links, &na, &t)) < 0)
+			/* two calls: each inlined with its first */
+			r = round == 0 ? lv_scan(n, n->links, &na, &t, 1)
+				       : lv_scan(n, n->links, &na, &t, 0);
+			if (r < 0)
 				break;
 		} else {
 			if (n->lv.n == 0)
@@ -570,7 +596,7 @@ static int share(fl_net_t *n)
 			r = top.id;
 			t = top.t;
 		}
-		x = fmax(t, x); /* levels only grow; keeps rounding from going back */
+		x = max2(t, x); /* levels only grow; keeps rounding from going back */
 		freeze_link(n, r, x, round >= SCAN_ROUNDS);
 	}
 	return 0;
@@ -621,11 +647,11 @@ int fl_advance(fl_net_t *n, int until_arrival)
 		if (n->n_seeds > 0 && (rc = share(n)))
 			return rc;
 		double t = pend_next(n);
-		t = fmin(t, ev_next(n));
+		t = min2(t, ev_next(n));
 		if (t == HUGE_VAL)
 			return 0;
 		n->arrived = 0;
-		if ((rc = step_to(n, fmax(t, n->now))))
+		if ((rc = step_to(n, max2(t, n->now))))
 			return rc;
 		if (until_arrival && n->arrived)
 			return 1;

@@ -27,23 +27,25 @@ static void put(fl_heap_t *h, int k, fl_ev_t x)
 		h->pos[x.id] = k;
 }
 
+/* The least of k's children, -1 when it has none. */
+static inline int least_child(const fl_heap_t *h, int k)
+{
+	int c = ARITY * k + 1, end = c + ARITY, m = c;
+	if (c >= h->n)
+		return -1;
+	if (end > h->n)
+		end = h->n;
+	for (int i = c + 1; i < end; i++)
+		if (before(h->e[i], h->e[m]))
+			m = i;
+	return m;
+}
+
 /* Entry x, to go at k, moved down to its place. */
 static void down(fl_heap_t *h, int k, fl_ev_t x)
 {
-	for (;;) {
-		int c = ARITY * k + 1, end = c + ARITY, m = c;
-		if (c >= h->n)
-			break;
-		if (end > h->n)
-			end = h->n;
-		for (int i = c + 1; i < end; i++)
-			if (before(h->e[i], h->e[m]))
-				m = i;
-		if (!before(h->e[m], x))
-			break;
+	for (int m; (m = least_child(h, k)) >= 0 && before(h->e[m], x); k = m)
 		put(h, k, h->e[m]);
-		k = m;
-	}
 	put(h, k, x);
 }
 
@@ -89,18 +91,8 @@ void heap_del(fl_heap_t *h, int k)
 static void refill_root(fl_heap_t *h, fl_ev_t x)
 {
 	int k = 0;
-	for (;;) {
-		int c = ARITY * k + 1, end = c + ARITY, m = c;
-		if (c >= h->n)
-			break;
-		if (end > h->n)
-			end = h->n;
-		for (int i = c + 1; i < end; i++)
-			if (before(h->e[i], h->e[m]))
-				m = i;
+	for (int m; (m = least_child(h, k)) >= 0; k = m)
 		put(h, k, h->e[m]);
-		k = m;
-	}
 	while (k > 0 && before(x, h->e[(k - 1) / ARITY])) {
 		int up = (k - 1) / ARITY;
 		put(h, k, h->e[up]);

@@ -397,6 +397,23 @@ static void test_measured_interp(void **state)
 	near(net_xfer_scale(&c, 0, 8, 16384), 1, "cross-node p2p: not scaled");
 }
 
+/* Without measured points a transfer is not scaled: exactly 1 (the
+ * simulator's fast path divides the analytic time by itself), in a node
+ * and across nodes, at any size. */
+static void test_xfer_scale_unmeasured(void **state)
+{
+	(void)state;
+	sp_cluster_t c = cluster(2, 8, 1, 5);
+	static const int64_t sizes[] = {1, 4096, 16384, (int64_t)1 << 30, (int64_t)3 << 40};
+	for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+		assert_true(net_xfer_scale(&c, 0, 1, sizes[i]) == 1.0);
+		assert_true(net_xfer_scale(&c, 0, 8, sizes[i]) == 1.0);
+		assert_true(net_xfer_scale(&c, 9, 2, sizes[i]) == 1.0);
+	}
+	assert_true(net_xfer_scale(&c, 3, 3, 4096) == 1.0);
+	assert_true(net_xfer_scale(&c, 0, 8, 0) == 1.0);
+}
+
 /* With measured points the simulator's phases keep the analytic links but
  * take the measured time alone: an all-reduce over GPUs 0..3 at 16 KiB
  * finishes at 0.3 ms; two of them on disjoint GPUs at once do not share a
@@ -524,6 +541,7 @@ int main(void)
 						arena_teardown),
 		cmocka_unit_test_setup_teardown(test_send_queues_exact, arena_setup, arena_teardown),
 		cmocka_unit_test(test_measured_interp),
+		cmocka_unit_test(test_xfer_scale_unmeasured),
 		cmocka_unit_test(test_measured_loaded),
 		cmocka_unit_test_setup_teardown(test_measured_phases, arena_setup, arena_teardown),
 	};

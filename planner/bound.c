@@ -644,16 +644,16 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 		/* per link, the least of the layouts tried (a link one of them
 		 * does not load: none) */
 		lk.off[b] = lk.n;
+		if (sp_grow((void **)&lk.res, &lk.cap_res, lk.n + nt[lo] + 1, sizeof(int)) ||
+		    sp_grow((void **)&lk.ms, &lk.cap_ms, lk.n + nt[lo] + 1, sizeof(double))) {
+			rc = SP_ENOMEM;
+			goto done;
+		}
 		for (int i = 0; i < nt[lo]; i++) {
 			int r = touched[lo][i];
 			double x = acc[lo][r];
 			if (hi != lo)
 				x = acc[hi][r] < 0 ? 0 : fmin(x, acc[hi][r]);
-			if (x > 0 && (sp_grow((void **)&lk.res, &lk.cap_res, lk.n + 1, sizeof(int)) ||
-				      sp_grow((void **)&lk.ms, &lk.cap_ms, lk.n + 1, sizeof(double)))) {
-				rc = SP_ENOMEM;
-				goto done;
-			}
 			if (x > 0) {
 				lk.res[lk.n] = r;
 				lk.ms[lk.n++] = x / (net_res_gbs(pl->cluster, r) * 1e6);

@@ -596,7 +596,30 @@ static void add_loads(const net_coll_t *co, double *acc, int *touched, int *n_to
 		}
 }
 
-int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
+/* Bucket b's collective of kind op (COLL_ALL_REDUCE, _REDUCE_SCATTER or
+ * _ALL_GATHER) as sim.c runs it: its time alone into *ms, its bytes per
+ * link added into acc (touched, *nt: the links written). */
+static int coll_loads(planner_t *pl, const sp_plan_t *p, int b, sp_coll_op_t op, double *ms,
+		      double *acc, int *touched, int *nt)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	const int32_t *devs = p->bucket_devs + bk->dev_off;
+	int64_t bytes = bk->elems * dtype_bytes(pl->model->dtype);
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t m2 = sp_arena_mark(a);
+	net_coll_t co;
+	int rc = op == COLL_ALL_REDUCE
+			 ? net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev, bytes, 0, a)
+			 : net_half_phases(&co, pl->cluster, op, devs, bk->n_dev, bytes, a);
+	if (!rc) {
+		*ms += net_phases_ms(pl->cluster, &co);
+		add_loads(&co, acc, touched, nt);
+	}
+	sp_arena_reset(a, m2);
+	return rc;
+}
+
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, double *out)
 {
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
@@ -610,7 +633,7 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 	int *touched[2] = {sp_arena_calloc(a, nr, sizeof(int)), sp_arena_calloc(a, nr, sizeof(int))};
 	rel_t *ord = sp_arena_calloc(a, nb, sizeof *ord);
 	link_ms_t lk = {.off = sp_arena_calloc(a, nb + 1, sizeof(int))};
-	int db = dtype_bytes(pl->model->dtype), rc = 0;
+	int rc = 0;
 	*out = 0;
 	if (!end || !rel || !dur || !acc[0] || !acc[1] || !lend || !touched[0] || !touched[1] ||
 	    !ord || !lk.off) {
@@ -619,30 +642,31 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 	}
 	for (size_t r = 0; r < nr; r++)
 		acc[0][r] = acc[1][r] = -1; /* untouched */
+	int timed = sync_releases(pl, p, rel);
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
-		const int32_t *devs = p->bucket_devs + bk->dev_off;
 		int zero1 = layout_sharded(bk->layout), nt[2] = {0, 0};
+		/* the layouts it may take: 0 replicated (an all-reduce), 1
+		 * sharded (a reduce-scatter, and with gathers its all-gather
+		 * after the step where that is waited for: not deferred, as
+		 * set_layout's zero-1 would not be either) */
 		int lo = any_layout ? 0 : zero1, hi = any_layout ? 1 : zero1;
-		double t = HUGE_VAL;
-		/* sim.c's collective (zero-1: the reduce-scatter); both layouts
-		 * when it may change */
-		for (int rs = lo; rs <= hi; rs++) {
-			net_coll_t co;
-			sp_arena_mark_t m2 = sp_arena_mark(a);
-			int64_t bytes = bk->elems * db;
-			if ((rc = rs ? net_half_phases(&co, pl->cluster, COLL_REDUCE_SCATTER, devs,
-						       bk->n_dev, bytes, a)
-				     : net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
-							    bytes, 0, a)))
-				goto done;
-			t = fmin(t, net_phases_ms(pl->cluster, &co));
-			add_loads(&co, acc[rs], touched[rs], &nt[rs]);
-			sp_arena_reset(a, m2);
+		int ag = gathers && timed && !bk->defer &&
+			 (zero1 ? layout_gathers_after_step(bk->layout)
+				: pl->opts->defer_gather != 1);
+		double t[2] = {0, 0};
+		for (int k = lo; k <= hi && !rc; k++) {
+			rc = coll_loads(pl, p, b, k ? COLL_REDUCE_SCATTER : COLL_ALL_REDUCE, &t[k],
+					acc[k], touched[k], &nt[k]);
+			if (!rc && k && ag)
+				rc = coll_loads(pl, p, b, COLL_ALL_GATHER, &t[k], acc[k], touched[k],
+						&nt[k]);
 		}
-		dur[b] = t;
-		/* per link, the least of the layouts tried (a link one of them
-		 * does not load: none) */
+		if (rc)
+			goto done;
+		dur[b] = fmin(t[lo], t[hi]);
+		/* per link, the least of the layouts (a link one of them does
+		 * not load: none) */
 		lk.off[b] = lk.n;
 		if (sp_grow((void **)&lk.res, &lk.cap_res, lk.n + nt[lo] + 1, sizeof(int)) ||
 		    sp_grow((void **)&lk.ms, &lk.cap_ms, lk.n + nt[lo] + 1, sizeof(double))) {
@@ -664,7 +688,6 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
 				acc[k][touched[k][i]] = -1;
 	}
 	lk.off[p->n_buckets] = lk.n;
-	int timed = sync_releases(pl, p, rel);
 	for (int b = 0; b < p->n_buckets; b++)
 		ord[b] = (rel_t){rel[b], b};
 	qsort(ord, (size_t)p->n_buckets, sizeof *ord, rel_cmp);

@@ -266,9 +266,9 @@ static void sync_case(double inter, double *it, double *lb, double *bare)
 	assert_int_equal(rc, 0);
 	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
 	*it = res.iteration_ms;
-	assert_int_equal(bound_sync(&pl, &p, 0, lb), 0);
+	assert_int_equal(bound_sync(&pl, &p, 0, 1, lb), 0);
 	double any;
-	assert_int_equal(bound_sync(&pl, &p, 1, &any), 0);
+	assert_int_equal(bound_sync(&pl, &p, 1, 1, &any), 0);
 	assert_true(any <= *lb); /* either layout: no more than its own */
 	*bare = bare_sum(&pl, &p);
 	plan_release(&p);

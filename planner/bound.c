@@ -120,9 +120,20 @@
  *            R_b) + A_b over its buckets by increasing R_b (for the jobs of
  *            any suffix of that order, the least R_b plus their A_b: the
  *            one-machine bound with release dates), which is at least the
- *            sum. It leaves out 1e-6 of itself against the simulator's
- *            rounding. The walk (walk.c) uses it to skip simulating
- *            candidates that cannot win.
+ *            sum. The same chain per link r (a NIC or a GPU port, each
+ *            direction): the bytes every phase of b's collective puts on
+ *            r drain after R_b, and fluid.c's max-min sharing never loads
+ *            r beyond its bandwidth, so r is busy at least bytes / bandwidth
+ *            for b after R_b. gathers: a zero-1/2 bucket's all-gather after
+ *            the step (finish_steps_net) is ready once every member updated
+ *            it, after its reduce-scatter, runs on the same stream and
+ *            links, and is waited for unless deferred: it joins b's time
+ *            and bytes where the bucket does not defer it (and, with
+ *            any_layout, where zero-1 taken later would not: set_layout's
+ *            defer_for); layout_refine may defer any, so the refined bound
+ *            leaves gathers out (walk.c refined_bound). It leaves out 1e-6
+ *            of itself against the simulator's rounding. The walk (walk.c)
+ *            uses it to skip simulating candidates that cannot win.
  */
 #include "planner.h"
 

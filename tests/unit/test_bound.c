@@ -11,7 +11,8 @@
  * skips simulations on (bound_sync) against the simulated iteration of a
  * plan lowered from a hand-made schedule, once where compute dominates
  * (the releases must lift it above the bare sum of collectives) and once
- * where two tasks' collectives share the NICs (the links must lift it).
+ * where two tasks' collectives share the NICs (the links must lift it),
+ * and in zero-1, where each all-gather after the step must count too.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -225,15 +226,18 @@ static double bare_sum(planner_t *pl, const sp_plan_t *p)
 }
 
 /* t1 on devices 0 and 2, t2 on 1 and 3 (each across both nodes, so each
- * task's all-reduces cross both NICs), data parallel, replicated buckets.
- * *it: the simulated iteration, *lb: bound_sync, *bare: bare_sum. */
-static void sync_case(double inter, double *it, double *lb, double *bare)
+ * task's all-reduces cross both NICs), data parallel, buckets replicated
+ * (zero 0) or zero-1 (zero 1, gathers not deferred). *it: the simulated
+ * iteration, *lb: bound_sync with the gathers, *lb0 without, *bare:
+ * bare_sum. */
+static void sync_case(double inter, int zero, double *it, double *lb, double *lb0,
+		      double *bare)
 {
 	char cl[1024];
 	sp_model_t model = {0};
 	sp_cluster_t cluster = {0};
 	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = 0, .recompute = 0};
+			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = zero, .recompute = 0};
 	sp_err_t err = {0};
 	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err, .k = 1};
 	two_nodes(cl, sizeof cl, inter);
@@ -267,6 +271,9 @@ static void sync_case(double inter, double *it, double *lb, double *bare)
 	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
 	*it = res.iteration_ms;
 	assert_int_equal(bound_sync(&pl, &p, 0, 1, lb), 0);
+	assert_int_equal(bound_sync(&pl, &p, 0, 0, lb0), 0);
+	for (int b = 0; b < p.n_buckets; b++)
+		assert_int_equal(p.buckets[b].layout, zero ? LAYOUT_ZERO1 : LAYOUT_REPLICATED);
 	double any;
 	assert_int_equal(bound_sync(&pl, &p, 1, 1, &any), 0);
 	assert_true(any <= *lb); /* either layout: no more than its own */
@@ -278,10 +285,10 @@ static void sync_case(double inter, double *it, double *lb, double *bare)
 static void test_sync_bound(void **state)
 {
 	(void)state;
-	double it, lb, bare;
+	double it, lb, lb0, bare;
 	/* fast links: the collectives are short beside the compute before
 	 * their SYNCs, which the releases count */
-	sync_case(400, &it, &lb, &bare);
+	sync_case(400, 0, &it, &lb, &lb0, &bare);
 	print_message("compute-bound: iteration %.4f ms, bound %.4f, bare sum %.4f\n", it, lb,
 		      bare);
 	assert_true(lb <= it);
@@ -289,11 +296,19 @@ static void test_sync_bound(void **state)
 	assert_true(lb >= 0.5 * it);
 	/* slow links: each device's collectives are its task's, each NIC
 	 * carries both tasks' */
-	sync_case(1, &it, &lb, &bare);
+	sync_case(1, 0, &it, &lb, &lb0, &bare);
 	print_message("link-bound: iteration %.4f ms, bound %.4f, bare sum %.4f\n", it, lb, bare);
 	assert_true(lb <= it);
 	assert_true(it >= 1.5 * bare);
 	assert_true(lb >= 1.5 * bare);
+	assert_true(lb0 == lb); /* no bucket gathers */
+	/* zero-1: each reduce-scatter's all-gather follows it on the NICs */
+	sync_case(1, 1, &it, &lb, &lb0, &bare);
+	print_message("zero-1: iteration %.4f ms, bound %.4f (without the gathers %.4f)\n", it,
+		      lb, lb0);
+	assert_true(lb <= it);
+	assert_true(lb >= 1.5 * lb0);
+	assert_true(lb >= 0.75 * it);
 }
 
 int main(void)

@@ -720,6 +720,8 @@ done:
 	free(lk.res);
 	free(lk.ms);
 	sp_arena_reset(a, mark);
+	if (rc == SP_ENOMEM && !pl->err->code)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return rc;
 }
 

@@ -113,9 +113,27 @@
  *            simulated iteration of this plan (sim_run: the full pass, plus
  *            k - 1 passes of non-negative length) ends sooner. any_layout:
  *            the least of both layouts per bucket, for a plan whose zero-1
- *            layouts may still change (layout_trial). It leaves out 1e-6 of
- *            itself against the simulator's rounding. plan.c uses it to
- *            skip simulating candidates that cannot win.
+ *            layouts may still change (layout_trial). With releases
+ *            (sync_releases, a plan whose every micro-step runs every
+ *            task): d's jobs also start no sooner than their releases R_b,
+ *            so d's last ends no sooner than the greedy chain t = max(t,
+ *            R_b) + A_b over its buckets by increasing R_b (for the jobs of
+ *            any suffix of that order, the least R_b plus their A_b: the
+ *            one-machine bound with release dates), which is at least the
+ *            sum. The same chain per link r (a NIC or a GPU port, each
+ *            direction): the bytes every phase of b's collective puts on
+ *            r drain after R_b, and fluid.c's max-min sharing never loads
+ *            r beyond its bandwidth, so r is busy at least bytes / bandwidth
+ *            for b after R_b. gathers: a zero-1/2 bucket's all-gather after
+ *            the step (finish_steps_net) is ready once every member updated
+ *            it, after its reduce-scatter, runs on the same stream and
+ *            links, and is waited for unless deferred: it joins b's time
+ *            and bytes where the bucket does not defer it (and, with
+ *            any_layout, where zero-1 taken later would not: set_layout's
+ *            defer_for); layout_refine may defer any, so the refined bound
+ *            leaves gathers out (walk.c refined_bound). It leaves out 1e-6
+ *            of itself against the simulator's rounding. The walk (walk.c)
+ *            uses it to skip simulating candidates that cannot win.
  */
 #include "planner.h"
 
@@ -515,44 +533,195 @@ cleanup:
 	return rc;
 }
 
-int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out)
+/*
+ * Per bucket, R_b: the latest, over its members d, of the compute d's
+ * program runs before its SYNC of b, each FWD/BWD/LOSS charged as sim.c's
+ * sim_compute charges it (layers x T_fwd|bwd at the instruction's local
+ * batch and the slice's tp and sp; a recomputing slice's BWD its forward
+ * too; LOSS T_fwd + T_bwd). A device runs its program in order and its
+ * clock only moves on (waits, copies, zero-3 gathers and recompute added
+ * by layout_trial add), and a bucket's collective is ready when its last
+ * member issued its SYNC (sim.c), so it starts no sooner than R_b in any
+ * layout: regather moves only GATHERs, never a SYNC or a compute
+ * instruction. All 0 where a micro-step leaves tasks out (its full pass
+ * skips their instructions).
+ */
+static int sync_releases(planner_t *pl, const sp_plan_t *p, double *rel)
+{
+	if (plan_micro_next(&p->model, p->microbatches, 0) < p->microbatches)
+		return 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		double x = 0;
+		for (int k = 0; k < dv->n_ins; k++) {
+			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+			if (in->op == INS_SYNC && in->peer >= 0 && in->peer < p->n_buckets) {
+				rel[in->peer] = fmax(rel[in->peer], x);
+				continue;
+			}
+			if ((in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS) ||
+			    in->slice < 0 || in->slice >= p->n_slices)
+				continue;
+			const sp_slice_t *sl = &p->slices[in->slice];
+			double f, b;
+			cost_layer_sp(pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &b);
+			int L = sl->layer_to - sl->layer_from;
+			x += in->op == INS_LOSS ? f + b
+			     : L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
+		}
+	}
+	return 1;
+}
+
+/* A bucket and its release, sorted by release (ties: bucket order). */
+typedef struct {
+	double rel;
+	int b;
+} rel_t;
+
+static int rel_cmp(const void *x, const void *y)
+{
+	const rel_t *a = x, *b = y;
+	return a->rel < b->rel ? -1 : a->rel > b->rel ? 1 : a->b - b->b;
+}
+
+/* A bucket's bytes per link (the least of both layouts with any_layout),
+ * as ms at the link's bandwidth: entries off[b]..off[b + 1] of res, ms. */
+typedef struct {
+	int *off, *res, n, cap_res, cap_ms;
+	double *ms;
+} link_ms_t;
+
+/* Adds the loads of co into acc (bytes per link, touched: the links
+ * written, n_touched of them). */
+static void add_loads(const net_coll_t *co, double *acc, int *touched, int *n_touched)
+{
+	for (int p = 0; p < co->n_phase; p++)
+		for (int i = 0; i < co->ph[p].n_load; i++) {
+			int r = co->ph[p].load[i].res;
+			if (acc[r] < 0) {
+				acc[r] = 0;
+				touched[(*n_touched)++] = r;
+			}
+			acc[r] += co->ph[p].load[i].bytes;
+		}
+}
+
+/* Bucket b's collective of kind op (COLL_ALL_REDUCE, _REDUCE_SCATTER or
+ * _ALL_GATHER) as sim.c runs it: its time alone into *ms, its bytes per
+ * link added into acc (touched, *nt: the links written). */
+static int coll_loads(planner_t *pl, const sp_plan_t *p, int b, sp_coll_op_t op, double *ms,
+		      double *acc, int *touched, int *nt)
+{
+	const sp_bucket_t *bk = &p->buckets[b];
+	const int32_t *devs = p->bucket_devs + bk->dev_off;
+	int64_t bytes = bk->elems * dtype_bytes(pl->model->dtype);
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t m2 = sp_arena_mark(a);
+	net_coll_t co;
+	int rc = op == COLL_ALL_REDUCE
+			 ? net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev, bytes, 0, a)
+			 : net_half_phases(&co, pl->cluster, op, devs, bk->n_dev, bytes, a);
+	if (!rc) {
+		*ms += net_phases_ms(pl->cluster, &co);
+		add_loads(&co, acc, touched, nt);
+	}
+	sp_arena_reset(a, m2);
+	return rc;
+}
+
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, double *out)
 {
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
-	double *sum = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof(double));
-	int db = dtype_bytes(pl->model->dtype), rc = 0;
+	size_t nb = (size_t)p->n_buckets + 1, nr = (size_t)net_n_res(pl->cluster) + 1;
+	double *end = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof(double));
+	double *rel = sp_arena_calloc(a, nb, sizeof(double));
+	double *dur = sp_arena_calloc(a, nb, sizeof(double));
+	double *acc[2] = {sp_arena_calloc(a, nr, sizeof(double)),
+			  sp_arena_calloc(a, nr, sizeof(double))};
+	double *lend = sp_arena_calloc(a, nr, sizeof(double));
+	int *touched[2] = {sp_arena_calloc(a, nr, sizeof(int)), sp_arena_calloc(a, nr, sizeof(int))};
+	rel_t *ord = sp_arena_calloc(a, nb, sizeof *ord);
+	link_ms_t lk = {.off = sp_arena_calloc(a, nb + 1, sizeof(int))};
+	int rc = 0;
 	*out = 0;
-	if (!sum) {
+	if (!end || !rel || !dur || !acc[0] || !acc[1] || !lend || !touched[0] || !touched[1] ||
+	    !ord || !lk.off) {
 		rc = SP_ENOMEM;
 		goto done;
 	}
+	for (size_t r = 0; r < nr; r++)
+		acc[0][r] = acc[1][r] = -1; /* untouched */
+	int timed = sync_releases(pl, p, rel);
 	for (int b = 0; b < p->n_buckets; b++) {
 		const sp_bucket_t *bk = &p->buckets[b];
-		const int32_t *devs = p->bucket_devs + bk->dev_off;
-		int zero1 = layout_sharded(bk->layout);
-		double t = HUGE_VAL;
-		/* sim.c's collective (zero-1: the reduce-scatter); both layouts
-		 * when it may change */
-		for (int rs = any_layout ? 0 : zero1; rs <= (any_layout ? 1 : zero1); rs++) {
-			net_coll_t co;
-			sp_arena_mark_t m2 = sp_arena_mark(a);
-			int64_t bytes = bk->elems * db;
-			if ((rc = rs ? net_half_phases(&co, pl->cluster, COLL_REDUCE_SCATTER, devs,
-						       bk->n_dev, bytes, a)
-				     : net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev,
-							    bytes, 0, a)))
-				goto done;
-			t = fmin(t, net_phases_ms(pl->cluster, &co));
-			sp_arena_reset(a, m2);
+		int zero1 = layout_sharded(bk->layout), nt[2] = {0, 0};
+		/* the layouts it may take: 0 replicated (an all-reduce), 1
+		 * sharded (a reduce-scatter, and with gathers its all-gather
+		 * after the step where that is waited for: not deferred, as
+		 * set_layout's zero-1 would not be either) */
+		int lo = any_layout ? 0 : zero1, hi = any_layout ? 1 : zero1;
+		int ag = gathers && timed && !bk->defer &&
+			 (zero1 ? layout_gathers_after_step(bk->layout)
+				: pl->opts->defer_gather != 1);
+		double t[2] = {0, 0};
+		for (int k = lo; k <= hi && !rc; k++) {
+			rc = coll_loads(pl, p, b, k ? COLL_REDUCE_SCATTER : COLL_ALL_REDUCE, &t[k],
+					acc[k], touched[k], &nt[k]);
+			if (!rc && k && ag)
+				rc = coll_loads(pl, p, b, COLL_ALL_GATHER, &t[k], acc[k], touched[k],
+						&nt[k]);
 		}
-		for (int i = 0; i < bk->n_dev; i++)
-			sum[devs[i]] += t;
+		if (rc)
+			goto done;
+		dur[b] = fmin(t[lo], t[hi]);
+		/* per link, the least of the layouts (a link one of them does
+		 * not load: none) */
+		lk.off[b] = lk.n;
+		if (sp_grow((void **)&lk.res, &lk.cap_res, lk.n + nt[lo] + 1, sizeof(int)) ||
+		    sp_grow((void **)&lk.ms, &lk.cap_ms, lk.n + nt[lo] + 1, sizeof(double))) {
+			rc = SP_ENOMEM;
+			goto done;
+		}
+		for (int i = 0; i < nt[lo]; i++) {
+			int r = touched[lo][i];
+			double x = acc[lo][r];
+			if (hi != lo)
+				x = acc[hi][r] < 0 ? 0 : fmin(x, acc[hi][r]);
+			if (x > 0) {
+				lk.res[lk.n] = r;
+				lk.ms[lk.n++] = x / (net_res_gbs(pl->cluster, r) * 1e6);
+			}
+		}
+		for (int k = lo; k <= hi; k++)
+			for (int i = 0; i < nt[k]; i++)
+				acc[k][touched[k][i]] = -1;
+	}
+	lk.off[p->n_buckets] = lk.n;
+	for (int b = 0; b < p->n_buckets; b++)
+		ord[b] = (rel_t){rel[b], b};
+	qsort(ord, (size_t)p->n_buckets, sizeof *ord, rel_cmp);
+	for (int i = 0; i < p->n_buckets; i++) {
+		int b = ord[i].b;
+		const sp_bucket_t *bk = &p->buckets[b];
+		const int32_t *devs = p->bucket_devs + bk->dev_off;
+		for (int j = 0; j < bk->n_dev; j++)
+			end[devs[j]] = fmax(end[devs[j]], rel[b]) + dur[b];
+		for (int e = lk.off[b]; timed && e < lk.off[b + 1]; e++)
+			lend[lk.res[e]] = fmax(lend[lk.res[e]], rel[b]) + lk.ms[e];
 	}
 	for (int d = 0; d < p->n_devices; d++)
-		*out = fmax(*out, sum[d]);
+		*out = fmax(*out, end[d]);
+	for (size_t r = 0; r < nr; r++)
+		*out = fmax(*out, lend[r]);
 	*out *= 1 - 1e-6;
 done:
+	free(lk.res);
+	free(lk.ms);
 	sp_arena_reset(a, mark);
+	if (rc == SP_ENOMEM && !pl->err->code)
+		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return rc;
 }
 

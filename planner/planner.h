@@ -762,9 +762,12 @@ int bound_comm_any(planner_t *pl, double *out);
  * group inside one node). */
 double bound_comm_solve(const double *W, const double *S, int nw, int G, double cap_ms);
 /* Lower bound on the simulated iteration of lowered plan p from its
- * gradient sync alone (bound.c's header); any_layout: valid whatever
- * layout each bucket ends with. 0 or SP_ENOMEM; scratch given back. */
-int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, double *out);
+ * gradient sync and the compute before it (bound.c's header); any_layout:
+ * valid whatever layout each bucket ends with; gathers: the all-gathers
+ * after the step count where p's buckets do not defer them (and zero-1
+ * taken later would not: layout_trial's, never layout_refine's, which may
+ * defer). 0 or SP_ENOMEM; scratch given back. */
+int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, double *out);
 /* hull_t (sched_lanes.c's section): its arrays live in a. */
 int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */

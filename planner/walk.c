@@ -387,10 +387,11 @@ static int held_lose_to(const held_t *h, int n, const sim_result_t *bar)
  */
 int refined_bound(planner_t *pl, const sp_plan_t *p, int trial, double lb, double *out)
 {
+	int any = pl->opts->zero < 0, gathers = pl->opts->defer_gather == 0;
 	*out = lb;
-	if (trial || pl->opts->zero >= 0)
+	if (gathers && any == trial) /* lb is this very bound */
 		return 0;
-	return bound_sync(pl, p, 1, out);
+	return bound_sync(pl, p, any, gathers, out);
 }
 
 static void held_release(held_t *h, int n)
@@ -499,7 +500,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 			rc = plan_lowered(pl, a, st, c, kind, seen, &var[0].p,
 					  ours ? &var[1].p : NULL, &n_var);
 			for (int k = 0; !rc && ours && k <= n_var; k++)
-				rc = bound_sync(pl, &var[k].p, trial, &var[k].lb);
+				rc = bound_sync(pl, &var[k].p, trial, 1, &var[k].lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
 		for (int k = 0; !rc && ours && bar && !from_seq && k <= n_var; k++)

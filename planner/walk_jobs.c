@@ -107,7 +107,7 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	int rc = plan_lowered(pl, w->a, &pc->st, pc->c, w->kind, &pc->sched, &pc->p[0],
 			      &pc->p[1], &pc->n_var);
 	for (int k = 0; !rc && k <= pc->n_var; k++)
-		rc = bound_sync(pl, &pc->p[k], w->trial, &pc->lb[k]);
+		rc = bound_sync(pl, &pc->p[k], w->trial, 1, &pc->lb[k]);
 	for (int k = 0; !rc && k <= pc->n_var; k++) {
 		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k,
 					.after = {w->gate}};
@@ -481,15 +481,15 @@ int refine_over(planner_t *pl, sp_plan_t *p, sim_result_t *r, double *over)
 	return refine_here(pl, p, r, over, pl->jobs != NULL);
 }
 
-/* refine_checked's check of p refined (r): bound_sync with either layout
- * no more than the refined iteration (--simulate-all only). */
+/* refine_checked's check of p refined (r): refined_bound no more than the
+ * refined iteration (--simulate-all only). */
 static int refine_check(planner_t *pl, const sp_plan_t *p, const sim_result_t *r)
 {
 	double lbr = 0;
 	int rc;
 	if (!pl->opts->simulate_all || pl->opts->zero >= 0)
 		return 0;
-	if ((rc = bound_sync(pl, p, 1, &lbr)))
+	if ((rc = refined_bound(pl, p, 0, 0, &lbr)))
 		return rc;
 	if (lbr > r->iteration_ms)
 		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,

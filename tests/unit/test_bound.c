@@ -7,7 +7,12 @@
  * every single width and every mix of two widths that finishes within C.
  * The communication bound on a hand-built placement against hand-computed
  * bytes over NIC bandwidth; the communication bound of every plan
- * (bound_comm_solve) against hand-solved cases.
+ * (bound_comm_solve) against hand-solved cases. The sync bound the walk
+ * skips simulations on (bound_sync) against the simulated iteration of a
+ * plan lowered from a hand-made schedule, once where compute dominates
+ * (the releases must lift it above the bare sum of collectives) and once
+ * where two tasks' collectives share the NICs (the links must lift it),
+ * and in zero-1, where each all-gather after the step must count too.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,8 +21,11 @@
 #include <cmocka.h>
 
 #include "planner.h"
+#include "hand_inputs.h"
+#include "layout.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Least area of one width, or a mix of two, finishing within C. */
@@ -166,6 +174,157 @@ static void test_comm_any(void **state)
 	assert_true(bound_comm_solve(W1, S1, 0, 8, 1e6) == 0);
 }
 
+/* Two nodes of two GPUs, inter-node links at inter GB/s, one NIC each. */
+static void two_nodes(char *buf, size_t cap, double inter)
+{
+	snprintf(buf, cap,
+		 "{\"format\": \"spindle.cluster/1\", \"name\": \"two\", \"nodes\": 2,"
+		 " \"gpus_per_node\": 2,"
+		 " \"gpu\": {\"name\": \"g\", \"memory_gib\": 80, \"peak_tflops\": 100,"
+		 " \"mem_bandwidth_gbs\": 2000},"
+		 " \"links\": {\"intra_node_gbs\": 200, \"intra_node_latency_us\": 3,"
+		 " \"inter_node_gbs\": %g, \"inter_node_latency_us\": 10}}",
+		 inter);
+}
+
+/* Tasks t1 and t2 alike: an embedding, 4 layers of 'a', a classifier. */
+static const char SYNC_MODEL[] =
+	"{'format': 'spindle.model/1', 'name': 'sync', 'components': {"
+	"'e1': {'type': 'embedding', 'vocab': 16, 'hidden': 1024, 'max_seq': 64},"
+	"'e2': {'type': 'embedding', 'vocab': 16, 'hidden': 1024, 'max_seq': 64},"
+	"'a': {'type': 'transformer', 'layers': 4, 'hidden': 1024, 'heads': 8, 'ffn': 4096},"
+	"'b': {'type': 'transformer', 'layers': 4, 'hidden': 1024, 'heads': 8, 'ffn': 4096},"
+	"'c1': {'type': 'classifier', 'hidden': 1024, 'classes': 4},"
+	"'c2': {'type': 'classifier', 'hidden': 1024, 'classes': 4}},"
+	"'tasks': ["
+	"{'name': 't1', 'batch': 64, 'graph': [{'id': 's', 'component': 'e1', 'seq': 64},"
+	" {'id': 'x', 'component': 'a', 'seq': 64, 'inputs': ['s']},"
+	" {'id': 'loss', 'component': 'c1', 'inputs': ['x']}]},"
+	"{'name': 't2', 'batch': 64, 'graph': [{'id': 's', 'component': 'e2', 'seq': 64},"
+	" {'id': 'x', 'component': 'b', 'seq': 64, 'inputs': ['s']},"
+	" {'id': 'loss', 'component': 'c2', 'inputs': ['x']}]}]}";
+
+/* bound_sync of every bucket alone, summed per device (its bound before
+ * releases and links), the most of any device. */
+static double bare_sum(planner_t *pl, const sp_plan_t *p)
+{
+	double *sum = calloc((size_t)p->n_devices, sizeof *sum), most = 0;
+	assert_non_null(sum);
+	for (int b = 0; b < p->n_buckets; b++) {
+		const sp_bucket_t *bk = &p->buckets[b];
+		net_coll_t co;
+		assert_int_equal(net_allreduce_phases(&co, pl->cluster, p->bucket_devs + bk->dev_off,
+						      bk->n_dev, bk->elems * dtype_bytes(p->model.dtype), 0,
+						      &pl->scratch),
+				 0);
+		for (int i = 0; i < bk->n_dev; i++)
+			sum[p->bucket_devs[bk->dev_off + i]] += net_phases_ms(pl->cluster, &co);
+	}
+	for (int d = 0; d < p->n_devices; d++)
+		most = fmax(most, sum[d]);
+	free(sum);
+	return most;
+}
+
+/* t1 on devices 0 and 2, t2 on 1 and 3 (each across both nodes, so each
+ * task's all-reduces cross both NICs), data parallel, buckets replicated
+ * (zero 0) or zero-1 (zero 1, gathers not deferred). *it: the simulated
+ * iteration, *lb: bound_sync with the gathers, *lb0 without, *bare:
+ * bare_sum. */
+static void sync_case(double inter, int zero, double *it, double *lb, double *lb0,
+		      double *bare, double *deferred)
+{
+	char cl[1024];
+	sp_model_t model = {0};
+	sp_cluster_t cluster = {0};
+	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
+			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = zero, .recompute = 0};
+	sp_err_t err = {0};
+	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err, .k = 1};
+	two_nodes(cl, sizeof cl, inter);
+	hand_inputs(SYNC_MODEL, cl, &model, &cluster, &err);
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 4;
+	pl.mem_cap = 78.0 * 1024 * 1024 * 1024;
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+	sched_t s;
+	sp_plan_t p;
+	sim_result_t res;
+	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	int32_t devs[64], off[32], n = 0, nd = 0;
+	for (int m = 0; m < pl.n_mops; m++) { /* one wave per MetaOp, in order */
+		int t1 = pl.mops[m].task == 0;
+		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 2, n, n, n + 1), 0);
+		off[n++] = nd;
+		devs[nd++] = t1 ? 0 : 1;
+		devs[nd++] = t1 ? 2 : 3;
+	}
+	s.n_waves = n;
+	place_t pc = {devs, off};
+	int rc = lower_run(&pl, &s, &pc, &p);
+	if (!rc)
+		rc = memplan_run(&pl, &p, 0);
+	if (rc)
+		print_message("lowering: %s\n", err.msg);
+	assert_int_equal(rc, 0);
+	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
+	*it = res.iteration_ms;
+	assert_int_equal(bound_sync(&pl, &p, 0, 1, lb), 0);
+	assert_int_equal(bound_sync(&pl, &p, 0, 0, lb0), 0);
+	for (int b = 0; b < p.n_buckets; b++)
+		assert_int_equal(p.buckets[b].layout, zero ? LAYOUT_ZERO1 : LAYOUT_REPLICATED);
+	double any;
+	assert_int_equal(bound_sync(&pl, &p, 1, 1, &any), 0);
+	assert_true(any <= *lb); /* either layout: no more than its own */
+	*bare = bare_sum(&pl, &p);
+	/* every gather deferred, as layout_refine may: simulated again */
+	for (int b = 0; zero && b < p.n_buckets; b++)
+		p.buckets[b].defer = bucket_defer_pieces(pl.cluster, &p, b,
+							 dtype_bytes(p.model.dtype));
+	assert_int_equal(regather(&pl, &p), 0);
+	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
+	*deferred = res.iteration_ms;
+	free(pl.ins_spare);
+	plan_release(&p);
+	hand_release(&pl, &model, &cluster);
+}
+
+static void test_sync_bound(void **state)
+{
+	(void)state;
+	double it, lb, lb0, bare, dfr;
+	/* fast links: the collectives are short beside the compute before
+	 * their SYNCs, which the releases count */
+	sync_case(400, 0, &it, &lb, &lb0, &bare, &dfr);
+	print_message("compute-bound: iteration %.4f ms, bound %.4f, bare sum %.4f\n", it, lb,
+		      bare);
+	assert_true(lb <= it);
+	assert_true(bare < 0.25 * it);
+	assert_true(lb >= 0.5 * it);
+	/* slow links: each device's collectives are its task's, each NIC
+	 * carries both tasks' */
+	sync_case(1, 0, &it, &lb, &lb0, &bare, &dfr);
+	print_message("link-bound: iteration %.4f ms, bound %.4f, bare sum %.4f\n", it, lb, bare);
+	assert_true(lb <= it);
+	assert_true(it >= 1.5 * bare);
+	assert_true(lb >= 1.5 * bare);
+	assert_true(lb0 == lb); /* no bucket gathers */
+	/* zero-1: each reduce-scatter's all-gather follows it on the NICs */
+	sync_case(1, 1, &it, &lb, &lb0, &bare, &dfr);
+	print_message("zero-1: iteration %.4f ms, bound %.4f (without the gathers %.4f)\n", it,
+		      lb, lb0);
+	assert_true(lb <= it);
+	assert_true(lb >= 1.5 * lb0);
+	assert_true(lb >= 0.75 * it);
+	/* deferred, the gathers leave the tail: below the bound that counts
+	 * them, so the bound on refined plans (refined_bound) must not */
+	print_message("zero-1 deferred: iteration %.4f ms\n", dfr);
+	assert_true(dfr < lb);
+	assert_true(lb0 <= dfr);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -173,6 +332,7 @@ int main(void)
 		cmocka_unit_test(test_equal_time_replaces),
 		cmocka_unit_test(test_comm_bound),
 		cmocka_unit_test(test_comm_any),
+		cmocka_unit_test(test_sync_bound),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

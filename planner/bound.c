@@ -546,6 +546,7 @@ cleanup:
  * instruction. All 0 where a micro-step leaves tasks out (its full pass
  * skips their instructions).
  */
+/* (The compute prices are sim_compute's, copied: keep them equal.) */
 static int sync_releases(planner_t *pl, const sp_plan_t *p, double *rel)
 {
 	if (plan_micro_next(&p->model, p->microbatches, 0) < p->microbatches)

@@ -499,7 +499,12 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	return 0;
 }
 
-/* FWD/BWD/LOSS: the device computes for the slice's layers. */
+/* FWD/BWD/LOSS: the device computes for the slice's layers. bound.c's
+ * sync_releases prices them the same way (a lower bound of when a SYNC
+ * is issued; pg_overlap prices a layer so too): a change here that ever
+ * makes compute cheaper must change it too, or the walk skips plans it
+ * should simulate (tests/planner/prune_exact.py, --simulate-all, catches
+ * that on the bundled rows). */
 static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 {
 	const sp_slice_t *sl = &st->p->slices[in->slice];

@@ -535,10 +535,10 @@ cleanup:
 
 /*
  * Per bucket, R_b: the latest, over its members d, of the compute d's
- * program runs before its SYNC of b, each FWD/BWD/LOSS charged as sim.c's
- * sim_compute charges it (layers x T_fwd|bwd at the instruction's local
- * batch and the slice's tp and sp; a recomputing slice's BWD its forward
- * too; LOSS T_fwd + T_bwd). A device runs its program in order and its
+ * program runs before its SYNC of b, each FWD/BWD/LOSS charged as the
+ * simulator charges it, by the same function (ins_compute_ms: layers x
+ * T_fwd|bwd at the instruction's local batch and the slice's tp and sp;
+ * a recomputing slice's BWD its forward too; LOSS T_fwd + T_bwd). A device runs its program in order and its
  * clock only moves on (waits, copies, zero-3 gathers and recompute added
  * by layout_trial add), and a bucket's collective is ready when its last
  * member issued its SYNC (sim.c), so it starts no sooner than R_b in any
@@ -546,7 +546,6 @@ cleanup:
  * instruction. All 0 where a micro-step leaves tasks out (its full pass
  * skips their instructions).
  */
-/* (The compute prices are sim_compute's, copied: keep them equal.) */
 static int sync_releases(planner_t *pl, const sp_plan_t *p, double *rel)
 {
 	if (plan_micro_next(&p->model, p->microbatches, 0) < p->microbatches)
@@ -563,12 +562,7 @@ static int sync_releases(planner_t *pl, const sp_plan_t *p, double *rel)
 			if ((in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS) ||
 			    in->slice < 0 || in->slice >= p->n_slices)
 				continue;
-			const sp_slice_t *sl = &p->slices[in->slice];
-			double f, b;
-			cost_layer_sp(pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &b);
-			int L = sl->layer_to - sl->layer_from;
-			x += in->op == INS_LOSS ? f + b
-			     : L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
+			x += ins_compute_ms(pl, p, in);
 		}
 	}
 	return 1;

@@ -876,6 +876,13 @@ typedef struct {
  * predicted times into p (slices, waves, devices) when comm is 1.
  */
 int sim_run(planner_t *pl, sp_plan_t *p, int comm, sim_result_t *out);
+/* What the simulator charges a FWD/BWD/LOSS instruction of plan p: one
+ * of its layers (BWD: T_bwd, plus T_fwd where the slice recomputes;
+ * LOSS: T_fwd + T_bwd; FWD: T_fwd; at its samples, tp and sp), and the
+ * whole instruction (its slice's layers; LOSS once). bound.c's release
+ * times use them too: the sync bound holds only while they are equal. */
+double ins_layer_ms(const planner_t *pl, const sp_plan_t *p, const sp_ins_t *in);
+double ins_compute_ms(const planner_t *pl, const sp_plan_t *p, const sp_ins_t *in);
 /* res (sim_run's, comm 1) again after only bucket layouts changed. */
 int sim_sync_again(planner_t *pl, sp_plan_t *p, sim_result_t *res);
 /* sim_run (comm 1) in two steps, for judging many plans: with one

@@ -370,12 +370,9 @@ static int dw_wait(sim_t *st, int d, int k, const sp_ins_t *in)
 			fl_await(&st->net, st->dw_j[e]);
 			return PROGS_WAIT;
 		}
-	double c = 0, f, bw, stall = 0;
-	if (in->op == INS_FWD || in->op == INS_BWD) {
-		const sp_slice_t *sl = &st->p->slices[in->slice];
-		cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &bw);
-		c = in->op == INS_BWD ? bw + (sl->recompute ? f : 0) : f;
-	}
+	double c = 0, stall = 0;
+	if (in->op == INS_FWD || in->op == INS_BWD)
+		c = ins_layer_ms(st->pl, st->p, in);
 	for (int i = st->dw_pos[d]; i < e; i++) {
 		double t = fl_done(&st->net, st->dw_j[i]);
 		double at = st->now[d] + stall + (st->dw_k[i] == k ? st->dw_i[i] * c : 0);
@@ -499,21 +496,25 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	return 0;
 }
 
-/* FWD/BWD/LOSS: the device computes for the slice's layers. bound.c's
- * sync_releases prices them the same way (a lower bound of when a SYNC
- * is issued; pg_overlap prices a layer so too): a change here that ever
- * makes compute cheaper must change it too, or the walk skips plans it
- * should simulate (tests/planner/prune_exact.py, --simulate-all, catches
- * that on the bundled rows). */
+double ins_layer_ms(const planner_t *pl, const sp_plan_t *p, const sp_ins_t *in)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	double f, b;
+	cost_layer_sp(pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &b);
+	return in->op == INS_BWD ? b + (sl->recompute ? f : 0) : in->op == INS_LOSS ? f + b : f;
+}
+
+double ins_compute_ms(const planner_t *pl, const sp_plan_t *p, const sp_ins_t *in)
+{
+	const sp_slice_t *sl = &p->slices[in->slice];
+	double c = ins_layer_ms(pl, p, in);
+	return in->op == INS_LOSS ? c : (sl->layer_to - sl->layer_from) * c;
+}
+
+/* FWD/BWD/LOSS: the device computes for the slice's layers. */
 static void sim_compute(sim_t *st, int d, const sp_ins_t *in)
 {
-	const sp_slice_t *sl = &st->p->slices[in->slice];
-	double f, b, t0 = st->now[d];
-	cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &b);
-	int L = sl->layer_to - sl->layer_from;
-	double dur = L * (in->op == INS_BWD ? b + (sl->recompute ? f : 0) : f);
-	if (in->op == INS_LOSS)
-		dur = f + b;
+	double t0 = st->now[d], dur = ins_compute_ms(st->pl, st->p, in);
 	if (st->pg_x)
 		dur += st->pg_x[in - st->p->ins];
 	st->now[d] += dur;
@@ -578,12 +579,7 @@ static int pg_overlap(sim_t *st, int d, int k)
 			break;
 		if (in->op != INS_FWD && in->op != INS_BWD && in->op != INS_LOSS)
 			continue;
-		const sp_slice_t *sl = &p->slices[in->slice];
-		double f, bw;
-		cost_layer_sp(st->pl, sl->metaop, in->s1 - in->s0, sl->tp, sl->sp, &f, &bw);
-		double c = in->op == INS_BWD ? bw + (sl->recompute ? f : 0)
-			   : in->op == INS_LOSS ? f + bw
-						: f;
+		double c = ins_layer_ms(st->pl, p, in);
 		for (int i = 0, q; pos + 1 < n && (q = plan_z3_use(p, b, in, i)) != -2; i++) {
 			if (q < 0 || q == prev)
 				continue;

@@ -81,50 +81,41 @@ static void per_node(const planner_t *pl, const sched_t *s, const place_t *pc, i
 static void test_align_whole_nodes(void **state)
 {
 	(void)state;
-	sp_model_t model = {0};
-	sp_cluster_t cluster = {0};
-	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			    .mem_reserve_gib = 2, .milp_nodes = 200};
-	sp_err_t err = {0};
-	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err};
-	hand_inputs(MODEL, CLUSTER, &model, &cluster, &err);
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 12;
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
+	hand_t h;
+	hand_planner(&h, MODEL, CLUSTER, 12, 0);
+	planner_t *pl = &h.pl;
 
 	/* each task's MetaOps on one device set */
 	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
 	sched_t s;
-	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 	place_t pc;
-	int32_t *dv = calloc(4 * (size_t)pl.n_mops, sizeof *dv), *off = calloc((size_t)pl.n_mops, sizeof *off);
+	int32_t *dv = calloc(4 * (size_t)pl->n_mops, sizeof *dv), *off = calloc((size_t)pl->n_mops, sizeof *off);
 	assert_true(dv && off);
-	for (int m = 0; m < pl.n_mops; m++) {
-		int t = pl.mops[m].task;
-		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 4, pl.mops[m].level, 0, 1), 0);
+	for (int m = 0; m < pl->n_mops; m++) {
+		int t = pl->mops[m].task;
+		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 4, pl->mops[m].level, 0, 1), 0);
 		memcpy(dv + 4 * m, tdevs[t], sizeof tdevs[0]);
 		off[m] = 4 * m;
 	}
 	pc.devs = dv;
 	pc.off = off;
 
-	int ca = comp_named(&model, "a"), cb = comp_named(&model, "b");
+	int ca = comp_named(&h.model, "a"), cb = comp_named(&h.model, "b");
 	int cnt[3], n_a, n_b;
 	int32_t before[12], after[12], bdevs[12];
-	per_node(&pl, &s, &pc, ca, cnt, before, &n_a);
+	per_node(pl, &s, &pc, ca, cnt, before, &n_a);
 	assert_int_equal(n_a, 8);
 	assert_true(cnt[0] == 3 && cnt[1] == 4 && cnt[2] == 1);
 
 	int changed = 0;
-	assert_int_equal(place_align(&pl, &s, &pc, &changed), 0);
+	assert_int_equal(place_align(pl, &s, &pc, &changed), 0);
 	assert_int_equal(changed, 1);
 	/* a permutation: every slice keeps 4 distinct devices, each device
 	 * is used by exactly one task's slices, as before */
 	int used[12] = {0}, first[3] = {-1, -1, -1};
-	for (int m = 0; m < pl.n_mops; m++) {
-		int t = pl.mops[m].task;
+	for (int m = 0; m < pl->n_mops; m++) {
+		int t = pl->mops[m].task;
 		if (first[t] < 0) {
 			first[t] = m;
 			for (int j = 0; j < 4; j++) {
@@ -137,26 +128,26 @@ static void test_align_whole_nodes(void **state)
 	for (int d = 0; d < 12; d++)
 		assert_int_equal(used[d], 1);
 	/* whole nodes: a on two, b on one */
-	per_node(&pl, &s, &pc, ca, cnt, after, &n_a);
+	per_node(pl, &s, &pc, ca, cnt, after, &n_a);
 	assert_int_equal(n_a, 8);
 	for (int q = 0; q < 3; q++)
 		assert_true(cnt[q] == 0 || cnt[q] == 4);
-	per_node(&pl, &s, &pc, cb, cnt, bdevs, &n_b);
+	per_node(pl, &s, &pc, cb, cnt, bdevs, &n_b);
 	assert_int_equal(n_b, 4);
 	for (int q = 0; q < 3; q++)
 		assert_true(cnt[q] == 0 || cnt[q] == 4);
 
 	/* a's gradients (2 layers) all-reduced: more than twice as fast */
-	int64_t bytes = 2 * comp_layer_params(&model.comps[ca]) * dtype_bytes(model.dtype);
-	double t0 = cost_allreduce_ms(&cluster, before, 8, bytes);
-	double t1 = cost_allreduce_ms(&cluster, after, 8, bytes);
+	int64_t bytes = 2 * comp_layer_params(&h.model.comps[ca]) * dtype_bytes(h.model.dtype);
+	double t0 = cost_allreduce_ms(&h.cluster, before, 8, bytes);
+	double t1 = cost_allreduce_ms(&h.cluster, after, 8, bytes);
 	print_message("a's all-reduce of %lld bytes: %.3f ms ragged, %.3f ms aligned\n",
 		      (long long)bytes, t0, t1);
 	assert_true(2 * t1 < t0);
 
 	free(dv);
 	free(off);
-	hand_release(&pl, &model, &cluster);
+	hand_done(&h);
 }
 
 int main(void)

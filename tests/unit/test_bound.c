@@ -235,60 +235,50 @@ static void sync_case(double inter, int zero, double *it, double *lb, double *lb
 		      double *bare, double *deferred)
 {
 	char cl[1024];
-	sp_model_t model = {0};
-	sp_cluster_t cluster = {0};
-	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = zero, .recompute = 0};
-	sp_err_t err = {0};
-	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err, .k = 1};
+	hand_t h;
 	two_nodes(cl, sizeof cl, inter);
-	hand_inputs(SYNC_MODEL, cl, &model, &cluster, &err);
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 4;
-	pl.mem_cap = 78.0 * 1024 * 1024 * 1024;
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
+	hand_planner(&h, SYNC_MODEL, cl, 4, zero);
+	planner_t *pl = &h.pl;
 	sched_t s;
 	sp_plan_t p;
 	sim_result_t res;
-	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 	int32_t devs[64], off[32], n = 0, nd = 0;
-	for (int m = 0; m < pl.n_mops; m++) { /* one wave per MetaOp, in order */
-		int t1 = pl.mops[m].task == 0;
-		assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 2, n, n, n + 1), 0);
+	for (int m = 0; m < pl->n_mops; m++) { /* one wave per MetaOp, in order */
+		int t1 = pl->mops[m].task == 0;
+		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 2, n, n, n + 1), 0);
 		off[n++] = nd;
 		devs[nd++] = t1 ? 0 : 1;
 		devs[nd++] = t1 ? 2 : 3;
 	}
 	s.n_waves = n;
 	place_t pc = {devs, off};
-	int rc = lower_run(&pl, &s, &pc, &p);
+	int rc = lower_run(pl, &s, &pc, &p);
 	if (!rc)
-		rc = memplan_run(&pl, &p, 0);
+		rc = memplan_run(pl, &p, 0);
 	if (rc)
-		print_message("lowering: %s\n", err.msg);
+		print_message("lowering: %s\n", h.err.msg);
 	assert_int_equal(rc, 0);
-	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
+	assert_int_equal(sim_run(pl, &p, 1, &res), 0);
 	*it = res.iteration_ms;
-	assert_int_equal(bound_sync(&pl, &p, 0, 1, lb), 0);
-	assert_int_equal(bound_sync(&pl, &p, 0, 0, lb0), 0);
+	assert_int_equal(bound_sync(pl, &p, 0, 1, lb), 0);
+	assert_int_equal(bound_sync(pl, &p, 0, 0, lb0), 0);
 	for (int b = 0; b < p.n_buckets; b++)
 		assert_int_equal(p.buckets[b].layout, zero ? LAYOUT_ZERO1 : LAYOUT_REPLICATED);
 	double any;
-	assert_int_equal(bound_sync(&pl, &p, 1, 1, &any), 0);
+	assert_int_equal(bound_sync(pl, &p, 1, 1, &any), 0);
 	assert_true(any <= *lb); /* either layout: no more than its own */
-	*bare = bare_sum(&pl, &p);
+	*bare = bare_sum(pl, &p);
 	/* every gather deferred, as layout_refine may: simulated again */
 	for (int b = 0; zero && b < p.n_buckets; b++)
-		p.buckets[b].defer = bucket_defer_pieces(pl.cluster, &p, b,
+		p.buckets[b].defer = bucket_defer_pieces(pl->cluster, &p, b,
 							 dtype_bytes(p.model.dtype));
-	assert_int_equal(regather(&pl, &p), 0);
-	assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
+	assert_int_equal(regather(pl, &p), 0);
+	assert_int_equal(sim_run(pl, &p, 1, &res), 0);
 	*deferred = res.iteration_ms;
-	free(pl.ins_spare);
+	free(pl->ins_spare);
 	plan_release(&p);
-	hand_release(&pl, &model, &cluster);
+	hand_done(&h);
 }
 
 static void test_sync_bound(void **state)

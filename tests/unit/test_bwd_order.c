@@ -77,19 +77,9 @@ static int bwd_pos(const sp_plan_t *p, int d, int i)
 static void test_eager_backward(void **state)
 {
 	(void)state;
-	sp_model_t model = {0};
-	sp_cluster_t cluster = {0};
-	plan_opts_t opts = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			    .mem_reserve_gib = 2, .milp_nodes = 200, .zero = 0, .recompute = 0};
-	sp_err_t err = {0};
-	planner_t pl = {.model = &model, .cluster = &cluster, .opts = &opts, .err = &err, .k = 1};
-	hand_inputs(MODEL, CLUSTER, &model, &cluster, &err);
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 2;
-	pl.mem_cap = 78.0 * 1024 * 1024 * 1024;
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
+	hand_t h;
+	hand_planner(&h, MODEL, CLUSTER, 2, 0);
+	planner_t *pl = &h.pl;
 
 	/* slices in forward order (by t0), each on one device */
 	static const struct {
@@ -108,10 +98,10 @@ static void test_eager_backward(void **state)
 		sched_t s;
 		sp_plan_t p;
 		sim_result_t res;
-		sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+		sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 		for (int i = 0; i < NS; i++) {
-			int m = mop_named(&pl, SL[i].mop);
-			assert_int_equal(sched_push(&s, m, 0, pl.mops[m].n_layers, 1, i, SL[i].t0,
+			int m = mop_named(pl, SL[i].mop);
+			assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 1, i, SL[i].t0,
 						    SL[i].t0 + 1),
 					 0);
 			devs[i] = SL[i].dev;
@@ -119,17 +109,17 @@ static void test_eager_backward(void **state)
 		}
 		s.n_waves = NS; /* a wave per slice */
 		s.bwd_eager = eager;
-		int rc = lower_run(&pl, &s, &pc, &p);
+		int rc = lower_run(pl, &s, &pc, &p);
 		if (!rc)
-			rc = memplan_run(&pl, &p, 0);
+			rc = memplan_run(pl, &p, 0);
 		if (rc)
-			print_message("lowering: %s\n", err.msg);
+			print_message("lowering: %s\n", h.err.msg);
 		assert_int_equal(rc, 0);
-		rc = verify_plan(&p, pl.mem_cap, &err);
+		rc = verify_plan(&p, pl->mem_cap, &h.err);
 		if (rc)
-			print_message("verify: %s\n", err.msg);
+			print_message("verify: %s\n", h.err.msg);
 		assert_int_equal(rc, 0);
-		assert_int_equal(sim_run(&pl, &p, 1, &res), 0);
+		assert_int_equal(sim_run(pl, &p, 1, &res), 0);
 		ms[eager] = res.iteration_ms;
 		pos_e[eager] = bwd_pos(&p, 0, E);
 		pos_x[eager] = bwd_pos(&p, 0, X);
@@ -140,7 +130,7 @@ static void test_eager_backward(void **state)
 	assert_true(pos_x[0] < pos_e[0]);
 	assert_true(pos_e[1] < pos_x[1]);
 	assert_true(ms[1] < ms[0]);
-	hand_release(&pl, &model, &cluster);
+	hand_done(&h);
 }
 
 int main(void)

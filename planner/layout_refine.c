@@ -179,17 +179,56 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
  * member holds the whole weights either way; zero-1 shards the state).
  * One choice for the plan, as try_overlap's.
  */
+/*
+ * A trial on p (its programs' tails rebuilt) that must be faster than
+ * beat ms to be kept: *doomed 1 when its sync bound (bound_sync with its
+ * layouts and the all-gathers it waits for: at most its simulated
+ * iteration, the prune-exact test's check) shows it cannot be, as the
+ * keep test is iteration < beat x (1 - 1e-9). Then simulating it changes
+ * nothing: it would be rejected, and a rejected trial leaves the plan as
+ * its caller found it (trial_restore; a copy's result unread). With
+ * --simulate-all nothing is skipped; *lb for trial_check.
+ */
+static int trial_doomed(planner_t *pl, const sp_plan_t *p, double beat, double *lb,
+			int *doomed)
+{
+	int rc = bound_sync(pl, p, 0, 1, lb);
+	*doomed = !rc && !pl->opts->simulate_all && *lb >= beat * (1 - 1e-9);
+	return rc;
+}
+
+/* --simulate-all: the trial's simulated iteration (r) no less than its
+ * bound lb, which trial_doomed's skips rest on. */
+static int trial_check(planner_t *pl, const sim_result_t *r, double lb, const char *site)
+{
+	if (!pl->opts->simulate_all || lb <= r->iteration_ms)
+		return 0;
+	return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+			  "%s: sync bound %.6f ms above the trial's iteration %.6f ms", site, lb,
+			  r->iteration_ms);
+}
+
 /* Bucket layouts changed since t was saved: the programs' tails rebuilt,
  * the sync pass simulated again, the change kept when the iteration is
- * faster than res (res then the new one), else the plan as t saved it. */
+ * faster than res (res then the new one), else the plan as t saved it.
+ * bounded: not simulated where trial_doomed says it cannot be faster (the
+ * last trial only, try_defer with shard: on the 32-task scaling row the
+ * bound settled 4 of its 5 trials and 1 of the 4 others; on QWen-VAL none
+ * of 18, each bound costing about a tenth of a simulation there). */
 static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
-			  const trial_save_t *t, const char *site)
+			  const trial_save_t *t, const char *site, int bounded)
 {
 	sim_result_t r = *res;
-	int rc = regather(pl, p);
+	double lb = 0;
+	int doomed = 0, rc = regather(pl, p);
+	if (!rc && bounded &&
+	    !(rc = trial_doomed(pl, p, res->iteration_ms, &lb, &doomed)) && doomed) {
+		sim_stats_event("refine trial doomed");
+		return trial_restore(pl, p, t);
+	}
 	if (!rc)
 		sim_stats_note(site, p);
-	if (rc || (rc = sim_sync_again(pl, p, &r)))
+	if (rc || (rc = sim_sync_again(pl, p, &r)) || (rc = trial_check(pl, &r, lb, site)))
 		return rc;
 	if (r.iteration_ms < res->iteration_ms * (1 - 1e-9)) {
 		*res = r;
@@ -239,7 +278,8 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 	if ((rc = trial_save(a, p, &t)))
 		goto cleanup;
 	defer_apply(pl, p, shard);
-	rc = keep_if_faster(pl, p, res, &t, shard ? "refine defer (shard)" : "refine defer");
+	rc = keep_if_faster(pl, p, res, &t, shard ? "refine defer (shard)" : "refine defer",
+			    shard);
 cleanup:
 	sp_arena_reset(a, mark);
 	return rc;
@@ -468,16 +508,27 @@ int layout_last_init(planner_t *pl, layout_last_t *t, const sp_plan_t *p,
 	return 0;
 }
 
+/* The copy's trial simulated into t->r, unless trial_doomed shows it
+ * cannot beat t->r as layout_last_init took it (the plan's result before
+ * the head's trials, which only make it faster): then t->r is left as it
+ * is, which layout_last_join rejects as it would the simulated one. */
 int layout_last_run(planner_t *pl, layout_last_t *t)
 {
 	if (!t->tried)
 		return 0;
 	defer_apply(pl, &t->q, 1);
-	int rc = regather(pl, &t->q);
+	double lb = 0;
+	int doomed = 0, rc = regather(pl, &t->q);
+	if (!rc && !(rc = trial_doomed(pl, &t->q, t->r.iteration_ms, &lb, &doomed)) && doomed) {
+		sim_stats_event("refine trial doomed");
+		return t->rc = 0;
+	}
 	if (!rc) {
 		sim_stats_note("refine defer (shard)", &t->q);
 		rc = sim_sync_again(pl, &t->q, &t->r);
 	}
+	if (!rc)
+		rc = trial_check(pl, &t->r, lb, "refine defer (shard)");
 	return t->rc = no_memory(pl, rc);
 }
 
@@ -564,7 +615,7 @@ static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	for (int i = 0; i < n; i++)
 		if (t.z1[cand[i]])
 			set_layout(pl, p, cand[i], LAYOUT_ZERO1);
-	rc = keep_if_faster(pl, p, res, &sv, "refine zero1");
+	rc = keep_if_faster(pl, p, res, &sv, "refine zero1", 0);
 done:
 	sp_arena_reset(a, mark);
 	return rc;

@@ -10,7 +10,9 @@ pass has a bar to beat), the plan files are equal byte for byte and the
 --json reports equal but for their planning times. Under --simulate-all
 the planner also checks the bound the skips rest on: every candidate's
 simulated iteration is at least its bound_sync (else exit 1, which fails
-the case). --simulate-all also simulates every candidate whose lowered
+the case); so is every layout_refine last trial's (layout_refine.c
+trial_doomed: by default a trial whose bound shows it cannot be kept is
+not simulated). --simulate-all also simulates every candidate whose lowered
 plan equals one simulated before, where the default takes the earlier
 result (planner/sim_memo.c): the case checks that memo too. Environment:
 SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.

@@ -50,9 +50,10 @@ typedef struct {
 	gins_t *g;
 	int ng, capg;
 	/* lower_sequence's first pass counts transfers (add_xfer stores none):
-	 * their instructions, 1 a COPY, 2 a SEND and its RECV */
+	 * their instructions, 1 a COPY, 2 a SEND and its RECV, and the
+	 * transfers themselves; x and g are then sized from the counts */
 	int counting;
-	int64_t n_counted;
+	int64_t n_counted, n_counted_x;
 	int *cons_first, *cons_list, *prod_first, *prod_list;
 } lstate_t;
 

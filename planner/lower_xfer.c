@@ -55,6 +55,7 @@ static int add_xfer(lstate_t *st, xfer_t x)
 {
 	if (st->counting) {
 		st->n_counted += lower_dev_of(st, x.ps, x.pj) == lower_dev_of(st, x.cs, x.cj) ? 1 : 2;
+		st->n_counted_x++;
 		return 0;
 	}
 	x.tag = st->nx;
@@ -542,7 +543,7 @@ static int check_size(lstate_t *st)
 	int64_t worst = -1, total;
 	int wi = 0, rc = 0;
 	st->counting = 1;
-	st->n_counted = 0;
+	st->n_counted = st->n_counted_x = 0;
 	for (int i = 0; i < st->s->n && !rc; i++) {
 		int64_t before = st->n_counted;
 		rc = collect_xfers(st, i);
@@ -575,10 +576,32 @@ static int check_size(lstate_t *st)
 	return SP_EINPUT;
 }
 
+/*
+ * st->x and st->g allocated once at the sizes check_size counted: each
+ * transfer is stored once, and emit_pass writes one instruction per
+ * counted transfer instruction plus one compute per slot and direction
+ * (a loss's one, forward). Not zeroed: every entry below nx (ng) is
+ * written before it is read. Were a count ever short, add_xfer and emit
+ * would still grow the arrays.
+ */
+static int size_sequence(lstate_t *st)
+{
+	int64_t ng = st->n_counted;
+	for (int i = 0; i < st->s->n; i++)
+		ng += (int64_t)st->s->s[i].n * (st->pl->mops[st->s->s[i].metaop].sink ? 1 : 2);
+	if (st->n_counted_x >= INT32_MAX || ng >= INT32_MAX)
+		return SP_ENOMEM;
+	st->capx = (int)st->n_counted_x + 1;
+	st->capg = (int)ng + 1;
+	st->x = sp_arena_array(st->a, (size_t)st->capx, sizeof *st->x);
+	st->g = sp_arena_array(st->a, (size_t)st->capg, sizeof *st->g);
+	return st->x && st->g ? 0 : SP_ENOMEM;
+}
+
 int lower_sequence(lstate_t *st)
 {
 	int rc;
-	if ((rc = check_size(st)))
+	if ((rc = check_size(st)) || (rc = size_sequence(st)))
 		return rc;
 	for (int i = 0; i < st->s->n; i++)
 		if ((rc = collect_xfers(st, i)))

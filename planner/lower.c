@@ -241,7 +241,7 @@ int lower_run_z3(planner_t *pl, const sched_t *s, const place_t *pc, const uint8
 	memset(out, 0, sizeof *out);
 	int rc = lower_steps(&st, out);
 	sp_arena_reset(&pl->scratch, mark);
-	if (rc == SP_ENOMEM) /* else the guard's (lower_xfer.c check_size) */
+	if (rc == SP_ENOMEM) /* else the guard's (lower_xfer.c collect_all) */
 		rc = sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	if (rc)
 		plan_release(out);

@@ -49,10 +49,10 @@ typedef struct {
 	int nx, capx;
 	gins_t *g;
 	int ng, capg;
-	/* lower_sequence's first pass counts transfers (add_xfer stores none):
-	 * their instructions, 1 a COPY, 2 a SEND and its RECV */
-	int counting;
-	int64_t n_counted;
+	/* lower_sequence counts the transfers' instructions (1 a COPY, 2 a
+	 * SEND and its RECV) and stores transfers only while that count is
+	 * within limit (--max-instructions); g is sized from the count */
+	int64_t n_counted, limit;
 	int *cons_first, *cons_list, *prod_first, *prod_list;
 } lstate_t;
 

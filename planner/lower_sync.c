@@ -249,7 +249,8 @@ typedef struct {
 	int *group;    /* per bucket: the first bucket over the same devices */
 	int *sync_at;  /* per bucket: SYNC before base position; -1 not a member */
 	int *last_pos; /* per group: the last SYNC position so far; then reused */
-	sp_ins_t *base; /* the device's part of the global sequence */
+	const gins_t *g; /* the global sequence */
+	const int *base; /* the device's part of it: positions in g */
 } syncw_t;
 
 /* Buckets over the same device group: every member starts their
@@ -284,7 +285,7 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 		w->last_pos[b] = 0;
 	}
 	for (int k = 0; w->overlap && k < nd; k++) {
-		const sp_ins_t *in = &w->base[k];
+		const sp_ins_t *in = &w->g[w->base[k]].ins;
 		/* zero-3: the SYNC's reduce-scatter runs on the group of the
 		 * bucket's all-gathers, so after the device's last of them (every
 		 * member's collectives of a group in one order) */
@@ -310,8 +311,9 @@ static void sync_positions(const lstate_t *st, const sp_plan_t *out, syncw_t *w,
 
 /* Appends device d's program to out->ins: base instructions with SYNCs in
  * (position, bucket) order, then STEP, then a GATHER of each zero-1 bucket
- * in the order of their SYNCs (the same on every member). */
-static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
+ * in the order of their SYNCs (the same on every member). -1, writing
+ * nothing, when that would fill out->ins past cap entries. */
+static int merge_syncs(sp_plan_t *out, syncw_t *w, int nd, size_t cap)
 {
 	int ns = 0, *sorted = w->last_pos; /* reused: member buckets by position */
 	for (int b = 0; b < out->n_buckets; b++)
@@ -323,6 +325,11 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 			}
 			sorted[j] = b;
 		}
+	size_t n = (size_t)out->n_ins + (size_t)nd + (size_t)ns + 1;
+	for (int q = 0; q < ns; q++)
+		n += layout_gathers_after_step(out->buckets[sorted[q]].layout);
+	if (n > cap)
+		return -1;
 	for (int k = 0, q = 0; k <= nd; k++) {
 		for (; q < ns && w->sync_at[sorted[q]] == k; q++) {
 			sp_ins_t sy = lower_ins_new(INS_SYNC);
@@ -330,7 +337,7 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 			out->ins[out->n_ins++] = sy;
 		}
 		if (k < nd)
-			out->ins[out->n_ins++] = w->base[k];
+			out->ins[out->n_ins++] = w->g[w->base[k]].ins;
 	}
 	out->ins[out->n_ins++] = lower_ins_new(INS_STEP);
 	for (int q = 0; q < ns; q++)
@@ -339,6 +346,7 @@ static void merge_syncs(sp_plan_t *out, syncw_t *w, int nd)
 			ga.peer = sorted[q];
 			out->ins[out->n_ins++] = ga;
 		}
+	return 0;
 }
 
 int lower_programs(lstate_t *st, sp_plan_t *out)
@@ -351,9 +359,8 @@ int lower_programs(lstate_t *st, sp_plan_t *out)
 	syncw_t w = {algo_overlaps_sync(st->s->algo),
 		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
 		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
-		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)),
-		     sp_arena_calloc(st->a, (size_t)ng + 1, sizeof(sp_ins_t))};
-	if (!fill || !cnt || !byd || !w.group || !w.sync_at || !w.last_pos || !w.base)
+		     sp_arena_calloc(st->a, (size_t)nb + 1, sizeof(int)), st->g, NULL};
+	if (!fill || !cnt || !byd || !w.group || !w.sync_at || !w.last_pos)
 		return SP_ENOMEM;
 	for (int k = 0; k < ng; k++)
 		cnt[st->g[k].dev + 1]++;
@@ -361,22 +368,30 @@ int lower_programs(lstate_t *st, sp_plan_t *out)
 		cnt[d + 1] += cnt[d];
 	for (int k = 0; k < ng; k++)
 		byd[cnt[st->g[k].dev] + fill[st->g[k].dev]++] = k;
-	int per_dev_extra = 0;
-	for (int d = 0; d < N; d++)
-		per_dev_extra += out->devices[d].n_held ? 2 * nb + 1 : 1;
-	out->ins = calloc((size_t)(ng + per_dev_extra) + 1, sizeof *out->ins);
+	/* exactly what merge_syncs adds: a STEP per device, a SYNC per bucket
+	 * member (a bucket's members are the holders of its params), a GATHER
+	 * per member of a bucket that gathers after the step; not zeroed (all
+	 * written), but for the one entry past the end */
+	size_t need = (size_t)ng + (size_t)N + 1;
+	for (int b = 0; b < nb; b++)
+		need += (size_t)out->buckets[b].n_dev *
+			(layout_gathers_after_step(out->buckets[b].layout) ? 2 : 1);
+	out->ins = malloc(need * sizeof *out->ins);
 	if (!out->ins)
 		return SP_ENOMEM;
 	bucket_groups(out, w.group);
 	for (int d = 0; d < N; d++) {
 		sp_device_t *dv = &out->devices[d];
-		int nd = 0;
+		int nd = fill[d];
 		dv->first_ins = out->n_ins;
-		for (int k = cnt[d]; k < cnt[d] + fill[d]; k++)
-			w.base[nd++] = st->g[byd[k]].ins;
+		w.base = byd + cnt[d];
 		sync_positions(st, out, &w, d, nd);
-		merge_syncs(out, &w, nd);
+		if (merge_syncs(out, &w, nd, need - 1))
+			return sp_err_set(st->pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "device %d's program overruns its %zu instructions", d,
+					  need - 1);
 		dv->n_ins = out->n_ins - dv->first_ins;
 	}
+	memset(&out->ins[out->n_ins], 0, sizeof *out->ins * (need - (size_t)out->n_ins));
 	return 0;
 }

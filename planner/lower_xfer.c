@@ -53,10 +53,9 @@ static sp_vref_t vref(int m, int l, int grad, int off)
 
 static int add_xfer(lstate_t *st, xfer_t x)
 {
-	if (st->counting) {
-		st->n_counted += lower_dev_of(st, x.ps, x.pj) == lower_dev_of(st, x.cs, x.cj) ? 1 : 2;
-		return 0;
-	}
+	st->n_counted += lower_dev_of(st, x.ps, x.pj) == lower_dev_of(st, x.cs, x.cj) ? 1 : 2;
+	if (st->n_counted > st->limit)
+		return 0; /* past the guard (collect_all): counted, not stored */
 	x.tag = st->nx;
 	if (sp_arena_grow(st->a, (void **)&st->x, &st->capx, st->nx + 1, sizeof *st->x))
 		return SP_ENOMEM;
@@ -528,20 +527,22 @@ static int emit_all(lstate_t *st)
 }
 
 /*
- * The guard on a plan's size: its transfers' instructions counted before
- * any is stored, against --max-instructions. They are what can grow past
- * memory: a slice that does not scale (a contrastive loss) needs its whole
- * batch on every one of its n devices, from each of its producers' m
- * devices, n x m transfers per input (sequential: every slice on all N
- * devices, N^2: 2.1 M instructions for clip-10 with batches x4 on 256
- * GPUs, about 34 M at 1024 GPUs). Names the slice that receives most.
+ * Every transfer (collect_xfers slice by slice, then collect_memory), and
+ * the guard on a plan's size: their instructions counted against
+ * --max-instructions, the transfers stored only while the count is within
+ * it. They are what can grow past memory: a slice that does not scale (a
+ * contrastive loss) needs its whole batch on every one of its n devices,
+ * from each of its producers' m devices, n x m transfers per input
+ * (sequential: every slice on all N devices, N^2: 2.1 M instructions for
+ * clip-10 with batches x4 on 256 GPUs, about 34 M at 1024 GPUs). Past
+ * the limit the pass only counts, to name the slice that receives most.
  */
-static int check_size(lstate_t *st)
+static int collect_all(lstate_t *st)
 {
 	const planner_t *pl = st->pl;
 	int64_t worst = -1, total;
 	int wi = 0, rc = 0;
-	st->counting = 1;
+	st->limit = pl->opts->max_ins > 0 ? pl->opts->max_ins : INT64_MAX;
 	st->n_counted = 0;
 	for (int i = 0; i < st->s->n && !rc; i++) {
 		int64_t before = st->n_counted;
@@ -553,9 +554,8 @@ static int check_size(lstate_t *st)
 	}
 	if (!rc)
 		rc = collect_memory(st);
-	st->counting = 0;
 	total = st->n_counted;
-	if (rc || pl->opts->max_ins <= 0 || total <= pl->opts->max_ins)
+	if (rc || total <= st->limit)
 		return rc;
 	const sslice_t *x = &st->s->s[wi];
 	const metaop_t *mo = &pl->mops[x->metaop];
@@ -575,15 +575,29 @@ static int check_size(lstate_t *st)
 	return SP_EINPUT;
 }
 
+/*
+ * st->g allocated once at its size: emit_pass writes one instruction per
+ * counted transfer instruction (a COPY, or a SEND and its RECV) plus one
+ * compute per slot and direction (a loss's one, forward). Not zeroed:
+ * every entry below ng is written before it is read. Were the count ever
+ * short, emit would still grow the array.
+ */
+static int size_sequence(lstate_t *st)
+{
+	int64_t ng = st->n_counted;
+	for (int i = 0; i < st->s->n; i++)
+		ng += (int64_t)st->s->s[i].n * (st->pl->mops[st->s->s[i].metaop].sink ? 1 : 2);
+	if (ng >= INT32_MAX)
+		return SP_ENOMEM;
+	st->capg = (int)ng + 1;
+	st->g = sp_arena_array(st->a, (size_t)st->capg, sizeof *st->g);
+	return st->g ? 0 : SP_ENOMEM;
+}
+
 int lower_sequence(lstate_t *st)
 {
 	int rc;
-	if ((rc = check_size(st)))
-		return rc;
-	for (int i = 0; i < st->s->n; i++)
-		if ((rc = collect_xfers(st, i)))
-			return rc;
-	if ((rc = collect_memory(st)) || (rc = index_xfers(st)))
+	if ((rc = collect_all(st)) || (rc = size_sequence(st)) || (rc = index_xfers(st)))
 		return rc;
 	return emit_all(st);
 }

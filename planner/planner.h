@@ -41,7 +41,7 @@ typedef enum {
 typedef enum { PLACE_SPINDLE, PLACE_NAIVE } place_kind_t;
 
 /* --max-instructions' default, and about what an instruction of a plan
- * costs the planner at its peak (lower_xfer.c check_size). */
+ * costs the planner at its peak (lower_xfer.c collect_all). */
 #define PLAN_MAX_INS_DEFAULT ((int64_t)8000000)
 #define PLAN_BYTES_PER_INS 500
 

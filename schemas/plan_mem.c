@@ -198,6 +198,35 @@ static int64_t owned_state_bytes(const sp_plan_t *p, int d, int64_t per_elem)
 	return sum;
 }
 
+/* A value buffer's span: (metaop, layer, grad) -> samples [lo, hi). */
+typedef struct {
+	int32_t m, l, g, lo, hi;
+} vslot_t;
+
+static size_t value_hash(int32_t m, int32_t l, int32_t g)
+{
+	return (size_t)m * 2654435761u + (size_t)l * 40503u + (size_t)g;
+}
+
+/* plan_memory_at's table of value indexes, doubled: the old one freed
+ * (also on failure: NULL); vals holds the n entries that index. */
+static int32_t *values_rehash(int32_t *tab, size_t *cap, const vslot_t *v, size_t n)
+{
+	size_t nc = *cap * 2;
+	int32_t *t = calloc(nc, sizeof *t);
+	free(tab);
+	if (!t)
+		return NULL;
+	for (size_t j = 0; j < n; j++) {
+		size_t h = value_hash(v[j].m, v[j].l, v[j].g) & (nc - 1);
+		while (t[h])
+			h = (h + 1) & (nc - 1);
+		t[h] = (int32_t)(j + 1);
+	}
+	*cap = nc;
+	return t;
+}
+
 int plan_memory(const sp_plan_t *p, int d, int64_t out[MEM__COUNT])
 {
 	return plan_memory_at(p, d, NULL, out);
@@ -226,29 +255,16 @@ int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[M
 	out[MEM_PARAMS] += (z3.shards + z3.pool - z3.fulls) * db;
 	plan_z3_walk_release(&z3);
 	int64_t work = 0, redo = 0, bwd_ws = 0;
-	/* value buffers: (metaop, layer, grad) -> [lo, hi), in an open-addressing
-	 * table at most half full: room for twice the references the loop
-	 * makes (a FWD, BWD or LOSS up to four: a decoder's BWD touches its
-	 * memory and the memory's gradient too; a COPY two; a SEND or RECV
-	 * one), the slots taken listed in `taken` */
-	typedef struct {
-		int32_t m, l, g, lo, hi, used;
-	} vslot_t;
-	size_t refs = 0, cap = 16, n_taken = 0;
-	for (int k = 0; k < dv->n_ins; k++) {
-		int op = p->ins[dv->first_ins + k].op;
-		refs += op == INS_FWD || op == INS_BWD || op == INS_LOSS ? 4
-			: op == INS_COPY				       ? 2
-			: op == INS_SEND || op == INS_RECV		       ? 1
-									       : 0;
-	}
-	while (cap < refs * 2 + 16)
-		cap *= 2;
-	vslot_t *v = calloc(cap, sizeof *v);
-	size_t *taken = malloc(sizeof *taken * (refs + 1));
-	if (!v || !taken) {
-		free(v);
-		free(taken);
+	/* value buffers: (metaop, layer, grad) -> [lo, hi), in vals (in the
+	 * order first touched) found through an open-addressing table of
+	 * indexes + 1 (0: empty) at most half full, doubled as values come:
+	 * a program touches few distinct values however long it is */
+	size_t cap = 64, n_vals = 0, cap_vals = 32;
+	int32_t *tab = calloc(cap, sizeof *tab);
+	vslot_t *vals = malloc(cap_vals * sizeof *vals);
+	if (!tab || !vals) {
+		free(tab);
+		free(vals);
 		return -1;
 	}
 	int64_t send_stage = 0, recv_stage = 0;
@@ -313,28 +329,45 @@ int plan_memory_at(const sp_plan_t *p, int d, const int32_t *safe, int64_t out[M
 			const sp_vref_t *r = refs[q];
 			if (!r)
 				continue;
-			size_t h = ((size_t)r->metaop * 2654435761u + (size_t)r->layer * 40503u +
-				    (size_t)r->grad) & (cap - 1);
-			while (v[h].used && !(v[h].m == r->metaop && v[h].l == r->layer &&
-					       v[h].g == r->grad))
+			size_t h = value_hash(r->metaop, r->layer, r->grad) & (cap - 1);
+			while (tab[h]) {
+				vslot_t *x = &vals[tab[h] - 1];
+				if (x->m == r->metaop && x->l == r->layer && x->g == r->grad)
+					break;
 				h = (h + 1) & (cap - 1);
-			if (!v[h].used) {
-				v[h] = (vslot_t){r->metaop, r->layer, r->grad, r0, r1, 1};
-				taken[n_taken++] = h;
+			}
+			if (tab[h]) {
+				vslot_t *x = &vals[tab[h] - 1];
+				x->lo = SP_MIN(x->lo, r0);
+				x->hi = SP_MAX(x->hi, r1);
 				continue;
 			}
-			v[h].lo = SP_MIN(v[h].lo, r0);
-			v[h].hi = SP_MAX(v[h].hi, r1);
+			if (n_vals == cap_vals) {
+				vslot_t *nv = realloc(vals, 2 * cap_vals * sizeof *vals);
+				if (!nv) {
+					free(tab);
+					free(vals);
+					return -1;
+				}
+				vals = nv;
+				cap_vals *= 2;
+			}
+			vals[n_vals] = (vslot_t){r->metaop, r->layer, r->grad, r0, r1};
+			tab[h] = (int32_t)++n_vals;
+			if (2 * n_vals > cap && !(tab = values_rehash(tab, &cap, vals, n_vals))) {
+				free(vals);
+				return -1;
+			}
 		}
 	}
-	for (size_t j = 0; j < n_taken; j++) {
-		const vslot_t *x = &v[taken[j]];
+	for (size_t j = 0; j < n_vals; j++) {
+		const vslot_t *x = &vals[j];
 		int32_t seq, width;
 		plan_value_shape(p, x->m, x->l, &seq, &width);
 		out[MEM_COMM] += (int64_t)(x->hi - x->lo) * seq * width * db;
 	}
-	free(v);
-	free(taken);
+	free(tab);
+	free(vals);
 	out[MEM_COMM] += send_stage + recv_stage;
 	out[MEM_WORK] = work + redo + bwd_ws + WORK_FIXED;
 	return 0;

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "planner.h"
+#include "plan_bundled.h"
 
 #include <glpk.h>
 
@@ -87,26 +88,8 @@ int __wrap_allot_milp(planner_t *pl, int *w)
 
 static void plan_one(const char *model, const char *cluster)
 {
-	char mp[512], cp[512];
-	snprintf(mp, sizeof mp, "%s/plans/%s/model.json", SPINDLE_ROOT, model);
-	snprintf(cp, sizeof cp, "%s/plans/clusters/%s.json", SPINDLE_ROOT, cluster);
-	sp_model_t m = {0};
-	sp_cluster_t c = {0};
-	sp_err_t err = {0};
-	sp_plan_t p = {0};
-	plan_summary_t sum;
-	if (model_load(&m, mp, &err) || cluster_load(&c, cp, &err))
-		fail_msg("loading %s on %s: %s", model, cluster, err.msg);
-	plan_opts_t o = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			 .mem_reserve_gib = 2.0, .milp_nodes = 200, .zero = -1,
-			 .recompute = -1, .max_ins = PLAN_MAX_INS_DEFAULT, .jobs = 1};
 	n_calls = n_skipped = n_improved = n_bad = n_real_solves = 0;
-	int rc = planner_run(&o, &m, &c, &p, &sum, &err);
-	plan_release(&p);
-	model_release(&m);
-	cluster_release(&c);
-	if (rc)
-		fail_msg("planning %s on %s: rc %d, '%s'", model, cluster, rc, err.msg);
+	plan_bundled(model, cluster);
 	print_message("%s on %s: %ld MILPs, %ld provably not improving, %ld solved by "
 		      "allot_milp, %ld improved, %ld faults\n",
 		      model, cluster, n_calls, n_skipped, n_real_solves, n_improved, n_bad);

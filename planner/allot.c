@@ -20,7 +20,8 @@
  * S_m are start potentials (longest-path). Presolve on, cut generators
  * off, a budget of branch-and-bound nodes (--milp-nodes, default 200;
  * deterministic, unlike a time limit); the separable solution is computed
- * first and kept when it is as good.
+ * first and kept when it is as good, and the MILP is not solved at all
+ * when a lower bound (allot_lower) shows that no widths beat it.
  *
  * Local search (allot_search) then tunes the widths on the list schedule
  * itself (sched_list.c). This file chooses widths only; it schedules
@@ -67,9 +68,7 @@ static int width_candidates(const metaop_t *m, int N, int *k)
 	return n;
 }
 
-/* The MILP's objective at widths w: the larger of the area and
- * critical-path bounds (scratch: room for M bottom levels). */
-static double allot_objective(const planner_t *pl, const int *w, double *scratch)
+double allot_objective(const planner_t *pl, const int *w, double *scratch)
 {
 	double area = 0, cp = 0;
 	sched_blevels(pl, w, scratch);
@@ -137,6 +136,82 @@ int allot_separable(planner_t *pl, int *w)
 		}
 	}
 	sp_arena_reset(&pl->scratch, mark);
+	return 0;
+}
+
+/* A(D) of allot_lower: every MetaOp at its least area among its candidate
+ * widths k (ks + m MAX_CAND, nks[m] of them) with L T(k) <= D; HUGE_VAL
+ * when one has none. */
+static double area_within(const planner_t *pl, const int *ks, const int *nks, double D)
+{
+	double area = 0;
+	for (int m = 0; m < pl->n_mops; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		const int *k = ks + (size_t)m * MAX_CAND;
+		double least = HUGE_VAL;
+		for (int j = 0; j < nks[m]; j++)
+			if (mo->n_layers * mop_t(mo, k[j]) <= D)
+				least = fmin(least, mo->n_layers * k[j] * mop_t(mo, k[j]));
+		if (least == HUGE_VAL)
+			return HUGE_VAL;
+		area += least;
+	}
+	return area;
+}
+
+/*
+ * A lower bound on allot_objective over every choice of candidate widths
+ * (the MILP's feasible set). Widths w have a longest MetaOp, D = max_m
+ * L_m T_m(w_m), one of the deadlines L_m T_m(k); then
+ *   area(w) >= A(D) = sum_m min {L_m k T_m(k) : k in K_m, L_m T_m(k) <= D}
+ *   cp(w)   >= D,  cp(w) >= cp_min (every MetaOp at its fastest candidate)
+ * so obj(w) >= max(cp_min, min_D max(A(D) / N, D)). A(D) / N does not grow
+ * with D and D does, so the minimum lies at the first deadline where
+ * A(D) / N <= D or the one before it (bisection). Every term is one that
+ * allot_objective computes, in the same expression and order, and
+ * rounding is monotone: the bound holds for the computed values exactly.
+ */
+int allot_lower(planner_t *pl, double *out)
+{
+	int M = pl->n_mops, nd = 0;
+	sp_arena_t *a = &pl->scratch;
+	sp_arena_mark_t mark = sp_arena_mark(a);
+	int *ks = sp_arena_calloc(a, (size_t)(M * MAX_CAND + 1), sizeof(int));
+	int *nks = sp_arena_calloc(a, (size_t)(M + 1), sizeof(int));
+	int *fast = sp_arena_calloc(a, (size_t)(M + 1), sizeof(int));
+	double *dl = sp_arena_calloc(a, (size_t)(M * MAX_CAND + 1), sizeof(double));
+	double *bl = sp_arena_calloc(a, (size_t)(M + 1), sizeof(double));
+	if (!ks || !nks || !fast || !dl || !bl)
+		return SP_ENOMEM;
+	for (int m = 0; m < M; m++) {
+		const metaop_t *mo = &pl->mops[m];
+		int *k = ks + (size_t)m * MAX_CAND;
+		nks[m] = width_candidates(mo, pl->N, k);
+		fast[m] = k[0];
+		for (int j = 0; j < nks[m]; j++) {
+			dl[nd++] = mo->n_layers * mop_t(mo, k[j]);
+			if (mo->n_layers * mop_t(mo, k[j]) < mo->n_layers * mop_t(mo, fast[m]))
+				fast[m] = k[j];
+		}
+	}
+	sched_blevels(pl, fast, bl);
+	double cp = 0;
+	for (int m = 0; m < M; m++)
+		cp = fmax(cp, bl[m]);
+	qsort(dl, (size_t)nd, sizeof(double), cmp_double);
+	int lo = 0, hi = nd; /* the first deadline with A(D) / N <= D (nd: none) */
+	while (lo < hi) {
+		int mid = lo + (hi - lo) / 2;
+		if (area_within(pl, ks, nks, dl[mid]) / pl->N <= dl[mid])
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	double least = lo < nd ? dl[lo] : HUGE_VAL;
+	if (lo > 0)
+		least = fmin(least, area_within(pl, ks, nks, dl[lo - 1]) / pl->N);
+	*out = fmax(cp, least);
+	sp_arena_reset(a, mark);
 	return 0;
 }
 
@@ -307,8 +382,7 @@ static int milp_keep_better(planner_t *pl, const milp_cols_t *cols, glp_prob *lp
 	return 0;
 }
 
-/* The MILP of the file comment; improves w (from allot_separable) if it can. */
-int allot_milp(planner_t *pl, int *w)
+int allot_milp_solve(planner_t *pl, int *w)
 {
 	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
 	milp_cols_t cols;
@@ -320,6 +394,22 @@ int allot_milp(planner_t *pl, int *w)
 			rc = milp_keep_better(pl, &cols, lp, w);
 		glp_delete_prob(lp);
 	}
+	sp_arena_reset(&pl->scratch, mark);
+	return rc;
+}
+
+/* The MILP of the file comment, solved only when it can change w: its
+ * answer replaces w only below w's objective by milp_keep_better's margin,
+ * and no widths are below allot_lower, so when that bound is at the bar
+ * the answer would be dropped (the separable widths are optimal then:
+ * clip-10 on 32 A800s). */
+int allot_milp(planner_t *pl, int *w)
+{
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	double lb, *scratch = sp_arena_calloc(&pl->scratch, (size_t)(pl->n_mops + 1), sizeof(double));
+	int rc = scratch ? allot_lower(pl, &lb) : SP_ENOMEM;
+	if (!rc && lb < allot_objective(pl, w, scratch) * (1 - 1e-9))
+		rc = allot_milp_solve(pl, w);
 	sp_arena_reset(&pl->scratch, mark);
 	return rc;
 }

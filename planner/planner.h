@@ -536,8 +536,16 @@ double paper_cstar(const planner_t *pl, const int *mops, const double *rem, int 
 /* Separable allotment: each MetaOp's cheapest width meeting a common
  * deadline, the best deadline. Temporaries in pl->scratch. */
 int allot_separable(planner_t *pl, int *w);
-/* The GLPK MILP; improves w (from allot_separable) if it can. */
+/* The GLPK MILP; improves w (from allot_separable) if it can: solved
+ * only when allot_lower leaves room below w's objective. */
 int allot_milp(planner_t *pl, int *w);
+/* The same, always solved (what allot_milp must equal). */
+int allot_milp_solve(planner_t *pl, int *w);
+/* A lower bound on allot_objective over the MILP's width choices. */
+int allot_lower(planner_t *pl, double *out);
+/* The MILP's objective at widths w: the larger of the area and
+ * critical-path bounds (scratch: room for M bottom levels). */
+double allot_objective(const planner_t *pl, const int *w, double *scratch);
 /* Frees the calling thread's GLPK state (a worker thread, before it ends). */
 void allot_thread_end(void);
 /* Local search on w against the list schedule's makespan at memory

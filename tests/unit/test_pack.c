@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "planner.h"
+#include "plan_bundled.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -125,28 +126,10 @@ int __wrap_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 
 static void plan_one(const char *model, const char *cluster)
 {
-	char mp[512], cp[512];
-	snprintf(mp, sizeof mp, "%s/plans/%s/model.json", SPINDLE_ROOT, model);
-	snprintf(cp, sizeof cp, "%s/plans/clusters/%s.json", SPINDLE_ROOT, cluster);
-	sp_model_t m = {0};
-	sp_cluster_t c = {0};
-	sp_err_t err = {0};
-	sp_plan_t p = {0};
-	plan_summary_t sum;
-	if (model_load(&m, mp, &err) || cluster_load(&c, cp, &err))
-		fail_msg("loading %s on %s: %s", model, cluster, err.msg);
-	plan_opts_t o = {.algo = ALGO_SPINDLE, .placement = PLACE_SPINDLE,
-			 .mem_reserve_gib = 2.0, .milp_nodes = 200, .zero = -1,
-			 .recompute = -1, .max_ins = PLAN_MAX_INS_DEFAULT, .jobs = 1};
 	n_sched = n_bad = n_asc = n_reorder = 0;
 	memset(fp, 0, sizeof fp);
 	memset(span, 0, sizeof span);
-	int rc = planner_run(&o, &m, &c, &p, &sum, &err);
-	plan_release(&p);
-	model_release(&m);
-	cluster_release(&c);
-	if (rc)
-		fail_msg("planning %s on %s: rc %d, '%s'", model, cluster, rc, err.msg);
+	plan_bundled(model, cluster);
 	print_message("%s on %s: %ld packed schedules, %ld faults\n", model, cluster, n_sched,
 		      n_bad);
 	assert_true(n_sched > 0);

@@ -671,8 +671,3 @@ void fl_await(fl_net_t *n, int j)
 {
 	n->jobs[j].wake = 1;
 }
-
-double fl_done(const fl_net_t *n, int j)
-{
-	return n->jobs[j].done;
-}

@@ -442,8 +442,12 @@ void fl_await(fl_net_t *n, int j);
  * until_arrival, else until every job is done (0); SP_ENOMEM. Jobs added
  * later must not start before the clock. */
 int fl_advance(fl_net_t *n, int until_arrival);
-/* When job j finished, or -1. */
-double fl_done(const fl_net_t *n, int j);
+/* When job j finished, or -1 (inline: sim.c asks once per awaited
+ * transfer and sync, the call cost more than the read). */
+static inline double fl_done(const fl_net_t *n, int j)
+{
+	return n->jobs[j].done;
+}
 
 /* ---- sched.c (shared) and sched_*.c: schedules ---------------------------- */
 

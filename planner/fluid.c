@@ -71,10 +71,10 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
 			    &out->lv.pos,   &out->seeded};
 	/* per job (or component slot), written before read: new_job sets a
-	 * job's jmark and ev.pos, share a slot's comp and frozen, the heaps and
+	 * job's ev.pos, share a slot's comp and frozen, the heaps and
 	 * lists their entries below their counts. Not zeroed: a simulation
 	 * sized for every transfer of m32 touches only the pages its jobs use */
-	int **per_job[] = {&out->comp, &out->jmark, &out->waiting, &out->ev.pos};
+	int **per_job[] = {&out->comp, &out->waiting, &out->ev.pos};
 	for (size_t i = 0; i < sizeof per_link / sizeof *per_link; i++)
 		if (!(*per_link[i] = sp_arena_calloc(a, nr, sizeof(int))))
 			return SP_ENOMEM;
@@ -83,8 +83,13 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 			return SP_ENOMEM;
 	/* new_job writes each job whole; job 0 zeroed, as the index a caller's
 	 * zeroed job array holds before it names a job (fl_done reads it) */
-	if ((out->jobs = sp_arena_array(a, nj, sizeof *out->jobs)))
+	if ((out->jobs = sp_arena_array(a, nj + 1, sizeof *out->jobs))) {
+		/* aligned to its type's 64 bytes: a job's first line is its
+		 * sharing's (the arena aligns less) */
+		uintptr_t at = (uintptr_t)out->jobs, al = _Alignof(fl_job_t);
+		out->jobs = (fl_job_t *)((at + al - 1) / al * al);
 		memset(out->jobs, 0, sizeof *out->jobs);
+	}
 	/* at most one entry per job or link: the heaps never grow */
 	out->pending.e = sp_arena_array(a, nj, sizeof(fl_ev_t));
 	out->in_order = sp_arena_array(a, nj, sizeof(fl_ev_t));
@@ -133,7 +138,7 @@ static int new_job(fl_net_t *n, double start, int src)
 	jb->src = src;
 	jb->fnext = -1;
 	n->ev.pos[j] = -1;
-	n->jmark[j] = 0; /* below every sharing's epoch */
+	/* jmark 0: below every sharing's epoch */
 	/* j exceeds every job's id: after the list's last, else its sender's
 	 * last, when it starts no earlier */
 	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
@@ -220,8 +225,6 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	jb->xl[0] = (net_load_t){res[0], (double)bytes * scale};
 	jb->xl[1] = (net_load_t){res[1], (double)bytes * scale};
 	jb->co.n_phase = 1;
-	jb->slot = jb->xslot;
-	jb->w = jb->xw;
 	jb->co.ph[0] = (net_phase_t){.lat_ms = scale * (dev_node(n->c, a) == dev_node(n->c, b)
 								? n->c->intra_lat_us * 1e-3
 								: n->c->inter_lat_us * 1e-3),
@@ -246,8 +249,7 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 	    most = 0;
 	for (int p = 0; p < jb->co.n_phase; p++)
 		most = SP_MAX(most, jb->co.ph[p].n_load);
-	if (!rc && (!(jb->slot = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(int))) ||
-		    !(jb->w = sp_arena_calloc(n->a, (size_t)most + 1, sizeof(double)))))
+	if (!rc && most > 2 && !(jb->ldbuf = sp_arena_calloc(n->a, (size_t)most, sizeof(fl_ld_t))))
 		rc = SP_ENOMEM;
 	return rc ? rc : j;
 }
@@ -277,18 +279,18 @@ static inline int seed(fl_net_t *n, int r)
 static int drain_begin(fl_net_t *n, int j)
 {
 	fl_job_t *jb = &n->jobs[j];
-	const net_phase_t *ph = &jb->co.ph[jb->phase];
+	fl_ld_t *ld = fl_loads(jb);
 	jb->state = J_DRAIN;
 	jb->rate = 0;
 	jb->t_ref = n->now;
-	for (int i = 0; i < ph->n_load; i++) {
-		int r = ph->load[i].res;
+	for (int i = 0; i < jb->n_ld; i++) {
+		int r = ld[i].res;
 		if ((n->ln[r] >= n->lcap[r] &&
 		     sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
 				   sizeof(struct fl_on))) ||
 		    seed(n, r))
 			return SP_ENOMEM;
-		jb->slot[i] = n->ln[r];
+		ld[i].slot = n->ln[r];
 		n->lj[r][n->ln[r]++] = (struct fl_on){j, i};
 	}
 	return 0;
@@ -296,14 +298,14 @@ static int drain_begin(fl_net_t *n, int j)
 
 static int drain_end(fl_net_t *n, int j)
 {
-	const fl_job_t *jb = &n->jobs[j];
-	const net_phase_t *ph = &jb->co.ph[jb->phase];
-	for (int i = 0; i < ph->n_load; i++) {
+	fl_job_t *jb = &n->jobs[j];
+	const fl_ld_t *ld = fl_loads(jb);
+	for (int i = 0; i < jb->n_ld; i++) {
 		/* the link's last load takes its place */
-		int r = ph->load[i].res, q = jb->slot[i];
+		int r = ld[i].res, q = ld[i].slot;
 		struct fl_on last = n->lj[r][--n->ln[r]];
 		n->lj[r][q] = last;
-		n->jobs[last.job].slot[last.load] = q;
+		fl_loads(&n->jobs[last.job])[last.load].slot = q;
 		if (seed(n, r))
 			return SP_ENOMEM;
 	}
@@ -330,11 +332,16 @@ static int enter_phase(fl_net_t *n, int j)
 		double v = 0;
 		for (int i = 0; i < ph->n_load; i++)
 			v = max2(v, ph->load[i].bytes);
-		jb->vol = jb->rem = v;
-		for (int i = 0; v > 0 && i < ph->n_load; i++)
-			jb->w[i] = ph->load[i].bytes / v; /* sharing's weights, once */
-		if (v > 0)
+		jb->rem = v;
+		if (v > 0) {
+			jb->n_ld = ph->n_load;
+			if (jb->n_ld > 2)
+				jb->ld.p = jb->ldbuf;
+			fl_ld_t *ld = fl_loads(jb);
+			for (int i = 0; i < ph->n_load; i++) /* sharing's weights, once */
+				ld[i] = (fl_ld_t){ph->load[i].res, 0, ph->load[i].bytes / v};
 			return drain_begin(n, j);
+		}
 		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
 			jb->state = J_DELAY;
 			heap_set(&n->ev, j, n->now + ph->lat_ms);
@@ -440,14 +447,20 @@ static void lv_update(fl_net_t *n, int r)
 		heap_del(&n->lv, n->lv.pos[r]);
 }
 
-/* Link r joins the component: full capacity, nothing on it yet. */
-static inline void link_join(fl_net_t *n, int r, int *nl)
+/* Link r joins the component: full capacity, nothing on it yet, room in
+ * on[r] for every load draining through it (the component takes them
+ * all). SP_ENOMEM. */
+static inline int link_join(fl_net_t *n, int r, int *nl)
 {
+	if (n->ln[r] > n->oncap[r] &&
+	    sp_arena_grow(n->a, (void **)&n->on[r], &n->oncap[r], n->ln[r], sizeof(int)))
+		return SP_ENOMEM;
 	n->lmark[r] = n->epoch;
 	n->links[(*nl)++] = r;
 	n->left[r] = n->cap[r];
 	n->sum[r] = 0;
 	n->cnt[r] = 0;
+	return 0;
 }
 
 /* The least (level, id) of the na links in act that take part, by scan;
@@ -520,10 +533,10 @@ static void freeze_link(fl_net_t *n, int r, double x, int heap)
 			jb->rate = x;
 			heap_set(&n->ev, n->comp[k], n->now + jb->rem / x);
 		}
-		const net_phase_t *ph = &jb->co.ph[jb->phase];
-		for (int i = 0; i < ph->n_load; i++) {
-			int r2 = ph->load[i].res;
-			double w = jb->w[i];
+		const fl_ld_t *ld = fl_loads(jb);
+		for (int i = 0; i < jb->n_ld; i++) {
+			int r2 = ld[i].res;
+			double w = ld[i].w;
 			n->left[r2] -= x * w;
 			n->sum[r2] -= w;
 			n->unfrozen[r2]--;
@@ -548,30 +561,26 @@ static int share(fl_net_t *n)
 	 * numbered k in the order found; each link lists its loads' k in
 	 * on[r], increasing, and sums their weights bytes_r / V in that order */
 	for (int i = 0; i < n->n_seeds; i++)
-		if (n->lmark[n->seeds[i]] != ep)
-			link_join(n, n->seeds[i], &nl);
+		if (n->lmark[n->seeds[i]] != ep && link_join(n, n->seeds[i], &nl))
+			return SP_ENOMEM;
 	n->n_seeds = 0;
 	for (int q = 0; q < nl; q++) {
 		int r = n->links[q];
 		for (int e = 0; e < n->ln[r]; e++) {
 			int j = n->lj[r][e].job, k = nc;
-			if (n->jmark[j] == ep)
+			fl_job_t *jb = &n->jobs[j];
+			if (jb->jmark == ep)
 				continue;
-			n->jmark[j] = ep;
+			jb->jmark = ep;
 			n->comp[nc++] = j;
 			n->frozen[k] = 0;
-			const fl_job_t *jb = &n->jobs[j];
-			const net_phase_t *ph = &jb->co.ph[jb->phase];
-			for (int i = 0; i < ph->n_load; i++) {
-				int r2 = ph->load[i].res;
-				if (n->lmark[r2] != ep)
-					link_join(n, r2, &nl);
-				if (n->cnt[r2] >= n->oncap[r2] &&
-				    sp_arena_grow(n->a, (void **)&n->on[r2], &n->oncap[r2],
-						  n->cnt[r2] + 1, sizeof(int)))
+			const fl_ld_t *ld = fl_loads(jb);
+			for (int i = 0; i < jb->n_ld; i++) {
+				int r2 = ld[i].res;
+				if (n->lmark[r2] != ep && link_join(n, r2, &nl))
 					return SP_ENOMEM;
 				n->on[r2][n->cnt[r2]++] = k;
-				n->sum[r2] += jb->w[i];
+				n->sum[r2] += ld[i].w;
 			}
 		}
 	}
@@ -661,9 +670,4 @@ int fl_advance(fl_net_t *n, int until_arrival)
 void fl_await(fl_net_t *n, int j)
 {
 	n->jobs[j].wake = 1;
-}
-
-double fl_done(const fl_net_t *n, int j)
-{
-	return n->jobs[j].done;
 }

@@ -325,25 +325,41 @@ double net_phases_ms(const sp_cluster_t *c, const net_coll_t *co);
 
 /* ---- fluid.c: the simulator's network, links shared max-min fairly ---------- */
 
-/* What the sharing reads per job and load comes first, together (a
- * transfer's loads, weights and slots, its phase, the collective's
- * phases), the rest after: a job's sharing touches fewer cache lines. */
+/* A load of a job's draining phase as the sharing reads it: its link, its
+ * index in that link's list of loads, its weight bytes_r / V. */
 typedef struct {
-	net_load_t xl[2];          /* a transfer's loads */
-	double xw[2];              /* a transfer's weights (w) */
-	int xslot[2];              /* a transfer's slots */
+	int res, slot;
+	double w;
+} fl_ld_t;
+
+/* What the sharing reads per job comes first, in one 64-byte line (fl_init
+ * aligns the array): the draining phase's loads (a transfer's two, or any
+ * phase's up to two, inline; more in the collective's ldbuf), the sharing's
+ * mark, the rate and the bytes left at t_ref; the rest after. */
+typedef struct {
+	_Alignas(64) int n_ld;     /* loads of the draining phase */
+	int jmark;                 /* the last sharing that took it (epoch) */
+	double rate, rem, t_ref;   /* current phase: rem bytes at t_ref */
+	union {
+		fl_ld_t x[2];      /* n_ld <= 2 */
+		fl_ld_t *p;        /* n_ld > 2: ldbuf */
+	} ld;
+	fl_ld_t *ldbuf;            /* a collective's room for its largest phase */
 	int phase, state;
+	net_load_t xl[2];          /* a transfer's loads */
 	net_coll_t co;
-	int *slot;                 /* per load of the draining phase: its index in
-				    * its link's list */
-	double *w;                 /* per load of the draining phase: bytes_r / vol */
-	double rate, rem, t_ref, vol; /* current phase: rem bytes at t_ref */
 	int coll, n_dev, wake;
 	int src, fnext;            /* a transfer in its sender's queue: the sender, the
 				    * next job there (-1: none, or not queued) */
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	const int32_t *devs;       /* an all-reduce's members */
 } fl_job_t;
+
+/* The loads of job jb's draining phase. */
+static inline fl_ld_t *fl_loads(fl_job_t *jb)
+{
+	return jb->n_ld <= 2 ? jb->ld.x : jb->ld.p;
+}
 
 /* A heap entry: a time or level, a job or link. */
 typedef struct {
@@ -405,7 +421,7 @@ typedef struct {
 	 * component's links and jobs (marked with epoch) */
 	double *left, *sum;
 	int **on, *oncap, *cnt, *unfrozen, *links, *changed;
-	int *comp, *lmark, *jmark, epoch;
+	int *comp, *lmark, epoch;
 	int freed, arrived;
 } fl_net_t;
 
@@ -426,8 +442,12 @@ void fl_await(fl_net_t *n, int j);
  * until_arrival, else until every job is done (0); SP_ENOMEM. Jobs added
  * later must not start before the clock. */
 int fl_advance(fl_net_t *n, int until_arrival);
-/* When job j finished, or -1. */
-double fl_done(const fl_net_t *n, int j);
+/* When job j finished, or -1 (inline: sim.c asks once per awaited
+ * transfer and sync, the call cost more than the read). */
+static inline double fl_done(const fl_net_t *n, int j)
+{
+	return n->jobs[j].done;
+}
 
 /* ---- sched.c (shared) and sched_*.c: schedules ---------------------------- */
 

@@ -297,6 +297,39 @@ static void test_half_jobs_alone(void **state)
 	}
 }
 
+/* A hierarchical all-reduce over 2 nodes x 8 GPUs, one NIC (28.75 ms, test
+ * ring_or_hierarchical): three phases of different loads (GPU ports,
+ * NICs, GPU ports), each more than a transfer's two, drained one after
+ * the other through the job's room for its largest phase (fl_ld_t, in
+ * fl_init's 64-byte aligned job array); alone it ends
+ * at its price, and so does the same all-reduce on two other nodes beside
+ * it, with a transfer between those nodes through their NICs, alone there
+ * (2 ms) until their NIC phase (after 7/8 GB / 200 GB/s = 4.375 ms). */
+static void test_phases_in_turn(void **state)
+{
+	sp_cluster_t c = cluster(4, 8, 1, 0);
+	int32_t d0[16], d1[16];
+	for (int i = 0; i < 16; i++)
+		d0[i] = i, d1[i] = 16 + i;
+	net_coll_t co;
+	assert_int_equal(net_allreduce_phases(&co, &c, d0, 16, 1000000000, 0, *state), 0);
+	assert_int_equal(co.n_phase, 3);
+	for (int p = 0; p < 3; p++)
+		assert_true(co.ph[p].n_load > 2);
+	assert_int_not_equal(co.ph[0].n_load, co.ph[1].n_load);
+	fl_net_t *n = net_new(state, &c);
+	/* each job's sharing fields in one cache line */
+	assert_int_equal((uintptr_t)n->jobs % 64, 0);
+	assert_int_equal(sizeof *n->jobs % 64, 0);
+	int j0 = fl_coll(n, 0, d0, 16, 1000000000, COLL_ALL_REDUCE),
+	    x = fl_xfer(n, 0, 16, 24, S_BYTES),
+	    j1 = fl_coll(n, 0, d1, 16, 1000000000, COLL_ALL_REDUCE);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, j0), 28.75, "hierarchical all-reduce alone");
+	near(fl_done(n, j1), 28.75, "beside another and a transfer");
+	near(fl_done(n, x), 2.0, "transfer before the NIC phase");
+}
+
 /* S and 2S on one NIC: both at 25 GB/s until the first is through (4 ms),
  * then the second alone at 50 GB/s for its last S (2 ms). The network
  * stops at the first awaited arrival when asked to. */
@@ -537,6 +570,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_phases_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),
 		cmocka_unit_test_setup_teardown(test_send_queues_exact, arena_setup, arena_teardown),

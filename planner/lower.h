@@ -51,8 +51,8 @@ typedef struct {
 	int ng, capg;
 	/* lower_sequence counts the transfers' instructions (1 a COPY, 2 a
 	 * SEND and its RECV) and stores transfers only while that count is
-	 * within limit (--max-instructions); g is sized from the count */
-	int64_t n_counted, limit;
+	 * within store_to (collect_all); g is sized from the count */
+	int64_t n_counted, store_to;
 	int *cons_first, *cons_list, *prod_first, *prod_list;
 } lstate_t;
 

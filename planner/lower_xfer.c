@@ -54,8 +54,8 @@ static sp_vref_t vref(int m, int l, int grad, int off)
 static int add_xfer(lstate_t *st, xfer_t x)
 {
 	st->n_counted += lower_dev_of(st, x.ps, x.pj) == lower_dev_of(st, x.cs, x.cj) ? 1 : 2;
-	if (st->n_counted > st->limit)
-		return 0; /* past the guard (collect_all): counted, not stored */
+	if (st->n_counted > st->store_to)
+		return 0; /* past what collect_all stores: counted only */
 	x.tag = st->nx;
 	if (sp_arena_grow(st->a, (void **)&st->x, &st->capx, st->nx + 1, sizeof *st->x))
 		return SP_ENOMEM;
@@ -534,28 +534,42 @@ static int emit_all(lstate_t *st)
  * contrastive loss) needs its whole batch on every one of its n devices,
  * from each of its producers' m devices, n x m transfers per input
  * (sequential: every slice on all N devices, N^2: 2.1 M instructions for
- * clip-10 with batches x4 on 256 GPUs, about 34 M at 1024 GPUs). Past
- * the limit the pass only counts, to name the slice that receives most.
+ * clip-10 with batches x4 on 256 GPUs, about 34 M at 1024 GPUs). So a
+ * pass stores transfers only while the count is within STORE_AHEAD
+ * instructions (at most that many records held before the guard can
+ * refuse); a plan past it but within the limit is collected once more,
+ * every transfer stored (the pass has no other effect). Past the limit
+ * the first pass only counts, to name the slice that receives most.
  */
-static int collect_all(lstate_t *st)
+#define STORE_AHEAD ((int64_t)1 << 18)
+
+static int collect_pass(lstate_t *st, int64_t store_to, int64_t *worst, int *wi)
 {
-	const planner_t *pl = st->pl;
-	int64_t worst = -1, total;
-	int wi = 0, rc = 0;
-	st->limit = pl->opts->max_ins > 0 ? pl->opts->max_ins : INT64_MAX;
+	int rc = 0;
 	st->n_counted = 0;
+	st->nx = 0;
+	st->store_to = store_to;
 	for (int i = 0; i < st->s->n && !rc; i++) {
 		int64_t before = st->n_counted;
 		rc = collect_xfers(st, i);
-		if (st->n_counted - before > worst) {
-			worst = st->n_counted - before;
-			wi = i;
+		if (st->n_counted - before > *worst) {
+			*worst = st->n_counted - before;
+			*wi = i;
 		}
 	}
-	if (!rc)
-		rc = collect_memory(st);
+	return rc ? rc : collect_memory(st);
+}
+
+static int collect_all(lstate_t *st)
+{
+	const planner_t *pl = st->pl;
+	int64_t worst = -1, total, limit = pl->opts->max_ins > 0 ? pl->opts->max_ins : INT64_MAX;
+	int wi = 0;
+	int rc = collect_pass(st, limit < STORE_AHEAD ? limit : STORE_AHEAD, &worst, &wi);
 	total = st->n_counted;
-	if (rc || total <= st->limit)
+	if (!rc && total > STORE_AHEAD && total <= limit)
+		rc = collect_pass(st, limit, &worst, &wi);
+	if (rc || total <= limit)
 		return rc;
 	const sslice_t *x = &st->s->s[wi];
 	const metaop_t *mo = &pl->mops[x->metaop];

@@ -10,7 +10,7 @@
 
 #include <stdio.h>
 
-static void plan_bundled(const char *model, const char *cluster)
+static inline void plan_bundled(const char *model, const char *cluster)
 {
 	char mp[512], cp[512];
 	snprintf(mp, sizeof mp, "%s/plans/%s/model.json", SPINDLE_ROOT, model);

@@ -167,19 +167,6 @@ static void by_saving(const tail_t *t, int *cand, double *key, int n)
 }
 
 /*
- * --defer-gather auto, a plan with zero-1/2 buckets (after the zero-1
- * choice below): every one of their all-gathers deferred at once (left in
- * flight at the step's end, waited for before the next step's first use of
- * the bucket: sim.c models it from the iteration's start, sharing the
- * network with the forward's transfers), kept when the simulator says the
- * iteration is faster; else the plan as it was. With shard (--zero auto,
- * tried second), every replicated bucket of 2+ devices in zero-1 too and
- * deferred with them: the zero-1 choice above prices the all-gather in the
- * tail, where a deferred one is not. Memory does not grow (a zero-1/2
- * member holds the whole weights either way; zero-1 shards the state).
- * One choice for the plan, as try_overlap's.
- */
-/*
  * A trial on p (its programs' tails rebuilt) that must be faster than
  * beat ms to be kept: *doomed 1 when its sync bound (bound_sync with its
  * layouts and the all-gathers it waits for: at most its simulated
@@ -267,6 +254,19 @@ static void defer_apply(planner_t *pl, sp_plan_t *p, int shard)
 	}
 }
 
+/*
+ * --defer-gather auto, a plan with zero-1/2 buckets (after the zero-1
+ * choice below): every one of their all-gathers deferred at once (left in
+ * flight at the step's end, waited for before the next step's first use of
+ * the bucket: sim.c models it from the iteration's start, sharing the
+ * network with the forward's transfers), kept when the simulator says the
+ * iteration is faster; else the plan as it was. With shard (--zero auto,
+ * tried second), every replicated bucket of 2+ devices in zero-1 too and
+ * deferred with them: the zero-1 choice above prices the all-gather in the
+ * tail, where a deferred one is not. Memory does not grow (a zero-1/2
+ * member holds the whole weights either way; zero-1 shards the state).
+ * One choice for the plan, as try_overlap's.
+ */
 static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 {
 	int rc = 0;

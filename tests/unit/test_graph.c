@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "planner.h"
+#include "hand_inputs.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -34,14 +35,9 @@ static const char CLUSTER[] =
 	" \"links\": {\"intra_node_gbs\": 10, \"intra_node_latency_us\": 1,"
 	" \"inter_node_gbs\": 1, \"inter_node_latency_us\": 10}}";
 
-/* The planner as plan.c sets it up, with the options main.c defaults to. */
-typedef struct {
-	sp_model_t model;
-	sp_cluster_t cluster;
-	plan_opts_t opts;
-	sp_err_t err;
-	planner_t pl;
-} gfix_t;
+/* The planner as plan.c sets it up, with the options main.c defaults to
+ * (hand_inputs.h's hand_t; fix_init fills it). */
+typedef hand_t gfix_t;
 
 /* Models below are written with ' for " so they read as JSON. */
 static char *unquote(const char *s)

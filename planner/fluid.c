@@ -433,6 +433,12 @@ static int start_waiting(fl_net_t *n)
  * (level, id), levels computed alike), so the rates are the same as with
  * either alone: O(loads + SCAN_ROUNDS * links + links changed per later
  * round * log links) per event.
+ *
+ * The round that freezes the component's last unfrozen jobs (all on its
+ * link; most sharings have no other round) only sets their rates: what
+ * the others read (left, sum, unfrozen, the levels) has no reader left,
+ * and no scan follows to find that no link takes part. The rates and the
+ * order of their events are those of the full rounds.
  */
 #define SCAN_ROUNDS 8
 
@@ -514,17 +520,32 @@ static void lv_build(fl_net_t *n, const int *act, int na)
 	heap_build(&n->lv);
 }
 
-/* Link r fills at level x: its unfrozen jobs freeze at x. With the heap
- * (heap), the links whose level changed are moved in it. */
-static void freeze_link(fl_net_t *n, int r, double x, int heap)
+/* Whether every one of the component's n_left unfrozen jobs crosses link
+ * r (a job's loads on r lie next to each other in on[r]: counted once). */
+static int holds_rest(const fl_net_t *n, int r, int n_left)
 {
-	int n_changed = 0;
+	if (n->unfrozen[r] < n_left)
+		return 0;
+	const int *on = n->on[r];
+	int m = 0;
+	for (int q = 0; q < n->cnt[r]; q++)
+		m += !n->frozen[on[q]] && (q == 0 || on[q] != on[q - 1]);
+	return m == n_left;
+}
+
+/* Link r fills at level x: its unfrozen jobs freeze at x; how many. With
+ * the heap (heap), the links whose level changed are moved in it. The
+ * last round (last: they are all that is left) only sets their rates. */
+static inline int freeze_link(fl_net_t *n, int r, double x, int heap, int last)
+{
+	int n_changed = 0, n_frozen = 0;
 	for (int q = 0; q < n->cnt[r]; q++) {
 		int k = n->on[r][q];
 		if (n->frozen[k])
 			continue;
 		fl_job_t *jb = &n->jobs[n->comp[k]];
 		n->frozen[k] = 1;
+		n_frozen++;
 		/* what it drained at its old rate, then the new one; at the
 		 * same rate its end event stands */
 		if (x != jb->rate) {
@@ -533,6 +554,8 @@ static void freeze_link(fl_net_t *n, int r, double x, int heap)
 			jb->rate = x;
 			heap_set(&n->ev, n->comp[k], n->now + jb->rem / x);
 		}
+		if (last)
+			continue;
 		const fl_ld_t *ld = fl_loads(jb);
 		for (int i = 0; i < jb->n_ld; i++) {
 			int r2 = ld[i].res;
@@ -551,6 +574,7 @@ static void freeze_link(fl_net_t *n, int r, double x, int heap)
 		n->touched[n->changed[i]] = 0;
 		lv_update(n, n->changed[i]);
 	}
+	return n_frozen;
 }
 
 static int share(fl_net_t *n)
@@ -587,7 +611,7 @@ static int share(fl_net_t *n)
 	/* n->links, the scan's links, loses those that leave it; the first
 	 * scan sets every link's unfrozen count before any freezes */
 	double x = 0;
-	for (int round = 0, na = nl;; round++) {
+	for (int round = 0, na = nl, n_left = nc; n_left > 0; round++) {
 		double t = 0;
 		int r;
 		if (round == SCAN_ROUNDS)
@@ -606,7 +630,12 @@ static int share(fl_net_t *n)
 			t = top.t;
 		}
 		x = max2(t, x); /* levels only grow; keeps rounding from going back */
-		freeze_link(n, r, x, round >= SCAN_ROUNDS);
+		int last = holds_rest(n, r, n_left);
+		/* four calls: each inlined with its heap and last */
+		if (round >= SCAN_ROUNDS)
+			n_left -= last ? freeze_link(n, r, x, 1, 1) : freeze_link(n, r, x, 1, 0);
+		else
+			n_left -= last ? freeze_link(n, r, x, 0, 1) : freeze_link(n, r, x, 0, 0);
 	}
 	return 0;
 }

@@ -7,7 +7,8 @@
  * max-min fair sharing on hand-computed cases: two transfers through one
  * NIC take twice as long, through two NICs (rails) they do not, an
  * all-reduce beside a transfer on one NIC slows both, a transfer that
- * leaves gives its share back, also from the middle of its links' lists;
+ * leaves gives its share back, also from the middle of its links' lists,
+ * a sharing's last round (it only sets rates) after a first;
  * measured collectives (the cluster's "collectives"): log-log
  * interpolation, the nearest shape, fallbacks, and the simulator's phases
  * scaled to the measured time.
@@ -363,6 +364,24 @@ static void test_leave_in_turn(void **state)
 	near(fl_done(n, j0), 12.0 + 0.01, "first added");
 }
 
+/* Two rounds of filling, the second the last: A (GPU 0 -> 2), D (1 -> 3)
+ * and B (0 -> 6) leave node 0's NIC at 50/3 GB/s each, the first link to
+ * fill; then C (4 -> 7) alone has what B leaves of node 3's incoming
+ * NIC, 100/3 GB/s, and takes all of it in the last round (which only
+ * sets rates). S each: C is through at 3 ms, the others at 6 ms. */
+static void test_last_round(void **state)
+{
+	sp_cluster_t c = cluster(4, 2, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int a = fl_xfer(n, 0, 0, 2, S_BYTES), d = fl_xfer(n, 0, 1, 3, S_BYTES),
+	    b = fl_xfer(n, 0, 0, 6, S_BYTES), x = fl_xfer(n, 0, 4, 7, S_BYTES);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, x), 3.0 + 0.01, "alone in the last round");
+	near(fl_done(n, a), 6.0 + 0.01, "first round, A");
+	near(fl_done(n, d), 6.0 + 0.01, "first round, D");
+	near(fl_done(n, b), 6.0 + 0.01, "first round, B");
+}
+
 /* All-reduces run one at a time per device, in the order they became
  * ready: X over GPUs 1 and 3, then A over 0 and 1 (waits for X on GPU 1),
  * then B over 0 and 2, all ready at 0. B must not start on GPU 0 before A,
@@ -570,6 +589,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_last_round, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_phases_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),

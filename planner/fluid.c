@@ -69,7 +69,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	size_t nr = (size_t)net_n_res(c) + 1, nj = (size_t)max_jobs + 1;
 	int **per_link[] = {&out->ln,       &out->lcap,  &out->lmark,   &out->cnt,
 			    &out->unfrozen, &out->links, &out->changed, &out->oncap,
-			    &out->lv.pos,   &out->seeded};
+			    &out->lv.pos,   &out->seeded, &out->seeds};
 	/* per job (or component slot), written before read: new_job sets a
 	 * job's ev.pos, share a slot's comp and frozen, the heaps and
 	 * lists their entries below their counts. Not zeroed: a simulation
@@ -258,22 +258,15 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 
 /* Per link, the jobs draining through it; every link whose set changed is
  * a seed of the next sharing (epoch + 1), once: sharing joins the seeds
- * in the order of their first time. */
-static int seed_new(fl_net_t *n, int r)
+ * in the order of their first time. Once per link: fl_init's room for
+ * every link holds them (inlined: every load of a phase that starts or
+ * ends seeds its link, most of them a seed already). */
+static inline void seed(fl_net_t *n, int r)
 {
-	if (n->n_seeds == n->cap_seeds &&
-	    sp_arena_grow(n->a, (void **)&n->seeds, &n->cap_seeds, n->n_seeds + 1, sizeof(int)))
-		return SP_ENOMEM;
-	n->seeded[r] = n->epoch + 1;
-	n->seeds[n->n_seeds++] = r;
-	return 0;
-}
-
-/* seed_new unless r is a seed already (most calls: every load of a phase
- * that starts or ends seeds its link, and links carry many): inlined */
-static inline int seed(fl_net_t *n, int r)
-{
-	return n->seeded[r] == n->epoch + 1 ? 0 : seed_new(n, r);
+	if (n->seeded[r] != n->epoch + 1) {
+		n->seeded[r] = n->epoch + 1;
+		n->seeds[n->n_seeds++] = r;
+	}
 }
 
 static int drain_begin(fl_net_t *n, int j)
@@ -285,18 +278,18 @@ static int drain_begin(fl_net_t *n, int j)
 	jb->t_ref = n->now;
 	for (int i = 0; i < jb->n_ld; i++) {
 		int r = ld[i].res;
-		if ((n->ln[r] >= n->lcap[r] &&
-		     sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
-				   sizeof(struct fl_on))) ||
-		    seed(n, r))
+		if (n->ln[r] >= n->lcap[r] &&
+		    sp_arena_grow(n->a, (void **)&n->lj[r], &n->lcap[r], n->ln[r] + 1,
+				  sizeof(struct fl_on)))
 			return SP_ENOMEM;
+		seed(n, r);
 		ld[i].slot = n->ln[r];
 		n->lj[r][n->ln[r]++] = (struct fl_on){j, i};
 	}
 	return 0;
 }
 
-static int drain_end(fl_net_t *n, int j)
+static void drain_end(fl_net_t *n, int j)
 {
 	fl_job_t *jb = &n->jobs[j];
 	const fl_ld_t *ld = fl_loads(jb);
@@ -306,10 +299,8 @@ static int drain_end(fl_net_t *n, int j)
 		struct fl_on last = n->lj[r][--n->ln[r]];
 		n->lj[r][q] = last;
 		fl_loads(&n->jobs[last.job])[last.load].slot = q;
-		if (seed(n, r))
-			return SP_ENOMEM;
+		seed(n, r);
 	}
-	return 0;
 }
 
 /* ---- phase ends: one entry per job, moved when its rate changes ------------- */
@@ -654,8 +645,7 @@ static int step_to(fl_net_t *n, double t)
 		}
 		/* its bytes are through */
 		double lat = jb->co.ph[jb->phase].lat_ms;
-		if ((rc = drain_end(n, j)))
-			break;
+		drain_end(n, j);
 		if (lat <= 0 || (!jb->coll && jb->phase + 1 == jb->co.n_phase)) {
 			rc = next_phase(n, j);
 		} else {

@@ -410,7 +410,7 @@ typedef struct {
 		int job, load;
 	} **lj;
 	int *ln, *lcap;
-	int *seeds, n_seeds, cap_seeds; /* links whose jobs changed */
+	int *seeds, n_seeds;     /* links whose jobs changed (room: every link) */
 	int *seeded;             /* per link: the epoch it is a seed for */
 	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */

@@ -107,13 +107,17 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 		out->fhead[d] = out->ftail[d] = -1;
 	out->queues = 1;
 	out->busy = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(char));
-	out->claim = sp_arena_calloc(a, (size_t)c->nodes * c->gpus_per_node + 1, sizeof(int));
+	out->whead = sp_arena_array(a, nd, sizeof(int));
+	out->wtail = sp_arena_array(a, nd, sizeof(int));
+	out->wtail_i = sp_arena_array(a, nd, sizeof(int));
+	for (size_t d = 0; out->whead && d < nd; d++)
+		out->whead[d] = -1;
 	out->left = sp_arena_calloc(a, nr, sizeof(double));
 	out->sum = sp_arena_calloc(a, nr, sizeof(double));
 	out->cap = sp_arena_calloc(a, nr, sizeof(double));
 	for (size_t r = 0; out->cap && r + 1 < nr; r++)
 		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
-	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->claim ||
+	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->whead || !out->wtail || !out->wtail_i ||
 	    !out->left || !out->sum ||
 	    !out->cap ||
 	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched ||
@@ -242,6 +246,8 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 	jb->coll = 1;
 	jb->devs = devs;
 	jb->n_dev = nd;
+	if (nd > 0 && !(jb->wnext = sp_arena_array(n->a, (size_t)nd, sizeof(int))))
+		return SP_ENOMEM;
 	if (bytes <= 0)
 		return j; /* nothing to move: done when ready */
 	int rc = op == COLL_ALL_REDUCE ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, 0, n->a)
@@ -367,31 +373,51 @@ static int next_phase(fl_net_t *n, int j)
 	return rc < 0 ? rc : 0;
 }
 
-/* Waiting all-reduces whose members are all free start, in order; one that
- * waits holds its members for the later ones (claim: this scan's number,
- * so a device runs its all-reduces in the order they became ready; the
- * next scan's number lets them go); one that finishes at once frees its
+/* All-reduce j is ready: it waits behind those ready before it on each
+ * of its members. */
+static void wait_join(fl_net_t *n, int j)
+{
+	fl_job_t *jb = &n->jobs[j];
+	jb->state = J_WAITING;
+	n->waiting[n->n_waiting++] = j;
+	n->freed = 1;
+	for (int i = 0; i < jb->n_dev; i++) {
+		int d = jb->devs[i];
+		jb->wnext[i] = -1;
+		if (n->whead[d] < 0)
+			n->whead[d] = j;
+		else
+			n->jobs[n->wtail[d]].wnext[n->wtail_i[d]] = j;
+		n->wtail[d] = j;
+		n->wtail_i[d] = i;
+	}
+}
+
+/* Waiting all-reduces whose members are all free start, in order; one
+ * that waits holds its members for the later ones (each member's queue:
+ * one starts when it is first on every member's, so a device runs its
+ * all-reduces in the order they became ready; the queues cost a job's
+ * members once, not once per scan); one that finishes at once frees its
  * members for the rest. */
 static int start_waiting(fl_net_t *n)
 {
 	while (n->freed) {
 		n->freed = 0;
-		int kept = 0, rc = 0, scan = ++n->scan, n_waiting = n->n_waiting;
+		int kept = 0, rc = 0, n_waiting = n->n_waiting;
 		for (int w = 0; w < n_waiting; w++) {
 			int j = n->waiting[w];
 			fl_job_t *jb = &n->jobs[j];
-			int free = 1;
+			int free = rc >= 0;
 			for (int i = 0; i < jb->n_dev && free; i++)
-				free = !n->busy[jb->devs[i]] && n->claim[jb->devs[i]] != scan;
-			if (!free || rc < 0) {
-				/* the last one holds no one: no later one reads it */
-				for (int i = 0; w + 1 < n_waiting && i < jb->n_dev; i++)
-					n->claim[jb->devs[i]] = scan;
+				free = !n->busy[jb->devs[i]] && n->whead[jb->devs[i]] == j;
+			if (!free) {
 				n->waiting[kept++] = j;
 				continue;
 			}
-			for (int i = 0; i < jb->n_dev; i++)
+			for (int i = 0; i < jb->n_dev; i++) {
 				n->busy[jb->devs[i]] = 1;
+				n->whead[jb->devs[i]] = jb->wnext[i];
+			}
 			if ((rc = enter_phase(n, j)) == 1)
 				finish(n, j);
 		}
@@ -657,9 +683,7 @@ static int step_to(fl_net_t *n, double t)
 		int j = pend_pop(n);
 		fl_job_t *jb = &n->jobs[j];
 		if (jb->coll) {
-			jb->state = J_WAITING;
-			n->waiting[n->n_waiting++] = j;
-			n->freed = 1;
+			wait_join(n, j);
 		} else if ((rc = enter_phase(n, j)) == 1) {
 			finish(n, j);
 			rc = 0;

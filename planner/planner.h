@@ -353,6 +353,7 @@ typedef struct {
 				    * next job there (-1: none, or not queued) */
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	const int32_t *devs;       /* an all-reduce's members */
+	int *wnext;                /* per member: the next waiting collective there, -1 */
 } fl_job_t;
 
 /* The loads of job jb's draining phase. */
@@ -414,7 +415,10 @@ typedef struct {
 	int *seeded;             /* per link: the epoch it is a seed for */
 	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
-	int *claim, scan;        /* per device: the start_waiting scan holding it */
+	/* per device: the waiting collectives over it, in the order they
+	 * became ready, from whead through their wnext; the last one and its
+	 * member's index (-1: none) */
+	int *whead, *wtail, *wtail_i;
 	char *touched;           /* per link: in changed[] (its level changed this round) */
 	/* while sharing: per link what is left, the unfrozen weight, its loads'
 	 * jobs (component slots on[r][0..cnt), unfrozen of them); the

@@ -382,6 +382,23 @@ static void test_last_round(void **state)
 	near(fl_done(n, b), 6.0 + 0.01, "first round, B");
 }
 
+/* Three all-reduces over GPUs 0 and 2 (2.02 ms alone), ready at 0: they
+ * queue on both members and run in turn, the third after the second
+ * (2.02, 4.04, 6.06 ms). */
+static void test_allreduce_queue(void **state)
+{
+	sp_cluster_t c = cluster(2, 2, 1, 5);
+	static const int32_t d02[2] = {0, 2};
+	fl_net_t *n = net_new(state, &c);
+	int j[3];
+	for (int i = 0; i < 3; i++)
+		j[i] = fl_coll(n, 0, d02, 2, S_BYTES, COLL_ALL_REDUCE);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, j[0]), 2.02, "first in the queue");
+	near(fl_done(n, j[1]), 4.04, "second in the queue");
+	near(fl_done(n, j[2]), 6.06, "third in the queue");
+}
+
 /* All-reduces run one at a time per device, in the order they became
  * ready: X over GPUs 1 and 3, then A over 0 and 1 (waits for X on GPU 1),
  * then B over 0 and 2, all ready at 0. B must not start on GPU 0 before A,
@@ -590,6 +607,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_last_round, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_allreduce_queue, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_phases_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,
 						arena_teardown),

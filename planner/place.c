@@ -305,9 +305,14 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	memset(cnt, 0, sizeof *cnt * (size_t)N);
 	for (int l = x->lf; l < x->lt; l++)
 		add_row(cnt, P->held_t + (size_t)pid[l] * N, N);
+	/* without memory buffers slot_mem's sums are the same for every
+	 * device (by_unheld, set by its first call on this slice): read there */
+	int L = x->lt - x->lf, same = P->mem_row[x->metaop] < 0;
+	if (same)
+		slot_mem(P, x, 0, a0, a1, 0);
 	for (int d = 0; d < N; d++) {
-		int ok = P->mem[d] + slot_mem(P, x, d, a0, a1, x->lt - x->lf - cnt[d]) <=
-			 P->pl->mem_cap;
+		double more = same ? P->by_unheld[L - cnt[d]] : slot_mem(P, x, d, a0, a1, L - cnt[d]);
+		int ok = P->mem[d] + more <= P->pl->mem_cap;
 		if (P->busy_until[d] <= x->t0 + 1e-9)
 			fit += ok;
 		else

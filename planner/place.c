@@ -260,7 +260,8 @@ static double score(placer_t *P, const sslice_t *x, int d)
 	return after > 1 ? sc + OVER_CAP : sc;
 }
 
-/* Scores every device free at x->t0 into P->cand; returns their count. */
+/* Scores every device free at x->t0 into P->cand, in device order (so
+ * each node's are together); returns their count. */
 static int candidates(placer_t *P, const sslice_t *x)
 {
 	const planner_t *pl = P->pl;
@@ -278,7 +279,6 @@ static int candidates(placer_t *P, const sslice_t *x)
 	for (int d = 0; d < pl->N; d++)
 		if (P->busy_until[d] <= x->t0 + 1e-9)
 			P->cand[k++] = (cand_t){score(P, x, d), d};
-	cand_sort(P->cand, k);
 	return k;
 }
 
@@ -305,9 +305,14 @@ int placer_fitting(placer_t *P, const sslice_t *x, int *busy_fitting)
 	memset(cnt, 0, sizeof *cnt * (size_t)N);
 	for (int l = x->lf; l < x->lt; l++)
 		add_row(cnt, P->held_t + (size_t)pid[l] * N, N);
+	/* without memory buffers slot_mem's sums are the same for every
+	 * device (by_unheld, set by its first call on this slice): read there */
+	int L = x->lt - x->lf, same = P->mem_row[x->metaop] < 0;
+	if (same)
+		slot_mem(P, x, 0, a0, a1, 0);
 	for (int d = 0; d < N; d++) {
-		int ok = P->mem[d] + slot_mem(P, x, d, a0, a1, x->lt - x->lf - cnt[d]) <=
-			 P->pl->mem_cap;
+		double more = same ? P->by_unheld[L - cnt[d]] : slot_mem(P, x, d, a0, a1, L - cnt[d]);
+		int ok = P->mem[d] + more <= P->pl->mem_cap;
 		if (P->busy_until[d] <= x->t0 + 1e-9)
 			fit += ok;
 		else
@@ -335,8 +340,17 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 	cand_t *c = P->cand;
 	int got = 0;
 	if (P->kind == PLACE_SPINDLE) {
-		/* fill nodes in order of their fitting candidates' total score */
+		/* fill nodes in order of their fitting candidates' total score:
+		 * each node's candidates sorted (CAND_BEFORE, a total order), so
+		 * its list and its sum take them in the order a sort of them all
+		 * would give (the rest below sorts them all where it needs to) */
 		int *cnt = P->node_cnt, *head = P->node_head, *next = P->cand_next;
+		for (int j = 0, e; j < k; j = e) {
+			int node = dev_node(pl->cluster, c[j].dev);
+			for (e = j + 1; e < k && dev_node(pl->cluster, c[e].dev) == node; e++)
+				;
+			cand_sort(c + j, e - j);
+		}
 		for (int q = 0; q < nn; q++) {
 			P->node_score[q] = 0;
 			cnt[q] = 0;
@@ -377,6 +391,8 @@ int placer_choose(placer_t *P, const sslice_t *x, int32_t *out)
 		}
 	}
 	/* the rest by score, over the cap if nothing else is free */
+	if (got < x->n)
+		cand_sort(c, k);
 	for (int j = 0; j < k && got < x->n; j++) {
 		int dup = 0;
 		for (int q = 0; q < got && !dup; q++)

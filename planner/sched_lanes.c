@@ -199,6 +199,7 @@ typedef struct {
 	double *free_from;   /* per device: where the lanes laid out so far leave it */
 	double *orph_from, *orph_to; /* per device: a window a lane left unused */
 	int *orph_key;       /* and the key of that lane */
+	int *win_of;         /* per device: lane_windows' first window on it (-1: none) */
 	int prev_key;        /* the key of the lane laid out last (-1: none) */
 	int block_end;       /* components apart: the lane is its block's last */
 	double *ws, *we;
@@ -221,7 +222,7 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	size_t n = (size_t)N + 2, m = (size_t)M + 1;
 	/* carved from three blocks: per device (n) and per lane or MetaOp (m) */
 	double *dbl = sp_arena_calloc(a, 6 * n + 3 * m, sizeof(double));
-	int *ints = sp_arena_calloc(a, 4 * n + 4 * m, sizeof(int));
+	int *ints = sp_arena_calloc(a, 5 * n + 4 * m, sizeof(int));
 	int32_t *ids = sp_arena_calloc(a, 2 * n, sizeof(int32_t));
 	R->byfree = sp_arena_calloc(a, n, sizeof(dev_key_t));
 	if (!dbl || !ints || !ids || !R->byfree)
@@ -233,6 +234,7 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	R->ord = ints + 3 * n, R->eg_i = R->ord + m, R->eg_layer = R->ord + 2 * m;
 	R->eg_last = R->ord + 3 * m;
 	R->orph_key = R->eg_last + m;
+	R->win_of = R->orph_key + n;
 	R->prev_key = -1;
 	R->devs = ids, R->pd.devs = ids + n;
 	for (int m = 0; m < M; m++)
@@ -240,6 +242,7 @@ static int lanes_run_init(lanes_run_t *R, planner_t *pl)
 	for (int d = 0; d < N; d++) {
 		R->comp_on[d] = -1;
 		R->orph_from[d] = R->orph_to[d] = -1;
+		R->win_of[d] = -1;
 	}
 	return 0;
 }
@@ -419,20 +422,25 @@ static void lane_windows(lanes_run_t *R, const lane_t *l)
 	if (R->cur < N && A > 1e-9 * H)
 		lane_whole_and_share(R, l, A);
 	/* windows lanes before left unused (a width between two fast ones
-	 * saves nothing): this lane may have them */
+	 * saves nothing): this lane may have them. A window added here is on
+	 * a device the loop has passed, so each device's first window among
+	 * those laid out before it (win_of) is the one a scan would find */
+	int nw0 = R->nw;
+	for (int k = nw0 - 1; k >= 0; k--)
+		R->win_of[R->wd[k]] = k;
 	for (int d = 0; d < N; d++) {
 		if (R->orph_to[d] < 0 || (R->try_.apart && R->orph_key[d] != l->key))
 			continue;
-		int k = 0;
-		while (k < R->nw && R->wd[k] != d)
-			k++;
-		if (k < R->nw) {
+		int k = R->win_of[d];
+		if (k >= 0) {
 			if (R->orph_to[d] >= R->ws[k] - 1e-9)
 				R->ws[k] = fmin(R->ws[k], R->orph_from[d]);
 			continue;
 		}
 		add_window(R, d, R->orph_from[d], R->orph_to[d]);
 	}
+	for (int k = 0; k < nw0; k++)
+		R->win_of[R->wd[k]] = -1;
 	if (R->nw == 0) /* rounding left it no room: the last device */
 		add_window(R, N - 1, 0, H);
 }

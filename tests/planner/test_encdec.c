@@ -549,6 +549,65 @@ static void test_placer_memory(void **state)
 	release_inputs(&in);
 }
 
+/* The placer's choice (placer_choose) and count (placer_fitting) for a
+ * MetaOp without memory buffers (caption/img, 2 layers), on 2 nodes of 4:
+ * a on devices 6 and 7 holds both layers' state (2 st), and b, the same
+ * layers on 2 devices after it, needs act of activations per device and
+ * the state where it is not held. b goes to 6 and 7 (best scored, though
+ * not the node's lowest devices). */
+static void test_placer_choose(void **state)
+{
+	(void)state;
+	inputs_t in;
+	load_inputs(&in);
+	plan_opts_t o;
+	default_opts(&o, &in.cluster);
+	sp_err_t err = {0};
+	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
+	sp_arena_init(&pl.arena);
+	sp_arena_init(&pl.scratch);
+	pl.N = 8;
+	pl.mem_cap = 1e15;
+	assert_int_equal(in.cluster.gpus_per_node, 4);
+	assert_int_equal(graph_build(&pl), 0);
+	assert_int_equal(cost_build(&pl), 0);
+	assert_int_equal(layout_prepare(&pl), 0);
+	int c = -1;
+	for (int k = 0; k < pl.n_mops; k++)
+		if (!strcmp(pl.mops[k].name, "caption/img"))
+			c = k;
+	assert_true(c >= 0 && pl.mops[c].n_layers >= 2 && pl.mops[c].shape.mem_seq == 0);
+	double act = 2 * 8 * layout_saved_per_sample(&pl, c), st = layout_state_bytes(&pl, c, 2);
+	assert_int_equal(pl.mops[c].batch, 16);
+	assert_true(act > 1 && st > 1);
+	placer_t *P = NULL;
+	assert_int_equal(placer_new(&P, &pl, PLACE_SPINDLE), 0);
+	sslice_t a = {c, 0, 2, 2, 0, 0, 1, 0, -1, 0}, b = {c, 0, 2, 2, 0, 1, 2, 0, -1, 0};
+	int32_t devs67[2] = {6, 7}, got[2] = {-1, -1};
+	placer_commit(P, &a, devs67);
+	assert_int_equal(placer_choose(P, &b, got), 2);
+	assert_int_equal(got[0], 6);
+	assert_int_equal(got[1], 7);
+	/* 6 and 7 need act more (2 act + 2 st in all), the others act + 2 st */
+	pl.mem_cap = act + 0.5 * st;
+	assert_int_equal(placer_fitting(P, &b, NULL), 0);
+	pl.mem_cap = act + 2 * st + 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 6);
+	pl.mem_cap = 2 * act + 2 * st + 0.5;
+	assert_int_equal(placer_fitting(P, &b, NULL), 8);
+	/* 7 devices where 6 fit (0-5): the nodes' fitting ones, then by
+	 * score, over the cap (6 and 7 alike: the lower) */
+	sslice_t w = {c, 0, 2, 7, 0, 1, 2, 0, -1, 0};
+	int32_t wide[7];
+	pl.mem_cap = act + 2 * st + 0.5;
+	assert_int_equal(placer_choose(P, &w, wide), 6);
+	for (int j = 0; j < 7; j++)
+		assert_int_equal(wide[j], j);
+	sp_arena_release(&pl.scratch);
+	sp_arena_release(&pl.arena);
+	release_inputs(&in);
+}
+
 /* A profiled decoder shape matches on mem_seq and mem_width too: the
  * profile's time (2 ms forward, 5 backward at batch 16: T(1)) is caption's
  * decoder's; the same entry with another mem_seq matches nothing. */
@@ -599,6 +658,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_profiled_decoder),
 		cmocka_unit_test(test_placer_memory),
+		cmocka_unit_test(test_placer_choose),
 		cmocka_unit_test(test_hand_schedule),
 		cmocka_unit_test(test_every_algorithm),
 	};

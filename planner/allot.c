@@ -465,8 +465,11 @@ int allot_search(planner_t *pl, int *w, double frac)
 			order[b] = order[b - 1];
 			order[b - 1] = x;
 		}
-	for (int pass = 0; pass < 2 && budget > 0; pass++)
-		for (int oi = 0; oi < M && budget > 0; oi++) {
+	/* quiet: the MetaOps visited since a change was last kept. After M
+	 * of them the widths are those at which this MetaOp's trials were
+	 * all refused a pass before: the search is over */
+	for (int pass = 0, quiet = 0; pass < 2 && budget > 0; pass++)
+		for (int oi = 0; oi < M && budget > 0 && quiet < M; oi++, quiet++) {
 			int m = order[oi], w0 = w[m];
 			const metaop_t *mo = &pl->mops[m];
 			if (!mo->scales || mo->nmax == 1)
@@ -484,9 +487,10 @@ int allot_search(planner_t *pl, int *w, double frac)
 				 * reaches it is stopped there */
 				if ((rc = makespan(pl, w, frac, best * (1 - 1e-6), &ms)))
 					goto done;
-				if (ms < best * (1 - 1e-6))
+				if (ms < best * (1 - 1e-6)) {
 					best = ms;
-				else
+					quiet = -1; /* 0 after this MetaOp */
+				} else
 					w[m] = keep;
 			}
 		}

@@ -305,11 +305,15 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
  * replaced, when that one is large enough, and the replaced array becomes
  * the spare: a run calls this a few times per refinement on arrays of
  * ~120 MB (m32), and a fresh malloc of that size is a fresh mmap whose
- * every page faults on first touch and is unmapped again on free.
+ * every page faults on first touch and is unmapped again on free. A fresh
+ * one is made with room for 1/16 more, so that the trials' added GATHERs
+ * (a few thousand on m32's sequential plan) fit the spare afterwards.
  * malloc_usable_size gives the spare's capacity whoever allocated it
  * (lower_sync.c, layout_last_init, this). The entries from n up to the
  * size a fresh array would have (the spare one included) are zeroed as
- * before; the rest of a larger spare is never read.
+ * before; the rest of a larger spare is never read. A device's program is
+ * copied by runs between its GATHERs (one memcpy each, mostly one run),
+ * its SYNCs' buckets noted on the way (sy: grown as needed) for its tail.
  */
 int regather(planner_t *pl, sp_plan_t *p)
 {
@@ -322,26 +326,44 @@ int regather(planner_t *pl, sp_plan_t *p)
 		free(ins);
 		pl->ins_spare = NULL;
 		/* every entry below n is written: no zeroing (the spare one is) */
-		if (!(ins = malloc(need * sizeof *ins)))
+		if (!(ins = malloc((need + need / 16) * sizeof *ins)))
 			return SP_ENOMEM;
+		pl->ins_spare = ins; /* until it replaces p->ins below */
 	}
-	int n = 0;
+	int n = 0, n_sy = 0, cap_sy = 0, *sy = NULL;
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
 		const sp_ins_t *old = p->ins + dv->first_ins;
 		int first = n;
-		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op != INS_GATHER)
-				ins[n++] = old[k];
-		for (int k = 0; k < dv->n_ins; k++)
-			if (old[k].op == INS_SYNC &&
-			    layout_gathers_after_step(p->buckets[old[k].peer].layout)) {
-				ins[n] = lower_ins_new(INS_GATHER);
-				ins[n++].peer = old[k].peer;
+		n_sy = 0;
+		for (int k = 0; k < dv->n_ins; k++) {
+			int j = k;
+			for (; j < dv->n_ins && old[j].op != INS_GATHER; j++) {
+				if (old[j].op != INS_SYNC ||
+				    !layout_gathers_after_step(p->buckets[old[j].peer].layout))
+					continue;
+				if (n_sy == cap_sy) {
+					int *g = realloc(sy, sizeof *sy * (size_t)(cap_sy = 2 * cap_sy + 16));
+					if (!g) {
+						free(sy);
+						return SP_ENOMEM;
+					}
+					sy = g;
+				}
+				sy[n_sy++] = old[j].peer;
 			}
+			memcpy(ins + n, old + k, sizeof *ins * (size_t)(j - k));
+			n += j - k;
+			k = j; /* the GATHER at j (if any) is left out */
+		}
+		for (int i = 0; i < n_sy; i++) {
+			ins[n] = lower_ins_new(INS_GATHER);
+			ins[n++].peer = sy[i];
+		}
 		dv->first_ins = first;
 		dv->n_ins = n - first;
 	}
+	free(sy);
 	memset(&ins[n], 0, sizeof *ins * (need - (size_t)n));
 	pl->ins_spare = p->ins;
 	p->ins = ins;

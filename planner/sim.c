@@ -139,7 +139,13 @@ typedef struct {
 	int mode, record, db, max_tag;
 	int micro;                       /* the micro-step: its tasks run */
 	int *pc;                         /* per device: next instruction */
-	int *scan;                       /* per device: SYNCs before it all issued */
+	/* per device d, sg_k[sg_at[d] .. sg_at[d + 1]) the positions of its
+	 * SYNCs and GATHERs in program order (sim_alloc's one scan of the
+	 * programs: the loops over a device's SYNCs or GATHERs below read
+	 * these instead of the whole program) */
+	int *sg_at, *sg_k;
+	int *scan;                       /* per device: into sg_k; the SYNCs before
+					  * it all issued */
 	double *now, *busy, *wait;       /* per device: clock, compute, waiting */
 	double *arrive;                  /* per tag: when its SEND arrives; -1 before it
 					  * ran, -2 while in the network */
@@ -286,10 +292,10 @@ static int dw_alloc(sim_t *st, sp_arena_t *a)
 	for (int b = 0; b < nb; b++)
 		key[b] = INT32_MAX;
 	for (int d = 0; d < N; d++) {
-		const sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *prog = p->ins + p->devices[d].first_ins;
 		int after = 0;
-		for (int k = dv->n_ins - 1; k >= 0; k--) {
-			const sp_ins_t *in = &p->ins[dv->first_ins + k];
+		for (int i = st->sg_at[d + 1] - 1; i >= st->sg_at[d]; i--) {
+			const sp_ins_t *in = &prog[st->sg_k[i]];
 			if (in->op == INS_SYNC) {
 				key[in->peer] = SP_MIN(key[in->peer], after);
 				after++;
@@ -413,19 +419,29 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	const sp_plan_t *p = st->p;
 	size_t N = (size_t)p->n_devices, nb = (size_t)p->n_buckets + 1;
 	size_t ns = (size_t)p->n_slices + 1;
-	int n_xfer = 0, n_pg = 0; /* transfers that may enter the network; PGATHERs */
+	int n_xfer = 0, n_pg = 0, n_sg = 0; /* transfers that may enter the network;
+					      * PGATHERs; SYNCs and GATHERs */
 	st->max_tag = 0;
-	for (int d = 0; d < p->n_devices; d++)
+	st->sg_at = sp_arena_array(a, N + 1, sizeof(int));
+	st->sg_k = sp_arena_array(a, (size_t)p->n_ins + 1, sizeof(int));
+	st->scan = sp_arena_array(a, N + 1, sizeof(int));
+	if (!st->sg_at || !st->sg_k || !st->scan)
+		return SP_ENOMEM;
+	for (int d = 0; d < p->n_devices; d++) {
+		st->sg_at[d] = st->scan[d] = n_sg;
 		for (int k = 0; k < p->devices[d].n_ins; k++) {
 			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
 			n_pg += in->op == INS_PGATHER;
+			if (in->op == INS_SYNC || in->op == INS_GATHER)
+				st->sg_k[n_sg++] = k;
 			if (in->op != INS_SEND)
 				continue;
 			st->max_tag = SP_MAX(st->max_tag, in->tag + 1);
 			n_xfer += (st->mode & SIM_XFER) && in->peer != d;
 		}
+	}
+	st->sg_at[N] = n_sg;
 	st->pc = sp_arena_calloc(a, N + 1, sizeof(int));
-	st->scan = sp_arena_calloc(a, N + 1, sizeof(int));
 	st->now = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->busy = sp_arena_calloc(a, N + 1, sizeof(double));
 	st->wait = sp_arena_calloc(a, N + 1, sizeof(double));
@@ -458,7 +474,7 @@ static int sim_alloc(sim_t *st, sp_arena_t *a)
 	}
 	for (size_t d = 0; d < N; d++)
 		st->pg_wait[d] = -1;
-	if (!st->pc || !st->scan || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
+	if (!st->pc || !st->now || !st->busy || !st->wait || !st->arrive || !st->xjob ||
 	    !st->issued || !st->sjob || !st->last_issue || !st->sync_done || !st->gather_at ||
 	    fl_init(&st->net, st->pl->cluster, a,
 		    n_xfer + 3 * p->n_buckets + p->n_bucket_params))
@@ -687,9 +703,9 @@ static int sim_step(void *ctx, int d, int k, const sp_ins_t *in)
 	} else if (in->op == INS_STEP) {
 		/* it waits for its buckets' all-reduces, timed once every bucket is
 		 * known (finish_steps); here only for all of them to start */
-		const sp_device_t *dv = &p->devices[d];
-		for (; st->scan[d] < dv->n_ins; st->scan[d]++) {
-			const sp_ins_t *sy = &p->ins[dv->first_ins + st->scan[d]];
+		const sp_ins_t *prog = p->ins + p->devices[d].first_ins;
+		for (; st->scan[d] < st->sg_at[d + 1]; st->scan[d]++) {
+			const sp_ins_t *sy = &prog[st->sg_k[st->scan[d]]];
 			if (sy->op == INS_SYNC && st->issued[sy->peer] < p->buckets[sy->peer].n_dev)
 				return PROGS_WAIT;
 		}
@@ -723,8 +739,7 @@ static void sim_block(sim_t *st, int d, const sp_ins_t *in)
 			st->netw[st->n_netw++] = d;
 		}
 	} else if (in->op == INS_STEP) {
-		const sp_device_t *dv = &p->devices[d];
-		const sp_ins_t *sy = &p->ins[dv->first_ins + st->scan[d]];
+		const sp_ins_t *sy = &p->ins[p->devices[d].first_ins + st->sg_k[st->scan[d]]];
 		st->blocked[d] = 1;
 		st->bk_next[d] = st->bk_head[sy->peer];
 		st->bk_head[sy->peer] = d;
@@ -783,10 +798,10 @@ static void finish_steps(sim_t *st)
 	for (int b = 0; b < p->n_buckets; b++)
 		st->gather_at[b] = 0;
 	for (int d = 0; d < p->n_devices; d++) {
-		const sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *prog = p->ins + p->devices[d].first_ins;
 		double t = st->now[d], waited = 0;
-		for (int k = 0; k < dv->n_ins; k++) {
-			const sp_ins_t *sy = &p->ins[dv->first_ins + k];
+		for (int i = st->sg_at[d]; i < st->sg_at[d + 1]; i++) {
+			const sp_ins_t *sy = &prog[st->sg_k[i]];
 			if (sy->op != INS_SYNC)
 				continue;
 			waited += fmax(0, st->sync_done[sy->peer] - t);
@@ -826,12 +841,14 @@ static int finish_steps_net(sim_t *st)
 	char *gathered = sp_arena_calloc(a, (size_t)nb + 1, sizeof(char));
 	if (!pos || !stepped || !gjob || !gathered)
 		return SP_ENOMEM;
-	for (int d = 0; d < N; d++)
-		for (int k = 0; k < p->devices[d].n_ins; k++) {
-			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + k];
+	for (int d = 0; d < N; d++) {
+		pos[d] = st->sg_at[d];
+		for (int i = st->sg_at[d]; i < st->sg_at[d + 1]; i++) {
+			const sp_ins_t *in = &p->ins[p->devices[d].first_ins + st->sg_k[i]];
 			if (in->op == INS_GATHER)
 				gathered[in->peer] = 1;
 		}
+	}
 	for (int b = 0; b < nb; b++) {
 		st->gather_at[b] = 0;
 		gjob[b] = -1;
@@ -840,10 +857,10 @@ static int finish_steps_net(sim_t *st)
 	for (;;) {
 		int left = 0;
 		for (int d = 0; d < N; d++) {
-			const sp_device_t *dv = &p->devices[d];
+			const sp_ins_t *prog = p->ins + p->devices[d].first_ins;
 			double t = st->now[d];
-			for (; pos[d] < dv->n_ins; pos[d]++) {
-				const sp_ins_t *sy = &p->ins[dv->first_ins + pos[d]];
+			for (; pos[d] < st->sg_at[d + 1]; pos[d]++) {
+				const sp_ins_t *sy = &prog[st->sg_k[pos[d]]];
 				if (sy->op != INS_SYNC)
 					continue;
 				int b = sy->peer;
@@ -866,7 +883,7 @@ static int finish_steps_net(sim_t *st)
 				}
 			}
 			st->now[d] = t;
-			left |= pos[d] < dv->n_ins;
+			left |= pos[d] < st->sg_at[d + 1];
 		}
 		if (!left)
 			break;
@@ -880,10 +897,10 @@ static int finish_steps_net(sim_t *st)
 	if ((rc = fl_advance(&st->net, 0)))
 		return rc;
 	for (int d = 0; d < N; d++) {
-		const sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *prog = p->ins + p->devices[d].first_ins;
 		double t = st->now[d];
-		for (int k = 0; k < dv->n_ins; k++) {
-			const sp_ins_t *ga = &p->ins[dv->first_ins + k];
+		for (int i = st->sg_at[d]; i < st->sg_at[d + 1]; i++) {
+			const sp_ins_t *ga = &prog[st->sg_k[i]];
 			if (ga->op == INS_GATHER && gjob[ga->peer] >= 0 &&
 			    !deferred(&p->buckets[ga->peer])) /* the next step waits */
 				t = fmax(t, fl_done(&st->net, gjob[ga->peer]));

@@ -313,7 +313,9 @@ static int best_slice(const planner_t *pl, const sp_plan_t *p, int d)
  * size a fresh array would have (the spare one included) are zeroed as
  * before; the rest of a larger spare is never read. A device's program is
  * copied by runs between its GATHERs (one memcpy each, mostly one run),
- * its SYNCs' buckets noted on the way (sy: grown as needed) for its tail.
+ * its SYNCs' buckets noted on the way (sy: room for the longest program,
+ * allocated before any device is rewritten, so a failure leaves the plan
+ * as it was) for its tail.
  */
 int regather(planner_t *pl, sp_plan_t *p)
 {
@@ -330,7 +332,12 @@ int regather(planner_t *pl, sp_plan_t *p)
 			return SP_ENOMEM;
 		pl->ins_spare = ins; /* until it replaces p->ins below */
 	}
-	int n = 0, n_sy = 0, cap_sy = 0, *sy = NULL;
+	int longest = 0;
+	for (int d = 0; d < p->n_devices; d++)
+		longest = p->devices[d].n_ins > longest ? p->devices[d].n_ins : longest;
+	int n = 0, n_sy = 0, *sy = malloc(sizeof *sy * ((size_t)longest + 1));
+	if (!sy)
+		return SP_ENOMEM;
 	for (int d = 0; d < p->n_devices; d++) {
 		sp_device_t *dv = &p->devices[d];
 		const sp_ins_t *old = p->ins + dv->first_ins;
@@ -342,14 +349,6 @@ int regather(planner_t *pl, sp_plan_t *p)
 				if (old[j].op != INS_SYNC ||
 				    !layout_gathers_after_step(p->buckets[old[j].peer].layout))
 					continue;
-				if (n_sy == cap_sy) {
-					int *g = realloc(sy, sizeof *sy * (size_t)(cap_sy = 2 * cap_sy + 16));
-					if (!g) {
-						free(sy);
-						return SP_ENOMEM;
-					}
-					sy = g;
-				}
 				sy[n_sy++] = old[j].peer;
 			}
 			memcpy(ins + n, old + k, sizeof *ins * (size_t)(j - k));

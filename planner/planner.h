@@ -416,8 +416,9 @@ typedef struct {
 	double *cap;             /* per link: bytes per ms */
 	char *frozen, *busy;     /* per component slot; per device (in an all-reduce) */
 	/* per device: the waiting collectives over it, in the order they
-	 * became ready, from whead through their wnext; the last one and its
-	 * member's index (-1: none) */
+	 * became ready, from whead (-1: none waiting) through their wnext;
+	 * wtail/wtail_i the last one and its member's index, read only while
+	 * whead is not -1 (stale once a queue empties) */
 	int *whead, *wtail, *wtail_i;
 	char *touched;           /* per link: in changed[] (its level changed this round) */
 	/* while sharing: per link what is left, the unfrozen weight, its loads'

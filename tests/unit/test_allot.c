@@ -14,8 +14,11 @@
  * allot_search is wrapped too: it returns the widths of the search
  * without its early stop (ref_search: both passes, every trial the
  * budget allows), and the stop cuts the second pass short at least once
- * on clip-10 and on demo (the trials it skipped counted; on demo a800-1x8
- * a stop one MetaOp early changes widths).
+ * on clip-10 and on demo (the trials it skipped counted). A stop after
+ * M/2 quiet MetaOps changes widths on demo a800-1x8 and fails; a stop
+ * one MetaOp early (quiet < M - 1) changes no widths on these inputs and
+ * is not caught (it is wrong in principle: the MetaOp that kept the last
+ * change has not been tried at its new width).
  */
 #include <stdarg.h>
 #include <stddef.h>

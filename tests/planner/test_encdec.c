@@ -361,6 +361,40 @@ static void test_every_algorithm(void **state)
 	release_inputs(&in);
 }
 
+/* The planner on the bundled inputs as the hand-made tests below set it
+ * up: 8 devices, one micro-step, mem_cap, graph, costs and layouts built
+ * (h stays where it is: pl points into it). */
+typedef struct {
+	inputs_t in;
+	plan_opts_t o;
+	sp_err_t err;
+	planner_t pl;
+} hand8_t;
+
+static planner_t *hand8_up(hand8_t *h, double mem_cap)
+{
+	load_inputs(&h->in);
+	default_opts(&h->o, &h->in.cluster);
+	memset(&h->err, 0, sizeof h->err);
+	h->pl = (planner_t){.model = &h->in.model, .cluster = &h->in.cluster, .opts = &h->o,
+			    .err = &h->err, .k = 1};
+	sp_arena_init(&h->pl.arena);
+	sp_arena_init(&h->pl.scratch);
+	h->pl.N = 8;
+	h->pl.mem_cap = mem_cap;
+	assert_int_equal(graph_build(&h->pl), 0);
+	assert_int_equal(cost_build(&h->pl), 0);
+	assert_int_equal(layout_prepare(&h->pl), 0);
+	return &h->pl;
+}
+
+static void hand8_down(hand8_t *h)
+{
+	sp_arena_release(&h->pl.scratch);
+	sp_arena_release(&h->pl.arena);
+	release_inputs(&h->in);
+}
+
 /* ---- a hand-made schedule ---------------------------------------------------- */
 
 /*
@@ -374,19 +408,8 @@ static void test_every_algorithm(void **state)
 static void test_hand_schedule(void **state)
 {
 	(void)state;
-	inputs_t in;
-	load_inputs(&in);
-	plan_opts_t o;
-	default_opts(&o, &in.cluster);
-	sp_err_t err = {0};
-	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 8;
-	pl.mem_cap = 1e12;
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
-	assert_int_equal(layout_prepare(&pl), 0);
+	hand8_t h;
+	planner_t *pl = hand8_up(&h, 1e12);
 	static const struct {
 		const char *mop;
 		int lf, lt, n;
@@ -406,11 +429,11 @@ static void test_hand_schedule(void **state)
 		{"summarize/loss", 0, 1, 1, {7}},
 	};
 	sched_t s;
-	sched_init(&s, ALGO_SPINDLE, &pl.scratch);
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 	for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
 		int m = -1;
-		for (int k = 0; k < pl.n_mops; k++)
-			if (!strcmp(pl.mops[k].name, rows[r].mop))
+		for (int k = 0; k < pl->n_mops; k++)
+			if (!strcmp(pl->mops[k].name, rows[r].mop))
 				m = k;
 		assert_true(m >= 0);
 		assert_int_equal(sched_push_devs(&s, m, rows[r].lf, rows[r].lt, rows[r].n,
@@ -419,9 +442,9 @@ static void test_hand_schedule(void **state)
 	}
 	assert_int_equal(sched_finish(&s), 0);
 	place_t pc;
-	assert_int_equal(place_run(&pl, &s, PLACE_SPINDLE, &pc), 0);
+	assert_int_equal(place_run(pl, &s, PLACE_SPINDLE, &pc), 0);
 	sp_plan_t p = {0};
-	assert_int_equal(lower_run(&pl, &s, &pc, &p), 0);
+	assert_int_equal(lower_run(pl, &s, &pc, &p), 0);
 	mem_stats_t st = {0};
 	check_memory(&p, &st);
 	/* devices 3 ([0, 4), [8, 12)) and 4 ([4, 8), [12, 16)) */
@@ -463,9 +486,7 @@ static void test_hand_schedule(void **state)
 	assert_int_equal(recv, 1);
 	assert_int_equal(copy, 1);
 	plan_release(&p);
-	sp_arena_release(&pl.scratch);
-	sp_arena_release(&pl.arena);
-	release_inputs(&in);
+	hand8_down(&h);
 }
 
 /* The placer counts a decoder's memory buffers (act(c, -1), grad(c, -1):
@@ -475,78 +496,66 @@ static void test_hand_schedule(void **state)
 static void test_placer_memory(void **state)
 {
 	(void)state;
-	inputs_t in;
-	load_inputs(&in);
-	plan_opts_t o;
-	default_opts(&o, &in.cluster);
-	sp_err_t err = {0};
-	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 8;
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
-	assert_int_equal(layout_prepare(&pl), 0);
+	hand8_t h;
+	planner_t *pl = hand8_up(&h, 0);
 	int c = -1;
-	for (int k = 0; k < pl.n_mops; k++)
-		if (!strcmp(pl.mops[k].name, "caption/dec"))
+	for (int k = 0; k < pl->n_mops; k++)
+		if (!strcmp(pl->mops[k].name, "caption/dec"))
 			c = k;
 	assert_true(c >= 0);
-	const metaop_t *mo = &pl.mops[c];
+	const metaop_t *mo = &pl->mops[c];
 	double mem = 2.0 * 16 * (double)mo->shape.mem_seq * (double)mo->shape.mem_width * 4;
-	double base = 16 * layout_saved_per_sample(&pl, c) + layout_state_bytes(&pl, c, 1);
+	double base = 16 * layout_saved_per_sample(pl, c) + layout_state_bytes(pl, c, 1);
 	assert_true(mem > 1 && base > 1);
 	placer_t *P = NULL;
-	assert_int_equal(placer_new(&P, &pl, PLACE_SPINDLE), 0);
+	assert_int_equal(placer_new(&P, pl, PLACE_SPINDLE), 0);
 	sslice_t a = {c, 0, 1, 1, 0, 0, 1, 0, -1, 0}, b = {c, 1, 2, 1, 0, 1, 2, 0, -1, 0};
-	pl.mem_cap = base + mem - 0.5;
+	pl->mem_cap = base + mem - 0.5;
 	assert_int_equal(placer_fitting(P, &a, NULL), 0);
-	pl.mem_cap = base + mem + 0.5;
+	pl->mem_cap = base + mem + 0.5;
 	assert_int_equal(placer_fitting(P, &a, NULL), 8);
 	int32_t dev0 = 0;
 	placer_commit(P, &a, &dev0);
 	/* device 0 holds a's state, activations and the memory: b adds base */
-	pl.mem_cap = 2 * base + mem + 0.5;
+	pl->mem_cap = 2 * base + mem + 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 8);
-	pl.mem_cap = 2 * base + mem - 0.5;
+	pl->mem_cap = 2 * base + mem - 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 7);
 	/* all of a device's samples: x on {2, 3} puts samples [8, 16)
 	 * on device 3; y's first slot, [0, 8), fits on device 2 (its memory
 	 * counted already) but not on device 3, whose buffers must grow to
 	 * all 16 samples (counting the largest slot alone would let it fit) */
-	double half = mem / 2, base8 = 8 * layout_saved_per_sample(&pl, c) +
-				       layout_state_bytes(&pl, c, 2);
+	double half = mem / 2, base8 = 8 * layout_saved_per_sample(pl, c) +
+				       layout_state_bytes(pl, c, 2);
 	sslice_t x = {c, 0, 1, 2, 0, 2, 3, 0, -1, 0}, y = {c, 1, 2, 2, 0, 3, 4, 0, -1, 0};
 	int32_t devs23[2] = {2, 3};
 	placer_commit(P, &x, devs23);
-	pl.mem_cap = 2 * base8 + half + 0.5;
+	pl->mem_cap = 2 * base8 + half + 0.5;
 	int fit_y = placer_fitting(P, &y, NULL);
 	/* devices 1 and 4-7 are empty (they need base8 + half), 2 holds x;
 	 * 0 (a's 16 samples) and 3 are over */
 	assert_int_equal(fit_y, 6);
-	pl.mem_cap = 2 * base8 + 2 * half + 0.5;
+	pl->mem_cap = 2 * base8 + 2 * half + 0.5;
 	assert_int_equal(placer_fitting(P, &y, NULL), fit_y + 1);
 	/* a gap: the buffers cover the span from the lowest to the highest
 	 * sample (plan_mem.c, the runtime), not the union. On a fresh placer,
 	 * z on {4, 5, 6, 7} (4 samples each); w's first slot, [0, 4), widens
 	 * device 7's span [12, 16) to [0, 16): 12 samples more, not 4 */
 	placer_t *Q = NULL;
-	assert_int_equal(placer_new(&Q, &pl, PLACE_SPINDLE), 0);
-	double q = mem / 16, b4 = 4 * layout_saved_per_sample(&pl, c) +
-				  layout_state_bytes(&pl, c, 4);
+	assert_int_equal(placer_new(&Q, pl, PLACE_SPINDLE), 0);
+	double q = mem / 16, b4 = 4 * layout_saved_per_sample(pl, c) +
+				  layout_state_bytes(pl, c, 4);
 	sslice_t z = {c, 0, 1, 4, 0, 0, 1, 0, -1, 0}, w = {c, 1, 2, 4, 0, 1, 2, 0, -1, 0};
 	int32_t devs47[4] = {4, 5, 6, 7};
 	placer_commit(Q, &z, devs47);
 	/* 0-3: b4 + 4q; 4: 2 b4 + 4q; 5: + 8q; 6: + 12q; 7: + 16q (union: 8q) */
-	pl.mem_cap = 2 * b4 + 12 * q + 0.5;
+	pl->mem_cap = 2 * b4 + 12 * q + 0.5;
 	assert_int_equal(placer_fitting(Q, &w, NULL), 7);
-	pl.mem_cap = 2 * b4 + 16 * q - 0.5;
+	pl->mem_cap = 2 * b4 + 16 * q - 0.5;
 	assert_int_equal(placer_fitting(Q, &w, NULL), 7);
-	pl.mem_cap = 2 * b4 + 16 * q + 0.5;
+	pl->mem_cap = 2 * b4 + 16 * q + 0.5;
 	assert_int_equal(placer_fitting(Q, &w, NULL), 8);
-	sp_arena_release(&pl.scratch);
-	sp_arena_release(&pl.arena);
-	release_inputs(&in);
+	hand8_down(&h);
 }
 
 /* The placer's choice (placer_choose) and count (placer_fitting) for a
@@ -558,30 +567,19 @@ static void test_placer_memory(void **state)
 static void test_placer_choose(void **state)
 {
 	(void)state;
-	inputs_t in;
-	load_inputs(&in);
-	plan_opts_t o;
-	default_opts(&o, &in.cluster);
-	sp_err_t err = {0};
-	planner_t pl = {.model = &in.model, .cluster = &in.cluster, .opts = &o, .err = &err, .k = 1};
-	sp_arena_init(&pl.arena);
-	sp_arena_init(&pl.scratch);
-	pl.N = 8;
-	pl.mem_cap = 1e15;
-	assert_int_equal(in.cluster.gpus_per_node, 4);
-	assert_int_equal(graph_build(&pl), 0);
-	assert_int_equal(cost_build(&pl), 0);
-	assert_int_equal(layout_prepare(&pl), 0);
+	hand8_t h;
+	planner_t *pl = hand8_up(&h, 1e15);
+	assert_int_equal(h.in.cluster.gpus_per_node, 4);
 	int c = -1;
-	for (int k = 0; k < pl.n_mops; k++)
-		if (!strcmp(pl.mops[k].name, "caption/img"))
+	for (int k = 0; k < pl->n_mops; k++)
+		if (!strcmp(pl->mops[k].name, "caption/img"))
 			c = k;
-	assert_true(c >= 0 && pl.mops[c].n_layers >= 2 && pl.mops[c].shape.mem_seq == 0);
-	double act = 2 * 8 * layout_saved_per_sample(&pl, c), st = layout_state_bytes(&pl, c, 2);
-	assert_int_equal(pl.mops[c].batch, 16);
+	assert_true(c >= 0 && pl->mops[c].n_layers >= 2 && pl->mops[c].shape.mem_seq == 0);
+	double act = 2 * 8 * layout_saved_per_sample(pl, c), st = layout_state_bytes(pl, c, 2);
+	assert_int_equal(pl->mops[c].batch, 16);
 	assert_true(act > 1 && st > 1);
 	placer_t *P = NULL;
-	assert_int_equal(placer_new(&P, &pl, PLACE_SPINDLE), 0);
+	assert_int_equal(placer_new(&P, pl, PLACE_SPINDLE), 0);
 	sslice_t a = {c, 0, 2, 2, 0, 0, 1, 0, -1, 0}, b = {c, 0, 2, 2, 0, 1, 2, 0, -1, 0};
 	int32_t devs67[2] = {6, 7}, got[2] = {-1, -1};
 	placer_commit(P, &a, devs67);
@@ -589,23 +587,21 @@ static void test_placer_choose(void **state)
 	assert_int_equal(got[0], 6);
 	assert_int_equal(got[1], 7);
 	/* 6 and 7 need act more (2 act + 2 st in all), the others act + 2 st */
-	pl.mem_cap = act + 0.5 * st;
+	pl->mem_cap = act + 0.5 * st;
 	assert_int_equal(placer_fitting(P, &b, NULL), 0);
-	pl.mem_cap = act + 2 * st + 0.5;
+	pl->mem_cap = act + 2 * st + 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 6);
-	pl.mem_cap = 2 * act + 2 * st + 0.5;
+	pl->mem_cap = 2 * act + 2 * st + 0.5;
 	assert_int_equal(placer_fitting(P, &b, NULL), 8);
 	/* 7 devices where 6 fit (0-5): the nodes' fitting ones, then by
 	 * score, over the cap (6 and 7 alike: the lower) */
 	sslice_t w = {c, 0, 2, 7, 0, 1, 2, 0, -1, 0};
 	int32_t wide[7];
-	pl.mem_cap = act + 2 * st + 0.5;
+	pl->mem_cap = act + 2 * st + 0.5;
 	assert_int_equal(placer_choose(P, &w, wide), 6);
 	for (int j = 0; j < 7; j++)
 		assert_int_equal(wide[j], j);
-	sp_arena_release(&pl.scratch);
-	sp_arena_release(&pl.arena);
-	release_inputs(&in);
+	hand8_down(&h);
 }
 
 /* A profiled decoder shape matches on mem_seq and mem_width too: the

@@ -367,6 +367,8 @@ int regather(planner_t *pl, sp_plan_t *p)
 	pl->ins_spare = p->ins;
 	p->ins = ins;
 	p->n_ins = n;
+	pl->ins_regathers++;
+	sim_stats_event("programs rewritten (regather)");
 	return 0;
 }
 
@@ -565,8 +567,11 @@ static int fit_memory(planner_t *pl, sp_plan_t *p)
 	return dropped < 0 ? dropped : rc | dropped;
 }
 
-int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
+int trial_save(const planner_t *pl, sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 {
+	t->ins = p->ins;
+	t->n_ins = p->n_ins;
+	t->gen = pl->ins_regathers;
 	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->overlap = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->defer = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
@@ -586,10 +591,62 @@ int trial_save(sp_arena_t *a, const sp_plan_t *p, trial_save_t *t)
 	return 0;
 }
 
-/* The plan as trial_save found it (the layouts, with their prices), but
- * its programs' ranges as they are: regather rebuilt the instruction array
- * (the saved ranges index the old one), and rebuilds it again here. */
-int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
+
+/* SPINDLE_CHECK_RESTORE set (tests/planner/restore_exact.py): 0 when p's
+ * programs are those regather writes for its layouts (each device's
+ * without GATHERs, then a GATHER per SYNC of a bucket that gathers after
+ * the step, in the SYNCs' order; the programs one after another), else an
+ * internal error: site kept programs that a rewrite would change. */
+int trial_check_programs(planner_t *pl, const sp_plan_t *p, const char *site)
+{
+	if (!getenv("SPINDLE_CHECK_RESTORE"))
+		return 0;
+	int32_t n = 0;
+	for (int d = 0; d < p->n_devices; d++) {
+		const sp_device_t *dv = &p->devices[d];
+		const sp_ins_t *prog = p->ins + dv->first_ins;
+		int k = 0, bad = dv->first_ins != n;
+		while (k < dv->n_ins && prog[k].op != INS_GATHER)
+			k++;
+		for (int j = 0, body = k; j < body && !bad; j++) {
+			if (prog[j].op != INS_SYNC ||
+			    !layout_gathers_after_step(p->buckets[prog[j].peer].layout))
+				continue;
+			sp_ins_t ga = lower_ins_new(INS_GATHER);
+			ga.peer = prog[j].peer;
+			bad = k >= dv->n_ins || memcmp(&prog[k++], &ga, sizeof ga);
+		}
+		if (bad || k != dv->n_ins)
+			return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+					  "%s: device %d's program is not regather's for its layouts",
+					  site, d);
+		n += dv->n_ins;
+	}
+	if (n == p->n_ins)
+		return 0;
+	return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+			  "%s: %d instructions in the programs, %d in the plan", site, (int)n,
+			  (int)p->n_ins);
+}
+
+/*
+ * The plan as trial_save found it (the layouts, with their prices, and
+ * the programs). The programs saved are regather's for the saved layouts
+ * (the plan a trial starts from is the simulated one, its GATHERs those
+ * of its layouts: lower_sync.c writes them as regather does, and every
+ * layout change that moves a GATHER is followed by regather), and a
+ * trial changes them only by regather. So where the one array regather
+ * wrote since the save was the trial's (t->gen + 1), the saved array is
+ * intact as regather's spare: it takes its place again with the saved
+ * ranges (the trial's array the spare), instead of a rewrite of every
+ * program into it with the same bytes; t then saves the plan as it is, so
+ * a later trial of the same save is restored the same way. Where the
+ * array was not rewritten since the save (t->gen, p->ins still it), it is
+ * kept as it is. Else its programs' ranges as they are and the array
+ * rewritten by regather (the saved ranges index another array), which t
+ * then saves.
+ */
+int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t)
 {
 	for (int b = 0; b < p->n_buckets; b++) {
 		p->buckets[b].overlap = t->overlap[b];
@@ -601,13 +658,35 @@ int trial_restore(planner_t *pl, sp_plan_t *p, const trial_save_t *t)
 	}
 	memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
 	memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
+	int swap = pl->ins_regathers == t->gen + 1 && pl->ins_spare == t->ins;
+	if (swap || (pl->ins_regathers == t->gen && p->ins == t->ins)) {
+		if (swap) {
+			pl->ins_spare = p->ins;
+			p->ins = (sp_ins_t *)t->ins;
+			p->n_ins = t->n_ins;
+			t->gen = pl->ins_regathers;
+		}
+		memcpy(p->devices, t->dv, sizeof *t->dv * (size_t)p->n_devices);
+		sim_stats_event("programs restored without a rewrite");
+		return trial_check_programs(pl, p, "trial restore");
+	}
 	for (int d = 0; d < p->n_devices; d++) {
 		int32_t first = p->devices[d].first_ins, n = p->devices[d].n_ins;
 		p->devices[d] = t->dv[d];
 		p->devices[d].first_ins = first;
 		p->devices[d].n_ins = n;
 	}
-	return regather(pl, p);
+	int rc = regather(pl, p);
+	if (rc)
+		return rc;
+	t->ins = p->ins; /* the plan as saved, in this array */
+	t->n_ins = p->n_ins;
+	t->gen = pl->ins_regathers;
+	for (int d = 0; d < p->n_devices; d++) {
+		t->dv[d].first_ins = p->devices[d].first_ins;
+		t->dv[d].n_ins = p->devices[d].n_ins;
+	}
+	return 0;
 }
 
 /* Any algorithm's plan, in a model with a large component: every remaining bucket of 2+
@@ -621,7 +700,7 @@ static int try_shard_all(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	sp_arena_t *a = &pl->scratch; /* the candidate's: given back below */
 	sp_arena_mark_t mark = sp_arena_mark(a);
 	trial_save_t t;
-	if ((rc = trial_save(a, p, &t)))
+	if ((rc = trial_save(pl, a, p, &t)))
 		goto cleanup;
 	for (int b = 0; b < p->n_buckets; b++)
 		if (p->buckets[b].layout == LAYOUT_REPLICATED && p->buckets[b].n_dev >= 2) {
@@ -659,7 +738,7 @@ static int try_zero1_recompute(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	sp_arena_mark_t mark = sp_arena_mark(a);
 	trial_save_t t;
 	int32_t *all = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *all);
-	if (!all || (rc = trial_save(a, p, &t)))
+	if (!all || (rc = trial_save(pl, a, p, &t)))
 		goto cleanup;
 	for (int i = 0; i < p->n_devices; i++)
 		all[i] = i;
@@ -714,7 +793,7 @@ static int try_overlap(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	trial_save_t t;
 	int32_t *safe = NULL; /* the programs do not change: once */
 	int32_t *all = sp_arena_calloc(a, (size_t)p->n_devices + 1, sizeof *all);
-	if (!all || (rc = trial_save(a, p, &t)))
+	if (!all || (rc = trial_save(pl, a, p, &t)))
 		goto cleanup;
 	for (int d = 0; d < p->n_devices; d++)
 		all[d] = d;

@@ -203,7 +203,7 @@ static int trial_check(planner_t *pl, const sim_result_t *r, double lb, const ch
  * bound settled 4 of its 5 trials and 1 of the 4 others; on QWen-VAL none
  * of 18, each bound costing about a tenth of a simulation there). */
 static int keep_if_faster(planner_t *pl, sp_plan_t *p, sim_result_t *res,
-			  const trial_save_t *t, const char *site, int bounded)
+			  trial_save_t *t, const char *site, int bounded)
 {
 	sim_result_t r = *res;
 	double lb = 0;
@@ -275,7 +275,7 @@ static int try_defer(planner_t *pl, sp_plan_t *p, sim_result_t *res, int shard)
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t mark = sp_arena_mark(a);
 	trial_save_t t;
-	if ((rc = trial_save(a, p, &t)))
+	if ((rc = trial_save(pl, a, p, &t)))
 		goto cleanup;
 	defer_apply(pl, p, shard);
 	rc = keep_if_faster(pl, p, res, &t, shard ? "refine defer (shard)" : "refine defer",
@@ -400,7 +400,7 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		cand[j] = b;
 		key[j] = v;
 	}
-	if (!n || (rc = trial_save(a, p, &sv)))
+	if (!n || (rc = trial_save(pl, a, p, &sv)))
 		goto cleanup;
 	/* on: the trial p holds (-1: the plan as sv saved it); fast: the
 	 * fastest so far as simulated, when a trial follows it */
@@ -417,7 +417,7 @@ static int try_defer_one(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 		if (r.iteration_ms < best_r.iteration_ms * (1 - 1e-9)) {
 			best_r = r;
 			best = cand[i];
-			if (i + 1 < tries && (rc = trial_save(a, p, &fast)))
+			if (i + 1 < tries && (rc = trial_save(pl, a, p, &fast)))
 				goto cleanup;
 		}
 	}
@@ -540,7 +540,9 @@ int layout_last_run(planner_t *pl, layout_last_t *t)
  * no such bucket at first: the head's trials add none). Else its result
  * (rc: the caller takes its error), kept as keep_if_faster keeps it: p
  * takes the copy's buckets, devices, slices, waves and programs; rejected,
- * p's programs are rebuilt as trial_restore rebuilds them.
+ * p is left as it is, as trial_restore leaves it (its programs regather's
+ * for its layouts, as the head's trials kept or restored them: a rewrite
+ * gives the same bytes).
  */
 int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t *res)
 {
@@ -548,8 +550,10 @@ int layout_last_join(planner_t *pl, layout_last_t *t, sp_plan_t *p, sim_result_t
 		return 0;
 	if (t->rc)
 		return t->rc;
-	if (!(t->r.iteration_ms < res->iteration_ms * (1 - 1e-9)))
-		return no_memory(pl, regather(pl, p));
+	if (!(t->r.iteration_ms < res->iteration_ms * (1 - 1e-9))) {
+		sim_stats_event("programs restored without a rewrite");
+		return trial_check_programs(pl, p, "refine last trial rejected");
+	}
 	sp_plan_t *q = &t->q;
 #define LAST_SWAP(T, a, b) do { T x_ = (a); (a) = (b); (b) = x_; } while (0)
 	LAST_SWAP(sp_bucket_t *, p->buckets, q->buckets);
@@ -610,7 +614,7 @@ static int refine_zero1(planner_t *pl, sp_plan_t *p, sim_result_t *res)
 	}
 	if (!picked)
 		goto done;
-	if ((rc = trial_save(a, p, &sv)))
+	if ((rc = trial_save(pl, a, p, &sv)))
 		goto done;
 	for (int i = 0; i < n; i++)
 		if (t.z1[cand[i]])

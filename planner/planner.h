@@ -180,6 +180,9 @@ typedef struct planner {
 	 * by its next call instead of a fresh one (NULL: none); each planner
 	 * (thread) its own, freed with its arenas */
 	sp_ins_t *ins_spare;
+	/* the number of arrays regather has written (layout.c trial_restore:
+	 * the spare still the one its trial's regather replaced) */
+	uint64_t ins_regathers;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */

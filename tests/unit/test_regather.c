@@ -9,6 +9,15 @@
  * the one the element-by-element rewrite below gives, byte for byte: the
  * instructions, the programs' ranges, the count and the zeroed entries up
  * to the size a fresh array would have.
+ *
+ * trial_restore (layout.c) on the same programs: a trial's layouts
+ * changed and rewritten by regather (none, once, twice), the layouts put
+ * back, then restored; the programs must be the ones saved, byte for
+ * byte, with their ranges and count, as a rewrite for the saved layouts
+ * gives them; where the trial's one rewrite left the saved array intact
+ * as the spare, the saved array itself (not a copy); a save taken after a
+ * trial and restored after another trial (try_defer_one's fastest) as
+ * saved too.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -55,36 +64,33 @@ static sp_ins_t *reference(const sp_plan_t *p, int32_t *first, int32_t *len, int
 	return ins;
 }
 
-static void test_random_programs(void **state)
+enum { ND = 6, NB = 5 };
+
+/* Random programs on ND devices of NB buckets into p (its arrays bk, dv;
+ * p->ins allocated), layouts replicated. */
+static void random_programs(planner_t *pl, sp_plan_t *p, sp_bucket_t *bk, sp_device_t *dv)
 {
-	(void)state;
 	static const int ops[] = {INS_FWD, INS_BWD, INS_SEND, INS_RECV, INS_SYNC,
 				  INS_SYNC, INS_GATHER, INS_COPY};
-	srand(7);
-	for (int round = 0; round < 200; round++) {
-		enum { ND = 6, NB = 5 };
-		planner_t pl;
-		sp_plan_t p;
-		sp_bucket_t bk[NB];
-		sp_device_t dv[ND];
-		memset(&pl, 0, sizeof pl);
-		memset(&p, 0, sizeof p);
-		memset(bk, 0, sizeof bk);
-		memset(dv, 0, sizeof dv);
-		p.n_buckets = NB;
-		p.buckets = bk;
-		p.n_devices = ND;
-		p.devices = dv;
+	{
+		memset(pl, 0, sizeof *pl);
+		memset(p, 0, sizeof *p);
+		memset(bk, 0, sizeof *bk * NB);
+		memset(dv, 0, sizeof *dv * ND);
+		p->n_buckets = NB;
+		p->buckets = bk;
+		p->n_devices = ND;
+		p->devices = dv;
 		int cap = ND * 40, n = 0;
-		p.ins = calloc((size_t)cap + 1, sizeof *p.ins);
-		assert_non_null(p.ins);
+		p->ins = calloc((size_t)cap + 1, sizeof *p->ins);
+		assert_non_null(p->ins);
 		for (int b = 0; b < NB; b++)
 			bk[b].n_dev = ND; /* room for a GATHER per device and bucket */
 		for (int d = 0; d < ND; d++) {
 			int len = rand() % 30, synced = 0;
 			dv[d].first_ins = n;
 			for (int k = 0; k < len; k++) {
-				sp_ins_t *in = &p.ins[n++];
+				sp_ins_t *in = &p->ins[n++];
 				in->op = ops[rand() % (int)(sizeof ops / sizeof *ops)];
 				in->slice = rand() % 9;
 				in->s1 = k;
@@ -98,15 +104,28 @@ static void test_random_programs(void **state)
 					synced |= 1 << in->peer;
 			}
 			if (rand() % 2) { /* a tail as lower_sync.c writes it */
-				p.ins[n++].op = INS_STEP;
+				p->ins[n++].op = INS_STEP;
 				for (int g = rand() % 3; g > 0; g--) {
-					p.ins[n].op = INS_GATHER;
-					p.ins[n++].peer = rand() % NB;
+					p->ins[n].op = INS_GATHER;
+					p->ins[n++].peer = rand() % NB;
 				}
 			}
 			dv[d].n_ins = n - dv[d].first_ins;
 		}
-		p.n_ins = n;
+		p->n_ins = n;
+	}
+}
+
+static void test_random_programs(void **state)
+{
+	(void)state;
+	srand(7);
+	for (int round = 0; round < 200; round++) {
+		planner_t pl;
+		sp_plan_t p;
+		sp_bucket_t bk[NB];
+		sp_device_t dv[ND];
+		random_programs(&pl, &p, bk, dv);
 		for (int step = 0; step < 6; step++) {
 			for (int b = 0; b < NB; b++)
 				bk[b].layout = rand() % 3 ? LAYOUT_REPLICATED : rand() % 4;
@@ -128,10 +147,110 @@ static void test_random_programs(void **state)
 	}
 }
 
+/* A copy of p's programs (instructions, ranges, count) to compare. */
+typedef struct {
+	sp_ins_t *ins;
+	int32_t first[ND], len[ND], n;
+} progs_t;
+
+static void progs_take(progs_t *c, const sp_plan_t *p)
+{
+	c->n = p->n_ins;
+	c->ins = malloc(sizeof *c->ins * (size_t)p->n_ins + 1);
+	assert_non_null(c->ins);
+	memcpy(c->ins, p->ins, sizeof *c->ins * (size_t)p->n_ins);
+	for (int d = 0; d < ND; d++) {
+		c->first[d] = p->devices[d].first_ins;
+		c->len[d] = p->devices[d].n_ins;
+	}
+}
+
+static void progs_check(const progs_t *c, const sp_plan_t *p)
+{
+	assert_int_equal(p->n_ins, c->n);
+	for (int d = 0; d < ND; d++) {
+		assert_int_equal(p->devices[d].first_ins, c->first[d]);
+		assert_int_equal(p->devices[d].n_ins, c->len[d]);
+	}
+	assert_memory_equal(p->ins, c->ins, sizeof *c->ins * (size_t)c->n);
+}
+
+/* Some buckets' layouts changed (gathering or not), rewritten. */
+static void trial(planner_t *pl, sp_plan_t *p)
+{
+	for (int b = 0; b < NB; b++)
+		if (rand() % 2)
+			p->buckets[b].layout = rand() % 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
+	assert_int_equal(regather(pl, p), 0);
+}
+
+static void layouts_back(sp_plan_t *p, const trial_save_t *t)
+{
+	for (int b = 0; b < NB; b++)
+		p->buckets[b].layout = t->layout[b]; /* trial_restore then prices none */
+}
+
+static void test_restore_programs(void **state)
+{
+	(void)state;
+	srand(11);
+	int swapped = 0;
+	for (int round = 0; round < 200; round++) {
+		planner_t pl;
+		sp_plan_t p;
+		sp_bucket_t bk[NB];
+		sp_device_t dv[ND];
+		random_programs(&pl, &p, bk, dv);
+		sp_arena_init(&pl.scratch);
+		for (int b = 0; b < NB; b++)
+			bk[b].layout = rand() % 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
+		assert_int_equal(regather(&pl, &p), 0); /* a simulated plan's programs */
+		trial_save_t sv, fast;
+		progs_t saved, at_fast;
+		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &sv), 0);
+		progs_take(&saved, &p);
+		int rewrites = round % 4; /* none to three: the spare the saved array again */
+		for (int i = 0; i < rewrites; i++)
+			trial(&pl, &p);
+		layouts_back(&p, &sv);
+		uint64_t gen = pl.ins_regathers;
+		assert_int_equal(trial_restore(&pl, &p, &sv), 0);
+		progs_check(&saved, &p);
+		if (rewrites <= 1) { /* the saved array back as it was, not rewritten */
+			assert_int_equal(pl.ins_regathers, gen);
+			assert_ptr_equal(p.ins, sv.ins);
+			swapped += rewrites;
+		}
+		/* try_defer_one: a trial saved as the fastest, the plan restored,
+		 * another trial, then the fastest restored */
+		trial(&pl, &p);
+		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &fast), 0);
+		progs_take(&at_fast, &p);
+		layouts_back(&p, &sv);
+		gen = pl.ins_regathers;
+		assert_int_equal(trial_restore(&pl, &p, &sv), 0);
+		progs_check(&saved, &p);
+		/* one rewrite since it was restored: the array it restored back */
+		assert_int_equal(pl.ins_regathers, gen);
+		assert_ptr_equal(p.ins, sv.ins);
+		trial(&pl, &p);
+		layouts_back(&p, &fast);
+		assert_int_equal(trial_restore(&pl, &p, &fast), 0);
+		progs_check(&at_fast, &p);
+		free(saved.ins);
+		free(at_fast.ins);
+		free(p.ins);
+		free(pl.ins_spare);
+		sp_arena_release(&pl.scratch);
+	}
+	print_message("%d of 200 first restores took the saved array back\n", swapped);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_programs),
+		cmocka_unit_test(test_restore_programs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,10 @@
  * estimates, the choice that fits a lowered plan, the trials once
  * simulated, zero-3 under auto, the report and the advice) and
  * layout_refine.c (layout_refine: an algorithm's chosen plan, zero-1 for
- * the optimizer step's tail and deferred all-gathers). Nothing else
- * includes it; the entry points are in planner.h.
+ * the optimizer step's tail and deferred all-gathers), with what a trial
+ * changes and gives back in layout_trial.c (regather, trial_save,
+ * trial_restore). Nothing else includes it; the entry points are in
+ * planner.h.
  */
 #ifndef SPINDLE_LAYOUT_H
 #define SPINDLE_LAYOUT_H
@@ -27,11 +29,14 @@ typedef struct {
 	uint64_t gen;
 } trial_save_t;
 
+/* ---- layout.c ---- */
 int set_layout(planner_t *pl, sp_plan_t *p, int b, int layout);
+int no_memory(planner_t *pl, int rc);
+
+/* ---- layout_trial.c ---- */
 int regather(planner_t *pl, sp_plan_t *p);
 int trial_save(const planner_t *pl, sp_arena_t *a, const sp_plan_t *p, trial_save_t *t);
 int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t);
-int no_memory(planner_t *pl, int rc);
 int trial_check_programs(planner_t *pl, const sp_plan_t *p, const char *site);
 
 #endif

@@ -176,11 +176,11 @@ typedef struct planner {
 	int top_peak, top_refined;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
-	/* layout.c regather: the instruction array it last replaced, written
+	/* layout_trial.c regather: the instruction array it last replaced, written
 	 * by its next call instead of a fresh one (NULL: none); each planner
 	 * (thread) its own, freed with its arenas */
 	sp_ins_t *ins_spare;
-	/* the number of arrays regather has written (layout.c trial_restore:
+	/* the number of arrays regather has written (layout_trial.c trial_restore:
 	 * the spare still the one its trial's regather replaced) */
 	uint64_t ins_regathers;
 } planner_t;

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A rejected layout trial's programs given back without a rewrite
-(planner/layout.c trial_restore: the saved instruction array taken back
+(planner/layout_trial.c trial_restore: the saved instruction array taken back
 from regather's spare; layout_refine.c layout_last_join: a rejected last
 trial leaves the plan as it is). That is exact only where the programs
 kept are the ones regather would write for the plan's layouts, byte for
 byte; SPINDLE_CHECK_RESTORE=1 makes the planner check exactly that at
-each such restore (layout.c trial_check_programs) and fail with an
+each such restore (layout_trial.c trial_check_programs) and fail with an
 internal error where they are not. For every bundled workload
 (plans/*/model.json) on its own cluster and on a800-8x8, with --compare
 (every algorithm, their layout trials and refinements), with one thread

@@ -1,5 +1,5 @@
 /*
- * test_regather.c — layout.c's regather, which rewrites every program's
+ * test_regather.c — layout_trial.c's regather, which rewrites every program's
  * tail for the buckets' layouts (its GATHERs dropped wherever they are,
  * then one GATHER per zero-1/2 bucket of the device in the order of its
  * SYNCs) by copying runs between GATHERs into a spare array. On random
@@ -10,7 +10,7 @@
  * instructions, the programs' ranges, the count and the zeroed entries up
  * to the size a fresh array would have.
  *
- * trial_restore (layout.c) on the same programs: a trial's layouts
+ * trial_restore (layout_trial.c) on the same programs: a trial's layouts
  * changed and rewritten by regather (none, once, twice), the layouts put
  * back, then restored; the programs must be the ones saved, byte for
  * byte, with their ranges and count, as a rewrite for the saved layouts

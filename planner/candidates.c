@@ -81,6 +81,13 @@ const sched_cand_t sched_cands[] = {
 	 * 84.26 ms), as a shorter packing can sync worse */
 	{.name = "lanes-packed-reorder", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
 	 .pack_flags = SCHED_PACK_REORDER},
+	/* lanes-packed whose devices go, interval by interval, to those whose
+	 * optimizer step grows least (a device runs its step after its last
+	 * slice, for every parameter it holds), and whose horizons are judged
+	 * by the latest device end plus step: a device that holds two
+	 * components' layers ends later by the second one's step */
+	{.name = "lanes-packed-tails", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
+	 .pack_flags = SCHED_PACK_TAILS},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a

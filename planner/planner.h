@@ -671,6 +671,7 @@ static inline int lane_width(const metaop_t *mo, int n)
  * no lanes that pack. */
 #define SCHED_PACK_ASC 1
 #define SCHED_PACK_REORDER 2
+#define SCHED_PACK_TAILS 4
 int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
 
 /* The shortest lanes schedule over the tries of o; *mids counts the middle

@@ -126,6 +126,7 @@ typedef struct {
 	int asc; /* ascending plans before descending ones (ties go to them) */
 	int bumps;    /* retries of the greedy placement (pack_fits) */
 	int reordered; /* a placement fitted on a retry */
+	int tails;     /* SCHED_PACK_TAILS */
 	int keep;      /* a retry's flat plans are within 1 + delta of the plan
 			* each lane took in the try before (the lane that
 			* found no room: the last it tried), not of its least
@@ -593,9 +594,76 @@ static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase
 	return 0;
 }
 
+/* Lane j's steps [*a, *b) that a unit of kind k (0: its core, 1: its hi
+ * phase) holds. */
+static void unit_steps(const pack_t *P, int j, int k, int *a, int *b)
+{
+	const pack_plan_t *p = &P->plan[j];
+	int n = lane_steps(P, j);
+	*a = !k || !p->lo || p->desc ? 0 : n - p->l;
+	*b = !k || !p->lo || !p->desc ? n : p->l;
+}
+
+/* SCHED_PACK_TAILS: the parameter state each device holds so far, per
+ * (component, layer) slot, and its bytes. */
+typedef struct {
+	int *base;       /* per component: its first slot */
+	int n_slots;
+	uint8_t *held;   /* [device][slot] */
+	double *ms;      /* [device]: the optimizer step of what it holds */
+	double unit_ms;  /* the step of one element */
+} pack_state_t;
+
+static int state_init(const pack_t *P, pack_state_t *S)
+{
+	const planner_t *pl = P->pl;
+	sp_arena_t *a = &P->pl->scratch;
+	if (!(S->base = sp_arena_calloc(a, (size_t)pl->model->n_comps + 1, sizeof(int))))
+		return SP_ENOMEM;
+	for (int k = 0; k < pl->model->n_comps; k++) {
+		S->base[k] = S->n_slots;
+		const sp_component_t *c = &pl->model->comps[k];
+		S->n_slots += c->type == COMP_TRANSFORMER ? (int)c->layers : 1;
+	}
+	S->held = sp_arena_calloc(a, (size_t)pl->N * (size_t)(S->n_slots + 1), 1);
+	S->ms = sp_arena_calloc(a, (size_t)pl->N + 1, sizeof(double));
+	S->unit_ms = cost_step_ms(pl, 1);
+	return S->held && S->ms ? 0 : SP_ENOMEM;
+}
+
+/* The slot of MetaOp m's layer l, and its step (*ms). */
+static int state_slot(const pack_t *P, const pack_state_t *S, int m, int l, double *ms)
+{
+	const planner_t *pl = P->pl;
+	const metaop_t *mo = &pl->mops[m];
+	const sp_op_t *op = &pl->ops[mo->first_op + l];
+	int comp = pl->model->tasks[mo->task].nodes[op->node].comp;
+	*ms = (double)comp_layer_params(&pl->model->comps[comp]) * S->unit_ms;
+	return S->base[comp] + op->layer;
+}
+
+/* The step device d would take with lane j's steps [a, b) added (add:
+ * added). */
+static double state_with(const pack_t *P, pack_state_t *S, int d, int j, int a, int b, int add)
+{
+	uint8_t *h = S->held + (size_t)d * (size_t)(S->n_slots + 1);
+	double ms = S->ms[d], one;
+	for (int s = a; s < b; s++) {
+		int x = P->s_first[j] + s, m = P->s_m[x];
+		for (int l = P->s_lf[x]; l < P->s_lt[x]; l++) {
+			int k = state_slot(P, S, m, l, &one);
+			ms += h[k] ? 0 : one;
+			h[k] |= add;
+		}
+	}
+	if (add)
+		S->ms[d] = ms;
+	return ms;
+}
+
 /* Devices for every lane's intervals (first fit in order of start), then
  * every lane's slices and the joins. */
-static int pack_emit(pack_t *P, const int *w, sched_t *out)
+static int pack_emit(pack_t *P, const int *w, sched_t *out, double *est)
 {
 	planner_t *pl = P->pl;
 	const lanes_t *L = P->L;
@@ -646,6 +714,9 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out)
 	char *held = sp_arena_calloc(a, (size_t)nk * (size_t)(N + nn) + 1, 1);
 	if (!held)
 		return SP_ENOMEM;
+	pack_state_t S = {0};
+	if (P->tails && (rc = state_init(P, &S)))
+		return rc;
 	for (int i = 0; i < n_units; i++) {
 		int u = perm[i], j = uj[u], key = L->ln[j].key;
 		double s = uk[u] ? P->hs[j] : P->iv_s[j], e = uk[u] ? P->he[j] : P->iv_e[j];
@@ -659,18 +730,24 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out)
 				node_of[(dev[v] - 1) / SP_MAX(G, 1)] = 1;
 		/* a device holding the component adds no replica; then its
 		 * nodes, then the lane's */
-		int pick = -1, score = -1;
+		int pick = -1, score = -1, sa, sb;
+		double least = HUGE_VAL;
+		unit_steps(P, j, uk[u], &sa, &sb);
 		for (int d = 0; d < N; d++) {
 			if (busy[d] > s + eps)
 				continue;
 			int x = d / SP_MAX(G, 1), sc = 4 * kd[d] + 2 * kn[x] + node_of[x];
-			if (sc > score) {
+			double st = P->tails ? state_with(P, &S, d, j, sa, sb, 0) : 0;
+			if (st < least * (1 - PACK_EPS) || (st <= least * (1 + PACK_EPS) && sc > score)) {
+				least = st;
 				score = sc;
 				pick = d;
 			}
 		}
 		if (pick < 0)
 			return SCHED_NOTHING_NEW; /* cannot happen when the peak fits */
+		if (P->tails)
+			state_with(P, &S, pick, j, sa, sb, 1);
 		kd[pick] = 1;
 		kn[pick / SP_MAX(G, 1)] = 1;
 		dev[u] = pick + 1; /* 0: none yet */
@@ -688,7 +765,12 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out)
 		if ((rc = lane_emit(P, j, core, phase, finish, free_at, devs, out)))
 			return rc;
 	}
-	return lanes_joins(pl, w, L->in_lane, finish, free_at, out);
+	if ((rc = lanes_joins(pl, w, L->in_lane, finish, free_at, out)))
+		return rc;
+	*est = 0;
+	for (int d = 0; d < N; d++)
+		*est = fmax(*est, free_at[d] + (P->tails ? S.ms[d] : 0));
+	return 0;
 }
 
 /* The least horizon at which the plans fit (P->delta's), or HUGE_VAL;
@@ -736,6 +818,31 @@ static double pack_horizon_reorder(pack_t *P, double fluid, double *lo, double *
 	return pack_fits(P, *plain) ? *plain : HUGE_VAL; /* the plans at it */
 }
 
+/* The schedule of the plans pack_fits fitted last, kept in out when its
+ * estimate (pack_emit: with P->tails, the most any device's end plus its
+ * optimizer step comes to; else its makespan), then its makespan, is
+ * below best's (updated). */
+static int pack_keep(pack_t *P, const int *w, sp_arena_t *trial, sched_t *out, double best[2])
+{
+	planner_t *pl = P->pl;
+	sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
+	sched_t t;
+	double est = 0;
+	sched_init(&t, out->algo, trial);
+	int rc = pack_emit(P, w, &t, &est);
+	sp_arena_reset(&pl->scratch, mark);
+	double ms = rc ? HUGE_VAL : sched_makespan(&t);
+	est = P->tails ? est : ms;
+	if (!rc && (est < best[0] * (1 - PACK_EPS) ||
+		    (est <= best[0] * (1 + PACK_EPS) && ms < best[1] * (1 - PACK_EPS)))) {
+		best[0] = est;
+		best[1] = ms;
+		rc = sched_copy(out, &t);
+	}
+	sp_arena_release(trial);
+	return rc == SCHED_NOTHING_NEW ? 0 : rc; /* no device free: not this try */
+}
+
 int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 {
 	static const double deltas[] = {0.01, 0.02, 0.03};
@@ -743,7 +850,7 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 	pack_t P = {0};
 	sp_arena_t trial;
 	sp_arena_init(&trial);
-	double best_ms = HUGE_VAL;
+	double best[2] = {HUGE_VAL, HUGE_VAL};
 	int rc;
 	if ((rc = lanes_build(pl, w, &L)))
 		return rc;
@@ -762,6 +869,7 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 	if ((rc = pack_init(&P, pl, &L)))
 		return rc;
 	P.asc = flags & SCHED_PACK_ASC;
+	P.tails = !!(flags & SCHED_PACK_TAILS);
 	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
 	/* reorder: every delta with the least areas, then with keep those
@@ -782,20 +890,11 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 		P.reordered |= before;
 		if (T == HUGE_VAL)
 			continue;
-		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
-		sched_t t;
-		sched_init(&t, out->algo, &trial);
-		rc = pack_emit(&P, w, &t);
-		sp_arena_reset(&pl->scratch, mark);
-		rc = sched_keep_shorter(out, &t, rc, &best_ms);
-		sp_arena_release(&trial);
-		if (rc == SCHED_NOTHING_NEW) /* no device free: not this try */
-			rc = 0;
-		if (rc)
+		if ((rc = pack_keep(&P, w, &trial, out, best)))
 			break;
 	}
 	sp_arena_release(&trial);
-	if (!rc && (best_ms == HUGE_VAL || (P.bumps && !P.reordered)))
+	if (!rc && (best[0] == HUGE_VAL || (P.bumps && !P.reordered)))
 		return SCHED_NOTHING_NEW; /* reorder: the same schedule as without */
 	return rc;
 }

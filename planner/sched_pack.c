@@ -50,7 +50,15 @@
  *          squeezed once may take as costly a plan again.
  *  horizon the least T, by bisection from the fluid horizon
  *          (lanes_horizon), at which every lane is placed; for each delta
- *          of a few, the shortest schedule kept.
+ *          of a few, the shortest schedule kept. With SCHED_PACK_TAILS
+ *          (the row lanes-packed-tails) the kept one is instead the one
+ *          whose latest device end plus optimizer step is least (the
+ *          runtime steps every parameter a device holds after its last
+ *          instruction, so a device holding two components' layers ends
+ *          later by the second one's step), ties to the shorter; its
+ *          devices are chosen as without it (choosing them by the least
+ *          step added made clip-10 on a800-8x8 and a800-8x8-4nic plan
+ *          slower).
  *
  * Devices: each interval, in order of start, takes a free device that
  * holds the lane's component already (no new replica), else one on a
@@ -594,18 +602,8 @@ static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase
 	return 0;
 }
 
-/* Lane j's steps [*a, *b) that a unit of kind k (0: its core, 1: its hi
- * phase) holds. */
-static void unit_steps(const pack_t *P, int j, int k, int *a, int *b)
-{
-	const pack_plan_t *p = &P->plan[j];
-	int n = lane_steps(P, j);
-	*a = !k || !p->lo || p->desc ? 0 : n - p->l;
-	*b = !k || !p->lo || !p->desc ? n : p->l;
-}
-
-/* SCHED_PACK_TAILS: the parameter state each device holds so far, per
- * (component, layer) slot, and its bytes. */
+/* SCHED_PACK_TAILS: the parameter state each device holds, per
+ * (component, layer) slot, and the optimizer step it takes. */
 typedef struct {
 	int *base;       /* per component: its first slot */
 	int n_slots;
@@ -642,23 +640,24 @@ static int state_slot(const pack_t *P, const pack_state_t *S, int m, int l, doub
 	return S->base[comp] + op->layer;
 }
 
-/* The step device d would take with lane j's steps [a, b) added (add:
- * added). */
-static double state_with(const pack_t *P, pack_state_t *S, int d, int j, int a, int b, int add)
+/* Device d takes a unit of lane j of kind k (0: its core, every step;
+ * 1: its hi phase, the steps in it): the slots of those steps' layers
+ * and their step. */
+static void state_add(const pack_t *P, pack_state_t *S, int d, int j, int k)
 {
+	const pack_plan_t *p = &P->plan[j];
+	int n = lane_steps(P, j);
+	int a = !k || !p->lo || p->desc ? 0 : n - p->l, b = !k || !p->lo || !p->desc ? n : p->l;
 	uint8_t *h = S->held + (size_t)d * (size_t)(S->n_slots + 1);
-	double ms = S->ms[d], one;
+	double one;
 	for (int s = a; s < b; s++) {
 		int x = P->s_first[j] + s, m = P->s_m[x];
 		for (int l = P->s_lf[x]; l < P->s_lt[x]; l++) {
-			int k = state_slot(P, S, m, l, &one);
-			ms += h[k] ? 0 : one;
-			h[k] |= add;
+			int slot = state_slot(P, S, m, l, &one);
+			S->ms[d] += h[slot] ? 0 : one;
+			h[slot] = 1;
 		}
 	}
-	if (add)
-		S->ms[d] = ms;
-	return ms;
 }
 
 /* Devices for every lane's intervals (first fit in order of start), then
@@ -730,16 +729,12 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out, double *est)
 				node_of[(dev[v] - 1) / SP_MAX(G, 1)] = 1;
 		/* a device holding the component adds no replica; then its
 		 * nodes, then the lane's */
-		int pick = -1, score = -1, sa, sb;
-		double least = HUGE_VAL;
-		unit_steps(P, j, uk[u], &sa, &sb);
+		int pick = -1, score = -1;
 		for (int d = 0; d < N; d++) {
 			if (busy[d] > s + eps)
 				continue;
 			int x = d / SP_MAX(G, 1), sc = 4 * kd[d] + 2 * kn[x] + node_of[x];
-			double st = P->tails ? state_with(P, &S, d, j, sa, sb, 0) : 0;
-			if (st < least * (1 - PACK_EPS) || (st <= least * (1 + PACK_EPS) && sc > score)) {
-				least = st;
+			if (sc > score) {
 				score = sc;
 				pick = d;
 			}
@@ -747,7 +742,7 @@ static int pack_emit(pack_t *P, const int *w, sched_t *out, double *est)
 		if (pick < 0)
 			return SCHED_NOTHING_NEW; /* cannot happen when the peak fits */
 		if (P->tails)
-			state_with(P, &S, pick, j, sa, sb, 1);
+			state_add(P, &S, pick, j, uk[u]);
 		kd[pick] = 1;
 		kn[pick / SP_MAX(G, 1)] = 1;
 		dev[u] = pick + 1; /* 0: none yet */

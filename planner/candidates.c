@@ -81,6 +81,17 @@ const sched_cand_t sched_cands[] = {
 	 * 84.26 ms), as a shorter packing can sync worse */
 	{.name = "lanes-packed-reorder", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
 	 .pack_flags = SCHED_PACK_REORDER},
+	/* lanes-packed keeping, of its horizons, the one whose latest device
+	 * end plus optimizer step is least, not the shortest (a device runs
+	 * the step of every parameter it holds after its last slice):
+	 * clip-10 on a800-4x8 149.68 ms against lanes-packed's 150.20, the
+	 * same compute. A row of its own: the estimate leaves out transfers
+	 * and the refinement's zero-1 shards, so it can rank wrongly (clip-4
+	 * on a800-4x8: in a trial that also scanned horizons below the
+	 * bisection, not kept, a 101.20 ms pack ranked first and iterates
+	 * 110.53) */
+	{.name = "lanes-packed-tails", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
+	 .pack_flags = SCHED_PACK_TAILS},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a

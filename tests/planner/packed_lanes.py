@@ -19,7 +19,9 @@ A800s:
     lanes-packed-reorder (a failed greedy placement retried with the lane
     that found no room first): clip-7 on a800-8x8, and on a800-4x8 (there
     by its second search, keep: a retry's flat plans measured from the
-    plans taken in the try before).
+    plans taken in the try before); so is lanes-packed-tails (of its
+    horizons the one whose latest device end plus optimizer step is least):
+    clip-10 on a800-4x8.
 """
 import json
 import os
@@ -122,6 +124,7 @@ def main():
     for cluster, cand in (("a800-2x8", "lanes-packed-asc"), ("a800-8x8", "lanes-packed-reorder"),
                           ("a800-4x8", "lanes-packed-reorder")):
         chosen_somewhere("clip-7", cluster, cand)
+    chosen_somewhere("clip-10", "a800-4x8", "lanes-packed-tails")
     print(f"{len(failures)} failures")
     return 1 if failures else 0
 

@@ -22,17 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.environ["SPINDLE_ROOT"]
-PLAN = os.environ["SPINDLE_PLAN"]
-TIMING = {"planning_ms", "total_planning_ms"}
-
-
-def untimed(x):
-    if isinstance(x, dict):
-        return {k: untimed(v) for k, v in x.items() if k not in TIMING}
-    if isinstance(x, list):
-        return [untimed(v) for v in x]
-    return x
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prune_exact import PLAN, ROOT, untimed  # noqa: E402 (same environment)
 
 
 def run(model, cluster, out, opts, full):

@@ -720,6 +720,40 @@ done:
 	return rc;
 }
 
+/*
+ * bound_sync of p as lower_run leaves it into *raw, in the layouts' mode
+ * any = (--zero auto) and with the gathers, and *out, *raw less 1e-9 of
+ * itself: no more than bound_sync(q, a, 1) for every plan q that
+ * memplan_run and layout_fit make of p, in each mode a that --zero
+ * leaves to the walk (any, or with --zero auto either). Those passes change
+ * only what bound_sync reads as follows: memory (not read); under --zero
+ * auto bucket layouts (replicated, zero-1, zero-2), their overlaps and
+ * deferrals: any_layout takes the least of both layouts per bucket, in
+ * time and on every link, and counts a sharded layout's all-gather
+ * exactly where q's would count (lowering defers a gather only under
+ * --defer-gather on, and so does set_layout: defer_for), so no bucket's
+ * time or link load here exceeds q's; under a forced --zero no layout
+ * changes (fit_memory shards only under auto). Recompute flags, set and
+ * never cleared, only add a forward to a BWD (ins_layer_ms), so every
+ * release R_b of q is no less than p's; GATHER instructions (regather)
+ * sync_releases skips. The buckets, their devices and elements, the
+ * SYNCs' places and every other instruction stay. Both bounds are max over
+ * devices and links of the chain t = max(t, R_b) + A_b by increasing R_b,
+ * which equals max over t of t + the A_b with R_b >= t: no less when
+ * releases rise and times grow. The 1e-9 covers the two evaluations'
+ * rounding (sums in other orders). Not a bound of bound_sync without the
+ * gathers (refined_bound's under --defer-gather auto or on). The walk
+ * lowers a candidate no further when this settles it (walk.c
+ * plan_lowered_cut), and where layout_fit changed nothing takes *raw as
+ * the candidate's own bound_sync.
+ */
+int bound_sync_early(planner_t *pl, const sp_plan_t *p, double *raw, double *out)
+{
+	int rc = bound_sync(pl, p, pl->opts->zero < 0, 1, raw);
+	*out = *raw * (1 - 1e-9);
+	return rc;
+}
+
 double bound_comm_solve(const double *W, const double *S, int nw, int G, double cap_ms)
 {
 	double wmax = 0;

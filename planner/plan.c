@@ -267,6 +267,9 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	if (getenv("SPINDLE_TOP_STATS")) /* a diagnostic for benchmarks */
 		fprintf(stderr, "top_choose: at most %d plans kept, %d refined (one walk)\n",
 			pl->top_peak, pl->top_refined);
+	if (getenv("SPINDLE_TOP_STATS"))
+		fprintf(stderr, "lowering: %d of %d variants settled by the early bound\n",
+			pl->low_cut, pl->low_all);
 	return rc;
 }
 

@@ -174,6 +174,10 @@ typedef struct planner {
 	/* walk_jobs.c top_choose, over every walk of the run: the most plans
 	 * one walk kept at once, and how many it refined (SPINDLE_TOP_STATS) */
 	int top_peak, top_refined;
+	/* walk.c plan_lowered_cut, over the run's walks on this planner: the
+	 * variants lowered, and those that bound_sync_early settled before
+	 * memplan_run (SPINDLE_TOP_STATS) */
+	int low_all, low_cut;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
 	/* layout_trial.c regather: the instruction array it last replaced, written
@@ -807,6 +811,11 @@ double bound_comm_solve(const double *W, const double *S, int nw, int G, double 
  * taken later would not: layout_trial's, never layout_refine's, which may
  * defer). 0 or SP_ENOMEM; scratch given back. */
 int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, double *out);
+/* bound_sync of p as lower_run leaves it (*raw) and a lower bound of
+ * bound_sync(q, any, 1) for every q that memplan_run and layout_fit make of
+ * p, any as --zero allows (*out; bound.c's header: bound_sync_early).
+ * 0 or SP_ENOMEM. */
+int bound_sync_early(planner_t *pl, const sp_plan_t *p, double *raw, double *out);
 /* hull_t (sched_lanes.c's section): its arrays live in a. */
 int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */

@@ -67,6 +67,66 @@ int seen_add(seen_t *v, const sched_t *s)
 	return 0;
 }
 
+static int walk_settles(const struct walk *w, double early);
+
+/* What bound_sync reads that layout_fit may change: every bucket's layout
+ * and deferral, every slice's recompute flag (bound_sync_early's header). */
+static int32_t *fit_marks(planner_t *pl, const sp_plan_t *q)
+{
+	size_t n = 2 * (size_t)q->n_buckets + (size_t)q->n_slices;
+	int32_t *m = sp_arena_calloc(&pl->scratch, n + 1, sizeof *m);
+	for (int b = 0; m && b < q->n_buckets; b++) {
+		m[2 * b] = q->buckets[b].layout;
+		m[2 * b + 1] = q->buckets[b].defer;
+	}
+	for (int i = 0; m && i < q->n_slices; i++)
+		m[2 * q->n_buckets + i] = q->slices[i].recompute;
+	return m;
+}
+
+static int fit_marks_same(const sp_plan_t *q, const int32_t *m)
+{
+	for (int b = 0; b < q->n_buckets; b++)
+		if (m[2 * b] != (int32_t)q->buckets[b].layout || m[2 * b + 1] != q->buckets[b].defer)
+			return 0;
+	for (int i = 0; i < q->n_slices; i++)
+		if (m[2 * q->n_buckets + i] != q->slices[i].recompute)
+			return 0;
+	return 1;
+}
+
+/* Variant k (plan q as lower_run left it) of plan_lowered_cut, to its
+ * end: its early bound, then released (cut->gone[k]) where that settles it,
+ * else its memory and layouts (memplan_run, layout_fit), and its
+ * bound_sync taken from the early one's where layout_fit changed nothing
+ * it reads. */
+static int lower_rest(planner_t *pl, lower_cut_t *cut, int k, sp_plan_t *q)
+{
+	int rc;
+	double raw;
+	int32_t *m = NULL;
+	if (cut) {
+		cut->lb[k] = 0;
+		pl->low_all++;
+		if ((rc = bound_sync_early(pl, q, &raw, &cut->early[k])))
+			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
+		if (cut->w && walk_settles(cut->w, cut->early[k])) {
+			plan_release(q);
+			memset(q, 0, sizeof *q);
+			cut->gone[k] = 1;
+			pl->low_cut++;
+			return 0;
+		}
+		if (cut->trial == (pl->opts->zero < 0) && !(m = fit_marks(pl, q)))
+			return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
+	}
+	if ((rc = memplan_run(pl, q, 0)) || (rc = layout_fit(pl, q)))
+		return rc;
+	if (m && fit_marks_same(q, m))
+		cut->lb[k] = raw;
+	return 0;
+}
+
 /* schedule → placement → tensor-parallel degrees → programs → memory →
  * layouts that fit (the auto choices of zero-1 and recompute), for one
  * algorithm (ours: candidate c). With aligned (ours), also the same
@@ -78,16 +138,24 @@ int seen_add(seen_t *v, const sched_t *s)
  * SCHED_NOTHING_NEW for a schedule in it, and the schedule joins it when
  * lowered. Every pass after the scheduler (the alignment included) reads
  * only the schedule and the run's constants, so a schedule seen lowers to
- * the plans lowered then. */
-int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
-		 place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
-		 int *n_aligned)
+ * the plans lowered then. cut (NULL: none, plan_lowered): each variant's
+ * early bound, and its bound_sync where known (lower_cut_t); one that the
+ * early bound settles right after lower_run is not lowered further: its
+ * memory and layouts (memplan_run, layout_fit) are skipped, and with them
+ * any allocation failure they would have met. */
+int plan_lowered_cut(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+		     place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+		     int *n_aligned, lower_cut_t *cut)
 {
 	sched_t s;
 	place_t pc, pa;
 	int rc, changed = 0;
 	if (n_aligned)
 		*n_aligned = 0;
+	if (cut) {
+		cut->gone[0] = cut->gone[1] = 0;
+		cut->lb[0] = cut->lb[1] = 0;
+	}
 	if ((rc = sched_run(pl, a, st, c, &s)))
 		return rc;
 	if (seen && seen_has(seen, &s))
@@ -107,12 +175,10 @@ int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *
 		if ((rc = place_align(pl, &s, &pa, &changed)))
 			return sp_err_set(pl->err, rc, NULL, 0, 0, NULL, "out of memory");
 	}
-	if ((rc = lower_run(pl, &s, &pc, out)) || (rc = memplan_run(pl, out, 0)) ||
-	    (rc = layout_fit(pl, out)))
+	if ((rc = lower_run(pl, &s, &pc, out)) || (rc = lower_rest(pl, cut, 0, out)))
 		return rc;
 	if (changed) {
-		if ((rc = lower_run(pl, &s, &pa, aligned)) || (rc = memplan_run(pl, aligned, 0)) ||
-		    (rc = layout_fit(pl, aligned))) {
+		if ((rc = lower_run(pl, &s, &pa, aligned)) || (rc = lower_rest(pl, cut, 1, aligned))) {
 			plan_release(aligned);
 			memset(aligned, 0, sizeof *aligned);
 			if (rc != SP_EINFEAS)
@@ -125,6 +191,13 @@ int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *
 	if (seen && seen_add(seen, &s))
 		return sp_err_set(pl->err, SP_ENOMEM, NULL, 0, 0, NULL, "out of memory");
 	return 0;
+}
+
+int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+		 place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+		 int *n_aligned)
+{
+	return plan_lowered_cut(pl, a, st, c, kind, seen, out, aligned, n_aligned, NULL);
 }
 
 /* Lowered plan out → simulation (ours: sim_iteration) → zero-1 where not
@@ -164,7 +237,7 @@ int plan_better(int found, const sim_result_t *r, double f, const sim_result_t *
 }
 
 /* The record of plan_one's walk: the best plan so far (none: !found). */
-typedef struct {
+typedef struct walk {
 	sp_plan_t *out;
 	sim_result_t *res;
 	double *over;
@@ -210,6 +283,25 @@ static int top_outside(const walk_t *w, double lb)
 {
 	return w->within >= 0 && w->found && *w->over <= 0 &&
 	       lb > w->res->iteration_ms * (1 + w->within);
+}
+
+/*
+ * 1 when a variant whose early bound is early (bound_sync_early: no more
+ * than its lb, and than its lbr where refined_bound counts the gathers,
+ * under --defer-gather off) would, judged now by walk_held, be neither
+ * simulated (the record fits and lb >= its iteration x FASTER) nor kept
+ * for top_choose (no top; top_outside on lb; top_drops on lbr): it leaves
+ * the walk as if never lowered. Each test holds for a larger bound, and
+ * for a later record, which only gets faster and keeps fitting: the
+ * aligned variant, judged after the original one, is settled too.
+ */
+static int walk_settles(const walk_t *w, double early)
+{
+	if (!w->found || *w->over > 0 || w->pl->opts->simulate_all ||
+	    early < w->res->iteration_ms * FASTER)
+		return 0;
+	return !w->top || top_outside(w, early) ||
+	       (w->pl->opts->defer_gather == 0 && top_drops(w, early));
 }
 
 /* Keeps plan p of held h (w->top), or releases it; p is left empty. lbr
@@ -394,6 +486,30 @@ int refined_bound(planner_t *pl, const sp_plan_t *p, int trial, double lb, doubl
 	return bound_sync(pl, p, any, gathers, out);
 }
 
+/* Variant k's lb (bound_sync in the walk's mode) after plan_lowered_cut:
+ * cut's where known, else computed; under --simulate-all both, checked
+ * equal, and the early bound checked no more than it (the cuts rest on
+ * it). */
+int walk_lb(planner_t *pl, const lower_cut_t *cut, int k, const sched_cand_t *c,
+	    const sp_plan_t *p, double *lb)
+{
+	int rc = 0, all = pl->opts->simulate_all;
+	*lb = cut->lb[k];
+	if ((!*lb || all) && (rc = bound_sync(pl, p, cut->trial, 1, lb)))
+		return rc;
+	if (all && cut->lb[k] && cut->lb[k] != *lb)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "candidate '%s': sync bound %.6f ms before layout_fit, "
+				  "%.6f ms after it, which changed nothing it reads",
+				  c ? c->name : "?", cut->lb[k], *lb);
+	if (all && cut->early[k] > *lb)
+		return sp_err_set(pl->err, SP_EINTERNAL, NULL, 0, 0, NULL,
+				  "candidate '%s': early sync bound %.6f ms above its "
+				  "sync bound %.6f ms",
+				  c ? c->name : "?", cut->early[k], *lb);
+	return 0;
+}
+
 static void held_release(held_t *h, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -468,6 +584,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		    .pl = pl, .trial = trial,
 		    .within = pl->opts->refine_within ? pl->opts->refine_within : 0.10};
 	const sim_result_t *seq_last = ours ? seq_coming_last(pl, seq_res, seq_over) : NULL;
+	int no_cut = getenv("SPINDLE_NO_PREBOUND") != NULL; /* a reference for tests */
 	memset(out, 0, sizeof *out);
 	if (use_seq)
 		*use_seq = 0;
@@ -479,6 +596,7 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		/* the candidate's plan and (ours) its node-aligned variant */
 		held_t var[2] = {{.c = c, .from_seq = from_seq, .idx = 2 * v},
 				 {.c = c, .idx = 2 * v + 1}};
+		lower_cut_t cut = {.trial = trial};
 		if (c && pl->opts->exclude && !strcmp(c->name, pl->opts->exclude))
 			continue;
 		sp_arena_mark_t mark = sp_arena_mark(&pl->scratch);
@@ -497,14 +615,19 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		} else if (par) {
 			rc = par_take(pl, par, v, seen, var, &n_var);
 		} else {
-			rc = plan_lowered(pl, a, st, c, kind, seen, &var[0].p,
-					  ours ? &var[1].p : NULL, &n_var);
+			/* once the walk has a record, a variant that the early bound
+			 * settles is lowered no further (walk_settles) */
+			cut.w = ours && w.found && !no_cut ? &w : NULL;
+			rc = plan_lowered_cut(pl, a, st, c, kind, seen, &var[0].p,
+					      ours ? &var[1].p : NULL, &n_var, ours ? &cut : NULL);
 			for (int k = 0; !rc && ours && k <= n_var; k++)
-				rc = bound_sync(pl, &var[k].p, trial, 1, &var[k].lb);
+				if (!cut.gone[k])
+					rc = walk_lb(pl, &cut, k, c, &var[k].p, &var[k].lb);
 		}
 		sp_arena_reset(&pl->scratch, mark);
 		for (int k = 0; !rc && ours && bar && !from_seq && k <= n_var; k++)
-			rc = refined_bound(pl, &var[k].p, trial, var[k].lb, &var[k].lbr);
+			if (!cut.gone[k])
+				rc = refined_bound(pl, &var[k].p, trial, var[k].lb, &var[k].lbr);
 		/* a held plan would have been the record: the walk has found one */
 		if (rc == SCHED_NOTHING_NEW ||
 		    (rc == SP_EINFEAS && (v + 1 < nc || w.found || n_held))) {
@@ -517,6 +640,8 @@ static int plan_walk(planner_t *pl, algo_t a, cand_state_t *st, place_kind_t kin
 		/* in table order, the original first: on a tie it stays */
 		for (int k = 0; k <= n_var; k++) {
 			held_t y = var[k];
+			if (cut.gone[k]) /* settled: as if never lowered */
+				continue;
 			memset(&var[k].p, 0, sizeof var[k].p);
 			if (!rc && !ours) {
 				mark = sp_arena_mark(&pl->scratch);

@@ -141,6 +141,20 @@ typedef struct {
 	double unref; /* the choice's unrefined iteration (--refine-within) */
 } top_t;
 
+/* plan_lowered_cut's early bounds (bound_sync_early) of each variant
+ * k: early[k] the bound, lb[k] its bound_sync in the walk's own mode
+ * (any_layout: trial; 0: not known, the caller computes it), known where
+ * layout_fit changed nothing that bound_sync reads and the modes agree. w
+ * (NULL: none, no record yet): a variant whose early bound settles it
+ * against w's record (walk.c walk_settles) is lowered no further: released,
+ * gone[k] set. */
+typedef struct {
+	const struct walk *w;
+	int trial;
+	int gone[2];
+	double early[2], lb[2];
+} lower_cut_t;
+
 /* ---- walk.c ---------------------------------------------------------------- */
 
 void seen_release(seen_t *v);
@@ -149,6 +163,11 @@ int seen_add(seen_t *v, const sched_t *s);
 int plan_lowered(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
 		 place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
 		 int *n_aligned);
+int plan_lowered_cut(planner_t *pl, algo_t a, cand_state_t *st, const sched_cand_t *c,
+		     place_kind_t kind, seen_t *seen, sp_plan_t *out, sp_plan_t *aligned,
+		     int *n_aligned, lower_cut_t *cut);
+int walk_lb(planner_t *pl, const lower_cut_t *cut, int k, const sched_cand_t *c,
+	    const sp_plan_t *p, double *lb);
 int plan_simulated(planner_t *pl, int ours, sp_plan_t *out, sim_result_t *res,
 		   double *over);
 int plan_better(int found, const sim_result_t *r, double f, const sim_result_t *res,

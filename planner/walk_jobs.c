@@ -104,10 +104,12 @@ static int par_lower_run(planner_t *pl, sp_job_t *job)
 	for (int k = 0; k < CAND_ALLOT__COUNT; k++)
 		if (pc->need & 1u << k)
 			pc->st.widths[k] = w->widths[k];
-	int rc = plan_lowered(pl, w->a, &pc->st, pc->c, w->kind, &pc->sched, &pc->p[0],
-			      &pc->p[1], &pc->n_var);
+	/* no record here to cut on (cut.w NULL): every variant lowered */
+	lower_cut_t cut = {.trial = w->trial};
+	int rc = plan_lowered_cut(pl, w->a, &pc->st, pc->c, w->kind, &pc->sched, &pc->p[0],
+				  &pc->p[1], &pc->n_var, &cut);
 	for (int k = 0; !rc && k <= pc->n_var; k++)
-		rc = bound_sync(pl, &pc->p[k], w->trial, 1, &pc->lb[k]);
+		rc = walk_lb(pl, &cut, k, pc->c, &pc->p[k], &pc->lb[k]);
 	for (int k = 0; !rc && k <= pc->n_var; k++) {
 		pc->sim[k] = (sp_job_t){.run = par_sim_run, .arg = pc, .prio = pc->prio + 2 + k,
 					.after = {w->gate}};

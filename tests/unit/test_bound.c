@@ -226,6 +226,25 @@ static double bare_sum(planner_t *pl, const sp_plan_t *p)
 	return most;
 }
 
+/* The two tasks' plan (sync_case's) as lower_run leaves it, into *p: t1
+ * on devices 0 and 2, t2 on 1 and 3, one wave per MetaOp in order. */
+static int lower_two_tasks(planner_t *pl, sp_plan_t *p)
+{
+	sched_t s;
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
+	int32_t devs[64], off[32], n = 0, nd = 0;
+	for (int m = 0; m < pl->n_mops; m++) { /* one wave per MetaOp, in order */
+		int t1 = pl->mops[m].task == 0;
+		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 2, n, n, n + 1), 0);
+		off[n++] = nd;
+		devs[nd++] = t1 ? 0 : 1;
+		devs[nd++] = t1 ? 2 : 3;
+	}
+	s.n_waves = n;
+	place_t pc = {devs, off};
+	return lower_run(pl, &s, &pc, p);
+}
+
 /* t1 on devices 0 and 2, t2 on 1 and 3 (each across both nodes, so each
  * task's all-reduces cross both NICs), data parallel, buckets replicated
  * (zero 0) or zero-1 (zero 1, gathers not deferred). *it: the simulated
@@ -239,21 +258,9 @@ static void sync_case(double inter, int zero, double *it, double *lb, double *lb
 	two_nodes(cl, sizeof cl, inter);
 	hand_planner(&h, SYNC_MODEL, cl, 4, zero);
 	planner_t *pl = &h.pl;
-	sched_t s;
 	sp_plan_t p;
 	sim_result_t res;
-	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
-	int32_t devs[64], off[32], n = 0, nd = 0;
-	for (int m = 0; m < pl->n_mops; m++) { /* one wave per MetaOp, in order */
-		int t1 = pl->mops[m].task == 0;
-		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 2, n, n, n + 1), 0);
-		off[n++] = nd;
-		devs[nd++] = t1 ? 0 : 1;
-		devs[nd++] = t1 ? 2 : 3;
-	}
-	s.n_waves = n;
-	place_t pc = {devs, off};
-	int rc = lower_run(pl, &s, &pc, &p);
+	int rc = lower_two_tasks(pl, &p);
 	if (!rc)
 		rc = memplan_run(pl, &p, 0);
 	if (rc)
@@ -315,6 +322,74 @@ static void test_sync_bound(void **state)
 	assert_true(lb0 <= dfr);
 }
 
+/*
+ * bound_sync_early, the bound the walk cuts lowering on (walk.c
+ * plan_lowered_cut), on the two tasks' plan as lower_run leaves it under
+ * --zero auto, against bound_sync in both of the walk's layout modes (with
+ * the gathers) of the plan that layout_fit could make of it: every bucket
+ * sharded (zero-1: a reduce-scatter alone takes less than the all-reduce;
+ * its all-gather counted unless --defer-gather on defers it), every slice
+ * recomputing (the releases rise), the gathers placed again (regather).
+ * Slow links, where the collectives decide the bound, and fast ones, where
+ * the releases do; --defer-gather off, auto and on.
+ */
+static void early_case(double inter, int defer)
+{
+	char cl[1024];
+	hand_t h;
+	two_nodes(cl, sizeof cl, inter);
+	hand_planner(&h, SYNC_MODEL, cl, 4, -1);
+	h.opts.defer_gather = defer;
+	planner_t *pl = &h.pl;
+	sp_plan_t p;
+	sim_result_t res;
+	assert_int_equal(lower_two_tasks(pl, &p), 0);
+	double early, raw, x;
+	assert_int_equal(bound_sync_early(pl, &p, &raw, &early), 0);
+	assert_int_equal(memplan_run(pl, &p, 0), 0);
+	assert_int_equal(sim_run(pl, &p, 1, &res), 0);
+	for (int any = 0; any < 2; any++) {
+		assert_int_equal(bound_sync(pl, &p, any, 1, &x), 0);
+		assert_true(early <= x);
+		if (any)
+			assert_true(raw == x); /* its own, unchanged */
+	}
+	print_message("inter %g, defer %d: early %.4f ms, iteration %.4f as lowered\n", inter,
+		      defer, early, res.iteration_ms);
+	assert_true(early >= 0.5 * res.iteration_ms); /* not a vacuous bound */
+	int sharded = 0;
+	for (int k = 0; k < p.n_buckets; k++)
+		if (p.buckets[k].n_dev >= 2) {
+			assert_int_equal(set_layout(pl, &p, k, LAYOUT_ZERO1), 0);
+			sharded++;
+		}
+	assert_true(sharded > 0);
+	for (int i = 0; i < p.n_slices; i++)
+		p.slices[i].recompute = 1;
+	assert_int_equal(regather(pl, &p), 0);
+	assert_int_equal(memplan_run(pl, &p, 0), 0);
+	assert_int_equal(sim_run(pl, &p, 1, &res), 0);
+	for (int any = 0; any < 2; any++) {
+		assert_int_equal(bound_sync(pl, &p, any, 1, &x), 0);
+		print_message("  fitted: bound_sync any_layout %d: %.4f ms\n", any, x);
+		assert_true(early <= x);
+	}
+	print_message("  fitted: iteration %.4f ms\n", res.iteration_ms);
+	assert_true(early <= res.iteration_ms);
+	free(pl->ins_spare);
+	plan_release(&p);
+	hand_done(&h);
+}
+
+static void test_early_bound(void **state)
+{
+	(void)state;
+	for (int defer = -1; defer <= 1; defer++) {
+		early_case(1, defer);
+		early_case(400, defer);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -323,6 +398,7 @@ int main(void)
 		cmocka_unit_test(test_comm_bound),
 		cmocka_unit_test(test_comm_any),
 		cmocka_unit_test(test_sync_bound),
+		cmocka_unit_test(test_early_bound),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

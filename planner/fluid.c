@@ -117,9 +117,8 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->cap = sp_arena_calloc(a, nr, sizeof(double));
 	for (size_t r = 0; out->cap && r + 1 < nr; r++)
 		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
-	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->whead || !out->wtail || !out->wtail_i ||
-	    !out->left || !out->sum ||
-	    !out->cap ||
+	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->whead ||
+	    !out->wtail || !out->wtail_i || !out->left || !out->sum || !out->cap ||
 	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched ||
 	    !out->src.e || !out->fhead || !out->ftail)
 		return SP_ENOMEM;
@@ -459,15 +458,43 @@ static int start_waiting(fl_net_t *n)
  */
 #define SCAN_ROUNDS 8
 
-/* Link r's level changed: moved in the heap, or out of it when it no
- * longer takes part. */
+/* Link r's level changed. The heap's key of a link that takes part is at
+ * most its level, not always equal: a key that would go down moves at
+ * once (up the heap, cheap), one that would go up (most: a level rises
+ * as the jobs that freeze below it leave) stays, and a link that no
+ * longer takes part stays in; lv_least mends them when they reach the
+ * top. */
 static void lv_update(fl_net_t *n, int r)
 {
 	double t = n->left[r] / n->sum[r];
-	if (n->unfrozen[r] > 0 && !isnan(t))
+	if (n->unfrozen[r] <= 0 || isnan(t))
+		return;
+	int k = n->lv.pos[r];
+	if (k < 0 || t < n->lv.e[k].t)
 		heap_set(&n->lv, r, t);
-	else if (n->lv.pos[r] >= 0)
-		heap_del(&n->lv, n->lv.pos[r]);
+}
+
+/* The least (level, id) of the links that take part, from the heap: -1
+ * when none. Every other entry's key is at most its link's level (or its
+ * link no longer takes part), so a top whose key is its level is the
+ * least, the same link and level as a heap of exact keys would give; a
+ * top that is stale is mended (moved down, or out) first. */
+static int lv_least(fl_net_t *n, double *level)
+{
+	while (n->lv.n > 0) {
+		int r = n->lv.e[0].id;
+		double t = n->left[r] / n->sum[r];
+		if (n->unfrozen[r] <= 0 || isnan(t)) {
+			heap_pop(&n->lv);
+		} else if (t != n->lv.e[0].t) {
+			heap_set(&n->lv, r, t);
+		} else {
+			heap_pop(&n->lv);
+			*level = t;
+			return r;
+		}
+	}
+	return -1;
 }
 
 /* Link r joins the component: full capacity, nothing on it yet, room in
@@ -639,12 +666,8 @@ static int share(fl_net_t *n)
 				       : lv_scan(n, n->links, &na, &t, 0);
 			if (r < 0)
 				break;
-		} else {
-			if (n->lv.n == 0)
-				break;
-			fl_ev_t top = heap_pop(&n->lv);
-			r = top.id;
-			t = top.t;
+		} else if ((r = lv_least(n, &t)) < 0) {
+			break;
 		}
 		x = max2(t, x); /* levels only grow; keeps rounding from going back */
 		int last = holds_rest(n, r, n_left);

@@ -72,7 +72,7 @@ static int least(const int *in, const double *key, int n_ids)
 {
 	int best = -1;
 	for (int id = 0; id < n_ids; id++)
-		if (in[id] && (best < 0 || before((fl_ev_t){key[id], id}, (fl_ev_t){key[best], best})))
+		if (in[id] && (best < 0 || before((fl_ev_t){key[id], id, 0}, (fl_ev_t){key[best], best, 0})))
 			best = id;
 	return best;
 }
@@ -135,7 +135,7 @@ static void test_build(void **state)
 			int id = (i * 37 + n) % IDS; /* distinct for n <= IDS */
 			key[id] = rand_key();
 			in[id] = 1;
-			e[h.n++] = (fl_ev_t){key[id], id};
+			e[h.n++] = (fl_ev_t){key[id], id, 0};
 		}
 		heap_build(&h);
 		check(&h, in, key, IDS);
@@ -159,11 +159,11 @@ static void test_plain(void **state)
 	int in[IDS] = {0};
 	for (int id = IDS - 1; id >= 0; id--) { /* pushed in reverse id order */
 		key[id] = rand_key();
-		heap_push(&h, (fl_ev_t){key[id], id});
+		heap_push(&h, (fl_ev_t){key[id], id, 0});
 		in[id] = 1;
 		check(&h, in, key, IDS);
 	}
-	fl_ev_t last = {-HUGE_VAL, -1};
+	fl_ev_t last = {-HUGE_VAL, -1, 0};
 	for (int i = 0; i < IDS; i++) {
 		fl_ev_t top = heap_pop(&h);
 		assert_true(before(last, top));
@@ -189,7 +189,7 @@ static void test_replace_top(void **state)
 			pos[id] = -1;
 		for (int id = 0; id < IDS / 3; id++) {
 			key[id] = rand_key();
-			heap_push(&h, (fl_ev_t){key[id], id});
+			heap_push(&h, (fl_ev_t){key[id], id, 0});
 			in[id] = 1;
 		}
 		for (int step = 0; step < 20000; step++) {
@@ -199,7 +199,7 @@ static void test_replace_top(void **state)
 				id = (id + 1) % IDS;
 			in[want] = 0;
 			key[id] = rand_key();
-			heap_replace_top(&h, (fl_ev_t){key[id], id});
+			heap_replace_top(&h, (fl_ev_t){key[id], id, 0});
 			in[id] = 1;
 			if (indexed && id != want)
 				assert_int_equal(pos[want], -1);

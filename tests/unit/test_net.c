@@ -9,7 +9,8 @@
  * all-reduce beside a transfer on one NIC slows both, a transfer that
  * leaves gives its share back, also from the middle of its links' lists,
  * a sharing's last round (it only sets rates) after a first, a sharing of
- * many rounds max-min fair (the bottleneck property);
+ * many rounds max-min fair (the bottleneck property), jobs leaving their
+ * group of one end time when their rate changes;
  * measured collectives (the cluster's "collectives"): log-log
  * interpolation, the nearest shape, fallbacks, and the simulator's phases
  * scaled to the measured time.
@@ -383,6 +384,28 @@ static void test_last_round(void **state)
 	near(fl_done(n, b), 6.0 + 0.01, "first round, B");
 }
 
+/* One sharing's jobs of one end time go into the event heap as one group
+ * (A, B, C: S each from GPU 0, 2, 4 to 1, 3, 5 of 8 one-GPU nodes, all
+ * at 0, alone 2 ms each); a job whose end moves leaves its group. At
+ * 0.5 ms E (6 -> 1) joins A, the group's first, on node 1's NIC: A's last
+ * 3S/4 at 25 GB/s ends at 3.5 ms, E's last S/4 alone at 4 ms. At 1 ms D
+ * (7 -> 5) joins C, inside the group after B: C's last S/2 ends at 3 ms,
+ * D's at 4 ms. B still ends at 2 ms. Latency 0.01 ms each. */
+static void test_event_groups(void **state)
+{
+	sp_cluster_t c = cluster(8, 1, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int ja = fl_xfer(n, 0, 0, 1, S_BYTES), jb = fl_xfer(n, 0, 2, 3, S_BYTES),
+	    jc = fl_xfer(n, 0, 4, 5, S_BYTES), je = fl_xfer(n, 0.5, 6, 1, S_BYTES),
+	    jd = fl_xfer(n, 1.0, 7, 5, S_BYTES);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, jb), 2.0 + 0.01, "left in the group");
+	near(fl_done(n, ja), 3.5 + 0.01, "the group's first, slowed");
+	near(fl_done(n, jc), 3.0 + 0.01, "inside the group, slowed");
+	near(fl_done(n, je), 4.0 + 0.01, "joined A");
+	near(fl_done(n, jd), 4.0 + 0.01, "joined C");
+}
+
 /* Max-min fairness of a sharing with many rounds (more than the scans'
  * SCAN_ROUNDS: the later ones take links from the heap, whose keys go up
  * lazily): 400 transfers of varied sizes between pseudo-random GPUs of
@@ -664,6 +687,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_last_round, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_fair_many_rounds, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_event_groups, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_queue, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_phases_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,

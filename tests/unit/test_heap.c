@@ -1,7 +1,7 @@
 /*
  * test_heap.c — the simulator's 4-ary heaps (planner/heap.c) against a
- * brute-force model: random pushes, pops, re-keys (up and down) and
- * deletions from the middle, with many equal keys (ties go to the least
+ * brute-force model: random pushes, pops, re-keys (up and down),
+ * deletions from the middle and entries replaced by another id's, with many equal keys (ties go to the least
  * id) and infinite ones; after every operation the heap property, the
  * index (pos) of every id present and absent, and the least entry the
  * model says. Also a heap built from an array in one go (heap_build), the
@@ -87,7 +87,8 @@ static void test_indexed_random(void **state)
 	for (int id = 0; id < IDS; id++)
 		pos[id] = -1;
 	for (int step = 0; step < 40000; step++) {
-		int id = (int)(next_rand() % IDS), op = (int)(next_rand() % 4);
+		int id = (int)(next_rand() % IDS), op = (int)(next_rand() % 5),
+		    other = (int)(next_rand() % IDS);
 		if (op == 0 || (op == 3 && !in[id])) { /* set: add or re-key */
 			key[id] = rand_key();
 			heap_set(&h, id, key[id]);
@@ -104,6 +105,11 @@ static void test_indexed_random(void **state)
 		} else if (op == 3) { /* re-key down or up by one */
 			key[id] += next_rand() % 2 ? 1 : -1;
 			heap_set(&h, id, key[id]);
+		} else if (op == 4 && in[id] && !in[other]) { /* another id in its place */
+			key[other] = rand_key();
+			heap_replace(&h, pos[id], (fl_ev_t){key[other], other, 0});
+			in[id] = 0;
+			in[other] = 1;
 		}
 		check(&h, in, key, IDS);
 		if (h.n > 0)

@@ -409,10 +409,11 @@ static void test_event_groups(void **state)
 /* Max-min fairness of a sharing with many rounds (more than the scans'
  * SCAN_ROUNDS: the later ones take links from the heap, whose keys go up
  * lazily): 400 transfers of varied sizes between pseudo-random GPUs of
- * 32 nodes x 4 (2 NICs), all at 0. Until the first arrives, the rates are the first
- * sharing's; they must be max-min fair: no link over capacity, and every
- * job has a full link on which no job runs faster (Bertsekas & Gallager
- * 6.5.2). A link taken with a stale level freezes its jobs too early. */
+ * 32 nodes x 4 (2 NICs), all at 0. Until the first arrives, the rates
+ * are the first sharing's; they must be max-min fair: no link over
+ * capacity, and every job has a full link on which no job runs faster
+ * (Bertsekas & Gallager 6.5.2). A link taken with a stale level freezes
+ * its jobs too early. */
 static void test_fair_many_rounds(void **state)
 {
 	sp_cluster_t c = cluster(32, 4, 2, 5);

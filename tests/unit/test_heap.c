@@ -1,10 +1,10 @@
 /*
  * test_heap.c — the simulator's 4-ary heaps (planner/heap.c) against a
  * brute-force model: random pushes, pops, re-keys (up and down),
- * deletions from the middle and entries replaced by another id's, with many equal keys (ties go to the least
- * id) and infinite ones; after every operation the heap property, the
- * index (pos) of every id present and absent, and the least entry the
- * model says. Also a heap built from an array in one go (heap_build), the
+ * deletions from the middle and entries replaced by another id's, with
+ * many equal keys (ties go to the least id) and infinite ones; after
+ * every operation the heap property, the index (pos) of every id
+ * present and absent, and the least entry the model says. Also a heap built from an array in one go (heap_build), the
  * plain (unindexed) heap, and the sizes around a full last level.
  */
 #include <stdarg.h>

@@ -94,6 +94,7 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->pending.e = sp_arena_array(a, nj, sizeof(fl_ev_t));
 	out->in_order = sp_arena_array(a, nj, sizeof(fl_ev_t));
 	out->ev.e = sp_arena_array(a, nj, sizeof(fl_ev_t));
+	out->fresh = sp_arena_array(a, nj, sizeof(fl_ev_t));
 	out->lv.e = sp_arena_calloc(a, nr, sizeof(fl_ev_t));
 	out->touched = sp_arena_calloc(a, nr, sizeof(char));
 	out->lj = sp_arena_calloc(a, nr, sizeof *out->lj);
@@ -117,10 +118,10 @@ int fl_init(fl_net_t *out, const sp_cluster_t *c, sp_arena_t *a, int max_jobs)
 	out->cap = sp_arena_calloc(a, nr, sizeof(double));
 	for (size_t r = 0; out->cap && r + 1 < nr; r++)
 		out->cap[r] = net_res_gbs(c, (int)r) * 1e6;
-	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->whead || !out->wtail || !out->wtail_i ||
-	    !out->left || !out->sum ||
-	    !out->cap ||
-	    !out->pending.e || !out->in_order || !out->ev.e || !out->lv.e || !out->touched ||
+	if (!out->jobs || !out->lj || !out->on || !out->frozen || !out->busy || !out->whead ||
+	    !out->wtail || !out->wtail_i || !out->left || !out->sum || !out->cap ||
+	    !out->pending.e || !out->in_order || !out->ev.e || !out->fresh || !out->lv.e ||
+	    !out->touched ||
 	    !out->src.e || !out->fhead || !out->ftail)
 		return SP_ENOMEM;
 	return 0;
@@ -141,22 +142,23 @@ static int new_job(fl_net_t *n, double start, int src)
 	jb->state = J_PENDING;
 	jb->src = src;
 	jb->fnext = -1;
+	jb->ev_slot = -1;
 	n->ev.pos[j] = -1;
 	/* jmark 0: below every sharing's epoch */
 	/* j exceeds every job's id: after the list's last, else its sender's
 	 * last, when it starts no earlier */
 	if (n->in_head == n->in_n || jb->start >= n->in_order[n->in_n - 1].t) {
-		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j};
+		n->in_order[n->in_n++] = (fl_ev_t){jb->start, j, 0};
 	} else if (src < 0 || !n->queues) {
-		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+		heap_push(&n->pending, (fl_ev_t){jb->start, j, 0});
 	} else if (n->fhead[src] < 0) {
 		n->fhead[src] = n->ftail[src] = j;
-		heap_push(&n->src, (fl_ev_t){jb->start, j});
+		heap_push(&n->src, (fl_ev_t){jb->start, j, 0});
 	} else if (jb->start >= n->jobs[n->ftail[src]].start) {
 		n->jobs[n->ftail[src]].fnext = j;
 		n->ftail[src] = j;
 	} else {
-		heap_push(&n->pending, (fl_ev_t){jb->start, j});
+		heap_push(&n->pending, (fl_ev_t){jb->start, j, 0});
 	}
 	return j;
 }
@@ -192,14 +194,14 @@ static inline int pend_least(const fl_net_t *n, fl_ev_t *out)
 /* When the next job starts; HUGE_VAL when none waits to. */
 static double pend_next(const fl_net_t *n)
 {
-	fl_ev_t x = {0, 0};
+	fl_ev_t x = {0, 0, 0};
 	return pend_least(n, &x) == PEND_NONE ? HUGE_VAL : x.t;
 }
 
 /* The next job to start, taken out (one must wait to). */
 static int pend_pop(fl_net_t *n)
 {
-	fl_ev_t x = {0, 0};
+	fl_ev_t x = {0, 0, 0};
 	int from = pend_least(n, &x);
 	if (from == PEND_LIST)
 		return n->in_order[n->in_head++].id;
@@ -209,7 +211,7 @@ static int pend_pop(fl_net_t *n)
 	fl_job_t *jb = &n->jobs[x.id];
 	n->fhead[jb->src] = jb->fnext;
 	if (jb->fnext >= 0)
-		heap_replace_top(&n->src, (fl_ev_t){n->jobs[jb->fnext].start, jb->fnext});
+		heap_replace_top(&n->src, (fl_ev_t){n->jobs[jb->fnext].start, jb->fnext, 0});
 	else
 		heap_pop(&n->src);
 	return x.id;
@@ -309,12 +311,84 @@ static void drain_end(fl_net_t *n, int j)
 	}
 }
 
-/* ---- phase ends: one entry per job, moved when its rate changes ------------- */
+/* ---- events: phase ends and latencies, least (time, job) first ------------- */
+
+/*
+ * A sharing gives most of its jobs their first time, many of them alike
+ * (most of m32's start together, of one size), so its new times go into
+ * the heap ev by group: the jobs of one time in increasing order in gm,
+ * one entry for the group holding its next job (aux: where that job is
+ * in gm), which takes the job after it when it leaves the top. A job
+ * whose time changes leaves its group: at once when it is the group's
+ * entry, else it is skipped there later (its ev_slot no longer names
+ * that place). Each entry holds its group's least job, the heap the
+ * least of the entries: the events come out in (time, job) order, as
+ * from one entry per job, at a fraction of the heap's moves.
+ */
+
+/* Entry k's next job, a later one of its group, or the entry gone. */
+static void ev_next_of(fl_net_t *n, int k)
+{
+	fl_ev_t e = n->ev.e[k];
+	if (e.aux >= 0)
+		for (int i = e.aux + 1; n->gm[i] >= 0; i++)
+			if (n->jobs[n->gm[i]].ev_slot == i) {
+				if (k == 0)
+					heap_replace_top(&n->ev, (fl_ev_t){e.t, n->gm[i], i});
+				else
+					heap_replace(&n->ev, k, (fl_ev_t){e.t, n->gm[i], i});
+				return;
+			}
+	heap_del(&n->ev, k);
+}
 
 /* The next event's time, HUGE_VAL when none. */
 static double ev_next(const fl_net_t *n)
 {
 	return n->ev.n > 0 ? n->ev.e[0].t : HUGE_VAL;
+}
+
+/* Job j's event at t, an entry of its own (j has none). */
+static void ev_set(fl_net_t *n, int j, double t)
+{
+	heap_push(&n->ev, (fl_ev_t){t, j, -1});
+}
+
+/* The sharing's new times (fresh, their jobs' ev_slot -1) into ev, their
+ * old ones out first. A group is a run of fresh with one time and
+ * increasing jobs, as most come (the component's jobs in the order
+ * found); groups of one time need not be whole, the heap merges them:
+ * no sort. SP_ENOMEM. */
+static int ev_flush(fl_net_t *n)
+{
+	const fl_ev_t *f = n->fresh;
+	int m = n->n_fresh;
+	n->n_fresh = 0;
+	for (int i = 0; i < m; i++)
+		if (n->ev.pos[f[i].id] >= 0)
+			ev_next_of(n, n->ev.pos[f[i].id]);
+	if (n->ev.n == 0)
+		n->gm_n = 0; /* no entry reads gm */
+	if (m > 0 &&
+	    sp_arena_grow(n->a, (void **)&n->gm, &n->gm_cap, n->gm_n + 2 * m, sizeof(int)))
+		return SP_ENOMEM;
+	for (int i = 0; i < m;) {
+		int e = i + 1;
+		while (e < m && f[e].t == f[i].t && f[e].id > f[e - 1].id)
+			e++;
+		if (e == i + 1) {
+			ev_set(n, f[i].id, f[i].t);
+			i++;
+			continue;
+		}
+		heap_push(&n->ev, (fl_ev_t){f[i].t, f[i].id, n->gm_n});
+		for (; i < e; i++) {
+			n->jobs[f[i].id].ev_slot = n->gm_n;
+			n->gm[n->gm_n++] = f[i].id;
+		}
+		n->gm[n->gm_n++] = -1;
+	}
+	return 0;
 }
 
 /* ---- phases ------------------------------------------------------------------------ */
@@ -341,7 +415,7 @@ static int enter_phase(fl_net_t *n, int j)
 		}
 		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
 			jb->state = J_DELAY;
-			heap_set(&n->ev, j, n->now + ph->lat_ms);
+			ev_set(n, j, n->now + ph->lat_ms);
 			return 0;
 		}
 	}
@@ -459,15 +533,43 @@ static int start_waiting(fl_net_t *n)
  */
 #define SCAN_ROUNDS 8
 
-/* Link r's level changed: moved in the heap, or out of it when it no
- * longer takes part. */
+/* Link r's level changed. The heap's key of a link that takes part is at
+ * most its level, not always equal: a key that would go down moves at
+ * once (up the heap, cheap), one that would go up (most: a level rises
+ * as the jobs that freeze below it leave) stays, and a link that no
+ * longer takes part stays in; lv_least mends them when they reach the
+ * top. */
 static void lv_update(fl_net_t *n, int r)
 {
 	double t = n->left[r] / n->sum[r];
-	if (n->unfrozen[r] > 0 && !isnan(t))
+	if (n->unfrozen[r] <= 0 || isnan(t))
+		return;
+	int k = n->lv.pos[r];
+	if (k < 0 || t < n->lv.e[k].t)
 		heap_set(&n->lv, r, t);
-	else if (n->lv.pos[r] >= 0)
-		heap_del(&n->lv, n->lv.pos[r]);
+}
+
+/* The least (level, id) of the links that take part, from the heap: -1
+ * when none. Every other entry's key is at most its link's level (or its
+ * link no longer takes part), so a top whose key is its level is the
+ * least, the same link and level as a heap of exact keys would give; a
+ * top that is stale is mended (moved down, or out) first. */
+static int lv_least(fl_net_t *n, double *level)
+{
+	while (n->lv.n > 0) {
+		int r = n->lv.e[0].id;
+		double t = n->left[r] / n->sum[r];
+		if (n->unfrozen[r] <= 0 || isnan(t)) {
+			heap_pop(&n->lv);
+		} else if (t != n->lv.e[0].t) {
+			heap_set(&n->lv, r, t);
+		} else {
+			heap_pop(&n->lv);
+			*level = t;
+			return r;
+		}
+	}
+	return -1;
 }
 
 /* Link r joins the component: full capacity, nothing on it yet, room in
@@ -532,7 +634,7 @@ static void lv_build(fl_net_t *n, const int *act, int na)
 		double t = n->left[r] / n->sum[r];
 		n->lv.pos[r] = -1;
 		if (n->unfrozen[r] > 0 && !isnan(t))
-			n->lv.e[n->lv.n++] = (fl_ev_t){t, r};
+			n->lv.e[n->lv.n++] = (fl_ev_t){t, r, 0};
 	}
 	heap_build(&n->lv);
 }
@@ -569,7 +671,8 @@ static inline int freeze_link(fl_net_t *n, int r, double x, int heap, int last)
 			jb->rem = max2(0, jb->rem - jb->rate * (n->now - jb->t_ref));
 			jb->t_ref = n->now;
 			jb->rate = x;
-			heap_set(&n->ev, n->comp[k], n->now + jb->rem / x);
+			jb->ev_slot = -1;
+			n->fresh[n->n_fresh++] = (fl_ev_t){n->now + jb->rem / x, n->comp[k], 0};
 		}
 		if (last)
 			continue;
@@ -639,12 +742,8 @@ static int share(fl_net_t *n)
 				       : lv_scan(n, n->links, &na, &t, 0);
 			if (r < 0)
 				break;
-		} else {
-			if (n->lv.n == 0)
-				break;
-			fl_ev_t top = heap_pop(&n->lv);
-			r = top.id;
-			t = top.t;
+		} else if ((r = lv_least(n, &t)) < 0) {
+			break;
 		}
 		x = max2(t, x); /* levels only grow; keeps rounding from going back */
 		int last = holds_rest(n, r, n_left);
@@ -654,7 +753,7 @@ static int share(fl_net_t *n)
 		else
 			n_left -= last ? freeze_link(n, r, x, 0, 1) : freeze_link(n, r, x, 0, 0);
 	}
-	return 0;
+	return ev_flush(n);
 }
 
 /* Moves the clock to t and handles every event at t. */
@@ -663,8 +762,10 @@ static int step_to(fl_net_t *n, double t)
 	int rc = 0;
 	n->now = t;
 	while (!rc && ev_next(n) <= t * (1 + SAME_TIME)) {
-		int j = heap_pop(&n->ev).id;
+		int j = n->ev.e[0].id;
+		ev_next_of(n, 0);
 		fl_job_t *jb = &n->jobs[j];
+		jb->ev_slot = -1;
 		if (jb->state == J_DELAY) {
 			rc = next_phase(n, j);
 			continue;
@@ -676,7 +777,7 @@ static int step_to(fl_net_t *n, double t)
 			rc = next_phase(n, j);
 		} else {
 			jb->state = J_DELAY;
-			heap_set(&n->ev, j, t + lat);
+			ev_set(n, j, t + lat);
 		}
 	}
 	while (!rc && pend_next(n) <= t * (1 + SAME_TIME)) {

@@ -88,6 +88,14 @@ void heap_del(fl_heap_t *h, int k)
 	}
 }
 
+void heap_replace(fl_heap_t *h, int k, fl_ev_t x)
+{
+	if (h->pos)
+		h->pos[h->e[k].id] = -1;
+	put(h, k, x);
+	fix(h, k);
+}
+
 /*
  * The root's entry gone, x (from the end: mostly among the largest) in
  * its place, bottom-up: the hole goes down to a leaf along least
@@ -121,7 +129,7 @@ fl_ev_t heap_pop(fl_heap_t *h)
 void heap_set(fl_heap_t *h, int id, double t)
 {
 	if (h->pos[id] < 0) {
-		heap_push(h, (fl_ev_t){t, id});
+		heap_push(h, (fl_ev_t){t, id, 0});
 		return;
 	}
 	h->e[h->pos[id]].t = t;

@@ -361,6 +361,7 @@ typedef struct {
 	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	const int32_t *devs;       /* an all-reduce's members */
 	int *wnext;                /* per member: the next waiting collective there, -1 */
+	int ev_slot;               /* in a group of ev (fluid.c): its index in gm, else -1 */
 } fl_job_t;
 
 /* The loads of job jb's draining phase. */
@@ -369,10 +370,11 @@ static inline fl_ld_t *fl_loads(fl_job_t *jb)
 	return jb->n_ld <= 2 ? jb->ld.x : jb->ld.p;
 }
 
-/* A heap entry: a time or level, a job or link. */
+/* A heap entry: a time or level, a job or link; aux is the fluid event
+ * heap's (the entry's place in its group of phase ends, -1 alone). */
 typedef struct {
 	double t;
-	int id;
+	int id, aux;
 } fl_ev_t;
 /* Least (t, id) first; with pos (per id: its index, -1 when absent) an id
  * has at most one entry, whose key can change. */
@@ -387,6 +389,8 @@ typedef struct {
 void heap_push(fl_heap_t *h, fl_ev_t x);
 fl_ev_t heap_pop(fl_heap_t *h);
 void heap_del(fl_heap_t *h, int k);
+/* Entry k replaced by x, moved to its place. */
+void heap_replace(fl_heap_t *h, int k, fl_ev_t x);
 void heap_set(fl_heap_t *h, int id, double t);
 void heap_build(fl_heap_t *h);
 /* The least entry (h->n > 0) replaced by x, moved to its place. */
@@ -400,6 +404,12 @@ typedef struct {
 	fl_job_t *jobs;
 	int *waiting;            /* ready all-reduces */
 	fl_heap_t pending, ev, lv; /* jobs by start; phase ends; links by level */
+	/* A sharing's new times (fresh, n_fresh) go into ev by group of one
+	 * time: its jobs in increasing order in gm from an entry's aux to a
+	 * -1, one entry for the group (its next job; ev.pos indexes it). */
+	fl_ev_t *fresh;
+	int n_fresh;
+	int *gm, gm_n, gm_cap;
 	/* jobs by start too: those added in (start, job) order after the
 	 * last one here, in that order at [in_head, in_n); the pending heap
 	 * holds the others (most jobs come in order) */

@@ -1,10 +1,10 @@
 /*
  * test_heap.c — the simulator's 4-ary heaps (planner/heap.c) against a
- * brute-force model: random pushes, pops, re-keys (up and down) and
- * deletions from the middle, with many equal keys (ties go to the least
- * id) and infinite ones; after every operation the heap property, the
- * index (pos) of every id present and absent, and the least entry the
- * model says. Also a heap built from an array in one go (heap_build), the
+ * brute-force model: random pushes, pops, re-keys (up and down),
+ * deletions from the middle and entries replaced by another id's, with
+ * many equal keys (ties go to the least id) and infinite ones; after
+ * every operation the heap property, the index (pos) of every id
+ * present and absent, and the least entry the model says. Also a heap built from an array in one go (heap_build), the
  * plain (unindexed) heap, and the sizes around a full last level.
  */
 #include <stdarg.h>
@@ -72,7 +72,7 @@ static int least(const int *in, const double *key, int n_ids)
 {
 	int best = -1;
 	for (int id = 0; id < n_ids; id++)
-		if (in[id] && (best < 0 || before((fl_ev_t){key[id], id}, (fl_ev_t){key[best], best})))
+		if (in[id] && (best < 0 || before((fl_ev_t){key[id], id, 0}, (fl_ev_t){key[best], best, 0})))
 			best = id;
 	return best;
 }
@@ -87,7 +87,8 @@ static void test_indexed_random(void **state)
 	for (int id = 0; id < IDS; id++)
 		pos[id] = -1;
 	for (int step = 0; step < 40000; step++) {
-		int id = (int)(next_rand() % IDS), op = (int)(next_rand() % 4);
+		int id = (int)(next_rand() % IDS), op = (int)(next_rand() % 5),
+		    other = (int)(next_rand() % IDS);
 		if (op == 0 || (op == 3 && !in[id])) { /* set: add or re-key */
 			key[id] = rand_key();
 			heap_set(&h, id, key[id]);
@@ -104,6 +105,11 @@ static void test_indexed_random(void **state)
 		} else if (op == 3) { /* re-key down or up by one */
 			key[id] += next_rand() % 2 ? 1 : -1;
 			heap_set(&h, id, key[id]);
+		} else if (op == 4 && in[id] && !in[other]) { /* another id in its place */
+			key[other] = rand_key();
+			heap_replace(&h, pos[id], (fl_ev_t){key[other], other, 0});
+			in[id] = 0;
+			in[other] = 1;
 		}
 		check(&h, in, key, IDS);
 		if (h.n > 0)
@@ -135,7 +141,7 @@ static void test_build(void **state)
 			int id = (i * 37 + n) % IDS; /* distinct for n <= IDS */
 			key[id] = rand_key();
 			in[id] = 1;
-			e[h.n++] = (fl_ev_t){key[id], id};
+			e[h.n++] = (fl_ev_t){key[id], id, 0};
 		}
 		heap_build(&h);
 		check(&h, in, key, IDS);
@@ -159,11 +165,11 @@ static void test_plain(void **state)
 	int in[IDS] = {0};
 	for (int id = IDS - 1; id >= 0; id--) { /* pushed in reverse id order */
 		key[id] = rand_key();
-		heap_push(&h, (fl_ev_t){key[id], id});
+		heap_push(&h, (fl_ev_t){key[id], id, 0});
 		in[id] = 1;
 		check(&h, in, key, IDS);
 	}
-	fl_ev_t last = {-HUGE_VAL, -1};
+	fl_ev_t last = {-HUGE_VAL, -1, 0};
 	for (int i = 0; i < IDS; i++) {
 		fl_ev_t top = heap_pop(&h);
 		assert_true(before(last, top));
@@ -189,7 +195,7 @@ static void test_replace_top(void **state)
 			pos[id] = -1;
 		for (int id = 0; id < IDS / 3; id++) {
 			key[id] = rand_key();
-			heap_push(&h, (fl_ev_t){key[id], id});
+			heap_push(&h, (fl_ev_t){key[id], id, 0});
 			in[id] = 1;
 		}
 		for (int step = 0; step < 20000; step++) {
@@ -199,7 +205,7 @@ static void test_replace_top(void **state)
 				id = (id + 1) % IDS;
 			in[want] = 0;
 			key[id] = rand_key();
-			heap_replace_top(&h, (fl_ev_t){key[id], id});
+			heap_replace_top(&h, (fl_ev_t){key[id], id, 0});
 			in[id] = 1;
 			if (indexed && id != want)
 				assert_int_equal(pos[want], -1);

@@ -8,7 +8,9 @@
  * NIC take twice as long, through two NICs (rails) they do not, an
  * all-reduce beside a transfer on one NIC slows both, a transfer that
  * leaves gives its share back, also from the middle of its links' lists,
- * a sharing's last round (it only sets rates) after a first;
+ * a sharing's last round (it only sets rates) after a first, a sharing of
+ * many rounds max-min fair (the bottleneck property), jobs leaving their
+ * group of one end time when their rate changes;
  * measured collectives (the cluster's "collectives"): log-log
  * interpolation, the nearest shape, fallbacks, and the simulator's phases
  * scaled to the measured time.
@@ -382,6 +384,84 @@ static void test_last_round(void **state)
 	near(fl_done(n, b), 6.0 + 0.01, "first round, B");
 }
 
+/* One sharing's jobs of one end time go into the event heap as one group
+ * (A, B, C: S each from GPU 0, 2, 4 to 1, 3, 5 of 8 one-GPU nodes, all
+ * at 0, alone 2 ms each); a job whose end moves leaves its group. At
+ * 0.5 ms E (6 -> 1) joins A, the group's first, on node 1's NIC: A's last
+ * 3S/4 at 25 GB/s ends at 3.5 ms, E's last S/4 alone at 4 ms. At 1 ms D
+ * (7 -> 5) joins C, inside the group after B: C's last S/2 ends at 3 ms,
+ * D's at 4 ms. B still ends at 2 ms. Latency 0.01 ms each. */
+static void test_event_groups(void **state)
+{
+	sp_cluster_t c = cluster(8, 1, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int ja = fl_xfer(n, 0, 0, 1, S_BYTES), jb = fl_xfer(n, 0, 2, 3, S_BYTES),
+	    jc = fl_xfer(n, 0, 4, 5, S_BYTES), je = fl_xfer(n, 0.5, 6, 1, S_BYTES),
+	    jd = fl_xfer(n, 1.0, 7, 5, S_BYTES);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, jb), 2.0 + 0.01, "left in the group");
+	near(fl_done(n, ja), 3.5 + 0.01, "the group's first, slowed");
+	near(fl_done(n, jc), 3.0 + 0.01, "inside the group, slowed");
+	near(fl_done(n, je), 4.0 + 0.01, "joined A");
+	near(fl_done(n, jd), 4.0 + 0.01, "joined C");
+}
+
+/* Max-min fairness of a sharing with many rounds (more than the scans'
+ * SCAN_ROUNDS: the later ones take links from the heap, whose keys go up
+ * lazily): 400 transfers of varied sizes between pseudo-random GPUs of
+ * 32 nodes x 4 (2 NICs), all at 0. Until the first arrives, the rates
+ * are the first sharing's; they must be max-min fair: no link over
+ * capacity, and every job has a full link on which no job runs faster
+ * (Bertsekas & Gallager 6.5.2). A link taken with a stale level freezes
+ * its jobs too early. */
+static void test_fair_many_rounds(void **state)
+{
+	sp_cluster_t c = cluster(32, 4, 2, 5);
+	sp_arena_t *a = *state;
+	fl_net_t *n = sp_arena_calloc(a, 1, sizeof *n);
+	assert_non_null(n);
+	enum { NJ = 400 };
+	assert_int_equal(fl_init(n, &c, a, NJ), 0);
+	int nr = net_n_res(&c);
+	double *use = sp_arena_calloc(a, (size_t)nr, sizeof(double));
+	double *fastest = sp_arena_calloc(a, (size_t)nr, sizeof(double));
+	assert_true(use && fastest);
+	unsigned s = 12345;
+	for (int i = 0; i < NJ; i++) {
+		int from, to;
+		do {
+			s = s * 1103515245u + 12345u;
+			from = (int)(s >> 16) % 128;
+			s = s * 1103515245u + 12345u;
+			to = (int)(s >> 16) % 128;
+		} while (from == to);
+		fl_await(n, fl_xfer(n, 0, from, to, (int64_t)(i % 5 + 1) * S_BYTES));
+	}
+	assert_int_equal(fl_advance(n, 1), 1);
+	for (int j = 0; j < NJ; j++) {
+		const fl_ld_t *ld = fl_loads(&n->jobs[j]);
+		for (int i = 0; i < n->jobs[j].n_ld; i++) {
+			use[ld[i].res] += n->jobs[j].rate * ld[i].w;
+			fastest[ld[i].res] = fmax(fastest[ld[i].res], n->jobs[j].rate);
+		}
+	}
+	for (int r = 0; r < nr; r++)
+		assert_true(use[r] <= net_res_gbs(&c, r) * 1e6 * (1 + 1e-9));
+	for (int j = 0; j < NJ; j++) {
+		const fl_ld_t *ld = fl_loads(&n->jobs[j]);
+		int held = 0;
+		for (int i = 0; i < n->jobs[j].n_ld; i++) {
+			int r = ld[i].res;
+			held |= use[r] >= net_res_gbs(&c, r) * 1e6 * (1 - 1e-9) &&
+				n->jobs[j].rate >= fastest[r] * (1 - 1e-9);
+		}
+		if (!held)
+			fprintf(stderr, "job %d at %.6g bytes/ms has no bottleneck\n", j,
+				n->jobs[j].rate);
+		assert_true(held);
+	}
+}
+
 /* Three all-reduces over GPUs 0 and 2 (2.02 ms alone), ready at 0: they
  * queue on both members and run in turn, the third after the second
  * (2.02, 4.04, 6.06 ms). */
@@ -607,6 +687,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_last_round, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_fair_many_rounds, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_event_groups, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_queue, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_phases_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_order_per_device, arena_setup,

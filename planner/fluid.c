@@ -348,6 +348,9 @@ static double ev_next(const fl_net_t *n)
 	return n->ev.n > 0 ? n->ev.e[0].t : HUGE_VAL;
 }
 
+/* The most ints gm holds: a few per job the network can hold. */
+#define GM_MAX(n) (4 * (n)->cap_jobs + 1024)
+
 /* Job j's event at t, an entry of its own (j has none). */
 static void ev_set(fl_net_t *n, int j, double t)
 {
@@ -369,12 +372,15 @@ static int ev_flush(fl_net_t *n)
 			ev_next_of(n, n->ev.pos[f[i].id]);
 	if (n->ev.n == 0)
 		n->gm_n = 0; /* no entry reads gm */
-	if (m > 0 &&
+	/* gm is only reset when ev empties: past GM_MAX ints the times go in
+	 * one entry each (the same order of pops), so gm stays bounded. */
+	int group = n->gm_n + 2 * m <= GM_MAX(n);
+	if (group && m > 0 &&
 	    sp_arena_grow(n->a, (void **)&n->gm, &n->gm_cap, n->gm_n + 2 * m, sizeof(int)))
 		return SP_ENOMEM;
 	for (int i = 0; i < m;) {
 		int e = i + 1;
-		while (e < m && f[e].t == f[i].t && f[e].id > f[e - 1].id)
+		while (group && e < m && f[e].t == f[i].t && f[e].id > f[e - 1].id)
 			e++;
 		if (e == i + 1) {
 			ev_set(n, f[i].id, f[i].t);

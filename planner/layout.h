@@ -17,7 +17,7 @@
  * no: the slices', waves' and devices' predicted times and memory, and
  * each bucket's layout (saved in the candidate's scratch arena); the
  * instruction array the programs were in (ins, n_ins: not copied) and
- * pl->ins_regathers then (gen), which tell trial_restore whether that
+ * pl->ins_changes then (gen), which tell trial_restore whether that
  * array is still intact as regather's spare. */
 typedef struct {
 	uint8_t *layout, *overlap, *defer;

@@ -84,6 +84,7 @@ int regather(planner_t *pl, sp_plan_t *p)
 	p->ins = ins;
 	p->n_ins = n;
 	pl->ins_regathers++;
+	pl->ins_changes++;
 	sim_stats_event("programs rewritten (regather)");
 	return 0;
 }
@@ -92,7 +93,7 @@ int trial_save(const planner_t *pl, sp_arena_t *a, const sp_plan_t *p, trial_sav
 {
 	t->ins = p->ins;
 	t->n_ins = p->n_ins;
-	t->gen = pl->ins_regathers;
+	t->gen = pl->ins_changes;
 	t->layout = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->overlap = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
 	t->defer = sp_arena_calloc(a, (size_t)p->n_buckets + 1, 1);
@@ -159,11 +160,12 @@ int trial_check_programs(planner_t *pl, const sp_plan_t *p, const char *site)
  * trial changes them only by regather. So where the one array regather
  * wrote since the save was the trial's (t->gen + 1), the saved array is
  * intact as regather's spare: it takes its place again with the saved
- * ranges (the trial's array the spare), instead of a rewrite of every
- * program into it with the same bytes; t then saves the plan as it is, so
- * a later trial of the same save is restored the same way. Where the
- * array was not rewritten since the save (t->gen, p->ins still it), it is
- * kept as it is. Else its programs' ranges as they are and the array
+ * ranges (the trial's array the spare; the swap counts in
+ * pl->ins_changes, which numbers every change of p->ins), instead of a
+ * rewrite of every program into it with the same bytes; t then saves the
+ * plan as it is, so a later trial of the same save is restored the same
+ * way. Where the array was not changed since the save (t->gen, p->ins
+ * still it), it is kept as it is. Else its programs' ranges as they are and the array
  * rewritten by regather (the saved ranges index another array), which t
  * then saves.
  */
@@ -179,13 +181,15 @@ int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t)
 	}
 	memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
 	memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
-	int swap = pl->ins_regathers == t->gen + 1 && pl->ins_spare == t->ins;
-	if (swap || (pl->ins_regathers == t->gen && p->ins == t->ins)) {
+	int swap = pl->ins_changes == t->gen + 1 && pl->ins_spare == t->ins;
+	if (swap || (pl->ins_changes == t->gen && p->ins == t->ins)) {
 		if (swap) {
 			pl->ins_spare = p->ins;
 			p->ins = (sp_ins_t *)t->ins;
 			p->n_ins = t->n_ins;
-			t->gen = pl->ins_regathers;
+			/* p->ins changed: counted, so an older save whose
+			 * array is now the spare (the trial's) never swaps */
+			t->gen = ++pl->ins_changes;
 		}
 		memcpy(p->devices, t->dv, sizeof *t->dv * (size_t)p->n_devices);
 		sim_stats_event("programs restored without a rewrite");
@@ -202,7 +206,7 @@ int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t)
 		return rc;
 	t->ins = p->ins; /* the plan as saved, in this array */
 	t->n_ins = p->n_ins;
-	t->gen = pl->ins_regathers;
+	t->gen = pl->ins_changes;
 	for (int d = 0; d < p->n_devices; d++) {
 		t->dv[d].first_ins = p->devices[d].first_ins;
 		t->dv[d].n_ins = p->devices[d].n_ins;

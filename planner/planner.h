@@ -184,9 +184,10 @@ typedef struct planner {
 	 * by its next call instead of a fresh one (NULL: none); each planner
 	 * (thread) its own, freed with its arenas */
 	sp_ins_t *ins_spare;
-	/* the number of arrays regather has written (layout_trial.c trial_restore:
-	 * the spare still the one its trial's regather replaced) */
-	uint64_t ins_regathers;
+	/* the number of arrays regather has written, and of changes of a plan's
+	 * instruction array (regather's and trial_restore's swaps: trial_restore
+	 * takes the spare back only where its save's array was the one changed) */
+	uint64_t ins_regathers, ins_changes;
 } planner_t;
 
 /* Builds operators and contracts chains into MetaOps. */

@@ -6,7 +6,8 @@ before any record exists): such a candidate must be one the walk would
 neither have simulated nor kept for top_choose. For every bundled workload
 (plans/*/model.json) on 64 A800s and on its own cluster, with --jobs 1,
 with --compare and (on 64 A800s) with --zero 1 (no top_choose: the walk
-cuts only what it would not simulate), the plan files and the --json reports (but for their
+cuts only what it would not simulate) and --defer-gather off (top_drops
+decides what top_choose keeps), the plan files and the --json reports (but for their
 planning times) must be those of the walk that lowers every candidate in
 full (SPINDLE_NO_PREBOUND), and so must SPINDLE_TOP_STATS' top_choose line
 (the plans kept and refined): a cut of a plan the walk would have kept
@@ -63,7 +64,8 @@ def main():
     for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
         own = os.path.join(os.path.dirname(m), "cluster.json")
         for c in ([own] if os.path.exists(own) else []) + [a800]:
-            for opts in ([], ["--compare"]) + ((["--zero", "1"],) if c == a800 else ()):
+            for opts in ([], ["--compare"]) + ((["--zero", "1"], ["--defer-gather", "off"])
+                                                if c == a800 else ()):
                 jobs.append((m, c, opts))
     fails = cuts = 0
     with tempfile.TemporaryDirectory() as tmp, \

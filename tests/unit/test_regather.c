@@ -237,6 +237,28 @@ static void test_restore_programs(void **state)
 		layouts_back(&p, &fast);
 		assert_int_equal(trial_restore(&pl, &p, &fast), 0);
 		progs_check(&at_fast, &p);
+		/* three tries, the third failing before its rewrite: the plan
+		 * restored after the first two (each a swap), then the fastest
+		 * (the first), whose array the second trial wrote over */
+		trial_save_t s0, f1;
+		progs_t at_s0, at_f1;
+		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &s0), 0);
+		progs_take(&at_s0, &p);
+		trial(&pl, &p);
+		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &f1), 0);
+		progs_take(&at_f1, &p);
+		for (int k = 0; k < 2; k++) {
+			if (k)
+				trial(&pl, &p);
+			layouts_back(&p, &s0);
+			assert_int_equal(trial_restore(&pl, &p, &s0), 0);
+			progs_check(&at_s0, &p);
+		}
+		layouts_back(&p, &f1);
+		assert_int_equal(trial_restore(&pl, &p, &f1), 0);
+		progs_check(&at_f1, &p);
+		free(at_s0.ins);
+		free(at_f1.ins);
 		free(saved.ins);
 		free(at_fast.ins);
 		free(p.ins);

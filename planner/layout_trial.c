@@ -107,8 +107,10 @@ int trial_save(const planner_t *pl, sp_arena_t *a, const sp_plan_t *p, trial_sav
 		t->overlap[b] = (uint8_t)p->buckets[b].overlap;
 		t->defer[b] = (uint8_t)p->buckets[b].defer;
 	}
-	memcpy(t->sl, p->slices, sizeof *t->sl * (size_t)p->n_slices);
-	memcpy(t->wv, p->waves, sizeof *t->wv * (size_t)p->n_waves);
+	if (p->n_slices) /* none: p->slices may be NULL, no memcpy of it */
+		memcpy(t->sl, p->slices, sizeof *t->sl * (size_t)p->n_slices);
+	if (p->n_waves)
+		memcpy(t->wv, p->waves, sizeof *t->wv * (size_t)p->n_waves);
 	memcpy(t->dv, p->devices, sizeof *t->dv * (size_t)p->n_devices);
 	return 0;
 }
@@ -179,8 +181,10 @@ int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t)
 			bucket_price(pl->cluster, p, &p->buckets[b], dtype_bytes(p->model.dtype));
 		}
 	}
-	memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
-	memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
+	if (p->n_slices)
+		memcpy(p->slices, t->sl, sizeof *t->sl * (size_t)p->n_slices);
+	if (p->n_waves)
+		memcpy(p->waves, t->wv, sizeof *t->wv * (size_t)p->n_waves);
 	int swap = pl->ins_changes == t->gen + 1 && pl->ins_spare == t->ins;
 	if (swap || (pl->ins_changes == t->gen && p->ins == t->ins)) {
 		if (swap) {

@@ -167,9 +167,9 @@ int trial_check_programs(planner_t *pl, const sp_plan_t *p, const char *site)
  * rewrite of every program into it with the same bytes; t then saves the
  * plan as it is, so a later trial of the same save is restored the same
  * way. Where the array was not changed since the save (t->gen, p->ins
- * still it), it is kept as it is. Else its programs' ranges as they are and the array
- * rewritten by regather (the saved ranges index another array), which t
- * then saves.
+ * still it), it is kept as it is. Else its programs' ranges as they are
+ * and the array rewritten by regather (the saved ranges index another
+ * array), which t then saves.
  */
 int trial_restore(planner_t *pl, sp_plan_t *p, trial_save_t *t)
 {

@@ -612,8 +612,9 @@ static void add_loads(const net_load_t *ld, int n, double *acc, int *touched, in
  * same plan bounded again after layout_fit or for refined_bound) adds the
  * same figures in the same order: the bound is the very number computed
  * afresh. A planner copied for a job thread (jobs.c) finds the memo of
- * another arena (home) and starts its own. Past COLL_MEMO_BYTES of
- * entries, new collectives are computed and not kept.
+ * another arena (home) and starts its own. Past COLL_MEMO_BYTES (its
+ * tables, old ones included, and entries), new collectives are computed
+ * and not kept.
  */
 typedef struct {
 	uint64_t h;
@@ -662,13 +663,16 @@ static coll_ent_t *coll_slot(const struct coll_memo *m, uint64_t h, int op, cons
 static struct coll_memo *coll_memo_get(planner_t *pl)
 {
 	struct coll_memo *m = pl->coll_memo;
+	if (pl->coll_memo_off)
+		return NULL;
 	if (m && m->home == &pl->arena)
 		return m;
 	m = sp_arena_calloc(&pl->arena, 1, sizeof *m);
 	coll_ent_t *e = m ? sp_arena_calloc(&pl->arena, 256, sizeof *e) : NULL;
 	if (!e)
 		return NULL;
-	*m = (struct coll_memo){.home = &pl->arena, .e = e, .cap = 256};
+	*m = (struct coll_memo){.home = &pl->arena, .e = e, .cap = 256,
+				.bytes = sizeof *m + 256 * sizeof *e};
 	pl->coll_memo = m;
 	return m;
 }
@@ -683,15 +687,18 @@ static void coll_keep(planner_t *pl, struct coll_memo *m, coll_ent_t *e, coll_en
 	for (int p = 0; p < co->n_phase; p++)
 		nl += co->ph[p].n_load;
 	size_t need = sizeof *key.devs * (size_t)key.n_dev + sizeof *key.load * (size_t)nl;
-	if (m->bytes + need > COLL_MEMO_BYTES)
+	int grow = 2 * (m->n + 1) > m->cap;
+	size_t table = grow ? 2 * (size_t)m->cap * sizeof *m->e : 0;
+	if (m->bytes + need + table > COLL_MEMO_BYTES)
 		return;
-	if (2 * (m->n + 1) > m->cap) {
+	if (grow) {
 		coll_ent_t *t = sp_arena_calloc(&pl->arena, 2 * (size_t)m->cap, sizeof *t);
 		if (!t)
 			return;
 		struct coll_memo g = *m;
 		g.e = t;
 		g.cap = 2 * m->cap;
+		g.bytes += table; /* the old table stays in the arena: counted too */
 		for (int i = 0; i < m->cap; i++)
 			if (m->e[i].h)
 				*coll_slot(&g, m->e[i].h, m->e[i].op, m->e[i].devs, m->e[i].n_dev,

@@ -181,8 +181,11 @@ typedef struct planner {
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
 	/* bound.c: bound_sync's collectives, each computed once (NULL: none
-	 * yet; in arena; a copied planner with another arena makes its own) */
+	 * yet; in arena; a copied planner with another arena makes its own;
+	 * jobs.c keeps each thread's own across syncs). coll_memo_off (tests):
+	 * every collective computed afresh. */
 	struct coll_memo *coll_memo;
+	int coll_memo_off;
 	/* layout_trial.c regather: the instruction array it last replaced, written
 	 * by its next call instead of a fresh one (NULL: none); each planner
 	 * (thread) its own, freed with its arenas */

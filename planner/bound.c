@@ -138,7 +138,9 @@
 #include "planner.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 double relaxed_n(const metaop_t *m, double layers, double C)
 {
@@ -587,30 +589,162 @@ typedef struct {
 	double *ms;
 } link_ms_t;
 
-/* Adds the loads of co into acc (bytes per link, touched: the links
- * written, n_touched of them). */
-static void add_loads(const net_coll_t *co, double *acc, int *touched, int *n_touched)
+/* Adds loads ld[0..n) into acc (bytes per link, touched: the links
+ * written, n_touched of them), in order. */
+static void add_loads(const net_load_t *ld, int n, double *acc, int *touched, int *n_touched)
 {
-	for (int p = 0; p < co->n_phase; p++)
-		for (int i = 0; i < co->ph[p].n_load; i++) {
-			int r = co->ph[p].load[i].res;
-			if (acc[r] < 0) {
-				acc[r] = 0;
-				touched[(*n_touched)++] = r;
-			}
-			acc[r] += co->ph[p].load[i].bytes;
+	for (int i = 0; i < n; i++) {
+		int r = ld[i].res;
+		if (acc[r] < 0) {
+			acc[r] = 0;
+			touched[(*n_touched)++] = r;
 		}
+		acc[r] += ld[i].bytes;
+	}
+}
+
+/*
+ * coll_loads' results once per planner (pl->coll_memo, in pl->arena): a
+ * collective of kind op over devices devs (in their order) and bytes, its
+ * time alone and its loads phase by phase, as net_*_phases gives them.
+ * Those read nothing else but the cluster, which a planner keeps, so a
+ * collective met again (the same bucket in the walk's next candidate, the
+ * same plan bounded again after layout_fit or for refined_bound) adds the
+ * same figures in the same order: the bound is the very number computed
+ * afresh. A planner copied for a job thread (jobs.c) finds the memo of
+ * another arena (home) and starts its own. Past COLL_MEMO_BYTES (its
+ * tables, old ones included, and entries), new collectives are computed
+ * and not kept.
+ */
+typedef struct {
+	uint64_t h;
+	int op, n_dev, n_load;
+	int64_t bytes;
+	const int32_t *devs;
+	const net_load_t *load;
+	double ms;
+} coll_ent_t;
+
+struct coll_memo {
+	const sp_arena_t *home;
+	coll_ent_t *e; /* open addressing; cap a power of 2, NULL h: empty */
+	int n, cap;
+	size_t bytes;
+	uint64_t hits, misses; /* SPINDLE_TOP_STATS */
+};
+
+enum { COLL_MEMO_BYTES = 64 << 20 };
+
+static uint64_t coll_hash(int op, const int32_t *devs, int n, int64_t bytes)
+{
+	uint64_t h = 1469598103934665603ull;
+	h = (h ^ (uint64_t)op) * 1099511628211ull;
+	h = (h ^ (uint64_t)bytes) * 1099511628211ull;
+	for (int i = 0; i < n; i++)
+		h = (h ^ (uint32_t)devs[i]) * 1099511628211ull;
+	return h ? h : 1;
+}
+
+/* Slot of key (op, devs, n, bytes) hashed h: its entry, or the empty slot
+ * where it goes. */
+static coll_ent_t *coll_slot(const struct coll_memo *m, uint64_t h, int op, const int32_t *devs,
+			     int n, int64_t bytes)
+{
+	for (size_t i = (size_t)h & (size_t)(m->cap - 1);; i = (i + 1) & (size_t)(m->cap - 1)) {
+		coll_ent_t *e = &m->e[i];
+		if (!e->h || (e->h == h && e->op == op && e->n_dev == n && e->bytes == bytes &&
+			      !memcmp(e->devs, devs, sizeof *devs * (size_t)n)))
+			return e;
+	}
+}
+
+/* pl's memo, made on first use (NULL where out of memory: then
+ * coll_loads computes every collective). */
+static struct coll_memo *coll_memo_get(planner_t *pl)
+{
+	struct coll_memo *m = pl->coll_memo;
+	if (pl->coll_memo_off)
+		return NULL;
+	if (m && m->home == &pl->arena)
+		return m;
+	m = sp_arena_calloc(&pl->arena, 1, sizeof *m);
+	coll_ent_t *e = m ? sp_arena_calloc(&pl->arena, 256, sizeof *e) : NULL;
+	if (!e)
+		return NULL;
+	*m = (struct coll_memo){.home = &pl->arena, .e = e, .cap = 256,
+				.bytes = sizeof *m + 256 * sizeof *e};
+	pl->coll_memo = m;
+	return m;
+}
+
+/* Keeps a collective computed (co: its phases; devs, n: its devices) in
+ * slot e of m, within COLL_MEMO_BYTES; the table doubled past half full.
+ * Nothing kept where out of memory. */
+static void coll_keep(planner_t *pl, struct coll_memo *m, coll_ent_t *e, coll_ent_t key,
+		      const net_coll_t *co)
+{
+	int nl = 0;
+	for (int p = 0; p < co->n_phase; p++)
+		nl += co->ph[p].n_load;
+	size_t need = sizeof *key.devs * (size_t)key.n_dev + sizeof *key.load * (size_t)nl;
+	int grow = 2 * (m->n + 1) > m->cap;
+	size_t table = grow ? 2 * (size_t)m->cap * sizeof *m->e : 0;
+	if (m->bytes + need + table > COLL_MEMO_BYTES)
+		return;
+	if (grow) {
+		coll_ent_t *t = sp_arena_calloc(&pl->arena, 2 * (size_t)m->cap, sizeof *t);
+		if (!t)
+			return;
+		struct coll_memo g = *m;
+		g.e = t;
+		g.cap = 2 * m->cap;
+		g.bytes += table; /* the old table stays in the arena: counted too */
+		for (int i = 0; i < m->cap; i++)
+			if (m->e[i].h)
+				*coll_slot(&g, m->e[i].h, m->e[i].op, m->e[i].devs, m->e[i].n_dev,
+					   m->e[i].bytes) = m->e[i];
+		*m = g;
+		e = coll_slot(m, key.h, key.op, key.devs, key.n_dev, key.bytes);
+	}
+	int32_t *devs = sp_arena_alloc(&pl->arena, sizeof *devs * (size_t)key.n_dev + 1);
+	net_load_t *ld = sp_arena_alloc(&pl->arena, sizeof *ld * (size_t)nl + 1);
+	if (!devs || !ld)
+		return;
+	memcpy(devs, key.devs, sizeof *devs * (size_t)key.n_dev);
+	for (int p = 0, k = 0; p < co->n_phase; p++)
+		for (int i = 0; i < co->ph[p].n_load; i++)
+			ld[k++] = co->ph[p].load[i];
+	key.devs = devs;
+	key.load = ld;
+	key.n_load = nl;
+	*e = key;
+	m->n++;
+	m->bytes += need;
 }
 
 /* Bucket b's collective of kind op (COLL_ALL_REDUCE, _REDUCE_SCATTER or
  * _ALL_GATHER) as sim.c runs it: its time alone into *ms, its bytes per
- * link added into acc (touched, *nt: the links written). */
+ * link added into acc (touched, *nt: the links written); from pl's memo
+ * where it holds it. */
 static int coll_loads(planner_t *pl, const sp_plan_t *p, int b, sp_coll_op_t op, double *ms,
 		      double *acc, int *touched, int *nt)
 {
 	const sp_bucket_t *bk = &p->buckets[b];
 	const int32_t *devs = p->bucket_devs + bk->dev_off;
 	int64_t bytes = bk->elems * dtype_bytes(pl->model->dtype);
+	struct coll_memo *m = coll_memo_get(pl);
+	coll_ent_t key = {.op = (int)op, .n_dev = bk->n_dev, .bytes = bytes, .devs = devs}, *e = NULL;
+	if (m) {
+		key.h = coll_hash(key.op, devs, bk->n_dev, bytes);
+		e = coll_slot(m, key.h, key.op, devs, bk->n_dev, bytes);
+		if (e->h) {
+			m->hits++;
+			*ms += e->ms;
+			add_loads(e->load, e->n_load, acc, touched, nt);
+			return 0;
+		}
+		m->misses++;
+	}
 	sp_arena_t *a = &pl->scratch;
 	sp_arena_mark_t m2 = sp_arena_mark(a);
 	net_coll_t co;
@@ -618,11 +752,22 @@ static int coll_loads(planner_t *pl, const sp_plan_t *p, int b, sp_coll_op_t op,
 			 ? net_allreduce_phases(&co, pl->cluster, devs, bk->n_dev, bytes, 0, a)
 			 : net_half_phases(&co, pl->cluster, op, devs, bk->n_dev, bytes, a);
 	if (!rc) {
-		*ms += net_phases_ms(pl->cluster, &co);
-		add_loads(&co, acc, touched, nt);
+		key.ms = net_phases_ms(pl->cluster, &co);
+		*ms += key.ms;
+		for (int ph = 0; ph < co.n_phase; ph++)
+			add_loads(co.ph[ph].load, co.ph[ph].n_load, acc, touched, nt);
+		if (m)
+			coll_keep(pl, m, e, key, &co);
 	}
 	sp_arena_reset(a, m2);
 	return rc;
+}
+
+void coll_memo_counts(const planner_t *pl, uint64_t *hits, uint64_t *misses)
+{
+	const struct coll_memo *m = pl->coll_memo;
+	*hits = m && m->home == &pl->arena ? m->hits : 0;
+	*misses = m && m->home == &pl->arena ? m->misses : 0;
 }
 
 int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, double *out)

@@ -93,9 +93,11 @@ static void thread_copy(jobs_thread_t *t, const planner_t *pl)
 {
 	sp_arena_t arena = t->pl.arena, scratch = t->pl.scratch;
 	struct cost_memo *memo = t->pl.memo;
+	struct coll_memo *coll_memo = t->pl.coll_memo;
 	sp_ins_t *ins_spare = t->pl.ins_spare;
 	t->pl = *pl;
 	t->pl.ins_spare = ins_spare;
+	t->pl.coll_memo = coll_memo; /* never the caller's: its own arena's */
 	t->pl.arena = arena;
 	t->pl.scratch = scratch;
 	t->pl.memo = memo;

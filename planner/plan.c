@@ -270,6 +270,12 @@ static int plan_ours(planner_t *pl, cand_state_t *cands, sp_plan_t *p, sim_resul
 	if (getenv("SPINDLE_TOP_STATS"))
 		fprintf(stderr, "lowering: %d of %d variants settled by the early bound\n",
 			pl->low_cut, pl->low_all);
+	if (getenv("SPINDLE_TOP_STATS")) {
+		uint64_t hits, misses;
+		coll_memo_counts(pl, &hits, &misses);
+		fprintf(stderr, "sync bounds: %llu collectives from the memo, %llu computed\n",
+			(unsigned long long)hits, (unsigned long long)misses);
+	}
 	return rc;
 }
 

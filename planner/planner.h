@@ -180,6 +180,12 @@ typedef struct planner {
 	int low_all, low_cut;
 	/* sim_memo.c: ours' simulated plans (NULL: none yet) */
 	struct sim_memo *sim_memo;
+	/* bound.c: bound_sync's collectives, each computed once (NULL: none
+	 * yet; in arena; a copied planner with another arena makes its own;
+	 * jobs.c keeps each thread's own across syncs). coll_memo_off (tests):
+	 * every collective computed afresh. */
+	struct coll_memo *coll_memo;
+	int coll_memo_off;
 	/* layout_trial.c regather: the instruction array it last replaced, written
 	 * by its next call instead of a fresh one (NULL: none); each planner
 	 * (thread) its own, freed with its arenas */
@@ -827,6 +833,9 @@ int bound_sync(planner_t *pl, const sp_plan_t *p, int any_layout, int gathers, d
  * p, any as --zero allows (*out; bound.c's header: bound_sync_early).
  * 0 or SP_ENOMEM. */
 int bound_sync_early(planner_t *pl, const sp_plan_t *p, double *raw, double *out);
+/* How many of bound_sync's collectives pl's memo held (*hits) and how
+ * many it computed (*misses), for tests and SPINDLE_TOP_STATS. */
+void coll_memo_counts(const planner_t *pl, uint64_t *hits, uint64_t *misses);
 /* hull_t (sched_lanes.c's section): its arrays live in a. */
 int hull_from_times(sp_arena_t *a, const double *time, int nmax, int scales, hull_t *h);
 /* Least area within span C (HUGE_VAL if it cannot). */

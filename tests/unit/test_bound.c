@@ -390,6 +390,93 @@ static void test_early_bound(void **state)
 	}
 }
 
+/*
+ * bound_sync's memo of collectives (bound.c coll_loads): bounding a plan
+ * again takes every collective from the memo and gives the same number;
+ * a plan whose buckets carry other bytes is bounded as a planner with an
+ * empty memo bounds it (the memo keys on the bytes and the devices, not
+ * on the bucket); a planner copied for a job thread (another arena)
+ * starts a memo of its own.
+ */
+static void test_coll_memo(void **state)
+{
+	(void)state;
+	char cl[1024];
+	hand_t h, g;
+	two_nodes(cl, sizeof cl, 1);
+	hand_planner(&h, SYNC_MODEL, cl, 4, -1);
+	hand_planner(&g, SYNC_MODEL, cl, 4, -1);
+	sp_plan_t p;
+	assert_int_equal(lower_two_tasks(&h.pl, &p), 0);
+	double a, b, x, y;
+	uint64_t hits, misses, hits2, misses2;
+	assert_int_equal(bound_sync(&h.pl, &p, 1, 1, &a), 0);
+	coll_memo_counts(&h.pl, &hits, &misses);
+	assert_true(misses > 0);
+	assert_int_equal(bound_sync(&h.pl, &p, 1, 1, &b), 0);
+	coll_memo_counts(&h.pl, &hits2, &misses2);
+	print_message("first: %llu held, %llu computed; again: %llu held, %llu computed\n",
+		      (unsigned long long)hits, (unsigned long long)misses,
+		      (unsigned long long)(hits2 - hits), (unsigned long long)(misses2 - misses));
+	assert_true(misses2 == misses);   /* nothing computed again */
+	assert_true(hits2 - hits == misses + hits);
+	assert_true(a == b);
+	/* other bytes per bucket: what an empty memo gives (g's) */
+	for (int k = 0; k < p.n_buckets; k++)
+		p.buckets[k].elems *= 4;
+	assert_int_equal(bound_sync(&h.pl, &p, 1, 1, &x), 0);
+	assert_int_equal(bound_sync(&g.pl, &p, 1, 1, &y), 0);
+	print_message("bound %.6f ms; with 4x the bytes %.6f ms (empty memo %.6f)\n", a, x, y);
+	assert_true(x == y);
+	assert_true(x > 1.5 * a);
+	/* a copy of h's planner over g's arena (jobs.c thread_copy): its own
+	 * memo, h's left as it was */
+	planner_t c = h.pl;
+	c.arena = g.pl.arena;
+	c.scratch = g.pl.scratch;
+	coll_memo_counts(&h.pl, &hits, &misses);
+	assert_int_equal(bound_sync(&c, &p, 1, 1, &x), 0);
+	g.pl.arena = c.arena;
+	g.pl.scratch = c.scratch;
+	assert_true(x == y);
+	coll_memo_counts(&h.pl, &hits2, &misses2);
+	assert_true(hits2 == hits && misses2 == misses);
+	assert_true(c.coll_memo != h.pl.coll_memo);
+	/* h's warm memo against no memo at all (g), bit for bit, for every
+	 * layout and gather choice (all-reduce, reduce-scatter, all-gather),
+	 * then with every bucket of one size, then of two devices each (0-1
+	 * or 1-2), so that keys differ only in op and devices (net.c wants a
+	 * group's devices ascending: no other order exists) */
+	g.pl.coll_memo_off = 1;
+	coll_memo_counts(&g.pl, &hits2, &misses2);
+	int checked = 0;
+	for (int pass = 0; pass < 3; pass++) {
+		for (int k = 0; pass == 1 && k < p.n_buckets; k++)
+			p.buckets[k].elems = p.buckets[0].elems;
+		for (int k = 0; pass == 2 && k < p.n_buckets; k++) {
+			/* two devices each: inside node 0, or across the nodes */
+			int32_t *d = p.bucket_devs + p.buckets[k].dev_off;
+			assert_true(p.buckets[k].n_dev >= 2 && p.n_devices >= 3);
+			p.buckets[k].n_dev = 2;
+			d[0] = k % 2;
+			d[1] = k % 2 + 1;
+		}
+		for (int any = 0; any < 2; any++)
+			for (int gat = 0; gat < 2; gat++) {
+				assert_int_equal(bound_sync(&h.pl, &p, any, gat, &x), 0);
+				assert_int_equal(bound_sync(&g.pl, &p, any, gat, &y), 0);
+				assert_memory_equal(&x, &y, sizeof x);
+				checked++;
+			}
+	}
+	coll_memo_counts(&g.pl, &hits, &misses);
+	assert_true(hits == hits2 && misses == misses2); /* g's memo untouched */
+	print_message("%d bounds with the memo equal to those without\n", checked);
+	plan_release(&p);
+	hand_done(&g);
+	hand_done(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -399,6 +486,7 @@ int main(void)
 		cmocka_unit_test(test_comm_any),
 		cmocka_unit_test(test_sync_bound),
 		cmocka_unit_test(test_early_bound),
+		cmocka_unit_test(test_coll_memo),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

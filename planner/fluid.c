@@ -228,13 +228,12 @@ int fl_xfer(fl_net_t *n, double start, int a, int b, int64_t bytes)
 	/* measured p2p points: bytes and latency scaled so that, alone, the
 	 * transfer takes the measured time (1 without points) */
 	double scale = net_xfer_scale(n->c, a, b, bytes);
-	jb->xl[0] = (net_load_t){res[0], (double)bytes * scale};
-	jb->xl[1] = (net_load_t){res[1], (double)bytes * scale};
-	jb->co.n_phase = 1;
-	jb->co.ph[0] = (net_phase_t){.lat_ms = scale * (dev_node(n->c, a) == dev_node(n->c, b)
-								? n->c->intra_lat_us * 1e-3
-								: n->c->inter_lat_us * 1e-3),
-				     .n_load = 2, .load = jb->xl};
+	jb->u.x.res[0] = res[0];
+	jb->u.x.res[1] = res[1];
+	jb->u.x.bytes = (double)bytes * scale;
+	jb->u.x.lat_ms = scale * (dev_node(n->c, a) == dev_node(n->c, b)
+					  ? n->c->intra_lat_us * 1e-3
+					  : n->c->inter_lat_us * 1e-3);
 	return j;
 }
 
@@ -246,18 +245,21 @@ int fl_coll(fl_net_t *n, double ready, const int32_t *devs, int nd, int64_t byte
 		return j;
 	fl_job_t *jb = &n->jobs[j];
 	jb->coll = 1;
-	jb->devs = devs;
-	jb->n_dev = nd;
-	if (nd > 0 && !(jb->wnext = sp_arena_array(n->a, (size_t)nd, sizeof(int))))
+	fl_cjob_t *cj = jb->u.c = sp_arena_calloc(n->a, 1, sizeof *cj);
+	if (!cj)
+		return SP_ENOMEM;
+	cj->devs = devs;
+	cj->n_dev = nd;
+	if (nd > 0 && !(cj->wnext = sp_arena_array(n->a, (size_t)nd, sizeof(int))))
 		return SP_ENOMEM;
 	if (bytes <= 0)
 		return j; /* nothing to move: done when ready */
-	int rc = op == COLL_ALL_REDUCE ? net_allreduce_phases(&jb->co, n->c, devs, nd, bytes, 0, n->a)
-				       : net_half_phases(&jb->co, n->c, op, devs, nd, bytes, n->a),
+	int rc = op == COLL_ALL_REDUCE ? net_allreduce_phases(&cj->co, n->c, devs, nd, bytes, 0, n->a)
+				       : net_half_phases(&cj->co, n->c, op, devs, nd, bytes, n->a),
 	    most = 0;
-	for (int p = 0; p < jb->co.n_phase; p++)
-		most = SP_MAX(most, jb->co.ph[p].n_load);
-	if (!rc && most > 2 && !(jb->ldbuf = sp_arena_calloc(n->a, (size_t)most, sizeof(fl_ld_t))))
+	for (int p = 0; p < cj->co.n_phase; p++)
+		most = SP_MAX(most, cj->co.ph[p].n_load);
+	if (!rc && most > 2 && !(cj->ldbuf = sp_arena_calloc(n->a, (size_t)most, sizeof(fl_ld_t))))
 		rc = SP_ENOMEM;
 	return rc ? rc : j;
 }
@@ -404,8 +406,19 @@ static int ev_flush(fl_net_t *n)
 static int enter_phase(fl_net_t *n, int j)
 {
 	fl_job_t *jb = &n->jobs[j];
-	for (; jb->phase < jb->co.n_phase; jb->phase++) {
-		const net_phase_t *ph = &jb->co.ph[jb->phase];
+	/* a transfer's phase as a collective's */
+	net_load_t xl[2] = {{0, 0}, {0, 0}};
+	net_phase_t xph = {0, 2, xl};
+	int n_phase = 1;
+	if (jb->coll) {
+		n_phase = jb->u.c->co.n_phase;
+	} else {
+		xl[0] = (net_load_t){jb->u.x.res[0], jb->u.x.bytes};
+		xl[1] = (net_load_t){jb->u.x.res[1], jb->u.x.bytes};
+		xph.lat_ms = jb->u.x.lat_ms;
+	}
+	for (; jb->phase < n_phase; jb->phase++) {
+		const net_phase_t *ph = jb->coll ? &jb->u.c->co.ph[jb->phase] : &xph;
 		double v = 0;
 		for (int i = 0; i < ph->n_load; i++)
 			v = max2(v, ph->load[i].bytes);
@@ -413,13 +426,13 @@ static int enter_phase(fl_net_t *n, int j)
 		if (v > 0) {
 			jb->n_ld = ph->n_load;
 			if (jb->n_ld > 2)
-				jb->ld.p = jb->ldbuf;
+				jb->ld.p = jb->u.c->ldbuf;
 			fl_ld_t *ld = fl_loads(jb);
 			for (int i = 0; i < ph->n_load; i++) /* sharing's weights, once */
 				ld[i] = (fl_ld_t){ph->load[i].res, 0, ph->load[i].bytes / v};
 			return drain_begin(n, j);
 		}
-		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < jb->co.n_phase)) {
+		if (ph->lat_ms > 0 && (jb->coll || jb->phase + 1 < n_phase)) {
 			jb->state = J_DELAY;
 			ev_set(n, j, n->now + ph->lat_ms);
 			return 0;
@@ -428,7 +441,7 @@ static int enter_phase(fl_net_t *n, int j)
 	/* a transfer's last latency needs no event: it arrives that much later,
 	 * and nothing waits for it before then */
 	jb->state = J_DONE;
-	jb->done = n->now + (jb->coll ? 0 : jb->co.ph[jb->co.n_phase - 1].lat_ms);
+	jb->done = n->now + (jb->coll ? 0 : jb->u.x.lat_ms);
 	return 1;
 }
 
@@ -438,8 +451,8 @@ static void finish(fl_net_t *n, int j)
 	n->arrived |= jb->wake;
 	if (!jb->coll)
 		return;
-	for (int i = 0; i < jb->n_dev; i++)
-		n->busy[jb->devs[i]] = 0;
+	for (int i = 0; i < jb->u.c->n_dev; i++)
+		n->busy[jb->u.c->devs[i]] = 0;
 	n->freed = 1;
 }
 
@@ -461,13 +474,14 @@ static void wait_join(fl_net_t *n, int j)
 	jb->state = J_WAITING;
 	n->waiting[n->n_waiting++] = j;
 	n->freed = 1;
-	for (int i = 0; i < jb->n_dev; i++) {
-		int d = jb->devs[i];
-		jb->wnext[i] = -1;
+	fl_cjob_t *cj = jb->u.c;
+	for (int i = 0; i < cj->n_dev; i++) {
+		int d = cj->devs[i];
+		cj->wnext[i] = -1;
 		if (n->whead[d] < 0)
 			n->whead[d] = j;
 		else
-			n->jobs[n->wtail[d]].wnext[n->wtail_i[d]] = j;
+			n->jobs[n->wtail[d]].u.c->wnext[n->wtail_i[d]] = j;
 		n->wtail[d] = j;
 		n->wtail_i[d] = i;
 	}
@@ -487,16 +501,17 @@ static int start_waiting(fl_net_t *n)
 		for (int w = 0; w < n_waiting; w++) {
 			int j = n->waiting[w];
 			fl_job_t *jb = &n->jobs[j];
+			const fl_cjob_t *cj = jb->u.c;
 			int free = rc >= 0;
-			for (int i = 0; i < jb->n_dev && free; i++)
-				free = !n->busy[jb->devs[i]] && n->whead[jb->devs[i]] == j;
+			for (int i = 0; i < cj->n_dev && free; i++)
+				free = !n->busy[cj->devs[i]] && n->whead[cj->devs[i]] == j;
 			if (!free) {
 				n->waiting[kept++] = j;
 				continue;
 			}
-			for (int i = 0; i < jb->n_dev; i++) {
-				n->busy[jb->devs[i]] = 1;
-				n->whead[jb->devs[i]] = jb->wnext[i];
+			for (int i = 0; i < cj->n_dev; i++) {
+				n->busy[cj->devs[i]] = 1;
+				n->whead[cj->devs[i]] = cj->wnext[i];
 			}
 			if ((rc = enter_phase(n, j)) == 1)
 				finish(n, j);
@@ -777,9 +792,9 @@ static int step_to(fl_net_t *n, double t)
 			continue;
 		}
 		/* its bytes are through */
-		double lat = jb->co.ph[jb->phase].lat_ms;
+		double lat = jb->coll ? jb->u.c->co.ph[jb->phase].lat_ms : jb->u.x.lat_ms;
 		drain_end(n, j);
-		if (lat <= 0 || (!jb->coll && jb->phase + 1 == jb->co.n_phase)) {
+		if (lat <= 0 || !jb->coll) { /* a transfer's one phase is its last */
 			rc = next_phase(n, j);
 		} else {
 			jb->state = J_DELAY;

@@ -346,10 +346,21 @@ typedef struct {
 	double w;
 } fl_ld_t;
 
-/* What the sharing reads per job comes first, in one 64-byte line (fl_init
- * aligns the array): the draining phase's loads (a transfer's two, or any
- * phase's up to two, inline; more in the collective's ldbuf), the sharing's
- * mark, the rate and the bytes left at t_ref; the rest after. */
+/* What an all-reduce, reduce-scatter or all-gather job holds besides
+ * fl_job_t (fl_coll's, from the arena). */
+typedef struct {
+	net_coll_t co;
+	fl_ld_t *ldbuf;            /* room for its largest phase's loads */
+	const int32_t *devs;       /* its members */
+	int *wnext;                /* per member: the next waiting collective there, -1 */
+	int n_dev;
+} fl_cjob_t;
+
+/* A job in two 64-byte lines (fl_init aligns the array; a transfer, most
+ * jobs, needs no more). What the sharing reads comes first, in the first
+ * line: the draining phase's loads (a transfer's two, or any phase's up to
+ * two, inline; more in the collective's ldbuf), the sharing's mark, the
+ * rate and the bytes left at t_ref; the rest in the second. */
 typedef struct {
 	_Alignas(64) int n_ld;     /* loads of the draining phase */
 	int jmark;                 /* the last sharing that took it (epoch) */
@@ -358,18 +369,23 @@ typedef struct {
 		fl_ld_t x[2];      /* n_ld <= 2 */
 		fl_ld_t *p;        /* n_ld > 2: ldbuf */
 	} ld;
-	fl_ld_t *ldbuf;            /* a collective's room for its largest phase */
+	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
 	int phase, state;
-	net_load_t xl[2];          /* a transfer's loads */
-	net_coll_t co;
-	int coll, n_dev, wake;
 	int src, fnext;            /* a transfer in its sender's queue: the sender, the
 				    * next job there (-1: none, or not queued) */
-	double start, done;        /* start (transfer) or ready (all-reduce); done: -1 */
-	const int32_t *devs;       /* an all-reduce's members */
-	int *wnext;                /* per member: the next waiting collective there, -1 */
 	int ev_slot;               /* in a group of ev (fluid.c): its index in gm, else -1 */
+	char coll, wake;
+	union {
+		/* a transfer's one phase: bytes on each of its two links,
+		 * then its latency */
+		struct {
+			int res[2];
+			double bytes, lat_ms;
+		} x;
+		fl_cjob_t *c;      /* coll */
+	} u;
 } fl_job_t;
+_Static_assert(sizeof(fl_job_t) == 128, "a job is two lines");
 
 /* The loads of job jb's draining phase. */
 static inline fl_ld_t *fl_loads(fl_job_t *jb)

@@ -8,6 +8,7 @@
  * NIC take twice as long, through two NICs (rails) they do not, an
  * all-reduce beside a transfer on one NIC slows both, a transfer that
  * leaves gives its share back, also from the middle of its links' lists,
+ * a transfer's two links, its latency (by node) and one of no bytes,
  * a sharing's last round (it only sets rates) after a first, a sharing of
  * many rounds max-min fair (the bottleneck property), jobs leaving their
  * group of one end time when their rate changes;
@@ -351,6 +352,25 @@ static void test_share_given_back(void **state)
 
 }
 
+/* A transfer's one phase (fluid.c keeps it in the job: two links, one
+ * size, a latency), each part by hand on 3 nodes of 2 GPUs, one NIC: from
+ * nodes 0 and 2 into node 1 the two share only node 1's inbound NIC (25
+ * GB/s each: 4 ms, then 0.01 ms inter-node latency); within a node S at
+ * 200 GB/s is 0.5 ms, then 0.005 ms; nothing to send from 1 ms on arrives
+ * after the latency alone. */
+static void test_transfer_sides(void **state)
+{
+	sp_cluster_t c = cluster(3, 2, 1, 5);
+	fl_net_t *n = net_new(state, &c);
+	int a = fl_xfer(n, 0, 0, 2, S_BYTES), b = fl_xfer(n, 0, 4, 3, S_BYTES),
+	    in = fl_xfer(n, 0, 0, 1, S_BYTES), none = fl_xfer(n, 1, 5, 1, 0);
+	assert_int_equal(fl_advance(n, 0), 0);
+	near(fl_done(n, a), 4.0 + 0.01, "into one NIC from node 0");
+	near(fl_done(n, b), 4.0 + 0.01, "into one NIC from node 2");
+	near(fl_done(n, in), 0.5 + 0.005, "within a node");
+	near(fl_done(n, none), 1.0 + 0.01, "no bytes: the latency");
+}
+
 /* 3S, S and 2S on one NIC, at 50/3 GB/s each: the middle one is through
  * at 6 ms, then two at 25 GB/s until the last added is at 10 ms, then the
  * first alone at 50 GB/s for its last S (12 ms). */
@@ -684,6 +704,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_two_flows_two_rails, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_allreduce_beside_flow, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_share_given_back, arena_setup, arena_teardown),
+		cmocka_unit_test_setup_teardown(test_transfer_sides, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_half_jobs_alone, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_leave_in_turn, arena_setup, arena_teardown),
 		cmocka_unit_test_setup_teardown(test_last_round, arena_setup, arena_teardown),

@@ -12,38 +12,32 @@ passes it took from the memo, and some case must take one (else the
 comparison tests nothing). Environment: SPINDLE_PLAN, SPINDLE_ROOT
 (test_env). Exit 0 pass, 1 fail.
 """
-import concurrent.futures
-import glob
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prune_exact import untimed  # noqa: E402  (the report without its timings)
-
-PLAN = os.environ["SPINDLE_PLAN"]
-ROOT = os.environ["SPINDLE_ROOT"]
+from prune_exact import PLAN, bundled, run_cases, untimed  # noqa: E402 (same environment)
 
 
-def plan(model, cluster, out, jobs, memo):
+def plan(model, cluster, out, opts, memo):
     env = dict(os.environ, SPINDLE_PASS_MEMO_STATS="1")
     env.pop("SPINDLE_NO_PASS_MEMO", None)
     if not memo:
         env["SPINDLE_NO_PASS_MEMO"] = "1"
-    p = subprocess.run([PLAN, model, cluster, "--compare", "--json", "--jobs", str(jobs),
-                        "-o", out], capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run([PLAN, model, cluster, "--compare", "--json"] + opts + ["-o", out],
+                       capture_output=True, text=True, timeout=600, env=env)
     hits = sum(int(h) for h in re.findall(r"pass memo: (\d+) of", p.stderr))
     if p.returncode != 0:
         return p.returncode, p.stderr.strip()[-300:], None, None, hits
     return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read(), hits
 
 
-def case(model, cluster, jobs, tmp, tag):
-    a = plan(model, cluster, os.path.join(tmp, tag + ".a"), jobs, True)
-    b = plan(model, cluster, os.path.join(tmp, tag + ".b"), jobs, False)
+def case(model, cluster, opts, tmp, tag):
+    a = plan(model, cluster, os.path.join(tmp, tag + ".a"), opts, True)
+    b = plan(model, cluster, os.path.join(tmp, tag + ".b"), opts, False)
     if b[4]:
         return False, f"memo off, yet {b[4]} passes taken from it", 0
     if a[0] or b[0]:
@@ -57,25 +51,8 @@ def case(model, cluster, jobs, tmp, tag):
 
 
 def main():
-    jobs = []
-    for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
-        own = os.path.join(os.path.dirname(m), "cluster.json")
-        for c in ([own] if os.path.exists(own) else []) + \
-                [os.path.join(ROOT, "plans", "clusters", "a800-8x8.json")]:
-            for j in (1, 2):
-                jobs.append((m, c, j))
-    fails = hits = 0
-    with tempfile.TemporaryDirectory() as tmp, \
-            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-        futs = [ex.submit(case, m, c, j, tmp, str(i)) for i, (m, c, j) in enumerate(jobs)]
-        for (m, c, j), f in zip(jobs, futs):
-            ok, why, h = f.result()
-            fails += not ok
-            hits += h
-            print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(os.path.dirname(m))} on "
-                  f"{os.path.basename(c)} --jobs {j}: {why}")
-    print(f"{len(jobs) - fails} of {len(jobs)} cases plan as with the memo off; "
-          f"{hits} passes taken from the memo in all")
+    todo = [(m, c, ["--jobs", j]) for m, c in bundled(["a800-8x8"]) for j in ("1", "2")]
+    fails, hits = run_cases(todo, case, "plan as with the memo off", "passes taken from the memo")
     if not hits:
         print("FAIL no case took a pass from the memo: the comparison tested nothing")
         return 1

@@ -15,16 +15,13 @@ shows there even where it does not change the choice. The cut must fire
 somewhere (its lowering line), so that this keeps testing it.
 Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
 """
-import concurrent.futures
-import glob
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prune_exact import PLAN, ROOT, untimed  # noqa: E402 (same environment)
+from prune_exact import PLAN, bundled, cluster_path, run_cases, untimed  # noqa: E402
 
 
 def run(model, cluster, out, opts, full):
@@ -46,41 +43,27 @@ def case(model, cluster, opts, tmp, tag):
     a = run(model, cluster, os.path.join(tmp, tag + ".a"), opts, False)
     b = run(model, cluster, os.path.join(tmp, tag + ".b"), opts, True)
     if b[3]:
-        return False, a[3], f"{b[3]} lowerings cut under SPINDLE_NO_PREBOUND"
+        return False, f"{b[3]} lowerings cut under SPINDLE_NO_PREBOUND", a[3]
     if a[0] or b[0]:
-        return a[:2] == b[:2], a[3], f"exit {a[0]} / {b[0]}: {a[1] or b[1]}"
+        return a[:2] == b[:2], f"exit {a[0]} / {b[0]}: {a[1] or b[1]}", a[3]
     if a[4][1] != b[4][1]:
-        return False, a[3], "plan files differ from the full lowering's"
+        return False, "plan files differ from the full lowering's", a[3]
     if a[4][0] != b[4][0]:
-        return False, a[3], "reports differ from the full lowering's"
+        return False, "reports differ from the full lowering's", a[3]
     if a[2] != b[2]:
-        return False, a[3], f"top_choose differs: {a[2]}, in full {b[2]}"
-    return True, a[3], f"same plan, {a[3]} lowerings cut"
+        return False, f"top_choose differs: {a[2]}, in full {b[2]}", a[3]
+    return True, f"same plan, {a[3]} lowerings cut", a[3]
 
 
 def main():
-    a800 = os.path.join(ROOT, "plans", "clusters", "a800-8x8.json")
-    jobs = []
-    for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
-        own = os.path.join(os.path.dirname(m), "cluster.json")
-        for c in ([own] if os.path.exists(own) else []) + [a800]:
-            for opts in ([], ["--compare"]) + ((["--zero", "1"], ["--defer-gather", "off"])
-                                                if c == a800 else ()):
-                jobs.append((m, c, opts))
-    fails = cuts = 0
-    with tempfile.TemporaryDirectory() as tmp, \
-            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-        futs = [ex.submit(case, m, c, o, tmp, str(i)) for i, (m, c, o) in enumerate(jobs)]
-        for (m, c, o), f in zip(jobs, futs):
-            ok, n, why = f.result()
-            fails += not ok
-            cuts += n
-            print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(os.path.dirname(m))} on "
-                  f"{os.path.basename(c)}{' ' + ' '.join(o) if o else ''}: {why}")
+    a800 = cluster_path("a800-8x8")
+    todo = [(m, c, o) for m, c in bundled(["a800-8x8"])
+            for o in ([], ["--compare"]) + ((["--zero", "1"], ["--defer-gather", "off"])
+                                            if c == a800 else ())]
+    fails, cuts = run_cases(todo, case, "as in full", "lowerings cut")
     if not cuts:
         print("FAIL no lowering was cut: the test no longer tests the cut")
-        fails += 1
-    print(f"{len(jobs) - fails} of {len(jobs)} cases as in full, {cuts} lowerings cut")
+        return 1
     return 1 if fails else 0
 
 

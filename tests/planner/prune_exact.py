@@ -14,7 +14,9 @@ the case); so is every layout_refine last trial's (layout_refine.c
 trial_doomed: by default a trial whose bound shows it cannot be kept is
 not simulated). --simulate-all also simulates every candidate whose lowered
 plan equals one simulated before, where the default takes the earlier
-result (planner/sim_memo.c): the case checks that memo too. Environment:
+result (planner/sim_memo.c): the case checks that memo too. bundled and
+run_cases also run the other tests that compare two planner runs on every
+bundled workload (pass_memo, restore_exact, prebound, top_ready). Environment:
 SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0 pass, 1 fail.
 """
 import concurrent.futures
@@ -48,9 +50,9 @@ def plan(model, cluster, out, extra):
     return 0, "", untimed(json.loads(p.stdout)), open(out, "rb").read()
 
 
-def case(model, cluster, tmp, tag):
-    a = plan(model, cluster, os.path.join(tmp, tag + ".a"), [])
-    b = plan(model, cluster, os.path.join(tmp, tag + ".b"), ["--simulate-all"])
+def case(model, cluster, opts, tmp, tag):
+    a = plan(model, cluster, os.path.join(tmp, tag + ".a"), opts)
+    b = plan(model, cluster, os.path.join(tmp, tag + ".b"), opts + ["--simulate-all"])
     if a[0] or b[0]:
         return a[:2] == b[:2], f"exit {a[0]} / {b[0]} with --simulate-all: {a[1] or b[1]}"
     if a[3] != b[3]:
@@ -59,6 +61,43 @@ def case(model, cluster, tmp, tag):
         keys = [k for k in set(a[2]) | set(b[2]) if a[2].get(k) != b[2].get(k)]
         return False, f"reports differ from --simulate-all's in {sorted(keys)}"
     return True, f"same plan ({a[2]['algorithms']['spindle']['iteration_ms']:.3f} ms)"
+
+
+def cluster_path(name):
+    return os.path.join(ROOT, "plans", "clusters", name + ".json")
+
+
+def bundled(clusters):
+    """(model, cluster) for every bundled workload (plans/*/model.json) on
+    its own cluster where it has one, then on each of clusters (names in
+    plans/clusters)."""
+    for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
+        own = os.path.join(os.path.dirname(m), "cluster.json")
+        for c in ([own] if os.path.exists(own) else []) + [cluster_path(n) for n in clusters]:
+            yield m, c
+
+
+def run_cases(todo, case, what, counted=None, tmp=None):
+    """case(model, cluster, opts, tmp, tag) -> (ok, why[, n]) for every
+    (model, cluster, opts) of todo, on a thread pool: one line printed per
+    case in todo's order, then "K of N cases WHAT" (and the n summed, as
+    "; T COUNTED in all"). Returns the number of cases failed and the n
+    summed: the caller's guard that the cases tested something."""
+    fails = total = 0
+    with tempfile.TemporaryDirectory() as own, \
+            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
+        futs = [ex.submit(case, m, c, o, tmp or own, str(i)) for i, (m, c, o) in enumerate(todo)]
+        for (m, c, o), f in zip(todo, futs):
+            ok, why, *n = f.result()
+            fails += not ok
+            total += sum(n)
+            name = os.path.basename(os.path.dirname(m)) if m.startswith(ROOT) else \
+                os.path.basename(m)
+            print(f"{'ok  ' if ok else 'FAIL'} {name} on {os.path.basename(c)}"
+                  f"{' ' + ' '.join(o) if o else ''}: {why}", flush=True)
+    print(f"{len(todo) - fails} of {len(todo)} cases {what}" +
+          (f"; {total} {counted} in all" if counted else ""))
+    return fails, total
 
 
 def synthetic(tmp, shapes=((8, 64, "h100-8x8-8nic"), (32, 256, "a800-8x8"))):
@@ -80,25 +119,10 @@ def synthetic(tmp, shapes=((8, 64, "h100-8x8-8nic"), (32, 256, "a800-8x8"))):
 
 
 def main():
-    clusters = [os.path.join(ROOT, "plans", "clusters", c + ".json")
-                for c in ("a800-8x8", "h100-8x8-8nic")]
-    fails = 0
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = []
-        for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
-            own = os.path.join(os.path.dirname(m), "cluster.json")
-            for c in ([own] if os.path.exists(own) else []) + clusters:
-                jobs.append((m, c))
-        jobs += synthetic(tmp)
-        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-            futs = [ex.submit(case, m, c, tmp, str(i)) for i, (m, c) in enumerate(jobs)]
-            for (m, c), f in zip(jobs, futs):
-                ok, why = f.result()
-                fails += not ok
-                name = os.path.basename(os.path.dirname(m)) if m.startswith(ROOT) else \
-                    os.path.basename(m)
-                print(f"{'ok  ' if ok else 'FAIL'} {name} on {os.path.basename(c)}: {why}")
-    print(f"{len(jobs) - fails} of {len(jobs)} cases plan as with --simulate-all")
+        todo = [(m, c, []) for m, c in bundled(["a800-8x8", "h100-8x8-8nic"])] + \
+            [(m, c, []) for m, c in synthetic(tmp)]
+        fails, _ = run_cases(todo, case, "plan as with --simulate-all", tmp=tmp)
     return 1 if fails else 0
 
 

@@ -15,28 +15,21 @@ must simulate fewer with the shortcuts on (else the comparison tests
 nothing). Environment: SPINDLE_PLAN, SPINDLE_ROOT (test_env). Exit 0
 pass, 1 fail.
 """
-import concurrent.futures
-import glob
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prune_exact import untimed  # noqa: E402  (the report without its timings)
-
-PLAN = os.environ["SPINDLE_PLAN"]
-ROOT = os.environ["SPINDLE_ROOT"]
-CLUSTERS = [os.path.join(ROOT, "plans", "clusters", n + ".json") for n in ("a800-4x8", "a800-8x8")]
+from prune_exact import PLAN, bundled, run_cases, untimed  # noqa: E402 (same environment)
 
 
-def run(model, cluster, jobs, off, out):
+def run(model, cluster, opts, off, out):
     """One planning run, the shortcuts on or off: what the test compares."""
     env = {k: v for k, v in os.environ.items() if k != "SPINDLE_TOP_READY_ALL"}
     env.update({"SPINDLE_SIM_STATS": "1"}, **({"SPINDLE_TOP_READY_ALL": "1"} if off else {}))
-    argv = [PLAN, model, cluster, "--compare", "--json", "--jobs", str(jobs), "-o", out]
+    argv = [PLAN, model, cluster, "--compare", "--json"] + opts + ["-o", out]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     err = done.stderr
     got = {"exit": done.returncode,
@@ -55,10 +48,10 @@ WHAT = [("exit", "exit statuses"), ("error", "errors"), ("plan", "plan files"),
         ("report", "reports"), ("refined", "results of the kept plans top_choose refines")]
 
 
-def case(model, cluster, jobs, tmp, tag):
-    on = run(model, cluster, jobs, False, os.path.join(tmp, tag + ".on"))
-    off = run(model, cluster, jobs, True, os.path.join(tmp, tag + ".off"))
-    saved = off["top_ready"] - on["top_ready"]
+def case(model, cluster, opts, tmp, tag):
+    on = run(model, cluster, opts, False, os.path.join(tmp, tag + ".on"))
+    off = run(model, cluster, opts, True, os.path.join(tmp, tag + ".off"))
+    saved = max(off["top_ready"] - on["top_ready"], 0)
     bad = [name for key, name in WHAT if on.get(key) != off.get(key)]
     if bad:
         return False, "differ from the shortcuts off: " + ", ".join(bad), saved
@@ -67,27 +60,14 @@ def case(model, cluster, jobs, tmp, tag):
 
 
 def main():
-    todo = []
-    for m in sorted(glob.glob(os.path.join(ROOT, "plans", "*", "model.json"))):
-        own = os.path.join(os.path.dirname(m), "cluster.json")
-        todo += [(m, c, j) for c in ([own] if os.path.exists(own) else []) + CLUSTERS
-                 for j in (1, 2)]
-    fails = saved = 0
-    with tempfile.TemporaryDirectory() as tmp, \
-            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
-        futs = [ex.submit(case, *t, tmp, str(i)) for i, t in enumerate(todo)]
-        for (m, c, j), fut in zip(todo, futs):
-            ok, why, n = fut.result()
-            fails, saved = fails + (not ok), saved + max(n, 0)
-            print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(os.path.dirname(m))} on "
-                  f"{os.path.basename(c)} --jobs {j}: {why}")
-    verdict = 1 if fails else 0
+    todo = [(m, c, ["--jobs", j]) for m, c in bundled(["a800-4x8", "a800-8x8"])
+            for j in ("1", "2")]
+    fails, saved = run_cases(todo, case, "plan as with the shortcuts off",
+                             "top_ready simulations saved")
     if not saved:
         print("FAIL no case skipped a simulation in top_ready: the comparison tested nothing")
-        verdict = 1
-    print(f"{len(todo) - fails} of {len(todo)} cases plan as with the shortcuts off; "
-          f"{saved} top_ready simulations saved in all")
-    return verdict
+        return 1
+    return 1 if fails else 0
 
 
 if __name__ == "__main__":

@@ -66,54 +66,66 @@ static sp_ins_t *reference(const sp_plan_t *p, int32_t *first, int32_t *len, int
 
 enum { ND = 6, NB = 5 };
 
-/* Random programs on ND devices of NB buckets into p (its arrays bk, dv;
- * p->ins allocated), layouts replicated. */
-static void random_programs(planner_t *pl, sp_plan_t *p, sp_bucket_t *bk, sp_device_t *dv)
+/* A plan to rewrite: the planner, the plan and the arrays it points into. */
+typedef struct {
+	planner_t pl;
+	sp_plan_t p;
+	sp_bucket_t bk[NB];
+	sp_device_t dv[ND];
+} rig_t;
+
+/* Random programs on ND devices of NB buckets into r->p (r->p.ins
+ * allocated, r->pl's scratch arena empty), layouts replicated. */
+static void random_programs(rig_t *r)
 {
 	static const int ops[] = {INS_FWD, INS_BWD, INS_SEND, INS_RECV, INS_SYNC,
 				  INS_SYNC, INS_GATHER, INS_COPY};
-	{
-		memset(pl, 0, sizeof *pl);
-		memset(p, 0, sizeof *p);
-		memset(bk, 0, sizeof *bk * NB);
-		memset(dv, 0, sizeof *dv * ND);
-		p->n_buckets = NB;
-		p->buckets = bk;
-		p->n_devices = ND;
-		p->devices = dv;
-		int cap = ND * 40, n = 0;
-		p->ins = calloc((size_t)cap + 1, sizeof *p->ins);
-		assert_non_null(p->ins);
-		for (int b = 0; b < NB; b++)
-			bk[b].n_dev = ND; /* room for a GATHER per device and bucket */
-		for (int d = 0; d < ND; d++) {
-			int len = rand() % 30, synced = 0;
-			dv[d].first_ins = n;
-			for (int k = 0; k < len; k++) {
-				sp_ins_t *in = &p->ins[n++];
-				in->op = ops[rand() % (int)(sizeof ops / sizeof *ops)];
-				in->slice = rand() % 9;
-				in->s1 = k;
-				in->peer = rand() % NB;
-				in->tag = rand();
-				/* one SYNC per bucket and device: a bucket's
-				 * GATHERs n_dev at most */
-				if (in->op == INS_SYNC && (synced >> in->peer & 1))
-					in->op = INS_FWD;
-				else if (in->op == INS_SYNC)
-					synced |= 1 << in->peer;
-			}
-			if (rand() % 2) { /* a tail as lower_sync.c writes it */
-				p->ins[n++].op = INS_STEP;
-				for (int g = rand() % 3; g > 0; g--) {
-					p->ins[n].op = INS_GATHER;
-					p->ins[n++].peer = rand() % NB;
-				}
-			}
-			dv[d].n_ins = n - dv[d].first_ins;
+	sp_plan_t *p = &r->p;
+	memset(r, 0, sizeof *r);
+	sp_arena_init(&r->pl.scratch);
+	p->n_buckets = NB;
+	p->buckets = r->bk;
+	p->n_devices = ND;
+	p->devices = r->dv;
+	int cap = ND * 40, n = 0;
+	p->ins = calloc((size_t)cap + 1, sizeof *p->ins);
+	assert_non_null(p->ins);
+	for (int b = 0; b < NB; b++)
+		r->bk[b].n_dev = ND; /* room for a GATHER per device and bucket */
+	for (int d = 0; d < ND; d++) {
+		int len = rand() % 30, synced = 0;
+		r->dv[d].first_ins = n;
+		for (int k = 0; k < len; k++) {
+			sp_ins_t *in = &p->ins[n++];
+			in->op = ops[rand() % (int)(sizeof ops / sizeof *ops)];
+			in->slice = rand() % 9;
+			in->s1 = k;
+			in->peer = rand() % NB;
+			in->tag = rand();
+			/* one SYNC per bucket and device: a bucket's GATHERs
+			 * n_dev at most */
+			if (in->op == INS_SYNC && (synced >> in->peer & 1))
+				in->op = INS_FWD;
+			else if (in->op == INS_SYNC)
+				synced |= 1 << in->peer;
 		}
-		p->n_ins = n;
+		if (rand() % 2) { /* a tail as lower_sync.c writes it */
+			p->ins[n++].op = INS_STEP;
+			for (int g = rand() % 3; g > 0; g--) {
+				p->ins[n].op = INS_GATHER;
+				p->ins[n++].peer = rand() % NB;
+			}
+		}
+		r->dv[d].n_ins = n - r->dv[d].first_ins;
 	}
+	p->n_ins = n;
+}
+
+static void rig_release(rig_t *r)
+{
+	free(r->p.ins);
+	free(r->pl.ins_spare);
+	sp_arena_release(&r->pl.scratch);
 }
 
 static void test_random_programs(void **state)
@@ -121,29 +133,25 @@ static void test_random_programs(void **state)
 	(void)state;
 	srand(7);
 	for (int round = 0; round < 200; round++) {
-		planner_t pl;
-		sp_plan_t p;
-		sp_bucket_t bk[NB];
-		sp_device_t dv[ND];
-		random_programs(&pl, &p, bk, dv);
+		rig_t r;
+		random_programs(&r);
 		for (int step = 0; step < 6; step++) {
 			for (int b = 0; b < NB; b++)
-				bk[b].layout = rand() % 3 ? LAYOUT_REPLICATED : rand() % 4;
+				r.bk[b].layout = rand() % 3 ? LAYOUT_REPLICATED : rand() % 4;
 			int32_t first[ND], len[ND];
 			int want_n;
 			size_t need;
-			sp_ins_t *want = reference(&p, first, len, &want_n, &need);
-			assert_int_equal(regather(&pl, &p), 0);
-			assert_int_equal(p.n_ins, want_n);
+			sp_ins_t *want = reference(&r.p, first, len, &want_n, &need);
+			assert_int_equal(regather(&r.pl, &r.p), 0);
+			assert_int_equal(r.p.n_ins, want_n);
 			for (int d = 0; d < ND; d++) {
-				assert_int_equal(dv[d].first_ins, first[d]);
-				assert_int_equal(dv[d].n_ins, len[d]);
+				assert_int_equal(r.dv[d].first_ins, first[d]);
+				assert_int_equal(r.dv[d].n_ins, len[d]);
 			}
-			assert_memory_equal(p.ins, want, need * sizeof *want);
+			assert_memory_equal(r.p.ins, want, need * sizeof *want);
 			free(want);
 		}
-		free(p.ins);
-		free(pl.ins_spare);
+		rig_release(&r);
 	}
 }
 
@@ -196,74 +204,68 @@ static void test_restore_programs(void **state)
 	srand(11);
 	int swapped = 0;
 	for (int round = 0; round < 200; round++) {
-		planner_t pl;
-		sp_plan_t p;
-		sp_bucket_t bk[NB];
-		sp_device_t dv[ND];
-		random_programs(&pl, &p, bk, dv);
-		sp_arena_init(&pl.scratch);
+		rig_t r;
+		random_programs(&r);
 		for (int b = 0; b < NB; b++)
-			bk[b].layout = rand() % 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
-		assert_int_equal(regather(&pl, &p), 0); /* a simulated plan's programs */
+			r.bk[b].layout = rand() % 2 ? LAYOUT_ZERO1 : LAYOUT_REPLICATED;
+		assert_int_equal(regather(&r.pl, &r.p), 0); /* a simulated plan's programs */
 		trial_save_t sv, fast;
 		progs_t saved, at_fast;
-		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &sv), 0);
-		progs_take(&saved, &p);
+		assert_int_equal(trial_save(&r.pl, &r.pl.scratch, &r.p, &sv), 0);
+		progs_take(&saved, &r.p);
 		int rewrites = round % 4; /* none to three: the spare the saved array again */
 		for (int i = 0; i < rewrites; i++)
-			trial(&pl, &p);
-		layouts_back(&p, &sv);
-		uint64_t gen = pl.ins_regathers;
-		assert_int_equal(trial_restore(&pl, &p, &sv), 0);
-		progs_check(&saved, &p);
+			trial(&r.pl, &r.p);
+		layouts_back(&r.p, &sv);
+		uint64_t gen = r.pl.ins_regathers;
+		assert_int_equal(trial_restore(&r.pl, &r.p, &sv), 0);
+		progs_check(&saved, &r.p);
 		if (rewrites <= 1) { /* the saved array back as it was, not rewritten */
-			assert_int_equal(pl.ins_regathers, gen);
-			assert_ptr_equal(p.ins, sv.ins);
+			assert_int_equal(r.pl.ins_regathers, gen);
+			assert_ptr_equal(r.p.ins, sv.ins);
 			swapped += rewrites;
 		}
 		/* try_defer_one: a trial saved as the fastest, the plan restored,
 		 * another trial, then the fastest restored */
-		trial(&pl, &p);
-		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &fast), 0);
-		progs_take(&at_fast, &p);
-		layouts_back(&p, &sv);
-		gen = pl.ins_regathers;
-		assert_int_equal(trial_restore(&pl, &p, &sv), 0);
-		progs_check(&saved, &p);
+		trial(&r.pl, &r.p);
+		assert_int_equal(trial_save(&r.pl, &r.pl.scratch, &r.p, &fast), 0);
+		progs_take(&at_fast, &r.p);
+		layouts_back(&r.p, &sv);
+		gen = r.pl.ins_regathers;
+		assert_int_equal(trial_restore(&r.pl, &r.p, &sv), 0);
+		progs_check(&saved, &r.p);
 		/* one rewrite since it was restored: the array it restored back */
-		assert_int_equal(pl.ins_regathers, gen);
-		assert_ptr_equal(p.ins, sv.ins);
-		trial(&pl, &p);
-		layouts_back(&p, &fast);
-		assert_int_equal(trial_restore(&pl, &p, &fast), 0);
-		progs_check(&at_fast, &p);
+		assert_int_equal(r.pl.ins_regathers, gen);
+		assert_ptr_equal(r.p.ins, sv.ins);
+		trial(&r.pl, &r.p);
+		layouts_back(&r.p, &fast);
+		assert_int_equal(trial_restore(&r.pl, &r.p, &fast), 0);
+		progs_check(&at_fast, &r.p);
 		/* three tries, the third failing before its rewrite: the plan
 		 * restored after the first two (each a swap), then the fastest
 		 * (the first), whose array the second trial wrote over */
 		trial_save_t s0, f1;
 		progs_t at_s0, at_f1;
-		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &s0), 0);
-		progs_take(&at_s0, &p);
-		trial(&pl, &p);
-		assert_int_equal(trial_save(&pl, &pl.scratch, &p, &f1), 0);
-		progs_take(&at_f1, &p);
+		assert_int_equal(trial_save(&r.pl, &r.pl.scratch, &r.p, &s0), 0);
+		progs_take(&at_s0, &r.p);
+		trial(&r.pl, &r.p);
+		assert_int_equal(trial_save(&r.pl, &r.pl.scratch, &r.p, &f1), 0);
+		progs_take(&at_f1, &r.p);
 		for (int k = 0; k < 2; k++) {
 			if (k)
-				trial(&pl, &p);
-			layouts_back(&p, &s0);
-			assert_int_equal(trial_restore(&pl, &p, &s0), 0);
-			progs_check(&at_s0, &p);
+				trial(&r.pl, &r.p);
+			layouts_back(&r.p, &s0);
+			assert_int_equal(trial_restore(&r.pl, &r.p, &s0), 0);
+			progs_check(&at_s0, &r.p);
 		}
-		layouts_back(&p, &f1);
-		assert_int_equal(trial_restore(&pl, &p, &f1), 0);
-		progs_check(&at_f1, &p);
+		layouts_back(&r.p, &f1);
+		assert_int_equal(trial_restore(&r.pl, &r.p, &f1), 0);
+		progs_check(&at_f1, &r.p);
 		free(at_s0.ins);
 		free(at_f1.ins);
 		free(saved.ins);
 		free(at_fast.ins);
-		free(p.ins);
-		free(pl.ins_spare);
-		sp_arena_release(&pl.scratch);
+		rig_release(&r);
 	}
 	print_message("%d of 200 first restores took the saved array back\n", swapped);
 }

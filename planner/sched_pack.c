@@ -562,14 +562,36 @@ static int head_cut(const metaop_t *mo, int y)
 	return !mo->sink && (y == 1 || y == 3);
 }
 
+/* The slots of a hi-phase slice of hi devices whose lo core devices
+ * (ascending: the lo phase's slots) run the lo phase: core slot c takes
+ * hi slot r_c = floor((2c + 1) hi / (2 lo)), the one holding the middle
+ * sample of c's lo range [c B / lo, (c + 1) B / lo) (sample_range), and
+ * the phase devices (ascending) the others. So at the hand-over each core
+ * device keeps about B / hi of its samples; in ascending order (what a
+ * slice's devices are elsewhere) core slot c sits at hi slot c or later
+ * and keeps none past the first hi / (hi - lo) slots: nearly every
+ * sample's activations (and gradients, backward) cross devices. r_c
+ * rises by hi / lo >= 1 per c: distinct, and r_{lo-1} < hi. */
+static void hand_over_order(const int32_t *core, int lo, const int32_t *phase, int hi,
+			    int32_t *out)
+{
+	for (int r = 0, c = 0, q = 0; r < hi; r++)
+		if (c < lo && r == (2 * c + 1) * hi / (2 * lo))
+			out[r] = core[c++];
+		else
+			out[r] = phase[q++];
+}
+
 /* Lane j's steps on its devices (core: its lo, then its hi-phase ones);
  * finish and free_at as lanes_joins reads them. */
-static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase, double *finish,
+static int lane_emit(pack_t *P, int j, int32_t *core, int32_t *phase, double *finish,
 		     double *free_at, int32_t *devs, sched_t *out)
 {
 	const pack_plan_t *p = &P->plan[j];
 	int n = lane_steps(P, j), rc;
 	double t = P->iv_s[j];
+	devs_sort(core, p->lo);
+	devs_sort(phase, p->hi - p->lo);
 	for (int s = 0; s < n;) {
 		int x = P->s_first[j] + s, m = P->s_m[x];
 		int in_hi = !p->lo || (p->desc ? s < p->l : s >= n - p->l);
@@ -581,11 +603,15 @@ static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase
 		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi) &&
 		       !head_cut(mo, P->s_lf[P->s_first[j] + e]))
 			e++;
-		for (int q = 0; q < p->lo; q++)
-			devs[q] = core[q];
-		for (int q = 0; in_hi && q < p->hi - p->lo; q++)
-			devs[p->lo + q] = phase[q];
-		devs_sort(devs, held);
+		if (in_hi && p->lo && k == p->hi) {
+			hand_over_order(core, p->lo, phase, p->hi, devs);
+		} else {
+			for (int q = 0; q < p->lo; q++)
+				devs[q] = core[q];
+			for (int q = 0; in_hi && q < p->hi - p->lo; q++)
+				devs[p->lo + q] = phase[q];
+			devs_sort(devs, held);
+		}
 		double t1 = t;
 		for (int y = s; y < e; y++) {
 			int z = P->s_first[j] + y;

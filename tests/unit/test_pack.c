@@ -48,7 +48,7 @@ static long n_sched, n_bad, n_asc;
 static uint64_t fp[8];   /* per flags: the last schedule's fingerprint */
 static double span[8];   /* per flags: the last schedule's makespan */
 static double tail[8];   /* per flags: the last schedule's end plus step */
-static long n_reorder, n_tails;
+static long n_reorder, n_tails, n_hand;
 
 int __real_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
 int __wrap_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
@@ -57,6 +57,38 @@ static void bad(const char *what, const char *name)
 {
 	print_message("sched_pack: %s (%s)\n", what, name);
 	n_bad++;
+}
+
+/* Where a MetaOp goes from x's width to y's, wider, on devices that
+ * include x's (a lane's hand-over, its layers next to each other), the
+ * samples x's devices keep (sample_range: slot q of n holds [q B / n,
+ * (q + 1) B / n)) are at least half of the x.n floor(B / y.n) that the
+ * best slot order keeps (each device keeps at most its share of y). */
+static void hand_over_check(const planner_t *pl, const sched_t *s, const sslice_t *x,
+			    const sslice_t *y)
+{
+	if (x->metaop != y->metaop || x->n >= y->n || (x->lt != y->lf && y->lt != x->lf) ||
+	    x->dev_off < 0 || y->dev_off < 0)
+		return;
+	int64_t B = pl->mops[x->metaop].batch, kept = 0;
+	for (int c = 0; c < x->n; c++) {
+		int r = 0;
+		while (r < y->n && s->devs[y->dev_off + r] != s->devs[x->dev_off + c])
+			r++;
+		if (r == y->n)
+			return; /* not a hand-over: x's devices are not all y's */
+		int32_t a0, a1, b0, b1;
+		sample_range(B, c, x->n, &a0, &a1);
+		sample_range(B, r, y->n, &b0, &b1);
+		kept += a1 < b1 ? (a1 > b0 ? a1 - (a0 > b0 ? a0 : b0) : 0)
+				: (b1 > a0 ? b1 - (a0 > b0 ? a0 : b0) : 0);
+	}
+	n_hand++;
+	if (2 * kept < (int64_t)x->n * (B / y->n)) {
+		print_message("hand-over %d -> %d devices, batch %lld: %lld samples kept\n", x->n,
+			      y->n, (long long)B, (long long)kept);
+		bad("a hand-over that keeps less than half the samples it can", pl->mops[x->metaop].name);
+	}
 }
 
 static void check(planner_t *pl, const int *w, const sched_t *s)
@@ -105,6 +137,9 @@ static void check(planner_t *pl, const int *w, const sched_t *s)
 						    pl->mops[x->metaop].name);
 		}
 	}
+	for (int i = 0; i < s->n; i++)
+		for (int k = 0; k < s->n; k++)
+			hand_over_check(pl, s, &s->s[i], &s->s[k]);
 	double fluid = lanes_horizon(&L, pl->N);
 	if (sched_makespan(s) < fluid * (1 - 1e-9))
 		bad("makespan below the fluid horizon", "");
@@ -174,13 +209,13 @@ int __wrap_sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 
 static void plan_one(const char *model, const char *cluster)
 {
-	n_sched = n_bad = n_asc = n_reorder = n_tails = 0;
+	n_sched = n_bad = n_asc = n_reorder = n_tails = n_hand = 0;
 	memset(fp, 0, sizeof fp);
 	memset(span, 0, sizeof span);
 	memset(tail, 0, sizeof tail);
 	plan_bundled(model, cluster);
-	print_message("%s on %s: %ld packed schedules, %ld faults\n", model, cluster, n_sched,
-		      n_bad);
+	print_message("%s on %s: %ld packed schedules, %ld hand-overs, %ld faults\n", model,
+		      cluster, n_sched, n_hand, n_bad);
 	assert_true(n_sched > 0);
 	assert_int_equal(n_bad, 0);
 }

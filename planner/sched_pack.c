@@ -151,9 +151,9 @@ typedef struct {
 	int bumps;    /* retries of the greedy placement (pack_fits) */
 	int reordered; /* a placement fitted on a retry */
 	int tails;     /* SCHED_PACK_TAILS */
-	double *ho;    /* SCHED_PACK_HANDOVER: per MetaOp and width hi, the
-			* hand-over after one of its layers (hand_over_ms;
-			* < 0: not priced yet); NULL without the flag */
+	double *ho;    /* SCHED_PACK_HANDOVER: per lane and width hi, its
+			* hand-over (hand_over_ms; < 0: not priced yet);
+			* NULL without the flag */
 	int keep;      /* a retry's flat plans are within 1 + delta of the plan
 			* each lane took in the try before (the lane that
 			* found no room: the last it tried), not of its least
@@ -285,26 +285,27 @@ static double plan_time(const pack_t *P, int j, int ch, int cl, int desc, int l)
 	return pre_at(P, j, cl, n - l) + pre_at(P, j, ch, n) - pre_at(P, j, ch, n - l);
 }
 
-/* The hand-over of lane j at a change of width between lo < hi devices
- * after its step b (forward: the activations move, backward: their
- * gradients back), with hand_over_order's slots: each of the hi - lo
- * devices that join or leave receives (sends) the ceil(B / hi) samples
- * its slot holds of step b's output, B its MetaOp's batch, and the core
- * devices keep theirs. The transfers run at once, so it takes one of
- * them (cost_xfer_ms), across nodes where hi is more than a node's GPUs
- * (the lane cannot sit in one node), else over NVLink, forward and
- * backward: 2 cost_xfer_ms. Before placement, so it does not count the
- * NIC's share when several of a node's devices receive at once. 0
- * without SCHED_PACK_HANDOVER. */
-static double hand_over_ms(const pack_t *P, int j, int b, int hi)
+/* The hand-over of lane j at its change of width to or from hi devices
+ * (forward: the activations move, backward: their gradients back), with
+ * hand_over_order's slots: each of the devices that join or leave
+ * receives (sends) the ceil(B / hi) samples its slot holds of the output
+ * of the lane's heaviest MetaOp (where its widths change in the CLIP
+ * rows; one price per lane and width, so the bisection below looks none
+ * up), B its batch, and the core devices keep theirs. The transfers run
+ * at once, so it takes one of them (cost_xfer_ms), across nodes where hi
+ * is more than a node's GPUs (the lane cannot sit in one node), else over
+ * NVLink, forward and backward: 2 cost_xfer_ms. Before placement, so it
+ * does not count the NIC's share when several of a node's devices
+ * receive at once. 0 without SCHED_PACK_HANDOVER. */
+static double hand_over_ms(const pack_t *P, int j, int hi)
 {
 	if (!P->ho)
 		return 0;
 	const planner_t *pl = P->pl;
-	int m = P->s_m[P->s_first[j] + b], G = pl->cluster->gpus_per_node;
-	double *h = &P->ho[(size_t)m * (size_t)(pl->N + 1) + (size_t)hi];
+	double *h = &P->ho[(size_t)j * (size_t)(pl->N + 1) + (size_t)hi];
 	if (*h < 0) {
-		const metaop_t *mo = &pl->mops[m];
+		const metaop_t *mo = &pl->mops[P->L->ln[j].heavy];
+		int G = pl->cluster->gpus_per_node;
 		int64_t per = (int64_t)mo->seq_out * mo->width_out * dtype_bytes(pl->model->dtype);
 		int64_t n = (mo->batch + hi - 1) / hi;
 		*h = 2 * cost_xfer_ms(pl->cluster, 0, hi > G ? G : 1, n * per);
@@ -322,7 +323,7 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 	double lim = B * (1 + PACK_EPS);
 	for (int ch = P->w_first[j]; ch < P->w_first[j + 1]; ch++) {
 		int hi = P->wid[ch];
-		double all = pre_at(P, j, ch, n);
+		double all = pre_at(P, j, ch, n), h = hand_over_ms(P, j, hi);
 		for (int k = 0; k < 2 && all <= lim; k++) {
 			int desc = P->asc ? k : !k;
 			out[np++] = (pack_plan_t){0, hi, n, desc, all, all, hi * all,
@@ -340,16 +341,13 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 				int a = 1, b = n; /* b: fits (n: none known) */
 				while (a < b) {
 					int l = a + (b - a) / 2;
-					if (plan_time(P, j, ch, cl, desc, l) +
-						    hand_over_ms(P, j, desc ? l - 1 : n - l - 1, hi) <=
-					    lim)
+					if (plan_time(P, j, ch, cl, desc, l) + h <= lim)
 						b = l;
 					else
 						a = l + 1;
 				}
 				if (b >= n)
 					continue;
-				double h = hand_over_ms(P, j, desc ? b - 1 : n - b - 1, hi);
 				double ht = desc ? pre_at(P, j, ch, b) : all - pre_at(P, j, ch, n - b);
 				double lt = desc ? lo_all - pre_at(P, j, cl, b) : pre_at(P, j, cl, n - b);
 				out[np++] = (pack_plan_t){lo, hi, b, desc, ht + lt + h, ht,
@@ -644,7 +642,7 @@ static int lane_emit(pack_t *P, int j, int32_t *core, int32_t *phase, double *fi
 		int x = P->s_first[j] + s, m = P->s_m[x];
 		int in_hi = !p->lo || (p->desc ? s < p->l : s >= n - p->l);
 		if (p->lo && s == (p->desc ? p->l : n - p->l))
-			t += hand_over_ms(P, j, s - 1, p->hi); /* the change of width */
+			t += hand_over_ms(P, j, p->hi); /* the change of width */
 		const metaop_t *mo = &P->pl->mops[m];
 		int held = in_hi ? p->hi : p->lo, k = lane_width(mo, held), e = s + 1;
 		/* the steps after it of the same MetaOp in the same phase, up
@@ -944,7 +942,7 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 	P.asc = flags & SCHED_PACK_ASC;
 	P.tails = !!(flags & SCHED_PACK_TAILS);
 	if (flags & SCHED_PACK_HANDOVER) {
-		size_t nh = (size_t)pl->n_mops * (size_t)(pl->N + 1);
+		size_t nh = (size_t)L.nl * (size_t)(pl->N + 1);
 		if (!(P.ho = sp_arena_calloc(&pl->scratch, nh + 1, sizeof(double))))
 			return SP_ENOMEM;
 		for (size_t i = 0; i < nh; i++)

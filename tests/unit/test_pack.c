@@ -70,11 +70,12 @@ static void bad(const char *what, const char *name)
  * (q + 1) B / n)) are at least half of the x.n floor(B / y.n) that the
  * best slot order keeps (each device keeps at most its share of y); and
  * the later of the two starts no sooner than the earlier ends plus the
- * hand-over's transfers: the ceil(B / hi) samples of the MetaOp's output
- * a slot of the wider one holds, forward and back, across nodes where hi
- * is more than a node's GPUs (cost_xfer_ms, hi = y.n). */
-static void hand_over_check(const planner_t *pl, const sched_t *s, const sslice_t *x,
-			    const sslice_t *y)
+ * hand-over's transfers: the ceil(B / hi) samples of the output of its
+ * lane's heaviest MetaOp that a slot of the wider one holds, forward and
+ * back, across nodes where hi is more than a node's GPUs (cost_xfer_ms,
+ * hi = y.n). */
+static void hand_over_check(const planner_t *pl, const lanes_t *L, const sched_t *s,
+			    const sslice_t *x, const sslice_t *y)
 {
 	if (x->metaop != y->metaop || x->n >= y->n || (x->lt != y->lf && y->lt != x->lf) ||
 	    x->dev_off < 0 || y->dev_off < 0)
@@ -93,7 +94,11 @@ static void hand_over_check(const planner_t *pl, const sched_t *s, const sslice_
 				: (b1 > a0 ? b1 - (a0 > b0 ? a0 : b0) : 0);
 	}
 	n_hand++;
-	const metaop_t *mo = &pl->mops[x->metaop];
+	int heavy = x->metaop; /* the heaviest MetaOp of x's lane */
+	for (int j = 0; j < L->nl; j++)
+		for (int i = L->ln[j].first; i < L->ln[j].first + L->ln[j].n; i++)
+			heavy = L->lm[i] == x->metaop ? L->ln[j].heavy : heavy;
+	const metaop_t *mo = &pl->mops[heavy];
 	int G = pl->cluster->gpus_per_node;
 	int64_t bytes = (B + y->n - 1) / y->n * mo->seq_out * mo->width_out *
 			dtype_bytes(pl->model->dtype);
@@ -102,7 +107,7 @@ static void hand_over_check(const planner_t *pl, const sched_t *s, const sslice_
 	if (gap < want * (1 - 1e-9) - 1e-9) {
 		print_message("hand-over %d -> %d devices: %.4f ms between, its transfers %.4f\n",
 			      x->n, y->n, gap, want);
-		bad("a change of width sooner than its hand-over", mo->name);
+		bad("a change of width sooner than its hand-over", pl->mops[x->metaop].name);
 	}
 	if (2 * kept < (int64_t)x->n * (B / y->n)) {
 		print_message("hand-over %d -> %d devices, batch %lld: %lld samples kept\n", x->n,
@@ -159,7 +164,7 @@ static void check(planner_t *pl, const int *w, const sched_t *s, int handover)
 	}
 	for (int i = 0; i < s->n && handover; i++)
 		for (int k = 0; k < s->n; k++)
-			hand_over_check(pl, s, &s->s[i], &s->s[k]);
+			hand_over_check(pl, &L, s, &s->s[i], &s->s[k]);
 	double fluid = lanes_horizon(&L, pl->N);
 	if (sched_makespan(s) < fluid * (1 - 1e-9))
 		bad("makespan below the fluid horizon", "");

@@ -442,11 +442,18 @@ int place_align(planner_t *pl, const sched_t *s, place_t *pc, int *changed)
 		return SP_ENOMEM;
 	if ((rc = align_numbers(pl, s, pc, new_id, changed)) || !*changed)
 		return rc;
+	/* a slice whose devices the scheduler left out of ascending order
+	 * (sched_pack.c's hand-over order: which samples each slot holds)
+	 * keeps its order, renumbered; the rest stay ascending */
 	for (int i = 0; i < s->n; i++) {
 		int32_t *d = pc->devs + pc->off[i];
+		int asc = 1;
+		for (int j = 1; j < s->s[i].n; j++)
+			asc &= d[j - 1] < d[j];
 		for (int j = 0; j < s->s[i].n; j++)
 			d[j] = new_id[d[j]];
-		devs_sort(d, s->s[i].n);
+		if (asc)
+			devs_sort(d, s->s[i].n);
 	}
 	return 0;
 }

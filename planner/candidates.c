@@ -89,9 +89,11 @@ const sched_cand_t sched_cands[] = {
 	 * and the refinement's zero-1 shards, so it can rank wrongly (clip-4
 	 * on a800-4x8: in a trial that also scanned horizons below the
 	 * bisection, not kept, a 101.20 ms pack ranked first and iterates
-	 * 110.53) */
+	 * 110.53). Its lanes' changes of width take their hand-overs' time
+	 * (SCHED_PACK_HANDOVER): clip-4 on a800-4x8 109.28 -> 108.73 ms; in
+	 * every packed row it made clip-7 on a800-8x8 86.39 -> 94.90 */
 	{.name = "lanes-packed-tails", .allot = CAND_ALLOT_MILP, .sched = CAND_PACK,
-	 .pack_flags = SCHED_PACK_TAILS},
+	 .pack_flags = SCHED_PACK_TAILS | SCHED_PACK_HANDOVER},
 	/* sync homes (sched_list.c homes_sync): the MILP widths listed with
 	 * every component spread over more than half of the nodes held on
 	 * homes of half of the nodes (a single MetaOp's in one segment: a

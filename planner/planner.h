@@ -709,11 +709,13 @@ static inline int lane_width(const metaop_t *mo, int n)
  * are lanes), and nothing new
  * where no horizon fitted that way; SCHED_PACK_TAILS, of the horizons
  * tried the one kept is the one whose latest device end plus optimizer
- * step is least, not the shortest. SCHED_NOTHING_NEW when the DAG has
- * no lanes that pack. */
+ * step is least, not the shortest; SCHED_PACK_HANDOVER, a lane's change
+ * of width takes the time its hand-over's transfers take (sched_pack.c
+ * hand_over_ms). SCHED_NOTHING_NEW when the DAG has no lanes that pack. */
 #define SCHED_PACK_ASC 1
 #define SCHED_PACK_REORDER 2
 #define SCHED_PACK_TAILS 4
+#define SCHED_PACK_HANDOVER 8
 int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out);
 
 /* The shortest lanes schedule over the tries of o; *mids counts the middle

@@ -59,6 +59,20 @@
  *          devices are chosen as without it (choosing them by the least
  *          step added made clip-10 on a800-8x8 and a800-8x8-4nic plan
  *          slower).
+ *  hand-over (SCHED_PACK_HANDOVER, the row lanes-packed-tails) a plan at
+ *          two widths takes, at its change of width, the time its
+ *          transfers take (hand_over_ms): in its budget, its core
+ *          interval and the slices' times; its hi-phase devices are held
+ *          only for their own steps (a transfer waits on the network, not
+ *          on a device). In every packed row it made clip-7 on a800-8x8
+ *          and a800-2x8 and clip-4 on a800-2x8 plan slower, so it is
+ *          this row's only.
+ *
+ *          Its hi-phase slices' devices are in hand_over_order, so that
+ *          each core device keeps about its share of the samples it held
+ *          at lo (ascending order moves nearly all of them; in every
+ *          packed row that order made clip-4 on h100-4x8-8nic plan 45.54
+ *          -> 45.91 ms).
  *
  * Devices: each interval, in order of start, takes a free device that
  * holds the lane's component already (no new replica), else one on a
@@ -137,6 +151,9 @@ typedef struct {
 	int bumps;    /* retries of the greedy placement (pack_fits) */
 	int reordered; /* a placement fitted on a retry */
 	int tails;     /* SCHED_PACK_TAILS */
+	double *ho;    /* SCHED_PACK_HANDOVER: per lane and width hi, its
+			* hand-over (hand_over_ms; < 0: not priced yet);
+			* NULL without the flag */
 	int keep;      /* a retry's flat plans are within 1 + delta of the plan
 			* each lane took in the try before (the lane that
 			* found no room: the last it tried), not of its least
@@ -268,6 +285,34 @@ static double plan_time(const pack_t *P, int j, int ch, int cl, int desc, int l)
 	return pre_at(P, j, cl, n - l) + pre_at(P, j, ch, n) - pre_at(P, j, ch, n - l);
 }
 
+/* The hand-over of lane j at its change of width to or from hi devices
+ * (forward: the activations move, backward: their gradients back), with
+ * hand_over_order's slots: each of the devices that join or leave
+ * receives (sends) the ceil(B / hi) samples its slot holds of the output
+ * of the lane's heaviest MetaOp (where its widths change in the CLIP
+ * rows; one price per lane and width, so the bisection below looks none
+ * up), B its batch, and the core devices keep theirs. The transfers run
+ * at once, so it takes one of them (cost_xfer_ms), across nodes where hi
+ * is more than a node's GPUs (the lane cannot sit in one node), else over
+ * NVLink, forward and backward: 2 cost_xfer_ms. Before placement, so it
+ * does not count the NIC's share when several of a node's devices
+ * receive at once. 0 without SCHED_PACK_HANDOVER. */
+static double hand_over_ms(const pack_t *P, int j, int hi)
+{
+	if (!P->ho)
+		return 0;
+	const planner_t *pl = P->pl;
+	double *h = &P->ho[(size_t)j * (size_t)(pl->N + 1) + (size_t)hi];
+	if (*h < 0) {
+		const metaop_t *mo = &pl->mops[P->L->ln[j].heavy];
+		int G = pl->cluster->gpus_per_node;
+		int64_t per = (int64_t)mo->seq_out * mo->width_out * dtype_bytes(pl->model->dtype);
+		int64_t n = (mo->batch + hi - 1) / hi;
+		*h = 2 * cost_xfer_ms(pl->cluster, 0, hi > G ? G : 1, n * per);
+	}
+	return *h;
+}
+
 /* Lane j's plans within budget B into out (at most 2 w^2 + 2 w of them, w
  * its widths): every width alone, both ways; every pair lo < hi, both
  * ways, with the fewest steps at hi that meet B (more cost more area).
@@ -278,7 +323,7 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 	double lim = B * (1 + PACK_EPS);
 	for (int ch = P->w_first[j]; ch < P->w_first[j + 1]; ch++) {
 		int hi = P->wid[ch];
-		double all = pre_at(P, j, ch, n);
+		double all = pre_at(P, j, ch, n), h = hand_over_ms(P, j, hi);
 		for (int k = 0; k < 2 && all <= lim; k++) {
 			int desc = P->asc ? k : !k;
 			out[np++] = (pack_plan_t){0, hi, n, desc, all, all, hi * all,
@@ -296,7 +341,7 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 				int a = 1, b = n; /* b: fits (n: none known) */
 				while (a < b) {
 					int l = a + (b - a) / 2;
-					if (plan_time(P, j, ch, cl, desc, l) <= lim)
+					if (plan_time(P, j, ch, cl, desc, l) + h <= lim)
 						b = l;
 					else
 						a = l + 1;
@@ -305,7 +350,8 @@ static int lane_plans(const pack_t *P, int j, double B, pack_plan_t *out)
 					continue;
 				double ht = desc ? pre_at(P, j, ch, b) : all - pre_at(P, j, ch, n - b);
 				double lt = desc ? lo_all - pre_at(P, j, cl, b) : pre_at(P, j, cl, n - b);
-				out[np++] = (pack_plan_t){lo, hi, b, desc, ht + lt, ht, hi * ht + lo * lt, 0};
+				out[np++] = (pack_plan_t){lo, hi, b, desc, ht + lt + h, ht,
+							  hi * ht + lo * lt, 0};
 			}
 		}
 	}
@@ -562,17 +608,41 @@ static int head_cut(const metaop_t *mo, int y)
 	return !mo->sink && (y == 1 || y == 3);
 }
 
+/* The slots of a hi-phase slice of hi devices whose lo core devices
+ * (ascending: the lo phase's slots) run the lo phase: core slot c takes
+ * hi slot r_c = floor((2c + 1) hi / (2 lo)), the one holding the middle
+ * sample of c's lo range [c B / lo, (c + 1) B / lo) (sample_range), and
+ * the phase devices (ascending) the others. So at the hand-over each core
+ * device keeps about B / hi of its samples; in ascending order (what a
+ * slice's devices are elsewhere) core slot c sits at hi slot c or later
+ * and keeps none past the first hi / (hi - lo) slots: nearly every
+ * sample's activations (and gradients, backward) cross devices. r_c
+ * rises by hi / lo >= 1 per c: distinct, and r_{lo-1} < hi. */
+static void hand_over_order(const int32_t *core, int lo, const int32_t *phase, int hi,
+			    int32_t *out)
+{
+	for (int r = 0, c = 0, q = 0; r < hi; r++)
+		if (c < lo && r == (2 * c + 1) * hi / (2 * lo))
+			out[r] = core[c++];
+		else
+			out[r] = phase[q++];
+}
+
 /* Lane j's steps on its devices (core: its lo, then its hi-phase ones);
  * finish and free_at as lanes_joins reads them. */
-static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase, double *finish,
+static int lane_emit(pack_t *P, int j, int32_t *core, int32_t *phase, double *finish,
 		     double *free_at, int32_t *devs, sched_t *out)
 {
 	const pack_plan_t *p = &P->plan[j];
 	int n = lane_steps(P, j), rc;
 	double t = P->iv_s[j];
+	devs_sort(core, p->lo);
+	devs_sort(phase, p->hi - p->lo);
 	for (int s = 0; s < n;) {
 		int x = P->s_first[j] + s, m = P->s_m[x];
 		int in_hi = !p->lo || (p->desc ? s < p->l : s >= n - p->l);
+		if (p->lo && s == (p->desc ? p->l : n - p->l))
+			t += hand_over_ms(P, j, p->hi); /* the change of width */
 		const metaop_t *mo = &P->pl->mops[m];
 		int held = in_hi ? p->hi : p->lo, k = lane_width(mo, held), e = s + 1;
 		/* the steps after it of the same MetaOp in the same phase, up
@@ -581,11 +651,15 @@ static int lane_emit(pack_t *P, int j, const int32_t *core, const int32_t *phase
 		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi) &&
 		       !head_cut(mo, P->s_lf[P->s_first[j] + e]))
 			e++;
-		for (int q = 0; q < p->lo; q++)
-			devs[q] = core[q];
-		for (int q = 0; in_hi && q < p->hi - p->lo; q++)
-			devs[p->lo + q] = phase[q];
-		devs_sort(devs, held);
+		if (P->ho && in_hi && p->lo && k == p->hi) {
+			hand_over_order(core, p->lo, phase, p->hi, devs);
+		} else {
+			for (int q = 0; q < p->lo; q++)
+				devs[q] = core[q];
+			for (int q = 0; in_hi && q < p->hi - p->lo; q++)
+				devs[p->lo + q] = phase[q];
+			devs_sort(devs, held);
+		}
 		double t1 = t;
 		for (int y = s; y < e; y++) {
 			int z = P->s_first[j] + y;
@@ -867,6 +941,13 @@ int sched_pack(planner_t *pl, const int *w, int flags, sched_t *out)
 		return rc;
 	P.asc = flags & SCHED_PACK_ASC;
 	P.tails = !!(flags & SCHED_PACK_TAILS);
+	if (flags & SCHED_PACK_HANDOVER) {
+		size_t nh = (size_t)L.nl * (size_t)(pl->N + 1);
+		if (!(P.ho = sp_arena_calloc(&pl->scratch, nh + 1, sizeof(double))))
+			return SP_ENOMEM;
+		for (size_t i = 0; i < nh; i++)
+			P.ho[i] = -1;
+	}
 	P.bumps = flags & SCHED_PACK_REORDER ? L.nl : 0;
 	double fluid = lanes_horizon(&L, pl->N);
 	/* reorder: every delta with the least areas, then with keep those

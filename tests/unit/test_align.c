@@ -150,10 +150,64 @@ static void test_align_whole_nodes(void **state)
 	hand_done(&h);
 }
 
+/* A slice the scheduler left out of ascending order (sched_pack.c's
+ * hand-over order) keeps its order through the renumbering: t1's 'enc'
+ * on {2, 1, 4, 3} where its other slices are on {1, 2, 3, 4}; renumbered,
+ * 'enc' holds the same devices as they do, not ascending, and the
+ * ascending slices stay ascending. */
+static void test_align_keeps_order(void **state)
+{
+	(void)state;
+	hand_t h;
+	hand_planner(&h, MODEL, CLUSTER, 12, 0);
+	planner_t *pl = &h.pl;
+	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
+	static const int32_t perm[4] = {2, 1, 4, 3};
+	sched_t s;
+	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
+	place_t pc;
+	int32_t *dv = calloc(4 * (size_t)pl->n_mops, sizeof *dv), *off = calloc((size_t)pl->n_mops, sizeof *off);
+	assert_true(dv && off);
+	int enc = -1, src = -1;
+	for (int m = 0; m < pl->n_mops; m++) {
+		int t = pl->mops[m].task;
+		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 4, pl->mops[m].level, 0, 1), 0);
+		int is_enc = t == 0 && strstr(pl->mops[m].name, "enc") && enc < 0;
+		memcpy(dv + 4 * m, is_enc ? perm : tdevs[t], sizeof tdevs[0]);
+		enc = is_enc ? m : enc;
+		src = t == 0 && !is_enc && src < 0 ? m : src;
+		off[m] = 4 * m;
+	}
+	assert_true(enc >= 0 && src >= 0);
+	pc.devs = dv;
+	pc.off = off;
+	int changed = 0;
+	assert_int_equal(place_align(pl, &s, &pc, &changed), 0);
+	assert_int_equal(changed, 1);
+	int32_t sorted[4];
+	memcpy(sorted, dv + off[enc], sizeof sorted);
+	devs_sort(sorted, 4);
+	assert_memory_equal(sorted, dv + off[src], sizeof sorted);
+	int asc = 1;
+	for (int j = 1; j < 4; j++)
+		asc &= dv[off[enc] + j - 1] < dv[off[enc] + j];
+	print_message("t1 'enc' on %d %d %d %d, its other slices on %d %d %d %d\n",
+		      dv[off[enc]], dv[off[enc] + 1], dv[off[enc] + 2], dv[off[enc] + 3],
+		      dv[off[src]], dv[off[src] + 1], dv[off[src] + 2], dv[off[src] + 3]);
+	assert_false(asc);
+	for (int m = 0; m < pl->n_mops; m++)
+		for (int j = 1; j < 4 && m != enc; j++)
+			assert_true(dv[off[m] + j - 1] < dv[off[m] + j]);
+	free(dv);
+	free(off);
+	hand_done(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_align_whole_nodes),
+		cmocka_unit_test(test_align_keeps_order),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -651,7 +651,10 @@ static int lane_emit(pack_t *P, int j, int32_t *core, int32_t *phase, double *fi
 		       (!p->lo || (p->desc ? e < p->l : e >= n - p->l) == in_hi) &&
 		       !head_cut(mo, P->s_lf[P->s_first[j] + e]))
 			e++;
-		if (P->ho && in_hi && p->lo && k == p->hi) {
+		/* the hand-over order interleaves core and joining devices: a
+		 * tensor-parallel group of consecutive slots would span both,
+		 * so only where the width is priced unsplit (t = 1) */
+		if (P->ho && in_hi && p->lo && k == p->hi && k <= mo->nmax && mo->tpn[k] == 1) {
 			hand_over_order(core, p->lo, phase, p->hi, devs);
 		} else {
 			for (int q = 0; q < p->lo; q++)

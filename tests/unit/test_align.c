@@ -78,6 +78,29 @@ static void per_node(const planner_t *pl, const sched_t *s, const place_t *pc, i
 	devs_sort(devs, *n);
 }
 
+/* Every MetaOp whole on its task's four devices (tdevs) into s, its
+ * devices into pc (arrays the caller frees); where perm, the first of
+ * task 0's MetaOps named "enc..." on perm instead, its index into *enc
+ * (-1: none). */
+static void task_slices(planner_t *pl, sched_t *s, place_t *pc, const int32_t *perm, int *enc)
+{
+	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
+	sched_init(s, ALGO_SPINDLE, &pl->scratch);
+	int32_t *dv = calloc(4 * (size_t)pl->n_mops, sizeof *dv), *off = calloc((size_t)pl->n_mops, sizeof *off);
+	assert_true(dv && off);
+	*enc = -1;
+	for (int m = 0; m < pl->n_mops; m++) {
+		int t = pl->mops[m].task;
+		assert_int_equal(sched_push(s, m, 0, pl->mops[m].n_layers, 4, pl->mops[m].level, 0, 1), 0);
+		int is_enc = perm && t == 0 && strstr(pl->mops[m].name, "enc") && *enc < 0;
+		memcpy(dv + 4 * m, is_enc ? perm : tdevs[t], sizeof tdevs[0]);
+		*enc = is_enc ? m : *enc;
+		off[m] = 4 * m;
+	}
+	pc->devs = dv;
+	pc->off = off;
+}
+
 static void test_align_whole_nodes(void **state)
 {
 	(void)state;
@@ -86,20 +109,11 @@ static void test_align_whole_nodes(void **state)
 	planner_t *pl = &h.pl;
 
 	/* each task's MetaOps on one device set */
-	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
 	sched_t s;
-	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 	place_t pc;
-	int32_t *dv = calloc(4 * (size_t)pl->n_mops, sizeof *dv), *off = calloc((size_t)pl->n_mops, sizeof *off);
-	assert_true(dv && off);
-	for (int m = 0; m < pl->n_mops; m++) {
-		int t = pl->mops[m].task;
-		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 4, pl->mops[m].level, 0, 1), 0);
-		memcpy(dv + 4 * m, tdevs[t], sizeof tdevs[0]);
-		off[m] = 4 * m;
-	}
-	pc.devs = dv;
-	pc.off = off;
+	int none;
+	task_slices(pl, &s, &pc, NULL, &none);
+	int32_t *dv = pc.devs, *off = pc.off;
 
 	int ca = comp_named(&h.model, "a"), cb = comp_named(&h.model, "b");
 	int cnt[3], n_a, n_b;
@@ -161,26 +175,15 @@ static void test_align_keeps_order(void **state)
 	hand_t h;
 	hand_planner(&h, MODEL, CLUSTER, 12, 0);
 	planner_t *pl = &h.pl;
-	static const int32_t tdevs[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {0, 9, 10, 11}};
 	static const int32_t perm[4] = {2, 1, 4, 3};
 	sched_t s;
-	sched_init(&s, ALGO_SPINDLE, &pl->scratch);
 	place_t pc;
-	int32_t *dv = calloc(4 * (size_t)pl->n_mops, sizeof *dv), *off = calloc((size_t)pl->n_mops, sizeof *off);
-	assert_true(dv && off);
-	int enc = -1, src = -1;
-	for (int m = 0; m < pl->n_mops; m++) {
-		int t = pl->mops[m].task;
-		assert_int_equal(sched_push(&s, m, 0, pl->mops[m].n_layers, 4, pl->mops[m].level, 0, 1), 0);
-		int is_enc = t == 0 && strstr(pl->mops[m].name, "enc") && enc < 0;
-		memcpy(dv + 4 * m, is_enc ? perm : tdevs[t], sizeof tdevs[0]);
-		enc = is_enc ? m : enc;
-		src = t == 0 && !is_enc && src < 0 ? m : src;
-		off[m] = 4 * m;
-	}
+	int enc, src = -1;
+	task_slices(pl, &s, &pc, perm, &enc);
+	int32_t *dv = pc.devs, *off = pc.off;
+	for (int m = 0; m < pl->n_mops && src < 0; m++)
+		src = pl->mops[m].task == 0 && m != enc ? m : -1;
 	assert_true(enc >= 0 && src >= 0);
-	pc.devs = dv;
-	pc.off = off;
 	int changed = 0;
 	assert_int_equal(place_align(pl, &s, &pc, &changed), 0);
 	assert_int_equal(changed, 1);
